@@ -1,0 +1,41 @@
+# runrecordd — `make run` sets up, builds and walks the main job;
+# `make test` runs every suite; `make lint` is gofmt, go vet and staticcheck.
+GO      ?= go
+BIN     := bin/runrecordd
+PKGS    := ./...
+
+.PHONY: all build run test unit lint conformance fuzz bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/runrecordd
+
+run: build
+	./$(BIN) conformance
+	./$(BIN) verify --file testdata/records/sample.json
+
+test: lint unit conformance
+
+unit:
+	$(GO) test -race -count=1 $(PKGS)
+
+conformance: build
+	./$(BIN) conformance
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) tool staticcheck $(PKGS)
+
+# Short fuzzing runs of every decoder; lengthen with FUZZTIME=10m.
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run XXX -fuzz FuzzDecodeWire -fuzztime $(FUZZTIME) ./pkg/record
+	$(GO) test -run XXX -fuzz FuzzDecodeSegment -fuzztime $(FUZZTIME) ./pkg/record
+
+bench:
+	bench/record.sh
+
+clean:
+	rm -rf bin

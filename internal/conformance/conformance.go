@@ -1,0 +1,249 @@
+// Package conformance reads and runs the conformance pack in
+// testdata/conformance: JSON vectors for classes C6, C14 and C15, generated
+// by ./gen and replayed here against pkg/record.
+//
+// A vector file holds one class. Each case replays its steps on a fresh
+// record and checks what the case states: the outcome of every append, the
+// final head, the idle total, the wait-proof verdict, the head of the same
+// trace with its call accounts dropped, the verdict of decoding a wire form,
+// and canonical bytes against hex written out by hand.
+package conformance
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strings"
+
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// Class is one vector file.
+type Class struct {
+	Class       string `json:"class"`
+	Description string `json:"description"`
+	Cases       []Case `json:"cases"`
+}
+
+// Case is one scenario on a fresh record.
+type Case struct {
+	Name   string         `json:"name"`
+	Unit   record.Address `json:"unit_id"`
+	Grants record.Address `json:"grants_id"`
+	Steps  []Step         `json:"steps,omitempty"`
+
+	Head         *record.Address `json:"expect_head,omitempty"`
+	IdleUJ       *uint64         `json:"expect_idle_uj,omitempty"`
+	WaitProof    *Verdict        `json:"expect_wait_proof,omitempty"`
+	StrippedHead *record.Address `json:"expect_head_without_accounts,omitempty"`
+	Differs      *record.Address `json:"expect_head_differs_from,omitempty"`
+
+	Wire        string `json:"wire,omitempty"`
+	WireExpect  string `json:"expect_wire,omitempty"`
+	WireSegment *int   `json:"expect_wire_segment,omitempty"`
+
+	Pins []Pin `json:"canonical,omitempty"`
+}
+
+// Step appends one segment and states the outcome: "ok" with the head, or
+// the name of the refusal.
+type Step struct {
+	Segment record.Segment  `json:"segment"`
+	Expect  string          `json:"expect"`
+	Head    *record.Address `json:"head,omitempty"`
+}
+
+// Verdict is a wait-proof verdict; Segment is -1 when it names none.
+type Verdict struct {
+	Kind    string `json:"kind"`
+	Segment int    `json:"segment"`
+}
+
+// Pin states a segment's canonical bytes in hex written by hand.
+type Pin struct {
+	Name    string         `json:"name"`
+	Segment record.Segment `json:"segment"`
+	Hex     string         `json:"hex"`
+}
+
+// Errors by their vector names.
+var errNames = []struct {
+	name string
+	err  error
+}{
+	{"SnapshotMismatch", record.ErrSnapshotMismatch},
+	{"MalformedSnapshot", record.ErrMalformedSnapshot},
+	{"MalformedSegment", record.ErrMalformedSegment},
+	{"Parked", record.ErrParked},
+	{"NotParked", record.ErrNotParked},
+	{"Closed", record.ErrClosed},
+	{"HeadMismatch", record.ErrHeadMismatch},
+	{"Canonical", record.ErrCanonical},
+	{"Address", record.ErrAddress},
+}
+
+// ErrorName returns the vector name of err: "ok" for nil.
+func ErrorName(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	for _, e := range errNames {
+		if errors.Is(err, e.err) {
+			return e.name
+		}
+	}
+	return "error(" + err.Error() + ")"
+}
+
+// Result is one class's outcome.
+type Result struct {
+	Class  string
+	Cases  int
+	Failed []string // one line per failed case; empty when the class passed
+}
+
+// Passed reports whether every case of the class passed.
+func (r Result) Passed() bool { return len(r.Failed) == 0 }
+
+// Load reads every *.json vector file in dir, sorted by class.
+func Load(dir string) ([]Class, error) { return LoadFS(os.DirFS(dir), ".") }
+
+// LoadFS reads every *.json vector file in dir of fsys, sorted by class.
+func LoadFS(fsys fs.FS, dir string) ([]Class, error) {
+	files, err := fs.Glob(fsys, path.Join(dir, "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("conformance: no vector files in %s", dir)
+	}
+	var out []Class
+	for _, f := range files {
+		b, err := fs.ReadFile(fsys, f)
+		if err != nil {
+			return nil, err
+		}
+		var c Class
+		d := json.NewDecoder(bytes.NewReader(b))
+		d.DisallowUnknownFields()
+		if err := d.Decode(&c); err != nil {
+			return nil, fmt.Errorf("conformance: %s: %w", f, err)
+		}
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return classOrder(out[i].Class) < classOrder(out[j].Class) })
+	return out, nil
+}
+
+func classOrder(c string) int {
+	var n int
+	fmt.Sscanf(strings.TrimPrefix(c, "C"), "%d", &n)
+	return n
+}
+
+// Run replays every case of c.
+func Run(c Class) Result {
+	res := Result{Class: c.Class, Cases: len(c.Cases)}
+	for _, cs := range c.Cases {
+		if err := runCase(cs); err != nil {
+			res.Failed = append(res.Failed, fmt.Sprintf("%s: %v", cs.Name, err))
+		}
+	}
+	if len(c.Cases) == 0 {
+		res.Failed = append(res.Failed, "class has no cases")
+	}
+	return res
+}
+
+func runCase(c Case) error {
+	r := record.New(c.Unit, c.Grants)
+	for i, st := range c.Steps {
+		before := r.State()
+		h, err := r.Append(st.Segment)
+		if got := ErrorName(err); got != st.Expect {
+			return fmt.Errorf("step %d: got %s, want %s", i, got, st.Expect)
+		}
+		if err != nil {
+			if r.State() != before {
+				return fmt.Errorf("step %d: refused append changed the record", i)
+			}
+			var se *record.SegmentError
+			if !errors.As(err, &se) || se.Index != r.Len() {
+				return fmt.Errorf("step %d: refusal does not name segment %d: %v", i, r.Len(), err)
+			}
+			continue
+		}
+		if st.Head != nil && h != *st.Head {
+			return fmt.Errorf("step %d: head %s, want %s", i, h, *st.Head)
+		}
+	}
+	if err := r.Verify(); err != nil {
+		return fmt.Errorf("record does not verify: %w", err)
+	}
+	if c.Head != nil && r.Head() != *c.Head {
+		return fmt.Errorf("head %s, want %s", r.Head(), *c.Head)
+	}
+	if c.Differs != nil && r.Head() == *c.Differs {
+		return fmt.Errorf("head %s equals the head it must differ from", r.Head())
+	}
+	if c.IdleUJ != nil {
+		t, err := r.Totals(func(record.Address) (uint64, bool) { return 0, true })
+		if err != nil {
+			return err
+		}
+		if t.IdleUJ != *c.IdleUJ {
+			return fmt.Errorf("idle %d uJ, want %d", t.IdleUJ, *c.IdleUJ)
+		}
+	}
+	if c.WaitProof != nil {
+		v := r.WaitProof()
+		if v.Kind.String() != c.WaitProof.Kind || v.Segment != c.WaitProof.Segment {
+			return fmt.Errorf("wait proof %s at %d, want %s at %d", v.Kind, v.Segment, c.WaitProof.Kind, c.WaitProof.Segment)
+		}
+	}
+	if c.StrippedHead != nil {
+		s := record.New(c.Unit, c.Grants)
+		for i := range r.Len() {
+			seg := r.Segment(i)
+			seg.Calls = nil
+			if _, err := s.Append(seg); err != nil {
+				return fmt.Errorf("replay without accounts: %w", err)
+			}
+		}
+		if s.Head() != *c.StrippedHead {
+			return fmt.Errorf("head without accounts %s, want %s", s.Head(), *c.StrippedHead)
+		}
+	}
+	if c.WireExpect != "" {
+		_, err := record.DecodeWire([]byte(c.Wire))
+		if got := ErrorName(err); got != c.WireExpect {
+			return fmt.Errorf("wire form: got %s (%v), want %s", got, err, c.WireExpect)
+		}
+		if c.WireSegment != nil {
+			var se *record.SegmentError
+			if !errors.As(err, &se) || se.Index != *c.WireSegment {
+				return fmt.Errorf("wire form: error %v does not name segment %d", err, *c.WireSegment)
+			}
+		}
+	}
+	for _, p := range c.Pins {
+		want, err := hex.DecodeString(strings.ReplaceAll(p.Hex, " ", ""))
+		if err != nil {
+			return fmt.Errorf("pin %s: %w", p.Name, err)
+		}
+		got, err := p.Segment.Canonical()
+		if err != nil {
+			return fmt.Errorf("pin %s: %w", p.Name, err)
+		}
+		if !bytes.Equal(got, want) {
+			return fmt.Errorf("pin %s: bytes %x, want %x", p.Name, got, want)
+		}
+	}
+	return nil
+}

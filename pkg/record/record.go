@@ -1,0 +1,141 @@
+package record
+
+import (
+	"fmt"
+	"math/bits"
+)
+
+// Record is a run record held in memory: the unit and grant set it binds,
+// its segments, and the head after each.
+type Record struct {
+	unit, grants Address
+	genesis      Address
+	segs         []Segment
+	heads        []Address
+	chain        *Chain
+}
+
+// New returns an empty record for a unit under a grant set.
+func New(unit, grants Address) *Record {
+	g := Genesis(unit, grants)
+	return &Record{unit: unit, grants: grants, genesis: g, chain: NewChain(State{Head: g})}
+}
+
+// Unit returns the unit id the genesis head binds.
+func (r *Record) Unit() Address { return r.unit }
+
+// Grants returns the grant-set id the genesis head binds.
+func (r *Record) Grants() Address { return r.grants }
+
+// Genesis returns head₀.
+func (r *Record) Genesis() Address { return r.genesis }
+
+// Head returns the current head (genesis for an empty record).
+func (r *Record) Head() Address { return r.chain.st.Head }
+
+// Len returns the number of segments.
+func (r *Record) Len() int { return len(r.segs) }
+
+// State returns the chain state after the last segment.
+func (r *Record) State() State { return r.chain.State() }
+
+// Phase returns the phase after the last segment.
+func (r *Record) Phase() Phase { return r.chain.st.Phase }
+
+// Segment returns segment i. The caller must not modify it.
+func (r *Record) Segment(i int) Segment { return r.segs[i] }
+
+// HeadAt returns the head after segment i.
+func (r *Record) HeadAt(i int) Address { return r.heads[i] }
+
+// Append validates s against the record and appends it, returning the new
+// head. A refused segment leaves the record exactly as it was; the error is
+// a [*SegmentError] wrapping one of the package's sentinels.
+func (r *Record) Append(s Segment) (Address, error) {
+	h, err := r.chain.Append(&s)
+	if err != nil {
+		return Address{}, err
+	}
+	if s.Calls != nil {
+		// Copy the id lists into one backing array; strings are immutable.
+		d, res := s.Calls.Dispatched, s.Calls.Resolved
+		ids := make([]string, 0, len(d)+len(res))
+		ids = append(append(ids, d...), res...)
+		s.Calls = &CallAccount{Dispatched: ids[:len(d):len(d)], Resolved: ids[len(d):]}
+	}
+	s.Snapshot = s.Snapshot.clone()
+	r.segs = append(r.segs, s)
+	r.heads = append(r.heads, h)
+	return h, nil
+}
+
+// Verify recomputes the record from genesis: every segment's phase rules
+// and snapshot identity, and every head. A record built only by Append
+// always verifies; one assembled from stored or received parts may not.
+func (r *Record) Verify() error {
+	return Verify(r.unit, r.grants, r.segs, r.heads)
+}
+
+// Verify recomputes a record from genesis over segs and checks each
+// recomputed head against heads[i]. heads may be nil to check nothing but
+// the phase rules; otherwise it must have one entry per segment. The error
+// is a [*SegmentError] naming the first segment that fails.
+func Verify(unit, grants Address, segs []Segment, heads []Address) error {
+	if heads != nil && len(heads) != len(segs) {
+		return fmt.Errorf("%w: %d heads for %d segments", ErrHeadMismatch, len(heads), len(segs))
+	}
+	c := NewChain(Start(unit, grants))
+	for i := range segs {
+		h, err := c.Append(&segs[i])
+		if err != nil {
+			return err
+		}
+		if heads != nil && h != heads[i] {
+			return &SegmentError{Index: i, Err: fmt.Errorf("%w: stated %s, recomputed %s", ErrHeadMismatch, heads[i], h)}
+		}
+	}
+	return nil
+}
+
+// Totals is a run's energy: its receipts, its idle energy, and their sum.
+type Totals struct {
+	ActiveUJ uint64 // sum of the attested receipts
+	IdleUJ   uint64 // sum of idle_uj over Resumed segments
+	CostUJ   uint64 // ActiveUJ + IdleUJ
+	// IdleMeasured is true when every Resumed segment's idle energy was
+	// measured; a single estimate makes the idle total an estimate.
+	IdleMeasured bool
+}
+
+// Totals sums the record's energy. receipt returns the microjoules of the
+// receipt bound by an attestation address; this package does no I/O, so
+// the caller resolves attestations. A missing receipt or an overflow is an
+// error wrapping [ErrReceipt].
+func (r *Record) Totals(receipt func(attestation Address) (uj uint64, ok bool)) (Totals, error) {
+	t := Totals{IdleMeasured: true}
+	var carry uint64
+	for i := range r.segs {
+		s := &r.segs[i]
+		switch s.Kind {
+		case Executed:
+			uj, ok := receipt(s.Attestation)
+			if !ok {
+				return Totals{}, &SegmentError{Index: i, Err: fmt.Errorf("%w: no receipt for attestation %s", ErrReceipt, s.Attestation)}
+			}
+			t.ActiveUJ, carry = bits.Add64(t.ActiveUJ, uj, 0)
+		case Resumed:
+			t.IdleUJ, carry = bits.Add64(t.IdleUJ, s.IdleUJ, 0)
+			if s.Provenance != Measured {
+				t.IdleMeasured = false
+			}
+		}
+		if carry != 0 {
+			return Totals{}, &SegmentError{Index: i, Err: fmt.Errorf("%w: energy total overflows", ErrReceipt)}
+		}
+	}
+	t.CostUJ, carry = bits.Add64(t.ActiveUJ, t.IdleUJ, 0)
+	if carry != 0 {
+		return Totals{}, fmt.Errorf("%w: energy total overflows", ErrReceipt)
+	}
+	return t, nil
+}
