@@ -10,10 +10,20 @@ import (
 type Record struct {
 	unit, grants Address
 	genesis      Address
-	segs         []Segment
-	heads        []Address
-	chain        *Chain
+	// Segments and heads live in fixed-size chunks, so a growing record
+	// never copies what it already holds.
+	segs  [][]Segment
+	heads [][]Address
+	n     int
+	chain *Chain
 }
+
+const chunkBits = 12
+const chunkLen = 1 << chunkBits
+
+func (r *Record) at(i int) *Segment { return &r.segs[i>>chunkBits][i&(chunkLen-1)] }
+
+func (r *Record) headAt(i int) Address { return r.heads[i>>chunkBits][i&(chunkLen-1)] }
 
 // New returns an empty record for a unit under a grant set.
 func New(unit, grants Address) *Record {
@@ -34,7 +44,7 @@ func (r *Record) Genesis() Address { return r.genesis }
 func (r *Record) Head() Address { return r.chain.st.Head }
 
 // Len returns the number of segments.
-func (r *Record) Len() int { return len(r.segs) }
+func (r *Record) Len() int { return r.n }
 
 // State returns the chain state after the last segment.
 func (r *Record) State() State { return r.chain.State() }
@@ -43,10 +53,20 @@ func (r *Record) State() State { return r.chain.State() }
 func (r *Record) Phase() Phase { return r.chain.st.Phase }
 
 // Segment returns segment i. The caller must not modify it.
-func (r *Record) Segment(i int) Segment { return r.segs[i] }
+func (r *Record) Segment(i int) Segment {
+	if i < 0 || i >= r.n {
+		panic(fmt.Sprintf("record: segment %d of %d", i, r.n))
+	}
+	return *r.at(i)
+}
 
 // HeadAt returns the head after segment i.
-func (r *Record) HeadAt(i int) Address { return r.heads[i] }
+func (r *Record) HeadAt(i int) Address {
+	if i < 0 || i >= r.n {
+		panic(fmt.Sprintf("record: head %d of %d", i, r.n))
+	}
+	return r.headAt(i)
+}
 
 // Append validates s against the record and appends it, returning the new
 // head. A refused segment leaves the record exactly as it was; the error is
@@ -64,8 +84,14 @@ func (r *Record) Append(s Segment) (Address, error) {
 		s.Calls = &CallAccount{Dispatched: ids[:len(d):len(d)], Resolved: ids[len(d):]}
 	}
 	s.Snapshot = s.Snapshot.clone()
-	r.segs = append(r.segs, s)
-	r.heads = append(r.heads, h)
+	if r.n&(chunkLen-1) == 0 {
+		r.segs = append(r.segs, make([]Segment, 0, chunkLen))
+		r.heads = append(r.heads, make([]Address, 0, chunkLen))
+	}
+	last := len(r.segs) - 1
+	r.segs[last] = append(r.segs[last], s)
+	r.heads[last] = append(r.heads[last], h)
+	r.n++
 	return h, nil
 }
 
@@ -73,7 +99,13 @@ func (r *Record) Append(s Segment) (Address, error) {
 // and snapshot identity, and every head. A record built only by Append
 // always verifies; one assembled from stored or received parts may not.
 func (r *Record) Verify() error {
-	return Verify(r.unit, r.grants, r.segs, r.heads)
+	c := NewChain(Start(r.unit, r.grants))
+	for i := range r.n {
+		if err := c.verifyNext(i, r.at(i), r.headAt(i)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Verify recomputes a record from genesis over segs and checks each
@@ -86,13 +118,27 @@ func Verify(unit, grants Address, segs []Segment, heads []Address) error {
 	}
 	c := NewChain(Start(unit, grants))
 	for i := range segs {
-		h, err := c.Append(&segs[i])
-		if err != nil {
+		if heads == nil {
+			if _, err := c.Append(&segs[i]); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := c.verifyNext(i, &segs[i], heads[i]); err != nil {
 			return err
 		}
-		if heads != nil && h != heads[i] {
-			return &SegmentError{Index: i, Err: fmt.Errorf("%w: stated %s, recomputed %s", ErrHeadMismatch, heads[i], h)}
-		}
+	}
+	return nil
+}
+
+// verifyNext appends segment i and checks the head it recomputes to.
+func (c *Chain) verifyNext(i int, s *Segment, stated Address) error {
+	h, err := c.Append(s)
+	if err != nil {
+		return err
+	}
+	if h != stated {
+		return &SegmentError{Index: i, Err: fmt.Errorf("%w: stated %s, recomputed %s", ErrHeadMismatch, stated, h)}
 	}
 	return nil
 }
@@ -114,8 +160,8 @@ type Totals struct {
 func (r *Record) Totals(receipt func(attestation Address) (uj uint64, ok bool)) (Totals, error) {
 	t := Totals{IdleMeasured: true}
 	var carry uint64
-	for i := range r.segs {
-		s := &r.segs[i]
+	for i := range r.n {
+		s := r.at(i)
 		switch s.Kind {
 		case Executed:
 			uj, ok := receipt(s.Attestation)

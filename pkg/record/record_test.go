@@ -136,3 +136,22 @@ func TestTotalsErrors(t *testing.T) {
 		t.Fatalf("overflow: %v", err)
 	}
 }
+
+// Records longer than one storage chunk keep every segment and head.
+func TestLongRecordAcrossChunks(t *testing.T) {
+	r := mustRecord(t)
+	var heads []Address
+	for i := range 3*chunkLen + 5 {
+		var att Address
+		att[0], att[1], att[2] = 1, byte(i), byte(i>>8)
+		heads = append(heads, mustAppend(t, r, Execution(att, &CallAccount{})))
+	}
+	for i, h := range heads {
+		if r.HeadAt(i) != h || r.Segment(i).Attestation[1] != byte(i) {
+			t.Fatalf("segment %d lost", i)
+		}
+	}
+	if v := r.WaitProof(); v.Kind != NonBlocking {
+		t.Fatal(v)
+	}
+}

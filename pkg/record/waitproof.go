@@ -51,7 +51,7 @@ func (v Verdict) String() string {
 
 // WaitProof walks the record's segments in order holding the calls
 // outstanding at each one's start; see [Proof].
-func (r *Record) WaitProof() Verdict { return Proof(r.segs) }
+func (r *Record) WaitProof() Verdict { return proof(r.n, r.at) }
 
 // Proof walks segs in order holding the set of calls outstanding at each
 // Executed segment's start. Within one segment, an id dispatched twice
@@ -62,9 +62,13 @@ func (r *Record) WaitProof() Verdict { return Proof(r.segs) }
 // as Unproved: the calls it may have made are unknown, so nothing after it
 // can be judged. A record with no accounted interval is Unproved.
 func Proof(segs []Segment) Verdict {
+	return proof(len(segs), func(i int) *Segment { return &segs[i] })
+}
+
+func proof(n int, at func(int) *Segment) Verdict {
 	var w walk
-	for i := range segs {
-		s := &segs[i]
+	for i := range n {
+		s := at(i)
 		if s.Kind != Executed {
 			continue
 		}

@@ -155,12 +155,12 @@ func (r *Record) EncodeWire() []byte {
 		Unit:     r.unit,
 		Grants:   r.grants,
 		Genesis:  r.genesis,
-		Segments: make([]wireSegment, len(r.segs)),
+		Segments: make([]wireSegment, r.n),
 		Head:     r.Head(),
 	}
-	for i := range r.segs {
-		w.Segments[i] = toWire(&r.segs[i])
-		h := r.heads[i]
+	for i := range r.n {
+		w.Segments[i] = toWire(r.at(i))
+		h := r.headAt(i)
 		w.Segments[i].Head = &h
 	}
 	b, err := marshal(w)
