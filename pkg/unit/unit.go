@@ -1,0 +1,215 @@
+// Package unit is what a run executes: a [Spec] (image, arguments,
+// environment, mode) and the [Grants] it runs under (CPU and memory
+// limits, network, read-only mounts). A run's unit_id and grants_id are the
+// addresses of their canonical bytes, and the genesis head binds both, so a
+// run continued with other grants is a new run.
+//
+// Canonical bytes: a domain string, then every field in order; integers are
+// big-endian, strings and lists carry a 4-byte length or count in front.
+// docs/unit.md gives the layouts.
+package unit
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// Domains.
+const (
+	SpecDomain   = "runrecordd.unit/1"
+	GrantsDomain = "runrecordd.grants/1"
+)
+
+// ErrInvalid is a spec or grant set that cannot run.
+var ErrInvalid = errors.New("invalid unit")
+
+// Mode is how a unit parks.
+type Mode uint8
+
+// Modes.
+const (
+	ImageMode      Mode = 1 // parks by CRIU checkpoint
+	TranscriptMode Mode = 2 // parks by its transcript
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ImageMode:
+		return "image"
+	case TranscriptMode:
+		return "transcript"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// ParseMode parses "image" or "transcript".
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "image", "":
+		return ImageMode, nil
+	case "transcript":
+		return TranscriptMode, nil
+	}
+	return 0, fmt.Errorf("%w: mode %q: want image or transcript", ErrInvalid, s)
+}
+
+// Spec is a unit: an image by name and content digest, what to run in it,
+// and how it parks.
+type Spec struct {
+	Image       string   `json:"image"`        // image name, as imported
+	ImageDigest string   `json:"image_digest"` // the image's manifest digest, "sha256:…"
+	Args        []string `json:"args"`         // argv; empty runs the image's entrypoint
+	Env         []string `json:"env"`          // KEY=VALUE, in order
+	Mode        Mode     `json:"mode"`
+}
+
+// Network is a grant set's network.
+type Network uint8
+
+// Networks.
+const (
+	NoNetwork Network = 1 // an empty network namespace, not even loopback up
+	Loopback  Network = 2 // a private namespace with loopback only
+)
+
+func (n Network) String() string {
+	switch n {
+	case NoNetwork:
+		return "none"
+	case Loopback:
+		return "loopback"
+	}
+	return fmt.Sprintf("network(%d)", uint8(n))
+}
+
+// ParseNetwork parses "none" or "loopback".
+func ParseNetwork(s string) (Network, error) {
+	switch s {
+	case "none", "":
+		return NoNetwork, nil
+	case "loopback":
+		return Loopback, nil
+	}
+	return 0, fmt.Errorf("%w: network %q: want none or loopback", ErrInvalid, s)
+}
+
+// Mount is a read-only bind mount of a host path.
+type Mount struct {
+	Source string `json:"source"` // absolute host path
+	Target string `json:"target"` // absolute path in the sandbox
+}
+
+// Grants is what a unit may use.
+type Grants struct {
+	MilliCPU    uint32  `json:"milli_cpu"`    // CPU limit in thousandths of a core; 0 = unlimited
+	MemoryBytes uint64  `json:"memory_bytes"` // memory limit; 0 = unlimited
+	Network     Network `json:"network"`
+	ReadOnly    []Mount `json:"read_only"` // read-only bind mounts
+}
+
+// Validate reports whether s can run.
+func (s *Spec) Validate() error {
+	if s.Image == "" {
+		return fmt.Errorf("%w: no image", ErrInvalid)
+	}
+	if !strings.HasPrefix(s.ImageDigest, "sha256:") || len(s.ImageDigest) != 71 {
+		return fmt.Errorf("%w: image digest %q is not sha256:<64 hex>", ErrInvalid, s.ImageDigest)
+	}
+	if s.Mode != ImageMode && s.Mode != TranscriptMode {
+		return fmt.Errorf("%w: %s", ErrInvalid, s.Mode)
+	}
+	for _, e := range s.Env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return fmt.Errorf("%w: environment entry %q is not KEY=VALUE", ErrInvalid, e)
+		}
+	}
+	for _, str := range append(append([]string{s.Image, s.ImageDigest}, s.Args...), s.Env...) {
+		if !utf8.ValidString(str) || strings.ContainsRune(str, 0) {
+			return fmt.Errorf("%w: %q is not text", ErrInvalid, str)
+		}
+	}
+	return nil
+}
+
+// Validate reports whether g can be granted.
+func (g *Grants) Validate() error {
+	if g.Network != NoNetwork && g.Network != Loopback {
+		return fmt.Errorf("%w: %s", ErrInvalid, g.Network)
+	}
+	if g.MemoryBytes != 0 && g.MemoryBytes < 4<<20 {
+		return fmt.Errorf("%w: memory limit %d bytes is below 4 MiB", ErrInvalid, g.MemoryBytes)
+	}
+	for _, m := range g.ReadOnly {
+		if !path.IsAbs(m.Source) || !path.IsAbs(m.Target) || path.Clean(m.Target) != m.Target || m.Target == "/" {
+			return fmt.Errorf("%w: mount %s:%s: paths must be absolute and clean, and not /", ErrInvalid, m.Source, m.Target)
+		}
+	}
+	return nil
+}
+
+// Canonical returns the spec's canonical bytes.
+func (s *Spec) Canonical() ([]byte, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	b := []byte(SpecDomain)
+	b = appendStr(b, s.Image)
+	b = appendStr(b, s.ImageDigest)
+	b = appendList(b, s.Args)
+	b = appendList(b, s.Env)
+	return append(b, byte(s.Mode)), nil
+}
+
+// ID returns unit_id: the address of the spec's canonical bytes.
+func (s *Spec) ID() (record.Address, error) {
+	b, err := s.Canonical()
+	if err != nil {
+		return record.Address{}, err
+	}
+	return record.Sum(b), nil
+}
+
+// Canonical returns the grant set's canonical bytes.
+func (g *Grants) Canonical() ([]byte, error) {
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
+	b := []byte(GrantsDomain)
+	b = binary.BigEndian.AppendUint32(b, g.MilliCPU)
+	b = binary.BigEndian.AppendUint64(b, g.MemoryBytes)
+	b = append(b, byte(g.Network))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(g.ReadOnly)))
+	for _, m := range g.ReadOnly {
+		b = appendStr(b, m.Source)
+		b = appendStr(b, m.Target)
+	}
+	return b, nil
+}
+
+// ID returns grants_id: the address of the grant set's canonical bytes.
+func (g *Grants) ID() (record.Address, error) {
+	b, err := g.Canonical()
+	if err != nil {
+		return record.Address{}, err
+	}
+	return record.Sum(b), nil
+}
+
+func appendStr(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
+	return append(b, s...)
+}
+
+func appendList(b []byte, l []string) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(len(l)))
+	for _, s := range l {
+		b = appendStr(b, s)
+	}
+	return b
+}

@@ -1,0 +1,90 @@
+package unit
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+)
+
+const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func unhex(t *testing.T, s string) []byte {
+	b, err := hex.DecodeString(strings.Join(strings.Fields(s), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestSpecPinned(t *testing.T) {
+	s := Spec{Image: "demo", ImageDigest: digest, Args: []string{"a", "bc"}, Env: []string{"K=v"}, Mode: TranscriptMode}
+	got, err := s.Canonical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []byte(SpecDomain)
+	want = append(want, unhex(t, "00000004 64656d6f 00000047")...)
+	want = append(want, digest...)
+	want = append(want, unhex(t, "00000002 00000001 61 00000002 6263 00000001 00000003 4b3d76 02")...)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("got  %x\nwant %x", got, want)
+	}
+}
+
+func TestGrantsPinned(t *testing.T) {
+	g := Grants{MilliCPU: 500, MemoryBytes: 64 << 20, Network: Loopback, ReadOnly: []Mount{{"/data", "/in"}}}
+	got, err := g.Canonical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte(GrantsDomain), unhex(t, "000001f4 0000000004000000 02 00000001 00000005 2f64617461 00000003 2f696e")...)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("got  %x\nwant %x", got, want)
+	}
+}
+
+func TestIDsSeparateFields(t *testing.T) {
+	a := Spec{Image: "demo", ImageDigest: digest, Args: []string{"ab", "c"}, Mode: ImageMode}
+	b := Spec{Image: "demo", ImageDigest: digest, Args: []string{"a", "bc"}, Mode: ImageMode}
+	c := Spec{Image: "demo", ImageDigest: digest, Args: []string{"a"}, Env: []string{"b=c"}, Mode: ImageMode}
+	ia, _ := a.ID()
+	ib, _ := b.ID()
+	ic, _ := c.ID()
+	if ia == ib || ib == ic || ia == ic {
+		t.Fatal("distinct specs share an id")
+	}
+	g1 := Grants{Network: NoNetwork}
+	g2 := Grants{Network: Loopback}
+	x, _ := g1.ID()
+	y, _ := g2.ID()
+	if x == y {
+		t.Fatal("network not bound")
+	}
+}
+
+func TestInvalid(t *testing.T) {
+	for name, s := range map[string]Spec{
+		"no image":   {ImageDigest: digest, Mode: ImageMode},
+		"bad digest": {Image: "x", ImageDigest: "sha256:12", Mode: ImageMode},
+		"no mode":    {Image: "x", ImageDigest: digest},
+		"bad env":    {Image: "x", ImageDigest: digest, Mode: ImageMode, Env: []string{"novalue"}},
+		"nul arg":    {Image: "x", ImageDigest: digest, Mode: ImageMode, Args: []string{"a\x00b"}},
+	} {
+		if _, err := s.ID(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	for name, g := range map[string]Grants{
+		"no network":   {},
+		"tiny memory":  {Network: NoNetwork, MemoryBytes: 1000},
+		"relative":     {Network: NoNetwork, ReadOnly: []Mount{{"data", "/in"}}},
+		"onto root":    {Network: NoNetwork, ReadOnly: []Mount{{"/data", "/"}}},
+		"unclean path": {Network: NoNetwork, ReadOnly: []Mount{{"/data", "/in/../etc"}}},
+	} {
+		if _, err := g.ID(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
