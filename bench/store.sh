@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Store benchmarks: durable appends (fsync per commit) for one run and for
+# 64 concurrent runs (group commit), and directory-object ingest of a 1 GiB
+# CRIU-like tree. Usage: bench/store.sh [COUNT]   (default 5)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+count=${1:-5}
+out=/tmp/runrecordd-bench-store.txt
+go test -run XXX -bench 'Append' -benchtime 2s -count "$count" ./pkg/store | tee "$out"
+go test -run XXX -bench 'Ingest' -benchtime 3x -count "$count" ./pkg/store | tee -a "$out"
+if command -v benchstat >/dev/null; then benchstat "$out"; fi
