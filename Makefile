@@ -4,18 +4,23 @@ GO      ?= go
 BIN     := bin/runrecordd
 PKGS    := ./...
 
-.PHONY: all build run test unit lint conformance fuzz bench clean
+.PHONY: all setup build run test unit lint conformance fuzz bench clean
 
 all: build
+
+# Installs containerd, runc, iptables and a CRIU that passes `criu check`
+# (docs/setup.md). Idempotent; needs root.
+setup:
+	bash deploy/setup.sh
 
 build:
 	$(GO) build -o $(BIN) ./cmd/runrecordd
 
-run: build
+run: setup build
 	./$(BIN) conformance
 	./$(BIN) verify --file testdata/records/sample.json
 
-test: lint unit conformance
+test: setup lint unit conformance
 
 unit:
 	$(GO) test -race -count=1 $(PKGS)

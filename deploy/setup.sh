@@ -30,7 +30,7 @@ readonly RUNTIME_PKGS=(containerd runc iptables xz-utils ca-certificates)
 # Build dependencies for `make criu` (bookworm versions are fine).
 readonly CRIU_BUILD_PKGS=(
 	gcc make pkg-config
-	libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
+	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
 	libnl-3-dev libnet1-dev libcap-dev libbsd-dev libgnutls28-dev
 	libnftables-dev uuid-dev
 )
