@@ -51,8 +51,9 @@ die() {
 trap 'rc=$?; printf "setup: ERROR: command failed (exit %s) at line %s: %s\n" "$rc" "$LINENO" "$BASH_COMMAND" >&2' ERR
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (uid is $(id -u)); try: sudo $0"
-command -v apt-get >/dev/null && command -v dpkg-query >/dev/null ||
+if ! command -v apt-get >/dev/null || ! command -v dpkg-query >/dev/null; then
 	die "apt-get/dpkg-query not found: this script supports Debian only"
+fi
 
 # ---------------------------------------------------------------- apt helpers
 
@@ -63,7 +64,11 @@ apt_update() {
 		return 0
 	fi
 	log "apt-get update ..."
-	apt-get update -qq </dev/null >/dev/null || die "apt-get update failed"
+	mkdir -p "$CACHE_ROOT"
+	if ! apt-get update </dev/null >"$CACHE_ROOT/apt-update.log" 2>&1; then
+		tail -n 20 "$CACHE_ROOT/apt-update.log" >&2 || true
+		die "apt-get update failed; log: $CACHE_ROOT/apt-update.log"
+	fi
 	APT_UPDATED=1
 }
 
@@ -93,10 +98,12 @@ ensure_pkgs() {
 	[[ ${#missing[@]} -gt 0 ]] || return 0
 	apt_update
 	log "installing: ${missing[*]}"
-	apt-get install -y -qq --no-install-recommends \
+	if ! apt-get install -y --no-install-recommends \
 		-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
-		"${missing[@]}" </dev/null >/dev/null ||
-		die "apt-get install ${missing[*]} failed"
+		"${missing[@]}" </dev/null >"$CACHE_ROOT/apt-install.log" 2>&1; then
+		tail -n 20 "$CACHE_ROOT/apt-install.log" >&2 || true
+		die "apt-get install ${missing[*]} failed; log: $CACHE_ROOT/apt-install.log"
+	fi
 	for p in "${missing[@]}"; do
 		pkg_installed "$p" || die "package $p still not installed after apt-get install"
 		log "$p $(pkg_version "$p") installed"
@@ -105,7 +112,7 @@ ensure_pkgs() {
 
 # ---------------------------------------------------------------- criu helpers
 
-# criu_major BIN -> prints the major version (empty if unknown)
+# criu_version BIN -> prints e.g. 4.1.1 (empty if unknown)
 criu_version() {
 	"$1" --version 2>/dev/null | sed -n 's/^Version: *\([0-9][0-9.]*\).*/\1/p' | head -n1
 }
@@ -192,6 +199,7 @@ fetch_criu_orig() {
 		local got
 		got=$(sha256sum "$dl/$CRIU_ORIG" | awk '{print $1}')
 		mv -f "$dl/$CRIU_ORIG" "$CRIU_CACHE/$CRIU_ORIG.bad"
+		rm -rf "$dl"
 		die "sha256 mismatch for $CRIU_ORIG: got $got, want $CRIU_SHA256 (kept as $CRIU_CACHE/$CRIU_ORIG.bad)"
 	fi
 	mv -f "$dl/$CRIU_ORIG" "$tarball"
@@ -257,7 +265,8 @@ ensure_criu() {
 
 # ---------------------------------------------------------------- main
 
-log "host: $(. /etc/os-release 2>/dev/null && echo "${PRETTY_NAME:-unknown}"), kernel $(uname -r)"
+os_name=$(sed -n 's/^PRETTY_NAME="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' /etc/os-release 2>/dev/null || true)
+log "host: ${os_name:-unknown OS}, kernel $(uname -r)"
 if [[ -d /run/systemd/system ]]; then
 	log "systemd is running (a system containerd service may be started by the package; runrecordd runs its own)"
 else
