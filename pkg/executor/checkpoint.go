@@ -1,0 +1,413 @@
+//go:build linux
+
+package executor
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/stats"
+	"github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/containerd/api/types/runc/options"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/diff"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/rootfs"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
+	digest "github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/identity"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// Checkpoint says where a checkpoint goes, or comes from.
+type Checkpoint struct {
+	// ImageDir is the CRIU image directory: the memory image and process
+	// tree. Checkpoint creates it and wants it absent or empty. Restore
+	// only reads it, so it may be a sealed object.
+	ImageDir string
+	// Rootfs is the tar of the sandbox's rw layer: its diff against the
+	// image, in OCI layer form (whiteouts for deletions). Checkpoint writes
+	// it (durably: temp file, fsync, rename); Restore applies it. Empty
+	// skips the rw layer.
+	Rootfs string
+	// Keep, on Checkpoint, leaves the task frozen after the dump instead of
+	// ending it, so that the caller can store the images and record the
+	// park before it destroys the sandbox; a crash in between leaves a unit
+	// that [Sandbox.Resume] continues. Without Keep the task exits once
+	// dumped.
+	Keep bool
+}
+
+// CheckpointStats is what a checkpoint cost.
+type CheckpointStats struct {
+	// Total is the whole Checkpoint call; Pause the freeze before the
+	// dump; Dump the task checkpoint call (runc and CRIU); Diff the rw
+	// layer export.
+	Total, Pause, Dump, Diff time.Duration
+	// Freezing, Frozen, MemDump and MemWrite are CRIU's own timings from
+	// stats-dump: time to freeze the tree, time it stayed frozen, time to
+	// collect and to write the memory pages.
+	Freezing, Frozen, MemDump, MemWrite time.Duration
+	// Pages scanned, written, and skipped as unchanged since a parent image.
+	PagesScanned, PagesWritten, PagesSkippedParent uint64
+	// ImageBytes is the size of the files in ImageDir; RootfsBytes of the
+	// rw layer tar.
+	ImageBytes, RootfsBytes int64
+}
+
+// Checkpoint freezes the sandbox, dumps it with CRIU into cp.ImageDir
+// through containerd's task checkpoint with an image path (the memory image
+// never passes through the content store), then exports the rw layer to
+// cp.Rootfs. After it returns the task has exited (or, with cp.Keep, is
+// frozen); destroy the sandbox, or with Keep resume it.
+//
+// If the dump fails the task is thawed and keeps running. If the rw layer
+// export fails after a dump without Keep, the task has already exited: the
+// sandbox is still there to destroy, and its images are in cp.ImageDir.
+// Keep avoids that window, so a park that must never lose a running unit
+// checkpoints with Keep.
+func (s *Sandbox) Checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStats, error) {
+	st, err := s.checkpoint(s.c.ctx(ctx), cp)
+	if err != nil {
+		return CheckpointStats{}, fmt.Errorf("executor: checkpoint %s: %w", s.id, err)
+	}
+	return st, nil
+}
+
+func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStats, error) {
+	start := time.Now()
+	var st CheckpointStats
+	dir, err := emptyDir(cp.ImageDir)
+	if err != nil {
+		return st, err
+	}
+	if cp.Rootfs != "" {
+		// Checked before the dump: after it, without Keep, the task is gone.
+		if fi, err := os.Stat(filepath.Dir(cp.Rootfs)); err != nil || !fi.IsDir() {
+			return st, fmt.Errorf("%w: no directory for the rw layer %s", ErrInvalid, cp.Rootfs)
+		}
+	}
+	work := filepath.Join(s.c.cfg.StateDir, "criu", s.id, "dump")
+	if err := os.RemoveAll(work); err != nil {
+		return st, err
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return st, err
+	}
+	// Freeze first, through runc: CRIU then finds the cgroup frozen and
+	// leaves it so. Its own freezer polls the cgroup state in 100 ms steps,
+	// runc's in microseconds, so this is the faster freeze; it is also the
+	// state Keep wants to leave the task in.
+	pauseStart := time.Now()
+	if err := s.task.Pause(ctx); err != nil {
+		return st, fmt.Errorf("pause: %w", err)
+	}
+	st.Pause = time.Since(pauseStart)
+	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{
+		Exit:      !cp.Keep,
+		ImagePath: dir,
+		WorkPath:  work,
+	})
+	if err != nil {
+		return st, err
+	}
+	// The task service directly, not containerd.Task.Checkpoint, which
+	// with an image path adds only a lease, a container lookup, a status
+	// call and a thaw of a task that has exited.
+	dumpStart := time.Now()
+	_, err = s.c.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: s.id, Options: opts})
+	st.Dump = time.Since(dumpStart)
+	if err != nil {
+		_ = s.task.Resume(ctx)
+		return st, fmt.Errorf("%w: %w%s", ErrCheckpoint, err, logTail(filepath.Join(work, "dump.log")))
+	}
+	if !cp.Keep {
+		select {
+		case <-s.exited:
+		case <-time.After(30 * time.Second):
+			return st, fmt.Errorf("%w: the task did not exit after its dump", ErrCheckpoint)
+		case <-ctx.Done():
+			return st, ctx.Err()
+		}
+	}
+	if cp.Rootfs != "" {
+		diffStart := time.Now()
+		st.RootfsBytes, err = s.exportRootfs(ctx, cp.Rootfs)
+		st.Diff = time.Since(diffStart)
+		if err != nil {
+			if cp.Keep {
+				_ = s.task.Resume(ctx)
+			}
+			return st, fmt.Errorf("rw layer: %w", err)
+		}
+	}
+	if err := dumpStats(work, &st); err != nil {
+		return st, err
+	}
+	st.ImageBytes, err = dirSize(dir)
+	if err != nil {
+		return st, err
+	}
+	st.Total = time.Since(start)
+	return st, nil
+}
+
+// emptyDir makes dir (absolute) exist and checks that it is empty: a
+// checkpoint never writes over another.
+func emptyDir(dir string) (string, error) {
+	if dir == "" {
+		return "", fmt.Errorf("%w: no image directory", ErrInvalid)
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return "", err
+	}
+	if len(ents) > 0 {
+		return "", fmt.Errorf("%w: image directory %s is not empty", ErrInvalid, dir)
+	}
+	return dir, nil
+}
+
+// exportRootfs writes the diff of the sandbox's rw snapshot against its
+// image to path. The diff service computes it into the content store under
+// a lease; it is copied out, and the lease's end lets the GC take the blob.
+func (s *Sandbox) exportRootfs(ctx context.Context, path string) (int64, error) {
+	info, err := s.cont.Info(ctx, containerd.WithoutRefreshedMetadata)
+	if err != nil {
+		return 0, err
+	}
+	ctx, done, err := s.c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+	if err != nil {
+		return 0, err
+	}
+	defer done(context.WithoutCancel(ctx))
+	desc, err := rootfs.CreateDiff(ctx, info.SnapshotKey, s.c.client.SnapshotService(info.Snapshotter), s.c.client.DiffService(),
+		diff.WithMediaType(ocispec.MediaTypeImageLayer),
+		diff.WithReference("runrecordd-rootfs-"+s.id))
+	if err != nil {
+		return 0, err
+	}
+	ra, err := s.c.client.ContentStore().ReaderAt(ctx, desc)
+	if err != nil {
+		return 0, err
+	}
+	defer ra.Close()
+	return writeFileDurably(path, content.NewReader(ra))
+}
+
+// writeFileDurably writes r to path through a temporary file beside it,
+// fsynced before the rename and the directory fsynced after, so that path
+// is either absent or whole after a crash.
+func writeFileDurably(path string, r io.Reader) (int64, error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(f.Name()) // no-op after the rename
+	n, err := io.Copy(f, r)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return 0, err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return 0, err
+	}
+	defer d.Close()
+	return n, d.Sync()
+}
+
+// dumpStats reads CRIU's stats-dump, which it writes into its work
+// directory (not the image directory).
+func dumpStats(dir string, st *CheckpointStats) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	ds, err := stats.CriuGetDumpStats(d)
+	if err != nil {
+		return fmt.Errorf("stats-dump: %w", err)
+	}
+	us := func(v uint32) time.Duration { return time.Duration(v) * time.Microsecond }
+	st.Freezing = us(ds.GetFreezingTime())
+	st.Frozen = us(ds.GetFrozenTime())
+	st.MemDump = us(ds.GetMemdumpTime())
+	st.MemWrite = us(ds.GetMemwriteTime())
+	st.PagesScanned = ds.GetPagesScanned()
+	st.PagesWritten = ds.GetPagesWritten()
+	st.PagesSkippedParent = ds.GetPagesSkippedParent()
+	return nil
+}
+
+func dirSize(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, e os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if e.Type().IsRegular() {
+			fi, err := e.Info()
+			if err != nil {
+				return err
+			}
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n, err
+}
+
+// RestoreStats is what a restore cost.
+type RestoreStats struct {
+	// Total is the whole Restore call; Rootfs the rw layer's apply; Task
+	// the task create and start (runc restore and CRIU).
+	Total, Rootfs, Task time.Duration
+	// Forking and Restore are CRIU's timings from stats-restore: forking
+	// the process tree, and the rest of the restore.
+	Forking, Restore time.Duration
+	// PagesRestored is how many memory pages CRIU restored.
+	PagesRestored uint64
+}
+
+// Restore creates sandbox id from the same spec as the checkpointed one,
+// with the rw layer cp.Rootfs applied over the image, and restores its
+// processes from cp.ImageDir; output goes on into out's files. CRIU only
+// reads the image directory (its log and stats-restore go to the work
+// directory under the executor's state), so cp.ImageDir may be a sealed
+// object.
+func (c *Client) Restore(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, RestoreStats, error) {
+	s, st, err := c.restore(ctx, id, spec, cp, out)
+	if err != nil {
+		return nil, RestoreStats{}, fmt.Errorf("executor: restore %s: %w", id, err)
+	}
+	return s, st, nil
+}
+
+func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, RestoreStats, error) {
+	start := time.Now()
+	var st RestoreStats
+	if cp.ImageDir == "" {
+		return nil, st, fmt.Errorf("%w: no image directory", ErrInvalid)
+	}
+	images, err := filepath.Abs(cp.ImageDir)
+	if err != nil {
+		return nil, st, err
+	}
+	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
+		return nil, st, fmt.Errorf("%w: %s holds no CRIU image: %w", ErrInvalid, images, err)
+	}
+	work := filepath.Join(c.cfg.StateDir, "criu", id, "restore")
+	if err := os.RemoveAll(work); err != nil {
+		return nil, st, err
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return nil, st, err
+	}
+	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work}
+	s, err := c.create(ctx, id, spec, out, rs)
+	if err != nil {
+		return nil, st, fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(work, "restore.log")))
+	}
+	st.Rootfs, st.Task = rs.rootfsTime, rs.taskTime
+	if d, err := os.Open(work); err == nil {
+		if rst, err := stats.CriuGetRestoreStats(d); err == nil {
+			st.Forking = time.Duration(rst.GetForkingTime()) * time.Microsecond
+			st.Restore = time.Duration(rst.GetRestoreTime()) * time.Microsecond
+			st.PagesRestored = rst.GetPagesRestored()
+		}
+		d.Close()
+	}
+	st.Total = time.Since(start)
+	return s, st, nil
+}
+
+// prepareRootfs makes snapshot key over the image's layers and applies the
+// rw layer tar (if any) to it through the diff service.
+func (c *Client) prepareRootfs(ctx context.Context, key string, img containerd.Image, layer string) error {
+	diffIDs, err := img.RootFS(ctx)
+	if err != nil {
+		return fmt.Errorf("image layers: %w", err)
+	}
+	sn := c.client.SnapshotService(Snapshotter)
+	mounts, err := sn.Prepare(ctx, key, identity.ChainID(diffIDs).String())
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	if layer == "" {
+		return nil
+	}
+	if err := c.applyLayer(ctx, key, layer, mounts); err != nil {
+		_ = sn.Remove(ctx, key)
+		return fmt.Errorf("apply rw layer %s: %w", layer, err)
+	}
+	return nil
+}
+
+func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mount.Mount) error {
+	f, err := os.Open(layer)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	ctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+	if err != nil {
+		return err
+	}
+	defer done(context.WithoutCancel(ctx))
+	cs := c.client.ContentStore()
+	w, err := content.OpenWriter(ctx, cs, content.WithRef("runrecordd-restore-"+key))
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	dg := digest.Canonical.Digester()
+	n, err := io.Copy(io.MultiWriter(w, dg.Hash()), bufio.NewReaderSize(f, 1<<20))
+	if err != nil {
+		return err
+	}
+	if err := w.Commit(ctx, n, dg.Digest()); err != nil && !errdefs.IsAlreadyExists(err) {
+		return err
+	}
+	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: dg.Digest(), Size: n}
+	_, err = c.client.DiffService().Apply(ctx, desc, mounts)
+	return err
+}
+
+// logTail is the end of a CRIU log, formatted to follow an error message.
+func logTail(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > 12 {
+		lines = lines[len(lines)-12:]
+	}
+	return fmt.Sprintf("; end of %s:\n%s", path, strings.Join(lines, "\n"))
+}

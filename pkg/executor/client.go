@@ -1,0 +1,277 @@
+//go:build linux
+
+package executor
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/checkpoint-restore/go-criu/v7"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/platforms"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// DefaultNamespace is the containerd namespace sandboxes live in unless the
+// [Config] names another.
+const DefaultNamespace = "runrecordd"
+
+// Snapshotter is the snapshotter images are unpacked into and sandboxes'
+// root filesystems are made with.
+const Snapshotter = "overlayfs"
+
+// Runtime is the containerd runtime sandboxes run under.
+const Runtime = "io.containerd.runc.v2"
+
+// Config says which containerd to use and where the executor keeps its own
+// state.
+type Config struct {
+	// Address is containerd's gRPC socket.
+	Address string
+	// Namespace is the containerd namespace; [DefaultNamespace] when empty.
+	Namespace string
+	// StateDir holds the executor's files: the FIFOs of sandbox output, the
+	// runc root, and CRIU's work directories (dump and restore logs and
+	// statistics). Required.
+	StateDir string
+	// RuncRoot is runc's --root for this executor's sandboxes; StateDir/runc
+	// when empty. A private root keeps two executors on one host (or an
+	// executor and a system containerd) from sharing runc state.
+	RuncRoot string
+	// CgroupParent is the cgroup under which each sandbox gets
+	// CgroupParent/<id>; "/"+Namespace when empty.
+	CgroupParent string
+	// CRIU is the criu binary [Versions] and [CheckCRIU] run ("criu" from
+	// PATH when empty). runc finds its own CRIU on the daemon's PATH;
+	// [StartContainerd] makes the two agree.
+	CRIU string
+	// Logger receives the executor's events; slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// Client is an executor bound to one containerd and one namespace: it
+// imports images and starts, checkpoints, restores and destroys sandboxes.
+// It is safe for concurrent use; two calls must not use the same sandbox id
+// at once.
+type Client struct {
+	cfg    Config
+	client *containerd.Client
+	log    *slog.Logger
+}
+
+// Connect connects to the containerd at cfg.Address.
+func Connect(ctx context.Context, cfg Config) (*Client, error) {
+	if cfg.Address == "" || cfg.StateDir == "" {
+		return nil, fmt.Errorf("executor: connect: %w: Address and StateDir are required", ErrInvalid)
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = DefaultNamespace
+	}
+	if cfg.RuncRoot == "" {
+		cfg.RuncRoot = filepath.Join(cfg.StateDir, "runc")
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "/" + cfg.Namespace
+	}
+	if cfg.CRIU == "" {
+		cfg.CRIU = "criu"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	for _, d := range []string{cfg.StateDir, cfg.RuncRoot, filepath.Join(cfg.StateDir, "fifo"), filepath.Join(cfg.StateDir, "criu")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("executor: connect: %w", err)
+		}
+	}
+	c, err := containerd.New(cfg.Address, containerd.WithDefaultNamespace(cfg.Namespace))
+	if err != nil {
+		return nil, fmt.Errorf("executor: connect to containerd at %s: %w", cfg.Address, err)
+	}
+	if _, err := c.Version(namespaces.WithNamespace(ctx, cfg.Namespace)); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("executor: connect to containerd at %s: %w", cfg.Address, err)
+	}
+	return &Client{cfg: cfg, client: c, log: cfg.Logger.With("component", "executor", "namespace", cfg.Namespace)}, nil
+}
+
+// Close closes the connection; sandboxes keep running.
+func (c *Client) Close() error { return c.client.Close() }
+
+// Config is the client's configuration with defaults filled in.
+func (c *Client) Config() Config { return c.cfg }
+
+func (c *Client) ctx(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, c.cfg.Namespace)
+}
+
+// Image is an imported image.
+type Image struct {
+	// Name is the image's name in containerd.
+	Name string
+	// Digest is the digest of the linux/amd64 image manifest: the
+	// image_digest of a unit spec.
+	Digest string
+}
+
+// Import imports an OCI or docker image archive (a tar stream as written
+// by [github.com/runrecordd/runrecordd/internal/ociarchive], `docker save`
+// or `ctr images export`), names its index name, and unpacks it into the
+// overlayfs snapshotter.
+func (c *Client) Import(ctx context.Context, r io.Reader, name string) (Image, error) {
+	ctx = c.ctx(ctx)
+	if name == "" {
+		return Image{}, fmt.Errorf("executor: import: %w: no image name", ErrInvalid)
+	}
+	if _, err := c.client.Import(ctx, r, containerd.WithIndexName(name)); err != nil {
+		return Image{}, fmt.Errorf("executor: import %s: %w", name, err)
+	}
+	img, err := c.client.GetImage(ctx, name)
+	if err != nil {
+		return Image{}, fmt.Errorf("executor: import %s: %w", name, err)
+	}
+	if err := img.Unpack(ctx, Snapshotter); err != nil {
+		return Image{}, fmt.Errorf("executor: unpack %s: %w", name, err)
+	}
+	return c.describe(ctx, img)
+}
+
+// ImportFile is [Client.Import] of the archive at path.
+func (c *Client) ImportFile(ctx context.Context, path, name string) (Image, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Image{}, fmt.Errorf("executor: import %s: %w", name, err)
+	}
+	defer f.Close()
+	return c.Import(ctx, bufio.NewReaderSize(f, 1<<20), name)
+}
+
+// Image looks an imported image up by name.
+func (c *Client) Image(ctx context.Context, name string) (Image, error) {
+	ctx = c.ctx(ctx)
+	img, err := c.client.GetImage(ctx, name)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return Image{}, fmt.Errorf("executor: image %s: %w", name, ErrNotFound)
+		}
+		return Image{}, fmt.Errorf("executor: image %s: %w", name, err)
+	}
+	return c.describe(ctx, img)
+}
+
+func (c *Client) describe(ctx context.Context, img containerd.Image) (Image, error) {
+	d, err := manifestDigest(ctx, c.client.ContentStore(), img.Target())
+	if err != nil {
+		return Image{}, fmt.Errorf("executor: image %s: %w", img.Name(), err)
+	}
+	return Image{Name: img.Name(), Digest: d}, nil
+}
+
+// manifestDigest finds the digest of the manifest for this platform under
+// desc, which is a manifest or an index of them.
+func manifestDigest(ctx context.Context, cs content.Provider, desc ocispec.Descriptor) (string, error) {
+	if images.IsManifestType(desc.MediaType) {
+		return desc.Digest.String(), nil
+	}
+	if !images.IsIndexType(desc.MediaType) {
+		return "", fmt.Errorf("%w: target media type %s", ErrInvalid, desc.MediaType)
+	}
+	data, err := content.ReadBlob(ctx, cs, desc)
+	if err != nil {
+		return "", err
+	}
+	var idx ocispec.Index
+	if err := json.Unmarshal(data, &idx); err != nil {
+		return "", err
+	}
+	match := platforms.Only(platforms.DefaultSpec())
+	var best *ocispec.Descriptor
+	for i := range idx.Manifests {
+		m := &idx.Manifests[i]
+		if m.Platform != nil && !match.Match(*m.Platform) {
+			continue
+		}
+		if best == nil || (m.Platform != nil && best.Platform != nil && match.Less(*m.Platform, *best.Platform)) {
+			best = m
+		}
+	}
+	if best == nil {
+		return "", fmt.Errorf("%w: no %s manifest", ErrNotFound, platforms.DefaultString())
+	}
+	return manifestDigest(ctx, cs, *best)
+}
+
+// Versions are the runtime's versions, for an environment manifest.
+type Versions struct {
+	Containerd         string // the daemon's, e.g. "1.6.20~ds1"
+	ContainerdRevision string
+	Runc               string // first line of `runc --version`, version only
+	CRIU               string // e.g. "4.1.1"
+}
+
+// Versions asks the daemon for its version and runs runc and CRIU for
+// theirs (CRIU through go-criu's version RPC).
+func (c *Client) Versions(ctx context.Context) (Versions, error) {
+	v, err := c.client.Version(c.ctx(ctx))
+	if err != nil {
+		return Versions{}, fmt.Errorf("executor: containerd version: %w", err)
+	}
+	out := Versions{Containerd: v.Version, ContainerdRevision: v.Revision}
+	runcOut, err := exec.CommandContext(ctx, "runc", "--version").Output()
+	if err != nil {
+		return Versions{}, fmt.Errorf("executor: runc version: %w: %w", ErrMissing, err)
+	}
+	first, _, _ := strings.Cut(string(runcOut), "\n")
+	out.Runc = strings.TrimSpace(strings.TrimPrefix(first, "runc version"))
+	out.CRIU, err = criuVersion(c.cfg.CRIU)
+	if err != nil {
+		return Versions{}, err
+	}
+	return out, nil
+}
+
+func criuVersion(bin string) (string, error) {
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return "", fmt.Errorf("executor: criu version: %w: %w", ErrMissing, err)
+	}
+	cr := criu.MakeCriu()
+	cr.SetCriuPath(path)
+	n, err := cr.GetCriuVersion()
+	if err != nil {
+		return "", fmt.Errorf("executor: criu version of %s: %w", path, err)
+	}
+	return fmt.Sprintf("%d.%d.%d", n/10000, n/100%100, n%100), nil
+}
+
+// CheckCRIU runs `criu check` with the binary bin ("criu" from PATH when
+// empty) and returns nil only if it says "Looks good.": the kernel and CRIU
+// can checkpoint at all. The error wraps [ErrMissing] and carries CRIU's
+// output.
+func CheckCRIU(ctx context.Context, bin string) error {
+	if bin == "" {
+		bin = "criu"
+	}
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return fmt.Errorf("executor: criu check: %w: %w", ErrMissing, err)
+	}
+	out, err := exec.CommandContext(ctx, path, "check").CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("Looks good.")) {
+		return fmt.Errorf("executor: %s check: %w: %v: %s", path, ErrMissing, err, bytes.TrimSpace(out))
+	}
+	return nil
+}

@@ -1,0 +1,30 @@
+package executor
+
+import "errors"
+
+// Errors. Every error the package returns names the operation and the
+// sandbox or image, and wraps one of these where one applies, or the
+// containerd error (test those with github.com/containerd/errdefs).
+var (
+	// ErrMissing is a host without what the executor needs: no containerd
+	// binary, no runc, no CRIU, or a CRIU whose `criu check` fails.
+	ErrMissing = errors.New("executor: missing host dependency")
+	// ErrExists is an id (sandbox, daemon socket) already in use.
+	ErrExists = errors.New("executor: already exists")
+	// ErrNotFound is an image or sandbox that is not there.
+	ErrNotFound = errors.New("executor: not found")
+	// ErrImageMismatch is an image whose manifest digest is not the one the
+	// spec names.
+	ErrImageMismatch = errors.New("executor: image digest mismatch")
+	// ErrInvalid is a spec, checkpoint location or argument that cannot be
+	// used.
+	ErrInvalid = errors.New("executor: invalid argument")
+	// ErrCheckpoint is a checkpoint that did not complete; the sandbox's task
+	// is then still running (CRIU thaws it), and the message carries the
+	// tail of CRIU's dump log.
+	ErrCheckpoint = errors.New("executor: checkpoint failed")
+	// ErrRestore is a restore that did not complete; nothing of the new
+	// sandbox is left behind, and the message carries the tail of CRIU's
+	// restore log.
+	ErrRestore = errors.New("executor: restore failed")
+)

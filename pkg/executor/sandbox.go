@@ -1,0 +1,553 @@
+//go:build linux
+
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	v1 "github.com/containerd/cgroups/v3/cgroup1/stats"
+	v2 "github.com/containerd/cgroups/v3/cgroup2/stats"
+	"github.com/containerd/containerd/api/types/runc/options"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/identifiers"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// Spec is what a sandbox runs and what it may use.
+type Spec struct {
+	// Image is the image's name, as imported.
+	Image string
+	// ImageDigest, when set, is the manifest digest the image must have
+	// ("sha256:…"); a different one is [ErrImageMismatch].
+	ImageDigest string
+	// Args is the argv; empty runs the image's entrypoint and cmd.
+	Args []string
+	// Env entries (KEY=VALUE) override or extend the image's.
+	Env []string
+	// MilliCPU is the CPU limit in thousandths of a core, enforced as a CFS
+	// quota over a 100 ms period; 0 is unlimited, otherwise at least 10.
+	MilliCPU uint32
+	// MemoryBytes is the memory limit; 0 is unlimited.
+	MemoryBytes uint64
+	// Network is the sandbox's network: its own namespace either way, with
+	// loopback down ([unit.NoNetwork], also the zero value) or up
+	// ([unit.Loopback]).
+	Network unit.Network
+	// Mounts are bind mounts, mounted in order.
+	Mounts []Mount
+}
+
+// Mount is a bind mount of a host path into the sandbox.
+type Mount struct {
+	Source string // absolute host path
+	Target string // absolute path in the sandbox
+	// Writable mounts read-write (a transcript directory); otherwise
+	// read-only.
+	Writable bool
+}
+
+// SpecOf is the sandbox spec of a unit run under grants.
+func SpecOf(s unit.Spec, g unit.Grants) Spec {
+	out := Spec{
+		Image:       s.Image,
+		ImageDigest: s.ImageDigest,
+		Args:        s.Args,
+		Env:         s.Env,
+		MilliCPU:    g.MilliCPU,
+		MemoryBytes: g.MemoryBytes,
+		Network:     g.Network,
+	}
+	for _, m := range g.ReadOnly {
+		out.Mounts = append(out.Mounts, Mount{Source: m.Source, Target: m.Target})
+	}
+	return out
+}
+
+func (s *Spec) validate() error {
+	if s.Image == "" {
+		return fmt.Errorf("%w: spec has no image", ErrInvalid)
+	}
+	if s.MilliCPU != 0 && s.MilliCPU < 10 {
+		return fmt.Errorf("%w: CPU limit %d millicores is below 10", ErrInvalid, s.MilliCPU)
+	}
+	switch s.Network {
+	case 0, unit.NoNetwork, unit.Loopback:
+	default:
+		return fmt.Errorf("%w: network %s", ErrInvalid, s.Network)
+	}
+	for _, m := range s.Mounts {
+		if !path.IsAbs(m.Source) || !path.IsAbs(m.Target) || path.Clean(m.Target) == "/" {
+			return fmt.Errorf("%w: mount %s:%s: paths must be absolute, target not /", ErrInvalid, m.Source, m.Target)
+		}
+	}
+	return nil
+}
+
+// Output names the files a sandbox's stdout and stderr are appended to;
+// an empty name discards that stream. The executor copies each stream from
+// containerd's FIFO into its file, so a reader sees output as it is written.
+type Output struct {
+	Stdout string
+	Stderr string
+}
+
+// Container labels under which a sandbox remembers its output files, so
+// that [Client.Load] can reattach after this process restarts.
+const (
+	labelStdout = "runrecordd.stdout"
+	labelStderr = "runrecordd.stderr"
+)
+
+// Sandbox is one container with its task.
+type Sandbox struct {
+	c    *Client
+	id   string
+	cont containerd.Container
+
+	mu    sync.Mutex // serialises Destroy and guards files
+	task  containerd.Task
+	files []*os.File
+
+	exited chan struct{}         // closed once the task's process has exited
+	status containerd.ExitStatus // the exit, readable after exited closes
+}
+
+// watch records the task's exit from ch.
+func (s *Sandbox) watch(ch <-chan containerd.ExitStatus) {
+	s.exited = make(chan struct{})
+	go func() {
+		s.status = <-ch
+		close(s.exited)
+	}()
+}
+
+// ID is the sandbox's id (its container's, task's and snapshot's).
+func (s *Sandbox) ID() string { return s.id }
+
+// Pid is the host pid of the sandbox's init process.
+func (s *Sandbox) Pid() uint32 { return s.task.Pid() }
+
+// Start creates sandbox id from spec and starts its process.
+func (c *Client) Start(ctx context.Context, id string, spec Spec, out Output) (*Sandbox, error) {
+	s, err := c.create(ctx, id, spec, out, nil)
+	if err != nil {
+		return nil, fmt.Errorf("executor: start %s: %w", id, err)
+	}
+	return s, nil
+}
+
+// restoreFrom is what create needs to restore instead of start.
+type restoreFrom struct {
+	images string // CRIU image directory (staged)
+	rootfs string // rw layer tar, or ""
+	work   string // CRIU work directory
+
+	rootfsTime, taskTime time.Duration // set by create
+}
+
+func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, rs *restoreFrom) (_ *Sandbox, retErr error) {
+	ctx = c.ctx(ctx)
+	if err := identifiers.Validate(id); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if err := spec.validate(); err != nil {
+		return nil, err
+	}
+	img, err := c.client.GetImage(ctx, spec.Image)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("image %s: %w", spec.Image, ErrNotFound)
+		}
+		return nil, fmt.Errorf("image %s: %w", spec.Image, err)
+	}
+	if spec.ImageDigest != "" {
+		desc, err := c.describe(ctx, img)
+		if err != nil {
+			return nil, err
+		}
+		if desc.Digest != spec.ImageDigest {
+			return nil, fmt.Errorf("image %s: %w: has %s, spec names %s", spec.Image, ErrImageMismatch, desc.Digest, spec.ImageDigest)
+		}
+	}
+	if ok, err := img.IsUnpacked(ctx, Snapshotter); err != nil {
+		return nil, fmt.Errorf("image %s: %w", spec.Image, err)
+	} else if !ok {
+		if err := img.Unpack(ctx, Snapshotter); err != nil {
+			return nil, fmt.Errorf("unpack %s: %w", spec.Image, err)
+		}
+	}
+	if _, err := c.client.LoadContainer(ctx, id); err == nil {
+		return nil, fmt.Errorf("%w: a container named %s", ErrExists, id)
+	}
+
+	snapshot := containerd.WithNewSnapshot(id, img)
+	if rs != nil {
+		// The snapshot is made before its container; a lease until the
+		// container exists keeps the GC (which runs on every deletion)
+		// from taking it in between.
+		lctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+		if err != nil {
+			return nil, fmt.Errorf("lease: %w", err)
+		}
+		defer done(context.WithoutCancel(ctx))
+		ctx = lctx
+		t0 := time.Now()
+		if err := c.prepareRootfs(ctx, id, img, rs.rootfs); err != nil {
+			return nil, err
+		}
+		rs.rootfsTime = time.Since(t0)
+		defer func() {
+			if retErr != nil {
+				_ = c.client.SnapshotService(Snapshotter).Remove(ctx, id)
+			}
+		}()
+		snapshot = containerd.WithSnapshot(id)
+	}
+
+	cont, err := c.client.NewContainer(ctx, id,
+		containerd.WithImage(img),
+		containerd.WithSnapshotter(Snapshotter),
+		snapshot,
+		containerd.WithRuntime(Runtime, &options.Options{Root: c.cfg.RuncRoot}),
+		containerd.WithNewSpec(c.specOpts(img, id, spec)...),
+		containerd.WithContainerLabels(map[string]string{labelStdout: out.Stdout, labelStderr: out.Stderr}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("container: %w", err)
+	}
+	s := &Sandbox{c: c, id: id, cont: cont}
+	defer func() {
+		if retErr != nil {
+			if err := s.destroy(context.WithoutCancel(ctx)); err != nil {
+				c.log.Warn("cleanup after failed create", "id", id, "err", err)
+			}
+		}
+	}()
+
+	stdout, stderr, err := s.openOutput(out)
+	if err != nil {
+		return nil, err
+	}
+	creator := cio.NewCreator(cio.WithStreams(nil, stdout, stderr), cio.WithFIFODir(filepath.Join(c.cfg.StateDir, "fifo")))
+	taskStart := time.Now()
+	var taskOpts []containerd.NewTaskOpts
+	if rs != nil {
+		taskOpts = append(taskOpts, containerd.WithRestoreImagePath(rs.images), containerd.WithRestoreWorkPath(rs.work))
+	}
+	task, err := cont.NewTask(ctx, creator, taskOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("task: %w", err)
+	}
+	s.task = task
+	// The exit channel must outlive the caller's ctx: it is how Destroy
+	// and Checkpoint learn that the process has gone.
+	exit, err := task.Wait(c.ctx(context.WithoutCancel(ctx)))
+	if err != nil {
+		return nil, fmt.Errorf("task wait: %w", err)
+	}
+	s.watch(exit)
+	if rs == nil && spec.Network != unit.Loopback {
+		if err := loopbackDown(task.Pid()); err != nil {
+			return nil, fmt.Errorf("network none: %w", err)
+		}
+	}
+	if err := task.Start(ctx); err != nil {
+		return nil, fmt.Errorf("task start: %w", err)
+	}
+	if rs != nil {
+		rs.taskTime = time.Since(taskStart)
+	}
+	return s, nil
+}
+
+func (c *Client) specOpts(img containerd.Image, id string, spec Spec) []oci.SpecOpts {
+	opts := []oci.SpecOpts{
+		oci.WithImageConfig(img),
+		oci.WithHostname("unit"),
+		oci.WithCgroup(path.Join(c.cfg.CgroupParent, id)),
+	}
+	if len(spec.Args) > 0 {
+		opts = append(opts, oci.WithProcessArgs(spec.Args...))
+	}
+	if len(spec.Env) > 0 {
+		opts = append(opts, oci.WithEnv(spec.Env))
+	}
+	if spec.MilliCPU > 0 {
+		const period = 100_000 // µs
+		opts = append(opts, oci.WithCPUCFS(int64(spec.MilliCPU)*period/1000, period))
+	}
+	if spec.MemoryBytes > 0 {
+		opts = append(opts, oci.WithMemoryLimit(spec.MemoryBytes))
+	}
+	if len(spec.Mounts) > 0 {
+		var ms []specs.Mount
+		for _, m := range spec.Mounts {
+			mode := "ro"
+			if m.Writable {
+				mode = "rw"
+			}
+			ms = append(ms, specs.Mount{
+				Destination: m.Target,
+				Type:        "bind",
+				Source:      m.Source,
+				Options:     []string{"rbind", mode, "nosuid", "nodev"},
+			})
+		}
+		opts = append(opts, oci.WithMounts(ms))
+	}
+	return opts
+}
+
+// openOutput opens the output files for appending.
+func (s *Sandbox) openOutput(out Output) (io.Writer, io.Writer, error) {
+	open := func(name string) (io.Writer, error) {
+		if name == "" {
+			return io.Discard, nil
+		}
+		f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("output: %w", err)
+		}
+		s.files = append(s.files, f)
+		return f, nil
+	}
+	stdout, err := open(out.Stdout)
+	if err != nil {
+		return nil, nil, err
+	}
+	stderr, err := open(out.Stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	return stdout, stderr, nil
+}
+
+// Load finds sandbox id, left running by an earlier process, and reattaches
+// its output to the files it was started with.
+func (c *Client) Load(ctx context.Context, id string) (*Sandbox, error) {
+	ctx = c.ctx(ctx)
+	cont, err := c.client.LoadContainer(ctx, id)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("executor: load %s: %w", id, ErrNotFound)
+		}
+		return nil, fmt.Errorf("executor: load %s: %w", id, err)
+	}
+	labels, err := cont.Labels(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("executor: load %s: %w", id, err)
+	}
+	s := &Sandbox{c: c, id: id, cont: cont}
+	stdout, stderr, err := s.openOutput(Output{Stdout: labels[labelStdout], Stderr: labels[labelStderr]})
+	if err != nil {
+		s.closeFiles()
+		return nil, fmt.Errorf("executor: load %s: %w", id, err)
+	}
+	task, err := cont.Task(ctx, cio.NewAttach(cio.WithStreams(nil, stdout, stderr)))
+	if err != nil {
+		s.closeFiles()
+		if errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("executor: load %s: task: %w", id, ErrNotFound)
+		}
+		return nil, fmt.Errorf("executor: load %s: %w", id, err)
+	}
+	exit, err := task.Wait(c.ctx(context.WithoutCancel(ctx)))
+	if err != nil {
+		s.closeFiles()
+		return nil, fmt.Errorf("executor: load %s: %w", id, err)
+	}
+	s.task = task
+	s.watch(exit)
+	return s, nil
+}
+
+// List returns the ids of the sandboxes in the namespace.
+func (c *Client) List(ctx context.Context) ([]string, error) {
+	cs, err := c.client.Containers(c.ctx(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("executor: list: %w", err)
+	}
+	ids := make([]string, len(cs))
+	for i, ct := range cs {
+		ids[i] = ct.ID()
+	}
+	return ids, nil
+}
+
+// Status is the task's state: "running", "paused", "stopped", …
+func (s *Sandbox) Status(ctx context.Context) (string, error) {
+	st, err := s.task.Status(s.c.ctx(ctx))
+	if err != nil {
+		return "", fmt.Errorf("executor: status of %s: %w", s.id, err)
+	}
+	return string(st.Status), nil
+}
+
+// Wait waits for the sandbox's process to exit and returns its exit code.
+func (s *Sandbox) Wait(ctx context.Context) (uint32, error) {
+	select {
+	case <-s.exited:
+		code, _, err := s.status.Result()
+		if err != nil {
+			return 0, fmt.Errorf("executor: wait for %s: %w", s.id, err)
+		}
+		return code, nil
+	case <-ctx.Done():
+		return 0, fmt.Errorf("executor: wait for %s: %w", s.id, ctx.Err())
+	}
+}
+
+// Pause freezes the sandbox's processes (cgroup freezer).
+func (s *Sandbox) Pause(ctx context.Context) error {
+	if err := s.task.Pause(s.c.ctx(ctx)); err != nil {
+		return fmt.Errorf("executor: pause %s: %w", s.id, err)
+	}
+	return nil
+}
+
+// Resume thaws a paused sandbox, such as one a [Checkpoint] with Keep left
+// frozen whose park did not go through.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	if err := s.task.Resume(s.c.ctx(ctx)); err != nil {
+		return fmt.Errorf("executor: resume %s: %w", s.id, err)
+	}
+	return nil
+}
+
+// Usage is a sandbox's resource use from its cgroup.
+type Usage struct {
+	// CPUNanos is the CPU time used by all its processes, user and system.
+	CPUNanos uint64
+	// MemoryBytes is current memory use (page cache included, as the
+	// cgroup counts it); MemoryMaxBytes the high-water mark (cgroup v1
+	// only; 0 on v2).
+	MemoryBytes    uint64
+	MemoryMaxBytes uint64
+	// Pids is the number of tasks in the cgroup.
+	Pids uint64
+}
+
+// Stats reads the sandbox's cgroup through the task metrics (cgroup v1 or
+// v2, whichever the host runs).
+func (s *Sandbox) Stats(ctx context.Context) (Usage, error) {
+	m, err := s.task.Metrics(s.c.ctx(ctx))
+	if err != nil {
+		return Usage{}, fmt.Errorf("executor: stats of %s: %w", s.id, err)
+	}
+	data, err := typeurl.UnmarshalAny(m.Data)
+	if err != nil {
+		return Usage{}, fmt.Errorf("executor: stats of %s: %w", s.id, err)
+	}
+	var u Usage
+	switch m := data.(type) {
+	case *v1.Metrics:
+		u.CPUNanos = m.GetCPU().GetUsage().GetTotal()
+		u.MemoryBytes = m.GetMemory().GetUsage().GetUsage()
+		u.MemoryMaxBytes = m.GetMemory().GetUsage().GetMax()
+		u.Pids = m.GetPids().GetCurrent()
+	case *v2.Metrics:
+		u.CPUNanos = m.GetCPU().GetUsageUsec() * 1000
+		u.MemoryBytes = m.GetMemory().GetUsage()
+		u.Pids = m.GetPids().GetCurrent()
+	default:
+		return Usage{}, fmt.Errorf("executor: stats of %s: unknown metrics type %T", s.id, data)
+	}
+	return u, nil
+}
+
+// Destroy kills the sandbox's processes and deletes its task, container,
+// snapshot and CRIU work files. It is idempotent, and safe on a sandbox
+// whose task has exited (after a checkpoint).
+func (s *Sandbox) Destroy(ctx context.Context) error {
+	err := s.destroy(s.c.ctx(ctx))
+	if rerr := os.RemoveAll(filepath.Join(s.c.cfg.StateDir, "criu", s.id)); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return fmt.Errorf("executor: destroy %s: %w", s.id, err)
+	}
+	return nil
+}
+
+func (s *Sandbox) destroy(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	if s.task != nil {
+		if err := s.killTask(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		if _, err := s.task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete task: %w", err))
+		}
+	}
+	if err := s.cont.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete container: %w", err))
+	}
+	s.closeFilesLocked()
+	return errors.Join(errs...)
+}
+
+// killTask kills every process of the task, unless it has already stopped,
+// and waits for the exit.
+func (s *Sandbox) killTask(ctx context.Context) error {
+	st, err := s.task.Status(ctx)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("task status: %w", err)
+	}
+	if st.Status == containerd.Stopped {
+		return nil
+	}
+	if err := s.task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("kill: %w", err)
+	}
+	if st.Status == containerd.Paused {
+		// A frozen process acts on SIGKILL only once thawed.
+		_ = s.task.Resume(ctx)
+	}
+	if s.exited == nil {
+		return nil // create failed before it could watch; Delete reaps
+	}
+	t := time.NewTimer(30 * time.Second)
+	defer t.Stop()
+	select {
+	case <-s.exited:
+	case <-t.C:
+		return fmt.Errorf("kill: the task did not exit within 30 s")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (s *Sandbox) closeFiles() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closeFilesLocked()
+}
+
+func (s *Sandbox) closeFilesLocked() {
+	for _, f := range s.files {
+		f.Close()
+	}
+	s.files = nil
+}
