@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Store benchmarks: durable appends (fsync per commit) for one run and for
-# 64 concurrent runs (group commit), and directory-object ingest of a 1 GiB
-# CRIU-like tree. Usage: bench/store.sh [COUNT]   (default 5)
+# Store benchmarks on the store's own filesystem (t.TempDir, under $TMPDIR):
+# durable appends (fsync per commit) for one run and for 64 concurrent runs
+# (group commit), and directory-object ingest of a 1 GiB CRIU-like tree.
+# Usage: bench/store.sh [COUNT]   (COUNT repetitions, default 5; medians via benchstat if installed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 count=${1:-5}

@@ -1,72 +1,228 @@
 package store
 
 import (
+	"context"
 	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// CheckStats reports a [Store.Check].
+// CheckStats reports what a [Store.Check] verified.
 type CheckStats struct {
-	Runs, Segments, Objects int
+	Runs     int   // records verified from genesis
+	Segments int   // segments in them
+	Objects  int   // reachable objects rehashed
+	Bytes    int64 // their total size
 }
 
-// Check is the store's fsck: every run's record verifies from genesis
-// against its stored heads and state, the phase index agrees with every
-// run's state, and every object a segment reaches — directly or through
-// declared refs — exists and hashes to its address.
-func (s *Store) Check() (CheckStats, error) {
+// Check is the store's fsck. It verifies, in one read transaction, that
+// every run's record verifies from genesis against the heads stored beside
+// its segments and against its state, and that the phase index lists every
+// run exactly once, under its phase. Then it rehashes every object the
+// records reach — named by a segment, or through declared refs — against
+// its address. The first problem found is the error.
+func (s *Store) Check(ctx context.Context) (CheckStats, error) {
 	var cs CheckStats
-	ids, err := s.AllRuns()
-	if err != nil {
-		return cs, err
-	}
-	inPhase := map[string]record.Phase{}
-	for p := record.Active; p <= record.Ended; p++ {
-		list, err := s.Runs(p)
+	var live map[record.Address]bool
+	err := s.view(func(tx *bolt.Tx) error {
+		indexed, err := phaseIndex(tx)
 		if err != nil {
-			return cs, err
+			return err
 		}
-		for _, id := range list {
-			if q, dup := inPhase[id]; dup {
-				return cs, fmt.Errorf("store: %w: run %s indexed as both %s and %s", ErrDamaged, id, q, p)
+		var roots []record.Address
+		var segs uint64
+		err = tx.Bucket(bktRuns).ForEach(func(k, _ []byte) error {
+			if err := ctx.Err(); err != nil {
+				return err
 			}
-			inPhase[id] = p
-		}
-	}
-	if len(inPhase) != len(ids) {
-		return cs, fmt.Errorf("store: %w: phase index lists %d runs, store has %d", ErrDamaged, len(inPhase), len(ids))
-	}
-	for _, id := range ids {
-		st, err := s.Load(id)
+			id := string(k)
+			r, err := readRecord(tx, id)
+			if err != nil {
+				return err
+			}
+			p, ok := indexed[id]
+			if !ok || p != r.Phase() {
+				return fmt.Errorf("run %s: %w: %s, but the phase index has it %s", id, ErrDamaged, r.Phase(), phaseName(p, ok))
+			}
+			delete(indexed, id)
+			roots = appendRecordRefs(roots, r)
+			cs.Runs++
+			cs.Segments += r.Len()
+			segs += uint64(r.Len())
+			return nil
+		})
 		if err != nil {
-			return cs, err
+			return err
 		}
-		if err := st.Verify(); err != nil {
-			return cs, err
+		// Every log entry belongs to a record: an entry none reaches was
+		// written outside an append.
+		if n := uint64(tx.Bucket(bktLog).Stats().KeyN); n != segs {
+			return fmt.Errorf("%w: the log holds %d entries, the records %d segments", ErrDamaged, n, segs)
 		}
-		if p, ok := inPhase[id]; !ok || p != st.Run.Phase {
-			return cs, fmt.Errorf("store: %w: run %s is %s but indexed as %s", ErrDamaged, id, st.Run.Phase, p)
+		if len(indexed) > 0 {
+			ids := slices.Sorted(maps.Keys(indexed))
+			return fmt.Errorf("run %s: %w: in the phase index but not stored", ids[0], ErrDamaged)
 		}
-		r := record.New(st.Run.Unit, st.Run.Grants)
-		for i := range st.Segments {
-			r.Append(st.Segments[i]) // verified above
-		}
-		if r.Phase() != st.Run.Phase {
-			return cs, fmt.Errorf("store: %w: run %s state says %s, record says %s", ErrDamaged, id, st.Run.Phase, r.Phase())
-		}
-		cs.Runs++
-		cs.Segments += len(st.Segments)
-	}
-	live, err := s.reachable()
+		live, err = expandRefs(tx, roots)
+		return err
+	})
 	if err != nil {
-		return cs, err
+		return cs, fmt.Errorf("store %s: check: %w", s.dir, err)
 	}
+	addrs := make([]record.Address, 0, len(live))
 	for a := range live {
-		if err := s.Verify(a); err != nil {
-			return cs, fmt.Errorf("store: reachable object: %w", err)
-		}
-		cs.Objects++
+		addrs = append(addrs, a)
 	}
+	var bytes atomic.Int64
+	err = parallel(ctx, len(addrs), func(i int) error {
+		if err := s.Verify(ctx, addrs[i]); err != nil {
+			return fmt.Errorf("reachable object: %w", err)
+		}
+		sz, _ := s.Size(addrs[i])
+		bytes.Add(sz)
+		return nil
+	})
+	if err != nil {
+		return cs, fmt.Errorf("store %s: check: %w", s.dir, err)
+	}
+	cs.Objects, cs.Bytes = len(addrs), bytes.Load()
 	return cs, nil
+}
+
+func phaseName(p record.Phase, ok bool) string {
+	if !ok {
+		return "nowhere"
+	}
+	return p.String()
+}
+
+// phaseIndex reads the phase index: run id → phase.
+func phaseIndex(tx *bolt.Tx) (map[string]record.Phase, error) {
+	out := map[string]record.Phase{}
+	phases := tx.Bucket(bktPhases)
+	for p, key := range phaseKeys {
+		b := phases.Bucket(key)
+		if b == nil {
+			return nil, fmt.Errorf("%w: no phase index bucket %s", ErrDamaged, key)
+		}
+		err := b.ForEach(func(k, _ []byte) error {
+			if q, dup := out[string(k)]; dup {
+				return fmt.Errorf("run %s: %w: indexed both %s and %s", k, ErrDamaged, q, record.Phase(p))
+			}
+			out[string(k)] = record.Phase(p)
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// appendRecordRefs appends every object r's segments name.
+func appendRecordRefs(dst []record.Address, r *record.Record) []record.Address {
+	for i := range r.Len() {
+		seg := r.Segment(i)
+		dst = append(dst, segmentRefs(&seg)...)
+	}
+	return dst
+}
+
+// reachable returns every object the records reach: named by a segment,
+// or declared (transitively) as a ref of one that is.
+func (s *Store) reachable(ctx context.Context) (map[record.Address]bool, error) {
+	var live map[record.Address]bool
+	err := s.view(func(tx *bolt.Tx) error {
+		var roots []record.Address
+		err := tx.Bucket(bktRuns).ForEach(func(k, _ []byte) error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			r, err := readRecord(tx, string(k))
+			if err != nil {
+				return err
+			}
+			roots = appendRecordRefs(roots, r)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		live, err = expandRefs(tx, roots)
+		return err
+	})
+	return live, err
+}
+
+// expandRefs closes roots under declared refs.
+func expandRefs(tx *bolt.Tx, roots []record.Address) (map[record.Address]bool, error) {
+	live := make(map[record.Address]bool, len(roots))
+	stack := make([]record.Address, 0, len(roots))
+	for _, a := range roots {
+		if !live[a] {
+			live[a] = true
+			stack = append(stack, a)
+		}
+	}
+	for len(stack) > 0 {
+		a := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		refs, err := getRefs(tx, a)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range refs {
+			if !live[r] {
+				live[r] = true
+				stack = append(stack, r)
+			}
+		}
+	}
+	return live, nil
+}
+
+// walkObjects calls fn for every object file. Anything in objects/ that
+// is not an object, a shard directory or tmp/ is [ErrDamaged]: nothing
+// else is put there, so something else means the directory was tampered
+// with or damaged.
+func (s *Store) walkObjects(fn func(a record.Address, p string, info os.FileInfo) error) error {
+	shards, err := os.ReadDir(s.objects)
+	if err != nil {
+		return fmt.Errorf("store %s: %w: %v", s.dir, ErrDamaged, err)
+	}
+	for _, sh := range shards {
+		name := sh.Name()
+		if name == "tmp" {
+			continue
+		}
+		if !sh.IsDir() || len(name) != 1 || !strings.Contains(shardChars, name) {
+			return fmt.Errorf("store %s: %w: objects/%s is not a shard directory", s.dir, ErrDamaged, name)
+		}
+		files, err := os.ReadDir(filepath.Join(s.objects, name))
+		if err != nil {
+			return fmt.Errorf("store %s: %w: %v", s.dir, ErrDamaged, err)
+		}
+		for _, f := range files {
+			a, err := record.ParseAddress(record.AddressPrefix + f.Name())
+			if err != nil || !strings.HasPrefix(f.Name(), name) || !f.Type().IsRegular() {
+				return fmt.Errorf("store %s: %w: objects/%s/%s is not an object", s.dir, ErrDamaged, name, f.Name())
+			}
+			info, err := f.Info()
+			if err != nil {
+				return fmt.Errorf("store %s: %w", s.dir, err)
+			}
+			if err := fn(a, filepath.Join(s.objects, name, f.Name()), info); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

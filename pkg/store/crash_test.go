@@ -1,12 +1,19 @@
 package store
 
 import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +21,8 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
+// The crash test re-executes the test binary as a writer (TestMain sees
+// crashChildEnv) and kills it with SIGKILL at pseudo-random points.
 const crashChildEnv = "RUNRECORDD_STORE_CRASH_CHILD"
 
 func TestMain(m *testing.M) {
@@ -25,69 +34,157 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// crashChild appends to many runs and writes objects until it is killed.
-// It follows the daemon's order: objects first (durable), then the segment.
+// crashChild writes until it is killed: four goroutines, each appending
+// to its own runs in the daemon's order — objects first, durable, then the
+// segment naming them — with executed intervals, image parks (a staged
+// tree ingested as a directory object), transcript parks (a streamed
+// object), resumes and closes; and a garbage collection now and then.
+// After each acknowledged append it prints "A <run> <len> <head>", so the
+// parent can check that nothing acknowledged was lost.
 func crashChild(dir string, seed int64) {
-	s, err := Open(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
+	fail := func(err error) {
+		fmt.Fprintln(os.Stderr, "crash child:", err)
 		os.Exit(3)
 	}
-	rng := rand.New(rand.NewSource(seed))
-	for i := 0; ; i++ {
-		run := fmt.Sprintf("run-%02d", rng.Intn(16))
-		st, err := s.Head(run)
+	s, err := Open(dir)
+	if err != nil {
+		fail(err)
+	}
+	var out sync.Mutex
+	report := func(format string, args ...any) {
+		out.Lock()
+		defer out.Unlock()
+		fmt.Fprintf(os.Stdout, format+"\n", args...)
+	}
+	report("ready")
+	live := map[string]bool{}
+	for _, p := range []record.Phase{record.Active, record.Parked} {
+		ids, err := s.Runs(p)
 		if err != nil {
-			if _, err := s.Create(run, record.Sum([]byte(run)), record.Sum([]byte("grants"))); err != nil {
-				fmt.Fprintln(os.Stderr, "child create:", err)
-				os.Exit(3)
-			}
-			continue
+			fail(err)
 		}
-		must := func(a record.Address, err error) record.Address {
-			if err != nil {
-				fmt.Fprintln(os.Stderr, "child:", err)
-				os.Exit(3)
-			}
-			return a
-		}
-		tag := fmt.Sprintf("%d-%d-%d", seed, i, rng.Int())
-		var seg record.Segment
-		switch st.Phase {
-		case record.Ended:
-			continue
-		case record.Active:
-			if rng.Intn(3) > 0 {
-				receipt := must(s.PutBytes([]byte("receipt " + tag)))
-				journal := must(s.PutBytes([]byte("journal " + tag)))
-				seg = record.Execution(must(s.PutBytes([]byte("attestation "+tag), receipt, journal)), &record.CallAccount{})
-			} else {
-				stage, err := s.StagingDir("criu")
-				if err != nil {
-					os.Exit(3)
-				}
-				for f := 0; f < 1+rng.Intn(4); f++ {
-					os.WriteFile(filepath.Join(stage, fmt.Sprintf("pages-%d.img", f)), []byte(fmt.Sprintf("%s page %d %0*d", tag, f, rng.Intn(20000), 0)), 0o600)
-				}
-				dir, _, err := s.Ingest(stage)
-				must(dir, err)
-				seg = record.Suspension(record.ImageSnapshot(dir, nil), must(s.PutBytes([]byte("manifest "+tag))))
-			}
-		case record.Parked:
-			r, err := s.Load(run)
-			must(record.Address{}, err)
-			snap := r.Segments[len(r.Segments)-1].Snapshot
-			if rng.Intn(10) == 0 {
-				seg = record.Closure("done")
-			} else {
-				seg = record.Resumption(snap, uint64(rng.Intn(1000)+1), record.Estimated)
-			}
-		}
-		if _, err := s.Append(run, st.Head, seg); err != nil {
-			fmt.Fprintln(os.Stderr, "child append:", err)
-			os.Exit(3)
+		for _, id := range ids {
+			live[id] = true
 		}
 	}
+	const workers, runsEach = 4, 4
+	pools := make([][]string, workers)
+	w := 0
+	for id := range live {
+		if len(pools[w%workers]) < runsEach {
+			pools[w%workers] = append(pools[w%workers], id)
+		}
+		w++
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		rng := rand.New(rand.NewSource(seed*workers + int64(w)))
+		wg.Go(func() {
+			pool := pools[w]
+			for i := 0; ; i++ {
+				for len(pool) < runsEach {
+					id := fmt.Sprintf("run-%d-%d-%d", seed, w, i)
+					if _, err := s.Create(id, record.Sum([]byte(id)), record.Sum([]byte("grants"))); err != nil {
+						fail(err)
+					}
+					pool = append(pool, id)
+					i++
+				}
+				k := rng.Intn(len(pool))
+				run, err := s.Run(pool[k])
+				if err != nil {
+					fail(err)
+				}
+				seg, err := crashSegment(s, rng, run, fmt.Sprintf("%d-%d-%d", seed, w, i))
+				if err != nil {
+					fail(err)
+				}
+				h, err := s.Append(run.ID, run.Head, seg)
+				switch {
+				case errors.Is(err, ErrMissingObject): // collected before it was named
+					continue
+				case err != nil:
+					fail(err)
+				}
+				report("A %s %d %s", run.ID, run.Len+1, h)
+				if seg.Kind == record.Closed {
+					pool = append(pool[:k], pool[k+1:]...)
+				}
+				if w == 0 && i%40 == 39 {
+					if _, err := s.GC(context.Background(), 0); err != nil {
+						fail(err)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// crashSegment puts the objects for run's next segment and returns it.
+func crashSegment(s *Store, rng *rand.Rand, run Run, tag string) (record.Segment, error) {
+	switch run.Phase {
+	case record.Parked:
+		if rng.Intn(8) == 0 {
+			return record.Closure("done " + tag), nil
+		}
+		return record.Resumption(run.Parked, uint64(rng.Intn(1000)+1), record.Estimated), nil
+	case record.Ended:
+		return record.Segment{}, fmt.Errorf("run %s: closed run in a pool", run.ID)
+	}
+	receipt, err := s.PutBytes([]byte("receipt " + tag))
+	if err != nil {
+		return record.Segment{}, err
+	}
+	journal, err := s.PutBytes([]byte("journal " + tag))
+	if err != nil {
+		return record.Segment{}, err
+	}
+	att, err := s.PutBytes([]byte("attestation "+tag), receipt, journal)
+	if err != nil {
+		return record.Segment{}, err
+	}
+	switch rng.Intn(4) {
+	case 0: // image park
+		stage, err := s.StagingDir("criu")
+		if err != nil {
+			return record.Segment{}, err
+		}
+		for f := range 1 + rng.Intn(4) {
+			body := bytes.Repeat([]byte(tag+" "), 1+rng.Intn(4000))
+			if err := os.WriteFile(filepath.Join(stage, fmt.Sprintf("pages-%d.img", f)), body, 0o600); err != nil {
+				return record.Segment{}, err
+			}
+		}
+		// The same core image in many parks: ingest dedupes it.
+		if err := os.WriteFile(filepath.Join(stage, "core.img"), []byte("core"), 0o600); err != nil {
+			return record.Segment{}, err
+		}
+		root, _, err := s.Ingest(context.Background(), stage)
+		if err != nil {
+			return record.Segment{}, err
+		}
+		mem, err := s.Put(context.Background(), io.LimitReader(rng, int64(rng.Intn(256<<10))))
+		if err != nil {
+			return record.Segment{}, err
+		}
+		man, err := s.PutBytes([]byte("manifest image"))
+		if err != nil {
+			return record.Segment{}, err
+		}
+		return record.Suspension(record.ImageSnapshot(root, &mem), man), nil
+	case 1: // transcript park
+		tr, err := s.Put(context.Background(), io.LimitReader(rng, int64(rng.Intn(512<<10))))
+		if err != nil {
+			return record.Segment{}, err
+		}
+		man, err := s.PutBytes([]byte("manifest transcript"))
+		if err != nil {
+			return record.Segment{}, err
+		}
+		return record.Suspension(record.TranscriptSnapshot(tr), man), nil
+	}
+	return record.Execution(att, &record.CallAccount{Dispatched: []string{"call-" + tag}}), nil
 }
 
 func TestCrashSIGKILL(t *testing.T) {
@@ -97,34 +194,92 @@ func TestCrashSIGKILL(t *testing.T) {
 	}
 	dir := t.TempDir()
 	rng := rand.New(rand.NewSource(20261202))
-	maxSegs := 0
-	for k := 0; k < kills; k++ {
+	acked := map[string]string{} // run → "len head" of its last acknowledged append
+	prevSegs := 0
+	var cs CheckStats
+	start := time.Now()
+	for k := range kills {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir, crashChildEnv+"_SEED="+strconv.Itoa(k))
-		cmd.Stderr = os.Stderr
+		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir, fmt.Sprintf("%s_SEED=%d", crashChildEnv, k))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Duration(5+rng.Intn(60)) * time.Millisecond)
-		cmd.Process.Signal(syscall.SIGKILL)
-		err := cmd.Wait()
-		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
-			t.Fatalf("kill %d: child ended on its own: %v", k, err)
+		lines := make(chan []string, 1)
+		ready := make(chan struct{})
+		go func() {
+			var got []string
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				if sc.Text() == "ready" {
+					close(ready)
+					continue
+				}
+				got = append(got, sc.Text())
+			}
+			lines <- got
+		}()
+		// One kill in eight lands while the child opens the store (tmp
+		// cleanup, syncfs, migration); the rest once it is writing.
+		if k%8 == 0 {
+			time.Sleep(time.Duration(rng.Intn(15)) * time.Millisecond)
+		} else {
+			select {
+			case <-ready:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("kill %d: child never became ready: %s", k, stderr.String())
+			}
+			time.Sleep(time.Duration(1+rng.Intn(60)) * time.Millisecond)
 		}
+		cmd.Process.Signal(syscall.SIGKILL)
+		got := <-lines
+		cmd.Wait()
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
+			t.Fatalf("kill %d: the child ended on its own: %v: %s", k, cmd.ProcessState, stderr.String())
+		}
+		for _, l := range got {
+			f := strings.Fields(l)
+			if len(f) == 4 && f[0] == "A" {
+				acked[f[1]] = f[2] + " " + f[3]
+			}
+		}
+
 		s, err := Open(dir)
 		if err != nil {
 			t.Fatalf("after kill %d: open: %v", k, err)
 		}
-		cs, err := s.Check()
-		s.Close()
-		if err != nil {
+		if cs, err = s.Check(t.Context()); err != nil {
+			s.Close()
 			t.Fatalf("after kill %d: %v", k, err)
 		}
-		maxSegs = cs.Segments
+		if cs.Segments < prevSegs {
+			t.Fatalf("after kill %d: %d segments, %d before: a committed segment was lost", k, cs.Segments, prevSegs)
+		}
+		prevSegs = cs.Segments
+		// Every acknowledged append is in its record.
+		for run, lh := range acked {
+			var n int
+			var head string
+			fmt.Sscan(lh, &n, &head)
+			r, err := s.Record(run)
+			if err != nil || r.Len() < n || r.HeadAt(n-1).String() != head {
+				s.Close()
+				t.Fatalf("after kill %d: run %s: acknowledged segment %d (%s) not in the record: %v", k, run, n, head, err)
+			}
+		}
+		if tmp, _ := os.ReadDir(filepath.Join(dir, "objects", "tmp")); len(tmp) != 0 {
+			t.Fatalf("after kill %d: open left %d entries in objects/tmp", k, len(tmp))
+		}
+		s.Close()
 	}
-	if maxSegs < kills {
-		t.Fatalf("only %d segments written over %d kills: the kills came before any work", maxSegs, kills)
+	if prevSegs < kills {
+		t.Fatalf("only %d segments over %d kills: the kills came before the work", prevSegs, kills)
 	}
-	t.Logf("crash test: survived %d SIGKILLs; store holds %d segments, every record verifies from genesis and every referenced object matches its address", kills, maxSegs)
-	fmt.Printf("crash test: survived %d kills (%d segments)\n", kills, maxSegs)
+	fmt.Printf("crash test: survived %d kills (%d runs, %d segments, %d reachable objects of %d MiB verified after each; %d acknowledged runs checked; %s)\n",
+		kills, cs.Runs, cs.Segments, cs.Objects, cs.Bytes>>20, len(acked), time.Since(start).Round(time.Second))
 }

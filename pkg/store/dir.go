@@ -2,45 +2,55 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
 	"runtime"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
-
 	"lukechampine.com/blake3"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// DirDomain starts a directory listing's canonical bytes.
+// DirDomain starts every directory listing's canonical bytes.
 const DirDomain = "runrecordd.dir/1"
 
 // Entry is one file of a directory object.
 type Entry struct {
-	Name    string // slash-separated path relative to the directory
-	Mode    uint32 // permission bits
+	Name    string // path relative to the directory, '/'-separated, clean
+	Mode    uint32 // permission bits (fs.FileMode.Perm)
 	Size    uint64
 	Address record.Address
 }
 
-// EncodeListing returns a directory's canonical listing: the domain, a
-// 4-byte count, then the entries sorted by name, each a 4-byte name length,
-// the name, the mode (4), the size (8) and the file's address (32). The
-// directory object's address is the BLAKE3 of these bytes.
-func EncodeListing(entries []Entry) []byte {
-	es := append([]Entry(nil), entries...)
-	sort.Slice(es, func(i, j int) bool { return es[i].Name < es[j].Name })
-	b := make([]byte, 0, len(DirDomain)+4+len(es)*64)
+// entryMin is the fewest bytes one entry takes in a listing.
+const entryMin = 4 + 1 + 4 + 8 + 32
+
+// EncodeListing returns a directory's canonical listing: [DirDomain], the
+// entry count (4 bytes), then the entries in byte order of name, each a
+// 4-byte name length, the name, the mode (4), the size (8) and the file's
+// address (32); integers big-endian. The directory object's address is the
+// BLAKE3 of these bytes. Names must be clean relative paths, unique, and
+// no name may be both a file and another's directory.
+func EncodeListing(entries []Entry) ([]byte, error) {
+	es := slices.Clone(entries)
+	slices.SortFunc(es, func(a, b Entry) int { return strings.Compare(a.Name, b.Name) })
+	if err := checkEntries(es); err != nil {
+		return nil, err
+	}
+	b := make([]byte, 0, len(DirDomain)+4+len(es)*(entryMin+24))
 	b = append(b, DirDomain...)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(es)))
 	for _, e := range es {
@@ -50,31 +60,62 @@ func EncodeListing(entries []Entry) []byte {
 		b = binary.BigEndian.AppendUint64(b, e.Size)
 		b = append(b, e.Address[:]...)
 	}
-	return b
+	return b, nil
 }
 
-// DecodeListing parses a canonical listing, accepting only what
-// EncodeListing writes (sorted, unique, clean relative names).
-func DecodeListing(b []byte) ([]Entry, error) {
-	bad := func(why string) ([]Entry, error) {
-		return nil, fmt.Errorf("%w: directory listing: %s", ErrCorrupt, why)
+// checkEntries checks sorted entries: clean names, strictly increasing,
+// modes within the permission bits, no file that is also a directory.
+func checkEntries(es []Entry) error {
+	files := make(map[string]bool, len(es))
+	for i, e := range es {
+		if !validName(e.Name) {
+			return fmt.Errorf("directory entry %q: not a clean relative path", e.Name)
+		}
+		if e.Mode&^uint32(fs.ModePerm) != 0 {
+			return fmt.Errorf("directory entry %q: mode %o beyond permission bits", e.Name, e.Mode)
+		}
+		if i > 0 && es[i-1].Name >= e.Name {
+			return fmt.Errorf("directory entry %q: duplicate or out of order", e.Name)
+		}
+		files[e.Name] = true
 	}
-	if !bytes.HasPrefix(b, []byte(DirDomain)) || len(b) < len(DirDomain)+4 {
-		return bad("no header")
+	for _, e := range es {
+		for d := path.Dir(e.Name); d != "."; d = path.Dir(d) {
+			if files[d] {
+				return fmt.Errorf("directory entry %q: its directory %q is a file", e.Name, d)
+			}
+		}
+	}
+	return nil
+}
+
+func validName(n string) bool {
+	return n != "" && n != "." && !strings.HasPrefix(n, "/") && path.Clean(n) == n &&
+		n != ".." && !strings.HasPrefix(n, "../") && !strings.ContainsRune(n, 0)
+}
+
+// DecodeListing parses a canonical listing. It accepts only the bytes
+// [EncodeListing] writes; anything else is [ErrCorrupt].
+func DecodeListing(b []byte) ([]Entry, error) {
+	bad := func(format string, args ...any) ([]Entry, error) {
+		return nil, fmt.Errorf("%w: directory listing: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+	}
+	if len(b) < len(DirDomain)+4 || !bytes.HasPrefix(b, []byte(DirDomain)) {
+		return bad("no %q header", DirDomain)
 	}
 	p := b[len(DirDomain):]
 	n := binary.BigEndian.Uint32(p)
 	p = p[4:]
-	if uint64(n) > uint64(len(p))/48 {
-		return bad("count too large")
+	if uint64(n) > uint64(len(p))/entryMin {
+		return bad("%d entries in %d bytes", n, len(p))
 	}
 	out := make([]Entry, 0, n)
-	for i := uint32(0); i < n; i++ {
+	for range n {
 		if len(p) < 4 {
 			return bad("truncated")
 		}
-		l := binary.BigEndian.Uint32(p)
-		if uint64(len(p)) < 4+uint64(l)+44 {
+		l := uint64(binary.BigEndian.Uint32(p))
+		if uint64(len(p)) < 4+l+44 {
 			return bad("truncated")
 		}
 		e := Entry{Name: string(p[4 : 4+l])}
@@ -83,24 +124,21 @@ func DecodeListing(b []byte) ([]Entry, error) {
 		e.Size = binary.BigEndian.Uint64(p[4:])
 		copy(e.Address[:], p[12:44])
 		p = p[44:]
-		if !validName(e.Name) || (i > 0 && e.Name <= out[i-1].Name) {
-			return bad(fmt.Sprintf("name %q out of order or unclean", e.Name))
-		}
 		out = append(out, e)
 	}
 	if len(p) != 0 {
-		return bad("trailing bytes")
+		return bad("%d trailing bytes", len(p))
+	}
+	if err := checkEntries(out); err != nil {
+		return bad("%v", err)
 	}
 	return out, nil
 }
 
-func validName(n string) bool {
-	return n != "" && !strings.HasPrefix(n, "/") && path.Clean(n) == n && n != ".." && !strings.HasPrefix(n, "../")
-}
-
-// StagingDir returns a new empty directory on the store's filesystem, for
-// a producer (CRIU, a layer export) to write into before [Store.Ingest].
-// Staging directories left by a crash are removed when the store opens.
+// StagingDir returns a new, empty directory on the store's filesystem for
+// a producer (CRIU, say) to write a tree into before [Store.Ingest].
+// Staging directories a crash leaves behind are removed when the store
+// next opens.
 func (s *Store) StagingDir(prefix string) (string, error) {
 	d, err := os.MkdirTemp(filepath.Join(s.objects, "tmp"), prefix+"-*")
 	if err != nil {
@@ -109,185 +147,289 @@ func (s *Store) StagingDir(prefix string) (string, error) {
 	return d, nil
 }
 
-// IngestStats describes an ingest.
+// IngestStats describes an [Store.Ingest].
 type IngestStats struct {
-	Files int
-	Bytes int64
-	New   int // files that were not already in the store
+	Files int   // regular files in the tree
+	Bytes int64 // their total size
+	New   int   // files not already in the store (the rest were dropped)
 }
 
-// Ingest turns a staging directory into a directory object and returns its
-// address. Each regular file is hashed, fsynced and renamed into the store
-// — never copied — so staging must be on the store's filesystem (use
-// [Store.StagingDir]). Files already stored are dropped from staging.
-// Symbolic links and special files are refused. The staging directory is
-// removed on success.
-func (s *Store) Ingest(staging string) (record.Address, IngestStats, error) {
+// Ingest turns a staged tree into a directory object and returns its
+// address. Every regular file is hashed (in parallel, streaming), made
+// durable, and renamed into the store — never copied — so staging must be
+// on the store's filesystem: use [Store.StagingDir]. A file whose bytes
+// are already stored is dropped from staging. Symbolic links, devices and
+// empty directories have no place in a listing and are refused rather
+// than lost. On success the staging directory is gone.
+func (s *Store) Ingest(ctx context.Context, staging string) (record.Address, IngestStats, error) {
 	var files []string
 	err := filepath.WalkDir(staging, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
 		switch {
-		case d.IsDir():
-			return nil
+		case err != nil:
+			return err
 		case d.Type().IsRegular():
 			files = append(files, p)
-			return nil
+		case d.IsDir() && p != staging:
+			empty, err := isEmptyDir(p)
+			if err != nil {
+				return err
+			}
+			if empty {
+				return fmt.Errorf("%s is an empty directory", p)
+			}
+		case d.IsDir():
+		default:
+			return fmt.Errorf("%s is a %s, not a regular file", p, d.Type())
 		}
-		return fmt.Errorf("store: ingest %s: %s is not a regular file", staging, p)
+		return nil
 	})
 	if err != nil {
-		return record.Address{}, IngestStats{}, err
+		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
 	entries := make([]Entry, len(files))
-	errs := make([]error, len(files))
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range runtime.NumCPU() {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				entries[i], errs[i] = hashFile(staging, files[i])
-			}
-		}()
+	err = parallel(ctx, len(files), func(i int) (err error) {
+		entries[i], err = hashStaged(ctx, staging, files[i])
+		return err
+	})
+	if err != nil {
+		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
-	for i := range files {
-		next <- i
+	listing, err := EncodeListing(entries)
+	if err != nil {
+		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
-	close(next)
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return record.Address{}, IngestStats{}, err
-	}
-	// The producer (CRIU) does not fsync, and an object must be durable
-	// before a segment can name it. One syncfs writes back every staged
-	// file at once: per-file fsync costs a device flush each, which for a
-	// CRIU tree of thousands of small files dominated the ingest.
+	// The producer did not fsync, and a name must never appear over bytes
+	// that a power loss could take back (a present object is trusted). One
+	// syncfs writes back the whole tree: an fsync per file costs a device
+	// flush each, which for a CRIU tree of thousands of small files was
+	// more than hashing a gigabyte.
 	if err := syncFS(staging); err != nil {
 		return record.Address{}, IngestStats{}, err
 	}
+	p, err := s.write(ctx, bytes.NewReader(listing))
+	if err != nil {
+		return record.Address{}, IngestStats{}, err
+	}
+	defer p.discard()
+	// From the first rename until the listing names the files, no
+	// collection may run: the files are named by nothing in between.
+	s.gc.RLock()
+	defer s.gc.RUnlock()
 	st := IngestStats{Files: len(files)}
 	refs := make([]record.Address, 0, len(entries))
+	now := time.Now()
 	for i, e := range entries {
 		st.Bytes += int64(e.Size)
 		refs = append(refs, e.Address)
 		dst := s.Path(e.Address)
 		if s.Has(e.Address) {
-			os.Remove(files[i])
+			if err := os.Chtimes(dst, now, now); err != nil {
+				return record.Address{}, st, fmt.Errorf("store: ingest %s: %w", staging, err)
+			}
+			os.Remove(files[i]) // staging is removed below in any case
 			continue
-		}
-		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-			return record.Address{}, st, fmt.Errorf("store: %w", err)
 		}
 		if err := os.Rename(files[i], dst); err != nil {
 			if errors.Is(err, syscall.EXDEV) {
-				return record.Address{}, st, fmt.Errorf("store: ingest %s: staging is on another filesystem than the store; use StagingDir", staging)
+				err = errors.New("staging is on another filesystem than the store: use StagingDir")
 			}
-			return record.Address{}, st, fmt.Errorf("store: %w", err)
+			return record.Address{}, st, fmt.Errorf("store: ingest %s: %w", staging, err)
 		}
 		st.New++
 	}
-	// And one more for the renames (the directory entries).
+	// And one more for the names.
 	if err := syncFS(s.objects); err != nil {
 		return record.Address{}, st, err
 	}
-	a, err := s.PutBytes(EncodeListing(entries), dedupe(refs)...)
-	if err != nil {
+	if err := s.commitObject(p, appendNew(nil, refs)); err != nil {
 		return record.Address{}, st, err
 	}
-	os.RemoveAll(staging)
-	return a, st, nil
-}
-
-func dedupe(as []record.Address) []record.Address {
-	seen := make(map[record.Address]bool, len(as))
-	out := as[:0:0]
-	for _, a := range as {
-		if !seen[a] {
-			seen[a] = true
-			out = append(out, a)
-		}
+	if err := os.RemoveAll(staging); err != nil {
+		return record.Address{}, st, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
-	return out
+	return p.addr, st, nil
 }
 
-// hashFile hashes one staged file and makes it read-only. Ingest makes it
-// durable, with every other file of the tree, in one syncfs.
-func hashFile(root, p string) (Entry, error) {
+func isEmptyDir(p string) (bool, error) {
 	f, err := os.Open(p)
 	if err != nil {
-		return Entry{}, fmt.Errorf("store: %w", err)
+		return false, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
+	switch _, err := f.Readdirnames(1); err {
+	case nil:
+		return false, nil
+	case io.EOF:
+		return true, nil
+	default:
+		return false, err
+	}
+}
+
+// hashStaged hashes one staged file and makes it read-only.
+func hashStaged(ctx context.Context, root, p string) (Entry, error) {
+	f, err := os.Open(p)
 	if err != nil {
-		return Entry{}, fmt.Errorf("store: %w", err)
+		return Entry{}, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return Entry{}, err
 	}
 	h := blake3.New(32, nil)
-	bp := bufPool.Get().(*[]byte)
-	n, err := copyLarge(h, f, *bp)
-	bufPool.Put(bp)
+	n, err := copyBuffered(ctx, h, f, info.Size())
 	if err != nil {
-		return Entry{}, fmt.Errorf("store: hashing %s: %w", p, err)
+		return Entry{}, fmt.Errorf("hashing %s: %w", p, err)
 	}
 	if err := f.Chmod(0o400); err != nil {
-		return Entry{}, fmt.Errorf("store: %w", err)
+		return Entry{}, err
 	}
-	rel, _ := filepath.Rel(root, p)
-	e := Entry{Name: filepath.ToSlash(rel), Mode: uint32(st.Mode().Perm()), Size: uint64(n)}
+	rel, err := filepath.Rel(root, p)
+	if err != nil {
+		return Entry{}, err
+	}
+	e := Entry{Name: filepath.ToSlash(rel), Mode: uint32(info.Mode().Perm()), Size: uint64(n)}
 	h.Sum(e.Address[:0])
 	return e, nil
 }
 
-// Listing returns a directory object's verified entries.
+// parallel runs fn(0) … fn(n-1) on one worker per processor and returns
+// the first error; after an error no new calls start.
+func parallel(ctx context.Context, n int, fn func(i int) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), n) {
+		wg.Go(func() {
+			for i := range next {
+				if err := fn(i); err != nil {
+					cancel(err)
+				}
+			}
+		})
+	}
+feed:
+	for i := range n {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	return context.Cause(ctx)
+}
+
+// Listing returns a directory object's entries, verified against its
+// address and decoded strictly.
 func (s *Store) Listing(dir record.Address) ([]Entry, error) {
 	b, err := s.ReadAll(dir)
 	if err != nil {
 		return nil, err
 	}
-	return DecodeListing(b)
+	es, err := DecodeListing(b)
+	if err != nil {
+		return nil, fmt.Errorf("directory %s: %w", dir, err)
+	}
+	return es, nil
 }
 
 // VerifyDir verifies a directory object's listing and every file in it.
-func (s *Store) VerifyDir(dir record.Address) error {
+// An error names the directory and the file.
+func (s *Store) VerifyDir(ctx context.Context, dir record.Address) error {
 	entries, err := s.Listing(dir)
 	if err != nil {
 		return err
 	}
-	for _, e := range entries {
-		if err := s.Verify(e.Address); err != nil {
-			return fmt.Errorf("directory %s, file %s: %w", dir, e.Name, err)
-		}
+	return parallel(ctx, len(entries), func(i int) error { return s.verifyEntry(ctx, dir, entries[i]) })
+}
+
+func (s *Store) verifyEntry(ctx context.Context, dir record.Address, e Entry) error {
+	if err := s.Verify(ctx, e.Address); err != nil {
+		return fmt.Errorf("directory %s, file %s: %w", dir, e.Name, err)
+	}
+	if sz, _ := s.Size(e.Address); uint64(sz) != e.Size {
+		return fmt.Errorf("directory %s, file %s: %w: listed size %d, object has %d", dir, e.Name, ErrCorrupt, e.Size, sz)
 	}
 	return nil
 }
 
-// Materialize lays a directory object out under dst (which must not exist)
-// as hard links to the stored files, after verifying each when verify is
-// set. The links share the objects' read-only inodes: readers only.
-func (s *Store) Materialize(dir record.Address, dst string, verify bool) error {
+// Layout is how [Store.Materialize] lays files out.
+type Layout uint8
+
+const (
+	// LinkFiles hard-links every file to its stored object: no bytes
+	// move, but the files share the objects' read-only inodes, so this is
+	// for readers only (CRIU restore reads its images).
+	LinkFiles Layout = iota
+	// CopyFiles writes private copies with the listed modes, verifying
+	// while copying: for trees that will be written to.
+	CopyFiles
+)
+
+// Materialize lays directory object dir out as the new directory dst,
+// verifying every file against its address first (resume is a trust
+// boundary). On error dst is removed. Copies are not fsynced: dst is a
+// scratch tree that the store can always rebuild.
+func (s *Store) Materialize(ctx context.Context, dir record.Address, dst string, how Layout) error {
 	entries, err := s.Listing(dir)
 	if err != nil {
 		return err
 	}
 	if err := os.Mkdir(dst, 0o700); err != nil {
-		return fmt.Errorf("store: %w", err)
+		return fmt.Errorf("store: materialize %s: %w", dir, err)
 	}
 	for _, e := range entries {
-		if verify {
-			if err := s.Verify(e.Address); err != nil {
-				return fmt.Errorf("directory %s, file %s: %w", dir, e.Name, err)
+		if d := path.Dir(e.Name); d != "." {
+			if err := os.MkdirAll(filepath.Join(dst, filepath.FromSlash(d)), 0o700); err != nil {
+				os.RemoveAll(dst)
+				return fmt.Errorf("store: materialize %s: %w", dir, err)
 			}
 		}
+	}
+	err = parallel(ctx, len(entries), func(i int) error {
+		e := entries[i]
 		p := filepath.Join(dst, filepath.FromSlash(e.Name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-			return fmt.Errorf("store: %w", err)
+		if how == CopyFiles {
+			return s.copyOut(ctx, dir, e, p)
 		}
-		if err := os.Link(s.Path(e.Address), p); err != nil {
-			return fmt.Errorf("store: materialize %s: %w", e.Name, err)
+		if err := s.verifyEntry(ctx, dir, e); err != nil {
+			return err
 		}
+		return os.Link(s.Path(e.Address), p)
+	})
+	if err != nil {
+		os.RemoveAll(dst)
+		return fmt.Errorf("store: materialize %s: %w", dir, err)
+	}
+	return nil
+}
+
+func (s *Store) copyOut(ctx context.Context, dir record.Address, e Entry, p string) error {
+	r, err := s.Open(e.Address)
+	if err != nil {
+		return fmt.Errorf("directory %s, file %s: %w", dir, e.Name, err)
+	}
+	defer r.Close()
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fs.FileMode(e.Mode))
+	if err != nil {
+		return err
+	}
+	n, err := r.writeTo(ctx, f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && uint64(n) != e.Size {
+		err = fmt.Errorf("%w: listed size %d, object has %d", ErrCorrupt, e.Size, n)
+	}
+	if err == nil {
+		err = os.Chmod(p, fs.FileMode(e.Mode)) // past the umask
+	}
+	if err != nil {
+		return fmt.Errorf("directory %s, file %s: %w", dir, e.Name, err)
 	}
 	return nil
 }

@@ -1,57 +1,83 @@
 // Package store keeps a host's run records and sealed objects: records in
 // one bbolt file, objects as content-addressed files beside it. Nothing in
-// it is lost, half-written or silently corrupted: every record append is
-// one bbolt transaction, fsynced; every object is written temp → fsync →
-// rename → fsync of the directory; every read across a trust boundary is
-// checked against the address.
+// it is lost, half-written or silently corrupted: a record append is one
+// fsynced bbolt transaction; an object is written temp → fsync → rename →
+// fsync of the directory; a read across a trust boundary is checked
+// against the address. docs/store.md records the decisions behind it.
 //
 // # Layout on disk
 //
 //	DIR/
-//	  records.db            bbolt, the schema below
+//	  records.db          bbolt, the schema below
 //	  objects/
-//	    tmp/                objects being written (removed on open)
-//	    <aa>/<address>      one file per object, <aa> the address's first
-//	                        two characters after "b3:", <address> the other 43
+//	    tmp/              puts and staging in progress (emptied on open)
+//	    <c>/<text>        one read-only file per object: <text> is the
+//	                      address's text without "b3:", <c> its first
+//	                      character (64 shard directories)
 //
 // # bbolt schema (version 2)
 //
 //	meta/
-//	  version  → uint32 schema version, big-endian
+//	  version          → uint32, big-endian: the schema version
 //	runs/
-//	  <run id>/                       one bucket per run
-//	    state  → run state: see encodeState
-//	    segs/
-//	      <index, uint64 BE> → head after the segment (32) ‖ canonical segment
-//	phases/                           the phase index (version 2)
-//	  executing/ <run id> → ""
-//	  parked/    <run id> → ""
-//	  closed/    <run id> → ""
+//	  <run id>         → run state: format 1 ‖ unit id (32) ‖ grants id (32)
+//	                     ‖ head (32) ‖ segment count (8) ‖ phase (1)
+//	                     ‖ last segment's log sequence number (8)
+//	log/               (sequence: the last sequence number given out)
+//	  <seq, uint64 BE> → one segment: run id length (1) ‖ run id
+//	                     ‖ index in the run (8) ‖ previous segment's seq (8,
+//	                     0 for the first) ‖ head after it (32)
+//	                     ‖ canonical segment bytes
+//	phases/            the phase index (version 2)
+//	  executing/
+//	    <run id>       → empty
+//	  parked/
+//	    <run id>       → empty
+//	  closed/
+//	    <run id>       → empty
 //	refs/
-//	  <object address (32)> → addresses (32 each) the object refers to
+//	  <address (32)>   → the addresses (32 each) that object declared it refers to
 //
-// A run's state holds its unit and grants ids, head, length and phase, so
-// [Store.Head] is one lookup and [Store.Runs] by phase reads the index, never
-// the segments. Objects an object refers to (an attestation's receipt and
-// journal, a directory's files) are declared when it is put, in refs/, so
-// garbage collection walks from the records through them.
+// A run's state makes [Store.Head] and [Store.Run] O(1) and lets
+// [Store.Append] judge a segment without reading the record (a parked
+// run's snapshot is its last segment's, one lookup away). Segments of all
+// runs share one log in commit order, so a commit of many runs' appends
+// writes a handful of pages, not one per run; a run's segments are linked
+// back from its state. [Store.Runs] reads the phase index, never the
+// segments.
 //
 // # Migrations
 //
-// [migrations] is the ordered list; migration i takes a store from version
-// i to i+1. Version 1 had no phase index; migration 1 builds it from the
-// run states.
+// [SchemaVersion] is the current version. A new store is created at
+// version 1 (meta, runs, log, refs) and brought up through the ordered
+// migration list, so every migration runs on every store. Migration 1→2
+// builds the phase index from the run states. A store from a newer schema
+// is refused with [ErrSchema].
 //
-// # Guarantees and caveats
+// # Guarantees
 //
-//   - [Store.Append] validates with pkg/record before writing, and refuses,
-//     with nothing written, a stale expected head ([ErrHeadMoved]) and a
-//     segment naming an object the store does not hold ([ErrMissingObject]).
-//     Objects are durable before the segment naming them, so a crash never
-//     leaves a segment pointing at nothing.
-//   - Concurrent appends share commits (group commit) but each is judged
-//     alone: one writer's refusal never affects another's append.
-//   - Local reads ([Store.Path]) are not verified; [Store.Open],
-//     [Store.Verify] and [Store.VerifyDir] are, and report [ErrCorrupt]
-//     naming the address.
+//   - [Store.Append] is one transaction: it refuses, with nothing written,
+//     a stale expected head ([ErrHeadMoved]), a segment pkg/record refuses,
+//     and a segment naming an object the store does not hold
+//     ([ErrMissingObject]). Objects are durable before the segment that
+//     names them, so a crash never leaves a segment naming nothing.
+//   - Concurrent writers share commits (group commit); each is judged
+//     alone, and one's refusal never disturbs another's append.
+//   - [Store.Record] and [Store.Check] verify every record from genesis.
+//     [Store.Open], [Store.ReadAll], [Store.Verify], [Store.Listing] and
+//     [Store.Materialize] verify object bytes, reporting a [*CorruptError]
+//     that names the address. [Store.Path] is the unverified local path.
+//   - Objects a record reaches — named by a segment, or through the refs
+//     an object declared when put (an attestation's receipt and journal,
+//     a directory's files) — are never collected by [Store.GC].
+//   - A damaged bbolt file or objects directory is an error wrapping
+//     [ErrDamaged], never a panic: bbolt's panics and faults on damaged
+//     pages are recovered.
+//
+// # Contexts
+//
+// Calls bounded by one commit (Create, Append, Import, PutBytes) take no
+// context: an append abandoned while its commit went through would report
+// a failure that did not happen. Calls that stream or walk an unbounded
+// amount (Put, Ingest, Verify, VerifyDir, Materialize, Check, GC) take one.
 package store

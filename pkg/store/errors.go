@@ -7,23 +7,42 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// Errors.
+// Errors returned by this package, wrapped with the run id or object
+// address they concern; test with errors.Is. A refusal by pkg/record's
+// rules is returned as pkg/record's [*record.SegmentError].
 var (
-	ErrHeadMoved     = errors.New("head moved: another writer appended first")
-	ErrNoRun         = errors.New("no such run")
-	ErrRunExists     = errors.New("run already exists")
+	// ErrHeadMoved: an append whose expected head is not the run's head;
+	// another writer appended first. Nothing was written.
+	ErrHeadMoved = errors.New("head moved: another writer appended first")
+	// ErrNoRun: no run has this id.
+	ErrNoRun = errors.New("no such run")
+	// ErrRunExists: Create or Import of an id already in use.
+	ErrRunExists = errors.New("run already exists")
+	// ErrRunID: a run id that is empty, too long or not UTF-8.
+	ErrRunID = errors.New("malformed run id")
+	// ErrMissingObject: an object that is not in the store, named by a
+	// segment being appended, by a new object's refs, or by a read.
 	ErrMissingObject = errors.New("object not in store")
-	ErrCorrupt       = errors.New("object corrupt")
-	ErrDamaged       = errors.New("store damaged")
-	ErrSchema        = errors.New("unsupported store schema")
-	ErrBadRunID      = errors.New("bad run id")
+	// ErrCorrupt: stored bytes that do not hash to their address, or a
+	// directory listing that is not canonical. See [CorruptError].
+	ErrCorrupt = errors.New("object corrupt")
+	// ErrDamaged: a bbolt file or object directory that is not what this
+	// package writes: unreadable pages, a short state, a stray file.
+	ErrDamaged = errors.New("store damaged")
+	// ErrSchema: a bbolt file written by a newer schema than this package's.
+	ErrSchema = errors.New("unsupported store schema")
+	// ErrLocked: another process holds the store open.
+	ErrLocked = errors.New("store in use by another process")
+	// ErrClosed: a call on a closed store.
+	ErrClosed = errors.New("store closed")
 )
 
-// CorruptError is an object whose bytes do not hash to its address.
+// CorruptError is an object whose bytes do not hash to its address. It
+// wraps [ErrCorrupt].
 type CorruptError struct {
-	Address record.Address
-	Got     record.Address
-	Path    string
+	Address record.Address // the address asked for
+	Got     record.Address // what the bytes hash to
+	Path    string         // the file read
 }
 
 func (e *CorruptError) Error() string {

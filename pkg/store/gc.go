@@ -1,9 +1,9 @@
 package store
 
 import (
+	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -13,114 +13,80 @@ import (
 
 // GCStats reports a collection.
 type GCStats struct {
-	Kept, Removed           int
-	KeptBytes, RemovedBytes int64
+	Live    int // objects kept because a record reaches them
+	Young   int // unreachable objects kept, younger than the grace period
+	Removed int
+
+	LiveBytes, YoungBytes, RemovedBytes int64
 }
 
-// reachable returns every object reachable from the records: the objects
-// segments name, and transitively the objects those declared as refs
-// (an attestation's receipt and journal, a directory's files).
-func (s *Store) reachable() (map[record.Address]bool, error) {
-	ids, err := s.AllRuns()
-	if err != nil {
-		return nil, err
-	}
-	seen := map[record.Address]bool{}
-	var stack []record.Address
-	for _, id := range ids {
-		st, err := s.Load(id)
-		if err != nil {
-			return nil, err
-		}
-		for i := range st.Segments {
-			for _, a := range segmentRefs(&st.Segments[i]) {
-				if !seen[a] {
-					seen[a] = true
-					stack = append(stack, a)
-				}
-			}
-		}
-	}
-	for len(stack) > 0 {
-		a := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		refs, err := s.Refs(a)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range refs {
-			if !seen[r] {
-				seen[r] = true
-				stack = append(stack, r)
-			}
-		}
-	}
-	return seen, nil
-}
+// Kept is the number of objects left in the store.
+func (g GCStats) Kept() int { return g.Live + g.Young }
 
-// GC removes every object no record reaches, except those younger than
-// grace (an object is written before the segment naming it, so a young
-// unreferenced object may be about to be named). It reports what it
-// removed and kept.
-func (s *Store) GC(grace time.Duration) (GCStats, error) {
-	live, err := s.reachable()
-	if err != nil {
-		return GCStats{}, err
-	}
+// GC removes every object no record reaches, directly or through declared
+// refs, except those written or put again within grace: objects are put
+// before the segment that names them, so a young unreachable object may be
+// about to be named. It needs every record to verify, and refuses to
+// collect otherwise. While it runs, appends, imports, puts and ingests
+// wait, so nothing is named between the mark and the sweep.
+func (s *Store) GC(ctx context.Context, grace time.Duration) (GCStats, error) {
+	s.gc.Lock()
+	defer s.gc.Unlock()
 	var st GCStats
+	live, err := s.reachable(ctx)
+	if err != nil {
+		return st, fmt.Errorf("store %s: gc: %w", s.dir, err)
+	}
 	cutoff := time.Now().Add(-grace)
 	err = s.walkObjects(func(a record.Address, p string, info os.FileInfo) error {
-		if live[a] || info.ModTime().After(cutoff) {
-			st.Kept++
-			st.KeptBytes += info.Size()
-			return nil
+		switch {
+		case live[a]:
+			st.Live++
+			st.LiveBytes += info.Size()
+		case info.ModTime().After(cutoff):
+			st.Young++
+			st.YoungBytes += info.Size()
+		default:
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			st.Removed++
+			st.RemovedBytes += info.Size()
 		}
-		if err := os.Remove(p); err != nil {
-			return fmt.Errorf("store: gc: %w", err)
-		}
-		s.dropRefs(a)
-		st.Removed++
-		st.RemovedBytes += info.Size()
 		return nil
 	})
-	return st, err
-}
-
-func (s *Store) dropRefs(a record.Address) {
-	s.commit(func(tx *bolt.Tx) error { return tx.Bucket(bktRefs).Delete(a[:]) })
-}
-
-// walkObjects calls fn for every object file. A file whose name is not an
-// address is an error: nothing but objects lives there.
-func (s *Store) walkObjects(fn func(a record.Address, p string, info os.FileInfo) error) error {
-	shards, err := os.ReadDir(s.objects)
 	if err != nil {
-		return fmt.Errorf("store: %w: %v", ErrDamaged, err)
+		return st, fmt.Errorf("store %s: gc: %w", s.dir, err)
 	}
-	for _, sh := range shards {
-		if sh.Name() == "tmp" {
-			continue
-		}
-		if !sh.IsDir() || len(sh.Name()) != 2 {
-			return fmt.Errorf("store: %w: unexpected %s in objects/", ErrDamaged, sh.Name())
-		}
-		files, err := os.ReadDir(filepath.Join(s.objects, sh.Name()))
+	// Drop the refs of every object no longer stored: those just removed,
+	// and those a crash left between recording refs and sealing. No put is
+	// in flight (it would hold s.gc), so none of these is about to appear.
+	err = s.commit(func(tx *bolt.Tx) error {
+		var gone [][]byte
+		err := tx.Bucket(bktRefs).ForEach(func(k, _ []byte) error {
+			if len(k) != 32 {
+				return fmt.Errorf("%w: refs key of %d bytes", ErrDamaged, len(k))
+			}
+			if !s.Has(record.Address(k)) {
+				gone = append(gone, k)
+			}
+			return nil
+		})
 		if err != nil {
-			return fmt.Errorf("store: %w: %v", ErrDamaged, err)
+			return refuse(err)
 		}
-		for _, f := range files {
-			a, err := record.ParseAddress(record.AddressPrefix + sh.Name() + f.Name())
-			if err != nil {
-				return fmt.Errorf("store: %w: objects/%s/%s is not an object", ErrDamaged, sh.Name(), f.Name())
-			}
-			info, err := f.Info()
-			if err != nil {
-				return fmt.Errorf("store: %w", err)
-			}
-			if err := fn(a, filepath.Join(s.objects, sh.Name(), f.Name()), info); err != nil {
+		for _, k := range gone {
+			if err := tx.Bucket(bktRefs).Delete(k); err != nil {
 				return err
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return st, fmt.Errorf("store %s: gc: %w", s.dir, err)
 	}
-	return nil
+	return st, nil
 }

@@ -3,9 +3,9 @@ package store
 import (
 	"encoding/binary"
 	"errors"
+	"os"
 	"path/filepath"
-	"sort"
-	"strings"
+	"slices"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -13,27 +13,53 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// writeV1 writes a version-1 store by hand: runs and refs, no phase index.
-func writeV1(t *testing.T, dir string, runs map[string]record.Phase) {
+// writeV1 writes a version-1 store by hand — meta, run states, the log of
+// segments, refs; no phase index — holding the given records, with every
+// object they name.
+func writeV1(t *testing.T, dir string, records map[string]*record.Record, objects []string) {
 	t.Helper()
+	s, err := Open(dir) // for the objects directory and its files
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objects {
+		put(t, s, o)
+	}
+	s.Close()
+	os.Remove(filepath.Join(dir, "records.db"))
 	db, err := bolt.Open(filepath.Join(dir, "records.db"), 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
 	err = db.Update(func(tx *bolt.Tx) error {
-		meta, _ := tx.CreateBucket(bktMeta)
-		meta.Put(keyVer, binary.BigEndian.AppendUint32(nil, 1))
-		tx.CreateBucket(bktRefs)
-		rb, _ := tx.CreateBucket(bktRuns)
-		for id, ph := range runs {
-			b, _ := rb.CreateBucket([]byte(id))
-			b.CreateBucket(bktSegs)
-			// A record with no segments has phase executing; the v1 state
-			// format is the v2 one, so only the phase byte matters here.
-			st := runState{unit: record.Sum([]byte(id)), grants: record.Sum([]byte("g")), phase: ph}
-			st.head = record.Genesis(st.unit, st.grants)
-			if err := b.Put(keyState, encodeState(st)); err != nil {
+		meta, _ := tx.CreateBucket([]byte("meta"))
+		meta.Put([]byte("version"), []byte{0, 0, 0, 1})
+		tx.CreateBucket([]byte("refs"))
+		runs, _ := tx.CreateBucket([]byte("runs"))
+		log, _ := tx.CreateBucket([]byte("log"))
+		for id, r := range records {
+			// Log entries, byte by byte: run id length, run id, index,
+			// previous entry, head, canonical segment.
+			var last uint64
+			for i := range r.Len() {
+				seq, _ := log.NextSequence()
+				v := append([]byte{byte(len(id))}, id...)
+				v = binary.BigEndian.AppendUint64(v, uint64(i))
+				v = binary.BigEndian.AppendUint64(v, last)
+				h := r.HeadAt(i)
+				v, _ = r.Segment(i).AppendCanonical(append(v, h[:]...))
+				log.Put(binary.BigEndian.AppendUint64(nil, seq), v)
+				last = seq
+			}
+			// The state: format 1, unit, grants, head, count, phase, last.
+			st := []byte{1}
+			u, g, head := r.Unit(), r.Grants(), r.Head()
+			st = append(append(append(st, u[:]...), g[:]...), head[:]...)
+			st = binary.BigEndian.AppendUint64(st, uint64(r.Len()))
+			st = append(st, byte(r.Phase()))
+			st = binary.BigEndian.AppendUint64(st, last)
+			if err := runs.Put([]byte(id), st); err != nil {
 				return err
 			}
 		}
@@ -46,65 +72,95 @@ func writeV1(t *testing.T, dir string, runs map[string]record.Phase) {
 
 // Migration 1→2 builds the phase index from the run states.
 func TestMigration1To2(t *testing.T) {
+	att, tr, man := record.Sum([]byte("att")), record.Sum([]byte("transcript")), record.Sum([]byte("manifest"))
+	recs := map[string]*record.Record{}
+	for id, segs := range map[string][]record.Segment{
+		"fresh":    nil,
+		"running":  {record.Execution(att, nil)},
+		"parked":   {record.Execution(att, nil), record.Suspension(record.TranscriptSnapshot(tr), man)},
+		"parked-2": {record.Suspension(record.TranscriptSnapshot(tr), man)},
+		"closed":   {record.Execution(att, nil), record.Closure("done")},
+		"resumed":  {record.Suspension(record.TranscriptSnapshot(tr), man), record.Resumption(record.TranscriptSnapshot(tr), 3, record.Measured)},
+	} {
+		u, g := unitOf(id)
+		r := record.New(u, g)
+		for _, seg := range segs {
+			if _, err := r.Append(seg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		recs[id] = r
+	}
 	dir := t.TempDir()
-	writeV1(t, dir, map[string]record.Phase{"a": record.Active, "b": record.Active})
-	s, err := Open(dir)
-	if err != nil {
-		t.Fatal(err)
+	writeV1(t, dir, recs, []string{"att", "transcript", "manifest"})
+	s := mustOpen(t, dir)
+	for p, want := range map[record.Phase][]string{
+		record.Active: {"fresh", "resumed", "running"},
+		record.Parked: {"parked", "parked-2"},
+		record.Ended:  {"closed"},
+	} {
+		if ids, err := s.Runs(p); err != nil || !slices.Equal(ids, want) {
+			t.Errorf("%s after migration: %v %v, want %v", p, ids, err, want)
+		}
 	}
-	defer s.Close()
-	ids, err := s.Runs(record.Active)
-	sort.Strings(ids)
-	if err != nil || strings.Join(ids, ",") != "a,b" {
-		t.Fatalf("phase index after migration: %v %v", ids, err)
+	if last := migrations[len(migrations)-1].to; SchemaVersion != last {
+		t.Fatalf("SchemaVersion %d, last migration to %d", SchemaVersion, last)
 	}
-	var ver uint32
-	s.db.View(func(tx *bolt.Tx) error {
-		ver = binary.BigEndian.Uint32(tx.Bucket(bktMeta).Get(keyVer))
+	if v := schemaVersion(t, s); v != 2 {
+		t.Fatalf("version %d after migration", v)
+	}
+	// The migrated store works on: the index follows new appends.
+	mustAppend(t, s, "parked", recs["parked"].Head(), record.Resumption(record.TranscriptSnapshot(tr), 1, record.Estimated))
+	if ids, _ := s.Runs(record.Parked); !slices.Equal(ids, []string{"parked-2"}) {
+		t.Fatalf("parked after resume: %v", ids)
+	}
+	// Reopening does not migrate again.
+	s = mustReopen(t, s)
+	if v := schemaVersion(t, s); v != SchemaVersion {
+		t.Fatalf("version %d", v)
+	}
+}
+
+// A migration that fails leaves the store at its old version, untouched.
+func TestMigrationFailureRollsBack(t *testing.T) {
+	dir := t.TempDir()
+	writeV1(t, dir, map[string]*record.Record{"r": record.New(unitOf("r"))}, nil)
+	db, _ := bolt.Open(filepath.Join(dir, "records.db"), 0o600, nil)
+	db.Update(func(tx *bolt.Tx) error { // a state the migration cannot read
+		return tx.Bucket(bktRuns).Put([]byte("r"), []byte("short"))
+	})
+	db.Close()
+	if _, err := Open(dir); !errors.Is(err, ErrDamaged) {
+		t.Fatalf("migration over a damaged state: %v", err)
+	}
+	db, _ = bolt.Open(filepath.Join(dir, "records.db"), 0o600, nil)
+	defer db.Close()
+	db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bktMeta).Get(keyVer); binary.BigEndian.Uint32(v) != 1 || tx.Bucket(bktPhases) != nil {
+			t.Error("failed migration left its changes")
+		}
 		return nil
 	})
-	if ver != SchemaVersion {
-		t.Fatalf("version %d after migration", ver)
-	}
-	if _, err := s.Check(); err != nil {
-		t.Fatal(err)
-	}
+}
+
+func schemaVersion(t *testing.T, s *Store) uint32 {
+	t.Helper()
+	var v uint32
+	s.view(func(tx *bolt.Tx) error {
+		v = binary.BigEndian.Uint32(tx.Bucket(bktMeta).Get(keyVer))
+		return nil
+	})
+	return v
 }
 
 func TestNewerSchemaRefused(t *testing.T) {
 	dir := t.TempDir()
 	s, _ := Open(dir)
-	s.db.Update(func(tx *bolt.Tx) error {
+	s.commit(func(tx *bolt.Tx) error {
 		return tx.Bucket(bktMeta).Put(keyVer, binary.BigEndian.AppendUint32(nil, SchemaVersion+1))
 	})
 	s.Close()
 	if _, err := Open(dir); !errors.Is(err, ErrSchema) {
 		t.Fatalf("newer schema: %v", err)
 	}
-}
-
-// A segment edited inside the bbolt file fails verification naming it.
-func TestEditedSegmentInDB(t *testing.T) {
-	dir := t.TempDir()
-	s, _ := Open(dir)
-	h := mustCreate(t, s, "r")
-	a1, a2 := put(t, s, "att 1"), put(t, s, "att 2")
-	h, _ = s.Append("r", h, record.Execution(a1, nil))
-	s.Append("r", h, record.Execution(a1, nil))
-	s.db.Update(func(tx *bolt.Tx) error {
-		segs := tx.Bucket(bktRuns).Bucket([]byte("r")).Bucket(bktSegs)
-		k := binary.BigEndian.AppendUint64(nil, 1)
-		v := append([]byte{}, segs.Get(k)...)
-		copy(v[33:65], a2[:])
-		return segs.Put(k, v)
-	})
-	_, err := s.Record("r")
-	var se *record.SegmentError
-	if !errors.As(err, &se) || se.Index != 1 || !errors.Is(err, record.ErrHeadMismatch) {
-		t.Fatalf("edited segment: %v", err)
-	}
-	if _, err := s.Check(); err == nil {
-		t.Fatal("check passed an edited record")
-	}
-	s.Close()
 }

@@ -1,8 +1,8 @@
 package store
 
 import (
-	"encoding/binary"
 	"fmt"
+	"slices"
 	"unicode/utf8"
 
 	bolt "go.etcd.io/bbolt"
@@ -10,144 +10,122 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-var phaseNames = [...]string{record.Active: "executing", record.Parked: "parked", record.Ended: "closed"}
-
-// runState is what runs/<id>/state holds.
-type runState struct {
-	unit, grants record.Address
-	head         record.Address
-	n            uint64
-	phase        record.Phase
-}
-
-const stateVersion = 1
-
-// encodeState: version (1) ‖ unit (32) ‖ grants (32) ‖ head (32) ‖
-// segment count (8, BE) ‖ phase (1: 0 executing, 1 parked, 2 closed).
-func encodeState(st runState) []byte {
-	b := make([]byte, 0, 106)
-	b = append(b, stateVersion)
-	b = append(b, st.unit[:]...)
-	b = append(b, st.grants[:]...)
-	b = append(b, st.head[:]...)
-	b = binary.BigEndian.AppendUint64(b, st.n)
-	return append(b, byte(st.phase))
-}
-
-func decodeState(b []byte) (runState, error) {
-	var st runState
-	if len(b) != 106 || b[0] != stateVersion || b[105] > byte(record.Ended) {
-		return st, fmt.Errorf("%w: run state of %d bytes", ErrDamaged, len(b))
-	}
-	copy(st.unit[:], b[1:33])
-	copy(st.grants[:], b[33:65])
-	copy(st.head[:], b[65:97])
-	st.n = binary.BigEndian.Uint64(b[97:105])
-	st.phase = record.Phase(b[105])
-	return st, nil
-}
-
-func setPhase(tx *bolt.Tx, id string, from, to record.Phase) error {
-	p := tx.Bucket(bktPhases)
-	if from != to {
-		if err := p.Bucket([]byte(phaseNames[from])).Delete([]byte(id)); err != nil {
-			return err
-		}
-	}
-	return p.Bucket([]byte(phaseNames[to])).Put([]byte(id), nil)
-}
+// MaxRunIDLen bounds a run id, in bytes.
+const MaxRunIDLen = 128
 
 func checkRunID(id string) error {
-	if id == "" || len(id) > 128 || !utf8.ValidString(id) {
-		return fmt.Errorf("%w: %q: 1 to 128 bytes of UTF-8", ErrBadRunID, id)
+	if id == "" || len(id) > MaxRunIDLen || !utf8.ValidString(id) {
+		return fmt.Errorf("%w: %q: want 1 to %d bytes of UTF-8", ErrRunID, id, MaxRunIDLen)
 	}
 	return nil
 }
 
-// Create starts a run's record: genesis over unit and grants. It returns
-// the genesis head.
+// Run is a run's summary, read without reading its segments.
+type Run struct {
+	ID           string
+	Unit, Grants record.Address // the ids genesis binds
+	Head         record.Address // head after the last segment; genesis if none
+	Len          int            // number of segments
+	Phase        record.Phase
+	Parked       record.Snapshot // the suspended snapshot, while Phase is Parked
+}
+
+// State returns the chain state the run's next segment is judged against.
+func (r Run) State() record.State {
+	return record.State{Head: r.Head, Len: r.Len, Phase: r.Phase, Parked: r.Parked}
+}
+
+// Create stores a new run's genesis: head₀ over unit and grants, no
+// segments, phase executing. It returns head₀. The run id is the caller's
+// name for the run (1 to [MaxRunIDLen] bytes of UTF-8); an id in use is
+// [ErrRunExists].
 func (s *Store) Create(run string, unit, grants record.Address) (record.Address, error) {
 	if err := checkRunID(run); err != nil {
 		return record.Address{}, err
 	}
 	st := runState{unit: unit, grants: grants, head: record.Genesis(unit, grants), phase: record.Active}
 	err := s.commit(func(tx *bolt.Tx) error {
-		runs := tx.Bucket(bktRuns)
-		if runs.Bucket([]byte(run)) != nil {
-			return fmt.Errorf("run %s: %w", run, ErrRunExists)
+		if tx.Bucket(bktRuns).Get([]byte(run)) != nil {
+			return refuse(fmt.Errorf("run %s: %w", run, ErrRunExists))
 		}
-		b, err := runs.CreateBucket([]byte(run))
-		if err != nil {
+		if err := tx.Bucket(bktRuns).Put([]byte(run), st.encode()); err != nil {
 			return err
 		}
-		if _, err := b.CreateBucket(bktSegs); err != nil {
-			return err
-		}
-		if err := b.Put(keyState, encodeState(st)); err != nil {
-			return err
-		}
-		return setPhase(tx, run, record.Active, record.Active)
+		return tx.Bucket(bktPhases).Bucket(phaseKeys[st.phase]).Put([]byte(run), nil)
 	})
-	return st.head, err
+	if err != nil {
+		return record.Address{}, err
+	}
+	return st.head, nil
 }
 
-// Append appends seg to run's record if run's head is still expectedHead,
-// in one transaction: the transition is validated with pkg/record, every
-// object the segment names must be in the store, then the segment is
-// written and the head advanced. Any refusal writes nothing.
+// Append appends seg to run's record, in one durable transaction, if the
+// run's head is still expectedHead. Before anything is written it checks,
+// in order: that every object seg names (attestation, manifest, snapshot)
+// is in the store ([ErrMissingObject]); that the run exists ([ErrNoRun]);
+// that its head is expectedHead ([ErrHeadMoved]); and that pkg/record
+// accepts seg after the stored state (a [*record.SegmentError]). Then it
+// writes the segment and advances the head, state and phase index
+// together, and returns the new head. Any refusal writes nothing, so of
+// two writers offering the same expected head exactly one succeeds.
+//
+// Append takes no context: it is bounded by one commit, and an append
+// abandoned while its commit went through would report a failure that
+// did not happen.
 func (s *Store) Append(run string, expectedHead record.Address, seg record.Segment) (record.Address, error) {
-	for _, a := range segmentRefs(&seg) {
-		if !s.Has(a) {
-			return record.Address{}, fmt.Errorf("run %s: %w: segment names %s", run, ErrMissingObject, a)
-		}
+	s.gc.RLock()
+	defer s.gc.RUnlock()
+	if err := s.haveAll(segmentRefs(&seg)); err != nil {
+		return record.Address{}, fmt.Errorf("run %s: %w", run, err)
 	}
 	var head record.Address
 	err := s.commit(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bktRuns).Bucket([]byte(run))
-		if b == nil {
-			return fmt.Errorf("run %s: %w", run, ErrNoRun)
-		}
-		st, err := decodeState(b.Get(keyState))
+		st, err := getState(tx, run)
 		if err != nil {
-			return fmt.Errorf("run %s: %w", run, err)
+			return refuse(err)
 		}
 		if st.head != expectedHead {
-			return fmt.Errorf("run %s: %w (expected %s, head is %s)", run, ErrHeadMoved, expectedHead, st.head)
+			return refuse(fmt.Errorf("run %s: %w: expected %s, head is %s", run, ErrHeadMoved, expectedHead, st.head))
 		}
-		cs := record.State{Head: st.head, Len: int(st.n), Phase: st.phase}
-		segs := b.Bucket(bktSegs)
-		if st.phase == record.Parked {
-			last, err := readSegment(segs, st.n-1)
-			if err != nil {
-				return fmt.Errorf("run %s: %w", run, err)
-			}
-			cs.Parked = last.seg.Snapshot
-		}
-		h, err := record.NewChain(cs).Append(&seg)
+		r, err := summary(tx, run, st)
 		if err != nil {
-			return fmt.Errorf("run %s: %w", run, err)
+			return refuse(err)
 		}
-		canon, _ := seg.Canonical() // validated by Append
-		val := append(append(make([]byte, 0, 32+len(canon)), h[:]...), canon...)
-		if err := segs.Put(binary.BigEndian.AppendUint64(nil, st.n), val); err != nil {
+		c := record.NewChain(r.State())
+		h, err := c.Append(&seg)
+		if err != nil {
+			return refuse(fmt.Errorf("run %s: %w", run, err))
+		}
+		log := tx.Bucket(bktLog)
+		seq, err := log.NextSequence()
+		if err != nil {
 			return err
 		}
-		next := runState{unit: st.unit, grants: st.grants, head: h, n: st.n + 1, phase: st.phase}
-		switch seg.Kind {
-		case record.Suspended:
-			next.phase = record.Parked
-		case record.Resumed:
-			next.phase = record.Active
-		case record.Closed:
-			next.phase = record.Ended
-		}
-		if err := b.Put(keyState, encodeState(next)); err != nil {
+		canon, _ := seg.Canonical() // validated by c.Append
+		e := logEntry{run: []byte(run), index: st.n, prev: st.last, head: h, canon: canon}
+		if err := log.Put(seqKey(seq), e.encode()); err != nil {
 			return err
+		}
+		next := runState{unit: st.unit, grants: st.grants, head: h, n: st.n + 1, phase: c.State().Phase, last: seq}
+		if err := tx.Bucket(bktRuns).Put([]byte(run), next.encode()); err != nil {
+			return err
+		}
+		if next.phase != st.phase {
+			phases := tx.Bucket(bktPhases)
+			if err := phases.Bucket(phaseKeys[st.phase]).Delete([]byte(run)); err != nil {
+				return err
+			}
+			if err := phases.Bucket(phaseKeys[next.phase]).Put([]byte(run), nil); err != nil {
+				return err
+			}
 		}
 		head = h
-		return setPhase(tx, run, st.phase, next.phase)
+		return nil
 	})
-	return head, err
+	if err != nil {
+		return record.Address{}, err
+	}
+	return head, nil
 }
 
 // segmentRefs are the objects a segment names.
@@ -162,61 +140,91 @@ func segmentRefs(s *record.Segment) []record.Address {
 	return append(out, s.Snapshot.Addresses()...)
 }
 
-type storedSegment struct {
-	head record.Address
-	seg  record.Segment
-}
-
-func readSegment(segs *bolt.Bucket, i uint64) (storedSegment, error) {
-	v := segs.Get(binary.BigEndian.AppendUint64(nil, i))
-	if len(v) < 33 {
-		return storedSegment{}, fmt.Errorf("%w: segment %d missing or short", ErrDamaged, i)
+// getState returns a run's decoded state.
+func getState(tx *bolt.Tx, run string) (runState, error) {
+	v := tx.Bucket(bktRuns).Get([]byte(run))
+	if v == nil {
+		return runState{}, fmt.Errorf("run %s: %w", run, ErrNoRun)
 	}
-	var ss storedSegment
-	copy(ss.head[:], v[:32])
-	seg, err := record.DecodeSegment(v[32:])
+	st, err := decodeState(v)
 	if err != nil {
-		return storedSegment{}, fmt.Errorf("%w: segment %d: %v", ErrDamaged, i, err)
+		return runState{}, fmt.Errorf("run %s: %w", run, err)
 	}
-	ss.seg = seg
-	return ss, nil
+	return st, nil
 }
 
-// Run is a run's summary, read in O(1).
-type Run struct {
-	ID           string
-	Unit, Grants record.Address
-	Head         record.Address
-	Len          int
-	Phase        record.Phase
+// logAt reads the log entry seq and checks that it is segment index of run.
+func logAt(tx *bolt.Tx, run string, seq, index uint64) (logEntry, error) {
+	v := tx.Bucket(bktLog).Get(seqKey(seq))
+	if v == nil {
+		return logEntry{}, fmt.Errorf("%w: segment %d (log entry %d) is missing", ErrDamaged, index, seq)
+	}
+	e, err := decodeLogEntry(v)
+	if err != nil {
+		return logEntry{}, fmt.Errorf("segment %d (log entry %d): %w", index, seq, err)
+	}
+	if string(e.run) != run || e.index != index {
+		return logEntry{}, fmt.Errorf("%w: log entry %d is segment %d of run %q, not segment %d", ErrDamaged, seq, e.index, e.run, index)
+	}
+	return e, nil
 }
 
-// Head returns a run's summary without reading its segments.
-func (s *Store) Head(run string) (Run, error) {
+// summary builds a Run from its state, reading the last segment for the
+// parked snapshot: a parked run's last segment is its Suspended one.
+func summary(tx *bolt.Tx, run string, st runState) (Run, error) {
+	r := Run{ID: run, Unit: st.unit, Grants: st.grants, Head: st.head, Len: int(st.n), Phase: st.phase}
+	if st.phase != record.Parked {
+		return r, nil
+	}
+	if st.n == 0 {
+		return Run{}, fmt.Errorf("run %s: %w: parked with no segments", run, ErrDamaged)
+	}
+	e, err := logAt(tx, run, st.last, st.n-1)
+	if err != nil {
+		return Run{}, fmt.Errorf("run %s: %w", run, err)
+	}
+	seg, err := record.DecodeSegment(e.canon)
+	if err != nil || seg.Kind != record.Suspended {
+		return Run{}, fmt.Errorf("run %s: %w: parked, but segment %d is not a readable suspension: %v", run, ErrDamaged, st.n-1, err)
+	}
+	r.Parked = seg.Snapshot
+	return r, nil
+}
+
+// Run returns a run's summary in O(1): its state and, while parked, its
+// last segment.
+func (s *Store) Run(run string) (Run, error) {
 	var r Run
 	err := s.view(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bktRuns).Bucket([]byte(run))
-		if b == nil {
-			return fmt.Errorf("run %s: %w", run, ErrNoRun)
-		}
-		st, err := decodeState(b.Get(keyState))
+		st, err := getState(tx, run)
 		if err != nil {
-			return fmt.Errorf("run %s: %w", run, err)
+			return err
 		}
-		r = Run{ID: run, Unit: st.unit, Grants: st.grants, Head: st.head, Len: int(st.n), Phase: st.phase}
-		return nil
+		r, err = summary(tx, run, st)
+		return err
 	})
 	return r, err
 }
 
-// Runs lists the ids of the runs in a phase, from the phase index.
+// Head returns a run's head in O(1).
+func (s *Store) Head(run string) (record.Address, error) {
+	var h record.Address
+	err := s.view(func(tx *bolt.Tx) error {
+		st, err := getState(tx, run)
+		h = st.head
+		return err
+	})
+	return h, err
+}
+
+// Runs lists, in id order, the runs in a phase, from the phase index.
 func (s *Store) Runs(phase record.Phase) ([]string, error) {
-	if int(phase) >= len(phaseNames) {
-		return nil, fmt.Errorf("store: unknown phase %d", phase)
+	if int(phase) >= len(phaseKeys) {
+		return nil, fmt.Errorf("store: no phase %d", phase)
 	}
 	var ids []string
 	err := s.view(func(tx *bolt.Tx) error {
-		return tx.Bucket(bktPhases).Bucket([]byte(phaseNames[phase])).ForEach(func(k, _ []byte) error {
+		return tx.Bucket(bktPhases).Bucket(phaseKeys[phase]).ForEach(func(k, _ []byte) error {
 			ids = append(ids, string(k))
 			return nil
 		})
@@ -224,11 +232,11 @@ func (s *Store) Runs(phase record.Phase) ([]string, error) {
 	return ids, err
 }
 
-// AllRuns lists every run id.
+// AllRuns lists every run id, in id order.
 func (s *Store) AllRuns() ([]string, error) {
 	var ids []string
 	err := s.view(func(tx *bolt.Tx) error {
-		return tx.Bucket(bktRuns).ForEachBucket(func(k []byte) error {
+		return tx.Bucket(bktRuns).ForEach(func(k, _ []byte) error {
 			ids = append(ids, string(k))
 			return nil
 		})
@@ -236,85 +244,71 @@ func (s *Store) AllRuns() ([]string, error) {
 	return ids, err
 }
 
-// Stored is a run's record as stored: segments decoded from their bytes
-// and the head stored beside each, not yet verified.
-type Stored struct {
-	Run      Run
-	Segments []record.Segment
-	Heads    []record.Address
-}
-
-// Verify recomputes the stored record from genesis against every stored
-// head and the run's head.
-func (st *Stored) Verify() error {
-	if err := record.Verify(st.Run.Unit, st.Run.Grants, st.Segments, st.Heads); err != nil {
-		return fmt.Errorf("run %s: %w", st.Run.ID, err)
-	}
-	want := record.Genesis(st.Run.Unit, st.Run.Grants)
-	if n := len(st.Heads); n > 0 {
-		want = st.Heads[n-1]
-	}
-	if want != st.Run.Head {
-		return fmt.Errorf("run %s: %w: state head %s, last segment's %s", st.Run.ID, record.ErrHeadMismatch, st.Run.Head, want)
-	}
-	return nil
-}
-
-// Load reads a run's stored record without verifying it.
-func (s *Store) Load(run string) (*Stored, error) {
-	out := &Stored{}
-	err := s.view(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bktRuns).Bucket([]byte(run))
-		if b == nil {
-			return fmt.Errorf("run %s: %w", run, ErrNoRun)
-		}
-		st, err := decodeState(b.Get(keyState))
-		if err != nil {
-			return fmt.Errorf("run %s: %w", run, err)
-		}
-		out.Run = Run{ID: run, Unit: st.unit, Grants: st.grants, Head: st.head, Len: int(st.n), Phase: st.phase}
-		segs := b.Bucket(bktSegs)
-		if segs == nil {
-			return fmt.Errorf("run %s: %w: no segments bucket", run, ErrDamaged)
-		}
-		if n := uint64(segs.Stats().KeyN); n != st.n {
-			return fmt.Errorf("run %s: %w: %d segments stored, state says %d", run, ErrDamaged, n, st.n)
-		}
-		out.Segments = make([]record.Segment, 0, st.n)
-		out.Heads = make([]record.Address, 0, st.n)
-		for i := uint64(0); i < st.n; i++ {
-			ss, err := readSegment(segs, i)
-			if err != nil {
-				return fmt.Errorf("run %s: %w", run, err)
-			}
-			out.Segments = append(out.Segments, ss.seg)
-			out.Heads = append(out.Heads, ss.head)
-		}
-		return nil
-	})
-	return out, err
-}
-
-// Record loads a run's record and verifies it from genesis.
+// Record reads a run's record and verifies it from genesis: every segment
+// is where the run's chain of log entries says, its canonical bytes
+// decode, the chain's rules hold, every recomputed head equals the head
+// stored beside the segment, and the run's state agrees with the last. An
+// edited or half-written segment fails with a [*record.SegmentError]
+// naming it.
 func (s *Store) Record(run string) (*record.Record, error) {
-	st, err := s.Load(run)
+	var r *record.Record
+	err := s.view(func(tx *bolt.Tx) (err error) {
+		r, err = readRecord(tx, run)
+		return err
+	})
 	if err != nil {
 		return nil, err
-	}
-	if err := st.Verify(); err != nil {
-		return nil, err
-	}
-	r := record.New(st.Run.Unit, st.Run.Grants)
-	for i := range st.Segments {
-		if _, err := r.Append(st.Segments[i]); err != nil {
-			return nil, fmt.Errorf("run %s: %w", run, err)
-		}
 	}
 	return r, nil
 }
 
-// Import stores a whole verified record as a new run (a run received from
-// another host). The objects it names must already be in the store.
+func readRecord(tx *bolt.Tx, run string) (*record.Record, error) {
+	st, err := getState(tx, run)
+	if err != nil {
+		return nil, err
+	}
+	// Walk the run's entries back from its last, then verify forward.
+	// (Capacity is not taken from the state on trust: a damaged count
+	// must fail at its first missing entry, not in an allocation.)
+	entries := make([]logEntry, 0, min(st.n, 1<<16))
+	seq := st.last
+	for i := st.n; i > 0; i-- {
+		e, err := logAt(tx, run, seq, i-1)
+		if err != nil {
+			return nil, fmt.Errorf("run %s: %w", run, &record.SegmentError{Index: int(i - 1), Err: err})
+		}
+		entries = append(entries, e)
+		seq = e.prev
+	}
+	if seq != 0 {
+		return nil, fmt.Errorf("run %s: %w: segment 0 links to log entry %d", run, ErrDamaged, seq)
+	}
+	slices.Reverse(entries)
+	r := record.New(st.unit, st.grants)
+	for i, e := range entries {
+		seg, err := record.DecodeSegment(e.canon)
+		if err != nil {
+			return nil, fmt.Errorf("run %s: %w", run, &record.SegmentError{Index: i, Err: fmt.Errorf("%w: %w", ErrDamaged, err)})
+		}
+		h, err := r.Append(seg)
+		if err != nil {
+			return nil, fmt.Errorf("run %s: %w", run, err)
+		}
+		if h != e.head {
+			return nil, fmt.Errorf("run %s: %w", run, &record.SegmentError{Index: i,
+				Err: fmt.Errorf("%w: stored %s, recomputed %s", record.ErrHeadMismatch, e.head, h)})
+		}
+	}
+	if r.Head() != st.head || r.Phase() != st.phase {
+		return nil, fmt.Errorf("run %s: %w: state says head %s, %s; the segments give %s, %s",
+			run, ErrDamaged, st.head, st.phase, r.Head(), r.Phase())
+	}
+	return r, nil
+}
+
+// Import stores a record received whole (from an export or a peer) as a
+// new run, after verifying it from genesis. Every object it names must be
+// in the store already: fetch and Put those first.
 func (s *Store) Import(run string, r *record.Record) error {
 	if err := checkRunID(run); err != nil {
 		return err
@@ -322,39 +316,36 @@ func (s *Store) Import(run string, r *record.Record) error {
 	if err := r.Verify(); err != nil {
 		return fmt.Errorf("run %s: %w", run, err)
 	}
+	s.gc.RLock()
+	defer s.gc.RUnlock()
+	canon := make([][]byte, r.Len())
 	for i := range r.Len() {
 		seg := r.Segment(i)
-		for _, a := range segmentRefs(&seg) {
-			if !s.Has(a) {
-				return fmt.Errorf("run %s: %w: segment %d names %s", run, ErrMissingObject, i, a)
-			}
+		if err := s.haveAll(segmentRefs(&seg)); err != nil {
+			return fmt.Errorf("run %s: segment %d: %w", run, i, err)
 		}
+		canon[i], _ = seg.Canonical()
 	}
 	return s.commit(func(tx *bolt.Tx) error {
-		runs := tx.Bucket(bktRuns)
-		if runs.Bucket([]byte(run)) != nil {
-			return fmt.Errorf("run %s: %w", run, ErrRunExists)
+		if tx.Bucket(bktRuns).Get([]byte(run)) != nil {
+			return refuse(fmt.Errorf("run %s: %w", run, ErrRunExists))
 		}
-		b, err := runs.CreateBucket([]byte(run))
-		if err != nil {
-			return err
-		}
-		segs, err := b.CreateBucket(bktSegs)
-		if err != nil {
-			return err
-		}
-		for i := range r.Len() {
-			seg := r.Segment(i)
-			canon, _ := seg.Canonical()
-			h := r.HeadAt(i)
-			if err := segs.Put(binary.BigEndian.AppendUint64(nil, uint64(i)), append(h[:], canon...)); err != nil {
+		log := tx.Bucket(bktLog)
+		st := runState{unit: r.Unit(), grants: r.Grants(), head: r.Head(), n: uint64(r.Len()), phase: r.Phase()}
+		for i := range canon {
+			seq, err := log.NextSequence()
+			if err != nil {
 				return err
 			}
+			e := logEntry{run: []byte(run), index: uint64(i), prev: st.last, head: r.HeadAt(i), canon: canon[i]}
+			if err := log.Put(seqKey(seq), e.encode()); err != nil {
+				return err
+			}
+			st.last = seq
 		}
-		st := runState{unit: r.Unit(), grants: r.Grants(), head: r.Head(), n: uint64(r.Len()), phase: r.Phase()}
-		if err := b.Put(keyState, encodeState(st)); err != nil {
+		if err := tx.Bucket(bktRuns).Put([]byte(run), st.encode()); err != nil {
 			return err
 		}
-		return setPhase(tx, run, st.phase, st.phase)
+		return tx.Bucket(bktPhases).Bucket(phaseKeys[st.phase]).Put([]byte(run), nil)
 	})
 }

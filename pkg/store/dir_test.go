@@ -1,0 +1,264 @@
+package store
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"lukechampine.com/blake3"
+
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+func newHasher() *blake3.Hasher { return blake3.New(32, nil) }
+
+func TestIngestAndMaterialize(t *testing.T) {
+	s := mustStore(t)
+	stage, err := s.StagingDir("criu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"pages-1.img":  strings.Repeat("p", 3<<20),
+		"core-1.img":   "core",
+		"sub/x":        "core", // same bytes as core-1.img: one object
+		"sub/deep/y.z": "y",
+	}
+	writeTree(t, stage, files)
+	os.Chmod(filepath.Join(stage, "sub/deep/y.z"), 0o755)
+	// Ingest renames, never copies: the object is the staged inode.
+	var staged syscall.Stat_t
+	syscall.Stat(filepath.Join(stage, "pages-1.img"), &staged)
+
+	a, st, err := s.Ingest(t.Context(), stage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Files != 4 || st.New != 3 || st.Bytes != 3<<20+4+4+1 {
+		t.Fatalf("stats %+v", st)
+	}
+	if _, err := os.Stat(stage); !os.IsNotExist(err) {
+		t.Fatal("staging not removed")
+	}
+	var stored syscall.Stat_t
+	syscall.Stat(s.Path(record.Sum([]byte(files["pages-1.img"]))), &stored)
+	if stored.Ino != staged.Ino || stored.Dev != staged.Dev {
+		t.Fatal("ingest copied a file instead of renaming it")
+	}
+	entries, err := s.Listing(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, fmt.Sprintf("%s:%o:%d", e.Name, e.Mode, e.Size))
+	}
+	if got := strings.Join(names, " "); got != "core-1.img:644:4 pages-1.img:644:3145728 sub/deep/y.z:755:1 sub/x:644:4" {
+		t.Fatalf("listing %s", got)
+	}
+	if refs, _ := s.Refs(a); len(refs) != 3 {
+		t.Fatalf("the listing declares %d refs, want its 3 distinct files", len(refs))
+	}
+	if err := s.VerifyDir(t.Context(), a); err != nil {
+		t.Fatal(err)
+	}
+	for _, how := range []Layout{LinkFiles, CopyFiles} {
+		out := filepath.Join(t.TempDir(), "restore")
+		if err := s.Materialize(t.Context(), a, out, how); err != nil {
+			t.Fatal(err)
+		}
+		for name, c := range files {
+			p := filepath.Join(out, name)
+			if b, _ := os.ReadFile(p); string(b) != c {
+				t.Fatalf("layout %d, %s: %d bytes", how, name, len(b))
+			}
+			info, _ := os.Stat(p)
+			if how == CopyFiles && name == "sub/deep/y.z" && info.Mode().Perm() != 0o755 {
+				t.Fatalf("copy lost the mode: %v", info.Mode())
+			}
+			if how == LinkFiles && info.Mode().Perm() != 0o400 {
+				t.Fatalf("link is not the read-only object: %v", info.Mode())
+			}
+		}
+	}
+	// The same tree again: every file is already stored and dropped.
+	stage2, _ := s.StagingDir("again")
+	writeTree(t, stage2, files)
+	os.Chmod(filepath.Join(stage2, "sub/deep/y.z"), 0o755)
+	a2, st2, err := s.Ingest(t.Context(), stage2)
+	if err != nil || a2 != a || st2.New != 0 {
+		t.Fatalf("second ingest: %s %+v %v", a2, st2, err)
+	}
+}
+
+// A flipped byte in one file fails verification and materialization,
+// naming the directory and the file; nothing is left half laid out.
+func TestDirectoryCorruptFile(t *testing.T) {
+	s := mustStore(t)
+	stage, _ := s.StagingDir("criu")
+	writeTree(t, stage, map[string]string{"pages-1.img": strings.Repeat("p", 10000), "core-1.img": "core"})
+	a, _, err := s.Ingest(t.Context(), stage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages := record.Sum([]byte(strings.Repeat("p", 10000)))
+	damage(t, s, pages, flipByte(5000))
+	if err := s.VerifyDir(t.Context(), a); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "pages-1.img") || !strings.Contains(err.Error(), a.String()) {
+		t.Fatalf("verify: %v", err)
+	}
+	for _, how := range []Layout{LinkFiles, CopyFiles} {
+		out := filepath.Join(t.TempDir(), "restore")
+		if err := s.Materialize(t.Context(), a, out, how); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "pages-1.img") {
+			t.Fatalf("materialize %d: %v", how, err)
+		}
+		if _, err := os.Stat(out); !os.IsNotExist(err) {
+			t.Fatal("failed materialize left its target")
+		}
+	}
+	damage(t, s, pages, flipByte(5000))
+	// A damaged listing is corrupt too.
+	damage(t, s, a, flipByte(20))
+	if _, err := s.Listing(a); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("listing: %v", err)
+	}
+	damage(t, s, a, flipByte(20))
+}
+
+func TestIngestRefuses(t *testing.T) {
+	s := mustStore(t)
+	for name, setup := range map[string]func(dir string){
+		"symlink":   func(d string) { os.Symlink("/etc/passwd", filepath.Join(d, "link")) },
+		"fifo":      func(d string) { syscall.Mkfifo(filepath.Join(d, "fifo"), 0o600) },
+		"empty dir": func(d string) { os.Mkdir(filepath.Join(d, "empty"), 0o700) },
+	} {
+		stage, _ := s.StagingDir("bad")
+		writeTree(t, stage, map[string]string{"ok.img": "ok"})
+		setup(stage)
+		if _, _, err := s.Ingest(t.Context(), stage); err == nil {
+			t.Errorf("%s ingested", name)
+		}
+	}
+	// Staging on another filesystem would need a copy: refused.
+	if other, err := os.MkdirTemp("/dev/shm", "stage-"); err == nil {
+		defer os.RemoveAll(other)
+		writeTree(t, other, map[string]string{"f": "elsewhere"})
+		if _, _, err := s.Ingest(t.Context(), other); err == nil || !strings.Contains(err.Error(), "StagingDir") {
+			t.Errorf("cross-filesystem staging: %v", err)
+		}
+	}
+	// An empty tree is a valid, empty directory object.
+	stage, _ := s.StagingDir("empty")
+	a, st, err := s.Ingest(t.Context(), stage)
+	if err != nil || st.Files != 0 {
+		t.Fatal(err)
+	}
+	if es, err := s.Listing(a); err != nil || len(es) != 0 {
+		t.Fatalf("empty listing: %v %v", es, err)
+	}
+}
+
+// The listing's bytes, built by hand.
+func TestListingBytes(t *testing.T) {
+	fa := record.Sum([]byte("core"))
+	got, err := EncodeListing([]Entry{
+		{Name: "sub/x", Mode: 0o600, Size: 258, Address: fa},
+		{Name: "a", Mode: 0o644, Size: 4, Address: fa},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []byte
+	want = append(want, "runrecordd.dir/1"...)
+	want = append(want, 0, 0, 0, 2)
+	want = append(want, 0, 0, 0, 1, 'a', 0, 0, 1, 0xa4, 0, 0, 0, 0, 0, 0, 0, 4)
+	want = append(want, fa[:]...)
+	want = append(want, 0, 0, 0, 5, 's', 'u', 'b', '/', 'x', 0, 0, 1, 0x80, 0, 0, 0, 0, 0, 0, 1, 2)
+	want = append(want, fa[:]...)
+	if string(got) != string(want) {
+		t.Fatalf("listing\n got %x\nwant %x", got, want)
+	}
+}
+
+func TestEncodeListingRefuses(t *testing.T) {
+	for name, es := range map[string][]Entry{
+		"duplicate":      {{Name: "a"}, {Name: "a"}},
+		"dotdot":         {{Name: "../x"}},
+		"absolute":       {{Name: "/x"}},
+		"unclean":        {{Name: "a//b"}},
+		"dot":            {{Name: "."}},
+		"empty":          {{Name: ""}},
+		"file and dir":   {{Name: "a"}, {Name: "a/b"}},
+		"deep file/dir":  {{Name: "a/b"}, {Name: "a/b/c/d"}, {Name: "a/b!"}},
+		"beyond perm":    {{Name: "a", Mode: 0o4755}},
+		"trailing slash": {{Name: "a/"}},
+	} {
+		if _, err := EncodeListing(es); err == nil {
+			t.Errorf("%s accepted", name)
+		}
+	}
+	if _, err := EncodeListing([]Entry{{Name: "a"}, {Name: "a!"}, {Name: "a.b/c"}}); err != nil {
+		t.Errorf("prefix names that are not directories: %v", err)
+	}
+}
+
+func TestDecodeListingStrict(t *testing.T) {
+	good, _ := EncodeListing([]Entry{{Name: "a", Size: 1}, {Name: "b", Size: 2}})
+	if es, err := DecodeListing(good); err != nil || len(es) != 2 {
+		t.Fatal(err)
+	}
+	entry := func(name string) []byte {
+		one, _ := EncodeListing([]Entry{{Name: name}})
+		return one[len(DirDomain)+4:]
+	}
+	unsorted := append([]byte(DirDomain), 0, 0, 0, 2)
+	unsorted = append(append(unsorted, entry("b")...), entry("a")...)
+	dup := append([]byte(DirDomain), 0, 0, 0, 2)
+	dup = append(append(dup, entry("a")...), entry("a")...)
+	for name, b := range map[string][]byte{
+		"truncated":  good[:len(good)-1],
+		"trailing":   append(append([]byte{}, good...), 0),
+		"unsorted":   unsorted,
+		"duplicate":  dup,
+		"no header":  good[1:],
+		"huge count": append([]byte(DirDomain), 0xff, 0xff, 0xff, 0xff),
+		"empty":      nil,
+	} {
+		if _, err := DecodeListing(b); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+func FuzzDecodeListing(f *testing.F) {
+	good, _ := EncodeListing([]Entry{{Name: "a", Size: 1, Mode: 0o644}, {Name: "b/c", Size: 2}})
+	f.Add(good)
+	f.Add([]byte(DirDomain + "\x00\x00\x00\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		es, err := DecodeListing(b)
+		if err != nil {
+			return
+		}
+		again, err := EncodeListing(es)
+		if err != nil || string(again) != string(b) {
+			t.Fatalf("decoded listing does not re-encode to its bytes: %v", err)
+		}
+	})
+}
+
+// A one-file listing and its address, in hex.
+func ExampleEncodeListing() {
+	file := record.Sum([]byte("core"))
+	b, _ := EncodeListing([]Entry{{Name: "core-1.img", Mode: 0o600, Size: 4, Address: file}})
+	fmt.Println(hex.EncodeToString(b[:len(DirDomain)]))
+	fmt.Println(hex.EncodeToString(b[len(DirDomain):]))
+	fmt.Println(record.Sum(b))
+	// Output:
+	// 72756e7265636f7264642e6469722f31
+	// 000000010000000a636f72652d312e696d6700000180000000000000000423460271b9ea508d1c6d86a5a45a00594d17c96b0795d4d00e1c1dd5d0f9cfaa
+	// b3:nLYWCtpm1qg_geGFdfKC_EKCB1Wwy6o5KLJE503N7-U
+}
