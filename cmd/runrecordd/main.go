@@ -1,15 +1,20 @@
 // Command runrecordd is the durable-run daemon and its client.
 //
 // Exit codes: 0 success; 1 the operation ran and failed (a record that does
-// not verify, a conformance class that fails); 2 bad usage.
+// not verify, a conformance class that fails, a host failure); 2 bad usage;
+// 3 no daemon answers on the socket; 4 no such run, image or call; 5 refused
+// by a rule (a phase, a resume precondition, a damaged record or object, a
+// conflicting operation).
 package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strings"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
 )
 
 // usageError is bad command-line input: exit code 2.
@@ -27,8 +32,20 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"serve", "run the daemon: serve [--state-dir DIR] [--socket PATH] [--containerd-address ADDR]", cmdServe},
+		{"images", "import an OCI or docker archive: images import FILE [--name NAME]", cmdImages},
+		{"run", "start a run: run [--id ID] [--mode image|transcript] [--cpu M] [--memory SIZE] [--network none|loopback] [--env K=V] IMAGE [ARGS...]", cmdRun},
+		{"list", "list runs: list [--phase executing|parked|closed]", cmdList},
+		{"show", "a run's segments, evidence, energy and wait proof: show RUN", cmdShow},
+		{"park", "park a running run: park RUN", cmdPark},
+		{"resume", "resume a parked run on this host: resume RUN", cmdResume},
+		{"close", "close a run in any phase: close RUN [--reason TEXT]", cmdClose},
+		{"verify", "verify a run (verify RUN) or a wire form (verify --file FILE)", cmdVerify},
+		{"wait-proof", "a run's wait-proof verdict: wait-proof RUN", cmdWaitProof},
+		{"export", "write a run's bundle: export RUN [-f FILE]", cmdExport},
+		{"import", "import a bundle: import [--id ID] BUNDLE", cmdImport},
+		{"host", "this daemon's host key, manifest facts and meter", cmdHost},
 		{"conformance", "run the conformance pack: runrecordd conformance [DIR]", cmdConformance},
-		{"verify", "verify a record's wire form from genesis: runrecordd verify --file FILE", cmdVerify},
 	}
 }
 
@@ -53,11 +70,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 		fmt.Fprintf(stderr, "runrecordd %s: %v\n", c.name, err)
-		var ue usageError
-		if errors.As(err, &ue) || errors.Is(err, flag.ErrHelp) {
-			return 2
+		var ae *api.Error
+		if errors.As(err, &ae) && len(ae.Keys) > 0 {
+			fmt.Fprintf(stderr, "differing keys: %s\n", strings.Join(ae.Keys, ", "))
 		}
-		return 1
+		return exitCode(err)
 	}
 	fmt.Fprintf(stderr, "runrecordd: unknown command %q\n", args[0])
 	usage(stderr)
@@ -66,6 +83,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: runrecordd COMMAND [ARGS]\n\ncommands:")
+	defer fmt.Fprintln(w, "\nClient commands talk to the daemon on --socket (or RUNRECORDD_SOCKET; default "+api.DefaultSocket+")\nand print tables, or JSON with -o json.\n\nexit codes: 0 ok; 1 failed; 2 bad usage; 3 no daemon on the socket; 4 not found;\n5 refused by a rule (phase, resume precondition, damaged record or object)")
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
 	}

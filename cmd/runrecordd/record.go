@@ -51,14 +51,19 @@ func cmdConformance(args []string, stdout io.Writer) error {
 func cmdVerify(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
 	file := fs.String("file", "", "a record's wire form (- for standard input)")
-	if err := fs.Parse(args); err != nil {
+	var cf clientFlags
+	cf.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
 		return err
 	}
-	if *file == "" || fs.NArg() != 0 {
-		return usagef("give the record with --file FILE (the daemon's verify RUN arrives with the daemon)")
+	if *file == "" && len(pos) == 1 {
+		return verifyRun(cf, pos[0], stdout)
+	}
+	if *file == "" || len(pos) != 0 {
+		return usagef("give the run (verify RUN) or the record with --file FILE")
 	}
 	var b []byte
-	var err error
 	if *file == "-" {
 		b, err = io.ReadAll(os.Stdin)
 	} else {

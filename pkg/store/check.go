@@ -27,8 +27,9 @@ type CheckStats struct {
 // every run's record verifies from genesis against the heads stored beside
 // its segments and against its state, and that the phase index lists every
 // run exactly once, under its phase. Then it rehashes every object the
-// records reach — named by a segment, or through declared refs — against
-// its address. The first problem found is the error.
+// records reach — a run's unit and grants if stored, named by a segment,
+// or through declared refs — against its address. The first problem found
+// is the error.
 func (s *Store) Check(ctx context.Context) (CheckStats, error) {
 	var cs CheckStats
 	var live map[record.Address]bool
@@ -53,7 +54,7 @@ func (s *Store) Check(ctx context.Context) (CheckStats, error) {
 				return fmt.Errorf("run %s: %w: %s, but the phase index has it %s", id, ErrDamaged, r.Phase(), phaseName(p, ok))
 			}
 			delete(indexed, id)
-			roots = appendRecordRefs(roots, r)
+			roots = s.appendRecordRefs(roots, r)
 			cs.Runs++
 			cs.Segments += r.Len()
 			segs += uint64(r.Len())
@@ -127,8 +128,16 @@ func phaseIndex(tx *bolt.Tx) (map[string]record.Phase, error) {
 	return out, nil
 }
 
-// appendRecordRefs appends every object r's segments name.
-func appendRecordRefs(dst []record.Address, r *record.Record) []record.Address {
+// appendRecordRefs appends every object r's segments name, and r's unit
+// and grants ids when objects by those addresses are stored (the daemon
+// stores a run's canonical spec and grant set so a bundle can carry them;
+// older runs have none, and none is required).
+func (s *Store) appendRecordRefs(dst []record.Address, r *record.Record) []record.Address {
+	for _, a := range [2]record.Address{r.Unit(), r.Grants()} {
+		if s.Has(a) {
+			dst = append(dst, a)
+		}
+	}
 	for i := range r.Len() {
 		seg := r.Segment(i)
 		dst = append(dst, segmentRefs(&seg)...)
@@ -136,8 +145,9 @@ func appendRecordRefs(dst []record.Address, r *record.Record) []record.Address {
 	return dst
 }
 
-// reachable returns every object the records reach: named by a segment,
-// or declared (transitively) as a ref of one that is.
+// reachable returns every object the records reach: a run's stored unit
+// or grants, named by a segment, or declared (transitively) as a ref of
+// one that is.
 func (s *Store) reachable(ctx context.Context) (map[record.Address]bool, error) {
 	var live map[record.Address]bool
 	err := s.view(func(tx *bolt.Tx) error {
@@ -150,7 +160,7 @@ func (s *Store) reachable(ctx context.Context) (map[record.Address]bool, error) 
 			if err != nil {
 				return err
 			}
-			roots = appendRecordRefs(roots, r)
+			roots = s.appendRecordRefs(roots, r)
 			return nil
 		})
 		if err != nil {

@@ -61,23 +61,30 @@
 //     and a segment naming an object the store does not hold
 //     ([ErrMissingObject]). Objects are durable before the segment that
 //     names them, so a crash never leaves a segment naming nothing.
+//     [Store.AppendAll] appends several segments in one such transaction:
+//     all of them, or, on any refusal, none.
 //   - Concurrent writers share commits (group commit); each is judged
 //     alone, and one's refusal never disturbs another's append.
-//   - [Store.Record] and [Store.Check] verify every record from genesis.
+//   - [Store.Record] and [Store.Check] verify every record from genesis;
+//     [Store.Raw] only decodes, for callers that verify in their own order.
 //     [Store.Open], [Store.ReadAll], [Store.Verify], [Store.Listing] and
 //     [Store.Materialize] verify object bytes, reporting a [*CorruptError]
 //     that names the address. [Store.Path] is the unverified local path.
-//   - Objects a record reaches — named by a segment, or through the refs
-//     an object declared when put (an attestation's receipt and journal,
-//     a directory's files) — are never collected by [Store.GC].
+//     [Store.Adopt] hashes a staged file and renames it into place, durably
+//     as Put writes, without a second copy.
+//   - Objects a record reaches — its run's unit and grants ids when stored
+//     as objects, named by a segment, or through the refs an object
+//     declared when put (an attestation's receipt and journal, a
+//     directory's files) — are never collected by [Store.GC].
 //   - A damaged bbolt file or objects directory is an error wrapping
 //     [ErrDamaged], never a panic: bbolt's panics and faults on damaged
 //     pages are recovered.
 //
 // # Contexts
 //
-// Calls bounded by one commit (Create, Append, Import, PutBytes) take no
-// context: an append abandoned while its commit went through would report
-// a failure that did not happen. Calls that stream or walk an unbounded
-// amount (Put, Ingest, Verify, VerifyDir, Materialize, Check, GC) take one.
+// Calls bounded by one commit (Create, Append, AppendAll, Import, PutBytes)
+// take no context: an append abandoned while its commit went through would
+// report a failure that did not happen. Calls that stream or walk an
+// unbounded amount (Put, Adopt, Ingest, Verify, VerifyDir, Materialize,
+// Check, GC) take one.
 package store

@@ -23,10 +23,10 @@ type GCStats struct {
 // Kept is the number of objects left in the store.
 func (g GCStats) Kept() int { return g.Live + g.Young }
 
-// GC removes every object no record reaches, directly or through declared
-// refs, except those written or put again within grace: objects are put
-// before the segment that names them, so a young unreachable object may be
-// about to be named. It needs every record to verify, and refuses to
+// GC removes every object no record reaches — as its run's stored unit or
+// grants, named by a segment, or through declared refs — except those
+// written or put again within grace: objects are put before the segment
+// that names them, so a young unreachable object may be about to be named. It needs every record to verify, and refuses to
 // collect otherwise. While it runs, appends, imports, puts and ingests
 // wait, so nothing is named between the mark and the sweep.
 func (s *Store) GC(ctx context.Context, grace time.Duration) (GCStats, error) {

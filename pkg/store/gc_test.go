@@ -117,3 +117,32 @@ func TestGCRacingAppends(t *testing.T) {
 	}
 	t.Logf("%d appends, %d refused for a collected object", appended.Load(), refused.Load())
 }
+
+// A run's unit and grants, when stored as objects, are roots; a run
+// without them is no error.
+func TestGCKeepsUnitAndGrants(t *testing.T) {
+	s := mustStore(t)
+	spec, grants := put(t, s, "canonical spec"), put(t, s, "canonical grants")
+	if _, err := s.Create("with", spec, grants); err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, s, "without") // unitOf's ids name no stored object
+	orphan := put(t, s, "orphan")
+	st, err := s.GC(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Live != 2 || st.Removed != 1 || !s.Has(spec) || !s.Has(grants) || s.Has(orphan) {
+		t.Fatalf("gc %+v", st)
+	}
+	cs, err := s.Check(t.Context())
+	if err != nil || cs.Objects != 2 || cs.Runs != 2 {
+		t.Fatalf("check %+v %v", cs, err)
+	}
+	// Stored and then damaged, a unit object fails the check.
+	damage(t, s, spec, flipByte(0))
+	if _, err := s.Check(t.Context()); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("check over a damaged unit object: %v", err)
+	}
+	damage(t, s, spec, flipByte(0))
+}

@@ -164,3 +164,13 @@ func editSegment(t testing.TB, s *Store, run string, i uint64, edit func(v []byt
 		}
 	}
 }
+
+// logLen returns the number of entries in the segment log.
+func (s *Store) logLen() (int, error) {
+	var n int
+	err := s.view(func(tx *bolt.Tx) error {
+		n = tx.Bucket(bktLog).Stats().KeyN
+		return nil
+	})
+	return n, err
+}

@@ -73,10 +73,38 @@ func (s *Store) Create(run string, unit, grants record.Address) (record.Address,
 // abandoned while its commit went through would report a failure that
 // did not happen.
 func (s *Store) Append(run string, expectedHead record.Address, seg record.Segment) (record.Address, error) {
+	return s.AppendAll(run, expectedHead, seg)
+}
+
+// AppendAll appends segs to run's record, in order, in one durable
+// transaction: all of them or none. It makes the checks of [Store.Append]
+// for every segment, each judged after the ones before it, before it
+// writes anything, and returns the head after the last. (A park appends
+// its Executed and Suspended segments together, so a failure leaves the
+// record as it was.) With no segments it writes nothing and returns the
+// head, if it is expectedHead.
+func (s *Store) AppendAll(run string, expectedHead record.Address, segs ...record.Segment) (record.Address, error) {
+	if len(segs) == 0 {
+		var head record.Address
+		err := s.view(func(tx *bolt.Tx) error {
+			st, err := getState(tx, run)
+			if err != nil {
+				return err
+			}
+			if st.head != expectedHead {
+				return fmt.Errorf("run %s: %w: expected %s, head is %s", run, ErrHeadMoved, expectedHead, st.head)
+			}
+			head = st.head
+			return nil
+		})
+		return head, err
+	}
 	s.gc.RLock()
 	defer s.gc.RUnlock()
-	if err := s.haveAll(segmentRefs(&seg)); err != nil {
-		return record.Address{}, fmt.Errorf("run %s: %w", run, err)
+	for i := range segs {
+		if err := s.haveAll(segmentRefs(&segs[i])); err != nil {
+			return record.Address{}, fmt.Errorf("run %s: %w", run, err)
+		}
 	}
 	var head record.Address
 	err := s.commit(func(tx *bolt.Tx) error {
@@ -91,22 +119,30 @@ func (s *Store) Append(run string, expectedHead record.Address, seg record.Segme
 		if err != nil {
 			return refuse(err)
 		}
+		// Judge every segment before writing any: a refusal must leave
+		// the transaction untouched.
 		c := record.NewChain(r.State())
-		h, err := c.Append(&seg)
-		if err != nil {
-			return refuse(fmt.Errorf("run %s: %w", run, err))
+		heads := make([]record.Address, len(segs))
+		for i := range segs {
+			if heads[i], err = c.Append(&segs[i]); err != nil {
+				return refuse(fmt.Errorf("run %s: %w", run, err))
+			}
 		}
 		log := tx.Bucket(bktLog)
-		seq, err := log.NextSequence()
-		if err != nil {
-			return err
+		next := runState{unit: st.unit, grants: st.grants, n: st.n, last: st.last}
+		for i := range segs {
+			seq, err := log.NextSequence()
+			if err != nil {
+				return err
+			}
+			canon, _ := segs[i].Canonical() // validated by c.Append
+			e := logEntry{run: []byte(run), index: next.n, prev: next.last, head: heads[i], canon: canon}
+			if err := log.Put(seqKey(seq), e.encode()); err != nil {
+				return err
+			}
+			next.n, next.last = next.n+1, seq
 		}
-		canon, _ := seg.Canonical() // validated by c.Append
-		e := logEntry{run: []byte(run), index: st.n, prev: st.last, head: h, canon: canon}
-		if err := log.Put(seqKey(seq), e.encode()); err != nil {
-			return err
-		}
-		next := runState{unit: st.unit, grants: st.grants, head: h, n: st.n + 1, phase: c.State().Phase, last: seq}
+		next.head, next.phase = c.State().Head, c.State().Phase
 		if err := tx.Bucket(bktRuns).Put([]byte(run), next.encode()); err != nil {
 			return err
 		}
@@ -119,7 +155,7 @@ func (s *Store) Append(run string, expectedHead record.Address, seg record.Segme
 				return err
 			}
 		}
-		head = h
+		head = next.head
 		return nil
 	})
 	if err != nil {
@@ -267,23 +303,10 @@ func readRecord(tx *bolt.Tx, run string) (*record.Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Walk the run's entries back from its last, then verify forward.
-	// (Capacity is not taken from the state on trust: a damaged count
-	// must fail at its first missing entry, not in an allocation.)
-	entries := make([]logEntry, 0, min(st.n, 1<<16))
-	seq := st.last
-	for i := st.n; i > 0; i-- {
-		e, err := logAt(tx, run, seq, i-1)
-		if err != nil {
-			return nil, fmt.Errorf("run %s: %w", run, &record.SegmentError{Index: int(i - 1), Err: err})
-		}
-		entries = append(entries, e)
-		seq = e.prev
+	entries, err := runEntries(tx, run, st)
+	if err != nil {
+		return nil, err
 	}
-	if seq != 0 {
-		return nil, fmt.Errorf("run %s: %w: segment 0 links to log entry %d", run, ErrDamaged, seq)
-	}
-	slices.Reverse(entries)
 	r := record.New(st.unit, st.grants)
 	for i, e := range entries {
 		seg, err := record.DecodeSegment(e.canon)
@@ -304,6 +327,71 @@ func readRecord(tx *bolt.Tx, run string) (*record.Record, error) {
 			run, ErrDamaged, st.head, st.phase, r.Head(), r.Phase())
 	}
 	return r, nil
+}
+
+// runEntries returns a run's log entries in order, walking back from its
+// last. A missing or misplaced entry is a [*record.SegmentError] naming
+// the segment.
+func runEntries(tx *bolt.Tx, run string, st runState) ([]logEntry, error) {
+	// Capacity is not taken from the state on trust: a damaged count
+	// must fail at its first missing entry, not in an allocation.
+	entries := make([]logEntry, 0, min(st.n, 1<<16))
+	seq := st.last
+	for i := st.n; i > 0; i-- {
+		e, err := logAt(tx, run, seq, i-1)
+		if err != nil {
+			return nil, fmt.Errorf("run %s: %w", run, &record.SegmentError{Index: int(i - 1), Err: err})
+		}
+		entries = append(entries, e)
+		seq = e.prev
+	}
+	if seq != 0 {
+		return nil, fmt.Errorf("run %s: %w: segment 0 links to log entry %d", run, ErrDamaged, seq)
+	}
+	slices.Reverse(entries)
+	return entries, nil
+}
+
+// Raw is a run's record as stored, not verified: see [Store.Raw].
+type Raw struct {
+	Unit, Grants record.Address   // the ids the run was created with
+	Segments     []record.Segment // in order
+	Heads        []record.Address // the head stored beside each segment
+	Head         record.Address   // the head the run's state holds
+}
+
+// Raw reads a run's segments and the heads stored beside them without
+// verifying the chain, for a caller that verifies in its own order (the
+// resume preconditions, which report an edited record as a failed
+// precondition naming the segment): pass the fields to [record.Verify].
+// It only decodes: a segment whose bytes are not canonical, or a log
+// entry missing or out of place, is a [*record.SegmentError] naming it.
+func (s *Store) Raw(run string) (Raw, error) {
+	var raw Raw
+	err := s.view(func(tx *bolt.Tx) error {
+		st, err := getState(tx, run)
+		if err != nil {
+			return err
+		}
+		entries, err := runEntries(tx, run, st)
+		if err != nil {
+			return err
+		}
+		raw = Raw{Unit: st.unit, Grants: st.grants, Head: st.head,
+			Segments: make([]record.Segment, len(entries)), Heads: make([]record.Address, len(entries))}
+		for i, e := range entries {
+			// DecodeSegment copies what it keeps: canon aliases the map.
+			if raw.Segments[i], err = record.DecodeSegment(e.canon); err != nil {
+				return fmt.Errorf("run %s: %w", run, &record.SegmentError{Index: i, Err: fmt.Errorf("%w: %w", ErrDamaged, err)})
+			}
+			raw.Heads[i] = e.head
+		}
+		return nil
+	})
+	if err != nil {
+		return Raw{}, err
+	}
+	return raw, nil
 }
 
 // Import stores a record received whole (from an export or a peer) as a

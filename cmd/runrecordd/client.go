@@ -1,0 +1,604 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// clientFlags are the flags every client verb takes.
+type clientFlags struct {
+	socket string
+	output string
+}
+
+func (c *clientFlags) register(fs *flag.FlagSet) {
+	def := os.Getenv("RUNRECORDD_SOCKET")
+	if def == "" {
+		def = api.DefaultSocket
+	}
+	fs.StringVar(&c.socket, "socket", def, "the daemon's socket (or RUNRECORDD_SOCKET)")
+	fs.StringVar(&c.output, "o", "table", "output: table or json")
+}
+
+func (c *clientFlags) client() (*api.Client, error) {
+	if c.output != "table" && c.output != "json" {
+		return nil, usagef("-o %s: use table or json", c.output)
+	}
+	return api.NewClient(c.socket), nil
+}
+
+// print writes v as JSON with -o json, else calls table.
+func (c *clientFlags) print(w io.Writer, v any, table func(w io.Writer)) error {
+	if c.output == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	table(tw)
+	return tw.Flush()
+}
+
+// parse parses fs over args allowing flags after the positional arguments
+// (`show RUN -o json`), and returns the positional ones.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func ctx() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func oneRun(verb string, pos []string) (string, error) {
+	if len(pos) != 1 {
+		return "", usagef("usage: runrecordd %s RUN", verb)
+	}
+	return pos[0], nil
+}
+
+func cmdImages(args []string, stdout io.Writer) error {
+	if len(args) == 0 || args[0] != "import" {
+		return usagef("usage: runrecordd images import FILE [--name NAME]")
+	}
+	fs := flag.NewFlagSet("images import", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	name := fs.String("name", "", "name to give the image (default: the archive's own)")
+	pos, err := parse(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("usage: runrecordd images import FILE [--name NAME] (FILE - reads standard input)")
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	var r io.Reader = os.Stdin
+	if pos[0] != "-" {
+		f, err := os.Open(pos[0])
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		r = f
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	img, err := c.ImportImage(cx, r, *name)
+	if err != nil {
+		return err
+	}
+	return cf.print(stdout, img, func(w io.Writer) {
+		fmt.Fprintf(w, "NAME\tDIGEST\n%s\t%s\n", img.Name, img.Digest)
+	})
+}
+
+// listFlag collects a repeated flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
+
+// parseBytes reads 512Mi, 1G, 1048576.
+func parseBytes(s string) (uint64, error) {
+	mult := uint64(1)
+	for _, u := range []struct {
+		suffix string
+		m      uint64
+	}{{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}} {
+		if v, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = v, u.m
+			break
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a size (e.g. 512Mi, 1G, 1048576)", s)
+	}
+	return n * mult, nil
+}
+
+func cmdRun(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	id := fs.String("id", "", "the run's id (default: made up)")
+	mode := fs.String("mode", "image", "how the unit parks: image or transcript")
+	cpu := fs.Uint("cpu", 0, "CPU limit in thousandths of a core (0: unlimited)")
+	mem := fs.String("memory", "0", "memory limit, e.g. 512Mi (0: unlimited)")
+	network := fs.String("network", "none", "network: none or loopback")
+	var env, ro listFlag
+	fs.Var(&env, "env", "KEY=VALUE for the unit (repeatable)")
+	fs.Var(&ro, "ro", "SRC:DST read-only bind mount (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return usagef("usage: runrecordd run [flags] IMAGE [ARGS...]")
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	m, err := unit.ParseMode(*mode)
+	if err != nil {
+		return usagef("--mode: %v", err)
+	}
+	n, err := unit.ParseNetwork(*network)
+	if err != nil {
+		return usagef("--network: %v", err)
+	}
+	mb, err := parseBytes(*mem)
+	if err != nil {
+		return usagef("--memory: %v", err)
+	}
+	req := api.RunRequest{ID: *id,
+		Unit:   unit.Spec{Image: fs.Arg(0), Args: fs.Args()[1:], Env: env, Mode: m},
+		Grants: unit.Grants{MilliCPU: uint32(*cpu), MemoryBytes: mb, Network: n}}
+	for _, r := range ro {
+		src, dst, ok := strings.Cut(r, ":")
+		if !ok {
+			return usagef("--ro %s: use SRC:DST", r)
+		}
+		req.Grants.ReadOnly = append(req.Grants.ReadOnly, unit.Mount{Source: src, Target: dst})
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	run, err := c.Start(cx, req)
+	if err != nil {
+		return err
+	}
+	return cf.print(stdout, run, func(w io.Writer) { runTable(w, []api.Run{run}) })
+}
+
+func runTable(w io.Writer, runs []api.Run) {
+	fmt.Fprintln(w, "RUN\tSTATUS\tSEGMENTS\tIMAGE\tHEAD")
+	for _, r := range runs {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", r.ID, r.Status, r.Segments, r.Image, r.Head)
+	}
+}
+
+func cmdList(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("list", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	phase := fs.String("phase", "", "only runs in this phase: executing, parked or closed")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usagef("usage: runrecordd list [--phase PHASE]")
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	runs, err := c.List(cx, *phase)
+	if err != nil {
+		return err
+	}
+	return cf.print(stdout, runs, func(w io.Writer) { runTable(w, runs) })
+}
+
+func uj(v uint64) string {
+	return fmt.Sprintf("%s J", strconv.FormatFloat(float64(v)/1e6, 'f', 6, 64))
+}
+
+func cmdShow(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("show", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := oneRun("show", pos)
+	if err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	s, err := c.Show(cx, id)
+	if err != nil {
+		return err
+	}
+	return cf.print(stdout, s, func(w io.Writer) { showTable(w, s) })
+}
+
+func showTable(w io.Writer, s api.Show) {
+	fmt.Fprintf(w, "run:\t%s\n", s.Run.ID)
+	fmt.Fprintf(w, "status:\t%s\n", s.Run.Status)
+	if s.Unit != nil {
+		fmt.Fprintf(w, "unit:\t%s %s (%s mode)\n", s.Unit.Image, strings.Join(s.Unit.Args, " "), s.Unit.Mode)
+	}
+	fmt.Fprintf(w, "unit id:\t%s\n", s.Run.Unit)
+	fmt.Fprintf(w, "grants id:\t%s\n", s.Run.Grants)
+	fmt.Fprintf(w, "head:\t%s (%d segments)\n", s.Run.Head, s.Run.Segments)
+	fmt.Fprintf(w, "energy:\tactive %s (%s) + idle %s (%s) = cost %s\n",
+		uj(s.Totals.ActiveUJ), s.Totals.ActiveProvenance, uj(s.Totals.IdleUJ), s.Totals.IdleProvenance, uj(s.Totals.CostUJ))
+	wp := s.WaitProof.Verdict
+	if s.WaitProof.Segment != nil {
+		wp += fmt.Sprintf(" (segment %d)", *s.WaitProof.Segment)
+	}
+	fmt.Fprintf(w, "wait proof:\t%s: %s\n", wp, s.WaitProof.Reason)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "#\tKIND\tDETAIL")
+	for _, g := range s.Segments {
+		var d string
+		switch g.Kind {
+		case "executed":
+			d = fmt.Sprintf("interval %d, %s, %s", g.Interval, g.End.Sub(*g.Start).Round(time.Millisecond), g.Outcome)
+			if g.Receipt != nil {
+				d += fmt.Sprintf(", receipt %s %s (cpu %s)", uj(g.Receipt.UJ), g.Receipt.Provenance, time.Duration(g.CPUNS).Round(time.Microsecond))
+			}
+			if g.Calls != nil {
+				d += fmt.Sprintf(", calls dispatched %v resolved %v", g.Calls.Dispatched, g.Calls.Resolved)
+			}
+			if cp := g.Checkpoint; cp != nil {
+				d += fmt.Sprintf("\n\t\tcheckpoint %s: freezing %s, frozen %s, memory dump %s, write %s, %d pages written, image %s, rootfs %s",
+					time.Duration(cp.TotalNS).Round(time.Millisecond), time.Duration(cp.FreezingNS), time.Duration(cp.FrozenNS).Round(time.Microsecond),
+					time.Duration(cp.MemDumpNS).Round(time.Microsecond), time.Duration(cp.MemWriteNS).Round(time.Microsecond), cp.Pages,
+					bytesString(cp.ImageBytes), bytesString(cp.RootBytes))
+			}
+		case "suspended":
+			d = fmt.Sprintf("%s park %s, manifest %s", g.Form, g.Snapshot, g.Manifest)
+		case "resumed":
+			d = fmt.Sprintf("%s park, idle %s %s", g.Form, uj(g.Idle.UJ), g.Idle.Provenance)
+		case "closed":
+			d = g.Reason
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\n", g.Index, g.Kind, d)
+	}
+}
+
+func bytesString(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func cmdPark(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("park", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := oneRun("park", pos)
+	if err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	p, err := c.Park(cx, id)
+	if err != nil {
+		return err
+	}
+	return cf.print(stdout, p, func(w io.Writer) {
+		fmt.Fprintf(w, "parked %s in %s\n", id, time.Duration(p.DurationNS).Round(time.Millisecond))
+		fmt.Fprintf(w, "snapshot:\t%s\n", p.Snapshot)
+		fmt.Fprintf(w, "manifest:\t%s\n", p.Manifest)
+		fmt.Fprintf(w, "retained:\t%s\n", bytesString(p.Retained))
+		fmt.Fprintf(w, "receipt:\t%s %s (%s)\n", uj(p.Receipt.UJ), p.Receipt.Provenance, p.Receipt.Method)
+		if cp := p.Checkpoint; cp != nil {
+			fmt.Fprintf(w, "checkpoint:\t%s (dump %s, frozen %s, %d pages written)\n", time.Duration(cp.TotalNS).Round(time.Millisecond),
+				time.Duration(cp.DumpNS).Round(time.Millisecond), time.Duration(cp.FrozenNS).Round(time.Millisecond), cp.Pages)
+		}
+	})
+}
+
+func cmdResume(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("resume", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := oneRun("resume", pos)
+	if err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	r, err := c.Resume(cx, id)
+	if err != nil {
+		return err
+	}
+	return cf.print(stdout, r, func(w io.Writer) {
+		fmt.Fprintf(w, "resumed %s in %s after %s parked\n", id, time.Duration(r.DurationNS).Round(time.Millisecond), time.Duration(r.ParkedNS).Round(time.Millisecond))
+		fmt.Fprintf(w, "idle energy:\t%s %s\n", uj(r.Idle.UJ), r.Idle.Provenance)
+		if rs := r.Restore; rs != nil {
+			fmt.Fprintf(w, "restore:\t%s (%d pages restored)\n", time.Duration(rs.TotalNS).Round(time.Millisecond), rs.Pages)
+		}
+	})
+}
+
+func cmdClose(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("close", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	reason := fs.String("reason", "", "why (recorded in the Closed segment)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := oneRun("close", pos)
+	if err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	r, err := c.Close(cx, id, *reason)
+	if err != nil {
+		return err
+	}
+	return cf.print(stdout, r, func(w io.Writer) { runTable(w, []api.Run{r}) })
+}
+
+// verifyRun is `verify RUN`: the daemon verifies a stored run.
+func verifyRun(cf clientFlags, id string, stdout io.Writer) error {
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	v, err := c.Verify(cx, id)
+	if err != nil {
+		return err
+	}
+	if perr := cf.print(stdout, v, func(w io.Writer) {
+		if !v.OK {
+			return
+		}
+		fmt.Fprintf(w, "verified from genesis: %d segments, %s, head %s\n", v.Segments, v.Phase, v.Head)
+		fmt.Fprintf(w, "objects: %d rehashed, %s\n", v.Objects, bytesString(v.Bytes))
+		fmt.Fprintf(w, "wait proof: %s: %s\n", v.WaitProof.Verdict, v.WaitProof.Reason)
+	}); perr != nil {
+		return perr
+	}
+	if !v.OK {
+		return v.Error
+	}
+	return nil
+}
+
+func cmdWaitProof(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("wait-proof", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := oneRun("wait-proof", pos)
+	if err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	var v api.WaitProof
+	if err := c.Do(cx, "GET", api.RunPath(id, "/wait-proof"), nil, &v); err != nil {
+		return err
+	}
+	return cf.print(stdout, v, func(w io.Writer) {
+		if v.Segment != nil {
+			fmt.Fprintf(w, "%s at segment %d: %s\n", v.Verdict, *v.Segment, v.Reason)
+			return
+		}
+		fmt.Fprintf(w, "%s: %s\n", v.Verdict, v.Reason)
+	})
+}
+
+func cmdExport(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("export", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	file := fs.String("f", "-", "write the bundle to this file (- for standard output)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := oneRun("export", pos)
+	if err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	if *file == "-" {
+		return c.Export(cx, id, stdout)
+	}
+	// Write beside the target and rename, so a failed export leaves no
+	// half bundle under the name.
+	tmp, err := os.CreateTemp(dirOf(*file), ".export-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := c.Export(cx, id, tmp); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), *file)
+}
+
+func dirOf(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[:i+1]
+	}
+	return "."
+}
+
+func cmdImport(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("import", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	id := fs.String("id", "", "store the run under this id (default: the bundle's)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("usage: runrecordd import [--id ID] BUNDLE (- reads standard input)")
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	var r io.Reader = os.Stdin
+	if pos[0] != "-" {
+		f, err := os.Open(pos[0])
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		r = f
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	im, err := c.Import(cx, r, *id)
+	if err != nil {
+		return err
+	}
+	return cf.print(stdout, im, func(w io.Writer) {
+		fmt.Fprintf(w, "imported %s: %d objects, %s, verified from genesis\n", im.Run.ID, im.Objects, bytesString(im.Bytes))
+		runTable(w, []api.Run{im.Run})
+	})
+}
+
+func cmdHost(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("host", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	h, err := c.Host(cx)
+	if err != nil {
+		return err
+	}
+	return cf.print(stdout, h, func(w io.Writer) {
+		fmt.Fprintf(w, "host key:\t%s\nstate:\t%s\ncontainerd:\t%s (embedded %v)\nRAPL:\t%v %s\n", h.KeyID, h.StateDir, h.Containerd, h.Embedded, h.RAPL, strings.Join(h.RAPLReason, "; "))
+		for k, v := range h.Manifest {
+			fmt.Fprintf(w, "%s:\t%s\n", k, v)
+		}
+	})
+}
+
+// exitCode is the exit status for a failed verb (see the usage text).
+func exitCode(err error) int {
+	var ue usageError
+	if errors.As(err, &ue) || errors.Is(err, flag.ErrHelp) {
+		return 2
+	}
+	var ae *api.Error
+	if !errors.As(err, &ae) {
+		return 1
+	}
+	switch ae.Code {
+	case api.CodeDaemonUnreachable:
+		return 3
+	case api.CodeNotFound:
+		return 4
+	case api.CodePhase, api.CodeConflict, api.CodeExists, api.CodeSnapshotMismatch, api.CodeManifestMismatch,
+		api.CodeRecordInvalid, api.CodeObjectCorrupt, api.CodeMissingObject, api.CodeCallRefused:
+		return 5
+	}
+	return 1
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/daemon"
+	"github.com/runrecordd/runrecordd/pkg/idle"
+	"github.com/runrecordd/runrecordd/pkg/server"
+)
+
+func cmdServe(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	state := fs.String("state-dir", daemon.DefaultStateDir, "state directory: store, host key, embedded containerd")
+	socket := fs.String("socket", "", "API socket (default STATE-DIR/runrecordd.sock)")
+	ctrd := fs.String("containerd-address", "", "use this containerd instead of starting an embedded one")
+	coeffs := fs.String("coefficients", "", "JSON file of energy coefficients over the defaults (docs/energy.md)")
+	sysfs := fs.String("sysfs", "", "sysfs root the meter reads RAPL zones under (default /sys)")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("serve takes no arguments")
+	}
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+		return usagef("--log-level: %v", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
+	cfg := daemon.Config{StateDir: *state, ContainerdAddress: *ctrd, Logger: log}
+	cfg.Meter.SysfsRoot = *sysfs
+	if *coeffs != "" {
+		b, err := os.ReadFile(*coeffs)
+		if err != nil {
+			return err
+		}
+		if cfg.Meter.Coefficients, err = idle.ParseCoefficients(b); err != nil {
+			return err
+		}
+	}
+	if *socket == "" {
+		*socket = filepath.Join(*state, "runrecordd.sock")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	// Listen first: a second daemon on the same socket fails here, before
+	// it touches containerd or the store.
+	l, err := server.Listen(*socket)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(*socket)
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	d, err := daemon.New(startCtx, cfg)
+	cancel()
+	if err != nil {
+		l.Close()
+		return err
+	}
+	srv := &http.Server{Handler: server.New(d, log), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	log.Info("serving", "socket", *socket, "state", d.StateDir())
+	fmt.Fprintf(stdout, "runrecordd serving on %s\n", *socket)
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case err = <-errc:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	serr := srv.Shutdown(sctx)
+	derr := d.Shutdown(sctx)
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return errors.Join(err, serr, derr)
+}

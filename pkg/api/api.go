@@ -1,0 +1,240 @@
+// Package api is runrecordd's HTTP/JSON API: the request and response
+// bodies under /v1, the error body and its codes, and a [Client] that speaks
+// it over the daemon's unix socket. The daemon serves it (pkg/server); the
+// command-line verbs and tests use the Client.
+//
+// # Errors
+//
+// Every failure is a JSON [Error] with a stable Code (the Code* constants)
+// and an HTTP status chosen from it. A resume refused by a precondition
+// carries the precondition's fields: the differing manifest keys, the
+// segment a record fails at.
+package api
+
+import (
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// Error codes. They are stable: scripts and the CLI's exit codes key off
+// them.
+const (
+	CodeBadRequest        = "bad_request"        // malformed input: fix the request
+	CodeNotFound          = "not_found"          // no such run, image or call
+	CodeExists            = "exists"             // a run id already in use
+	CodeConflict          = "conflict"           // another operation on the run is in progress, or its head moved
+	CodePhase             = "phase"              // the run's phase forbids it (park while parked, anything after close)
+	CodeSnapshotMismatch  = "snapshot_mismatch"  // resume precondition 1
+	CodeManifestMismatch  = "manifest_mismatch"  // resume precondition 2
+	CodeRecordInvalid     = "record_invalid"     // resume precondition 3, or an import that does not verify
+	CodeObjectCorrupt     = "object_corrupt"     // an object whose bytes do not hash to its address
+	CodeMissingObject     = "missing_object"     // an object the operation needs is not stored
+	CodeCallRefused       = "call_refused"       // a call result the run cannot accept
+	CodeUnavailable       = "unavailable"        // the host cannot do it now (containerd down, CRIU failing)
+	CodeInternal          = "internal"           // a bug or an unexpected host failure
+	CodeCheckpointFailed  = "checkpoint_failed"  // CRIU could not dump; the unit keeps running
+	CodeRestoreFailed     = "restore_failed"     // CRIU could not restore; the run stays parked
+	CodeUnitExited        = "unit_exited"        // the unit exited before the operation
+	CodeDaemonUnreachable = "daemon_unreachable" // client side only: nothing answers on the socket
+)
+
+// Error is the body of every failed request.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"error"`
+	// Keys are the manifest keys that differ (manifest_mismatch).
+	Keys []string `json:"keys,omitempty"`
+	// Segment is the index of the segment concerned (record_invalid,
+	// phase), when there is one.
+	Segment *int `json:"segment,omitempty"`
+	// Status is the HTTP status it came with (client side only).
+	Status int `json:"-"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Image is an image imported into the host's containerd.
+type Image struct {
+	Name   string `json:"name"`
+	Digest string `json:"digest"`
+}
+
+// RunRequest starts a run.
+type RunRequest struct {
+	// ID is the run's id; the daemon makes one when empty. 1–64
+	// characters of [A-Za-z0-9_.-], not starting with '.' or '-'.
+	ID     string      `json:"id,omitempty"`
+	Unit   unit.Spec   `json:"unit"`
+	Grants unit.Grants `json:"grants"`
+}
+
+// Run is a run's summary: GET /v1/runs and the result of most verbs.
+type Run struct {
+	ID     string `json:"id"`
+	Phase  string `json:"phase"` // executing, parked, closed
+	Status string `json:"status"`
+	// Status says more than the phase: running, exited, parked (image) or
+	// parked (transcript), lost (executing in the record but no sandbox on
+	// this host: resume it elsewhere or close it), closed.
+	Segments int    `json:"segments"`
+	Head     string `json:"head"`
+	Unit     string `json:"unit_id"`
+	Grants   string `json:"grants_id"`
+	Image    string `json:"image,omitempty"`
+	Mode     string `json:"mode,omitempty"`
+}
+
+// Checkpoint is what an image park's CRIU dump cost, as recorded in the
+// interval's replay journal.
+type Checkpoint struct {
+	TotalNS    int64  `json:"total_ns"`
+	PauseNS    int64  `json:"pause_ns"`
+	DumpNS     int64  `json:"dump_ns"`
+	DiffNS     int64  `json:"diff_ns"`
+	FreezingNS int64  `json:"freezing_ns"`
+	FrozenNS   int64  `json:"frozen_ns"`
+	MemDumpNS  int64  `json:"mem_dump_ns"`
+	MemWriteNS int64  `json:"mem_write_ns"`
+	Pages      uint64 `json:"pages_written"`
+	PagesScan  uint64 `json:"pages_scanned"`
+	ImageBytes int64  `json:"image_bytes"`
+	RootBytes  int64  `json:"rootfs_bytes"`
+	IngestNS   int64  `json:"ingest_ns"`
+}
+
+// Restore is what a resume's CRIU restore cost.
+type Restore struct {
+	TotalNS       int64  `json:"total_ns"`
+	MaterializeNS int64  `json:"materialize_ns"`
+	RootfsNS      int64  `json:"rootfs_ns"`
+	TaskNS        int64  `json:"task_ns"`
+	ForkingNS     int64  `json:"forking_ns"`
+	RestoreNS     int64  `json:"restore_ns"`
+	Pages         uint64 `json:"pages_restored"`
+}
+
+// Park is the result of POST /v1/runs/{id}/park.
+type Park struct {
+	Run        Run         `json:"run"`
+	Snapshot   string      `json:"snapshot"`
+	Manifest   string      `json:"manifest"`
+	Retained   int64       `json:"retained_bytes"`
+	Receipt    Energy      `json:"receipt"`
+	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
+	DurationNS int64       `json:"duration_ns"`
+}
+
+// Resume is the result of POST /v1/runs/{id}/resume.
+type Resume struct {
+	Run        Run      `json:"run"`
+	Idle       Energy   `json:"idle"`
+	ParkedNS   int64    `json:"parked_ns"`
+	Restore    *Restore `json:"restore,omitempty"`
+	DurationNS int64    `json:"duration_ns"`
+}
+
+// Energy is a figure in microjoules with its provenance.
+type Energy struct {
+	UJ         uint64            `json:"uj"`
+	Provenance string            `json:"provenance"` // measured, estimated
+	Method     string            `json:"method,omitempty"`
+	Inputs     map[string]string `json:"inputs,omitempty"`
+}
+
+// Segment is one segment of a run as `show` prints it.
+type Segment struct {
+	Index int    `json:"index"`
+	Kind  string `json:"kind"`
+	Head  string `json:"head"`
+	// Executed.
+	Attestation string       `json:"attestation,omitempty"`
+	Interval    uint64       `json:"interval,omitempty"`
+	Start       *time.Time   `json:"start,omitempty"`
+	End         *time.Time   `json:"end,omitempty"`
+	Outcome     string       `json:"outcome,omitempty"`
+	Receipt     *Energy      `json:"receipt,omitempty"`
+	CPUNS       uint64       `json:"cpu_ns,omitempty"`
+	Calls       *CallAccount `json:"calls,omitempty"`
+	Checkpoint  *Checkpoint  `json:"checkpoint,omitempty"`
+	Host        string       `json:"host,omitempty"`
+	// Suspended and Resumed.
+	Snapshot string `json:"snapshot,omitempty"`
+	Form     string `json:"form,omitempty"` // image, transcript
+	Manifest string `json:"manifest,omitempty"`
+	// Resumed.
+	Idle *Energy `json:"idle,omitempty"`
+	// Closed.
+	Reason string `json:"reason,omitempty"`
+}
+
+// CallAccount is an interval's account of outward calls.
+type CallAccount struct {
+	Dispatched []string `json:"dispatched"`
+	Resolved   []string `json:"resolved"`
+}
+
+// Totals is a run's energy.
+type Totals struct {
+	ActiveUJ         uint64 `json:"active_uj"`
+	ActiveProvenance string `json:"active_provenance"` // measured, estimated, mixed, none
+	IdleUJ           uint64 `json:"idle_uj"`
+	IdleProvenance   string `json:"idle_provenance"` // measured, estimated, none
+	CostUJ           uint64 `json:"cost_uj"`
+}
+
+// Show is GET /v1/runs/{id}: the run, its segments and its energy.
+type Show struct {
+	Run       Run          `json:"run"`
+	Unit      *unit.Spec   `json:"unit,omitempty"`
+	Grants    *unit.Grants `json:"grants,omitempty"`
+	Segments  []Segment    `json:"segments"`
+	Totals    Totals       `json:"totals"`
+	WaitProof WaitProof    `json:"wait_proof"`
+	// Stdout is the file the unit's output goes to on this host.
+	Stdout string `json:"stdout,omitempty"`
+}
+
+// WaitProof is a record's wait-proof verdict.
+type WaitProof struct {
+	Verdict string `json:"verdict"` // NonBlocking, Blocked, Malformed, Unproved
+	Segment *int   `json:"segment,omitempty"`
+	Reason  string `json:"reason"`
+}
+
+// Verify is GET /v1/runs/{id}/verify: the record verified from genesis and
+// every object it reaches rehashed.
+type Verify struct {
+	Run       string    `json:"run"`
+	OK        bool      `json:"ok"`
+	Segments  int       `json:"segments"`
+	Phase     string    `json:"phase"`
+	Head      string    `json:"head"`
+	Objects   int       `json:"objects"`
+	Bytes     int64     `json:"bytes"`
+	WaitProof WaitProof `json:"wait_proof"`
+	Error     *Error    `json:"error,omitempty"`
+}
+
+// CloseRequest closes a run.
+type CloseRequest struct {
+	Reason string `json:"reason"`
+}
+
+// Import is the result of POST /v1/import.
+type Import struct {
+	Run     Run   `json:"run"`
+	Objects int   `json:"objects"`
+	Bytes   int64 `json:"bytes"`
+}
+
+// Host is GET /v1/host: who this daemon is.
+type Host struct {
+	KeyID      string            `json:"key_id"`
+	StateDir   string            `json:"state_dir"`
+	Containerd string            `json:"containerd"` // its address
+	Embedded   bool              `json:"embedded"`
+	Manifest   map[string]string `json:"manifest"`
+	RAPL       bool              `json:"rapl"`
+	RAPLReason []string          `json:"rapl_reasons,omitempty"`
+}

@@ -1,0 +1,183 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// DefaultSocket is where a daemon started with its defaults listens.
+const DefaultSocket = "/var/lib/runrecordd/runrecordd.sock"
+
+// Client calls a daemon's API over its unix socket.
+type Client struct {
+	socket string
+	hc     *http.Client
+}
+
+// NewClient returns a client of the daemon listening on socket.
+func NewClient(socket string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		DisableCompression: true,
+	}
+	return &Client{socket: socket, hc: &http.Client{Transport: tr}}
+}
+
+// Socket is the socket the client dials.
+func (c *Client) Socket() string { return c.socket }
+
+// Do sends a request with body in (JSON-encoded unless it is an
+// io.Reader, sent as it is) and decodes a 2xx response into out (unless out
+// is an io.Writer, which receives the body). A non-2xx response is an *Error.
+func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	ctype := ""
+	switch v := in.(type) {
+	case nil:
+	case io.Reader:
+		body, ctype = v, "application/octet-stream"
+	default:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		body, ctype = bytes.NewReader(b), "application/json"
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://runrecordd"+path, body)
+	if err != nil {
+		return err
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		var ne *net.OpError
+		if errors.As(err, &ne) && ne.Op == "dial" {
+			return &Error{Code: CodeDaemonUnreachable, Message: fmt.Sprintf("no daemon answers on %s (%v): start one with `runrecordd serve`, or point at it with --socket or RUNRECORDD_SOCKET", c.socket, ne.Err)}
+		}
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		e := &Error{Status: resp.StatusCode}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(b, e) != nil || e.Code == "" {
+			e.Code, e.Message = CodeInternal, fmt.Sprintf("daemon answered %s: %s", resp.Status, strings.TrimSpace(string(b)))
+		}
+		return e
+	}
+	switch v := out.(type) {
+	case nil:
+		_, err = io.Copy(io.Discard, resp.Body)
+	case io.Writer:
+		_, err = io.Copy(v, resp.Body)
+	default:
+		err = json.NewDecoder(resp.Body).Decode(v)
+	}
+	return err
+}
+
+// RunPath is the path of a run's resource, with suffix (e.g. "/park").
+func RunPath(id, suffix string) string {
+	return "/v1/runs/" + url.PathEscape(id) + suffix
+}
+
+// ImportImage imports an OCI or docker archive read from r under name
+// (the archive's own name when empty).
+func (c *Client) ImportImage(ctx context.Context, r io.Reader, name string) (Image, error) {
+	var img Image
+	err := c.Do(ctx, http.MethodPost, "/v1/images?name="+url.QueryEscape(name), r, &img)
+	return img, err
+}
+
+// Images lists the imported images.
+func (c *Client) Images(ctx context.Context) ([]Image, error) {
+	var imgs []Image
+	err := c.Do(ctx, http.MethodGet, "/v1/images", nil, &imgs)
+	return imgs, err
+}
+
+// Start starts a run.
+func (c *Client) Start(ctx context.Context, req RunRequest) (Run, error) {
+	var r Run
+	err := c.Do(ctx, http.MethodPost, "/v1/runs", req, &r)
+	return r, err
+}
+
+// List lists runs, all of them or those in one phase.
+func (c *Client) List(ctx context.Context, phase string) ([]Run, error) {
+	var rs []Run
+	p := "/v1/runs"
+	if phase != "" {
+		p += "?phase=" + url.QueryEscape(phase)
+	}
+	err := c.Do(ctx, http.MethodGet, p, nil, &rs)
+	return rs, err
+}
+
+// Show returns a run in full.
+func (c *Client) Show(ctx context.Context, id string) (Show, error) {
+	var s Show
+	err := c.Do(ctx, http.MethodGet, RunPath(id, ""), nil, &s)
+	return s, err
+}
+
+// Park parks a run.
+func (c *Client) Park(ctx context.Context, id string) (Park, error) {
+	var p Park
+	err := c.Do(ctx, http.MethodPost, RunPath(id, "/park"), nil, &p)
+	return p, err
+}
+
+// Resume resumes a parked run.
+func (c *Client) Resume(ctx context.Context, id string) (Resume, error) {
+	var r Resume
+	err := c.Do(ctx, http.MethodPost, RunPath(id, "/resume"), nil, &r)
+	return r, err
+}
+
+// Close closes a run.
+func (c *Client) Close(ctx context.Context, id, reason string) (Run, error) {
+	var r Run
+	err := c.Do(ctx, http.MethodPost, RunPath(id, "/close"), CloseRequest{Reason: reason}, &r)
+	return r, err
+}
+
+// Verify verifies a run's record and its objects.
+func (c *Client) Verify(ctx context.Context, id string) (Verify, error) {
+	var v Verify
+	err := c.Do(ctx, http.MethodGet, RunPath(id, "/verify"), nil, &v)
+	return v, err
+}
+
+// Export writes a run's bundle to w.
+func (c *Client) Export(ctx context.Context, id string, w io.Writer) error {
+	return c.Do(ctx, http.MethodGet, RunPath(id, "/export"), nil, w)
+}
+
+// Import imports a bundle read from r, as run id (the bundle's own id
+// when empty).
+func (c *Client) Import(ctx context.Context, r io.Reader, id string) (Import, error) {
+	var im Import
+	err := c.Do(ctx, http.MethodPost, "/v1/import?id="+url.QueryEscape(id), r, &im)
+	return im, err
+}
+
+// Host describes the daemon's host.
+func (c *Client) Host(ctx context.Context) (Host, error) {
+	var h Host
+	err := c.Do(ctx, http.MethodGet, "/v1/host", nil, &h)
+	return h, err
+}

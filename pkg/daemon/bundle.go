@@ -1,0 +1,341 @@
+package daemon
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"lukechampine.com/blake3"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/store"
+)
+
+// BundleFormat names the bundle layout (docs/bundle.md).
+const BundleFormat = "runrecordd.bundle/1"
+
+// ErrBundle is a bundle that is not one this daemon reads.
+var ErrBundle = errors.New("malformed bundle")
+
+// bundleHeader is a bundle's first member, bundle.json.
+type bundleHeader struct {
+	Format  string `json:"format"`
+	Run     string `json:"run"`
+	Objects int    `json:"objects"`
+	Bytes   int64  `json:"bytes"`
+}
+
+// objectsOf returns every object run's record reaches — its unit spec and
+// grant set, every object a segment names, and what those declared as refs —
+// ordered so that each object comes after the objects it refers to (the
+// order an importer must store them in).
+func (d *Daemon) objectsOf(rec *record.Record) ([]record.Address, error) {
+	var roots []record.Address
+	for _, a := range []record.Address{rec.Unit(), rec.Grants()} {
+		if d.st.Has(a) {
+			roots = append(roots, a)
+		}
+	}
+	for i := range rec.Len() {
+		s := rec.Segment(i)
+		switch s.Kind {
+		case record.Executed:
+			roots = append(roots, s.Attestation)
+		case record.Suspended:
+			roots = append(roots, s.Manifest)
+			roots = append(roots, s.Snapshot.Addresses()...)
+		}
+	}
+	seen := map[record.Address]bool{}
+	var out []record.Address
+	var visit func(a record.Address) error
+	visit = func(a record.Address) error {
+		if seen[a] {
+			return nil
+		}
+		seen[a] = true
+		refs, err := d.st.Refs(a)
+		if err != nil {
+			return err
+		}
+		for _, r := range refs {
+			if err := visit(r); err != nil {
+				return err
+			}
+		}
+		out = append(out, a)
+		return nil
+	}
+	for _, a := range roots {
+		if err := visit(a); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Export writes run id's bundle to w: a tar of bundle.json, record.json
+// (the record's wire form) and objects/<address> for every object the
+// record reaches, each after the objects it refers to. Objects are read
+// verified, so a damaged store fails the export rather than shipping bad
+// bytes.
+func (d *Daemon) Export(ctx context.Context, id string, w io.Writer) error {
+	rec, err := d.st.Record(id)
+	if err != nil {
+		return err
+	}
+	objs, err := d.objectsOf(rec)
+	if err != nil {
+		return err
+	}
+	h := bundleHeader{Format: BundleFormat, Run: id, Objects: len(objs)}
+	sizes := make([]int64, len(objs))
+	for i, a := range objs {
+		if sizes[i], err = d.st.Size(a); err != nil {
+			return err
+		}
+		h.Bytes += sizes[i]
+	}
+	tw := tar.NewWriter(w)
+	hb, _ := json.MarshalIndent(h, "", "  ")
+	if err := writeMember(tw, "bundle.json", hb); err != nil {
+		return err
+	}
+	if err := writeMember(tw, "record.json", rec.EncodeWire()); err != nil {
+		return err
+	}
+	for i, a := range objs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: "objects/" + strings.TrimPrefix(a.String(), record.AddressPrefix), Mode: 0o444, Size: sizes[i], Typeflag: tar.TypeReg}); err != nil {
+			return err
+		}
+		rd, err := d.st.Open(a)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(tw, rd)
+		rd.Close()
+		if err != nil {
+			return fmt.Errorf("export %s: object %s: %w", id, a, err)
+		}
+	}
+	return tw.Close()
+}
+
+func writeMember(tw *tar.Writer, name string, b []byte) error {
+	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o444, Size: int64(len(b)), Typeflag: tar.TypeReg}); err != nil {
+		return err
+	}
+	_, err := tw.Write(b)
+	return err
+}
+
+// Import reads a bundle and stores its run as id (the bundle's own id when
+// empty). It accepts nothing until everything checks: the record decodes
+// and verifies from genesis; every object's bytes hash to the address it is
+// filed under; every attestation's signature verifies; every object the
+// record reaches is there. Only then are the objects adopted into the
+// store and the record stored. A refused bundle leaves the store as it was
+// (its staged files are removed).
+func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import, error) {
+	tr := tar.NewReader(r)
+	var h bundleHeader
+	if err := readJSONMember(tr, "bundle.json", &h); err != nil {
+		return api.Import{}, err
+	}
+	if h.Format != BundleFormat {
+		return api.Import{}, fmt.Errorf("%w: format %q, this daemon reads %q", ErrBundle, h.Format, BundleFormat)
+	}
+	if id == "" {
+		id = h.Run
+	}
+	if err := checkID(id); err != nil {
+		return api.Import{}, err
+	}
+	hdr, err := tr.Next()
+	if err != nil || hdr.Name != "record.json" {
+		return api.Import{}, fmt.Errorf("%w: record.json must follow bundle.json", ErrBundle)
+	}
+	wire, err := io.ReadAll(io.LimitReader(tr, 256<<20))
+	if err != nil {
+		return api.Import{}, err
+	}
+	rec, err := record.DecodeWire(wire)
+	if err != nil {
+		return api.Import{}, fmt.Errorf("bundle of %s: %w", h.Run, err)
+	}
+	rl := d.lock(id)
+	defer rl.mu.Unlock()
+	if _, err := d.st.Run(id); err == nil {
+		return api.Import{}, fmt.Errorf("run %s: %w", id, store.ErrRunExists)
+	}
+	staging, err := d.st.StagingDir("import")
+	if err != nil {
+		return api.Import{}, err
+	}
+	defer os.RemoveAll(staging)
+	staged := map[record.Address]string{}
+	var order []record.Address
+	var total int64
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return api.Import{}, fmt.Errorf("%w: %w", ErrBundle, err)
+		}
+		name, ok := strings.CutPrefix(hdr.Name, "objects/")
+		if !ok || hdr.Typeflag != tar.TypeReg {
+			return api.Import{}, fmt.Errorf("%w: unexpected member %q", ErrBundle, hdr.Name)
+		}
+		a, err := record.ParseAddress(record.AddressPrefix + name)
+		if err != nil {
+			return api.Import{}, fmt.Errorf("%w: member %q: %w", ErrBundle, hdr.Name, err)
+		}
+		if _, dup := staged[a]; dup {
+			return api.Import{}, fmt.Errorf("%w: object %s twice", ErrBundle, a)
+		}
+		p := filepath.Join(staging, name)
+		got, n, err := stageObject(ctx, tr, p)
+		if err != nil {
+			return api.Import{}, err
+		}
+		if got != a {
+			return api.Import{}, fmt.Errorf("bundle of %s: %w", h.Run, &store.CorruptError{Address: a, Got: got, Path: hdr.Name})
+		}
+		staged[a], total = p, total+n
+		order = append(order, a)
+	}
+	// What the record names, and what each of those declares, by role.
+	refs := map[record.Address][]record.Address{}
+	need := map[record.Address]bool{}
+	read := func(a record.Address) ([]byte, error) {
+		if p, ok := staged[a]; ok {
+			return os.ReadFile(p)
+		}
+		return d.st.ReadAll(a)
+	}
+	have := func(a record.Address) bool { _, ok := staged[a]; return ok || d.st.Has(a) }
+	for i := range rec.Len() {
+		s := rec.Segment(i)
+		switch s.Kind {
+		case record.Executed:
+			need[s.Attestation] = true
+			if !have(s.Attestation) {
+				break
+			}
+			b, err := read(s.Attestation)
+			if err != nil {
+				return api.Import{}, err
+			}
+			body, err := attest.Open(b, nil)
+			if err != nil {
+				return api.Import{}, fmt.Errorf("bundle of %s: segment %d: attestation %s: %w", h.Run, i, s.Attestation, err)
+			}
+			refs[s.Attestation] = body.Refs()
+		case record.Suspended, record.Resumed:
+			if s.Kind == record.Suspended {
+				need[s.Manifest] = true
+			}
+			for _, a := range s.Snapshot.Addresses() {
+				need[a] = true
+				if s.Snapshot.IsTranscript() || !have(a) {
+					continue
+				}
+				b, err := read(a)
+				if err != nil {
+					return api.Import{}, err
+				}
+				es, err := store.DecodeListing(b)
+				if err != nil {
+					return api.Import{}, fmt.Errorf("bundle of %s: segment %d: snapshot %s: %w", h.Run, i, a, err)
+				}
+				for _, e := range es {
+					refs[a] = append(refs[a], e.Address)
+				}
+			}
+		}
+	}
+	for _, rs := range refs {
+		for _, a := range rs {
+			need[a] = true
+		}
+	}
+	for a := range need {
+		if !have(a) {
+			return api.Import{}, fmt.Errorf("bundle of %s: object %s: %w", h.Run, a, store.ErrMissingObject)
+		}
+	}
+	// Everything checked: adopt, each object after its refs (the bundle's
+	// order), then store the record.
+	for _, a := range order {
+		if _, err := d.st.Adopt(ctx, staged[a], refs[a]...); err != nil {
+			return api.Import{}, err
+		}
+	}
+	if err := d.st.Import(id, rec); err != nil {
+		return api.Import{}, err
+	}
+	sum, err := d.summary(id, rl)
+	if err != nil {
+		return api.Import{}, err
+	}
+	d.log.Info("run imported", "run", id, "from", h.Run, "objects", len(order), "bytes", total)
+	return api.Import{Run: sum, Objects: len(order), Bytes: total}, nil
+}
+
+func readJSONMember(tr *tar.Reader, name string, v any) error {
+	hdr, err := tr.Next()
+	if err != nil || hdr.Name != name {
+		return fmt.Errorf("%w: the first member must be %s", ErrBundle, name)
+	}
+	if err := json.NewDecoder(io.LimitReader(tr, 1<<20)).Decode(v); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrBundle, name, err)
+	}
+	return nil
+}
+
+// stageObject writes r to p, hashing it.
+func stageObject(ctx context.Context, r io.Reader, p string) (record.Address, int64, error) {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
+	if err != nil {
+		return record.Address{}, 0, err
+	}
+	defer f.Close()
+	h := blake3.New(32, nil)
+	buf := make([]byte, 1<<20)
+	var n int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return record.Address{}, 0, err
+		}
+		k, rerr := r.Read(buf)
+		if k > 0 {
+			h.Write(buf[:k])
+			if _, err := f.Write(buf[:k]); err != nil {
+				return record.Address{}, 0, err
+			}
+			n += int64(k)
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return record.Address{}, 0, fmt.Errorf("%w: %w", ErrBundle, rerr)
+		}
+	}
+	var a record.Address
+	h.Sum(a[:0])
+	return a, n, nil
+}

@@ -1,0 +1,307 @@
+// Package daemon is runrecordd's host daemon: it joins the store, the
+// executor, the meter, the attestation signer and the resume preconditions
+// into the operations the API offers — run, park, resume, close, verify,
+// show, export and import.
+//
+// # State directory
+//
+//	DIR/
+//	  store/            the record store and its objects (pkg/store)
+//	  containerd/       the embedded containerd, when no address is given
+//	  host.key          the host's ed25519 key (pkg/attest)
+//	  audit-head        the host's last attestation: the next one's audit_prev
+//	  runs/<id>/        a run's unit output on this host (stdout, stderr)
+//	  restore/<id>/     trees a restore reads, linked from the store, removed after
+//
+// # Ordering
+//
+// Every operation on one run holds that run's lock from start to end, so
+// two operations on a run never interleave. Each transition keeps the order
+// that makes a crash at any step leave a record that verifies: objects are
+// durable before the segments that name them; a park appends its Executed
+// and Suspended segments in one transaction before the sandbox is
+// destroyed; a resume restores the sandbox before it appends Resumed; a
+// close appends before it kills. [New] reconciles what containerd has with
+// what the records say (see docs/daemon.md).
+package daemon
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/executor"
+	"github.com/runrecordd/runrecordd/pkg/idle"
+	"github.com/runrecordd/runrecordd/pkg/manifest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/store"
+)
+
+// DefaultStateDir is where a daemon keeps its state unless told otherwise.
+const DefaultStateDir = "/var/lib/runrecordd"
+
+// Errors of the daemon's own. Refusals from the packages it joins pass
+// through wrapped: pkg/record's phase errors, pkg/store's, pkg/resume's
+// typed precondition errors, pkg/executor's.
+var (
+	// ErrInvalid is a request that cannot be carried out as given.
+	ErrInvalid = errors.New("invalid request")
+	// ErrNoSandbox is a run executing in its record with no sandbox on
+	// this host (lost in a host restart, or imported while executing).
+	ErrNoSandbox = errors.New("run has no sandbox on this host")
+	// ErrBusy is a run another operation holds.
+	ErrBusy = errors.New("another operation on the run is in progress")
+	// ErrCall is a call result the run cannot take (unknown call, already
+	// resolved).
+	ErrCall = errors.New("call refused")
+)
+
+// Config configures a Daemon.
+type Config struct {
+	// StateDir holds everything the daemon keeps; DefaultStateDir when
+	// empty.
+	StateDir string
+	// ContainerdAddress is an existing containerd's socket; empty starts
+	// and supervises a private one under StateDir/containerd.
+	ContainerdAddress string
+	// Namespace is the containerd namespace (executor.DefaultNamespace
+	// when empty).
+	Namespace string
+	// Meter configures energy metering (sysfs, procfs and cgroup roots;
+	// coefficients).
+	Meter idle.Config
+	// CPUInfo is /proc/cpuinfo, for the environment manifest.
+	CPUInfo string
+	// Logger receives the daemon's events; slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// Daemon is one host's runrecordd.
+type Daemon struct {
+	cfg   Config
+	log   *slog.Logger
+	st    *store.Store
+	ctrd  *executor.Containerd // nil with an external containerd
+	ex    *executor.Client
+	meter *idle.Meter
+	key   ed25519.PrivateKey
+	keyID record.Address
+	host  manifest.Manifest // the host's own facts and runtime versions
+	stop  context.CancelFunc
+	bg    sync.WaitGroup
+
+	auditMu sync.Mutex
+	audit   *record.Address
+
+	mu   sync.Mutex
+	runs map[string]*run
+
+	metrics metrics
+}
+
+// run is a run's state on this host beyond its record.
+type run struct {
+	mu   sync.Mutex // held for a whole operation on the run
+	live *live      // the sandbox, while executing here
+	park *idle.Park // the park, while parked here since this daemon started
+}
+
+// New opens the state directory, connects to (or starts) containerd, and
+// reconciles the sandboxes it finds with the records.
+func New(ctx context.Context, cfg Config) (*Daemon, error) {
+	if cfg.StateDir == "" {
+		cfg.StateDir = DefaultStateDir
+	}
+	if cfg.CPUInfo == "" {
+		cfg.CPUInfo = "/proc/cpuinfo"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	dir, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.StateDir = dir
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("daemon: state directory: %w", err)
+	}
+	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: map[string]*run{}}
+	ok := false
+	defer func() {
+		if !ok {
+			d.Shutdown(context.Background())
+		}
+	}()
+	if d.key, err = attest.LoadOrCreateKey(filepath.Join(dir, "host.key")); err != nil {
+		return nil, fmt.Errorf("daemon: host key: %w", err)
+	}
+	d.keyID = attest.KeyID(d.key.Public().(ed25519.PublicKey))
+	if d.audit, err = readAudit(filepath.Join(dir, "audit-head")); err != nil {
+		return nil, err
+	}
+	if d.st, err = store.Open(filepath.Join(dir, "store")); err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	if err := executor.CheckCRIU(ctx, ""); err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	var ecfg executor.Config
+	if cfg.ContainerdAddress == "" {
+		if d.ctrd, err = executor.StartContainerd(ctx, filepath.Join(dir, "containerd"), d.log); err != nil {
+			return nil, fmt.Errorf("daemon: embedded containerd: %w", err)
+		}
+		ecfg = d.ctrd.Config()
+	} else {
+		ecfg = executor.Config{Address: cfg.ContainerdAddress, StateDir: filepath.Join(dir, "executor")}
+	}
+	ecfg.Namespace, ecfg.Logger = cfg.Namespace, d.log
+	if d.ex, err = executor.Connect(ctx, ecfg); err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	if d.meter, err = idle.NewMeter(cfg.Meter); err != nil {
+		return nil, fmt.Errorf("daemon: meter: %w", err)
+	}
+	v, err := d.ex.Versions(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: runtime versions: %w", err)
+	}
+	d.host, err = manifest.Host(cfg.CPUInfo, manifest.Manifest{
+		manifest.CRIUVersion:       v.CRIU,
+		manifest.RuncVersion:       v.Runc,
+		manifest.ContainerdVersion: v.Containerd,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("daemon: host facts: %w", err)
+	}
+	bg, stop := context.WithCancel(context.Background())
+	d.stop = stop
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		_ = d.meter.Run(bg)
+	}()
+	if err := d.reconcile(ctx); err != nil {
+		return nil, fmt.Errorf("daemon: reconcile: %w", err)
+	}
+	ok = true
+	return d, nil
+}
+
+// Shutdown stops the daemon's own work. Sandboxes keep running (a restarted
+// daemon reattaches to them), and so does a supervised containerd's shims;
+// the embedded containerd itself is stopped.
+func (d *Daemon) Shutdown(ctx context.Context) error {
+	if d.stop != nil {
+		d.stop()
+	}
+	d.bg.Wait()
+	var errs []error
+	if d.ex != nil {
+		errs = append(errs, d.ex.Close())
+	}
+	if d.ctrd != nil {
+		errs = append(errs, d.ctrd.Stop(ctx))
+	}
+	if d.st != nil {
+		errs = append(errs, d.st.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Store is the daemon's store.
+func (d *Daemon) Store() *store.Store { return d.st }
+
+// StateDir is the daemon's state directory.
+func (d *Daemon) StateDir() string { return d.cfg.StateDir }
+
+var runID = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
+
+func checkID(id string) error {
+	if !runID.MatchString(id) {
+		return fmt.Errorf("%w: run id %q: use 1 to 64 of A-Z a-z 0-9 _ . - (not starting with . or -)", ErrInvalid, id)
+	}
+	return nil
+}
+
+// lock returns run id's state, locked. The caller unlocks it.
+func (d *Daemon) lock(id string) *run {
+	d.mu.Lock()
+	r := d.runs[id]
+	if r == nil {
+		r = &run{}
+		d.runs[id] = r
+	}
+	d.mu.Unlock()
+	r.mu.Lock()
+	return r
+}
+
+// output returns a run's output files on this host, making their directory.
+func (d *Daemon) output(id string) (executor.Output, error) {
+	out := d.outputOf(id)
+	if err := os.MkdirAll(filepath.Dir(out.Stdout), 0o700); err != nil {
+		return out, fmt.Errorf("daemon: output directory: %w", err)
+	}
+	return out, nil
+}
+
+func (d *Daemon) outputOf(id string) executor.Output {
+	dir := filepath.Join(d.cfg.StateDir, "runs", id)
+	return executor.Output{Stdout: filepath.Join(dir, "stdout"), Stderr: filepath.Join(dir, "stderr")}
+}
+
+func readAudit(path string) (*record.Address, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("daemon: audit head: %w", err)
+	}
+	a, err := record.ParseAddress(string(b))
+	if err != nil {
+		return nil, fmt.Errorf("daemon: audit head %s: %w", path, err)
+	}
+	return &a, nil
+}
+
+// writeAudit records the host's last attestation durably: temp file, fsync,
+// rename, fsync of the directory, so a crash leaves the old head or the new.
+func writeAudit(path string, a record.Address) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".audit-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.WriteString(a.String()); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return dir.Sync()
+}
+
+func nowNS() int64 { return time.Now().UnixNano() }

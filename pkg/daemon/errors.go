@@ -1,0 +1,74 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/executor"
+	"github.com/runrecordd/runrecordd/pkg/manifest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/resume"
+	"github.com/runrecordd/runrecordd/pkg/store"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// ErrorOf classifies err for the API: its stable code, and the fields a
+// caller acts on (the differing manifest keys, the segment concerned).
+// The order matters: the most specific class wins.
+func ErrorOf(err error) *api.Error {
+	e := &api.Error{Message: err.Error()}
+	var (
+		se *resume.SnapshotError
+		me *resume.ManifestError
+		re *resume.RecordError
+		ce *store.CorruptError
+		sg *record.SegmentError
+	)
+	switch {
+	case errors.As(err, &se):
+		e.Code = api.CodeSnapshotMismatch
+	case errors.As(err, &me):
+		e.Code, e.Keys = api.CodeManifestMismatch, me.Keys()
+	case errors.As(err, &re):
+		e.Code = api.CodeRecordInvalid
+	case errors.As(err, &ce):
+		e.Code = api.CodeObjectCorrupt
+	case errors.Is(err, store.ErrMissingObject):
+		e.Code = api.CodeMissingObject
+	case errors.Is(err, record.ErrClosed), errors.Is(err, record.ErrParked), errors.Is(err, record.ErrNotParked),
+		errors.Is(err, resume.ErrNotParked), errors.Is(err, ErrNoSandbox):
+		e.Code = api.CodePhase
+	case errors.Is(err, record.ErrHeadMismatch), errors.Is(err, record.ErrCanonical), errors.Is(err, store.ErrDamaged):
+		e.Code = api.CodeRecordInvalid
+	case errors.Is(err, store.ErrNoRun), errors.Is(err, executor.ErrNotFound), errdefs.IsNotFound(err):
+		e.Code = api.CodeNotFound
+	case errors.Is(err, store.ErrRunExists), errors.Is(err, executor.ErrExists):
+		e.Code = api.CodeExists
+	case errors.Is(err, store.ErrHeadMoved), errors.Is(err, ErrBusy):
+		e.Code = api.CodeConflict
+	case errors.Is(err, ErrCall):
+		e.Code = api.CodeCallRefused
+	case errors.Is(err, executor.ErrCheckpoint):
+		e.Code = api.CodeCheckpointFailed
+	case errors.Is(err, executor.ErrRestore):
+		e.Code = api.CodeRestoreFailed
+	case errors.Is(err, ErrInvalid), errors.Is(err, ErrBundle), errors.Is(err, unit.ErrInvalid),
+		errors.Is(err, executor.ErrInvalid), errors.Is(err, executor.ErrImageMismatch), errors.Is(err, store.ErrRunID),
+		errors.Is(err, manifest.ErrMalformed), errors.Is(err, record.ErrMalformedSegment), errors.Is(err, record.ErrMalformedSnapshot),
+		errors.Is(err, record.ErrAddress):
+		e.Code = api.CodeBadRequest
+	case errors.Is(err, executor.ErrMissing), errors.Is(err, manifest.ErrMissing), errors.Is(err, store.ErrLocked),
+		errors.Is(err, context.DeadlineExceeded), errdefs.IsUnavailable(err):
+		e.Code = api.CodeUnavailable
+	default:
+		e.Code = api.CodeInternal
+	}
+	if errors.As(err, &sg) {
+		i := sg.Index
+		e.Segment = &i
+	}
+	return e
+}

@@ -1,0 +1,682 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/executor"
+	"github.com/runrecordd/runrecordd/pkg/idle"
+	"github.com/runrecordd/runrecordd/pkg/manifest"
+	"github.com/runrecordd/runrecordd/pkg/park"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/resume"
+	"github.com/runrecordd/runrecordd/pkg/store"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// Start starts a run: the unit's sandbox first, then the run's genesis, so
+// that a crash in between leaves an orphan sandbox (destroyed when the
+// daemon reconciles) rather than a run with nothing behind it.
+func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error) {
+	id := req.ID
+	if id == "" {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		id = "r-" + hex.EncodeToString(b[:])
+	}
+	if err := checkID(id); err != nil {
+		return api.Run{}, err
+	}
+	spec, grants := req.Unit, req.Grants
+	if spec.Mode == 0 {
+		spec.Mode = unit.ImageMode
+	}
+	if grants.Network == 0 {
+		grants.Network = unit.NoNetwork
+	}
+	if spec.Image == "" {
+		return api.Run{}, fmt.Errorf("%w: the unit names no image", ErrInvalid)
+	}
+	img, err := d.ex.Image(ctx, spec.Image)
+	if err != nil {
+		return api.Run{}, fmt.Errorf("image %s: %w (import it with `runrecordd images import`)", spec.Image, err)
+	}
+	if spec.ImageDigest == "" {
+		spec.ImageDigest = img.Digest
+	} else if spec.ImageDigest != img.Digest {
+		return api.Run{}, fmt.Errorf("image %s is %s, the unit names %s: %w", spec.Image, img.Digest, spec.ImageDigest, executor.ErrImageMismatch)
+	}
+	if err := spec.Validate(); err != nil {
+		return api.Run{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if err := grants.Validate(); err != nil {
+		return api.Run{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	sb, err := spec.Canonical()
+	if err != nil {
+		return api.Run{}, err
+	}
+	gb, err := grants.Canonical()
+	if err != nil {
+		return api.Run{}, err
+	}
+	r := d.lock(id)
+	defer r.mu.Unlock()
+	if _, err := d.st.Run(id); err == nil {
+		return api.Run{}, fmt.Errorf("run %s: %w", id, store.ErrRunExists)
+	}
+	unitID, err := d.st.PutBytes(sb)
+	if err != nil {
+		return api.Run{}, err
+	}
+	grantsID, err := d.st.PutBytes(gb)
+	if err != nil {
+		return api.Run{}, err
+	}
+	lv, err := d.startSandbox(ctx, id, spec, grants, nil)
+	if err != nil {
+		return api.Run{}, err
+	}
+	if _, err := d.st.Create(id, unitID, grantsID); err != nil {
+		d.destroy(lv)
+		return api.Run{}, err
+	}
+	r.live = lv
+	d.watch(id, r, lv)
+	d.log.Info("run started", "run", id, "image", spec.Image, "mode", spec.Mode)
+	return d.summary(id, r)
+}
+
+// startSandbox starts a fresh sandbox for the unit (a transcript unit with
+// its channel; restored holds the transcript to restore, nil at a run's
+// start).
+func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, restored *resumed) (*live, error) {
+	es := executor.SpecOf(spec, grants)
+	var sb *executor.Sandbox
+	var ch *channel
+	if spec.Mode == unit.TranscriptMode {
+		var err error
+		if ch, err = d.openChannel(id, restored); err != nil {
+			return nil, err
+		}
+		es.Mounts = append(es.Mounts, executor.Mount{Source: ch.dir, Target: ChannelMount, Writable: true})
+	}
+	out, err := d.output(id)
+	if err == nil {
+		sb, err = d.ex.Start(ctx, id, es, out)
+	}
+	if err != nil {
+		if ch != nil {
+			ch.close()
+		}
+		return nil, err
+	}
+	event := "started"
+	if restored != nil {
+		event = "resumed"
+	}
+	lv := d.begin(sb, spec, grants, event)
+	lv.transcript = ch
+	if ch != nil {
+		ch.serve(d, id, lv)
+	}
+	return lv, nil
+}
+
+// destroy removes a sandbox the daemon is done with. The caller holds the
+// run's lock (or owns lv alone).
+func (d *Daemon) destroy(lv *live) {
+	lv.stopping = true
+	if lv.transcript != nil {
+		lv.transcript.close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := lv.sb.Destroy(ctx); err != nil {
+		d.log.Error("sandbox not destroyed; the next reconcile retries", "sandbox", lv.sb.ID(), "err", err)
+	}
+}
+
+// watch closes the run when its unit exits by itself.
+func (d *Daemon) watch(id string, r *run, lv *live) {
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		code, err := lv.sb.Wait(context.Background())
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.live != lv || lv.stopping {
+			return
+		}
+		if err != nil {
+			d.log.Error("waiting for the unit", "run", id, "err", err)
+			return
+		}
+		reason := fmt.Sprintf("unit exited with code %d", code)
+		ev, err := d.end(context.Background(), id, lv, attest.Outcome{Kind: attest.Exited, Code: int32(code)}, lv.account())
+		if err == nil {
+			err = d.append(id, ev.seg, record.Closure(reason))
+		}
+		if err != nil {
+			d.log.Error("recording the unit's exit", "run", id, "err", err)
+			return
+		}
+		d.attested(ev.att)
+		d.destroy(lv)
+		r.live = nil
+		d.log.Info("run closed", "run", id, "reason", reason)
+	}()
+}
+
+// append appends segs to run id at its current head, in one transaction.
+func (d *Daemon) append(id string, segs ...record.Segment) error {
+	head, err := d.st.Head(id)
+	if err != nil {
+		return err
+	}
+	_, err = d.st.AppendAll(id, head, segs...)
+	return err
+}
+
+// phaseFor reports why a run in phase p cannot do what wants (nil when it
+// can).
+func phaseErr(id string, p record.Phase, want record.Phase) error {
+	if p == want {
+		return nil
+	}
+	switch p {
+	case record.Ended:
+		return fmt.Errorf("run %s: %w", id, record.ErrClosed)
+	case record.Parked:
+		return fmt.Errorf("run %s: %w", id, record.ErrParked)
+	default:
+		return fmt.Errorf("run %s: %w", id, record.ErrNotParked)
+	}
+}
+
+// Park parks a running run: an image park for an image-mode unit, a
+// transcript park for a transcript-mode one.
+func (d *Daemon) Park(ctx context.Context, id string) (api.Park, error) {
+	r := d.lock(id)
+	defer r.mu.Unlock()
+	return d.park(ctx, id, r)
+}
+
+func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) {
+	start := time.Now()
+	st, err := d.st.Run(id)
+	if err != nil {
+		return api.Park{}, err
+	}
+	if err := phaseErr(id, st.Phase, record.Active); err != nil {
+		return api.Park{}, err
+	}
+	lv := r.live
+	if lv == nil {
+		return api.Park{}, fmt.Errorf("run %s: %w", id, ErrNoSandbox)
+	}
+	var (
+		snap     record.Snapshot
+		retained int64
+		cp       *api.Checkpoint
+		extra    []attest.Entry
+		keys     []string
+	)
+	if lv.spec.Mode == unit.TranscriptMode {
+		// Freeze the unit so the transcript is whole, then seal it.
+		if err := lv.sb.Pause(ctx); err != nil {
+			return api.Park{}, err
+		}
+		snap, retained, err = park.Transcript(ctx, d.st, lv.transcript.transcriptPath())
+		if err != nil {
+			return api.Park{}, errors.Join(err, lv.sb.Resume(context.Background()))
+		}
+		keys = manifest.TranscriptKeys
+	} else {
+		res, err := park.Image(ctx, d.st, lv.sb)
+		if err != nil {
+			return api.Park{}, err
+		}
+		snap, retained = res.Snapshot, res.Retained
+		cp = checkpointOf(res.Stats, res.Ingest)
+		extra = append(extra, lifecycle("checkpointed", cp))
+		keys = manifest.ImageKeys
+	}
+	man, err := d.manifestOver(ctx, keys, lv.spec, st.Unit)
+	var manAddr record.Address
+	if err == nil {
+		manAddr, err = d.putManifest(man)
+	}
+	var ev evidence
+	ended := false
+	if err == nil {
+		ev, err = d.end(ctx, id, lv, attest.Outcome{Kind: attest.Parked}, lv.account(), extra...)
+		ended = true
+	}
+	if err == nil {
+		err = d.append(id, ev.seg, record.Suspension(snap, manAddr))
+	}
+	if err != nil {
+		// Nothing was recorded: the unit goes on, in a new interval.
+		if rerr := lv.sb.Resume(context.Background()); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		if ended {
+			nlv := d.begin(lv.sb, lv.spec, lv.grants, "park-refused")
+			nlv.transcript = lv.transcript
+			*lv = *nlv
+		}
+		return api.Park{}, fmt.Errorf("park %s: %w", id, err)
+	}
+	d.attested(ev.att)
+	d.destroy(lv)
+	r.live = nil
+	r.park = d.meter.BeginPark()
+	d.metrics.parked(time.Since(start))
+	sum, err := d.summary(id, r)
+	if err != nil {
+		return api.Park{}, err
+	}
+	d.log.Info("run parked", "run", id, "snapshot", snap.String(), "retained", retained, "took", time.Since(start))
+	return api.Park{Run: sum, Snapshot: snap.String(), Manifest: manAddr.String(), Retained: retained,
+		Receipt: energyOf(ev.receipt), Checkpoint: cp, DurationNS: int64(time.Since(start))}, nil
+}
+
+// manifestOver returns this host's environment manifest over keys for a
+// unit.
+func (d *Daemon) manifestOver(ctx context.Context, keys []string, spec unit.Spec, unitID record.Address) (manifest.Manifest, error) {
+	return manifest.Over(keys, d.hostFacts(ctx, spec, unitID))
+}
+
+// hostFacts are the host's facts for a unit: its own, and the digest under
+// which the unit's image is imported here now (absent when it is not).
+func (d *Daemon) hostFacts(ctx context.Context, spec unit.Spec, unitID record.Address) manifest.Manifest {
+	m := manifest.Manifest{}
+	for k, v := range d.host {
+		m[k] = v
+	}
+	m[manifest.UnitID] = unitID.String()
+	m[manifest.Protocol] = ProtocolVersion
+	if img, err := d.ex.Image(ctx, spec.Image); err == nil {
+		m[manifest.ImageDigest] = img.Digest
+	}
+	return m
+}
+
+func (d *Daemon) putManifest(m manifest.Manifest) (record.Address, error) {
+	b, err := m.Canonical()
+	if err != nil {
+		return record.Address{}, err
+	}
+	return d.st.PutBytes(b)
+}
+
+// unitOf reads a run's unit spec and grant set from their objects.
+func (d *Daemon) unitOf(st store.Run) (unit.Spec, unit.Grants, error) {
+	sb, err := d.st.ReadAll(st.Unit)
+	if err != nil {
+		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: unit spec: %w", st.ID, err)
+	}
+	spec, err := unit.DecodeSpec(sb)
+	if err != nil {
+		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: unit spec: %w", st.ID, err)
+	}
+	gb, err := d.st.ReadAll(st.Grants)
+	if err != nil {
+		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: grant set: %w", st.ID, err)
+	}
+	grants, err := unit.DecodeGrants(gb)
+	if err != nil {
+		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: grant set: %w", st.ID, err)
+	}
+	return *spec, *grants, nil
+}
+
+// resumed is what a resume hands the new sandbox.
+type resumed struct {
+	transcript record.Address
+	results    []callResult
+}
+
+// Resume resumes a parked run on this host after the three preconditions,
+// in order: the snapshot the store offers is the one recorded, this host's
+// manifest over the recorded keys hashes to the recorded address, and the
+// record verifies from genesis. A refusal changes nothing.
+func (d *Daemon) Resume(ctx context.Context, id string) (api.Resume, error) {
+	r := d.lock(id)
+	defer r.mu.Unlock()
+	return d.resume(ctx, id, r)
+}
+
+func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, error) {
+	start := time.Now()
+	st, err := d.st.Run(id)
+	if err != nil {
+		return api.Resume{}, err
+	}
+	if err := phaseErr(id, st.Phase, record.Parked); err != nil {
+		return api.Resume{}, err
+	}
+	raw, err := d.st.Raw(id)
+	if err != nil {
+		return api.Resume{}, &resume.RecordError{Err: err}
+	}
+	susp, err := resume.Suspension(raw.Segments)
+	if err != nil {
+		return api.Resume{}, err
+	}
+	spec, grants, err := d.unitOf(st)
+	if err != nil {
+		return api.Resume{}, err
+	}
+	offered, err := park.Offered(ctx, d.st, susp.Snapshot)
+	if err != nil {
+		return api.Resume{}, err
+	}
+	mb, err := d.st.ReadAll(susp.Manifest)
+	if err != nil {
+		return api.Resume{}, fmt.Errorf("run %s: recorded manifest: %w", id, err)
+	}
+	recorded, err := manifest.Decode(mb)
+	if err != nil {
+		return api.Resume{}, fmt.Errorf("run %s: recorded manifest: %w", id, err)
+	}
+	err = resume.Check(resume.Inputs{
+		Unit: raw.Unit, Grants: raw.Grants, Segments: raw.Segments, Heads: raw.Heads,
+		Offered: offered, RecordedManifest: recorded, Host: d.hostFacts(ctx, spec, st.Unit),
+	})
+	if err != nil {
+		return api.Resume{}, fmt.Errorf("run %s: %w", id, err)
+	}
+	parkedFor, err := d.parkedFor(raw.Segments)
+	if err != nil {
+		return api.Resume{}, err
+	}
+	retained, err := park.Retained(d.st, susp.Snapshot)
+	if err != nil {
+		return api.Resume{}, err
+	}
+
+	var lv *live
+	var rst *api.Restore
+	if susp.Snapshot.IsTranscript() {
+		rs := &resumed{transcript: *susp.Snapshot.Transcript}
+		if lv, err = d.startSandbox(ctx, id, spec, grants, rs); err != nil {
+			return api.Resume{}, err
+		}
+	} else {
+		lv, rst, err = d.restore(ctx, id, spec, grants, susp.Snapshot)
+		if err != nil {
+			return api.Resume{}, err
+		}
+	}
+	var (
+		uj     uint64
+		prov   record.Provenance
+		inputs map[string]string
+	)
+	if r.park != nil {
+		uj, prov, inputs = r.park.End(uint64(retained), 0)
+	} else {
+		uj, prov, inputs = idle.Estimate(uint64(retained), 0, parkedFor, d.meter.Coefficients())
+	}
+	if err := d.append(id, record.Resumption(susp.Snapshot, uj, prov)); err != nil {
+		d.destroy(lv)
+		return api.Resume{}, fmt.Errorf("resume %s: %w", id, err)
+	}
+	lv.events.Entries = append(lv.events.Entries, lifecycle("idle", map[string]any{"uj": uj, "provenance": prov.String(), "inputs": inputs, "retained_bytes": retained, "parked_ns": int64(parkedFor)}))
+	if rst != nil {
+		lv.events.Entries = append(lv.events.Entries, lifecycle("restored", rst))
+	}
+	r.live, r.park = lv, nil
+	d.watch(id, r, lv)
+	d.metrics.resumed(time.Since(start), uj, prov)
+	sum, err := d.summary(id, r)
+	if err != nil {
+		return api.Resume{}, err
+	}
+	d.log.Info("run resumed", "run", id, "idle_uj", uj, "provenance", prov, "took", time.Since(start))
+	return api.Resume{Run: sum, Idle: api.Energy{UJ: uj, Provenance: prov.String(), Method: "idle-draw", Inputs: inputs},
+		ParkedNS: int64(parkedFor), Restore: rst, DurationNS: int64(time.Since(start))}, nil
+}
+
+// restore restores an image park's sandbox.
+func (d *Daemon) restore(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, snap record.Snapshot) (*live, *api.Restore, error) {
+	t0 := time.Now()
+	dir := filepath.Join(d.cfg.StateDir, "restore", id)
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(dir)
+	trees, err := park.Layout(d.st, snap, dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	laid := time.Since(t0)
+	out, err := d.output(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	sb, rs, err := d.ex.Restore(ctx, id, executor.SpecOf(spec, grants), executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs}, out)
+	if err != nil {
+		return nil, nil, err
+	}
+	lv := d.begin(sb, spec, grants, "restored")
+	return lv, &api.Restore{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
+		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored}, nil
+}
+
+// parkedFor is how long the run has been parked: since the end of the
+// interval that parked it, as its attestation states.
+func (d *Daemon) parkedFor(segs []record.Segment) (time.Duration, error) {
+	for i := len(segs) - 1; i >= 0; i-- {
+		if segs[i].Kind != record.Executed {
+			continue
+		}
+		b, err := d.attestation(segs[i].Attestation)
+		if err != nil {
+			return 0, err
+		}
+		return max(time.Since(time.Unix(0, b.EndNS)), time.Nanosecond), nil
+	}
+	return 0, fmt.Errorf("%w: a parked run with no executed interval", ErrInvalid)
+}
+
+func (d *Daemon) attestation(a record.Address) (*attest.Body, error) {
+	b, err := d.st.ReadAll(a)
+	if err != nil {
+		return nil, err
+	}
+	return attest.Open(b, nil)
+}
+
+// Close closes a run, in any phase: a running unit's interval is recorded
+// (outcome killed) with the Closed segment, and then its sandbox destroyed.
+func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) {
+	if reason == "" {
+		reason = "closed by request"
+	}
+	r := d.lock(id)
+	defer r.mu.Unlock()
+	st, err := d.st.Run(id)
+	if err != nil {
+		return api.Run{}, err
+	}
+	if st.Phase == record.Ended {
+		return api.Run{}, fmt.Errorf("run %s: %w", id, record.ErrClosed)
+	}
+	segs := []record.Segment{record.Closure(reason)}
+	lv := r.live
+	var ev evidence
+	if lv != nil {
+		if ev, err = d.end(ctx, id, lv, attest.Outcome{Kind: attest.Killed}, lv.account()); err != nil {
+			return api.Run{}, err
+		}
+		segs = append([]record.Segment{ev.seg}, segs...)
+	}
+	if err := d.append(id, segs...); err != nil {
+		if lv != nil {
+			nlv := d.begin(lv.sb, lv.spec, lv.grants, "close-refused")
+			nlv.transcript = lv.transcript
+			*lv = *nlv
+		}
+		return api.Run{}, fmt.Errorf("close %s: %w", id, err)
+	}
+	if lv != nil {
+		d.attested(ev.att)
+		d.destroy(lv)
+	}
+	r.live, r.park = nil, nil
+	d.log.Info("run closed", "run", id, "reason", reason)
+	return d.summary(id, r)
+}
+
+// summary is a run's api.Run.
+func (d *Daemon) summary(id string, r *run) (api.Run, error) {
+	st, err := d.st.Run(id)
+	if err != nil {
+		return api.Run{}, err
+	}
+	out := api.Run{ID: id, Phase: st.Phase.String(), Segments: st.Len, Head: st.Head.String(),
+		Unit: st.Unit.String(), Grants: st.Grants.String()}
+	if spec, _, err := d.unitOf(st); err == nil {
+		out.Image, out.Mode = spec.Image, spec.Mode.String()
+	}
+	switch {
+	case st.Phase == record.Ended:
+		out.Status = "closed"
+	case st.Phase == record.Parked && st.Parked.IsTranscript():
+		out.Status = "parked (transcript)"
+	case st.Phase == record.Parked:
+		out.Status = "parked (image)"
+	case r != nil && r.live != nil:
+		out.Status = "running"
+	default:
+		out.Status = "lost"
+	}
+	return out, nil
+}
+
+// Run returns a run's summary.
+func (d *Daemon) Run(id string) (api.Run, error) {
+	d.mu.Lock()
+	r := d.runs[id]
+	d.mu.Unlock()
+	if r != nil {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
+	return d.summary(id, r)
+}
+
+// List lists runs, in id order; phase filters when not empty.
+func (d *Daemon) List(phase string) ([]api.Run, error) {
+	var ids []string
+	var err error
+	switch phase {
+	case "":
+		ids, err = d.st.AllRuns()
+	case "executing", "running":
+		ids, err = d.st.Runs(record.Active)
+	case "parked":
+		ids, err = d.st.Runs(record.Parked)
+	case "closed":
+		ids, err = d.st.Runs(record.Ended)
+	default:
+		return nil, fmt.Errorf("%w: phase %q: use executing, parked or closed", ErrInvalid, phase)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Run, 0, len(ids))
+	for _, id := range ids {
+		s, err := d.Run(id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// reconcile makes containerd's sandboxes agree with the records after a
+// restart: a run executing in its record gets its sandbox back (thawed if a
+// park froze it and did not finish); a sandbox whose run is parked or
+// closed — or that no run owns — is destroyed.
+func (d *Daemon) reconcile(ctx context.Context) error {
+	ids, err := d.ex.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, sid := range ids {
+		st, err := d.st.Run(sid)
+		if err == nil && st.Phase == record.Active {
+			continue
+		}
+		sb, lerr := d.ex.Load(ctx, sid)
+		if lerr != nil {
+			d.log.Warn("reconcile: cannot load sandbox", "sandbox", sid, "err", lerr)
+			continue
+		}
+		d.log.Info("reconcile: destroying a sandbox no executing run owns", "sandbox", sid)
+		d.destroy(&live{sb: sb})
+	}
+	active, err := d.st.Runs(record.Active)
+	if err != nil {
+		return err
+	}
+	have := map[string]bool{}
+	for _, sid := range ids {
+		have[sid] = true
+	}
+	for _, id := range active {
+		if !have[id] {
+			d.log.Warn("reconcile: run is executing in its record but has no sandbox here (lost); close it or resume it elsewhere", "run", id)
+			continue
+		}
+		st, err := d.st.Run(id)
+		if err != nil {
+			return err
+		}
+		spec, grants, err := d.unitOf(st)
+		if err != nil {
+			return err
+		}
+		if spec.Mode == unit.TranscriptMode {
+			// Its channel went with the daemon that served it: the unit
+			// cannot go on; record that honestly.
+			sb, err := d.ex.Load(ctx, id)
+			if err != nil {
+				return err
+			}
+			d.destroy(&live{sb: sb})
+			d.log.Warn("reconcile: a transcript unit's channel did not survive the restart; the run is lost until closed", "run", id)
+			continue
+		}
+		sb, err := d.ex.Load(ctx, id)
+		if err != nil {
+			return err
+		}
+		if s, _ := sb.Status(ctx); s == "paused" {
+			if err := sb.Resume(ctx); err != nil {
+				return err
+			}
+			d.log.Info("reconcile: thawed a unit whose park did not complete", "run", id)
+		}
+		r := d.lock(id)
+		lv := d.begin(sb, spec, grants, "reattached")
+		r.live = lv
+		d.watch(id, r, lv)
+		r.mu.Unlock()
+		d.log.Info("reconcile: reattached", "run", id)
+	}
+	return nil
+}

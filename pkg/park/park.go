@@ -1,0 +1,340 @@
+// Package park turns a running sandbox into stored objects and back: the
+// image park (a CRIU checkpoint of the task plus its rw layer, each
+// ingested as a directory object) and the transcript park (the unit's
+// transcript file as one object), and, for a resume, the snapshot actually
+// offered by the bytes on disk and the trees a restore reads.
+//
+// # Order
+//
+// [Image] checkpoints with the task left frozen ([executor.Checkpoint.Keep])
+// and ingests both trees before it returns; the caller then appends the
+// park's segments and only after that destroys the sandbox. A failure in
+// Image thaws the task, so it keeps running and nothing is recorded. A
+// crash after Image leaves durable, unreferenced objects (collected by the
+// store's GC) and a frozen task that the daemon thaws when it reconciles.
+//
+// # Layout of an image park
+//
+// The snapshot's root is a directory object holding one file, rootfs.tar:
+// the rw layer's diff against the image in OCI layer form. Its memory is a
+// directory object holding CRIU's image directory as CRIU wrote it.
+package park
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"time"
+
+	"lukechampine.com/blake3"
+
+	"github.com/runrecordd/runrecordd/pkg/executor"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/store"
+)
+
+// RootfsName is the file an image park's root directory object holds.
+const RootfsName = "rootfs.tar"
+
+// Checkpointer is the part of a sandbox an image park uses.
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, cp executor.Checkpoint) (executor.CheckpointStats, error)
+	Resume(ctx context.Context) error
+}
+
+// Result is an image park's outcome.
+type Result struct {
+	Snapshot record.Snapshot
+	// Retained is the bytes the snapshot holds in the store: both
+	// listings and every file they name.
+	Retained int64
+	Stats    executor.CheckpointStats
+	// Ingest is the time spent hashing and storing both trees.
+	Ingest time.Duration
+}
+
+// Image checkpoints sb into staging directories on st's filesystem, leaving
+// its task frozen, and ingests the CRIU images and the rw layer as directory
+// objects. On error the task is thawed and nothing of the park remains but
+// collectable objects.
+func Image(ctx context.Context, st *store.Store, sb Checkpointer) (Result, error) {
+	var res Result
+	mem, err := st.StagingDir("criu")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(mem)
+	root, err := st.StagingDir("rootfs")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(root)
+	images := filepath.Join(mem, "images")
+	res.Stats, err = sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: images, Rootfs: filepath.Join(root, RootfsName), Keep: true})
+	if err != nil {
+		// A failed dump is thawed by the executor; a failed rw-layer
+		// export after a good dump leaves the task frozen.
+		return res, errors.Join(err, thaw(sb))
+	}
+	start := time.Now()
+	memAddr, mst, err := st.Ingest(ctx, images)
+	if err != nil {
+		return res, errors.Join(fmt.Errorf("park: storing the memory image: %w", err), thaw(sb))
+	}
+	rootAddr, rst, err := st.Ingest(ctx, root)
+	if err != nil {
+		return res, errors.Join(fmt.Errorf("park: storing the rw layer: %w", err), thaw(sb))
+	}
+	res.Ingest = time.Since(start)
+	res.Snapshot = record.ImageSnapshot(rootAddr, &memAddr)
+	res.Retained = mst.Bytes + rst.Bytes + size(st, memAddr) + size(st, rootAddr)
+	return res, nil
+}
+
+func thaw(sb Checkpointer) error {
+	// The caller's context may be what failed; thawing must still happen.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := sb.Resume(ctx); err != nil {
+		return fmt.Errorf("park: thawing the unit after a failed park: %w", err)
+	}
+	return nil
+}
+
+func size(st *store.Store, a record.Address) int64 {
+	n, _ := st.Size(a)
+	return n
+}
+
+// Transcript seals the transcript file at path as an object and returns
+// its transcript-form snapshot and size.
+func Transcript(ctx context.Context, st *store.Store, path string) (record.Snapshot, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return record.Snapshot{}, 0, fmt.Errorf("park: transcript: %w", err)
+	}
+	defer f.Close()
+	a, err := st.Put(ctx, f)
+	if err != nil {
+		return record.Snapshot{}, 0, fmt.Errorf("park: transcript: %w", err)
+	}
+	return record.TranscriptSnapshot(a), size(st, a), nil
+}
+
+// Retained returns the bytes a snapshot holds in st: each object it names
+// and, for a directory object, every file its listing names.
+func Retained(st *store.Store, snap record.Snapshot) (int64, error) {
+	var n int64
+	for _, a := range snap.Addresses() {
+		sz, err := st.Size(a)
+		if err != nil {
+			return 0, err
+		}
+		n += sz
+		if snap.IsTranscript() {
+			continue
+		}
+		es, err := st.Listing(a)
+		if err != nil {
+			return 0, err
+		}
+		for _, e := range es {
+			n += int64(e.Size)
+		}
+	}
+	return n, nil
+}
+
+// Offered returns the snapshot that the bytes stored for recorded hash to
+// now: each object is rehashed from disk, and a directory object's address
+// is recomputed from a listing rebuilt over its files' current hashes. An
+// intact snapshot is offered as itself; a flipped byte anywhere makes a
+// different snapshot, which the first resume precondition refuses. A file
+// that is missing altogether is an error wrapping store.ErrMissingObject.
+func Offered(ctx context.Context, st *store.Store, recorded record.Snapshot) (record.Snapshot, error) {
+	if recorded.IsTranscript() {
+		a, err := hashFile(ctx, st.Path(*recorded.Transcript))
+		if err != nil {
+			return record.Snapshot{}, missing(*recorded.Transcript, err)
+		}
+		return record.TranscriptSnapshot(a), nil
+	}
+	root, err := offeredDir(ctx, st, *recorded.Root)
+	if err != nil {
+		return record.Snapshot{}, err
+	}
+	var mem *record.Address
+	if recorded.Memory != nil {
+		m, err := offeredDir(ctx, st, *recorded.Memory)
+		if err != nil {
+			return record.Snapshot{}, err
+		}
+		mem = &m
+	}
+	return record.ImageSnapshot(root, mem), nil
+}
+
+func missing(a record.Address, err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("park: object %s: %w", a, store.ErrMissingObject)
+	}
+	return fmt.Errorf("park: object %s: %w", a, err)
+}
+
+func offeredDir(ctx context.Context, st *store.Store, dir record.Address) (record.Address, error) {
+	raw, err := os.ReadFile(st.Path(dir))
+	if err != nil {
+		return record.Address{}, missing(dir, err)
+	}
+	if record.Sum(raw) != dir {
+		return record.Sum(raw), nil // the listing itself changed
+	}
+	es, err := store.DecodeListing(raw)
+	if err != nil {
+		return record.Address{}, err
+	}
+	sums := make([]record.Address, len(es))
+	err = each(ctx, len(es), func(i int) (err error) {
+		sums[i], err = hashFile(ctx, st.Path(es[i].Address))
+		if err != nil {
+			return missing(es[i].Address, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return record.Address{}, err
+	}
+	changed := false
+	for i := range es {
+		if sums[i] != es[i].Address {
+			es[i].Address, changed = sums[i], true
+		}
+	}
+	if !changed {
+		return dir, nil
+	}
+	b, err := store.EncodeListing(es)
+	if err != nil {
+		return record.Address{}, err
+	}
+	return record.Sum(b), nil
+}
+
+func hashFile(ctx context.Context, p string) (record.Address, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return record.Address{}, err
+	}
+	defer f.Close()
+	h := blake3.New(32, nil)
+	buf := make([]byte, 1<<20)
+	for {
+		if err := ctx.Err(); err != nil {
+			return record.Address{}, err
+		}
+		n, err := f.Read(buf)
+		h.Write(buf[:n])
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return record.Address{}, err
+		}
+	}
+	var a record.Address
+	h.Sum(a[:0])
+	return a, nil
+}
+
+// each runs fn(0) … fn(n-1) on one worker per processor and returns the
+// first error.
+func each(ctx context.Context, n int, fn func(i int) error) error {
+	var (
+		mu   sync.Mutex
+		next int
+		err  error
+		wg   sync.WaitGroup
+	)
+	for range min(n, runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				stop := err != nil || ctx.Err() != nil
+				mu.Unlock()
+				if stop || i >= n {
+					return
+				}
+				if e := fn(i); e != nil {
+					mu.Lock()
+					if err == nil {
+						err = e
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err == nil {
+		err = ctx.Err()
+	}
+	return err
+}
+
+// Trees are the files a restore reads, laid out from a snapshot.
+type Trees struct {
+	ImageDir string // CRIU's image directory
+	Rootfs   string // the rw layer tar
+}
+
+// Layout lays an image snapshot's trees out under dir (which must not
+// exist) by hard links to the stored objects: no bytes move. Call it only
+// after [Offered] found the snapshot intact; it does not hash again.
+func Layout(st *store.Store, snap record.Snapshot, dir string) (Trees, error) {
+	if snap.IsTranscript() || snap.Root == nil || snap.Memory == nil {
+		return Trees{}, fmt.Errorf("park: %s is not an image park with a memory image", snap)
+	}
+	t := Trees{ImageDir: filepath.Join(dir, "images"), Rootfs: filepath.Join(dir, "root", RootfsName)}
+	if err := link(st, *snap.Memory, t.ImageDir); err != nil {
+		os.RemoveAll(dir)
+		return Trees{}, err
+	}
+	if err := link(st, *snap.Root, filepath.Dir(t.Rootfs)); err != nil {
+		os.RemoveAll(dir)
+		return Trees{}, err
+	}
+	if _, err := os.Stat(t.Rootfs); err != nil {
+		os.RemoveAll(dir)
+		return Trees{}, fmt.Errorf("park: root %s holds no %s: %w", *snap.Root, RootfsName, err)
+	}
+	return t, nil
+}
+
+func link(st *store.Store, dir record.Address, dst string) error {
+	es, err := st.Listing(dir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dst, 0o700); err != nil {
+		return err
+	}
+	for _, e := range es {
+		p := filepath.Join(dst, filepath.FromSlash(e.Name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			return err
+		}
+		if err := os.Link(st.Path(e.Address), p); err != nil {
+			return fmt.Errorf("park: %w", err)
+		}
+	}
+	return nil
+}

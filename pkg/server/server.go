@@ -1,0 +1,218 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/daemon"
+)
+
+// maxJSON bounds a JSON request body.
+const maxJSON = 1 << 20
+
+// New returns the daemon's API handler: /v1 (pkg/api documents the bodies)
+// and /metrics.
+func New(d *daemon.Daemon, log *slog.Logger) http.Handler {
+	if log == nil {
+		log = slog.Default()
+	}
+	h := &handler{d: d, log: log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/host", h.host)
+	mux.HandleFunc("POST /v1/images", h.importImage)
+	mux.HandleFunc("POST /v1/runs", h.start)
+	mux.HandleFunc("GET /v1/runs", h.list)
+	mux.HandleFunc("GET /v1/runs/{id}", h.show)
+	mux.HandleFunc("POST /v1/runs/{id}/park", h.park)
+	mux.HandleFunc("POST /v1/runs/{id}/resume", h.resume)
+	mux.HandleFunc("POST /v1/runs/{id}/close", h.close)
+	mux.HandleFunc("GET /v1/runs/{id}/verify", h.verify)
+	mux.HandleFunc("GET /v1/runs/{id}/wait-proof", h.waitProof)
+	mux.HandleFunc("GET /v1/runs/{id}/record", h.record)
+	mux.HandleFunc("GET /v1/runs/{id}/export", h.export)
+	mux.HandleFunc("POST /v1/import", h.importBundle)
+	routeCalls(mux, h)
+	mux.Handle("GET /metrics", d.Metrics())
+	return h.logged(mux)
+}
+
+type handler struct {
+	d   *daemon.Daemon
+	log *slog.Logger
+}
+
+func (h *handler) logged(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(sw, r)
+		h.log.Debug("api", "method", r.Method, "path", r.URL.Path, "status", sw.status, "took", time.Since(start))
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Status maps an error code to its HTTP status: the one place that does.
+func Status(code string) int {
+	switch code {
+	case api.CodeBadRequest:
+		return http.StatusBadRequest
+	case api.CodeNotFound:
+		return http.StatusNotFound
+	case api.CodeExists, api.CodeConflict, api.CodePhase:
+		return http.StatusConflict
+	case api.CodeSnapshotMismatch, api.CodeManifestMismatch, api.CodeRecordInvalid, api.CodeObjectCorrupt,
+		api.CodeMissingObject, api.CodeCallRefused:
+		return http.StatusUnprocessableEntity
+	case api.CodeUnavailable, api.CodeCheckpointFailed, api.CodeRestoreFailed:
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	e := daemon.ErrorOf(err)
+	if e.Code == api.CodeInternal {
+		h.log.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeJSON(w, Status(e.Code), e)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func (h *handler) reply(w http.ResponseWriter, r *http.Request, v any, err error) {
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// decode reads a JSON body strictly.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxJSON))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: request body: %w", daemon.ErrInvalid, err)
+	}
+	return nil
+}
+
+func (h *handler) host(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, h.d.Host())
+}
+
+func (h *handler) importImage(w http.ResponseWriter, r *http.Request) {
+	img, err := h.d.ImportImage(r.Context(), r.Body, r.URL.Query().Get("name"))
+	h.reply(w, r, img, err)
+}
+
+func (h *handler) start(w http.ResponseWriter, r *http.Request) {
+	var req api.RunRequest
+	if err := decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	run, err := h.d.Start(r.Context(), req)
+	h.reply(w, r, run, err)
+}
+
+func (h *handler) list(w http.ResponseWriter, r *http.Request) {
+	runs, err := h.d.List(r.URL.Query().Get("phase"))
+	h.reply(w, r, runs, err)
+}
+
+func (h *handler) show(w http.ResponseWriter, r *http.Request) {
+	s, err := h.d.Show(r.Context(), r.PathValue("id"))
+	h.reply(w, r, s, err)
+}
+
+func (h *handler) park(w http.ResponseWriter, r *http.Request) {
+	p, err := h.d.Park(r.Context(), r.PathValue("id"))
+	h.reply(w, r, p, err)
+}
+
+func (h *handler) resume(w http.ResponseWriter, r *http.Request) {
+	res, err := h.d.Resume(r.Context(), r.PathValue("id"))
+	h.reply(w, r, res, err)
+}
+
+func (h *handler) close(w http.ResponseWriter, r *http.Request) {
+	var req api.CloseRequest
+	if r.ContentLength != 0 {
+		if err := decode(r, &req); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	run, err := h.d.Close(r.Context(), r.PathValue("id"), req.Reason)
+	h.reply(w, r, run, err)
+}
+
+func (h *handler) verify(w http.ResponseWriter, r *http.Request) {
+	v, err := h.d.Verify(r.Context(), r.PathValue("id"))
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) waitProof(w http.ResponseWriter, r *http.Request) {
+	v, err := h.d.WaitProof(r.PathValue("id"))
+	h.reply(w, r, v, err)
+}
+
+func (h *handler) record(w http.ResponseWriter, r *http.Request) {
+	rec, err := h.d.Store().Record(r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(rec.EncodeWire())
+}
+
+func (h *handler) export(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	// Check first, so that a run that cannot be exported gets an error
+	// body, not a truncated tar behind a 200.
+	if _, err := h.d.Store().Record(id); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-tar")
+	if err := h.d.Export(r.Context(), id, w); err != nil {
+		// The status is sent; the client sees a truncated bundle, which
+		// import refuses. Abort the connection so it cannot look whole.
+		h.log.Error("export", "run", id, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+func (h *handler) importBundle(w http.ResponseWriter, r *http.Request) {
+	im, err := h.d.Import(r.Context(), r.Body, r.URL.Query().Get("id"))
+	h.reply(w, r, im, err)
+}
