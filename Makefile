@@ -13,12 +13,21 @@ all: build
 setup:
 	bash deploy/setup.sh
 
+# The binary and the demo units: static Go programs packed as OCI image
+# archives (bin/units/NAME.tar, image runrecordd.local/NAME:1).
+UNITS := oracle ballast
+
 build:
 	$(GO) build -o $(BIN) ./cmd/runrecordd
+	@for u in $(UNITS); do \
+		$(GO) run ./cmd/mkunit -o bin/units/$$u.tar -name runrecordd.local/$$u:1 ./units/$$u >/dev/null || exit 1; \
+	done
 
+# Conformance, then the daemon on its embedded default walking one unit
+# through run -> park -> resume -> verify (deploy/walk.sh).
 run: setup build
 	./$(BIN) conformance
-	./$(BIN) verify --file testdata/records/sample.json
+	bash deploy/walk.sh bin
 
 test: setup lint unit conformance
 

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# deploy/walk.sh - the main job: start the daemon on its embedded default
+# (state in /var/lib/runrecordd, its own containerd), import the state-oracle
+# unit, and walk one run through run -> park -> resume -> verify -> close,
+# printing what a user sees. `make run` calls it after setup and build.
+#
+# Usage: deploy/walk.sh [BIN_DIR]   (default: bin)
+set -Eeuo pipefail
+
+bin=${1:-bin}
+rr=$bin/runrecordd
+state=${RUNRECORDD_STATE_DIR:-/var/lib/runrecordd}
+export RUNRECORDD_SOCKET=$state/runrecordd.sock
+log=$(mktemp /tmp/runrecordd-walk.XXXXXX.log)
+
+step() { printf '\n== %s\n' "$*"; }
+
+daemon=
+cleanup() {
+	if [ -n "$daemon" ] && kill -0 "$daemon" 2>/dev/null; then
+		kill -TERM "$daemon"
+		wait "$daemon" || true
+	fi
+}
+trap cleanup EXIT
+
+step "runrecordd serve --state-dir $state (embedded containerd; log: $log)"
+"$rr" serve --state-dir "$state" >"$log" 2>&1 &
+daemon=$!
+for _ in $(seq 1 300); do
+	[ -S "$RUNRECORDD_SOCKET" ] && "$rr" host >/dev/null 2>&1 && break
+	kill -0 "$daemon" 2>/dev/null || { cat "$log"; echo "walk: the daemon exited" >&2; exit 1; }
+	sleep 0.1
+done
+"$rr" host
+
+step "images import $bin/units/oracle.tar"
+"$rr" images import "$bin/units/oracle.tar" --name runrecordd.local/oracle:1
+
+run=walk-$(date +%Y%m%d-%H%M%S)
+out=$state/runs/$run/stdout
+# waitfor N: wait until the oracle has printed a line with counter >= N.
+last_counter() { tail -n 1 "$out" 2>/dev/null | sed -n 's/.*"counter":\([0-9]*\).*/\1/p'; }
+waitfor() {
+	for _ in $(seq 1 200); do
+		c=$(last_counter)
+		[ -n "$c" ] && [ "$c" -ge "$1" ] && return 0
+		sleep 0.1
+	done
+	echo "walk: the oracle did not reach counter $1" >&2
+	return 1
+}
+
+step "run --id $run runrecordd.local/oracle:1 (64 MiB of state, a counter, an open file, a pipe to a child)"
+"$rr" run --id "$run" --env SIZE_MB=64 runrecordd.local/oracle:1
+waitfor 15
+before=$(tail -n 1 "$out")
+echo "oracle before park: $before" | cut -c1-160
+
+step "park $run"
+"$rr" park "$run"
+
+step "show $run"
+"$rr" show "$run"
+sleep 2
+
+step "resume $run"
+"$rr" resume "$run"
+after_start=$(last_counter)
+waitfor $((after_start + 5))
+after=$(tail -n 1 "$out")
+echo "oracle after resume: $after" | cut -c1-160
+field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" <<<"$2"; }
+for f in checksum pid child_pid start_time; do
+	if [ "$(field "$f" "$before")" != "$(field "$f" "$after")" ]; then
+		echo "walk: the oracle's $f changed across the park: not the same process" >&2
+		exit 1
+	fi
+done
+if [ "$(field counter "$after")" -le "$(field counter "$before")" ]; then
+	echo "walk: the oracle's counter did not go on from where it was" >&2
+	exit 1
+fi
+echo "same checksum, pids and start time; counter $(field counter "$before") -> $(field counter "$after"): the unit went on where it was"
+
+step "verify $run"
+"$rr" verify "$run"
+
+step "close $run"
+"$rr" close "$run" --reason "walk finished"
+"$rr" show "$run"
+
+step "stopping the daemon"
+cleanup
+daemon=
+echo "walk: done"
