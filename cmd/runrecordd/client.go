@@ -456,8 +456,8 @@ func cmdWaitProof(args []string, stdout io.Writer) error {
 	}
 	cx, cancel := ctx()
 	defer cancel()
-	var v api.WaitProof
-	if err := c.Do(cx, "GET", api.RunPath(id, "/wait-proof"), nil, &v); err != nil {
+	v, err := c.WaitProof(cx, id)
+	if err != nil {
 		return err
 	}
 	return cf.print(stdout, v, func(w io.Writer) {

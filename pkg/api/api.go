@@ -12,6 +12,7 @@
 package api
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -237,4 +238,37 @@ type Host struct {
 	Manifest   map[string]string `json:"manifest"`
 	RAPL       bool              `json:"rapl"`
 	RAPLReason []string          `json:"rapl_reasons,omitempty"`
+}
+
+// Call is an outward call a run dispatched and has not resolved: GET
+// /v1/calls.
+type Call struct {
+	Run          string          `json:"run"`
+	Phase        string          `json:"phase"` // the run's
+	ID           string          `json:"id"`
+	Kind         string          `json:"kind"`
+	Payload      json.RawMessage `json:"payload"`
+	ResultPosted bool            `json:"result_posted"`
+}
+
+// PostResult is the result of POST /v1/runs/{id}/calls/{call}/result: the
+// result is stored; when it was the last one a parked run awaited, the run
+// resumed (Resumed), or could not (ResumeError: it stays parked).
+type PostResult struct {
+	Run         string   `json:"run"`
+	Call        string   `json:"call"`
+	Awaiting    []string `json:"awaiting,omitempty"`
+	Resumed     *Resume  `json:"resumed,omitempty"`
+	ResumeError *Error   `json:"resume_error,omitempty"`
+}
+
+// Event is one transition on the host, as GET /v1/events streams them (one
+// JSON object per line).
+type Event struct {
+	Time     time.Time `json:"time"`
+	Kind     string    `json:"kind"` // run.started, run.parked, run.resumed, run.closed, call.dispatched, call.result
+	Run      string    `json:"run"`
+	Call     string    `json:"call,omitempty"`
+	CallKind string    `json:"call_kind,omitempty"`
+	Detail   string    `json:"detail,omitempty"`
 }

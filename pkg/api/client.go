@@ -181,3 +181,54 @@ func (c *Client) Host(ctx context.Context) (Host, error) {
 	err := c.Do(ctx, http.MethodGet, "/v1/host", nil, &h)
 	return h, err
 }
+
+// Calls lists the outstanding outward calls of every open run.
+func (c *Client) Calls(ctx context.Context) ([]Call, error) {
+	var cs []Call
+	err := c.Do(ctx, http.MethodGet, "/v1/calls", nil, &cs)
+	return cs, err
+}
+
+// PostResult posts the result (JSON) of run's call.
+func (c *Client) PostResult(ctx context.Context, run, call string, payload []byte) (PostResult, error) {
+	var pr PostResult
+	err := c.Do(ctx, http.MethodPost, RunPath(run, "/calls/"+url.PathEscape(call)+"/result"), bytes.NewReader(payload), &pr)
+	return pr, err
+}
+
+// WaitProof returns a run's wait-proof verdict.
+func (c *Client) WaitProof(ctx context.Context, id string) (WaitProof, error) {
+	var v WaitProof
+	err := c.Do(ctx, http.MethodGet, RunPath(id, "/wait-proof"), nil, &v)
+	return v, err
+}
+
+// Events calls fn with every transition until ctx is done or fn returns
+// false.
+func (c *Client) Events(ctx context.Context, fn func(Event) bool) error {
+	pr, pw := io.Pipe()
+	errc := make(chan error, 1)
+	go func() {
+		err := c.Do(ctx, http.MethodGet, "/v1/events", nil, pw)
+		pw.CloseWithError(err)
+		errc <- err
+	}()
+	dec := json.NewDecoder(pr)
+	for {
+		var e Event
+		if err := dec.Decode(&e); err != nil {
+			pr.Close()
+			if ctx.Err() != nil {
+				return nil
+			}
+			if werr := <-errc; werr != nil {
+				return werr
+			}
+			return err
+		}
+		if !fn(e) {
+			pr.Close()
+			return nil
+		}
+	}
+}

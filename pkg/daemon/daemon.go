@@ -105,6 +105,7 @@ type Daemon struct {
 	runs map[string]*run
 
 	metrics metrics
+	events  events
 }
 
 // run is a run's state on this host beyond its record.

@@ -126,6 +126,9 @@ func (d *Daemon) end(ctx context.Context, id string, lv *live, outcome attest.Ou
 	}
 	endNS := nowNS()
 	j := attest.Journal{Entries: append([]attest.Entry(nil), lv.events.Entries...)}
+	if lv.transcript != nil {
+		j.Entries = append(j.Entries, lv.transcript.journal()...)
+	}
 	if err := appendOutput(&j, attest.Stdout, lv.out.Stdout, lv.outOff); err != nil {
 		return evidence{}, fmt.Errorf("journal: %w", err)
 	}

@@ -1,51 +1,292 @@
 package daemon
 
 import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/park"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
-// metrics are the daemon's counters since it started, for /metrics.
+// The metric names, all prefixed runrecordd_ (docs/energy.md, "Metrics").
+const (
+	metricEnergy      = "runrecordd_energy_microjoules_total"
+	metricParkTime    = "runrecordd_park_duration_seconds"
+	metricResumeTime  = "runrecordd_resume_duration_seconds"
+	metricIdleDraw    = "runrecordd_idle_draw_watts"
+	metricRetained    = "runrecordd_parked_retained_bytes"
+	metricRuns        = "runrecordd_runs"
+	metricRAPL        = "runrecordd_rapl_available"
+	metricReceipts    = "runrecordd_receipts_total"
+	kindActive        = "active"
+	kindIdle          = "idle"
+	labelKind         = "kind"
+	labelProvenance   = "provenance"
+	labelPhase        = "phase"
+	provenanceUnknown = "unknown"
+)
+
+// durationBuckets suit parks and resumes, which take from tens of
+// milliseconds (a transcript) to tens of seconds (a large image): seconds.
+func durationBuckets() []float64 {
+	return []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30}
+}
+
+// metrics are what the daemon counts as it works, since it started: energy
+// by kind and provenance, park and resume durations. The daemon calls the
+// hooks; the zero value is ready (the instruments are made on first use),
+// so the hooks work from the daemon's first moment. What /metrics reads
+// from the store and the meter at scrape time is [collector]'s.
 type metrics struct {
-	mu        sync.Mutex
-	activeUJ  [3]uint64 // by provenance: [record.Measured], [record.Estimated]
-	idleUJ    [3]uint64
-	parks     []time.Duration
-	resumes   []time.Duration
-	parkCount uint64
-	resumeCnt uint64
+	once   sync.Once
+	energy *prometheus.CounterVec
+	parks  prometheus.Histogram
+	resums prometheus.Histogram
 }
 
+func (m *metrics) init() {
+	m.once.Do(func() {
+		m.energy = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricEnergy,
+			Help: "Energy this daemon recorded since it started, in microjoules: " +
+				"kind=active sums executed intervals' receipts, kind=idle the idle energy of resumes, by provenance.",
+		}, []string{labelKind, labelProvenance})
+		// Every series exists from the start, so rate() sees its first
+		// increase.
+		for _, k := range []string{kindActive, kindIdle} {
+			for _, p := range []record.Provenance{record.Measured, record.Estimated} {
+				m.energy.WithLabelValues(k, p.String())
+			}
+		}
+		m.parks = prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    metricParkTime,
+			Help:    "Time a successful park took, from request to the sandbox gone, in seconds.",
+			Buckets: durationBuckets(),
+		})
+		m.resums = prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    metricResumeTime,
+			Help:    "Time a successful resume took, preconditions and restore included, in seconds.",
+			Buckets: durationBuckets(),
+		})
+	})
+}
+
+// collectors returns the instruments, for a registry.
+func (m *metrics) collectors() []prometheus.Collector {
+	m.init()
+	return []prometheus.Collector{m.energy, m.parks, m.resums}
+}
+
+// provenanceLabel is p's label value. Receipts and Resumed segments only
+// carry the two provenances; anything else is counted where it shows.
+func provenanceLabel(p record.Provenance) string {
+	if p != record.Measured && p != record.Estimated {
+		return provenanceUnknown
+	}
+	return p.String()
+}
+
+// receipt counts an executed interval's receipt (after the daemon sealed
+// it).
 func (m *metrics) receipt(rc attest.Receipt) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if int(rc.Provenance) < len(m.activeUJ) {
-		m.activeUJ[rc.Provenance] += rc.UJ
-	}
+	m.init()
+	m.energy.WithLabelValues(kindActive, provenanceLabel(rc.Provenance)).Add(float64(rc.UJ))
 }
 
+// parked counts a successful park that took d.
 func (m *metrics) parked(d time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.parkCount++
-	m.parks = append(m.parks, d)
+	m.init()
+	m.parks.Observe(d.Seconds())
 }
 
+// resumed counts a successful resume that took d and recorded uj of idle
+// energy with provenance p.
 func (m *metrics) resumed(d time.Duration, uj uint64, p record.Provenance) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.resumeCnt++
-	m.resumes = append(m.resumes, d)
-	if int(p) < len(m.idleUJ) {
-		m.idleUJ[p] += uj
+	m.init()
+	m.resums.Observe(d.Seconds())
+	m.energy.WithLabelValues(kindIdle, provenanceLabel(p)).Add(float64(uj))
+}
+
+// Metrics is the /metrics handler: the daemon's metrics (docs/energy.md,
+// "Metrics") and the Go runtime's and the process's, from a registry of its
+// own. A figure that cannot be read at scrape time (a parked run whose
+// objects are missing, say) is left out and logged; the rest is served.
+func (d *Daemon) Metrics() http.Handler {
+	reg := d.registry()
+	log := d.log
+	if log == nil {
+		log = slog.Default()
+	}
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelError),
+		ErrorHandling: promhttp.ContinueOnError,
+		Registry:      reg, // promhttp_metric_handler_errors_total
+	})
+}
+
+// registry returns a new registry holding the daemon's metrics.
+func (d *Daemon) registry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(d.metrics.collectors()...)
+	reg.MustRegister(newCollector(d),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// collector reads, at each scrape, what the store and the meter know now:
+// runs by phase, the bytes parked runs retain and the idle draw they cost,
+// and the meter's RAPL state and receipt counts.
+type collector struct {
+	d *Daemon
+
+	runs, retained, draw, rapl, receipts *prometheus.Desc
+
+	mu sync.Mutex
+	// sizes holds, by snapshot, the bytes it retains: a snapshot names
+	// content-addressed objects, so its size never changes, and a scrape
+	// reads the store's listings only for parks it has not seen.
+	sizes map[string]int64
+}
+
+func newCollector(d *Daemon) *collector {
+	return &collector{
+		d: d,
+		runs: prometheus.NewDesc(metricRuns,
+			"Runs in the store by phase: executing, parked, closed.",
+			[]string{labelPhase}, nil),
+		retained: prometheus.NewDesc(metricRetained,
+			"Bytes the parked runs' snapshots hold in the store.",
+			nil, nil),
+		draw: prometheus.NewDesc(metricIdleDraw,
+			"Power drawn now by what this host's parked runs retain, in watts: "+
+				"retained bytes × storage_watts_per_tb / 1e12 (+ resident bytes × dram_watts_per_gb / 1e9; no park leaves memory resident).",
+			[]string{labelProvenance}, nil),
+		rapl: prometheus.NewDesc(metricRAPL,
+			"1 if the host has RAPL package zones and every zone read at the meter's last sample, else 0 (receipts are then estimated).",
+			nil, nil),
+		receipts: prometheus.NewDesc(metricReceipts,
+			"Energy receipts the meter produced since the daemon started, by provenance.",
+			[]string{labelProvenance}, nil),
+		sizes: map[string]int64{},
 	}
 }
 
-// Metrics is the /metrics handler.
-func (d *Daemon) Metrics() http.Handler {
-	return http.NotFoundHandler()
+// Describe implements prometheus.Collector.
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.runs, c.retained, c.draw, c.rapl, c.receipts} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	var parked []string
+	for _, ph := range []record.Phase{record.Active, record.Parked, record.Ended} {
+		ids, err := c.d.st.Runs(ph)
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(c.runs, fmt.Errorf("runs %s: %w", ph, err))
+			continue
+		}
+		if ph == record.Parked {
+			parked = ids
+		}
+		ch <- prometheus.MustNewConstMetric(c.runs, prometheus.GaugeValue, float64(len(ids)), ph.String())
+	}
+
+	coeffs := c.d.meter.Coefficients()
+	retained, err := c.retainedBy(parked)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.retained, err)
+		ch <- prometheus.NewInvalidMetric(c.draw, err)
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.retained, prometheus.GaugeValue, float64(retained))
+		// Storage draw is never measured (RAPL does not see disks), and
+		// no park leaves memory resident: the draw is an estimate.
+		ch <- prometheus.MustNewConstMetric(c.draw, prometheus.GaugeValue,
+			drawWatts(uint64(retained), 0, coeffs.StorageWattsPerTB, coeffs.DRAMWattsPerGB),
+			record.Estimated.String())
+	}
+
+	snap := c.d.meter.Snapshot()
+	avail := 0.0
+	if snap.Available {
+		avail = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.rapl, prometheus.GaugeValue, avail)
+	ch <- prometheus.MustNewConstMetric(c.receipts, prometheus.CounterValue, float64(snap.MeasuredReceipts), record.Measured.String())
+	ch <- prometheus.MustNewConstMetric(c.receipts, prometheus.CounterValue, float64(snap.EstimatedReceipts), record.Estimated.String())
+}
+
+// retainedBy sums the bytes the parked runs' snapshots retain. A run that
+// is no longer parked when it is read (resumed or closed since the phase
+// index was read) is left out.
+func (c *collector) retainedBy(ids []string) (int64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sizes := make(map[string]int64, len(ids))
+	var total int64
+	for _, id := range ids {
+		st, err := c.d.st.Run(id)
+		if errors.Is(err, store.ErrNoRun) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("run %s: %w", id, err)
+		}
+		if st.Phase != record.Parked {
+			continue
+		}
+		key := st.Parked.String()
+		n, ok := c.sizes[key]
+		if !ok {
+			if n, err = park.Retained(c.d.st, st.Parked); err != nil {
+				// Closed in the meantime, and its objects collected?
+				if now, rerr := c.d.st.Run(id); rerr == nil && now.Phase != record.Parked {
+					continue
+				}
+				return 0, fmt.Errorf("run %s: retained bytes: %w", id, err)
+			}
+		}
+		sizes[key] = n
+		total += n
+	}
+	c.sizes = sizes // forget the parks that ended
+	return total, nil
+}
+
+// drawWatts is the power retained and resident bytes draw, in watts:
+// retained × storage W/TB / 10¹² + resident × DRAM W/GB / 10⁹. It computes
+// as idle.Estimate does, exactly: each coefficient at its shortest decimal
+// form as a rational (1.2 is 6/5), rounded to a float once.
+func drawWatts(retained, resident uint64, storageWattsPerTB, dramWattsPerGB float64) float64 {
+	w := new(big.Rat).Mul(new(big.Rat).SetUint64(retained), figureRat(storageWattsPerTB))
+	w.Quo(w, big.NewRat(1e12, 1))
+	if resident > 0 {
+		r := new(big.Rat).Mul(new(big.Rat).SetUint64(resident), figureRat(dramWattsPerGB))
+		w.Add(w, r.Quo(r, big.NewRat(1e9, 1)))
+	}
+	f, _ := w.Float64()
+	return f
+}
+
+// figureRat is a coefficient as the exact rational of its shortest decimal
+// form.
+func figureRat(f float64) *big.Rat {
+	if r, ok := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64)); ok {
+		return r
+	}
+	return new(big.Rat) // not finite: Validate refuses such coefficients
 }

@@ -92,6 +92,7 @@ func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error)
 	r.live = lv
 	d.watch(id, r, lv)
 	d.log.Info("run started", "run", id, "image", spec.Image, "mode", spec.Mode)
+	d.publish(api.Event{Kind: "run.started", Run: id, Detail: spec.Mode.String()})
 	return d.summary(id, r)
 }
 
@@ -173,6 +174,7 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 		d.destroy(lv)
 		r.live = nil
 		d.log.Info("run closed", "run", id, "reason", reason)
+		d.publish(api.Event{Kind: "run.closed", Run: id, Detail: reason})
 	}()
 }
 
@@ -285,6 +287,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 	if err != nil {
 		return api.Park{}, err
 	}
+	d.publish(api.Event{Kind: "run.parked", Run: id, Detail: snap.String()})
 	d.log.Info("run parked", "run", id, "snapshot", snap.String(), "retained", retained, "took", time.Since(start))
 	return api.Park{Run: sum, Snapshot: snap.String(), Manifest: manAddr.String(), Retained: retained,
 		Receipt: energyOf(ev.receipt), Checkpoint: cp, DurationNS: int64(time.Since(start))}, nil
@@ -443,6 +446,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	if err != nil {
 		return api.Resume{}, err
 	}
+	d.publish(api.Event{Kind: "run.resumed", Run: id, Detail: fmt.Sprintf("idle %d uJ %s", uj, prov)})
 	d.log.Info("run resumed", "run", id, "idle_uj", uj, "provenance", prov, "took", time.Since(start))
 	return api.Resume{Run: sum, Idle: api.Energy{UJ: uj, Provenance: prov.String(), Method: "idle-draw", Inputs: inputs},
 		ParkedNS: int64(parkedFor), Restore: rst, DurationNS: int64(time.Since(start))}, nil
@@ -535,7 +539,9 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 		d.destroy(lv)
 	}
 	r.live, r.park = nil, nil
+	os.RemoveAll(d.resultsDir(id))
 	d.log.Info("run closed", "run", id, "reason", reason)
+	d.publish(api.Event{Kind: "run.closed", Run: id, Detail: reason})
 	return d.summary(id, r)
 }
 
@@ -650,20 +656,19 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if spec.Mode == unit.TranscriptMode {
-			// Its channel went with the daemon that served it: the unit
-			// cannot go on; record that honestly.
-			sb, err := d.ex.Load(ctx, id)
-			if err != nil {
-				return err
-			}
-			d.destroy(&live{sb: sb})
-			d.log.Warn("reconcile: a transcript unit's channel did not survive the restart; the run is lost until closed", "run", id)
-			continue
-		}
 		sb, err := d.ex.Load(ctx, id)
 		if err != nil {
 			return err
+		}
+		if spec.Mode == unit.TranscriptMode {
+			// Its channel went with the daemon that served it: park it
+			// from the transcript on disk, unaccounted.
+			if err := d.recoverTranscript(ctx, id, d.begin(sb, spec, grants, "reattached")); err != nil {
+				d.log.Error("reconcile: a transcript unit could not be parked from its transcript; the run is lost until closed", "run", id, "err", err)
+			} else {
+				d.log.Warn("reconcile: parked a transcript unit whose channel did not survive the restart (its interval is unaccounted)", "run", id)
+			}
+			continue
 		}
 		if s, _ := sb.Status(ctx); s == "paused" {
 			if err := sb.Resume(ctx); err != nil {

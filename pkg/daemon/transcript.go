@@ -1,24 +1,51 @@
 package daemon
 
 import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
+	"time"
 
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/manifest"
+	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // ProtocolVersion is the transcript channel's protocol, which a transcript
 // park's environment manifest records.
-const ProtocolVersion = "runrecordd.unit/1"
+const ProtocolVersion = protocol.Version
 
 // ChannelMount is where a transcript unit finds its channel directory.
-const ChannelMount = "/run/runrecordd"
+const ChannelMount = protocol.Dir
 
-// channel is a transcript unit's directory: its transcript and its socket.
+// channel is a transcript unit's directory on this host — its transcript
+// and its socket — and the protocol.Handler behind the socket for one
+// interval: it keeps the interval's call account and journal entries.
 type channel struct {
+	d   *Daemon
+	id  string
 	dir string
+	ln  net.Listener
+	srv *protocol.Server
+
+	mu          sync.Mutex
+	interval    int64
+	seen        map[string]bool // every call id the run dispatched
+	outstanding map[string]bool // dispatched, not yet resolved
+	dispatched  []string        // this interval's account
+	resolved    []string
+	delivered   []protocol.Result // results resolved in this interval, in order
+	entries     []attest.Entry    // journal entries of this interval
+	awaiting    []string
 }
 
 // callResult is a result posted for a call.
@@ -27,22 +54,565 @@ type callResult struct {
 	Payload []byte
 }
 
-func (d *Daemon) openChannel(id string, restored *resumed) (*channel, error) {
-	return nil, fmt.Errorf("%w: transcript mode is not served yet", ErrInvalid)
+// calls is what a run's record says of its calls: every id dispatched, and
+// those not yet resolved.
+type calls struct {
+	seen, outstanding map[string]bool
+	intervals         int64
 }
 
-func (c *channel) transcriptPath() string { return filepath.Join(c.dir, "transcript") }
+func callsOf(segs []record.Segment) calls {
+	c := calls{seen: map[string]bool{}, outstanding: map[string]bool{}}
+	for _, s := range segs {
+		if s.Kind != record.Executed {
+			continue
+		}
+		c.intervals++
+		if s.Calls == nil {
+			continue
+		}
+		for _, id := range s.Calls.Dispatched {
+			c.seen[id], c.outstanding[id] = true, true
+		}
+		for _, id := range s.Calls.Resolved {
+			delete(c.outstanding, id)
+		}
+	}
+	return c
+}
 
-func (c *channel) close() { os.RemoveAll(c.dir) }
+// openChannel makes run id's channel directory, with the transcript
+// restored from its sealed object when the run resumes.
+func (d *Daemon) openChannel(id string, restored *resumed) (*channel, error) {
+	raw, err := d.st.Raw(id)
+	if err != nil && restored != nil {
+		return nil, err
+	}
+	c := callsOf(raw.Segments)
+	ch := &channel{d: d, id: id, dir: filepath.Join(d.cfg.StateDir, "ch", id),
+		interval: c.intervals + 1, seen: c.seen, outstanding: c.outstanding}
+	if err := os.RemoveAll(ch.dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(ch.dir, 0o700); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(ch.dir)
+		}
+	}()
+	f, err := os.OpenFile(ch.transcriptPath(), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if restored != nil {
+		rd, err := d.st.Open(restored.transcript)
+		if err == nil {
+			_, err = io.Copy(f, rd)
+			rd.Close()
+		}
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("restoring the transcript %s: %w", restored.transcript, err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(ch.dir, protocol.SocketFile)
+	if len(sock) >= 108 {
+		return nil, fmt.Errorf("%w: channel socket path %s is too long for a unix socket: use a shorter state directory or run id", ErrInvalid, sock)
+	}
+	if ch.ln, err = net.Listen("unix", sock); err != nil {
+		return nil, err
+	}
+	ch.srv = protocol.NewServer(ch)
+	ok = true
+	return ch, nil
+}
 
-func (c *channel) serve(d *Daemon, id string, lv *live) {}
+func (c *channel) transcriptPath() string { return filepath.Join(c.dir, protocol.TranscriptFile) }
+
+// serve serves the channel until it is closed.
+func (c *channel) serve(d *Daemon, id string, lv *live) {
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		_ = c.srv.Serve(c.ln)
+	}()
+}
+
+func (c *channel) close() {
+	c.srv.Close()
+	c.ln.Close()
+	os.RemoveAll(c.dir)
+}
 
 // account is the interval's call account. An image-mode unit has no
 // channel to dispatch through and no network beyond loopback, so its
 // interval accounts for no calls.
 func (lv *live) account() *record.CallAccount {
-	if lv.spec.Mode != unit.TranscriptMode {
+	if lv.transcript == nil {
 		return &record.CallAccount{}
 	}
-	return &record.CallAccount{}
+	c := lv.transcript
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return &record.CallAccount{Dispatched: slices.Clone(c.dispatched), Resolved: slices.Clone(c.resolved)}
+}
+
+// journal returns the interval's channel entries.
+func (c *channel) journal() []attest.Entry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.entries)
+}
+
+func (c *channel) add(kind attest.EntryKind, data []byte) {
+	c.entries = append(c.entries, attest.Entry{Kind: kind, AtNS: nowNS(), Data: data})
+}
+
+// Hello implements protocol.Handler.
+func (c *channel) Hello(ctx context.Context) (protocol.Hello, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return protocol.Hello{Protocol: protocol.Version, Run: c.id, Interval: c.interval}, nil
+}
+
+// Append implements protocol.Handler: the daemon writes the transcript.
+func (c *channel) Append(ctx context.Context, data []byte) (int64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f, err := os.OpenFile(c.transcriptPath(), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if _, err := f.Write(data); err != nil {
+		return 0, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	c.add(attest.Transcript, slices.Clone(data))
+	return st.Size(), nil
+}
+
+// Dispatch implements protocol.Handler: the call is recorded in this
+// interval's account and published to the platform.
+func (c *channel) Dispatch(ctx context.Context, call protocol.Call) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen[call.ID] {
+		return fmt.Errorf("call %s: %w", call.ID, protocol.ErrDuplicateCall)
+	}
+	c.seen[call.ID], c.outstanding[call.ID] = true, true
+	c.dispatched = append(c.dispatched, call.ID)
+	b, _ := json.Marshal(call)
+	c.add(attest.Dispatch, b)
+	c.d.publish(api.Event{Kind: "call.dispatched", Run: c.id, Call: call.ID, CallKind: call.Kind})
+	return nil
+}
+
+// check reports why id cannot be awaited or read now.
+func (c *channel) check(id string) error {
+	if slices.Contains(c.resolved, id) {
+		return nil
+	}
+	if !c.seen[id] {
+		return fmt.Errorf("call %s: %w", id, protocol.ErrUnknownCall)
+	}
+	if !c.outstanding[id] {
+		return fmt.Errorf("call %s: %w in an earlier interval", id, protocol.ErrResolved)
+	}
+	return nil
+}
+
+// resolve delivers id's posted result in this interval, if there is one.
+func (c *channel) resolve(id string) (protocol.Result, bool) {
+	for _, r := range c.delivered {
+		if r.ID == id {
+			return r, true
+		}
+	}
+	p, ok := c.d.posted(c.id, id)
+	if !ok {
+		return protocol.Result{}, false
+	}
+	r := protocol.Result{ID: id, Payload: p}
+	delete(c.outstanding, id)
+	c.resolved = append(c.resolved, id)
+	c.delivered = append(c.delivered, r)
+	b, _ := json.Marshal(r)
+	c.add(attest.Result, b)
+	return r, true
+}
+
+// Await implements protocol.Handler. When every id already has a result
+// the unit goes on; otherwise the interval ends and the run parks, and it
+// resumes when the platform has posted the last of them.
+func (c *channel) Await(ctx context.Context, ids []string) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ready := true
+	for _, id := range ids {
+		if err := c.check(id); err != nil {
+			return false, err
+		}
+		if _, ok := c.d.posted(c.id, id); !ok && !slices.Contains(c.resolved, id) {
+			ready = false
+		}
+	}
+	if ready {
+		return false, nil
+	}
+	c.awaiting = slices.Clone(ids)
+	b, _ := json.Marshal(ids)
+	c.add(attest.Lifecycle, append([]byte("await "), b...))
+	id := c.id
+	c.d.bg.Add(1)
+	go func() {
+		defer c.d.bg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if _, err := c.d.parkAwaiting(ctx, id, c); err != nil {
+			c.d.log.Error("park on await", "run", id, "err", err)
+		}
+	}()
+	return true, nil
+}
+
+// Results implements protocol.Handler: every result for an outstanding
+// call that the platform has posted, resolved in this interval.
+func (c *channel) Results(ctx context.Context) ([]protocol.Result, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ids := make([]string, 0, len(c.outstanding))
+	for id := range c.outstanding {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		c.resolve(id)
+	}
+	return slices.Clone(c.delivered), nil
+}
+
+// Result implements protocol.Handler: one call's result, if posted.
+func (c *channel) Result(ctx context.Context, id string) (protocol.Result, bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.check(id); err != nil {
+		return protocol.Result{}, false, err
+	}
+	r, ok := c.resolve(id)
+	return r, ok, nil
+}
+
+// parkAwaiting parks run id for the await its channel ch received, unless
+// the run has moved on (closed, or another sandbox) in the meantime.
+func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *channel) (bool, error) {
+	r := d.lock(id)
+	defer r.mu.Unlock()
+	if r.live == nil || r.live.transcript != ch {
+		return false, nil
+	}
+	_, err := d.park(ctx, id, r)
+	return err == nil, err
+}
+
+// resultsDir holds results posted for a run's calls on this host, one file
+// per call, until the run closes.
+func (d *Daemon) resultsDir(run string) string {
+	return filepath.Join(d.cfg.StateDir, "results", run)
+}
+
+func resultName(call string) string { return base64.RawURLEncoding.EncodeToString([]byte(call)) }
+
+// posted returns the result posted for a call, if any.
+func (d *Daemon) posted(run, call string) ([]byte, bool) {
+	b, err := os.ReadFile(filepath.Join(d.resultsDir(run), resultName(call)))
+	if err != nil {
+		return nil, false
+	}
+	return b, true
+}
+
+// awaited returns the ids the run's last interval awaited (its journal's
+// await entry), or, without one, every outstanding call.
+func (d *Daemon) awaited(segs []record.Segment, outstanding map[string]bool) []string {
+	for i := len(segs) - 1; i >= 0; i-- {
+		if segs[i].Kind != record.Executed {
+			continue
+		}
+		j, err := d.journalOf(segs[i].Attestation)
+		if err != nil {
+			break
+		}
+		for k := len(j.Entries) - 1; k >= 0; k-- {
+			e := j.Entries[k]
+			if rest, ok := cutPrefix(e, "await "); ok {
+				var ids []string
+				if json.Unmarshal(rest, &ids) == nil {
+					return ids
+				}
+			}
+		}
+		break
+	}
+	var ids []string
+	for id := range outstanding {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func cutPrefix(e attest.Entry, p string) ([]byte, bool) {
+	if e.Kind != attest.Lifecycle || len(e.Data) < len(p) || string(e.Data[:len(p)]) != p {
+		return nil, false
+	}
+	return e.Data[len(p):], true
+}
+
+func (d *Daemon) journalOf(att record.Address) (*attest.Journal, error) {
+	body, err := d.attestation(att)
+	if err != nil {
+		return nil, err
+	}
+	b, err := d.st.ReadAll(body.Journal)
+	if err != nil {
+		return nil, err
+	}
+	return attest.DecodeJournal(b)
+}
+
+// PostResult takes the platform's result for one of run's outstanding
+// calls. It refuses a call the run never dispatched, one already resolved
+// and one that already has a result, so nothing accepted here can make an
+// account malformed. When the run is parked and this was the last result
+// its await named, the run resumes here.
+func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byte) (api.PostResult, error) {
+	if !json.Valid(payload) {
+		return api.PostResult{}, fmt.Errorf("%w: the result payload is not JSON", ErrInvalid)
+	}
+	r := d.lock(run)
+	defer r.mu.Unlock()
+	st, err := d.st.Run(run)
+	if err != nil {
+		return api.PostResult{}, err
+	}
+	if st.Phase == record.Ended {
+		return api.PostResult{}, fmt.Errorf("run %s: %w", run, record.ErrClosed)
+	}
+	raw, err := d.st.Raw(run)
+	if err != nil {
+		return api.PostResult{}, err
+	}
+	c := callsOf(raw.Segments)
+	if lv := r.live; lv != nil && lv.transcript != nil {
+		ch := lv.transcript
+		ch.mu.Lock()
+		c.seen, c.outstanding = maps(ch.seen), maps(ch.outstanding)
+		ch.mu.Unlock()
+	}
+	switch {
+	case !c.seen[call]:
+		return api.PostResult{}, fmt.Errorf("run %s: call %s: %w: the run never dispatched it", run, call, ErrCall)
+	case !c.outstanding[call]:
+		return api.PostResult{}, fmt.Errorf("run %s: call %s: %w: already resolved", run, call, ErrCall)
+	}
+	if _, ok := d.posted(run, call); ok {
+		return api.PostResult{}, fmt.Errorf("run %s: call %s: %w: a result was already posted", run, call, ErrCall)
+	}
+	if err := os.MkdirAll(d.resultsDir(run), 0o700); err != nil {
+		return api.PostResult{}, err
+	}
+	if err := writeDurable(filepath.Join(d.resultsDir(run), resultName(call)), payload); err != nil {
+		return api.PostResult{}, err
+	}
+	d.publish(api.Event{Kind: "call.result", Run: run, Call: call})
+	out := api.PostResult{Run: run, Call: call}
+	if st.Phase != record.Parked || !st.Parked.IsTranscript() {
+		return out, nil
+	}
+	for _, id := range d.awaited(raw.Segments, c.outstanding) {
+		if _, ok := d.posted(run, id); !ok {
+			out.Awaiting = append(out.Awaiting, id)
+		}
+	}
+	if len(out.Awaiting) > 0 {
+		return out, nil
+	}
+	res, err := d.resume(ctx, run, r)
+	if err != nil {
+		// The result is kept; the run stays parked and a later resume
+		// (or a retry of the post's resume) delivers it.
+		out.ResumeError = ErrorOf(err)
+		return out, nil
+	}
+	out.Resumed = &res
+	return out, nil
+}
+
+func maps(m map[string]bool) map[string]bool {
+	out := make(map[string]bool, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// writeDurable writes b to path: temp file, fsync, rename, fsync of the
+// directory — a result the API acknowledged survives a crash.
+func writeDurable(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return dir.Sync()
+}
+
+// Calls lists the outward calls of every run that is not closed and has
+// any outstanding: each with its payload (from the dispatching interval's
+// journal) and whether a result has been posted.
+func (d *Daemon) Calls(ctx context.Context) ([]api.Call, error) {
+	ids, err := d.st.AllRuns()
+	if err != nil {
+		return nil, err
+	}
+	var out []api.Call
+	for _, id := range ids {
+		st, err := d.st.Run(id)
+		if err != nil || st.Phase == record.Ended {
+			continue
+		}
+		raw, err := d.st.Raw(id)
+		if err != nil {
+			continue
+		}
+		c := callsOf(raw.Segments)
+		payloads := map[string]protocol.Call{}
+		for _, s := range raw.Segments {
+			if s.Kind != record.Executed || s.Calls == nil || len(s.Calls.Dispatched) == 0 {
+				continue
+			}
+			if j, err := d.journalOf(s.Attestation); err == nil {
+				for _, e := range j.Entries {
+					var call protocol.Call
+					if e.Kind == attest.Dispatch && json.Unmarshal(e.Data, &call) == nil {
+						payloads[call.ID] = call
+					}
+				}
+			}
+		}
+		d.mu.Lock()
+		r := d.runs[id]
+		d.mu.Unlock()
+		if r != nil {
+			r.mu.Lock()
+			if lv := r.live; lv != nil && lv.transcript != nil {
+				ch := lv.transcript
+				ch.mu.Lock()
+				c.outstanding = maps(ch.outstanding)
+				for _, e := range ch.entries {
+					var call protocol.Call
+					if e.Kind == attest.Dispatch && json.Unmarshal(e.Data, &call) == nil {
+						payloads[call.ID] = call
+					}
+				}
+				ch.mu.Unlock()
+			}
+			r.mu.Unlock()
+		}
+		for callID := range c.outstanding {
+			p := payloads[callID]
+			_, posted := d.posted(id, callID)
+			out = append(out, api.Call{Run: id, Phase: st.Phase.String(), ID: callID, Kind: p.Kind, Payload: p.Payload, ResultPosted: posted})
+		}
+	}
+	slices.SortFunc(out, func(a, b api.Call) int {
+		if a.Run != b.Run {
+			return cmpStr(a.Run, b.Run)
+		}
+		return cmpStr(a.ID, b.ID)
+	})
+	return out, nil
+}
+
+func cmpStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// recoverTranscript parks a transcript unit whose channel died with the
+// daemon that served it: the sandbox is frozen, the transcript found on
+// disk is sealed, and the interval is recorded without an account (the
+// account was the dead daemon's), so the record stays honest — its wait
+// proof becomes Unproved — and the run resumes from its transcript.
+func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) error {
+	st, err := d.st.Run(id)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(d.cfg.StateDir, "ch", id, protocol.TranscriptFile)
+	if err := lv.sb.Pause(ctx); err != nil {
+		return err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("transcript: %w", err)
+	}
+	a, err := d.st.Put(ctx, f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	man, err := d.manifestOver(ctx, manifest.TranscriptKeys, lv.spec, st.Unit)
+	if err != nil {
+		return err
+	}
+	manAddr, err := d.putManifest(man)
+	if err != nil {
+		return err
+	}
+	ev, err := d.end(ctx, id, lv, attest.Outcome{Kind: attest.Killed}, nil,
+		lifecycle("recovered", map[string]string{"reason": "the daemon serving the unit's channel stopped; the interval's call account was lost with it"}))
+	if err != nil {
+		return err
+	}
+	if err := d.append(id, ev.seg, record.Suspension(record.TranscriptSnapshot(a), manAddr)); err != nil {
+		return err
+	}
+	d.attested(ev.att)
+	d.destroy(lv)
+	return os.RemoveAll(filepath.Dir(path))
 }

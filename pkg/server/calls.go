@@ -1,6 +1,56 @@
 package server
 
-import "net/http"
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+)
 
-// routeCalls adds the platform's side of outward calls.
-func routeCalls(mux *http.ServeMux, h *handler) {}
+// routeCalls adds the platform's side of outward calls: the pending calls,
+// posting a result, and the stream of transitions.
+func routeCalls(mux *http.ServeMux, h *handler) {
+	mux.HandleFunc("GET /v1/calls", h.calls)
+	mux.HandleFunc("POST /v1/runs/{id}/calls/{call}/result", h.postResult)
+	mux.HandleFunc("GET /v1/events", h.events)
+}
+
+func (h *handler) calls(w http.ResponseWriter, r *http.Request) {
+	cs, err := h.d.Calls(r.Context())
+	h.reply(w, r, cs, err)
+}
+
+func (h *handler) postResult(w http.ResponseWriter, r *http.Request) {
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxJSON))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	res, err := h.d.PostResult(r.Context(), r.PathValue("id"), r.PathValue("call"), b)
+	h.reply(w, r, res, err)
+}
+
+// events streams transitions as JSON lines until the client goes away.
+func (h *handler) events(w http.ResponseWriter, r *http.Request) {
+	ch, done := h.d.Subscribe()
+	defer done()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	flush := func() {
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+	}
+	flush()
+	enc := json.NewEncoder(w)
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case e := <-ch:
+			if enc.Encode(e) != nil {
+				return
+			}
+			flush()
+		}
+	}
+}
