@@ -15,7 +15,7 @@ setup:
 
 # The binary and the demo units: static Go programs packed as OCI image
 # archives (bin/units/NAME.tar, image runrecordd.local/NAME:1).
-UNITS := oracle ballast
+UNITS := oracle ballast agent poller
 
 build:
 	$(GO) build -o $(BIN) ./cmd/runrecordd
