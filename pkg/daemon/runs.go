@@ -252,6 +252,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		extra = append(extra, lifecycle("checkpointed", cp))
 		keys = manifest.ImageKeys
 	}
+	failpoint("park.checkpointed")
 	man, err := d.manifestOver(ctx, keys, lv.spec, st.Unit)
 	var manAddr record.Address
 	if err == nil {
@@ -264,6 +265,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		ended = true
 	}
 	if err == nil {
+		failpoint("park.attested")
 		err = d.append(id, ev.seg, record.Suspension(snap, manAddr))
 	}
 	if err != nil {
@@ -278,6 +280,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		}
 		return api.Park{}, fmt.Errorf("park %s: %w", id, err)
 	}
+	failpoint("park.appended")
 	d.attested(ev.att)
 	d.destroy(lv)
 	r.live = nil
@@ -431,10 +434,12 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	} else {
 		uj, prov, inputs = idle.Estimate(uint64(retained), 0, parkedFor, d.meter.Coefficients())
 	}
+	failpoint("resume.restored")
 	if err := d.append(id, record.Resumption(susp.Snapshot, uj, prov)); err != nil {
 		d.destroy(lv)
 		return api.Resume{}, fmt.Errorf("resume %s: %w", id, err)
 	}
+	failpoint("resume.appended")
 	lv.events.Entries = append(lv.events.Entries, lifecycle("idle", map[string]any{"uj": uj, "provenance": prov.String(), "inputs": inputs, "retained_bytes": retained, "parked_ns": int64(parkedFor)}))
 	if rst != nil {
 		lv.events.Entries = append(lv.events.Entries, lifecycle("restored", rst))
@@ -534,6 +539,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 		}
 		return api.Run{}, fmt.Errorf("close %s: %w", id, err)
 	}
+	failpoint("close.appended")
 	if lv != nil {
 		d.attested(ev.att)
 		d.destroy(lv)

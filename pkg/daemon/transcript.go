@@ -584,8 +584,10 @@ func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) err
 		return err
 	}
 	path := filepath.Join(d.cfg.StateDir, "ch", id, protocol.TranscriptFile)
-	if err := lv.sb.Pause(ctx); err != nil {
-		return err
+	if status, _ := lv.sb.Status(ctx); status != "paused" {
+		if err := lv.sb.Pause(ctx); err != nil {
+			return err
+		}
 	}
 	f, err := os.Open(path)
 	if err != nil {

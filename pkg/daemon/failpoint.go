@@ -1,0 +1,34 @@
+package daemon
+
+import (
+	"os"
+	"syscall"
+)
+
+// FailpointEnv names the environment variable that arms one failpoint: the
+// daemon kills itself with SIGKILL when it reaches the named step. The
+// crash tests (test/e2e) arm each step of a park, a resume and a close in
+// turn and check what the next start finds. Unset, failpoints cost one
+// string comparison.
+const FailpointEnv = "RUNRECORDD_FAILPOINT"
+
+// Failpoints are the steps that can be armed, in the order an operation
+// reaches them.
+var Failpoints = []string{
+	"park.checkpointed", // images ingested (or transcript sealed), nothing recorded
+	"park.attested",     // evidence sealed, segments not appended
+	"park.appended",     // Executed + Suspended durable, sandbox not destroyed
+	"resume.restored",   // sandbox restored or started, Resumed not appended
+	"resume.appended",   // Resumed durable
+	"close.appended",    // Executed + Closed durable, sandbox not destroyed
+}
+
+var armed = os.Getenv(FailpointEnv)
+
+// failpoint dies here if the step is armed.
+func failpoint(step string) {
+	if armed == step {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}
+}
