@@ -124,6 +124,14 @@ type Park struct {
 	Receipt    Energy      `json:"receipt"`
 	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
 	DurationNS int64       `json:"duration_ns"`
+	// Steps is where the time went, in order.
+	Steps []Step `json:"steps,omitempty"`
+}
+
+// Step is one timed step of an operation.
+type Step struct {
+	Name string `json:"name"`
+	NS   int64  `json:"ns"`
 }
 
 // Resume is the result of POST /v1/runs/{id}/resume.
@@ -133,6 +141,7 @@ type Resume struct {
 	ParkedNS   int64    `json:"parked_ns"`
 	Restore    *Restore `json:"restore,omitempty"`
 	DurationNS int64    `json:"duration_ns"`
+	Steps      []Step   `json:"steps,omitempty"`
 }
 
 // Energy is a figure in microjoules with its provenance.

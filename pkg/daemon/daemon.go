@@ -230,6 +230,9 @@ func checkID(id string) error {
 	if !runID.MatchString(id) {
 		return fmt.Errorf("%w: run id %q: use 1 to 64 of A-Z a-z 0-9 _ . - (not starting with . or -)", ErrInvalid, id)
 	}
+	if transcriptSuffix.MatchString(id) {
+		return fmt.Errorf("%w: run id %q: an id may not end in _t and digits (the form of a transcript interval's sandbox id)", ErrInvalid, id)
+	}
 	return nil
 }
 

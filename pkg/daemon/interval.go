@@ -48,8 +48,8 @@ func fileSize(p string) int64 {
 }
 
 // begin starts an interval on sb: metering and journal offsets.
-func (d *Daemon) begin(sb *executor.Sandbox, spec unit.Spec, grants unit.Grants, event string) *live {
-	out := d.outputOf(sb.ID())
+func (d *Daemon) begin(id string, sb *executor.Sandbox, spec unit.Spec, grants unit.Grants, event string) *live {
+	out := d.outputOf(id)
 	lv := &live{sb: sb, spec: spec, grants: grants, start: time.Now(), out: out,
 		outOff: fileSize(out.Stdout), errOff: fileSize(out.Stderr)}
 	cg, err := d.meter.CgroupOf(int(sb.Pid()))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -112,7 +113,11 @@ func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, gr
 	}
 	out, err := d.output(id)
 	if err == nil {
-		sb, err = d.ex.Start(ctx, id, es, out)
+		sid := id
+		if ch != nil {
+			sid = sandboxID(id, ch.interval)
+		}
+		sb, err = d.ex.Start(ctx, sid, es, out)
 	}
 	if err != nil {
 		if ch != nil {
@@ -124,7 +129,7 @@ func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, gr
 	if restored != nil {
 		event = "resumed"
 	}
-	lv := d.begin(sb, spec, grants, event)
+	lv := d.begin(id, sb, spec, grants, event)
 	lv.transcript = ch
 	if ch != nil {
 		ch.serve(d, id, lv)
@@ -225,6 +230,13 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 	if lv == nil {
 		return api.Park{}, fmt.Errorf("run %s: %w", id, ErrNoSandbox)
 	}
+	var steps []api.Step
+	last := start
+	step := func(name string) {
+		now := time.Now()
+		steps = append(steps, api.Step{Name: name, NS: int64(now.Sub(last))})
+		last = now
+	}
 	var (
 		snap     record.Snapshot
 		retained int64
@@ -233,13 +245,15 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		keys     []string
 	)
 	if lv.spec.Mode == unit.TranscriptMode {
-		// Freeze the unit so the transcript is whole, then seal it.
-		if err := lv.sb.Pause(ctx); err != nil {
-			return api.Park{}, err
-		}
+		// Hold the channel: nothing reaches the transcript or the
+		// account until the park is recorded (or refused, and the unit
+		// goes on). The unit's own process need not be frozen: all it can
+		// change that the record keeps goes through the channel.
+		lv.transcript.gate.Lock()
+		defer lv.transcript.gate.Unlock()
 		snap, retained, err = park.Transcript(ctx, d.st, lv.transcript.transcriptPath())
 		if err != nil {
-			return api.Park{}, errors.Join(err, lv.sb.Resume(context.Background()))
+			return api.Park{}, err
 		}
 		keys = manifest.TranscriptKeys
 	} else {
@@ -252,6 +266,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		extra = append(extra, lifecycle("checkpointed", cp))
 		keys = manifest.ImageKeys
 	}
+	step("snapshot")
 	failpoint("park.checkpointed")
 	man, err := d.manifestOver(ctx, keys, lv.spec, st.Unit)
 	var manAddr record.Address
@@ -260,21 +275,26 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 	}
 	var ev evidence
 	ended := false
+	step("manifest")
 	if err == nil {
 		ev, err = d.end(ctx, id, lv, attest.Outcome{Kind: attest.Parked}, lv.account(), extra...)
 		ended = true
 	}
+	step("evidence")
 	if err == nil {
 		failpoint("park.attested")
 		err = d.append(id, ev.seg, record.Suspension(snap, manAddr))
 	}
+	step("append")
 	if err != nil {
 		// Nothing was recorded: the unit goes on, in a new interval.
-		if rerr := lv.sb.Resume(context.Background()); rerr != nil {
-			err = errors.Join(err, rerr)
+		if lv.transcript == nil {
+			if rerr := lv.sb.Resume(context.Background()); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
 		}
 		if ended {
-			nlv := d.begin(lv.sb, lv.spec, lv.grants, "park-refused")
+			nlv := d.begin(id, lv.sb, lv.spec, lv.grants, "park-refused")
 			nlv.transcript = lv.transcript
 			*lv = *nlv
 		}
@@ -282,7 +302,21 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 	}
 	failpoint("park.appended")
 	d.attested(ev.att)
-	d.destroy(lv)
+	if lv.transcript != nil {
+		// A transcript park keeps nothing of the sandbox: it is torn
+		// down behind the reply (each interval's sandbox has its own id,
+		// so a quick resume does not wait for it).
+		lv.stopping = true
+		lv.transcript.close()
+		d.bg.Add(1)
+		go func() {
+			defer d.bg.Done()
+			d.destroy(lv)
+		}()
+	} else {
+		d.destroy(lv)
+		step("teardown")
+	}
 	r.live = nil
 	r.park = d.meter.BeginPark()
 	d.metrics.parked(time.Since(start))
@@ -293,7 +327,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 	d.publish(api.Event{Kind: "run.parked", Run: id, Detail: snap.String()})
 	d.log.Info("run parked", "run", id, "snapshot", snap.String(), "retained", retained, "took", time.Since(start))
 	return api.Park{Run: sum, Snapshot: snap.String(), Manifest: manAddr.String(), Retained: retained,
-		Receipt: energyOf(ev.receipt), Checkpoint: cp, DurationNS: int64(time.Since(start))}, nil
+		Receipt: energyOf(ev.receipt), Checkpoint: cp, DurationNS: int64(time.Since(start)), Steps: steps}, nil
 }
 
 // manifestOver returns this host's environment manifest over keys for a
@@ -364,6 +398,13 @@ func (d *Daemon) Resume(ctx context.Context, id string) (api.Resume, error) {
 
 func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, error) {
 	start := time.Now()
+	var steps []api.Step
+	last := start
+	step := func(name string) {
+		now := time.Now()
+		steps = append(steps, api.Step{Name: name, NS: int64(now.Sub(last))})
+		last = now
+	}
 	st, err := d.st.Run(id)
 	if err != nil {
 		return api.Resume{}, err
@@ -383,10 +424,12 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	if err != nil {
 		return api.Resume{}, err
 	}
+	step("read")
 	offered, err := park.Offered(ctx, d.st, susp.Snapshot)
 	if err != nil {
 		return api.Resume{}, err
 	}
+	step("rehash")
 	mb, err := d.st.ReadAll(susp.Manifest)
 	if err != nil {
 		return api.Resume{}, fmt.Errorf("run %s: recorded manifest: %w", id, err)
@@ -402,6 +445,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	if err != nil {
 		return api.Resume{}, fmt.Errorf("run %s: %w", id, err)
 	}
+	step("preconditions")
 	parkedFor, err := d.parkedFor(raw.Segments)
 	if err != nil {
 		return api.Resume{}, err
@@ -411,6 +455,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 		return api.Resume{}, err
 	}
 
+	step("idle")
 	var lv *live
 	var rst *api.Restore
 	if susp.Snapshot.IsTranscript() {
@@ -434,11 +479,13 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	} else {
 		uj, prov, inputs = idle.Estimate(uint64(retained), 0, parkedFor, d.meter.Coefficients())
 	}
+	step("sandbox")
 	failpoint("resume.restored")
 	if err := d.append(id, record.Resumption(susp.Snapshot, uj, prov)); err != nil {
 		d.destroy(lv)
 		return api.Resume{}, fmt.Errorf("resume %s: %w", id, err)
 	}
+	step("append")
 	failpoint("resume.appended")
 	lv.events.Entries = append(lv.events.Entries, lifecycle("idle", map[string]any{"uj": uj, "provenance": prov.String(), "inputs": inputs, "retained_bytes": retained, "parked_ns": int64(parkedFor)}))
 	if rst != nil {
@@ -454,7 +501,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	d.publish(api.Event{Kind: "run.resumed", Run: id, Detail: fmt.Sprintf("idle %d uJ %s", uj, prov)})
 	d.log.Info("run resumed", "run", id, "idle_uj", uj, "provenance", prov, "took", time.Since(start))
 	return api.Resume{Run: sum, Idle: api.Energy{UJ: uj, Provenance: prov.String(), Method: "idle-draw", Inputs: inputs},
-		ParkedNS: int64(parkedFor), Restore: rst, DurationNS: int64(time.Since(start))}, nil
+		ParkedNS: int64(parkedFor), Restore: rst, DurationNS: int64(time.Since(start)), Steps: steps}, nil
 }
 
 // restore restores an image park's sandbox.
@@ -478,7 +525,7 @@ func (d *Daemon) restore(ctx context.Context, id string, spec unit.Spec, grants 
 	if err != nil {
 		return nil, nil, err
 	}
-	lv := d.begin(sb, spec, grants, "restored")
+	lv := d.begin(id, sb, spec, grants, "restored")
 	return lv, &api.Restore{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
 		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored}, nil
 }
@@ -533,7 +580,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	}
 	if err := d.append(id, segs...); err != nil {
 		if lv != nil {
-			nlv := d.begin(lv.sb, lv.spec, lv.grants, "close-refused")
+			nlv := d.begin(id, lv.sb, lv.spec, lv.grants, "close-refused")
 			nlv.transcript = lv.transcript
 			*lv = *nlv
 		}
@@ -628,9 +675,12 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	owner := map[string]string{} // run → its sandbox
 	for _, sid := range ids {
-		st, err := d.st.Run(sid)
-		if err == nil && st.Phase == record.Active {
+		run := runOf(sid)
+		st, err := d.st.Run(run)
+		if err == nil && st.Phase == record.Active && owner[run] == "" {
+			owner[run] = sid
 			continue
 		}
 		sb, lerr := d.ex.Load(ctx, sid)
@@ -645,12 +695,8 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	have := map[string]bool{}
-	for _, sid := range ids {
-		have[sid] = true
-	}
 	for _, id := range active {
-		if !have[id] {
+		if owner[id] == "" {
 			d.log.Warn("reconcile: run is executing in its record but has no sandbox here (lost); close it or resume it elsewhere", "run", id)
 			continue
 		}
@@ -662,14 +708,14 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		sb, err := d.ex.Load(ctx, id)
+		sb, err := d.ex.Load(ctx, owner[id])
 		if err != nil {
 			return err
 		}
 		if spec.Mode == unit.TranscriptMode {
 			// Its channel went with the daemon that served it: park it
 			// from the transcript on disk, unaccounted.
-			if err := d.recoverTranscript(ctx, id, d.begin(sb, spec, grants, "reattached")); err != nil {
+			if err := d.recoverTranscript(ctx, id, d.begin(id, sb, spec, grants, "reattached")); err != nil {
 				d.log.Error("reconcile: a transcript unit could not be parked from its transcript; the run is lost until closed", "run", id, "err", err)
 			} else {
 				d.log.Warn("reconcile: parked a transcript unit whose channel did not survive the restart (its interval is unaccounted)", "run", id)
@@ -683,11 +729,28 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 			d.log.Info("reconcile: thawed a unit whose park did not complete", "run", id)
 		}
 		r := d.lock(id)
-		lv := d.begin(sb, spec, grants, "reattached")
+		lv := d.begin(id, sb, spec, grants, "reattached")
 		r.live = lv
 		d.watch(id, r, lv)
 		r.mu.Unlock()
 		d.log.Info("reconcile: reattached", "run", id)
 	}
 	return nil
+}
+
+// sandboxID is the sandbox of a transcript run's interval n. Each interval
+// of a transcript run gets its own sandbox id, so the next interval's
+// sandbox can start while the last one is still being torn down. An image
+// run's sandbox is the run id: its restore takes the place of the one
+// checkpointed.
+func sandboxID(run string, n int64) string { return fmt.Sprintf("%s_t%d", run, n) }
+
+var transcriptSuffix = regexp.MustCompile(`_t[0-9]+$`)
+
+// runOf is the run a sandbox belongs to.
+func runOf(sid string) string {
+	if loc := transcriptSuffix.FindStringIndex(sid); loc != nil {
+		return sid[:loc[0]]
+	}
+	return sid
 }

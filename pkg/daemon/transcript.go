@@ -37,6 +37,11 @@ type channel struct {
 	ln  net.Listener
 	srv *protocol.Server
 
+	// gate is held by every handler call, and by a park while it seals
+	// the transcript and records the interval: no append or dispatch can
+	// slip in between, and if the park is refused the unit goes on.
+	gate sync.Mutex
+
 	mu          sync.Mutex
 	interval    int64
 	seen        map[string]bool // every call id the run dispatched
@@ -46,6 +51,7 @@ type channel struct {
 	delivered   []protocol.Result // results resolved in this interval, in order
 	entries     []attest.Entry    // journal entries of this interval
 	awaiting    []string
+	closed      bool // the interval is over: every call is refused
 }
 
 // callResult is a result posted for a call.
@@ -145,6 +151,9 @@ func (c *channel) serve(d *Daemon, id string, lv *live) {
 }
 
 func (c *channel) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
 	c.srv.Close()
 	c.ln.Close()
 	os.RemoveAll(c.dir)
@@ -176,15 +185,25 @@ func (c *channel) add(kind attest.EntryKind, data []byte) {
 
 // Hello implements protocol.Handler.
 func (c *channel) Hello(ctx context.Context) (protocol.Hello, error) {
+	c.gate.Lock()
+	defer c.gate.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return protocol.Hello{}, protocol.ErrParked
+	}
 	return protocol.Hello{Protocol: protocol.Version, Run: c.id, Interval: c.interval}, nil
 }
 
 // Append implements protocol.Handler: the daemon writes the transcript.
 func (c *channel) Append(ctx context.Context, data []byte) (int64, error) {
+	c.gate.Lock()
+	defer c.gate.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return 0, protocol.ErrParked
+	}
 	f, err := os.OpenFile(c.transcriptPath(), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		return 0, err
@@ -204,8 +223,13 @@ func (c *channel) Append(ctx context.Context, data []byte) (int64, error) {
 // Dispatch implements protocol.Handler: the call is recorded in this
 // interval's account and published to the platform.
 func (c *channel) Dispatch(ctx context.Context, call protocol.Call) error {
+	c.gate.Lock()
+	defer c.gate.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return protocol.ErrParked
+	}
 	if c.seen[call.ID] {
 		return fmt.Errorf("call %s: %w", call.ID, protocol.ErrDuplicateCall)
 	}
@@ -255,8 +279,13 @@ func (c *channel) resolve(id string) (protocol.Result, bool) {
 // the unit goes on; otherwise the interval ends and the run parks, and it
 // resumes when the platform has posted the last of them.
 func (c *channel) Await(ctx context.Context, ids []string) (bool, error) {
+	c.gate.Lock()
+	defer c.gate.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return false, protocol.ErrParked
+	}
 	ready := true
 	for _, id := range ids {
 		if err := c.check(id); err != nil {
@@ -288,8 +317,13 @@ func (c *channel) Await(ctx context.Context, ids []string) (bool, error) {
 // Results implements protocol.Handler: every result for an outstanding
 // call that the platform has posted, resolved in this interval.
 func (c *channel) Results(ctx context.Context) ([]protocol.Result, error) {
+	c.gate.Lock()
+	defer c.gate.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return nil, protocol.ErrParked
+	}
 	ids := make([]string, 0, len(c.outstanding))
 	for id := range c.outstanding {
 		ids = append(ids, id)
@@ -303,8 +337,13 @@ func (c *channel) Results(ctx context.Context) ([]protocol.Result, error) {
 
 // Result implements protocol.Handler: one call's result, if posted.
 func (c *channel) Result(ctx context.Context, id string) (protocol.Result, bool, error) {
+	c.gate.Lock()
+	defer c.gate.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return protocol.Result{}, false, protocol.ErrParked
+	}
 	if err := c.check(id); err != nil {
 		return protocol.Result{}, false, err
 	}

@@ -1,0 +1,231 @@
+// Command transcriptbench measures transcript parks against plain
+// containers, side by side in one run, on one embedded containerd:
+//
+//   - plain: create + start of a sandbox of the poller image (with a bind
+//     mount like a transcript unit's channel), and its teardown;
+//   - transcript: a poller run (transcript mode) started by the daemon,
+//     parked (freeze, seal the transcript, evidence, two segments,
+//     teardown), then resumed by posting the result it awaits (channel and
+//     transcript restored, a fresh sandbox, one segment).
+//
+// Rounds alternate the two, so the machine's noise falls on both alike. It
+// prints every round and the medians, and the two ratios issue 5 sets
+// targets for: transcript park − plain teardown (≤ 20 ms), and park → resume
+// round trip ÷ plain create + start (≤ 1.2).
+//
+// Usage (as root; bench/transcript.sh builds the image):
+//
+//	transcriptbench -image bin/units/poller.tar -n 15
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/daemon"
+	"github.com/runrecordd/runrecordd/pkg/executor"
+	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+const imageName = "runrecordd.local/poller:1"
+
+func main() {
+	archive := flag.String("image", "bin/units/poller.tar", "the poller unit's OCI archive")
+	n := flag.Int("n", 15, "rounds")
+	flag.Parse()
+	if err := run(*archive, *n); err != nil {
+		fmt.Fprintln(os.Stderr, "transcriptbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(archive string, n int) error {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "rrtb-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := daemon.New(ctx, daemon.Config{StateDir: filepath.Join(dir, "s"), Logger: log})
+	if err != nil {
+		return err
+	}
+	defer d.Shutdown(context.Background())
+	f, err := os.Open(archive)
+	if err != nil {
+		return err
+	}
+	img, err := d.ImportImage(ctx, f, imageName)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	// A second client of the same containerd, in its own namespace, for
+	// the plain containers.
+	ex, err := executor.Connect(ctx, executor.Config{Address: d.Host().Containerd, Namespace: "bench-plain",
+		StateDir: filepath.Join(dir, "plain"), CgroupParent: "/runrecordd-bench-plain", Logger: log})
+	if err != nil {
+		return err
+	}
+	defer ex.Close()
+	if _, err := ex.ImportFile(ctx, archive, imageName); err != nil {
+		return err
+	}
+	// The plain container gets a channel too, served by a handler that
+	// never delivers, so that it runs (polling) like the transcript unit
+	// and both teardowns kill a live process.
+	mnt := filepath.Join(dir, "mnt")
+	if err := os.MkdirAll(mnt, 0o700); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(mnt, protocol.TranscriptFile), nil, 0o600); err != nil {
+		return err
+	}
+	ln, err := net.Listen("unix", filepath.Join(mnt, protocol.SocketFile))
+	if err != nil {
+		return err
+	}
+	srv := protocol.NewServer(idleHandler{})
+	go srv.Serve(ln)
+	defer srv.Close()
+	plainSpec := executor.SpecOf(unit.Spec{Image: imageName, ImageDigest: img.Digest}, unit.Grants{Network: unit.NoNetwork})
+	plainSpec.Mounts = []executor.Mount{{Source: mnt, Target: daemon.ChannelMount, Writable: true}}
+
+	var create, teardown, park, resume, trip []time.Duration
+	steps := map[string][]time.Duration{}
+	var order []string
+	fmt.Println("round  plain create+start  plain teardown  transcript park  resume (post→running)  round trip")
+	for i := range n {
+		// Plain.
+		t0 := time.Now()
+		sb, err := ex.Start(ctx, fmt.Sprintf("plain-%d", i), plainSpec, executor.Output{})
+		if err != nil {
+			return err
+		}
+		c := time.Since(t0)
+		time.Sleep(200 * time.Millisecond) // let it dispatch and poll, as the transcript unit does
+		t1 := time.Now()
+		if err := sb.Destroy(ctx); err != nil {
+			return err
+		}
+		td := time.Since(t1)
+
+		// Transcript: start, let it dispatch, park, post its result.
+		id := fmt.Sprintf("tb-%d", i)
+		if _, err := d.Start(ctx, api.RunRequest{ID: id, Unit: unit.Spec{Image: imageName, Mode: unit.TranscriptMode}}); err != nil {
+			return err
+		}
+		if err := waitCall(ctx, d, id); err != nil {
+			return err
+		}
+		p, err := d.Park(ctx, id)
+		if err != nil {
+			return err
+		}
+		t2 := time.Now()
+		pr, err := d.PostResult(ctx, id, "call-1", []byte(`"done"`))
+		if err != nil {
+			return err
+		}
+		if pr.Resumed == nil {
+			return fmt.Errorf("run %s did not resume: %+v", id, pr)
+		}
+		rs := time.Since(t2)
+		pk := time.Duration(p.DurationNS)
+		for _, st := range append(p.Steps, prefixed("resume.", pr.Resumed.Steps)...) {
+			if _, ok := steps[st.Name]; !ok {
+				order = append(order, st.Name)
+			}
+			steps[st.Name] = append(steps[st.Name], time.Duration(st.NS))
+		}
+		create, teardown, park, resume, trip = append(create, c), append(teardown, td), append(park, pk), append(resume, rs), append(trip, pk+rs)
+		fmt.Printf("%5d  %17s  %14s  %15s  %21s  %10s\n", i+1, ms(c), ms(td), ms(pk), ms(rs), ms(pk+rs))
+		// The poller exits once it has its result, which closes the run.
+		if err := waitClosed(ctx, d, id); err != nil {
+			return err
+		}
+	}
+	mc, mt, mp, mr, mtrip := median(create), median(teardown), median(park), median(resume), median(trip)
+	fmt.Printf("median %17s  %14s  %15s  %21s  %10s\n", ms(mc), ms(mt), ms(mp), ms(mr), ms(mtrip))
+	fmt.Print("\npark and resume steps (medians):")
+	for _, name := range order {
+		fmt.Printf(" %s %s;", name, ms(median(steps[name])))
+	}
+	fmt.Println()
+	fmt.Printf("\ntranscript park − plain teardown: %s (target ≤ 20 ms)\n", ms(mp-mt))
+	fmt.Printf("round trip ÷ plain create+start:  %.2f (target ≤ 1.2)\n", float64(mtrip)/float64(mc))
+	fmt.Printf("resume ÷ plain create+start:      %.2f\n", float64(mr)/float64(mc))
+	fmt.Printf("round trip ÷ plain create+start+teardown: %.2f\n", float64(mtrip)/float64(mc+mt))
+	return nil
+}
+
+func waitCall(ctx context.Context, d *daemon.Daemon, id string) error {
+	for range 500 {
+		cs, err := d.Calls(ctx)
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			if c.Run == id {
+				return nil
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return fmt.Errorf("run %s dispatched nothing", id)
+}
+
+func waitClosed(ctx context.Context, d *daemon.Daemon, id string) error {
+	for range 500 {
+		r, err := d.Run(id)
+		if err != nil {
+			return err
+		}
+		if r.Phase == "closed" {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return fmt.Errorf("run %s did not finish", id)
+}
+
+func prefixed(p string, steps []api.Step) []api.Step {
+	out := make([]api.Step, len(steps))
+	for i, s := range steps {
+		out[i] = api.Step{Name: p + s.Name, NS: s.NS}
+	}
+	return out
+}
+
+// idleHandler answers a unit's channel and never delivers a result.
+type idleHandler struct{}
+
+func (idleHandler) Hello(context.Context) (protocol.Hello, error) {
+	return protocol.Hello{Protocol: protocol.Version, Run: "plain", Interval: 1}, nil
+}
+func (idleHandler) Append(_ context.Context, b []byte) (int64, error)  { return int64(len(b)), nil }
+func (idleHandler) Dispatch(context.Context, protocol.Call) error      { return nil }
+func (idleHandler) Await(context.Context, []string) (bool, error)      { return false, nil }
+func (idleHandler) Results(context.Context) ([]protocol.Result, error) { return nil, nil }
+func (idleHandler) Result(context.Context, string) (protocol.Result, bool, error) {
+	return protocol.Result{}, false, nil
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
