@@ -178,13 +178,14 @@ func (d *Daemon) end(ctx context.Context, id string, lv *live, outcome attest.Ou
 	if err != nil {
 		return evidence{}, err
 	}
-	d.metrics.receipt(rc)
 	return evidence{seg: record.Execution(att, calls), att: att, receipt: rc}, nil
 }
 
-// attested advances the host's audit chain to att once its segment is
-// durable.
-func (d *Daemon) attested(att record.Address) {
+// attested advances the host's audit chain to ev's attestation once its
+// segment is durable, and counts its receipt.
+func (d *Daemon) attested(ev evidence) {
+	d.metrics.receipt(ev.receipt)
+	att := ev.att
 	d.auditMu.Lock()
 	defer d.auditMu.Unlock()
 	if err := writeAudit(d.cfg.StateDir+"/audit-head", att); err != nil {

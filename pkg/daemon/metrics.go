@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,7 +23,7 @@ import (
 
 // The metric names, all prefixed runrecordd_ (docs/energy.md, "Metrics").
 const (
-	metricEnergy      = "runrecordd_energy_microjoules_total"
+	metricEnergy      = "runrecordd_energy_joules_total"
 	metricParkTime    = "runrecordd_park_duration_seconds"
 	metricResumeTime  = "runrecordd_resume_duration_seconds"
 	metricIdleDraw    = "runrecordd_idle_draw_watts"
@@ -46,30 +47,59 @@ func durationBuckets() []float64 {
 
 // metrics are what the daemon counts as it works, since it started: energy
 // by kind and provenance, park and resume durations. The daemon calls the
-// hooks; the zero value is ready (the instruments are made on first use),
-// so the hooks work from the daemon's first moment. What /metrics reads
-// from the store and the meter at scrape time is [collector]'s.
+// hooks; the zero value is ready (the histograms are made on first use),
+// so the hooks work from the daemon's first moment. Energy is kept in
+// whole microjoules, as the record keeps it, and turned into joules once,
+// at scrape. What /metrics reads from the store and the meter at scrape
+// time is [collector]'s.
 type metrics struct {
+	energyUJ [2][3]atomic.Uint64 // by kind (active, idle) and provenance (provenanceIndex)
+
 	once   sync.Once
-	energy *prometheus.CounterVec
 	parks  prometheus.Histogram
 	resums prometheus.Histogram
 }
 
+// Indexes of metrics.energyUJ: the kind of energy, then its provenance.
+// Receipts and Resumed segments carry only the two provenances; anything
+// else is counted apart, as unknown, so that it shows.
+const (
+	activeEnergy = 0
+	idleEnergy   = 1
+
+	measuredEnergy  = 0
+	estimatedEnergy = 1
+	unknownEnergy   = 2
+)
+
+func provenanceIndex(p record.Provenance) int {
+	switch p {
+	case record.Measured:
+		return measuredEnergy
+	case record.Estimated:
+		return estimatedEnergy
+	}
+	return unknownEnergy
+}
+
+// energyLabels are the label values of metrics.energyUJ[kind][prov].
+func energyLabels(kind, prov int) (string, string) {
+	k := kindActive
+	if kind == idleEnergy {
+		k = kindIdle
+	}
+	p := provenanceUnknown
+	switch prov {
+	case measuredEnergy:
+		p = record.Measured.String()
+	case estimatedEnergy:
+		p = record.Estimated.String()
+	}
+	return k, p
+}
+
 func (m *metrics) init() {
 	m.once.Do(func() {
-		m.energy = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricEnergy,
-			Help: "Energy this daemon recorded since it started, in microjoules: " +
-				"kind=active sums executed intervals' receipts, kind=idle the idle energy of resumes, by provenance.",
-		}, []string{labelKind, labelProvenance})
-		// Every series exists from the start, so rate() sees its first
-		// increase.
-		for _, k := range []string{kindActive, kindIdle} {
-			for _, p := range []record.Provenance{record.Measured, record.Estimated} {
-				m.energy.WithLabelValues(k, p.String())
-			}
-		}
 		m.parks = prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    metricParkTime,
 			Help:    "Time a successful park took, from request to the sandbox gone, in seconds.",
@@ -83,26 +113,16 @@ func (m *metrics) init() {
 	})
 }
 
-// collectors returns the instruments, for a registry.
-func (m *metrics) collectors() []prometheus.Collector {
+// histograms returns the park and resume histograms, for a registry.
+func (m *metrics) histograms() []prometheus.Collector {
 	m.init()
-	return []prometheus.Collector{m.energy, m.parks, m.resums}
-}
-
-// provenanceLabel is p's label value. Receipts and Resumed segments only
-// carry the two provenances; anything else is counted where it shows.
-func provenanceLabel(p record.Provenance) string {
-	if p != record.Measured && p != record.Estimated {
-		return provenanceUnknown
-	}
-	return p.String()
+	return []prometheus.Collector{m.parks, m.resums}
 }
 
 // receipt counts an executed interval's receipt (after the daemon sealed
 // it).
 func (m *metrics) receipt(rc attest.Receipt) {
-	m.init()
-	m.energy.WithLabelValues(kindActive, provenanceLabel(rc.Provenance)).Add(float64(rc.UJ))
+	m.energyUJ[activeEnergy][provenanceIndex(rc.Provenance)].Add(rc.UJ)
 }
 
 // parked counts a successful park that took d.
@@ -116,7 +136,7 @@ func (m *metrics) parked(d time.Duration) {
 func (m *metrics) resumed(d time.Duration, uj uint64, p record.Provenance) {
 	m.init()
 	m.resums.Observe(d.Seconds())
-	m.energy.WithLabelValues(kindIdle, provenanceLabel(p)).Add(float64(uj))
+	m.energyUJ[idleEnergy][provenanceIndex(p)].Add(uj)
 }
 
 // Metrics is the /metrics handler: the daemon's metrics (docs/energy.md,
@@ -139,7 +159,7 @@ func (d *Daemon) Metrics() http.Handler {
 // registry returns a new registry holding the daemon's metrics.
 func (d *Daemon) registry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(d.metrics.collectors()...)
+	reg.MustRegister(d.metrics.histograms()...)
 	reg.MustRegister(newCollector(d),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -148,11 +168,12 @@ func (d *Daemon) registry() *prometheus.Registry {
 
 // collector reads, at each scrape, what the store and the meter know now:
 // runs by phase, the bytes parked runs retain and the idle draw they cost,
-// and the meter's RAPL state and receipt counts.
+// and the meter's RAPL state and receipt counts; and the energy the hooks
+// counted.
 type collector struct {
 	d *Daemon
 
-	runs, retained, draw, rapl, receipts *prometheus.Desc
+	energy, runs, retained, draw, rapl, receipts *prometheus.Desc
 
 	mu sync.Mutex
 	// sizes holds, by snapshot, the bytes it retains: a snapshot names
@@ -164,6 +185,10 @@ type collector struct {
 func newCollector(d *Daemon) *collector {
 	return &collector{
 		d: d,
+		energy: prometheus.NewDesc(metricEnergy,
+			"Energy this daemon recorded since it started, in joules: kind=active sums executed intervals' receipts, "+
+				"kind=idle the idle energy of resumes; by provenance. Kept in whole microjoules, as records are.",
+			[]string{labelKind, labelProvenance}, nil),
 		runs: prometheus.NewDesc(metricRuns,
 			"Runs in the store by phase: executing, parked, closed.",
 			[]string{labelPhase}, nil),
@@ -186,28 +211,45 @@ func newCollector(d *Daemon) *collector {
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.runs, c.retained, c.draw, c.rapl, c.receipts} {
+	for _, d := range []*prometheus.Desc{c.energy, c.runs, c.retained, c.draw, c.rapl, c.receipts} {
 		ch <- d
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	var parked []string
+	for k := range c.d.metrics.energyUJ {
+		for p := range c.d.metrics.energyUJ[k] {
+			uj := c.d.metrics.energyUJ[k][p].Load()
+			if p == unknownEnergy && uj == 0 {
+				continue // only once it happened
+			}
+			kind, prov := energyLabels(k, p)
+			ch <- prometheus.MustNewConstMetric(c.energy, prometheus.CounterValue, float64(uj)/1e6, kind, prov)
+		}
+	}
+	var (
+		parked    []string
+		parkedErr error
+	)
 	for _, ph := range []record.Phase{record.Active, record.Parked, record.Ended} {
 		ids, err := c.d.st.Runs(ph)
-		if err != nil {
-			ch <- prometheus.NewInvalidMetric(c.runs, fmt.Errorf("runs %s: %w", ph, err))
-			continue
-		}
 		if ph == record.Parked {
-			parked = ids
+			parked, parkedErr = ids, err
+		}
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(c.runs, fmt.Errorf("%s runs: %w", ph, err))
+			continue
 		}
 		ch <- prometheus.MustNewConstMetric(c.runs, prometheus.GaugeValue, float64(len(ids)), ph.String())
 	}
 
 	coeffs := c.d.meter.Coefficients()
-	retained, err := c.retainedBy(parked)
+	var retained int64
+	err := parkedErr
+	if err == nil {
+		retained, err = c.retainedBy(parked)
+	}
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.retained, err)
 		ch <- prometheus.NewInvalidMetric(c.draw, err)
@@ -230,9 +272,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.receipts, prometheus.CounterValue, float64(snap.EstimatedReceipts), record.Estimated.String())
 }
 
-// retainedBy sums the bytes the parked runs' snapshots retain. A run that
-// is no longer parked when it is read (resumed or closed since the phase
-// index was read) is left out.
+// retainedBy sums the bytes the parked runs' snapshots retain, each run's
+// as its resume will charge it: an object two parks name (the store keeps
+// it once) counts for each. A run that is no longer parked when it is read
+// (resumed or closed since the phase index was read) is left out.
 func (c *collector) retainedBy(ids []string) (int64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

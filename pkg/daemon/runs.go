@@ -175,7 +175,7 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 			d.log.Error("recording the unit's exit", "run", id, "err", err)
 			return
 		}
-		d.attested(ev.att)
+		d.attested(ev)
 		d.destroy(lv)
 		r.live = nil
 		d.log.Info("run closed", "run", id, "reason", reason)
@@ -301,7 +301,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		return api.Park{}, fmt.Errorf("park %s: %w", id, err)
 	}
 	failpoint("park.appended")
-	d.attested(ev.att)
+	d.attested(ev)
 	if lv.transcript != nil {
 		// A transcript park keeps nothing of the sandbox: it is torn
 		// down behind the reply (each interval's sandbox has its own id,
@@ -383,7 +383,6 @@ func (d *Daemon) unitOf(st store.Run) (unit.Spec, unit.Grants, error) {
 // resumed is what a resume hands the new sandbox.
 type resumed struct {
 	transcript record.Address
-	results    []callResult
 }
 
 // Resume resumes a parked run on this host after the three preconditions,
@@ -588,7 +587,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	}
 	failpoint("close.appended")
 	if lv != nil {
-		d.attested(ev.att)
+		d.attested(ev)
 		d.destroy(lv)
 	}
 	r.live, r.park = nil, nil

@@ -54,12 +54,6 @@ type channel struct {
 	closed      bool // the interval is over: every call is refused
 }
 
-// callResult is a result posted for a call.
-type callResult struct {
-	ID      string
-	Payload []byte
-}
-
 // calls is what a run's record says of its calls: every id dispatched, and
 // those not yet resolved.
 type calls struct {
@@ -653,7 +647,7 @@ func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) err
 	if err := d.append(id, ev.seg, record.Suspension(record.TranscriptSnapshot(a), manAddr)); err != nil {
 		return err
 	}
-	d.attested(ev.att)
+	d.attested(ev)
 	d.destroy(lv)
 	return os.RemoveAll(filepath.Dir(path))
 }
