@@ -58,7 +58,7 @@ func (c *clientFlags) print(w io.Writer, v any, table func(w io.Writer)) error {
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args); err != nil {
 			return nil, err
 		}
 		args = fs.Args()
@@ -71,6 +71,16 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
+}
+
+// parseFlags is fs.Parse with its errors as usage errors (exit 2); the
+// flag package has already printed the flag's usage.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		return usageError{msg: err.Error(), printed: true}
+	}
+	return err
 }
 
 func ctx() (context.Context, context.CancelFunc) {
@@ -160,7 +170,7 @@ func cmdRun(args []string, stdout io.Writer) error {
 	var env, ro listFlag
 	fs.Var(&env, "env", "KEY=VALUE for the unit (repeatable)")
 	fs.Var(&ro, "ro", "SRC:DST read-only bind mount (repeatable)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
@@ -266,7 +276,7 @@ func showTable(w io.Writer, s api.Show) {
 	fmt.Fprintf(w, "run:\t%s\n", s.Run.ID)
 	fmt.Fprintf(w, "status:\t%s\n", s.Run.Status)
 	if s.Unit != nil {
-		fmt.Fprintf(w, "unit:\t%s %s (%s mode)\n", s.Unit.Image, strings.Join(s.Unit.Args, " "), s.Unit.Mode)
+		fmt.Fprintf(w, "unit:\t%s (%s mode)\n", strings.Join(append([]string{s.Unit.Image}, s.Unit.Args...), " "), s.Unit.Mode)
 	}
 	fmt.Fprintf(w, "unit id:\t%s\n", s.Run.Unit)
 	fmt.Fprintf(w, "grants id:\t%s\n", s.Run.Grants)
@@ -298,7 +308,7 @@ func showTable(w io.Writer, s api.Show) {
 					bytesString(cp.ImageBytes), bytesString(cp.RootBytes))
 			}
 		case "suspended":
-			d = fmt.Sprintf("%s park %s, manifest %s", g.Form, g.Snapshot, g.Manifest)
+			d = fmt.Sprintf("%s, manifest %s", g.Snapshot, g.Manifest)
 		case "resumed":
 			d = fmt.Sprintf("%s park, idle %s %s", g.Form, uj(g.Idle.UJ), g.Idle.Provenance)
 		case "closed":
@@ -592,6 +602,8 @@ func exitCode(err error) int {
 		return 1
 	}
 	switch ae.Code {
+	case api.CodeBadRequest:
+		return 2
 	case api.CodeDaemonUnreachable:
 		return 3
 	case api.CodeNotFound:

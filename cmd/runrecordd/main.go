@@ -9,6 +9,7 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -18,11 +19,16 @@ import (
 )
 
 // usageError is bad command-line input: exit code 2.
-type usageError struct{ msg string }
+type usageError struct {
+	msg     string
+	printed bool // the flag package has said it already
+}
 
 func (e usageError) Error() string { return e.msg }
 
-func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+func usagef(format string, args ...any) error {
+	return usageError{msg: fmt.Sprintf(format, args...)}
+}
 
 type command struct {
 	name    string
@@ -71,6 +77,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err := c.run(args[1:], stdout)
 		if err == nil {
 			return 0
+		}
+		var ue usageError
+		switch {
+		case errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.As(err, &ue) && ue.printed:
+			return 2
 		}
 		fmt.Fprintf(stderr, "runrecordd %s: %v\n", c.name, err)
 		var ae *api.Error

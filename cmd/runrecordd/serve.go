@@ -27,7 +27,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 	coeffs := fs.String("coefficients", "", "JSON file of energy coefficients over the defaults (docs/energy.md)")
 	sysfs := fs.String("sysfs", "", "sysfs root the meter reads RAPL zones under (default /sys)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 0 {

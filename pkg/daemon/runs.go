@@ -48,7 +48,7 @@ func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error)
 	}
 	img, err := d.ex.Image(ctx, spec.Image)
 	if err != nil {
-		return api.Run{}, fmt.Errorf("image %s: %w (import it with `runrecordd images import`)", spec.Image, err)
+		return api.Run{}, fmt.Errorf("%w (import it with `runrecordd images import`)", err)
 	}
 	if spec.ImageDigest == "" {
 		spec.ImageDigest = img.Digest

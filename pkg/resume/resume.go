@@ -48,8 +48,14 @@ func (e *ManifestError) Error() string {
 	for _, d := range e.Diffs {
 		lines = append(lines, d.String())
 	}
-	return fmt.Sprintf("environment manifest mismatch: recorded %s, this host %s; keys that differ: %s; resume on a host whose environment matches",
-		e.Recorded, e.Current, strings.Join(lines, "; "))
+	hint := "resume on a host whose environment matches"
+	for _, d := range e.Diffs {
+		if d.Key == manifest.ImageDigest {
+			hint = "import the unit's image (the one with the recorded digest) with `runrecordd images import`, or " + hint
+		}
+	}
+	return fmt.Sprintf("environment manifest mismatch: recorded %s, this host %s; keys that differ: %s; %s",
+		e.Recorded, e.Current, strings.Join(lines, "; "), hint)
 }
 
 // Keys returns the differing keys.

@@ -68,6 +68,26 @@ func ParseMode(s string) (Mode, error) {
 	return 0, fmt.Errorf("%w: mode %q: want image or transcript", ErrInvalid, s)
 }
 
+// MarshalText writes the mode's name ("" for the zero mode, which a request
+// leaves to the daemon's default).
+func (m Mode) MarshalText() ([]byte, error) {
+	if m == 0 {
+		return nil, nil
+	}
+	return []byte(m.String()), nil
+}
+
+// UnmarshalText reads a mode's name; "" is the zero mode.
+func (m *Mode) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*m = 0
+		return nil
+	}
+	v, err := ParseMode(string(b))
+	*m = v
+	return err
+}
+
 // Spec is a unit: an image by name and content digest, what to run in it,
 // and how it parks.
 type Spec struct {
@@ -95,6 +115,26 @@ func (n Network) String() string {
 		return "loopback"
 	}
 	return fmt.Sprintf("network(%d)", uint8(n))
+}
+
+// MarshalText writes the network's name ("" for the zero network, which a
+// request leaves to the daemon's default).
+func (n Network) MarshalText() ([]byte, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	return []byte(n.String()), nil
+}
+
+// UnmarshalText reads a network's name; "" is the zero network.
+func (n *Network) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*n = 0
+		return nil
+	}
+	v, err := ParseNetwork(string(b))
+	*n = v
+	return err
 }
 
 // ParseNetwork parses "none" or "loopback".
