@@ -96,6 +96,7 @@ type Daemon struct {
 	keyID record.Address
 	host  manifest.Manifest // the host's own facts and runtime versions
 	stop  context.CancelFunc
+	bgCtx context.Context // done once the daemon stops
 	bg    sync.WaitGroup
 
 	auditMu sync.Mutex
@@ -184,7 +185,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("daemon: host facts: %w", err)
 	}
 	bg, stop := context.WithCancel(context.Background())
-	d.stop = stop
+	d.stop, d.bgCtx = stop, bg
 	d.bg.Add(1)
 	go func() {
 		defer d.bg.Done()
@@ -204,6 +205,17 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	if d.stop != nil {
 		d.stop()
 	}
+	// Transcript units lose their channels with this process; the next
+	// start parks them from the transcripts left on disk.
+	d.mu.Lock()
+	for _, r := range d.runs {
+		r.mu.Lock()
+		if r.live != nil && r.live.transcript != nil {
+			r.live.transcript.stop()
+		}
+		r.mu.Unlock()
+	}
+	d.mu.Unlock()
 	d.bg.Wait()
 	var errs []error
 	if d.ex != nil {

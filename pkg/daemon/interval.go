@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -47,22 +48,96 @@ func fileSize(p string) int64 {
 	return st.Size()
 }
 
-// begin starts an interval on sb: metering and journal offsets.
-func (d *Daemon) begin(id string, sb *executor.Sandbox, spec unit.Spec, grants unit.Grants, event string) *live {
+// mark is where an interval begins: its time and the unit's output sizes,
+// taken before the sandbox starts so that nothing it writes falls between
+// two journals; and, once metering began, the cgroup's CPU time. It is kept
+// in runs/RUN/interval.json while the interval is open, so that a daemon
+// restarted in the middle of an interval attests it from its real start.
+type mark struct {
+	StartNS int64          `json:"start_ns"`
+	OutOff  int64          `json:"stdout_offset"`
+	ErrOff  int64          `json:"stderr_offset"`
+	CPUNS   uint64         `json:"cpu_ns"`
+	Metered bool           `json:"metered"`
+	Events  []attest.Entry `json:"events"`
+}
+
+// markNow is a mark at this instant for run id's output.
+func (d *Daemon) markNow(id string) mark {
 	out := d.outputOf(id)
-	lv := &live{sb: sb, spec: spec, grants: grants, start: time.Now(), out: out,
-		outOff: fileSize(out.Stdout), errOff: fileSize(out.Stderr)}
+	return mark{StartNS: nowNS(), OutOff: fileSize(out.Stdout), ErrOff: fileSize(out.Stderr)}
+}
+
+// begin starts an interval on sb from m: metering and journal offsets.
+func (d *Daemon) begin(id string, sb *executor.Sandbox, spec unit.Spec, grants unit.Grants, event string, m mark) *live {
+	out := d.outputOf(id)
+	lv := &live{sb: sb, spec: spec, grants: grants, start: time.Unix(0, m.StartNS), out: out,
+		outOff: m.OutOff, errOff: m.ErrOff}
 	cg, err := d.meter.CgroupOf(int(sb.Pid()))
 	if err == nil {
 		lv.iv, err = d.meter.Begin(cg)
 	}
 	if err != nil {
 		lv.ivErr = err
-		d.log.Warn("interval not metered from its start", "run", sb.ID(), "err", err)
+		d.log.Warn("interval not metered from its start", "run", id, "err", err)
 	}
 	lv.events.Add(attest.Lifecycle, nowNS(), []byte(event))
 	return lv
 }
+
+// reattach goes on with the interval an earlier daemon process began on
+// sb, from the mark it saved (or from now, without one).
+func (d *Daemon) reattach(id string, sb *executor.Sandbox, spec unit.Spec, grants unit.Grants) *live {
+	m, ok := d.loadMark(id)
+	if !ok {
+		return d.begin(id, sb, spec, grants, "reattached (the interval's start was not saved)", d.markNow(id))
+	}
+	out := d.outputOf(id)
+	lv := &live{sb: sb, spec: spec, grants: grants, start: time.Unix(0, m.StartNS), out: out,
+		outOff: m.OutOff, errOff: m.ErrOff}
+	lv.events.Entries = m.Events
+	cg, err := d.meter.CgroupOf(int(sb.Pid()))
+	if err == nil && m.Metered {
+		lv.iv, err = d.meter.Reattach(cg, lv.start, m.CPUNS)
+	} else if err == nil {
+		err = fmt.Errorf("the interval was not metered from its start")
+	}
+	if err != nil {
+		lv.ivErr = err
+	}
+	lv.events.Add(attest.Lifecycle, nowNS(), []byte("reattached"))
+	return lv
+}
+
+func (d *Daemon) markPath(id string) string {
+	return filepath.Join(d.cfg.StateDir, "runs", id, "interval.json")
+}
+
+// saveMark keeps lv's start for a restarted daemon.
+func (d *Daemon) saveMark(id string, lv *live) {
+	m := mark{StartNS: lv.start.UnixNano(), OutOff: lv.outOff, ErrOff: lv.errOff, Events: lv.events.Entries}
+	if lv.iv != nil {
+		m.CPUNS, m.Metered = lv.iv.CPUAtBegin(), true
+	}
+	b, err := json.Marshal(m)
+	if err == nil {
+		err = writeDurable(d.markPath(id), b)
+	}
+	if err != nil {
+		d.log.Warn("interval start not saved; a restarted daemon attests it from the restart", "run", id, "err", err)
+	}
+}
+
+func (d *Daemon) loadMark(id string) (mark, bool) {
+	var m mark
+	b, err := os.ReadFile(d.markPath(id))
+	if err != nil || json.Unmarshal(b, &m) != nil {
+		return mark{}, false
+	}
+	return m, true
+}
+
+func (d *Daemon) dropMark(id string) { os.Remove(d.markPath(id)) }
 
 // journalChunk bounds one output entry of a replay journal.
 const journalChunk = 64 << 10

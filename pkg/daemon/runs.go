@@ -91,6 +91,7 @@ func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error)
 		return api.Run{}, err
 	}
 	r.live = lv
+	d.saveMark(id, lv)
 	d.watch(id, r, lv)
 	d.log.Info("run started", "run", id, "image", spec.Image, "mode", spec.Mode)
 	d.publish(api.Event{Kind: "run.started", Run: id, Detail: spec.Mode.String()})
@@ -112,6 +113,7 @@ func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, gr
 		es.Mounts = append(es.Mounts, executor.Mount{Source: ch.dir, Target: ChannelMount, Writable: true})
 	}
 	out, err := d.output(id)
+	m := d.markNow(id)
 	if err == nil {
 		sid := id
 		if ch != nil {
@@ -129,7 +131,7 @@ func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, gr
 	if restored != nil {
 		event = "resumed"
 	}
-	lv := d.begin(id, sb, spec, grants, event)
+	lv := d.begin(id, sb, spec, grants, event, m)
 	lv.transcript = ch
 	if ch != nil {
 		ch.serve(d, id, lv)
@@ -156,7 +158,10 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 	d.bg.Add(1)
 	go func() {
 		defer d.bg.Done()
-		code, err := lv.sb.Wait(context.Background())
+		code, err := lv.sb.Wait(d.bgCtx)
+		if d.bgCtx.Err() != nil {
+			return // the daemon is stopping; the unit goes on without it
+		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if r.live != lv || lv.stopping {
@@ -175,6 +180,7 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 			d.log.Error("recording the unit's exit", "run", id, "err", err)
 			return
 		}
+		d.dropMark(id)
 		d.attested(ev)
 		d.destroy(lv)
 		r.live = nil
@@ -294,13 +300,15 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 			}
 		}
 		if ended {
-			nlv := d.begin(id, lv.sb, lv.spec, lv.grants, "park-refused")
+			nlv := d.begin(id, lv.sb, lv.spec, lv.grants, "park-refused", d.markNow(id))
 			nlv.transcript = lv.transcript
 			*lv = *nlv
+			d.saveMark(id, lv)
 		}
 		return api.Park{}, fmt.Errorf("park %s: %w", id, err)
 	}
 	failpoint("park.appended")
+	d.dropMark(id)
 	d.attested(ev)
 	if lv.transcript != nil {
 		// A transcript park keeps nothing of the sandbox: it is torn
@@ -491,6 +499,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 		lv.events.Entries = append(lv.events.Entries, lifecycle("restored", rst))
 	}
 	r.live, r.park = lv, nil
+	d.saveMark(id, lv)
 	d.watch(id, r, lv)
 	d.metrics.resumed(time.Since(start), uj, prov)
 	sum, err := d.summary(id, r)
@@ -520,11 +529,12 @@ func (d *Daemon) restore(ctx context.Context, id string, spec unit.Spec, grants 
 	if err != nil {
 		return nil, nil, err
 	}
+	m := d.markNow(id)
 	sb, rs, err := d.ex.Restore(ctx, id, executor.SpecOf(spec, grants), executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs}, out)
 	if err != nil {
 		return nil, nil, err
 	}
-	lv := d.begin(id, sb, spec, grants, "restored")
+	lv := d.begin(id, sb, spec, grants, "restored", m)
 	return lv, &api.Restore{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
 		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored}, nil
 }
@@ -579,13 +589,15 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	}
 	if err := d.append(id, segs...); err != nil {
 		if lv != nil {
-			nlv := d.begin(id, lv.sb, lv.spec, lv.grants, "close-refused")
+			nlv := d.begin(id, lv.sb, lv.spec, lv.grants, "close-refused", d.markNow(id))
 			nlv.transcript = lv.transcript
 			*lv = *nlv
+			d.saveMark(id, lv)
 		}
 		return api.Run{}, fmt.Errorf("close %s: %w", id, err)
 	}
 	failpoint("close.appended")
+	d.dropMark(id)
 	if lv != nil {
 		d.attested(ev)
 		d.destroy(lv)
@@ -714,7 +726,7 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		if spec.Mode == unit.TranscriptMode {
 			// Its channel went with the daemon that served it: park it
 			// from the transcript on disk, unaccounted.
-			if err := d.recoverTranscript(ctx, id, d.begin(id, sb, spec, grants, "reattached")); err != nil {
+			if err := d.recoverTranscript(ctx, id, d.reattach(id, sb, spec, grants)); err != nil {
 				d.log.Error("reconcile: a transcript unit could not be parked from its transcript; the run is lost until closed", "run", id, "err", err)
 			} else {
 				d.log.Warn("reconcile: parked a transcript unit whose channel did not survive the restart (its interval is unaccounted)", "run", id)
@@ -728,8 +740,9 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 			d.log.Info("reconcile: thawed a unit whose park did not complete", "run", id)
 		}
 		r := d.lock(id)
-		lv := d.begin(id, sb, spec, grants, "reattached")
+		lv := d.reattach(id, sb, spec, grants)
 		r.live = lv
+		d.saveMark(id, lv)
 		d.watch(id, r, lv)
 		r.mu.Unlock()
 		d.log.Info("reconcile: reattached", "run", id)

@@ -144,6 +144,13 @@ func (c *channel) serve(d *Daemon, id string, lv *live) {
 	}()
 }
 
+// stop stops serving, leaving the directory (and its transcript) for the
+// next daemon to recover.
+func (c *channel) stop() {
+	c.srv.Close()
+	c.ln.Close()
+}
+
 func (c *channel) close() {
 	c.mu.Lock()
 	c.closed = true
@@ -647,6 +654,7 @@ func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) err
 	if err := d.append(id, ev.seg, record.Suspension(record.TranscriptSnapshot(a), manAddr)); err != nil {
 		return err
 	}
+	d.dropMark(id)
 	d.attested(ev)
 	d.destroy(lv)
 	return os.RemoveAll(filepath.Dir(path))

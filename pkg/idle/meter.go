@@ -304,6 +304,31 @@ func (m *Meter) Begin(cgroupPath string) (*Interval, error) {
 	return &Interval{m: m, path: cgroupPath, file: file, begin: p, cpu: cpu}, nil
 }
 
+// Reattach goes on metering an interval that an earlier process began at
+// start, when the sandbox's cgroup had used cpuNS ([Interval.CPUAtBegin]).
+// The earlier process's RAPL and host counters are gone, so the receipt
+// [Interval.End] gives is estimated from the cgroup's CPU time, with the
+// reason under "fallback".
+func (m *Meter) Reattach(cgroupPath string, start time.Time, cpuNS uint64) (*Interval, error) {
+	file, err := cgroupFile(m.cgroupRoot, m.mode, cgroupPath)
+	if err != nil {
+		return nil, err
+	}
+	const why = "the interval began in an earlier daemon process, whose counters were not kept"
+	p := point{at: start, hostErr: why}
+	m.mu.Lock()
+	for range m.zones {
+		p.totals = append(p.totals, 0)
+		p.faults = append(p.faults, 0)
+		p.errs = append(p.errs, why)
+	}
+	m.mu.Unlock()
+	return &Interval{m: m, path: cgroupPath, file: file, begin: p, cpu: cpuNS}, nil
+}
+
+// CPUAtBegin is the cgroup's CPU time when the interval began.
+func (iv *Interval) CPUAtBegin() uint64 { return iv.cpu }
+
 // End ends the interval and returns its receipt: measured (RAPL package
 // and DRAM energy over the interval × the sandbox's share of host busy CPU
 // time) when every zone was read without fault across the interval and

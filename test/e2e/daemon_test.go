@@ -1,0 +1,376 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+)
+
+// daemon is one `runrecordd serve` process on its own state directory,
+// with its embedded containerd.
+type daemon struct {
+	name   string
+	root   string // os.MkdirTemp("", "rre-"): short, for the sockets under it
+	state  string // root/state: the --state-dir
+	log    string // root/daemon.log: the daemon's stdout and stderr, every start
+	socket string
+	c      *api.Client
+
+	cmd  *exec.Cmd
+	done chan error // cmd.Wait's result, once
+}
+
+// newDaemon makes a state directory and starts a daemon on it.
+func newDaemon(name string) (*daemon, error) {
+	root, err := os.MkdirTemp("", "rre-")
+	if err != nil {
+		return nil, err
+	}
+	d := &daemon{name: name, root: root, state: filepath.Join(root, "state"), log: filepath.Join(root, "daemon.log")}
+	d.socket = filepath.Join(d.state, "runrecordd.sock")
+	d.c = api.NewClient(d.socket)
+	if err := d.start(); err != nil {
+		return d, err
+	}
+	return d, nil
+}
+
+// mustDaemon starts a daemon for t alone. Its cleanup verifies every run
+// from genesis, closes them all, stops the daemon and checks that it
+// exits 0 and leaves nothing running.
+func mustDaemon(t *testing.T, name string) *daemon {
+	t.Helper()
+	d, err := newDaemon(name)
+	if d != nil {
+		t.Cleanup(func() {
+			if err := d.shutdown(t.Failed()); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// shared returns the daemon the tests share, starting it for the first.
+// t's cleanup verifies every run on it from genesis.
+func shared(t *testing.T) *daemon {
+	t.Helper()
+	if sharedDaemon == nil {
+		d, err := newDaemon("shared")
+		if d != nil {
+			sharedDaemon = d
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if _, err := importImage(ctx, d, oracleArchive, oracleImage); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := sharedDaemon
+	t.Cleanup(func() {
+		if !d.running() {
+			t.Errorf("%s daemon is not running after the test", d.name)
+			return
+		}
+		if err := d.verifyAll(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	return d
+}
+
+// start starts the daemon and waits until its API answers.
+func (d *daemon) start() error {
+	if d.running() {
+		return fmt.Errorf("%s daemon: already running", d.name)
+	}
+	logf, err := os.OpenFile(d.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	fmt.Fprintf(logf, "=== e2e: starting %s daemon at %s\n", d.name, time.Now().Format(time.RFC3339Nano))
+	cmd := exec.Command(daemonBinary, "serve", "--state-dir", d.state, "--log-level", "debug")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("%s daemon: %w", d.name, err)
+	}
+	d.cmd, d.done = cmd, make(chan error, 1)
+	go func() { d.done <- cmd.Wait() }()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := d.c.Host(ctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case werr := <-d.done:
+			d.cmd = nil
+			return fmt.Errorf("%s daemon exited while starting (%v); log %s:\n%s", d.name, werr, d.log, d.logTail())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s daemon: no answer on %s after 2m: %v; log %s:\n%s", d.name, d.socket, err, d.log, d.logTail())
+		}
+	}
+}
+
+func (d *daemon) running() bool { return d.cmd != nil }
+
+// stopTimeout bounds a graceful stop: a daemon with nothing to do exits in
+// well under a second.
+const stopTimeout = 20 * time.Second
+
+// stop sends SIGTERM and waits for the daemon to exit; anything but exit
+// status 0 within stopTimeout is an error. The daemon is stopped either way
+// (killed when it would not stop).
+func (d *daemon) stop() error {
+	if !d.running() {
+		return fmt.Errorf("%s daemon: not running", d.name)
+	}
+	cmd := d.cmd
+	d.cmd = nil
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return fmt.Errorf("%s daemon: SIGTERM: %w", d.name, err)
+	}
+	select {
+	case err := <-d.done:
+		if err != nil {
+			return fmt.Errorf("%s daemon: exit after SIGTERM: %v (want status 0); log %s:\n%s", d.name, err, d.log, d.logTail())
+		}
+		return nil
+	case <-time.After(stopTimeout):
+		_ = cmd.Process.Kill()
+		<-d.done
+		return fmt.Errorf("%s daemon: still running %v after SIGTERM; killed it; log %s:\n%s", d.name, stopTimeout, d.log, d.logTail())
+	}
+}
+
+func mustStop(t *testing.T, d *daemon) {
+	t.Helper()
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustStart(t *testing.T, d *daemon) {
+	t.Helper()
+	if err := d.start(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// verifyAll verifies every run on the daemon from genesis, with every
+// object it reaches.
+func (d *daemon) verifyAll(ctx context.Context) error {
+	runs, err := d.c.List(ctx, "")
+	if err != nil {
+		return fmt.Errorf("%s daemon: list: %w", d.name, err)
+	}
+	var errs []error
+	for _, r := range runs {
+		if err := verifyRun(ctx, d, r.ID); err != nil {
+			errs = append(errs, fmt.Errorf("%s daemon: %w", d.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// verifyRun checks that a run's record verifies from genesis and agrees
+// with the run's summary.
+func verifyRun(ctx context.Context, d *daemon, id string) error {
+	v, err := d.c.Verify(ctx, id)
+	if err != nil {
+		return fmt.Errorf("run %s: verify: %w", id, err)
+	}
+	if !v.OK {
+		return fmt.Errorf("run %s does not verify from genesis: %+v", id, v.Error)
+	}
+	r, err := d.c.Show(ctx, id)
+	if err != nil {
+		return fmt.Errorf("run %s: show: %w", id, err)
+	}
+	if v.Segments != r.Run.Segments || v.Head != r.Run.Head || v.Phase != r.Run.Phase || len(r.Segments) != v.Segments {
+		return fmt.Errorf("run %s: verify says %d segments, head %s, %s; the run %d (%d shown), %s, %s",
+			id, v.Segments, v.Head, v.Phase, r.Run.Segments, len(r.Segments), r.Run.Head, r.Run.Phase)
+	}
+	return nil
+}
+
+// closeAll closes every run not closed yet, destroying its sandbox.
+func (d *daemon) closeAll(ctx context.Context) error {
+	runs, err := d.c.List(ctx, "")
+	if err != nil {
+		return fmt.Errorf("%s daemon: list: %w", d.name, err)
+	}
+	var errs []error
+	for _, r := range runs {
+		if r.Phase == "closed" {
+			continue
+		}
+		if _, err := d.c.Close(ctx, r.ID, "e2e: test over"); err != nil {
+			errs = append(errs, fmt.Errorf("%s daemon: close %s: %w", d.name, r.ID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// shutdown is the end of a daemon's life in the tests: every run verified
+// from genesis, then closed and verified again; the daemon stopped with
+// SIGTERM (exit status 0); no containerd or shim of its left running; its
+// mounts and state directory removed — kept, with the log, when failed
+// (or anything here fails), and their path printed.
+func (d *daemon) shutdown(failed bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var errs []error
+	if !d.running() {
+		// A test that failed with the daemon stopped: start it to
+		// verify and close what it holds.
+		if err := d.start(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if d.running() {
+		errs = append(errs, d.verifyAll(ctx), d.closeAll(ctx), d.verifyAll(ctx))
+		errs = append(errs, d.stop())
+	}
+	errs = append(errs, d.noneLeft())
+	err := errors.Join(errs...)
+	if err != nil || failed {
+		fmt.Fprintf(os.Stderr, "e2e: %s daemon's state and log kept in %s\n", d.name, d.root)
+		return err
+	}
+	d.unmount()
+	if err := os.RemoveAll(d.root); err != nil {
+		return fmt.Errorf("%s daemon: removing %s: %w", d.name, d.root, err)
+	}
+	return nil
+}
+
+// noneLeft waits briefly for the daemon's containerd and shims to be gone:
+// a process whose command line names its state directory.
+func (d *daemon) noneLeft() error {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		left := d.processes()
+		if len(left) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s daemon stopped, but processes of its state directory are left: %s", d.name, strings.Join(left, "; "))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (d *daemon) processes() []string {
+	ents, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		cmdline := strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " ")
+		if strings.Contains(cmdline, d.state+"/") || strings.HasSuffix(cmdline, d.state) {
+			out = append(out, e.Name()+": "+cmdline)
+		}
+	}
+	return out
+}
+
+// unmount detaches whatever is still mounted under the daemon's root
+// (containerd's state directory), deepest first.
+func (d *daemon) unmount() {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	var points []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && strings.HasPrefix(fields[4], d.root+"/") {
+			points = append(points, fields[4])
+		}
+	}
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	for _, p := range points {
+		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+	}
+}
+
+// logTail is the end of the daemon's log.
+func (d *daemon) logTail() string {
+	b, _ := os.ReadFile(d.log)
+	const n = 6000
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// importImage imports an OCI archive into the daemon's containerd.
+func importImage(ctx context.Context, d *daemon, archive, name string) (api.Image, error) {
+	f, err := os.Open(archive)
+	if err != nil {
+		return api.Image{}, err
+	}
+	defer f.Close()
+	img, err := d.c.ImportImage(ctx, f, name)
+	if err != nil {
+		return api.Image{}, fmt.Errorf("%s daemon: import %s as %s: %w", d.name, archive, name, err)
+	}
+	return img, nil
+}
+
+func mustImportImage(t *testing.T, d *daemon, archive, name, digest string) {
+	t.Helper()
+	img, err := importImage(context.Background(), d, archive, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Name != name || img.Digest != digest {
+		t.Fatalf("imported %+v, want %s at %s", img, name, digest)
+	}
+}
+
+// run is a run's summary, from the list (which reads the run's state and
+// does not verify its record, so it answers for a damaged one too).
+func (d *daemon) run(ctx context.Context, id string) (api.Run, error) {
+	runs, err := d.c.List(ctx, "")
+	if err != nil {
+		return api.Run{}, fmt.Errorf("%s daemon: list: %w", d.name, err)
+	}
+	for _, r := range runs {
+		if r.ID == id {
+			return r, nil
+		}
+	}
+	return api.Run{}, fmt.Errorf("%s daemon: no run %s", d.name, id)
+}

@@ -1,0 +1,141 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/ociarchive"
+	"github.com/runrecordd/runrecordd/pkg/executor"
+)
+
+// The tests run the real daemon, containerd, runc and CRIU as root. They do
+// not skip on a host that lacks them: TestMain fails loudly, because CI runs
+// as root with all of it installed. RUNRECORDD_SKIP_PRIVILEGED=1 skips
+// them, saying so, for a developer machine without root.
+const skipEnv = "RUNRECORDD_SKIP_PRIVILEGED"
+
+// moduleRoot is the module's directory, relative to this package's.
+const moduleRoot = "../.."
+
+const (
+	// oracleImage is the name the oracle's image is imported under.
+	oracleImage = "runrecordd.test/oracle:1"
+	// variantEnv is set in the variant image's config: the same program
+	// in a different image, so under a different digest.
+	variantEnv = "RUNRECORDD_TEST_VARIANT=1"
+)
+
+var (
+	skipReason string // set when RUNRECORDD_SKIP_PRIVILEGED=1
+
+	daemonBinary string // the runrecordd binary under test
+
+	// oracleArchive is the oracle's OCI archive; variantArchive the same
+	// program in an image with one more environment entry.
+	oracleArchive, variantArchive string
+	oracleDigest, variantDigest   string
+
+	// sharedDaemon serves the tests that can share one; started by the
+	// first of them, stopped (and checked) by TestMain.
+	sharedDaemon *daemon
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(mainTest(m))
+}
+
+func mainTest(m *testing.M) int {
+	if os.Getenv(skipEnv) == "1" {
+		skipReason = skipEnv + "=1: skipping runrecordd's end-to-end tests (the daemon with real containerd, runc and CRIU, as root)"
+		fmt.Fprintln(os.Stderr, "e2e:", skipReason)
+		return m.Run()
+	}
+	if err := preflight(); err != nil {
+		fmt.Fprintf(os.Stderr, "\n*** e2e tests need root, containerd, runc and a CRIU whose `criu check` passes:\n*** %v\n*** run deploy/setup.sh as root, or set %s=1 to skip these tests.\n\n", err, skipEnv)
+		return 1
+	}
+	dir, err := os.MkdirTemp("", "rre-build-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	t0 := time.Now()
+	if err := build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "e2e: built runrecordd and the oracle in %v\n", time.Since(t0).Round(time.Millisecond))
+	code := m.Run()
+	if sharedDaemon != nil {
+		if err := sharedDaemon.shutdown(code != 0); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: shared daemon:", err)
+			code = 1
+		}
+	}
+	return code
+}
+
+func preflight() error {
+	if os.Geteuid() != 0 {
+		return errors.New("not running as root")
+	}
+	for _, bin := range []string{"go", "containerd", "runc", "iptables-restore"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return err
+		}
+	}
+	return executor.CheckCRIU(context.Background(), "")
+}
+
+// build builds the daemon and the oracle's two archives into dir.
+func build(dir string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	daemonBinary = filepath.Join(dir, "runrecordd")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", daemonBinary, "./cmd/runrecordd")
+	cmd.Dir = moduleRoot
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go build ./cmd/runrecordd: %v\n%s", err, out.Bytes())
+	}
+	prog, err := ociarchive.GoBinary(ctx, moduleRoot, "./units/oracle")
+	if err != nil {
+		return err
+	}
+	oracleArchive = filepath.Join(dir, "oracle.tar")
+	d, err := ociarchive.WriteFile(oracleArchive, ociarchive.Unit(oracleImage, prog))
+	if err != nil {
+		return err
+	}
+	oracleDigest = d.Manifest.String()
+	img := ociarchive.Unit(oracleImage, prog)
+	img.Env = append(img.Env, variantEnv)
+	variantArchive = filepath.Join(dir, "oracle-variant.tar")
+	if d, err = ociarchive.WriteFile(variantArchive, img); err != nil {
+		return err
+	}
+	variantDigest = d.Manifest.String()
+	if variantDigest == oracleDigest {
+		return fmt.Errorf("the variant image has the oracle's digest %s", oracleDigest)
+	}
+	return nil
+}
+
+func privileged(t *testing.T) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+}
