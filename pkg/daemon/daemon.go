@@ -290,34 +290,10 @@ func readAudit(path string) (*record.Address, error) {
 	return &a, nil
 }
 
-// writeAudit records the host's last attestation durably: temp file, fsync,
-// rename, fsync of the directory, so a crash leaves the old head or the new.
+// writeAudit records the host's last attestation durably (a crash leaves
+// the old head or the new).
 func writeAudit(path string, a record.Address) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".audit-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.WriteString(a.String()); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	return dir.Sync()
+	return writeDurable(path, []byte(a.String()))
 }
 
 func nowNS() int64 { return time.Now().UnixNano() }

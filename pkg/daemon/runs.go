@@ -139,6 +139,16 @@ func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, gr
 	return lv, nil
 }
 
+// restartInterval starts a new interval on lv's sandbox after the end of
+// the last one could not be recorded: the unit goes on, and the next
+// interval is metered and journaled from now.
+func (d *Daemon) restartInterval(id string, lv *live, event string) {
+	nlv := d.begin(id, lv.sb, lv.spec, lv.grants, event, d.markNow(id))
+	nlv.transcript = lv.transcript
+	*lv = *nlv
+	d.saveMark(id, lv)
+}
+
 // destroy removes a sandbox the daemon is done with. The caller holds the
 // run's lock (or owns lv alone).
 func (d *Daemon) destroy(lv *live) {
@@ -300,10 +310,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 			}
 		}
 		if ended {
-			nlv := d.begin(id, lv.sb, lv.spec, lv.grants, "park-refused", d.markNow(id))
-			nlv.transcript = lv.transcript
-			*lv = *nlv
-			d.saveMark(id, lv)
+			d.restartInterval(id, lv, "park-refused")
 		}
 		return api.Park{}, fmt.Errorf("park %s: %w", id, err)
 	}
@@ -589,10 +596,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	}
 	if err := d.append(id, segs...); err != nil {
 		if lv != nil {
-			nlv := d.begin(id, lv.sb, lv.spec, lv.grants, "close-refused", d.markNow(id))
-			nlv.transcript = lv.transcript
-			*lv = *nlv
-			d.saveMark(id, lv)
+			d.restartInterval(id, lv, "close-refused")
 		}
 		return api.Run{}, fmt.Errorf("close %s: %w", id, err)
 	}
