@@ -15,6 +15,7 @@ const FailpointEnv = "RUNRECORDD_FAILPOINT"
 // Failpoints are the steps that can be armed, in the order an operation
 // reaches them.
 var Failpoints = []string{
+	"start.sandboxed",   // the unit's sandbox started, the run's genesis not stored
 	"park.checkpointed", // images ingested (or transcript sealed), nothing recorded
 	"park.attested",     // evidence sealed, segments not appended
 	"park.appended",     // Executed + Suspended durable, sandbox not destroyed

@@ -86,12 +86,14 @@ func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error)
 	if err != nil {
 		return api.Run{}, err
 	}
+	d.saveMark(id, lv)
+	failpoint("start.sandboxed")
 	if _, err := d.st.Create(id, unitID, grantsID); err != nil {
+		d.dropMark(id)
 		d.destroy(lv)
 		return api.Run{}, err
 	}
 	r.live = lv
-	d.saveMark(id, lv)
 	d.watch(id, r, lv)
 	d.log.Info("run started", "run", id, "image", spec.Image, "mode", spec.Mode)
 	d.publish(api.Event{Kind: "run.started", Run: id, Detail: spec.Mode.String()})
@@ -494,19 +496,23 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 		uj, prov, inputs = idle.Estimate(uint64(retained), 0, parkedFor, d.meter.Coefficients())
 	}
 	step("sandbox")
+	lv.events.Entries = append(lv.events.Entries, lifecycle("idle", map[string]any{"uj": uj, "provenance": prov.String(), "inputs": inputs, "retained_bytes": retained, "parked_ns": int64(parkedFor)}))
+	if rst != nil {
+		lv.events.Entries = append(lv.events.Entries, lifecycle("restored", rst))
+	}
+	// Saved before the append: a daemon restarted after it attests the
+	// interval from its start. (A crash before the append leaves a mark
+	// the next resume overwrites.)
+	d.saveMark(id, lv)
 	failpoint("resume.restored")
 	if err := d.append(id, record.Resumption(susp.Snapshot, uj, prov)); err != nil {
+		d.dropMark(id)
 		d.destroy(lv)
 		return api.Resume{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	step("append")
 	failpoint("resume.appended")
-	lv.events.Entries = append(lv.events.Entries, lifecycle("idle", map[string]any{"uj": uj, "provenance": prov.String(), "inputs": inputs, "retained_bytes": retained, "parked_ns": int64(parkedFor)}))
-	if rst != nil {
-		lv.events.Entries = append(lv.events.Entries, lifecycle("restored", rst))
-	}
 	r.live, r.park = lv, nil
-	d.saveMark(id, lv)
 	d.watch(id, r, lv)
 	d.metrics.resumed(time.Since(start), uj, prov)
 	sum, err := d.summary(id, r)

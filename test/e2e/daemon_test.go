@@ -28,6 +28,9 @@ type daemon struct {
 	log    string // root/daemon.log: the daemon's stdout and stderr, every start
 	socket string
 	c      *api.Client
+	// env is added to the environment of every start while set (the
+	// crash tests arm a failpoint with it).
+	env []string
 
 	cmd  *exec.Cmd
 	done chan error // cmd.Wait's result, once
@@ -110,6 +113,10 @@ func (d *daemon) start() error {
 	fmt.Fprintf(logf, "=== e2e: starting %s daemon at %s\n", d.name, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(daemonBinary, "serve", "--state-dir", d.state, "--log-level", "debug")
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if d.env != nil {
+		cmd.Env = append(os.Environ(), d.env...)
+		fmt.Fprintf(logf, "=== e2e: with %s\n", strings.Join(d.env, " "))
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("%s daemon: %w", d.name, err)
 	}
