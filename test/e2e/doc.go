@@ -23,6 +23,11 @@
 //     exits 0 and leaves the unit running; started again it reattaches to
 //     it, park and resume still work, and the interval that spanned the
 //     restart is attested whole.
+//   - TestCrashAtEachStep: the daemon SIGKILLed at each failpoint
+//     (pkg/daemon's Failpoints) leaves a store that passes fsck with the
+//     run where docs/daemon.md's ordering says; the next start keeps or
+//     destroys the sandbox accordingly, and the run goes on as the same
+//     process to a normal end.
 //
 // # Invariants checked after every test
 //
