@@ -243,7 +243,11 @@ func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import
 			if err != nil {
 				return api.Import{}, fmt.Errorf("bundle of %s: segment %d: attestation %s: %w", h.Run, i, s.Attestation, err)
 			}
-			refs[s.Attestation] = body.Refs()
+			// What the run's evidence needs: the receipt and the journal,
+			// the refs its host stored it with. audit_prev links the
+			// exporting host's audit chain, other runs' attestations a
+			// bundle of one run does not carry.
+			refs[s.Attestation] = []record.Address{body.Receipt, body.Journal}
 		case record.Suspended, record.Resumed:
 			if s.Kind == record.Suspended {
 				need[s.Manifest] = true

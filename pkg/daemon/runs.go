@@ -97,6 +97,9 @@ func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error)
 	d.watch(id, r, lv)
 	d.log.Info("run started", "run", id, "image", spec.Image, "mode", spec.Mode)
 	d.publish(api.Event{Kind: "run.started", Run: id, Detail: spec.Mode.String()})
+	if lv.transcript != nil {
+		lv.transcript.serve(d, id, lv)
+	}
 	return d.summary(id, r)
 }
 
@@ -135,9 +138,9 @@ func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, gr
 	}
 	lv := d.begin(id, sb, spec, grants, event, m)
 	lv.transcript = ch
-	if ch != nil {
-		ch.serve(d, id, lv)
-	}
+	// The caller serves the channel once the run (or its Resumed
+	// segment) is stored and announced: until then the unit's hello
+	// waits in the listener's backlog.
 	return lv, nil
 }
 
@@ -520,6 +523,9 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 		return api.Resume{}, err
 	}
 	d.publish(api.Event{Kind: "run.resumed", Run: id, Detail: fmt.Sprintf("idle %d uJ %s", uj, prov)})
+	if lv.transcript != nil {
+		lv.transcript.serve(d, id, lv)
+	}
 	d.log.Info("run resumed", "run", id, "idle_uj", uj, "provenance", prov, "took", time.Since(start))
 	return api.Resume{Run: sum, Idle: api.Energy{UJ: uj, Provenance: prov.String(), Method: "idle-draw", Inputs: inputs},
 		ParkedNS: int64(parkedFor), Restore: rst, DurationNS: int64(time.Since(start)), Steps: steps}, nil

@@ -360,8 +360,24 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *channel) (bool
 	if r.live == nil || r.live.transcript != ch {
 		return false, nil
 	}
-	_, err := d.park(ctx, id, r)
-	return err == nil, err
+	if _, err := d.park(ctx, id, r); err != nil {
+		return false, err
+	}
+	// A result posted between the await and the park found the run
+	// executing and resumed nothing: resume now if every awaited result
+	// is here.
+	ch.mu.Lock()
+	ids := slices.Clone(ch.awaiting)
+	ch.mu.Unlock()
+	for _, a := range ids {
+		if _, ok := d.posted(id, a); !ok {
+			return true, nil
+		}
+	}
+	if _, err := d.resume(ctx, id, r); err != nil {
+		d.log.Error("resume after park: every awaited result was posted before the park", "run", id, "err", err)
+	}
+	return true, nil
 }
 
 // resultsDir holds results posted for a run's calls on this host, one file

@@ -23,6 +23,19 @@
 //     exits 0 and leaves the unit running; started again it reattaches to
 //     it, park and resume still work, and the interval that spanned the
 //     restart is attested whole.
+//   - TestTranscriptAgentThreeCycles: the demo agent's three dispatch/await
+//     cycles park it by its transcript each time (nothing resident, its
+//     CPU time still while it waits) and resume it when the result is
+//     posted; the accounts are exact and the wait proof NonBlocking.
+//   - TestTranscriptPollerBlocked: a unit that polls for its own result
+//     inside its interval yields Blocked naming that segment.
+//   - TestTranscriptRefusals, TestTranscriptResultBeforePark: results for
+//     unknown, resolved or already answered calls are refused and change
+//     nothing; a result posted as the unit awaits still resumes it.
+//   - TestTranscriptOnSecondHost, TestTranscriptBundleFromBusyHost: a parked
+//     transcript run's bundle carries no image data and finishes on a
+//     second fresh daemon, both hosts' segments verifying as one record.
+//   - TestTranscriptWatch: the event stream gives the transitions in order.
 //   - TestCrashAtEachStep: the daemon SIGKILLed at each failpoint
 //     (pkg/daemon's Failpoints) leaves a store that passes fsck with the
 //     run where docs/daemon.md's ordering says; the next start keeps or

@@ -98,7 +98,8 @@ func preflight() error {
 	return executor.CheckCRIU(context.Background(), "")
 }
 
-// build builds the daemon and the oracle's two archives into dir.
+// build builds the daemon, the oracle's two archives and the transcript
+// units' archives into dir.
 func build(dir string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -130,7 +131,8 @@ func build(dir string) error {
 	if variantDigest == oracleDigest {
 		return fmt.Errorf("the variant image has the oracle's digest %s", oracleDigest)
 	}
-	return nil
+	// The transcript units' archives (transcript_test.go).
+	return trBuildUnits(ctx, dir)
 }
 
 func privileged(t *testing.T) {
