@@ -42,14 +42,15 @@ const imageName = "runrecordd.local/poller:1"
 func main() {
 	archive := flag.String("image", "bin/units/poller.tar", "the poller unit's OCI archive")
 	n := flag.Int("n", 15, "rounds")
+	gap := flag.Duration("gap", 300*time.Millisecond, "wait between park and post in the second transcript column (a result that arrives once the parked sandbox is gone)")
 	flag.Parse()
-	if err := run(*archive, *n); err != nil {
+	if err := run(*archive, *n, *gap); err != nil {
 		fmt.Fprintln(os.Stderr, "transcriptbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(archive string, n int) error {
+func run(archive string, n int, gap time.Duration) error {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "rrtb-")
 	if err != nil {
@@ -102,10 +103,10 @@ func run(archive string, n int) error {
 	plainSpec := executor.SpecOf(unit.Spec{Image: imageName, ImageDigest: img.Digest}, unit.Grants{Network: unit.NoNetwork})
 	plainSpec.Mounts = []executor.Mount{{Source: mnt, Target: daemon.ChannelMount, Writable: true}}
 
-	var create, teardown, park, resume, trip []time.Duration
+	var create, teardown, park, resume, trip, parkGap, resumeGap, tripGap []time.Duration
 	steps := map[string][]time.Duration{}
 	var order []string
-	fmt.Println("round  plain create+start  plain teardown  transcript park  resume (post→running)  round trip")
+	fmt.Printf("round  plain create+start  plain teardown  transcript park  resume (post→running)  round trip  | after a %s gap: park  resume  round trip\n", gap)
 	for i := range n {
 		// Plain.
 		t0 := time.Now()
@@ -121,27 +122,18 @@ func run(archive string, n int) error {
 		}
 		td := time.Since(t1)
 
-		// Transcript: start, let it dispatch, park, post its result.
-		id := fmt.Sprintf("tb-%d", i)
-		if _, err := d.Start(ctx, api.RunRequest{ID: id, Unit: unit.Spec{Image: imageName, Mode: unit.TranscriptMode}}); err != nil {
-			return err
-		}
-		if err := waitCall(ctx, d, id); err != nil {
-			return err
-		}
-		p, err := d.Park(ctx, id)
+		// Transcript: start, let it dispatch, park, post its result —
+		// at once, and after a gap.
+		p, pr, rs, err := transcriptRound(ctx, d, fmt.Sprintf("tb-%d", i), 0)
 		if err != nil {
 			return err
 		}
-		t2 := time.Now()
-		pr, err := d.PostResult(ctx, id, "call-1", []byte(`"done"`))
+		pg, _, rsg, err := transcriptRound(ctx, d, fmt.Sprintf("tbg-%d", i), gap)
 		if err != nil {
 			return err
 		}
-		if pr.Resumed == nil {
-			return fmt.Errorf("run %s did not resume: %+v", id, pr)
-		}
-		rs := time.Since(t2)
+		pkg := time.Duration(pg.DurationNS)
+		parkGap, resumeGap, tripGap = append(parkGap, pkg), append(resumeGap, rsg), append(tripGap, pkg+rsg)
 		pk := time.Duration(p.DurationNS)
 		for _, st := range append(p.Steps, prefixed("resume.", pr.Resumed.Steps)...) {
 			if _, ok := steps[st.Name]; !ok {
@@ -150,14 +142,11 @@ func run(archive string, n int) error {
 			steps[st.Name] = append(steps[st.Name], time.Duration(st.NS))
 		}
 		create, teardown, park, resume, trip = append(create, c), append(teardown, td), append(park, pk), append(resume, rs), append(trip, pk+rs)
-		fmt.Printf("%5d  %17s  %14s  %15s  %21s  %10s\n", i+1, ms(c), ms(td), ms(pk), ms(rs), ms(pk+rs))
-		// The poller exits once it has its result, which closes the run.
-		if err := waitClosed(ctx, d, id); err != nil {
-			return err
-		}
+		fmt.Printf("%5d  %17s  %14s  %15s  %21s  %10s  | %s  %s  %s\n", i+1, ms(c), ms(td), ms(pk), ms(rs), ms(pk+rs), ms(pkg), ms(rsg), ms(pkg+rsg))
 	}
 	mc, mt, mp, mr, mtrip := median(create), median(teardown), median(park), median(resume), median(trip)
-	fmt.Printf("median %17s  %14s  %15s  %21s  %10s\n", ms(mc), ms(mt), ms(mp), ms(mr), ms(mtrip))
+	fmt.Printf("median %17s  %14s  %15s  %21s  %10s  | %s  %s  %s\n", ms(mc), ms(mt), ms(mp), ms(mr), ms(mtrip),
+		ms(median(parkGap)), ms(median(resumeGap)), ms(median(tripGap)))
 	fmt.Print("\npark and resume steps (medians):")
 	for _, name := range order {
 		fmt.Printf(" %s %s;", name, ms(median(steps[name])))
@@ -167,7 +156,37 @@ func run(archive string, n int) error {
 	fmt.Printf("round trip ÷ plain create+start:  %.2f (target ≤ 1.2)\n", float64(mtrip)/float64(mc))
 	fmt.Printf("resume ÷ plain create+start:      %.2f\n", float64(mr)/float64(mc))
 	fmt.Printf("round trip ÷ plain create+start+teardown: %.2f\n", float64(mtrip)/float64(mc+mt))
+	fmt.Printf("after a %s gap: round trip ÷ plain create+start: %.2f (target ≤ 1.2); resume ÷ plain create+start: %.2f\n",
+		gap, float64(median(tripGap))/float64(mc), float64(median(resumeGap))/float64(mc))
 	return nil
+}
+
+// transcriptRound starts a poller run, parks it once it has dispatched, and
+// after gap posts the result it awaits, which resumes it; it returns the
+// park, the post's result and the post's duration, once the run is over.
+func transcriptRound(ctx context.Context, d *daemon.Daemon, id string, gap time.Duration) (api.Park, api.PostResult, time.Duration, error) {
+	if _, err := d.Start(ctx, api.RunRequest{ID: id, Unit: unit.Spec{Image: imageName, Mode: unit.TranscriptMode}}); err != nil {
+		return api.Park{}, api.PostResult{}, 0, err
+	}
+	if err := waitCall(ctx, d, id); err != nil {
+		return api.Park{}, api.PostResult{}, 0, err
+	}
+	p, err := d.Park(ctx, id)
+	if err != nil {
+		return api.Park{}, api.PostResult{}, 0, err
+	}
+	time.Sleep(gap)
+	t := time.Now()
+	pr, err := d.PostResult(ctx, id, "call-1", []byte(`"done"`))
+	if err != nil {
+		return api.Park{}, api.PostResult{}, 0, err
+	}
+	rs := time.Since(t)
+	if pr.Resumed == nil {
+		return api.Park{}, api.PostResult{}, 0, fmt.Errorf("run %s did not resume: %+v", id, pr)
+	}
+	// The poller exits once it has its result, which closes the run.
+	return p, pr, rs, waitClosed(ctx, d, id)
 }
 
 func waitCall(ctx context.Context, d *daemon.Daemon, id string) error {

@@ -121,7 +121,10 @@ func (d *Daemon) saveMark(id string, lv *live) {
 	}
 	b, err := json.Marshal(m)
 	if err == nil {
-		err = writeDurable(d.markPath(id), b)
+		// Renamed into place but not fsynced: the mark serves a daemon
+		// restarted by a crash of its own process (the page cache keeps
+		// it); after a power loss the unit is gone with it anyway.
+		err = writeFile(d.markPath(id), b)
 	}
 	if err != nil {
 		d.log.Warn("interval start not saved; a restarted daemon attests it from the restart", "run", id, "err", err)

@@ -522,6 +522,24 @@ func maps(m map[string]bool) map[string]bool {
 	return out
 }
 
+// writeFile writes b to path through a temporary file renamed over it, so
+// a reader sees the old bytes or the new, never a part.
+func writeFile(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
 // writeDurable writes b to path: temp file, fsync, rename, fsync of the
 // directory — a result the API acknowledged survives a crash.
 func writeDurable(path string, b []byte) error {

@@ -13,6 +13,19 @@
 // crash after Image leaves durable, unreferenced objects (collected by the
 // store's GC) and a frozen task that the daemon thaws when it reconciles.
 //
+// # Hashing while CRIU writes
+//
+// Image follows the image directory while CRIU dumps into it: each file of
+// 1 MiB or more is hashed as it grows and its writeback started, so that
+// when the checkpoint returns little is left but the naming, and the
+// ingest ([store.Store.IngestHashed]) takes those hashes instead of reading
+// the files again. That relies on CRIU writing each image file once, by
+// appending. A followed file seen to shrink, to be replaced, or to change
+// once it had reached its final size is hashed again by the ingest; a
+// rewrite of bytes already hashed while the file still grew could not be
+// seen, and would store the file under a wrong address, which [Offered]
+// and the store's verification report.
+//
 // # Layout of an image park
 //
 // The snapshot's root is a directory object holding one file, rootfs.tar:
@@ -54,8 +67,13 @@ type Result struct {
 	// listings and every file they name.
 	Retained int64
 	Stats    executor.CheckpointStats
-	// Ingest is the time spent hashing and storing both trees.
+	// Ingest is the time from the checkpoint's return until both trees
+	// are stored: what the checkpoint left of the hashing and the
+	// writeback, and the naming.
 	Ingest time.Duration
+	// Followed is the bytes of the memory image hashed while CRIU wrote
+	// it, not after the checkpoint returned.
+	Followed int64
 }
 
 // Image checkpoints sb into staging directories on st's filesystem, leaving
@@ -75,14 +93,18 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer) (Result, error
 	}
 	defer os.RemoveAll(root)
 	images := filepath.Join(mem, "images")
+	fl := follow(ctx, images)
 	res.Stats, err = sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: images, Rootfs: filepath.Join(root, RootfsName), Keep: true})
 	if err != nil {
+		fl.stop()
 		// A failed dump is thawed by the executor; a failed rw-layer
 		// export after a good dump leaves the task frozen.
 		return res, errors.Join(err, thaw(sb))
 	}
 	start := time.Now()
-	memAddr, mst, err := st.Ingest(ctx, images)
+	known, fst := fl.finish()
+	res.Followed = fst.Early
+	memAddr, mst, err := st.IngestHashed(ctx, images, known)
 	if err != nil {
 		return res, errors.Join(fmt.Errorf("park: storing the memory image: %w", err), thaw(sb))
 	}

@@ -147,7 +147,7 @@ func (s *Store) StagingDir(prefix string) (string, error) {
 	return d, nil
 }
 
-// IngestStats describes an [Store.Ingest].
+// IngestStats describes an [Store.Ingest] or [Store.IngestHashed].
 type IngestStats struct {
 	Files int   // regular files in the tree
 	Bytes int64 // their total size
@@ -162,6 +162,12 @@ type IngestStats struct {
 // empty directories have no place in a listing and are refused rather
 // than lost. On success the staging directory is gone.
 func (s *Store) Ingest(ctx context.Context, staging string) (record.Address, IngestStats, error) {
+	return s.ingest(ctx, staging, nil)
+}
+
+// ingest is [Store.Ingest], taking the addresses of the files in known
+// from the caller instead of hashing them ([Store.IngestHashed]).
+func (s *Store) ingest(ctx context.Context, staging string, known map[string]Hashed) (record.Address, IngestStats, error) {
 	var files []string
 	err := filepath.WalkDir(staging, func(p string, d fs.DirEntry, err error) error {
 		switch {
@@ -186,25 +192,32 @@ func (s *Store) Ingest(ctx context.Context, staging string) (record.Address, Ing
 	if err != nil {
 		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
-	entries := make([]Entry, len(files))
-	err = parallel(ctx, len(files), func(i int) (err error) {
-		entries[i], err = hashStaged(ctx, staging, files[i])
-		return err
-	})
-	if err != nil {
-		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
-	}
-	listing, err := EncodeListing(entries)
-	if err != nil {
+	if err := knownStaged(staging, files, known); err != nil {
 		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
 	// The producer did not fsync, and a name must never appear over bytes
 	// that a power loss could take back (a present object is trusted). One
 	// syncfs writes back the whole tree: an fsync per file costs a device
 	// flush each, which for a CRIU tree of thousands of small files was
-	// more than hashing a gigabyte.
-	if err := syncFS(staging); err != nil {
-		return record.Address{}, IngestStats{}, err
+	// more than hashing a gigabyte. It runs while the files are hashed:
+	// the producer is done, so what it writes back is what is hashed, and
+	// the renames below wait for both.
+	synced := make(chan error, 1)
+	go func() { synced <- syncFS(staging) }()
+	entries := make([]Entry, len(files))
+	err = parallel(ctx, len(files), func(i int) (err error) {
+		entries[i], err = hashStaged(ctx, staging, files[i], known)
+		return err
+	})
+	if serr := <-synced; err == nil && serr != nil {
+		return record.Address{}, IngestStats{}, serr
+	}
+	if err != nil {
+		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
+	}
+	listing, err := EncodeListing(entries)
+	if err != nil {
+		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
 	p, err := s.write(ctx, bytes.NewReader(listing))
 	if err != nil {
@@ -266,8 +279,14 @@ func isEmptyDir(p string) (bool, error) {
 	}
 }
 
-// hashStaged hashes one staged file and makes it read-only.
-func hashStaged(ctx context.Context, root, p string) (Entry, error) {
+// hashStaged hashes one staged file, or takes its address from known,
+// and makes it read-only.
+func hashStaged(ctx context.Context, root, p string, known map[string]Hashed) (Entry, error) {
+	rel, err := filepath.Rel(root, p)
+	if err != nil {
+		return Entry{}, err
+	}
+	name := filepath.ToSlash(rel)
 	f, err := os.Open(p)
 	if err != nil {
 		return Entry{}, err
@@ -277,20 +296,24 @@ func hashStaged(ctx context.Context, root, p string) (Entry, error) {
 	if err != nil {
 		return Entry{}, err
 	}
-	h := blake3.New(32, nil)
-	n, err := copyBuffered(ctx, h, f, info.Size())
-	if err != nil {
-		return Entry{}, fmt.Errorf("hashing %s: %w", p, err)
+	e := Entry{Name: name, Mode: uint32(info.Mode().Perm())}
+	if k, ok := known[name]; ok {
+		if info.Size() != k.Size {
+			return Entry{}, fmt.Errorf("%s: %d bytes, hashed when it had %d", p, info.Size(), k.Size)
+		}
+		e.Size, e.Address = uint64(k.Size), k.Address
+	} else {
+		h := blake3.New(32, nil)
+		n, err := copyBuffered(ctx, h, f, info.Size())
+		if err != nil {
+			return Entry{}, fmt.Errorf("hashing %s: %w", p, err)
+		}
+		e.Size = uint64(n)
+		h.Sum(e.Address[:0])
 	}
 	if err := f.Chmod(0o400); err != nil {
 		return Entry{}, err
 	}
-	rel, err := filepath.Rel(root, p)
-	if err != nil {
-		return Entry{}, err
-	}
-	e := Entry{Name: filepath.ToSlash(rel), Mode: uint32(info.Mode().Perm()), Size: uint64(n)}
-	h.Sum(e.Address[:0])
 	return e, nil
 }
 

@@ -1,0 +1,113 @@
+package park
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/pkg/executor"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// producer is a [Checkpointer] whose checkpoint writes its image files
+// and rw layer as the executor has CRIU write them: into the image
+// directory, each file appended in pieces with pauses.
+type producer struct {
+	t      *testing.T
+	images map[string][]byte
+	rootfs []byte
+	fail   error // returned after writing, as a dump that failed late
+
+	mu     sync.Mutex
+	thawed int
+}
+
+func (p *producer) Checkpoint(ctx context.Context, cp executor.Checkpoint) (executor.CheckpointStats, error) {
+	if err := os.MkdirAll(cp.ImageDir, 0o700); err != nil {
+		return executor.CheckpointStats{}, err
+	}
+	seed := uint64(20)
+	for name, b := range p.images {
+		seed++
+		appendSlowly(p.t, filepath.Join(cp.ImageDir, name), b, seed)
+	}
+	if err := os.WriteFile(cp.Rootfs, p.rootfs, 0o600); err != nil {
+		return executor.CheckpointStats{}, err
+	}
+	return executor.CheckpointStats{}, p.fail
+}
+
+func (p *producer) Resume(context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.thawed++
+	return nil
+}
+
+// An image park's snapshot is the one a plain ingest of the same trees
+// gives, with the memory image hashed while it was written.
+func TestImage(t *testing.T) {
+	st := mustStore(t)
+	p := &producer{
+		t: t,
+		images: map[string][]byte{
+			"pages-1.img":     content(11, 9<<20+3),
+			"pagemap-1.img":   content(12, 2000),
+			"core-1.img":      content(13, 300),
+			"inventory.img":   content(14, 40),
+			"empty-files.img": nil,
+		},
+		rootfs: content(15, 10240),
+	}
+	res, err := Image(t.Context(), st, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := plainIngest(t, st, p.images)
+	root := plainIngest(t, st, map[string][]byte{RootfsName: p.rootfs})
+	if want := record.ImageSnapshot(root, &mem); !res.Snapshot.Equal(want) {
+		t.Fatalf("snapshot %s, want %s", res.Snapshot, want)
+	}
+	if res.Followed > int64(len(p.images["pages-1.img"])) {
+		t.Errorf("followed %d bytes", res.Followed)
+	}
+	if off, err := Offered(t.Context(), st, res.Snapshot); err != nil || !off.Equal(res.Snapshot) {
+		t.Fatalf("offered %s, %v", off, err)
+	}
+	if n, err := Retained(st, res.Snapshot); err != nil || n != res.Retained {
+		t.Fatalf("retained %d, reported %d (%v)", n, res.Retained, err)
+	}
+	if p.thawed != 0 {
+		t.Fatal("a good park thawed the unit")
+	}
+	mustNoStaging(t, st.Dir())
+}
+
+// A checkpoint that fails after writing thaws the unit and leaves no
+// staging behind; the follower is stopped with it.
+func TestImageFails(t *testing.T) {
+	st := mustStore(t)
+	boom := errors.New("dump failed")
+	p := &producer{t: t, images: map[string][]byte{"pages-1.img": content(16, 3<<20)}, fail: boom}
+	if _, err := Image(t.Context(), st, p); !errors.Is(err, boom) {
+		t.Fatalf("park: %v", err)
+	}
+	if p.thawed != 1 {
+		t.Fatalf("thawed %d times", p.thawed)
+	}
+	mustNoStaging(t, st.Dir())
+}
+
+func mustNoStaging(t *testing.T, dir string) {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(dir, "objects", "tmp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		t.Errorf("left in staging: %s", e.Name())
+	}
+}
