@@ -114,6 +114,9 @@ type run struct {
 	mu   sync.Mutex // held for a whole operation on the run
 	live *live      // the sandbox, while executing here
 	park *idle.Park // the park, while parked here since this daemon started
+	// teardown is closed once the sandbox of the run's last park on this
+	// host is destroyed.
+	teardown chan struct{}
 }
 
 // New opens the state directory, connects to (or starts) containerd, and

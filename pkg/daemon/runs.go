@@ -322,21 +322,22 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 	failpoint("park.appended")
 	d.dropMark(id)
 	d.attested(ev)
+	// The park is recorded: the sandbox is torn down behind the reply.
+	// A transcript run's next sandbox has another id and starts beside
+	// it; an image run's restore takes the same id and waits for it
+	// (r.teardown).
+	lv.stopping = true
 	if lv.transcript != nil {
-		// A transcript park keeps nothing of the sandbox: it is torn
-		// down behind the reply (each interval's sandbox has its own id,
-		// so a quick resume does not wait for it).
-		lv.stopping = true
 		lv.transcript.close()
-		d.bg.Add(1)
-		go func() {
-			defer d.bg.Done()
-			d.destroy(lv)
-		}()
-	} else {
-		d.destroy(lv)
-		step("teardown")
 	}
+	done := make(chan struct{})
+	r.teardown = done
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		defer close(done)
+		d.destroy(lv)
+	}()
 	r.live = nil
 	r.park = d.meter.BeginPark()
 	d.metrics.parked(time.Since(start))
@@ -483,6 +484,13 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 			return api.Resume{}, err
 		}
 	} else {
+		if r.teardown != nil {
+			select {
+			case <-r.teardown: // the parked sandbox is gone; its id is free
+			case <-ctx.Done():
+				return api.Resume{}, ctx.Err()
+			}
+		}
 		lv, rst, err = d.restore(ctx, id, spec, grants, susp.Snapshot)
 		if err != nil {
 			return api.Resume{}, err
