@@ -1,8 +1,12 @@
 package park
 
 import (
+	"bytes"
+	"context"
 	"encoding/hex"
+	"io"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"lukechampine.com/blake3"
@@ -100,6 +104,64 @@ func BenchmarkSerialHasher(b *testing.B) {
 		b.SetBytes(int64(len(buf)))
 		for b.Loop() {
 			h.Write(buf)
+		}
+	})
+}
+
+// TestHashHalves holds the two-subtree hash equal to one BLAKE3 over the
+// same bytes, at sizes around every boundary that shapes the tree: empty,
+// one chunk, one byte past, powers of two of chunks and groups, and odd
+// sizes between.
+func TestHashHalves(t *testing.T) {
+	data := make([]byte, 3<<20+12345)
+	for i := range data {
+		data[i] = byte(i*31 + i>>9)
+	}
+	sizes := []int{0, 1, 1023, 1024, 1025, 2048, 2049, 4096, 8191, 8192, 8193,
+		16 << 10, 16<<10 + 1, 64<<10 - 1, 1 << 20, 1<<20 + 1, 1<<20 + 1024, 2<<20 - 7, 3 << 20, len(data)}
+	for _, n := range sizes {
+		got, err := hashHalves(context.Background(), bytes.NewReader(data[:n]), int64(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := record.Sum(data[:n]); got != want {
+			t.Errorf("%d bytes: halves give %s, BLAKE3 %s (split at %d)", n, got, want, splitAt(int64(n)))
+		}
+	}
+}
+
+// BenchmarkHashFile hashes a 256 MiB file as a resume's first precondition
+// does: the two subtrees on two goroutines, against blake3.Hasher.
+func BenchmarkHashFile(b *testing.B) {
+	p := b.TempDir() + "/big"
+	data := make([]byte, 256<<20)
+	for i := range data {
+		data[i] = byte(i*31 + i>>9)
+	}
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("halves", func(b *testing.B) {
+		b.SetBytes(int64(len(data)))
+		for b.Loop() {
+			if _, err := hashFile(context.Background(), p); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("blake3.Hasher", func(b *testing.B) {
+		b.SetBytes(int64(len(data)))
+		for b.Loop() {
+			f, err := os.Open(p)
+			if err != nil {
+				b.Fatal(err)
+			}
+			h := blake3.New(32, nil)
+			if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
+				b.Fatal(err)
+			}
+			f.Close()
+			h.Sum(nil)
 		}
 	})
 }
