@@ -102,6 +102,8 @@ func run(archive string, n int, gap time.Duration) error {
 	defer srv.Close()
 	plainSpec := executor.SpecOf(unit.Spec{Image: imageName, ImageDigest: img.Digest}, unit.Grants{Network: unit.NoNetwork})
 	plainSpec.Mounts = []executor.Mount{{Source: mnt, Target: daemon.ChannelMount, Writable: true}}
+	// Its output goes to files, as a unit's does.
+	plainOut := executor.Output{Stdout: filepath.Join(dir, "plain.out"), Stderr: filepath.Join(dir, "plain.err")}
 
 	var create, teardown, park, resume, trip, parkGap, resumeGap, tripGap []time.Duration
 	steps := map[string][]time.Duration{}
@@ -110,7 +112,7 @@ func run(archive string, n int, gap time.Duration) error {
 	for i := range n {
 		// Plain.
 		t0 := time.Now()
-		sb, err := ex.Start(ctx, fmt.Sprintf("plain-%d", i), plainSpec, executor.Output{})
+		sb, err := ex.Start(ctx, fmt.Sprintf("plain-%d", i), plainSpec, plainOut)
 		if err != nil {
 			return err
 		}
