@@ -523,26 +523,16 @@ func maps(m map[string]bool) map[string]bool {
 }
 
 // writeFile writes b to path through a temporary file renamed over it, so
-// a reader sees the old bytes or the new, never a part.
-func writeFile(path string, b []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
-}
+// a reader sees the old bytes or the new, never a part. It does not wait
+// for the disk.
+func writeFile(path string, b []byte) error { return replace(path, b, false) }
 
-// writeDurable writes b to path: temp file, fsync, rename, fsync of the
-// directory — a result the API acknowledged survives a crash.
-func writeDurable(path string, b []byte) error {
+// writeDurable writes b to path as writeFile does, and fsyncs the file
+// before the rename and the directory after it — a result the API
+// acknowledged survives a crash.
+func writeDurable(path string, b []byte) error { return replace(path, b, true) }
+
+func replace(path string, b []byte, durable bool) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
 	if err != nil {
 		return err
@@ -552,15 +542,20 @@ func writeDurable(path string, b []byte) error {
 		tmp.Close()
 		return err
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
+	if durable {
+		if err := tmp.Sync(); err != nil {
+			tmp.Close()
+			return err
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	dir, err := os.Open(filepath.Dir(path))
 	if err != nil {
