@@ -69,6 +69,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 		return err
 	}
 	srv := &http.Server{Handler: server.New(d, log), ReadHeaderTimeout: 10 * time.Second}
+	srv.RegisterOnShutdown(d.StopEvents) // event streams never end by themselves
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	log.Info("serving", "socket", *socket, "state", d.StateDir())
@@ -81,7 +82,9 @@ func cmdServe(args []string, stdout io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	serr := srv.Shutdown(sctx)
-	derr := d.Shutdown(sctx)
+	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer dcancel()
+	derr := d.Shutdown(dctx)
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}

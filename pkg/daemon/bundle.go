@@ -38,12 +38,9 @@ type bundleHeader struct {
 // ordered so that each object comes after the objects it refers to (the
 // order an importer must store them in).
 func (d *Daemon) objectsOf(rec *record.Record) ([]record.Address, error) {
-	var roots []record.Address
-	for _, a := range []record.Address{rec.Unit(), rec.Grants()} {
-		if d.st.Has(a) {
-			roots = append(roots, a)
-		}
-	}
+	// The unit spec and grant set first: a store without them (or a
+	// bundle) cannot restart the unit, and Verify says so.
+	roots := []record.Address{rec.Unit(), rec.Grants()}
 	for i := range rec.Len() {
 		s := rec.Segment(i)
 		switch s.Kind {
@@ -219,7 +216,7 @@ func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import
 	}
 	// What the record names, and what each of those declares, by role.
 	refs := map[record.Address][]record.Address{}
-	need := map[record.Address]bool{}
+	need := map[record.Address]bool{rec.Unit(): true, rec.Grants(): true}
 	read := func(a record.Address) ([]byte, error) {
 		if p, ok := staged[a]; ok {
 			return os.ReadFile(p)
@@ -241,7 +238,7 @@ func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import
 			}
 			body, err := attest.Open(b, nil)
 			if err != nil {
-				return api.Import{}, fmt.Errorf("bundle of %s: segment %d: attestation %s: %w", h.Run, i, s.Attestation, err)
+				return api.Import{}, fmt.Errorf("bundle of %s: attestation %s: %w", h.Run, s.Attestation, &record.SegmentError{Index: i, Err: err})
 			}
 			// What the run's evidence needs: the receipt and the journal,
 			// the refs its host stored it with. audit_prev links the

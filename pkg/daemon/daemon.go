@@ -208,6 +208,7 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	if d.stop != nil {
 		d.stop()
 	}
+	d.StopEvents()
 	// Transcript units lose their channels with this process; the next
 	// start parks them from the transcripts left on disk.
 	d.mu.Lock()
@@ -251,7 +252,18 @@ func checkID(id string) error {
 	return nil
 }
 
-// lock returns run id's state, locked. The caller unlocks it.
+// lockRun returns the state of run id, which must be stored, locked: a
+// request naming no run leaves nothing behind (d.runs holds only runs that
+// exist or are being created). The caller unlocks it.
+func (d *Daemon) lockRun(id string) (*run, error) {
+	if _, err := d.st.Run(id); err != nil {
+		return nil, err
+	}
+	return d.lock(id), nil
+}
+
+// lock returns run id's state, locked, making it for a run being created.
+// The caller unlocks it.
 func (d *Daemon) lock(id string) *run {
 	d.mu.Lock()
 	r := d.runs[id]

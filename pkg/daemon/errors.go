@@ -7,6 +7,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/manifest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -41,7 +42,8 @@ func ErrorOf(err error) *api.Error {
 	case errors.Is(err, record.ErrClosed), errors.Is(err, record.ErrParked), errors.Is(err, record.ErrNotParked),
 		errors.Is(err, resume.ErrNotParked), errors.Is(err, ErrNoSandbox):
 		e.Code = api.CodePhase
-	case errors.Is(err, record.ErrHeadMismatch), errors.Is(err, record.ErrCanonical), errors.Is(err, store.ErrDamaged):
+	case errors.Is(err, record.ErrHeadMismatch), errors.Is(err, record.ErrCanonical), errors.Is(err, store.ErrDamaged),
+		errors.Is(err, attest.ErrSignature), errors.Is(err, attest.ErrMalformed):
 		e.Code = api.CodeRecordInvalid
 	case errors.Is(err, store.ErrNoRun), errors.Is(err, executor.ErrNotFound), errdefs.IsNotFound(err):
 		e.Code = api.CodeNotFound

@@ -11,8 +11,25 @@ import (
 // loses events rather than holding up the daemon; its channel says so by
 // receiving an event of kind "events.dropped".
 type events struct {
-	mu   sync.Mutex
-	subs map[chan api.Event]bool
+	mu      sync.Mutex
+	subs    map[chan api.Event]bool
+	stopped bool
+}
+
+// StopEvents ends every event stream (their channels close) and any
+// subscribed later: an HTTP server shutting down calls it, since a stream
+// never ends by itself.
+func (d *Daemon) StopEvents() {
+	d.events.mu.Lock()
+	defer d.events.mu.Unlock()
+	if d.events.stopped {
+		return
+	}
+	d.events.stopped = true
+	for ch := range d.events.subs {
+		close(ch)
+	}
+	d.events.subs = nil
 }
 
 func (d *Daemon) publish(e api.Event) {
@@ -42,6 +59,11 @@ func (d *Daemon) publish(e api.Event) {
 func (d *Daemon) Subscribe() (<-chan api.Event, func()) {
 	ch := make(chan api.Event, 256)
 	d.events.mu.Lock()
+	if d.events.stopped {
+		d.events.mu.Unlock()
+		close(ch)
+		return ch, func() {}
+	}
 	if d.events.subs == nil {
 		d.events.subs = map[chan api.Event]bool{}
 	}
@@ -49,7 +71,10 @@ func (d *Daemon) Subscribe() (<-chan api.Event, func()) {
 	d.events.mu.Unlock()
 	return ch, func() {
 		d.events.mu.Lock()
-		delete(d.events.subs, ch)
+		if d.events.subs[ch] {
+			delete(d.events.subs, ch)
+			close(ch)
+		}
 		d.events.mu.Unlock()
 	}
 }

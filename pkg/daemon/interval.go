@@ -234,9 +234,11 @@ func (d *Daemon) end(ctx context.Context, id string, lv *live, outcome attest.Ou
 	if err != nil {
 		return evidence{}, err
 	}
+	// The host's audit chain advances here, at signing, under one lock:
+	// two intervals sealed at once never share an audit_prev.
 	d.auditMu.Lock()
+	defer d.auditMu.Unlock()
 	prev := d.audit
-	d.auditMu.Unlock()
 	body := &attest.Body{
 		Genesis:   record.Genesis(st.Unit, st.Grants),
 		Interval:  n + 1,
@@ -256,21 +258,16 @@ func (d *Daemon) end(ctx context.Context, id string, lv *live, outcome attest.Ou
 	if err != nil {
 		return evidence{}, err
 	}
+	if err := writeAudit(filepath.Join(d.cfg.StateDir, "audit-head"), att); err != nil {
+		return evidence{}, fmt.Errorf("audit head: %w", err)
+	}
+	d.audit = &att
 	return evidence{seg: record.Execution(att, calls), att: att, receipt: rc}, nil
 }
 
-// attested advances the host's audit chain to ev's attestation once its
-// segment is durable, and counts its receipt.
+// attested counts an interval's receipt once its segment is durable.
 func (d *Daemon) attested(ev evidence) {
 	d.metrics.receipt(ev.receipt)
-	att := ev.att
-	d.auditMu.Lock()
-	defer d.auditMu.Unlock()
-	if err := writeAudit(d.cfg.StateDir+"/audit-head", att); err != nil {
-		d.log.Error("audit head not written", "err", err)
-		return
-	}
-	d.audit = &att
 }
 
 // intervals counts the run's Executed segments.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -90,6 +91,7 @@ func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error)
 	failpoint("start.sandboxed")
 	if _, err := d.st.Create(id, unitID, grantsID); err != nil {
 		d.dropMark(id)
+		lv.stopping = true
 		d.destroy(lv)
 		return api.Run{}, err
 	}
@@ -156,8 +158,10 @@ func (d *Daemon) restartInterval(id string, lv *live, event string) {
 
 // destroy removes a sandbox the daemon is done with. The caller holds the
 // run's lock (or owns lv alone).
+//
+// The caller sets lv.stopping first, under the run's lock, when the exit
+// watcher may see lv.
 func (d *Daemon) destroy(lv *live) {
-	lv.stopping = true
 	if lv.transcript != nil {
 		lv.transcript.close()
 	}
@@ -197,6 +201,7 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 		}
 		d.dropMark(id)
 		d.attested(ev)
+		lv.stopping = true
 		d.destroy(lv)
 		r.live = nil
 		d.log.Info("run closed", "run", id, "reason", reason)
@@ -233,7 +238,10 @@ func phaseErr(id string, p record.Phase, want record.Phase) error {
 // Park parks a running run: an image park for an image-mode unit, a
 // transcript park for a transcript-mode one.
 func (d *Daemon) Park(ctx context.Context, id string) (api.Park, error) {
-	r := d.lock(id)
+	r, err := d.lockRun(id)
+	if err != nil {
+		return api.Park{}, err
+	}
 	defer r.mu.Unlock()
 	return d.park(ctx, id, r)
 }
@@ -411,7 +419,10 @@ type resumed struct {
 // manifest over the recorded keys hashes to the recorded address, and the
 // record verifies from genesis. A refusal changes nothing.
 func (d *Daemon) Resume(ctx context.Context, id string) (api.Resume, error) {
-	r := d.lock(id)
+	r, err := d.lockRun(id)
+	if err != nil {
+		return api.Resume{}, err
+	}
 	defer r.mu.Unlock()
 	return d.resume(ctx, id, r)
 }
@@ -518,6 +529,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	failpoint("resume.restored")
 	if err := d.append(id, record.Resumption(susp.Snapshot, uj, prov)); err != nil {
 		d.dropMark(id)
+		lv.stopping = true
 		d.destroy(lv)
 		return api.Resume{}, fmt.Errorf("resume %s: %w", id, err)
 	}
@@ -596,7 +608,10 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	if reason == "" {
 		reason = "closed by request"
 	}
-	r := d.lock(id)
+	r, err := d.lockRun(id)
+	if err != nil {
+		return api.Run{}, err
+	}
 	defer r.mu.Unlock()
 	st, err := d.st.Run(id)
 	if err != nil {
@@ -608,6 +623,12 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	segs := []record.Segment{record.Closure(reason)}
 	lv := r.live
 	var ev evidence
+	if lv != nil && lv.transcript != nil {
+		// As a park does: nothing reaches the account between its
+		// sealing and the close.
+		lv.transcript.gate.Lock()
+		defer lv.transcript.gate.Unlock()
+	}
 	if lv != nil {
 		if ev, err = d.end(ctx, id, lv, attest.Outcome{Kind: attest.Killed}, lv.account()); err != nil {
 			return api.Run{}, err
@@ -624,6 +645,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	d.dropMark(id)
 	if lv != nil {
 		d.attested(ev)
+		lv.stopping = true
 		d.destroy(lv)
 	}
 	r.live, r.park = nil, nil
@@ -710,12 +732,18 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	owner := map[string]string{} // run → its sandbox
+	// Each executing run keeps one sandbox: its own id, or for a transcript
+	// run the latest interval's (an earlier one is a teardown that did
+	// not finish).
+	owner := map[string]string{}
 	for _, sid := range ids {
 		run := runOf(sid)
-		st, err := d.st.Run(run)
-		if err == nil && st.Phase == record.Active && owner[run] == "" {
+		if st, err := d.st.Run(run); err == nil && st.Phase == record.Active && newer(sid, owner[run]) {
 			owner[run] = sid
+		}
+	}
+	for _, sid := range ids {
+		if owner[runOf(sid)] == sid {
 			continue
 		}
 		sb, lerr := d.ex.Load(ctx, sid)
@@ -735,42 +763,72 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 			d.log.Warn("reconcile: run is executing in its record but has no sandbox here (lost); close it or resume it elsewhere", "run", id)
 			continue
 		}
-		st, err := d.st.Run(id)
-		if err != nil {
-			return err
+		// One run that cannot be taken back is reported lost; it does not
+		// keep the daemon from starting.
+		if err := d.reattachRun(ctx, id, owner[id]); err != nil {
+			d.log.Error("reconcile: the run is lost until closed", "run", id, "sandbox", owner[id], "err", err)
 		}
-		spec, grants, err := d.unitOf(st)
-		if err != nil {
-			return err
-		}
-		sb, err := d.ex.Load(ctx, owner[id])
-		if err != nil {
-			return err
-		}
-		if spec.Mode == unit.TranscriptMode {
-			// Its channel went with the daemon that served it: park it
-			// from the transcript on disk, unaccounted.
-			if err := d.recoverTranscript(ctx, id, d.reattach(id, sb, spec, grants)); err != nil {
-				d.log.Error("reconcile: a transcript unit could not be parked from its transcript; the run is lost until closed", "run", id, "err", err)
-			} else {
-				d.log.Warn("reconcile: parked a transcript unit whose channel did not survive the restart (its interval is unaccounted)", "run", id)
-			}
-			continue
-		}
-		if s, _ := sb.Status(ctx); s == "paused" {
-			if err := sb.Resume(ctx); err != nil {
-				return err
-			}
-			d.log.Info("reconcile: thawed a unit whose park did not complete", "run", id)
-		}
-		r := d.lock(id)
-		lv := d.reattach(id, sb, spec, grants)
-		r.live = lv
-		d.saveMark(id, lv)
-		d.watch(id, r, lv)
-		r.mu.Unlock()
-		d.log.Info("reconcile: reattached", "run", id)
 	}
+	return nil
+}
+
+// newer reports whether sandbox a is a later interval's than b ("" is
+// older than anything).
+func newer(a, b string) bool {
+	if b == "" {
+		return true
+	}
+	return suffixN(a) > suffixN(b)
+}
+
+func suffixN(sid string) int64 {
+	loc := transcriptSuffix.FindStringIndex(sid)
+	if loc == nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(sid[loc[0]+2:], 10, 64)
+	return n
+}
+
+// reattachRun takes an executing run's sandbox back after a restart.
+func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
+	st, err := d.st.Run(id)
+	if err != nil {
+		return err
+	}
+	spec, grants, err := d.unitOf(st)
+	if err != nil {
+		return err
+	}
+	sb, err := d.ex.Load(ctx, sid)
+	if err != nil {
+		return err
+	}
+	status, _ := sb.Status(ctx)
+	if spec.Mode == unit.TranscriptMode && status != "stopped" {
+		// Its channel went with the daemon that served it: park it from
+		// the transcript on disk, unaccounted. (A unit that exited
+		// meanwhile is closed by its watcher below, unaccounted too.)
+		if err := d.recoverTranscript(ctx, id, d.reattach(id, sb, spec, grants)); err != nil {
+			d.destroy(&live{sb: sb})
+			return err
+		}
+		d.log.Warn("reconcile: parked a transcript unit whose channel did not survive the restart (its interval is unaccounted)", "run", id)
+		return nil
+	}
+	if status == "paused" {
+		if err := sb.Resume(ctx); err != nil {
+			return err
+		}
+		d.log.Info("reconcile: thawed a unit whose park did not complete", "run", id)
+	}
+	r := d.lock(id)
+	defer r.mu.Unlock()
+	lv := d.reattach(id, sb, spec, grants)
+	r.live = lv
+	d.saveMark(id, lv)
+	d.watch(id, r, lv)
+	d.log.Info("reconcile: reattached", "run", id)
 	return nil
 }
 

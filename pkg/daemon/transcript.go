@@ -18,6 +18,7 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/manifest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // ProtocolVersion is the transcript channel's protocol, which a transcript
@@ -153,8 +154,12 @@ func (c *channel) stop() {
 
 func (c *channel) close() {
 	c.mu.Lock()
+	done := c.closed
 	c.closed = true
 	c.mu.Unlock()
+	if done {
+		return // a resume may already have made the directory anew
+	}
 	c.srv.Close()
 	c.ln.Close()
 	os.RemoveAll(c.dir)
@@ -164,6 +169,9 @@ func (c *channel) close() {
 // channel to dispatch through and no network beyond loopback, so its
 // interval accounts for no calls.
 func (lv *live) account() *record.CallAccount {
+	if lv.spec.Mode == unit.TranscriptMode && lv.transcript == nil {
+		return nil // its channel was another process's: not accounted
+	}
 	if lv.transcript == nil {
 		return &record.CallAccount{}
 	}
@@ -234,6 +242,9 @@ func (c *channel) Dispatch(ctx context.Context, call protocol.Call) error {
 	if c.seen[call.ID] {
 		return fmt.Errorf("call %s: %w", call.ID, protocol.ErrDuplicateCall)
 	}
+	if len(c.dispatched) >= record.MaxCalls {
+		return fmt.Errorf("call %s: %w: an interval dispatches at most %d calls; await some first", call.ID, protocol.ErrTooManyCalls, record.MaxCalls)
+	}
 	c.seen[call.ID], c.outstanding[call.ID] = true, true
 	c.dispatched = append(c.dispatched, call.ID)
 	b, _ := json.Marshal(call)
@@ -262,6 +273,9 @@ func (c *channel) resolve(id string) (protocol.Result, bool) {
 		if r.ID == id {
 			return r, true
 		}
+	}
+	if len(c.resolved) >= record.MaxCalls {
+		return protocol.Result{}, false // the next interval takes the rest
 	}
 	p, ok := c.d.posted(c.id, id)
 	if !ok {
@@ -309,7 +323,10 @@ func (c *channel) Await(ctx context.Context, ids []string) (bool, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		if _, err := c.d.parkAwaiting(ctx, id, c); err != nil {
+			// The unit waits on; the platform sees why, and parks or
+			// closes it by hand.
 			c.d.log.Error("park on await", "run", id, "err", err)
+			c.d.publish(api.Event{Kind: "run.park_failed", Run: id, Detail: err.Error()})
 		}
 	}()
 	return true, nil
@@ -355,7 +372,10 @@ func (c *channel) Result(ctx context.Context, id string) (protocol.Result, bool,
 // parkAwaiting parks run id for the await its channel ch received, unless
 // the run has moved on (closed, or another sandbox) in the meantime.
 func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *channel) (bool, error) {
-	r := d.lock(id)
+	r, err := d.lockRun(id)
+	if err != nil {
+		return false, err
+	}
 	defer r.mu.Unlock()
 	if r.live == nil || r.live.transcript != ch {
 		return false, nil
@@ -455,7 +475,10 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	if !json.Valid(payload) {
 		return api.PostResult{}, fmt.Errorf("%w: the result payload is not JSON", ErrInvalid)
 	}
-	r := d.lock(run)
+	r, err := d.lockRun(run)
+	if err != nil {
+		return api.PostResult{}, err
+	}
 	defer r.mu.Unlock()
 	st, err := d.st.Run(run)
 	if err != nil {
@@ -685,6 +708,7 @@ func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) err
 	}
 	d.dropMark(id)
 	d.attested(ev)
+	lv.stopping = true
 	d.destroy(lv)
 	return os.RemoveAll(filepath.Dir(path))
 }

@@ -2,8 +2,11 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+
+	"github.com/runrecordd/runrecordd/pkg/daemon"
 )
 
 // routeCalls adds the platform's side of outward calls: the pending calls,
@@ -20,9 +23,9 @@ func (h *handler) calls(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) postResult(w http.ResponseWriter, r *http.Request) {
-	b, err := io.ReadAll(io.LimitReader(r.Body, maxJSON))
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSON))
 	if err != nil {
-		h.fail(w, r, err)
+		h.fail(w, r, fmt.Errorf("%w: result body: %w", daemon.ErrInvalid, err))
 		return
 	}
 	res, err := h.d.PostResult(r.Context(), r.PathValue("id"), r.PathValue("call"), b)
@@ -46,7 +49,10 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
-		case e := <-ch:
+		case e, ok := <-ch:
+			if !ok {
+				return // the daemon is stopping
+			}
 			if enc.Encode(e) != nil {
 				return
 			}

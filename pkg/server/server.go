@@ -3,7 +3,6 @@ package server
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -115,8 +114,8 @@ func (h *handler) reply(w http.ResponseWriter, r *http.Request, v any, err error
 }
 
 // decode reads a JSON body strictly.
-func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxJSON))
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSON))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: request body: %w", daemon.ErrInvalid, err)
@@ -135,7 +134,7 @@ func (h *handler) importImage(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) start(w http.ResponseWriter, r *http.Request) {
 	var req api.RunRequest
-	if err := decode(r, &req); err != nil {
+	if err := decode(w, r, &req); err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -166,7 +165,7 @@ func (h *handler) resume(w http.ResponseWriter, r *http.Request) {
 func (h *handler) close(w http.ResponseWriter, r *http.Request) {
 	var req api.CloseRequest
 	if r.ContentLength != 0 {
-		if err := decode(r, &req); err != nil {
+		if err := decode(w, r, &req); err != nil {
 			h.fail(w, r, err)
 			return
 		}
