@@ -1,0 +1,77 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/store"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// TestDispatchLimit holds an interval's dispatches to what one account can
+// record: the call after the last one fits is refused, and the account
+// stays recordable.
+func TestDispatchLimit(t *testing.T) {
+	ch := &channel{d: &Daemon{cfg: Config{StateDir: t.TempDir()}}, id: "r", seen: map[string]bool{}, outstanding: map[string]bool{}}
+	ctx := context.Background()
+	for i := range record.MaxCalls {
+		if err := ch.Dispatch(ctx, protocol.Call{ID: fmt.Sprintf("c%d", i), Kind: "k"}); err != nil {
+			t.Fatalf("dispatch %d: %v", i, err)
+		}
+	}
+	err := ch.Dispatch(ctx, protocol.Call{ID: "one-more", Kind: "k"})
+	if !errors.Is(err, protocol.ErrTooManyCalls) {
+		t.Fatalf("dispatch past the limit: %v, want ErrTooManyCalls", err)
+	}
+	lv := &live{transcript: ch}
+	lv.spec.Mode = unit.TranscriptMode
+	if err := record.Execution(record.Sum([]byte("att")), lv.account()).Validate(); err != nil {
+		t.Fatalf("the account at the limit does not record: %v", err)
+	}
+}
+
+// TestLockRunUnknown: a request naming no run leaves no state behind.
+func TestLockRunUnknown(t *testing.T) {
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	d := &Daemon{st: st, runs: map[string]*run{}}
+	for _, id := range []string{"nosuch", string(make([]byte, 4096))} {
+		if _, err := d.lockRun(id); err == nil {
+			t.Fatalf("lockRun(%.10q) found a run", id)
+		}
+	}
+	if len(d.runs) != 0 {
+		t.Fatalf("unknown ids left %d entries", len(d.runs))
+	}
+}
+
+// TestStopEvents ends every stream, and any opened afterwards.
+func TestStopEvents(t *testing.T) {
+	d := &Daemon{}
+	a, doneA := d.Subscribe()
+	defer doneA()
+	d.publish(eventFor("x"))
+	if e := <-a; e.Run != "x" {
+		t.Fatalf("got %+v", e)
+	}
+	d.StopEvents()
+	if _, ok := <-a; ok {
+		t.Fatal("a stream outlived StopEvents")
+	}
+	b, doneB := d.Subscribe()
+	defer doneB()
+	if _, ok := <-b; ok {
+		t.Fatal("a stream opened after StopEvents is open")
+	}
+	d.publish(eventFor("y")) // no panic on closed streams
+}
+
+func eventFor(run string) api.Event { return api.Event{Kind: "run.started", Run: run} }
