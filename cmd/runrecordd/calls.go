@@ -2,8 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,122 +14,93 @@ import (
 )
 
 func cmdCalls(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("calls", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 0 {
-		return usagef("usage: runrecordd calls")
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	cs, err := c.Calls(cx)
-	if err != nil {
-		return err
-	}
-	return cf.print(stdout, cs, func(w io.Writer) {
-		fmt.Fprintln(w, "RUN\tPHASE\tCALL\tKIND\tRESULT\tPAYLOAD")
-		for _, x := range cs {
-			res := "awaited"
-			if x.ResultPosted {
-				res = "posted"
-			}
-			var p bytes.Buffer
-			if json.Compact(&p, x.Payload) != nil {
-				p.Write(x.Payload)
-			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", x.Run, x.Phase, x.ID, x.Kind, res, p.String())
+	v := newVerb("calls")
+	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
+		if len(pos) != 0 {
+			return usagef("usage: runrecordd calls")
 		}
+		cs, err := c.Calls(cx)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, cs, func(w io.Writer) {
+			fmt.Fprintln(w, "RUN\tPHASE\tCALL\tKIND\tRESULT\tPAYLOAD")
+			for _, x := range cs {
+				res := "awaited"
+				if x.ResultPosted {
+					res = "posted"
+				}
+				var p bytes.Buffer
+				if json.Compact(&p, x.Payload) != nil {
+					p.Write(x.Payload)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", x.Run, x.Phase, x.ID, x.Kind, res, p.String())
+			}
+		})
 	})
 }
 
 func cmdPost(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("post", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 3 {
-		return usagef("usage: runrecordd post RUN CALL RESULT (a JSON value; - reads standard input)")
-	}
-	payload := []byte(pos[2])
-	if pos[2] == "-" {
-		if payload, err = io.ReadAll(os.Stdin); err != nil {
+	v := newVerb("post")
+	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
+		if len(pos) != 3 {
+			return usagef("usage: runrecordd post RUN CALL RESULT (a JSON value; - reads standard input)")
+		}
+		payload := []byte(pos[2])
+		if pos[2] == "-" {
+			var err error
+			if payload, err = io.ReadAll(os.Stdin); err != nil {
+				return err
+			}
+		}
+		if !json.Valid(payload) {
+			return usagef("the result %q is not JSON (quote a string: '\"ok\"')", strings.TrimSpace(string(payload)))
+		}
+		pr, err := c.PostResult(cx, pos[0], pos[1], payload)
+		if err != nil {
 			return err
 		}
-	}
-	if !json.Valid(payload) {
-		return usagef("the result %q is not JSON (quote a string: '\"ok\"')", strings.TrimSpace(string(payload)))
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	pr, err := c.PostResult(cx, pos[0], pos[1], payload)
-	if err != nil {
-		return err
-	}
-	if perr := cf.print(stdout, pr, func(w io.Writer) {
-		fmt.Fprintf(w, "posted the result of %s to %s\n", pr.Call, pr.Run)
-		switch {
-		case pr.Resumed != nil:
-			fmt.Fprintf(w, "it was the last one awaited: resumed in %s, idle %s %s\n",
-				time.Duration(pr.Resumed.DurationNS).Round(time.Millisecond), uj(pr.Resumed.Idle.UJ), pr.Resumed.Idle.Provenance)
-		case len(pr.Awaiting) > 0:
-			fmt.Fprintf(w, "still awaiting: %s\n", strings.Join(pr.Awaiting, ", "))
+		if perr := v.cf.print(stdout, pr, func(w io.Writer) {
+			fmt.Fprintf(w, "posted the result of %s to %s\n", pr.Call, pr.Run)
+			switch {
+			case pr.Resumed != nil:
+				fmt.Fprintf(w, "it was the last one awaited: resumed in %s, idle %s %s\n",
+					time.Duration(pr.Resumed.DurationNS).Round(time.Millisecond), uj(pr.Resumed.Idle.UJ), pr.Resumed.Idle.Provenance)
+			case len(pr.Awaiting) > 0:
+				fmt.Fprintf(w, "still awaiting: %s\n", strings.Join(pr.Awaiting, ", "))
+			}
+		}); perr != nil {
+			return perr
 		}
-	}); perr != nil {
-		return perr
-	}
-	if pr.ResumeError != nil {
-		return fmt.Errorf("the result is kept, but the run could not resume: %w", pr.ResumeError)
-	}
-	return nil
+		if pr.ResumeError != nil {
+			return fmt.Errorf("the result is kept, but the run could not resume: %w", pr.ResumeError)
+		}
+		return nil
+	})
 }
 
 func cmdWatch(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	run := fs.String("run", "", "only this run's transitions")
-	until := fs.String("until", "", "stop after the first event of this kind (e.g. run.closed)")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 0 {
-		return usagef("usage: runrecordd watch [--run RUN] [--until KIND]")
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	enc := json.NewEncoder(stdout)
-	return c.Events(cx, func(e api.Event) bool {
-		if *run != "" && e.Run != *run {
-			return true
+	v := newVerb("watch")
+	run := v.fs.String("run", "", "only this run's transitions")
+	until := v.fs.String("until", "", "stop after the first event of this kind (e.g. run.closed)")
+	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
+		if len(pos) != 0 {
+			return usagef("usage: runrecordd watch [--run RUN] [--until KIND]")
 		}
-		if cf.output == "json" {
-			_ = enc.Encode(e)
-		} else {
-			fmt.Fprintf(stdout, "%s  %-16s %s %s %s\n", e.Time.Format(time.RFC3339Nano), e.Kind, e.Run, e.Call, e.Detail)
-		}
-		if f, ok := stdout.(*os.File); ok {
-			_ = f.Sync()
-		}
-		return *until == "" || e.Kind != *until
+		enc := json.NewEncoder(stdout)
+		return c.Events(cx, func(e api.Event) bool {
+			if *run != "" && e.Run != *run {
+				return true
+			}
+			if v.cf.output == "json" {
+				_ = enc.Encode(e)
+			} else {
+				fmt.Fprintf(stdout, "%s  %-16s %s %s %s\n", e.Time.Format(time.RFC3339Nano), e.Kind, e.Run, e.Call, e.Detail)
+			}
+			if f, ok := stdout.(*os.File); ok {
+				_ = f.Sync()
+			}
+			return *until == "" || e.Kind != *until
+		})
 	})
 }

@@ -87,49 +87,77 @@ func ctx() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
 
-func oneRun(verb string, pos []string) (string, error) {
-	if len(pos) != 1 {
-		return "", usagef("usage: runrecordd %s RUN", verb)
+// verb is what every client verb shares: the client flags beside its own,
+// positional arguments anywhere among the flags, a client and a context
+// that ^C ends.
+type verb struct {
+	name string
+	fs   *flag.FlagSet
+	cf   clientFlags
+}
+
+func newVerb(name string) *verb {
+	v := &verb{name: name, fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	v.cf.register(v.fs)
+	return v
+}
+
+// run parses args and calls fn with the positional arguments, a client and
+// a context.
+func (v *verb) run(args []string, fn func(pos []string, c *api.Client, cx context.Context) error) error {
+	pos, err := parse(v.fs, args)
+	if err != nil {
+		return err
 	}
-	return pos[0], nil
+	c, err := v.cf.client()
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	return fn(pos, c, cx)
+}
+
+// runOne is run for a verb that takes one run.
+func (v *verb) runOne(args []string, fn func(id string, c *api.Client, cx context.Context) error) error {
+	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
+		if len(pos) != 1 {
+			return usagef("usage: runrecordd %s RUN", v.name)
+		}
+		return fn(pos[0], c, cx)
+	})
+}
+
+// openInput opens path, or standard input for "-".
+func openInput(path string) (io.ReadCloser, error) {
+	if path == "-" {
+		return io.NopCloser(os.Stdin), nil
+	}
+	return os.Open(path)
 }
 
 func cmdImages(args []string, stdout io.Writer) error {
 	if len(args) == 0 || args[0] != "import" {
 		return usagef("usage: runrecordd images import FILE [--name NAME]")
 	}
-	fs := flag.NewFlagSet("images import", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	name := fs.String("name", "", "name to give the image (default: the archive's own)")
-	pos, err := parse(fs, args[1:])
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return usagef("usage: runrecordd images import FILE [--name NAME] (FILE - reads standard input)")
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	var r io.Reader = os.Stdin
-	if pos[0] != "-" {
-		f, err := os.Open(pos[0])
+	v := newVerb("images import")
+	name := v.fs.String("name", "", "name to give the image (default: the archive's own)")
+	return v.run(args[1:], func(pos []string, c *api.Client, cx context.Context) error {
+		if len(pos) != 1 {
+			return usagef("usage: runrecordd images import FILE [--name NAME] (FILE - reads standard input)")
+		}
+		r, err := openInput(pos[0])
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		r = f
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	img, err := c.ImportImage(cx, r, *name)
-	if err != nil {
-		return err
-	}
-	return cf.print(stdout, img, func(w io.Writer) {
-		fmt.Fprintf(w, "NAME\tDIGEST\n%s\t%s\n", img.Name, img.Digest)
+		defer r.Close()
+		img, err := c.ImportImage(cx, r, *name)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, img, func(w io.Writer) {
+			fmt.Fprintf(w, "NAME\tDIGEST\n%s\t%s\n", img.Name, img.Digest)
+		})
 	})
 }
 
@@ -219,28 +247,18 @@ func runTable(w io.Writer, runs []api.Run) {
 }
 
 func cmdList(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("list", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	phase := fs.String("phase", "", "only runs in this phase: executing, parked or closed")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 0 {
-		return usagef("usage: runrecordd list [--phase PHASE]")
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	runs, err := c.List(cx, *phase)
-	if err != nil {
-		return err
-	}
-	return cf.print(stdout, runs, func(w io.Writer) { runTable(w, runs) })
+	v := newVerb("list")
+	phase := v.fs.String("phase", "", "only runs in this phase: executing, parked or closed")
+	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
+		if len(pos) != 0 {
+			return usagef("usage: runrecordd list [--phase PHASE]")
+		}
+		runs, err := c.List(cx, *phase)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, runs, func(w io.Writer) { runTable(w, runs) })
+	})
 }
 
 func uj(v uint64) string {
@@ -248,28 +266,14 @@ func uj(v uint64) string {
 }
 
 func cmdShow(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("show", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := oneRun("show", pos)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	s, err := c.Show(cx, id)
-	if err != nil {
-		return err
-	}
-	return cf.print(stdout, s, func(w io.Writer) { showTable(w, s) })
+	v := newVerb("show")
+	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		s, err := c.Show(cx, id)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, s, func(w io.Writer) { showTable(w, s) })
+	})
 }
 
 func showTable(w io.Writer, s api.Show) {
@@ -329,27 +333,17 @@ func bytesString(n int64) string {
 }
 
 func cmdPark(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("park", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := oneRun("park", pos)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	p, err := c.Park(cx, id)
-	if err != nil {
-		return err
-	}
+	v := newVerb("park")
+	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		p, err := c.Park(cx, id)
+		if err != nil {
+			return err
+		}
+		return parkTable(stdout, v.cf, id, p)
+	})
+}
+
+func parkTable(stdout io.Writer, cf clientFlags, id string, p api.Park) error {
 	return cf.print(stdout, p, func(w io.Writer) {
 		fmt.Fprintf(w, "parked %s in %s\n", id, time.Duration(p.DurationNS).Round(time.Millisecond))
 		fmt.Fprintf(w, "snapshot:\t%s\n", p.Snapshot)
@@ -364,27 +358,17 @@ func cmdPark(args []string, stdout io.Writer) error {
 }
 
 func cmdResume(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("resume", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := oneRun("resume", pos)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	r, err := c.Resume(cx, id)
-	if err != nil {
-		return err
-	}
+	v := newVerb("resume")
+	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		r, err := c.Resume(cx, id)
+		if err != nil {
+			return err
+		}
+		return resumeTable(stdout, v.cf, id, r)
+	})
+}
+
+func resumeTable(stdout io.Writer, cf clientFlags, id string, r api.Resume) error {
 	return cf.print(stdout, r, func(w io.Writer) {
 		fmt.Fprintf(w, "resumed %s in %s after %s parked\n", id, time.Duration(r.DurationNS).Round(time.Millisecond), time.Duration(r.ParkedNS).Round(time.Millisecond))
 		fmt.Fprintf(w, "idle energy:\t%s %s\n", uj(r.Idle.UJ), r.Idle.Provenance)
@@ -395,29 +379,15 @@ func cmdResume(args []string, stdout io.Writer) error {
 }
 
 func cmdClose(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("close", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	reason := fs.String("reason", "", "why (recorded in the Closed segment)")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := oneRun("close", pos)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	r, err := c.Close(cx, id, *reason)
-	if err != nil {
-		return err
-	}
-	return cf.print(stdout, r, func(w io.Writer) { runTable(w, []api.Run{r}) })
+	v := newVerb("close")
+	reason := v.fs.String("reason", "", "why (recorded in the Closed segment)")
+	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		r, err := c.Close(cx, id, *reason)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, r, func(w io.Writer) { runTable(w, []api.Run{r}) })
+	})
 }
 
 // verifyRun is `verify RUN`: the daemon verifies a stored run.
@@ -449,77 +419,49 @@ func verifyRun(cf clientFlags, id string, stdout io.Writer) error {
 }
 
 func cmdWaitProof(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("wait-proof", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := oneRun("wait-proof", pos)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	v, err := c.WaitProof(cx, id)
-	if err != nil {
-		return err
-	}
-	return cf.print(stdout, v, func(w io.Writer) {
-		if v.Segment != nil {
-			fmt.Fprintf(w, "%s at segment %d: %s\n", v.Verdict, *v.Segment, v.Reason)
-			return
+	vb := newVerb("wait-proof")
+	return vb.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		v, err := c.WaitProof(cx, id)
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(w, "%s: %s\n", v.Verdict, v.Reason)
+		return vb.cf.print(stdout, v, func(w io.Writer) {
+			if v.Segment != nil {
+				fmt.Fprintf(w, "%s at segment %d: %s\n", v.Verdict, *v.Segment, v.Reason)
+				return
+			}
+			fmt.Fprintf(w, "%s: %s\n", v.Verdict, v.Reason)
+		})
 	})
 }
 
 func cmdExport(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("export", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	file := fs.String("f", "-", "write the bundle to this file (- for standard output)")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := oneRun("export", pos)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	if *file == "-" {
-		return c.Export(cx, id, stdout)
-	}
-	// Write beside the target and rename, so a failed export leaves no
-	// half bundle under the name.
-	tmp, err := os.CreateTemp(dirOf(*file), ".export-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if err := c.Export(cx, id, tmp); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), *file)
+	v := newVerb("export")
+	file := v.fs.String("f", "-", "write the bundle to this file (- for standard output)")
+	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		if *file == "-" {
+			return c.Export(cx, id, stdout)
+		}
+		// Write beside the target and rename, so a failed export leaves
+		// no half bundle under the name.
+		tmp, err := os.CreateTemp(dirOf(*file), ".export-*")
+		if err != nil {
+			return err
+		}
+		defer os.Remove(tmp.Name())
+		if err := c.Export(cx, id, tmp); err != nil {
+			tmp.Close()
+			return err
+		}
+		if err := tmp.Sync(); err != nil {
+			tmp.Close()
+			return err
+		}
+		if err := tmp.Close(); err != nil {
+			return err
+		}
+		return os.Rename(tmp.Name(), *file)
+	})
 }
 
 func dirOf(p string) string {
@@ -530,64 +472,44 @@ func dirOf(p string) string {
 }
 
 func cmdImport(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("import", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	id := fs.String("id", "", "store the run under this id (default: the bundle's)")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return usagef("usage: runrecordd import [--id ID] BUNDLE (- reads standard input)")
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	var r io.Reader = os.Stdin
-	if pos[0] != "-" {
-		f, err := os.Open(pos[0])
+	v := newVerb("import")
+	id := v.fs.String("id", "", "store the run under this id (default: the bundle's)")
+	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
+		if len(pos) != 1 {
+			return usagef("usage: runrecordd import [--id ID] BUNDLE (- reads standard input)")
+		}
+		r, err := openInput(pos[0])
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		r = f
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	im, err := c.Import(cx, r, *id)
-	if err != nil {
-		return err
-	}
-	return cf.print(stdout, im, func(w io.Writer) {
-		fmt.Fprintf(w, "imported %s: %d objects, %s, verified from genesis\n", im.Run.ID, im.Objects, bytesString(im.Bytes))
-		runTable(w, []api.Run{im.Run})
+		defer r.Close()
+		im, err := c.Import(cx, r, *id)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, im, func(w io.Writer) {
+			fmt.Fprintf(w, "imported %s: %d objects, %s, verified from genesis\n", im.Run.ID, im.Objects, bytesString(im.Bytes))
+			runTable(w, []api.Run{im.Run})
+		})
 	})
 }
 
 func cmdHost(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("host", flag.ContinueOnError)
-	var cf clientFlags
-	cf.register(fs)
-	if _, err := parse(fs, args); err != nil {
-		return err
-	}
-	c, err := cf.client()
-	if err != nil {
-		return err
-	}
-	cx, cancel := ctx()
-	defer cancel()
-	h, err := c.Host(cx)
-	if err != nil {
-		return err
-	}
-	return cf.print(stdout, h, func(w io.Writer) {
-		fmt.Fprintf(w, "host key:\t%s\nstate:\t%s\ncontainerd:\t%s (embedded %v)\nRAPL:\t%v %s\n", h.KeyID, h.StateDir, h.Containerd, h.Embedded, h.RAPL, strings.Join(h.RAPLReason, "; "))
-		for k, v := range h.Manifest {
-			fmt.Fprintf(w, "%s:\t%s\n", k, v)
+	v := newVerb("host")
+	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
+		if len(pos) != 0 {
+			return usagef("usage: runrecordd host")
 		}
+		h, err := c.Host(cx)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, h, func(w io.Writer) {
+			fmt.Fprintf(w, "host key:\t%s\nstate:\t%s\ncontainerd:\t%s (embedded %v)\nRAPL:\t%v %s\n", h.KeyID, h.StateDir, h.Containerd, h.Embedded, h.RAPL, strings.Join(h.RAPLReason, "; "))
+			for k, v := range h.Manifest {
+				fmt.Fprintf(w, "%s:\t%s\n", k, v)
+			}
+		})
 	})
 }
 
