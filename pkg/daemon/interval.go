@@ -145,6 +145,13 @@ func (d *Daemon) dropMark(id string) { os.Remove(d.markPath(id)) }
 // journalChunk bounds one output entry of a replay journal.
 const journalChunk = 64 << 10
 
+// journalOutputMax bounds the output of one stream a replay journal holds
+// for one interval. A journal is held in memory while it is sealed; a unit
+// that writes more in one interval has its output's first part recorded
+// as omitted (how many bytes, from which offset of its output file) and
+// its last journalOutputMax bytes kept.
+const journalOutputMax = 16 << 20
+
 // appendOutput adds the bytes of file p from off on as entries of kind.
 func appendOutput(j *attest.Journal, kind attest.EntryKind, p string, off int64) error {
 	if p == "" {
@@ -158,13 +165,22 @@ func appendOutput(j *attest.Journal, kind attest.EntryKind, p string, off int64)
 		return err
 	}
 	defer f.Close()
-	if _, err := f.Seek(off, io.SeekStart); err != nil {
+	st, err := f.Stat()
+	if err != nil {
 		return err
 	}
 	at := nowNS()
+	if omitted := st.Size() - off - journalOutputMax; omitted > 0 {
+		j.Add(attest.Lifecycle, at, fmt.Appendf(nil, `output-omitted {"stream":%d,"from_offset":%d,"bytes":%d}`, kind, off, omitted))
+		off += omitted
+	}
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		return err
+	}
 	buf := make([]byte, journalChunk)
+	r := io.LimitReader(f, journalOutputMax)
 	for {
-		n, err := io.ReadFull(f, buf)
+		n, err := io.ReadFull(r, buf)
 		if n > 0 {
 			j.Add(kind, at, append([]byte(nil), buf[:n]...))
 		}
