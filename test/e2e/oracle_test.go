@@ -43,19 +43,10 @@ func last(ls []line) line { return ls[len(ls)-1] }
 // oracleEnv: the 64 MiB buffer, verified every half second.
 var oracleEnv = []string{"SIZE_MB=64", "VERIFY_EVERY=5"}
 
-// startOracle starts the oracle as run id on d from image (imported under
-// that name) and waits for its first verified line. The cleanup verifies
-// the run from genesis and closes it (when the daemon is up; a daemon's
-// own cleanup catches the rest).
-func startOracle(t *testing.T, d *daemon, id, image string) api.Run {
-	t.Helper()
+// closeAtEnd has the test's cleanup verify run id from genesis, close it
+// if it is open and verify it again, while its daemon runs.
+func closeAtEnd(t *testing.T, d *daemon, id string) {
 	ctx := context.Background()
-	r, err := d.c.Start(ctx, api.RunRequest{ID: id,
-		Unit:   unit.Spec{Image: image, Env: oracleEnv},
-		Grants: unit.Grants{MilliCPU: 1000, MemoryBytes: 256 << 20, Network: unit.NoNetwork}})
-	if err != nil {
-		t.Fatalf("start %s on the %s daemon: %v", id, d.name, err)
-	}
 	t.Cleanup(func() {
 		if !d.running() {
 			return
@@ -75,6 +66,22 @@ func startOracle(t *testing.T, d *daemon, id, image string) api.Run {
 			t.Error(err)
 		}
 	})
+}
+
+// startOracle starts the oracle as run id on d from image (imported under
+// that name) and waits for its first verified line. The cleanup verifies
+// the run from genesis and closes it (when the daemon is up; a daemon's
+// own cleanup catches the rest).
+func startOracle(t *testing.T, d *daemon, id, image string) api.Run {
+	t.Helper()
+	ctx := context.Background()
+	r, err := d.c.Start(ctx, api.RunRequest{ID: id,
+		Unit:   unit.Spec{Image: image, Env: oracleEnv},
+		Grants: unit.Grants{MilliCPU: 1000, MemoryBytes: 256 << 20, Network: unit.NoNetwork}})
+	if err != nil {
+		t.Fatalf("start %s on the %s daemon: %v", id, d.name, err)
+	}
+	closeAtEnd(t, d, id)
 	if r.ID != id || r.Phase != "executing" || r.Status != "running" || r.Segments != 0 {
 		t.Fatalf("started %+v", r)
 	}

@@ -131,25 +131,7 @@ func trStart(t *testing.T, d *daemon, id, image string, env ...string) {
 	if err != nil {
 		t.Fatalf("start %s on the %s daemon: %v", id, d.name, err)
 	}
-	t.Cleanup(func() {
-		if !d.running() {
-			return
-		}
-		if err := verifyRun(ctx, d, id); err != nil {
-			t.Error(err)
-		}
-		s, err := d.run(ctx, id)
-		if err == nil && s.Phase != "closed" {
-			_, err = d.c.Close(ctx, id, "e2e: test over")
-		}
-		if err != nil {
-			t.Errorf("closing %s: %v", id, err)
-			return
-		}
-		if err := verifyRun(ctx, d, id); err != nil {
-			t.Error(err)
-		}
-	})
+	closeAtEnd(t, d, id)
 	if r.ID != id || r.Phase != "executing" || r.Status != "running" || r.Segments != 0 || r.Mode != "transcript" {
 		t.Fatalf("started %+v", r)
 	}
