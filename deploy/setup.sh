@@ -1,32 +1,48 @@
 #!/usr/bin/env bash
 # deploy/setup.sh - prepare a Debian 12 host to run runrecordd.
 #
-# Installs containerd, runc and iptables from Debian, and makes sure a CRIU
-# >= 4 that passes `criu check` is on PATH (building CRIU 4.1.1 from the
-# Debian trixie source tarball when needed). Idempotent: a rerun on a host
-# that is already set up installs nothing, downloads nothing and builds
-# nothing. See docs/setup.md.
+# Installs containerd, runc, iptables, iproute2 and busybox-static from
+# Debian, and makes sure a CRIU >= 4.2.1 that passes `criu check` is on PATH
+# (building CRIU 4.2.1 from the Debian sid source tarball when needed). Then
+# it probes that CRIU really can dump and restore here: a throwaway process,
+# and a throwaway runc container, each step under a deadline. Idempotent: a
+# rerun on a host that is already set up installs nothing, downloads nothing
+# and builds nothing (the probe runs every time; it takes a few seconds).
+# See docs/setup.md.
 #
 # Run as root, non-interactively (works with no stdin, as in CI).
 # Environment knobs:
 #   RUNRECORDD_CACHE_DIR   cache root (default /var/cache/runrecordd)
 #   RUNRECORDD_CRIU_FORCE_BUILD=1   rebuild CRIU even if a good one exists
+#   RUNRECORDD_REQUIRE_IMAGE_PARKS=1   exit non-zero when the probe fails
+#                          (default: warn and exit 0; transcript runs still work)
+#   RUNRECORDD_PROBE_TIMEOUT   deadline of each probe step in seconds (default 60)
+#   RUNRECORDD_CRIU        probe this criu binary instead of the installed one
 set -Eeuo pipefail
 
-readonly CRIU_VERSION=4.1.1
+readonly CRIU_VERSION=4.2.1
+# Oldest CRIU accepted on PATH. 4.1.1 passes `criu check` on AMD EPYC VMs but
+# hangs in every dump, and cannot dump TCP sockets on our 6.18 kernel.
+readonly CRIU_MIN_VERSION=4.2.1
 readonly CRIU_ORIG=criu_${CRIU_VERSION}.orig.tar.xz
-readonly CRIU_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
+readonly CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
 readonly CRIU_PREFIX=/usr/local/sbin
 readonly CRIU_BIN=${CRIU_PREFIX}/criu
 readonly CACHE_ROOT=${RUNRECORDD_CACHE_DIR:-/var/cache/runrecordd}
 readonly CRIU_CACHE=${CACHE_ROOT}/criu-${CRIU_VERSION}
 readonly DEBIAN_SOURCES=/etc/apt/sources.list.d/debian.sources
-readonly TRIXIE_SRC_LIST=/etc/apt/sources.list.d/runrecordd-trixie-src.sources
+readonly SID_SRC_LIST=/etc/apt/sources.list.d/runrecordd-sid-src.sources
 readonly ARCHIVE_KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+# Left by earlier versions of this script (CRIU 4.1.1 from trixie).
+readonly OLD_TRIXIE_SRC_LIST=/etc/apt/sources.list.d/runrecordd-trixie-src.sources
+readonly PROBE_TIMEOUT=${RUNRECORDD_PROBE_TIMEOUT:-60}
+readonly PROBE_LOGS=${CACHE_ROOT}/probe-logs
 
 # Runtime packages (Debian bookworm). containerd pulls runc in as a
-# dependency; list it anyway so it is explicit.
-readonly RUNTIME_PKGS=(containerd runc iptables xz-utils ca-certificates)
+# dependency; list it anyway so it is explicit. CRIU runs `ip` (iproute2) and
+# iptables-restore to dump and restore a network namespace; busybox-static is
+# the whole root filesystem of the probe's throwaway container.
+readonly RUNTIME_PKGS=(containerd runc iptables iproute2 busybox-static xz-utils ca-certificates)
 # Build dependencies for `make criu` (bookworm versions are fine).
 readonly CRIU_BUILD_PKGS=(
 	gcc make pkg-config
@@ -112,19 +128,42 @@ ensure_pkgs() {
 
 # ---------------------------------------------------------------- criu helpers
 
-# criu_version BIN -> prints e.g. 4.1.1 (empty if unknown)
+# criu_version BIN -> prints e.g. 4.2.1 (empty if unknown or if BIN hangs)
 criu_version() {
-	"$1" --version 2>/dev/null | sed -n 's/^Version: *\([0-9][0-9.]*\).*/\1/p' | head -n1
+	timeout --kill-after=5 10 "$1" --version </dev/null 2>/dev/null |
+		sed -n 's/^Version: *\([0-9][0-9.]*\).*/\1/p' | head -n1 || true
 }
 
-# criu_good BIN : true if BIN exists, is >= 4 and `criu check` says Looks good.
+# criu_new_enough VERSION : true if VERSION >= CRIU_MIN_VERSION.
+criu_new_enough() {
+	[[ -n $1 ]] && dpkg --compare-versions "$1" ge "$CRIU_MIN_VERSION"
+}
+
+# criu_check BIN : run `criu check` under a deadline; prints its output.
+# True only if it finished in time, exited 0 and said "Looks good".
+criu_check() {
+	local out rc=0
+	out=$(timeout --kill-after=5 "$PROBE_TIMEOUT" "$1" check </dev/null 2>&1) || rc=$?
+	printf '%s\n' "$out"
+	if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+		printf 'criu check did not finish within %ss (killed)\n' "$PROBE_TIMEOUT"
+		return 1
+	fi
+	[[ $rc -eq 0 ]] && grep -q 'Looks good' <<<"$out"
+}
+
+# criu_good BIN : true if BIN exists, is >= CRIU_MIN_VERSION and
+# `criu check` says Looks good.
+CRIU_CHECKED=""   # the last binary criu_good passed, and its check output
+CRIU_CHECK_OUT=""
 criu_good() {
 	local bin=$1 ver out
 	[[ -x $bin ]] || return 1
 	ver=$(criu_version "$bin")
-	[[ -n $ver && ${ver%%.*} -ge 4 ]] || return 1
-	out=$("$bin" check 2>&1) || return 1
-	grep -q 'Looks good' <<<"$out"
+	criu_new_enough "$ver" || return 1
+	out=$(criu_check "$bin") || return 1
+	CRIU_CHECKED=$bin
+	CRIU_CHECK_OUT=$out
 }
 
 # Print the mirror URI serving bookworm, read from the deb822 sources file
@@ -155,17 +194,17 @@ debian_mirror_uri() {
 	printf '%s\n' "${uri%/}"
 }
 
-ensure_trixie_src() {
+ensure_sid_src() {
 	local uri want
 	uri=$(debian_mirror_uri)
-	want=$(printf 'Types: deb-src\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: %s\n' \
+	want=$(printf 'Types: deb-src\nURIs: %s\nSuites: sid\nComponents: main\nSigned-By: %s\n' \
 		"$uri" "$ARCHIVE_KEYRING")
-	if [[ -f $TRIXIE_SRC_LIST && $(<"$TRIXIE_SRC_LIST") == "$want" ]]; then
-		log "trixie deb-src entry already present ($TRIXIE_SRC_LIST)"
+	if [[ -f $SID_SRC_LIST && $(<"$SID_SRC_LIST") == "$want" ]]; then
+		log "sid deb-src entry already present ($SID_SRC_LIST)"
 		apt_update
 	else
-		log "adding trixie deb-src entry ($TRIXIE_SRC_LIST, mirror from $DEBIAN_SOURCES)"
-		printf '%s\n' "$want" >"$TRIXIE_SRC_LIST"
+		log "adding sid deb-src entry ($SID_SRC_LIST, mirror from $DEBIAN_SOURCES)"
+		printf '%s\n' "$want" >"$SID_SRC_LIST"
 		apt_update force
 	fi
 }
@@ -180,17 +219,17 @@ fetch_criu_orig() {
 		log "$CRIU_ORIG cached, sha256 ok"
 		return 0
 	fi
-	ensure_trixie_src
+	ensure_sid_src
 	rm -rf "$dl"
 	mkdir -p "$dl"
 	# Let apt's unprivileged _apt user write here (avoids the sandbox warning).
 	if id _apt >/dev/null 2>&1; then chown _apt "$dl"; fi
-	log "downloading criu/trixie source (apt-get source --download-only) ..."
+	log "downloading criu/sid source (apt-get source --download-only) ..."
 	local rc=0
-	(cd "$dl" && apt-get source -qq --download-only "criu/trixie" </dev/null >"$CRIU_CACHE/download.log" 2>&1) || rc=$?
+	(cd "$dl" && apt-get source -qq --download-only "criu/sid" </dev/null >"$CRIU_CACHE/download.log" 2>&1) || rc=$?
 	if [[ ! -f $dl/$CRIU_ORIG ]]; then
 		tail -n 20 "$CRIU_CACHE/download.log" >&2 || true
-		die "apt-get source criu/trixie (exit $rc) did not fetch $CRIU_ORIG; log: $CRIU_CACHE/download.log"
+		die "apt-get source criu/sid (exit $rc) did not fetch $CRIU_ORIG; log: $CRIU_CACHE/download.log"
 	fi
 	if [[ $rc -ne 0 ]]; then
 		log "apt-get source exited $rc but $CRIU_ORIG arrived (the .dsc may be missing on the mirror); continuing"
@@ -248,8 +287,10 @@ ensure_criu() {
 		log "criu not found"
 	else
 		ver=$(criu_version "$cur")
-		if [[ -z $ver || ${ver%%.*} -lt 4 ]]; then
-			log "criu at $cur is version ${ver:-unknown} (< 4)"
+		if ! criu_new_enough "$ver"; then
+			log "criu at $cur is version ${ver:-unknown} (need >= $CRIU_MIN_VERSION)"
+		elif [[ ${RUNRECORDD_CRIU_FORCE_BUILD:-0} == 1 ]]; then
+			log "criu $ver at $cur; rebuilding anyway (RUNRECORDD_CRIU_FORCE_BUILD=1)"
 		else
 			log "criu $ver at $cur fails criu check"
 		fi
@@ -263,7 +304,392 @@ ensure_criu() {
 	install_cached_criu
 }
 
+drop_old_trixie_src() {
+	if [[ -f $OLD_TRIXIE_SRC_LIST ]]; then
+		rm -f "$OLD_TRIXIE_SRC_LIST"
+		log "removed the trixie deb-src entry of an earlier setup ($OLD_TRIXIE_SRC_LIST)"
+	fi
+}
+
+# ---------------------------------------------------------------- probe
+#
+# `criu check` passing does not mean a dump works (CRIU 4.1.1 passes it on
+# AMD EPYC VMs and then hangs in every dump), so dump and restore for real:
+#   1. a throwaway process, with criu dump / criu restore;
+#   2. a throwaway runc container (busybox, its own pid, net, mount, ipc and
+#      uts namespaces, a TCP listener), with runc pause / checkpoint /
+#      restore, as containerd's shim does for the daemon's sandboxes.
+# Every step runs under a deadline. Everything made here lives under
+# PROBE_DIR (runc gets a private --root there), and its cgroup path is
+# unique; probe_cleanup removes it all, on success, failure or signal.
+
+PROBE_DIR=""   # the probe's temp dir
+PROBE_CRIU=""  # the criu binary probed
+PROBE_PID=""   # host pid of the throwaway process (same before and after)
+PROBE_TAG=""   # argv[0] of the throwaway process, to recognise it
+PROBE_CG=""    # cgroup path of the throwaway container
+PROBE_FAIL=""  # why the probe failed
+PROBE_SHOW=()  # logs to show when it failed
+PROBE_OUT=""   # stdout and stderr of the last step run
+PROBE_RUNC=()  # runc with the probe's private root, log and criu
+PROBE_MS=""    # what each step took, e.g. "dump 210 ms, restore 250 ms"
+PROBE_STEP_PID="" # the running step's timeout process (its own process group)
+
+# now_ms -> milliseconds since the epoch
+now_ms() {
+	local t=${EPOCHREALTIME/[.,]/}
+	printf '%s\n' "${t:0:-3}"
+}
+
+# probe_step WHAT OUT CMD... : run CMD with no stdin and stdout+stderr to
+# OUT, SIGTERM at the deadline and SIGKILL 5 s later. On failure, sets
+# PROBE_FAIL and returns 1. CMD runs in the background and we `wait` for
+# it, so that a signal to this script is handled at once (probe_cleanup
+# then kills the step), not after the deadline.
+probe_step() {
+	local what=$1 out=$2 rc=0 t0=$SECONDS ms
+	shift 2
+	PROBE_OUT=$out
+	ms=$(now_ms)
+	timeout --kill-after=5 "$PROBE_TIMEOUT" "$@" </dev/null >"$out" 2>&1 &
+	PROBE_STEP_PID=$!
+	wait "$PROBE_STEP_PID" || rc=$?
+	PROBE_STEP_PID=""
+	PROBE_MS+="${PROBE_MS:+, }${what##* } $(($(now_ms) - ms)) ms"
+	[[ $rc -ne 0 ]] || return 0
+	if [[ $rc -eq 124 || ($rc -eq 137 && $((SECONDS - t0)) -ge $PROBE_TIMEOUT) ]]; then
+		PROBE_FAIL="$what did not finish within its ${PROBE_TIMEOUT}s deadline (killed)"
+	else
+		PROBE_FAIL="$what failed (exit $rc)"
+	fi
+	return 1
+}
+
+# probe_pid_ours PID : true if PID is the throwaway process (not a zombie).
+probe_pid_ours() {
+	local st cmd
+	st=$(awk '/^State:/ {print $2; exit}' "/proc/$1/status" 2>/dev/null) || return 1
+	[[ -n $st && $st != Z && $st != X ]] || return 1
+	cmd=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) || return 1
+	[[ $cmd == "$PROBE_TAG "* ]]
+}
+
+# probe_wait_gone PID : wait (bounded) until PID is gone, zombie included.
+probe_wait_gone() {
+	local i
+	for ((i = 0; i < PROBE_TIMEOUT * 10; i++)); do
+		[[ -e /proc/$1 ]] || return 0
+		sleep 0.1
+	done
+	return 1
+}
+
+# probe_runc ARGS... : a quick runc query (state, ps), bounded too.
+probe_runc() {
+	timeout --kill-after=2 10 "${PROBE_RUNC[@]}" "$@" </dev/null
+}
+
+# probe_ns_pids ID -> the container's pids as its own pid namespace sees
+# them, sorted, e.g. "1 2 3"
+probe_ns_pids() {
+	local p out=()
+	for p in $(probe_runc ps --format json "$1" 2>/dev/null | tr -d '[]' | tr ',' ' '); do
+		out+=("$(awk '/^NSpid:/ {print $NF; exit}' "/proc/$p/status" 2>/dev/null)")
+	done
+	printf '%s\n' "${out[@]}" | sort -n | tr '\n' ' ' | sed 's/ *$//'
+}
+
+# probe_init_pid ID -> the container's init pid on the host (runc state)
+probe_init_pid() {
+	probe_runc state "$1" 2>/dev/null | sed -n 's/^ *"pid": *\([0-9]*\).*/\1/p' | head -n1
+}
+
+probe_status() {
+	probe_runc state "$1" 2>/dev/null | sed -n 's/^ *"status": *"\([a-z]*\)".*/\1/p' | head -n1
+}
+
+# probe_listening PID : true if PID's network namespace has a TCP listener
+# on port 7000 (0x1B58).
+probe_listening() {
+	cat "/proc/$1/net/tcp" "/proc/$1/net/tcp6" 2>/dev/null | grep -q ':1B58 0\{8,32\}:0000 0A '
+}
+
+probe_process() {
+	local d=$PROBE_DIR/process i
+	PROBE_MS=""
+	if ! mkdir -p "$d/img"; then
+		PROBE_FAIL="cannot create $d/img"
+		return 1
+	fi
+	# Its own session, no terminal, stdio on /dev/null, no other fds open:
+	# what CRIU needs to dump a tree on its own.
+	(
+		cd /
+		for i in /proc/"$BASHPID"/fd/*; do
+			i=${i##*/}
+			if [[ $i =~ ^[0-9]+$ && $i -gt 2 ]]; then eval "exec $i>&-"; fi
+		done
+		# shellcheck disable=SC2016 # $$ is the new shell's pid
+		exec setsid bash -c 'echo $$ >"$1"; exec -a "$2" sleep "$3"' probe \
+			"$d/pid" "$PROBE_TAG" $((PROBE_TIMEOUT * 10))
+	) </dev/null >/dev/null 2>&1 &
+	# Disowned: bash still reaps it, but does not report its death.
+	disown "$!"
+	for ((i = SECONDS + 10; SECONDS < i; )); do
+		[[ -s $d/pid ]] && probe_pid_ours "$(<"$d/pid")" && break
+		sleep 0.05
+	done
+	if [[ -s $d/pid ]]; then PROBE_PID=$(<"$d/pid"); fi
+	if [[ -z $PROBE_PID ]] || ! probe_pid_ours "$PROBE_PID"; then
+		PROBE_FAIL="the throwaway process did not start"
+		return 1
+	fi
+	PROBE_SHOW=("$d/img/dump.log")
+	probe_step "criu dump" "$d/dump.out" \
+		"$PROBE_CRIU" dump -t "$PROBE_PID" -D "$d/img" -o dump.log -v4 || return 1
+	# The dump killed it; its pid must be free (reaped) for the restore.
+	if ! probe_wait_gone "$PROBE_PID"; then
+		PROBE_FAIL="the dumped process $PROBE_PID did not go away"
+		return 1
+	fi
+	PROBE_SHOW=("$d/img/restore.log")
+	probe_step "criu restore" "$d/restore.out" \
+		"$PROBE_CRIU" restore -d -D "$d/img" -o restore.log -v4 || return 1
+	if ! probe_pid_ours "$PROBE_PID"; then
+		PROBE_FAIL="criu restore exited 0 but the process is not running as pid $PROBE_PID"
+		return 1
+	fi
+	kill -KILL "$PROBE_PID" 2>/dev/null || true
+	log "probe: process: dumped and restored as pid $PROBE_PID ($PROBE_MS)"
+}
+
+probe_container() {
+	local d=$PROBE_DIR/container id=runrecordd-probe sysctl="" pid0 pid1 ns0 ns1 st i
+	PROBE_MS=""
+	local b=$d/bundle
+	# CRIU's restore needs a /tmp directory in a read-only root (it pivots
+	# the old root onto it).
+	if ! mkdir -p "$b/rootfs/bin" "$b/rootfs/proc" "$b/rootfs/dev" "$b/rootfs/sys" "$b/rootfs/tmp" \
+		"$d/img" "$d/work" "$PROBE_DIR/runc" || ! cp /bin/busybox "$b/rootfs/bin/busybox"; then
+		PROBE_FAIL="cannot build the container's root filesystem (is busybox-static installed?)"
+		return 1
+	fi
+	for i in sh sleep nc; do ln -s busybox "$b/rootfs/bin/$i"; done
+	# Set as runrecordd sets it in its sandboxes (only if the kernel has MPTCP).
+	if [[ -e /proc/sys/net/mptcp/enabled ]]; then
+		sysctl='"sysctl": {"net.mptcp.enabled": "0"},'
+	fi
+	cat >"$b/config.json" <<-JSON
+		{
+			"ociVersion": "1.0.2",
+			"process": {
+				"terminal": false,
+				"user": {"uid": 0, "gid": 0},
+				"args": ["/bin/sh", "-c", "nc -l -p 7000 & sleep $((PROBE_TIMEOUT * 10)) & wait"],
+				"env": ["PATH=/bin"],
+				"cwd": "/",
+				"noNewPrivileges": true
+			},
+			"root": {"path": "rootfs", "readonly": true},
+			"hostname": "$id",
+			"mounts": [
+				{"destination": "/proc", "type": "proc", "source": "proc"},
+				{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=1024k"]},
+				{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}
+			],
+			"linux": {
+				"cgroupsPath": "$PROBE_CG",
+				$sysctl
+				"resources": {"devices": [{"allow": false, "access": "rwm"}]},
+				"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "mount"}, {"type": "ipc"}, {"type": "uts"}],
+				"maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
+				"readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+			}
+		}
+	JSON
+	# The container's stdio is runc's: /dev/null (runc logs to runc.log).
+	PROBE_SHOW=("$PROBE_DIR/runc.log")
+	probe_step "runc run" /dev/null "${PROBE_RUNC[@]}" run -d --bundle "$b" "$id" || return 1
+	for ((i = SECONDS + 10; SECONDS < i; )); do
+		pid0=$(probe_init_pid "$id")
+		ns0=$(probe_ns_pids "$id")
+		[[ -n $pid0 && $(wc -w <<<"$ns0") -eq 3 ]] && probe_listening "$pid0" && break
+		sleep 0.05
+	done
+	if [[ -z $pid0 || $(wc -w <<<"$ns0") -ne 3 ]] || ! probe_listening "$pid0"; then
+		PROBE_FAIL="the throwaway container did not come up (init pid ${pid0:-none}, pids in it: ${ns0:-none})"
+		return 1
+	fi
+	probe_step "runc pause" "$d/pause.out" "${PROBE_RUNC[@]}" pause "$id" || return 1
+	PROBE_SHOW=("$d/work/dump.log" "$PROBE_DIR/runc.log")
+	probe_step "runc checkpoint" "$d/checkpoint.out" \
+		"${PROBE_RUNC[@]}" checkpoint --image-path "$d/img" --work-path "$d/work" "$id" || return 1
+	PROBE_SHOW=("$d/work/restore.log" "$PROBE_DIR/runc.log")
+	probe_step "runc restore" /dev/null \
+		"${PROBE_RUNC[@]}" restore -d --bundle "$b" --image-path "$d/img" --work-path "$d/work" "$id" || return 1
+	st=$(probe_status "$id")
+	pid1=$(probe_init_pid "$id")
+	ns1=$(probe_ns_pids "$id")
+	if [[ $st != running || -z $pid1 ]]; then
+		PROBE_FAIL="runc restore exited 0 but the container is ${st:-gone}"
+		return 1
+	fi
+	# A new pid namespace gets new host pids; inside it, the pids are kept.
+	if [[ $ns1 != "$ns0" ]]; then
+		PROBE_FAIL="the restored container has pids ($ns1) inside it, not ($ns0)"
+		return 1
+	fi
+	if ! probe_listening "$pid1"; then
+		PROBE_FAIL="the restored container lost its TCP listener"
+		return 1
+	fi
+	PROBE_SHOW=("$PROBE_DIR/runc.log")
+	probe_step "runc delete" "$d/delete.out" "${PROBE_RUNC[@]}" delete -f "$id" || return 1
+	log "probe: runc container: checkpointed and restored; pids inside it $ns1, init host pid $pid0 -> $pid1, TCP listener kept ($PROBE_MS)"
+}
+
+# probe_cgroup_cleanup : kill whatever is left in the container's cgroup and
+# remove it, in every hierarchy.
+probe_cgroup_cleanup() {
+	[[ -n $PROBE_CG ]] || return 0
+	local d dirs=() p i left
+	for d in /sys/fs/cgroup/*"$PROBE_CG" /sys/fs/cgroup"$PROBE_CG"; do
+		if [[ -d $d ]]; then dirs+=("$d"); fi
+	done
+	[[ ${#dirs[@]} -gt 0 ]] || return 0
+	for d in "${dirs[@]}"; do
+		if [[ -f $d/freezer.state ]]; then echo THAWED >"$d/freezer.state" 2>/dev/null || true; fi
+		if [[ -f $d/cgroup.freeze ]]; then echo 0 >"$d/cgroup.freeze" 2>/dev/null || true; fi
+		if [[ -f $d/cgroup.procs ]]; then
+			while read -r p; do kill -KILL "$p" 2>/dev/null || true; done <"$d/cgroup.procs"
+		fi
+	done
+	for ((i = 0; i < 50; i++)); do
+		left=0
+		for d in "${dirs[@]}"; do
+			if [[ -d $d ]]; then
+				find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
+				if [[ -d $d ]]; then left=1; fi
+			fi
+		done
+		[[ $left -eq 1 ]] || return 0
+		sleep 0.1
+	done
+	warn "probe: could not remove the cgroup $PROBE_CG"
+}
+
+probe_cleanup() {
+	[[ -n $PROBE_DIR ]] || return 0
+	local id
+	if [[ -n $PROBE_STEP_PID ]]; then
+		# Interrupted in a step: kill timeout and what it runs (runc, criu).
+		disown "$PROBE_STEP_PID" 2>/dev/null || true
+		kill -KILL -- "-$PROBE_STEP_PID" 2>/dev/null || true
+		kill -KILL "$PROBE_STEP_PID" 2>/dev/null || true
+		PROBE_STEP_PID=""
+	fi
+	if [[ -n $PROBE_PID ]] && probe_pid_ours "$PROBE_PID"; then
+		kill -KILL "$PROBE_PID" 2>/dev/null || true
+	fi
+	if [[ -d $PROBE_DIR/runc ]]; then
+		for id in "$PROBE_DIR"/runc/*; do
+			if [[ -d $id ]]; then
+				timeout --kill-after=5 30 runc --root "$PROBE_DIR/runc" delete -f "${id##*/}" \
+					</dev/null >/dev/null 2>&1 || true
+			fi
+		done
+	fi
+	probe_cgroup_cleanup
+	rm -rf "$PROBE_DIR"
+	PROBE_DIR=""
+	PROBE_PID=""
+}
+
+# probe_image_parks : true if image parks work with PROBE_CRIU on this host.
+probe_image_parks() {
+	mkdir -p "$CACHE_ROOT"
+	PROBE_DIR=$(mktemp -d "$CACHE_ROOT/probe.XXXXXX") || return 1
+	PROBE_TAG=runrecordd-probe-$$
+	PROBE_CG=/runrecordd-probe-$$-${PROBE_DIR##*.}
+	PROBE_FAIL=""
+	PROBE_SHOW=()
+	PROBE_OUT=""
+	PROBE_MS=""
+	PROBE_RUNC=(runc --root "$PROBE_DIR/runc" --log "$PROBE_DIR/runc.log" --criu "$PROBE_CRIU")
+	if [[ -n ${RUNRECORDD_CRIU:-} ]]; then
+		# Not the installed binary: check it first (under the deadline too).
+		PROBE_SHOW=("$PROBE_DIR/check.out")
+		probe_step "criu check" "$PROBE_DIR/check.out" "$PROBE_CRIU" check || return 1
+		PROBE_OUT=""
+		if ! grep -q 'Looks good' "$PROBE_DIR/check.out"; then
+			PROBE_FAIL="criu check did not say 'Looks good.'"
+			return 1
+		fi
+	fi
+	if ! probe_process; then
+		PROBE_FAIL="throwaway process: $PROBE_FAIL"
+		return 1
+	fi
+	if ! probe_container; then
+		PROBE_FAIL="throwaway runc container: $PROBE_FAIL"
+		return 1
+	fi
+}
+
+# probe_report_failure : print why, the tails of the logs, and keep them.
+probe_report_failure() {
+	local f seen=" " kept=""
+	warn "probe: $PROBE_FAIL"
+	rm -rf "$PROBE_LOGS"
+	for f in ${PROBE_OUT:+"$PROBE_OUT"} "${PROBE_SHOW[@]}"; do
+		if [[ -s $f && $seen != *" $f "* ]]; then
+			seen+="$f "
+			printf 'setup: --- last 15 lines of %s ---\n' "${f#"$PROBE_DIR"/}" >&2
+			tail -n 15 "$f" | sed 's/^/  /' >&2
+			mkdir -p "$PROBE_LOGS"
+			cp -f "$f" "$PROBE_LOGS/"
+			kept="; logs kept in $PROBE_LOGS"
+		fi
+	done
+	[[ -n $kept ]] || warn "probe: no log was written"
+	warn "image parks are unavailable on this host: $PROBE_CRIU cannot dump and restore here (transcript runs still work)$kept"
+}
+
+# run_probe : probe, clean up, report; exits 1 on failure only when
+# RUNRECORDD_REQUIRE_IMAGE_PARKS=1.
+run_probe() {
+	local t0 ok=0 quirks=""
+	t0=$(now_ms)
+	log "probe: dumping and restoring with $PROBE_CRIU (${PROBE_TIMEOUT}s deadline per step) ..."
+	trap probe_cleanup EXIT
+	trap 'warn "probe: interrupted (SIGHUP); cleaning up"; exit 129' HUP
+	trap 'warn "probe: interrupted (SIGINT); cleaning up"; exit 130' INT
+	trap 'warn "probe: interrupted (SIGTERM); cleaning up"; exit 143' TERM
+	if probe_image_parks; then
+		ok=1
+		if grep -qs "Hardware breakpoints don't seem to work" \
+			"$PROBE_DIR/process/img/dump.log" "$PROBE_DIR/container/work/dump.log"; then
+			quirks=" (hardware breakpoints off in this VM)"
+		fi
+	else
+		probe_report_failure
+	fi
+	probe_cleanup
+	trap - EXIT HUP INT TERM
+	if [[ $ok -eq 1 ]]; then
+		rm -rf "$PROBE_LOGS"
+		log "probe: image parks work$quirks; probe took $(($(now_ms) - t0)) ms"
+	elif [[ ${RUNRECORDD_REQUIRE_IMAGE_PARKS:-0} == 1 ]]; then
+		die "RUNRECORDD_REQUIRE_IMAGE_PARKS=1 and image parks do not work on this host"
+	else
+		warn "continuing without image parks (set RUNRECORDD_REQUIRE_IMAGE_PARKS=1 to make this fatal)"
+	fi
+}
+
 # ---------------------------------------------------------------- main
+
+[[ $PROBE_TIMEOUT =~ ^[1-9][0-9]*$ ]] ||
+	die "RUNRECORDD_PROBE_TIMEOUT must be a whole number of seconds > 0 (got '$PROBE_TIMEOUT')"
 
 os_name=$(sed -n 's/^PRETTY_NAME="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' /etc/os-release 2>/dev/null || true)
 log "host: ${os_name:-unknown OS}, kernel $(uname -r)"
@@ -277,15 +703,15 @@ fi
 ensure_pkgs "${RUNTIME_PKGS[@]}"
 
 # 2. CRIU
+drop_old_trixie_src
 ensure_criu
-check_out=$(PATH=$SYS_PATH criu check 2>&1) || {
+installed_criu=$(PATH=$SYS_PATH command -v criu || true)
+if [[ -n $installed_criu && $installed_criu == "$CRIU_CHECKED" ]]; then
+	check_out=$CRIU_CHECK_OUT # ensure_criu has just checked this one
+elif ! check_out=$(criu_check "$installed_criu"); then
 	printf '%s\n' "$check_out" >&2
-	die "criu check failed with $(PATH=$SYS_PATH command -v criu)"
-}
-grep -q 'Looks good' <<<"$check_out" || {
-	printf '%s\n' "$check_out" >&2
-	die "criu check did not say 'Looks good.'"
-}
+	die "criu check failed with ${installed_criu:-criu (not found)}"
+fi
 log "criu check: $(grep -m1 'Looks good' <<<"$check_out")"
 caller_criu=$(command -v criu || true)
 if [[ -n $caller_criu && $caller_criu != "$(PATH=$SYS_PATH command -v criu)" ]]; then
@@ -295,12 +721,22 @@ elif [[ -z $caller_criu ]]; then
 fi
 
 # 3. iptables-restore (CRIU's network lock uses it)
-ipr=$(PATH=$SYS_PATH command -v iptables-restore || true)
-[[ -n $ipr ]] || die "iptables-restore not found (package iptables); CRIU network locking needs it"
-log "iptables-restore: $ipr ($(PATH=$SYS_PATH iptables-restore --version 2>&1 | head -n1))"
-
-# 4. summary
 export PATH=$SYS_PATH
+ipr=$(command -v iptables-restore || true)
+[[ -n $ipr ]] || die "iptables-restore not found (package iptables); CRIU network locking needs it"
+log "iptables-restore: $ipr ($(iptables-restore --version 2>&1 | head -n1))"
+
+# 4. probe: a real dump and restore, of a process and of a runc container
+if [[ -n ${RUNRECORDD_CRIU:-} ]]; then
+	PROBE_CRIU=$(command -v "$RUNRECORDD_CRIU" || true)
+	[[ -n $PROBE_CRIU && -f $PROBE_CRIU && -x $PROBE_CRIU ]] || die "RUNRECORDD_CRIU=$RUNRECORDD_CRIU is not an executable"
+	[[ $PROBE_CRIU == /* ]] || PROBE_CRIU=$(realpath "$PROBE_CRIU")
+else
+	PROBE_CRIU=$(command -v criu)
+fi
+run_probe
+
+# 5. summary
 log "containerd: $(containerd --version 2>&1 | head -n1)"
 log "ctr: $(ctr --version 2>&1 | head -n1)"
 log "runc: $(runc --version 2>&1 | head -n1)"
