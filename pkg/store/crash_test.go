@@ -39,22 +39,24 @@ func TestMain(m *testing.M) {
 // segment naming them — with executed intervals, image parks (a staged
 // tree ingested as a directory object), transcript parks (a streamed
 // object), resumes and closes; and a garbage collection now and then.
-// After each acknowledged append it prints "A <run> <len> <head>", so the
-// parent can check that nothing acknowledged was lost.
+// It prints "open" before it opens the store and "ready" once it has; after
+// each acknowledged append it prints "A <run> <len> <head>", so the parent
+// can kill it on these events and check that nothing acknowledged was lost.
 func crashChild(dir string, seed int64) {
 	fail := func(err error) {
 		fmt.Fprintln(os.Stderr, "crash child:", err)
 		os.Exit(3)
-	}
-	s, err := Open(dir)
-	if err != nil {
-		fail(err)
 	}
 	var out sync.Mutex
 	report := func(format string, args ...any) {
 		out.Lock()
 		defer out.Unlock()
 		fmt.Fprintf(os.Stdout, format+"\n", args...)
+	}
+	report("open")
+	s, err := Open(dir)
+	if err != nil {
+		fail(err)
 	}
 	report("ready")
 	live := map[string]bool{}
@@ -187,18 +189,36 @@ func crashSegment(s *Store, rng *rand.Rand, run Run, tag string) (record.Segment
 	return record.Execution(att, &record.CallAccount{Dispatched: []string{"call-" + tag}}), nil
 }
 
+// TestCrashSIGKILL kills the writer on events, not after a sleep, so that
+// every kill does the work it was drawn to do however slow the machine:
+// one kill in eight comes when the child says it is opening the store (tmp
+// cleanup, syncfs, migration), after a delay of 0-14 ms; the rest once it
+// has acknowledged 0-4 appends, after a further 0-4 ms, so they land in the
+// middle of its four writers' next appends.
 func TestCrashSIGKILL(t *testing.T) {
 	kills := 200
 	if testing.Short() {
 		kills = 20
 	}
+	const maxAcks, openDelay, extraDelay = 4, 15, 5
 	dir := t.TempDir()
 	rng := rand.New(rand.NewSource(20261202))
 	acked := map[string]string{} // run → "len head" of its last acknowledged append
 	prevSegs := 0
+	totalAcks := 0 // acknowledged appends over all kills
+	duringOpen := 0
 	var cs CheckStats
 	start := time.Now()
 	for k := range kills {
+		// The schedule is drawn in the same order whatever the child does.
+		atOpen := k%8 == 0
+		want := rng.Intn(maxAcks + 1)
+		delay := time.Duration(rng.Intn(extraDelay)) * time.Millisecond
+		if atOpen {
+			want = 0
+			delay = time.Duration(rng.Intn(openDelay)) * time.Millisecond
+		}
+
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir, fmt.Sprintf("%s_SEED=%d", crashChildEnv, k))
 		var stderr bytes.Buffer
@@ -210,38 +230,72 @@ func TestCrashSIGKILL(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		lines := make(chan []string, 1)
-		ready := make(chan struct{})
+		// The reader drains stdout until the child is gone, so the child
+		// never blocks on a full pipe for long; lines wait in the channel
+		// until the parent takes them.
+		lines := make(chan string, 256)
 		go func() {
-			var got []string
+			defer close(lines)
 			sc := bufio.NewScanner(stdout)
 			for sc.Scan() {
-				if sc.Text() == "ready" {
-					close(ready)
-					continue
-				}
-				got = append(got, sc.Text())
+				lines <- sc.Text()
 			}
-			lines <- got
+			io.Copy(io.Discard, stdout)
 		}()
-		// One kill in eight lands while the child opens the store (tmp
-		// cleanup, syncfs, migration); the rest once it is writing.
-		if k%8 == 0 {
-			time.Sleep(time.Duration(rng.Intn(15)) * time.Millisecond)
-		} else {
-			select {
-			case <-ready:
-			case <-time.After(10 * time.Second):
-				t.Fatalf("kill %d: child never became ready: %s", k, stderr.String())
+		var got []string
+		opened, ready, acks := false, false, 0
+		take := func(l string) {
+			got = append(got, l)
+			switch {
+			case l == "open":
+				opened = true
+			case l == "ready":
+				ready = true
+			case strings.HasPrefix(l, "A "):
+				acks++
 			}
-			time.Sleep(time.Duration(1+rng.Intn(60)) * time.Millisecond)
 		}
-		cmd.Process.Signal(syscall.SIGKILL)
-		got := <-lines
-		cmd.Wait()
+		// finish kills the child if it still runs, takes the rest of its
+		// output and reaps it.
+		finish := func() {
+			cmd.Process.Signal(syscall.SIGKILL)
+			for l := range lines {
+				take(l)
+			}
+			cmd.Wait()
+		}
+		reached := func() bool {
+			if atOpen {
+				return opened
+			}
+			return ready && acks >= want
+		}
+		deadline := time.NewTimer(2 * time.Minute)
+		for !reached() {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					finish()
+					t.Fatalf("kill %d: the child ended after %d of %d acknowledged appends (ready %v): %v: %s",
+						k, acks, want, ready, cmd.ProcessState, stderr.String())
+				}
+				take(l)
+			case <-deadline.C:
+				finish()
+				t.Fatalf("kill %d: the child acknowledged %d of %d appends in 2m (ready %v): %s",
+					k, acks, want, ready, stderr.String())
+			}
+		}
+		deadline.Stop()
+		time.Sleep(delay)
+		finish()
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
 			t.Fatalf("kill %d: the child ended on its own: %v: %s", k, cmd.ProcessState, stderr.String())
 		}
+		if !ready {
+			duringOpen++
+		}
+		totalAcks += acks
 		for _, l := range got {
 			f := strings.Fields(l)
 			if len(f) == 4 && f[0] == "A" {
@@ -277,9 +331,17 @@ func TestCrashSIGKILL(t *testing.T) {
 		}
 		s.Close()
 	}
-	if prevSegs < kills {
-		t.Fatalf("only %d segments over %d kills: the kills came before the work", prevSegs, kills)
+	// Each acknowledged append is a distinct segment (a run and a length),
+	// and runs are never removed, so the store holds at least as many
+	// segments as appends were acknowledged. The kills wait for their
+	// appends, so on any machine the count is the schedule's (about
+	// maxAcks/2 per kill), not a matter of timing.
+	if prevSegs < totalAcks {
+		t.Fatalf("%d segments, but %d appends were acknowledged", prevSegs, totalAcks)
 	}
-	fmt.Printf("crash test: survived %d kills (%d runs, %d segments, %d reachable objects of %d MiB verified after each; %d acknowledged runs checked; %s)\n",
-		kills, cs.Runs, cs.Segments, cs.Objects, cs.Bytes>>20, len(acked), time.Since(start).Round(time.Second))
+	if totalAcks < kills {
+		t.Fatalf("only %d acknowledged appends over %d kills: the kills came before the work", totalAcks, kills)
+	}
+	fmt.Printf("crash test: survived %d kills (%d before the store was open; %d appends acknowledged; %d runs, %d segments, %d reachable objects of %d MiB verified after each; %d acknowledged runs checked; %s)\n",
+		kills, duringOpen, totalAcks, cs.Runs, cs.Segments, cs.Objects, cs.Bytes>>20, len(acked), time.Since(start).Round(time.Second))
 }
