@@ -506,6 +506,18 @@ func cmdHost(args []string, stdout io.Writer) error {
 		}
 		return v.cf.print(stdout, h, func(w io.Writer) {
 			fmt.Fprintf(w, "host key:\t%s\nstate:\t%s\ncontainerd:\t%s (embedded %v)\nRAPL:\t%v %s\n", h.KeyID, h.StateDir, h.Containerd, h.Embedded, h.RAPL, strings.Join(h.RAPLReason, "; "))
+			ip := h.ImageParks
+			switch ip.Status {
+			case "available":
+				fmt.Fprintf(w, "image parks:\tavailable (probe %v)\n", time.Duration(ip.ProbeNS).Round(time.Millisecond))
+			case "unavailable":
+				fmt.Fprintf(w, "image parks:\tunavailable: %s\n", ip.Reason)
+			default:
+				fmt.Fprintf(w, "image parks:\t%s\n", ip.Status)
+			}
+			for _, n := range ip.Notes {
+				fmt.Fprintf(w, "\t%s\n", n)
+			}
 			for k, v := range h.Manifest {
 				fmt.Fprintf(w, "%s:\t%s\n", k, v)
 			}

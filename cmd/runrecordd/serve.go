@@ -27,6 +27,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 	coeffs := fs.String("coefficients", "", "JSON file of energy coefficients over the defaults (docs/energy.md)")
 	sysfs := fs.String("sysfs", "", "sysfs root the meter reads RAPL zones under (default /sys)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	criuDeadline := fs.Duration("criu-deadline", 0, "deadline of every CRIU dump and restore (default 30s plus 1s per 64 MiB of the unit's memory; docs/daemon.md)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -38,7 +39,10 @@ func cmdServe(args []string, stdout io.Writer) error {
 		return usagef("--log-level: %v", err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
-	cfg := daemon.Config{StateDir: *state, ContainerdAddress: *ctrd, Logger: log}
+	if *criuDeadline < 0 {
+		return usagef("--criu-deadline must not be negative")
+	}
+	cfg := daemon.Config{StateDir: *state, ContainerdAddress: *ctrd, Logger: log, CRIUDeadline: *criuDeadline}
 	cfg.Meter.SysfsRoot = *sysfs
 	if *coeffs != "" {
 		b, err := os.ReadFile(*coeffs)

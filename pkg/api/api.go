@@ -21,23 +21,26 @@ import (
 // Error codes. They are stable: scripts and the CLI's exit codes key off
 // them.
 const (
-	CodeBadRequest        = "bad_request"        // malformed input: fix the request
-	CodeNotFound          = "not_found"          // no such run, image or call
-	CodeExists            = "exists"             // a run id already in use
-	CodeConflict          = "conflict"           // another operation on the run is in progress, or its head moved
-	CodePhase             = "phase"              // the run's phase forbids it (park while parked, anything after close)
-	CodeSnapshotMismatch  = "snapshot_mismatch"  // resume precondition 1
-	CodeManifestMismatch  = "manifest_mismatch"  // resume precondition 2
-	CodeRecordInvalid     = "record_invalid"     // resume precondition 3, or an import that does not verify
-	CodeObjectCorrupt     = "object_corrupt"     // an object whose bytes do not hash to its address
-	CodeMissingObject     = "missing_object"     // an object the operation needs is not stored
-	CodeCallRefused       = "call_refused"       // a call result the run cannot accept
-	CodeUnavailable       = "unavailable"        // the host cannot do it now (containerd down, CRIU failing)
-	CodeInternal          = "internal"           // a bug or an unexpected host failure
-	CodeCheckpointFailed  = "checkpoint_failed"  // CRIU could not dump; the unit keeps running
-	CodeRestoreFailed     = "restore_failed"     // CRIU could not restore; the run stays parked
-	CodeUnitExited        = "unit_exited"        // the unit exited before the operation
-	CodeDaemonUnreachable = "daemon_unreachable" // client side only: nothing answers on the socket
+	CodeBadRequest        = "bad_request"             // malformed input: fix the request
+	CodeNotFound          = "not_found"               // no such run, image or call
+	CodeExists            = "exists"                  // a run id already in use
+	CodeConflict          = "conflict"                // another operation on the run is in progress, or its head moved
+	CodePhase             = "phase"                   // the run's phase forbids it (park while parked, anything after close)
+	CodeSnapshotMismatch  = "snapshot_mismatch"       // resume precondition 1
+	CodeManifestMismatch  = "manifest_mismatch"       // resume precondition 2
+	CodeRecordInvalid     = "record_invalid"          // resume precondition 3, or an import that does not verify
+	CodeObjectCorrupt     = "object_corrupt"          // an object whose bytes do not hash to its address
+	CodeMissingObject     = "missing_object"          // an object the operation needs is not stored
+	CodeCallRefused       = "call_refused"            // a call result the run cannot accept
+	CodeUnavailable       = "unavailable"             // the host cannot do it now (containerd down, CRIU failing)
+	CodeInternal          = "internal"                // a bug or an unexpected host failure
+	CodeCheckpointFailed  = "checkpoint_failed"       // CRIU could not dump; the unit keeps running
+	CodeRestoreFailed     = "restore_failed"          // CRIU could not restore; the run stays parked
+	CodeUnitExited        = "unit_exited"             // the unit exited before the operation
+	CodeCheckpointTimeout = "checkpoint_timeout"      // CRIU's dump passed its deadline and was killed; the unit goes on as it was
+	CodeRestoreTimeout    = "restore_timeout"         // CRIU's restore passed its deadline and was killed; the run stays parked
+	CodeImageParks        = "image_parks_unavailable" // this host cannot checkpoint and restore (its probe failed); transcript runs still work
+	CodeDaemonUnreachable = "daemon_unreachable"      // client side only: nothing answers on the socket
 )
 
 // Error is the body of every failed request.
@@ -247,6 +250,20 @@ type Host struct {
 	Manifest   map[string]string `json:"manifest"`
 	RAPL       bool              `json:"rapl"`
 	RAPLReason []string          `json:"rapl_reasons,omitempty"`
+	ImageParks ImageParks        `json:"image_parks"`
+}
+
+// ImageParks says whether this host can image-park: what the daemon's
+// probe at start (a throwaway process and container dumped and restored
+// under a deadline) found.
+type ImageParks struct {
+	// Status is "probing", "available" or "unavailable".
+	Status string `json:"status"`
+	// Reason is why not, when unavailable.
+	Reason string `json:"reason,omitempty"`
+	// Notes say how they work here, e.g. with hardware breakpoints off.
+	Notes   []string `json:"notes,omitempty"`
+	ProbeNS int64    `json:"probe_ns,omitempty"`
 }
 
 // Call is an outward call a run dispatched and has not resolved: GET

@@ -79,12 +79,32 @@ func (d *Daemon) objectsOf(rec *record.Record) ([]record.Address, error) {
 	return out, nil
 }
 
+// Exportable says whether run id can be exported now: only a parked run
+// can. A bundle hands a run to another host to resume, and only a parked
+// run has a snapshot to resume from; an executing run exported would
+// arrive with nothing to resume and no sandbox (lost), and a closed one
+// has nothing left to hand over (its record is served as it is, GET
+// /v1/runs/{id}/record).
+func (d *Daemon) Exportable(id string) error {
+	st, err := d.st.Run(id)
+	if err != nil {
+		return err
+	}
+	if err := phaseErr(id, st.Phase, record.Parked); err != nil {
+		return fmt.Errorf("export: %w: only a parked run can be exported (park it first)", err)
+	}
+	return nil
+}
+
 // Export writes run id's bundle to w: a tar of bundle.json, record.json
 // (the record's wire form) and objects/<address> for every object the
 // record reaches, each after the objects it refers to. Objects are read
 // verified, so a damaged store fails the export rather than shipping bad
 // bytes.
 func (d *Daemon) Export(ctx context.Context, id string, w io.Writer) error {
+	if err := d.Exportable(id); err != nil {
+		return err
+	}
 	rec, err := d.st.Record(id)
 	if err != nil {
 		return err

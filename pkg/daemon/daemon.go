@@ -78,6 +78,9 @@ type Config struct {
 	// Meter configures energy metering (sysfs, procfs and cgroup roots;
 	// coefficients).
 	Meter idle.Config
+	// CRIUDeadline bounds every CRIU dump and restore; 0 derives it from
+	// the memory moved (criuDeadline).
+	CRIUDeadline time.Duration
 	// CPUInfo is /proc/cpuinfo, for the environment manifest.
 	CPUInfo string
 	// Logger receives the daemon's events; slog.Default() when nil.
@@ -107,6 +110,7 @@ type Daemon struct {
 
 	metrics metrics
 	events  events
+	probe   *imageParks
 }
 
 // run is a run's state on this host beyond its record.
@@ -156,9 +160,6 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	if d.st, err = store.Open(filepath.Join(dir, "store")); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	if err := executor.CheckCRIU(ctx, ""); err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
-	}
 	var ecfg executor.Config
 	if cfg.ContainerdAddress == "" {
 		if d.ctrd, err = executor.StartContainerd(ctx, filepath.Join(dir, "containerd"), d.log); err != nil {
@@ -179,6 +180,10 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemon: runtime versions: %w", err)
 	}
+	if v.CRIUErr != nil {
+		// No image parks here (the probe says so), but transcript runs.
+		v.CRIU = "unavailable"
+	}
 	d.host, err = manifest.Host(cfg.CPUInfo, manifest.Manifest{
 		manifest.CRIUVersion:       v.CRIU,
 		manifest.RuncVersion:       v.Runc,
@@ -197,6 +202,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("daemon: reconcile: %w", err)
 	}
+	d.startProbe(v.CRIUErr)
 	ok = true
 	return d, nil
 }

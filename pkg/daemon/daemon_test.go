@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/store"
@@ -119,5 +121,35 @@ func TestJournalOutputBounded(t *testing.T) {
 	}
 	if len(j.Entries) != 1 || !bytes.Equal(j.Entries[0].Data, data[10:1000]) {
 		t.Fatalf("got %d entries", len(j.Entries))
+	}
+}
+
+// The errors of a CRIU deadline and of a host without image parks have
+// codes of their own, also when wrapped as the daemon wraps them.
+func TestErrorOfCRIU(t *testing.T) {
+	for err, want := range map[error]string{
+		fmt.Errorf("park r: executor: checkpoint r: %w: killed", executor.ErrCheckpointTimeout): api.CodeCheckpointTimeout,
+		fmt.Errorf("resume r: executor: restore r: %w: killed", executor.ErrRestoreTimeout):     api.CodeRestoreTimeout,
+		fmt.Errorf("run r: %w: probe failed", ErrImageParks):                                    api.CodeImageParks,
+		fmt.Errorf("park r: %w", executor.ErrCheckpoint):                                        api.CodeCheckpointFailed,
+	} {
+		if got := ErrorOf(err).Code; got != want {
+			t.Errorf("ErrorOf(%v) = %s, want %s", err, got, want)
+		}
+	}
+}
+
+// The CRIU deadline is the configured one, or 30 s plus a second per
+// 64 MiB moved.
+func TestCRIUDeadline(t *testing.T) {
+	d := &Daemon{}
+	for mem, want := range map[uint64]time.Duration{0: 30 * time.Second, 64<<20 - 1: 30 * time.Second, 512 << 20: 38 * time.Second, 8 << 30: 158 * time.Second} {
+		if got := d.criuDeadline(mem); got != want {
+			t.Errorf("deadline for %d bytes: %v, want %v", mem, got, want)
+		}
+	}
+	d.cfg.CRIUDeadline = 3 * time.Second
+	if got := d.criuDeadline(8 << 30); got != 3*time.Second {
+		t.Errorf("configured deadline: %v", got)
 	}
 }

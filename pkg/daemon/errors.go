@@ -53,6 +53,12 @@ func ErrorOf(err error) *api.Error {
 		e.Code = api.CodeConflict
 	case errors.Is(err, ErrCall):
 		e.Code = api.CodeCallRefused
+	case errors.Is(err, executor.ErrCheckpointTimeout):
+		e.Code = api.CodeCheckpointTimeout
+	case errors.Is(err, executor.ErrRestoreTimeout):
+		e.Code = api.CodeRestoreTimeout
+	case errors.Is(err, ErrImageParks):
+		e.Code = api.CodeImageParks
 	case errors.Is(err, executor.ErrCheckpoint):
 		e.Code = api.CodeCheckpointFailed
 	case errors.Is(err, executor.ErrRestore):

@@ -59,6 +59,13 @@ func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error)
 	if err := spec.Validate(); err != nil {
 		return api.Run{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	if spec.Mode == unit.ImageMode {
+		// An image run that could never park would hold its sandbox for
+		// good: refused where image parks do not work.
+		if err := d.imageParksReady(ctx); err != nil {
+			return api.Run{}, fmt.Errorf("run %s: %w (a transcript unit can still run: --mode transcript)", id, err)
+		}
+	}
 	if err := grants.Validate(); err != nil {
 		return api.Run{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
@@ -286,9 +293,16 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		}
 		keys = manifest.TranscriptKeys
 	} else {
-		res, err := park.Image(ctx, d.st, lv.sb)
+		if err := d.imageParksReady(ctx); err != nil {
+			return api.Park{}, fmt.Errorf("park %s: %w", id, err)
+		}
+		var mem uint64
+		if u, err := lv.sb.Stats(ctx); err == nil {
+			mem = u.MemoryBytes
+		}
+		res, err := park.Image(ctx, d.st, lv.sb, d.criuDeadline(mem))
 		if err != nil {
-			return api.Park{}, err
+			return api.Park{}, fmt.Errorf("park %s: %w", id, err)
 		}
 		snap, retained = res.Snapshot, res.Retained
 		cp = checkpointOf(res.Stats, res.Ingest)
@@ -318,7 +332,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 	if err != nil {
 		// Nothing was recorded: the unit goes on, in a new interval.
 		if lv.transcript == nil {
-			if rerr := lv.sb.Resume(context.Background()); rerr != nil {
+			if rerr := lv.sb.Settle(context.Background()); rerr != nil {
 				err = errors.Join(err, rerr)
 			}
 		}
@@ -495,6 +509,9 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 			return api.Resume{}, err
 		}
 	} else {
+		if err := d.imageParksReady(ctx); err != nil {
+			return api.Resume{}, fmt.Errorf("resume %s: %w", id, err)
+		}
 		if r.teardown != nil {
 			select {
 			case <-r.teardown: // the parked sandbox is gone; its id is free
@@ -502,7 +519,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 				return api.Resume{}, ctx.Err()
 			}
 		}
-		lv, rst, err = d.restore(ctx, id, spec, grants, susp.Snapshot)
+		lv, rst, err = d.restore(ctx, id, spec, grants, susp.Snapshot, d.criuDeadline(uint64(retained)))
 		if err != nil {
 			return api.Resume{}, err
 		}
@@ -552,7 +569,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 }
 
 // restore restores an image park's sandbox.
-func (d *Daemon) restore(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, snap record.Snapshot) (*live, *api.Restore, error) {
+func (d *Daemon) restore(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, snap record.Snapshot, deadline time.Duration) (*live, *api.Restore, error) {
 	t0 := time.Now()
 	dir := filepath.Join(d.cfg.StateDir, "restore", id)
 	if err := os.RemoveAll(dir); err != nil {
@@ -569,9 +586,9 @@ func (d *Daemon) restore(ctx context.Context, id string, spec unit.Spec, grants 
 		return nil, nil, err
 	}
 	m := d.markNow(id)
-	sb, rs, err := d.ex.Restore(ctx, id, executor.SpecOf(spec, grants), executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs}, out)
+	sb, rs, err := d.ex.Restore(ctx, id, executor.SpecOf(spec, grants), executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Deadline: deadline}, out)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("resume %s: %w", id, err)
 	}
 	lv := d.begin(id, sb, spec, grants, "restored", m)
 	return lv, &api.Restore{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
@@ -648,6 +665,12 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 		lv.stopping = true
 		d.destroy(lv)
 	}
+	if r.teardown != nil {
+		<-r.teardown
+	}
+	// Whatever else of the run this host still has goes too: the sandbox
+	// of a run that was lost (its unit may be alive), or one a park left.
+	d.removeSandboxes(ctx, id)
 	r.live, r.park = nil, nil
 	os.RemoveAll(d.resultsDir(id))
 	d.log.Info("run closed", "run", id, "reason", reason)
@@ -746,13 +769,15 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		if owner[runOf(sid)] == sid {
 			continue
 		}
-		sb, lerr := d.ex.Load(ctx, sid)
-		if lerr != nil {
-			d.log.Warn("reconcile: cannot load sandbox", "sandbox", sid, "err", lerr)
-			continue
+		d.log.Info("reconcile: removing a sandbox no executing run owns", "sandbox", sid, "run", runOf(sid))
+		if err := d.ex.Remove(ctx, sid); err != nil {
+			d.log.Error("reconcile: sandbox not removed; the next start retries", "sandbox", sid, "err", err)
 		}
-		d.log.Info("reconcile: destroying a sandbox no executing run owns", "sandbox", sid)
-		d.destroy(&live{sb: sb})
+	}
+	if pruned, err := d.ex.Prune(ctx); err != nil {
+		d.log.Warn("reconcile: pruning the executor's leftovers", "err", err)
+	} else if len(pruned) > 0 {
+		d.log.Info("reconcile: removed network namespaces of sandboxes that are gone", "sandboxes", pruned)
 	}
 	active, err := d.st.Runs(record.Active)
 	if err != nil {
@@ -816,8 +841,8 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 		d.log.Warn("reconcile: parked a transcript unit whose channel did not survive the restart (its interval is unaccounted)", "run", id)
 		return nil
 	}
-	if status == "paused" {
-		if err := sb.Resume(ctx); err != nil {
+	if status == "paused" || status == "pausing" {
+		if err := sb.Settle(ctx); err != nil {
 			return err
 		}
 		d.log.Info("reconcile: thawed a unit whose park did not complete", "run", id)
@@ -830,6 +855,28 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	d.watch(id, r, lv)
 	d.log.Info("reconcile: reattached", "run", id)
 	return nil
+}
+
+// removeSandboxes removes every sandbox of run id that containerd still
+// has, whatever state it is in. The caller holds the run's lock, and the
+// run's record no longer needs them (closed).
+func (d *Daemon) removeSandboxes(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	ids, err := d.ex.List(ctx)
+	if err != nil {
+		d.log.Error("listing sandboxes; the next reconcile removes what is left", "run", id, "err", err)
+		return
+	}
+	for _, sid := range ids {
+		if runOf(sid) != id {
+			continue
+		}
+		d.log.Info("removing a sandbox of a closed run", "run", id, "sandbox", sid)
+		if err := d.ex.Remove(ctx, sid); err != nil {
+			d.log.Error("sandbox not removed; the next reconcile retries", "sandbox", sid, "err", err)
+		}
+	}
 }
 
 // sandboxID is the sandbox of a transcript run's interval n. Each interval

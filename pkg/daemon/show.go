@@ -213,6 +213,7 @@ func (d *Daemon) Host() api.Host {
 	}
 	snap := d.meter.Snapshot()
 	h.RAPL, h.RAPLReason = snap.Available, snap.Reasons
+	h.ImageParks = d.imageParksStatus()
 	return h
 }
 

@@ -5,6 +5,7 @@ package executor
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -45,6 +46,11 @@ type Checkpoint struct {
 	// that [Sandbox.Resume] continues. Without Keep the task exits once
 	// dumped.
 	Keep bool
+	// Deadline bounds CRIU's dump (on Checkpoint) or restore (on Restore);
+	// 0 is none. At the deadline CRIU is killed: a checkpoint then fails
+	// with [ErrCheckpointTimeout] and the task goes on as it was, a restore
+	// with [ErrRestoreTimeout] and nothing of it is left.
+	Deadline time.Duration
 }
 
 // CheckpointStats is what a checkpoint cost.
@@ -116,19 +122,31 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 		Exit:      !cp.Keep,
 		ImagePath: dir,
 		WorkPath:  work,
+		OpenTcp:   true, // as the CRIU configuration file says too (criuConfig)
 	})
 	if err != nil {
-		return st, err
+		return st, errors.Join(err, s.settle(ctx))
 	}
 	// The task service directly, not containerd.Task.Checkpoint, which
 	// with an image path adds only a lease, a container lookup, a status
 	// call and a thaw of a task that has exited.
 	dumpStart := time.Now()
-	_, err = s.c.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: s.id, Options: opts})
+	unit := func() int { return int(s.task.Pid()) }
+	timedOut, err := s.c.underDeadline(ctx, s.id, cp.Deadline, unit, func(ctx context.Context) error {
+		_, err := s.c.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: s.id, Options: opts})
+		return err
+	})
 	st.Dump = time.Since(dumpStart)
 	if err != nil {
-		_ = s.task.Resume(ctx)
-		return st, fmt.Errorf("%w: %w%s", ErrCheckpoint, err, logTail(filepath.Join(work, "dump.log")))
+		if timedOut {
+			err = timeoutErr(ErrCheckpointTimeout, cp.Deadline, err)
+			if uerr := s.c.unlockNetns(s.id); uerr != nil {
+				s.c.log.Error("clearing the network lock of a killed dump", "sandbox", s.id, "err", uerr)
+			}
+		} else {
+			err = fmt.Errorf("%w: %w%s", ErrCheckpoint, err, logTail(filepath.Join(work, "dump.log")))
+		}
+		return st, errors.Join(err, s.settle(ctx))
 	}
 	if !cp.Keep {
 		select {
@@ -144,10 +162,11 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 		st.RootfsBytes, err = s.exportRootfs(ctx, cp.Rootfs)
 		st.Diff = time.Since(diffStart)
 		if err != nil {
+			err = fmt.Errorf("rw layer: %w", err)
 			if cp.Keep {
-				_ = s.task.Resume(ctx)
+				err = errors.Join(err, s.settle(ctx))
 			}
-			return st, fmt.Errorf("rw layer: %w", err)
+			return st, err
 		}
 	}
 	if err := dumpStats(work, &st); err != nil {
@@ -185,25 +204,45 @@ func emptyDir(dir string) (string, error) {
 }
 
 // exportRootfs writes the diff of the sandbox's rw snapshot against its
-// image to path. The diff service computes it into the content store under
-// a lease; it is copied out, and the lease's end lets the GC take the blob.
+// image to path. From an overlayfs snapshot it is read off the snapshot's
+// upper directory (rwlayer.go): its cost follows the change, not the
+// image. Otherwise the diff service computes it.
 func (s *Sandbox) exportRootfs(ctx context.Context, path string) (int64, error) {
 	info, err := s.cont.Info(ctx, containerd.WithoutRefreshedMetadata)
 	if err != nil {
 		return 0, err
 	}
-	ctx, done, err := s.c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+	// The task is frozen (Keep) or has exited, its root still mounted:
+	// the upper directory holds every change and none is being made.
+	mounts, err := s.c.client.SnapshotService(info.Snapshotter).Mounts(ctx, info.SnapshotKey)
+	if err != nil {
+		return 0, err
+	}
+	n, err := writeOverlayDiffFile(ctx, mounts, path)
+	if !errors.Is(err, errNoUpperDir) {
+		return n, err
+	}
+	s.c.log.Debug("rw layer through the diff service", "sandbox", s.id, "reason", err)
+	return s.c.diffServiceLayer(ctx, info.Snapshotter, info.SnapshotKey, path)
+}
+
+// diffServiceLayer writes the diff of snapshot key (of snapshotter)
+// against its parent to path, computed by containerd's diff service (which
+// walks both whole trees) into the content store under a lease; it is
+// copied out, and the lease's end lets the GC take the blob.
+func (c *Client) diffServiceLayer(ctx context.Context, snapshotter, key, path string) (int64, error) {
+	ctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
 	if err != nil {
 		return 0, err
 	}
 	defer done(context.WithoutCancel(ctx))
-	desc, err := rootfs.CreateDiff(ctx, info.SnapshotKey, s.c.client.SnapshotService(info.Snapshotter), s.c.client.DiffService(),
+	desc, err := rootfs.CreateDiff(ctx, key, c.client.SnapshotService(snapshotter), c.client.DiffService(),
 		diff.WithMediaType(ocispec.MediaTypeImageLayer),
-		diff.WithReference("runrecordd-rootfs-"+s.id))
+		diff.WithReference("runrecordd-rootfs-"+key))
 	if err != nil {
 		return 0, err
 	}
-	ra, err := s.c.client.ContentStore().ReaderAt(ctx, desc)
+	ra, err := c.client.ContentStore().ReaderAt(ctx, desc)
 	if err != nil {
 		return 0, err
 	}
@@ -329,9 +368,12 @@ func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return nil, st, err
 	}
-	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work}
+	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline}
 	s, err := c.create(ctx, id, spec, out, rs)
 	if err != nil {
+		if rs.timedOut {
+			return nil, st, timeoutErr(ErrRestoreTimeout, cp.Deadline, err)
+		}
 		return nil, st, fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(work, "restore.log")))
 	}
 	st.Rootfs, st.Task = rs.rootfsTime, rs.taskTime

@@ -13,9 +13,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 
-	"github.com/checkpoint-restore/go-criu/v7"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
@@ -97,6 +98,9 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("executor: connect: %w", err)
 		}
 	}
+	if _, err := writeFileDurably(filepath.Join(cfg.StateDir, criuConfigName), strings.NewReader(criuConfig)); err != nil {
+		return nil, fmt.Errorf("executor: connect: %w", err)
+	}
 	c, err := containerd.New(cfg.Address, containerd.WithDefaultNamespace(cfg.Namespace))
 	if err != nil {
 		return nil, fmt.Errorf("executor: connect to containerd at %s: %w", cfg.Address, err)
@@ -107,6 +111,24 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	return &Client{cfg: cfg, client: c, log: cfg.Logger.With("component", "executor", "namespace", cfg.Namespace)}, nil
 }
+
+// criuConfig is the CRIU configuration file runc passes to CRIU at every
+// dump and restore of a sandbox (the org.criu.config annotation; CRIU reads
+// it over the options runc sends). It is a file rather than task
+// checkpoint options because containerd 1.6's shim passes none of those to
+// a restore, and a connection dumped with TCP repair must be restored
+// with it:
+//
+//   - tcp-established: established TCP connections are dumped and restored
+//     with TCP repair (runc checkpoint --tcp-established), so a unit's
+//     connections to itself go on after a resume;
+//   - skip-in-flight: a connection still in its handshake is left out of
+//     the dump (its client retries the SYN) instead of failing it.
+const criuConfig = "tcp-established\nskip-in-flight\n"
+
+const criuConfigName = "criu.conf"
+
+func (c *Client) criuConfigPath() string { return filepath.Join(c.cfg.StateDir, criuConfigName) }
 
 // Close closes the connection; sandboxes keep running.
 func (c *Client) Close() error { return c.client.Close() }
@@ -219,11 +241,15 @@ type Versions struct {
 	Containerd         string // the daemon's, e.g. "1.6.20~ds1"
 	ContainerdRevision string
 	Runc               string // first line of `runc --version`, version only
-	CRIU               string // e.g. "4.1.1"
+	CRIU               string // e.g. "4.2.1"; empty when CRIU did not answer
+	// CRIUErr is why CRIU is empty.
+	CRIUErr error
 }
 
 // Versions asks the daemon for its version and runs runc and CRIU for
-// theirs (CRIU through go-criu's version RPC).
+// theirs. CRIU's is left empty, with the reason in CRIUErr, when it does
+// not answer `criu --version` within ten seconds: a CRIU that hangs must
+// not keep a daemon from starting (its transcript runs need no CRIU).
 func (c *Client) Versions(ctx context.Context) (Versions, error) {
 	v, err := c.client.Version(c.ctx(ctx))
 	if err != nil {
@@ -236,25 +262,45 @@ func (c *Client) Versions(ctx context.Context) (Versions, error) {
 	}
 	first, _, _ := strings.Cut(string(runcOut), "\n")
 	out.Runc = strings.TrimSpace(strings.TrimPrefix(first, "runc version"))
-	out.CRIU, err = criuVersion(c.cfg.CRIU)
-	if err != nil {
-		return Versions{}, err
-	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out.CRIU, out.CRIUErr = criuVersion(cctx, c.cfg.CRIU)
 	return out, nil
 }
 
-func criuVersion(bin string) (string, error) {
+// criuVersion runs `bin --version` and returns its version as
+// MAJOR.MINOR.SUBLEVEL ("Version: 4.2" is 4.2.0).
+func criuVersion(ctx context.Context, bin string) (string, error) {
 	path, err := exec.LookPath(bin)
 	if err != nil {
 		return "", fmt.Errorf("executor: criu version: %w: %w", ErrMissing, err)
 	}
-	cr := criu.MakeCriu()
-	cr.SetCriuPath(path)
-	n, err := cr.GetCriuVersion()
-	if err != nil {
-		return "", fmt.Errorf("executor: criu version of %s: %w", path, err)
+	cmd := exec.CommandContext(ctx, path, "--version")
+	cmd.WaitDelay = time.Second
+	out, err := cmd.Output()
+	if ctx.Err() != nil {
+		return "", fmt.Errorf("executor: %s --version: %w: no answer: %w", path, ErrMissing, ctx.Err())
 	}
-	return fmt.Sprintf("%d.%d.%d", n/10000, n/100%100, n%100), nil
+	if err != nil {
+		return "", fmt.Errorf("executor: %s --version: %w: %w", path, ErrMissing, err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(l), "Version:")
+		if !ok {
+			continue
+		}
+		parts := strings.Split(strings.TrimSpace(v), ".")
+		for len(parts) < 3 {
+			parts = append(parts, "0")
+		}
+		for _, p := range parts[:3] {
+			if _, err := strconv.Atoi(p); err != nil {
+				return "", fmt.Errorf("executor: %s --version: %w: version %q", path, ErrMissing, v)
+			}
+		}
+		return strings.Join(parts[:3], "."), nil
+	}
+	return "", fmt.Errorf("executor: %s --version: %w: no version in %q", path, ErrMissing, bytes.TrimSpace(out))
 }
 
 // CheckCRIU runs `criu check` with the binary bin ("criu" from PATH when

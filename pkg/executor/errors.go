@@ -27,4 +27,14 @@ var (
 	// sandbox is left behind, and the message carries the tail of CRIU's
 	// restore log.
 	ErrRestore = errors.New("executor: restore failed")
+	// ErrCheckpointTimeout is a checkpoint whose deadline passed: CRIU was
+	// killed, the task was thawed and goes on as it was.
+	ErrCheckpointTimeout = errors.New("executor: checkpoint deadline passed")
+	// ErrRestoreTimeout is a restore whose deadline passed: CRIU and
+	// whatever it had restored were killed, and nothing of the new sandbox
+	// is left behind.
+	ErrRestoreTimeout = errors.New("executor: restore deadline passed")
+	// ErrExited is a sandbox whose task has exited where it was expected
+	// to be alive.
+	ErrExited = errors.New("executor: the task has exited")
 )

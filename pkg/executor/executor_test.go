@@ -536,3 +536,49 @@ func TestContainerdRestart(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestProbe dumps and restores a process and a container on this host, as
+// the daemon does at start: on the machines CI runs on, image parks work.
+func TestProbe(t *testing.T) {
+	privileged(t)
+	p := client.Probe(context.Background(), time.Minute)
+	if !p.OK || p.Reason != "" || p.Took <= 0 {
+		t.Fatalf("probe %+v", p)
+	}
+	t.Logf("probe took %v; notes %q", p.Took, p.Notes)
+	if ids, err := client.List(context.Background()); err != nil || len(ids) > 0 {
+		t.Fatalf("the probe left sandboxes in the runs' namespace: %v %v", ids, err)
+	}
+}
+
+// TestProbeHangingCRIU probes with a criu that never answers: the probe
+// fails at its deadline, says so, and leaves no process behind.
+func TestProbeHangingCRIU(t *testing.T) {
+	privileged(t)
+	dir := t.TempDir()
+	standIn := filepath.Join(dir, "criu")
+	// exec: the stand-in is the process the probe must kill.
+	if err := os.WriteFile(standIn, []byte("#!/bin/sh\nexec sleep 3600\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := client.Config()
+	cfg.CRIU = standIn
+	c, err := executor.Connect(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	p := c.Probe(context.Background(), 2*time.Second)
+	took := time.Since(start)
+	if p.OK || !strings.Contains(p.Reason, "did not finish within 2s") {
+		t.Fatalf("probe with a hanging criu: %+v", p)
+	}
+	if took > 20*time.Second {
+		t.Fatalf("the probe took %v with a 2s deadline", took)
+	}
+	out, _ := exec.Command("pgrep", "-f", "^sleep 3600$").Output()
+	if len(bytes.TrimSpace(out)) > 0 {
+		t.Fatalf("the stand-in criu is still running: pids %s", out)
+	}
+}

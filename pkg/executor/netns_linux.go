@@ -1,22 +1,69 @@
 package executor
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
 
-// loopbackDown takes the loopback interface down in the network namespace
-// of process pid. runc brings lo up in every new network namespace; a
-// sandbox granted no network gets it down, before its process starts, so
-// that not even 127.0.0.1 answers.
+// Every sandbox runs in a network namespace the executor makes itself and
+// pins at a path (StateDir/netns/<id>), rather than one runc makes. Three
+// things follow:
 //
-// The work happens on a goroutine locked to its OS thread, which enters the
-// namespace and returns to its own; if it cannot return, the goroutine
-// exits still locked and the runtime discards the thread rather than let
-// other goroutines run in the sandbox's namespace.
-func loopbackDown(pid uint32) error {
+//   - The namespace is configured before the unit's first instruction:
+//     loopback up or down as the grant says, and MPTCP off. Go programs
+//     since 1.24 listen with MPTCP where the kernel offers it, and CRIU
+//     cannot dump an MPTCP socket ("Unsupported proto 262"); with
+//     net.mptcp.enabled=0 the same listen gets plain TCP.
+//   - runc dumps a namespace given by path as external and, on restore,
+//     rejoins the path of the new sandbox's spec. So a restore runs in a
+//     fresh namespace configured the same way, here or on another host,
+//     and CRIU restores the unit's sockets into it (listeners, and
+//     established connections through TCP repair). CRIU's own dump of a
+//     runc-made namespace keeps nothing of it on this kernel: no links,
+//     so a restored sandbox came back with loopback down and its servers
+//     unreachable.
+//   - Nothing of the namespace has to be dumped or restored (links,
+//     addresses, routes, iptables and nftables rulesets), which CRIU does
+//     by running ip and iptables-save/restore.
+//
+// The namespace lives as long as its pin: [removeNetns] unmounts it.
+
+// netnsPath is where sandbox id's network namespace is pinned.
+func (c *Client) netnsPath(id string) string {
+	return filepath.Join(c.cfg.StateDir, "netns", id)
+}
+
+// makeNetns makes a network namespace pinned at path, with loopback up
+// when loopback is set (down otherwise) and MPTCP disabled. path must not
+// exist. On error nothing is left at path.
+//
+// The work happens on a goroutine locked to its OS thread, which unshares
+// its network namespace and then returns to the one it had; if it cannot
+// return, the goroutine exits still locked and the runtime discards the
+// thread rather than let other goroutines run in the new namespace.
+func makeNetns(path string, loopback bool) (retErr error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o400)
+	if err != nil {
+		return fmt.Errorf("network namespace pin: %w", err)
+	}
+	f.Close()
+	defer func() {
+		if retErr != nil {
+			_ = unix.Unmount(path, unix.MNT_DETACH)
+			os.Remove(path)
+		}
+	}()
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -27,22 +74,21 @@ func loopbackDown(pid uint32) error {
 			return
 		}
 		defer unix.Close(own)
-		target, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
-			errc <- err
+			errc <- fmt.Errorf("unshare network namespace: %w", err)
 			return
 		}
-		defer unix.Close(target)
-		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter netns of %d: %w", pid, err)
-			return
+		err = configureNetns(loopback)
+		if err == nil {
+			err = unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
+			if err != nil {
+				err = fmt.Errorf("pin network namespace at %s: %w", path, err)
+			}
 		}
-		err = linkDown("lo")
 		if serr := unix.Setns(own, unix.CLONE_NEWNET); serr != nil {
 			// Stay locked: the thread dies with this goroutine.
-			errc <- fmt.Errorf("leave netns of %d: %w", pid, serr)
+			errc <- errors.Join(err, fmt.Errorf("return to own network namespace: %w", serr))
 			return
 		}
 		runtime.UnlockOSThread()
@@ -51,9 +97,34 @@ func loopbackDown(pid uint32) error {
 	return <-errc
 }
 
-// linkDown clears IFF_UP on the interface name in the calling thread's
-// network namespace.
-func linkDown(name string) error {
+// configureNetns sets up the calling thread's (new) network namespace.
+func configureNetns(loopback bool) error {
+	// /proc/sys/net shows the namespace of the thread that opens it. A
+	// kernel without MPTCP has no such file, and nothing to turn off.
+	if err := os.WriteFile("/proc/sys/net/mptcp/enabled", []byte("0\n"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("disable MPTCP: %w", err)
+	}
+	if loopback {
+		return setLink("lo", true)
+	}
+	return nil
+}
+
+// removeNetns unpins and removes a namespace made by makeNetns. A path that
+// is absent is not an error.
+func removeNetns(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unpin network namespace %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// setLink sets or clears IFF_UP on the interface name in the calling
+// thread's network namespace.
+func setLink(name string, up bool) error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -66,9 +137,33 @@ func linkDown(name string) error {
 	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
 		return fmt.Errorf("flags of %s: %w", name, err)
 	}
-	ifr.SetUint16(ifr.Uint16() &^ unix.IFF_UP)
+	flags := ifr.Uint16() &^ unix.IFF_UP
+	if up {
+		flags |= unix.IFF_UP
+	}
+	ifr.SetUint16(flags)
 	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("take %s down: %w", name, err)
+		return fmt.Errorf("set %s up=%v: %w", name, up, err)
 	}
 	return nil
+}
+
+// unlockNetns clears what a CRIU killed in the middle of a dump may have
+// left of its network lock in sandbox id's namespace. CRIU locks each TCP
+// connection it dumps with iptables rules that drop its packets, and
+// removes them when it is done; killed, it leaves them, and the unit's
+// connections stay cut. A unit cannot add rules of its own (containerd's
+// default capabilities leave out CAP_NET_ADMIN), so every rule in the
+// namespace is CRIU's: the filter tables are reset to empty.
+func (c *Client) unlockNetns(id string) error {
+	const empty = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"
+	var errs []error
+	for _, tool := range []string{"iptables-restore", "ip6tables-restore"} {
+		cmd := exec.Command("nsenter", "--net="+c.netnsPath(id), tool)
+		cmd.Stdin = strings.NewReader(empty)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("%s in the network namespace of %s: %v: %s", tool, id, err, bytes.TrimSpace(out)))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -47,7 +47,7 @@ type Spec struct {
 	MemoryBytes uint64
 	// Network is the sandbox's network: its own namespace either way, with
 	// loopback down ([unit.NoNetwork], also the zero value) or up
-	// ([unit.Loopback]).
+	// ([unit.Loopback]), and MPTCP off (netns_linux.go).
 	Network unit.Network
 	// Mounts are bind mounts, mounted in order.
 	Mounts []Mount
@@ -157,8 +157,11 @@ type restoreFrom struct {
 	images string // CRIU image directory (staged)
 	rootfs string // rw layer tar, or ""
 	work   string // CRIU work directory
+	// deadline bounds the task's creation, CRIU's restore (0: none).
+	deadline time.Duration
 
 	rootfsTime, taskTime time.Duration // set by create
+	timedOut             bool          // set by create: the deadline passed
 }
 
 func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, rs *restoreFrom) (_ *Sandbox, retErr error) {
@@ -220,6 +223,23 @@ func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, r
 		snapshot = containerd.WithSnapshot(id)
 	}
 
+	// A pin left by a process that died between making it and creating
+	// the container (no container has this id: checked above).
+	netns := c.netnsPath(id)
+	if err := removeNetns(netns); err != nil {
+		return nil, err
+	}
+	if err := makeNetns(netns, spec.Network == unit.Loopback); err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			if err := removeNetns(netns); err != nil {
+				c.log.Warn("cleanup after failed create", "id", id, "err", err)
+			}
+		}
+	}()
+
 	cont, err := c.client.NewContainer(ctx, id,
 		containerd.WithImage(img),
 		containerd.WithSnapshotter(Snapshotter),
@@ -250,8 +270,29 @@ func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, r
 	if rs != nil {
 		taskOpts = append(taskOpts, containerd.WithRestoreImagePath(rs.images), containerd.WithRestoreWorkPath(rs.work))
 	}
-	task, err := cont.NewTask(ctx, creator, taskOpts...)
-	if err != nil {
+	// A restore is CRIU's, under the deadline: containerd's shim runs
+	// runc restore when the task is started (and a shim that did it at
+	// creation would be covered too).
+	bounded := func(call func(context.Context) error) error {
+		if rs == nil {
+			return call(ctx)
+		}
+		timedOut, err := c.underDeadline(ctx, id, rs.deadline, func() int { return 0 }, call)
+		if timedOut {
+			rs.timedOut = true
+			if err == nil {
+				// Done as the deadline passed: what it restored
+				// may have been killed.
+				err = errors.New("the restore returned as its deadline passed")
+			}
+		}
+		return err
+	}
+	var task containerd.Task
+	if err := bounded(func(ctx context.Context) (err error) {
+		task, err = cont.NewTask(ctx, creator, taskOpts...)
+		return err
+	}); err != nil {
 		return nil, fmt.Errorf("task: %w", err)
 	}
 	s.task = task
@@ -262,12 +303,7 @@ func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, r
 		return nil, fmt.Errorf("task wait: %w", err)
 	}
 	s.watch(exit)
-	if rs == nil && spec.Network != unit.Loopback {
-		if err := loopbackDown(task.Pid()); err != nil {
-			return nil, fmt.Errorf("network none: %w", err)
-		}
-	}
-	if err := task.Start(ctx); err != nil {
+	if err := bounded(task.Start); err != nil {
 		return nil, fmt.Errorf("task start: %w", err)
 	}
 	if rs != nil {
@@ -281,6 +317,10 @@ func (c *Client) specOpts(img containerd.Image, id string, spec Spec) []oci.Spec
 		oci.WithImageConfig(img),
 		oci.WithHostname("unit"),
 		oci.WithCgroup(path.Join(c.cfg.CgroupParent, id)),
+		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: c.netnsPath(id)}),
+		// runc hands this file to CRIU at every dump and restore of the
+		// sandbox (see criuConfig).
+		oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
 	}
 	if len(spec.Args) > 0 {
 		opts = append(opts, oci.WithProcessArgs(spec.Args...))
@@ -430,6 +470,64 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	return nil
 }
 
+// Settle puts a sandbox whose checkpoint did not go through back to
+// running, going by the task's real state rather than by what the failed
+// checkpoint should have left: a frozen task (paused, or left pausing) is
+// thawed, a running one left alone, and one that has exited is
+// [ErrExited].
+func (s *Sandbox) Settle(ctx context.Context) error {
+	if err := s.settle(ctx); err != nil {
+		return fmt.Errorf("executor: settle %s: %w", s.id, err)
+	}
+	return nil
+}
+
+func (s *Sandbox) settle(ctx context.Context) error {
+	// The caller's context may be what failed; the thaw must still happen.
+	ctx, cancel := context.WithTimeout(s.c.ctx(context.WithoutCancel(ctx)), 30*time.Second)
+	defer cancel()
+	st, err := s.task.Status(ctx)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return ErrExited
+		}
+		return fmt.Errorf("task status: %w", err)
+	}
+	switch st.Status {
+	case containerd.Running:
+		return nil
+	case containerd.Stopped:
+		return ErrExited
+	case containerd.Paused, containerd.Pausing:
+		if err := s.task.Resume(ctx); err != nil {
+			// runc refuses a thaw it does not think is due (its state
+			// and the freezer disagree after a killed checkpoint): thaw
+			// the cgroup itself.
+			if terr := s.c.thawCgroup(s.id); terr != nil {
+				return errors.Join(fmt.Errorf("thaw: %w", err), terr)
+			}
+		}
+		return nil
+	default:
+		return fmt.Errorf("task in state %q", st.Status)
+	}
+}
+
+// thawCgroup thaws sandbox id's cgroup directly: cgroup v1's freezer or
+// v2's cgroup.freeze, whichever the host has.
+func (c *Client) thawCgroup(id string) error {
+	rel := path.Join(c.cfg.CgroupParent, id)
+	v1 := filepath.Join("/sys/fs/cgroup/freezer", rel, "freezer.state")
+	if _, err := os.Stat(v1); err == nil {
+		return os.WriteFile(v1, []byte("THAWED"), 0)
+	}
+	v2 := filepath.Join("/sys/fs/cgroup", rel, "cgroup.freeze")
+	if _, err := os.Stat(v2); err == nil {
+		return os.WriteFile(v2, []byte("0"), 0)
+	}
+	return fmt.Errorf("no freezer for cgroup %s", rel)
+}
+
 // Usage is a sandbox's resource use from its cgroup.
 type Usage struct {
 	// CPUNanos is the CPU time used by all its processes, user and system.
@@ -499,6 +597,8 @@ func (s *Sandbox) destroy(ctx context.Context) error {
 	}
 	if err := s.cont.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete container: %w", err))
+	} else if err := removeNetns(s.c.netnsPath(s.id)); err != nil {
+		errs = append(errs, err)
 	}
 	s.closeFilesLocked()
 	return errors.Join(errs...)
@@ -514,7 +614,13 @@ func (s *Sandbox) killTask(ctx context.Context) error {
 		}
 		return fmt.Errorf("task status: %w", err)
 	}
-	if st.Status == containerd.Stopped {
+	switch st.Status {
+	case containerd.Stopped:
+		return nil
+	case containerd.Created:
+		// Never started (a restore that failed, or a start cut
+		// short): no exit will come; the task's delete removes what
+		// runc made of it.
 		return nil
 	}
 	if err := s.task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
@@ -550,4 +656,71 @@ func (s *Sandbox) closeFilesLocked() {
 		f.Close()
 	}
 	s.files = nil
+}
+
+// Remove removes sandbox id in whatever state it is — its task killed
+// (thawed first if frozen) and deleted, its container, snapshot, network
+// namespace and CRIU work files — without reattaching its output, as for
+// a sandbox whose run is closed or unknown. A sandbox that is not there is
+// not an error.
+func (c *Client) Remove(ctx context.Context, id string) error {
+	ctx = c.ctx(ctx)
+	cont, err := c.client.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		err = errors.Join(removeNetns(c.netnsPath(id)), os.RemoveAll(filepath.Join(c.cfg.StateDir, "criu", id)))
+		if err != nil {
+			return fmt.Errorf("executor: remove %s: %w", id, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("executor: remove %s: %w", id, err)
+	}
+	s := &Sandbox{c: c, id: id, cont: cont}
+	if task, err := cont.Task(ctx, nil); err == nil {
+		s.task = task
+		if exit, err := task.Wait(c.ctx(context.WithoutCancel(ctx))); err == nil {
+			s.watch(exit)
+		}
+	} else if !errdefs.IsNotFound(err) {
+		return fmt.Errorf("executor: remove %s: %w", id, err)
+	}
+	return s.Destroy(ctx)
+}
+
+// Prune removes what sandboxes that are gone left of the executor's own
+// state: pinned network namespaces and CRIU work directories of ids
+// containerd has no container for. It returns those ids.
+func (c *Client) Prune(ctx context.Context) ([]string, error) {
+	ids, err := c.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]bool{}
+	for _, id := range ids {
+		have[id] = true
+	}
+	var pruned []string
+	var errs []error
+	for _, dir := range []string{"netns", "criu"} {
+		ents, err := os.ReadDir(filepath.Join(c.cfg.StateDir, dir))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		for _, e := range ents {
+			id := e.Name()
+			if have[id] {
+				continue
+			}
+			p := filepath.Join(c.cfg.StateDir, dir, id)
+			if dir == "netns" {
+				err = removeNetns(p)
+				pruned = append(pruned, id)
+			} else {
+				err = os.RemoveAll(p)
+			}
+			errs = append(errs, err)
+		}
+	}
+	return pruned, errors.Join(errs...)
 }

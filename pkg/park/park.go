@@ -54,7 +54,9 @@ const RootfsName = "rootfs.tar"
 // Checkpointer is the part of a sandbox an image park uses.
 type Checkpointer interface {
 	Checkpoint(ctx context.Context, cp executor.Checkpoint) (executor.CheckpointStats, error)
-	Resume(ctx context.Context) error
+	// Settle puts the unit back to running by its task's real state
+	// (thawed if frozen), after a park that did not go through.
+	Settle(ctx context.Context) error
 }
 
 // Result is an image park's outcome.
@@ -75,9 +77,10 @@ type Result struct {
 
 // Image checkpoints sb into staging directories on st's filesystem, leaving
 // its task frozen, and ingests the CRIU images and the rw layer as directory
-// objects. On error the task is thawed and nothing of the park remains but
+// objects. CRIU's dump runs under deadline (0: none). On error the task is
+// settled (running as it was) and nothing of the park remains but
 // collectable objects.
-func Image(ctx context.Context, st *store.Store, sb Checkpointer) (Result, error) {
+func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.Duration) (Result, error) {
 	var res Result
 	mem, err := st.StagingDir("criu")
 	if err != nil {
@@ -91,11 +94,12 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer) (Result, error
 	defer os.RemoveAll(root)
 	images := filepath.Join(mem, "images")
 	fl := follow(ctx, images)
-	res.Stats, err = sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: images, Rootfs: filepath.Join(root, RootfsName), Keep: true})
+	res.Stats, err = sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: images, Rootfs: filepath.Join(root, RootfsName), Keep: true, Deadline: deadline})
 	if err != nil {
 		fl.stop()
-		// A failed dump is thawed by the executor; a failed rw-layer
-		// export after a good dump leaves the task frozen.
+		// The executor settles the task after any failure of its own;
+		// settling again goes by the task's state, so it costs nothing
+		// and holds for any Checkpointer.
 		return res, errors.Join(err, thaw(sb))
 	}
 	start := time.Now()
@@ -119,8 +123,8 @@ func thaw(sb Checkpointer) error {
 	// The caller's context may be what failed; thawing must still happen.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := sb.Resume(ctx); err != nil {
-		return fmt.Errorf("park: thawing the unit after a failed park: %w", err)
+	if err := sb.Settle(ctx); err != nil {
+		return fmt.Errorf("park: settling the unit after a failed park: %w", err)
 	}
 	return nil
 }

@@ -82,8 +82,10 @@ func Status(code string) int {
 	case api.CodeSnapshotMismatch, api.CodeManifestMismatch, api.CodeRecordInvalid, api.CodeObjectCorrupt,
 		api.CodeMissingObject, api.CodeCallRefused:
 		return http.StatusUnprocessableEntity
-	case api.CodeUnavailable, api.CodeCheckpointFailed, api.CodeRestoreFailed:
+	case api.CodeUnavailable, api.CodeCheckpointFailed, api.CodeRestoreFailed, api.CodeImageParks:
 		return http.StatusServiceUnavailable
+	case api.CodeCheckpointTimeout, api.CodeRestoreTimeout:
+		return http.StatusGatewayTimeout
 	default:
 		return http.StatusInternalServerError
 	}
@@ -198,7 +200,7 @@ func (h *handler) export(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	// Check first, so that a run that cannot be exported gets an error
 	// body, not a truncated tar behind a 200.
-	if _, err := h.d.Store().Record(id); err != nil {
+	if err := h.d.Exportable(id); err != nil {
 		h.fail(w, r, err)
 		return
 	}

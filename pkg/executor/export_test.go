@@ -1,0 +1,34 @@
+package executor
+
+// Test-only access for the external tests (package executor_test).
+
+import (
+	"context"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/mount"
+)
+
+var (
+	WriteOverlayDiff     = writeOverlayDiff
+	WriteOverlayDiffFile = writeOverlayDiffFile
+	ErrNoUpperDir        = errNoUpperDir
+)
+
+// ContainerdForTest is the client's containerd client.
+func (c *Client) ContainerdForTest() *containerd.Client { return c.client }
+
+// NamespacedForTest is ctx in the client's namespace.
+func (c *Client) NamespacedForTest(ctx context.Context) context.Context { return c.ctx(ctx) }
+
+// ApplyLayerForTest is the restore path's apply of a rw layer tar onto the
+// snapshot key, whose mounts are mounts.
+func (c *Client) ApplyLayerForTest(ctx context.Context, key, layer string, mounts []mount.Mount) error {
+	return c.applyLayer(c.ctx(ctx), key, layer, mounts)
+}
+
+// DiffServiceLayerForTest is the diff service's layer of the snapshot key
+// of snapshotter, copied durably to path: the rw layer's fallback.
+func (c *Client) DiffServiceLayerForTest(ctx context.Context, snapshotter, key, path string) (int64, error) {
+	return c.diffServiceLayer(c.ctx(ctx), snapshotter, key, path)
+}

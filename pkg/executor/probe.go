@@ -1,0 +1,345 @@
+//go:build linux
+
+package executor
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/containerd/api/types/runc/options"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Probe is what a real checkpoint and restore on this host showed. `criu
+// check` is not enough: CRIU 4.1.1 passes it on machines where every dump
+// then hangs.
+type Probe struct {
+	// OK is set when both a plain process and a container were dumped and
+	// restored, each within the deadline, and came back running.
+	OK bool
+	// Reason says why image parks are unavailable, when not OK.
+	Reason string
+	// Notes are what CRIU reported about this host on the way, in words
+	// (for example that it works with hardware breakpoints off).
+	Notes []string
+	// Took is the whole probe.
+	Took time.Duration
+}
+
+// breakpointsOff is what CRIU ≥ 4.2 logs when a machine's hardware
+// breakpoints do not fire (some virtual machines); it then goes on without
+// them, where 4.1 waited forever.
+const breakpointsOff = "Hardware breakpoints don't seem to work"
+
+// Probe dumps and restores a throwaway process with the criu binary, then
+// a throwaway container through containerd (runc and CRIU, as a park and a
+// resume do), each step under deadline. Everything it makes is removed.
+func (c *Client) Probe(ctx context.Context, deadline time.Duration) Probe {
+	start := time.Now()
+	var p Probe
+	logs, err := c.probeProcess(ctx, deadline)
+	if err == nil {
+		var clogs []byte
+		clogs, err = c.probeContainer(ctx, deadline)
+		logs = append(logs, clogs...)
+	}
+	if bytes.Contains(logs, []byte(breakpointsOff)) {
+		p.Notes = append(p.Notes, "CRIU works with hardware breakpoints off (they do not fire on this machine)")
+	}
+	p.OK = err == nil
+	if err != nil {
+		p.Reason = err.Error()
+	}
+	p.Took = time.Since(start)
+	return p
+}
+
+// probeDir makes a fresh directory for one probe under the executor's
+// state.
+func (c *Client) probeDir() (string, string, error) {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	id := "probe-" + hex.EncodeToString(b[:])
+	dir := filepath.Join(c.cfg.StateDir, "probe", id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", "", err
+	}
+	return id, dir, nil
+}
+
+// probeProcess dumps a sleeping process of its own with criu and restores
+// it; it returns CRIU's logs.
+func (c *Client) probeProcess(ctx context.Context, deadline time.Duration) (logs []byte, err error) {
+	criu, err := exec.LookPath(c.cfg.CRIU)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMissing, err)
+	}
+	_, dir, err := c.probeDir()
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	images, work := filepath.Join(dir, "images"), filepath.Join(dir, "work")
+	for _, d := range []string{images, work} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	defer func() { logs = readLogs(filepath.Join(work, "dump.log"), filepath.Join(work, "restore.log")) }()
+
+	sleep := exec.Command("sleep", "600")
+	sleep.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := sleep.Start(); err != nil {
+		return nil, fmt.Errorf("process probe: %w", err)
+	}
+	pid := sleep.Process.Pid
+	exited := make(chan struct{})
+	go func() { _ = sleep.Wait(); close(exited) }()
+	defer func() {
+		select {
+		case <-exited:
+		default: // the dump failed: the original is still there
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			<-exited
+		}
+	}()
+	run := func(what string, args ...string) error {
+		ctx, cancel := context.WithTimeout(ctx, deadline)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, criu, args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+		out, err := cmd.CombinedOutput()
+		if ctx.Err() == context.DeadlineExceeded {
+			return fmt.Errorf("process probe: criu %s did not finish within %v and was killed%s", what, deadline, logTail(filepath.Join(work, what+".log")))
+		}
+		if err != nil {
+			return fmt.Errorf("process probe: criu %s: %v: %s%s", what, err, bytes.TrimSpace(out), logTail(filepath.Join(work, what+".log")))
+		}
+		return nil
+	}
+	if err := run("dump", "dump", "-t", strconv.Itoa(pid), "-D", images, "-W", work, "-o", "dump.log", "-v4"); err != nil {
+		return nil, err
+	}
+	select {
+	case <-exited: // the dump ended it, and it is reaped: its pid is free
+	case <-time.After(deadline):
+		return nil, errors.New("process probe: the dumped process did not exit")
+	}
+	pidfile := filepath.Join(dir, "restored.pid")
+	if err := run("restore", "restore", "-D", images, "-W", work, "-o", "restore.log", "-v4", "-d", "--pidfile", pidfile); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(pidfile)
+	if err != nil {
+		return nil, fmt.Errorf("process probe: %w", err)
+	}
+	if got, _ := strconv.Atoi(strings.TrimSpace(string(b))); got != pid {
+		return nil, fmt.Errorf("process probe: restored as pid %d, dumped as %d", got, pid)
+	}
+	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err != nil || !bytes.HasPrefix(cmdline, []byte("sleep\x00600")) {
+		return nil, fmt.Errorf("process probe: pid %d is not the restored process (%q, %v)", pid, cmdline, err)
+	}
+	// The restored process is nobody's child here (restore -d): killed,
+	// it is reaped by init.
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	return nil, nil
+}
+
+// probeNamespace is the containerd namespace the container probe uses, so
+// that its sandboxes never mix with the runs'.
+func (c *Client) probeNamespace() string { return c.cfg.Namespace + "-probe" }
+
+// probeContainer runs a throwaway container (the host's sleep, over a root
+// of the host's /usr), checkpoints it through containerd's task checkpoint
+// with an image path, and restores it in a new container from the images,
+// as a park and a resume do. It returns CRIU's logs.
+func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (logs []byte, err error) {
+	ns := c.probeNamespace()
+	ctx = namespaces.WithNamespace(ctx, ns)
+	c.sweepProbes(ctx)
+	id, dir, err := c.probeDir()
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	root, images := filepath.Join(dir, "rootfs"), filepath.Join(dir, "images")
+	dump, restore := filepath.Join(dir, "dump"), filepath.Join(dir, "restore")
+	for _, d := range []string{"usr", "proc", "dev", "sys", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
+		if err := os.Symlink("usr/"+l, filepath.Join(root, l)); err != nil {
+			return nil, err
+		}
+	}
+	defer func() { logs = readLogs(filepath.Join(dump, "dump.log"), filepath.Join(restore, "restore.log")) }()
+	netns := filepath.Join(c.cfg.StateDir, "netns-probe", id)
+	defer removeNetns(netns)
+
+	start := func(restoreFrom string) (containerd.Container, containerd.Task, error) {
+		if err := removeNetns(netns); err != nil {
+			return nil, nil, err
+		}
+		if err := makeNetns(netns, true); err != nil {
+			return nil, nil, err
+		}
+		cont, err := c.client.NewContainer(ctx, id,
+			containerd.WithRuntime(Runtime, &options.Options{Root: c.cfg.RuncRoot}),
+			containerd.WithNewSpec(
+				oci.WithRootFSPath(root),
+				oci.WithProcessArgs("/bin/sleep", "600"),
+				oci.WithHostname("probe"),
+				oci.WithCgroup(path.Join(c.cfg.CgroupParent, id)),
+				oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: netns}),
+				oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
+				oci.WithMounts([]specs.Mount{{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro"}}}),
+			))
+		if err != nil {
+			return nil, nil, err
+		}
+		var opts []containerd.NewTaskOpts
+		if restoreFrom != "" {
+			opts = append(opts, containerd.WithRestoreImagePath(restoreFrom), containerd.WithRestoreWorkPath(restore))
+		}
+		task, err := cont.NewTask(ctx, cio.NullIO, opts...)
+		if err != nil {
+			c.removeProbe(ctx, cont, nil)
+			return nil, nil, err
+		}
+		// A restore happens as the task starts (runc restore).
+		timedOut, err := c.underDeadlineIn(ctx, ns, id, deadline, func() int { return 0 }, task.Start)
+		if err == nil && timedOut {
+			err = errors.New("returned as its deadline passed")
+		}
+		if err != nil {
+			c.removeProbe(ctx, cont, task)
+			if timedOut {
+				return nil, nil, fmt.Errorf("did not finish within %v: CRIU was killed%s", deadline, logTail(filepath.Join(restore, "restore.log")))
+			}
+			return nil, nil, fmt.Errorf("%w%s", err, logTail(filepath.Join(restore, "restore.log")))
+		}
+		return cont, task, nil
+	}
+
+	cont, task, err := start("")
+	if err != nil {
+		return nil, fmt.Errorf("container probe: start: %w", err)
+	}
+	exit, err := task.Wait(ctx)
+	if err != nil {
+		c.removeProbe(ctx, cont, task)
+		return nil, fmt.Errorf("container probe: %w", err)
+	}
+	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{Exit: true, ImagePath: images, WorkPath: dump})
+	if err != nil {
+		c.removeProbe(ctx, cont, task)
+		return nil, err
+	}
+	timedOut, err := c.underDeadlineIn(ctx, ns, id, deadline, func() int { return int(task.Pid()) }, func(ctx context.Context) error {
+		_, err := c.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: id, Options: opts})
+		return err
+	})
+	if err != nil {
+		c.removeProbe(ctx, cont, task)
+		if timedOut {
+			return nil, fmt.Errorf("container probe: the checkpoint did not finish within %v: CRIU was killed%s", deadline, logTail(filepath.Join(dump, "dump.log")))
+		}
+		return nil, fmt.Errorf("container probe: checkpoint: %w%s", err, logTail(filepath.Join(dump, "dump.log")))
+	}
+	select {
+	case <-exit:
+	case <-time.After(deadline):
+		c.removeProbe(ctx, cont, task)
+		return nil, errors.New("container probe: the checkpointed task did not exit")
+	}
+	c.removeProbe(ctx, cont, task)
+
+	cont, task, err = start(images)
+	if err != nil {
+		return nil, fmt.Errorf("container probe: restore: %w", err)
+	}
+	defer c.removeProbe(ctx, cont, task)
+	st, err := task.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("container probe: restored task: %w", err)
+	}
+	if st.Status != containerd.Running {
+		return nil, fmt.Errorf("container probe: the restored task is %s, not running", st.Status)
+	}
+	return nil, nil
+}
+
+// removeProbe kills and deletes a probe's task and container.
+func (c *Client) removeProbe(ctx context.Context, cont containerd.Container, task containerd.Task) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if task != nil {
+		_ = task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
+		if st, err := task.Status(ctx); err == nil && st.Status == containerd.Paused {
+			_ = task.Resume(ctx)
+		}
+		if exit, err := task.Wait(ctx); err == nil {
+			select {
+			case <-exit:
+			case <-ctx.Done():
+			}
+		}
+		if _, err := task.Delete(ctx); err != nil {
+			c.log.Warn("probe: delete task", "id", cont.ID(), "err", err)
+		}
+	}
+	if err := cont.Delete(ctx); err != nil {
+		c.log.Warn("probe: delete container", "id", cont.ID(), "err", err)
+	}
+}
+
+// sweepProbes removes what an earlier probe that did not finish (its
+// process died) left in the probe namespace and the probe directories.
+func (c *Client) sweepProbes(ctx context.Context) {
+	conts, err := c.client.Containers(ctx)
+	if err == nil {
+		for _, cont := range conts {
+			task, err := cont.Task(ctx, nil)
+			if err != nil {
+				task = nil
+			}
+			c.removeProbe(ctx, cont, task)
+		}
+	}
+	pins, _ := filepath.Glob(filepath.Join(c.cfg.StateDir, "netns-probe", "*"))
+	for _, p := range pins {
+		_ = removeNetns(p)
+	}
+	_ = os.RemoveAll(filepath.Join(c.cfg.StateDir, "probe"))
+}
+
+// readLogs reads CRIU's logs (a file that is not there is skipped).
+func readLogs(paths ...string) []byte {
+	var out []byte
+	for _, p := range paths {
+		b, _ := os.ReadFile(p)
+		out = append(out, b...)
+	}
+	return out
+}
