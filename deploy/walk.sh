@@ -51,8 +51,8 @@ waitfor() {
 	return 1
 }
 
-step "run --id $run runrecordd.local/oracle:1 (64 MiB of state, a counter, an open file, a pipe to a child)"
-"$rr" run --id "$run" --env SIZE_MB=64 runrecordd.local/oracle:1
+step "run --id $run --network loopback runrecordd.local/oracle:1 (64 MiB of state, a counter, an open file, a pipe to a child, a TCP server and a connection to it)"
+"$rr" run --id "$run" --network loopback --env SIZE_MB=64 --env TCP_PORT=7777 runrecordd.local/oracle:1
 waitfor 15
 before=$(tail -n 1 "$out")
 echo "oracle before park: $before" | cut -c1-160
@@ -71,7 +71,7 @@ waitfor $((after_start + 5))
 after=$(tail -n 1 "$out")
 echo "oracle after resume: $after" | cut -c1-160
 field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" <<<"$2"; }
-for f in checksum pid child_pid start_time; do
+for f in checksum pid child_pid start_time tcp_held_port; do
 	if [ "$(field "$f" "$before")" != "$(field "$f" "$after")" ]; then
 		echo "walk: the oracle's $f changed across the park: not the same process" >&2
 		exit 1
@@ -81,7 +81,17 @@ if [ "$(field counter "$after")" -le "$(field counter "$before")" ]; then
 	echo "walk: the oracle's counter did not go on from where it was" >&2
 	exit 1
 fi
+# Every tick makes one round trip on the connection held open across the
+# park and one fresh connection to the unit's server (the one a park
+# catches in its handshake may fail; no other may).
+fails_before=$(field tcp_fresh_fail "$before") fails_after=$(field tcp_fresh_fail "$after")
+if [ "$(field tcp_held "$after")" != "$(field counter "$after")" ] ||
+	[ $((${fails_after:-0} - ${fails_before:-0})) -gt 1 ]; then
+	echo "walk: the unit's TCP state did not survive the park: $after" >&2
+	exit 1
+fi
 echo "same checksum, pids and start time; counter $(field counter "$before") -> $(field counter "$after"): the unit went on where it was"
+echo "its TCP connection (port $(field tcp_held_port "$after")) carried $(field tcp_held "$after") round trips, its server took $(field tcp_fresh_ok "$after") fresh connections"
 
 step "verify $run"
 "$rr" verify "$run"

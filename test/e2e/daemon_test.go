@@ -5,6 +5,8 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -31,13 +33,20 @@ type daemon struct {
 	// env is added to the environment of every start while set (the
 	// crash tests arm a failpoint with it).
 	env []string
+	// flags are added to `serve` at every start.
+	flags []string
 
 	cmd  *exec.Cmd
 	done chan error // cmd.Wait's result, once
 }
 
-// newDaemon makes a state directory and starts a daemon on it.
-func newDaemon(name string) (*daemon, error) {
+// allDaemons are every daemon the tests made, for the suite's final check
+// that none left anything behind.
+var allDaemons []*daemon
+
+// newDaemon makes a state directory and starts a daemon on it; opts set
+// its env and flags before the first start.
+func newDaemon(name string, opts ...func(*daemon)) (*daemon, error) {
 	root, err := os.MkdirTemp("", "rre-")
 	if err != nil {
 		return nil, err
@@ -45,6 +54,10 @@ func newDaemon(name string) (*daemon, error) {
 	d := &daemon{name: name, root: root, state: filepath.Join(root, "state"), log: filepath.Join(root, "daemon.log")}
 	d.socket = filepath.Join(d.state, "runrecordd.sock")
 	d.c = api.NewClient(d.socket)
+	for _, o := range opts {
+		o(d)
+	}
+	allDaemons = append(allDaemons, d)
 	if err := d.start(); err != nil {
 		return d, err
 	}
@@ -54,9 +67,9 @@ func newDaemon(name string) (*daemon, error) {
 // mustDaemon starts a daemon for t alone. Its cleanup verifies every run
 // from genesis, closes them all, stops the daemon and checks that it
 // exits 0 and leaves nothing running.
-func mustDaemon(t *testing.T, name string) *daemon {
+func mustDaemon(t *testing.T, name string, opts ...func(*daemon)) *daemon {
 	t.Helper()
-	d, err := newDaemon(name)
+	d, err := newDaemon(name, opts...)
 	if d != nil {
 		t.Cleanup(func() {
 			if err := d.shutdown(t.Failed()); err != nil {
@@ -111,7 +124,7 @@ func (d *daemon) start() error {
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "=== e2e: starting %s daemon at %s\n", d.name, time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(daemonBinary, "serve", "--state-dir", d.state, "--log-level", "debug")
+	cmd := exec.Command(daemonBinary, append([]string{"serve", "--state-dir", d.state, "--log-level", "debug"}, d.flags...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if d.env != nil {
 		cmd.Env = append(os.Environ(), d.env...)
@@ -262,7 +275,7 @@ func (d *daemon) shutdown(failed bool) error {
 		errs = append(errs, d.verifyAll(ctx), d.closeAll(ctx), d.verifyAll(ctx))
 		errs = append(errs, d.stop())
 	}
-	errs = append(errs, d.noneLeft())
+	errs = append(errs, d.noneLeft(), d.removeCgroups())
 	err := errors.Join(errs...)
 	if err != nil || failed {
 		fmt.Fprintf(os.Stderr, "e2e: %s daemon's state and log kept in %s\n", d.name, d.root)
@@ -308,6 +321,64 @@ func (d *daemon) processes() []string {
 		}
 	}
 	return out
+}
+
+// cgroup is the cgroup parent of the daemon's sandboxes: its embedded
+// containerd's (executor.Containerd.Config), named after its directory.
+func (d *daemon) cgroup() string {
+	sum := sha256.Sum256([]byte(filepath.Join(d.state, "containerd")))
+	return "runrecordd-" + hex.EncodeToString(sum[:4])
+}
+
+// cgroupDirs are the daemon's sandbox cgroup parents in every hierarchy
+// (v1 controllers, or v2) that has one.
+func (d *daemon) cgroupDirs() []string {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", d.cgroup()))
+	if fi, err := os.Stat(filepath.Join("/sys/fs/cgroup", d.cgroup())); err == nil && fi.IsDir() {
+		dirs = append(dirs, filepath.Join("/sys/fs/cgroup", d.cgroup()))
+	}
+	return dirs
+}
+
+// cgroupProcs counts the processes in the daemon's sandbox cgroups: units
+// that outlived their sandbox.
+func (d *daemon) cgroupProcs() int {
+	n := 0
+	for _, dir := range d.cgroupDirs() {
+		_ = filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.Name() == "cgroup.procs" {
+				b, _ := os.ReadFile(p)
+				n += len(strings.Fields(string(b)))
+			}
+			return nil
+		})
+	}
+	return n
+}
+
+// removeCgroups checks that no process is left in the daemon's cgroups
+// and removes them, deepest first.
+func (d *daemon) removeCgroups() error {
+	if n := d.cgroupProcs(); n > 0 {
+		return fmt.Errorf("%s daemon: %d processes left in its sandboxes' cgroups %s", d.name, n, d.cgroup())
+	}
+	var errs []error
+	for _, dir := range d.cgroupDirs() {
+		var sub []string
+		_ = filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				sub = append(sub, p)
+			}
+			return nil
+		})
+		sort.Slice(sub, func(i, j int) bool { return len(sub[i]) > len(sub[j]) })
+		for _, p := range sub {
+			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("%s daemon: cgroup: %w", d.name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // unmount detaches whatever is still mounted under the daemon's root

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"testing"
@@ -69,9 +70,9 @@ func mainTest(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
 	t0 := time.Now()
 	if err := build(dir); err != nil {
+		os.RemoveAll(dir)
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
@@ -83,7 +84,48 @@ func mainTest(m *testing.M) int {
 			code = 1
 		}
 	}
+	os.RemoveAll(dir)
+	if code == 0 {
+		// A failed run keeps its daemons' directories to look at; a
+		// passing one must leave nothing.
+		if left := leftovers(); len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "e2e: the suite passed but left things behind:\n  %s\n", strings.Join(left, "\n  "))
+			code = 1
+		}
+	}
 	return code
+}
+
+// leftovers lists what the suite started and did not end: processes of
+// its daemons' directories (containerd, shims, CRIU), processes in their
+// sandboxes' cgroups (units), the cgroups themselves, stand-in CRIUs, and
+// temporary directories.
+func leftovers() []string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		cmd := strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " ")
+		if strings.Contains(cmd, filepath.Join(os.TempDir(), "rre-")) || cmd == "sleep 3600" {
+			out = append(out, "process "+filepath.Base(filepath.Dir(p))+": "+cmd)
+		}
+	}
+	for _, d := range allDaemons {
+		if n := d.cgroupProcs(); n > 0 {
+			out = append(out, fmt.Sprintf("%d processes in the %s daemon's sandbox cgroups", n, d.name))
+		}
+		for _, c := range d.cgroupDirs() {
+			out = append(out, "cgroup "+c)
+		}
+	}
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "rre-*"))
+	for _, d := range dirs {
+		out = append(out, "directory "+d)
+	}
+	return out
 }
 
 func preflight() error {

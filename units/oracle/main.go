@@ -21,7 +21,14 @@
 //   - the start time and the pids, which a resumed process keeps and a
 //     restarted one does not;
 //   - whether loopback is up ("lo_up"), re-read at every verification, so
-//     a test sees the sandbox's network grant.
+//     a test sees the sandbox's network grant;
+//   - with TCP_PORT set (a sandbox with loopback up), TCP state: a server
+//     listening on 127.0.0.1:TCP_PORT that echoes what it reads, one
+//     connection to it held open from the start, through which every tick
+//     sends its sequence number and checks the echo ("tcp_held", its local
+//     port "tcp_held_port"), and one fresh connection per tick
+//     ("tcp_fresh_ok", "tcp_fresh_fail"); "tcp_mptcp" reports a connection
+//     that got MPTCP, which CRIU cannot dump.
 //
 // A broken invariant prints a line with "error" set and exits with status 3.
 package main
@@ -59,11 +66,17 @@ type Line struct {
 	FileOK     bool   `json:"file_ok"`
 	PipeSeq    uint64 `json:"pipe_seq"`
 	LoUp       bool   `json:"lo_up"`
-	Pid        int    `json:"pid"`
-	ChildPid   int    `json:"child_pid"`
-	StartTime  int64  `json:"start_time"`
-	Time       int64  `json:"time"`
-	Error      string `json:"error,omitempty"`
+	// TCP state, with TCP_PORT set.
+	TCPHeld      uint64 `json:"tcp_held,omitempty"`
+	TCPHeldPort  int    `json:"tcp_held_port,omitempty"`
+	TCPFreshOK   uint64 `json:"tcp_fresh_ok,omitempty"`
+	TCPFreshFail uint64 `json:"tcp_fresh_fail,omitempty"`
+	TCPMPTCP     bool   `json:"tcp_mptcp,omitempty"`
+	Pid          int    `json:"pid"`
+	ChildPid     int    `json:"child_pid"`
+	StartTime    int64  `json:"start_time"`
+	Time         int64  `json:"time"`
+	Error        string `json:"error,omitempty"`
 }
 
 func main() {
@@ -171,6 +184,13 @@ func run() error {
 	childStdout.Close()
 	echoes := bufio.NewReader(fromChild)
 
+	var tcp *tcpState
+	if port := envInt("TCP_PORT", 0); port != 0 {
+		if tcp, err = startTCP(port); err != nil {
+			return err
+		}
+	}
+
 	usr1 := make(chan os.Signal, 1)
 	signal.Notify(usr1, syscall.SIGUSR1)
 
@@ -249,6 +269,11 @@ func run() error {
 			return fail("pipe echoed %x, want %x", got, rec)
 		}
 		line.PipeSeq = line.Counter
+		if tcp != nil {
+			if err := tcp.tick(&line, rec); err != nil {
+				return fail("%v", err)
+			}
+		}
 		line.Counter++
 		if line.Counter%verifyEvery == 0 {
 			if err := verify(); err != nil {
@@ -285,4 +310,88 @@ func checkFile(f *os.File, header []byte, n uint64) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// tcpState is the unit's TCP state: an echo server on loopback and a
+// connection to it held open.
+type tcpState struct {
+	addr  string
+	held  net.Conn
+	mptcp bool
+}
+
+func startTCP(port int) (*tcpState, error) {
+	// Go listens with MPTCP by default where the kernel offers it; the
+	// sandbox turns MPTCP off, so this is a plain TCP listener there.
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return nil, err
+	}
+	t := &tcpState{addr: l.Addr().String()}
+	accepted := make(chan bool, 1)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if tc, ok := c.(*net.TCPConn); ok {
+				mp, _ := tc.MultipathTCP()
+				select {
+				case accepted <- mp:
+				default:
+				}
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	if t.held, err = net.Dial("tcp", t.addr); err != nil {
+		return nil, err
+	}
+	t.mptcp = <-accepted
+	return t, nil
+}
+
+// tick sends rec through the held connection and checks the echo (no
+// deadline: a park may freeze the unit in the middle), then makes one
+// fresh connection.
+func (t *tcpState) tick(l *Line, rec [8]byte) error {
+	var got [8]byte
+	if _, err := t.held.Write(rec[:]); err != nil {
+		return fmt.Errorf("held connection: write: %v", err)
+	}
+	if _, err := io.ReadFull(t.held, got[:]); err != nil {
+		return fmt.Errorf("held connection: read: %v", err)
+	}
+	if got != rec {
+		return fmt.Errorf("held connection echoed %x, want %x", got, rec)
+	}
+	l.TCPHeld++
+	l.TCPHeldPort = t.held.LocalAddr().(*net.TCPAddr).Port
+	l.TCPMPTCP = t.mptcp
+	if fresh(t.addr, rec) {
+		l.TCPFreshOK++
+	} else {
+		l.TCPFreshFail++
+	}
+	return nil
+}
+
+// fresh connects anew, sends rec and checks the echo, within a second.
+func fresh(addr string, rec [8]byte) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	var got [8]byte
+	if _, err := c.Write(rec[:]); err != nil {
+		return false
+	}
+	_, err = io.ReadFull(c, got[:])
+	return err == nil && got == rec
 }
