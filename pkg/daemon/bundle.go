@@ -102,10 +102,19 @@ func (d *Daemon) Exportable(id string) error {
 // verified, so a damaged store fails the export rather than shipping bad
 // bytes.
 func (d *Daemon) Export(ctx context.Context, id string, w io.Writer) error {
-	if err := d.Exportable(id); err != nil {
+	// The phase and the record are read under the run's lock, so that a
+	// resume or a close cannot come between them; the objects of a parked
+	// record never change, and are streamed without it.
+	r, err := d.lockRun(id)
+	if err != nil {
 		return err
 	}
-	rec, err := d.st.Record(id)
+	err = d.Exportable(id)
+	var rec *record.Record
+	if err == nil {
+		rec, err = d.st.Record(id)
+	}
+	r.mu.Unlock()
 	if err != nil {
 		return err
 	}

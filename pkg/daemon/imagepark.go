@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -35,53 +36,88 @@ func (d *Daemon) criuDeadline(memBytes uint64) time.Duration {
 // probeDeadline bounds each step of the probe: its units are small.
 func (d *Daemon) probeDeadline() time.Duration { return d.criuDeadline(0) }
 
-// imageParks is the outcome of the probe the daemon runs at start.
+// reprobeAfter is how long after a failed probe a request that needs image
+// parks probes again: a host whose CRIU is fixed gets them back without a
+// restart, and a broken one is not probed on every request.
+const reprobeAfter = time.Minute
+
+// imageParks is the outcome of the latest probe.
 type imageParks struct {
-	done chan struct{} // closed once probe is set
-	p    executor.Probe
+	mu       sync.Mutex
+	done     chan struct{} // closed once p is set
+	p        executor.Probe
+	finished time.Time
+	criuErr  error // CRIU did not tell its version at start: not probed
 }
 
 // startProbe probes, in the background, whether this host can checkpoint
 // and restore (a throwaway process and a throwaway container, each step
-// under the deadline): `criu check` passing is not enough.
-// A CRIU that did not tell its version (criuErr) is not probed.
+// under the deadline): `criu check` passing is not enough. A CRIU that did
+// not tell its version (criuErr) is not probed.
 func (d *Daemon) startProbe(criuErr error) {
-	d.probe = &imageParks{done: make(chan struct{})}
+	d.probe = &imageParks{criuErr: criuErr}
+	d.probe.mu.Lock()
+	d.reprobeLocked()
+	d.probe.mu.Unlock()
+}
+
+// reprobeLocked starts a probe; the caller holds d.probe.mu.
+func (d *Daemon) reprobeLocked() {
+	done := make(chan struct{})
+	d.probe.done = done
 	d.bg.Add(1)
 	go func() {
 		defer d.bg.Done()
-		defer close(d.probe.done)
 		var p executor.Probe
-		if criuErr != nil {
-			p.Reason = criuErr.Error()
+		if d.probe.criuErr != nil {
+			p.Reason = d.probe.criuErr.Error()
 		} else {
 			p = d.ex.Probe(d.bgCtx, d.probeDeadline())
 		}
-		d.probe.p = p
 		if p.OK {
 			d.log.Info("image parks available", "probe", p.Took, "notes", strings.Join(p.Notes, "; "))
 		} else {
 			d.log.Error("image parks unavailable on this host; transcript runs still work", "reason", p.Reason, "probe", p.Took)
 		}
+		d.probe.mu.Lock()
+		d.probe.p, d.probe.finished = p, time.Now()
+		d.probe.mu.Unlock()
+		close(done)
 	}()
 }
 
 // imageParksReady waits for the probe and returns nil when image parks
-// work here, an error wrapping ErrImageParks otherwise.
+// work here, an error wrapping ErrImageParks otherwise. A probe that
+// failed over reprobeAfter ago is run again first.
 func (d *Daemon) imageParksReady(ctx context.Context) error {
+	d.probe.mu.Lock()
 	select {
 	case <-d.probe.done:
+		if !d.probe.p.OK && d.probe.criuErr == nil && time.Since(d.probe.finished) > reprobeAfter && d.bgCtx.Err() == nil {
+			d.reprobeLocked()
+		}
+	default:
+	}
+	done := d.probe.done
+	d.probe.mu.Unlock()
+	select {
+	case <-done:
 	case <-ctx.Done():
 		return fmt.Errorf("waiting for the image-park probe: %w", ctx.Err())
 	}
-	if !d.probe.p.OK {
-		return fmt.Errorf("%w: %s", ErrImageParks, d.probe.p.Reason)
+	d.probe.mu.Lock()
+	p := d.probe.p
+	d.probe.mu.Unlock()
+	if !p.OK {
+		return fmt.Errorf("%w: %s", ErrImageParks, p.Reason)
 	}
 	return nil
 }
 
 // imageParksStatus is the probe's outcome for `runrecordd host`.
 func (d *Daemon) imageParksStatus() api.ImageParks {
+	d.probe.mu.Lock()
+	defer d.probe.mu.Unlock()
 	select {
 	case <-d.probe.done:
 	default:

@@ -759,14 +759,20 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	// run the latest interval's (an earlier one is a teardown that did
 	// not finish).
 	owner := map[string]string{}
+	unsure := map[string]bool{} // runs whose record could not be read
 	for _, sid := range ids {
 		run := runOf(sid)
-		if st, err := d.st.Run(run); err == nil && st.Phase == record.Active && newer(sid, owner[run]) {
+		st, err := d.st.Run(run)
+		switch {
+		case err != nil && !errors.Is(err, store.ErrNoRun):
+			unsure[run] = true
+			d.log.Error("reconcile: cannot read the run of a sandbox; leaving it", "sandbox", sid, "err", err)
+		case err == nil && st.Phase == record.Active && newer(sid, owner[run]):
 			owner[run] = sid
 		}
 	}
 	for _, sid := range ids {
-		if owner[runOf(sid)] == sid {
+		if owner[runOf(sid)] == sid || unsure[runOf(sid)] {
 			continue
 		}
 		d.log.Info("reconcile: removing a sandbox no executing run owns", "sandbox", sid, "run", runOf(sid))
@@ -841,11 +847,16 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 		d.log.Warn("reconcile: parked a transcript unit whose channel did not survive the restart (its interval is unaccounted)", "run", id)
 		return nil
 	}
-	if status == "paused" || status == "pausing" {
+	if status != "stopped" {
+		// A park the last daemon did not finish may have left the unit
+		// frozen, or held by a CRIU that outlived the daemon: settled
+		// by its real state.
 		if err := sb.Settle(ctx); err != nil {
 			return err
 		}
-		d.log.Info("reconcile: thawed a unit whose park did not complete", "run", id)
+		if status == "paused" || status == "pausing" {
+			d.log.Info("reconcile: thawed a unit whose park did not complete", "run", id)
+		}
 	}
 	r := d.lock(id)
 	defer r.mu.Unlock()

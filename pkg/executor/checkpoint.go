@@ -125,7 +125,7 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 		OpenTcp:   true, // as the CRIU configuration file says too (criuConfig)
 	})
 	if err != nil {
-		return st, errors.Join(err, s.settle(ctx))
+		return st, errors.Join(err, s.settle(ctx, false))
 	}
 	// The task service directly, not containerd.Task.Checkpoint, which
 	// with an image path adds only a lease, a container lookup, a status
@@ -138,15 +138,12 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 	})
 	st.Dump = time.Since(dumpStart)
 	if err != nil {
-		if timedOut {
+		if timedOut && ctx.Err() == nil {
 			err = timeoutErr(ErrCheckpointTimeout, cp.Deadline, err)
-			if uerr := s.c.unlockNetns(s.id); uerr != nil {
-				s.c.log.Error("clearing the network lock of a killed dump", "sandbox", s.id, "err", uerr)
-			}
 		} else {
 			err = fmt.Errorf("%w: %w%s", ErrCheckpoint, err, logTail(filepath.Join(work, "dump.log")))
 		}
-		return st, errors.Join(err, s.settle(ctx))
+		return st, errors.Join(err, s.settle(ctx, timedOut))
 	}
 	if !cp.Keep {
 		select {
@@ -164,7 +161,7 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 		if err != nil {
 			err = fmt.Errorf("rw layer: %w", err)
 			if cp.Keep {
-				err = errors.Join(err, s.settle(ctx))
+				err = errors.Join(err, s.settle(ctx, false))
 			}
 			return st, err
 		}

@@ -11,8 +11,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Every CRIU dump and restore runs under a deadline. CRIU can hang where
@@ -30,42 +31,71 @@ import (
 // are killed.
 const killGrace = 30 * time.Second
 
-// underDeadline runs call; once d has passed (d > 0) it kills the helper
-// processes of sandbox id's shim — every descendant except the process
-// tree rooted at the pid keep returns (0: none kept) — until call returns.
-// It reports whether the deadline passed.
+// underDeadline runs call; once d has passed (d > 0), or ctx is done, it
+// kills the helper processes of sandbox id's shim — every descendant
+// except the process tree rooted at the pid keep returns (0: none kept) —
+// until call returns. It reports whether it had to kill. call runs with a
+// context that is never cancelled: cancelling it would end runc, not the
+// CRIU holding the unit, so a cancelled request is ended by the kill too.
 func (c *Client) underDeadline(ctx context.Context, id string, d time.Duration, keep func() int, call func(context.Context) error) (bool, error) {
 	return c.underDeadlineIn(ctx, c.cfg.Namespace, id, d, keep, call)
 }
 
+// freezeThenKill freezes sandbox id's cgroup and then kills the helpers of
+// its shim but the unit's tree (rooted at keep). A CRIU killed in the
+// middle of a dump lets the unit go with its TCP sockets still in repair
+// mode (reads and writes fail with EPERM): frozen first, the unit cannot
+// touch them before releaseCRIU has taken them out of it.
+func (c *Client) freezeThenKill(id string, keep int) ([]int, error) {
+	procs, err := c.helpers(c.cfg.Namespace, id, keep)
+	if err != nil || len(procs) == 0 {
+		return nil, err
+	}
+	if err := c.setFreezer(id, true); err != nil {
+		c.log.Warn("freezing the unit before killing CRIU", "sandbox", id, "err", err)
+	}
+	return c.killHelpers(c.cfg.Namespace, id, keep)
+}
+
 // underDeadlineIn is underDeadline for a sandbox in containerd namespace ns.
 func (c *Client) underDeadlineIn(ctx context.Context, ns, id string, d time.Duration, keep func() int, call func(context.Context) error) (bool, error) {
-	if d <= 0 {
-		return false, call(ctx)
-	}
-	ctx, cancel := context.WithCancel(ctx)
+	callCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- call(ctx) }()
-	t := time.NewTimer(d)
-	defer t.Stop()
+	go func() { done <- call(callCtx) }()
+	var expired <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		expired = t.C
+	}
+	why := "deadline passed"
 	select {
 	case err := <-done:
 		return false, err
-	case <-t.C:
+	case <-expired:
+	case <-ctx.Done():
+		why = "request cancelled"
 	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	grace := time.NewTimer(killGrace)
 	defer grace.Stop()
+	kill := func() ([]int, error) { return c.killHelpers(ns, id, keep()) }
+	if ns == c.cfg.Namespace && keep() != 0 {
+		kill = func() ([]int, error) { return c.freezeThenKill(id, keep()) }
+	}
 	for {
-		if pids, err := c.killHelpers(ns, id, keep()); err != nil {
-			c.log.Warn("killing CRIU at its deadline", "sandbox", id, "err", err)
+		if pids, err := kill(); err != nil {
+			c.log.Warn("killing CRIU", "sandbox", id, "why", why, "err", err)
 		} else if len(pids) > 0 {
-			c.log.Warn("CRIU deadline passed: killed the shim's helpers", "sandbox", id, "deadline", d, "pids", pids)
+			c.log.Warn("CRIU "+why+": killed the shim's helpers", "sandbox", id, "deadline", d, "pids", pids)
 		}
 		select {
 		case err := <-done:
+			if err == nil && ctx.Err() != nil {
+				err = ctx.Err()
+			}
 			return true, err
 		case <-tick.C:
 		case <-grace.C:
@@ -78,14 +108,48 @@ func (c *Client) underDeadlineIn(ctx context.Context, ns, id string, d time.Dura
 // killHelpers SIGKILLs every descendant of the shim of sandbox id (in
 // containerd namespace ns) outside the tree rooted at keep, and returns
 // their pids.
+//
+// A unit can give its processes any command line, so the shim must also
+// be in this process's pid namespace (a unit's processes are in their
+// sandbox's). Each process is killed through a pidfd opened after the scan
+// and checked to still have the parent the scan found, so that a pid the
+// kernel reused in between is never hit.
 func (c *Client) killHelpers(ns, id string, keep int) ([]int, error) {
+	targets, err := c.helpers(ns, id, keep)
+	if err != nil {
+		return nil, err
+	}
+	var killed []int
+	for _, t := range targets {
+		if killChild(t.pid, t.ppid) {
+			killed = append(killed, t.pid)
+		}
+	}
+	return killed, nil
+}
+
+type target struct{ pid, ppid int }
+
+// helpers lists the descendants of the shim of sandbox id (in containerd
+// namespace ns) outside the tree rooted at keep, deepest first.
+func (c *Client) helpers(ns, id string, keep int) ([]target, error) {
 	procs, err := processes()
+	if err != nil {
+		return nil, err
+	}
+	own, err := os.Readlink("/proc/self/ns/pid")
 	if err != nil {
 		return nil, err
 	}
 	shim := 0
 	for pid, p := range procs {
-		if c.isShimOf(p.args, ns, id) {
+		if !strings.HasPrefix(p.comm, "containerd-shim") {
+			continue
+		}
+		if !c.isShimOf(cmdline(pid), ns, id) {
+			continue
+		}
+		if pidns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err == nil && pidns == own {
 			shim = pid
 			break
 		}
@@ -97,21 +161,34 @@ func (c *Client) killHelpers(ns, id string, keep int) ([]int, error) {
 	for pid, p := range procs {
 		children[p.ppid] = append(children[p.ppid], pid)
 	}
-	var killed []int
+	var out []target
 	var walk func(pid int)
-	walk = func(pid int) {
-		for _, ch := range children[pid] {
+	walk = func(parent int) {
+		for _, ch := range children[parent] {
 			if ch == keep {
 				continue
 			}
 			walk(ch)
-			if err := syscall.Kill(ch, syscall.SIGKILL); err == nil {
-				killed = append(killed, ch)
-			}
+			out = append(out, target{ch, parent})
 		}
 	}
 	walk(shim)
-	return killed, nil
+	return out, nil
+}
+
+// killChild SIGKILLs pid if it is still parent's child, through a pidfd.
+func killChild(pid, parent int) bool {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	// The pidfd names one process for good; this is still the one the
+	// scan found if it still has that parent.
+	if p, ok := readStat(pid); !ok || p.ppid != parent {
+		return false
+	}
+	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil
 }
 
 // isShimOf reports whether args are the command line of the runc shim of
@@ -134,10 +211,10 @@ func (c *Client) isShimOf(args []string, ns, id string) bool {
 
 type proc struct {
 	ppid int
-	args []string
+	comm string
 }
 
-// processes reads every process's parent and command line from /proc.
+// processes reads every process's parent and command name from /proc.
 // Processes that exit while it reads are left out.
 func processes() (map[int]proc, error) {
 	ents, err := os.ReadDir("/proc")
@@ -150,27 +227,42 @@ func processes() (map[int]proc, error) {
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
+		if p, ok := readStat(pid); ok {
+			out[pid] = p
 		}
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(stat[i+1:]))
-		if len(f) < 2 {
-			continue
-		}
-		ppid, err := strconv.Atoi(f[1])
-		if err != nil {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		out[pid] = proc{ppid: ppid, args: strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")}
 	}
 	return out, nil
+}
+
+// readStat reads pid's command name and parent from /proc/PID/stat.
+func readStat(pid int) (proc, bool) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return proc{}, false
+	}
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+	i, j := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
+	if i < 0 || j < i {
+		return proc{}, false
+	}
+	f := strings.Fields(string(stat[j+1:]))
+	if len(f) < 2 {
+		return proc{}, false
+	}
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		return proc{}, false
+	}
+	return proc{ppid: ppid, comm: string(stat[i+1 : j])}, true
+}
+
+// cmdline is pid's command line (nil once it has exited).
+func cmdline(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 }
 
 // timeoutErr is the error of an operation whose deadline passed.

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -164,6 +165,68 @@ func (c *Client) unlockNetns(id string) error {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			errs = append(errs, fmt.Errorf("%s in the network namespace of %s: %v: %s", tool, id, err, bytes.TrimSpace(out)))
 		}
+	}
+	return errors.Join(errs...)
+}
+
+// releaseCRIU clears what a CRIU killed in the middle of a dump may have
+// left in sandbox id, whose unit's init is the host pid unit: its network
+// lock (unlockNetns) and TCP repair mode on the connections it had begun
+// to dump. A socket in repair mode refuses the unit's reads and writes
+// (EPERM), so a connection CRIU froze would stay dead though the unit runs.
+func (c *Client) releaseCRIU(id string, unit int) error {
+	return errors.Join(c.unlockNetns(id), repairOff(unit))
+}
+
+// repairOff takes every TCP socket of the process tree rooted at the host
+// pid root out of repair mode. It reaches the sockets through pidfd_getfd,
+// so nothing the unit names (paths, links) is followed.
+func repairOff(root int) error {
+	procs, err := processes()
+	if err != nil {
+		return err
+	}
+	children := map[int][]int{}
+	for pid, p := range procs {
+		children[p.ppid] = append(children[p.ppid], pid)
+	}
+	tree := []int{root}
+	for i := 0; i < len(tree); i++ {
+		tree = append(tree, children[tree[i]]...)
+	}
+	seen := map[uint64]bool{}
+	var errs []error
+	for _, pid := range tree {
+		pidfd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue // gone
+		}
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		for _, e := range fds {
+			n, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, n)); err != nil || !strings.HasPrefix(l, "socket:") {
+				continue
+			}
+			fd, err := unix.PidfdGetfd(pidfd, n, 0)
+			if err != nil {
+				continue
+			}
+			var st unix.Stat_t
+			if unix.Fstat(fd, &st) == nil && !seen[st.Ino] {
+				seen[st.Ino] = true
+				// Not a TCP socket: the option is not there.
+				if on, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR); err == nil && on != 0 {
+					if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, unix.TCP_REPAIR_OFF); err != nil {
+						errs = append(errs, fmt.Errorf("take socket %d of pid %d out of repair mode: %w", n, pid, err))
+					}
+				}
+			}
+			unix.Close(fd)
+		}
+		unix.Close(pidfd)
 	}
 	return errors.Join(errs...)
 }

@@ -236,12 +236,19 @@ type upperChange struct {
 // which a layer does not carry either way), and opaque, checked apart.
 var overlayXattrs = map[string]bool{"opaque": true, "origin": true, "impure": true, "uuid": true, "protattr": true}
 
+// maxUpperEntries bounds what scanUpper holds in memory.
+const maxUpperEntries = 1 << 16
+
 // scanUpper walks the upper directory in lexical order, as continuity's
 // DiffDirChanges does, and lists its entries as changes: whiteouts as
 // deletions, opaque directories with the opaque marker's deletion after
 // them, everything else as additions. An overlay xattr outside
 // overlayXattrs (redirect, metacopy, nlink, whiteout, …) or an opaque
 // value other than "y" fails it with errNoUpperDir.
+//
+// It holds every entry in memory (about half a KiB each), so an upper
+// directory of more than maxUpperEntries entries — a unit can make any
+// number — is errNoUpperDir too: the diff service streams it instead.
 func scanUpper(ctx context.Context, o overlayMount) ([]upperChange, error) {
 	var changes []upperChange
 	buf := make([]byte, 1024)
@@ -254,6 +261,9 @@ func scanUpper(ctx context.Context, o overlayMount) ([]upperChange, error) {
 		}
 		if path == o.upper {
 			return nil
+		}
+		if len(changes) >= maxUpperEntries {
+			return fmt.Errorf("%w: more than %d entries", errNoUpperDir, maxUpperEntries)
 		}
 		rel := "/" + path[len(o.upper)+1:]
 		if isWhiteout(fi) {

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -168,5 +169,22 @@ func TestRwLayerOverlayUnknownXattrRefused(t *testing.T) {
 			}
 			wantNoUpperDir(t, mounts)
 		})
+	}
+}
+
+// An upper directory of more entries than the fast path holds in memory
+// goes to the diff service: a unit can make any number of files.
+func TestRwLayerOverlayTooManyEntries(t *testing.T) {
+	upper := t.TempDir()
+	for i := range maxUpperEntries + 1 {
+		f, err := os.Create(filepath.Join(upper, fmt.Sprintf("f%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	_, err := scanUpper(context.Background(), overlayMount{upper: upper, xattr: "trusted.overlay."})
+	if !errors.Is(err, errNoUpperDir) {
+		t.Fatalf("scan of %d entries: %v, want errNoUpperDir", maxUpperEntries+1, err)
 	}
 }

@@ -228,3 +228,120 @@ func (d *daemon) sandboxProcesses(id string) []string {
 	}
 	return out
 }
+
+// criuHangsAfterSeize makes d's CRIU hang at its post-dump stage while the
+// file hang exists: the unit seized, its TCP connections in repair mode
+// and locked, the dump written — the worst place for a CRIU to die. It
+// adds an action script to the CRIU configuration the daemon's runc hands
+// CRIU (read at every dump).
+func criuHangsAfterSeize(t *testing.T, d *daemon, hang string) {
+	t.Helper()
+	script := filepath.Join(d.root, "hang-after-seize.sh")
+	body := fmt.Sprintf("#!/bin/sh\nif [ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && [ -e %q ]; then exec sleep 3600; fi\nexit 0\n", hang)
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(d.state, "containerd", "executor", "criu.conf")
+	f, err := os.OpenFile(conf, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := fmt.Fprintf(f, "action-script %s\n", script); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCRIUKilledAfterSeize kills CRIU where it holds the unit: seized,
+// its TCP connections in repair mode behind CRIU's network lock. At the
+// deadline the park fails with checkpoint_timeout and the unit goes on —
+// its held connection too — and parks later. A daemon killed while CRIU
+// hangs there leaves a CRIU that outlives it; the next start kills it,
+// frees the unit the same way, and the run goes on.
+func TestCRIUKilledAfterSeize(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	hang := filepath.Join(t.TempDir(), "hang")
+	d := mustDaemon(t, "seized", func(d *daemon) { d.flags = []string{"--criu-deadline", "4s"} })
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	const id = "held"
+	startTCPOracle(t, d, id)
+	if ip := waitImageParks(t, d); ip.Status != "available" {
+		t.Fatalf("image parks %+v", ip)
+	}
+	// The daemon rewrites the file at start: the script is added now.
+	criuHangsAfterSeize(t, d, hang)
+	was, err := d.run(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	goesOn := func(what string) {
+		t.Helper()
+		at := last(output(t, d.stdout(id)))
+		waitLines(t, d.stdout(id), what, func(ls []line) bool { return last(ls).Counter >= at.Counter+12 })
+		ls := tcpOutput(t, d.stdout(id))
+		checkOneProcess(t, output(t, d.stdout(id)))
+		checkTCP(t, ls, at.Counter+2)
+	}
+
+	if err := os.WriteFile(hang, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.c.Park(ctx, id)
+	t.Logf("park with CRIU hanging after seize: %v", apiError(t, err, "checkpoint_timeout"))
+	noStandIn(t)
+	unchanged(t, d, id, was)
+	goesOn("the oracle and its TCP state going on after the killed dump")
+
+	// A client that gives up ends CRIU as the deadline does, before it.
+	cctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	_, err = d.c.Park(cctx, id)
+	cancel()
+	if err == nil {
+		t.Fatal("a park whose CRIU hangs succeeded")
+	}
+	for t0 := time.Now(); sleeping(t); time.Sleep(20 * time.Millisecond) {
+		if time.Since(t0) > 3*time.Second {
+			t.Fatal("CRIU still hangs 3s after the client gave up (its deadline is 4s)")
+		}
+	}
+	unchanged(t, d, id, was)
+	goesOn("the oracle and its TCP state going on after the cancelled park")
+
+	// The daemon dies while CRIU hangs: CRIU outlives it, holding the unit.
+	parked := make(chan error, 1)
+	go func() { _, err := d.c.Park(ctx, id); parked <- err }()
+	deadline := time.Now().Add(20 * time.Second)
+	for !sleeping(t) {
+		if time.Now().After(deadline) {
+			t.Fatal("CRIU never reached its post-dump hook")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := d.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-d.done
+	d.cmd = nil
+	<-parked
+	if err := os.Remove(hang); err != nil {
+		t.Fatal(err)
+	}
+	mustStart(t, d)
+	noStandIn(t)
+	if r, err := d.run(ctx, id); err != nil || r.Status != "running" || r.Head != was.Head {
+		t.Fatalf("after the restart: %+v, %v; before %+v", r, err, was)
+	}
+	goesOn("the oracle and its TCP state going on after the restart")
+
+	// And it parks and resumes as any unit does.
+	_, atPark := park(t, d, id)
+	resume(t, d, id, nil, atPark)
+	goesOn("the oracle and its TCP state going on after a park")
+}
+
+// sleeping reports whether a hanging stand-in or hook (sleep 3600) runs.
+func sleeping(t *testing.T) bool {
+	out, _ := exec.Command("pgrep", "-f", "^sleep 3600$").Output()
+	return len(strings.TrimSpace(string(out))) > 0
+}
