@@ -7,8 +7,14 @@
 # Each round runs every method once on a fresh unit, in an order that rotates from round to
 # round, so the machine's noise falls on all of them alike. Before each checkpoint the unit has
 # printed its ready line; after each restore its next tick must carry the same start time (the
-# process continued, it was not restarted). Every timed command starts after a `sync`, so no
-# method pays for the writeback of another's image. Prints median, min and max per operation
+# process continued, it was not restarted). Every timed command starts after a `sync` and a
+# drop of the page cache (settle), so no method pays for the writeback of another's image, and
+# none writes into memory another has just freed: on the virtual machines this project runs
+# on, memory just freed is much faster to fill than memory the guest has not touched lately,
+# and raw runc's images, deleted at once, used to hand the next method warm memory that a
+# runrecordd park, whose images are kept, never hands back. raw runc is also timed with a
+# syncfs of its image directory after the dump ("runc checkpoint+sync"): a park makes its
+# images durable before it records them, and that is its durable equivalent. Prints median, min and max per operation
 # and the ratios issue 4 sets targets for, and per round runrecordd's own breakdown of each
 # park and resume (the -o json output). Everything it creates (a private containerd for
 # ctr/runc, a runrecordd daemon with its own state dir, cgroups, images, FIFOs) lives under
@@ -249,17 +255,23 @@ ctr_remove() { # ctr_remove ID: kill and delete the task, delete the container a
 	ctrx c rm "$1" >/dev/null
 }
 
+# settle writes everything back and drops the page cache (see the header).
+settle() {
+	sync
+	echo 3 >/proc/sys/vm/drop_caches
+}
+
 round_ctr() {
 	local r=$1 id=parkbench-$tag-ctr-$1 ref=parkbench.local/checkpoint:$1 ready t0 t1 fifo line
 	ready=$(ctr_start "$id")
-	sync
+	settle
 	t0=$(now_us)
 	ctrx containers checkpoint --task --rw "$id" "$ref" >/dev/null
 	t1=$(now_us)
 	record ctr checkpoint "$r" "$t0" "$t1"
 	# ctr's checkpoint leaves the task running; restore needs the container gone.
 	ctr_remove "$id"
-	sync
+	settle
 	t0=$(now_us)
 	ctrx containers restore --live --rw "$id" "$ref" >/dev/null
 	t1=$(now_us)
@@ -283,13 +295,16 @@ round_ctr() {
 }
 
 round_runc() {
-	local r=$1 id=parkbench-$tag-runc-$1 t0 t1
+	local r=$1 id=parkbench-$tag-runc-$1 t0 t1 t2
 	ctr_start "$id" >/dev/null
-	sync
+	settle
 	t0=$(now_us)
 	runc --root "$runc_root/$ns" checkpoint --image-path "$tmp/img/$id" --work-path "$tmp/work/$id" "$id"
 	t1=$(now_us)
+	sync -f "$tmp/img/$id"
+	t2=$(now_us)
 	record runc checkpoint "$r" "$t0" "$t1"
+	record runc checkpoint+sync "$r" "$t0" "$t2"
 	ctr_remove "$id"
 	rm -rf "$tmp/img/$id" "$tmp/work/$id" "$tmp/out/$id".*
 }
@@ -301,13 +316,13 @@ round_runrecordd() {
 	rr_open=$id
 	stdout=$rr_dir/runs/$id/stdout
 	ready=$(wait_line "$stdout" 0)
-	sync
+	settle
 	t0=$(now_us)
 	rr park -o json "$id" >"$tmp/out/$id.park.json"
 	t1=$(now_us)
 	record runrecordd park "$r" "$t0" "$t1"
 	lines=$(wc -l <"$stdout")
-	sync
+	settle
 	t0=$(now_us)
 	rr resume -o json "$id" >"$tmp/out/$id.resume.json"
 	t1=$(now_us)
@@ -315,7 +330,7 @@ round_runrecordd() {
 	line=$(wait_line "$stdout" "$lines")
 	same_process "runrecordd resume" "${ready#* }" "$line"
 	# The daemon's own view of the two steps, for the log.
-	jq -r --arg r "$r" --slurpfile res "$tmp/out/$id.resume.json" '"  round \($r)  runrecordd daemon-side: park \(.duration_ns / 1e6 | floor) ms (pause \(.checkpoint.pause_ns / 1e6 | floor), dump \(.checkpoint.dump_ns / 1e6 | floor), rw diff \(.checkpoint.diff_ns / 1e6 | floor), ingest \(.checkpoint.ingest_ns / 1e6 | floor); CRIU frozen \(.checkpoint.frozen_ns / 1e6 | floor), \(.checkpoint.pages_written) pages), resume \($res[0].duration_ns / 1e6 | floor) ms (restore \($res[0].restore.total_ns // 0 | . / 1e6 | floor): materialize \($res[0].restore.materialize_ns // 0 | . / 1e6 | floor), rootfs \($res[0].restore.rootfs_ns // 0 | . / 1e6 | floor), task \($res[0].restore.task_ns // 0 | . / 1e6 | floor))"' \
+	jq -r --arg r "$r" --slurpfile res "$tmp/out/$id.resume.json" '"  round \($r)  runrecordd daemon-side: park \(.duration_ns / 1e6 | floor) ms (pause \(.checkpoint.pause_ns / 1e6 | floor), dump \(.checkpoint.dump_ns / 1e6 | floor), rw diff \(.checkpoint.diff_ns / 1e6 | floor), ingest+sync \(.checkpoint.ingest_ns / 1e6 | floor); CRIU frozen \(.checkpoint.frozen_ns / 1e6 | floor), \(.checkpoint.pages_written) pages), resume \($res[0].duration_ns / 1e6 | floor) ms (restore \($res[0].restore.total_ns // 0 | . / 1e6 | floor): materialize \($res[0].restore.materialize_ns // 0 | . / 1e6 | floor), rootfs \($res[0].restore.rootfs_ns // 0 | . / 1e6 | floor), task \($res[0].restore.task_ns // 0 | . / 1e6 | floor))"' \
 		"$tmp/out/$id.park.json" >&2 || true
 	rr close "$id" >/dev/null
 	rr_open=''
@@ -349,7 +364,7 @@ ratio() { # ratio NUM DEN [TARGET]
 	echo "bench/park.sh $rounds: 512 MiB ballast, $(date -u +%FT%TZ), $(uname -r), $(nproc) cores"
 	echo "containerd $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1 {print $3}'), CRIU $(criu --version | awk '/^Version/ {print $2}')"
 	printf '%-22s %8s %8s %8s   (ms, %d rounds)\n' operation median min max "$rounds"
-	for mo in "runrecordd park" "runrecordd resume" "ctr checkpoint" "ctr restore" "runc checkpoint"; do
+	for mo in "runrecordd park" "runrecordd resume" "ctr checkpoint" "ctr restore" "runc checkpoint" "runc checkpoint+sync"; do
 		read -r med lo hi <<<"$(summary_of $mo)"
 		if [[ $med == - && ${mo%% *} == runrecordd && $rr_pending == 1 ]]; then med=pending; fi
 		printf '%-22s %8s %8s %8s\n' "$mo" "$med" "$lo" "$hi"
@@ -359,8 +374,10 @@ ratio() { # ratio NUM DEN [TARGET]
 	read -r ctrck _ <<<"$(summary_of ctr checkpoint)"
 	read -r ctrrs _ <<<"$(summary_of ctr restore)"
 	read -r runcck _ <<<"$(summary_of runc checkpoint)"
+	read -r runcsync _ <<<"$(summary_of runc checkpoint+sync)"
 	echo "park / ctr checkpoint:    $(ratio "$park" "$ctrck" 0.5)"
 	echo "park / runc checkpoint:   $(ratio "$park" "$runcck" 1.3)"
+	echo "park / runc ckpt+sync:    $(ratio "$park" "$runcsync")"
 	echo "resume / ctr restore:     $(ratio "$resume" "$ctrrs" 1.0)"
 	echo "ctr checkpoint / runc:    $(ratio "$ctrck" "$runcck")"
 	echo

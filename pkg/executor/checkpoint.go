@@ -37,8 +37,10 @@ type Checkpoint struct {
 	ImageDir string
 	// Rootfs is the tar of the sandbox's rw layer: its diff against the
 	// image, in OCI layer form (whiteouts for deletions). Checkpoint writes
-	// it (durably: temp file, fsync, rename); Restore applies it. Empty
-	// skips the rw layer.
+	// it whole (temp file, rename) but does not sync it, as CRIU does not
+	// sync its images: the caller makes both durable (a park's ingest
+	// syncs the filesystem once for everything it stores). Restore applies
+	// it. Empty skips the rw layer.
 	Rootfs string
 	// Keep, on Checkpoint, leaves the task frozen after the dump instead of
 	// ending it, so that the caller can store the images and record the
@@ -244,13 +246,20 @@ func (c *Client) diffServiceLayer(ctx context.Context, snapshotter, key, path st
 		return 0, err
 	}
 	defer ra.Close()
-	return writeFileDurably(path, content.NewReader(ra))
+	return writeFileWhole(path, content.NewReader(ra), false)
 }
 
 // writeFileDurably writes r to path through a temporary file beside it,
 // fsynced before the rename and the directory fsynced after, so that path
 // is either absent or whole after a crash.
 func writeFileDurably(path string, r io.Reader) (int64, error) {
+	return writeFileWhole(path, r, true)
+}
+
+// writeFileWhole writes r to path through a temporary file beside it and a
+// rename, so that path is never seen half-written; with durable, the file
+// is fsynced before the rename and the directory after.
+func writeFileWhole(path string, r io.Reader, durable bool) (int64, error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
 	if err != nil {
@@ -258,7 +267,7 @@ func writeFileDurably(path string, r io.Reader) (int64, error) {
 	}
 	defer os.Remove(f.Name()) // no-op after the rename
 	n, err := io.Copy(f, r)
-	if err == nil {
+	if err == nil && durable {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -269,6 +278,9 @@ func writeFileDurably(path string, r io.Reader) (int64, error) {
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
 		return 0, err
+	}
+	if !durable {
+		return n, nil
 	}
 	d, err := os.Open(dir)
 	if err != nil {

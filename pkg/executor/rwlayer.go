@@ -100,7 +100,7 @@ func writeOverlayDiff(ctx context.Context, mounts []mount.Mount, w io.Writer) er
 }
 
 // writeOverlayDiffFile writes the layer of [writeOverlayDiff] to path
-// durably (temp file, fsync, rename, as [writeFileDurably] does) and
+// whole (temp file, rename; not synced: see [Checkpoint.Rootfs]) and
 // returns its size. On [errNoUpperDir] path is left untouched.
 func writeOverlayDiffFile(ctx context.Context, mounts []mount.Mount, path string) (int64, error) {
 	pr, pw := io.Pipe()
@@ -109,7 +109,7 @@ func writeOverlayDiffFile(ctx context.Context, mounts []mount.Mount, path string
 		defer close(done)
 		pw.CloseWithError(writeOverlayDiff(ctx, mounts, pw))
 	}()
-	n, err := writeFileDurably(path, pr)
+	n, err := writeFileWhole(path, pr, false)
 	// Unblocks the writer if the copy stopped early (a full disk).
 	pr.Close()
 	<-done

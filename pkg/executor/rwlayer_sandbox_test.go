@@ -730,10 +730,10 @@ func TestRwLayerOverlayNoUpperDir(t *testing.T) {
 // BenchmarkOverlayRwLayer: the rw layer of a small change (four files, 8
 // KiB, one deletion, one modification) over a 40 MiB, 4000-file image
 // layer, made by the fast path and by the diff service (each written
-// durably to a file, as exportRootfs does), alternating, first one then
+// whole to a file, as exportRootfs does), alternating, first one then
 // the other. fast-ns/op and diffsvc-ns/op are each one's time,
-// fast-tar-ns/op the fast path's tar alone (to io.Discard: no file, no
-// fsync); ns/op is the three together.
+// fast-tar-ns/op the fast path's tar alone (to io.Discard: no file);
+// ns/op is the three together.
 func BenchmarkOverlayRwLayer(b *testing.B) {
 	if skipReason != "" {
 		b.Skip(skipReason)
