@@ -157,10 +157,7 @@ func (c *Client) helpers(ns, id string, keep int) ([]target, error) {
 	if shim == 0 {
 		return nil, nil
 	}
-	children := map[int][]int{}
-	for pid, p := range procs {
-		children[p.ppid] = append(children[p.ppid], pid)
-	}
+	children := childrenOf(procs)
 	var out []target
 	var walk func(pid int)
 	walk = func(parent int) {
@@ -232,6 +229,15 @@ func processes() (map[int]proc, error) {
 		}
 	}
 	return out, nil
+}
+
+// childrenOf maps each pid of procs to its children's.
+func childrenOf(procs map[int]proc) map[int][]int {
+	children := map[int][]int{}
+	for pid, p := range procs {
+		children[p.ppid] = append(children[p.ppid], pid)
+	}
+	return children
 }
 
 // readStat reads pid's command name and parent from /proc/PID/stat.

@@ -186,10 +186,7 @@ func repairOff(root int) error {
 	if err != nil {
 		return err
 	}
-	children := map[int][]int{}
-	for pid, p := range procs {
-		children[p.ppid] = append(children[p.ppid], pid)
-	}
+	children := childrenOf(procs)
 	tree := []int{root}
 	for i := 0; i < len(tree); i++ {
 		tree = append(tree, children[tree[i]]...)
