@@ -83,6 +83,10 @@ func trBuildUnits(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
+	hostile, err := ociarchive.GoBinary(ctx, moduleRoot, "./units/hostile")
+	if err != nil {
+		return err
+	}
 	variant := ociarchive.Unit(trAgentImage, agent)
 	variant.Env = append(variant.Env, trVariantEnv)
 	for _, u := range []struct {
@@ -94,6 +98,7 @@ func trBuildUnits(ctx context.Context, dir string) error {
 		{ociarchive.Unit(trAgentImage, agent), "agent.tar", &trAgentArchive, &trAgentDigest},
 		{variant, "agent-variant.tar", &trAgentVariantArchive, &trAgentVariantDigest},
 		{ociarchive.Unit(trPollerImage, poller), "poller.tar", &trPollerArchive, &trPollerDigest},
+		{ociarchive.Unit(hostileImage, hostile), "hostile.tar", &hostileArchive, &hostileDigest},
 	} {
 		*u.archive = filepath.Join(dir, u.file)
 		d, err := ociarchive.WriteFile(*u.archive, u.img)
