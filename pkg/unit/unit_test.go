@@ -88,3 +88,39 @@ func TestInvalid(t *testing.T) {
 		}
 	}
 }
+
+func TestGrantsLimitsBlock(t *testing.T) {
+	plain := Grants{Network: Loopback}
+	pb, err := plain.Canonical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	limited := plain
+	limited.Limits = Limits{Pids: 7, SnapshotBytes: 1 << 40}
+	lb, err := limited.Canonical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(append([]byte{}, pb...), 0x01, 0, 0, 0, 7)
+	want = append(want, make([]byte, 8+8+4+8+4+8)...)
+	want = append(want, 0, 0, 1, 0, 0, 0, 0, 0)
+	if !bytes.Equal(lb, want) {
+		t.Fatalf("limits block:\n got %x\nwant %x", lb, want)
+	}
+	g, err := DecodeGrants(lb)
+	if err != nil || g.Limits != limited.Limits {
+		t.Fatalf("decode: %+v, %v", g, err)
+	}
+	// A block of zeros is not what Canonical writes.
+	zeros := append(append([]byte{}, pb...), 0x01)
+	zeros = append(zeros, make([]byte, 52)...)
+	if _, err := DecodeGrants(zeros); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("all-zero limits block: %v, want ErrMalformed", err)
+	}
+	if _, err := DecodeGrants(append(append([]byte{}, pb...), 0x02)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("bad tag: %v, want ErrMalformed", err)
+	}
+	if got := (Limits{Pids: 3}).Or(DefaultLimits); got.Pids != 3 || got.LogBytes != DefaultLimits.LogBytes {
+		t.Fatalf("Or: %+v", got)
+	}
+}
