@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"os/signal"
@@ -17,6 +18,7 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/daemon"
 	"github.com/runrecordd/runrecordd/pkg/idle"
 	"github.com/runrecordd/runrecordd/pkg/server"
+	"golang.org/x/sys/unix"
 )
 
 func cmdServe(args []string, stdout io.Writer) error {
@@ -55,6 +57,12 @@ func cmdServe(args []string, stdout io.Writer) error {
 	}
 	if *socket == "" {
 		*socket = filepath.Join(*state, "runrecordd.sock")
+	}
+	// Descriptors this process inherited (a lock its caller holds, a
+	// pipe of a supervisor) must not reach containerd, CRIU or a unit:
+	// CRIU refuses to dump a process holding a file lock.
+	if err := unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		log.Warn("could not mark inherited descriptors close-on-exec", "err", err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -76,6 +76,8 @@ func (d *Daemon) reprobeLocked() {
 		}
 		if p.OK {
 			d.log.Info("image parks available", "probe", p.Took, "notes", strings.Join(p.Notes, "; "))
+		} else if d.bgCtx.Err() != nil {
+			d.log.Info("image park probe stopped: the daemon is shutting down", "probe", p.Took)
 		} else {
 			d.log.Error("image parks unavailable on this host; transcript runs still work", "reason", p.Reason, "probe", p.Took)
 		}

@@ -47,6 +47,16 @@ func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error)
 	if spec.Image == "" {
 		return api.Run{}, fmt.Errorf("%w: the unit names no image", ErrInvalid)
 	}
+	// Every run's genesis is its own: the daemon draws the nonce, so no
+	// two runs, here or anywhere, share a unit_id or a head.
+	if spec.Nonce != "" {
+		return api.Run{}, fmt.Errorf("%w: the unit's nonce is the daemon's to draw, not the request's", ErrInvalid)
+	}
+	nonce, err := unit.NewNonce()
+	if err != nil {
+		return api.Run{}, err
+	}
+	spec.Nonce = nonce
 	img, err := d.ex.Image(ctx, spec.Image)
 	if err != nil {
 		return api.Run{}, fmt.Errorf("%w (import it with `runrecordd images import`)", err)

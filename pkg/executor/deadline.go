@@ -89,7 +89,13 @@ func (c *Client) underDeadlineIn(ctx context.Context, ns, id string, d time.Dura
 		if pids, err := kill(); err != nil {
 			c.log.Warn("killing CRIU", "sandbox", id, "why", why, "err", err)
 		} else if len(pids) > 0 {
-			c.log.Warn("CRIU "+why+": killed the shim's helpers", "sandbox", id, "deadline", d, "pids", pids)
+			// A cancelled request is the caller's choice (a client gone,
+			// a daemon shutting down); a deadline passed is news.
+			logf := c.log.Warn
+			if why == "request cancelled" {
+				logf = c.log.Info
+			}
+			logf("CRIU "+why+": killed the shim's helpers", "sandbox", id, "deadline", d, "pids", pids)
 		}
 		select {
 		case err := <-done:

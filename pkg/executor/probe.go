@@ -294,6 +294,13 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (lo
 func (c *Client) removeProbe(ctx context.Context, cont containerd.Container, task containerd.Task) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
+	if task == nil {
+		// A NewTask cancelled on the client's side may have made the
+		// task on containerd's all the same.
+		if t, err := cont.Task(ctx, nil); err == nil {
+			task = t
+		}
+	}
 	if task != nil {
 		_ = task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
 		if st, err := task.Status(ctx); err == nil && st.Status == containerd.Paused {

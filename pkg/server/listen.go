@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // ErrNotSocket is a socket path occupied by something other than a socket.
@@ -37,10 +38,14 @@ func Listen(path string) (net.Listener, error) {
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("server: %s: %w", path, err)
 	}
-	// Create the socket under a restrictive umask-equivalent: bind, then
-	// chmod before anyone could have been accepted (Accept is not running
-	// yet, so no connection is served before the mode is 0600).
+	// Bind under a umask that leaves the socket 0600 from its first
+	// instant: a chmod after bind leaves a window in which anyone may
+	// connect, and a connection made then waits in the backlog to be
+	// served. The umask is the process's; Listen runs before the daemon
+	// creates anything else.
+	old := syscall.Umask(0o177)
 	l, err := net.Listen("unix", path)
+	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}

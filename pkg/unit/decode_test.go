@@ -74,7 +74,7 @@ func TestDecodeRefuses(t *testing.T) {
 		lengths []int // offsets of the 4-byte lengths and counts, per unit_test.go
 		decode  func([]byte) (canonical, error)
 	}{
-		"spec": {spec, len(SpecDomain), []int{17, 25, 100, 104, 109, 115, 119},
+		"spec": {spec, len(SpecDomainV1), []int{17, 25, 100, 104, 109, 115, 119},
 			func(b []byte) (canonical, error) { return DecodeSpec(b) }},
 		"grants": {grants, len(GrantsDomain), []int{32, 36, 45},
 			func(b []byte) (canonical, error) { return DecodeGrants(b) }},
@@ -126,7 +126,7 @@ func TestDecodeRefuses(t *testing.T) {
 		t.Errorf("spec as grants: %v", err)
 	}
 	// Well-formed bytes of a spec or grant set that cannot run.
-	bad := append([]byte(SpecDomain), unhex(t, "00000001 78 00000003 616263 00000000 00000000 01")...)
+	bad := append([]byte(SpecDomainV1), unhex(t, "00000001 78 00000003 616263 00000000 00000000 01")...)
 	if _, err := DecodeSpec(bad); !errors.Is(err, ErrInvalid) {
 		t.Errorf("bad digest: %v", err)
 	}

@@ -12,7 +12,9 @@ package unit
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"path"
@@ -22,11 +24,18 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// Domains.
+// Domains. A spec with a nonce is written under SpecDomain; one without,
+// under SpecDomainV1 (records made before runs had nonces still decode and
+// verify; the daemon makes no new one).
 const (
-	SpecDomain   = "runrecordd.unit/1"
+	SpecDomain   = "runrecordd.unit/2"
+	SpecDomainV1 = "runrecordd.unit/1"
 	GrantsDomain = "runrecordd.grants/1"
 )
+
+// NonceLen is the length of a spec's nonce: 32 lowercase hex digits
+// (16 random bytes).
+const NonceLen = 32
 
 // Errors returned by this package; test with errors.Is.
 var (
@@ -96,6 +105,20 @@ type Spec struct {
 	Args        []string `json:"args"`         // argv; empty runs the image's entrypoint
 	Env         []string `json:"env"`          // KEY=VALUE, in order
 	Mode        Mode     `json:"mode"`
+	// Nonce makes the spec, and so the run's genesis, unique to one run:
+	// the daemon draws it (16 random bytes, hex) when the run starts, and
+	// a request may not choose it. Empty only in specs of records made
+	// before runs had nonces.
+	Nonce string `json:"nonce,omitempty"`
+}
+
+// NewNonce draws a fresh nonce.
+func NewNonce() (string, error) {
+	var b [NonceLen / 2]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b[:]), nil
 }
 
 // Network is a grant set's network.
@@ -232,6 +255,11 @@ func (s *Spec) Validate() error {
 	if s.Mode != ImageMode && s.Mode != TranscriptMode {
 		return fmt.Errorf("%w: %s", ErrInvalid, s.Mode)
 	}
+	if s.Nonce != "" {
+		if len(s.Nonce) != NonceLen || strings.Trim(s.Nonce, "0123456789abcdef") != "" {
+			return fmt.Errorf("%w: nonce %q is not %d lowercase hex digits", ErrInvalid, s.Nonce, NonceLen)
+		}
+	}
 	for _, e := range s.Env {
 		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
 			return fmt.Errorf("%w: environment entry %q is not KEY=VALUE", ErrInvalid, e)
@@ -266,12 +294,21 @@ func (s *Spec) Canonical() ([]byte, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
+	if s.Nonce == "" {
+		b := []byte(SpecDomainV1)
+		b = appendStr(b, s.Image)
+		b = appendStr(b, s.ImageDigest)
+		b = appendList(b, s.Args)
+		b = appendList(b, s.Env)
+		return append(b, byte(s.Mode)), nil
+	}
 	b := []byte(SpecDomain)
 	b = appendStr(b, s.Image)
 	b = appendStr(b, s.ImageDigest)
 	b = appendList(b, s.Args)
 	b = appendList(b, s.Env)
-	return append(b, byte(s.Mode)), nil
+	b = append(b, byte(s.Mode))
+	return appendStr(b, s.Nonce), nil
 }
 
 // ID returns unit_id: the address of the spec's canonical bytes.
@@ -338,8 +375,19 @@ func appendList(b []byte, l []string) []byte {
 // re-encode to exactly b (else [ErrMalformed]).
 func DecodeSpec(b []byte) (*Spec, error) {
 	d := decoder{b: b, what: "spec"}
-	d.domain(SpecDomain)
+	v1 := bytes.HasPrefix(b, []byte(SpecDomainV1))
+	if v1 {
+		d.domain(SpecDomainV1)
+	} else {
+		d.domain(SpecDomain)
+	}
 	s := &Spec{Image: d.str(), ImageDigest: d.str(), Args: d.list(), Env: d.list(), Mode: Mode(d.byte1())}
+	if !v1 {
+		s.Nonce = d.str()
+		if d.err == nil && s.Nonce == "" {
+			d.fail("a %s spec has an empty nonce", SpecDomain)
+		}
+	}
 	if err := d.finish(); err != nil {
 		return nil, err
 	}

@@ -24,7 +24,7 @@ func TestSpecPinned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []byte(SpecDomain)
+	want := []byte(SpecDomainV1)
 	want = append(want, unhex(t, "00000004 64656d6f 00000047")...)
 	want = append(want, digest...)
 	want = append(want, unhex(t, "00000002 00000001 61 00000002 6263 00000001 00000003 4b3d76 02")...)
@@ -122,5 +122,49 @@ func TestGrantsLimitsBlock(t *testing.T) {
 	}
 	if got := (Limits{Pids: 3}).Or(DefaultLimits); got.Pids != 3 || got.LogBytes != DefaultLimits.LogBytes {
 		t.Fatalf("Or: %+v", got)
+	}
+}
+
+func TestSpecNonce(t *testing.T) {
+	s := Spec{Image: "demo", ImageDigest: digest, Args: []string{"a"}, Mode: ImageMode, Nonce: "00112233445566778899aabbccddeeff"}
+	got, err := s.Canonical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []byte("runrecordd.unit/2")
+	want = append(want, unhex(t, "00000004 64656d6f 00000047")...)
+	want = append(want, digest...)
+	want = append(want, unhex(t, "00000001 00000001 61 00000000 01 00000020")...)
+	want = append(want, s.Nonce...)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("got  %x\nwant %x", got, want)
+	}
+	back, err := DecodeSpec(got)
+	if err != nil || back.Nonce != s.Nonce {
+		t.Fatalf("decode: %+v, %v", back, err)
+	}
+	// Two specs that differ only in their nonce are two units.
+	other := s
+	if other.Nonce, err = NewNonce(); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := s.ID()
+	b, _ := other.ID()
+	if a == b {
+		t.Fatal("specs with different nonces have one unit_id")
+	}
+	for _, bad := range []string{"00112233", "00112233445566778899AABBCCDDEEFF", "00112233445566778899aabbccddeefg"} {
+		s.Nonce = bad
+		if err := s.Validate(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("nonce %q: %v, want ErrInvalid", bad, err)
+		}
+	}
+	// A unit/2 spec must carry a nonce.
+	empty := []byte("runrecordd.unit/2")
+	empty = append(empty, unhex(t, "00000004 64656d6f 00000047")...)
+	empty = append(empty, digest...)
+	empty = append(empty, unhex(t, "00000000 00000000 01 00000000")...)
+	if _, err := DecodeSpec(empty); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("unit/2 without a nonce: %v, want ErrMalformed", err)
 	}
 }
