@@ -34,7 +34,7 @@ func cmdCalls(args []string, stdout io.Writer) error {
 				if json.Compact(&p, x.Payload) != nil {
 					p.Write(x.Payload)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", x.Run, x.Phase, x.ID, x.Kind, res, p.String())
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", printable(x.Run), x.Phase, printable(x.ID), printable(x.Kind), res, printable(p.String()))
 			}
 		})
 	})
@@ -61,13 +61,13 @@ func cmdPost(args []string, stdout io.Writer) error {
 			return err
 		}
 		if perr := v.cf.print(stdout, pr, func(w io.Writer) {
-			fmt.Fprintf(w, "posted the result of %s to %s\n", pr.Call, pr.Run)
+			fmt.Fprintf(w, "posted the result of %s to %s\n", printable(pr.Call), printable(pr.Run))
 			switch {
 			case pr.Resumed != nil:
 				fmt.Fprintf(w, "it was the last one awaited: resumed in %s, idle %s %s\n",
 					time.Duration(pr.Resumed.DurationNS).Round(time.Millisecond), uj(pr.Resumed.Idle.UJ), pr.Resumed.Idle.Provenance)
 			case len(pr.Awaiting) > 0:
-				fmt.Fprintf(w, "still awaiting: %s\n", strings.Join(pr.Awaiting, ", "))
+				fmt.Fprintf(w, "still awaiting: %s\n", printable(strings.Join(pr.Awaiting, ", ")))
 			}
 		}); perr != nil {
 			return perr
@@ -95,7 +95,7 @@ func cmdWatch(args []string, stdout io.Writer) error {
 			if v.cf.output == "json" {
 				_ = enc.Encode(e)
 			} else {
-				fmt.Fprintf(stdout, "%s  %-16s %s %s %s\n", e.Time.Format(time.RFC3339Nano), e.Kind, e.Run, e.Call, e.Detail)
+				fmt.Fprintf(stdout, "%s  %-16s %s %s %s\n", e.Time.Format(time.RFC3339Nano), e.Kind, printable(e.Run), printable(e.Call), printable(e.Detail))
 			}
 			if f, ok := stdout.(*os.File); ok {
 				_ = f.Sync()

@@ -242,7 +242,7 @@ func cmdRun(args []string, stdout io.Writer) error {
 func runTable(w io.Writer, runs []api.Run) {
 	fmt.Fprintln(w, "RUN\tSTATUS\tSEGMENTS\tIMAGE\tHEAD")
 	for _, r := range runs {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", r.ID, r.Status, r.Segments, r.Image, r.Head)
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", printable(r.ID), r.Status, r.Segments, printable(r.Image), r.Head)
 	}
 }
 
@@ -303,7 +303,7 @@ func showTable(w io.Writer, s api.Show) {
 				d += fmt.Sprintf(", receipt %s %s (cpu %s)", uj(g.Receipt.UJ), g.Receipt.Provenance, time.Duration(g.CPUNS).Round(time.Microsecond))
 			}
 			if g.Calls != nil {
-				d += fmt.Sprintf(", calls dispatched %v resolved %v", g.Calls.Dispatched, g.Calls.Resolved)
+				d += printable(fmt.Sprintf(", calls dispatched %v resolved %v", g.Calls.Dispatched, g.Calls.Resolved))
 			}
 			if cp := g.Checkpoint; cp != nil {
 				d += fmt.Sprintf("\n\t\tcheckpoint %s: freezing %s, frozen %s, memory dump %s, write %s, %d pages written, image %s, rootfs %s",
@@ -316,7 +316,7 @@ func showTable(w io.Writer, s api.Show) {
 		case "resumed":
 			d = fmt.Sprintf("%s park, idle %s %s", g.Form, uj(g.Idle.UJ), g.Idle.Provenance)
 		case "closed":
-			d = g.Reason
+			d = printable(g.Reason)
 		}
 		fmt.Fprintf(w, "%d\t%s\t%s\n", g.Index, g.Kind, d)
 	}
