@@ -438,9 +438,14 @@ func cmdWaitProof(args []string, stdout io.Writer) error {
 func cmdExport(args []string, stdout io.Writer) error {
 	v := newVerb("export")
 	file := v.fs.String("f", "-", "write the bundle to this file (- for standard output)")
+	handoff := v.fs.Bool("handoff", true, "hand the run off: this host will not resume or close it until a bundle extending it is imported back (false: export a copy, which no host resumes)")
 	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		export := c.Export
+		if !*handoff {
+			export = c.ExportCopy
+		}
 		if *file == "-" {
-			return c.Export(cx, id, stdout)
+			return export(cx, id, stdout)
 		}
 		// Write beside the target and rename, so a failed export leaves
 		// no half bundle under the name.
@@ -449,7 +454,7 @@ func cmdExport(args []string, stdout io.Writer) error {
 			return err
 		}
 		defer os.Remove(tmp.Name())
-		if err := c.Export(cx, id, tmp); err != nil {
+		if err := export(cx, id, tmp); err != nil {
 			tmp.Close()
 			return err
 		}

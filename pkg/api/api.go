@@ -41,6 +41,8 @@ const (
 	CodeRestoreTimeout    = "restore_timeout"         // CRIU's restore passed its deadline and was killed; the run stays parked
 	CodeImageParks        = "image_parks_unavailable" // this host cannot checkpoint and restore (its probe failed); transcript runs still work
 	CodeDaemonUnreachable = "daemon_unreachable"      // client side only: nothing answers on the socket
+	CodeHandedOff         = "handed_off"              // the run was exported to another host: import a bundle extending it back first
+	CodeGenesisHeld       = "genesis_held"            // a bundle of a run this host holds under another id, or one that does not extend the run it holds
 )
 
 // Error is the body of every failed request.
@@ -87,6 +89,10 @@ type Run struct {
 	Grants   string `json:"grants_id"`
 	Image    string `json:"image,omitempty"`
 	Mode     string `json:"mode,omitempty"`
+	// HandedOff is set while the run lives on another host: an export
+	// handed it off, and nothing resumes or closes it here until a bundle
+	// extending its record is imported back.
+	HandedOff bool `json:"handed_off,omitempty"`
 }
 
 // Checkpoint is what an image park's CRIU dump cost, as recorded in the

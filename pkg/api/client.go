@@ -162,9 +162,16 @@ func (c *Client) Verify(ctx context.Context, id string) (Verify, error) {
 	return v, err
 }
 
-// Export writes a run's bundle to w.
+// Export writes a run's bundle to w and hands the run off: its host will
+// not resume or close it until a bundle extending it is imported back.
 func (c *Client) Export(ctx context.Context, id string, w io.Writer) error {
 	return c.Do(ctx, http.MethodGet, RunPath(id, "/export"), nil, w)
+}
+
+// ExportCopy writes a run's bundle to w without handing the run off; the
+// bundle is marked a copy, which an importing host never resumes.
+func (c *Client) ExportCopy(ctx context.Context, id string, w io.Writer) error {
+	return c.Do(ctx, http.MethodGet, RunPath(id, "/export")+"?handoff=false", nil, w)
 }
 
 // Import imports a bundle read from r, as run id (the bundle's own id

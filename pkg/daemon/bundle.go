@@ -31,6 +31,11 @@ type bundleHeader struct {
 	Run     string `json:"run"`
 	Objects int    `json:"objects"`
 	Bytes   int64  `json:"bytes"`
+	// Copy marks a bundle exported without handing the run off: the
+	// source still holds it, so an importing host holds its copy as handed
+	// off (never resumed, never closed) until a handoff bundle extending
+	// it arrives.
+	Copy bool `json:"copy,omitempty"`
 }
 
 // objectsOf returns every object run's record reaches — its unit spec and
@@ -101,10 +106,17 @@ func (d *Daemon) Exportable(id string) error {
 // record reaches, each after the objects it refers to. Objects are read
 // verified, so a damaged store fails the export rather than shipping bad
 // bytes.
-func (d *Daemon) Export(ctx context.Context, id string, w io.Writer) error {
-	// The phase and the record are read under the run's lock, so that a
-	// resume or a close cannot come between them; the objects of a parked
-	// record never change, and are streamed without it.
+//
+// With handoff (the default of the API and the CLI) the run is handed off
+// before the first byte is written: from then on this host refuses to
+// resume, close or post results to it, until a bundle extending its record
+// is imported back. An export that fails before its bundle is whole takes
+// the handoff back. Without handoff the bundle is marked a copy.
+func (d *Daemon) Export(ctx context.Context, id string, w io.Writer, handoff bool) (err error) {
+	// The phase and the record are read, and the handoff made, under the
+	// run's lock, so that a resume or a close cannot come between them;
+	// the objects of a parked record never change, and are streamed
+	// without it.
 	r, err := d.lockRun(id)
 	if err != nil {
 		return err
@@ -114,15 +126,33 @@ func (d *Daemon) Export(ctx context.Context, id string, w io.Writer) error {
 	if err == nil {
 		rec, err = d.st.Record(id)
 	}
+	var wasOff bool
+	if err == nil && handoff {
+		if _, wasOff, err = d.st.HandedOff(id); err == nil && !wasOff {
+			err = d.st.HandOff(id, rec.Head())
+		}
+	}
 	r.mu.Unlock()
 	if err != nil {
 		return err
+	}
+	if handoff && !wasOff {
+		defer func() {
+			if err == nil {
+				d.log.Info("run handed off", "run", id, "head", rec.Head())
+				d.publish(api.Event{Kind: "run.handed_off", Run: id})
+				return
+			}
+			if rerr := d.st.Reclaim(id); rerr != nil {
+				d.log.Error("export failed and its handoff could not be taken back", "run", id, "err", rerr)
+			}
+		}()
 	}
 	objs, err := d.objectsOf(rec)
 	if err != nil {
 		return err
 	}
-	h := bundleHeader{Format: BundleFormat, Run: id, Objects: len(objs)}
+	h := bundleHeader{Format: BundleFormat, Run: id, Objects: len(objs), Copy: !handoff}
 	sizes := make([]int64, len(objs))
 	for i, a := range objs {
 		if sizes[i], err = d.st.Size(a); err != nil {
@@ -202,8 +232,21 @@ func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import
 	}
 	rl := d.lock(id)
 	defer rl.mu.Unlock()
+	// One timeline per run: a bundle of a run held here is taken only over
+	// the same id, only if this host handed the run off, and only if its
+	// record extends the one held (checked again as it is stored).
+	extend := false
 	if _, err := d.st.Run(id); err == nil {
-		return api.Import{}, fmt.Errorf("run %s: %w", id, store.ErrRunExists)
+		if _, off, err := d.st.HandedOff(id); err != nil {
+			return api.Import{}, err
+		} else if !off {
+			return api.Import{}, fmt.Errorf("run %s: %w", id, store.ErrRunExists)
+		}
+		extend = true
+	} else if held, ok, err := d.st.RunOfGenesis(rec.Genesis()); err != nil {
+		return api.Import{}, err
+	} else if ok {
+		return api.Import{}, fmt.Errorf("bundle of %s: %w: run %s", h.Run, store.ErrGenesisHeld, held)
 	}
 	staging, err := d.st.StagingDir("import")
 	if err != nil {
@@ -314,8 +357,17 @@ func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import
 			return api.Import{}, err
 		}
 	}
-	if err := d.st.Import(id, rec); err != nil {
+	if extend {
+		if _, err := d.st.Extend(id, rec); err != nil {
+			return api.Import{}, err
+		}
+	} else if err := d.st.Import(id, rec); err != nil {
 		return api.Import{}, err
+	}
+	if h.Copy && rec.Phase() == record.Parked {
+		if err := d.st.HandOff(id, rec.Head()); err != nil {
+			return api.Import{}, err
+		}
 	}
 	sum, err := d.summary(id, rl)
 	if err != nil {
@@ -368,4 +420,17 @@ func stageObject(ctx context.Context, r io.Reader, p string) (record.Address, in
 	var a record.Address
 	h.Sum(a[:0])
 	return a, n, nil
+}
+
+// notHandedOff refuses an operation on a run an export handed to another
+// host ([store.ErrHandedOff]).
+func (d *Daemon) notHandedOff(id string) error {
+	head, off, err := d.st.HandedOff(id)
+	if err != nil {
+		return err
+	}
+	if off {
+		return fmt.Errorf("run %s: %w at %s: it runs there now; import a bundle of it from that host to take it back", id, store.ErrHandedOff, head)
+	}
+	return nil
 }

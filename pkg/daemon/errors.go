@@ -47,6 +47,10 @@ func ErrorOf(err error) *api.Error {
 		e.Code = api.CodeRecordInvalid
 	case errors.Is(err, store.ErrNoRun), errors.Is(err, executor.ErrNotFound), errdefs.IsNotFound(err):
 		e.Code = api.CodeNotFound
+	case errors.Is(err, store.ErrHandedOff):
+		e.Code = api.CodeHandedOff
+	case errors.Is(err, store.ErrGenesisHeld), errors.Is(err, store.ErrNotExtension):
+		e.Code = api.CodeGenesisHeld
 	case errors.Is(err, store.ErrRunExists), errors.Is(err, executor.ErrExists):
 		e.Code = api.CodeExists
 	case errors.Is(err, store.ErrHeadMoved), errors.Is(err, ErrBusy):

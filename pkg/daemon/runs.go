@@ -467,6 +467,9 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	if err := phaseErr(id, st.Phase, record.Parked); err != nil {
 		return api.Resume{}, err
 	}
+	if err := d.notHandedOff(id); err != nil {
+		return api.Resume{}, err
+	}
 	raw, err := d.st.Raw(id)
 	if err != nil {
 		return api.Resume{}, &resume.RecordError{Err: err}
@@ -647,6 +650,9 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	if st.Phase == record.Ended {
 		return api.Run{}, fmt.Errorf("run %s: %w", id, record.ErrClosed)
 	}
+	if err := d.notHandedOff(id); err != nil {
+		return api.Run{}, err
+	}
 	segs := []record.Segment{record.Closure(reason)}
 	lv := r.live
 	var ev evidence
@@ -699,9 +705,14 @@ func (d *Daemon) summary(id string, r *run) (api.Run, error) {
 	if spec, _, err := d.unitOf(st); err == nil {
 		out.Image, out.Mode = spec.Image, spec.Mode.String()
 	}
+	if _, off, err := d.st.HandedOff(id); err == nil && off {
+		out.HandedOff = true
+	}
 	switch {
 	case st.Phase == record.Ended:
 		out.Status = "closed"
+	case out.HandedOff:
+		out.Status = "handed off"
 	case st.Phase == record.Parked && st.Parked.IsTranscript():
 		out.Status = "parked (transcript)"
 	case st.Phase == record.Parked:

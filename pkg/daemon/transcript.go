@@ -487,6 +487,9 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	if st.Phase == record.Ended {
 		return api.PostResult{}, fmt.Errorf("run %s: %w", run, record.ErrClosed)
 	}
+	if err := d.notHandedOff(run); err != nil {
+		return api.PostResult{}, err
+	}
 	raw, err := d.st.Raw(run)
 	if err != nil {
 		return api.PostResult{}, err

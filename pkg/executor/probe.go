@@ -180,7 +180,14 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (lo
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	defer func() {
+		// A CRIU killed mid-restore leaves mounts here (its cgroup
+		// yard): detach them before anything is removed.
+		if err := unmountUnder(dir); err != nil {
+			c.log.Warn("probe: unmounting what CRIU left", "dir", dir, "err", err)
+		}
+		os.RemoveAll(dir)
+	}()
 	root, images := filepath.Join(dir, "rootfs"), filepath.Join(dir, "images")
 	dump, restore := filepath.Join(dir, "dump"), filepath.Join(dir, "restore")
 	for _, d := range []string{"usr", "proc", "dev", "sys", "tmp"} {
@@ -303,16 +310,21 @@ func (c *Client) removeProbe(ctx context.Context, cont containerd.Container, tas
 	}
 	if task != nil {
 		_ = task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
-		if st, err := task.Status(ctx); err == nil && st.Status == containerd.Paused {
+		st, err := task.Status(ctx)
+		if err == nil && st.Status == containerd.Paused {
 			_ = task.Resume(ctx)
 		}
-		if exit, err := task.Wait(ctx); err == nil {
-			select {
-			case <-exit:
-			case <-ctx.Done():
+		// A task created and never started (a restore cancelled before
+		// its start) sends no exit: wait only for one that ran.
+		if err == nil && st.Status != containerd.Created && st.Status != containerd.Stopped {
+			if exit, err := task.Wait(ctx); err == nil {
+				select {
+				case <-exit:
+				case <-ctx.Done():
+				}
 			}
 		}
-		if _, err := task.Delete(ctx); err != nil {
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil {
 			c.log.Warn("probe: delete task", "id", cont.ID(), "err", err)
 		}
 	}

@@ -258,6 +258,13 @@ func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, r
 			if err := s.destroy(context.WithoutCancel(ctx)); err != nil {
 				c.log.Warn("cleanup after failed create", "id", id, "err", err)
 			}
+			if rs != nil {
+				// A CRIU killed mid-restore leaves its cgroup yard
+				// mounted under its work directory.
+				if err := unmountUnder(rs.work); err != nil {
+					c.log.Warn("unmounting what CRIU left", "id", id, "err", err)
+				}
+			}
 		}
 	}()
 

@@ -77,7 +77,7 @@ func Status(code string) int {
 		return http.StatusBadRequest
 	case api.CodeNotFound:
 		return http.StatusNotFound
-	case api.CodeExists, api.CodeConflict, api.CodePhase:
+	case api.CodeExists, api.CodeConflict, api.CodePhase, api.CodeHandedOff, api.CodeGenesisHeld:
 		return http.StatusConflict
 	case api.CodeSnapshotMismatch, api.CodeManifestMismatch, api.CodeRecordInvalid, api.CodeObjectCorrupt,
 		api.CodeMissingObject, api.CodeCallRefused:
@@ -205,7 +205,9 @@ func (h *handler) export(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/x-tar")
-	if err := h.d.Export(r.Context(), id, w); err != nil {
+	// Every export hands the run off unless ?handoff=false asks for a copy.
+	handoff := r.URL.Query().Get("handoff") != "false"
+	if err := h.d.Export(r.Context(), id, w, handoff); err != nil {
 		// The status is sent; the client sees a truncated bundle, which
 		// import refuses. Abort the connection so it cannot look whole.
 		h.log.Error("export", "run", id, "err", err)

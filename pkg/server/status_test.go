@@ -13,6 +13,8 @@ func TestStatus(t *testing.T) {
 		api.CodeBadRequest:        http.StatusBadRequest,
 		api.CodeNotFound:          http.StatusNotFound,
 		api.CodeExists:            http.StatusConflict,
+		api.CodeHandedOff:         http.StatusConflict,
+		api.CodeGenesisHeld:       http.StatusConflict,
 		api.CodeConflict:          http.StatusConflict,
 		api.CodePhase:             http.StatusConflict,
 		api.CodeSnapshotMismatch:  http.StatusUnprocessableEntity,

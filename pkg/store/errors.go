@@ -18,6 +18,15 @@ var (
 	ErrNoRun = errors.New("no such run")
 	// ErrRunExists: Create or Import of an id already in use.
 	ErrRunExists = errors.New("run already exists")
+	// ErrGenesisHeld: Create or Import of a record whose genesis another
+	// run of this store already has (a run has one timeline).
+	ErrGenesisHeld = errors.New("this host already holds a run of this genesis")
+	// ErrHandedOff: the run was handed off by an export and lives on
+	// another host until a bundle extending its record is imported back.
+	ErrHandedOff = errors.New("run handed off to another host")
+	// ErrNotExtension: a record imported over a handed-off run that does
+	// not extend the record held.
+	ErrNotExtension = errors.New("record does not extend the run's record")
 	// ErrRunID: a run id that is empty, too long or not UTF-8.
 	ErrRunID = errors.New("malformed run id")
 	// ErrMissingObject: an object that is not in the store, named by a

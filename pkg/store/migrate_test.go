@@ -106,7 +106,7 @@ func TestMigration1To2(t *testing.T) {
 	if last := migrations[len(migrations)-1].to; SchemaVersion != last {
 		t.Fatalf("SchemaVersion %d, last migration to %d", SchemaVersion, last)
 	}
-	if v := schemaVersion(t, s); v != 2 {
+	if v := schemaVersion(t, s); v != SchemaVersion {
 		t.Fatalf("version %d after migration", v)
 	}
 	// The migrated store works on: the index follows new appends.

@@ -48,6 +48,9 @@ func (s *Store) Create(run string, unit, grants record.Address) (record.Address,
 		if tx.Bucket(bktRuns).Get([]byte(run)) != nil {
 			return refuse(fmt.Errorf("run %s: %w", run, ErrRunExists))
 		}
+		if err := claimGenesis(tx, run, st.head); err != nil {
+			return err
+		}
 		if err := tx.Bucket(bktRuns).Put([]byte(run), st.encode()); err != nil {
 			return err
 		}
@@ -84,7 +87,13 @@ func (s *Store) Append(run string, expectedHead record.Address, seg record.Segme
 // record as it was.) With no segments it writes nothing and returns the
 // head, if it is expectedHead.
 func (s *Store) AppendAll(run string, expectedHead record.Address, segs ...record.Segment) (record.Address, error) {
-	if len(segs) == 0 {
+	return s.appendAll(run, expectedHead, segs, nil)
+}
+
+// appendAll is AppendAll; then, when not nil, runs in the same transaction
+// after the checks and before anything is written, and may refuse.
+func (s *Store) appendAll(run string, expectedHead record.Address, segs []record.Segment, then func(tx *bolt.Tx) error) (record.Address, error) {
+	if len(segs) == 0 && then == nil {
 		var head record.Address
 		err := s.view(func(tx *bolt.Tx) error {
 			st, err := getState(tx, run)
@@ -126,6 +135,11 @@ func (s *Store) AppendAll(run string, expectedHead record.Address, segs ...recor
 		for i := range segs {
 			if heads[i], err = c.Append(&segs[i]); err != nil {
 				return refuse(fmt.Errorf("run %s: %w", run, err))
+			}
+		}
+		if then != nil {
+			if err := then(tx); err != nil {
+				return err
 			}
 		}
 		log := tx.Bucket(bktLog)
@@ -417,6 +431,9 @@ func (s *Store) Import(run string, r *record.Record) error {
 	return s.commit(func(tx *bolt.Tx) error {
 		if tx.Bucket(bktRuns).Get([]byte(run)) != nil {
 			return refuse(fmt.Errorf("run %s: %w", run, ErrRunExists))
+		}
+		if err := claimGenesis(tx, run, r.Genesis()); err != nil {
+			return err
 		}
 		log := tx.Bucket(bktLog)
 		st := runState{unit: r.Unit(), grants: r.Grants(), head: r.Head(), n: uint64(r.Len()), phase: r.Phase()}

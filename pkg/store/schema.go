@@ -16,6 +16,8 @@ var (
 	bktPhases = []byte("phases")
 	bktRefs   = []byte("refs")
 	bktLog    = []byte("log")
+	bktGenes  = []byte("geneses")
+	bktHandof = []byte("handoffs")
 	keyVer    = []byte("version")
 )
 
@@ -39,11 +41,12 @@ type migration struct {
 // so each migration runs on every store, old or new.
 var migrations = []migration{
 	{2, "phase index: phases/<phase>/<run id>, built from run states", migratePhaseIndex},
+	{3, "one timeline per run: geneses/<head₀> → run id, built from run states; handoffs/<run id>", migrateTimelines},
 }
 
 // SchemaVersion is the version this package writes: the last migration's
 // (a test holds the two together).
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // createV1 writes the version-1 schema: meta, runs, log, refs.
 func createV1(tx *bolt.Tx) error {
@@ -77,6 +80,34 @@ func migratePhaseIndex(tx *bolt.Tx) error {
 			return fmt.Errorf("run %s: %w", id, err)
 		}
 		return phases.Bucket(phaseKeys[st.phase]).Put(id, nil)
+	})
+}
+
+// migrateTimelines (2 → 3) indexes every run by its genesis and adds the
+// (empty) handoff bucket. Two runs of one genesis, which a store could hold
+// before runs had nonces, are both kept; the index names the first.
+func migrateTimelines(tx *bolt.Tx) error {
+	genes, err := tx.CreateBucket(bktGenes)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.CreateBucket(bktHandof); err != nil {
+		return err
+	}
+	runs := tx.Bucket(bktRuns)
+	if runs == nil {
+		return fmt.Errorf("%w: no runs bucket", ErrDamaged)
+	}
+	return runs.ForEach(func(id, v []byte) error {
+		st, err := decodeState(v)
+		if err != nil {
+			return fmt.Errorf("run %s: %w", id, err)
+		}
+		g := record.Genesis(st.unit, st.grants)
+		if genes.Get(g[:]) != nil {
+			return nil
+		}
+		return genes.Put(g[:], id)
 	})
 }
 

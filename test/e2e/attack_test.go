@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"testing"
@@ -64,5 +65,71 @@ func TestAttackTwoRunsTwoGeneses(t *testing.T) {
 	}
 	if _, err := d.run(ctx, "genesis-chosen"); err == nil {
 		t.Fatal("the refused run exists")
+	}
+}
+
+// Finding 10: a run must have one timeline. After an export the source
+// host refuses to resume, close, or take results for the run; the same
+// bundle imported again (under any id) on a host that holds its genesis is
+// refused; a bundle that extends the record, imported back, gives the run
+// back to the source, which finishes it; the stale first bundle is then
+// refused there too.
+func TestAttackForkAfterExport(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	a := trShared(t)
+	const id = "fork"
+	trStart(t, a, id, trAgentImage, "STEPS=2")
+	trParked(t, a, id, 2)
+	showA := mustShow(t, a, id)
+	var first bytes.Buffer
+	if err := a.c.Export(ctx, id, &first); err != nil {
+		t.Fatalf("export: %v", err)
+	}
+	handedOff(t, a, id, showA.Run)
+	_, err := a.c.PostResult(ctx, id, "call-1", []byte(trResult(1)))
+	apiError(t, err, api.CodeHandedOff)
+	// Importing its own bundle back unchanged is no fork: it only takes
+	// the handoff back. Do it on a throwaway copy of the check below.
+	b := mustDaemon(t, "fork-second")
+	mustImportImage(t, b, trAgentArchive, trAgentImage, trAgentDigest)
+	if _, err := b.c.Import(ctx, bytes.NewReader(first.Bytes()), ""); err != nil {
+		t.Fatalf("import on B: %v", err)
+	}
+	// The same bundle again, under another id: a second timeline.
+	_, err = b.c.Import(ctx, bytes.NewReader(first.Bytes()), "fork-again")
+	apiError(t, err, api.CodeGenesisHeld)
+	if _, err := b.run(ctx, "fork-again"); err == nil {
+		t.Fatal("the refused import made a run")
+	}
+	// And under its own id, on B, which did not hand it off.
+	_, err = b.c.Import(ctx, bytes.NewReader(first.Bytes()), "")
+	apiError(t, err, api.CodeExists)
+
+	// B continues the run, and it parks on its next call.
+	trPost(t, b, id, "call-1", trResult(1))
+	trParked(t, b, id, 5)
+	showB := mustShow(t, b, id)
+	var second bytes.Buffer
+	if err := b.c.Export(ctx, id, &second); err != nil {
+		t.Fatalf("export from B: %v", err)
+	}
+	handedOff(t, b, id, showB.Run)
+
+	// Back on A: the bundle extends what A handed off.
+	im, err := a.c.Import(ctx, bytes.NewReader(second.Bytes()), "")
+	if err != nil {
+		t.Fatalf("import back on A: %v", err)
+	}
+	if im.Run.HandedOff || im.Run.Head != showB.Run.Head || im.Run.Segments != 5 || im.Run.Status != "parked (transcript)" {
+		t.Fatalf("imported back on A: %+v, want B's %+v, not handed off", im.Run, showB.Run)
+	}
+	// The stale first bundle no longer applies anywhere on A.
+	_, err = a.c.Import(ctx, bytes.NewReader(first.Bytes()), "")
+	apiError(t, err, api.CodeExists)
+	trPost(t, a, id, "call-2", trResult(2))
+	trClosed(t, a, id)
+	if v, err := a.c.Verify(ctx, id); err != nil || !v.OK {
+		t.Fatalf("verify on A: %+v, %v", v, err)
 	}
 }

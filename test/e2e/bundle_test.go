@@ -108,5 +108,5 @@ func TestResumeOnSecondHost(t *testing.T) {
 		t.Fatalf("B's resumed segment %+v", re)
 	}
 	// A still holds the run parked, as it was.
-	unchanged(t, a, id, showA.Run)
+	handedOff(t, a, id, showA.Run)
 }

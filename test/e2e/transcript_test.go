@@ -912,8 +912,8 @@ func TestTranscriptOnSecondHost(t *testing.T) {
 	if err != nil || wp.Verdict != "NonBlocking" || wp.Segment != nil || v.WaitProof.Verdict != "NonBlocking" {
 		t.Fatalf("wait proof on B %+v, %v", wp, err)
 	}
-	// A still holds the run as it exported it.
-	unchanged(t, a, id, showA.Run)
+	// A still holds the run as it exported it, handed off.
+	handedOff(t, a, id, showA.Run)
 }
 
 // TestTranscriptBundleFromBusyHost parks an agent run on a host that has
