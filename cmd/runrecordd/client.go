@@ -547,7 +547,7 @@ func exitCode(err error) int {
 		return 3
 	case api.CodeNotFound:
 		return 4
-	case api.CodePhase, api.CodeConflict, api.CodeExists, api.CodeSnapshotMismatch, api.CodeManifestMismatch,
+	case api.CodePhase, api.CodeConflict, api.CodeExists, api.CodeHandedOff, api.CodeGenesisHeld, api.CodeSnapshotMismatch, api.CodeManifestMismatch,
 		api.CodeRecordInvalid, api.CodeObjectCorrupt, api.CodeMissingObject, api.CodeCallRefused:
 		return 5
 	}
