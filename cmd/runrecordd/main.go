@@ -51,9 +51,12 @@ func commands() []command {
 		{"calls", "outward calls awaiting results, with run and payload: calls", cmdCalls},
 		{"post", "post a call's result (resumes the run when it was the last awaited): post RUN CALL JSON", cmdPost},
 		{"watch", "stream transitions: watch [--run RUN] [--until KIND]", cmdWatch},
-		{"export", "write a run's bundle: export RUN [-f FILE]", cmdExport},
+		{"export", "write a run's bundle and hand the run off: export RUN [-f FILE] [--handoff=false]", cmdExport},
 		{"import", "import a bundle: import [--id ID] BUNDLE", cmdImport},
 		{"host", "this daemon's host key, manifest facts and meter", cmdHost},
+		{"gc", "collect the store: release closed runs' image snapshots past retention, remove what no record reaches: gc [--retention D]", cmdGC},
+		{"pin", "keep a run's snapshots whatever the retention time: pin RUN", cmdPin},
+		{"unpin", "let a pinned run's snapshots go with the retention time: unpin RUN", cmdUnpin},
 		{"conformance", "run the conformance pack: runrecordd conformance [DIR]", cmdConformance},
 	}
 }

@@ -29,6 +29,8 @@ func cmdServe(args []string, stdout io.Writer) error {
 	coeffs := fs.String("coefficients", "", "JSON file of energy coefficients over the defaults (docs/energy.md)")
 	sysfs := fs.String("sysfs", "", "sysfs root the meter reads RAPL zones under (default /sys)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	gcEvery := fs.Duration("gc-interval", daemon.DefaultGCInterval, "how often to collect the store (negative: never)")
+	retention := fs.Duration("snapshot-retention", daemon.DefaultSnapshotRetention, "how long a closed run keeps its image snapshots (negative: forever)")
 	criuDeadline := fs.Duration("criu-deadline", 0, "deadline of every CRIU dump and restore (default 30s plus 1s per 64 MiB of the unit's memory; docs/daemon.md)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -44,7 +46,11 @@ func cmdServe(args []string, stdout io.Writer) error {
 	if *criuDeadline < 0 {
 		return usagef("--criu-deadline must not be negative")
 	}
-	cfg := daemon.Config{StateDir: *state, ContainerdAddress: *ctrd, Logger: log, CRIUDeadline: *criuDeadline}
+	if *gcEvery == 0 || *retention == 0 {
+		return usagef("--gc-interval and --snapshot-retention must not be zero (negative: never)")
+	}
+	cfg := daemon.Config{StateDir: *state, ContainerdAddress: *ctrd, Logger: log, CRIUDeadline: *criuDeadline,
+		GCInterval: *gcEvery, SnapshotRetention: *retention}
 	cfg.Meter.SysfsRoot = *sysfs
 	if *coeffs != "" {
 		b, err := os.ReadFile(*coeffs)

@@ -93,6 +93,10 @@ type Run struct {
 	// handed it off, and nothing resumes or closes it here until a bundle
 	// extending its record is imported back.
 	HandedOff bool `json:"handed_off,omitempty"`
+	// Pinned runs keep their snapshots whatever the retention time;
+	// Released closed runs have had their image snapshots collected.
+	Pinned   bool `json:"pinned,omitempty"`
+	Released bool `json:"released,omitempty"`
 }
 
 // Checkpoint is what an image park's CRIU dump cost, as recorded in the
@@ -233,6 +237,21 @@ type Verify struct {
 	Bytes     int64     `json:"bytes"`
 	WaitProof WaitProof `json:"wait_proof"`
 	Error     *Error    `json:"error,omitempty"`
+}
+
+// GC is POST /v1/gc: what a collection released and removed.
+type GC struct {
+	Released     []string `json:"released"` // closed runs whose image snapshots were released now
+	Removed      int      `json:"removed"`  // objects removed
+	RemovedBytes int64    `json:"removed_bytes"`
+	Kept         int      `json:"kept"` // objects left
+	KeptBytes    int64    `json:"kept_bytes"`
+}
+
+// GCRequest is POST /v1/gc's body; RetentionNS, when set, replaces the
+// daemon's retention time for this collection (negative: release nothing).
+type GCRequest struct {
+	RetentionNS *int64 `json:"retention_ns,omitempty"`
 }
 
 // CloseRequest closes a run.

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 )
 
 // DefaultSocket is where a daemon started with its defaults listens.
@@ -152,6 +153,32 @@ func (c *Client) Resume(ctx context.Context, id string) (Resume, error) {
 func (c *Client) Close(ctx context.Context, id, reason string) (Run, error) {
 	var r Run
 	err := c.Do(ctx, http.MethodPost, RunPath(id, "/close"), CloseRequest{Reason: reason}, &r)
+	return r, err
+}
+
+// GC collects the daemon's store: it releases the image snapshots of
+// closed runs past the retention time (retention when not nil), then
+// removes what no record reaches.
+func (c *Client) GC(ctx context.Context, retention *time.Duration) (GC, error) {
+	var req GCRequest
+	if retention != nil {
+		ns := int64(*retention)
+		req.RetentionNS = &ns
+	}
+	var out GC
+	err := c.Do(ctx, http.MethodPost, "/v1/gc", req, &out)
+	return out, err
+}
+
+// Pin keeps a run's snapshots whatever the retention time (pin false lets
+// them go with it again).
+func (c *Client) Pin(ctx context.Context, id string, pin bool) (Run, error) {
+	method := http.MethodPost
+	if !pin {
+		method = http.MethodDelete
+	}
+	var r Run
+	err := c.Do(ctx, method, RunPath(id, "/pin"), nil, &r)
 	return r, err
 }
 

@@ -41,8 +41,9 @@ type bundleHeader struct {
 // objectsOf returns every object run's record reaches — its unit spec and
 // grant set, every object a segment names, and what those declared as refs —
 // ordered so that each object comes after the objects it refers to (the
-// order an importer must store them in).
-func (d *Daemon) objectsOf(rec *record.Record) ([]record.Address, error) {
+// order an importer must store them in). Without images, image snapshots
+// are left out: those of a closed run whose snapshots were released.
+func (d *Daemon) objectsOf(rec *record.Record, images bool) ([]record.Address, error) {
 	// The unit spec and grant set first: a store without them (or a
 	// bundle) cannot restart the unit, and Verify says so.
 	roots := []record.Address{rec.Unit(), rec.Grants()}
@@ -53,7 +54,9 @@ func (d *Daemon) objectsOf(rec *record.Record) ([]record.Address, error) {
 			roots = append(roots, s.Attestation)
 		case record.Suspended:
 			roots = append(roots, s.Manifest)
-			roots = append(roots, s.Snapshot.Addresses()...)
+			if images || s.Snapshot.IsTranscript() {
+				roots = append(roots, s.Snapshot.Addresses()...)
+			}
 		}
 	}
 	seen := map[record.Address]bool{}
@@ -148,7 +151,7 @@ func (d *Daemon) Export(ctx context.Context, id string, w io.Writer, handoff boo
 			}
 		}()
 	}
-	objs, err := d.objectsOf(rec)
+	objs, err := d.objectsOf(rec, true)
 	if err != nil {
 		return err
 	}

@@ -81,6 +81,13 @@ type Config struct {
 	// CRIUDeadline bounds every CRIU dump and restore; 0 derives it from
 	// the memory moved (criuDeadline).
 	CRIUDeadline time.Duration
+	// GCInterval is how often the daemon collects its store (releasing the
+	// image snapshots of closed runs past SnapshotRetention, then removing
+	// what no record reaches); 0 means DefaultGCInterval, negative never.
+	GCInterval time.Duration
+	// SnapshotRetention is how long a closed run keeps its image
+	// snapshots; 0 means DefaultSnapshotRetention, negative forever.
+	SnapshotRetention time.Duration
 	// CPUInfo is /proc/cpuinfo, for the environment manifest.
 	CPUInfo string
 	// Logger receives the daemon's events; slog.Default() when nil.
@@ -203,6 +210,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("daemon: reconcile: %w", err)
 	}
 	d.startProbe(v.CRIUErr)
+	d.startGC()
 	ok = true
 	return d, nil
 }

@@ -708,6 +708,9 @@ func (d *Daemon) summary(id string, r *run) (api.Run, error) {
 	if _, off, err := d.st.HandedOff(id); err == nil && off {
 		out.HandedOff = true
 	}
+	if ret, err := d.st.RetentionOf(id); err == nil {
+		out.Pinned, out.Released = ret.Pinned, !ret.Released.IsZero()
+	}
 	switch {
 	case st.Phase == record.Ended:
 		out.Status = "closed"

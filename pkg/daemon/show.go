@@ -182,7 +182,9 @@ func (d *Daemon) Verify(ctx context.Context, id string) (api.Verify, error) {
 	}
 	out.Segments, out.Phase, out.Head = rec.Len(), rec.Phase().String(), rec.Head().String()
 	out.WaitProof = waitProof(rec.WaitProof())
-	objs, err := d.objectsOf(rec)
+	// A closed run whose image snapshots retention released verifies
+	// without them: its record and evidence are all it keeps.
+	objs, err := d.objectsOf(rec, !d.released(id))
 	if err != nil {
 		out.Error = ErrorOf(err)
 		return out, nil

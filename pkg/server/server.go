@@ -35,6 +35,9 @@ func New(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/runs/{id}/record", h.record)
 	mux.HandleFunc("GET /v1/runs/{id}/export", h.export)
 	mux.HandleFunc("POST /v1/import", h.importBundle)
+	mux.HandleFunc("POST /v1/gc", h.gc)
+	mux.HandleFunc("POST /v1/runs/{id}/pin", h.pin)
+	mux.HandleFunc("DELETE /v1/runs/{id}/pin", h.pin)
 	routeCalls(mux, h)
 	mux.Handle("GET /metrics", d.Metrics())
 	return h.logged(mux)
@@ -173,6 +176,28 @@ func (h *handler) close(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	run, err := h.d.Close(r.Context(), r.PathValue("id"), req.Reason)
+	h.reply(w, r, run, err)
+}
+
+func (h *handler) gc(w http.ResponseWriter, r *http.Request) {
+	var req api.GCRequest
+	if r.ContentLength != 0 {
+		if err := decode(w, r, &req); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	var keep *time.Duration
+	if req.RetentionNS != nil {
+		k := time.Duration(*req.RetentionNS)
+		keep = &k
+	}
+	out, err := h.d.GC(r.Context(), keep)
+	h.reply(w, r, out, err)
+}
+
+func (h *handler) pin(w http.ResponseWriter, r *http.Request) {
+	run, err := h.d.Pin(r.PathValue("id"), r.Method == http.MethodPost)
 	h.reply(w, r, run, err)
 }
 

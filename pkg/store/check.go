@@ -54,7 +54,7 @@ func (s *Store) Check(ctx context.Context) (CheckStats, error) {
 				return fmt.Errorf("run %s: %w: %s, but the phase index has it %s", id, ErrDamaged, r.Phase(), phaseName(p, ok))
 			}
 			delete(indexed, id)
-			roots = s.appendRecordRefs(roots, r)
+			roots = s.appendRecordRefs(roots, r, tx.Bucket(bktFreed).Get(k) != nil)
 			cs.Runs++
 			cs.Segments += r.Len()
 			segs += uint64(r.Len())
@@ -132,7 +132,10 @@ func phaseIndex(tx *bolt.Tx) (map[string]record.Phase, error) {
 // and grants ids when objects by those addresses are stored (the daemon
 // stores a run's canonical spec and grant set so a bundle can carry them;
 // older runs have none, and none is required).
-func (s *Store) appendRecordRefs(dst []record.Address, r *record.Record) []record.Address {
+//
+// A released run's image snapshots are not reached: retention let them go
+// ([Store.Release]); its record and its evidence are.
+func (s *Store) appendRecordRefs(dst []record.Address, r *record.Record, released bool) []record.Address {
 	for _, a := range [2]record.Address{r.Unit(), r.Grants()} {
 		if s.Has(a) {
 			dst = append(dst, a)
@@ -140,6 +143,9 @@ func (s *Store) appendRecordRefs(dst []record.Address, r *record.Record) []recor
 	}
 	for i := range r.Len() {
 		seg := r.Segment(i)
+		if released && !seg.Snapshot.IsTranscript() {
+			seg.Snapshot = record.Snapshot{}
+		}
 		dst = append(dst, segmentRefs(&seg)...)
 	}
 	return dst
@@ -160,7 +166,7 @@ func (s *Store) reachable(ctx context.Context) (map[record.Address]bool, error) 
 			if err != nil {
 				return err
 			}
-			roots = s.appendRecordRefs(roots, r)
+			roots = s.appendRecordRefs(roots, r, tx.Bucket(bktFreed).Get(k) != nil)
 			return nil
 		})
 		if err != nil {

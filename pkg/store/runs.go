@@ -160,6 +160,11 @@ func (s *Store) appendAll(run string, expectedHead record.Address, segs []record
 		if err := tx.Bucket(bktRuns).Put([]byte(run), next.encode()); err != nil {
 			return err
 		}
+		if next.phase == record.Ended && st.phase != record.Ended {
+			if err := tx.Bucket(bktClosed).Put([]byte(run), nowNS()); err != nil {
+				return err
+			}
+		}
 		if next.phase != st.phase {
 			phases := tx.Bucket(bktPhases)
 			if err := phases.Bucket(phaseKeys[st.phase]).Delete([]byte(run)); err != nil {
@@ -450,6 +455,11 @@ func (s *Store) Import(run string, r *record.Record) error {
 		}
 		if err := tx.Bucket(bktRuns).Put([]byte(run), st.encode()); err != nil {
 			return err
+		}
+		if st.phase == record.Ended {
+			if err := tx.Bucket(bktClosed).Put([]byte(run), nowNS()); err != nil {
+				return err
+			}
 		}
 		return tx.Bucket(bktPhases).Bucket(phaseKeys[st.phase]).Put([]byte(run), nil)
 	})

@@ -18,6 +18,9 @@ var (
 	bktLog    = []byte("log")
 	bktGenes  = []byte("geneses")
 	bktHandof = []byte("handoffs")
+	bktClosed = []byte("closed")   // run id → when the store saw it closed (8 bytes, Unix ns)
+	bktPins   = []byte("pins")     // run id → nothing: its snapshots are kept
+	bktFreed  = []byte("released") // run id → when its image snapshots were released (Unix ns)
 	keyVer    = []byte("version")
 )
 
@@ -41,7 +44,7 @@ type migration struct {
 // so each migration runs on every store, old or new.
 var migrations = []migration{
 	{2, "phase index: phases/<phase>/<run id>, built from run states", migratePhaseIndex},
-	{3, "one timeline per run: geneses/<head₀> → run id, built from run states; handoffs/<run id>", migrateTimelines},
+	{3, "one timeline per run and retention: geneses/<head₀> → run id, built from run states; handoffs, closed (closed runs dated at the migration), pins, released", migrateTimelines},
 }
 
 // SchemaVersion is the version this package writes: the last migration's
@@ -91,17 +94,25 @@ func migrateTimelines(tx *bolt.Tx) error {
 	if err != nil {
 		return err
 	}
-	if _, err := tx.CreateBucket(bktHandof); err != nil {
-		return err
+	for _, b := range [][]byte{bktHandof, bktClosed, bktPins, bktFreed} {
+		if _, err := tx.CreateBucket(b); err != nil {
+			return err
+		}
 	}
 	runs := tx.Bucket(bktRuns)
 	if runs == nil {
 		return fmt.Errorf("%w: no runs bucket", ErrDamaged)
 	}
+	now := nowNS()
 	return runs.ForEach(func(id, v []byte) error {
 		st, err := decodeState(v)
 		if err != nil {
 			return fmt.Errorf("run %s: %w", id, err)
+		}
+		if st.phase == record.Ended {
+			if err := tx.Bucket(bktClosed).Put(id, now); err != nil {
+				return err
+			}
 		}
 		g := record.Genesis(st.unit, st.grants)
 		if genes.Get(g[:]) != nil {

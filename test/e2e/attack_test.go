@@ -5,8 +5,12 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"io/fs"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -132,4 +136,86 @@ func TestAttackForkAfterExport(t *testing.T) {
 	if v, err := a.c.Verify(ctx, id); err != nil || !v.OK {
 		t.Fatalf("verify on A: %+v, %v", v, err)
 	}
+}
+
+// Finding 6 (storage): a closed run's image snapshots were kept forever,
+// as GC never ran. `runrecordd gc` releases them past the retention time
+// (here 0, for the test) unless the run is pinned, then removes what no
+// record reaches: the store shrinks by the snapshot, and the run's record
+// and evidence still verify.
+func TestAttackSnapshotsCollected(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	d := shared(t)
+	const id = "gc-image"
+	startOracle(t, d, id, oracleImage)
+	if _, err := d.c.Park(ctx, id); err != nil {
+		t.Fatalf("park: %v", err)
+	}
+	if _, err := d.c.Resume(ctx, id); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	// Pinned, a closed run keeps its images.
+	if r, err := d.c.Pin(ctx, id, true); err != nil || !r.Pinned {
+		t.Fatalf("pin: %+v, %v", r, err)
+	}
+	if _, err := d.c.Close(ctx, id, "e2e: gc"); err != nil {
+		t.Fatal(err)
+	}
+	objects := filepath.Join(d.state, "store", "objects")
+	before := duBytes(t, objects)
+	zero := time.Duration(0)
+	g, err := d.c.GC(ctx, &zero)
+	if err != nil {
+		t.Fatalf("gc: %v", err)
+	}
+	if slices.Contains(g.Released, id) {
+		t.Fatalf("gc released a pinned run: %+v", g)
+	}
+	if r, err := d.c.Pin(ctx, id, false); err != nil || r.Pinned {
+		t.Fatalf("unpin: %+v, %v", r, err)
+	}
+	if g, err = d.c.GC(ctx, &zero); err != nil {
+		t.Fatalf("gc: %v", err)
+	}
+	after := duBytes(t, objects)
+	if !slices.Contains(g.Released, id) || g.RemovedBytes < 32<<20 || before-after < 32<<20 {
+		t.Fatalf("gc %+v: the store went from %d to %d bytes; want the run's image snapshot (over 32 MiB) gone", g, before, after)
+	}
+	t.Logf("gc released %v, removed %d objects (%d bytes); store %d -> %d bytes", g.Released, g.Removed, g.RemovedBytes, before, after)
+	r, err := d.run(ctx, id)
+	if err != nil || !r.Released {
+		t.Fatalf("run after gc: %+v, %v", r, err)
+	}
+	v, err := d.c.Verify(ctx, id)
+	if err != nil || !v.OK || v.Segments != r.Segments {
+		t.Fatalf("verify after gc: %+v, %v", v, err)
+	}
+	// Collecting again finds nothing more of it.
+	if g, err = d.c.GC(ctx, &zero); err != nil || len(g.Released) != 0 {
+		t.Fatalf("second gc: %+v, %v", g, err)
+	}
+}
+
+// duBytes is the total size of the regular files under dir.
+func duBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var n int64
+	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if e.Type().IsRegular() {
+			info, err := e.Info()
+			if err != nil {
+				return err
+			}
+			n += info.Size()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -1,0 +1,111 @@
+package store
+
+import (
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+func TestHandOffAndExtend(t *testing.T) {
+	src, dst := mustStore(t), mustStore(t)
+	head, dir := parkedRun(t, src, "r", map[string]string{"pages.img": "pages"})
+	rec, err := src.Record("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Executing runs are not handed off; a stale head is refused.
+	if err := src.HandOff("r", record.Genesis(unitOf("r"))); !errors.Is(err, ErrHeadMoved) {
+		t.Fatalf("hand off at a stale head: %v", err)
+	}
+	if err := src.HandOff("r", head); err != nil {
+		t.Fatal(err)
+	}
+	if h, ok, _ := src.HandedOff("r"); !ok || h != head {
+		t.Fatalf("handed off %v at %s", ok, h)
+	}
+	// The second host continues the run: it resumes and parks again.
+	copyObjects(t, src, dst)
+	if err := dst.Import("r", rec); err != nil {
+		t.Fatal(err)
+	}
+	// A second copy of the genesis, under any id, is refused.
+	if err := dst.Import("r2", rec); !errors.Is(err, ErrGenesisHeld) {
+		t.Fatalf("second import of one genesis: %v", err)
+	}
+	if _, err := dst.Create("r3", rec.Unit(), rec.Grants()); !errors.Is(err, ErrGenesisHeld) {
+		t.Fatalf("create over a held genesis: %v", err)
+	}
+	h := mustAppend(t, dst, "r", rec.Head(), record.Resumption(record.ImageSnapshot(dir, nil), 5, record.Estimated))
+	att := put(t, dst, "attestation 2", put(t, dst, "receipt 2"), put(t, dst, "journal 2"))
+	h = mustAppend(t, dst, "r", h, record.Execution(att, nil))
+	man := put(t, dst, "manifest 2")
+	mustAppend(t, dst, "r", h, record.Suspension(record.ImageSnapshot(dir, nil), man))
+	longer, err := dst.Record("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A record that is not an extension is refused, and leaves the run as
+	// it was: another run's record, then the source's own shorter one.
+	parkedRun(t, dst, "other", map[string]string{"x": "y"})
+	otherRec, _ := dst.Record("other")
+	copyObjects(t, dst, src)
+	if _, err := src.Extend("r", otherRec); !errors.Is(err, ErrNotExtension) {
+		t.Fatalf("extend with another run's record: %v", err)
+	}
+	if _, ok, _ := src.HandedOff("r"); !ok {
+		t.Fatal("a refused extension took the handoff back")
+	}
+	if got, err := src.Extend("r", longer); err != nil || got != longer.Head() {
+		t.Fatalf("extend: %s, %v", got, err)
+	}
+	if _, ok, _ := src.HandedOff("r"); ok {
+		t.Fatal("still handed off after the extension came back")
+	}
+	back, err := src.Record("r")
+	if err != nil || back.Head() != longer.Head() || back.Len() != longer.Len() {
+		t.Fatalf("record after extension: %v", err)
+	}
+	// Not handed off any more: another extension is ErrRunExists.
+	if _, err := src.Extend("r", longer); !errors.Is(err, ErrRunExists) {
+		t.Fatalf("extend of a run not handed off: %v", err)
+	}
+	if _, err := src.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// copyObjects puts every object of from into to, with its refs.
+func copyObjects(t *testing.T, from, to *Store) {
+	t.Helper()
+	var all []record.Address
+	if err := from.walkObjects(func(a record.Address, _ string, _ os.FileInfo) error {
+		all = append(all, a)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Refs first: repeat until every object is in.
+	for len(all) > 0 {
+		var later []record.Address
+		for _, a := range all {
+			refs, _ := from.Refs(a)
+			if to.haveAll(refs) != nil {
+				later = append(later, a)
+				continue
+			}
+			b, err := from.ReadAll(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := to.PutBytes(b, refs...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(later) == len(all) {
+			t.Fatal("objects whose refs never arrive")
+		}
+		all = later
+	}
+}

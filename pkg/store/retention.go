@@ -1,0 +1,110 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// Retention. A closed run keeps its record and its evidence (unit, grants,
+// attestations with their receipts and journals, manifests, transcripts)
+// for as long as the store holds it. Its image snapshots — memory images
+// and root filesystems, by far the largest objects — are released by
+// [Store.Release] once the daemon's retention time has passed, unless the
+// run is pinned; [Store.GC] then removes the objects no other run reaches.
+// A released run verifies as before, without its image snapshots.
+
+func nowNS() []byte { return binary.BigEndian.AppendUint64(nil, uint64(time.Now().UnixNano())) }
+
+func decodeNS(v []byte) (time.Time, bool) {
+	if len(v) != 8 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(v))), true
+}
+
+// Retention is what the store knows of a run's retention.
+type Retention struct {
+	Closed   time.Time // when the store saw the run closed; zero while open
+	Pinned   bool      // its snapshots are kept whatever the retention time
+	Released time.Time // when its image snapshots were released; zero if not
+}
+
+// RetentionOf returns run's retention.
+func (s *Store) RetentionOf(run string) (Retention, error) {
+	var r Retention
+	err := s.view(func(tx *bolt.Tx) error {
+		if _, err := getState(tx, run); err != nil {
+			return err
+		}
+		r.Closed, _ = decodeNS(tx.Bucket(bktClosed).Get([]byte(run)))
+		r.Pinned = tx.Bucket(bktPins).Get([]byte(run)) != nil
+		r.Released, _ = decodeNS(tx.Bucket(bktFreed).Get([]byte(run)))
+		return nil
+	})
+	return r, err
+}
+
+// Pin keeps run's snapshots whatever the retention time; a run released
+// already stays released (its images are gone).
+func (s *Store) Pin(run string) error {
+	return s.commit(func(tx *bolt.Tx) error {
+		if _, err := getState(tx, run); err != nil {
+			return refuse(err)
+		}
+		return tx.Bucket(bktPins).Put([]byte(run), nil)
+	})
+}
+
+// Unpin lets run's snapshots go with the retention time again.
+func (s *Store) Unpin(run string) error {
+	return s.commit(func(tx *bolt.Tx) error {
+		if _, err := getState(tx, run); err != nil {
+			return refuse(err)
+		}
+		return tx.Bucket(bktPins).Delete([]byte(run))
+	})
+}
+
+// Release lets closed run's image snapshots go: from now on neither GC nor
+// Check counts them as reached by its record. A run that is not closed,
+// or is pinned, is refused; releasing a released run is a no-op.
+func (s *Store) Release(run string) error {
+	return s.commit(func(tx *bolt.Tx) error {
+		st, err := getState(tx, run)
+		if err != nil {
+			return refuse(err)
+		}
+		if st.phase != record.Ended {
+			return refuse(fmt.Errorf("run %s: only a closed run's snapshots are released (it is %s)", run, phaseName(st.phase, true)))
+		}
+		if tx.Bucket(bktPins).Get([]byte(run)) != nil {
+			return refuse(fmt.Errorf("run %s: pinned: its snapshots are kept", run))
+		}
+		if tx.Bucket(bktFreed).Get([]byte(run)) != nil {
+			return nil
+		}
+		return tx.Bucket(bktFreed).Put([]byte(run), nowNS())
+	})
+}
+
+// Expired returns the closed runs, neither pinned nor released, that the
+// store saw closed before cutoff.
+func (s *Store) Expired(cutoff time.Time) ([]string, error) {
+	var out []string
+	err := s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bktClosed).ForEach(func(k, v []byte) error {
+			t, ok := decodeNS(v)
+			if !ok || !t.Before(cutoff) || tx.Bucket(bktPins).Get(k) != nil || tx.Bucket(bktFreed).Get(k) != nil {
+				return nil
+			}
+			out = append(out, string(k))
+			return nil
+		})
+	})
+	return out, err
+}

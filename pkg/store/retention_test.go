@@ -1,0 +1,115 @@
+package store
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// parkedRun makes run parked on an image snapshot of files, with its
+// evidence, and returns its head and the snapshot's listing.
+func parkedRun(t *testing.T, s *Store, run string, files map[string]string) (head, listing record.Address) {
+	t.Helper()
+	h := mustCreate(t, s, run)
+	receipt, journal := put(t, s, "receipt "+run), put(t, s, "journal "+run)
+	att := put(t, s, "attestation "+run, receipt, journal)
+	stage, err := s.StagingDir("img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, stage, files)
+	dir, _, err := s.Ingest(t.Context(), stage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	man := put(t, s, "manifest "+run)
+	h = mustAppend(t, s, run, h, record.Execution(att, nil))
+	h = mustAppend(t, s, run, h, record.Suspension(record.ImageSnapshot(dir, nil), man))
+	return h, dir
+}
+
+func TestRetentionReleasesImagesOfClosedRuns(t *testing.T) {
+	s := mustStore(t)
+	h, dir := parkedRun(t, s, "old", map[string]string{"pages.img": "old pages", "shared.img": "shared"})
+	_, dir2 := parkedRun(t, s, "live", map[string]string{"pages.img": "live pages", "shared.img": "shared"})
+	listing, err := s.Listing(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An open run is not released.
+	if err := s.Release("old"); err == nil {
+		t.Fatal("released a parked run")
+	}
+	r, _ := s.RetentionOf("old")
+	if !r.Closed.IsZero() {
+		t.Fatalf("a parked run has a close time: %+v", r)
+	}
+	h, err = s.Append("old", h, record.Resumption(record.ImageSnapshot(dir, nil), 1, record.Estimated))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	if _, err := s.Append("old", h, record.Closure("done")); err != nil {
+		t.Fatal(err)
+	}
+	r, _ = s.RetentionOf("old")
+	if r.Closed.Before(before.Add(-time.Second)) || r.Pinned || !r.Released.IsZero() {
+		t.Fatalf("closed run's retention %+v", r)
+	}
+	if ex, _ := s.Expired(before.Add(-time.Hour)); len(ex) != 0 {
+		t.Fatalf("expired before its time: %v", ex)
+	}
+	if ex, _ := s.Expired(time.Now().Add(time.Second)); len(ex) != 1 || ex[0] != "old" {
+		t.Fatalf("expired %v, want [old]", ex)
+	}
+	// A pinned run is kept.
+	if err := s.Pin("old"); err != nil {
+		t.Fatal(err)
+	}
+	if ex, _ := s.Expired(time.Now().Add(time.Second)); len(ex) != 0 {
+		t.Fatalf("a pinned run expired: %v", ex)
+	}
+	if err := s.Release("old"); err == nil {
+		t.Fatal("released a pinned run")
+	}
+	if err := s.Unpin("old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release("old"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.GC(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Gone: old's listing and its own pages; kept: the shared file (the
+	// live run reaches it), the evidence of both runs, live's snapshot.
+	if s.Has(dir) {
+		t.Fatal("the released listing was kept")
+	}
+	for _, e := range listing {
+		if e.Name == "shared.img" != s.Has(e.Address) {
+			t.Fatalf("after release: %s kept=%v", e.Name, s.Has(e.Address))
+		}
+	}
+	if !s.Has(dir2) || st.Removed != 2 {
+		t.Fatalf("gc %+v; live listing kept %v", st, s.Has(dir2))
+	}
+	for _, ev := range []string{"receipt old", "journal old", "attestation old", "manifest old"} {
+		if !s.Has(record.Sum([]byte(ev))) {
+			t.Fatalf("evidence %q removed", ev)
+		}
+	}
+	// The store still checks: a released run's images are not reached.
+	if _, err := s.Check(t.Context()); err != nil {
+		t.Fatalf("check after release: %v", err)
+	}
+	if r, _ := s.RetentionOf("old"); r.Released.IsZero() {
+		t.Fatal("no release time")
+	}
+	if err := s.Pin("nope"); !errors.Is(err, ErrNoRun) {
+		t.Fatalf("pin of no run: %v", err)
+	}
+}
