@@ -31,6 +31,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	gcEvery := fs.Duration("gc-interval", daemon.DefaultGCInterval, "how often to collect the store (negative: never)")
 	retention := fs.Duration("snapshot-retention", daemon.DefaultSnapshotRetention, "how long a closed run keeps its image snapshots (negative: forever)")
+	minFree := fs.Uint64("min-free", daemon.DefaultMinFree, "bytes an image park must leave free on the store's filesystem")
 	criuDeadline := fs.Duration("criu-deadline", 0, "deadline of every CRIU dump and restore (default 30s plus 1s per 64 MiB of the unit's memory; docs/daemon.md)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -50,7 +51,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 		return usagef("--gc-interval and --snapshot-retention must not be zero (negative: never)")
 	}
 	cfg := daemon.Config{StateDir: *state, ContainerdAddress: *ctrd, Logger: log, CRIUDeadline: *criuDeadline,
-		GCInterval: *gcEvery, SnapshotRetention: *retention}
+		GCInterval: *gcEvery, SnapshotRetention: *retention, MinFree: *minFree}
 	cfg.Meter.SysfsRoot = *sysfs
 	if *coeffs != "" {
 		b, err := os.ReadFile(*coeffs)

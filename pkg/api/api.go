@@ -41,6 +41,7 @@ const (
 	CodeRestoreTimeout    = "restore_timeout"         // CRIU's restore passed its deadline and was killed; the run stays parked
 	CodeImageParks        = "image_parks_unavailable" // this host cannot checkpoint and restore (its probe failed); transcript runs still work
 	CodeDaemonUnreachable = "daemon_unreachable"      // client side only: nothing answers on the socket
+	CodeNoSpace           = "no_space"                // a park refused before it wrote: too little free space, or the run's snapshot quota
 	CodeHandedOff         = "handed_off"              // the run was exported to another host: import a bundle extending it back first
 	CodeGenesisHeld       = "genesis_held"            // a bundle of a run this host holds under another id, or one that does not extend the run it holds
 )

@@ -88,6 +88,9 @@ type Config struct {
 	// SnapshotRetention is how long a closed run keeps its image
 	// snapshots; 0 means DefaultSnapshotRetention, negative forever.
 	SnapshotRetention time.Duration
+	// MinFree is the free space an image park must leave on the store's
+	// filesystem (DefaultMinFree when 0).
+	MinFree uint64
 	// CPUInfo is /proc/cpuinfo, for the environment manifest.
 	CPUInfo string
 	// Logger receives the daemon's events; slog.Default() when nil.

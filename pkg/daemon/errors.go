@@ -47,6 +47,8 @@ func ErrorOf(err error) *api.Error {
 		e.Code = api.CodeRecordInvalid
 	case errors.Is(err, store.ErrNoRun), errors.Is(err, executor.ErrNotFound), errdefs.IsNotFound(err):
 		e.Code = api.CodeNotFound
+	case errors.Is(err, ErrNoSpace):
+		e.Code = api.CodeNoSpace
 	case errors.Is(err, store.ErrHandedOff):
 		e.Code = api.CodeHandedOff
 	case errors.Is(err, store.ErrGenesisHeld), errors.Is(err, store.ErrNotExtension):

@@ -121,4 +121,3 @@ func (d *Daemon) released(id string) bool {
 	r, err := d.st.RetentionOf(id)
 	return err == nil && !r.Released.IsZero()
 }
-

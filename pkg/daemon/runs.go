@@ -310,6 +310,13 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		if u, err := lv.sb.Stats(ctx); err == nil {
 			mem = u.MemoryBytes
 		}
+		raw, err := d.st.Raw(id)
+		if err != nil {
+			return api.Park{}, err
+		}
+		if err := d.roomForPark(id, lv.grants, mem, raw.Segments); err != nil {
+			return api.Park{}, fmt.Errorf("park %s: %w", id, err)
+		}
 		res, err := park.Image(ctx, d.st, lv.sb, d.criuDeadline(mem))
 		if err != nil {
 			return api.Park{}, fmt.Errorf("park %s: %w", id, err)
@@ -504,7 +511,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 		return api.Resume{}, fmt.Errorf("run %s: %w", id, err)
 	}
 	step("preconditions")
-	parkedFor, err := d.parkedFor(raw.Segments)
+	parkedFor, err := d.parkedFor(id, raw.Segments)
 	if err != nil {
 		return api.Resume{}, err
 	}
@@ -608,9 +615,12 @@ func (d *Daemon) restore(ctx context.Context, id string, spec unit.Spec, grants 
 		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored}, nil
 }
 
-// parkedFor is how long the run has been parked: since the end of the
-// interval that parked it, as its attestation states.
-func (d *Daemon) parkedFor(segs []record.Segment) (time.Duration, error) {
+// parkedFor is how long this host has held the run parked: since the end
+// of the interval that parked it, as its attestation states — but never
+// from before the run's record arrived here in a bundle. The end time of
+// an imported run is another host's clock, and what this host meters is
+// the idle draw of what it retained itself.
+func (d *Daemon) parkedFor(id string, segs []record.Segment) (time.Duration, error) {
 	for i := len(segs) - 1; i >= 0; i-- {
 		if segs[i].Kind != record.Executed {
 			continue
@@ -619,7 +629,15 @@ func (d *Daemon) parkedFor(segs []record.Segment) (time.Duration, error) {
 		if err != nil {
 			return 0, err
 		}
-		return max(time.Since(time.Unix(0, b.EndNS)), time.Nanosecond), nil
+		since := time.Unix(0, b.EndNS)
+		ret, err := d.st.RetentionOf(id)
+		if err != nil {
+			return 0, err
+		}
+		if ret.Imported.After(since) {
+			since = ret.Imported
+		}
+		return max(time.Since(since), time.Nanosecond), nil
 	}
 	return 0, fmt.Errorf("%w: a parked run with no executed interval", ErrInvalid)
 }

@@ -89,6 +89,8 @@ func Status(code string) int {
 		return http.StatusServiceUnavailable
 	case api.CodeCheckpointTimeout, api.CodeRestoreTimeout:
 		return http.StatusGatewayTimeout
+	case api.CodeNoSpace:
+		return http.StatusInsufficientStorage
 	default:
 		return http.StatusInternalServerError
 	}

@@ -14,6 +14,7 @@ func TestStatus(t *testing.T) {
 		api.CodeNotFound:          http.StatusNotFound,
 		api.CodeExists:            http.StatusConflict,
 		api.CodeHandedOff:         http.StatusConflict,
+		api.CodeNoSpace:           http.StatusInsufficientStorage,
 		api.CodeGenesisHeld:       http.StatusConflict,
 		api.CodeConflict:          http.StatusConflict,
 		api.CodePhase:             http.StatusConflict,

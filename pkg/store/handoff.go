@@ -115,6 +115,9 @@ func (s *Store) Extend(run string, r *record.Record) (record.Address, error) {
 		if tx.Bucket(bktHandof).Get([]byte(run)) == nil {
 			return refuse(fmt.Errorf("run %s: %w (it was not handed off)", run, ErrRunExists))
 		}
+		if err := tx.Bucket(bktArrive).Put([]byte(run), nowNS()); err != nil {
+			return err
+		}
 		return tx.Bucket(bktHandof).Delete([]byte(run))
 	})
 }

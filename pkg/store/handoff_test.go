@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -107,5 +108,22 @@ func copyObjects(t *testing.T, from, to *Store) {
 			t.Fatal("objects whose refs never arrive")
 		}
 		all = later
+	}
+}
+
+func TestImportedTime(t *testing.T) {
+	src, dst := mustStore(t), mustStore(t)
+	parkedRun(t, src, "r", map[string]string{"a": "b"})
+	if r, _ := src.RetentionOf("r"); !r.Imported.IsZero() {
+		t.Fatalf("a run started here has an import time: %+v", r)
+	}
+	rec, _ := src.Record("r")
+	copyObjects(t, src, dst)
+	before := time.Now()
+	if err := dst.Import("r", rec); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := dst.RetentionOf("r"); r.Imported.Before(before.Add(-time.Second)) {
+		t.Fatalf("import time %v, imported after %v", r.Imported, before)
 	}
 }

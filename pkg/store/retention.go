@@ -32,6 +32,10 @@ type Retention struct {
 	Closed   time.Time // when the store saw the run closed; zero while open
 	Pinned   bool      // its snapshots are kept whatever the retention time
 	Released time.Time // when its image snapshots were released; zero if not
+	// Imported is when the run's record last arrived here in a bundle
+	// (Import or Extend); zero for a run that started here and never
+	// left. This host has held the run's snapshot only since then.
+	Imported time.Time
 }
 
 // RetentionOf returns run's retention.
@@ -44,6 +48,7 @@ func (s *Store) RetentionOf(run string) (Retention, error) {
 		r.Closed, _ = decodeNS(tx.Bucket(bktClosed).Get([]byte(run)))
 		r.Pinned = tx.Bucket(bktPins).Get([]byte(run)) != nil
 		r.Released, _ = decodeNS(tx.Bucket(bktFreed).Get([]byte(run)))
+		r.Imported, _ = decodeNS(tx.Bucket(bktArrive).Get([]byte(run)))
 		return nil
 	})
 	return r, err

@@ -461,6 +461,9 @@ func (s *Store) Import(run string, r *record.Record) error {
 				return err
 			}
 		}
+		if err := tx.Bucket(bktArrive).Put([]byte(run), nowNS()); err != nil {
+			return err
+		}
 		return tx.Bucket(bktPhases).Bucket(phaseKeys[st.phase]).Put([]byte(run), nil)
 	})
 }

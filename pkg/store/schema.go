@@ -21,6 +21,7 @@ var (
 	bktClosed = []byte("closed")   // run id → when the store saw it closed (8 bytes, Unix ns)
 	bktPins   = []byte("pins")     // run id → nothing: its snapshots are kept
 	bktFreed  = []byte("released") // run id → when its image snapshots were released (Unix ns)
+	bktArrive = []byte("imported") // run id → when its record last arrived in a bundle (Unix ns)
 	keyVer    = []byte("version")
 )
 
@@ -44,7 +45,7 @@ type migration struct {
 // so each migration runs on every store, old or new.
 var migrations = []migration{
 	{2, "phase index: phases/<phase>/<run id>, built from run states", migratePhaseIndex},
-	{3, "one timeline per run and retention: geneses/<head₀> → run id, built from run states; handoffs, closed (closed runs dated at the migration), pins, released", migrateTimelines},
+	{3, "one timeline per run and retention: geneses/<head₀> → run id, built from run states; handoffs, closed (closed runs dated at the migration), pins, released, imported", migrateTimelines},
 }
 
 // SchemaVersion is the version this package writes: the last migration's
@@ -94,7 +95,7 @@ func migrateTimelines(tx *bolt.Tx) error {
 	if err != nil {
 		return err
 	}
-	for _, b := range [][]byte{bktHandof, bktClosed, bktPins, bktFreed} {
+	for _, b := range [][]byte{bktHandof, bktClosed, bktPins, bktFreed, bktArrive} {
 		if _, err := tx.CreateBucket(b); err != nil {
 			return err
 		}

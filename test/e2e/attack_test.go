@@ -97,6 +97,7 @@ func TestAttackForkAfterExport(t *testing.T) {
 	// the handoff back. Do it on a throwaway copy of the check below.
 	b := mustDaemon(t, "fork-second")
 	mustImportImage(t, b, trAgentArchive, trAgentImage, trAgentDigest)
+	imported := time.Now()
 	if _, err := b.c.Import(ctx, bytes.NewReader(first.Bytes()), ""); err != nil {
 		t.Fatalf("import on B: %v", err)
 	}
@@ -110,8 +111,13 @@ func TestAttackForkAfterExport(t *testing.T) {
 	_, err = b.c.Import(ctx, bytes.NewReader(first.Bytes()), "")
 	apiError(t, err, api.CodeExists)
 
-	// B continues the run, and it parks on its next call.
-	trPost(t, b, id, "call-1", trResult(1))
+	// B continues the run, and it parks on its next call. B meters the
+	// idle of what it held: since the import, not since the end time in
+	// A's attestation (another host's clock, finding 12).
+	pr := trPost(t, b, id, "call-1", trResult(1))
+	if pr.Resumed == nil || time.Duration(pr.Resumed.ParkedNS) > time.Since(imported) {
+		t.Fatalf("B resumed %+v: parked for longer than B has held the run (%v)", pr.Resumed, time.Since(imported))
+	}
 	trParked(t, b, id, 5)
 	showB := mustShow(t, b, id)
 	var second bytes.Buffer
@@ -218,4 +224,51 @@ func duBytes(t *testing.T, dir string) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// Finding 6 (storage): a park wrote whatever it had to, full disk or not.
+// An image park is now refused, before it writes, with no_space when its
+// run's snapshots would pass the run's quota (limits.snapshot_bytes) or
+// the store's filesystem would keep less than --min-free; the unit goes on
+// and the record is as it was.
+func TestAttackParkNoSpace(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	start := func(d *daemon, id string, limits unit.Limits) api.Run {
+		t.Helper()
+		r, err := d.c.Start(ctx, api.RunRequest{ID: id,
+			Unit:   unit.Spec{Image: oracleImage, Env: oracleEnv},
+			Grants: unit.Grants{MilliCPU: 1000, MemoryBytes: 256 << 20, Network: unit.NoNetwork, Limits: limits}})
+		if err != nil {
+			t.Fatalf("start %s: %v", id, err)
+		}
+		closeAtEnd(t, d, id)
+		waitLines(t, d.stdout(id), "the oracle's first verified line", func(ls []line) bool {
+			return len(ls) > 0 && last(ls).VerifiedAt > 0
+		})
+		return r
+	}
+	refused := func(d *daemon, id, why string) {
+		t.Helper()
+		was, err := d.run(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := len(output(t, d.stdout(id)))
+		_, err = d.c.Park(ctx, id)
+		if e := apiError(t, err, api.CodeNoSpace); !strings.Contains(e.Message, why) {
+			t.Fatalf("no_space %q does not say %q", e.Message, why)
+		}
+		unchanged(t, d, id, was)
+		waitLines(t, d.stdout(id), "the oracle going on after the refused park", func(ls []line) bool { return len(ls) > n+2 })
+	}
+	// The oracle holds 64 MiB: a 16 MiB quota refuses its first park.
+	d := shared(t)
+	start(d, "quota", unit.Limits{SnapshotBytes: 16 << 20})
+	refused(d, "quota", "snapshot quota")
+	// A host that must keep more free than its disk has refuses every park.
+	full := mustDaemon(t, "full", func(d *daemon) { d.flags = []string{"--min-free", "1152921504606846976"} })
+	mustImportImage(t, full, oracleArchive, oracleImage, oracleDigest)
+	start(full, "full", unit.Limits{})
+	refused(full, "full", "--min-free")
 }
