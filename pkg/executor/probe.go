@@ -331,6 +331,13 @@ func (c *Client) removeProbe(ctx context.Context, cont containerd.Container, tas
 	if err := cont.Delete(ctx); err != nil {
 		c.log.Warn("probe: delete container", "id", cont.ID(), "err", err)
 	}
+	// A restore killed mid-way leaves runc's criu-root mounted in its
+	// state directory.
+	if ns, err := namespaces.NamespaceRequired(ctx); err == nil {
+		if err := unmountUnder(filepath.Join(c.cfg.RuncRoot, ns, cont.ID())); err != nil {
+			c.log.Warn("probe: unmounting what runc left", "id", cont.ID(), "err", err)
+		}
+	}
 }
 
 // sweepProbes removes what an earlier probe that did not finish (its

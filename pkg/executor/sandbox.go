@@ -261,8 +261,10 @@ func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, r
 			if rs != nil {
 				// A CRIU killed mid-restore leaves its cgroup yard
 				// mounted under its work directory.
-				if err := unmountUnder(rs.work); err != nil {
-					c.log.Warn("unmounting what CRIU left", "id", id, "err", err)
+				for _, dir := range []string{rs.work, filepath.Join(c.cfg.RuncRoot, c.cfg.Namespace, id)} {
+					if err := unmountUnder(dir); err != nil {
+						c.log.Warn("unmounting what CRIU left", "id", id, "dir", dir, "err", err)
+					}
 				}
 			}
 		}

@@ -245,7 +245,9 @@ func (d *daemon) closeAll(ctx context.Context) error {
 	}
 	var errs []error
 	for _, r := range runs {
-		if r.Phase == "closed" {
+		// A handed-off run lives on another host: this one cannot close
+		// it, and has no sandbox of it.
+		if r.Phase == "closed" || r.HandedOff {
 			continue
 		}
 		if _, err := d.c.Close(ctx, r.ID, "e2e: test over"); err != nil {
