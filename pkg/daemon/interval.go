@@ -274,6 +274,11 @@ func (d *Daemon) end(ctx context.Context, id string, lv *live, outcome attest.Ou
 	if err != nil {
 		return evidence{}, err
 	}
+	// The next attestation names this one as audit_prev: it is kept
+	// whether or not a segment ever names it.
+	if err := d.st.AddRoot(att); err != nil {
+		return evidence{}, err
+	}
 	if err := writeAudit(filepath.Join(d.cfg.StateDir, "audit-head"), att); err != nil {
 		return evidence{}, fmt.Errorf("audit head: %w", err)
 	}

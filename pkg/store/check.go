@@ -72,6 +72,7 @@ func (s *Store) Check(ctx context.Context) (CheckStats, error) {
 			ids := slices.Sorted(maps.Keys(indexed))
 			return fmt.Errorf("run %s: %w: in the phase index but not stored", ids[0], ErrDamaged)
 		}
+		roots = appendRoots(roots, tx)
 		live, err = expandRefs(tx, roots)
 		return err
 	})
@@ -172,10 +173,22 @@ func (s *Store) reachable(ctx context.Context) (map[record.Address]bool, error) 
 		if err != nil {
 			return err
 		}
+		roots = appendRoots(roots, tx)
 		live, err = expandRefs(tx, roots)
 		return err
 	})
 	return live, err
+}
+
+// appendRoots appends the objects kept as roots ([Store.AddRoot]).
+func appendRoots(dst []record.Address, tx *bolt.Tx) []record.Address {
+	_ = tx.Bucket(bktRoots).ForEach(func(k, _ []byte) error {
+		if len(k) == 32 {
+			dst = append(dst, record.Address(k))
+		}
+		return nil
+	})
+	return dst
 }
 
 // expandRefs closes roots under declared refs.

@@ -15,7 +15,7 @@
 //	                      address's text without "b3:", <c> its first
 //	                      character (64 shard directories)
 //
-// # bbolt schema (version 2)
+// # bbolt schema (version 3)
 //
 //	meta/
 //	  version          → uint32, big-endian: the schema version
@@ -37,6 +37,20 @@
 //	    <run id>       → empty
 //	refs/
 //	  <address (32)>   → the addresses (32 each) that object declared it refers to
+//	geneses/           (version 3) one timeline per run
+//	  <head₀ (32)>     → the id of the run with that genesis
+//	handoffs/
+//	  <run id>         → the head (32) an export handed the run off at
+//	closed/
+//	  <run id>         → when the store saw the run closed (Unix ns, 8)
+//	pins/
+//	  <run id>         → empty: retention keeps its snapshots
+//	released/
+//	  <run id>         → when its image snapshots were released (Unix ns, 8)
+//	imported/
+//	  <run id>         → when its record last arrived in a bundle (Unix ns, 8)
+//	roots/
+//	  <address (32)>   → empty: kept whatever the records reach
 //
 // A run's state makes [Store.Head] and [Store.Run] O(1) and lets
 // [Store.Append] judge a segment without reading the record (a parked

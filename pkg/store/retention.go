@@ -113,3 +113,17 @@ func (s *Store) Expired(cutoff time.Time) ([]string, error) {
 	})
 	return out, err
 }
+
+// AddRoot keeps stored object a (and what it refers to) whatever the
+// records reach: the daemon roots every attestation it signs, because the
+// next one names it as audit_prev, and an attestation whose segment was
+// never appended (a park refused after signing) would otherwise be
+// collected from the middle of the host's audit chain.
+func (s *Store) AddRoot(a record.Address) error {
+	if !s.Has(a) {
+		return fmt.Errorf("%w: %s", ErrMissingObject, a)
+	}
+	return s.commit(func(tx *bolt.Tx) error {
+		return tx.Bucket(bktRoots).Put(a[:], nil)
+	})
+}

@@ -113,3 +113,30 @@ func TestRetentionReleasesImagesOfClosedRuns(t *testing.T) {
 		t.Fatalf("pin of no run: %v", err)
 	}
 }
+
+func TestRootsSurviveGC(t *testing.T) {
+	s := mustStore(t)
+	receipt, journal := put(t, s, "receipt"), put(t, s, "journal")
+	att := put(t, s, "attestation never appended", receipt, journal)
+	orphan := put(t, s, "orphan")
+	if err := s.AddRoot(att); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddRoot(record.Sum([]byte("absent"))); !errors.Is(err, ErrMissingObject) {
+		t.Fatalf("root of an absent object: %v", err)
+	}
+	if _, err := s.GC(t.Context(), 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []record.Address{att, receipt, journal} {
+		if !s.Has(a) {
+			t.Fatalf("rooted %s collected", a)
+		}
+	}
+	if s.Has(orphan) {
+		t.Fatal("orphan kept")
+	}
+	if _, err := s.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -22,6 +22,7 @@ var (
 	bktPins   = []byte("pins")     // run id → nothing: its snapshots are kept
 	bktFreed  = []byte("released") // run id → when its image snapshots were released (Unix ns)
 	bktArrive = []byte("imported") // run id → when its record last arrived in a bundle (Unix ns)
+	bktRoots  = []byte("roots")    // address → nothing: kept whatever the records reach (the host's audit chain)
 	keyVer    = []byte("version")
 )
 
@@ -45,7 +46,7 @@ type migration struct {
 // so each migration runs on every store, old or new.
 var migrations = []migration{
 	{2, "phase index: phases/<phase>/<run id>, built from run states", migratePhaseIndex},
-	{3, "one timeline per run and retention: geneses/<head₀> → run id, built from run states; handoffs, closed (closed runs dated at the migration), pins, released, imported", migrateTimelines},
+	{3, "one timeline per run and retention: geneses/<head₀> → run id, built from run states; handoffs, closed (closed runs dated at the migration), pins, released, imported, roots", migrateTimelines},
 }
 
 // SchemaVersion is the version this package writes: the last migration's
@@ -95,7 +96,7 @@ func migrateTimelines(tx *bolt.Tx) error {
 	if err != nil {
 		return err
 	}
-	for _, b := range [][]byte{bktHandof, bktClosed, bktPins, bktFreed, bktArrive} {
+	for _, b := range [][]byte{bktHandof, bktClosed, bktPins, bktFreed, bktArrive, bktRoots} {
 		if _, err := tx.CreateBucket(b); err != nil {
 			return err
 		}
