@@ -276,7 +276,8 @@ func testLogFlood(t *testing.T, d *daemon) {
 }
 
 // testPrivileges: the unit runs under the default seccomp profile, with
-// no_new_privs, and with containerd's default capabilities only.
+// no_new_privs, with containerd's default capabilities only, and, its
+// grant set naming none, under the default memory and pids limits.
 func testPrivileges(t *testing.T, d *daemon) {
 	const id = "privileges"
 	startHostile(t, d, id, "privileges", nil, unit.Grants{})
@@ -299,5 +300,18 @@ func testPrivileges(t *testing.T, d *daemon) {
 		t.Errorf("Seccomp %s, want 2 (a filter)", v)
 	}
 	t.Logf("uid map: %s", get("uid_map"))
+	// A grant set without memory or pids: the defaults, never unlimited.
+	mem := ""
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", d.cgroup(), id)); err == nil {
+		mem = sandboxCgroupFile(t, d, "memory", id, "memory.limit_in_bytes")
+	} else {
+		mem = sandboxCgroupFile(t, d, "", id, "memory.max")
+	}
+	if mem != strconv.Itoa(1<<30) {
+		t.Errorf("memory limit %s, want the default 1 GiB", mem)
+	}
+	if pids := sandboxCgroupFile(t, d, "pids", id, "pids.max"); pids != strconv.Itoa(int(unit.DefaultLimits.Pids)) {
+		t.Errorf("pids.max %s, want the default %d", pids, unit.DefaultLimits.Pids)
+	}
 	stillServing(t, d, id, "executing")
 }
