@@ -180,6 +180,8 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		ecfg = executor.Config{Address: cfg.ContainerdAddress, StateDir: filepath.Join(dir, "executor")}
 	}
 	ecfg.Namespace, ecfg.Logger = cfg.Namespace, d.log
+	// No grant may mount the state directory (keys, store, records).
+	ecfg.Protected = []string{dir}
 	if d.ex, err = executor.Connect(ctx, ecfg); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}

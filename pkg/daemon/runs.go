@@ -134,7 +134,7 @@ func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, gr
 		if ch, err = d.openChannel(id, restored); err != nil {
 			return nil, err
 		}
-		es.Mounts = append(es.Mounts, executor.Mount{Source: ch.dir, Target: ChannelMount, Writable: true})
+		es.Mounts = append(es.Mounts, executor.Mount{Source: ch.dir, Target: ChannelMount, Writable: true, Own: true})
 	}
 	out, err := d.output(id)
 	m := d.markNow(id)

@@ -48,6 +48,12 @@ type Checkpoint struct {
 	// that [Sandbox.Resume] continues. Without Keep the task exits once
 	// dumped.
 	Keep bool
+	// MaxRootfsBytes, on Checkpoint, lowers the budget of the rw layer
+	// tar below the sandbox's own ([Spec].RootfsBytes), as a run's
+	// remaining snapshot quota does; 0 leaves the sandbox's. A layer over
+	// the budget is refused ([ErrTooLarge]): measured from the snapshot
+	// before the dump, and counted again as it is written.
+	MaxRootfsBytes int64
 	// Deadline bounds CRIU's dump (on Checkpoint) or restore (on Restore);
 	// 0 is none. At the deadline CRIU is killed: a checkpoint then fails
 	// with [ErrCheckpointTimeout] and the task goes on as it was, a restore
@@ -120,6 +126,17 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 		return st, fmt.Errorf("pause: %w", err)
 	}
 	st.Pause = time.Since(pauseStart)
+	budget := int64(min(s.rootfsBytes, 1<<62))
+	if cp.MaxRootfsBytes > 0 {
+		budget = min(budget, cp.MaxRootfsBytes)
+	}
+	if cp.Rootfs != "" {
+		// Measured frozen, before CRIU costs anything: a layer over
+		// the budget refuses the checkpoint with the task as it was.
+		if err := s.checkRootfs(ctx, budget); err != nil {
+			return st, errors.Join(fmt.Errorf("%w: rw layer: %w", ErrCheckpoint, err), s.settle(ctx, false))
+		}
+	}
 	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{
 		Exit:      !cp.Keep,
 		ImagePath: dir,
@@ -158,10 +175,13 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 	}
 	if cp.Rootfs != "" {
 		diffStart := time.Now()
-		st.RootfsBytes, err = s.exportRootfs(ctx, cp.Rootfs)
+		st.RootfsBytes, err = s.exportRootfs(ctx, cp.Rootfs, budget)
 		st.Diff = time.Since(diffStart)
 		if err != nil {
 			err = fmt.Errorf("rw layer: %w", err)
+			if errors.Is(err, ErrTooLarge) {
+				err = fmt.Errorf("%w: %w", ErrCheckpoint, err)
+			}
 			if cp.Keep {
 				err = errors.Join(err, s.settle(ctx, false))
 			}
@@ -202,34 +222,66 @@ func emptyDir(dir string) (string, error) {
 	return dir, nil
 }
 
-// exportRootfs writes the diff of the sandbox's rw snapshot against its
-// image to path. From an overlayfs snapshot it is read off the snapshot's
-// upper directory (rwlayer.go): its cost follows the change, not the
-// image. Otherwise the diff service computes it.
-func (s *Sandbox) exportRootfs(ctx context.Context, path string) (int64, error) {
+// rootfsMounts are the mounts of the sandbox's rw snapshot, with its
+// snapshotter and key.
+func (s *Sandbox) rootfsMounts(ctx context.Context) (snapshotter, key string, _ []mount.Mount, _ error) {
 	info, err := s.cont.Info(ctx, containerd.WithoutRefreshedMetadata)
 	if err != nil {
-		return 0, err
+		return "", "", nil, err
 	}
+	mounts, err := s.c.client.SnapshotService(info.Snapshotter).Mounts(ctx, info.SnapshotKey)
+	if err != nil {
+		return "", "", nil, err
+	}
+	return info.Snapshotter, info.SnapshotKey, mounts, nil
+}
+
+// checkRootfs measures the rw layer the sandbox's snapshot would make
+// (layerBound) and refuses one over budget with [ErrTooLarge]. The task
+// is frozen.
+func (s *Sandbox) checkRootfs(ctx context.Context, budget int64) error {
+	_, _, mounts, err := s.rootfsMounts(ctx)
+	if err != nil {
+		return err
+	}
+	need, err := layerBound(ctx, mounts, budget)
+	if err != nil {
+		return err
+	}
+	if need > budget {
+		return fmt.Errorf("%w: the rw layer would take up to %d bytes, over its budget of %d", ErrTooLarge, need, budget)
+	}
+	return nil
+}
+
+// exportRootfs writes the diff of the sandbox's rw snapshot against its
+// image to path, at most budget bytes of it ([ErrTooLarge] at the first
+// byte over, and nothing left at path). From an overlayfs snapshot it is
+// read off the snapshot's upper directory (rwlayer.go): its cost follows
+// the change, not the image. Otherwise the diff service computes it.
+func (s *Sandbox) exportRootfs(ctx context.Context, path string, budget int64) (int64, error) {
 	// The task is frozen (Keep) or has exited, its root still mounted:
 	// the upper directory holds every change and none is being made.
-	mounts, err := s.c.client.SnapshotService(info.Snapshotter).Mounts(ctx, info.SnapshotKey)
+	snapshotter, key, mounts, err := s.rootfsMounts(ctx)
 	if err != nil {
 		return 0, err
 	}
-	n, err := writeOverlayDiffFile(ctx, mounts, path)
+	n, err := writeOverlayDiffFile(ctx, mounts, path, budget)
 	if !errors.Is(err, errNoUpperDir) {
 		return n, err
 	}
 	s.c.log.Debug("rw layer through the diff service", "sandbox", s.id, "reason", err)
-	return s.c.diffServiceLayer(ctx, info.Snapshotter, info.SnapshotKey, path)
+	return s.c.diffServiceLayer(ctx, snapshotter, key, path, budget)
 }
 
 // diffServiceLayer writes the diff of snapshot key (of snapshotter)
 // against its parent to path, computed by containerd's diff service (which
 // walks both whole trees) into the content store under a lease; it is
 // copied out, and the lease's end lets the GC take the blob.
-func (c *Client) diffServiceLayer(ctx context.Context, snapshotter, key, path string) (int64, error) {
+//
+// The diff service writes the whole layer before this can count it: the
+// caller has measured the snapshot first (checkRootfs), which bounds it.
+func (c *Client) diffServiceLayer(ctx context.Context, snapshotter, key, path string, budget int64) (int64, error) {
 	ctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
 	if err != nil {
 		return 0, err
@@ -246,7 +298,10 @@ func (c *Client) diffServiceLayer(ctx context.Context, snapshotter, key, path st
 		return 0, err
 	}
 	defer ra.Close()
-	return writeFileWhole(path, content.NewReader(ra), false)
+	if desc.Size > budget {
+		return 0, fmt.Errorf("%w: the rw layer is %d bytes, over its budget of %d", ErrTooLarge, desc.Size, budget)
+	}
+	return writeFileWhole(path, budgeted(content.NewReader(ra), budget), false)
 }
 
 // writeFileDurably writes r to path through a temporary file beside it,

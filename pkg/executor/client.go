@@ -55,6 +55,9 @@ type Config struct {
 	// CgroupParent is the cgroup under which each sandbox gets
 	// CgroupParent/<id>; "/"+Namespace when empty.
 	CgroupParent string
+	// Protected are host directories no mount may reach (see [Mount]):
+	// the daemon's state directory. StateDir is always protected.
+	Protected []string
 	// CRIU is the criu binary [Versions] and [CheckCRIU] run ("criu" from
 	// PATH when empty). runc finds its own CRIU on the daemon's PATH;
 	// [StartContainerd] makes the two agree.

@@ -34,6 +34,10 @@ var (
 	// whatever it had restored were killed, and nothing of the new sandbox
 	// is left behind.
 	ErrRestoreTimeout = errors.New("executor: restore deadline passed")
+	// ErrTooLarge is something a unit made that is over its limit: a rw
+	// layer over its budget. A checkpoint refused for it wraps
+	// ErrCheckpoint too, and leaves the task as it was.
+	ErrTooLarge = errors.New("executor: over a limit")
 	// ErrExited is a sandbox whose task has exited where it was expected
 	// to be alive.
 	ErrExited = errors.New("executor: the task has exited")

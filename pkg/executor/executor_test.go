@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -434,6 +435,111 @@ func TestWritableMount(t *testing.T) {
 	})
 	if l := last(ls); l.StartTime != atDump.StartTime || !l.FileOK {
 		t.Fatalf("after restore %+v, before %+v", l, atDump)
+	}
+}
+
+// mountOpts maps each mount point under target in process pid's mount
+// namespace to its per-mount options (mountinfo's sixth field).
+func mountOpts(t *testing.T, pid uint32, target string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 5 && (f[4] == target || strings.HasPrefix(f[4], target+"/")) {
+			out[f[4]] = f[5]
+		}
+	}
+	return out
+}
+
+// TestReadOnlyMountRecursive: a read-only grant is read-only, nosuid and
+// nodev down to the mounts below its source (a writable tmpfs here), in
+// the started sandbox and again in the restored one.
+func TestReadOnlyMountRecursive(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	host := t.TempDir()
+	sub := filepath.Join(host, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(sub, syscall.MNT_DETACH); err != nil {
+			t.Error(err)
+		}
+	})
+	out := outputs(t, "oracle")
+	spec := oracleSpec()
+	spec.Mounts = []executor.Mount{{Source: host, Target: "/grant"}}
+	const id = "ro-mount"
+	s := mustStart(t, id, spec, out)
+	check := func(when string, pid uint32) {
+		t.Helper()
+		got := mountOpts(t, pid, "/grant")
+		if len(got) != 2 {
+			t.Fatalf("%s: mounts under /grant %v, want /grant and /grant/sub", when, got)
+		}
+		for mp, opts := range got {
+			o := "," + opts + ","
+			if !strings.Contains(o, ",ro,") || !strings.Contains(o, ",nosuid,") || !strings.Contains(o, ",nodev,") {
+				t.Errorf("%s: %s mounted %s, want ro,nosuid,nodev", when, mp, opts)
+			}
+		}
+		t.Logf("%s: %v", when, got)
+	}
+	waitLines(t, out.Stdout, "a line", func(ls []line) bool { return len(ls) >= 1 })
+	check("started", s.Pid())
+	dir := t.TempDir()
+	cp := executor.Checkpoint{ImageDir: filepath.Join(dir, "images"), Rootfs: filepath.Join(dir, "rootfs.tar")}
+	if _, err := s.Checkpoint(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	atDump := last(output(t, out.Stdout))
+	s, _, err := client.Restore(ctx, id, spec, cp, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroy(t, s) })
+	waitLines(t, out.Stdout, "a line after the restore", func(ls []line) bool { return last(ls).Counter > atDump.Counter })
+	check("restored", s.Pid())
+}
+
+// TestMountSourceRefused: a mount whose source is, or resolves to, a path
+// no grant may have is refused before anything is made.
+func TestMountSourceRefused(t *testing.T) {
+	privileged(t)
+	dir := t.TempDir()
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink("/proc/self", link); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, src := range []string{"/", "/proc", "/dev/null", "/run", link, fifo, client.Config().StateDir, filepath.Dir(client.Config().StateDir), "/nonexistent-rr"} {
+		spec := oracleSpec()
+		spec.Mounts = []executor.Mount{{Source: src, Target: "/grant"}}
+		s, err := client.Start(context.Background(), "refused", spec, outputs(t, "refused"))
+		if err == nil {
+			destroy(t, s)
+		}
+		if !errors.Is(err, executor.ErrInvalid) {
+			t.Fatalf("mount of %s: %v, want ErrInvalid", src, err)
+		}
+	}
+	if ids, err := client.List(context.Background()); err != nil || slices.Contains(ids, "refused") {
+		t.Fatalf("a refused start left a container: %v %v", ids, err)
 	}
 }
 

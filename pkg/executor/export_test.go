@@ -30,5 +30,5 @@ func (c *Client) ApplyLayerForTest(ctx context.Context, key, layer string, mount
 // DiffServiceLayerForTest is the diff service's layer of the snapshot key
 // of snapshotter, copied durably to path: the rw layer's fallback.
 func (c *Client) DiffServiceLayerForTest(ctx context.Context, snapshotter, key, path string) (int64, error) {
-	return c.diffServiceLayer(c.ctx(ctx), snapshotter, key, path)
+	return c.diffServiceLayer(c.ctx(ctx), snapshotter, key, path, 1<<62)
 }

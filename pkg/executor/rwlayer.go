@@ -101,15 +101,16 @@ func writeOverlayDiff(ctx context.Context, mounts []mount.Mount, w io.Writer) er
 
 // writeOverlayDiffFile writes the layer of [writeOverlayDiff] to path
 // whole (temp file, rename; not synced: see [Checkpoint.Rootfs]) and
-// returns its size. On [errNoUpperDir] path is left untouched.
-func writeOverlayDiffFile(ctx context.Context, mounts []mount.Mount, path string) (int64, error) {
+// returns its size; past budget bytes it stops with [ErrTooLarge]. On an
+// error path is left untouched.
+func writeOverlayDiffFile(ctx context.Context, mounts []mount.Mount, path string, budget int64) (int64, error) {
 	pr, pw := io.Pipe()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		pw.CloseWithError(writeOverlayDiff(ctx, mounts, pw))
 	}()
-	n, err := writeFileWhole(path, pr, false)
+	n, err := writeFileWhole(path, budgeted(pr, budget), false)
 	// Unblocks the writer if the copy stopped early (a full disk).
 	pr.Close()
 	<-done
@@ -359,4 +360,80 @@ func getXattr(path, name string) ([]byte, error) {
 		}
 		return buf[:n], nil
 	}
+}
+
+// budgeted reads r and fails with [ErrTooLarge] at the first byte past
+// max.
+func budgeted(r io.Reader, max int64) io.Reader { return &budgetReader{r: r, left: max} }
+
+type budgetReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (b *budgetReader) Read(p []byte) (int, error) {
+	if int64(len(p)) > b.left+1 {
+		p = p[:b.left+1]
+	}
+	n, err := b.r.Read(p)
+	if int64(n) > b.left {
+		return 0, fmt.Errorf("%w: the rw layer goes past its budget", ErrTooLarge)
+	}
+	b.left -= int64(n)
+	return n, err
+}
+
+// layerBound is an upper bound of the size of the rw layer tar of a
+// snapshot with these mounts: for every entry of its upper directory (or
+// of the directory a bind mount shows, for a snapshot without parent) a
+// tar header and room for an extended one, and a regular file's size
+// rounded up to a block — its logical size: a sparse file goes into a
+// layer whole. Every entry the layer can hold is in the upper directory,
+// whichever way it is made. Past max it stops counting.
+func layerBound(ctx context.Context, mounts []mount.Mount, max int64) (int64, error) {
+	dir := ""
+	if len(mounts) == 1 {
+		switch m := mounts[0]; m.Type {
+		case "overlay":
+			for _, opt := range m.Options {
+				for _, opt := range strings.Split(opt, ",") {
+					if v, ok := strings.CutPrefix(opt, "upperdir="); ok {
+						dir = filepath.Clean(v)
+					}
+				}
+			}
+		case "bind":
+			dir = m.Source
+		}
+	}
+	if !filepath.IsAbs(dir) {
+		return 0, fmt.Errorf("rw layer: cannot measure a snapshot with mounts %s", describeMounts(mounts))
+	}
+	const header, block = 1024, 512
+	total := int64(2 * block) // the end-of-archive blocks
+	errOver := errors.New("over")
+	err := filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		total += header
+		if e.Type().IsRegular() {
+			fi, err := e.Info()
+			if err != nil {
+				return err
+			}
+			total += (fi.Size() + block - 1) / block * block
+		}
+		if total > max {
+			return errOver
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errOver) {
+		return 0, fmt.Errorf("rw layer: measuring %s: %w", dir, err)
+	}
+	return total, nil
 }

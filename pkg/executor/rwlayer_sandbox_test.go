@@ -450,7 +450,7 @@ func layers(t *testing.T, f *snapFixture, key string, mounts []mount.Mount, pare
 	// The caller's context as exportRootfs gets it: no lease of the test's.
 	ctx := client.NamespacedForTest(context.Background())
 	t0 := time.Now()
-	nf, err := executor.WriteOverlayDiffFile(ctx, mounts, fastTar)
+	nf, err := executor.WriteOverlayDiffFile(ctx, mounts, fastTar, 1<<62)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -767,7 +767,7 @@ func BenchmarkOverlayRwLayer(b *testing.B) {
 	dir := b.TempDir()
 	fast := func() time.Duration {
 		t0 := time.Now()
-		if _, err := executor.WriteOverlayDiffFile(ctx, mounts, filepath.Join(dir, "fast.tar")); err != nil {
+		if _, err := executor.WriteOverlayDiffFile(ctx, mounts, filepath.Join(dir, "fast.tar"), 1<<62); err != nil {
 			b.Fatal(err)
 		}
 		return time.Since(t0)

@@ -33,7 +33,7 @@ func wantNoUpperDir(t *testing.T, mounts []mount.Mount) {
 	}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rootfs.tar")
-	if _, err := writeOverlayDiffFile(context.Background(), mounts, path); !errors.Is(err, errNoUpperDir) {
+	if _, err := writeOverlayDiffFile(context.Background(), mounts, path, 1<<62); !errors.Is(err, errNoUpperDir) {
 		t.Fatalf("writeOverlayDiffFile: %v, want errNoUpperDir", err)
 	}
 	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 0 {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	v2 "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/containerd/api/types/runc/options"
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/identifiers"
@@ -44,23 +46,51 @@ type Spec struct {
 	// MilliCPU is the CPU limit in thousandths of a core, enforced as a CFS
 	// quota over a 100 ms period; 0 is unlimited, otherwise at least 10.
 	MilliCPU uint32
-	// MemoryBytes is the memory limit; 0 is unlimited.
+	// MemoryBytes is the memory limit; 0 is [DefaultMemoryBytes].
 	MemoryBytes uint64
+	// Pids caps the processes and threads of the sandbox (its cgroup's
+	// pids controller); 0 is unit.DefaultLimits.Pids.
+	Pids uint32
+	// LogBytes caps each of stdout and stderr: what the unit writes past
+	// it is discarded, after one line saying so (see [Output]); 0 is
+	// unit.DefaultLimits.LogBytes.
+	LogBytes uint64
+	// RootfsBytes caps the rw layer a checkpoint writes (see
+	// [Checkpoint.MaxRootfsBytes]); 0 is unit.DefaultLimits.SnapshotBytes.
+	RootfsBytes uint64
 	// Network is the sandbox's network: its own namespace either way, with
 	// loopback down ([unit.NoNetwork], also the zero value) or up
 	// ([unit.Loopback]), and MPTCP off (netns_linux.go).
 	Network unit.Network
-	// Mounts are bind mounts, mounted in order.
+	// Mounts are bind mounts, mounted in order. Their sources must pass
+	// the host-path policy (see [Mount]).
 	Mounts []Mount
 }
 
-// Mount is a bind mount of a host path into the sandbox.
+// DefaultMemoryBytes is a sandbox's memory limit when its spec (its grant
+// set) names none.
+const DefaultMemoryBytes = 1 << 30
+
+// Mount is a bind mount of a host path into the sandbox: recursive (the
+// mounts below the source come along), nosuid and nodev on every one of
+// them, and, unless Writable, read-only on every one of them too.
+//
+// The source must be a directory or a regular file once its symlinks are
+// resolved, and neither the host's root nor in /proc, /sys, /dev or /run
+// ([unit.CheckSource]); nor, unless Own, the executor's state directory
+// or a [Config.Protected] directory, something inside one, or a
+// directory holding one. Otherwise the sandbox is not made:
+// [ErrInvalid].
 type Mount struct {
 	Source string // absolute host path
 	Target string // absolute path in the sandbox
 	// Writable mounts read-write (a transcript directory); otherwise
 	// read-only.
 	Writable bool
+	// Own marks a mount the daemon makes for itself (the transcript
+	// channel, under its state directory), which may lie inside a
+	// protected directory; it is also noexec. Every other rule holds.
+	Own bool
 }
 
 // SpecOf is the sandbox spec of a unit run under grants.
@@ -74,6 +104,8 @@ func SpecOf(s unit.Spec, g unit.Grants) Spec {
 		MemoryBytes: g.MemoryBytes,
 		Network:     g.Network,
 	}
+	l := g.Limits.Or(unit.DefaultLimits)
+	out.Pids, out.LogBytes, out.RootfsBytes = l.Pids, l.LogBytes, l.SnapshotBytes
 	for _, m := range g.ReadOnly {
 		out.Mounts = append(out.Mounts, Mount{Source: m.Source, Target: m.Target})
 	}
@@ -100,6 +132,77 @@ func (s *Spec) validate() error {
 	return nil
 }
 
+// withDefaults is s with its zero limits at their defaults.
+func (s Spec) withDefaults() Spec {
+	if s.MemoryBytes == 0 {
+		s.MemoryBytes = DefaultMemoryBytes
+	}
+	if s.Pids == 0 {
+		s.Pids = unit.DefaultLimits.Pids
+	}
+	if s.LogBytes == 0 {
+		s.LogBytes = unit.DefaultLimits.LogBytes
+	}
+	if s.RootfsBytes == 0 {
+		s.RootfsBytes = unit.DefaultLimits.SnapshotBytes
+	}
+	return s
+}
+
+// checkSource applies the host-path policy (see [Mount]) to m's source.
+func (c *Client) checkSource(m Mount) error {
+	refuse := func(why string, args ...any) error {
+		return fmt.Errorf("%w: mount source %s: %s", ErrInvalid, m.Source, fmt.Sprintf(why, args...))
+	}
+	if err := unit.CheckSource(path.Clean(m.Source)); err != nil {
+		return refuse("%v", err)
+	}
+	real, err := filepath.EvalSymlinks(m.Source)
+	if err != nil {
+		return refuse("%v", err)
+	}
+	if err := unit.CheckSource(real); err != nil {
+		return refuse("resolves to %s: %v", real, err)
+	}
+	fi, err := os.Lstat(real)
+	if err != nil {
+		return refuse("%v", err)
+	}
+	if !fi.IsDir() && !fi.Mode().IsRegular() {
+		return refuse("resolves to %s, a %s: only directories and regular files are mounted", real, fileType(fi.Mode()))
+	}
+	if m.Own {
+		return nil
+	}
+	for _, p := range append([]string{c.cfg.StateDir}, c.cfg.Protected...) {
+		if rp, err := filepath.EvalSymlinks(p); err == nil {
+			p = rp
+		}
+		if within(real, p) || within(p, real) {
+			return refuse("resolves to %s, which is, holds or lies in the protected %s", real, p)
+		}
+	}
+	return nil
+}
+
+// within says whether path p is dir or lies under it (both clean and
+// absolute).
+func within(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
+}
+
+func fileType(m os.FileMode) string {
+	switch {
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&os.ModeDevice != 0:
+		return "device"
+	}
+	return "special file"
+}
+
 // Output names the files a sandbox's stdout and stderr are appended to;
 // an empty name discards that stream. The executor copies each stream from
 // containerd's FIFO into its file, so a reader sees output as it is written.
@@ -113,6 +216,10 @@ type Output struct {
 const (
 	labelStdout = "runrecordd.stdout"
 	labelStderr = "runrecordd.stderr"
+	// labelLogBytes and labelRootfsBytes keep the spec's LogBytes and
+	// RootfsBytes (decimal).
+	labelLogBytes    = "runrecordd.log-bytes"
+	labelRootfsBytes = "runrecordd.rootfs-bytes"
 )
 
 // Sandbox is one container with its task.
@@ -124,6 +231,11 @@ type Sandbox struct {
 	mu    sync.Mutex // serialises Destroy and guards files
 	task  containerd.Task
 	files []*os.File
+	out   [2]*capped // stdout, stderr; nil for a discarded stream
+
+	// logBytes and rootfsBytes are the spec's limits (from the labels
+	// after a Load).
+	logBytes, rootfsBytes uint64
 
 	exited chan struct{}         // closed once the task's process has exited
 	status containerd.ExitStatus // the exit, readable after exited closes
@@ -172,6 +284,12 @@ func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, r
 	}
 	if err := spec.validate(); err != nil {
 		return nil, err
+	}
+	spec = spec.withDefaults()
+	for _, m := range spec.Mounts {
+		if err := c.checkSource(m); err != nil {
+			return nil, err
+		}
 	}
 	img, err := c.client.GetImage(ctx, spec.Image)
 	if err != nil {
@@ -247,12 +365,16 @@ func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, r
 		snapshot,
 		containerd.WithRuntime(Runtime, &options.Options{Root: c.cfg.RuncRoot}),
 		containerd.WithNewSpec(c.specOpts(img, id, spec)...),
-		containerd.WithContainerLabels(map[string]string{labelStdout: out.Stdout, labelStderr: out.Stderr}),
+		containerd.WithContainerLabels(map[string]string{
+			labelStdout: out.Stdout, labelStderr: out.Stderr,
+			labelLogBytes:    strconv.FormatUint(spec.LogBytes, 10),
+			labelRootfsBytes: strconv.FormatUint(spec.RootfsBytes, 10),
+		}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("container: %w", err)
 	}
-	s := &Sandbox{c: c, id: id, cont: cont}
+	s := &Sandbox{c: c, id: id, cont: cont, logBytes: spec.LogBytes, rootfsBytes: spec.RootfsBytes}
 	defer func() {
 		if retErr != nil {
 			if err := s.destroy(context.WithoutCancel(ctx)); err != nil {
@@ -342,31 +464,48 @@ func (c *Client) specOpts(img containerd.Image, id string, spec Spec) []oci.Spec
 		const period = 100_000 // µs
 		opts = append(opts, oci.WithCPUCFS(int64(spec.MilliCPU)*period/1000, period))
 	}
-	if spec.MemoryBytes > 0 {
-		opts = append(opts, oci.WithMemoryLimit(spec.MemoryBytes))
-	}
+	// spec has its defaults (withDefaults): never unlimited.
+	opts = append(opts, oci.WithMemoryLimit(spec.MemoryBytes), oci.WithPidsLimit(int64(spec.Pids)))
 	if len(spec.Mounts) > 0 {
 		var ms []specs.Mount
 		for _, m := range spec.Mounts {
-			mode := "ro"
-			if m.Writable {
-				mode = "rw"
-			}
 			ms = append(ms, specs.Mount{
 				Destination: m.Target,
 				Type:        "bind",
 				Source:      m.Source,
-				Options:     []string{"rbind", mode, "nosuid", "nodev"},
+				Options:     mountOptions(m),
 			})
 		}
 		opts = append(opts, oci.WithMounts(ms))
 	}
+	// After the capabilities (containerd's default set, from
+	// WithNewSpec), which the profile follows: it allows what they
+	// allow. no_new_privs is containerd's default too; said here so
+	// that it stays.
+	return append(opts, oci.WithNoNewPrivileges, seccomp.WithDefaultProfile())
+}
+
+// mountOptions are the OCI options of a bind mount. "ro" alone makes only
+// the top mount read-only: a mount below the source (rbind brings them
+// along) would stay writable. runc (1.1 and later) applies the r* options
+// with mount_setattr(AT_RECURSIVE) to the whole tree.
+func mountOptions(m Mount) []string {
+	opts := []string{"rbind", "nosuid", "nodev", "rnosuid", "rnodev"}
+	if m.Writable {
+		opts = append(opts, "rw")
+	} else {
+		opts = append(opts, "ro", "rro")
+	}
+	if m.Own {
+		opts = append(opts, "noexec", "rnoexec")
+	}
 	return opts
 }
 
-// openOutput opens the output files for appending.
+// openOutput opens the output files for appending, each capped at
+// s.logBytes (see capped).
 func (s *Sandbox) openOutput(out Output) (io.Writer, io.Writer, error) {
-	open := func(name string) (io.Writer, error) {
+	open := func(i int, stream, name string) (io.Writer, error) {
 		if name == "" {
 			return io.Discard, nil
 		}
@@ -375,17 +514,34 @@ func (s *Sandbox) openOutput(out Output) (io.Writer, io.Writer, error) {
 			return nil, fmt.Errorf("output: %w", err)
 		}
 		s.files = append(s.files, f)
-		return f, nil
+		w, err := newCapped(f, stream, int64(min(s.logBytes, 1<<62)), s.c.log.With("sandbox", s.id))
+		if err != nil {
+			return nil, fmt.Errorf("output: %w", err)
+		}
+		s.out[i] = w
+		return w, nil
 	}
-	stdout, err := open(out.Stdout)
+	stdout, err := open(0, "stdout", out.Stdout)
 	if err != nil {
 		return nil, nil, err
 	}
-	stderr, err := open(out.Stderr)
+	stderr, err := open(1, "stderr", out.Stderr)
 	if err != nil {
 		return nil, nil, err
 	}
 	return stdout, stderr, nil
+}
+
+// Omitted is how many bytes of the unit's stdout and stderr this process
+// has discarded since it attached, past the spec's LogBytes.
+func (s *Sandbox) Omitted() (stdout, stderr uint64) {
+	if w := s.out[0]; w != nil {
+		stdout = w.omitted.Load()
+	}
+	if w := s.out[1]; w != nil {
+		stderr = w.omitted.Load()
+	}
+	return stdout, stderr
 }
 
 // Load finds sandbox id, left running by an earlier process, and reattaches
@@ -403,7 +559,9 @@ func (c *Client) Load(ctx context.Context, id string) (*Sandbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("executor: load %s: %w", id, err)
 	}
-	s := &Sandbox{c: c, id: id, cont: cont}
+	s := &Sandbox{c: c, id: id, cont: cont,
+		logBytes:    labelUint(labels, labelLogBytes, unit.DefaultLimits.LogBytes),
+		rootfsBytes: labelUint(labels, labelRootfsBytes, unit.DefaultLimits.SnapshotBytes)}
 	stdout, stderr, err := s.openOutput(Output{Stdout: labels[labelStdout], Stderr: labels[labelStderr]})
 	if err != nil {
 		s.closeFiles()
@@ -425,6 +583,16 @@ func (c *Client) Load(ctx context.Context, id string) (*Sandbox, error) {
 	s.task = task
 	s.watch(exit)
 	return s, nil
+}
+
+// labelUint is the decimal label key, or def when it is absent or not a
+// positive number (a sandbox made before the label existed).
+func labelUint(labels map[string]string, key string, def uint64) uint64 {
+	v, err := strconv.ParseUint(labels[key], 10, 64)
+	if err != nil || v == 0 {
+		return def
+	}
+	return v
 }
 
 // List returns the ids of the sandboxes in the namespace.

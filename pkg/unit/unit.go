@@ -180,7 +180,7 @@ type Mount struct {
 // Grants is what a unit may use.
 type Grants struct {
 	MilliCPU    uint32  `json:"milli_cpu"`    // CPU limit in thousandths of a core; 0 = unlimited
-	MemoryBytes uint64  `json:"memory_bytes"` // memory limit; 0 = unlimited
+	MemoryBytes uint64  `json:"memory_bytes"` // memory limit; 0 = the daemon's default (docs/limits.md)
 	Network     Network `json:"network"`
 	ReadOnly    []Mount `json:"read_only"` // read-only bind mounts
 	Limits      Limits  `json:"limits"`    // caps; a zero field takes the daemon's default
@@ -284,6 +284,36 @@ func (g *Grants) Validate() error {
 	for _, m := range g.ReadOnly {
 		if !path.IsAbs(m.Source) || !path.IsAbs(m.Target) || path.Clean(m.Target) != m.Target || m.Target == "/" {
 			return fmt.Errorf("%w: mount %s:%s: paths must be absolute and clean, and not /", ErrInvalid, m.Source, m.Target)
+		}
+		if err := CheckSource(m.Source); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// forbiddenSources are the host trees no grant may mount, nor any path in
+// them: the kernel's interfaces (/proc reaches every process's root, /sys
+// and /dev the hardware) and /run, where the host's daemons keep their
+// sockets.
+var forbiddenSources = []string{"/proc", "/sys", "/dev", "/run"}
+
+// CheckSource reports whether a read-only mount may have host path p as
+// its source, by the path alone: absolute and clean, not the host's root,
+// and not in a forbidden tree (/proc, /sys, /dev, /run). The executor
+// checks the path again once it has resolved its symlinks, and also
+// refuses the daemon's state directory, a directory holding it, and
+// anything that is not a directory or a regular file (docs/trust.md).
+func CheckSource(p string) error {
+	if !path.IsAbs(p) || path.Clean(p) != p {
+		return fmt.Errorf("%w: mount source %s: not an absolute clean path", ErrInvalid, p)
+	}
+	if p == "/" {
+		return fmt.Errorf("%w: mount source /: the host's root is never granted", ErrInvalid)
+	}
+	for _, f := range forbiddenSources {
+		if p == f || strings.HasPrefix(p, f+"/") {
+			return fmt.Errorf("%w: mount source %s: nothing under %s is ever granted", ErrInvalid, p, f)
 		}
 	}
 	return nil

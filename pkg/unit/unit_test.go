@@ -82,6 +82,13 @@ func TestInvalid(t *testing.T) {
 		"relative":     {Network: NoNetwork, ReadOnly: []Mount{{"data", "/in"}}},
 		"onto root":    {Network: NoNetwork, ReadOnly: []Mount{{"/data", "/"}}},
 		"unclean path": {Network: NoNetwork, ReadOnly: []Mount{{"/data", "/in/../etc"}}},
+		"unclean src":  {Network: NoNetwork, ReadOnly: []Mount{{"/data/../proc", "/in"}}},
+		"host root":    {Network: NoNetwork, ReadOnly: []Mount{{"/", "/host"}}},
+		"proc":         {Network: NoNetwork, ReadOnly: []Mount{{"/proc", "/in"}}},
+		"proc root":    {Network: NoNetwork, ReadOnly: []Mount{{"/proc/1/root", "/in"}}},
+		"sys":          {Network: NoNetwork, ReadOnly: []Mount{{"/sys/fs", "/in"}}},
+		"dev":          {Network: NoNetwork, ReadOnly: []Mount{{"/dev", "/in"}}},
+		"run":          {Network: NoNetwork, ReadOnly: []Mount{{"/run/containerd", "/in"}}},
 	} {
 		if _, err := g.ID(); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: %v", name, err)
