@@ -29,6 +29,10 @@ type live struct {
 	out    executor.Output
 	outOff int64 // stdout and stderr sizes when the interval began
 	errOff int64
+	// discarded is what the sandbox had discarded of stdout and stderr
+	// (past limits.log_bytes) when the interval began, as this daemon
+	// process counts it.
+	discarded [2]uint64
 	events attest.Journal // lifecycle entries of this interval so far
 	// stopping is set, under the run's lock, before the daemon destroys
 	// the sandbox on purpose, so that the exit watcher leaves it alone.
@@ -82,6 +86,7 @@ func (d *Daemon) begin(id string, sb *executor.Sandbox, spec unit.Spec, grants u
 		d.log.Warn("interval not metered from its start", "run", id, "err", err)
 	}
 	lv.events.Add(attest.Lifecycle, nowNS(), []byte(event))
+	lv.discarded[0], lv.discarded[1] = sb.Omitted()
 	return lv
 }
 
@@ -228,6 +233,15 @@ func (d *Daemon) end(ctx context.Context, id string, lv *live, outcome attest.Ou
 	}
 	if err := appendOutput(&j, attest.Stderr, lv.out.Stderr, lv.errOff); err != nil {
 		return evidence{}, fmt.Errorf("journal: %w", err)
+	}
+	// Output the unit wrote past its log limit was discarded, not kept:
+	// the journal says how much, so the omission is on the record.
+	if lv.sb != nil {
+		out, errs := lv.sb.Omitted()
+		if out > lv.discarded[0] || errs > lv.discarded[1] {
+			j.Add(attest.Lifecycle, endNS, fmt.Appendf(nil, `output-discarded {"stdout_bytes":%d,"stderr_bytes":%d,"limit_bytes":%d}`,
+				out-min(out, lv.discarded[0]), errs-min(errs, lv.discarded[1]), lv.grants.Limits.Or(unit.DefaultLimits).LogBytes))
+		}
 	}
 	j.Entries = append(j.Entries, extra...)
 	rcb, err := rc.Canonical()

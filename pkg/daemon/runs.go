@@ -314,10 +314,11 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		if err != nil {
 			return api.Park{}, err
 		}
-		if err := d.roomForPark(id, lv.grants, mem, raw.Segments); err != nil {
+		room, err := d.roomForPark(id, lv.grants, mem, raw.Segments)
+		if err != nil {
 			return api.Park{}, fmt.Errorf("park %s: %w", id, err)
 		}
-		res, err := park.Image(ctx, d.st, lv.sb, d.criuDeadline(mem))
+		res, err := park.Image(ctx, d.st, lv.sb, d.criuDeadline(mem), room)
 		if err != nil {
 			return api.Park{}, fmt.Errorf("park %s: %w", id, err)
 		}

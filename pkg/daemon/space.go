@@ -28,12 +28,13 @@ const parkMargin = 16 << 20
 // roomForPark checks, before an image park of run id whose unit uses mem
 // bytes of memory, that the store's filesystem keeps MinFree after the
 // dump, and that the run's snapshots, this one included, stay within its
-// quota.
-func (d *Daemon) roomForPark(id string, grants unit.Grants, mem uint64, segs []record.Segment) error {
+// quota. It returns the room left beyond the memory image: the budget of
+// the park's rw layer.
+func (d *Daemon) roomForPark(id string, grants unit.Grants, mem uint64, segs []record.Segment) (int64, error) {
 	need := mem + parkMargin
 	var fs unix.Statfs_t
 	if err := unix.Statfs(d.st.Dir(), &fs); err != nil {
-		return fmt.Errorf("store filesystem: %w", err)
+		return 0, fmt.Errorf("store filesystem: %w", err)
 	}
 	free := fs.Bavail * uint64(fs.Bsize)
 	minFree := d.cfg.MinFree
@@ -41,7 +42,7 @@ func (d *Daemon) roomForPark(id string, grants unit.Grants, mem uint64, segs []r
 		minFree = DefaultMinFree
 	}
 	if free < need || free-need < minFree {
-		return fmt.Errorf("run %s: %w: the store's filesystem has %d bytes free; a park of this unit writes about %d and must leave %d (--min-free)",
+		return 0, fmt.Errorf("run %s: %w: the store's filesystem has %d bytes free; a park of this unit writes about %d and must leave %d (--min-free)",
 			id, ErrNoSpace, free, need, minFree)
 	}
 	quota := grants.Limits.Or(unit.DefaultLimits).SnapshotBytes
@@ -54,13 +55,14 @@ func (d *Daemon) roomForPark(id string, grants unit.Grants, mem uint64, segs []r
 		seen[*s.Snapshot.Root] = true
 		n, err := park.Retained(d.st, s.Snapshot)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		used += uint64(n)
 	}
 	if used+need > quota {
-		return fmt.Errorf("run %s: %w: its snapshots hold %d bytes, this park would add about %d, and its snapshot quota is %d bytes (limits.snapshot_bytes)",
+		return 0, fmt.Errorf("run %s: %w: its snapshots hold %d bytes, this park would add about %d, and its snapshot quota is %d bytes (limits.snapshot_bytes)",
 			id, ErrNoSpace, used, need, quota)
 	}
-	return nil
+	room := min(quota-used-need, free-need-minFree) + parkMargin
+	return int64(min(room, 1<<62)), nil
 }

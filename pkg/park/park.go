@@ -79,8 +79,10 @@ type Result struct {
 // its task frozen, and ingests the CRIU images and the rw layer as directory
 // objects. CRIU's dump runs under deadline (0: none). On error the task is
 // settled (running as it was) and nothing of the park remains but
-// collectable objects.
-func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.Duration) (Result, error) {
+// collectable objects. maxRootfs, when positive, lowers the rw layer's
+// budget (executor.Checkpoint.MaxRootfsBytes): what is left of the run's
+// snapshot quota and of the store's free space.
+func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.Duration, maxRootfs int64) (Result, error) {
 	var res Result
 	mem, err := st.StagingDir("criu")
 	if err != nil {
@@ -94,7 +96,7 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.
 	defer os.RemoveAll(root)
 	images := filepath.Join(mem, "images")
 	fl := follow(ctx, images)
-	res.Stats, err = sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: images, Rootfs: filepath.Join(root, RootfsName), Keep: true, Deadline: deadline})
+	res.Stats, err = sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: images, Rootfs: filepath.Join(root, RootfsName), Keep: true, Deadline: deadline, MaxRootfsBytes: maxRootfs})
 	if err != nil {
 		fl.stop()
 		// The executor settles the task after any failure of its own;

@@ -273,6 +273,20 @@ func testLogFlood(t *testing.T, d *daemon) {
 		t.Fatalf("stderr (%d bytes) does not end with the note %q: ends %q", len(b), note, tail)
 	}
 	stillServing(t, d, id, "executing")
+	// The interval's journal says how much was discarded.
+	if _, err := d.c.Close(context.Background(), id, "e2e: log flood"); err != nil {
+		t.Fatal(err)
+	}
+	s := mustShow(t, d, id)
+	var discarded struct {
+		Stdout uint64 `json:"stdout_bytes"`
+		Stderr uint64 `json:"stderr_bytes"`
+		Limit  uint64 `json:"limit_bytes"`
+	}
+	_, j := d.journal(t, s.Segments[0])
+	if !lifecycleEntry(j, "output-discarded", &discarded) || discarded.Stderr < 2<<20 || discarded.Limit != capBytes {
+		t.Fatalf("the interval's journal does not record the discarded stderr: %+v", discarded)
+	}
 }
 
 // testPrivileges: the unit runs under the default seccomp profile, with
