@@ -479,21 +479,22 @@ func dirOf(p string) string {
 func cmdImport(args []string, stdout io.Writer) error {
 	v := newVerb("import")
 	id := v.fs.String("id", "", "store the run under this id (default: the bundle's)")
+	reclaim := v.fs.Bool("reclaim", false, "take back a run this host handed off with the very bundle it exported (you vouch that no other host resumed from it)")
 	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
 		if len(pos) != 1 {
-			return usagef("usage: runrecordd import [--id ID] BUNDLE (- reads standard input)")
+			return usagef("usage: runrecordd import [--id ID] [--reclaim] BUNDLE (- reads standard input)")
 		}
 		r, err := openInput(pos[0])
 		if err != nil {
 			return err
 		}
 		defer r.Close()
-		im, err := c.Import(cx, r, *id)
+		im, err := c.ImportWith(cx, r, *id, *reclaim)
 		if err != nil {
 			return err
 		}
 		return v.cf.print(stdout, im, func(w io.Writer) {
-			fmt.Fprintf(w, "imported %s: %d objects, %s, verified from genesis\n", im.Run.ID, im.Objects, bytesString(im.Bytes))
+			fmt.Fprintf(w, "imported %s: %d objects, %s, verified from genesis\n", printable(im.Run.ID), im.Objects, bytesString(im.Bytes))
 			runTable(w, []api.Run{im.Run})
 		})
 	})

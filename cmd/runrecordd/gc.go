@@ -13,17 +13,21 @@ import (
 func cmdGC(args []string, stdout io.Writer) error {
 	v := newVerb("gc")
 	retention := v.fs.Duration("retention", 0, "release the image snapshots of runs closed longer ago than this (default: the daemon's --snapshot-retention; 0s releases every unpinned closed run's)")
+	grace := v.fs.Duration("grace", 0, "remove objects no record reaches once older than this (default 1h; shorter can remove what a park or import in flight is about to name)")
 	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
 		if len(pos) != 0 {
-			return usagef("usage: runrecordd gc [--retention DURATION]")
+			return usagef("usage: runrecordd gc [--retention DURATION] [--grace DURATION]")
 		}
-		var keep *time.Duration
+		var keep, g *time.Duration
 		v.fs.Visit(func(f *flag.Flag) {
-			if f.Name == "retention" {
+			switch f.Name {
+			case "retention":
 				keep = retention
+			case "grace":
+				g = grace
 			}
 		})
-		out, err := c.GC(cx, keep)
+		out, err := c.GC(cx, keep, g)
 		if err != nil {
 			return err
 		}

@@ -88,10 +88,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		case errors.As(err, &ue) && ue.printed:
 			return 2
 		}
-		fmt.Fprintf(stderr, "runrecordd %s: %v\n", c.name, err)
+		// An error can quote what a unit or a bundle wrote.
+		fmt.Fprintf(stderr, "runrecordd %s: %s\n", c.name, printableText(err.Error()))
 		var ae *api.Error
 		if errors.As(err, &ae) && len(ae.Keys) > 0 {
-			fmt.Fprintf(stderr, "differing keys: %s\n", strings.Join(ae.Keys, ", "))
+			fmt.Fprintf(stderr, "differing keys: %s\n", printable(strings.Join(ae.Keys, ", ")))
 		}
 		return exitCode(err)
 	}

@@ -13,10 +13,19 @@ import (
 // every byte that is not UTF-8 is written as an escape. Call ids, call
 // kinds, payloads and close reasons come from units and bundles, and an
 // escape sequence in one must not reach the terminal as one.
-func printable(s string) string {
+func printable(s string) string { return escape(s, false) }
+
+// printableText is printable for a message of several lines (an error with
+// a log's tail): newlines and tabs are kept, every other control escaped.
+func printableText(s string) string { return escape(s, true) }
+
+func escape(s string, lines bool) string {
+	plain := func(r rune) bool {
+		return r == ' ' || unicode.IsGraphic(r) || lines && (r == '\n' || r == '\t')
+	}
 	clean := true
 	for _, r := range s {
-		if r == utf8.RuneError || r != ' ' && !unicode.IsGraphic(r) {
+		if r == utf8.RuneError || !plain(r) {
 			clean = false
 			break
 		}
@@ -32,7 +41,7 @@ func printable(s string) string {
 			fmt.Fprintf(&b, `\x%02x`, s[i])
 		case r == '\\':
 			b.WriteString(`\\`)
-		case r == ' ' || unicode.IsGraphic(r):
+		case plain(r):
 			b.WriteRune(r)
 		case r < 0x10000:
 			fmt.Fprintf(&b, `\u%04x`, r)

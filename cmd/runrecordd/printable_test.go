@@ -17,4 +17,7 @@ func TestPrintable(t *testing.T) {
 			t.Errorf("printable(%q) = %q, want %q", in, got, want)
 		}
 	}
+	if got, want := printableText("line 1\n\tline 2\x1b[2J\r"), "line 1\n\tline 2\\u001b[2J\\u000d"; got != want {
+		t.Errorf("printableText = %q, want %q", got, want)
+	}
 }

@@ -253,6 +253,9 @@ type GC struct {
 // daemon's retention time for this collection (negative: release nothing).
 type GCRequest struct {
 	RetentionNS *int64 `json:"retention_ns,omitempty"`
+	// GraceNS, when set, replaces the hour an object no record reaches is
+	// kept (it may be about to be named by a park or an import in flight).
+	GraceNS *int64 `json:"grace_ns,omitempty"`
 }
 
 // CloseRequest closes a run.

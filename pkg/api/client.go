@@ -159,11 +159,15 @@ func (c *Client) Close(ctx context.Context, id, reason string) (Run, error) {
 // GC collects the daemon's store: it releases the image snapshots of
 // closed runs past the retention time (retention when not nil), then
 // removes what no record reaches.
-func (c *Client) GC(ctx context.Context, retention *time.Duration) (GC, error) {
+func (c *Client) GC(ctx context.Context, retention, grace *time.Duration) (GC, error) {
 	var req GCRequest
 	if retention != nil {
 		ns := int64(*retention)
 		req.RetentionNS = &ns
+	}
+	if grace != nil {
+		ns := int64(*grace)
+		req.GraceNS = &ns
 	}
 	var out GC
 	err := c.Do(ctx, http.MethodPost, "/v1/gc", req, &out)
@@ -204,8 +208,19 @@ func (c *Client) ExportCopy(ctx context.Context, id string, w io.Writer) error {
 // Import imports a bundle read from r, as run id (the bundle's own id
 // when empty).
 func (c *Client) Import(ctx context.Context, r io.Reader, id string) (Import, error) {
+	return c.ImportWith(ctx, r, id, false)
+}
+
+// ImportWith is Import; with reclaim, the very bundle this host exported
+// takes a handed-off run back (the caller vouches that no other host
+// resumed from it).
+func (c *Client) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (Import, error) {
 	var im Import
-	err := c.Do(ctx, http.MethodPost, "/v1/import?id="+url.QueryEscape(id), r, &im)
+	q := "/v1/import?id=" + url.QueryEscape(id)
+	if reclaim {
+		q += "&reclaim=true"
+	}
+	err := c.Do(ctx, http.MethodPost, q, r, &im)
 	return im, err
 }
 

@@ -129,33 +129,55 @@ func (d *Daemon) Export(ctx context.Context, id string, w io.Writer, handoff boo
 	if err == nil {
 		rec, err = d.st.Record(id)
 	}
+	var held store.Handoff
 	var wasOff bool
-	if err == nil && handoff {
-		if _, wasOff, err = d.st.HandedOff(id); err == nil && !wasOff {
-			err = d.st.HandOff(id, rec.Head())
+	if err == nil {
+		held, wasOff, err = d.st.HandedOff(id)
+	}
+	// A copy held here is exported as a copy, whatever was asked: this
+	// host never had the run to hand off.
+	copyOnly := !handoff || wasOff && held.Copy
+	if err == nil && !copyOnly && !wasOff {
+		if err = d.st.HandOff(id, rec.Head()); err == nil {
+			r.handedOff, r.exportedOnce = true, false
 		}
+	}
+	if err == nil {
+		r.exporting++
 	}
 	r.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	if handoff && !wasOff {
-		defer func() {
-			if err == nil {
+	defer func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.exporting--
+		if copyOnly {
+			return
+		}
+		if err == nil {
+			r.exportedOnce = true
+			if !wasOff {
 				d.log.Info("run handed off", "run", id, "head", rec.Head())
 				d.publish(api.Event{Kind: "run.handed_off", Run: id})
+			}
+			return
+		}
+		if r.handedOff && r.exporting == 0 && !r.exportedOnce {
+			if rerr := d.st.Reclaim(id, rec.Head()); rerr != nil {
+				d.log.Error("export failed and its handoff could not be taken back", "run", id, "err", rerr)
 				return
 			}
-			if rerr := d.st.Reclaim(id); rerr != nil {
-				d.log.Error("export failed and its handoff could not be taken back", "run", id, "err", rerr)
-			}
-		}()
-	}
+			r.handedOff = false
+			d.log.Warn("export failed before its bundle was whole: the handoff is taken back", "run", id, "err", err)
+		}
+	}()
 	objs, err := d.objectsOf(rec, true)
 	if err != nil {
 		return err
 	}
-	h := bundleHeader{Format: BundleFormat, Run: id, Objects: len(objs), Copy: !handoff}
+	h := bundleHeader{Format: BundleFormat, Run: id, Objects: len(objs), Copy: copyOnly}
 	sizes := make([]int64, len(objs))
 	for i, a := range objs {
 		if sizes[i], err = d.st.Size(a); err != nil {
@@ -207,6 +229,13 @@ func writeMember(tw *tar.Writer, name string, b []byte) error {
 // store and the record stored. A refused bundle leaves the store as it was
 // (its staged files are removed).
 func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import, error) {
+	return d.ImportWith(ctx, r, id, false)
+}
+
+// ImportWith is Import; with reclaim, a bundle of a run this host handed
+// off that adds nothing to it (the very bundle exported) takes the run
+// back: the operator's word that no other host resumed from it.
+func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (api.Import, error) {
 	tr := tar.NewReader(r)
 	var h bundleHeader
 	if err := readJSONMember(tr, "bundle.json", &h); err != nil {
@@ -233,6 +262,11 @@ func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import
 	if err != nil {
 		return api.Import{}, fmt.Errorf("bundle of %s: %w", h.Run, err)
 	}
+	// An export writes only parked runs: a bundle of an executing or
+	// closed run is not one (it would arrive lost, or closable here).
+	if rec.Phase() != record.Parked {
+		return api.Import{}, fmt.Errorf("%w: the bundle's run is %s; a bundle carries a parked run", ErrBundle, rec.Phase())
+	}
 	rl := d.lock(id)
 	defer rl.mu.Unlock()
 	// One timeline per run: a bundle of a run held here is taken only over
@@ -240,10 +274,9 @@ func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import
 	// record extends the one held (checked again as it is stored).
 	extend := false
 	if _, err := d.st.Run(id); err == nil {
-		if _, off, err := d.st.HandedOff(id); err != nil {
+		// Judged before anything is staged or adopted.
+		if err := d.st.CheckExtend(id, rec, reclaim); err != nil {
 			return api.Import{}, err
-		} else if !off {
-			return api.Import{}, fmt.Errorf("run %s: %w", id, store.ErrRunExists)
 		}
 		extend = true
 	} else if held, ok, err := d.st.RunOfGenesis(rec.Genesis()); err != nil {
@@ -360,17 +393,15 @@ func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import
 			return api.Import{}, err
 		}
 	}
+	// A copy is held as one in the same transaction that stores it. The
+	// header's copy flag is not signed: it can only make a bundle less
+	// than it is (a copy of a handoff), never more.
 	if extend {
-		if _, err := d.st.Extend(id, rec); err != nil {
+		if _, err := d.st.Extend(id, rec, h.Copy, reclaim); err != nil {
 			return api.Import{}, err
 		}
-	} else if err := d.st.Import(id, rec); err != nil {
+	} else if err := d.st.ImportAs(id, rec, h.Copy); err != nil {
 		return api.Import{}, err
-	}
-	if h.Copy && rec.Phase() == record.Parked {
-		if err := d.st.HandOff(id, rec.Head()); err != nil {
-			return api.Import{}, err
-		}
 	}
 	sum, err := d.summary(id, rl)
 	if err != nil {
@@ -428,12 +459,15 @@ func stageObject(ctx context.Context, r io.Reader, p string) (record.Address, in
 // notHandedOff refuses an operation on a run an export handed to another
 // host ([store.ErrHandedOff]).
 func (d *Daemon) notHandedOff(id string) error {
-	head, off, err := d.st.HandedOff(id)
+	h, off, err := d.st.HandedOff(id)
 	if err != nil {
 		return err
 	}
-	if off {
-		return fmt.Errorf("run %s: %w at %s: it runs there now; import a bundle of it from that host to take it back", id, store.ErrHandedOff, head)
+	switch {
+	case off && h.Copy:
+		return fmt.Errorf("run %s: %w: this host holds a copy (at %s), exported without a handoff; the run lives where it came from", id, store.ErrHandedOff, h.Head)
+	case off:
+		return fmt.Errorf("run %s: %w at %s: it runs there now; import a bundle of it from that host to take it back", id, store.ErrHandedOff, h.Head)
 	}
 	return nil
 }

@@ -54,7 +54,7 @@ func (d *Daemon) startGC() {
 				return
 			case <-t.C:
 			}
-			if _, err := d.GC(d.bgCtx, nil); err != nil && d.bgCtx.Err() == nil {
+			if _, err := d.GC(d.bgCtx, nil, nil); err != nil && d.bgCtx.Err() == nil {
 				d.log.Error("periodic gc", "err", err)
 			}
 			t.Reset(every)
@@ -65,8 +65,9 @@ func (d *Daemon) startGC() {
 // GC releases the image snapshots of every closed run past the retention
 // time (retention, or the daemon's when nil; negative releases none) that
 // is not pinned, then removes every object no record reaches that is older
-// than the grace period.
-func (d *Daemon) GC(ctx context.Context, retention *time.Duration) (api.GC, error) {
+// than the grace period (grace, or an hour when nil). A grace shorter than
+// the longest park or import can remove objects one is about to name.
+func (d *Daemon) GC(ctx context.Context, retention, grace *time.Duration) (api.GC, error) {
 	keep := d.retention()
 	if retention != nil {
 		keep = *retention
@@ -79,13 +80,19 @@ func (d *Daemon) GC(ctx context.Context, retention *time.Duration) (api.GC, erro
 		}
 		for _, id := range expired {
 			if err := d.st.Release(id); err != nil {
-				return out, err
+				// Pinned since Expired listed it, say: the others go on.
+				d.log.Info("gc: a closed run's snapshots kept", "run", id, "why", err)
+				continue
 			}
 			out.Released = append(out.Released, id)
 			d.log.Info("gc: released the image snapshots of a closed run", "run", id, "retention", keep)
 		}
 	}
-	st, err := d.st.GC(ctx, gcGrace)
+	g := gcGrace
+	if grace != nil {
+		g = max(*grace, 0)
+	}
+	st, err := d.st.GC(ctx, g)
 	if err != nil {
 		return out, err
 	}

@@ -635,7 +635,10 @@ func (d *Daemon) parkedFor(id string, segs []record.Segment) (time.Duration, err
 		if err != nil {
 			return 0, err
 		}
-		if ret.Imported.After(since) {
+		// The interval ended on another host (the run arrived in a
+		// bundle after it): this host has held the park since the
+		// bundle came, whatever that host's clock said.
+		if !ret.Imported.IsZero() && i < ret.ImportedLen {
 			since = ret.Imported
 		}
 		return max(time.Since(since), time.Nanosecond), nil
@@ -724,7 +727,8 @@ func (d *Daemon) summary(id string, r *run) (api.Run, error) {
 	if spec, _, err := d.unitOf(st); err == nil {
 		out.Image, out.Mode = spec.Image, spec.Mode.String()
 	}
-	if _, off, err := d.st.HandedOff(id); err == nil && off {
+	held, off, err := d.st.HandedOff(id)
+	if err == nil && off {
 		out.HandedOff = true
 	}
 	if ret, err := d.st.RetentionOf(id); err == nil {
@@ -733,6 +737,8 @@ func (d *Daemon) summary(id string, r *run) (api.Run, error) {
 	switch {
 	case st.Phase == record.Ended:
 		out.Status = "closed"
+	case out.HandedOff && held.Copy:
+		out.Status = "copy"
 	case out.HandedOff:
 		out.Status = "handed off"
 	case st.Phase == record.Parked && st.Parked.IsTranscript():

@@ -111,7 +111,7 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 		}
 	}
 	work := filepath.Join(s.c.cfg.StateDir, "criu", s.id, "dump")
-	if err := os.RemoveAll(work); err != nil {
+	if err := removeTree(work); err != nil {
 		return st, err
 	}
 	if err := os.MkdirAll(work, 0o700); err != nil {
@@ -426,7 +426,7 @@ func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 		return nil, st, fmt.Errorf("%w: %s holds no CRIU image: %w", ErrInvalid, images, err)
 	}
 	work := filepath.Join(c.cfg.StateDir, "criu", id, "restore")
-	if err := os.RemoveAll(work); err != nil {
+	if err := removeTree(work); err != nil {
 		return nil, st, err
 	}
 	if err := os.MkdirAll(work, 0o700); err != nil {

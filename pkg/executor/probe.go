@@ -24,6 +24,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -96,7 +97,7 @@ func (c *Client) probeProcess(ctx context.Context, deadline time.Duration) (logs
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	defer removeTree(dir)
 	images, work := filepath.Join(dir, "images"), filepath.Join(dir, "work")
 	for _, d := range []string{images, work} {
 		if err := os.Mkdir(d, 0o700); err != nil {
@@ -183,10 +184,9 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (lo
 	defer func() {
 		// A CRIU killed mid-restore leaves mounts here (its cgroup
 		// yard): detach them before anything is removed.
-		if err := unmountUnder(dir); err != nil {
-			c.log.Warn("probe: unmounting what CRIU left", "dir", dir, "err", err)
+		if err := removeTree(dir); err != nil {
+			c.log.Warn("probe: removing its directory", "dir", dir, "err", err)
 		}
-		os.RemoveAll(dir)
 	}()
 	root, images := filepath.Join(dir, "rootfs"), filepath.Join(dir, "images")
 	dump, restore := filepath.Join(dir, "dump"), filepath.Join(dir, "restore")
@@ -324,11 +324,11 @@ func (c *Client) removeProbe(ctx context.Context, cont containerd.Container, tas
 				}
 			}
 		}
-		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil {
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
 			c.log.Warn("probe: delete task", "id", cont.ID(), "err", err)
 		}
 	}
-	if err := cont.Delete(ctx); err != nil {
+	if err := cont.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
 		c.log.Warn("probe: delete container", "id", cont.ID(), "err", err)
 	}
 	// A restore killed mid-way leaves runc's criu-root mounted in its
@@ -357,7 +357,7 @@ func (c *Client) sweepProbes(ctx context.Context) {
 	for _, p := range pins {
 		_ = removeNetns(p)
 	}
-	_ = os.RemoveAll(filepath.Join(c.cfg.StateDir, "probe"))
+	_ = removeTree(filepath.Join(c.cfg.StateDir, "probe"))
 }
 
 // readLogs reads CRIU's logs (a file that is not there is skipped).

@@ -806,7 +806,7 @@ func (s *Sandbox) Stats(ctx context.Context) (Usage, error) {
 // whose task has exited (after a checkpoint).
 func (s *Sandbox) Destroy(ctx context.Context) error {
 	err := s.destroy(s.c.ctx(ctx))
-	if rerr := os.RemoveAll(filepath.Join(s.c.cfg.StateDir, "criu", s.id)); err == nil {
+	if rerr := removeTree(filepath.Join(s.c.cfg.StateDir, "criu", s.id)); err == nil {
 		err = rerr
 	}
 	if err != nil {
@@ -904,7 +904,7 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 	ctx = c.ctx(ctx)
 	cont, err := c.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
-		err = errors.Join(removeNetns(c.netnsPath(id)), os.RemoveAll(filepath.Join(c.cfg.StateDir, "criu", id)))
+		err = errors.Join(removeNetns(c.netnsPath(id)), removeTree(filepath.Join(c.cfg.StateDir, "criu", id)))
 		if err != nil {
 			return fmt.Errorf("executor: remove %s: %w", id, err)
 		}
@@ -954,7 +954,7 @@ func (c *Client) Prune(ctx context.Context) ([]string, error) {
 				err = removeNetns(p)
 				pruned = append(pruned, id)
 			} else {
-				err = os.RemoveAll(p)
+				err = removeTree(p)
 			}
 			errs = append(errs, err)
 		}

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -80,4 +81,40 @@ func octal(s string) (byte, bool) {
 		v = v*8 + int(c-'0')
 	}
 	return byte(v), v < 256
+}
+
+// removeTree removes dir and everything in it, after detaching every mount
+// below it. If a mount is still there, it removes nothing: a CRIU killed
+// mid-restore leaves every cgroup hierarchy of the host mounted below its
+// work directory, and a plain os.RemoveAll would walk into them.
+func removeTree(dir string) error {
+	if err := unmountUnder(dir); err != nil {
+		return err
+	}
+	if left, err := mountsBelow(dir); err != nil {
+		return err
+	} else if len(left) > 0 {
+		return fmt.Errorf("not removing %s: %s is still mounted below it", dir, left[0])
+	}
+	return os.RemoveAll(dir)
+}
+
+// mountsBelow lists the mount points below dir.
+func mountsBelow(dir string) ([]string, error) {
+	dir = filepath.Clean(dir)
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(l)
+		if len(fields) < 5 {
+			continue
+		}
+		if p := unescapeMountPath(fields[4]); strings.HasPrefix(p, dir+"/") {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }

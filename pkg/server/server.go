@@ -189,12 +189,16 @@ func (h *handler) gc(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	var keep *time.Duration
+	var keep, grace *time.Duration
 	if req.RetentionNS != nil {
 		k := time.Duration(*req.RetentionNS)
 		keep = &k
 	}
-	out, err := h.d.GC(r.Context(), keep)
+	if req.GraceNS != nil {
+		g := time.Duration(*req.GraceNS)
+		grace = &g
+	}
+	out, err := h.d.GC(r.Context(), keep, grace)
 	h.reply(w, r, out, err)
 }
 
@@ -243,6 +247,6 @@ func (h *handler) export(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) importBundle(w http.ResponseWriter, r *http.Request) {
-	im, err := h.d.Import(r.Context(), r.Body, r.URL.Query().Get("id"))
+	im, err := h.d.ImportWith(r.Context(), r.Body, r.URL.Query().Get("id"), r.URL.Query().Get("reclaim") == "true")
 	h.reply(w, r, im, err)
 }

@@ -37,21 +37,13 @@ func (s *Store) GC(ctx context.Context, grace time.Duration) (GCStats, error) {
 	if err != nil {
 		return st, fmt.Errorf("store %s: gc: %w", s.dir, err)
 	}
-	freed, err := s.releasedObjects(ctx)
-	if err != nil {
-		return st, fmt.Errorf("store %s: gc: %w", s.dir, err)
-	}
 	cutoff := time.Now().Add(-grace)
 	err = s.walkObjects(func(a record.Address, p string, info os.FileInfo) error {
-		// An object of a released snapshot, not put again since the
-		// release, is not about to be named: the grace period is for
-		// objects written ahead of their segment.
-		rel, wasFreed := freed[a]
 		switch {
 		case live[a]:
 			st.Live++
 			st.LiveBytes += info.Size()
-		case info.ModTime().After(cutoff) && !(wasFreed && info.ModTime().Before(rel)):
+		case info.ModTime().After(cutoff):
 			st.Young++
 			st.YoungBytes += info.Size()
 		default:
@@ -99,40 +91,3 @@ func (s *Store) GC(ctx context.Context, grace time.Duration) (GCStats, error) {
 	return st, nil
 }
 
-// releasedObjects maps every object a released run's image snapshots
-// reach to the latest time one of those runs was released.
-func (s *Store) releasedObjects(ctx context.Context) (map[record.Address]time.Time, error) {
-	out := map[record.Address]time.Time{}
-	err := s.view(func(tx *bolt.Tx) error {
-		return tx.Bucket(bktFreed).ForEach(func(k, v []byte) error {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			at, ok := decodeNS(v)
-			if !ok {
-				return fmt.Errorf("%w: release time of %s", ErrDamaged, k)
-			}
-			r, err := readRecord(tx, string(k))
-			if err != nil {
-				return err
-			}
-			var roots []record.Address
-			for i := range r.Len() {
-				if seg := r.Segment(i); !seg.Snapshot.IsTranscript() {
-					roots = append(roots, seg.Snapshot.Addresses()...)
-				}
-			}
-			reach, err := expandRefs(tx, roots)
-			if err != nil {
-				return err
-			}
-			for a := range reach {
-				if at.After(out[a]) {
-					out[a] = at
-				}
-			}
-			return nil
-		})
-	})
-	return out, err
-}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
@@ -10,9 +11,33 @@ import (
 
 // A run has one timeline. The store indexes every run by its genesis
 // head, so a second run of one genesis (an import of a bundle already
-// held, under any id) is refused, and it remembers the runs an export
-// handed to another host: such a run is not resumed here until a record
-// that extends it comes back ([Store.Extend]).
+// held, under any id) is refused, and it remembers the runs held
+// elsewhere: handed off by an export, or held here only as a copy. Such a
+// run is not resumed here until a record that extends it comes back as a
+// handoff ([Store.Extend]).
+
+// Handoff is how a run is held elsewhere.
+type Handoff struct {
+	Head record.Address // the head it was handed off (or copied) at
+	// Copy: this host holds an imported copy, exported without a
+	// handoff; the run lives where it was copied from.
+	Copy bool
+}
+
+func (h Handoff) encode() []byte {
+	b := append([]byte(nil), h.Head[:]...)
+	if h.Copy {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+func decodeHandoff(v []byte) (Handoff, bool) {
+	if len(v) != 33 || v[32] > 1 {
+		return Handoff{}, false
+	}
+	return Handoff{Head: record.Address(v[:32]), Copy: v[32] == 1}, true
+}
 
 // claimGenesis indexes run under genesis g, refusing a genesis another run
 // holds.
@@ -43,7 +68,8 @@ func (s *Store) RunOfGenesis(g record.Address) (string, bool, error) {
 // handed-off run until a record extending head is imported back
 // ([Store.Extend]); the daemon refuses to resume or close it. A run that
 // is not parked, or whose head is not head, is refused ([ErrHeadMoved]).
-// Handing off a run already handed off at head is a no-op.
+// Handing off a run already handed off at head is a no-op; a run held as
+// a copy stays a copy.
 func (s *Store) HandOff(run string, head record.Address) error {
 	return s.commit(func(tx *bolt.Tx) error {
 		st, err := getState(tx, run)
@@ -56,39 +82,124 @@ func (s *Store) HandOff(run string, head record.Address) error {
 		if st.phase != record.Parked {
 			return refuse(fmt.Errorf("run %s: only a parked run is handed off (it is %s)", run, phaseName(st.phase, true)))
 		}
-		return tx.Bucket(bktHandof).Put([]byte(run), head[:])
+		if tx.Bucket(bktHandof).Get([]byte(run)) != nil {
+			return nil
+		}
+		return tx.Bucket(bktHandof).Put([]byte(run), Handoff{Head: head}.encode())
 	})
 }
 
-// Reclaim clears run's handoff: the export that made it did not deliver
-// its bundle whole. A run not handed off is left as it is.
-func (s *Store) Reclaim(run string) error {
+// Reclaim clears run's handoff made at head: the export that made it did
+// not deliver its bundle whole. A copy, or a handoff at another head, is
+// left as it is.
+func (s *Store) Reclaim(run string, head record.Address) error {
 	return s.commit(func(tx *bolt.Tx) error {
+		h, ok := decodeHandoff(tx.Bucket(bktHandof).Get([]byte(run)))
+		if !ok || h.Copy || h.Head != head {
+			return nil
+		}
 		return tx.Bucket(bktHandof).Delete([]byte(run))
 	})
 }
 
-// HandedOff reports whether run is handed off, and the head it was handed
-// off at.
-func (s *Store) HandedOff(run string) (record.Address, bool, error) {
-	var head record.Address
+// HandedOff reports whether run is held elsewhere, and how.
+func (s *Store) HandedOff(run string) (Handoff, bool, error) {
+	var h Handoff
 	var ok bool
 	err := s.view(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bktHandof).Get([]byte(run)); len(v) == 32 {
-			head, ok = record.Address(v), true
+		v := tx.Bucket(bktHandof).Get([]byte(run))
+		if v == nil {
+			return nil
+		}
+		if h, ok = decodeHandoff(v); !ok {
+			return fmt.Errorf("run %s: %w: handoff of %d bytes", run, ErrDamaged, len(v))
 		}
 		return nil
 	})
-	return head, ok, err
+	return h, ok, err
 }
 
-// Extend imports r over handed-off run: r must have the run's genesis and
-// carry, at the run's length, the run's head — it is the same timeline,
-// continued elsewhere. The segments past the run's are appended (each
-// judged by pkg/record, after every object they name is in the store) and
-// the handoff is cleared, in one transaction. A run not handed off is
-// [ErrRunExists]; a record that does not extend it, [ErrNotExtension].
-func (s *Store) Extend(run string, r *record.Record) (record.Address, error) {
+// markArrival records when, and at which length, run's record arrived in
+// a bundle; and, for a copy, holds the run as a copy at its head.
+func markArrival(tx *bolt.Tx, run string, r *record.Record, copy bool) error {
+	v := binary.BigEndian.AppendUint64(nowNS(), uint64(r.Len()))
+	if err := tx.Bucket(bktArrive).Put([]byte(run), v); err != nil {
+		return err
+	}
+	if copy {
+		if r.Phase() != record.Parked {
+			return refuse(fmt.Errorf("run %s: a copy is of a parked run (this one is %s)", run, r.Phase()))
+		}
+		return tx.Bucket(bktHandof).Put([]byte(run), Handoff{Head: r.Head(), Copy: true}.encode())
+	}
+	return tx.Bucket(bktHandof).Delete([]byte(run))
+}
+
+// CheckExtend reports, without writing, whether r may be imported over run
+// by [Store.Extend] (reclaim as there).
+func (s *Store) CheckExtend(run string, r *record.Record, reclaim bool) error {
+	held, err := s.Run(run)
+	if err != nil {
+		return err
+	}
+	h, ok, err := s.HandedOff(run)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("run %s: %w (this host holds it, and did not hand it off)", run, ErrRunExists)
+	}
+	return extends(run, held, h, r, reclaim)
+}
+
+// extends judges r against held, handed off (or copied) as h.
+func extends(run string, held Run, h Handoff, r *record.Record, reclaim bool) error {
+	if r.Genesis() != record.Genesis(held.Unit, held.Grants) {
+		return fmt.Errorf("run %s: %w: another genesis", run, ErrNotExtension)
+	}
+	if r.Phase() != record.Parked {
+		return fmt.Errorf("run %s: %w: a run comes back parked (this record is %s)", run, ErrNotExtension, r.Phase())
+	}
+	if r.Len() < held.Len || held.Len > 0 && r.HeadAt(held.Len-1) != held.Head {
+		return fmt.Errorf("run %s: %w: the record held (%d segments, head %s) is not a prefix of the one imported", run, ErrNotExtension, held.Len, held.Head)
+	}
+	if r.Len() == held.Len && !reclaim && !h.Copy {
+		return fmt.Errorf("run %s: %w: the record adds nothing to the one handed off; if no other host resumed from that bundle, import it again with reclaim", run, ErrNotExtension)
+	}
+	// What another host added is whole intervals: Resumed, one or more
+	// Executed (each attested: the importer checks their signatures),
+	// Suspended.
+	want := record.Resumed
+	for i := held.Len; i < r.Len(); i++ {
+		k := r.Segment(i).Kind
+		switch {
+		case k == want:
+		case want == record.Suspended && k == record.Executed:
+		default:
+			return fmt.Errorf("run %s: %w: segment %d is %s; what comes back is whole intervals (resumed, executed, suspended)", run, ErrNotExtension, i, k)
+		}
+		switch k {
+		case record.Resumed:
+			want = record.Executed
+		case record.Executed:
+			want = record.Suspended
+		case record.Suspended:
+			want = record.Resumed
+		}
+	}
+	return nil
+}
+
+// Extend imports r over run, held elsewhere: r must have the run's genesis,
+// be parked, carry the run's head at the run's length — the same timeline
+// — and add whole intervals (resumed, executed…, suspended). A record that
+// adds nothing is refused unless reclaim: the operator takes back a run
+// whose bundle no other host resumed from. The new segments are appended
+// (each judged by pkg/record, after every object they name is in the
+// store) and the handoff cleared, or the run held as a copy (copy), in one
+// transaction. A run not held elsewhere is [ErrRunExists]; a record that
+// does not extend it, [ErrNotExtension].
+func (s *Store) Extend(run string, r *record.Record, copy, reclaim bool) (record.Address, error) {
 	if err := r.Verify(); err != nil {
 		return record.Address{}, fmt.Errorf("run %s: %w", run, err)
 	}
@@ -96,28 +207,21 @@ func (s *Store) Extend(run string, r *record.Record) (record.Address, error) {
 	if err != nil {
 		return record.Address{}, err
 	}
-	if _, ok, err := s.HandedOff(run); err != nil {
+	if err := s.CheckExtend(run, r, reclaim); err != nil {
 		return record.Address{}, err
-	} else if !ok {
-		return record.Address{}, fmt.Errorf("run %s: %w (it was not handed off)", run, ErrRunExists)
-	}
-	if r.Genesis() != record.Genesis(held.Unit, held.Grants) {
-		return record.Address{}, fmt.Errorf("run %s: %w: another genesis", run, ErrNotExtension)
-	}
-	if r.Len() < held.Len || held.Len > 0 && r.HeadAt(held.Len-1) != held.Head {
-		return record.Address{}, fmt.Errorf("run %s: %w: the record held (%d segments, head %s) is not a prefix of the one imported", run, ErrNotExtension, held.Len, held.Head)
 	}
 	segs := make([]record.Segment, 0, r.Len()-held.Len)
 	for i := held.Len; i < r.Len(); i++ {
 		segs = append(segs, r.Segment(i))
 	}
 	return s.appendAll(run, held.Head, segs, func(tx *bolt.Tx) error {
-		if tx.Bucket(bktHandof).Get([]byte(run)) == nil {
+		h, ok := decodeHandoff(tx.Bucket(bktHandof).Get([]byte(run)))
+		if !ok {
 			return refuse(fmt.Errorf("run %s: %w (it was not handed off)", run, ErrRunExists))
 		}
-		if err := tx.Bucket(bktArrive).Put([]byte(run), nowNS()); err != nil {
-			return err
+		if err := extends(run, held, h, r, reclaim); err != nil {
+			return refuse(err)
 		}
-		return tx.Bucket(bktHandof).Delete([]byte(run))
+		return markArrival(tx, run, r, copy)
 	})
 }

@@ -23,8 +23,8 @@ func TestHandOffAndExtend(t *testing.T) {
 	if err := src.HandOff("r", head); err != nil {
 		t.Fatal(err)
 	}
-	if h, ok, _ := src.HandedOff("r"); !ok || h != head {
-		t.Fatalf("handed off %v at %s", ok, h)
+	if h, ok, _ := src.HandedOff("r"); !ok || h.Head != head || h.Copy {
+		t.Fatalf("handed off %v as %+v", ok, h)
 	}
 	// The second host continues the run: it resumes and parks again.
 	copyObjects(t, src, dst)
@@ -52,13 +52,31 @@ func TestHandOffAndExtend(t *testing.T) {
 	parkedRun(t, dst, "other", map[string]string{"x": "y"})
 	otherRec, _ := dst.Record("other")
 	copyObjects(t, dst, src)
-	if _, err := src.Extend("r", otherRec); !errors.Is(err, ErrNotExtension) {
+	if _, err := src.Extend("r", otherRec, false, false); !errors.Is(err, ErrNotExtension) {
 		t.Fatalf("extend with another run's record: %v", err)
 	}
 	if _, ok, _ := src.HandedOff("r"); !ok {
 		t.Fatal("a refused extension took the handoff back")
 	}
-	if got, err := src.Extend("r", longer); err != nil || got != longer.Head() {
+	// Taking back the very record handed off needs the operator's word.
+	if _, err := src.Extend("r", rec, false, false); !errors.Is(err, ErrNotExtension) {
+		t.Fatalf("extend with the record handed off: %v", err)
+	}
+	// What comes back is whole intervals: the handed-off record and a
+	// Closed segment (no attestation) is refused.
+	closed := record.New(rec.Unit(), rec.Grants())
+	for i := range rec.Len() {
+		if _, err := closed.Append(rec.Segment(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := closed.Append(record.Closure("forged")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Extend("r", closed, false, false); !errors.Is(err, ErrNotExtension) {
+		t.Fatalf("extend with an unattested closure: %v", err)
+	}
+	if got, err := src.Extend("r", longer, false, false); err != nil || got != longer.Head() {
 		t.Fatalf("extend: %s, %v", got, err)
 	}
 	if _, ok, _ := src.HandedOff("r"); ok {
@@ -69,7 +87,7 @@ func TestHandOffAndExtend(t *testing.T) {
 		t.Fatalf("record after extension: %v", err)
 	}
 	// Not handed off any more: another extension is ErrRunExists.
-	if _, err := src.Extend("r", longer); !errors.Is(err, ErrRunExists) {
+	if _, err := src.Extend("r", longer, false, false); !errors.Is(err, ErrRunExists) {
 		t.Fatalf("extend of a run not handed off: %v", err)
 	}
 	if _, err := src.Check(t.Context()); err != nil {
@@ -125,5 +143,51 @@ func TestImportedTime(t *testing.T) {
 	}
 	if r, _ := dst.RetentionOf("r"); r.Imported.Before(before.Add(-time.Second)) {
 		t.Fatalf("import time %v, imported after %v", r.Imported, before)
+	}
+}
+
+func TestCopiesStayCopies(t *testing.T) {
+	src, dst := mustStore(t), mustStore(t)
+	head, _ := parkedRun(t, src, "r", map[string]string{"a": "b"})
+	rec, _ := src.Record("r")
+	copyObjects(t, src, dst)
+	if err := dst.ImportAs("r", rec, true); err != nil {
+		t.Fatal(err)
+	}
+	h, ok, err := dst.HandedOff("r")
+	if err != nil || !ok || !h.Copy || h.Head != head {
+		t.Fatalf("a copy is held as %+v %v %v", h, ok, err)
+	}
+	// Handing it off does not make it the run: it stays a copy.
+	if err := dst.HandOff("r", head); err != nil {
+		t.Fatal(err)
+	}
+	if h, _, _ := dst.HandedOff("r"); !h.Copy {
+		t.Fatal("a handoff of a copy made it the run")
+	}
+	// Nor does a reclaim.
+	if err := dst.Reclaim("r", head); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := dst.HandedOff("r"); !ok {
+		t.Fatal("a reclaim took a copy for the run")
+	}
+	// The same record, as a real handoff (reclaim: no new segments), makes
+	// it the run here.
+	if _, err := dst.Extend("r", rec, false, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := dst.HandedOff("r"); ok {
+		t.Fatal("still held elsewhere after the handoff came")
+	}
+	// A handoff at a stale head is not reclaimed by an old export.
+	if err := src.HandOff("r", head); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Reclaim("r", record.Sum([]byte("other head"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := src.HandedOff("r"); !ok {
+		t.Fatal("a reclaim at another head cleared the handoff")
 	}
 }

@@ -33,9 +33,11 @@ type Retention struct {
 	Pinned   bool      // its snapshots are kept whatever the retention time
 	Released time.Time // when its image snapshots were released; zero if not
 	// Imported is when the run's record last arrived here in a bundle
-	// (Import or Extend); zero for a run that started here and never
-	// left. This host has held the run's snapshot only since then.
-	Imported time.Time
+	// (Import or Extend), and ImportedLen how many segments it had then;
+	// zero for a run that started here and never left. This host has held
+	// the snapshot parked at that length only since then.
+	Imported    time.Time
+	ImportedLen int
 }
 
 // RetentionOf returns run's retention.
@@ -48,7 +50,10 @@ func (s *Store) RetentionOf(run string) (Retention, error) {
 		r.Closed, _ = decodeNS(tx.Bucket(bktClosed).Get([]byte(run)))
 		r.Pinned = tx.Bucket(bktPins).Get([]byte(run)) != nil
 		r.Released, _ = decodeNS(tx.Bucket(bktFreed).Get([]byte(run)))
-		r.Imported, _ = decodeNS(tx.Bucket(bktArrive).Get([]byte(run)))
+		if v := tx.Bucket(bktArrive).Get([]byte(run)); len(v) == 16 {
+			r.Imported, _ = decodeNS(v[:8])
+			r.ImportedLen = int(binary.BigEndian.Uint64(v[8:]))
+		}
 		return nil
 	})
 	return r, err

@@ -80,13 +80,19 @@ func TestRetentionReleasesImagesOfClosedRuns(t *testing.T) {
 	if err := s.Release("old"); err != nil {
 		t.Fatal(err)
 	}
-	// A park of another run writes the same bytes as one of old's files
-	// after the release: that object may be about to be named, and stays
-	// for the grace period like any young object.
-	time.Sleep(10 * time.Millisecond) // mtimes after the release time
+	// Released objects younger than the grace period stay: a park of
+	// another run may have just put the same bytes, to name them next.
+	if st, err := s.GC(t.Context(), time.Hour); err != nil || st.Removed != 0 {
+		t.Fatalf("gc within the grace period: %+v, %v", st, err)
+	}
+	// Past it, they go; one put again (made young) stays.
+	old := time.Now().Add(-2 * time.Hour)
+	for _, a := range append([]record.Address{dir}, addrs(listing)...) {
+		if err := chtimes(s.Path(a), old); err != nil {
+			t.Fatal(err)
+		}
+	}
 	again := put(t, s, "old pages")
-	// The daemon's grace: an hour. Old's objects are younger than that,
-	// but released, and go.
 	st, err := s.GC(t.Context(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -146,4 +152,12 @@ func TestRootsSurviveGC(t *testing.T) {
 	if _, err := s.Check(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func addrs(es []Entry) []record.Address {
+	out := make([]record.Address, len(es))
+	for i, e := range es {
+		out[i] = e.Address
+	}
+	return out
 }

@@ -416,7 +416,11 @@ func (s *Store) Raw(run string) (Raw, error) {
 // Import stores a record received whole (from an export or a peer) as a
 // new run, after verifying it from genesis. Every object it names must be
 // in the store already: fetch and Put those first.
-func (s *Store) Import(run string, r *record.Record) error {
+func (s *Store) Import(run string, r *record.Record) error { return s.ImportAs(run, r, false) }
+
+// ImportAs is Import; with copy, the run (parked) is held as a copy in the
+// same transaction: never resumed here ([Store.HandedOff]).
+func (s *Store) ImportAs(run string, r *record.Record, copy bool) error {
 	if err := checkRunID(run); err != nil {
 		return err
 	}
@@ -461,7 +465,7 @@ func (s *Store) Import(run string, r *record.Record) error {
 				return err
 			}
 		}
-		if err := tx.Bucket(bktArrive).Put([]byte(run), nowNS()); err != nil {
+		if err := markArrival(tx, run, r, copy); err != nil {
 			return err
 		}
 		return tx.Bucket(bktPhases).Bucket(phaseKeys[st.phase]).Put([]byte(run), nil)

@@ -93,8 +93,10 @@ func TestAttackForkAfterExport(t *testing.T) {
 	handedOff(t, a, id, showA.Run)
 	_, err := a.c.PostResult(ctx, id, "call-1", []byte(trResult(1)))
 	apiError(t, err, api.CodeHandedOff)
-	// Importing its own bundle back unchanged is no fork: it only takes
-	// the handoff back. Do it on a throwaway copy of the check below.
+	// A takes back the very bundle it exported only on the operator's
+	// word (reclaim): B may have resumed from it.
+	_, err = a.c.Import(ctx, bytes.NewReader(first.Bytes()), "")
+	apiError(t, err, api.CodeGenesisHeld)
 	b := mustDaemon(t, "fork-second")
 	mustImportImage(t, b, trAgentArchive, trAgentImage, trAgentDigest)
 	imported := time.Now()
@@ -171,7 +173,7 @@ func TestAttackSnapshotsCollected(t *testing.T) {
 	objects := filepath.Join(d.state, "store", "objects")
 	before := duBytes(t, objects)
 	zero := time.Duration(0)
-	g, err := d.c.GC(ctx, &zero)
+	g, err := d.c.GC(ctx, &zero, &zero)
 	if err != nil {
 		t.Fatalf("gc: %v", err)
 	}
@@ -181,7 +183,7 @@ func TestAttackSnapshotsCollected(t *testing.T) {
 	if r, err := d.c.Pin(ctx, id, false); err != nil || r.Pinned {
 		t.Fatalf("unpin: %+v, %v", r, err)
 	}
-	if g, err = d.c.GC(ctx, &zero); err != nil {
+	if g, err = d.c.GC(ctx, &zero, &zero); err != nil {
 		t.Fatalf("gc: %v", err)
 	}
 	after := duBytes(t, objects)
@@ -198,7 +200,7 @@ func TestAttackSnapshotsCollected(t *testing.T) {
 		t.Fatalf("verify after gc: %+v, %v", v, err)
 	}
 	// Collecting again finds nothing more of it.
-	if g, err = d.c.GC(ctx, &zero); err != nil || len(g.Released) != 0 {
+	if g, err = d.c.GC(ctx, &zero, &zero); err != nil || len(g.Released) != 0 {
 		t.Fatalf("second gc: %+v, %v", g, err)
 	}
 }
