@@ -47,6 +47,9 @@ func cmdServe(args []string, stdout io.Writer) error {
 	if *criuDeadline < 0 {
 		return usagef("--criu-deadline must not be negative")
 	}
+	if *minFree == 0 {
+		return usagef("--min-free must be at least 1 byte")
+	}
 	if *gcEvery == 0 || *retention == 0 {
 		return usagef("--gc-interval and --snapshot-retention must not be zero (negative: never)")
 	}
