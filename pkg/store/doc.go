@@ -15,7 +15,7 @@
 //	                      address's text without "b3:", <c> its first
 //	                      character (64 shard directories)
 //
-// # bbolt schema (version 2)
+// # bbolt schema (version 3)
 //
 //	meta/
 //	  version          → uint32, big-endian: the schema version
@@ -37,6 +37,8 @@
 //	    <run id>       → empty
 //	refs/
 //	  <address (32)>   → the addresses (32 each) that object declared it refers to
+//	trust/             the host keys this daemon trusts (version 3)
+//	  <key id (32)>    → the name it was given (UTF-8, at most 256 bytes)
 //
 // A run's state makes [Store.Head] and [Store.Run] O(1) and lets
 // [Store.Append] judge a segment without reading the record (a parked
@@ -51,7 +53,8 @@
 // [SchemaVersion] is the current version. A new store is created at
 // version 1 (meta, runs, log, refs) and brought up through the ordered
 // migration list, so every migration runs on every store. Migration 1→2
-// builds the phase index from the run states. A store from a newer schema
+// builds the phase index from the run states; 2→3 creates the (empty)
+// trust bucket. A store from a newer schema
 // is refused with [ErrSchema].
 //
 // # Guarantees

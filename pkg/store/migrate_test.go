@@ -106,7 +106,7 @@ func TestMigration1To2(t *testing.T) {
 	if last := migrations[len(migrations)-1].to; SchemaVersion != last {
 		t.Fatalf("SchemaVersion %d, last migration to %d", SchemaVersion, last)
 	}
-	if v := schemaVersion(t, s); v != 2 {
+	if v := schemaVersion(t, s); v != SchemaVersion {
 		t.Fatalf("version %d after migration", v)
 	}
 	// The migrated store works on: the index follows new appends.
@@ -118,6 +118,38 @@ func TestMigration1To2(t *testing.T) {
 	s = mustReopen(t, s)
 	if v := schemaVersion(t, s); v != SchemaVersion {
 		t.Fatalf("version %d", v)
+	}
+}
+
+// Migration 2→3 creates the trust bucket, empty; keys trusted after it
+// persist.
+func TestMigration2To3(t *testing.T) {
+	dir := t.TempDir()
+	writeV1(t, dir, map[string]*record.Record{"r": record.New(unitOf("r"))}, nil)
+	s := mustOpen(t, dir)
+	if keys, err := s.TrustedKeys(); err != nil || len(keys) != 0 {
+		t.Fatalf("trusted keys after migration: %v %v", keys, err)
+	}
+	a, b := record.Sum([]byte("a")), record.Sum([]byte("b"))
+	if err := s.Trust(a, "host a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Trust(b, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Untrust(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Untrust(b); !errors.Is(err, ErrNotTrusted) {
+		t.Fatalf("untrust twice: %v", err)
+	}
+	if err := s.Trust(a, string([]byte{0xff})); !errors.Is(err, ErrKeyName) {
+		t.Fatalf("a name that is not UTF-8: %v", err)
+	}
+	s = mustReopen(t, s)
+	keys, err := s.TrustedKeys()
+	if err != nil || len(keys) != 1 || keys[0] != (TrustedKey{Key: a, Name: "host a"}) || !s.IsTrusted(a) || s.IsTrusted(b) {
+		t.Fatalf("trusted keys after reopen: %v %v", keys, err)
 	}
 }
 

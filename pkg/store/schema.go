@@ -16,6 +16,7 @@ var (
 	bktPhases = []byte("phases")
 	bktRefs   = []byte("refs")
 	bktLog    = []byte("log")
+	bktTrust  = []byte("trust")
 	keyVer    = []byte("version")
 )
 
@@ -39,11 +40,12 @@ type migration struct {
 // so each migration runs on every store, old or new.
 var migrations = []migration{
 	{2, "phase index: phases/<phase>/<run id>, built from run states", migratePhaseIndex},
+	{3, "trusted host keys: trust/<key id>, empty", migrateTrust},
 }
 
 // SchemaVersion is the version this package writes: the last migration's
 // (a test holds the two together).
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // createV1 writes the version-1 schema: meta, runs, log, refs.
 func createV1(tx *bolt.Tx) error {
