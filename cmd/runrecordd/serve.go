@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/daemon"
 	"github.com/runrecordd/runrecordd/pkg/idle"
 	"github.com/runrecordd/runrecordd/pkg/server"
@@ -28,11 +29,24 @@ func cmdServe(args []string, stdout io.Writer) error {
 	sysfs := fs.String("sysfs", "", "sysfs root the meter reads RAPL zones under (default /sys)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	criuDeadline := fs.Duration("criu-deadline", 0, "deadline of every CRIU dump and restore (default 30s plus 1s per 64 MiB of the unit's memory; docs/daemon.md)")
+	var mounts listFlag
+	fs.Var(&mounts, "bundle-mount-allow", "a host path under which an imported bundle's read-only mounts may lie (repeat for more; default none: docs/trust.md)")
+	objMax := fs.Int64("bundle-object-max", bundle.DefaultLimits.Object, "the largest object an imported bundle may carry, in bytes")
+	bundleMax := fs.Int64("bundle-max", bundle.DefaultLimits.Total, "the most object bytes an imported bundle may carry")
+	jsonMax := fs.Int64("bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 0 {
 		return usagef("serve takes no arguments")
+	}
+	if *objMax <= 0 || *bundleMax <= 0 || *jsonMax <= 0 {
+		return usagef("--bundle-object-max, --bundle-max and --bundle-json-max must be positive")
+	}
+	for _, m := range mounts {
+		if !filepath.IsAbs(m) {
+			return usagef("--bundle-mount-allow %s: not an absolute path", m)
+		}
 	}
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(*level)); err != nil {
@@ -42,7 +56,8 @@ func cmdServe(args []string, stdout io.Writer) error {
 	if *criuDeadline < 0 {
 		return usagef("--criu-deadline must not be negative")
 	}
-	cfg := daemon.Config{StateDir: *state, ContainerdAddress: *ctrd, Logger: log, CRIUDeadline: *criuDeadline}
+	cfg := daemon.Config{StateDir: *state, ContainerdAddress: *ctrd, Logger: log, CRIUDeadline: *criuDeadline,
+		BundleLimits: bundle.Limits{Object: *objMax, Total: *bundleMax, JSON: *jsonMax}, BundleMounts: mounts}
 	cfg.Meter.SysfsRoot = *sysfs
 	if *coeffs != "" {
 		b, err := os.ReadFile(*coeffs)
