@@ -335,6 +335,26 @@ func (s *Staged) judge(st *store.Store, opt Options) error {
 		}
 	}
 	// Every attestation: signed, by a trusted key, at its place.
+	// Every manifest names the keys its park form requires: one that
+	// names none of a host's facts would match any host.
+	for i := range rec.Len() {
+		seg := rec.Segment(i)
+		if seg.Kind != record.Suspended {
+			continue
+		}
+		b, err := read(seg.Manifest)
+		if err != nil {
+			return fmt.Errorf("bundle of %s: segment %d: manifest: %w", run, i, err)
+		}
+		m, err := manifest.Decode(b)
+		if err != nil {
+			return fmt.Errorf("bundle of %s: segment %d: %w", run, i, err)
+		}
+		if miss := m.Missing(manifest.KeysFor(seg.Snapshot.IsTranscript())); len(miss) > 0 {
+			return fmt.Errorf("%w: bundle of %s: segment %d: manifest %s lacks keys its park form requires: %s",
+				ErrMalformed, run, i, seg.Manifest, strings.Join(miss, ", "))
+		}
+	}
 	// An untrusted signer is reported first: what it signed is not
 	// worth judging further.
 	s.Signers, err = attest.CheckRecord(rec, read, opt.Trusted)
@@ -368,18 +388,6 @@ func (s *Staged) judge(st *store.Store, opt Options) error {
 			need[body.Receipt], need[body.Journal] = true, true
 		case record.Suspended:
 			need[seg.Manifest] = true
-			b, err := read(seg.Manifest)
-			if err != nil {
-				return fmt.Errorf("bundle of %s: segment %d: manifest: %w", run, i, err)
-			}
-			m, err := manifest.Decode(b)
-			if err != nil {
-				return fmt.Errorf("bundle of %s: segment %d: %w", run, i, err)
-			}
-			if miss := m.Missing(manifest.KeysFor(seg.Snapshot.IsTranscript())); len(miss) > 0 {
-				return fmt.Errorf("%w: bundle of %s: segment %d: manifest %s lacks keys its park form requires: %s",
-					ErrMalformed, run, i, seg.Manifest, strings.Join(miss, ", "))
-			}
 			fallthrough
 		case record.Resumed:
 			for _, a := range seg.Snapshot.Addresses() {
