@@ -299,12 +299,12 @@ func TestAttackBundles(t *testing.T) {
 			was := stateOf(t, d)
 			id := "attack-" + strings.ToLower(c.name)
 			im, err := importRaw(d, raw, id)
+			t.Logf("import of %d bytes of bundle: %v", len(raw), err)
+			untouched(t, d, was)
 			ae := apiError(t, err, c.code)
 			if im.Run.ID != "" || !strings.Contains(ae.Message, c.why) {
 				t.Fatalf("import: %+v, %v; want %s mentioning %q", im, err, c.code, c.why)
 			}
-			t.Logf("refused (%d bytes of bundle): %s: %s", len(raw), ae.Code, ae.Message)
-			untouched(t, d, was)
 			if _, err := d.c.Show(ctx, id); err == nil {
 				t.Fatal("the refused bundle's run exists")
 			}
