@@ -296,8 +296,18 @@ func Stage(ctx context.Context, st *store.Store, r io.Reader, opt Options) (_ *S
 func (s *Staged) judge(st *store.Store, opt Options) error {
 	rec, run := s.Record, s.Header.Run
 	have := func(a record.Address) bool { _, ok := s.staged[a]; return ok || st.Has(a) }
+	// Objects decoded here (unit, grants, attestations, manifests,
+	// listings) are read whole: each is capped like a JSON document.
+	max := opt.Limits.Or(DefaultLimits).JSON
 	read := func(a record.Address) ([]byte, error) {
 		if p, ok := s.staged[a]; ok {
+			fi, err := os.Stat(p)
+			if err != nil {
+				return nil, err
+			}
+			if fi.Size() > max {
+				return nil, fmt.Errorf("%w: object %s of %d bytes is decoded, and the limit of a decoded document is %d", ErrLimit, a, fi.Size(), max)
+			}
 			return os.ReadFile(p)
 		}
 		if st.Has(a) {

@@ -196,6 +196,12 @@ func TestStageRefuses(t *testing.T) {
 		"object over the limit": {tar: plain(nil), lim: bundle.Limits{Object: 64}, want: bundle.ErrLimit},
 		"bundle over the limit": {tar: plain(nil), lim: bundle.Limits{Total: 64}, want: bundle.ErrLimit},
 		"record over the limit": {tar: plain(nil), lim: bundle.Limits{JSON: 200}, want: bundle.ErrLimit},
+		"decoded object over the limit": {tar: func(t *testing.T) []byte {
+			// A manifest as large as an object may be, but it is decoded.
+			return forge(t, func(r *bundletest.Run) {
+				r.Manifest = manifest.Manifest{manifest.Arch: strings.Repeat("x", 4096), manifest.ImageDigest: "d", manifest.Protocol: "p"}
+			}).Tar(nil)
+		}, lim: bundle.Limits{JSON: 1024}, want: bundle.ErrLimit},
 	} {
 		t.Run(name, func(t *testing.T) {
 			st, dir := mustStore(t)
@@ -254,14 +260,17 @@ func FuzzImport(f *testing.F) {
 	f.Add(good.Tar(func(h *bundle.Header) { h.Objects++; h.Bytes += 1 << 20 }, bundletest.Sparse(bundletest.Name(bundletest.Zeros(1<<20)), 1<<20)))
 	f.Add(good.Tar(func(h *bundle.Header) { h.Bytes -= 2 }))
 	f.Add([]byte{})
+	// One store for every input: opening one is a few fsyncs, and the
+	// fuzzer runs (and minimizes) thousands of inputs.
+	st, dir := mustStore(f)
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		st, dir := mustStore(t)
 		o := opts()
 		o.Limits = bundle.Limits{Object: 1 << 20, Total: 4 << 20, JSON: 1 << 20}
+		n0, size0 := objects(t, dir)
 		sb, err := bundle.Stage(context.Background(), st, bytes.NewReader(raw), o)
 		if err != nil {
-			if n, size := objects(t, dir); n != 0 || size != 0 {
-				t.Fatalf("refused (%v), left %d objects, %d bytes", err, n, size)
+			if n, size := objects(t, dir); n != n0 || size != size0 {
+				t.Fatalf("refused (%v), left %d objects, %d bytes (had %d, %d)", err, n, size, n0, size0)
 			}
 			return
 		}

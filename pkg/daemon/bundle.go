@@ -167,6 +167,11 @@ func writeMember(tw *tar.Writer, name string, b []byte) error {
 // refused bundle leaves the store as it was (its staged files are
 // removed).
 func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import, error) {
+	if id != "" {
+		if err := checkID(id); err != nil {
+			return api.Import{}, err
+		}
+	}
 	sb, err := bundle.Stage(ctx, d.st, r, bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.trusted, Policy: d.bundlePolicy()})
 	if err != nil {
 		return api.Import{}, err
