@@ -11,6 +11,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -322,4 +323,64 @@ func TestAttackBundles(t *testing.T) {
 			t.Fatalf("verify x: %+v, %v", v, err)
 		}
 	})
+}
+
+// TestAttackBundleGrantPolicy: grants from a bundle are a request. A run
+// on A mounts a directory read-only; its bundle is refused by a host that
+// allows no mounts from bundles (the default) and by one whose
+// --bundle-mount-allow does not cover the source, naming the mount; a
+// host whose allow-list covers it imports the run and shows the grants.
+func TestAttackBundleGrantPolicy(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	data, err := os.MkdirTemp("", "rre-data-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(data) })
+	a := mustDaemon(t, "policy-a")
+	waitImageParks(t, a)
+	mustImportImage(t, a, trAgentArchive, trAgentImage, trAgentDigest)
+	const id = "mounts"
+	if _, err := a.c.Start(ctx, api.RunRequest{ID: id,
+		Unit: unit.Spec{Image: trAgentImage, Env: []string{"STEPS=2"}, Mode: unit.TranscriptMode},
+		Grants: unit.Grants{MilliCPU: 1000, MemoryBytes: 128 << 20, Network: unit.NoNetwork,
+			ReadOnly: []unit.Mount{{Source: data, Target: "/data"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	closeAtEnd(t, a, id)
+	trParked(t, a, id, 2)
+	var raw bytes.Buffer
+	if err := a.c.Export(ctx, id, &raw); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, c := range []struct {
+		name, allow string
+		refused     bool
+	}{{"none", "", true}, {"elsewhere", filepath.Dir(data) + "/other", true}, {"covered", filepath.Dir(data), false}} {
+		t.Run(c.name, func(t *testing.T) {
+			var opts []func(*daemon)
+			if c.allow != "" {
+				opts = append(opts, func(d *daemon) { d.flags = []string{"--bundle-mount-allow", c.allow} })
+			}
+			b := mustDaemon(t, "policy-"+c.name, opts...)
+			waitImageParks(t, b)
+			trustHost(t, a, b)
+			was := stateOf(t, b)
+			im, err := importRaw(b, raw.Bytes(), "")
+			if !c.refused {
+				if err != nil || len(im.Grants.ReadOnly) != 1 || im.Grants.ReadOnly[0].Source != data || len(im.Signers) != 1 || !im.Signers[0].Trusted {
+					t.Fatalf("import with %s allowed: %+v, %v", c.allow, im, err)
+				}
+				return
+			}
+			t.Logf("import with %q allowed: %v", c.allow, err)
+			untouched(t, b, was)
+			ae := apiError(t, err, api.CodeGrantRefused)
+			if !strings.Contains(ae.Message, data+":/data") {
+				t.Fatalf("the refusal does not name the mount: %v", ae)
+			}
+		})
+	}
 }
