@@ -409,6 +409,7 @@ func verifyRun(cf clientFlags, id string, stdout io.Writer) error {
 		fmt.Fprintf(w, "verified from genesis: %d segments, %s, head %s\n", v.Segments, v.Phase, v.Head)
 		fmt.Fprintf(w, "objects: %d rehashed, %s\n", v.Objects, bytesString(v.Bytes))
 		fmt.Fprintf(w, "wait proof: %s: %s\n", v.WaitProof.Verdict, v.WaitProof.Reason)
+		printSigners(w, v.Signers, true)
 	}); perr != nil {
 		return perr
 	}
@@ -495,6 +496,8 @@ func cmdImport(args []string, stdout io.Writer) error {
 		}
 		return v.cf.print(stdout, im, func(w io.Writer) {
 			fmt.Fprintf(w, "imported %s: %d objects, %s, verified from genesis\n", printable(im.Run.ID), im.Objects, bytesString(im.Bytes))
+			printGrants(w, im.Grants)
+			printSigners(w, im.Signers, true)
 			runTable(w, []api.Run{im.Run})
 		})
 	})
@@ -549,7 +552,8 @@ func exitCode(err error) int {
 	case api.CodeNotFound:
 		return 4
 	case api.CodePhase, api.CodeConflict, api.CodeExists, api.CodeHandedOff, api.CodeGenesisHeld, api.CodeSnapshotMismatch, api.CodeManifestMismatch,
-		api.CodeRecordInvalid, api.CodeObjectCorrupt, api.CodeMissingObject, api.CodeCallRefused:
+		api.CodeRecordInvalid, api.CodeObjectCorrupt, api.CodeMissingObject, api.CodeCallRefused,
+		api.CodeUntrustedSigner, api.CodeGrantRefused, api.CodeBundleLimit:
 		return 5
 	}
 	return 1

@@ -233,6 +233,7 @@ var scriptCmds = map[string]func(ts *testscript.TestScript, neg bool, args []str
 	"waitsock":  cmdWaitsock,
 	"waitline":  cmdWaitline,
 	"jsonfield": cmdJSONField,
+	"setjson":   cmdSetJSON,
 	"truncate":  cmdTruncate,
 	"flipbyte":  cmdFlipByte,
 }
@@ -360,6 +361,25 @@ func cmdJSONField(ts *testscript.TestScript, neg bool, args []string) {
 	case !m && !neg:
 		ts.Fatalf("%s: %s is %s, not %q", args[0], args[1], s, args[2])
 	}
+}
+
+// setjson VAR FILE PATH sets the environment variable VAR to the string
+// at PATH of the JSON in FILE (or stdout, stderr).
+func cmdSetJSON(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 3 {
+		ts.Fatalf("usage: setjson VAR FILE PATH")
+	}
+	var v any
+	if err := json.Unmarshal([]byte(ts.ReadFile(args[1])), &v); err != nil {
+		ts.Fatalf("%s is not JSON: %v", args[1], err)
+	}
+	got, err := jsonAt(v, args[2])
+	ts.Check(err)
+	s, ok := got.(string)
+	if !ok {
+		ts.Fatalf("%s: %s is a %T, not a string", args[1], args[2], got)
+	}
+	ts.Setenv(args[0], s)
 }
 
 func jsonAt(v any, path string) (any, error) {

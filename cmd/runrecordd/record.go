@@ -1,14 +1,20 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/runrecordd/runrecordd"
 	"github.com/runrecordd/runrecordd/internal/conformance"
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 func cmdConformance(args []string, stdout io.Writer) error {
@@ -63,12 +69,16 @@ func cmdVerify(args []string, stdout io.Writer) error {
 	if *file == "" || len(pos) != 0 {
 		return usagef("give the run (verify RUN) or the record with --file FILE")
 	}
-	var b []byte
-	if *file == "-" {
-		b, err = io.ReadAll(os.Stdin)
-	} else {
-		b, err = os.ReadFile(*file)
+	in, err := openInput(*file)
+	if err != nil {
+		return err
 	}
+	defer in.Close()
+	br := bufio.NewReader(in)
+	if first, err := br.Peek(1); err == nil && first[0] != '{' {
+		return verifyBundle(cf, *file, br, stdout)
+	}
+	b, err := io.ReadAll(br)
 	if err != nil {
 		return err
 	}
@@ -78,5 +88,74 @@ func cmdVerify(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "verified from genesis: %d segments, %s, head %s\n", r.Len(), r.Phase(), r.Head())
 	fmt.Fprintf(stdout, "wait proof: %s\n", r.WaitProof())
+	return nil
+}
+
+// verifyBundle is `verify --file BUNDLE`: the bundle is read and judged as
+// an import judges it (pkg/bundle), in a scratch store that is removed
+// after, with no grant policy; its signers are judged by the daemon's
+// trusted keys when a daemon answers, and reported unjudged otherwise.
+func verifyBundle(cf clientFlags, name string, r io.Reader, stdout io.Writer) error {
+	dir, err := os.MkdirTemp("", "runrecordd-verify-*")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	st, err := store.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	cx, cancel := ctx()
+	defer cancel()
+	sb, err := bundle.Stage(cx, st, r, bundle.Options{})
+	if err != nil {
+		return fmt.Errorf("%s does not verify: %w", name, err)
+	}
+	defer sb.Close()
+	var keys []api.TrustedKey
+	judged := false
+	if c, err := cf.client(); err == nil {
+		kcx, kcancel := context.WithTimeout(cx, 10*time.Second)
+		keys, err = c.TrustedKeys(kcx)
+		kcancel()
+		judged = err == nil
+	}
+	names := map[string]string{}
+	for _, k := range keys {
+		names[k.Key] = k.Name
+	}
+	var signers []api.Signer
+	var untrusted []string
+	for _, s := range sb.Signers {
+		name, ok := names[s.Key.String()]
+		signers = append(signers, api.Signer{Segment: s.Index, Interval: s.Interval, Key: s.Key.String(), Name: name, Trusted: ok})
+		if judged && !ok {
+			untrusted = append(untrusted, s.Key.String())
+		}
+	}
+	rec := sb.Record
+	out := struct {
+		Run      string       `json:"run"`
+		Segments int          `json:"segments"`
+		Phase    string       `json:"phase"`
+		Head     string       `json:"head"`
+		Objects  int          `json:"objects"`
+		Bytes    int64        `json:"bytes"`
+		Judged   bool         `json:"trust_judged"`
+		Signers  []api.Signer `json:"signers"`
+	}{sb.Header.Run, rec.Len(), rec.Phase().String(), rec.Head().String(), sb.Objects, sb.Bytes, judged, signers}
+	if err := cf.print(stdout, out, func(w io.Writer) {
+		fmt.Fprintf(w, "bundle of %s verified from genesis: %d segments, %s, head %s\n", printable(sb.Header.Run), rec.Len(), rec.Phase(), rec.Head())
+		fmt.Fprintf(w, "objects: %d rehashed, %s; every attestation at its place\n", sb.Objects, bytesString(sb.Bytes))
+		printGrants(w, sb.Grants)
+		printSigners(w, signers, judged)
+	}); err != nil {
+		return err
+	}
+	if len(untrusted) > 0 {
+		return &api.Error{Code: api.CodeUntrustedSigner, Signer: untrusted[0],
+			Message: fmt.Sprintf("%s verifies, but this host does not trust its signer %s", name, untrusted[0])}
+	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/daemon"
 	"github.com/runrecordd/runrecordd/pkg/idle"
 	"github.com/runrecordd/runrecordd/pkg/server"
@@ -33,11 +34,24 @@ func cmdServe(args []string, stdout io.Writer) error {
 	retention := fs.Duration("snapshot-retention", daemon.DefaultSnapshotRetention, "how long a closed run keeps its image snapshots (negative: forever)")
 	minFree := fs.Uint64("min-free", daemon.DefaultMinFree, "bytes an image park must leave free on the store's filesystem")
 	criuDeadline := fs.Duration("criu-deadline", 0, "deadline of every CRIU dump and restore (default 30s plus 1s per 64 MiB of the unit's memory; docs/daemon.md)")
+	var mounts listFlag
+	fs.Var(&mounts, "bundle-mount-allow", "a host path under which an imported bundle's read-only mounts may lie (repeat for more; default none: docs/trust.md)")
+	objMax := fs.Int64("bundle-object-max", bundle.DefaultLimits.Object, "the largest object an imported bundle may carry, in bytes")
+	bundleMax := fs.Int64("bundle-max", bundle.DefaultLimits.Total, "the most object bytes an imported bundle may carry")
+	jsonMax := fs.Int64("bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 0 {
 		return usagef("serve takes no arguments")
+	}
+	if *objMax <= 0 || *bundleMax <= 0 || *jsonMax <= 0 {
+		return usagef("--bundle-object-max, --bundle-max and --bundle-json-max must be positive")
+	}
+	for _, m := range mounts {
+		if !filepath.IsAbs(m) {
+			return usagef("--bundle-mount-allow %s: not an absolute path", m)
+		}
 	}
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(*level)); err != nil {
@@ -54,7 +68,8 @@ func cmdServe(args []string, stdout io.Writer) error {
 		return usagef("--gc-interval and --snapshot-retention must not be zero (negative: never)")
 	}
 	cfg := daemon.Config{StateDir: *state, ContainerdAddress: *ctrd, Logger: log, CRIUDeadline: *criuDeadline,
-		GCInterval: *gcEvery, SnapshotRetention: *retention, MinFree: *minFree}
+		GCInterval: *gcEvery, SnapshotRetention: *retention, MinFree: *minFree,
+		BundleLimits: bundle.Limits{Object: *objMax, Total: *bundleMax, JSON: *jsonMax}, BundleMounts: mounts}
 	cfg.Meter.SysfsRoot = *sysfs
 	if *coeffs != "" {
 		b, err := os.ReadFile(*coeffs)

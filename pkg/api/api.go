@@ -44,6 +44,9 @@ const (
 	CodeNoSpace           = "no_space"                // a park refused before it wrote: too little free space, or the run's snapshot quota
 	CodeHandedOff         = "handed_off"              // the run was exported to another host: import a bundle extending it back first
 	CodeGenesisHeld       = "genesis_held"            // a bundle of a run this host holds under another id, or one that does not extend the run it holds
+	CodeUntrustedSigner   = "untrusted_signer"        // a bundle with an attestation by a host key this host does not trust (Signer names it)
+	CodeGrantRefused      = "grant_refused"           // a bundle's grant set this host's policy refuses (a mount source outside the allow-list)
+	CodeBundleLimit       = "bundle_too_large"        // a bundle, object or JSON member over this host's bundle limits
 )
 
 // Error is the body of every failed request.
@@ -55,6 +58,8 @@ type Error struct {
 	// Segment is the index of the segment concerned (record_invalid,
 	// phase), when there is one.
 	Segment *int `json:"segment,omitempty"`
+	// Signer is the key id of the untrusted signer (untrusted_signer).
+	Signer string `json:"signer,omitempty"`
 	// Status is the HTTP status it came with (client side only).
 	Status int `json:"-"`
 }
@@ -237,7 +242,10 @@ type Verify struct {
 	Objects   int       `json:"objects"`
 	Bytes     int64     `json:"bytes"`
 	WaitProof WaitProof `json:"wait_proof"`
-	Error     *Error    `json:"error,omitempty"`
+	// Signers are the signers of the record's attestations, each placed
+	// (genesis, interval, previous head) and said trusted or not.
+	Signers []Signer `json:"signers"`
+	Error   *Error   `json:"error,omitempty"`
 }
 
 // GC is POST /v1/gc: what a collection released and removed.
@@ -263,11 +271,33 @@ type CloseRequest struct {
 	Reason string `json:"reason"`
 }
 
-// Import is the result of POST /v1/import.
+// Import is the result of POST /v1/import: the run, what was stored, the
+// grants the run will resume under and who signed its attestations.
 type Import struct {
-	Run     Run   `json:"run"`
-	Objects int   `json:"objects"`
-	Bytes   int64 `json:"bytes"`
+	Run     Run         `json:"run"`
+	Objects int         `json:"objects"`
+	Bytes   int64       `json:"bytes"`
+	Grants  unit.Grants `json:"grants"`
+	Signers []Signer    `json:"signers"`
+}
+
+// Signer is the signer of one attestation of a record.
+type Signer struct {
+	Segment  int    `json:"segment"`  // the Executed segment
+	Interval uint64 `json:"interval"` // its ordinal
+	Key      string `json:"key"`      // the host key id
+	Name     string `json:"name,omitempty"`
+	Trusted  bool   `json:"trusted"`
+}
+
+// TrustedKey is a host key this daemon trusts: GET /v1/trust lists them,
+// POST /v1/trust adds one ({"key": ..., "name": ...}), DELETE
+// /v1/trust/{key} removes one. The daemon's own key is always trusted and
+// listed with Self set; it cannot be removed.
+type TrustedKey struct {
+	Key  string `json:"key"`
+	Name string `json:"name,omitempty"`
+	Self bool   `json:"self,omitempty"`
 }
 
 // Host is GET /v1/host: who this daemon is.

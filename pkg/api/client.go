@@ -224,6 +224,25 @@ func (c *Client) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 	return im, err
 }
 
+// TrustedKeys lists the host keys the daemon trusts.
+func (c *Client) TrustedKeys(ctx context.Context) ([]TrustedKey, error) {
+	var keys []TrustedKey
+	err := c.Do(ctx, http.MethodGet, "/v1/trust", nil, &keys)
+	return keys, err
+}
+
+// Trust trusts a host key (its id, b3:…) under name.
+func (c *Client) Trust(ctx context.Context, key, name string) (TrustedKey, error) {
+	var k TrustedKey
+	err := c.Do(ctx, http.MethodPost, "/v1/trust", TrustedKey{Key: key, Name: name}, &k)
+	return k, err
+}
+
+// Untrust stops trusting a host key.
+func (c *Client) Untrust(ctx context.Context, key string) error {
+	return c.Do(ctx, http.MethodDelete, "/v1/trust/"+url.PathEscape(key), nil, nil)
+}
+
 // Host describes the daemon's host.
 func (c *Client) Host(ctx context.Context) (Host, error) {
 	var h Host

@@ -60,10 +60,15 @@ func (k OutcomeKind) String() string {
 	return fmt.Sprintf("outcome(%d)", uint8(k))
 }
 
-// Outcome is an interval's outcome; Code is meaningful for Exited only.
+// Outcome is an interval's outcome. Code is meaningful for Exited only;
+// Suspends for Parked only, where it is required: the address of the
+// canonical bytes of the Suspended segment the park appends after the
+// Executed one (its snapshot and manifest). The signature thereby covers
+// the record's tail, which no later attestation's PrevHead reaches.
 type Outcome struct {
-	Kind OutcomeKind
-	Code int32
+	Kind     OutcomeKind
+	Code     int32
+	Suspends record.Address
 }
 
 // Body is an attestation's content.
@@ -91,6 +96,12 @@ func (b *Body) Canonical() ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("%w: %s", ErrMalformed, b.Outcome.Kind)
 	}
+	switch {
+	case b.Outcome.Kind == Parked && b.Outcome.Suspends.IsZero():
+		return nil, fmt.Errorf("%w: a parked outcome must name its Suspended segment", ErrMalformed)
+	case b.Outcome.Kind != Parked && !b.Outcome.Suspends.IsZero():
+		return nil, fmt.Errorf("%w: a %s outcome names a Suspended segment", ErrMalformed, b.Outcome.Kind)
+	}
 	if b.EndNS < b.StartNS {
 		return nil, fmt.Errorf("%w: interval ends before it starts", ErrMalformed)
 	}
@@ -105,8 +116,11 @@ func (b *Body) Canonical() ([]byte, error) {
 	out = append(out, b.Receipt[:]...)
 	out = append(out, b.Journal[:]...)
 	out = append(out, byte(b.Outcome.Kind))
-	if b.Outcome.Kind == Exited {
+	switch b.Outcome.Kind {
+	case Exited:
 		out = binary.BigEndian.AppendUint32(out, uint32(b.Outcome.Code))
+	case Parked:
+		out = append(out, b.Outcome.Suspends[:]...)
 	}
 	if b.AuditPrev == nil {
 		return append(out, 0), nil
@@ -132,8 +146,11 @@ func DecodeBody(p []byte) (*Body, error) {
 	b.Receipt = r.addr()
 	b.Journal = r.addr()
 	b.Outcome.Kind = OutcomeKind(r.byte1())
-	if b.Outcome.Kind == Exited {
+	switch b.Outcome.Kind {
+	case Exited:
 		b.Outcome.Code = int32(r.u32())
+	case Parked:
+		b.Outcome.Suspends = r.addr()
 	}
 	switch r.byte1() {
 	case 0:

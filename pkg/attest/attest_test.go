@@ -58,22 +58,30 @@ func TestBodyPinned(t *testing.T) {
 		t.Fatalf("got  %x\nwant %x", got, want)
 	}
 	b := body()
-	b.Outcome = Outcome{Kind: Parked}
+	b.Outcome = Outcome{Kind: Parked, Suspends: fill(10)}
 	prev := fill(9)
 	b.AuditPrev = &prev
 	got, _ = b.Canonical()
-	if !bytes.HasSuffix(got, mustHex(t, "08*32 02 01 09*32")) {
+	if !bytes.HasSuffix(got, mustHex(t, "08*32 02 0a*32 01 09*32")) {
 		t.Fatalf("parked with audit_prev: %x", got)
 	}
 	back, err := DecodeBody(got)
-	if err != nil || back.AuditPrev == nil || *back.AuditPrev != prev || back.Outcome.Kind != Parked {
+	if err != nil || back.AuditPrev == nil || *back.AuditPrev != prev || back.Outcome != b.Outcome {
 		t.Fatalf("decode: %+v %v", back, err)
 	}
 }
 
 func TestBodyRefused(t *testing.T) {
 	b := body()
-	b.Outcome = Outcome{Kind: Parked, Code: 3}
+	b.Outcome = Outcome{Kind: Parked, Code: 3, Suspends: fill(1)}
+	if _, err := b.Canonical(); !errors.Is(err, ErrMalformed) {
+		t.Fatal(err)
+	}
+	b.Outcome = Outcome{Kind: Parked} // a park that names no Suspended segment
+	if _, err := b.Canonical(); !errors.Is(err, ErrMalformed) {
+		t.Fatal(err)
+	}
+	b.Outcome = Outcome{Kind: Killed, Suspends: fill(1)}
 	if _, err := b.Canonical(); !errors.Is(err, ErrMalformed) {
 		t.Fatal(err)
 	}

@@ -4,39 +4,24 @@ import (
 	"archive/tar"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 
-	"lukechampine.com/blake3"
-
 	"github.com/runrecordd/runrecordd/pkg/api"
-	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 // BundleFormat names the bundle layout (docs/bundle.md).
-const BundleFormat = "runrecordd.bundle/1"
+const BundleFormat = bundle.Format
 
 // ErrBundle is a bundle that is not one this daemon reads.
-var ErrBundle = errors.New("malformed bundle")
+var ErrBundle = bundle.ErrMalformed
 
 // bundleHeader is a bundle's first member, bundle.json.
-type bundleHeader struct {
-	Format  string `json:"format"`
-	Run     string `json:"run"`
-	Objects int    `json:"objects"`
-	Bytes   int64  `json:"bytes"`
-	// Copy marks a bundle exported without handing the run off: the
-	// source still holds it, so an importing host holds its copy as handed
-	// off (never resumed, never closed) until a handoff bundle extending
-	// it arrives.
-	Copy bool `json:"copy,omitempty"`
-}
+type bundleHeader = bundle.Header
 
 // objectsOf returns every object run's record reaches — its unit spec and
 // grant set, every object a segment names, and what those declared as refs —
@@ -222,12 +207,15 @@ func writeMember(tw *tar.Writer, name string, b []byte) error {
 }
 
 // Import reads a bundle and stores its run as id (the bundle's own id when
-// empty). It accepts nothing until everything checks: the record decodes
-// and verifies from genesis; every object's bytes hash to the address it is
-// filed under; every attestation's signature verifies; every object the
-// record reaches is there. Only then are the objects adopted into the
-// store and the record stored. A refused bundle leaves the store as it was
-// (its staged files are removed).
+// empty). It accepts nothing until everything checks (pkg/bundle): the
+// members are plain files within the limits and the sizes declared; the
+// record verifies from genesis; every attestation is signed by a key this
+// host trusts and stands at its place; every manifest names the keys its
+// park form requires; the grant set passes this host's policy; every
+// object the record reaches is there and every member is reached. Only
+// then are the objects adopted into the store and the record stored. A
+// refused bundle leaves the store as it was (its staged files are
+// removed).
 func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import, error) {
 	return d.ImportWith(ctx, r, id, false)
 }
@@ -236,32 +224,23 @@ func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import
 // off that adds nothing to it (the very bundle exported) takes the run
 // back: the operator's word that no other host resumed from it.
 func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (api.Import, error) {
-	tr := tar.NewReader(r)
-	var h bundleHeader
-	if err := readJSONMember(tr, "bundle.json", &h); err != nil {
+	if id != "" {
+		if err := checkID(id); err != nil {
+			return api.Import{}, err
+		}
+	}
+	sb, err := bundle.Stage(ctx, d.st, r, bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.trusted, Policy: d.bundlePolicy()})
+	if err != nil {
 		return api.Import{}, err
 	}
-	if h.Format != BundleFormat {
-		return api.Import{}, fmt.Errorf("%w: format %q, this daemon reads %q", ErrBundle, h.Format, BundleFormat)
-	}
+	defer sb.Close()
 	if id == "" {
-		id = h.Run
+		id = sb.Header.Run
 	}
 	if err := checkID(id); err != nil {
 		return api.Import{}, err
 	}
-	hdr, err := tr.Next()
-	if err != nil || hdr.Name != "record.json" {
-		return api.Import{}, fmt.Errorf("%w: record.json must follow bundle.json", ErrBundle)
-	}
-	wire, err := io.ReadAll(io.LimitReader(tr, 256<<20))
-	if err != nil {
-		return api.Import{}, err
-	}
-	rec, err := record.DecodeWire(wire)
-	if err != nil {
-		return api.Import{}, fmt.Errorf("bundle of %s: %w", h.Run, err)
-	}
+	rec := sb.Record
 	// An export writes only parked runs: a bundle of an executing or
 	// closed run is not one (it would arrive lost, or closable here).
 	if rec.Phase() != record.Parked {
@@ -270,11 +249,11 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 	rl := d.lock(id)
 	defer rl.mu.Unlock()
 	// One timeline per run: a bundle of a run held here is taken only over
-	// the same id, only if this host handed the run off, and only if its
-	// record extends the one held (checked again as it is stored).
+	// the same id, only if this host handed the run off (or holds a copy),
+	// and only if its record extends the one held (checked again as it is
+	// stored); nothing is adopted before.
 	extend := false
 	if _, err := d.st.Run(id); err == nil {
-		// Judged before anything is staged or adopted.
 		if err := d.st.CheckExtend(id, rec, reclaim); err != nil {
 			return api.Import{}, err
 		}
@@ -282,179 +261,30 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 	} else if held, ok, err := d.st.RunOfGenesis(rec.Genesis()); err != nil {
 		return api.Import{}, err
 	} else if ok {
-		return api.Import{}, fmt.Errorf("bundle of %s: %w: run %s", h.Run, store.ErrGenesisHeld, held)
+		return api.Import{}, fmt.Errorf("bundle of %s: %w: run %s", printableID(sb.Header.Run), store.ErrGenesisHeld, held)
 	}
-	staging, err := d.st.StagingDir("import")
-	if err != nil {
+	if err := sb.Adopt(ctx, d.st); err != nil {
 		return api.Import{}, err
 	}
-	defer os.RemoveAll(staging)
-	staged := map[record.Address]string{}
-	var order []record.Address
-	var total int64
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return api.Import{}, fmt.Errorf("%w: %w", ErrBundle, err)
-		}
-		name, ok := strings.CutPrefix(hdr.Name, "objects/")
-		if !ok || hdr.Typeflag != tar.TypeReg {
-			return api.Import{}, fmt.Errorf("%w: unexpected member %q", ErrBundle, hdr.Name)
-		}
-		a, err := record.ParseAddress(record.AddressPrefix + name)
-		if err != nil {
-			return api.Import{}, fmt.Errorf("%w: member %q: %w", ErrBundle, hdr.Name, err)
-		}
-		if _, dup := staged[a]; dup {
-			return api.Import{}, fmt.Errorf("%w: object %s twice", ErrBundle, a)
-		}
-		p := filepath.Join(staging, name)
-		got, n, err := stageObject(ctx, tr, p)
-		if err != nil {
-			return api.Import{}, err
-		}
-		if got != a {
-			return api.Import{}, fmt.Errorf("bundle of %s: %w", h.Run, &store.CorruptError{Address: a, Got: got, Path: hdr.Name})
-		}
-		staged[a], total = p, total+n
-		order = append(order, a)
-	}
-	// What the record names, and what each of those declares, by role.
-	refs := map[record.Address][]record.Address{}
-	need := map[record.Address]bool{rec.Unit(): true, rec.Grants(): true}
-	read := func(a record.Address) ([]byte, error) {
-		if p, ok := staged[a]; ok {
-			return os.ReadFile(p)
-		}
-		return d.st.ReadAll(a)
-	}
-	have := func(a record.Address) bool { _, ok := staged[a]; return ok || d.st.Has(a) }
-	for i := range rec.Len() {
-		s := rec.Segment(i)
-		switch s.Kind {
-		case record.Executed:
-			need[s.Attestation] = true
-			if !have(s.Attestation) {
-				break
-			}
-			b, err := read(s.Attestation)
-			if err != nil {
-				return api.Import{}, err
-			}
-			body, err := attest.Open(b, nil)
-			if err != nil {
-				return api.Import{}, fmt.Errorf("bundle of %s: attestation %s: %w", h.Run, s.Attestation, &record.SegmentError{Index: i, Err: err})
-			}
-			// What the run's evidence needs: the receipt and the journal,
-			// the refs its host stored it with. audit_prev links the
-			// exporting host's audit chain, other runs' attestations a
-			// bundle of one run does not carry.
-			refs[s.Attestation] = []record.Address{body.Receipt, body.Journal}
-		case record.Suspended, record.Resumed:
-			if s.Kind == record.Suspended {
-				need[s.Manifest] = true
-			}
-			for _, a := range s.Snapshot.Addresses() {
-				need[a] = true
-				if s.Snapshot.IsTranscript() || !have(a) {
-					continue
-				}
-				b, err := read(a)
-				if err != nil {
-					return api.Import{}, err
-				}
-				es, err := store.DecodeListing(b)
-				if err != nil {
-					return api.Import{}, fmt.Errorf("bundle of %s: segment %d: snapshot %s: %w", h.Run, i, a, err)
-				}
-				for _, e := range es {
-					refs[a] = append(refs[a], e.Address)
-				}
-			}
-		}
-	}
-	for _, rs := range refs {
-		for _, a := range rs {
-			need[a] = true
-		}
-	}
-	for a := range need {
-		if !have(a) {
-			return api.Import{}, fmt.Errorf("bundle of %s: object %s: %w", h.Run, a, store.ErrMissingObject)
-		}
-	}
-	// Everything checked: adopt, each object after its refs (the bundle's
-	// order), then store the record.
-	for _, a := range order {
-		if _, err := d.st.Adopt(ctx, staged[a], refs[a]...); err != nil {
-			return api.Import{}, err
-		}
-	}
 	// A copy is held as one in the same transaction that stores it. The
-	// header's copy flag is not signed: it can only make a bundle less
-	// than it is (a copy of a handoff), never more.
+	// header's copy flag is not signed (docs/trust.md, "Copies").
 	if extend {
-		if _, err := d.st.Extend(id, rec, h.Copy, reclaim); err != nil {
+		if _, err := d.st.Extend(id, rec, sb.Header.Copy, reclaim); err != nil {
 			return api.Import{}, err
 		}
-	} else if err := d.st.ImportAs(id, rec, h.Copy); err != nil {
+	} else if err := d.st.ImportAs(id, rec, sb.Header.Copy); err != nil {
 		return api.Import{}, err
 	}
 	sum, err := d.summary(id, rl)
 	if err != nil {
 		return api.Import{}, err
 	}
-	d.log.Info("run imported", "run", id, "from", h.Run, "objects", len(order), "bytes", total)
-	return api.Import{Run: sum, Objects: len(order), Bytes: total}, nil
+	d.log.Info("run imported", "run", id, "from", sb.Header.Run, "objects", sb.Objects, "bytes", sb.Bytes, "copy", sb.Header.Copy)
+	return api.Import{Run: sum, Objects: sb.Objects, Bytes: sb.Bytes, Grants: grantsOf(sb.Grants), Signers: d.signersOf(sb.Signers)}, nil
 }
 
-func readJSONMember(tr *tar.Reader, name string, v any) error {
-	hdr, err := tr.Next()
-	if err != nil || hdr.Name != name {
-		return fmt.Errorf("%w: the first member must be %s", ErrBundle, name)
-	}
-	if err := json.NewDecoder(io.LimitReader(tr, 1<<20)).Decode(v); err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrBundle, name, err)
-	}
-	return nil
-}
-
-// stageObject writes r to p, hashing it.
-func stageObject(ctx context.Context, r io.Reader, p string) (record.Address, int64, error) {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
-	if err != nil {
-		return record.Address{}, 0, err
-	}
-	defer f.Close()
-	h := blake3.New(32, nil)
-	buf := make([]byte, 1<<20)
-	var n int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return record.Address{}, 0, err
-		}
-		k, rerr := r.Read(buf)
-		if k > 0 {
-			h.Write(buf[:k])
-			if _, err := f.Write(buf[:k]); err != nil {
-				return record.Address{}, 0, err
-			}
-			n += int64(k)
-		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			return record.Address{}, 0, fmt.Errorf("%w: %w", ErrBundle, rerr)
-		}
-	}
-	var a record.Address
-	h.Sum(a[:0])
-	return a, n, nil
-}
+// printableID quotes a run id from a bundle for an error message.
+func printableID(id string) string { return fmt.Sprintf("%q", id) }
 
 // notHandedOff refuses an operation on a run an export handed to another
 // host ([store.ErrHandedOff]).

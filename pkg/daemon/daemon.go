@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/idle"
 	"github.com/runrecordd/runrecordd/pkg/manifest"
@@ -95,6 +96,12 @@ type Config struct {
 	CPUInfo string
 	// Logger receives the daemon's events; slog.Default() when nil.
 	Logger *slog.Logger
+	// BundleLimits cap what one imported bundle may cost; a zero field
+	// takes bundle.DefaultLimits (docs/limits.md).
+	BundleLimits bundle.Limits
+	// BundleMounts are the host paths under which an imported bundle's
+	// read-only mount sources may lie; empty allows none (docs/trust.md).
+	BundleMounts []string
 }
 
 // Daemon is one host's runrecordd.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/manifest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -27,8 +28,22 @@ func ErrorOf(err error) *api.Error {
 		re *resume.RecordError
 		ce *store.CorruptError
 		sg *record.SegmentError
+		ue *attest.UntrustedError
+		pe *attest.PlaceError
 	)
 	switch {
+	case errors.As(err, &ue):
+		e.Code, e.Signer = api.CodeUntrustedSigner, ue.Key.String()
+		i := ue.Index
+		e.Segment = &i
+	case errors.As(err, &pe):
+		e.Code = api.CodeRecordInvalid
+		i := pe.Index
+		e.Segment = &i
+	case errors.Is(err, bundle.ErrPolicy):
+		e.Code = api.CodeGrantRefused
+	case errors.Is(err, bundle.ErrLimit):
+		e.Code = api.CodeBundleLimit
 	case errors.As(err, &se):
 		e.Code = api.CodeSnapshotMismatch
 	case errors.As(err, &me):
@@ -45,7 +60,8 @@ func ErrorOf(err error) *api.Error {
 	case errors.Is(err, record.ErrHeadMismatch), errors.Is(err, record.ErrCanonical), errors.Is(err, store.ErrDamaged),
 		errors.Is(err, attest.ErrSignature), errors.Is(err, attest.ErrMalformed):
 		e.Code = api.CodeRecordInvalid
-	case errors.Is(err, store.ErrNoRun), errors.Is(err, executor.ErrNotFound), errdefs.IsNotFound(err):
+	case errors.Is(err, store.ErrNoRun), errors.Is(err, executor.ErrNotFound), errdefs.IsNotFound(err),
+		errors.Is(err, store.ErrNotTrusted):
 		e.Code = api.CodeNotFound
 	case errors.Is(err, ErrNoSpace):
 		e.Code = api.CodeNoSpace
@@ -72,7 +88,7 @@ func ErrorOf(err error) *api.Error {
 	case errors.Is(err, ErrInvalid), errors.Is(err, ErrBundle), errors.Is(err, unit.ErrInvalid),
 		errors.Is(err, executor.ErrInvalid), errors.Is(err, executor.ErrImageMismatch), errors.Is(err, store.ErrRunID),
 		errors.Is(err, manifest.ErrMalformed), errors.Is(err, record.ErrMalformedSegment), errors.Is(err, record.ErrMalformedSnapshot),
-		errors.Is(err, record.ErrAddress):
+		errors.Is(err, record.ErrAddress), errors.Is(err, store.ErrKeyName):
 		e.Code = api.CodeBadRequest
 	case errors.Is(err, executor.ErrMissing), errors.Is(err, manifest.ErrMissing), errors.Is(err, store.ErrLocked),
 		errors.Is(err, context.DeadlineExceeded), errdefs.IsUnavailable(err):

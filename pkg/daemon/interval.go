@@ -300,6 +300,19 @@ func (d *Daemon) end(ctx context.Context, id string, lv *live, outcome attest.Ou
 	return evidence{seg: record.Execution(att, calls), att: att, receipt: rc}, nil
 }
 
+// parkedOutcome is the Suspended segment a park appends and the outcome
+// of the interval it ends, which names that segment: the attestation's
+// signature covers the snapshot and manifest a park leaves, the record's
+// tail (docs/attestation.md).
+func parkedOutcome(snap record.Snapshot, man record.Address) (record.Segment, attest.Outcome, error) {
+	s := record.Suspension(snap, man)
+	c, err := s.Canonical()
+	if err != nil {
+		return record.Segment{}, attest.Outcome{}, err
+	}
+	return s, attest.Outcome{Kind: attest.Parked, Suspends: record.Sum(c)}, nil
+}
+
 // attested counts an interval's receipt once its segment is durable.
 func (d *Daemon) attested(ev evidence) {
 	d.metrics.receipt(ev.receipt)

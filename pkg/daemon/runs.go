@@ -337,14 +337,19 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 	var ev evidence
 	ended := false
 	step("manifest")
+	var susp record.Segment
+	var outcome attest.Outcome
 	if err == nil {
-		ev, err = d.end(ctx, id, lv, attest.Outcome{Kind: attest.Parked}, lv.account(), extra...)
+		susp, outcome, err = parkedOutcome(snap, manAddr)
+	}
+	if err == nil {
+		ev, err = d.end(ctx, id, lv, outcome, lv.account(), extra...)
 		ended = true
 	}
 	step("evidence")
 	if err == nil {
 		failpoint("park.attested")
-		err = d.append(id, ev.seg, record.Suspension(snap, manAddr))
+		err = d.append(id, ev.seg, susp)
 	}
 	step("append")
 	if err != nil {

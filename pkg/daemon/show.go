@@ -182,6 +182,14 @@ func (d *Daemon) Verify(ctx context.Context, id string) (api.Verify, error) {
 	}
 	out.Segments, out.Phase, out.Head = rec.Len(), rec.Phase().String(), rec.Head().String()
 	out.WaitProof = waitProof(rec.WaitProof())
+	// Every attestation: signed, at its place; its signer reported
+	// trusted or not (a run imported before a key was removed stays).
+	signers, err := attest.CheckRecord(rec, d.st.ReadAll, d.trusted)
+	out.Signers = d.signersOf(signers)
+	if err != nil {
+		out.Error = ErrorOf(err)
+		return out, nil
+	}
 	// A closed run whose image snapshots retention released verifies
 	// without them: its record and evidence are all it keeps.
 	objs, err := d.objectsOf(rec, !d.released(id))

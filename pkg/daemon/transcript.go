@@ -701,12 +701,16 @@ func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) err
 	if err != nil {
 		return err
 	}
-	ev, err := d.end(ctx, id, lv, attest.Outcome{Kind: attest.Killed}, nil,
+	susp, outcome, err := parkedOutcome(record.TranscriptSnapshot(a), manAddr)
+	if err != nil {
+		return err
+	}
+	ev, err := d.end(ctx, id, lv, outcome, nil,
 		lifecycle("recovered", map[string]string{"reason": "the daemon serving the unit's channel stopped; the interval's call account was lost with it"}))
 	if err != nil {
 		return err
 	}
-	if err := d.append(id, ev.seg, record.Suspension(record.TranscriptSnapshot(a), manAddr)); err != nil {
+	if err := d.append(id, ev.seg, susp); err != nil {
 		return err
 	}
 	d.dropMark(id)

@@ -45,6 +45,27 @@ var ImageKeys = []string{KernelRelease, Arch, CPUFeatures, CRIUVersion, RuncVers
 // TranscriptKeys are the keys a transcript park records.
 var TranscriptKeys = []string{Arch, ImageDigest, Protocol}
 
+// KeysFor returns the keys a park of the given form must record: a
+// manifest without all of them says nothing about a host the resume
+// relies on (an empty manifest matches every host).
+func KeysFor(transcript bool) []string {
+	if transcript {
+		return TranscriptKeys
+	}
+	return ImageKeys
+}
+
+// Missing returns the keys of keys that m does not name, in keys' order.
+func (m Manifest) Missing(keys []string) []string {
+	var out []string
+	for _, k := range keys {
+		if _, ok := m[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // Errors.
 var (
 	ErrMalformed = errors.New("malformed manifest")

@@ -3,9 +3,10 @@
 //
 //  1. the offered snapshot is content-identical, by address, to the one the
 //     record suspended ([*SnapshotError]);
-//  2. this host's environment, computed over the keys the recorded manifest
-//     names, hashes to the recorded manifest address ([*ManifestError],
-//     listing the keys that differ);
+//  2. the recorded manifest names every key its park form requires
+//     ([manifest.KeysFor]), and this host's environment, computed over the
+//     keys it names, hashes to the recorded manifest address
+//     ([*ManifestError], listing the keys missing or differing);
 //  3. the record verifies from genesis ([*RecordError]).
 //
 // [Check] is pure: the caller hashes what is offered, reads the recorded
@@ -37,13 +38,20 @@ func (e *SnapshotError) Error() string {
 // Unwrap makes errors.Is(err, record.ErrSnapshotMismatch) hold.
 func (e *SnapshotError) Unwrap() error { return record.ErrSnapshotMismatch }
 
-// ManifestError is precondition 2 failing.
+// ManifestError is precondition 2 failing: the recorded manifest lacks
+// keys its park form requires (Missing), or this host's values differ
+// (Diffs).
 type ManifestError struct {
 	Recorded, Current record.Address
 	Diffs             []manifest.Difference
+	Missing           []string
 }
 
 func (e *ManifestError) Error() string {
+	if len(e.Missing) > 0 {
+		return fmt.Sprintf("environment manifest %s lacks keys its park form requires: %s; a manifest that names none of a host's facts would match any host, so this run cannot be resumed",
+			e.Recorded, strings.Join(e.Missing, ", "))
+	}
 	var lines []string
 	for _, d := range e.Diffs {
 		lines = append(lines, d.String())
@@ -60,7 +68,7 @@ func (e *ManifestError) Error() string {
 
 // Keys returns the differing keys.
 func (e *ManifestError) Keys() []string {
-	var k []string
+	k := append([]string(nil), e.Missing...)
 	for _, d := range e.Diffs {
 		k = append(k, d.Key)
 	}
@@ -122,6 +130,9 @@ func Check(in Inputs) error {
 	}
 	if recAddr != susp.Manifest {
 		return fmt.Errorf("recorded manifest object hashes to %s, the record names %s: the store is damaged", recAddr, susp.Manifest)
+	}
+	if miss := in.RecordedManifest.Missing(manifest.KeysFor(susp.Snapshot.IsTranscript())); len(miss) > 0 {
+		return &ManifestError{Recorded: susp.Manifest, Missing: miss}
 	}
 	cur := manifest.Manifest{}
 	for _, k := range in.RecordedManifest.Keys() {

@@ -2,6 +2,7 @@ package resume
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -33,17 +34,27 @@ func parked(t *testing.T, m manifest.Manifest) (Inputs, record.Snapshot) {
 	return in, snap
 }
 
-var host = manifest.Manifest{manifest.KernelRelease: "6.18.0", manifest.Arch: "amd64", manifest.CRIUVersion: "4.1.1", "other": "ignored"}
+var host = manifest.Manifest{manifest.KernelRelease: "6.18.0", manifest.Arch: "amd64", manifest.CRIUVersion: "4.1.1", "other": "ignored",
+	manifest.CPUFeatures: "f", manifest.RuncVersion: "1.3", manifest.ContainerdVersion: "2.1", manifest.ImageDigest: "sha256:x", manifest.UnitID: "u"}
+
+// full is this host's image-park manifest with some values changed.
+func full(changed manifest.Manifest) manifest.Manifest {
+	m, _ := manifest.Over(manifest.ImageKeys, host)
+	for k, v := range changed {
+		m[k] = v
+	}
+	return m
+}
 
 func TestCheckPasses(t *testing.T) {
-	in, _ := parked(t, manifest.Manifest{manifest.KernelRelease: "6.18.0", manifest.Arch: "amd64"})
+	in, _ := parked(t, full(nil))
 	if err := Check(in); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func TestCheckOrderAndTypes(t *testing.T) {
-	in, _ := parked(t, manifest.Manifest{manifest.KernelRelease: "6.17.0", manifest.Arch: "amd64", manifest.CRIUVersion: "4.1.1"})
+	in, _ := parked(t, full(manifest.Manifest{manifest.KernelRelease: "6.17.0"}))
 	in.Segments[0].Attestation = addr("edited") // precondition 3 fails too
 	good := in
 	flipped := addr("memory, one byte flipped")
@@ -68,8 +79,20 @@ func TestCheckOrderAndTypes(t *testing.T) {
 	}
 }
 
+// A manifest without the keys its park form requires would match any
+// host: refused, naming them.
+func TestCheckRefusesIncompleteManifest(t *testing.T) {
+	for _, m := range []manifest.Manifest{{}, {manifest.Arch: "amd64", manifest.KernelRelease: "6.18.0"}} {
+		in, _ := parked(t, m)
+		var me *ManifestError
+		if err := Check(in); !errors.As(err, &me) || !slices.Contains(me.Keys(), manifest.UnitID) || !strings.Contains(err.Error(), "lacks keys") {
+			t.Fatalf("manifest %v: %v", m, err)
+		}
+	}
+}
+
 func TestCheckRecord(t *testing.T) {
-	in, _ := parked(t, manifest.Manifest{manifest.Arch: "amd64"})
+	in, _ := parked(t, full(nil))
 	in.Segments[0].Attestation = addr("edited")
 	err := Check(in)
 	var re *RecordError
@@ -80,13 +103,13 @@ func TestCheckRecord(t *testing.T) {
 }
 
 func TestCheckRefusesOthers(t *testing.T) {
-	in, _ := parked(t, manifest.Manifest{manifest.Arch: "amd64"})
+	in, _ := parked(t, full(nil))
 	notParked := in
 	notParked.Segments = in.Segments[:1]
 	if err := Check(notParked); !errors.Is(err, ErrNotParked) {
 		t.Fatal(err)
 	}
-	in.RecordedManifest = manifest.Manifest{manifest.Arch: "arm64"}
+	in.RecordedManifest = full(manifest.Manifest{manifest.Arch: "arm64"})
 	if err := Check(in); err == nil || !strings.Contains(err.Error(), "store is damaged") {
 		t.Fatal(err)
 	}

@@ -38,6 +38,9 @@ func New(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/gc", h.gc)
 	mux.HandleFunc("POST /v1/runs/{id}/pin", h.pin)
 	mux.HandleFunc("DELETE /v1/runs/{id}/pin", h.pin)
+	mux.HandleFunc("GET /v1/trust", h.trustList)
+	mux.HandleFunc("POST /v1/trust", h.trustAdd)
+	mux.HandleFunc("DELETE /v1/trust/{key}", h.trustRemove)
 	routeCalls(mux, h)
 	mux.Handle("GET /metrics", d.Metrics())
 	return h.logged(mux)
@@ -91,6 +94,10 @@ func Status(code string) int {
 		return http.StatusGatewayTimeout
 	case api.CodeNoSpace:
 		return http.StatusInsufficientStorage
+	case api.CodeUntrustedSigner, api.CodeGrantRefused:
+		return http.StatusForbidden
+	case api.CodeBundleLimit:
+		return http.StatusRequestEntityTooLarge
 	default:
 		return http.StatusInternalServerError
 	}
@@ -249,4 +256,24 @@ func (h *handler) export(w http.ResponseWriter, r *http.Request) {
 func (h *handler) importBundle(w http.ResponseWriter, r *http.Request) {
 	im, err := h.d.ImportWith(r.Context(), r.Body, r.URL.Query().Get("id"), r.URL.Query().Get("reclaim") == "true")
 	h.reply(w, r, im, err)
+}
+
+func (h *handler) trustList(w http.ResponseWriter, r *http.Request) {
+	keys, err := h.d.TrustedKeys()
+	h.reply(w, r, keys, err)
+}
+
+func (h *handler) trustAdd(w http.ResponseWriter, r *http.Request) {
+	var req api.TrustedKey
+	if err := decode(w, r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	k, err := h.d.Trust(req.Key, req.Name)
+	h.reply(w, r, k, err)
+}
+
+func (h *handler) trustRemove(w http.ResponseWriter, r *http.Request) {
+	err := h.d.Untrust(r.PathValue("key"))
+	h.reply(w, r, struct{}{}, err)
 }

@@ -31,6 +31,9 @@ func TestStatus(t *testing.T) {
 		api.CodeCheckpointTimeout: http.StatusGatewayTimeout,
 		api.CodeRestoreTimeout:    http.StatusGatewayTimeout,
 		api.CodeInternal:          http.StatusInternalServerError,
+		api.CodeUntrustedSigner:   http.StatusForbidden,
+		api.CodeGrantRefused:      http.StatusForbidden,
+		api.CodeBundleLimit:       http.StatusRequestEntityTooLarge,
 	} {
 		if got := Status(code); got != want {
 			t.Errorf("Status(%s) = %d, want %d", code, got, want)

@@ -15,7 +15,7 @@
 //	                      address's text without "b3:", <c> its first
 //	                      character (64 shard directories)
 //
-// # bbolt schema (version 3)
+// # bbolt schema (version 4)
 //
 //	meta/
 //	  version          → uint32, big-endian: the schema version
@@ -51,6 +51,8 @@
 //	  <run id>         → when its record last arrived in a bundle (Unix ns, 8)
 //	roots/
 //	  <address (32)>   → empty: kept whatever the records reach
+//	trust/             the host keys this daemon trusts (version 4)
+//	  <key id (32)>    → the name it was given (UTF-8, at most 256 bytes)
 //
 // A run's state makes [Store.Head] and [Store.Run] O(1) and lets
 // [Store.Append] judge a segment without reading the record (a parked
@@ -65,7 +67,8 @@
 // [SchemaVersion] is the current version. A new store is created at
 // version 1 (meta, runs, log, refs) and brought up through the ordered
 // migration list, so every migration runs on every store. Migration 1→2
-// builds the phase index from the run states. A store from a newer schema
+// builds the phase index from the run states; 2→3 creates the (empty)
+// trust bucket. A store from a newer schema
 // is refused with [ErrSchema].
 //
 // # Guarantees

@@ -121,6 +121,38 @@ func TestMigration1To2(t *testing.T) {
 	}
 }
 
+// Migration 3→4 creates the trust bucket, empty; keys trusted after it
+// persist.
+func TestMigrationToTrust(t *testing.T) {
+	dir := t.TempDir()
+	writeV1(t, dir, map[string]*record.Record{"r": record.New(unitOf("r"))}, nil)
+	s := mustOpen(t, dir)
+	if keys, err := s.TrustedKeys(); err != nil || len(keys) != 0 {
+		t.Fatalf("trusted keys after migration: %v %v", keys, err)
+	}
+	a, b := record.Sum([]byte("a")), record.Sum([]byte("b"))
+	if err := s.Trust(a, "host a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Trust(b, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Untrust(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Untrust(b); !errors.Is(err, ErrNotTrusted) {
+		t.Fatalf("untrust twice: %v", err)
+	}
+	if err := s.Trust(a, string([]byte{0xff})); !errors.Is(err, ErrKeyName) {
+		t.Fatalf("a name that is not UTF-8: %v", err)
+	}
+	s = mustReopen(t, s)
+	keys, err := s.TrustedKeys()
+	if err != nil || len(keys) != 1 || keys[0] != (TrustedKey{Key: a, Name: "host a"}) || !s.IsTrusted(a) || s.IsTrusted(b) {
+		t.Fatalf("trusted keys after reopen: %v %v", keys, err)
+	}
+}
+
 // A migration that fails leaves the store at its old version, untouched.
 func TestMigrationFailureRollsBack(t *testing.T) {
 	dir := t.TempDir()

@@ -23,6 +23,7 @@ var (
 	bktFreed  = []byte("released") // run id → when its image snapshots were released (Unix ns)
 	bktArrive = []byte("imported") // run id → when its record last arrived in a bundle (Unix ns)
 	bktRoots  = []byte("roots")    // address → nothing: kept whatever the records reach (the host's audit chain)
+	bktTrust  = []byte("trust")
 	keyVer    = []byte("version")
 )
 
@@ -47,11 +48,12 @@ type migration struct {
 var migrations = []migration{
 	{2, "phase index: phases/<phase>/<run id>, built from run states", migratePhaseIndex},
 	{3, "one timeline per run and retention: geneses/<head₀> → run id, built from run states; handoffs, closed (closed runs dated at the migration), pins, released, imported, roots", migrateTimelines},
+	{4, "trusted host keys: trust/<key id>, empty", migrateTrust},
 }
 
 // SchemaVersion is the version this package writes: the last migration's
 // (a test holds the two together).
-const SchemaVersion = 3
+const SchemaVersion = 4
 
 // createV1 writes the version-1 schema: meta, runs, log, refs.
 func createV1(tx *bolt.Tx) error {

@@ -98,6 +98,8 @@ func TestAttackForkAfterExport(t *testing.T) {
 	_, err = a.c.Import(ctx, bytes.NewReader(first.Bytes()), "")
 	apiError(t, err, api.CodeGenesisHeld)
 	b := mustDaemon(t, "fork-second")
+	trustHost(t, a, b)
+	trustHost(t, b, a)
 	mustImportImage(t, b, trAgentArchive, trAgentImage, trAgentDigest)
 	imported := time.Now()
 	if _, err := b.c.Import(ctx, bytes.NewReader(first.Bytes()), ""); err != nil {

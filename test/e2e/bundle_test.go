@@ -54,6 +54,7 @@ func TestResumeOnSecondHost(t *testing.T) {
 	if hostA.KeyID == hostB.KeyID || hostA.Containerd == hostB.Containerd || !hostB.Embedded {
 		t.Fatalf("not a second host: %+v and %+v", hostA, hostB)
 	}
+	trustHost(t, a, b)
 	f, err = os.Open(bundle)
 	if err != nil {
 		t.Fatal(err)

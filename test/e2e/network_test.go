@@ -135,6 +135,7 @@ func TestTCPStateSurvivesPark(t *testing.T) {
 	f.Close()
 	b := mustDaemon(t, "tcp-second")
 	mustImportImage(t, b, oracleArchive, oracleImage, oracleDigest)
+	trustHost(t, a, b)
 	f, err = os.Open(bundle)
 	if err != nil {
 		t.Fatal(err)

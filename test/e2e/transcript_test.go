@@ -859,6 +859,7 @@ func TestTranscriptOnSecondHost(t *testing.T) {
 	if hostA.KeyID == hostB.KeyID || hostA.Containerd == hostB.Containerd {
 		t.Fatalf("not a second host: %+v and %+v", hostA, hostB)
 	}
+	trustHost(t, a, b)
 	im, err := b.c.Import(ctx, bytes.NewReader(bundle.Bytes()), "")
 	if err != nil {
 		t.Fatalf("import: %v", err)
@@ -943,6 +944,7 @@ func TestTranscriptBundleFromBusyHost(t *testing.T) {
 		t.Fatalf("export: %v", err)
 	}
 	b := mustDaemon(t, "tr-busy-second")
+	trustHost(t, a, b)
 	im, err := b.c.Import(ctx, bytes.NewReader(bundle.Bytes()), "")
 	if err != nil {
 		t.Fatalf("import on a fresh host: %v\n(the bundle holds %s's record and the objects it reaches; its first attestation's audit_prev %s, "+
