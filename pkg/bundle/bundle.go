@@ -340,6 +340,10 @@ func (s *Staged) judge(st *store.Store, opt Options) error {
 	if err == nil {
 		err = grants.Validate()
 	}
+	if errors.Is(err, unit.ErrSource) {
+		// A mount no host grants is this host's policy refusing it.
+		return fmt.Errorf("bundle of %s: grant set: %w: %w", run, ErrPolicy, err)
+	}
 	if err != nil {
 		return fmt.Errorf("bundle of %s: grant set: %w", run, err)
 	}

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"testing"
-
-	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // stallThenFail is an export's client that takes n bytes, then stalls
@@ -61,42 +59,5 @@ func TestFailedExportKeepsAnotherExportsHandoff(t *testing.T) {
 	}
 	if _, off, _ := g.d.st.HandedOff("s"); off {
 		t.Fatal("a failed export, alone, left the run handed off")
-	}
-}
-
-// A copy stays a copy: the host holding it exports it as a copy, whatever
-// is asked, so no chain of exports makes two hosts hold the run.
-func TestCopyReexportedAsCopy(t *testing.T) {
-	x := mustMetricsHost(t, "")
-	x.d.runs = map[string]*run{}
-	x.start(t, "r")
-	// Parked with no interval: a bundle with no attestation to sign.
-	x.append(t, "r", record.Suspension(x.transcriptPark(t, 4096), x.put(t, []byte("manifest"))))
-	var c bytes.Buffer
-	if err := x.d.Export(t.Context(), "r", &c, false); err != nil {
-		t.Fatal(err)
-	}
-	if _, off, _ := x.d.st.HandedOff("r"); off {
-		t.Fatal("a copy export handed the run off")
-	}
-	y := mustMetricsHost(t, "")
-	y.d.runs = map[string]*run{}
-	if _, err := y.d.Import(t.Context(), bytes.NewReader(c.Bytes()), ""); err != nil {
-		t.Fatal(err)
-	}
-	if h, off, _ := y.d.st.HandedOff("r"); !off || !h.Copy {
-		t.Fatalf("the copy is held as %+v (%v)", h, off)
-	}
-	var again bytes.Buffer
-	if err := y.d.Export(t.Context(), "r", &again, true); err != nil {
-		t.Fatal(err)
-	}
-	z := mustMetricsHost(t, "")
-	z.d.runs = map[string]*run{}
-	if _, err := z.d.Import(t.Context(), bytes.NewReader(again.Bytes()), ""); err != nil {
-		t.Fatal(err)
-	}
-	if h, off, _ := z.d.st.HandedOff("r"); !off || !h.Copy {
-		t.Fatalf("a copy of a copy is held as %+v (%v): X and Z could both resume", h, off)
 	}
 }

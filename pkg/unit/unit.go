@@ -45,6 +45,8 @@ var (
 	// grant set: another domain, a bad length, trailing bytes, or a
 	// decoding that does not re-encode to the same bytes.
 	ErrMalformed = errors.New("malformed unit bytes")
+	// ErrSource: a mount source no grant may name (with ErrInvalid).
+	ErrSource = errors.New("mount source never granted")
 )
 
 // Mode is how a unit parks.
@@ -309,11 +311,11 @@ func CheckSource(p string) error {
 		return fmt.Errorf("%w: mount source %s: not an absolute clean path", ErrInvalid, p)
 	}
 	if p == "/" {
-		return fmt.Errorf("%w: mount source /: the host's root is never granted", ErrInvalid)
+		return fmt.Errorf("%w: %w: mount source /: the host's root is never granted", ErrInvalid, ErrSource)
 	}
 	for _, f := range forbiddenSources {
 		if p == f || strings.HasPrefix(p, f+"/") {
-			return fmt.Errorf("%w: mount source %s: nothing under %s is ever granted", ErrInvalid, p, f)
+			return fmt.Errorf("%w: %w: mount source %s: nothing under %s is ever granted", ErrInvalid, ErrSource, p, f)
 		}
 	}
 	return nil
@@ -355,6 +357,13 @@ func (g *Grants) Canonical() ([]byte, error) {
 	if err := g.Validate(); err != nil {
 		return nil, err
 	}
+	return g.Encode(), nil
+}
+
+// Encode writes the grant set's layout without validating it: what a
+// forged bundle would carry, for tests that check it is refused.
+// Everything else uses Canonical.
+func (g *Grants) Encode() []byte {
 	b := []byte(GrantsDomain)
 	b = binary.BigEndian.AppendUint32(b, g.MilliCPU)
 	b = binary.BigEndian.AppendUint64(b, g.MemoryBytes)
@@ -375,7 +384,7 @@ func (g *Grants) Canonical() ([]byte, error) {
 		b = binary.BigEndian.AppendUint64(b, l.IntervalPayloadBytes)
 		b = binary.BigEndian.AppendUint64(b, l.SnapshotBytes)
 	}
-	return b, nil
+	return b
 }
 
 // ID returns grants_id: the address of the grant set's canonical bytes.

@@ -276,3 +276,50 @@ func TestAttackParkNoSpace(t *testing.T) {
 	start(full, "full", unit.Limits{})
 	refused(full, "full", "--min-free")
 }
+
+// A copy stays a copy: exported without a handoff, the run stays where it
+// is; the host that imports the copy holds it as one (never resumed), and
+// exports it again only as a copy, so no chain of exports makes two hosts
+// hold the run.
+func TestAttackCopyStaysCopy(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	a := trShared(t)
+	const id = "copy"
+	trStart(t, a, id, trAgentImage, "STEPS=1")
+	trParked(t, a, id, 2)
+	var copied bytes.Buffer
+	if err := a.c.ExportCopy(ctx, id, &copied); err != nil {
+		t.Fatalf("export a copy: %v", err)
+	}
+	if r, err := a.run(ctx, id); err != nil || r.HandedOff {
+		t.Fatalf("a copy export handed the run off: %+v, %v", r, err)
+	}
+	b := mustDaemon(t, "copy-second")
+	trustHost(t, a, b)
+	mustImportImage(t, b, trAgentArchive, trAgentImage, trAgentDigest)
+	im, err := b.c.Import(ctx, bytes.NewReader(copied.Bytes()), "")
+	if err != nil {
+		t.Fatalf("import the copy: %v", err)
+	}
+	if !im.Run.HandedOff || im.Run.Status != "copy" {
+		t.Fatalf("the copy is held as %+v", im.Run)
+	}
+	_, err = b.c.PostResult(ctx, id, "call-1", []byte(trResult(1)))
+	apiError(t, err, api.CodeHandedOff)
+	var again bytes.Buffer
+	if err := b.c.Export(ctx, id, &again); err != nil {
+		t.Fatalf("export from the copy's host: %v", err)
+	}
+	c := mustDaemon(t, "copy-third")
+	trustHost(t, a, c)
+	if im, err = c.c.Import(ctx, bytes.NewReader(again.Bytes()), ""); err != nil {
+		t.Fatalf("import on a third host: %v", err)
+	}
+	if !im.Run.HandedOff || im.Run.Status != "copy" {
+		t.Fatalf("a copy of a copy is held as %+v: it and the source could both resume", im.Run)
+	}
+	// The source still holds the run, and finishes it.
+	trPost(t, a, id, "call-1", trResult(1))
+	trClosed(t, a, id)
+}
