@@ -33,7 +33,7 @@ type live struct {
 	// (past limits.log_bytes) when the interval began, as this daemon
 	// process counts it.
 	discarded [2]uint64
-	events attest.Journal // lifecycle entries of this interval so far
+	events    attest.Journal // lifecycle entries of this interval so far
 	// stopping is set, under the run's lock, before the daemon destroys
 	// the sandbox on purpose, so that the exit watcher leaves it alone.
 	stopping bool

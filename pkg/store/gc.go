@@ -90,4 +90,3 @@ func (s *Store) GC(ctx context.Context, grace time.Duration) (GCStats, error) {
 	}
 	return st, nil
 }
-
