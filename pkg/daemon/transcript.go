@@ -739,6 +739,7 @@ func (d *Daemon) Calls(ctx context.Context) ([]api.Call, error) {
 	for _, id := range ids {
 		st, err := d.st.Run(id)
 		if err != nil || st.Phase == record.Ended {
+			d.forgetCalls(id)
 			continue
 		}
 		raw, err := d.st.Raw(id)
@@ -746,20 +747,7 @@ func (d *Daemon) Calls(ctx context.Context) ([]api.Call, error) {
 			continue
 		}
 		c := callsOf(raw.Segments)
-		payloads := map[string]protocol.Call{}
-		for _, s := range raw.Segments {
-			if s.Kind != record.Executed || s.Calls == nil || len(s.Calls.Dispatched) == 0 {
-				continue
-			}
-			if j, err := d.journalOf(s.Attestation); err == nil {
-				for _, e := range j.Entries {
-					var call protocol.Call
-					if e.Kind == attest.Dispatch && json.Unmarshal(e.Data, &call) == nil {
-						payloads[call.ID] = call
-					}
-				}
-			}
-		}
+		payloads := d.recordedCalls(id, raw.Segments)
 		d.mu.Lock()
 		r := d.runs[id]
 		d.mu.Unlock()
@@ -791,6 +779,67 @@ func (d *Daemon) Calls(ctx context.Context) ([]api.Call, error) {
 		return cmpStr(a.ID, b.ID)
 	})
 	return out, nil
+}
+
+// recordedCalls is what a run's record holds of its outstanding calls:
+// each one's kind and payload, from the journal of the interval that
+// dispatched it. It is kept per run and brought up to date by reading
+// only the journals of segments appended since the last call, so that
+// `GET /v1/calls` does not read every journal of every open run each
+// time.
+type recordedCalls struct {
+	segs     int                      // segments read
+	payloads map[string]protocol.Call // dispatched and not resolved by those segments
+}
+
+// recordedCalls returns run id's outstanding recorded calls, from its
+// segments segs. The map is a copy.
+func (d *Daemon) recordedCalls(id string, segs []record.Segment) map[string]protocol.Call {
+	d.recordedMu.Lock()
+	defer d.recordedMu.Unlock()
+	rc := d.recorded[id]
+	if rc == nil || rc.segs > len(segs) {
+		rc = &recordedCalls{payloads: map[string]protocol.Call{}}
+	}
+	for _, s := range segs[rc.segs:] {
+		if s.Kind != record.Executed || s.Calls == nil {
+			continue
+		}
+		if len(s.Calls.Dispatched) > 0 {
+			want := make(map[string]bool, len(s.Calls.Dispatched))
+			for _, c := range s.Calls.Dispatched {
+				want[c] = true
+			}
+			if j, err := d.journalOf(s.Attestation); err == nil {
+				for _, e := range j.Entries {
+					var call protocol.Call
+					if e.Kind == attest.Dispatch && json.Unmarshal(e.Data, &call) == nil && want[call.ID] {
+						rc.payloads[call.ID] = call
+					}
+				}
+			}
+		}
+		for _, c := range s.Calls.Resolved {
+			delete(rc.payloads, c)
+		}
+	}
+	rc.segs = len(segs)
+	if d.recorded == nil {
+		d.recorded = map[string]*recordedCalls{}
+	}
+	d.recorded[id] = rc
+	out := make(map[string]protocol.Call, len(rc.payloads))
+	for k, v := range rc.payloads {
+		out[k] = v
+	}
+	return out
+}
+
+// forgetCalls drops a closed run's cached calls.
+func (d *Daemon) forgetCalls(id string) {
+	d.recordedMu.Lock()
+	delete(d.recorded, id)
+	d.recordedMu.Unlock()
 }
 
 func cmpStr(a, b string) int {
