@@ -11,7 +11,10 @@ package e2e
 //     untouched, the park seals what the unit appended, and nothing else.
 //   - TestAttackTranscriptFIFO: a FIFO in place of the transcript, at a park
 //     and across a daemon restart (its recovery of the transcript): the
-//     park completes, the restarted daemon serves and recovers the run.
+//     park completes, the restarted daemon serves and recovers the run; a
+//     FIFO, a symlink to a host file and one to /dev/zero planted in
+//     channel directories while the daemon is down are refused at its
+//     start, their runs left lost, the host file untouched.
 //   - TestAttackChannelFlood: 64 connections, each holding an unterminated
 //     line of 1 MiB: the channel keeps its 16, refuses the rest with
 //     too_many_connections, and the daemon's memory stays bounded.
@@ -29,6 +32,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -147,10 +151,56 @@ func TestAttackTranscriptFIFO(t *testing.T) {
 		const id = "atk-fifo-restart"
 		chStart(t, d, id, "transcript-fifo", unit.Limits{})
 		chSaid(t, d, id, "idling")
+		// What a unit could leave in its channel directory when it was
+		// writable, planted by hand while the daemon is down: a FIFO, a
+		// symlink to a host file, one to /dev/zero. The restarted daemon
+		// refuses each transcript, leaves its run lost and serves.
+		victim := filepath.Join(d.root, "victim")
+		const secret = "host secret: not the unit's\n"
+		if err := os.WriteFile(victim, []byte(secret), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		planted := map[string]func(p string) error{
+			"atk-left-fifo":    func(p string) error { return syscall.Mkfifo(p, 0o600) },
+			"atk-left-symlink": func(p string) error { return os.Symlink(victim, p) },
+			"atk-left-zero":    func(p string) error { return os.Symlink("/dev/zero", p) },
+		}
+		was := map[string]api.Run{}
+		for pid := range planted {
+			chStart(t, d, pid, "idle", unit.Limits{})
+			chSaid(t, d, pid, "idling")
+		}
+		// A daemon stopped while its start-up probe runs takes long to
+		// stop: stopped once the probe is done.
+		waitImageParks(t, d)
 		mustStop(t, d)
+		for pid, plant := range planted {
+			p := filepath.Join(d.state, "ch", pid, "transcript")
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := plant(p); err != nil {
+				t.Fatal(err)
+			}
+		}
 		mustStart(t, d)
 		chServing(t, d)
-		// The channel died with the daemon: the restarted one parks the
+		for pid := range planted {
+			r, err := d.run(context.Background(), pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Status != "lost" || r.Segments != 0 {
+				t.Errorf("run %s with a planted transcript: %+v, want lost with its record as it was", pid, r)
+			}
+			was[pid] = r
+			chVerified(t, d, pid)
+		}
+		if b, err := os.ReadFile(victim); err != nil || string(b) != secret {
+			t.Errorf("the host file %s is now %q (%v)", victim, b, err)
+		}
+		// The unit's own attempt was refused by the read-only mount: the
+		// channel died with the daemon, and the restarted one parks the
 		// run from the transcript it holds, unaccounted.
 		r := trParked(t, d, id, 2)
 		s := mustShow(t, d, id)
@@ -159,6 +209,9 @@ func TestAttackTranscriptFIFO(t *testing.T) {
 		}
 		chVerified(t, d, id)
 		unchanged(t, d, id, r)
+		for pid, r := range was {
+			unchanged(t, d, pid, r)
+		}
 	})
 	t.Run("Park", func(t *testing.T) {
 		d := chShared(t)
