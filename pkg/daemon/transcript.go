@@ -131,6 +131,7 @@ func (d *Daemon) openChannel(id string, restored *resumed, lim unit.Limits) (*ch
 		if !ok {
 			ch.closeFiles()
 			os.RemoveAll(ch.dir)
+			os.Remove(ch.spoolPath)
 		}
 	}()
 	// The directory is the daemon's, new, and not yet mounted anywhere:

@@ -256,6 +256,7 @@ func TestAttackChannelFlood(t *testing.T) {
 	conns := chSaid(t, d, id, "connections: ")
 	chSaid(t, d, id, "holding ")
 	grown := chRSS(t, d.cmd.Process.Pid) - before
+	t.Logf("the daemon's resident set grew by %d KiB under the flood", grown>>10)
 	def := unit.DefaultLimits
 	// 64 connections: the default keeps 16 and refuses 48 with a line.
 	if want := fmt.Sprintf("kept %d refused map[too_many_connections:%d]", def.ChannelConns, 64-def.ChannelConns); conns != want {
