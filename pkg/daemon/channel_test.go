@@ -14,6 +14,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/pkg/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -205,5 +206,58 @@ func TestResultName(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, resultName(a)), []byte("{}"), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestScanJournal: a journal read as a stream gives the entries of the
+// kinds asked for, in order, and a journal object whose bytes no longer
+// match its address is an error, not entries.
+func TestScanJournal(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	key, err := attest.LoadOrCreateKey(filepath.Join(dir, "key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &Daemon{st: st}
+	j := attest.Journal{}
+	j.Add(attest.Lifecycle, 1, []byte("started"))
+	j.Add(attest.Dispatch, 2, []byte(`{"id":"c1","kind":"k","payload":null}`))
+	j.Add(attest.Stdout, 3, bytes.Repeat([]byte("o"), 100<<10))
+	j.Add(attest.Lifecycle, 4, []byte(`await ["c1"]`))
+	jAddr, err := st.PutBytes(j.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed, err := attest.Sign(&attest.Body{Interval: 1, Journal: jAddr, Receipt: jAddr, Outcome: attest.Outcome{Kind: attest.Parked}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	att, err := st.PutBytes(signed.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	err = d.scanJournal(att, []attest.EntryKind{attest.Lifecycle, attest.Dispatch}, func(e attest.Entry) {
+		got = append(got, fmt.Sprintf("%d:%s", e.Kind, e.Data))
+	})
+	if want := `3:started 5:{"id":"c1","kind":"k","payload":null} 3:await ["c1"]`; err != nil || strings.Join(got, " ") != want {
+		t.Fatalf("scanJournal = %q, %v; want %s", got, err, want)
+	}
+	b, err := os.ReadFile(st.Path(jAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] ^= 1
+	os.Chmod(st.Path(jAddr), 0o600)
+	if err := os.WriteFile(st.Path(jAddr), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.scanJournal(att, []attest.EntryKind{attest.Lifecycle}, func(attest.Entry) {}); err == nil {
+		t.Fatal("a corrupted journal scanned without an error")
 	}
 }

@@ -564,18 +564,18 @@ func (d *Daemon) awaited(segs []record.Segment, outstanding map[string]bool) []s
 		if segs[i].Kind != record.Executed {
 			continue
 		}
-		j, err := d.journalOf(segs[i].Attestation)
-		if err != nil {
+		var last []byte
+		err := d.scanJournal(segs[i].Attestation, []attest.EntryKind{attest.Lifecycle}, func(e attest.Entry) {
+			if rest, ok := cutPrefix(e, "await "); ok {
+				last = rest
+			}
+		})
+		if err != nil || last == nil {
 			break
 		}
-		for k := len(j.Entries) - 1; k >= 0; k-- {
-			e := j.Entries[k]
-			if rest, ok := cutPrefix(e, "await "); ok {
-				var ids []string
-				if json.Unmarshal(rest, &ids) == nil {
-					return ids
-				}
-			}
+		var ids []string
+		if json.Unmarshal(last, &ids) == nil {
+			return ids
 		}
 		break
 	}
@@ -592,18 +592,6 @@ func cutPrefix(e attest.Entry, p string) ([]byte, bool) {
 		return nil, false
 	}
 	return e.Data[len(p):], true
-}
-
-func (d *Daemon) journalOf(att record.Address) (*attest.Journal, error) {
-	body, err := d.attestation(att)
-	if err != nil {
-		return nil, err
-	}
-	b, err := d.st.ReadAll(body.Journal)
-	if err != nil {
-		return nil, err
-	}
-	return attest.DecodeJournal(b)
 }
 
 // PostResult takes the platform's result for one of run's outstanding
@@ -811,12 +799,16 @@ func (d *Daemon) recordedCalls(id string, segs []record.Segment) map[string]prot
 			for _, c := range s.Calls.Dispatched {
 				want[c] = true
 			}
-			if j, err := d.journalOf(s.Attestation); err == nil {
-				for _, e := range j.Entries {
-					var call protocol.Call
-					if e.Kind == attest.Dispatch && json.Unmarshal(e.Data, &call) == nil && want[call.ID] {
-						rc.payloads[call.ID] = call
-					}
+			found := map[string]protocol.Call{}
+			err := d.scanJournal(s.Attestation, []attest.EntryKind{attest.Dispatch}, func(e attest.Entry) {
+				var call protocol.Call
+				if json.Unmarshal(e.Data, &call) == nil && want[call.ID] {
+					found[call.ID] = call
+				}
+			})
+			if err == nil {
+				for id, call := range found {
+					rc.payloads[id] = call
 				}
 			}
 		}
