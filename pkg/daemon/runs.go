@@ -765,6 +765,11 @@ func (d *Daemon) List(phase string) ([]api.Run, error) {
 // park froze it and did not finish); a sandbox whose run is parked or
 // closed — or that no run owns — is destroyed.
 func (d *Daemon) reconcile(ctx context.Context) error {
+	// No channel outlives the daemon that served it: every journal spool
+	// found now is a dead interval's (its account is lost with it).
+	if err := os.RemoveAll(filepath.Join(d.cfg.StateDir, "spool")); err != nil {
+		d.log.Warn("reconcile: removing the journal spools of the last daemon", "err", err)
+	}
 	ids, err := d.ex.List(ctx)
 	if err != nil {
 		return err

@@ -857,7 +857,6 @@ func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) err
 	}
 	rel := filepath.Join("ch", id, protocol.TranscriptFile)
 	path := filepath.Join(d.cfg.StateDir, rel)
-	os.Remove(filepath.Join(d.cfg.StateDir, "spool", id)) // the dead daemon's
 	if status, _ := lv.sb.Status(ctx); status != "paused" {
 		if err := lv.sb.Pause(ctx); err != nil {
 			return err
