@@ -21,6 +21,9 @@ package e2e
 //   - TestAttackChannelLimits: a grant set's transcript, call and payload
 //     limits, each refused with its code, the record holding what was
 //     accepted and nothing else.
+//   - TestAttackChannelPayload: 96 MiB appended in one interval does not
+//     stay in the daemon's memory (the journal is spooled to disk), and the
+//     park seals all of it.
 //   - TestAttackLongCallID: a call id of 250 bytes (its result file's name
 //     was longer than NAME_MAX) gets its result and the run resumes.
 
@@ -322,6 +325,33 @@ func TestAttackLongCallID(t *testing.T) {
 	trPost(t, d, id, call, `{"long":true}`)
 	if got := chSaid(t, d, id, "result: "); got != `ok=true err=ok payload={"long":true}` {
 		t.Errorf("the unit got %s", got)
+	}
+	chVerified(t, d, id)
+	chServing(t, d)
+}
+
+func TestAttackChannelPayload(t *testing.T) {
+	privileged(t)
+	d := mustDaemon(t, "payload")
+	mustImportImage(t, d, hostileArchive, hostileImage, hostileDigest)
+	const id = "atk-payload"
+	const mib = 96
+	before := chRSS(t, d.cmd.Process.Pid)
+	chStart(t, d, id, "channel-payload", unit.Limits{}, fmt.Sprintf("MIB=%d", mib))
+	if got := chSaid(t, d, id, "appended "); got != strconv.Itoa(mib<<20) {
+		t.Fatalf("the unit appended %s bytes, want %d", got, mib<<20)
+	}
+	grown := chRSS(t, d.cmd.Process.Pid) - before
+	t.Logf("the daemon's resident set grew by %d KiB over %d MiB of appends", grown>>10, mib)
+	if limit := int64(32 << 20); grown > limit {
+		t.Errorf("the daemon's resident set grew by %d MiB over %d MiB of appends (at most %d MiB allowed): the interval's payload is held in memory", grown>>20, mib, limit>>20)
+	}
+	if _, err := d.c.Park(context.Background(), id); err != nil {
+		t.Fatalf("park: %v", err)
+	}
+	s := mustShow(t, d, id)
+	if got := len(trSealed(t, d, s.Segments[1])); got != mib<<20 {
+		t.Errorf("the park sealed %d bytes, want %d", got, mib<<20)
 	}
 	chVerified(t, d, id)
 	chServing(t, d)

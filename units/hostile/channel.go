@@ -18,6 +18,8 @@ package main
 //     awaits the first: each refusal is reported by its code.
 //   - long-call-id: dispatches a call with an id of IDLEN bytes (default
 //     200) and awaits it; started again with its result, reads it.
+//   - channel-payload: appends MIB MiB (default 96) to its transcript in
+//     appends of 900 KiB, all in one interval, and reports the size.
 
 import (
 	"bufio"
@@ -126,6 +128,7 @@ func init() {
 	attacks["channel-flood"] = channelFlood
 	attacks["channel-limits"] = channelLimits
 	attacks["long-call-id"] = longCallID
+	attacks["channel-payload"] = channelPayload
 }
 
 // channelFlood opens many connections and holds a long unterminated line
@@ -222,4 +225,23 @@ func longCallID() {
 	}
 	r, ok, err := c.Result(ctx, id)
 	say("result: ok=%v err=%s payload=%s", ok, code(err), r.Payload)
+}
+
+// channelPayload appends MIB MiB in one interval: all of it would be held
+// by a daemon that keeps an interval's journal in memory until the seal.
+func channelPayload() {
+	c := dial()
+	ctx := context.Background()
+	want := int64(envInt("MIB", 96)) << 20
+	chunk := []byte(strings.Repeat("a", 900<<10-1) + "\n")
+	var size int64
+	for size < want {
+		n, err := c.Append(ctx, chunk[:min(int64(len(chunk)), want-size)])
+		if err != nil {
+			say("append: %s at %d", code(err), size)
+			return
+		}
+		size = n
+	}
+	say("appended %d", size)
 }
