@@ -140,7 +140,13 @@ func (d *Daemon) openChannel(id string, restored *resumed, lim unit.Limits) (*ch
 	if err != nil {
 		return nil, err
 	}
+	if fi, err := ch.transcript.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s is not a regular file (%v)", ErrTranscript, ch.transcriptPath(), err)
+	}
 	if restored != nil {
+		if n, err := d.st.Size(restored.transcript); err == nil && uint64(n) > ch.lim.TranscriptBytes {
+			return nil, fmt.Errorf("%w: the sealed transcript %s holds %d bytes, more than the run's limit of %d", ErrTranscript, restored.transcript, n, ch.lim.TranscriptBytes)
+		}
 		rd, err := d.st.Open(restored.transcript)
 		if err == nil {
 			ch.size, err = io.Copy(ch.transcript, rd)
