@@ -57,6 +57,24 @@ func chShared(t *testing.T) *daemon {
 	return d
 }
 
+// chOwnDaemon starts a daemon for t alone, with the hostile unit's image.
+// Its cleanup first waits for the daemon's start-up probe to end: a daemon
+// stopped while its probe runs can take longer than the suite's stop
+// timeout, which is not what these tests are about.
+func chOwnDaemon(t *testing.T, name string) *daemon {
+	t.Helper()
+	d := mustDaemon(t, name)
+	t.Cleanup(func() {
+		for deadline := time.Now().Add(2 * time.Minute); d.running() && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if h, err := d.c.Host(context.Background()); err != nil || h.ImageParks.Status != "probing" {
+				return
+			}
+		}
+	})
+	mustImportImage(t, d, hostileArchive, hostileImage, hostileDigest)
+	return d
+}
+
 // chStart starts attack as a transcript-mode run of the hostile unit.
 func chStart(t *testing.T, d *daemon, id, attack string, limits unit.Limits, env ...string) {
 	t.Helper()
@@ -149,8 +167,7 @@ func TestAttackTranscriptSymlink(t *testing.T) {
 func TestAttackTranscriptFIFO(t *testing.T) {
 	privileged(t)
 	t.Run("Restart", func(t *testing.T) {
-		d := mustDaemon(t, "fifo")
-		mustImportImage(t, d, hostileArchive, hostileImage, hostileDigest)
+		d := chOwnDaemon(t, "fifo")
 		const id = "atk-fifo-restart"
 		chStart(t, d, id, "transcript-fifo", unit.Limits{})
 		chSaid(t, d, id, "idling")
@@ -251,8 +268,7 @@ func chRSS(t *testing.T, pid int) int64 {
 
 func TestAttackChannelFlood(t *testing.T) {
 	privileged(t)
-	d := mustDaemon(t, "flood")
-	mustImportImage(t, d, hostileArchive, hostileImage, hostileDigest)
+	d := chOwnDaemon(t, "flood")
 	const id = "atk-flood"
 	before := chRSS(t, d.cmd.Process.Pid)
 	chStart(t, d, id, "channel-flood", unit.Limits{}, "CONNS=64")
@@ -332,8 +348,7 @@ func TestAttackLongCallID(t *testing.T) {
 
 func TestAttackChannelPayload(t *testing.T) {
 	privileged(t)
-	d := mustDaemon(t, "payload")
-	mustImportImage(t, d, hostileArchive, hostileImage, hostileDigest)
+	d := chOwnDaemon(t, "payload")
 	const id = "atk-payload"
 	const mib = 96
 	before := chRSS(t, d.cmd.Process.Pid)
