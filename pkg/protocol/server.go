@@ -26,11 +26,13 @@ import (
 type Handler interface {
 	// Hello returns the run and interval; the server sets Protocol.
 	Hello(ctx context.Context) (Hello, error)
-	// Append appends data to the transcript and returns its new size.
+	// Append appends data to the transcript and returns its new size:
+	// ErrTranscriptFull past the transcript's limit, ErrPayloadLimit past
+	// the interval's payload limit.
 	Append(ctx context.Context, data []byte) (size int64, err error)
 	// Dispatch records an outward call: ErrDuplicateCall if its id was
 	// ever dispatched in the run, ErrTooManyCalls past the account's
-	// limit.
+	// limit, ErrPayloadLimit past the interval's payload limit.
 	Dispatch(ctx context.Context, c Call) error
 	// Await ends the interval unless every id's result is already
 	// delivered to it; parking reports which. After parking is true the
