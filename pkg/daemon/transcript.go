@@ -123,7 +123,17 @@ func (d *Daemon) openChannel(id string, restored *resumed, lim unit.Limits) (*ch
 	if err := os.RemoveAll(ch.dir); err != nil {
 		return nil, err
 	}
+	// STATE/ch is the daemon's alone (0700); the channel directory and
+	// its socket are open to any user (0755, the socket 0666) so that a
+	// unit whose root is mapped to an unprivileged host user still reads
+	// its transcript and connects. The mount is read-only either way.
 	if err := os.MkdirAll(ch.dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(filepath.Dir(ch.dir), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(ch.dir, 0o755); err != nil {
 		return nil, err
 	}
 	ok := false
@@ -167,6 +177,10 @@ func (d *Daemon) openChannel(id string, restored *resumed, lim unit.Limits) (*ch
 		return nil, fmt.Errorf("%w: channel socket path %s is too long for a unix socket: use a shorter state directory or run id", ErrInvalid, sock)
 	}
 	if ch.ln, err = net.Listen("unix", sock); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(sock, 0o666); err != nil {
+		ch.ln.Close()
 		return nil, err
 	}
 	ch.srv = protocol.NewServer(ch)
