@@ -275,11 +275,12 @@ const connBuffer = 16 << 10
 
 // step reads one request and answers it; it reports whether the
 // connection goes on. The request's bytes are held against the in-flight
-// budget until the answer is written.
+// budget until it is handled.
 func (c *conn) step(ctx context.Context, r *bufio.Reader, w *bufio.Writer) bool {
 	s := c.s
 	line, held, err := readLine(r, s.maxLine, s.take)
-	defer s.release(held)
+	release := func() { s.release(held); held = 0 }
+	defer release()
 	if err != nil && !errors.Is(err, ErrLineTooLong) && !errors.Is(err, ErrInFlight) {
 		return false // EOF, a closed connection, or a line cut short by EOF
 	}
@@ -296,6 +297,9 @@ func (c *conn) step(ctx context.Context, r *bufio.Reader, w *bufio.Writer) bool 
 	default:
 		resp, hangUp = s.handle(ctx, line)
 	}
+	// The line is done with: its bytes are free before its answer is
+	// sent, so a peer that has its answer finds them free.
+	release()
 	b, err := json.Marshal(resp)
 	if err != nil {
 		b, _ = json.Marshal(refusal(ErrInternal))
