@@ -125,6 +125,11 @@ type Daemon struct {
 	mu   sync.Mutex
 	runs map[string]*run
 
+	// recorded caches each open run's outstanding calls as its record
+	// has them (transcript.go, recordedCalls).
+	recordedMu sync.Mutex
+	recorded   map[string]*recordedCalls
+
 	metrics metrics
 	events  events
 	probe   *imageParks

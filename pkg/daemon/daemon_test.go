@@ -23,7 +23,7 @@ import (
 // record: the call after the last one fits is refused, and the account
 // stays recordable.
 func TestDispatchLimit(t *testing.T) {
-	ch := &channel{d: &Daemon{cfg: Config{StateDir: t.TempDir()}}, id: "r", seen: map[string]bool{}, outstanding: map[string]bool{}}
+	ch := testChannel(t, unit.Limits{})
 	ctx := context.Background()
 	for i := range record.MaxCalls {
 		if err := ch.Dispatch(ctx, protocol.Call{ID: fmt.Sprintf("c%d", i), Kind: "k"}); err != nil {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -224,14 +226,19 @@ func (d *Daemon) end(ctx context.Context, id string, lv *live, outcome attest.Ou
 			WindowNS: uint64(time.Since(lv.start)), Inputs: map[string]string{"fallback": fmt.Sprint(reason)}}
 	}
 	endNS := nowNS()
-	j := attest.Journal{Entries: append([]attest.Entry(nil), lv.events.Entries...)}
+	// The journal is streamed to the store: the lifecycle entries, the
+	// channel's entries from its spool on disk (never all in memory),
+	// the output, and extra.
+	var chN int
+	var chR io.Reader = strings.NewReader("")
 	if lv.transcript != nil {
-		j.Entries = append(j.Entries, lv.transcript.journal()...)
+		chN, chR = lv.transcript.spooled()
 	}
-	if err := appendOutput(&j, attest.Stdout, lv.out.Stdout, lv.outOff); err != nil {
+	var tail attest.Journal
+	if err := appendOutput(&tail, attest.Stdout, lv.out.Stdout, lv.outOff); err != nil {
 		return evidence{}, fmt.Errorf("journal: %w", err)
 	}
-	if err := appendOutput(&j, attest.Stderr, lv.out.Stderr, lv.errOff); err != nil {
+	if err := appendOutput(&tail, attest.Stderr, lv.out.Stderr, lv.errOff); err != nil {
 		return evidence{}, fmt.Errorf("journal: %w", err)
 	}
 	// Output the unit wrote past its log limit was discarded, not kept:
@@ -239,11 +246,11 @@ func (d *Daemon) end(ctx context.Context, id string, lv *live, outcome attest.Ou
 	if lv.sb != nil {
 		out, errs := lv.sb.Omitted()
 		if out > lv.discarded[0] || errs > lv.discarded[1] {
-			j.Add(attest.Lifecycle, endNS, fmt.Appendf(nil, `output-discarded {"stdout_bytes":%d,"stderr_bytes":%d,"limit_bytes":%d}`,
+			tail.Add(attest.Lifecycle, endNS, fmt.Appendf(nil, `output-discarded {"stdout_bytes":%d,"stderr_bytes":%d,"limit_bytes":%d}`,
 				out-min(out, lv.discarded[0]), errs-min(errs, lv.discarded[1]), lv.grants.Limits.Or(unit.DefaultLimits).LogBytes))
 		}
 	}
-	j.Entries = append(j.Entries, extra...)
+	tail.Entries = append(tail.Entries, extra...)
 	rcb, err := rc.Canonical()
 	if err != nil {
 		return evidence{}, err
@@ -252,7 +259,9 @@ func (d *Daemon) end(ctx context.Context, id string, lv *live, outcome attest.Ou
 	if err != nil {
 		return evidence{}, err
 	}
-	jAddr, err := d.st.PutBytes(j.Encode())
+	jr := journalReader(len(lv.events.Entries)+chN+len(tail.Entries),
+		bytes.NewReader(encodeEntries(lv.events.Entries)), chR, bytes.NewReader(encodeEntries(tail.Entries)))
+	jAddr, err := d.st.Put(ctx, jr)
 	if err != nil {
 		return evidence{}, err
 	}

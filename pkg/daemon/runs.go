@@ -131,10 +131,14 @@ func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, gr
 	var ch *channel
 	if spec.Mode == unit.TranscriptMode {
 		var err error
-		if ch, err = d.openChannel(id, restored); err != nil {
+		if ch, err = d.openChannel(id, restored, grants.Limits); err != nil {
 			return nil, err
 		}
-		es.Mounts = append(es.Mounts, executor.Mount{Source: ch.dir, Target: ChannelMount, Writable: true, Own: true})
+		// Read-only: the unit reads its transcript and connects to the
+		// socket (connecting writes nothing to the file system); it
+		// cannot replace, add or remove anything the daemon reads. Own:
+		// the daemon's own directory, under its state dir, noexec.
+		es.Mounts = append(es.Mounts, executor.Mount{Source: ch.dir, Target: ChannelMount, Own: true})
 	}
 	out, err := d.output(id)
 	m := d.markNow(id)
@@ -293,12 +297,21 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 	if lv.spec.Mode == unit.TranscriptMode {
 		// Hold the channel: nothing reaches the transcript or the
 		// account until the park is recorded (or refused, and the unit
-		// goes on). The unit's own process need not be frozen: all it can
-		// change that the record keeps goes through the channel.
+		// goes on).
+		//
+		// The unit is frozen while its transcript is sealed and the
+		// interval recorded; a recorded park destroys the frozen sandbox,
+		// a refused one thaws it.
 		lv.transcript.gate.Lock()
 		defer lv.transcript.gate.Unlock()
-		snap, retained, err = park.Transcript(ctx, d.st, lv.transcript.transcriptPath())
+		if err := lv.sb.Pause(ctx); err != nil {
+			return api.Park{}, fmt.Errorf("park %s: %w", id, err)
+		}
+		snap, retained, err = lv.transcript.seal(ctx)
 		if err != nil {
+			if rerr := lv.sb.Resume(context.Background()); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
 			return api.Park{}, err
 		}
 		keys = manifest.TranscriptKeys
@@ -358,6 +371,8 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 			if rerr := lv.sb.Settle(context.Background()); rerr != nil {
 				err = errors.Join(err, rerr)
 			}
+		} else if rerr := lv.sb.Resume(context.Background()); rerr != nil {
+			err = errors.Join(err, rerr)
 		}
 		if ended {
 			d.restartInterval(id, lv, "park-refused")
@@ -805,6 +820,11 @@ func (d *Daemon) List(phase string) ([]api.Run, error) {
 // park froze it and did not finish); a sandbox whose run is parked or
 // closed — or that no run owns — is destroyed.
 func (d *Daemon) reconcile(ctx context.Context) error {
+	// No channel outlives the daemon that served it: every journal spool
+	// found now is a dead interval's (its account is lost with it).
+	if err := os.RemoveAll(filepath.Join(d.cfg.StateDir, "spool")); err != nil {
+		d.log.Warn("reconcile: removing the journal spools of the last daemon", "err", err)
+	}
 	ids, err := d.ex.List(ctx)
 	if err != nil {
 		return err

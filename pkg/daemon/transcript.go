@@ -2,16 +2,23 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -31,12 +38,20 @@ const ChannelMount = protocol.Dir
 // channel is a transcript unit's directory on this host — its transcript
 // and its socket — and the protocol.Handler behind the socket for one
 // interval: it keeps the interval's call account and journal entries.
+//
+// The directory is mounted read-only in the sandbox: the unit reads its
+// transcript there and connects to the socket, and changes nothing. The
+// daemon holds the transcript by the descriptor it created it with and
+// never opens it by path again while it serves the channel; the
+// interval's journal entries are spooled to a file in the daemon's own
+// state directory, not held in memory.
 type channel struct {
 	d   *Daemon
 	id  string
 	dir string
 	ln  net.Listener
 	srv *protocol.Server
+	lim unit.Limits // the run's limits, defaults filled in
 
 	// gate is held by every handler call, and by a park while it seals
 	// the transcript and records the interval: no append or dispatch can
@@ -50,10 +65,22 @@ type channel struct {
 	dispatched  []string        // this interval's account
 	resolved    []string
 	delivered   []protocol.Result // results resolved in this interval, in order
-	entries     []attest.Entry    // journal entries of this interval
 	awaiting    []string
 	closed      bool // the interval is over: every call is refused
+
+	transcript *os.File // opened once, O_APPEND; sealed from here
+	size       int64    // the transcript's size
+	payload    uint64   // append and dispatch bytes of this interval
+
+	spool      *os.File // this interval's journal entries, encoded
+	spoolPath  string
+	spoolN     int
+	spoolSize  int64
+	dispatchAt map[string]spoolRef // where each dispatch's call is spooled
 }
+
+// spoolRef is where an entry's data lies in the spool.
+type spoolRef struct{ off, n int64 }
 
 // calls is what a run's record says of its calls: every id dispatched, and
 // those not yet resolved.
@@ -84,42 +111,65 @@ func callsOf(segs []record.Segment) calls {
 
 // openChannel makes run id's channel directory, with the transcript
 // restored from its sealed object when the run resumes.
-func (d *Daemon) openChannel(id string, restored *resumed) (*channel, error) {
+func (d *Daemon) openChannel(id string, restored *resumed, lim unit.Limits) (*channel, error) {
 	raw, err := d.st.Raw(id)
 	if err != nil && restored != nil {
 		return nil, err
 	}
 	c := callsOf(raw.Segments)
-	ch := &channel{d: d, id: id, dir: filepath.Join(d.cfg.StateDir, "ch", id),
-		interval: c.intervals + 1, seen: c.seen, outstanding: c.outstanding}
+	ch := &channel{d: d, id: id, dir: filepath.Join(d.cfg.StateDir, "ch", id), lim: lim.Or(unit.DefaultLimits),
+		interval: c.intervals + 1, seen: c.seen, outstanding: c.outstanding, dispatchAt: map[string]spoolRef{},
+		spoolPath: filepath.Join(d.cfg.StateDir, "spool", id)}
 	if err := os.RemoveAll(ch.dir); err != nil {
 		return nil, err
 	}
+	// STATE/ch is the daemon's alone (0700); the channel directory and
+	// its socket are open to any user (0755, the socket 0666) so that a
+	// unit whose root is mapped to an unprivileged host user still reads
+	// its transcript and connects. The mount is read-only either way.
 	if err := os.MkdirAll(ch.dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(filepath.Dir(ch.dir), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(ch.dir, 0o755); err != nil {
 		return nil, err
 	}
 	ok := false
 	defer func() {
 		if !ok {
+			ch.closeFiles()
 			os.RemoveAll(ch.dir)
+			os.Remove(ch.spoolPath)
 		}
 	}()
-	f, err := os.OpenFile(ch.transcriptPath(), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	// The directory is the daemon's, new, and not yet mounted anywhere:
+	// the file is created, not found.
+	ch.transcript, err = os.OpenFile(ch.transcriptPath(), os.O_RDWR|os.O_APPEND|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o644)
 	if err != nil {
 		return nil, err
 	}
+	if fi, err := ch.transcript.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s is not a regular file (%v)", ErrTranscript, ch.transcriptPath(), err)
+	}
 	if restored != nil {
+		if n, err := d.st.Size(restored.transcript); err == nil && uint64(n) > ch.lim.TranscriptBytes {
+			return nil, fmt.Errorf("%w: the sealed transcript %s holds %d bytes, more than the run's limit of %d", ErrTranscript, restored.transcript, n, ch.lim.TranscriptBytes)
+		}
 		rd, err := d.st.Open(restored.transcript)
 		if err == nil {
-			_, err = io.Copy(f, rd)
+			ch.size, err = io.Copy(ch.transcript, rd)
 			rd.Close()
 		}
 		if err != nil {
-			f.Close()
 			return nil, fmt.Errorf("restoring the transcript %s: %w", restored.transcript, err)
 		}
 	}
-	if err := f.Close(); err != nil {
+	if err := os.MkdirAll(filepath.Dir(ch.spoolPath), 0o700); err != nil {
+		return nil, err
+	}
+	if ch.spool, err = os.OpenFile(ch.spoolPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600); err != nil {
 		return nil, err
 	}
 	sock := filepath.Join(ch.dir, protocol.SocketFile)
@@ -129,7 +179,12 @@ func (d *Daemon) openChannel(id string, restored *resumed) (*channel, error) {
 	if ch.ln, err = net.Listen("unix", sock); err != nil {
 		return nil, err
 	}
+	if err := os.Chmod(sock, 0o666); err != nil {
+		ch.ln.Close()
+		return nil, err
+	}
 	ch.srv = protocol.NewServer(ch)
+	ch.srv.SetLimits(int(ch.lim.ChannelConns), int64(min(ch.lim.ChannelInflightBytes, math.MaxInt64)))
 	ok = true
 	return ch, nil
 }
@@ -162,7 +217,38 @@ func (c *channel) close() {
 	}
 	c.srv.Close()
 	c.ln.Close()
+	c.mu.Lock() // a handler call in progress holds it to its end
+	c.closeFiles()
+	c.mu.Unlock()
 	os.RemoveAll(c.dir)
+	os.Remove(c.spoolPath)
+}
+
+func (c *channel) closeFiles() {
+	if c.transcript != nil {
+		c.transcript.Close()
+		c.transcript = nil
+	}
+	if c.spool != nil {
+		c.spool.Close()
+		c.spool = nil
+	}
+}
+
+// seal stores the transcript from the descriptor the daemon holds. The
+// caller holds the gate.
+func (c *channel) seal(ctx context.Context) (record.Snapshot, int64, error) {
+	c.mu.Lock()
+	f, size := c.transcript, c.size
+	c.mu.Unlock()
+	if f == nil {
+		return record.Snapshot{}, 0, fmt.Errorf("park: transcript: %w", protocol.ErrParked)
+	}
+	a, err := c.d.st.Put(ctx, io.NewSectionReader(f, 0, size))
+	if err != nil {
+		return record.Snapshot{}, 0, fmt.Errorf("park: transcript: %w", err)
+	}
+	return record.TranscriptSnapshot(a), size, nil
 }
 
 // account is the interval's call account. An image-mode unit has no
@@ -181,15 +267,54 @@ func (lv *live) account() *record.CallAccount {
 	return &record.CallAccount{Dispatched: slices.Clone(c.dispatched), Resolved: slices.Clone(c.resolved)}
 }
 
-// journal returns the interval's channel entries.
-func (c *channel) journal() []attest.Entry {
+// spooled returns the interval's channel entries so far: how many, and
+// their encoding, read from the spool.
+func (c *channel) spooled() (int, io.Reader) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return slices.Clone(c.entries)
+	if c.spool == nil {
+		return 0, strings.NewReader("")
+	}
+	return c.spoolN, io.NewSectionReader(c.spool, 0, c.spoolSize)
 }
 
-func (c *channel) add(kind attest.EntryKind, data []byte) {
-	c.entries = append(c.entries, attest.Entry{Kind: kind, AtNS: nowNS(), Data: data})
+// add spools one journal entry. The caller holds c.mu; on an error
+// nothing was added.
+func (c *channel) add(kind attest.EntryKind, data []byte) error {
+	if c.spool == nil {
+		return protocol.ErrParked
+	}
+	b := appendEntry(nil, kind, nowNS(), data)
+	if _, err := c.spool.WriteAt(b, c.spoolSize); err != nil {
+		return fmt.Errorf("spooling the journal: %w", err)
+	}
+	if kind == attest.Dispatch {
+		var call protocol.Call
+		if json.Unmarshal(data, &call) == nil {
+			c.dispatchAt[call.ID] = spoolRef{off: c.spoolSize + int64(len(b)-len(data)), n: int64(len(data))}
+		}
+	}
+	c.spoolSize += int64(len(b))
+	c.spoolN++
+	return nil
+}
+
+// dispatchedCall reads a call this interval dispatched back from the
+// spool. The caller holds c.mu.
+func (c *channel) dispatchedCall(id string) (protocol.Call, bool) {
+	ref, ok := c.dispatchAt[id]
+	if !ok || c.spool == nil {
+		return protocol.Call{}, false
+	}
+	b := make([]byte, ref.n)
+	if _, err := c.spool.ReadAt(b, ref.off); err != nil {
+		return protocol.Call{}, false
+	}
+	var call protocol.Call
+	if json.Unmarshal(b, &call) != nil {
+		return protocol.Call{}, false
+	}
+	return call, true
 }
 
 // Hello implements protocol.Handler.
@@ -204,29 +329,35 @@ func (c *channel) Hello(ctx context.Context) (protocol.Hello, error) {
 	return protocol.Hello{Protocol: protocol.Version, Run: c.id, Interval: c.interval}, nil
 }
 
-// Append implements protocol.Handler: the daemon writes the transcript.
+// Append implements protocol.Handler: the daemon writes the transcript,
+// through the descriptor it holds, within the run's transcript and
+// payload limits.
 func (c *channel) Append(ctx context.Context, data []byte) (int64, error) {
 	c.gate.Lock()
 	defer c.gate.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.closed || c.transcript == nil {
 		return 0, protocol.ErrParked
 	}
-	f, err := os.OpenFile(c.transcriptPath(), os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
+	n := uint64(len(data))
+	if uint64(c.size)+n > c.lim.TranscriptBytes {
+		return 0, fmt.Errorf("%w: the transcript holds %d bytes; %d more would pass the run's limit of %d", protocol.ErrTranscriptFull, c.size, n, c.lim.TranscriptBytes)
+	}
+	if c.payload+n > c.lim.IntervalPayloadBytes {
+		return 0, fmt.Errorf("%w: this interval has appended and dispatched %d bytes; %d more would pass the run's limit of %d", protocol.ErrPayloadLimit, c.payload, n, c.lim.IntervalPayloadBytes)
+	}
+	if _, err := c.transcript.Write(data); err != nil {
+		c.transcript.Truncate(c.size)
 		return 0, err
 	}
-	defer f.Close()
-	if _, err := f.Write(data); err != nil {
+	if err := c.add(attest.Transcript, data); err != nil {
+		c.transcript.Truncate(c.size)
 		return 0, err
 	}
-	st, err := f.Stat()
-	if err != nil {
-		return 0, err
-	}
-	c.add(attest.Transcript, slices.Clone(data))
-	return st.Size(), nil
+	c.size += int64(n)
+	c.payload += n
+	return c.size, nil
 }
 
 // Dispatch implements protocol.Handler: the call is recorded in this
@@ -242,13 +373,19 @@ func (c *channel) Dispatch(ctx context.Context, call protocol.Call) error {
 	if c.seen[call.ID] {
 		return fmt.Errorf("call %s: %w", call.ID, protocol.ErrDuplicateCall)
 	}
-	if len(c.dispatched) >= record.MaxCalls {
-		return fmt.Errorf("call %s: %w: an interval dispatches at most %d calls; await some first", call.ID, protocol.ErrTooManyCalls, record.MaxCalls)
+	if max := min(int(c.lim.IntervalCalls), record.MaxCalls); len(c.dispatched) >= max {
+		return fmt.Errorf("call %s: %w: an interval dispatches at most %d calls; await some first", call.ID, protocol.ErrTooManyCalls, max)
 	}
+	b, _ := json.Marshal(call)
+	if n := uint64(len(b)); c.payload+n > c.lim.IntervalPayloadBytes {
+		return fmt.Errorf("call %s: %w: this interval has appended and dispatched %d bytes; this call's %d would pass the run's limit of %d", call.ID, protocol.ErrPayloadLimit, c.payload, n, c.lim.IntervalPayloadBytes)
+	}
+	if err := c.add(attest.Dispatch, b); err != nil {
+		return err
+	}
+	c.payload += uint64(len(b))
 	c.seen[call.ID], c.outstanding[call.ID] = true, true
 	c.dispatched = append(c.dispatched, call.ID)
-	b, _ := json.Marshal(call)
-	c.add(attest.Dispatch, b)
 	c.d.publish(api.Event{Kind: "call.dispatched", Run: c.id, Call: call.ID, CallKind: call.Kind})
 	return nil
 }
@@ -268,26 +405,28 @@ func (c *channel) check(id string) error {
 }
 
 // resolve delivers id's posted result in this interval, if there is one.
-func (c *channel) resolve(id string) (protocol.Result, bool) {
+func (c *channel) resolve(id string) (protocol.Result, bool, error) {
 	for _, r := range c.delivered {
 		if r.ID == id {
-			return r, true
+			return r, true, nil
 		}
 	}
 	if len(c.resolved) >= record.MaxCalls {
-		return protocol.Result{}, false // the next interval takes the rest
+		return protocol.Result{}, false, nil // the next interval takes the rest
 	}
 	p, ok := c.d.posted(c.id, id)
 	if !ok {
-		return protocol.Result{}, false
+		return protocol.Result{}, false, nil
 	}
 	r := protocol.Result{ID: id, Payload: p}
+	b, _ := json.Marshal(r)
+	if err := c.add(attest.Result, b); err != nil {
+		return protocol.Result{}, false, err
+	}
 	delete(c.outstanding, id)
 	c.resolved = append(c.resolved, id)
 	c.delivered = append(c.delivered, r)
-	b, _ := json.Marshal(r)
-	c.add(attest.Result, b)
-	return r, true
+	return r, true, nil
 }
 
 // Await implements protocol.Handler. When every id already has a result
@@ -313,9 +452,11 @@ func (c *channel) Await(ctx context.Context, ids []string) (bool, error) {
 	if ready {
 		return false, nil
 	}
-	c.awaiting = slices.Clone(ids)
 	b, _ := json.Marshal(ids)
-	c.add(attest.Lifecycle, append([]byte("await "), b...))
+	if err := c.add(attest.Lifecycle, append([]byte("await "), b...)); err != nil {
+		return false, err
+	}
+	c.awaiting = slices.Clone(ids)
 	id := c.id
 	c.d.bg.Add(1)
 	go func() {
@@ -348,7 +489,9 @@ func (c *channel) Results(ctx context.Context) ([]protocol.Result, error) {
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
-		c.resolve(id)
+		if _, _, err := c.resolve(id); err != nil {
+			return nil, err
+		}
 	}
 	return slices.Clone(c.delivered), nil
 }
@@ -365,8 +508,7 @@ func (c *channel) Result(ctx context.Context, id string) (protocol.Result, bool,
 	if err := c.check(id); err != nil {
 		return protocol.Result{}, false, err
 	}
-	r, ok := c.resolve(id)
-	return r, ok, nil
+	return c.resolve(id)
 }
 
 // parkAwaiting parks run id for the await its channel ch received, unless
@@ -406,15 +548,33 @@ func (d *Daemon) resultsDir(run string) string {
 	return filepath.Join(d.cfg.StateDir, "results", run)
 }
 
-func resultName(call string) string { return base64.RawURLEncoding.EncodeToString([]byte(call)) }
+// resultName is the file a call's result is kept in: the SHA-256 of its
+// id, so that any id the protocol takes (up to 256 bytes) names a file
+// within NAME_MAX.
+func resultName(call string) string {
+	h := sha256.Sum256([]byte(call))
+	return "sha256-" + hex.EncodeToString(h[:])
+}
+
+// legacyResultName is the name a daemon before resultName gave a result
+// (base64 of the id), read still where it fits in a file name.
+func legacyResultName(call string) (string, bool) {
+	n := base64.RawURLEncoding.EncodeToString([]byte(call))
+	return n, len(n) <= 255
+}
 
 // posted returns the result posted for a call, if any.
 func (d *Daemon) posted(run, call string) ([]byte, bool) {
 	b, err := os.ReadFile(filepath.Join(d.resultsDir(run), resultName(call)))
-	if err != nil {
-		return nil, false
+	if err == nil {
+		return b, true
 	}
-	return b, true
+	if n, ok := legacyResultName(call); ok {
+		if b, err := os.ReadFile(filepath.Join(d.resultsDir(run), n)); err == nil {
+			return b, true
+		}
+	}
+	return nil, false
 }
 
 // awaited returns the ids the run's last interval awaited (its journal's
@@ -424,18 +584,18 @@ func (d *Daemon) awaited(segs []record.Segment, outstanding map[string]bool) []s
 		if segs[i].Kind != record.Executed {
 			continue
 		}
-		j, err := d.journalOf(segs[i].Attestation)
-		if err != nil {
+		var last []byte
+		err := d.scanJournal(segs[i].Attestation, []attest.EntryKind{attest.Lifecycle}, func(e attest.Entry) {
+			if rest, ok := cutPrefix(e, "await "); ok {
+				last = rest
+			}
+		})
+		if err != nil || last == nil {
 			break
 		}
-		for k := len(j.Entries) - 1; k >= 0; k-- {
-			e := j.Entries[k]
-			if rest, ok := cutPrefix(e, "await "); ok {
-				var ids []string
-				if json.Unmarshal(rest, &ids) == nil {
-					return ids
-				}
-			}
+		var ids []string
+		if json.Unmarshal(last, &ids) == nil {
+			return ids
 		}
 		break
 	}
@@ -452,18 +612,6 @@ func cutPrefix(e attest.Entry, p string) ([]byte, bool) {
 		return nil, false
 	}
 	return e.Data[len(p):], true
-}
-
-func (d *Daemon) journalOf(att record.Address) (*attest.Journal, error) {
-	body, err := d.attestation(att)
-	if err != nil {
-		return nil, err
-	}
-	b, err := d.st.ReadAll(body.Journal)
-	if err != nil {
-		return nil, err
-	}
-	return attest.DecodeJournal(b)
 }
 
 // PostResult takes the platform's result for one of run's outstanding
@@ -603,6 +751,7 @@ func (d *Daemon) Calls(ctx context.Context) ([]api.Call, error) {
 	for _, id := range ids {
 		st, err := d.st.Run(id)
 		if err != nil || st.Phase == record.Ended {
+			d.forgetCalls(id)
 			continue
 		}
 		raw, err := d.st.Raw(id)
@@ -610,20 +759,7 @@ func (d *Daemon) Calls(ctx context.Context) ([]api.Call, error) {
 			continue
 		}
 		c := callsOf(raw.Segments)
-		payloads := map[string]protocol.Call{}
-		for _, s := range raw.Segments {
-			if s.Kind != record.Executed || s.Calls == nil || len(s.Calls.Dispatched) == 0 {
-				continue
-			}
-			if j, err := d.journalOf(s.Attestation); err == nil {
-				for _, e := range j.Entries {
-					var call protocol.Call
-					if e.Kind == attest.Dispatch && json.Unmarshal(e.Data, &call) == nil {
-						payloads[call.ID] = call
-					}
-				}
-			}
-		}
+		payloads := d.recordedCalls(id, raw.Segments)
 		d.mu.Lock()
 		r := d.runs[id]
 		d.mu.Unlock()
@@ -633,10 +769,9 @@ func (d *Daemon) Calls(ctx context.Context) ([]api.Call, error) {
 				ch := lv.transcript
 				ch.mu.Lock()
 				c.outstanding = maps(ch.outstanding)
-				for _, e := range ch.entries {
-					var call protocol.Call
-					if e.Kind == attest.Dispatch && json.Unmarshal(e.Data, &call) == nil {
-						payloads[call.ID] = call
+				for id := range ch.dispatchAt {
+					if call, ok := ch.dispatchedCall(id); ok && c.outstanding[id] {
+						payloads[id] = call
 					}
 				}
 				ch.mu.Unlock()
@@ -656,6 +791,71 @@ func (d *Daemon) Calls(ctx context.Context) ([]api.Call, error) {
 		return cmpStr(a.ID, b.ID)
 	})
 	return out, nil
+}
+
+// recordedCalls is what a run's record holds of its outstanding calls:
+// each one's kind and payload, from the journal of the interval that
+// dispatched it. It is kept per run and brought up to date by reading
+// only the journals of segments appended since the last call, so that
+// `GET /v1/calls` does not read every journal of every open run each
+// time.
+type recordedCalls struct {
+	segs     int                      // segments read
+	payloads map[string]protocol.Call // dispatched and not resolved by those segments
+}
+
+// recordedCalls returns run id's outstanding recorded calls, from its
+// segments segs. The map is a copy.
+func (d *Daemon) recordedCalls(id string, segs []record.Segment) map[string]protocol.Call {
+	d.recordedMu.Lock()
+	defer d.recordedMu.Unlock()
+	rc := d.recorded[id]
+	if rc == nil || rc.segs > len(segs) {
+		rc = &recordedCalls{payloads: map[string]protocol.Call{}}
+	}
+	for _, s := range segs[rc.segs:] {
+		if s.Kind != record.Executed || s.Calls == nil {
+			continue
+		}
+		if len(s.Calls.Dispatched) > 0 {
+			want := make(map[string]bool, len(s.Calls.Dispatched))
+			for _, c := range s.Calls.Dispatched {
+				want[c] = true
+			}
+			found := map[string]protocol.Call{}
+			err := d.scanJournal(s.Attestation, []attest.EntryKind{attest.Dispatch}, func(e attest.Entry) {
+				var call protocol.Call
+				if json.Unmarshal(e.Data, &call) == nil && want[call.ID] {
+					found[call.ID] = call
+				}
+			})
+			if err == nil {
+				for id, call := range found {
+					rc.payloads[id] = call
+				}
+			}
+		}
+		for _, c := range s.Calls.Resolved {
+			delete(rc.payloads, c)
+		}
+	}
+	rc.segs = len(segs)
+	if d.recorded == nil {
+		d.recorded = map[string]*recordedCalls{}
+	}
+	d.recorded[id] = rc
+	out := make(map[string]protocol.Call, len(rc.payloads))
+	for k, v := range rc.payloads {
+		out[k] = v
+	}
+	return out
+}
+
+// forgetCalls drops a closed run's cached calls.
+func (d *Daemon) forgetCalls(id string) {
+	d.recordedMu.Lock()
+	delete(d.recorded, id)
+	d.recordedMu.Unlock()
 }
 
 func cmpStr(a, b string) int {
@@ -678,17 +878,25 @@ func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) err
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(d.cfg.StateDir, "ch", id, protocol.TranscriptFile)
+	rel := filepath.Join("ch", id, protocol.TranscriptFile)
+	path := filepath.Join(d.cfg.StateDir, rel)
 	if status, _ := lv.sb.Status(ctx); status != "paused" {
 		if err := lv.sb.Pause(ctx); err != nil {
 			return err
 		}
 	}
-	f, err := os.Open(path)
+	// Opened by path, as nothing holds it now: beneath the state
+	// directory, no symlink followed, no FIFO waited on, a regular file
+	// within the run's limit or nothing.
+	limit := lv.grants.Limits.Or(unit.DefaultLimits).TranscriptBytes
+	f, err := readTranscript(d.cfg.StateDir, rel, limit)
 	if err != nil {
-		return fmt.Errorf("transcript: %w", err)
+		if errors.Is(err, ErrTranscript) {
+			os.RemoveAll(filepath.Dir(path))
+		}
+		return fmt.Errorf("run %s: recovering the transcript: %w", id, err)
 	}
-	a, err := d.st.Put(ctx, f)
+	a, err := d.st.Put(ctx, io.LimitReader(f, int64(min(limit, math.MaxInt64))))
 	f.Close()
 	if err != nil {
 		return err

@@ -8,10 +8,10 @@
 //
 // The daemon mounts a directory into each transcript-mode sandbox, at
 // [Dir] unless configured otherwise, holding the transcript file
-// ([TranscriptFile]) and a unix socket ([SocketFile]). The daemon owns
-// writes to the transcript — a unit appends through the socket — and the
-// unit may read the file directly. On resume the file is restored byte for
-// byte from its sealed address.
+// ([TranscriptFile]) and a unix socket ([SocketFile]), read-only. The
+// daemon owns writes to the transcript — a unit appends through the
+// socket — and the unit may read the file directly. On resume the file is
+// restored byte for byte from its sealed address.
 //
 // # Lines
 //
@@ -28,7 +28,11 @@
 // request reaches the Handler: the interval's dispatched and resolved
 // calls are fixed at the park. Request lines are capped ([DefaultMaxLine]);
 // a longer one is refused with "line_too_long" and the connection stays
-// usable.
+// usable. What a peer can make the Server hold is bounded
+// ([Server.SetLimits]): connections open at once ([DefaultMaxConns]; one
+// more is refused with "too_many_connections" and closed) and request
+// bytes held across them ([DefaultMaxInFlight]; a line past it is
+// refused with "in_flight_limit").
 //
 // The Server does not keep the call account; the daemon's Handler does,
 // and refuses duplicate ids, results for unknown calls and results

@@ -29,8 +29,13 @@ const (
 // is one a call account can carry.
 const (
 	DefaultMaxLine = 1 << 20 // bytes in one request line, newline excluded
-	MaxIDLen       = 256     // bytes in a call id or a kind
-	MaxIDs         = 4096    // ids in one await
+	// DefaultMaxConns and DefaultMaxInFlight are a [Server]'s limits
+	// until [Server.SetLimits] sets others: the connections open at
+	// once, and the request bytes read and not yet answered across them.
+	DefaultMaxConns    = 16
+	DefaultMaxInFlight = 8 << 20
+	MaxIDLen           = 256  // bytes in a call id or a kind
+	MaxIDs             = 4096 // ids in one await
 )
 
 // Ops, the values of [Request].Op.
@@ -55,17 +60,21 @@ const (
 // [Client] returns an [*Error] that matches the sentinel under [errors.Is].
 // Any other handler error is sent as "internal" without its text.
 var (
-	ErrBadRequest    = errors.New("bad request")                          // bad_request
-	ErrUnknownOp     = errors.New("unknown op")                           // unknown_op
-	ErrLineTooLong   = errors.New("request line too long")                // line_too_long
-	ErrUnsupported   = errors.New("unsupported protocol version")         // unsupported_protocol
-	ErrInvalidCall   = errors.New("invalid call id or kind")              // invalid_call
-	ErrDuplicateCall = errors.New("call id already dispatched")           // duplicate_call
-	ErrUnknownCall   = errors.New("call never dispatched")                // unknown_call
-	ErrResolved      = errors.New("call resolved in an earlier interval") // resolved
-	ErrTooManyCalls  = errors.New("too many calls in one interval")       // too_many_calls
-	ErrParked        = errors.New("interval ended: the run is parking")   // parked
-	ErrInternal      = errors.New("internal error")                       // internal
+	ErrBadRequest     = errors.New("bad request")                          // bad_request
+	ErrUnknownOp      = errors.New("unknown op")                           // unknown_op
+	ErrLineTooLong    = errors.New("request line too long")                // line_too_long
+	ErrUnsupported    = errors.New("unsupported protocol version")         // unsupported_protocol
+	ErrInvalidCall    = errors.New("invalid call id or kind")              // invalid_call
+	ErrDuplicateCall  = errors.New("call id already dispatched")           // duplicate_call
+	ErrUnknownCall    = errors.New("call never dispatched")                // unknown_call
+	ErrResolved       = errors.New("call resolved in an earlier interval") // resolved
+	ErrTooManyCalls   = errors.New("too many calls in one interval")       // too_many_calls
+	ErrParked         = errors.New("interval ended: the run is parking")   // parked
+	ErrTooManyConns   = errors.New("too many connections on the channel")  // too_many_connections
+	ErrInFlight       = errors.New("too many request bytes in flight")     // in_flight_limit
+	ErrTranscriptFull = errors.New("transcript limit reached")             // transcript_full
+	ErrPayloadLimit   = errors.New("interval payload limit reached")       // payload_limit
+	ErrInternal       = errors.New("internal error")                       // internal
 
 	// ErrServerClosed is returned by [Server.Serve] after [Server.Close]
 	// or [Server.Shutdown]. It never crosses the socket.
@@ -88,6 +97,10 @@ var codes = []struct {
 	{ErrResolved, "resolved"},
 	{ErrTooManyCalls, "too_many_calls"},
 	{ErrParked, "parked"},
+	{ErrTooManyConns, "too_many_connections"},
+	{ErrInFlight, "in_flight_limit"},
+	{ErrTranscriptFull, "transcript_full"},
+	{ErrPayloadLimit, "payload_limit"},
 	{ErrInternal, "internal"},
 }
 

@@ -25,17 +25,21 @@ func TestLimitsMatchRecord(t *testing.T) {
 
 func TestCodes(t *testing.T) {
 	sentinels := map[error]string{
-		protocol.ErrBadRequest:    "bad_request",
-		protocol.ErrUnknownOp:     "unknown_op",
-		protocol.ErrLineTooLong:   "line_too_long",
-		protocol.ErrUnsupported:   "unsupported_protocol",
-		protocol.ErrInvalidCall:   "invalid_call",
-		protocol.ErrDuplicateCall: "duplicate_call",
-		protocol.ErrUnknownCall:   "unknown_call",
-		protocol.ErrResolved:      "resolved",
-		protocol.ErrTooManyCalls:  "too_many_calls",
-		protocol.ErrParked:        "parked",
-		protocol.ErrInternal:      "internal",
+		protocol.ErrBadRequest:     "bad_request",
+		protocol.ErrUnknownOp:      "unknown_op",
+		protocol.ErrLineTooLong:    "line_too_long",
+		protocol.ErrUnsupported:    "unsupported_protocol",
+		protocol.ErrInvalidCall:    "invalid_call",
+		protocol.ErrDuplicateCall:  "duplicate_call",
+		protocol.ErrUnknownCall:    "unknown_call",
+		protocol.ErrResolved:       "resolved",
+		protocol.ErrTooManyCalls:   "too_many_calls",
+		protocol.ErrParked:         "parked",
+		protocol.ErrInternal:       "internal",
+		protocol.ErrTooManyConns:   "too_many_connections",
+		protocol.ErrInFlight:       "in_flight_limit",
+		protocol.ErrTranscriptFull: "transcript_full",
+		protocol.ErrPayloadLimit:   "payload_limit",
 	}
 	for err, code := range sentinels {
 		wrapped := fmt.Errorf("call c1: %w", err)

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 )
 
 // Handler is the daemon's side of one interval. The [Server] validates each
@@ -25,11 +26,13 @@ import (
 type Handler interface {
 	// Hello returns the run and interval; the server sets Protocol.
 	Hello(ctx context.Context) (Hello, error)
-	// Append appends data to the transcript and returns its new size.
+	// Append appends data to the transcript and returns its new size:
+	// ErrTranscriptFull past the transcript's limit, ErrPayloadLimit past
+	// the interval's payload limit.
 	Append(ctx context.Context, data []byte) (size int64, err error)
 	// Dispatch records an outward call: ErrDuplicateCall if its id was
 	// ever dispatched in the run, ErrTooManyCalls past the account's
-	// limit.
+	// limit, ErrPayloadLimit past the interval's payload limit.
 	Dispatch(ctx context.Context, c Call) error
 	// Await ends the interval unless every id's result is already
 	// delivered to it; parking reports which. After parking is true the
@@ -53,8 +56,10 @@ type Handler interface {
 // ErrParked, without calling the Handler, and its connection closed: the
 // interval's calls are fixed when it parks.
 type Server struct {
-	handler Handler
-	maxLine int
+	handler     Handler
+	maxLine     int
+	maxConns    int
+	maxInFlight int64
 
 	hmu    sync.Mutex // serialises Handler calls; guards parked
 	parked bool
@@ -63,6 +68,7 @@ type Server struct {
 	closing   bool
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]bool // value: busy (a request read and not yet answered)
+	inFlight  int64          // request bytes held across conns, read and not yet answered
 	ctx       context.Context
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -73,18 +79,51 @@ type Server struct {
 func NewServer(h Handler) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Server{
-		handler:   h,
-		maxLine:   DefaultMaxLine,
-		listeners: map[net.Listener]struct{}{},
-		conns:     map[*conn]bool{},
-		ctx:       ctx,
-		cancel:    cancel,
+		handler:     h,
+		maxLine:     DefaultMaxLine,
+		maxConns:    DefaultMaxConns,
+		maxInFlight: DefaultMaxInFlight,
+		listeners:   map[net.Listener]struct{}{},
+		conns:       map[*conn]bool{},
+		ctx:         ctx,
+		cancel:      cancel,
 	}
 }
 
 // SetMaxLine caps request lines at n bytes, newline excluded. Call it
 // before Serve.
 func (s *Server) SetMaxLine(n int) { s.maxLine = n }
+
+// SetLimits caps the connections open at once at conns and the request
+// bytes held across them at inFlight; a request line is capped at
+// min(its cap, inFlight). Call it before Serve.
+func (s *Server) SetLimits(conns int, inFlight int64) {
+	s.maxConns, s.maxInFlight = conns, inFlight
+	if int64(s.maxLine) > inFlight {
+		s.maxLine = int(inFlight)
+	}
+}
+
+// take reserves n bytes of the in-flight budget, or reports false.
+func (s *Server) take(n int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight+int64(n) > s.maxInFlight {
+		return false
+	}
+	s.inFlight += int64(n)
+	return true
+}
+
+// release gives n bytes back to the in-flight budget.
+func (s *Server) release(n int) {
+	if n == 0 {
+		return
+	}
+	s.mu.Lock()
+	s.inFlight -= int64(n)
+	s.mu.Unlock()
+}
 
 // Parked reports whether an await has parked the interval.
 func (s *Server) Parked() bool {
@@ -130,11 +169,26 @@ func (s *Server) Serve(l net.Listener) error {
 			nc.Close()
 			return ErrServerClosed
 		}
+		if len(s.conns) >= s.maxConns {
+			s.mu.Unlock()
+			refuseConn(nc, fmt.Errorf("%w: at most %d open at once", ErrTooManyConns, s.maxConns))
+			continue
+		}
 		s.conns[c] = false
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go c.serve()
 	}
+}
+
+// refuseConn sends a connection the server will not serve its refusal, as
+// one response line, and closes it. A new connection's send buffer is
+// empty, so the write does not wait on the peer; the deadline is a guard.
+func refuseConn(nc net.Conn, err error) {
+	b, _ := json.Marshal(refusal(err))
+	_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = nc.Write(append(b, '\n'))
+	nc.Close()
 }
 
 // Close stops the server at once: it closes the listeners and every
@@ -207,33 +261,55 @@ func (c *conn) serve() {
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 
-	r := bufio.NewReaderSize(c.nc, 64<<10)
+	r := bufio.NewReaderSize(c.nc, connBuffer)
 	w := bufio.NewWriter(c.nc)
 	for {
-		line, err := readLine(r, s.maxLine)
-		if err != nil && !errors.Is(err, ErrLineTooLong) {
-			return // EOF, a closed connection, or a line cut short by EOF
-		}
-		if !c.setBusy(true) {
-			return // shutting down: a request read now is not answered
-		}
-		var resp Response
-		var hangUp bool
-		if err != nil {
-			resp = refusal(fmt.Errorf("%w: more than %d bytes", err, s.maxLine))
-		} else {
-			resp, hangUp = s.handle(ctx, line)
-		}
-		b, err := json.Marshal(resp)
-		if err != nil {
-			b, _ = json.Marshal(refusal(ErrInternal))
-		}
-		w.Write(b)
-		w.WriteByte('\n')
-		if err := w.Flush(); err != nil || hangUp || !c.setBusy(false) {
+		if !c.step(ctx, r, w) {
 			return
 		}
 	}
+}
+
+// connBuffer is a connection's read buffer.
+const connBuffer = 16 << 10
+
+// step reads one request and answers it; it reports whether the
+// connection goes on. The request's bytes are held against the in-flight
+// budget until it is handled.
+func (c *conn) step(ctx context.Context, r *bufio.Reader, w *bufio.Writer) bool {
+	s := c.s
+	line, held, err := readLine(r, s.maxLine, s.take)
+	release := func() { s.release(held); held = 0 }
+	defer release()
+	if err != nil && !errors.Is(err, ErrLineTooLong) && !errors.Is(err, ErrInFlight) {
+		return false // EOF, a closed connection, or a line cut short by EOF
+	}
+	if !c.setBusy(true) {
+		return false // shutting down: a request read now is not answered
+	}
+	var resp Response
+	var hangUp bool
+	switch {
+	case errors.Is(err, ErrLineTooLong):
+		resp = refusal(fmt.Errorf("%w: more than %d bytes", err, s.maxLine))
+	case err != nil:
+		resp = refusal(fmt.Errorf("%w: the channel holds at most %d bytes of unanswered requests across its connections", err, s.maxInFlight))
+	default:
+		resp, hangUp = s.handle(ctx, line)
+	}
+	// The line is done with: its bytes are free before its answer is
+	// sent, so a peer that has its answer finds them free.
+	release()
+	b, err := json.Marshal(resp)
+	if err != nil {
+		b, _ = json.Marshal(refusal(ErrInternal))
+	}
+	w.Write(b)
+	w.WriteByte('\n')
+	if err := w.Flush(); err != nil || hangUp || !c.setBusy(false) {
+		return false
+	}
+	return true
 }
 
 // setBusy marks the connection busy or idle; it reports false when the
@@ -248,35 +324,58 @@ func (c *conn) setBusy(busy bool) bool {
 	return true
 }
 
-// readLine reads one line of at most max bytes, without its newline. A
+// readLine reads one line of at most maxLen bytes, without its newline. A
 // longer line is read to its newline and discarded, and readLine returns
-// ErrLineTooLong. A line cut short by EOF is io.ErrUnexpectedEOF.
-func readLine(r *bufio.Reader, max int) ([]byte, error) {
-	var line []byte
+// ErrLineTooLong. Before the line grows its buffer, take is asked for the
+// bytes it grows by; when take refuses, the line is read to its newline
+// and discarded, and readLine returns ErrInFlight. held is what take
+// granted, for the caller to give back once the line is answered, whatever
+// the error. A line cut short by EOF is io.ErrUnexpectedEOF.
+func readLine(r *bufio.Reader, maxLen int, take func(int) bool) (line []byte, held int, err error) {
 	for {
 		frag, err := r.ReadSlice('\n')
 		n := len(frag)
 		if err == nil {
 			n-- // the newline
 		}
-		if len(line)+n > max {
+		var refuse error
+		need := len(line) + n
+		switch {
+		case need > maxLen:
+			refuse = ErrLineTooLong
+		case need > cap(line):
+			// Grown by doubling, never past maxLen: held is the
+			// buffer's whole capacity.
+			// When the budget cannot give that much, the line takes
+			// exactly what it needs, or is refused.
+			c := min(max(need, 2*cap(line), 512), maxLen)
+			if !take(c - cap(line)) {
+				if c = need; !take(c - cap(line)) {
+					refuse = ErrInFlight
+					break
+				}
+			}
+			held += c - cap(line)
+			line = append(make([]byte, 0, c), line...)
+		}
+		if refuse != nil {
 			for err == bufio.ErrBufferFull {
 				_, err = r.ReadSlice('\n')
 			}
 			if err != nil {
-				return nil, unexpected(err)
+				return nil, held, unexpected(err)
 			}
-			return nil, ErrLineTooLong
+			return nil, held, refuse
 		}
-		line = append(line, frag...)
+		line = append(line, frag[:n]...)
 		switch {
 		case err == nil:
-			return line[:len(line)-1], nil
+			return line, held, nil
 		case err != bufio.ErrBufferFull:
 			if len(line) == 0 {
-				return nil, err
+				return nil, held, err
 			}
-			return nil, unexpected(err)
+			return nil, held, unexpected(err)
 		}
 	}
 }

@@ -13,8 +13,8 @@ import (
 	"syscall"
 )
 
-// envInt is the integer in environment variable name, def when unset.
-func envInt(name string, def int64) int64 {
+// envInt64 is the integer in environment variable name, def when unset.
+func envInt64(name string, def int64) int64 {
 	v := os.Getenv(name)
 	if v == "" {
 		return def
@@ -34,7 +34,7 @@ func init() {
 	// system calls: a forked copy of a Go process has one thread and
 	// must not run the Go runtime.
 	attacks["fork-bomb"] = func() {
-		max := envInt("HOSTILE_FORKS", 2048)
+		max := envInt64("HOSTILE_FORKS", 2048)
 		n := int64(0)
 		var ferr error
 		for n < max {
@@ -74,7 +74,7 @@ func init() {
 	// filesystem: no disk space, but a rw layer capture that writes it
 	// at its logical size writes all of it.
 	attacks["sparse-file"] = func() {
-		size := envInt("HOSTILE_SIZE", 16<<40-4096)
+		size := envInt64("HOSTILE_SIZE", 16<<40-4096)
 		f, err := os.Create("/sparse")
 		if err == nil {
 			err = f.Truncate(size)
@@ -92,7 +92,7 @@ func init() {
 	// "log-flood" writes HOSTILE_BYTES (default 64 MiB) to stderr, in
 	// 64 KiB lines, then says so on stdout.
 	attacks["log-flood"] = func() {
-		total := envInt("HOSTILE_BYTES", 64<<20)
+		total := envInt64("HOSTILE_BYTES", 64<<20)
 		line := []byte(strings.Repeat("x", 64<<10-1) + "\n")
 		var n int64
 		for n < total {
