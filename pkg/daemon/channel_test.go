@@ -14,6 +14,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -233,7 +234,7 @@ func TestScanJournal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	signed, err := attest.Sign(&attest.Body{Interval: 1, Journal: jAddr, Receipt: jAddr, Outcome: attest.Outcome{Kind: attest.Parked}}, key)
+	signed, err := attest.Sign(&attest.Body{Interval: 1, Journal: jAddr, Receipt: jAddr, Outcome: attest.Outcome{Kind: attest.Parked, Suspends: record.Sum([]byte("suspended"))}}, key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -263,7 +263,7 @@ func TestAttackBundles(t *testing.T) {
 		},
 	}, {
 		// Finding 3: grants that mount the host's root.
-		name: "GrantsMountTheHostRoot", code: api.CodeGrantRefused, why: "/ is never mounted",
+		name: "GrantsMountTheHostRoot", code: api.CodeGrantRefused, why: "the host's root is never granted",
 		tar: func(t *testing.T) []byte {
 			g, err := unit.DecodeGrants(x.Object(x.Record.Grants()))
 			if err != nil {
