@@ -358,6 +358,20 @@ func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, r
 			}
 		}
 	}()
+	// Read-only grants of directories go through overlays (grants.go).
+	if err := c.removeGrants(id); err != nil {
+		return nil, err
+	}
+	if spec.Mounts, err = c.overlayGrants(id, spec.Mounts); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			if err := c.removeGrants(id); err != nil {
+				c.log.Warn("cleanup after failed create", "id", id, "err", err)
+			}
+		}
+	}()
 
 	cont, err := c.client.NewContainer(ctx, id,
 		containerd.WithImage(img),
@@ -831,6 +845,8 @@ func (s *Sandbox) destroy(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("delete container: %w", err))
 	} else if err := removeNetns(s.c.netnsPath(s.id)); err != nil {
 		errs = append(errs, err)
+	} else if err := s.c.removeGrants(s.id); err != nil {
+		errs = append(errs, err)
 	}
 	s.closeFilesLocked()
 	return errors.Join(errs...)
@@ -904,7 +920,7 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 	ctx = c.ctx(ctx)
 	cont, err := c.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
-		err = errors.Join(removeNetns(c.netnsPath(id)), removeTree(filepath.Join(c.cfg.StateDir, "criu", id)))
+		err = errors.Join(removeNetns(c.netnsPath(id)), removeTree(filepath.Join(c.cfg.StateDir, "criu", id)), c.removeGrants(id))
 		if err != nil {
 			return fmt.Errorf("executor: remove %s: %w", id, err)
 		}
@@ -939,14 +955,14 @@ func (c *Client) Prune(ctx context.Context) ([]string, error) {
 	}
 	var pruned []string
 	var errs []error
-	for _, dir := range []string{"netns", "criu"} {
+	for _, dir := range []string{"netns", "criu", "grants"} {
 		ents, err := os.ReadDir(filepath.Join(c.cfg.StateDir, dir))
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
 		for _, e := range ents {
 			id := e.Name()
-			if have[id] {
+			if have[id] || id == ".empty" {
 				continue
 			}
 			p := filepath.Join(c.cfg.StateDir, dir, id)

@@ -34,6 +34,7 @@ func TestAttackSandbox(t *testing.T) {
 	mustImportImage(t, d, hostileArchive, hostileImage, hostileDigest)
 	t.Run("ForkBomb", func(t *testing.T) { testForkBomb(t, d) })
 	t.Run("SubmountWrite", func(t *testing.T) { testSubmountWrite(t, d) })
+	t.Run("SocketBelowGrant", func(t *testing.T) { testSocketBelowGrant(t, d) })
 	t.Run("MountSources", func(t *testing.T) { testMountSources(t, d) })
 	t.Run("SparseFile", func(t *testing.T) { testSparseFile(t, d) })
 	t.Run("LogFlood", func(t *testing.T) { testLogFlood(t, d) })
@@ -166,6 +167,42 @@ func testSubmountWrite(t *testing.T, d *daemon) {
 	}
 	if !strings.Contains(said, "read-only file system") {
 		t.Fatalf("the write was not refused as read-only: %s", said)
+	}
+	stillServing(t, d, id, "executing")
+}
+
+// testSocketBelowGrant: a host daemon's unix socket below a read-only
+// grant cannot be connected to (finding 7): the grant is an overlay of the
+// host directory, and a socket is found by the inode it was bound to.
+func testSocketBelowGrant(t *testing.T, d *daemon) {
+	const id = "socket-below-grant"
+	grant := t.TempDir()
+	if err := os.Mkdir(filepath.Join(grant, "run"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", filepath.Join(grant, "run", "daemon.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan struct{}, 1)
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			c.Close()
+			accepted <- struct{}{}
+		}
+	}()
+	startHostile(t, d, id, "socket-connect", []string{"HOSTILE_PATH=/grant/run/daemon.sock"},
+		unit.Grants{ReadOnly: []unit.Mount{{Source: grant, Target: "/grant"}}})
+	said := waitSaid(t, d, id, "socket-connect", "conn")
+	t.Logf("the unit: %s", said)
+	select {
+	case <-accepted:
+		t.Fatal("the host's socket below the grant accepted the unit's connection")
+	default:
+	}
+	if !strings.HasPrefix(said, "connect /grant/run/daemon.sock refused") {
+		t.Fatalf("the unit's connect was not refused: %s", said)
 	}
 	stillServing(t, d, id, "executing")
 }

@@ -7,6 +7,7 @@ package main
 
 import (
 	"bufio"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -67,6 +68,20 @@ func init() {
 			return
 		}
 		say("wrote %s", p)
+	}
+
+	// "socket-connect" connects to the unix socket at HOSTILE_PATH (one a
+	// host daemon listens on, below a granted directory) and writes to it.
+	attacks["socket-connect"] = func() {
+		p := os.Getenv("HOSTILE_PATH")
+		c, err := net.Dial("unix", p)
+		if err != nil {
+			say("connect %s refused: %v", p, err)
+			return
+		}
+		_, err = c.Write([]byte("hostile\n"))
+		c.Close()
+		say("connected to %s (write: %v)", p, err)
 	}
 
 	// "sparse-file" makes a sparse file of HOSTILE_SIZE logical bytes
