@@ -24,6 +24,27 @@ type Policy struct {
 	// StateDir is the daemon's state directory: never mounted, nor any
 	// directory above it.
 	StateDir string
+	// MaxLimits caps every limit a bundle's grants may ask for (a zero
+	// field caps nothing); MaxMemoryBytes and MaxMilliCPU cap its memory
+	// and CPU (0: no cap). A bundle asking for more is refused: its
+	// grants are a request, and a limit as large as it likes would switch
+	// this host's limits off (limits.snapshot_bytes of 2^64-1).
+	MaxLimits      unit.Limits
+	MaxMemoryBytes uint64
+	MaxMilliCPU    uint32
+}
+
+// DefaultMaxLimits are the largest limits a bundle may ask for: sixteen
+// times each of the daemon's defaults.
+var DefaultMaxLimits = unit.Limits{
+	Pids:                 16 * unit.DefaultLimits.Pids,
+	LogBytes:             16 * unit.DefaultLimits.LogBytes,
+	TranscriptBytes:      16 * unit.DefaultLimits.TranscriptBytes,
+	ChannelConns:         16 * unit.DefaultLimits.ChannelConns,
+	ChannelInflightBytes: 16 * unit.DefaultLimits.ChannelInflightBytes,
+	IntervalCalls:        16 * unit.DefaultLimits.IntervalCalls,
+	IntervalPayloadBytes: 16 * unit.DefaultLimits.IntervalPayloadBytes,
+	SnapshotBytes:        16 * unit.DefaultLimits.SnapshotBytes,
 }
 
 // within reports whether p is dir or below it; both clean and absolute.
@@ -36,6 +57,32 @@ func within(p, dir string) bool {
 // the allow-list, one reached through a symbolic link, a forbidden tree,
 // the state directory (or a directory above it), or a socket.
 func (p *Policy) Check(g unit.Grants) error {
+	over := func(name string, asked, max uint64) error {
+		if max != 0 && asked > max {
+			return fmt.Errorf("%w: %s of %d asked, this host grants a bundle at most %d", ErrPolicy, name, asked, max)
+		}
+		return nil
+	}
+	l, m := g.Limits, p.MaxLimits
+	for _, c := range []struct {
+		name       string
+		asked, max uint64
+	}{
+		{"memory_bytes", g.MemoryBytes, p.MaxMemoryBytes},
+		{"milli_cpu", uint64(g.MilliCPU), uint64(p.MaxMilliCPU)},
+		{"limits.pids", uint64(l.Pids), uint64(m.Pids)},
+		{"limits.log_bytes", l.LogBytes, m.LogBytes},
+		{"limits.transcript_bytes", l.TranscriptBytes, m.TranscriptBytes},
+		{"limits.channel_conns", uint64(l.ChannelConns), uint64(m.ChannelConns)},
+		{"limits.channel_inflight_bytes", l.ChannelInflightBytes, m.ChannelInflightBytes},
+		{"limits.interval_calls", uint64(l.IntervalCalls), uint64(m.IntervalCalls)},
+		{"limits.interval_payload_bytes", l.IntervalPayloadBytes, m.IntervalPayloadBytes},
+		{"limits.snapshot_bytes", l.SnapshotBytes, m.SnapshotBytes},
+	} {
+		if err := over(c.name, c.asked, c.max); err != nil {
+			return err
+		}
+	}
 	for _, m := range g.ReadOnly {
 		if err := p.mount(m.Source); err != nil {
 			return fmt.Errorf("%w: read-only mount %s:%s: %v", ErrPolicy, m.Source, m.Target, err)

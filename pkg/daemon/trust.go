@@ -2,6 +2,9 @@ package daemon
 
 import (
 	"fmt"
+	"os"
+	"runtime"
+	"strconv"
 	"strings"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -93,11 +96,31 @@ func (d *Daemon) signersOf(ss []attest.Signer) []api.Signer {
 
 // bundlePolicy is this host's policy for the grants a bundle asks for.
 func (d *Daemon) bundlePolicy() *bundle.Policy {
-	return &bundle.Policy{AllowMounts: d.cfg.BundleMounts, StateDir: d.cfg.StateDir}
+	p := &bundle.Policy{AllowMounts: d.cfg.BundleMounts, StateDir: d.cfg.StateDir, MaxLimits: bundle.DefaultMaxLimits,
+		MaxMilliCPU: uint32(runtime.NumCPU()) * 1000}
+	if mem, err := hostMemory(); err == nil {
+		p.MaxMemoryBytes = mem
+	}
+	return p
 }
 
 // grantsOf returns g as a copy for the API.
 func grantsOf(g unit.Grants) unit.Grants {
 	g.ReadOnly = append([]unit.Mount(nil), g.ReadOnly...)
 	return g
+}
+
+// hostMemory is the host's RAM, from /proc/meminfo.
+func hostMemory() (uint64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "MemTotal:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no MemTotal in /proc/meminfo")
 }
