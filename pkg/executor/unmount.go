@@ -1,7 +1,6 @@
 package executor
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,26 +16,8 @@ import (
 // work directory) and runc's criu-root behind: removing such a directory
 // without this would descend into the host's cgroup trees.
 func unmountUnder(dir string) error {
-	dir = filepath.Clean(dir)
-	f, err := os.Open("/proc/self/mountinfo")
+	points, err := mountsBelow(dir)
 	if err != nil {
-		return err
-	}
-	defer f.Close()
-	var points []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		p := unescapeMountPath(fields[4])
-		if strings.HasPrefix(p, dir+"/") {
-			points = append(points, p)
-		}
-	}
-	if err := sc.Err(); err != nil {
 		return err
 	}
 	// Deepest first; a path mounted twice is detached as often.
