@@ -63,7 +63,7 @@ func ErrorOf(err error) *api.Error {
 	case errors.Is(err, store.ErrNoRun), errors.Is(err, executor.ErrNotFound), errdefs.IsNotFound(err),
 		errors.Is(err, store.ErrNotTrusted):
 		e.Code = api.CodeNotFound
-	case errors.Is(err, ErrNoSpace):
+	case errors.Is(err, ErrNoSpace), errors.Is(err, executor.ErrTooLarge):
 		e.Code = api.CodeNoSpace
 	case errors.Is(err, store.ErrHandedOff):
 		e.Code = api.CodeHandedOff

@@ -273,7 +273,7 @@ func testSparseFile(t *testing.T, d *daemon) {
 	before := diskUsage(store)
 	was := stillServing(t, d, id, "executing")
 	_, err := d.c.Park(context.Background(), id)
-	ae := apiError(t, err, "checkpoint_failed")
+	ae := apiError(t, err, api.CodeNoSpace)
 	t.Logf("park refused: %s", ae.Message)
 	unchanged(t, d, id, was)
 	if was.Status != "running" {
