@@ -96,6 +96,13 @@ type Options struct {
 	Trusted func(record.Address) bool
 	// Policy judges the grant set; nil judges nothing (verify --file).
 	Policy *Policy
+	// Granted says whether this host already granted the grant set of a
+	// run with this genesis (it holds the run, handed off or as a copy):
+	// the genesis binds grants_id, so the bundle's grants are the very
+	// ones this host ran the unit under, and Policy is not applied to
+	// them again (a run started here with a host mount could otherwise
+	// never come back). Nil: none.
+	Granted func(genesis record.Address) bool
 }
 
 // Staged is a bundle read and judged, its objects staged.
@@ -348,7 +355,7 @@ func (s *Staged) judge(st *store.Store, opt Options) error {
 		return fmt.Errorf("bundle of %s: grant set: %w", run, err)
 	}
 	s.Spec, s.Grants = *spec, *grants
-	if opt.Policy != nil {
+	if opt.Policy != nil && (opt.Granted == nil || !opt.Granted(rec.Genesis())) {
 		if err := opt.Policy.Check(s.Grants); err != nil {
 			return fmt.Errorf("bundle of %s: %w", run, err)
 		}

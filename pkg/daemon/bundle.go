@@ -4,8 +4,10 @@ import (
 	"archive/tar"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -86,8 +88,27 @@ func (d *Daemon) Exportable(id string) error {
 	if err := phaseErr(id, st.Phase, record.Parked); err != nil {
 		return fmt.Errorf("export: %w: only a parked run can be exported (park it first)", err)
 	}
+	// Results posted here for calls the run still awaits stay here: a
+	// bundle does not carry them, and the host importing it would show
+	// those calls as unanswered.
+	if raw, err := d.st.Raw(id); err == nil {
+		var held []string
+		for call := range callsOf(raw.Segments).outstanding {
+			if _, ok := d.posted(id, call); ok {
+				held = append(held, call)
+			}
+		}
+		if len(held) > 0 {
+			slices.Sort(held)
+			return fmt.Errorf("export %s: %w: results are posted here for %s, which the run still awaits with others; post the rest (the run resumes here), or close it", id, ErrResultsHeld, strings.Join(held, ", "))
+		}
+	}
 	return nil
 }
+
+// ErrResultsHeld refuses the export of a run with results posted on this
+// host for calls it still awaits.
+var ErrResultsHeld = errors.New("results held on this host")
 
 // Export writes run id's bundle to w: a tar of bundle.json, record.json
 // (the record's wire form) and objects/<address> for every object the
@@ -229,7 +250,8 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 			return api.Import{}, err
 		}
 	}
-	sb, err := bundle.Stage(ctx, d.st, r, bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.trusted, Policy: d.bundlePolicy()})
+	sb, err := bundle.Stage(ctx, d.st, r, bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.trusted, Policy: d.bundlePolicy(),
+		Granted: d.heldElsewhere})
 	if err != nil {
 		return api.Import{}, err
 	}
@@ -300,4 +322,16 @@ func (d *Daemon) notHandedOff(id string) error {
 		return fmt.Errorf("run %s: %w at %s: it runs there now; import a bundle of it from that host to take it back", id, store.ErrHandedOff, h.Head)
 	}
 	return nil
+}
+
+// heldElsewhere says whether this host holds the run of genesis g as
+// handed off or as a copy: a bundle of it carries grants this host
+// already granted.
+func (d *Daemon) heldElsewhere(g record.Address) bool {
+	id, ok, err := d.st.RunOfGenesis(g)
+	if err != nil || !ok {
+		return false
+	}
+	_, off, err := d.st.HandedOff(id)
+	return err == nil && off
 }

@@ -55,7 +55,7 @@ func ErrorOf(err error) *api.Error {
 	case errors.Is(err, store.ErrMissingObject):
 		e.Code = api.CodeMissingObject
 	case errors.Is(err, record.ErrClosed), errors.Is(err, record.ErrParked), errors.Is(err, record.ErrNotParked),
-		errors.Is(err, resume.ErrNotParked), errors.Is(err, ErrNoSandbox):
+		errors.Is(err, resume.ErrNotParked), errors.Is(err, ErrNoSandbox), errors.Is(err, ErrResultsHeld):
 		e.Code = api.CodePhase
 	case errors.Is(err, record.ErrHeadMismatch), errors.Is(err, record.ErrCanonical), errors.Is(err, store.ErrDamaged),
 		errors.Is(err, attest.ErrSignature), errors.Is(err, attest.ErrMalformed):

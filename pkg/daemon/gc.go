@@ -81,11 +81,11 @@ func (d *Daemon) GC(ctx context.Context, retention, grace *time.Duration) (api.G
 		for _, id := range expired {
 			if err := d.st.Release(id); err != nil {
 				// Pinned since Expired listed it, say: the others go on.
-				d.log.Info("gc: a closed run's snapshots kept", "run", id, "why", err)
+				d.log.Info("gc: a run's snapshots kept", "run", id, "why", err)
 				continue
 			}
 			out.Released = append(out.Released, id)
-			d.log.Info("gc: released the image snapshots of a closed run", "run", id, "retention", keep)
+			d.log.Info("gc: released the image snapshots of a run closed or held elsewhere", "run", id, "retention", keep)
 		}
 	}
 	g := gcGrace

@@ -3,7 +3,11 @@ package daemon
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
+
+	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // stallThenFail is an export's client that takes n bytes, then stalls
@@ -59,5 +63,56 @@ func TestFailedExportKeepsAnotherExportsHandoff(t *testing.T) {
 	}
 	if _, off, _ := g.d.st.HandedOff("s"); off {
 		t.Fatal("a failed export, alone, left the run handed off")
+	}
+}
+
+// A run handed off to another host is not listed by GET /v1/calls here:
+// its calls are awaited where it lives, and a platform seeing them on two
+// hosts could carry out a side effect twice. Before the handoff it is.
+func TestCallsOfHandedOffRunNotListed(t *testing.T) {
+	h := mustMetricsHost(t, "")
+	h.d.runs = map[string]*run{}
+	h.start(t, "r")
+	att := h.put(t, []byte("attestation"))
+	h.append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"pay-1"}}),
+		record.Suspension(h.transcriptPark(t, 16), h.put(t, []byte("manifest"))))
+	calls, err := h.d.Calls(t.Context())
+	if err != nil || len(calls) != 1 || calls[0].ID != "pay-1" {
+		t.Fatalf("calls before the handoff: %+v, %v", calls, err)
+	}
+	head, _ := h.d.st.Head("r")
+	if err := h.d.st.HandOff("r", head); err != nil {
+		t.Fatal(err)
+	}
+	if calls, err = h.d.Calls(t.Context()); err != nil || len(calls) != 0 {
+		t.Fatalf("calls of a handed-off run listed: %+v, %v", calls, err)
+	}
+}
+
+// A run with a result posted here for a call it still awaits with others
+// is not exported: the bundle would not carry the result.
+func TestExportRefusedWithResultsHeld(t *testing.T) {
+	h := mustMetricsHost(t, "")
+	h.d.runs = map[string]*run{}
+	h.d.cfg.StateDir = t.TempDir()
+	h.start(t, "r")
+	att := h.put(t, []byte("attestation"))
+	h.append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"c1", "c2"}}),
+		record.Suspension(h.transcriptPark(t, 16), h.put(t, []byte("manifest"))))
+	if err := h.d.Exportable("r"); err != nil {
+		t.Fatalf("no result posted: %v", err)
+	}
+	if err := os.MkdirAll(h.d.resultsDir("r"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeDurable(filepath.Join(h.d.resultsDir("r"), resultName("c1")), []byte(`"ok"`)); err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := h.d.Export(t.Context(), "r", &b, true); !errors.Is(err, ErrResultsHeld) || b.Len() != 0 {
+		t.Fatalf("export with a result held: %v (%d bytes written)", err, b.Len())
+	}
+	if _, off, _ := h.d.st.HandedOff("r"); off {
+		t.Fatal("a refused export handed the run off")
 	}
 }

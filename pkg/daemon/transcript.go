@@ -754,6 +754,13 @@ func (d *Daemon) Calls(ctx context.Context) ([]api.Call, error) {
 			d.forgetCalls(id)
 			continue
 		}
+		// A run held elsewhere (handed off, or a copy) awaits its results
+		// on the host that holds it: listing its calls here too would have
+		// a platform carry out a side effect twice.
+		if _, off, err := d.st.HandedOff(id); err != nil || off {
+			d.forgetCalls(id)
+			continue
+		}
 		raw, err := d.st.Raw(id)
 		if err != nil {
 			continue

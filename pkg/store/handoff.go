@@ -3,6 +3,7 @@ package store
 import (
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -22,21 +23,25 @@ type Handoff struct {
 	// Copy: this host holds an imported copy, exported without a
 	// handoff; the run lives where it was copied from.
 	Copy bool
+	At   time.Time // when it was handed off, or the copy stored
 }
 
+// encode: head (32) ‖ kind (1: 0 handed off, 1 copy) ‖ time (8, Unix ns).
 func (h Handoff) encode() []byte {
 	b := append([]byte(nil), h.Head[:]...)
+	k := byte(0)
 	if h.Copy {
-		return append(b, 1)
+		k = 1
 	}
-	return append(b, 0)
+	return binary.BigEndian.AppendUint64(append(b, k), uint64(h.At.UnixNano()))
 }
 
 func decodeHandoff(v []byte) (Handoff, bool) {
-	if len(v) != 33 || v[32] > 1 {
+	if len(v) != 41 || v[32] > 1 {
 		return Handoff{}, false
 	}
-	return Handoff{Head: record.Address(v[:32]), Copy: v[32] == 1}, true
+	at, _ := decodeNS(v[33:])
+	return Handoff{Head: record.Address(v[:32]), Copy: v[32] == 1, At: at}, true
 }
 
 // claimGenesis indexes run under genesis g, refusing a genesis another run
@@ -85,7 +90,7 @@ func (s *Store) HandOff(run string, head record.Address) error {
 		if tx.Bucket(bktHandof).Get([]byte(run)) != nil {
 			return nil
 		}
-		return tx.Bucket(bktHandof).Put([]byte(run), Handoff{Head: head}.encode())
+		return tx.Bucket(bktHandof).Put([]byte(run), Handoff{Head: head, At: time.Now()}.encode())
 	})
 }
 
@@ -130,9 +135,14 @@ func markArrival(tx *bolt.Tx, run string, r *record.Record, copy bool) error {
 		if r.Phase() != record.Parked {
 			return refuse(fmt.Errorf("run %s: a copy is of a parked run (this one is %s)", run, r.Phase()))
 		}
-		return tx.Bucket(bktHandof).Put([]byte(run), Handoff{Head: r.Head(), Copy: true}.encode())
+		if err := tx.Bucket(bktHandof).Put([]byte(run), Handoff{Head: r.Head(), Copy: true, At: time.Now()}.encode()); err != nil {
+			return err
+		}
+	} else if err := tx.Bucket(bktHandof).Delete([]byte(run)); err != nil {
+		return err
 	}
-	return tx.Bucket(bktHandof).Delete([]byte(run))
+	// The bundle brought every snapshot again: none is released.
+	return tx.Bucket(bktFreed).Delete([]byte(run))
 }
 
 // CheckExtend reports, without writing, whether r may be imported over run

@@ -191,3 +191,48 @@ func TestCopiesStayCopies(t *testing.T) {
 		t.Fatal("a reclaim at another head cleared the handoff")
 	}
 }
+
+// A run held elsewhere is released after the retention time like a closed
+// one (it is resumed elsewhere); a bundle bringing it back brings every
+// snapshot again, and it is no longer released.
+func TestHandedOffRunReleased(t *testing.T) {
+	src, dst := mustStore(t), mustStore(t)
+	head, _ := parkedRun(t, src, "r", map[string]string{"pages.img": "pages"})
+	rec, _ := src.Record("r")
+	if err := src.HandOff("r", head); err != nil {
+		t.Fatal(err)
+	}
+	if ex, _ := src.Expired(time.Now().Add(-time.Hour)); len(ex) != 0 {
+		t.Fatalf("expired before its time: %v", ex)
+	}
+	ex, _ := src.Expired(time.Now().Add(time.Second))
+	if len(ex) != 1 || ex[0] != "r" {
+		t.Fatalf("expired %v, want [r]", ex)
+	}
+	if err := src.Release("r"); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := src.RetentionOf("r"); r.Released.IsZero() {
+		t.Fatal("not released")
+	}
+	if _, err := src.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// It comes back, extended by another host.
+	copyObjects(t, src, dst)
+	if err := dst.Import("r", rec); err != nil {
+		t.Fatal(err)
+	}
+	dir := rec.Segment(1).Snapshot.Root
+	h := mustAppend(t, dst, "r", rec.Head(), record.Resumption(record.ImageSnapshot(*dir, nil), 5, record.Estimated))
+	h = mustAppend(t, dst, "r", h, record.Execution(put(t, dst, "attestation 2"), nil))
+	mustAppend(t, dst, "r", h, record.Suspension(record.ImageSnapshot(*dir, nil), put(t, dst, "manifest 2")))
+	longer, _ := dst.Record("r")
+	copyObjects(t, dst, src)
+	if _, err := src.Extend("r", longer, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := src.RetentionOf("r"); !r.Released.IsZero() {
+		t.Fatal("still released after the run came back")
+	}
+}

@@ -238,6 +238,13 @@ func (s *Store) seal(p *pending) error {
 	if err := tmp.Chmod(0o400); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
+	// A new object is as young as its naming, not its writing: a file
+	// staged long before (a slow import) must still get the whole GC
+	// grace period before the record that names it is stored.
+	now := time.Now()
+	if err := os.Chtimes(tmp.Name(), now, now); err != nil {
+		return fmt.Errorf("store: object %s: %w", a, err)
+	}
 	if err := tmp.Sync(); err != nil {
 		return fmt.Errorf("store: fsync object %s: %w", a, err)
 	}

@@ -80,8 +80,10 @@ func (s *Store) Unpin(run string) error {
 	})
 }
 
-// Release lets closed run's image snapshots go: from now on neither GC nor
-// Check counts them as reached by its record. A run that is not closed,
+// Release lets run's image snapshots go: from now on neither GC nor Check
+// counts them as reached by its record. The run must be closed, or held
+// elsewhere (handed off, or a copy: it is resumed elsewhere, and a bundle
+// bringing it back carries every snapshot again). A run that is neither,
 // or is pinned, is refused; releasing a released run is a no-op.
 func (s *Store) Release(run string) error {
 	return s.commit(func(tx *bolt.Tx) error {
@@ -89,8 +91,8 @@ func (s *Store) Release(run string) error {
 		if err != nil {
 			return refuse(err)
 		}
-		if st.phase != record.Ended {
-			return refuse(fmt.Errorf("run %s: only a closed run's snapshots are released (it is %s)", run, phaseName(st.phase, true)))
+		if st.phase != record.Ended && tx.Bucket(bktHandof).Get([]byte(run)) == nil {
+			return refuse(fmt.Errorf("run %s: only the snapshots of a closed run, or of one held elsewhere, are released (it is %s)", run, phaseName(st.phase, true)))
 		}
 		if tx.Bucket(bktPins).Get([]byte(run)) != nil {
 			return refuse(fmt.Errorf("run %s: pinned: its snapshots are kept", run))
@@ -102,17 +104,27 @@ func (s *Store) Release(run string) error {
 	})
 }
 
-// Expired returns the closed runs, neither pinned nor released, that the
-// store saw closed before cutoff.
+// Expired returns the runs, neither pinned nor released, that the store
+// saw closed, or handed off (or stored as a copy), before cutoff.
 func (s *Store) Expired(cutoff time.Time) ([]string, error) {
 	var out []string
 	err := s.view(func(tx *bolt.Tx) error {
-		return tx.Bucket(bktClosed).ForEach(func(k, v []byte) error {
-			t, ok := decodeNS(v)
-			if !ok || !t.Before(cutoff) || tx.Bucket(bktPins).Get(k) != nil || tx.Bucket(bktFreed).Get(k) != nil {
-				return nil
+		keep := func(k []byte) bool {
+			return tx.Bucket(bktPins).Get(k) != nil || tx.Bucket(bktFreed).Get(k) != nil
+		}
+		err := tx.Bucket(bktClosed).ForEach(func(k, v []byte) error {
+			if t, ok := decodeNS(v); ok && t.Before(cutoff) && !keep(k) {
+				out = append(out, string(k))
 			}
-			out = append(out, string(k))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		return tx.Bucket(bktHandof).ForEach(func(k, v []byte) error {
+			if h, ok := decodeHandoff(v); ok && h.At.Before(cutoff) && !keep(k) {
+				out = append(out, string(k))
+			}
 			return nil
 		})
 	})

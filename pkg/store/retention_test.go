@@ -2,6 +2,8 @@ package store
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -160,4 +162,32 @@ func addrs(es []Entry) []record.Address {
 		out[i] = e.Address
 	}
 	return out
+}
+
+// An object adopted from a file staged long ago is young from its
+// adoption: a GC between the adoption and the record that names it (an
+// import) leaves it.
+func TestAdoptedObjectIsYoung(t *testing.T) {
+	s := mustStore(t)
+	stage, err := s.StagingDir("import")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(stage, "obj")
+	if err := os.WriteFile(p, []byte("staged two hours ago"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := chtimes(p, time.Now().Add(-2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Adopt(t.Context(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GC(t.Context(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Has(a) {
+		t.Fatal("GC removed an object adopted a moment ago")
+	}
 }
