@@ -200,8 +200,10 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		ecfg = executor.Config{Address: cfg.ContainerdAddress, StateDir: filepath.Join(dir, "executor")}
 	}
 	ecfg.Namespace, ecfg.Logger = cfg.Namespace, d.log
-	// No grant may mount the state directory (keys, store, records).
-	ecfg.Protected = []string{dir}
+	// No grant may mount the state directory (keys, store, records), nor
+	// a system containerd's root (every unit's root filesystem, when the
+	// daemon uses an external containerd: docs/trust.md).
+	ecfg.Protected = []string{dir, "/var/lib/containerd"}
 	if d.ex, err = executor.Connect(ctx, ecfg); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
