@@ -264,6 +264,11 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	d.bg.Wait()
 	var errs []error
 	if d.ex != nil {
+		// A probe the stop cut short, or one an earlier process was
+		// killed in, leaves nothing running.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		d.ex.SweepProbes(sctx)
+		cancel()
 		errs = append(errs, d.ex.Close())
 	}
 	if d.ctrd != nil {

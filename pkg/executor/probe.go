@@ -342,6 +342,14 @@ func (c *Client) removeProbe(ctx context.Context, cont containerd.Container, tas
 
 // sweepProbes removes what an earlier probe that did not finish (its
 // process died) left in the probe namespace and the probe directories.
+// SweepProbes removes every probe container, task and work directory
+// there is: a daemon stopping calls it last, so that a probe cut short
+// (by the stop, or by an earlier process killed mid-probe) leaves nothing
+// running.
+func (c *Client) SweepProbes(ctx context.Context) {
+	c.sweepProbes(namespaces.WithNamespace(ctx, c.probeNamespace()))
+}
+
 func (c *Client) sweepProbes(ctx context.Context) {
 	conts, err := c.client.Containers(ctx)
 	if err == nil {
