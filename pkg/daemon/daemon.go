@@ -266,7 +266,7 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	if d.ex != nil {
 		// A probe the stop cut short, or one an earlier process was
 		// killed in, leaves nothing running.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		d.ex.SweepProbes(sctx)
 		cancel()
 		errs = append(errs, d.ex.Close())

@@ -234,8 +234,16 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (lo
 			c.removeProbe(ctx, cont, nil)
 			return nil, nil, err
 		}
-		// A restore happens as the task starts (runc restore).
-		timedOut, err := c.underDeadlineIn(ctx, ns, id, deadline, func() int { return 0 }, task.Start)
+		// A restore happens as the task starts (runc restore): CRIU's,
+		// under the deadline. A plain start is runc's alone: cancelling
+		// it must not kill the shim's helpers (runc start, runc init),
+		// which leaves the shim unable to answer.
+		timedOut, err := false, error(nil)
+		if restoreFrom != "" {
+			timedOut, err = c.underDeadlineIn(ctx, ns, id, deadline, func() int { return 0 }, task.Start)
+		} else {
+			err = task.Start(ctx)
+		}
 		if err == nil && timedOut {
 			err = errors.New("returned as its deadline passed")
 		}
@@ -299,7 +307,13 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (lo
 
 // removeProbe kills and deletes a probe's task and container.
 func (c *Client) removeProbe(ctx context.Context, cont containerd.Container, task containerd.Task) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	// Bounded below the 20 s a supervisor gives a stopping daemon: what
+	// is left then, the next start's sweep removes.
+	limit := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok && ctx.Err() == nil && time.Until(dl) < limit {
+		limit = time.Until(dl)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
 	defer cancel()
 	if task == nil {
 		// A NewTask cancelled on the client's side may have made the
