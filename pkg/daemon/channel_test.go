@@ -262,3 +262,21 @@ func TestScanJournal(t *testing.T) {
 		t.Fatal("a corrupted journal scanned without an error")
 	}
 }
+
+// TestOutstandingCallsBounded: calls outstanding from earlier intervals
+// count against a run's call limit, so a unit that dispatches and never
+// awaits cannot pile calls (and their payloads, which the daemon holds for
+// GET /v1/calls) up interval after interval.
+func TestOutstandingCallsBounded(t *testing.T) {
+	ctx := context.Background()
+	ch := testChannel(t, unit.Limits{IntervalCalls: 3})
+	// Two calls left outstanding by an earlier interval.
+	ch.seen["old-1"], ch.outstanding["old-1"] = true, true
+	ch.seen["old-2"], ch.outstanding["old-2"] = true, true
+	if err := ch.Dispatch(ctx, protocol.Call{ID: "c1", Kind: "k"}); err != nil {
+		t.Fatalf("dispatch within the limit: %v", err)
+	}
+	if err := ch.Dispatch(ctx, protocol.Call{ID: "c2", Kind: "k"}); !errors.Is(err, protocol.ErrTooManyCalls) {
+		t.Fatalf("a fourth outstanding call: %v, want too_many_calls", err)
+	}
+}

@@ -120,6 +120,17 @@ func (d *Daemon) openChannel(id string, restored *resumed, lim unit.Limits) (*ch
 	ch := &channel{d: d, id: id, dir: filepath.Join(d.cfg.StateDir, "ch", id), lim: lim.Or(unit.DefaultLimits),
 		interval: c.intervals + 1, seen: c.seen, outstanding: c.outstanding, dispatchAt: map[string]spoolRef{},
 		spoolPath: filepath.Join(d.cfg.StateDir, "spool", id)}
+	// The payloads of calls still outstanding from earlier intervals are
+	// held for GET /v1/calls: they count against this interval's payload
+	// limit, so what the daemon holds of a run's calls stays within it.
+	if len(c.outstanding) > 0 {
+		for callID, call := range d.recordedCalls(id, raw.Segments) {
+			if c.outstanding[callID] {
+				b, _ := json.Marshal(call)
+				ch.payload += uint64(len(b))
+			}
+		}
+	}
 	if err := os.RemoveAll(ch.dir); err != nil {
 		return nil, err
 	}
@@ -375,6 +386,13 @@ func (c *channel) Dispatch(ctx context.Context, call protocol.Call) error {
 	}
 	if max := min(int(c.lim.IntervalCalls), record.MaxCalls); len(c.dispatched) >= max {
 		return fmt.Errorf("call %s: %w: an interval dispatches at most %d calls; await some first", call.ID, protocol.ErrTooManyCalls, max)
+	}
+	// Calls outstanding from earlier intervals count too: the daemon
+	// keeps every outstanding call's payload for GET /v1/calls, so a run
+	// that dispatches and never awaits must not pile them up interval
+	// after interval.
+	if max := int(c.lim.IntervalCalls); len(c.outstanding) >= max {
+		return fmt.Errorf("call %s: %w: a run has at most %d calls outstanding at once; await some first", call.ID, protocol.ErrTooManyCalls, max)
 	}
 	b, _ := json.Marshal(call)
 	if n := uint64(len(b)); c.payload+n > c.lim.IntervalPayloadBytes {
