@@ -575,6 +575,12 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	} else {
 		uj, prov, inputs = idle.Estimate(uint64(retained), 0, parkedFor, d.meter.Coefficients())
 	}
+	// A park always retains something (its record, its manifest): its
+	// idle energy is never zero, and the record refuses a zero.
+	if uj == 0 {
+		uj = 1
+		inputs["floor"] = "1"
+	}
 	step("sandbox")
 	lv.events.Entries = append(lv.events.Entries, lifecycle("idle", map[string]any{"uj": uj, "provenance": prov.String(), "inputs": inputs, "retained_bytes": retained, "parked_ns": int64(parkedFor)}))
 	if rst != nil {

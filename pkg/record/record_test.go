@@ -114,7 +114,7 @@ func TestVerifyNamesEditedSegment(t *testing.T) {
 	for i := range segs {
 		segs[i], heads[i] = r.Segment(i), r.HeadAt(i)
 	}
-	segs[2].IdleUJ = 0 // edited after the fact
+	segs[2].IdleUJ = 2 // edited after the fact
 	err := Verify(r.Unit(), r.Grants(), segs, heads)
 	var se *SegmentError
 	if !errors.Is(err, ErrHeadMismatch) || !errors.As(err, &se) || se.Index != 2 {

@@ -158,6 +158,11 @@ func (s *Segment) validate() error {
 			if s.Provenance != Measured && s.Provenance != Estimated {
 				return fmt.Errorf("%w: resumed segment with %s", ErrMalformedSegment, s.Provenance)
 			}
+			// A parked interval retained something: its idle energy is
+			// owed, image park or transcript park, and is never zero.
+			if s.IdleUJ == 0 {
+				return fmt.Errorf("%w: resumed segment with idle_uj 0: a park's idle energy is never zero", ErrMalformedSegment)
+			}
 		}
 		if !s.Attestation.IsZero() {
 			return stray("attestation")

@@ -79,7 +79,7 @@ func TestAppendAllRefusalWritesNothing(t *testing.T) {
 		index int // of the refused segment, for a *record.SegmentError
 	}{
 		{"second executes while parked", h, []record.Segment{susp, record.Execution(att, nil)}, record.ErrParked, 2},
-		{"second resumes another snapshot", h, []record.Segment{susp, record.Resumption(record.TranscriptSnapshot(att), 0, record.Estimated)}, record.ErrSnapshotMismatch, 2},
+		{"second resumes another snapshot", h, []record.Segment{susp, record.Resumption(record.TranscriptSnapshot(att), 1, record.Estimated)}, record.ErrSnapshotMismatch, 2},
 		{"third after close", h, []record.Segment{record.Execution(att, nil), record.Closure("done"), record.Execution(att, nil)}, record.ErrClosed, 3},
 		{"second names a missing object", h, []record.Segment{record.Execution(att, nil), record.Suspension(record.TranscriptSnapshot(record.Sum([]byte("absent"))), man)}, ErrMissingObject, -1},
 		{"stale head", g, []record.Segment{record.Execution(att, nil), susp}, ErrHeadMoved, -1},

@@ -163,6 +163,21 @@ func c6() conformance.Class {
 		refuse(record.Closure("again"), "Closed").
 		done())
 
+	// The spec: a host MUST NOT record a transcript park's idle_uj as
+	// zero; runrecordd holds image parks to the same rule (a park always
+	// retains something).
+	c.Cases = append(c.Cases, newCase("c6-zero-idle").
+		ok(exec(1)).
+		ok(record.Suspension(record.TranscriptSnapshot(addr("transcript:a")), addr("manifest:t"))).
+		refuse(record.Resumption(record.TranscriptSnapshot(addr("transcript:a")), 0, record.Estimated), "MalformedSegment").
+		refuse(record.Resumption(record.TranscriptSnapshot(addr("transcript:a")), 0, record.Measured), "MalformedSegment").
+		ok(record.Resumption(record.TranscriptSnapshot(addr("transcript:a")), 1, record.Estimated)).
+		ok(exec(2)).
+		ok(record.Suspension(image("a"), addr("manifest:a"))).
+		refuse(record.Resumption(image("a"), 0, record.Estimated), "MalformedSegment").
+		ok(record.Resumption(image("a"), 1, record.Measured)).
+		done())
+
 	c.Cases = append(c.Cases, newCase("c6-close-while-parked").
 		ok(exec(1)).
 		ok(record.Suspension(image("a"), addr("manifest:a"))).
