@@ -284,3 +284,39 @@ func timeoutErr(sentinel error, d time.Duration, err error) error {
 	}
 	return fmt.Errorf("%w: CRIU was killed after %v (%w)", sentinel, d, err)
 }
+
+// reapShim waits, up to d, for the shim of sandbox id in namespace ns to
+// exit after its container was deleted, and kills it if it has not: a
+// shim exits on its own once its last container is gone, but a daemon
+// that stops right after leaves one still exiting, or one a cancelled
+// start left unable to answer, behind its containerd.
+func (c *Client) reapShim(ns, id string, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for {
+		procs, err := processes()
+		if err != nil {
+			return
+		}
+		shim := 0
+		for pid, p := range procs {
+			if strings.HasPrefix(p.comm, "containerd-shim") && c.isShimOf(cmdline(pid), ns, id) {
+				shim = pid
+				break
+			}
+		}
+		if shim == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			if fd, err := unix.PidfdOpen(shim, 0); err == nil {
+				if c.isShimOf(cmdline(shim), ns, id) {
+					_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+					c.log.Info("probe: killed a shim that outlived its container", "id", id, "pid", shim)
+				}
+				unix.Close(fd)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

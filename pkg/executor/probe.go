@@ -346,8 +346,9 @@ func (c *Client) removeProbe(ctx context.Context, cont containerd.Container, tas
 		c.log.Warn("probe: delete container", "id", cont.ID(), "err", err)
 	}
 	// A restore killed mid-way leaves runc's criu-root mounted in its
-	// state directory.
+	// state directory; and the shim must not outlive the probe.
 	if ns, err := namespaces.NamespaceRequired(ctx); err == nil {
+		c.reapShim(ns, cont.ID(), 2*time.Second)
 		if err := unmountUnder(filepath.Join(c.cfg.RuncRoot, ns, cont.ID())); err != nil {
 			c.log.Warn("probe: unmounting what runc left", "id", cont.ID(), "err", err)
 		}
