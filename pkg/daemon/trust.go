@@ -2,10 +2,10 @@ package daemon
 
 import (
 	"fmt"
-	"os"
 	"runtime"
-	"strconv"
 	"strings"
+
+	"github.com/prometheus/procfs"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -112,15 +112,16 @@ func grantsOf(g unit.Grants) unit.Grants {
 
 // hostMemory is the host's RAM, from /proc/meminfo.
 func hostMemory() (uint64, error) {
-	b, err := os.ReadFile("/proc/meminfo")
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return 0, err
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(l, "MemTotal:"); ok {
-			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb << 10, err
-		}
+	mi, err := fs.Meminfo()
+	if err != nil {
+		return 0, err
 	}
-	return 0, fmt.Errorf("no MemTotal in /proc/meminfo")
+	if mi.MemTotalBytes == nil || *mi.MemTotalBytes == 0 {
+		return 0, fmt.Errorf("no MemTotal in /proc/meminfo")
+	}
+	return *mi.MemTotalBytes, nil
 }

@@ -147,19 +147,7 @@ func (c *Client) helpers(ns, id string, keep int) ([]target, error) {
 	if err != nil {
 		return nil, err
 	}
-	shim := 0
-	for pid, p := range procs {
-		if !strings.HasPrefix(p.comm, "containerd-shim") {
-			continue
-		}
-		if !c.isShimOf(cmdline(pid), ns, id) {
-			continue
-		}
-		if pidns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err == nil && pidns == own {
-			shim = pid
-			break
-		}
-	}
+	shim := c.findShim(procs, ns, id, own)
 	if shim == 0 {
 		return nil, nil
 	}
@@ -192,6 +180,24 @@ func killChild(pid, parent int) bool {
 		return false
 	}
 	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil
+}
+
+// findShim returns the pid of the shim of sandbox id in namespace ns
+// among procs, 0 if there is none. With pidns set, only a shim in that pid
+// namespace counts.
+func (c *Client) findShim(procs map[int]proc, ns, id, pidns string) int {
+	for pid, p := range procs {
+		if !strings.HasPrefix(p.comm, "containerd-shim") || !c.isShimOf(cmdline(pid), ns, id) {
+			continue
+		}
+		if pidns == "" {
+			return pid
+		}
+		if got, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err == nil && got == pidns {
+			return pid
+		}
+	}
+	return 0
 }
 
 // isShimOf reports whether args are the command line of the runc shim of
@@ -297,13 +303,7 @@ func (c *Client) reapShim(ns, id string, d time.Duration) {
 		if err != nil {
 			return
 		}
-		shim := 0
-		for pid, p := range procs {
-			if strings.HasPrefix(p.comm, "containerd-shim") && c.isShimOf(cmdline(pid), ns, id) {
-				shim = pid
-				break
-			}
-		}
+		shim := c.findShim(procs, ns, id, "")
 		if shim == 0 {
 			return
 		}
