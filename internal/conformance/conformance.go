@@ -83,6 +83,8 @@ var errNames = []struct {
 	{"Parked", record.ErrParked},
 	{"NotParked", record.ErrNotParked},
 	{"Closed", record.ErrClosed},
+	{"Alternation", record.ErrAlternation},
+	{"Overflow", record.ErrOverflow},
 	{"HeadMismatch", record.ErrHeadMismatch},
 	{"Canonical", record.ErrCanonical},
 	{"Address", record.ErrAddress},
@@ -135,6 +137,12 @@ func LoadFS(fsys fs.FS, dir string) ([]Class, error) {
 		if err := d.Decode(&c); err != nil {
 			return nil, fmt.Errorf("conformance: %s: %w", f, err)
 		}
+		if d.More() {
+			return nil, fmt.Errorf("conformance: %s: trailing data after the class", f)
+		}
+		if err := c.check(); err != nil {
+			return nil, fmt.Errorf("conformance: %s: %w", f, err)
+		}
 		out = append(out, c)
 	}
 	sort.Slice(out, func(i, j int) bool { return classOrder(out[i].Class) < classOrder(out[j].Class) })
@@ -145,6 +153,48 @@ func classOrder(c string) int {
 	var n int
 	fmt.Sscanf(strings.TrimPrefix(c, "C"), "%d", &n)
 	return n
+}
+
+// check refuses a vector file a reader could take two ways: a class not
+// named C<n>, a case without a name or ids, a step whose outcome is not a
+// known name, a wire expectation without a wire form (or the reverse), a
+// segment index without a wire form, and a case that checks nothing.
+func (c Class) check() error {
+	var n int
+	if _, err := fmt.Sscanf(c.Class, "C%d", &n); err != nil || fmt.Sprintf("C%d", n) != c.Class {
+		return fmt.Errorf("class %q is not C<n>", c.Class)
+	}
+	names := map[string]bool{"ok": true}
+	for _, e := range errNames {
+		names[e.name] = true
+	}
+	seen := map[string]bool{}
+	for _, cs := range c.Cases {
+		switch {
+		case cs.Name == "" || seen[cs.Name]:
+			return fmt.Errorf("case %q: empty or repeated name", cs.Name)
+		case cs.Unit.IsZero() || cs.Grants.IsZero():
+			return fmt.Errorf("case %s: unit_id and grants_id are required", cs.Name)
+		case (cs.Wire == "") != (cs.WireExpect == ""):
+			return fmt.Errorf("case %s: wire and expect_wire go together", cs.Name)
+		case cs.WireSegment != nil && cs.Wire == "":
+			return fmt.Errorf("case %s: expect_wire_segment without a wire form", cs.Name)
+		case cs.WireExpect != "" && !names[cs.WireExpect]:
+			return fmt.Errorf("case %s: expect_wire %q is not an outcome name", cs.Name, cs.WireExpect)
+		case len(cs.Steps) == 0 && cs.Head == nil && cs.Wire == "" && len(cs.Pins) == 0:
+			return fmt.Errorf("case %s: checks nothing (no steps, expect_head, wire or canonical)", cs.Name)
+		}
+		seen[cs.Name] = true
+		for i, st := range cs.Steps {
+			if !names[st.Expect] {
+				return fmt.Errorf("case %s: step %d: expect %q is not an outcome name", cs.Name, i, st.Expect)
+			}
+			if st.Head != nil && st.Expect != "ok" {
+				return fmt.Errorf("case %s: step %d: a refused step states no head", cs.Name, i)
+			}
+		}
+	}
+	return nil
 }
 
 // Run replays every case of c.

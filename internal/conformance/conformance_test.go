@@ -95,3 +95,40 @@ func TestRunnerCatchesBrokenVectors(t *testing.T) {
 		}
 	}
 }
+
+// The runner reads vectors as strictly as DecodeWire reads a record: a
+// segment missing a key of its kind, an unknown outcome name or key, or a
+// case that checks nothing is refused at load, never read as a default.
+func TestLoadIsStrict(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(pack, "c15.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := load(t, b); err != nil {
+		t.Fatalf("the checked-in file: %v", err)
+	}
+	for _, e := range []struct{ name, old, new string }{
+		{"missing resolved list", `"resolved": []`, `"x": []`},
+		{"resolved list dropped", "],\n              \"resolved\": []", "]"},
+		{"null dispatched list", `"dispatched": []`, `"dispatched": null`},
+		{"unknown outcome", `"expect": "ok"`, `"expect": "fine"`},
+		{"unknown key", `"expect": "ok"`, `"expect": "ok", "note": 1`},
+		{"class name", `"class": "C15"`, `"class": "C15a"`},
+		{"trailing data", "}\n", "}\n{}"},
+	} {
+		if !bytes.Contains(b, []byte(e.old)) {
+			t.Fatalf("%s: %q not in c15.json", e.name, e.old)
+		}
+		if _, err := load(t, bytes.Replace(b, []byte(e.old), []byte(e.new), 1)); err == nil {
+			t.Errorf("%s: loaded", e.name)
+		}
+	}
+}
+
+func load(t *testing.T, b []byte) ([]Class, error) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "c15.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return Load(dir)
+}

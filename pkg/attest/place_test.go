@@ -97,10 +97,27 @@ func TestCheckRecord(t *testing.T) {
 	if _, err := CheckRecord(tailed, func(a record.Address) ([]byte, error) { return tobjs[a], nil }, nil); !errors.As(err, &pe) || pe.Field != "suspended segment" || pe.Index != 3 {
 		t.Fatalf("replaced tail: %v", err)
 	}
-	// A Suspended segment no park seals.
+	// A Suspended segment no park seals: the interval before it says it
+	// was still running.
 	bare := record.New(rec.Unit(), rec.Grants())
-	bare.Append(record.Suspension(record.TranscriptSnapshot(fill(40)), fill(41)))
-	if _, err := CheckRecord(bare, read, nil); !errors.As(err, &pe) || pe.Index != 0 {
+	running, err := Sign(&Body{Genesis: bare.Genesis(), Interval: 1, PrevHead: bare.Head(), StartNS: 1, EndNS: 2,
+		Receipt: fill(7), Journal: fill(8), Outcome: Outcome{Kind: Running}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb := running.Encode()
+	for _, s := range []record.Segment{record.Execution(record.Sum(rb), nil), record.Suspension(record.TranscriptSnapshot(fill(40)), fill(41))} {
+		if _, err := bare.Append(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readBare := func(a record.Address) ([]byte, error) {
+		if a == record.Sum(rb) {
+			return rb, nil
+		}
+		return read(a)
+	}
+	if _, err := CheckRecord(bare, readBare, nil); !errors.As(err, &pe) || pe.Index != 1 {
 		t.Fatalf("unsealed suspension: %v", err)
 	}
 }

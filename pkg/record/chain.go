@@ -2,6 +2,7 @@ package record
 
 import (
 	"fmt"
+	"math"
 
 	"lukechampine.com/blake3"
 )
@@ -46,6 +47,8 @@ type State struct {
 	Head   Address  // head after the last segment (genesis when Len is 0)
 	Len    int      // number of segments
 	Phase  Phase    // phase after the last segment
+	Last   Kind     // the last segment's kind; 0 when Len is 0
+	IdleUJ uint64   // the sum of idle_uj over the Resumed segments
 	Parked Snapshot // the snapshot suspended, while Phase is Parked
 }
 
@@ -89,6 +92,7 @@ func (c *Chain) Append(s *Segment) (Address, error) {
 	c.buf = s.appendCanonical(c.buf)
 	c.st.Head = blake3.Sum256(c.buf)
 	c.st.Len++
+	c.st.Last = s.Kind
 	switch s.Kind {
 	case Suspended:
 		c.st.Phase = Parked
@@ -96,6 +100,7 @@ func (c *Chain) Append(s *Segment) (Address, error) {
 	case Resumed:
 		c.st.Phase = Active
 		c.st.Parked = Snapshot{}
+		c.st.IdleUJ += s.IdleUJ // allows refused an overflow
 	case Closed:
 		c.st.Phase = Ended
 		c.st.Parked = Snapshot{}
@@ -103,7 +108,8 @@ func (c *Chain) Append(s *Segment) (Address, error) {
 	return c.st.Head, nil
 }
 
-// allows applies the phase rules to a validated segment.
+// allows applies the phase rules to a validated segment, in the order
+// docs/record-format.md lists them: the first rule broken is the error.
 func (st *State) allows(s *Segment) error {
 	if st.Phase == Ended {
 		return fmt.Errorf("%w: no %s segment after close", ErrClosed, s.Kind)
@@ -113,12 +119,23 @@ func (st *State) allows(s *Segment) error {
 		if st.Phase == Parked {
 			return fmt.Errorf("%w: %s segment while parked", ErrParked, s.Kind)
 		}
+		// A park ends an interval: the segment before a Suspended one is
+		// the Executed segment of the interval it ends.
+		if s.Kind == Suspended && st.Last != Executed {
+			if st.Len == 0 {
+				return fmt.Errorf("%w: suspended segment with no executed interval since genesis", ErrAlternation)
+			}
+			return fmt.Errorf("%w: suspended segment after a %s one; a park follows an executed interval", ErrAlternation, st.Last)
+		}
 	case Resumed:
 		if st.Phase != Parked {
 			return fmt.Errorf("%w: resumed segment while %s", ErrNotParked, st.Phase)
 		}
 		if !s.Snapshot.Equal(st.Parked) {
 			return fmt.Errorf("%w: offered %s, recorded %s", ErrSnapshotMismatch, s.Snapshot, st.Parked)
+		}
+		if s.IdleUJ > math.MaxUint64-st.IdleUJ {
+			return fmt.Errorf("%w: %d µJ on top of %d µJ", ErrOverflow, s.IdleUJ, st.IdleUJ)
 		}
 	}
 	return nil

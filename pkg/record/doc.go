@@ -17,12 +17,16 @@
 // # Phases
 //
 // A run starts executing. Executed and Suspended segments are allowed only
-// while executing; Resumed only while parked, and only with the snapshot
-// that was suspended ([Snapshot.Equal]); Closed from any phase; nothing
-// after Closed. A refused segment is a [*SegmentError] naming the index it
-// would have taken, wrapping [ErrParked], [ErrNotParked], [ErrClosed],
-// [ErrSnapshotMismatch], [ErrMalformedSnapshot] or [ErrMalformedSegment],
-// and leaves the record as it was.
+// while executing, and a Suspended one only right after an Executed one (a
+// park ends an interval); Resumed only while parked, only with the snapshot
+// that was suspended ([Snapshot.Equal]), and only while the idle total
+// stays within 64 bits; Closed from any phase; nothing after Closed. No
+// field holds the zero address, and no id appears twice in one call list.
+// A refused segment is a [*SegmentError] naming the index it would have
+// taken, wrapping [ErrParked], [ErrNotParked], [ErrClosed],
+// [ErrAlternation], [ErrSnapshotMismatch], [ErrOverflow],
+// [ErrMalformedSnapshot] or [ErrMalformedSegment], and leaves the record
+// as it was. docs/record-format.md lists the checks in the order they run.
 //
 // # Snapshots
 //

@@ -25,6 +25,12 @@ var (
 	ErrNotParked = errors.New("run is not parked")
 	// ErrClosed: any segment after Closed.
 	ErrClosed = errors.New("run is closed")
+	// ErrAlternation: a Suspended segment that does not follow an
+	// Executed one (a park ends an interval).
+	ErrAlternation = errors.New("phases do not alternate")
+	// ErrOverflow: a Resumed segment whose idle energy would take the
+	// record's idle total past 2⁶⁴−1 µJ.
+	ErrOverflow = errors.New("idle energy total overflows")
 	// ErrHeadMismatch: a stated head that the chain does not recompute to.
 	ErrHeadMismatch = errors.New("head does not recompute")
 	// ErrCanonical: bytes that are not the canonical encoding of a segment,

@@ -99,6 +99,9 @@ func (r *Record) Append(s Segment) (Address, error) {
 // and snapshot identity, and every head. A record built only by Append
 // always verifies; one assembled from stored or received parts may not.
 func (r *Record) Verify() error {
+	if err := checkIDs(r.unit, r.grants); err != nil {
+		return err
+	}
 	c := NewChain(Start(r.unit, r.grants))
 	for i := range r.n {
 		if err := c.verifyNext(i, r.at(i), r.headAt(i)); err != nil {
@@ -116,6 +119,9 @@ func Verify(unit, grants Address, segs []Segment, heads []Address) error {
 	if heads != nil && len(heads) != len(segs) {
 		return fmt.Errorf("%w: %d heads for %d segments", ErrHeadMismatch, len(heads), len(segs))
 	}
+	if err := checkIDs(unit, grants); err != nil {
+		return err
+	}
 	c := NewChain(Start(unit, grants))
 	for i := range segs {
 		if heads == nil {
@@ -127,6 +133,15 @@ func Verify(unit, grants Address, segs []Segment, heads []Address) error {
 		if err := c.verifyNext(i, &segs[i], heads[i]); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkIDs refuses a zero unit or grant-set id: the zero address names no
+// object, so a record over it binds nothing.
+func checkIDs(unit, grants Address) error {
+	if unit.IsZero() || grants.IsZero() {
+		return fmt.Errorf("%w: a zero unit or grant-set id names no object", ErrAddress)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package record
 import (
 	"bytes"
 	"errors"
+	"math"
 	"reflect"
 	"testing"
 )
@@ -75,6 +76,7 @@ func TestPhaseRules(t *testing.T) {
 
 func TestCloseWhileParked(t *testing.T) {
 	r := mustRecord(t)
+	mustAppend(t, r, Execution(fill(1), nil))
 	mustAppend(t, r, Suspension(TranscriptSnapshot(fill(4)), fill(3)))
 	mustAppend(t, r, Closure("abandoned"))
 	refuse(t, r, Resumption(TranscriptSnapshot(fill(4)), 1, Estimated), ErrClosed)
@@ -83,11 +85,100 @@ func TestCloseWhileParked(t *testing.T) {
 func TestImageAndTranscriptOverSameAddressDiffer(t *testing.T) {
 	inner := fill(0x42)
 	r := mustRecord(t)
+	mustAppend(t, r, Execution(fill(1), nil))
 	mustAppend(t, r, Suspension(ImageSnapshot(inner, nil), fill(3)))
 	refuse(t, r, Resumption(TranscriptSnapshot(inner), 1, Estimated), ErrSnapshotMismatch)
 	r2 := mustRecord(t)
+	mustAppend(t, r2, Execution(fill(1), nil))
 	mustAppend(t, r2, Suspension(TranscriptSnapshot(inner), fill(3)))
 	refuse(t, r2, Resumption(ImageSnapshot(inner, nil), 1, Estimated), ErrSnapshotMismatch)
+}
+
+// A park ends an interval: a Suspended segment follows an Executed one,
+// never genesis, a Resumed or another Suspended.
+func TestStrictAlternation(t *testing.T) {
+	r := mustRecord(t)
+	refuse(t, r, Suspension(img(1, 2), fill(3)), ErrAlternation)
+	mustAppend(t, r, Execution(fill(1), nil))
+	mustAppend(t, r, Execution(fill(2), nil)) // intervals may follow one another
+	mustAppend(t, r, Suspension(img(1, 2), fill(3)))
+	mustAppend(t, r, Resumption(img(1, 2), 1, Estimated))
+	refuse(t, r, Suspension(img(1, 2), fill(3)), ErrAlternation)
+	mustAppend(t, r, Closure("resumed, then closed"))
+	// The state carries what the rule needs, so a chain continued from a
+	// stored state judges the same way.
+	st := r.State()
+	if st.Last != Closed {
+		t.Fatalf("state's last kind %s, want closed", st.Last)
+	}
+	c := NewChain(State{Head: r.Genesis(), Len: 3, Phase: Active, Last: Resumed})
+	if err := c.Check(&Segment{Kind: Suspended, Snapshot: img(1, 2), Manifest: fill(3)}); !errors.Is(err, ErrAlternation) {
+		t.Fatalf("chain after a resumed segment: %v", err)
+	}
+}
+
+func TestIdleTotalOverflowRefused(t *testing.T) {
+	r := mustRecord(t)
+	park := func(idle uint64, want error) {
+		t.Helper()
+		mustAppend(t, r, Execution(fill(1), nil))
+		mustAppend(t, r, Suspension(TranscriptSnapshot(fill(4)), fill(3)))
+		if want != nil {
+			refuse(t, r, Resumption(TranscriptSnapshot(fill(4)), idle, Estimated), want)
+			return
+		}
+		mustAppend(t, r, Resumption(TranscriptSnapshot(fill(4)), idle, Estimated))
+	}
+	park(math.MaxUint64-10, nil)
+	park(10, nil) // exactly 2⁶⁴−1 in all
+	if st := r.State(); st.IdleUJ != math.MaxUint64 {
+		t.Fatalf("idle total %d", st.IdleUJ)
+	}
+	park(1, ErrOverflow)
+	if _, err := r.Totals(func(Address) (uint64, bool) { return 0, true }); err != nil {
+		t.Fatalf("a record at the idle limit: %v", err)
+	}
+}
+
+func TestDuplicateCallIDInOneListRefused(t *testing.T) {
+	r := mustRecord(t)
+	refuse(t, r, Execution(fill(1), &CallAccount{Dispatched: []string{"a", "b", "a"}}), ErrMalformedSegment)
+	long := make([]string, 40)
+	for i := range long {
+		long[i] = string(rune('a'+i%26)) + string(rune('a'+i/26))
+	}
+	long[39] = long[3]
+	refuse(t, r, Execution(fill(1), &CallAccount{Resolved: long}), ErrMalformedSegment)
+	// The same id in both lists, or in two segments, is the wait proof's.
+	mustAppend(t, r, Execution(fill(1), &CallAccount{Dispatched: []string{"a"}}))
+	mustAppend(t, r, Execution(fill(2), &CallAccount{Dispatched: []string{"a"}}))
+	if v := r.WaitProof(); v.Kind != Malformed || v.Segment != 1 {
+		t.Fatalf("verdict %v", v)
+	}
+	r2 := mustRecord(t)
+	mustAppend(t, r2, Execution(fill(1), &CallAccount{Dispatched: []string{"a"}, Resolved: []string{"a"}}))
+	if v := r2.WaitProof(); v.Kind != Blocked || v.Segment != 0 {
+		t.Fatalf("verdict %v", v)
+	}
+}
+
+// The zero address names no object, wherever a segment states one.
+func TestZeroAddressRefusedEverywhere(t *testing.T) {
+	var zero Address
+	r := mustRecord(t)
+	refuse(t, r, Execution(zero, nil), ErrMalformedSegment)
+	mustAppend(t, r, Execution(fill(1), nil))
+	refuse(t, r, Suspension(img(1, 2), zero), ErrMalformedSegment)
+	refuse(t, r, Suspension(ImageSnapshot(zero, nil), fill(3)), ErrMalformedSnapshot)
+	refuse(t, r, Suspension(ImageSnapshot(fill(1), &zero), fill(3)), ErrMalformedSnapshot)
+	refuse(t, r, Suspension(TranscriptSnapshot(zero), fill(3)), ErrMalformedSnapshot)
+	mustAppend(t, r, Suspension(ImageSnapshot(fill(1), nil), fill(3)))
+	if err := Verify(zero, fill(2), nil, nil); !errors.Is(err, ErrAddress) {
+		t.Fatalf("zero unit id: %v", err)
+	}
+	if err := Verify(fill(1), zero, nil, nil); !errors.Is(err, ErrAddress) {
+		t.Fatalf("zero grants id: %v", err)
+	}
 }
 
 func TestAppendCopiesCallerData(t *testing.T) {

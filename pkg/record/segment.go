@@ -110,94 +110,81 @@ func Closure(reason string) Segment {
 }
 
 // Validate reports whether s is well formed on its own, without reference
-// to a record: its kind is known, only its kind's fields are set, its
-// snapshot names exactly one form, and its strings are within limits.
+// to a record: its kind is known, its snapshot (Suspended and Resumed)
+// names exactly one form over non-zero addresses, its own fields are set
+// and within limits, and no other kind's field is set. The checks run in
+// that order; the first that fails is the error.
 func (s Segment) Validate() error { return s.validate() }
 
 func (s *Segment) validate() error {
-	stray := func(name string) error {
-		return fmt.Errorf("%w: %s segment with %s set", ErrMalformedSegment, s.Kind, name)
+	malformed := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s segment %s", ErrMalformedSegment, s.Kind, fmt.Sprintf(format, args...))
 	}
+	// 1. The kind.
+	switch s.Kind {
+	case Executed, Suspended, Resumed, Closed:
+	default:
+		return fmt.Errorf("%w: unknown %s", ErrMalformedSegment, s.Kind)
+	}
+	// 2. The snapshot reference of a park or a resume.
+	parks := s.Kind == Suspended || s.Kind == Resumed
+	if parks {
+		if err := s.Snapshot.Validate(); err != nil {
+			return err
+		}
+	}
+	// 3. The kind's own fields.
 	switch s.Kind {
 	case Executed:
 		if s.Attestation.IsZero() {
-			return fmt.Errorf("%w: executed segment without attestation", ErrMalformedSegment)
+			return malformed("without attestation (the zero address names nothing)")
 		}
 		if s.Calls != nil {
 			if err := s.Calls.validate(); err != nil {
 				return err
 			}
 		}
-		if !s.Snapshot.isEmpty() {
-			return stray("snapshot")
+	case Suspended:
+		if s.Manifest.IsZero() {
+			return malformed("without manifest (the zero address names nothing)")
 		}
-		if !s.Manifest.IsZero() {
-			return stray("manifest")
+	case Resumed:
+		if s.Provenance != Measured && s.Provenance != Estimated {
+			return malformed("with %s", s.Provenance)
 		}
-		if s.IdleUJ != 0 || s.Provenance != 0 {
-			return stray("idle energy")
-		}
-		if s.Reason != "" {
-			return stray("reason")
-		}
-	case Suspended, Resumed:
-		if err := s.Snapshot.Validate(); err != nil {
-			return err
-		}
-		if s.Kind == Suspended {
-			if s.Manifest.IsZero() {
-				return fmt.Errorf("%w: suspended segment without manifest", ErrMalformedSegment)
-			}
-			if s.IdleUJ != 0 || s.Provenance != 0 {
-				return stray("idle energy")
-			}
-		} else {
-			if !s.Manifest.IsZero() {
-				return stray("manifest")
-			}
-			if s.Provenance != Measured && s.Provenance != Estimated {
-				return fmt.Errorf("%w: resumed segment with %s", ErrMalformedSegment, s.Provenance)
-			}
-			// A parked interval retained something: its idle energy is
-			// owed, image park or transcript park, and is never zero.
-			if s.IdleUJ == 0 {
-				return fmt.Errorf("%w: resumed segment with idle_uj 0: a park's idle energy is never zero", ErrMalformedSegment)
-			}
-		}
-		if !s.Attestation.IsZero() {
-			return stray("attestation")
-		}
-		if s.Calls != nil {
-			return stray("call account")
-		}
-		if s.Reason != "" {
-			return stray("reason")
+		// A parked interval retained something: its idle energy is
+		// owed, image park or transcript park, and is never zero.
+		if s.IdleUJ == 0 {
+			return malformed("with idle_uj 0: a park's idle energy is never zero")
 		}
 	case Closed:
 		if len(s.Reason) > MaxReasonLen || !utf8.ValidString(s.Reason) {
-			return fmt.Errorf("%w: close reason must be UTF-8 of at most %d bytes", ErrMalformedSegment, MaxReasonLen)
+			return malformed("reason must be UTF-8 of at most %d bytes", MaxReasonLen)
 		}
-		if !s.Attestation.IsZero() {
-			return stray("attestation")
-		}
-		if s.Calls != nil {
-			return stray("call account")
-		}
-		if !s.Snapshot.isEmpty() {
-			return stray("snapshot")
-		}
-		if !s.Manifest.IsZero() {
-			return stray("manifest")
-		}
-		if s.IdleUJ != 0 || s.Provenance != 0 {
-			return stray("idle energy")
-		}
-	default:
-		return fmt.Errorf("%w: unknown %s", ErrMalformedSegment, s.Kind)
+	}
+	// 4. Fields of other kinds, in this order.
+	stray := func(name string) error { return malformed("with %s set", name) }
+	switch {
+	case s.Kind != Executed && !s.Attestation.IsZero():
+		return stray("attestation")
+	case s.Kind != Executed && s.Calls != nil:
+		return stray("call account")
+	case !parks && !s.Snapshot.isEmpty():
+		return stray("snapshot")
+	case s.Kind != Suspended && !s.Manifest.IsZero():
+		return stray("manifest")
+	case s.Kind != Resumed && (s.IdleUJ != 0 || s.Provenance != 0):
+		return stray("idle energy")
+	case s.Kind != Closed && s.Reason != "":
+		return stray("reason")
 	}
 	return nil
 }
 
+// validate refuses an id list over the limits, an id that is empty, too
+// long or not UTF-8, and an id twice in one list: a list names each call
+// once (an id in both lists, or in two segments, is the wait proof's to
+// judge).
 func (c *CallAccount) validate() error {
 	for _, list := range [2][]string{c.Dispatched, c.Resolved} {
 		if len(list) > MaxCalls {
@@ -208,8 +195,34 @@ func (c *CallAccount) validate() error {
 				return fmt.Errorf("%w: call id %q: must be 1 to %d bytes of UTF-8", ErrMalformedSegment, id, MaxCallIDLen)
 			}
 		}
+		if id, ok := duplicate(list); ok {
+			return fmt.Errorf("%w: call id %q twice in one list", ErrMalformedSegment, id)
+		}
 	}
 	return nil
+}
+
+// duplicate returns an id that list holds twice. Short lists, the usual
+// kind, are compared pairwise without allocating.
+func duplicate(list []string) (string, bool) {
+	if len(list) <= 16 {
+		for i := 1; i < len(list); i++ {
+			for _, prev := range list[:i] {
+				if list[i] == prev {
+					return list[i], true
+				}
+			}
+		}
+		return "", false
+	}
+	seen := make(map[string]struct{}, len(list))
+	for _, id := range list {
+		if _, ok := seen[id]; ok {
+			return id, true
+		}
+		seen[id] = struct{}{}
+	}
+	return "", false
 }
 
 // Snapshot is a snapshot reference: what a park retained, in exactly one of
@@ -237,8 +250,14 @@ func (s Snapshot) isEmpty() bool { return s.Root == nil && s.Memory == nil && s.
 func (s Snapshot) IsTranscript() bool { return s.Transcript != nil && s.Root == nil && s.Memory == nil }
 
 // Validate refuses, with [ErrMalformedSnapshot], a reference naming neither
-// form, both forms, or a transcript beside a memory image.
+// form, both forms, or a transcript beside a memory image, and one naming
+// the zero address (which names no object).
 func (s Snapshot) Validate() error {
+	for _, a := range [3]*Address{s.Root, s.Memory, s.Transcript} {
+		if a != nil && a.IsZero() {
+			return fmt.Errorf("%w: the zero address names no object", ErrMalformedSnapshot)
+		}
+	}
 	switch {
 	case s.Transcript != nil && s.Memory != nil:
 		return fmt.Errorf("%w: a transcript beside a memory image", ErrMalformedSnapshot)

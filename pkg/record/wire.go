@@ -34,8 +34,19 @@ type wireSegment struct {
 }
 
 type wireCalls struct {
-	Dispatched []string `json:"dispatched"`
-	Resolved   []string `json:"resolved"`
+	Dispatched *[]string `json:"dispatched"`
+	Resolved   *[]string `json:"resolved"`
+}
+
+// wireRecordIn is what DecodeWire reads: each segment is decoded on its
+// own, so a fault in one is reported with its index.
+type wireRecordIn struct {
+	Format   *string           `json:"format"`
+	Unit     *Address          `json:"unit_id"`
+	Grants   *Address          `json:"grants_id"`
+	Genesis  *Address          `json:"genesis"`
+	Segments []json.RawMessage `json:"segments"`
+	Head     *Address          `json:"head"`
 }
 
 type wireSnapshot struct {
@@ -51,7 +62,8 @@ func toWire(s *Segment) wireSegment {
 		a := s.Attestation
 		w.Attestation = &a
 		if s.Calls != nil {
-			w.Calls = &wireCalls{Dispatched: nonNil(s.Calls.Dispatched), Resolved: nonNil(s.Calls.Resolved)}
+			d, r := nonNil(s.Calls.Dispatched), nonNil(s.Calls.Resolved)
+			w.Calls = &wireCalls{Dispatched: &d, Resolved: &r}
 		}
 	case Suspended, Resumed:
 		w.Snapshot = &wireSnapshot{Root: s.Snapshot.Root, Memory: s.Snapshot.Memory, Transcript: s.Snapshot.Transcript}
@@ -77,17 +89,46 @@ func nonNil(ids []string) []string {
 	return ids
 }
 
+// fromWire reads a decoded wire segment. Every key of its kind must be
+// present (a call account's two lists included: an empty list is [], never
+// absent or null), so a vector or a wire form says each field it hashes;
+// a key of another kind is read, and refused by [Segment.Validate] as a
+// stray field.
 func fromWire(w *wireSegment) (Segment, error) {
 	var s Segment
+	missing := func(key string) (Segment, error) {
+		return Segment{}, fmt.Errorf("%w: %s segment without its %q key", ErrCanonical, w.Kind, key)
+	}
 	switch w.Kind {
 	case "executed":
 		s.Kind = Executed
+		if w.Attestation == nil {
+			return missing("attestation")
+		}
 	case "suspended":
 		s.Kind = Suspended
+		if w.Snapshot == nil {
+			return missing("snapshot")
+		}
+		if w.Manifest == nil {
+			return missing("manifest")
+		}
 	case "resumed":
 		s.Kind = Resumed
+		if w.Snapshot == nil {
+			return missing("snapshot")
+		}
+		if w.IdleUJ == nil {
+			return missing("idle_uj")
+		}
+		if w.Provenance == "" {
+			return missing("provenance")
+		}
 	case "closed":
 		s.Kind = Closed
+		if w.Reason == nil {
+			return missing("reason")
+		}
 	default:
 		return s, fmt.Errorf("%w: unknown segment kind %q", ErrMalformedSegment, w.Kind)
 	}
@@ -95,7 +136,10 @@ func fromWire(w *wireSegment) (Segment, error) {
 		s.Attestation = *w.Attestation
 	}
 	if w.Calls != nil {
-		s.Calls = &CallAccount{Dispatched: w.Calls.Dispatched, Resolved: w.Calls.Resolved}
+		if w.Calls.Dispatched == nil || w.Calls.Resolved == nil {
+			return Segment{}, fmt.Errorf("%w: a call account states both lists, \"dispatched\" and \"resolved\" ([] when empty)", ErrCanonical)
+		}
+		s.Calls = &CallAccount{Dispatched: *w.Calls.Dispatched, Resolved: *w.Calls.Resolved}
 	}
 	if w.Snapshot != nil {
 		s.Snapshot = Snapshot{Root: w.Snapshot.Root, Memory: w.Snapshot.Memory, Transcript: w.Snapshot.Transcript}
@@ -172,23 +216,41 @@ func (r *Record) EncodeWire() []byte {
 
 // DecodeWire parses a record's wire form and verifies it from genesis: the
 // genesis head, every segment's phase rules and snapshot identity, and every
-// stated head. A failure concerning one segment is a [*SegmentError]; bytes
-// that verify but are not the canonical wire form wrap [ErrCanonical].
+// stated head. A failure concerning one segment — bytes that do not decode
+// as a segment, a refused append, a stated head that does not recompute, or
+// a segment written other than EncodeWire writes it — is a [*SegmentError]
+// naming it; bytes that verify but are not the canonical wire form wrap
+// [ErrCanonical]. docs/record-format.md lists the checks in order.
 func DecodeWire(b []byte) (*Record, error) {
-	var w wireRecord
+	var w wireRecordIn
 	if err := strictUnmarshal(b, &w); err != nil {
 		return nil, err
 	}
-	if w.Format != Domain {
-		return nil, fmt.Errorf("%w: format %q, want %q", ErrCanonical, w.Format, Domain)
+	for _, k := range []struct {
+		key string
+		ok  bool
+	}{{"format", w.Format != nil}, {"unit_id", w.Unit != nil}, {"grants_id", w.Grants != nil},
+		{"genesis", w.Genesis != nil}, {"segments", w.Segments != nil}, {"head", w.Head != nil}} {
+		if !k.ok {
+			return nil, fmt.Errorf("%w: the record has no %q key (or it is null)", ErrCanonical, k.key)
+		}
 	}
-	r := New(w.Unit, w.Grants)
-	if w.Genesis != r.genesis {
-		return nil, fmt.Errorf("%w: stated genesis %s, recomputed %s", ErrHeadMismatch, w.Genesis, r.genesis)
+	if *w.Format != Domain {
+		return nil, fmt.Errorf("%w: format %q, want %q", ErrCanonical, *w.Format, Domain)
 	}
-	for i := range w.Segments {
-		ws := &w.Segments[i]
-		seg, err := fromWire(ws)
+	if err := checkIDs(*w.Unit, *w.Grants); err != nil {
+		return nil, err
+	}
+	r := New(*w.Unit, *w.Grants)
+	if *w.Genesis != r.genesis {
+		return nil, fmt.Errorf("%w: stated genesis %s, recomputed %s", ErrHeadMismatch, *w.Genesis, r.genesis)
+	}
+	for i, raw := range w.Segments {
+		var ws wireSegment
+		if err := strictUnmarshal(raw, &ws); err != nil {
+			return nil, &SegmentError{Index: i, Err: err}
+		}
+		seg, err := fromWire(&ws)
 		if err != nil {
 			return nil, &SegmentError{Index: i, Err: err}
 		}
@@ -200,10 +262,20 @@ func DecodeWire(b []byte) (*Record, error) {
 			return nil, &SegmentError{Index: i, Err: fmt.Errorf("%w: stated %v, recomputed %s", ErrHeadMismatch, ws.Head, h)}
 		}
 	}
-	if w.Head != r.Head() {
-		return nil, fmt.Errorf("%w: stated record head %s, recomputed %s", ErrHeadMismatch, w.Head, r.Head())
+	if *w.Head != r.Head() {
+		return nil, fmt.Errorf("%w: stated record head %s, recomputed %s", ErrHeadMismatch, *w.Head, r.Head())
 	}
 	if !bytes.Equal(r.EncodeWire(), b) {
+		// Name the first segment written otherwise, if one is.
+		for i, raw := range w.Segments {
+			ws := toWire(r.at(i))
+			h := r.headAt(i)
+			ws.Head = &h
+			want, _ := marshal(ws)
+			if !bytes.Equal(raw, bytes.TrimSuffix(want, []byte("\n"))) {
+				return nil, &SegmentError{Index: i, Err: fmt.Errorf("%w: the segment verifies but is not written as EncodeWire writes it: %s", ErrCanonical, want)}
+			}
+		}
 		return nil, fmt.Errorf("%w: the record verifies but its wire form is not the one written by EncodeWire", ErrCanonical)
 	}
 	return r, nil
@@ -213,7 +285,7 @@ func strictUnmarshal(b []byte, v any) error {
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
 	if err := d.Decode(v); err != nil {
-		return fmt.Errorf("%w: %v", ErrCanonical, err)
+		return fmt.Errorf("%w: %w", ErrCanonical, err)
 	}
 	if d.More() {
 		return fmt.Errorf("%w: trailing data after the JSON value", ErrCanonical)

@@ -98,3 +98,89 @@ func TestSegmentJSON(t *testing.T) {
 		}
 	}
 }
+
+// The empty record's wire form, over the worked example's ids
+// (docs/record-format.md shows these bytes).
+func TestWireEmptyRecordPinned(t *testing.T) {
+	const want = `{"format":"sandbox.runrecord/1","unit_id":"b3:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE",` +
+		`"grants_id":"b3:AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI","genesis":"b3:pRt5_jj6hL29tkxke_KVi-S747ez0Z35wljzuG6Z2Vw",` +
+		`"segments":[],"head":"b3:pRt5_jj6hL29tkxke_KVi-S747ez0Z35wljzuG6Z2Vw"}` + "\n"
+	r := New(fill(1), fill(2))
+	if got := string(r.EncodeWire()); got != want {
+		t.Fatalf("empty record:\n got %s\nwant %s", got, want)
+	}
+	if _, err := DecodeWire([]byte(want)); err != nil {
+		t.Fatal(err)
+	}
+	for name, in := range map[string]string{
+		"null segments":    strings.Replace(want, `"segments":[]`, `"segments":null`, 1),
+		"missing segments": strings.Replace(want, `"segments":[],`, ``, 1),
+		"missing head":     strings.Replace(want, `,"head":"b3:pRt5_jj6hL29tkxke_KVi-S747ez0Z35wljzuG6Z2Vw"}`, `}`, 1),
+	} {
+		if _, err := DecodeWire([]byte(in)); !errors.Is(err, ErrCanonical) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// Strings are written as Go's encoding/json writes them without HTML
+// escaping; docs/record-format.md lists the rules and a reader must apply
+// them exactly, for a record has one wire form.
+func TestWireStringEscapes(t *testing.T) {
+	reason := "a\u2028b\u2029c\bd\fe\x1ff\x7fg é <&>/ \"q\" \\ \n\t\r\x00"
+	const written = `"reason":"a\u2028b\u2029c\bd\fe\u001ff` + "\x7f" + `g é <&>/ \"q\" \\ \n\t\r\u0000"`
+	r := mustRecord(t)
+	mustAppend(t, r, Execution(fill(0xaa), &CallAccount{Dispatched: []string{"é\u2028"}}))
+	mustAppend(t, r, Closure(reason))
+	b := r.EncodeWire()
+	if !bytes.Contains(b, []byte(written)) || !bytes.Contains(b, []byte(`"dispatched":["é\u2028"]`)) {
+		t.Fatalf("wire form writes strings otherwise: %s", b)
+	}
+	// Another spelling of the same string is refused and the segment named.
+	for name, spelt := range map[string]string{
+		"escaped non-ASCII": strings.Replace(written, "é", `\u00e9`, 1),
+		"uppercase hex":     strings.Replace(written, `\u001f`, `\u001F`, 1),
+		"\\u0008 for \\b":   strings.Replace(written, `\b`, `\u0008`, 1),
+		"raw U+2028":        strings.Replace(written, `\u2028`, "\u2028", 1),
+		"escaped solidus":   strings.Replace(written, `>/`, `>\/`, 1),
+		"escaped DEL":       strings.Replace(written, "\x7f", `\u007f`, 1),
+		"HTML-escaped <":    strings.Replace(written, "<", `\u003c`, 1),
+	} {
+		_, err := DecodeWire(bytes.Replace(b, []byte(written), []byte(spelt), 1))
+		var se *SegmentError
+		if !errors.Is(err, ErrCanonical) || !errors.As(err, &se) || se.Index != 1 {
+			t.Errorf("%s: err = %v, want not canonical at segment 1", name, err)
+		}
+	}
+}
+
+// A segment edited in a way that breaks its form, not only its hash, is
+// named too.
+func TestWireEditedSegmentNamed(t *testing.T) {
+	b := sampleRecord(t).EncodeWire()
+	for _, c := range []struct {
+		name     string
+		old, new string
+		seg      int
+		want     error
+	}{
+		{"unknown key", `{"kind":"resumed",`, `{"kind":"resumed","x":1,`, 2, ErrCanonical},
+		{"idle_uj as 7.0", `"idle_uj":1234`, `"idle_uj":1234.0`, 2, ErrCanonical},
+		{"malformed address", `"manifest":"b3:`, `"manifest":"b3:x`, 1, ErrCanonical},
+		{"missing idle_uj", `"idle_uj":1234,`, ``, 2, ErrCanonical},
+		{"missing reason", `"reason":"abandoned <&>",`, ``, 5, ErrCanonical},
+		{"missing resolved list", `,"resolved":[]`, ``, 0, ErrCanonical},
+		{"null dispatched list", `"dispatched":[]`, `"dispatched":null`, 3, ErrCanonical},
+		{"space inside a segment", `"kind":"closed",`, `"kind": "closed",`, 5, ErrCanonical},
+		{"zero root", `"root":"` + fill(0x20).String(), `"root":"` + Address{}.String(), 1, ErrMalformedSnapshot},
+	} {
+		if !bytes.Contains(b, []byte(c.old)) {
+			t.Fatalf("%s: %q not in the wire form", c.name, c.old)
+		}
+		_, err := DecodeWire(bytes.Replace(b, []byte(c.old), []byte(c.new), 1))
+		var se *SegmentError
+		if !errors.Is(err, c.want) || !errors.As(err, &se) || se.Index != c.seg {
+			t.Errorf("%s: err = %v, want %v at segment %d", c.name, err, c.want, c.seg)
+		}
+	}
+}

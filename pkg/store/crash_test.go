@@ -146,7 +146,11 @@ func crashSegment(s *Store, rng *rand.Rand, run Run, tag string) (record.Segment
 	if err != nil {
 		return record.Segment{}, err
 	}
-	switch rng.Intn(4) {
+	draw := rng.Intn(4)
+	if run.Last != record.Executed {
+		draw = 2 // a park ends an executed interval
+	}
+	switch draw {
 	case 0: // image park
 		stage, err := s.StagingDir("criu")
 		if err != nil {

@@ -15,14 +15,16 @@
 //	                      address's text without "b3:", <c> its first
 //	                      character (64 shard directories)
 //
-// # bbolt schema (version 4)
+// # bbolt schema (version 5)
 //
 //	meta/
 //	  version          → uint32, big-endian: the schema version
 //	runs/
-//	  <run id>         → run state: format 1 ‖ unit id (32) ‖ grants id (32)
+//	  <run id>         → run state: format 2 ‖ unit id (32) ‖ grants id (32)
 //	                     ‖ head (32) ‖ segment count (8) ‖ phase (1)
 //	                     ‖ last segment's log sequence number (8)
+//	                     ‖ last segment's kind (1, 0 if none)
+//	                     ‖ idle-energy total, µJ (8) (version 5)
 //	log/               (sequence: the last sequence number given out)
 //	  <seq, uint64 BE> → one segment: run id length (1) ‖ run id
 //	                     ‖ index in the run (8) ‖ previous segment's seq (8,
@@ -67,9 +69,11 @@
 // [SchemaVersion] is the current version. A new store is created at
 // version 1 (meta, runs, log, refs) and brought up through the ordered
 // migration list, so every migration runs on every store. Migration 1→2
-// builds the phase index from the run states; 2→3 creates the (empty)
-// trust bucket. A store from a newer schema
-// is refused with [ErrSchema].
+// builds the phase index from the run states; 2→3 indexes runs by genesis
+// and creates the retention buckets; 3→4 creates the (empty) trust
+// bucket; 4→5 rewrites every run state in format 2, reading each run's
+// log for its last kind and idle total. A store from a newer schema is
+// refused with [ErrSchema].
 //
 // # Guarantees
 //

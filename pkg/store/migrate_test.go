@@ -78,9 +78,9 @@ func TestMigration1To2(t *testing.T) {
 		"fresh":    nil,
 		"running":  {record.Execution(att, nil)},
 		"parked":   {record.Execution(att, nil), record.Suspension(record.TranscriptSnapshot(tr), man)},
-		"parked-2": {record.Suspension(record.TranscriptSnapshot(tr), man)},
+		"parked-2": {record.Execution(att, nil), record.Execution(att, nil), record.Suspension(record.TranscriptSnapshot(tr), man)},
 		"closed":   {record.Execution(att, nil), record.Closure("done")},
-		"resumed":  {record.Suspension(record.TranscriptSnapshot(tr), man), record.Resumption(record.TranscriptSnapshot(tr), 3, record.Measured)},
+		"resumed":  {record.Execution(att, nil), record.Suspension(record.TranscriptSnapshot(tr), man), record.Resumption(record.TranscriptSnapshot(tr), 3, record.Measured)},
 	} {
 		u, g := unitOf(id)
 		r := record.New(u, g)
@@ -118,6 +118,50 @@ func TestMigration1To2(t *testing.T) {
 	s = mustReopen(t, s)
 	if v := schemaVersion(t, s); v != SchemaVersion {
 		t.Fatalf("version %d", v)
+	}
+}
+
+// Migration 4→5 gives every run state its last segment's kind and its
+// idle total, so the rules that need them judge a migrated run as a new one.
+func TestMigrationStateFormat2(t *testing.T) {
+	att, tr, man := record.Sum([]byte("att")), record.Sum([]byte("transcript")), record.Sum([]byte("manifest"))
+	ts := record.TranscriptSnapshot(tr)
+	recs := map[string]*record.Record{}
+	for id, segs := range map[string][]record.Segment{
+		"fresh":   nil,
+		"resumed": {record.Execution(att, nil), record.Suspension(ts, man), record.Resumption(ts, 3, record.Measured)},
+		"twice": {record.Execution(att, nil), record.Suspension(ts, man), record.Resumption(ts, 3, record.Measured),
+			record.Execution(att, nil), record.Suspension(ts, man), record.Resumption(ts, 4, record.Estimated), record.Execution(att, nil)},
+	} {
+		u, g := unitOf(id)
+		r := record.New(u, g)
+		for _, seg := range segs {
+			if _, err := r.Append(seg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		recs[id] = r
+	}
+	dir := t.TempDir()
+	writeV1(t, dir, recs, []string{"att", "transcript", "manifest"})
+	s := mustOpen(t, dir)
+	for id, want := range map[string]struct {
+		last record.Kind
+		idle uint64
+	}{"fresh": {0, 0}, "resumed": {record.Resumed, 3}, "twice": {record.Executed, 7}} {
+		r, err := s.Run(id)
+		if err != nil || r.Last != want.last || r.IdleUJ != want.idle {
+			t.Errorf("%s after migration: last %s, idle %d (%v); want %s, %d", id, r.Last, r.IdleUJ, err, want.last, want.idle)
+		}
+	}
+	// A resumed run may not park without an interval; one that executed may.
+	if _, err := s.Append("resumed", recs["resumed"].Head(), record.Suspension(ts, man)); !errors.Is(err, record.ErrAlternation) {
+		t.Fatalf("park right after a resume: %v", err)
+	}
+	h := mustAppend(t, s, "twice", recs["twice"].Head(), record.Suspension(ts, man))
+	mustAppend(t, s, "twice", h, record.Resumption(ts, 5, record.Measured))
+	if r, _ := s.Run("twice"); r.IdleUJ != 12 || r.Last != record.Resumed {
+		t.Fatalf("after a resume: idle %d, last %s", r.IdleUJ, r.Last)
 	}
 }
 

@@ -27,12 +27,14 @@ type Run struct {
 	Head         record.Address // head after the last segment; genesis if none
 	Len          int            // number of segments
 	Phase        record.Phase
+	Last         record.Kind     // the last segment's kind; 0 if none
+	IdleUJ       uint64          // idle_uj summed over the Resumed segments
 	Parked       record.Snapshot // the suspended snapshot, while Phase is Parked
 }
 
 // State returns the chain state the run's next segment is judged against.
 func (r Run) State() record.State {
-	return record.State{Head: r.Head, Len: r.Len, Phase: r.Phase, Parked: r.Parked}
+	return record.State{Head: r.Head, Len: r.Len, Phase: r.Phase, Last: r.Last, IdleUJ: r.IdleUJ, Parked: r.Parked}
 }
 
 // Create stores a new run's genesis: head₀ over unit and grants, no
@@ -156,7 +158,7 @@ func (s *Store) appendAll(run string, expectedHead record.Address, segs []record
 			}
 			next.n, next.last = next.n+1, seq
 		}
-		next.head, next.phase = c.State().Head, c.State().Phase
+		next.head, next.phase, next.kind, next.idle = c.State().Head, c.State().Phase, c.State().Last, c.State().IdleUJ
 		if err := tx.Bucket(bktRuns).Put([]byte(run), next.encode()); err != nil {
 			return err
 		}
@@ -202,6 +204,9 @@ func getState(tx *bolt.Tx, run string) (runState, error) {
 		return runState{}, fmt.Errorf("run %s: %w", run, ErrNoRun)
 	}
 	st, err := decodeState(v)
+	if err == nil && st.format != stateFormat {
+		err = fmt.Errorf("%w: run state of format %d in a store of schema %d", ErrDamaged, st.format, SchemaVersion)
+	}
 	if err != nil {
 		return runState{}, fmt.Errorf("run %s: %w", run, err)
 	}
@@ -227,7 +232,7 @@ func logAt(tx *bolt.Tx, run string, seq, index uint64) (logEntry, error) {
 // summary builds a Run from its state, reading the last segment for the
 // parked snapshot: a parked run's last segment is its Suspended one.
 func summary(tx *bolt.Tx, run string, st runState) (Run, error) {
-	r := Run{ID: run, Unit: st.unit, Grants: st.grants, Head: st.head, Len: int(st.n), Phase: st.phase}
+	r := Run{ID: run, Unit: st.unit, Grants: st.grants, Head: st.head, Len: int(st.n), Phase: st.phase, Last: st.kind, IdleUJ: st.idle}
 	if st.phase != record.Parked {
 		return r, nil
 	}
@@ -341,9 +346,9 @@ func readRecord(tx *bolt.Tx, run string) (*record.Record, error) {
 				Err: fmt.Errorf("%w: stored %s, recomputed %s", record.ErrHeadMismatch, e.head, h)})
 		}
 	}
-	if r.Head() != st.head || r.Phase() != st.phase {
-		return nil, fmt.Errorf("run %s: %w: state says head %s, %s; the segments give %s, %s",
-			run, ErrDamaged, st.head, st.phase, r.Head(), r.Phase())
+	if rs := r.State(); rs.Head != st.head || rs.Phase != st.phase || rs.Last != st.kind || rs.IdleUJ != st.idle {
+		return nil, fmt.Errorf("run %s: %w: state says head %s, %s, last %s, idle %d µJ; the segments give %s, %s, last %s, idle %d µJ",
+			run, ErrDamaged, st.head, st.phase, st.kind, st.idle, rs.Head, rs.Phase, rs.Last, rs.IdleUJ)
 	}
 	return r, nil
 }
@@ -445,7 +450,8 @@ func (s *Store) ImportAs(run string, r *record.Record, copy bool) error {
 			return err
 		}
 		log := tx.Bucket(bktLog)
-		st := runState{unit: r.Unit(), grants: r.Grants(), head: r.Head(), n: uint64(r.Len()), phase: r.Phase()}
+		rs := r.State()
+		st := runState{unit: r.Unit(), grants: r.Grants(), head: r.Head(), n: uint64(r.Len()), phase: r.Phase(), kind: rs.Last, idle: rs.IdleUJ}
 		for i := range canon {
 			seq, err := log.NextSequence()
 			if err != nil {

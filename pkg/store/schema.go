@@ -3,6 +3,7 @@ package store
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -49,11 +50,12 @@ var migrations = []migration{
 	{2, "phase index: phases/<phase>/<run id>, built from run states", migratePhaseIndex},
 	{3, "one timeline per run and retention: geneses/<head₀> → run id, built from run states; handoffs, closed (closed runs dated at the migration), pins, released, imported, roots", migrateTimelines},
 	{4, "trusted host keys: trust/<key id>, empty", migrateTrust},
+	{5, "run states of format 2: the last segment's kind and the idle-energy total, computed from each run's log", migrateStateFormat2},
 }
 
 // SchemaVersion is the version this package writes: the last migration's
 // (a test holds the two together).
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // createV1 writes the version-1 schema: meta, runs, log, refs.
 func createV1(tx *bolt.Tx) error {
@@ -175,16 +177,22 @@ type runState struct {
 	n            uint64       // segments
 	phase        record.Phase // after the last segment
 	last         uint64       // log sequence number of the last segment; 0 if none
+	kind         record.Kind  // the last segment's kind; 0 if none (format 2)
+	idle         uint64       // idle_uj summed over the Resumed segments (format 2)
+	format       byte         // 1 only while migration 5 reads an old state
 }
 
 const (
-	stateFormat = 1
-	stateLen    = 1 + 32 + 32 + 32 + 8 + 1 + 8
+	stateFormat = 2
+	stateLenV1  = 1 + 32 + 32 + 32 + 8 + 1 + 8
+	stateLen    = stateLenV1 + 1 + 8
 )
 
-// encode: format (1 byte, 1) ‖ unit id (32) ‖ grants id (32) ‖ head (32)
+// encode: format (1 byte, 2) ‖ unit id (32) ‖ grants id (32) ‖ head (32)
 // ‖ segment count (8) ‖ phase (1: 0 executing, 1 parked, 2 closed) ‖ last
-// segment's sequence number (8). Integers are big-endian.
+// segment's sequence number (8) ‖ last segment's kind (1; 0 if none) ‖
+// idle-energy total in µJ (8). Integers are big-endian. Format 1 was the
+// first 114 bytes, without the last two fields.
 func (st runState) encode() []byte {
 	b := make([]byte, 0, stateLen)
 	b = append(b, stateFormat)
@@ -193,14 +201,20 @@ func (st runState) encode() []byte {
 	b = append(b, st.head[:]...)
 	b = binary.BigEndian.AppendUint64(b, st.n)
 	b = append(b, byte(st.phase))
-	return binary.BigEndian.AppendUint64(b, st.last)
+	b = binary.BigEndian.AppendUint64(b, st.last)
+	b = append(b, byte(st.kind))
+	return binary.BigEndian.AppendUint64(b, st.idle)
 }
 
+// decodeState reads format 2, and format 1 for the migrations that run
+// before migration 5 rewrites it; [getState] accepts format 2 only.
 func decodeState(b []byte) (runState, error) {
 	var st runState
-	if len(b) != stateLen || b[0] != stateFormat || b[105] > byte(record.Ended) {
+	ok := len(b) == stateLen && b[0] == stateFormat || len(b) == stateLenV1 && b[0] == 1
+	if !ok || b[105] > byte(record.Ended) {
 		return st, fmt.Errorf("%w: run state of %d bytes is not format %d", ErrDamaged, len(b), stateFormat)
 	}
+	st.format = b[0]
 	copy(st.unit[:], b[1:33])
 	copy(st.grants[:], b[33:65])
 	copy(st.head[:], b[65:97])
@@ -210,7 +224,70 @@ func decodeState(b []byte) (runState, error) {
 	if (st.n == 0) != (st.last == 0) {
 		return st, fmt.Errorf("%w: run state of %d segments with last sequence number %d", ErrDamaged, st.n, st.last)
 	}
+	if st.format == stateFormat {
+		st.kind = record.Kind(b[114])
+		st.idle = binary.BigEndian.Uint64(b[115:123])
+		if (st.n == 0) != (st.kind == 0) || st.kind > record.Closed {
+			return st, fmt.Errorf("%w: run state of %d segments with last kind %s", ErrDamaged, st.n, st.kind)
+		}
+	}
 	return st, nil
+}
+
+// migrateStateFormat2 (4 → 5) rewrites every run state in format 2: the
+// last segment's kind, for the rule that a Suspended segment follows an
+// Executed one, and the idle-energy total, for the rule that it never
+// overflows (docs/record-format.md), read from the run's log. A total
+// past 2⁶⁴−1 (a record no host could have metered) is kept at 2⁶⁴−1, so
+// the run's next resume is refused rather than the store's opening.
+func migrateStateFormat2(tx *bolt.Tx) error {
+	runs := tx.Bucket(bktRuns)
+	if runs == nil {
+		return fmt.Errorf("%w: no runs bucket", ErrDamaged)
+	}
+	type rewrite struct {
+		id []byte
+		st runState
+	}
+	var out []rewrite
+	err := runs.ForEach(func(id, v []byte) error {
+		st, err := decodeState(v)
+		if err != nil {
+			return fmt.Errorf("run %s: %w", id, err)
+		}
+		entries, err := runEntries(tx, string(id), st)
+		if err != nil {
+			return err
+		}
+		for i, e := range entries {
+			seg, err := record.DecodeSegment(e.canon)
+			if err != nil {
+				return fmt.Errorf("run %s: segment %d: %w: %w", id, i, ErrDamaged, err)
+			}
+			st.kind = seg.Kind
+			if seg.Kind == record.Resumed {
+				st.idle = satAdd(st.idle, seg.IdleUJ)
+			}
+		}
+		out = append(out, rewrite{id: append([]byte(nil), id...), st: st})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, r := range out {
+		if err := runs.Put(r.id, r.st.encode()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func satAdd(a, b uint64) uint64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return math.MaxUint64
 }
 
 // seqKey is a log key: the sequence number, big-endian, so the log sorts

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -184,6 +185,84 @@ func c6() conformance.Class {
 		ok(record.Closure("abandoned while parked")).
 		refuse(record.Resumption(image("a"), 1, record.Estimated), "Closed").
 		done())
+
+	// Strict alternation: a park ends an executed interval, so a
+	// Suspended segment follows an Executed one — never genesis, a
+	// Resumed or another Suspended. Intervals may follow one another.
+	c.Cases = append(c.Cases, newCase("c6-alternation").
+		refuse(record.Suspension(image("a"), addr("manifest:a")), "Alternation").
+		ok(exec(1)).
+		ok(exec(2)).
+		ok(record.Suspension(image("a"), addr("manifest:a"))).
+		ok(record.Resumption(image("a"), 1, record.Estimated)).
+		refuse(record.Suspension(image("b"), addr("manifest:a")), "Alternation").
+		ok(exec(3)).
+		ok(record.Suspension(image("b"), addr("manifest:a"))).
+		done())
+
+	// The idle total is a uint64 of µJ: a Resumed segment that would take
+	// it past 2⁶⁴−1 is refused; exactly 2⁶⁴−1 is a record.
+	over := newCase("c6-idle-overflow").
+		ok(exec(1)).
+		ok(record.Suspension(transcript("o1"), addr("manifest:t"))).
+		ok(record.Resumption(transcript("o1"), math.MaxUint64-10, record.Measured)).
+		ok(exec(2)).
+		ok(record.Suspension(transcript("o2"), addr("manifest:t"))).
+		refuse(record.Resumption(transcript("o2"), 11, record.Measured), "Overflow").
+		ok(record.Resumption(transcript("o2"), 10, record.Measured))
+	oc := over.done()
+	oc.IdleUJ = u64(math.MaxUint64)
+	c.Cases = append(c.Cases, oc)
+
+	// The zero address names no object: refused wherever a segment
+	// states an address.
+	var zero record.Address
+	c.Cases = append(c.Cases, newCase("c6-zero-addresses").
+		refuse(record.Execution(zero, nil), "MalformedSegment").
+		ok(exec(1)).
+		refuse(record.Suspension(image("a"), zero), "MalformedSegment").
+		refuse(record.Suspension(record.ImageSnapshot(zero, nil), addr("manifest:a")), "MalformedSnapshot").
+		refuse(record.Suspension(record.ImageSnapshot(addr("root:a"), &zero), addr("manifest:a")), "MalformedSnapshot").
+		refuse(record.Suspension(record.TranscriptSnapshot(zero), addr("manifest:a")), "MalformedSnapshot").
+		ok(record.Suspension(image("a"), addr("manifest:a"))).
+		done())
+
+	// Wire forms edited so they no longer decode, each named by segment.
+	ed := newCase("c6-edited-wire").
+		ok(record.Execution(addr("attestation:1"), &record.CallAccount{Dispatched: []string{"build-1"}})).
+		ok(record.Suspension(image("e"), addr("manifest:e"))).
+		ok(record.Resumption(image("e"), 7, record.Estimated))
+	edWire := string(ed.r.EncodeWire())
+	edCase := ed.done()
+	for _, e := range []struct {
+		name, old, new, want string
+		seg                  int
+	}{
+		{"unknown-key", `{"kind":"resumed",`, `{"kind":"resumed","note":"x",`, "Canonical", 2},
+		{"float-idle", `"idle_uj":7,`, `"idle_uj":7.0,`, "Canonical", 2},
+		{"malformed-address", `"manifest":"b3:`, `"manifest":"b3:!`, "Canonical", 1},
+		{"missing-list", `,"resolved":[]`, ``, "Canonical", 0},
+		{"zero-root", `"root":"` + addr("root:e").String(), `"root":"` + zero.String(), "MalformedSnapshot", 1},
+	} {
+		if !strings.Contains(edWire, e.old) {
+			log.Fatalf("c6-edited-wire-%s: %q not in the wire form", e.name, e.old)
+		}
+		w := edCase
+		w.Name = "c6-edited-wire-" + e.name
+		w.Wire, w.WireExpect, w.WireSegment = strings.Replace(edWire, e.old, e.new, 1), e.want, intp(e.seg)
+		c.Cases = append(c.Cases, w)
+	}
+	zeroUnit := edCase
+	zeroUnit.Name = "c6-edited-wire-zero-unit"
+	zeroUnit.Wire, zeroUnit.WireExpect = strings.Replace(edWire, `"unit_id":"`+edCase.Unit.String(), `"unit_id":"`+zero.String(), 1), "Address"
+	c.Cases = append(c.Cases, zeroUnit)
+
+	// The empty record: its head is its genesis, its wire form has no
+	// segment.
+	empty := newCase("c6-empty-record")
+	ec := empty.done()
+	ec.Wire, ec.WireExpect = string(empty.r.EncodeWire()), "ok"
+	c.Cases = append(c.Cases, ec)
 	return c
 }
 
@@ -218,11 +297,13 @@ func c14() conformance.Class {
 		done())
 
 	c.Cases = append(c.Cases, newCase("c14-image-offered-for-transcript").
+		ok(exec(1)).
 		ok(record.Suspension(record.TranscriptSnapshot(inner), addr("manifest:x"))).
 		refuse(record.Resumption(record.ImageSnapshot(inner, nil), 1, record.Estimated), "SnapshotMismatch").
 		ok(record.Resumption(record.TranscriptSnapshot(inner), 1, record.Estimated)).
 		done())
 	c.Cases = append(c.Cases, newCase("c14-transcript-offered-for-image").
+		ok(exec(1)).
 		ok(record.Suspension(record.ImageSnapshot(inner, nil), addr("manifest:x"))).
 		refuse(record.Resumption(record.TranscriptSnapshot(inner), 1, record.Estimated), "SnapshotMismatch").
 		ok(record.Resumption(record.ImageSnapshot(inner, nil), 1, record.Estimated)).
@@ -245,6 +326,16 @@ func c14() conformance.Class {
 			Hex: "03 01 " + h("bb") + " 01 " + h("cc") + " 00000000000003e8 02"},
 		{Name: "suspended transcript", Segment: record.Suspension(record.TranscriptSnapshot(rep(0xee)), rep(0xdd)),
 			Hex: "02 02 " + h("ee") + " " + h("dd")},
+		{Name: "resumed image, no memory", Segment: record.Resumption(record.ImageSnapshot(rep(0xbb), nil), 1, record.Measured),
+			Hex: "03 01 " + h("bb") + " 00 0000000000000001 01"},
+		{Name: "resumed transcript", Segment: record.Resumption(record.TranscriptSnapshot(rep(0xee)), 0x0102030405060708, record.Estimated),
+			Hex: "03 02 " + h("ee") + " 0102030405060708 02"},
+		{Name: "closed", Segment: record.Closure("done"),
+			Hex: "04 00000004 646f6e65"},
+		{Name: "closed, empty reason", Segment: record.Closure(""),
+			Hex: "04 00000000"},
+		{Name: "closed, non-ASCII reason", Segment: record.Closure("é\u2028"),
+			Hex: "04 00000005 c3a9 e280a8"},
 	}
 	c.Cases = append(c.Cases, pins)
 	return c
@@ -312,10 +403,51 @@ func c15() conformance.Class {
 			nil,
 			acct(nil, []string{"a"}),
 		}), "Unproved", 3),
+		// With strict alternation a record without an Executed segment
+		// is empty or closed before it ran.
 		verdict(newCase("c15-unproved-no-intervals").
-			ok(record.Suspension(ts("x"), addr("manifest:t"))).
-			ok(record.Resumption(ts("x"), 5, record.Estimated)), "Unproved", -1),
+			refuse(record.Suspension(ts("x"), addr("manifest:t")), "Alternation").
+			ok(record.Closure("cancelled before it ran")), "Unproved", -1),
 	)
+
+	// An id twice in one list is refused at append; an id in both lists
+	// of one segment, or dispatched in two segments, is the wait proof's.
+	c.Cases = append(c.Cases, verdict(newCase("c15-duplicate-in-one-list").
+		refuse(record.Execution(addr("attestation:0"), acct([]string{"a", "b", "a"}, nil)), "MalformedSegment").
+		refuse(record.Execution(addr("attestation:0"), acct([]string{"a"}, []string{"z", "z"})), "MalformedSegment").
+		ok(record.Execution(addr("attestation:0"), acct([]string{"a"}, []string{"a"}))), "Blocked", 0))
+
+	// Strings in the wire form: control characters, U+2028/U+2029, DEL,
+	// non-ASCII and HTML characters, written as docs/record-format.md says.
+	esc := newCase("c15-wire-strings").
+		ok(record.Execution(addr("attestation:0"), acct([]string{"é\u2028<&>", "tab\there"}, nil))).
+		ok(record.Closure("a\u2029b\bc\fd\x1fe\x7ff \"q\" \\ \n\r\x00"))
+	escWire := string(esc.r.EncodeWire())
+	for _, frag := range []string{`"é\u2028<&>"`, `"tab\there"`, `"a\u2029b\bc\fd\u001fe` + "\x7f" + `f \"q\" \\ \n\r\u0000"`} {
+		if !strings.Contains(escWire, frag) {
+			log.Fatalf("c15-wire-strings: %s not in %s", frag, escWire)
+		}
+	}
+	escCase := esc.done()
+	escCase.Wire, escCase.WireExpect = escWire, "ok"
+	c.Cases = append(c.Cases, escCase)
+	for _, e := range []struct{ name, old, new string }{
+		{"escaped-non-ascii", "é", `\u00e9`},
+		{"uppercase-hex", `\u001f`, `\u001F`},
+		{"u0008-for-b", `\b`, `\u0008`},
+		{"raw-u2028", `\u2028`, "\u2028"},
+	} {
+		w := escCase
+		w.Name = "c15-wire-strings-" + e.name
+		w.Wire = strings.Replace(escWire, e.old, e.new, 1)
+		w.WireExpect = "Canonical"
+		seg := 0
+		if strings.Index(escWire, e.old) > strings.Index(escWire, `"kind":"closed"`) {
+			seg = 1
+		}
+		w.WireSegment = intp(seg)
+		c.Cases = append(c.Cases, w)
+	}
 
 	absent := newCase("c15-absent-account").ok(record.Execution(addr("attestation:0"), nil)).done()
 	empty := newCase("c15-empty-account")
