@@ -3,6 +3,8 @@ package record
 import (
 	"bytes"
 	"errors"
+	"os"
+	"strings"
 	"testing"
 
 	"lukechampine.com/blake3"
@@ -180,5 +182,38 @@ func TestWorkedExample(t *testing.T) {
 	h2 := mustAppend(t, r, Suspension(TranscriptSnapshot(fill(0xee)), fill(0xdd)))
 	if hexOf(h2.bytes()) != "018f61d7e39a6ce4b5bc34ed8d2eeea18a3cad1ef225f3c10c7909667de2f1db" {
 		t.Fatalf("head2 %s", h2)
+	}
+}
+
+// The pins docs/record-format.md shows are the bytes the encoder writes:
+// each line below must appear in the document as written, and decode (with
+// "×" read as a repeat) to the segment's canonical bytes.
+func TestDocumentPins(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/record-format.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []struct {
+		line string
+		seg  Segment
+	}{
+		{"03 02 ee×32 0102030405060708 02", Resumption(TranscriptSnapshot(fill(0xee)), 0x0102030405060708, Estimated)},
+		{"03 01 bb×32 00 0000000000000001 01", Resumption(ImageSnapshot(fill(0xbb), nil), 1, Measured)},
+		{"`04 00000004 646f6e65`", Closure("done")},
+		{"`04 00000000`", Closure("")},
+		{"`04 00000005 c3a9 e280a8`", Closure("é\u2028")},
+	} {
+		if !bytes.Contains(doc, []byte(p.line)) {
+			t.Errorf("docs/record-format.md does not show %q", p.line)
+			continue
+		}
+		want := hx(t, strings.ReplaceAll(strings.Trim(p.line, "`"), "×", "*"))
+		if got, err := p.seg.Canonical(); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s: encoder writes %x (%v)", p.line, got, err)
+		}
+	}
+	empty := New(fill(1), fill(2)).EncodeWire()
+	if !bytes.Contains(doc, append([]byte("```\n"), empty...)) {
+		t.Errorf("docs/record-format.md does not show the empty record's wire form %s", empty)
 	}
 }
