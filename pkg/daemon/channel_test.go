@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runrecordd/runrecordd/internal/interval"
 	"io"
 	"os"
 	"path/filepath"
@@ -99,7 +100,7 @@ func TestJournalStream(t *testing.T) {
 	pre := []attest.Entry{{Kind: attest.Lifecycle, AtNS: 1, Data: []byte("started")}}
 	tail := []attest.Entry{{Kind: attest.Stdout, AtNS: 2, Data: []byte("out")}, {Kind: attest.Lifecycle, AtNS: 3, Data: []byte("x")}}
 	n, r := ch.spooled()
-	got, err := io.ReadAll(journalReader(len(pre)+n+len(tail), bytes.NewReader(encodeEntries(pre)), r, bytes.NewReader(encodeEntries(tail))))
+	got, err := io.ReadAll(interval.JournalReader(len(pre)+n+len(tail), bytes.NewReader(interval.EncodeEntries(pre)), r, bytes.NewReader(interval.EncodeEntries(tail))))
 	if err != nil {
 		t.Fatal(err)
 	}

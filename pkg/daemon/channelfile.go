@@ -107,31 +107,6 @@ func readTranscript(dir, rel string, limit uint64) (*os.File, error) {
 	return f, nil
 }
 
-// encodeEntries is entries as a journal object encodes them, without the
-// journal's domain and count (attest.Journal.Encode).
-func encodeEntries(es []attest.Entry) []byte {
-	var out []byte
-	for _, e := range es {
-		out = appendEntry(out, e.Kind, e.AtNS, e.Data)
-	}
-	return out
-}
-
-func appendEntry(out []byte, kind attest.EntryKind, atNS int64, data []byte) []byte {
-	out = append(out, byte(kind))
-	out = binary.BigEndian.AppendUint64(out, uint64(atNS))
-	out = binary.BigEndian.AppendUint32(out, uint32(len(data)))
-	return append(out, data...)
-}
-
-// journalReader streams a journal object of n entries: the domain, the
-// count, then parts, each a run of encoded entries, in order. It is the
-// bytes attest.Journal.Encode makes of the same entries.
-func journalReader(n int, parts ...io.Reader) io.Reader {
-	head := binary.BigEndian.AppendUint32([]byte(attest.JournalDomain), uint32(n))
-	return io.MultiReader(append([]io.Reader{strings.NewReader(string(head))}, parts...)...)
-}
-
 // maxScannedEntry bounds an entry scanJournal hands over: larger than any
 // entry the channel writes (a request line is at most 1 MiB).
 const maxScannedEntry = 4 << 20

@@ -27,7 +27,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,6 +36,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/executor"
@@ -106,21 +106,18 @@ type Config struct {
 
 // Daemon is one host's runrecordd.
 type Daemon struct {
-	cfg   Config
-	log   *slog.Logger
-	st    *store.Store
-	ctrd  *executor.Containerd // nil with an external containerd
-	ex    *executor.Client
-	meter *idle.Meter
-	key   ed25519.PrivateKey
-	keyID record.Address
-	host  manifest.Manifest // the host's own facts and runtime versions
-	stop  context.CancelFunc
-	bgCtx context.Context // done once the daemon stops
-	bg    sync.WaitGroup
-
-	auditMu sync.Mutex
-	audit   *record.Address
+	cfg    Config
+	log    *slog.Logger
+	st     *store.Store
+	ctrd   *executor.Containerd // nil with an external containerd
+	ex     *executor.Client
+	meter  *idle.Meter
+	keyID  record.Address
+	signer *interval.Signer  // the host key and its audit chain
+	host   manifest.Manifest // the host's own facts and runtime versions
+	stop   context.CancelFunc
+	bgCtx  context.Context // done once the daemon stops
+	bg     sync.WaitGroup
 
 	mu   sync.Mutex
 	runs map[string]*run
@@ -180,13 +177,14 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 			d.Shutdown(context.Background())
 		}
 	}()
-	if d.key, err = attest.LoadOrCreateKey(filepath.Join(dir, "host.key")); err != nil {
+	key, err := attest.LoadOrCreateKey(filepath.Join(dir, "host.key"))
+	if err != nil {
 		return nil, fmt.Errorf("daemon: host key: %w", err)
 	}
-	d.keyID = attest.KeyID(d.key.Public().(ed25519.PublicKey))
-	if d.audit, err = readAudit(filepath.Join(dir, "audit-head")); err != nil {
-		return nil, err
+	if d.signer, err = interval.NewSigner(key, filepath.Join(dir, "audit-head")); err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
 	}
+	d.keyID = d.signer.KeyID()
 	if d.st, err = store.Open(filepath.Join(dir, "store")); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
@@ -334,27 +332,6 @@ func (d *Daemon) output(id string) (executor.Output, error) {
 func (d *Daemon) outputOf(id string) executor.Output {
 	dir := filepath.Join(d.cfg.StateDir, "runs", id)
 	return executor.Output{Stdout: filepath.Join(dir, "stdout"), Stderr: filepath.Join(dir, "stderr")}
-}
-
-func readAudit(path string) (*record.Address, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("daemon: audit head: %w", err)
-	}
-	a, err := record.ParseAddress(string(b))
-	if err != nil {
-		return nil, fmt.Errorf("daemon: audit head %s: %w", path, err)
-	}
-	return &a, nil
-}
-
-// writeAudit records the host's last attestation durably (a crash leaves
-// the old head or the new).
-func writeAudit(path string, a record.Address) error {
-	return writeDurable(path, []byte(a.String()))
 }
 
 func nowNS() int64 { return time.Now().UnixNano() }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/executor"
@@ -212,16 +213,12 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 			return
 		}
 		reason := fmt.Sprintf("unit exited with code %d", code)
-		ev, err := d.end(context.Background(), id, lv, attest.Outcome{Kind: attest.Exited, Code: int32(code)}, lv.account())
-		if err == nil {
-			err = d.append(id, ev.seg, record.Closure(reason))
-		}
+		_, err = d.end(context.Background(), lv, attest.Outcome{Kind: attest.Exited, Code: int32(code)}, lv.account(),
+			[]record.Segment{record.Closure(reason)})
 		if err != nil {
 			d.log.Error("recording the unit's exit", "run", id, "err", err)
 			return
 		}
-		d.dropMark(id)
-		d.attested(ev)
 		lv.stopping = true
 		d.destroy(lv)
 		r.live = nil
@@ -347,24 +344,17 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 	if err == nil {
 		manAddr, err = d.putManifest(man)
 	}
-	var ev evidence
-	ended := false
+	var ev interval.Sealed
 	step("manifest")
 	var susp record.Segment
 	var outcome attest.Outcome
 	if err == nil {
-		susp, outcome, err = parkedOutcome(snap, manAddr)
+		outcome, susp, err = interval.Parked(snap, manAddr)
 	}
 	if err == nil {
-		ev, err = d.end(ctx, id, lv, outcome, lv.account(), extra...)
-		ended = true
+		ev, err = d.endAt(ctx, lv, "park.attested", outcome, lv.account(), []record.Segment{susp}, extra...)
 	}
-	step("evidence")
-	if err == nil {
-		failpoint("park.attested")
-		err = d.append(id, ev.seg, susp)
-	}
-	step("append")
+	step("record")
 	if err != nil {
 		// Nothing was recorded: the unit goes on, in a new interval.
 		if lv.transcript == nil {
@@ -374,14 +364,12 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		} else if rerr := lv.sb.Resume(context.Background()); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
-		if ended {
+		if lv.iv.Ended() {
 			d.restartInterval(id, lv, "park-refused")
 		}
 		return api.Park{}, fmt.Errorf("park %s: %w", id, err)
 	}
 	failpoint("park.appended")
-	d.dropMark(id)
-	d.attested(ev)
 	// The park is recorded: the sandbox is torn down behind the reply.
 	// A transcript run's next sandbox has another id and starts beside
 	// it; an image run's restore takes the same id and waits for it
@@ -408,7 +396,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 	d.publish(api.Event{Kind: "run.parked", Run: id, Detail: snap.String()})
 	d.log.Info("run parked", "run", id, "snapshot", snap.String(), "retained", retained, "took", time.Since(start))
 	return api.Park{Run: sum, Snapshot: snap.String(), Manifest: manAddr.String(), Retained: retained,
-		Receipt: energyOf(ev.receipt), Checkpoint: cp, DurationNS: int64(time.Since(start)), Steps: steps}, nil
+		Receipt: energyOf(ev.Receipt), Checkpoint: cp, DurationNS: int64(time.Since(start)), Steps: steps}, nil
 }
 
 // manifestOver returns this host's environment manifest over keys for a
@@ -582,9 +570,9 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 		inputs["floor"] = "1"
 	}
 	step("sandbox")
-	lv.events.Entries = append(lv.events.Entries, lifecycle("idle", map[string]any{"uj": uj, "provenance": prov.String(), "inputs": inputs, "retained_bytes": retained, "parked_ns": int64(parkedFor)}))
+	lv.iv.Journal(lifecycle("idle", map[string]any{"uj": uj, "provenance": prov.String(), "inputs": inputs, "retained_bytes": retained, "parked_ns": int64(parkedFor)}))
 	if rst != nil {
-		lv.events.Entries = append(lv.events.Entries, lifecycle("restored", rst))
+		lv.iv.Journal(lifecycle("restored", rst))
 	}
 	// Saved before the append: a daemon restarted after it attests the
 	// interval from its start. (A crash before the append leaves a mark
@@ -701,9 +689,8 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	if err := d.notHandedOff(id); err != nil {
 		return api.Run{}, err
 	}
-	segs := []record.Segment{record.Closure(reason)}
+	closed := record.Closure(reason)
 	lv := r.live
-	var ev evidence
 	if lv != nil && lv.transcript != nil {
 		// As a park does: nothing reaches the account between its
 		// sealing and the close.
@@ -711,13 +698,12 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 		defer lv.transcript.gate.Unlock()
 	}
 	if lv != nil {
-		if ev, err = d.end(ctx, id, lv, attest.Outcome{Kind: attest.Killed}, lv.account()); err != nil {
-			return api.Run{}, err
-		}
-		segs = append([]record.Segment{ev.seg}, segs...)
+		_, err = d.end(ctx, lv, attest.Outcome{Kind: attest.Killed}, lv.account(), []record.Segment{closed})
+	} else {
+		err = d.append(id, closed)
 	}
-	if err := d.append(id, segs...); err != nil {
-		if lv != nil {
+	if err != nil {
+		if lv != nil && lv.iv.Ended() {
 			d.restartInterval(id, lv, "close-refused")
 		}
 		return api.Run{}, fmt.Errorf("close %s: %w", id, err)
@@ -725,7 +711,6 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	failpoint("close.appended")
 	d.dropMark(id)
 	if lv != nil {
-		d.attested(ev)
 		lv.stopping = true
 		d.destroy(lv)
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/runrecordd/runrecordd/internal/interval"
 	"io"
 	"math"
 	"net"
@@ -295,7 +296,7 @@ func (c *channel) add(kind attest.EntryKind, data []byte) error {
 	if c.spool == nil {
 		return protocol.ErrParked
 	}
-	b := appendEntry(nil, kind, nowNS(), data)
+	b := interval.AppendEntry(nil, kind, nowNS(), data)
 	if _, err := c.spool.WriteAt(b, c.spoolSize); err != nil {
 		return fmt.Errorf("spooling the journal: %w", err)
 	}
@@ -934,20 +935,16 @@ func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) err
 	if err != nil {
 		return err
 	}
-	susp, outcome, err := parkedOutcome(record.TranscriptSnapshot(a), manAddr)
+	outcome, susp, err := interval.Parked(record.TranscriptSnapshot(a), manAddr)
 	if err != nil {
 		return err
 	}
-	ev, err := d.end(ctx, id, lv, outcome, nil,
-		lifecycle("recovered", map[string]string{"reason": "the daemon serving the unit's channel stopped; the interval's call account was lost with it"}))
-	if err != nil {
+	// No account (nil): the channel that kept it died with the daemon.
+	// The channel's spool is not read either: lv.transcript is nil here.
+	if _, err := d.end(ctx, lv, outcome, nil, []record.Segment{susp},
+		lifecycle("recovered", map[string]string{"reason": "the daemon serving the unit's channel stopped; the interval's call account was lost with it"})); err != nil {
 		return err
 	}
-	if err := d.append(id, ev.seg, susp); err != nil {
-		return err
-	}
-	d.dropMark(id)
-	d.attested(ev)
 	lv.stopping = true
 	d.destroy(lv)
 	return os.RemoveAll(filepath.Dir(path))

@@ -1,0 +1,102 @@
+package interval
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+
+	"github.com/runrecordd/runrecordd/pkg/attest"
+)
+
+// Mark is where an interval begins: its time and the unit's output sizes,
+// taken before the sandbox starts so that nothing it writes falls between
+// two journals; once metering began, the cgroup's CPU time; and the
+// lifecycle entries so far. The daemon keeps it on disk while the interval
+// is open, so that a daemon restarted in the middle of an interval attests
+// it from its real start. The JSON form is that file's.
+type Mark struct {
+	StartNS int64          `json:"start_ns"`
+	OutOff  int64          `json:"stdout_offset"`
+	ErrOff  int64          `json:"stderr_offset"`
+	CPUNS   uint64         `json:"cpu_ns"`
+	Metered bool           `json:"metered"`
+	Events  []attest.Entry `json:"events"`
+}
+
+// Output names a unit's output files on this host.
+type Output struct{ Stdout, Stderr string }
+
+// MarkAt is a mark at startNS for out: its files' sizes now (a missing
+// file is empty).
+func MarkAt(startNS int64, out Output) Mark {
+	return Mark{StartNS: startNS, OutOff: fileSize(out.Stdout), ErrOff: fileSize(out.Stderr)}
+}
+
+func fileSize(p string) int64 {
+	if p == "" {
+		return 0
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+// SaveMark writes m to path. It is renamed into place but not fsynced:
+// the mark serves a daemon restarted after a crash of its own process (the
+// page cache keeps it); after a power loss the unit is gone with it.
+func SaveMark(path string, m Mark) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return replaceFile(path, b, false)
+}
+
+// LoadMark reads the mark saved at path; false when there is none or it
+// does not parse.
+func LoadMark(path string) (Mark, bool) {
+	var m Mark
+	b, err := os.ReadFile(path)
+	if err != nil || json.Unmarshal(b, &m) != nil {
+		return Mark{}, false
+	}
+	return m, true
+}
+
+// DropMark removes the mark at path.
+func DropMark(path string) { os.Remove(path) }
+
+// replaceFile writes b to path through a temporary file in its directory
+// and a rename; durable fsyncs the file before the rename and the
+// directory after it.
+func replaceFile(path string, b []byte, durable bool) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(b)
+	if err == nil && durable {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err == nil && durable {
+		var d *os.File
+		if d, err = os.Open(dir); err == nil {
+			err = d.Sync()
+			d.Close()
+		}
+	}
+	return err
+}
