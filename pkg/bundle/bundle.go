@@ -9,10 +9,12 @@
 // verifies from genesis and is parked; every attestation verifies, is
 // signed by a trusted key and stands at its place (attest.CheckRecord);
 // every manifest names the keys its park form requires; the grant set
-// passes the host's [Policy]; every object the record reaches is there, and
-// every member is one the record reaches. [Staged.Adopt] then moves the
-// staged files into the store. A refused bundle costs at most its declared
-// size in staging, removed by [Staged.Close].
+// passes the host's [Policy]; every object the record reaches is a member
+// (a bundle is whole: what the importing store holds does not count), every
+// member is one the record reaches, each comes after the members it refers
+// to, and every listing's sizes are its files'. [Staged.Adopt] then moves
+// the staged files into the store. A refused bundle costs at most its
+// declared size in staging, removed by [Staged.Close].
 package bundle
 
 import (
@@ -42,7 +44,10 @@ const Format = "runrecordd.bundle/1"
 var (
 	// ErrMalformed is a bundle that is not one this package reads: members
 	// out of order, of another type (a sparse file, a link), a member the
-	// record does not reach, a size that disagrees with bundle.json.
+	// record does not reach, a size that disagrees with bundle.json or with
+	// a listing, a field bundle.json does not have, a listing that does not
+	// decode. An object the record reaches that is not a member is
+	// [store.ErrMissingObject].
 	ErrMalformed = errors.New("malformed bundle")
 	// ErrLimit is a bundle, member or JSON document over a [Limits] cap.
 	ErrLimit = errors.New("bundle over a limit")
@@ -50,10 +55,12 @@ var (
 	ErrPolicy = errors.New("grant refused by this host's policy")
 )
 
-// Header is a bundle's first member, bundle.json.
+// Header is a bundle's first member, bundle.json. Objects and Bytes count
+// the objects/ members and the sum of their sizes (the objects' bytes):
+// not bundle.json or record.json, nor tar headers and padding.
 type Header struct {
 	Format  string `json:"format"`
-	Run     string `json:"run"`
+	Run     string `json:"run"` // the run's id on the exporting host
 	Objects int    `json:"objects"`
 	Bytes   int64  `json:"bytes"`
 	// Copy marks a bundle exported without handing the run off: the
@@ -117,6 +124,7 @@ type Staged struct {
 
 	dir    string
 	staged map[record.Address]string
+	sizes  map[record.Address]int64
 	order  []record.Address
 	refs   map[record.Address][]record.Address
 }
@@ -130,7 +138,7 @@ func (s *Staged) Close() error {
 }
 
 // Adopt moves the staged objects into st, each after its refs (the
-// bundle's order).
+// bundle's order, which [Stage] checked).
 func (s *Staged) Adopt(ctx context.Context, st *store.Store) error {
 	for _, a := range s.order {
 		if _, err := st.Adopt(ctx, s.staged[a], s.refs[a]...); err != nil {
@@ -203,7 +211,7 @@ func Stage(ctx context.Context, st *store.Store, r io.Reader, opt Options) (_ *S
 	lim := opt.Limits.Or(DefaultLimits)
 	raw := &counter{r: r}
 	tr := tar.NewReader(raw)
-	s := &Staged{staged: map[record.Address]string{}, refs: map[record.Address][]record.Address{}}
+	s := &Staged{staged: map[record.Address]string{}, sizes: map[record.Address]int64{}, refs: map[record.Address][]record.Address{}}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -213,8 +221,8 @@ func Stage(ctx context.Context, st *store.Store, r io.Reader, opt Options) (_ *S
 	if err != nil {
 		return nil, err
 	}
-	if err := json.Unmarshal(hb, &s.Header); err != nil {
-		return nil, fmt.Errorf("%w: bundle.json: %w", ErrMalformed, err)
+	if err := decodeHeader(hb, &s.Header); err != nil {
+		return nil, err
 	}
 	h := s.Header
 	switch {
@@ -290,7 +298,7 @@ func Stage(ctx context.Context, st *store.Store, r io.Reader, opt Options) (_ *S
 		if got != a {
 			return nil, fmt.Errorf("bundle of %s: %w", h.Run, &store.CorruptError{Address: a, Got: got, Path: hdr.Name})
 		}
-		s.staged[a] = p
+		s.staged[a], s.sizes[a] = p, n
 		s.order = append(s.order, a)
 		s.Objects++
 		s.Bytes += n
@@ -298,34 +306,52 @@ func Stage(ctx context.Context, st *store.Store, r io.Reader, opt Options) (_ *S
 	if s.Objects != h.Objects || s.Bytes != h.Bytes {
 		return nil, fmt.Errorf("%w: %d objects of %d bytes, bundle.json declares %d of %d", ErrMalformed, s.Objects, s.Bytes, h.Objects, h.Bytes)
 	}
-	if err := s.judge(st, opt); err != nil {
+	if err := s.judge(opt); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// judge checks the staged bundle's record against its objects.
-func (s *Staged) judge(st *store.Store, opt Options) error {
+// headerKeys are bundle.json's fields, spelled exactly.
+var headerKeys = map[string]bool{"format": true, "run": true, "objects": true, "bytes": true, "copy": true}
+
+// decodeHeader decodes bundle.json, refusing a field it does not have
+// (encoding/json alone would ignore one, and match "Run" as "run").
+func decodeHeader(b []byte, h *Header) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return fmt.Errorf("%w: bundle.json: %w", ErrMalformed, err)
+	}
+	for k := range fields {
+		if !headerKeys[k] {
+			return fmt.Errorf("%w: bundle.json has a field %q", ErrMalformed, k)
+		}
+	}
+	if err := json.Unmarshal(b, h); err != nil {
+		return fmt.Errorf("%w: bundle.json: %w", ErrMalformed, err)
+	}
+	return nil
+}
+
+// judge checks the staged bundle's record against its objects. Only the
+// bundle's members count: an object the importing store happens to hold is
+// no member, so that a bundle is accepted or refused for what it carries
+// (verify --file, in a scratch store, judges as an import does).
+func (s *Staged) judge(opt Options) error {
 	rec, run := s.Record, s.Header.Run
-	have := func(a record.Address) bool { _, ok := s.staged[a]; return ok || st.Has(a) }
+	have := func(a record.Address) bool { _, ok := s.staged[a]; return ok }
 	// Objects decoded here (unit, grants, attestations, manifests,
 	// listings) are read whole: each is capped like a JSON document.
 	max := opt.Limits.Or(DefaultLimits).JSON
 	read := func(a record.Address) ([]byte, error) {
-		if p, ok := s.staged[a]; ok {
-			fi, err := os.Stat(p)
-			if err != nil {
-				return nil, err
-			}
-			if fi.Size() > max {
-				return nil, fmt.Errorf("%w: object %s of %d bytes is decoded, and the limit of a decoded document is %d", ErrLimit, a, fi.Size(), max)
-			}
-			return os.ReadFile(p)
+		p, ok := s.staged[a]
+		if !ok {
+			return nil, fmt.Errorf("object %s: %w: the record reaches it, and the bundle does not carry it", a, store.ErrMissingObject)
 		}
-		if st.Has(a) {
-			return st.ReadAll(a)
+		if n := s.sizes[a]; n > max {
+			return nil, fmt.Errorf("%w: object %s of %d bytes is decoded, and the limit of a decoded document is %d", ErrLimit, a, n, max)
 		}
-		return nil, fmt.Errorf("object %s: %w", a, store.ErrMissingObject)
+		return os.ReadFile(p)
 	}
 	// The unit and the grant set: the grants are a request this host
 	// judges by its own policy.
@@ -394,6 +420,7 @@ func (s *Staged) judge(st *store.Store, opt Options) error {
 	}
 	// What the record reaches, and the refs each object is stored with.
 	need := map[record.Address]bool{rec.Unit(): true, rec.Grants(): true}
+	listed := map[record.Address]bool{} // a Resumed segment repeats its park's snapshot
 	for i := range rec.Len() {
 		seg := rec.Segment(i)
 		switch seg.Kind {
@@ -418,18 +445,23 @@ func (s *Staged) judge(st *store.Store, opt Options) error {
 		case record.Resumed:
 			for _, a := range seg.Snapshot.Addresses() {
 				need[a] = true
-				if seg.Snapshot.IsTranscript() || !have(a) {
+				if seg.Snapshot.IsTranscript() || !have(a) || listed[a] {
 					continue
 				}
+				listed[a] = true
 				b, err := read(a)
 				if err != nil {
 					return err
 				}
 				es, err := store.DecodeListing(b)
 				if err != nil {
-					return fmt.Errorf("bundle of %s: segment %d: snapshot %s: %w", run, i, a, err)
+					return fmt.Errorf("%w: bundle of %s: segment %d: snapshot %s: %w", ErrMalformed, run, i, a, err)
 				}
 				for _, e := range es {
+					if n, ok := s.sizes[e.Address]; ok && uint64(n) != e.Size {
+						return fmt.Errorf("%w: bundle of %s: segment %d: snapshot %s lists %q as %d bytes, and its object %s has %d",
+							ErrMalformed, run, i, a, e.Name, e.Size, e.Address, n)
+					}
 					s.refs[a] = append(s.refs[a], e.Address)
 					need[e.Address] = true
 				}
@@ -438,12 +470,25 @@ func (s *Staged) judge(st *store.Store, opt Options) error {
 	}
 	for a := range need {
 		if !have(a) {
-			return fmt.Errorf("bundle of %s: object %s: %w", run, a, store.ErrMissingObject)
+			return fmt.Errorf("bundle of %s: object %s: %w: the record reaches it, and the bundle does not carry it", run, a, store.ErrMissingObject)
 		}
 	}
 	for _, a := range s.order {
 		if !need[a] {
 			return fmt.Errorf("%w: object %s is not one the record reaches", ErrMalformed, a)
+		}
+	}
+	// Each member after the members it refers to: the order they are
+	// adopted in, so that a store never holds an object before its refs.
+	at := make(map[record.Address]int, len(s.order))
+	for i, a := range s.order {
+		at[a] = i
+	}
+	for _, a := range s.order {
+		for _, r := range s.refs[a] {
+			if at[r] > at[a] {
+				return fmt.Errorf("%w: object %s comes before %s, which it refers to", ErrMalformed, a, r)
+			}
 		}
 	}
 	return nil

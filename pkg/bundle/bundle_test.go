@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"os"
@@ -188,6 +189,22 @@ func TestStageRefuses(t *testing.T) {
 		"a link member": {tar: func(t *testing.T) []byte {
 			return forge(t, nil).Tar(nil, bundletest.Header("objects/"+strings.Repeat("A", 43), 0, '2'))
 		}, want: bundle.ErrMalformed},
+		"object before its refs": {tar: func(t *testing.T) []byte {
+			b := forge(t, nil)
+			att := b.Record.Segment(0).Attestation
+			first := bundletest.Object{Addr: att, Bytes: b.Object(att)}
+			b.Drop(att)
+			b.Objects = append([]bundletest.Object{first}, b.Objects...)
+			return b.Tar(nil)
+		}, want: bundle.ErrMalformed},
+		"a field bundle.json does not have": {tar: func(t *testing.T) []byte {
+			b := forge(t, nil)
+			return tarWith(b, fmt.Appendf(nil, `{"format":%q,"run":"forged","objects":%d,"bytes":%d,"signed":true}`, bundle.Format, len(b.Objects), bytesOf(b)))
+		}, want: bundle.ErrMalformed},
+		"a field bundle.json spells otherwise": {tar: func(t *testing.T) []byte {
+			b := forge(t, nil)
+			return tarWith(b, fmt.Appendf(nil, `{"Format":%q,"run":"forged","objects":%d,"bytes":%d}`, bundle.Format, len(b.Objects), bytesOf(b)))
+		}, want: bundle.ErrMalformed},
 		"object missing": {tar: func(t *testing.T) []byte {
 			b := forge(t, nil)
 			b.Drop(*b.Record.Segment(1).Snapshot.Transcript)
@@ -217,6 +234,178 @@ func TestStageRefuses(t *testing.T) {
 				t.Fatalf("refused bundle left %d objects, %d bytes", n, size)
 			}
 		})
+	}
+}
+
+// bytesOf is what bundle.json declares as b's bytes: its objects' sizes.
+func bytesOf(b *bundletest.Bundle) (n int64) {
+	for _, o := range b.Objects {
+		n += int64(len(o.Bytes))
+	}
+	return n
+}
+
+// tarWith is b's bundle with header as its bundle.json.
+func tarWith(b *bundletest.Bundle, header []byte) []byte {
+	out := bundletest.Member("bundle.json", header)
+	out = append(out, bundletest.Member("record.json", b.Record.EncodeWire())...)
+	for _, o := range b.Objects {
+		out = append(out, bundletest.Member(bundletest.Name(o.Addr), o.Bytes)...)
+	}
+	return append(out, make([]byte, 1024)...)
+}
+
+// The exporter's bundle.json, as docs/bundle.md shows it, is read.
+func TestStageReadsTheHeader(t *testing.T) {
+	st, _ := mustStore(t)
+	b := forge(t, nil)
+	h := fmt.Appendf(nil, "{\n  \"format\": %q,\n  \"run\": \"forged\",\n  \"objects\": %d,\n  \"bytes\": %d,\n  \"copy\": true\n}", bundle.Format, len(b.Objects), bytesOf(b))
+	sb, err := bundle.Stage(context.Background(), st, bytes.NewReader(tarWith(b, h)), opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	if !sb.Header.Copy || sb.Header.Run != "forged" || sb.Bytes != bytesOf(b) || sb.Objects != len(b.Objects) {
+		t.Fatalf("%+v", sb)
+	}
+}
+
+// A bundle is whole: an object the record reaches must be a member even
+// when the importing store holds it, so that import and verify --file (a
+// scratch store) judge a bundle alike.
+func TestStageNeedsEveryObject(t *testing.T) {
+	st, dir := mustStore(t)
+	b := forge(t, nil)
+	sb, err := bundle.Stage(context.Background(), st, bytes.NewReader(b.Tar(nil)), opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Adopt(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	sb.Close()
+	n0, _ := objects(t, dir)
+	for _, a := range []record.Address{b.Record.Unit(), b.Record.Grants(), *b.Record.Segment(1).Snapshot.Transcript, b.Record.Segment(1).Manifest} {
+		part := forge(t, nil)
+		part.Drop(a)
+		if _, err := bundle.Stage(context.Background(), st, bytes.NewReader(part.Tar(nil)), opts()); !errors.Is(err, store.ErrMissingObject) {
+			t.Fatalf("without %s, held by the store: %v", a, err)
+		}
+		if n, _ := objects(t, dir); n != n0 {
+			t.Fatalf("%d objects, had %d", n, n0)
+		}
+	}
+}
+
+// forgeImage is an image run parked once, signed by the trusted key: its
+// snapshot the listing root (files added before it) and an empty memory
+// listing.
+func forgeImage(t testing.TB, root []byte, files ...[]byte) *bundletest.Bundle {
+	t.Helper()
+	b := &bundletest.Bundle{Run: "image"}
+	sp := spec("image")
+	sp.Mode = unit.ImageMode
+	sc, err := sp.Canonical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := unit.Grants{Network: unit.NoNetwork}
+	ua, ga := b.Add(sc), b.Add(g.Encode())
+	rc, _ := (&attest.Receipt{Provenance: record.Estimated, Method: "forged", WindowNS: 1}).Canonical()
+	var j attest.Journal
+	rca, ja := b.Add(rc), b.Add(j.Encode())
+	for _, f := range files {
+		b.Add(f)
+	}
+	empty, _ := store.EncodeListing(nil)
+	ra, mem := b.Add(root), b.Add(empty)
+	m := manifest.Manifest{}
+	for _, k := range manifest.ImageKeys {
+		m[k] = "x"
+	}
+	mc, _ := m.Canonical()
+	rec := record.New(ua, ga)
+	susp := record.Suspension(record.ImageSnapshot(ra, &mem), b.Add(mc))
+	c, _ := susp.Canonical()
+	sig, err := attest.Sign(&attest.Body{Genesis: rec.Genesis(), Interval: 1, PrevHead: rec.Head(), StartNS: 1, EndNS: 2,
+		Receipt: rca, Journal: ja, Outcome: attest.Outcome{Kind: attest.Parked, Suspends: record.Sum(c)}}, trustedKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seg := range []record.Segment{record.Execution(b.Add(sig.Encode()), nil), susp} {
+		if _, err := rec.Append(seg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Record = rec
+	return b
+}
+
+// An image run's listings: decoded, their files members before them, of
+// the sizes listed.
+func TestStageImage(t *testing.T) {
+	core, pages := []byte("core"), []byte("pages")
+	listing := func(es ...store.Entry) []byte {
+		b, err := store.EncodeListing(es)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	good := listing(store.Entry{Name: "core-1.img", Mode: 0o600, Size: 4, Address: record.Sum(core)},
+		store.Entry{Name: "pages-1.img", Mode: 0o600, Size: 5, Address: record.Sum(pages)})
+	for name, c := range map[string]struct {
+		b    func() *bundletest.Bundle
+		want error
+	}{
+		"accepted": {b: func() *bundletest.Bundle { return forgeImage(t, good, core, pages) }},
+		"a file missing": {b: func() *bundletest.Bundle {
+			return forgeImage(t, good, core)
+		}, want: store.ErrMissingObject},
+		"a size listed wrong": {b: func() *bundletest.Bundle {
+			return forgeImage(t, listing(store.Entry{Name: "core-1.img", Size: 5, Address: record.Sum(core)}), core)
+		}, want: bundle.ErrMalformed},
+		"a listing that does not decode": {b: func() *bundletest.Bundle {
+			bad := append([]byte(store.DirDomain), 0, 0, 0, 1, 0, 0, 0, 4, 'a', '/', '/', 'b', 0, 0, 1, 0x80, 0, 0, 0, 0, 0, 0, 0, 4)
+			a := record.Sum(core)
+			return forgeImage(t, append(bad, a[:]...), core)
+		}, want: bundle.ErrMalformed},
+		"a listing before its files": {b: func() *bundletest.Bundle {
+			b := forgeImage(t, good, core, pages)
+			b.Drop(record.Sum(pages))
+			b.Objects = append(b.Objects, bundletest.Object{Addr: record.Sum(pages), Bytes: pages})
+			return b
+		}, want: bundle.ErrMalformed},
+	} {
+		t.Run(name, func(t *testing.T) {
+			st, dir := mustStore(t)
+			sb, err := bundle.Stage(context.Background(), st, bytes.NewReader(c.b().Tar(nil)), opts())
+			if !errors.Is(err, c.want) || (err == nil) != (c.want == nil) {
+				t.Fatalf("got %v, want %v", err, c.want)
+			}
+			if err != nil {
+				t.Log(err)
+				if n, size := objects(t, dir); n != 0 || size != 0 {
+					t.Fatalf("refused bundle left %d objects, %d bytes", n, size)
+				}
+				return
+			}
+			defer sb.Close()
+			if err := sb.Adopt(context.Background(), st); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.VerifyDir(context.Background(), *sb.Record.Segment(1).Snapshot.Root); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// Every listing a store may write is one a bundle importer decodes under
+// the default limits.
+func TestDefaultLimitsHoldAListing(t *testing.T) {
+	if bundle.DefaultLimits.JSON < store.MaxListingBytes || bundle.DefaultLimits.Object < store.MaxListingBytes {
+		t.Fatalf("limits %+v, a listing may have %d bytes", bundle.DefaultLimits, store.MaxListingBytes)
 	}
 }
 

@@ -38,19 +38,51 @@ type Entry struct {
 // entryMin is the fewest bytes one entry takes in a listing.
 const entryMin = 4 + 1 + 4 + 8 + 32
 
+// A listing's limits, held by [EncodeListing], [DecodeListing] and so
+// [Store.Ingest] alike (docs/store.md, "Directory objects").
+const (
+	// MaxNameBytes is the longest name: Linux's PATH_MAX (4096) less its
+	// terminating NUL. No longer path can be opened on Linux.
+	MaxNameBytes = 4095
+	// MaxComponentBytes is the longest component of a name: Linux's
+	// NAME_MAX.
+	MaxComponentBytes = 255
+	// MaxEntries is the most entries one listing holds: a CRIU image
+	// directory of the most processes a bundle may ask for (16384), about
+	// a dozen files each, takes about a fifth of it.
+	MaxEntries = 1 << 20
+	// MaxListingBytes is the largest listing. A listing is read whole, and
+	// this is the default limit of a document a bundle importer decodes
+	// (bundle.DefaultLimits.JSON), so every listing a store writes travels
+	// in a bundle.
+	MaxListingBytes = 64 << 20
+)
+
+// ErrListing is a directory listing whose entries break its rules: a name
+// that is not a clean relative path or is over a name limit, a mode beyond
+// the permission bits, a name twice, a file that is another's directory,
+// or more entries or bytes than a listing may hold. [EncodeListing] and
+// [Store.Ingest] refuse with it; [DecodeListing] with it and [ErrCorrupt].
+var ErrListing = errors.New("directory listing refused")
+
 // EncodeListing returns a directory's canonical listing: [DirDomain], the
 // entry count (4 bytes), then the entries in byte order of name, each a
 // 4-byte name length, the name, the mode (4), the size (8) and the file's
 // address (32); integers big-endian. The directory object's address is the
-// BLAKE3 of these bytes. Names must be clean relative paths, unique, and
-// no name may be both a file and another's directory.
+// BLAKE3 of these bytes. Names must be clean relative paths within the name
+// limits, unique, and no name may be both a file and another's directory;
+// a refusal wraps [ErrListing].
 func EncodeListing(entries []Entry) ([]byte, error) {
+	size, err := listingSize(entries)
+	if err != nil {
+		return nil, err
+	}
 	es := slices.Clone(entries)
 	slices.SortFunc(es, func(a, b Entry) int { return strings.Compare(a.Name, b.Name) })
 	if err := checkEntries(es); err != nil {
 		return nil, err
 	}
-	b := make([]byte, 0, len(DirDomain)+4+len(es)*(entryMin+24))
+	b := make([]byte, 0, size)
 	b = append(b, DirDomain...)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(es)))
 	for _, e := range es {
@@ -63,42 +95,80 @@ func EncodeListing(entries []Entry) ([]byte, error) {
 	return b, nil
 }
 
-// checkEntries checks sorted entries: clean names, strictly increasing,
-// modes within the permission bits, no file that is also a directory.
+// listingSize returns the bytes of the listing of es, refusing more
+// entries or bytes than a listing may hold.
+func listingSize(es []Entry) (int, error) {
+	if len(es) > MaxEntries {
+		return 0, fmt.Errorf("%w: %d entries, the limit is %d", ErrListing, len(es), MaxEntries)
+	}
+	n := len(DirDomain) + 4
+	for _, e := range es {
+		n += entryMin - 1 + len(e.Name)
+	}
+	if n > MaxListingBytes {
+		return 0, fmt.Errorf("%w: %d bytes, the limit is %d", ErrListing, n, MaxListingBytes)
+	}
+	return n, nil
+}
+
+// checkEntries checks sorted entries: names clean and within the limits,
+// strictly increasing, modes within the permission bits, no file that is
+// also a directory.
 func checkEntries(es []Entry) error {
 	files := make(map[string]bool, len(es))
 	for i, e := range es {
-		if !validName(e.Name) {
-			return fmt.Errorf("directory entry %q: not a clean relative path", e.Name)
+		if err := checkName(e.Name); err != nil {
+			return fmt.Errorf("%w: entry %q: %v", ErrListing, e.Name, err)
 		}
 		if e.Mode&^uint32(fs.ModePerm) != 0 {
-			return fmt.Errorf("directory entry %q: mode %o beyond permission bits", e.Name, e.Mode)
+			return fmt.Errorf("%w: entry %q: mode %o beyond permission bits", ErrListing, e.Name, e.Mode)
 		}
 		if i > 0 && es[i-1].Name >= e.Name {
-			return fmt.Errorf("directory entry %q: duplicate or out of order", e.Name)
+			return fmt.Errorf("%w: entry %q: duplicate or out of order", ErrListing, e.Name)
 		}
 		files[e.Name] = true
 	}
 	for _, e := range es {
 		for d := path.Dir(e.Name); d != "."; d = path.Dir(d) {
 			if files[d] {
-				return fmt.Errorf("directory entry %q: its directory %q is a file", e.Name, d)
+				return fmt.Errorf("%w: entry %q: its directory %q is a file", ErrListing, e.Name, d)
 			}
 		}
 	}
 	return nil
 }
 
-func validName(n string) bool {
-	return n != "" && n != "." && !strings.HasPrefix(n, "/") && path.Clean(n) == n &&
-		n != ".." && !strings.HasPrefix(n, "../") && !strings.ContainsRune(n, 0)
+// checkName refuses a name that is not a clean relative path — empty, ".",
+// "..", absolute, with an empty, "." or ".." component, a trailing '/' —
+// that holds a NUL, or that is over [MaxNameBytes] or has a component
+// over [MaxComponentBytes]. Any other byte is allowed: names are bytes, as
+// Linux's are, not necessarily UTF-8.
+func checkName(n string) error {
+	if len(n) > MaxNameBytes {
+		return fmt.Errorf("a name of %d bytes, the limit is %d", len(n), MaxNameBytes)
+	}
+	if n == "" || n == "." || n == ".." || strings.HasPrefix(n, "/") || strings.HasPrefix(n, "../") ||
+		path.Clean(n) != n || strings.IndexByte(n, 0) >= 0 {
+		return errors.New("not a clean relative path")
+	}
+	for c := range strings.SplitSeq(n, "/") {
+		if len(c) > MaxComponentBytes {
+			return fmt.Errorf("a component of %d bytes, the limit is %d", len(c), MaxComponentBytes)
+		}
+	}
+	return nil
 }
 
 // DecodeListing parses a canonical listing. It accepts only the bytes
-// [EncodeListing] writes; anything else is [ErrCorrupt].
+// [EncodeListing] writes; anything else is [ErrCorrupt], and entries that
+// break a listing's rules or limits are [ErrListing] too. A count or size
+// over the limits is refused before anything is allocated for it.
 func DecodeListing(b []byte) ([]Entry, error) {
 	bad := func(format string, args ...any) ([]Entry, error) {
 		return nil, fmt.Errorf("%w: directory listing: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+	}
+	if len(b) > MaxListingBytes {
+		return nil, fmt.Errorf("%w: %w: %d bytes, the limit is %d", ErrCorrupt, ErrListing, len(b), MaxListingBytes)
 	}
 	if len(b) < len(DirDomain)+4 || !bytes.HasPrefix(b, []byte(DirDomain)) {
 		return bad("no %q header", DirDomain)
@@ -106,6 +176,9 @@ func DecodeListing(b []byte) ([]Entry, error) {
 	p := b[len(DirDomain):]
 	n := binary.BigEndian.Uint32(p)
 	p = p[4:]
+	if n > MaxEntries {
+		return nil, fmt.Errorf("%w: %w: %d entries, the limit is %d", ErrCorrupt, ErrListing, n, MaxEntries)
+	}
 	if uint64(n) > uint64(len(p))/entryMin {
 		return bad("%d entries in %d bytes", n, len(p))
 	}
@@ -115,6 +188,9 @@ func DecodeListing(b []byte) ([]Entry, error) {
 			return bad("truncated")
 		}
 		l := uint64(binary.BigEndian.Uint32(p))
+		if l > MaxNameBytes {
+			return nil, fmt.Errorf("%w: %w: a name of %d bytes, the limit is %d", ErrCorrupt, ErrListing, l, MaxNameBytes)
+		}
 		if uint64(len(p)) < 4+l+44 {
 			return bad("truncated")
 		}
@@ -130,7 +206,7 @@ func DecodeListing(b []byte) ([]Entry, error) {
 		return bad("%d trailing bytes", len(p))
 	}
 	if err := checkEntries(out); err != nil {
-		return bad("%v", err)
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	return out, nil
 }
@@ -160,7 +236,9 @@ type IngestStats struct {
 // on the store's filesystem: use [Store.StagingDir]. A file whose bytes
 // are already stored is dropped from staging. Symbolic links, devices and
 // empty directories have no place in a listing and are refused rather
-// than lost. On success the staging directory is gone.
+// than lost; a tree a listing cannot hold (a name or file count over the
+// limits) is refused with [ErrListing] before a byte is hashed. On success
+// the staging directory is gone.
 func (s *Store) Ingest(ctx context.Context, staging string) (record.Address, IngestStats, error) {
 	return s.ingest(ctx, staging, nil)
 }
@@ -174,6 +252,9 @@ func (s *Store) ingest(ctx context.Context, staging string, known map[string]Has
 		case err != nil:
 			return err
 		case d.Type().IsRegular():
+			if len(files) == MaxEntries {
+				return fmt.Errorf("%w: more than %d files", ErrListing, MaxEntries)
+			}
 			files = append(files, p)
 		case d.IsDir() && p != staging:
 			empty, err := isEmptyDir(p)
@@ -193,6 +274,9 @@ func (s *Store) ingest(ctx context.Context, staging string, known map[string]Has
 		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
 	if err := knownStaged(staging, files, known); err != nil {
+		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
+	}
+	if err := checkTree(staging, files); err != nil {
 		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
 	// The producer did not fsync, and a name must never appear over bytes
@@ -261,6 +345,24 @@ func (s *Store) ingest(ctx context.Context, staging string, known map[string]Has
 		return record.Address{}, st, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
 	return p.addr, st, nil
+}
+
+// checkTree refuses, before a byte is hashed, a tree whose listing would
+// break a listing's name rules or limits.
+func checkTree(staging string, files []string) error {
+	es := make([]Entry, len(files))
+	for i, p := range files {
+		rel, err := filepath.Rel(staging, p)
+		if err != nil {
+			return err
+		}
+		es[i].Name = filepath.ToSlash(rel)
+		if err := checkName(es[i].Name); err != nil {
+			return fmt.Errorf("%w: entry %q: %v", ErrListing, es[i].Name, err)
+		}
+	}
+	_, err := listingSize(es)
+	return err
 }
 
 func isEmptyDir(p string) (bool, error) {

@@ -1,11 +1,13 @@
 package store
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -184,25 +186,147 @@ func TestListingBytes(t *testing.T) {
 	}
 }
 
+// Names at and over the limits, and names that are not clean relative
+// paths: refused by EncodeListing, and by DecodeListing from bytes laid
+// out as EncodeListing would lay them.
+var (
+	longName     = strings.Repeat(strings.Repeat("n", 99)+"/", 40) + strings.Repeat("n", 95) // 4095 bytes
+	longComp     = strings.Repeat("c", 255)
+	refusedNames = map[string]string{
+		"empty":              "",
+		"dot":                ".",
+		"dotdot":             "..",
+		"dotdot first":       "../x",
+		"dotdot last":        "a/..",
+		"dotdot inside":      "a/../b",
+		"dot first":          "./a",
+		"dot inside":         "a/./b",
+		"empty component":    "a//b",
+		"absolute":           "/a",
+		"trailing slash":     "a/",
+		"NUL":                "a\x00b",
+		"name over 4095":     longName + "n",
+		"component over 255": longComp + "c",
+		"inner component":    "d/" + longComp + "c" + "/e",
+	}
+	acceptedNames = []string{"\xff\xfe.img", `a\b`, "a\nb", "...", "..a", "a..", ".hidden", " ", "core-123.img", longComp, longName}
+)
+
+// rawListing lays names out as EncodeListing would, in the order given
+// and without its checks.
+func rawListing(names ...string) []byte {
+	b := binary.BigEndian.AppendUint32([]byte(DirDomain), uint32(len(names)))
+	for _, n := range names {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(n)))
+		b = append(append(b, n...), make([]byte, 44)...)
+	}
+	return b
+}
+
 func TestEncodeListingRefuses(t *testing.T) {
 	for name, es := range map[string][]Entry{
-		"duplicate":      {{Name: "a"}, {Name: "a"}},
-		"dotdot":         {{Name: "../x"}},
-		"absolute":       {{Name: "/x"}},
-		"unclean":        {{Name: "a//b"}},
-		"dot":            {{Name: "."}},
-		"empty":          {{Name: ""}},
-		"file and dir":   {{Name: "a"}, {Name: "a/b"}},
-		"deep file/dir":  {{Name: "a/b"}, {Name: "a/b/c/d"}, {Name: "a/b!"}},
-		"beyond perm":    {{Name: "a", Mode: 0o4755}},
-		"trailing slash": {{Name: "a/"}},
+		"duplicate":     {{Name: "a"}, {Name: "a"}},
+		"file and dir":  {{Name: "a"}, {Name: "a/b"}},
+		"deep file/dir": {{Name: "a/b"}, {Name: "a/b/c/d"}, {Name: "a/b!"}},
+		"beyond perm":   {{Name: "a", Mode: 0o4755}},
 	} {
-		if _, err := EncodeListing(es); err == nil {
-			t.Errorf("%s accepted", name)
+		if _, err := EncodeListing(es); !errors.Is(err, ErrListing) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	for name, n := range refusedNames {
+		if _, err := EncodeListing([]Entry{{Name: n}}); !errors.Is(err, ErrListing) {
+			t.Errorf("%s: %v", name, err)
+		}
+		// An empty name is shorter than any entry: refused by its count.
+		if _, err := DecodeListing(rawListing(n)); !errors.Is(err, ErrCorrupt) || !errors.Is(err, ErrListing) && n != "" {
+			t.Errorf("decode, %s: %v", name, err)
 		}
 	}
 	if _, err := EncodeListing([]Entry{{Name: "a"}, {Name: "a!"}, {Name: "a.b/c"}}); err != nil {
 		t.Errorf("prefix names that are not directories: %v", err)
+	}
+	// Names are bytes: any but NUL, within the limits.
+	for _, n := range acceptedNames {
+		b, err := EncodeListing([]Entry{{Name: n}})
+		if err != nil {
+			t.Errorf("%q: %v", n, err)
+			continue
+		}
+		if es, err := DecodeListing(b); err != nil || es[0].Name != n {
+			t.Errorf("decode %q: %v", n, err)
+		}
+	}
+}
+
+// A listing holds at most MaxEntries entries and MaxListingBytes bytes.
+// Over either it is refused before anything is allocated for it.
+func TestListingLimits(t *testing.T) {
+	if _, err := EncodeListing(make([]Entry, MaxEntries+1)); !errors.Is(err, ErrListing) {
+		t.Fatalf("encode of %d entries: %v", MaxEntries+1, err)
+	}
+	long := make([]Entry, MaxListingBytes/(len(longName)+48)+1)
+	for i := range long {
+		long[i].Name = longName
+	}
+	if _, err := EncodeListing(long); !errors.Is(err, ErrListing) {
+		t.Fatalf("encode of %d names of %d bytes: %v", len(long), len(longName), err)
+	}
+	// A count over the limit in as many bytes as it takes (lazily zeroed
+	// pages): refused, and not by allocating 64 MiB of entries first.
+	over := make([]byte, len(DirDomain)+4+(MaxEntries+1)*entryMin)
+	copy(over, rawListing())
+	binary.BigEndian.PutUint32(over[len(DirDomain):], MaxEntries+1)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := DecodeListing(over)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrCorrupt) || !errors.Is(err, ErrListing) {
+		t.Fatalf("decode of %d entries: %v", MaxEntries+1, err)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+		t.Fatalf("refusing %d entries allocated %d bytes", MaxEntries+1, n)
+	}
+	if _, err := DecodeListing(make([]byte, MaxListingBytes+1)); !errors.Is(err, ErrListing) {
+		t.Fatalf("decode of %d bytes: %v", MaxListingBytes+1, err)
+	}
+	if testing.Short() {
+		return
+	}
+	// MaxEntries short names fit in MaxListingBytes.
+	full := make([]Entry, MaxEntries)
+	for i := range full {
+		full[i].Name = fmt.Sprintf("%06x", i)
+	}
+	b, err := EncodeListing(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if es, err := DecodeListing(b); err != nil || len(es) != MaxEntries {
+		t.Fatalf("decode of %d entries: %v", MaxEntries, err)
+	}
+}
+
+// What a producer writes ingests: names are bytes (not necessarily
+// UTF-8), and deep rootfs paths are within the name limits.
+func TestIngestNamesAreBytes(t *testing.T) {
+	s := mustStore(t)
+	stage, _ := s.StagingDir("names")
+	deep := strings.Repeat("usr/lib/python3/site-packages/", 40) + "x.pyc" // 1205 bytes
+	files := map[string]string{"\xff\xfe.img": "latin", `a\b`: "backslash", deep: "deep", "core-123.img": "core", "pages-1.img": "pages"}
+	writeTree(t, stage, files)
+	a, _, err := s.Ingest(t.Context(), stage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	if err := s.Materialize(t.Context(), a, out, CopyFiles); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range files {
+		if b, err := os.ReadFile(filepath.Join(out, name)); string(b) != c {
+			t.Fatalf("%q: %q, %v", name, b, err)
+		}
 	}
 }
 
@@ -261,4 +385,19 @@ func ExampleEncodeListing() {
 	// 72756e7265636f7264642e6469722f31
 	// 000000010000000a636f72652d312e696d6700000180000000000000000423460271b9ea508d1c6d86a5a45a00594d17c96b0795d4d00e1c1dd5d0f9cfaa
 	// b3:nLYWCtpm1qg_geGFdfKC_EKCB1Wwy6o5KLJE503N7-U
+}
+
+// Two files, one of them nested, listed in byte order of name: "a.txt"
+// before "a/b", since '.' (2e) is below '/' (2f) — not the order of a walk
+// of the tree, which visits the directory a first.
+func ExampleEncodeListing_nested() {
+	b, _ := EncodeListing([]Entry{
+		{Name: "a/b", Mode: 0o755, Size: 1, Address: record.Sum([]byte("b"))},
+		{Name: "a.txt", Mode: 0o644, Size: 4, Address: record.Sum([]byte("core"))},
+	})
+	fmt.Println(hex.EncodeToString(b[len(DirDomain):]))
+	fmt.Println(record.Sum(b))
+	// Output:
+	// 0000000200000005612e747874000001a4000000000000000423460271b9ea508d1c6d86a5a45a00594d17c96b0795d4d00e1c1dd5d0f9cfaa00000003612f62000001ed000000000000000110e5cf3d3c8a4f9f3468c8cc58eea84892a22fdadbc1acb22410190044c1d553
+	// b3:ddLEkwGDREpJCurJDCNPUrZytN8ZeF27KA5JSrVyzdM
 }
