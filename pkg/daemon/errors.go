@@ -54,16 +54,16 @@ func ErrorOf(err error) *api.Error {
 		e.Code = api.CodeObjectCorrupt
 	case errors.Is(err, store.ErrMissingObject):
 		e.Code = api.CodeMissingObject
-	case errors.Is(err, record.ErrClosed), errors.Is(err, record.ErrParked), errors.Is(err, record.ErrNotParked),
+	case errors.Is(err, record.ErrClosed), errors.Is(err, record.ErrParked), errors.Is(err, record.ErrNotParked), errors.Is(err, record.ErrAlternation),
 		errors.Is(err, resume.ErrNotParked), errors.Is(err, ErrNoSandbox), errors.Is(err, ErrResultsHeld):
 		e.Code = api.CodePhase
-	case errors.Is(err, record.ErrHeadMismatch), errors.Is(err, record.ErrCanonical), errors.Is(err, store.ErrDamaged),
+	case errors.Is(err, record.ErrHeadMismatch), errors.Is(err, record.ErrCanonical), errors.Is(err, store.ErrDamaged), errors.Is(err, record.ErrOverflow),
 		errors.Is(err, attest.ErrSignature), errors.Is(err, attest.ErrMalformed):
 		e.Code = api.CodeRecordInvalid
 	case errors.Is(err, store.ErrNoRun), errors.Is(err, executor.ErrNotFound), errdefs.IsNotFound(err),
 		errors.Is(err, store.ErrNotTrusted):
 		e.Code = api.CodeNotFound
-	case errors.Is(err, ErrNoSpace), errors.Is(err, executor.ErrTooLarge):
+	case errors.Is(err, ErrNoSpace), errors.Is(err, executor.ErrTooLarge), errors.Is(err, store.ErrListing):
 		e.Code = api.CodeNoSpace
 	case errors.Is(err, store.ErrHandedOff):
 		e.Code = api.CodeHandedOff
