@@ -36,7 +36,6 @@ const (
 	CodeInternal          = "internal"                // a bug or an unexpected host failure
 	CodeCheckpointFailed  = "checkpoint_failed"       // CRIU could not dump; the unit keeps running
 	CodeRestoreFailed     = "restore_failed"          // CRIU could not restore; the run stays parked
-	CodeUnitExited        = "unit_exited"             // the unit exited before the operation
 	CodeCheckpointTimeout = "checkpoint_timeout"      // CRIU's dump passed its deadline and was killed; the unit goes on as it was
 	CodeRestoreTimeout    = "restore_timeout"         // CRIU's restore passed its deadline and was killed; the run stays parked
 	CodeImageParks        = "image_parks_unavailable" // this host cannot checkpoint and restore (its probe failed); transcript runs still work
@@ -86,9 +85,11 @@ type Run struct {
 	ID     string `json:"id"`
 	Phase  string `json:"phase"` // executing, parked, closed
 	Status string `json:"status"`
-	// Status says more than the phase: running, exited, parked (image) or
-	// parked (transcript), lost (executing in the record but no sandbox on
-	// this host: resume it elsewhere or close it), closed.
+	// Status says more than the phase: running, parked (image), parked
+	// (transcript), handed off (exported to another host), copy (a parked
+	// copy of a run held elsewhere), lost (executing in the record but no
+	// sandbox on this host: resume it elsewhere or close it), closed. A
+	// unit that exits by itself closes its run.
 	Segments int    `json:"segments"`
 	Head     string `json:"head"`
 	Unit     string `json:"unit_id"`

@@ -35,9 +35,6 @@ func NewClient(socket string) *Client {
 	return &Client{socket: socket, hc: &http.Client{Transport: tr}}
 }
 
-// Socket is the socket the client dials.
-func (c *Client) Socket() string { return c.socket }
-
 // Do sends a request with body in (JSON-encoded unless it is an
 // io.Reader, sent as it is) and decodes a 2xx response into out (unless out
 // is an io.Writer, which receives the body). A non-2xx response is an *Error.
@@ -101,13 +98,6 @@ func (c *Client) ImportImage(ctx context.Context, r io.Reader, name string) (Ima
 	var img Image
 	err := c.Do(ctx, http.MethodPost, "/v1/images?name="+url.QueryEscape(name), r, &img)
 	return img, err
-}
-
-// Images lists the imported images.
-func (c *Client) Images(ctx context.Context) ([]Image, error) {
-	var imgs []Image
-	err := c.Do(ctx, http.MethodGet, "/v1/images", nil, &imgs)
-	return imgs, err
 }
 
 // Start starts a run.

@@ -243,11 +243,12 @@ func editSegment(t *testing.T, d *daemon, id string, index uint64, edit func(*re
 	var key, orig []byte
 	update(t, path, func(tx *bolt.Tx) error {
 		st := tx.Bucket([]byte("runs")).Get([]byte(id))
-		if len(st) != 114 {
-			return fmt.Errorf("run %s: state of %d bytes", id, len(st))
+		if len(st) != 123 || st[0] != 2 {
+			return fmt.Errorf("run %s: state of %d bytes, not format 2", id, len(st))
 		}
-		// format ‖ unit ‖ grants ‖ head ‖ count ‖ phase ‖ last seq
-		seq := binary.BigEndian.Uint64(st[106:])
+		// format ‖ unit ‖ grants ‖ head ‖ count ‖ phase ‖ last seq ‖
+		// last kind ‖ idle total (docs/store.md)
+		seq := binary.BigEndian.Uint64(st[106:114])
 		log := tx.Bucket([]byte("log"))
 		for seq != 0 {
 			k := binary.BigEndian.AppendUint64(nil, seq)
