@@ -47,6 +47,7 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run XXX -fuzz FuzzDecodeWire -fuzztime $(FUZZTIME) ./pkg/record
 	$(GO) test -run XXX -fuzz FuzzDecodeSegment -fuzztime $(FUZZTIME) ./pkg/record
+	$(GO) test -run XXX -fuzz FuzzAttestation -fuzztime $(FUZZTIME) ./pkg/attest
 
 bench:
 	bench/record.sh

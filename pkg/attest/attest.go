@@ -5,10 +5,11 @@
 //
 // An Executed segment points at a signed attestation: the envelope holding
 // the attestation body, the host's ed25519 public key and its signature
-// over the body's address. The body binds the run's genesis head, the
-// interval number, the record head it continues from, the host key id, the
-// interval's start and end, the receipt and journal addresses, the outcome
-// and, optionally, the host's previous attestation (audit_prev).
+// over SignatureDomain ‖ the body's address. The body binds the run's
+// genesis head, the interval number, the record head it continues from,
+// the host key id, the interval's start and end, the receipt and journal
+// addresses, the outcome and, optionally, the host's previous attestation
+// (audit_prev).
 package attest
 
 import (
@@ -180,6 +181,7 @@ type Signed struct {
 // KeyID returns the id of a public key: the BLAKE3 of its 32 bytes.
 func KeyID(pub ed25519.PublicKey) record.Address { return record.Sum(pub) }
 
+// signedMessage is what the host key signs: SignatureDomain ‖ BLAKE3(body).
 func signedMessage(body []byte) []byte {
 	a := record.Sum(body)
 	return append([]byte(SignatureDomain), a[:]...)
@@ -206,33 +208,50 @@ func (s *Signed) Encode() []byte {
 	return append(out, s.Signature...)
 }
 
-// Open parses an envelope and verifies it: the body decodes, its host key
-// id is the envelope's key, and the signature verifies. trusted, if not
-// nil, must also accept the key. It returns the body.
-func Open(p []byte, trusted func(ed25519.PublicKey) bool) (*Body, error) {
+// DecodeSigned parses an envelope without verifying it, accepting only
+// what Encode writes: the domain, a body length that spans exactly the
+// bytes before the key and signature, and a body DecodeBody accepts. The
+// Signed's fields share p's memory.
+func DecodeSigned(p []byte) (*Signed, error) {
+	s, _, err := decodeSigned(p)
+	return s, err
+}
+
+func decodeSigned(p []byte) (*Signed, *Body, error) {
 	r := reader{p: p}
 	if string(r.take(len(EnvelopeDomain))) != EnvelopeDomain {
-		return nil, fmt.Errorf("%w: not a signed attestation", ErrMalformed)
+		return nil, nil, fmt.Errorf("%w: not a signed attestation", ErrMalformed)
 	}
 	n := r.u32()
 	body := r.take(int(n))
 	pub := ed25519.PublicKey(r.take(ed25519.PublicKeySize))
 	sig := r.take(ed25519.SignatureSize)
 	if r.bad || len(r.p) != 0 {
-		return nil, fmt.Errorf("%w: signed attestation truncated or with trailing bytes", ErrMalformed)
+		return nil, nil, fmt.Errorf("%w: signed attestation truncated or with trailing bytes", ErrMalformed)
 	}
 	b, err := DecodeBody(body)
 	if err != nil {
+		return nil, nil, err
+	}
+	return &Signed{Body: body, PublicKey: pub, Signature: sig}, b, nil
+}
+
+// Open parses an envelope and verifies it: the body decodes, its host key
+// id is the envelope's key, and the signature verifies. trusted, if not
+// nil, must also accept the key. It returns the body.
+func Open(p []byte, trusted func(ed25519.PublicKey) bool) (*Body, error) {
+	s, b, err := decodeSigned(p)
+	if err != nil {
 		return nil, err
 	}
-	if b.HostKey != KeyID(pub) {
-		return nil, fmt.Errorf("%w: body names host key %s, envelope carries %s", ErrSignature, b.HostKey, KeyID(pub))
+	if b.HostKey != KeyID(s.PublicKey) {
+		return nil, fmt.Errorf("%w: body names host key %s, envelope carries %s", ErrSignature, b.HostKey, KeyID(s.PublicKey))
 	}
-	if !ed25519.Verify(pub, signedMessage(body), sig) {
+	if !ed25519.Verify(s.PublicKey, signedMessage(s.Body), s.Signature) {
 		return nil, ErrSignature
 	}
-	if trusted != nil && !trusted(pub) {
-		return nil, fmt.Errorf("%w: host key %s is not trusted", ErrSignature, KeyID(pub))
+	if trusted != nil && !trusted(s.PublicKey) {
+		return nil, fmt.Errorf("%w: host key %s is not trusted", ErrSignature, KeyID(s.PublicKey))
 	}
 	return b, nil
 }
