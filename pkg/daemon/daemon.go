@@ -110,7 +110,7 @@ type Daemon struct {
 	log    *slog.Logger
 	st     *store.Store
 	ctrd   *executor.Containerd // nil with an external containerd
-	ex     *executor.Client
+	ex     Sandboxes            // the executor (execRole), a fake in unit tests
 	meter  *idle.Meter
 	keyID  record.Address
 	signer *interval.Signer  // the host key and its audit chain
@@ -130,6 +130,10 @@ type Daemon struct {
 	metrics metrics
 	events  events
 	probe   *imageParks
+
+	// seam, set by unit tests only, runs at each step an operation
+	// reaches (reach).
+	seam func(step string)
 }
 
 // run is a run's state on this host beyond its record.
@@ -202,9 +206,11 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	// a system containerd's root (every unit's root filesystem, when the
 	// daemon uses an external containerd: docs/trust.md).
 	ecfg.Protected = []string{dir, "/var/lib/containerd"}
-	if d.ex, err = executor.Connect(ctx, ecfg); err != nil {
+	ec, err := executor.Connect(ctx, ecfg)
+	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
+	d.ex = execRole{ec}
 	if d.meter, err = idle.NewMeter(cfg.Meter); err != nil {
 		return nil, fmt.Errorf("daemon: meter: %w", err)
 	}

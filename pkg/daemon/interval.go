@@ -18,7 +18,7 @@ import (
 // live is a run's sandbox on this host and its open interval
 // (internal/interval, the one place intervals end).
 type live struct {
-	sb     *executor.Sandbox
+	sb     Sandbox
 	spec   unit.Spec
 	grants unit.Grants
 	iv     *interval.Interval
@@ -64,7 +64,7 @@ func (d *Daemon) markNow(id string) interval.Mark {
 }
 
 // begin starts an interval on sb from m.
-func (d *Daemon) begin(id string, sb *executor.Sandbox, spec unit.Spec, grants unit.Grants, event string, m interval.Mark) *live {
+func (d *Daemon) begin(id string, sb Sandbox, spec unit.Spec, grants unit.Grants, event string, m interval.Mark) *live {
 	iv := interval.Begin(d.intervalConfig(id, grants), sb, meterRole{d.meter}, m, event)
 	if err := iv.MeterErr(); err != nil {
 		d.log.Warn("interval not metered from its start", "run", id, "err", err)
@@ -74,7 +74,7 @@ func (d *Daemon) begin(id string, sb *executor.Sandbox, spec unit.Spec, grants u
 
 // reattach goes on with the interval an earlier daemon process began on
 // sb, from the mark it saved (or from now, without one).
-func (d *Daemon) reattach(id string, sb *executor.Sandbox, spec unit.Spec, grants unit.Grants) *live {
+func (d *Daemon) reattach(id string, sb Sandbox, spec unit.Spec, grants unit.Grants) *live {
 	iv := interval.Reattach(d.intervalConfig(id, grants), sb, meterRole{d.meter})
 	return &live{sb: sb, spec: spec, grants: grants, iv: iv}
 }
@@ -106,7 +106,7 @@ func (d *Daemon) endAt(ctx context.Context, lv *live, step string, outcome attes
 	}
 	env := interval.Env{Store: d.st, Signer: d.signer}
 	if step != "" {
-		env.Sealed = func() { failpoint(step) }
+		env.Sealed = func() { d.reach(step) }
 	}
 	sealed, err := lv.iv.End(ctx, env, outcome, calls, then, extra...)
 	if err != nil {

@@ -106,7 +106,7 @@ func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error)
 		return api.Run{}, err
 	}
 	d.saveMark(id, lv)
-	failpoint("start.sandboxed")
+	d.reach("start.sandboxed")
 	if _, err := d.st.Create(id, unitID, grantsID); err != nil {
 		d.dropMark(id)
 		lv.stopping = true
@@ -128,7 +128,7 @@ func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error)
 // start).
 func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, restored *resumed) (*live, error) {
 	es := executor.SpecOf(spec, grants)
-	var sb *executor.Sandbox
+	var sb Sandbox
 	var ch *channel
 	if spec.Mode == unit.TranscriptMode {
 		var err error
@@ -170,11 +170,10 @@ func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, gr
 
 // restartInterval starts a new interval on lv's sandbox after the end of
 // the last one could not be recorded: the unit goes on, and the next
-// interval is metered and journaled from now.
+// interval is metered and journaled from now. Only the interval is
+// replaced: the exit watcher reads lv's sandbox meanwhile.
 func (d *Daemon) restartInterval(id string, lv *live, event string) {
-	nlv := d.begin(id, lv.sb, lv.spec, lv.grants, event, d.markNow(id))
-	nlv.transcript = lv.transcript
-	*lv = *nlv
+	lv.iv = d.begin(id, lv.sb, lv.spec, lv.grants, event, d.markNow(id)).iv
 	d.saveMark(id, lv)
 }
 
@@ -213,7 +212,7 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 			return
 		}
 		reason := fmt.Sprintf("unit exited with code %d", code)
-		_, err = d.end(context.Background(), lv, attest.Outcome{Kind: attest.Exited, Code: int32(code)}, lv.account(),
+		_, err = d.endAt(context.Background(), lv, "exit.sealed", attest.Outcome{Kind: attest.Exited, Code: int32(code)}, lv.account(),
 			[]record.Segment{record.Closure(reason)})
 		if err != nil {
 			d.log.Error("recording the unit's exit", "run", id, "err", err)
@@ -338,7 +337,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		keys = manifest.ImageKeys
 	}
 	step("snapshot")
-	failpoint("park.checkpointed")
+	d.reach("park.checkpointed")
 	man, err := d.manifestOver(ctx, keys, lv.spec, st.Unit)
 	var manAddr record.Address
 	if err == nil {
@@ -369,7 +368,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		}
 		return api.Park{}, fmt.Errorf("park %s: %w", id, err)
 	}
-	failpoint("park.appended")
+	d.reach("park.appended")
 	// The park is recorded: the sandbox is torn down behind the reply.
 	// A transcript run's next sandbox has another id and starts beside
 	// it; an image run's restore takes the same id and waits for it
@@ -578,7 +577,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	// interval from its start. (A crash before the append leaves a mark
 	// the next resume overwrites.)
 	d.saveMark(id, lv)
-	failpoint("resume.restored")
+	d.reach("resume.restored")
 	if err := d.append(id, record.Resumption(susp.Snapshot, uj, prov)); err != nil {
 		d.dropMark(id)
 		lv.stopping = true
@@ -586,7 +585,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 		return api.Resume{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	step("append")
-	failpoint("resume.appended")
+	d.reach("resume.appended")
 	r.live, r.park = lv, nil
 	d.watch(id, r, lv)
 	d.metrics.resumed(time.Since(start), uj, prov)
@@ -698,7 +697,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 		defer lv.transcript.gate.Unlock()
 	}
 	if lv != nil {
-		_, err = d.end(ctx, lv, attest.Outcome{Kind: attest.Killed}, lv.account(), []record.Segment{closed})
+		_, err = d.endAt(ctx, lv, "close.sealed", attest.Outcome{Kind: attest.Killed}, lv.account(), []record.Segment{closed})
 	} else {
 		err = d.append(id, closed)
 	}
@@ -708,7 +707,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 		}
 		return api.Run{}, fmt.Errorf("close %s: %w", id, err)
 	}
-	failpoint("close.appended")
+	d.reach("close.appended")
 	d.dropMark(id)
 	if lv != nil {
 		lv.stopping = true

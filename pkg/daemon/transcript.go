@@ -715,13 +715,9 @@ func maps(m map[string]bool) map[string]bool {
 	return out
 }
 
-// writeFile writes b to path through a temporary file renamed over it, so
-// a reader sees the old bytes or the new, never a part. It does not wait
-// for the disk.
-func writeFile(path string, b []byte) error { return replace(path, b, false) }
-
-// writeDurable writes b to path as writeFile does, and fsyncs the file
-// before the rename and the directory after it — a result the API
+// writeDurable writes b to path through a temporary file renamed over it,
+// so a reader sees the old bytes or the new, never a part, and fsyncs the
+// file before the rename and the directory after it — a result the API
 // acknowledged survives a crash.
 func writeDurable(path string, b []byte) error { return replace(path, b, true) }
 
