@@ -86,7 +86,7 @@ func Begin(cfg Config, sb Sandbox, meter Meter, m Mark, event string) *Interval 
 	if err != nil {
 		iv.meter, iv.meterErr = nil, err
 	}
-	iv.events.Add(attest.Lifecycle, time.Now().UnixNano(), []byte(event))
+	iv.events.Entries = append(iv.events.Entries, attest.Event(time.Now().UnixNano(), event))
 	iv.discarded[0], iv.discarded[1] = sb.Omitted()
 	return iv
 }
@@ -109,7 +109,7 @@ func Reattach(cfg Config, sb Sandbox, meter Meter) *Interval {
 	if err != nil {
 		iv.meter, iv.meterErr = nil, err
 	}
-	iv.events.Add(attest.Lifecycle, time.Now().UnixNano(), []byte("reattached"))
+	iv.events.Entries = append(iv.events.Entries, attest.Event(time.Now().UnixNano(), attest.EventReattached))
 	return iv
 }
 
@@ -258,8 +258,8 @@ func (iv *Interval) putJournal(ctx context.Context, st Store, endNS int64, extra
 	if iv.sb != nil {
 		out, errs := iv.sb.Omitted()
 		if out > iv.discarded[0] || errs > iv.discarded[1] {
-			tail.Add(attest.Lifecycle, endNS, fmt.Appendf(nil, `output-discarded {"stdout_bytes":%d,"stderr_bytes":%d,"limit_bytes":%d}`,
-				out-min(out, iv.discarded[0]), errs-min(errs, iv.discarded[1]), iv.logLimit))
+			tail.Entries = append(tail.Entries, attest.LifecycleOf(endNS, attest.OutputDiscarded{
+				StdoutBytes: out - min(out, iv.discarded[0]), StderrBytes: errs - min(errs, iv.discarded[1]), LimitBytes: iv.logLimit}))
 		}
 	}
 	tail.Entries = append(tail.Entries, extra...)

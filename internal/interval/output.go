@@ -2,7 +2,6 @@ package interval
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"time"
@@ -39,7 +38,7 @@ func appendOutput(j *attest.Journal, kind attest.EntryKind, p string, off int64)
 	}
 	at := time.Now().UnixNano()
 	if omitted := st.Size() - off - JournalOutputMax; omitted > 0 {
-		j.Add(attest.Lifecycle, at, fmt.Appendf(nil, `output-omitted {"stream":%d,"from_offset":%d,"bytes":%d}`, kind, off, omitted))
+		j.Entries = append(j.Entries, attest.LifecycleOf(at, attest.OutputOmitted{Stream: kind, FromOffset: off, Bytes: omitted}))
 		off += omitted
 	}
 	if _, err := f.Seek(off, io.SeekStart); err != nil {

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"path/filepath"
 	"time"
 
@@ -116,19 +115,9 @@ func (d *Daemon) endAt(ctx context.Context, lv *live, step string, outcome attes
 	return sealed, nil
 }
 
-// lifecycle is a journal entry with a JSON detail.
-func lifecycle(event string, detail any) attest.Entry {
-	b := []byte(event)
-	if detail != nil {
-		if j, err := json.Marshal(detail); err == nil {
-			b = append(append(b, ' '), j...)
-		}
-	}
-	return attest.Entry{Kind: attest.Lifecycle, AtNS: nowNS(), Data: b}
-}
-
-func checkpointOf(s executor.CheckpointStats, ingest time.Duration) *api.Checkpoint {
-	return &api.Checkpoint{
+// checkpointOf is a park's CRIU statistics as the journal keeps them.
+func checkpointOf(s executor.CheckpointStats, ingest time.Duration) attest.Checkpointed {
+	return attest.Checkpointed{
 		TotalNS: int64(s.Total), PauseNS: int64(s.Pause), DumpNS: int64(s.Dump), DiffNS: int64(s.Diff),
 		FreezingNS: int64(s.Freezing), FrozenNS: int64(s.Frozen), MemDumpNS: int64(s.MemDump), MemWriteNS: int64(s.MemWrite),
 		Pages: s.PagesWritten, PagesScan: s.PagesScanned, ImageBytes: s.ImageBytes, RootBytes: s.RootfsBytes,
@@ -138,4 +127,17 @@ func checkpointOf(s executor.CheckpointStats, ingest time.Duration) *api.Checkpo
 
 func energyOf(rc attest.Receipt) api.Energy {
 	return api.Energy{UJ: rc.UJ, Provenance: rc.Provenance.String(), Method: rc.Method, Inputs: rc.Inputs}
+}
+
+// apiCheckpoint is the journaled statistics as the API shows them.
+func apiCheckpoint(c attest.Checkpointed) *api.Checkpoint {
+	return &api.Checkpoint{TotalNS: c.TotalNS, PauseNS: c.PauseNS, DumpNS: c.DumpNS, DiffNS: c.DiffNS,
+		FreezingNS: c.FreezingNS, FrozenNS: c.FrozenNS, MemDumpNS: c.MemDumpNS, MemWriteNS: c.MemWriteNS,
+		Pages: c.Pages, PagesScan: c.PagesScan, ImageBytes: c.ImageBytes, RootBytes: c.RootBytes, IngestNS: c.IngestNS}
+}
+
+// apiRestore is a restore's statistics as the API shows them.
+func apiRestore(r attest.Restored) *api.Restore {
+	return &api.Restore{TotalNS: r.TotalNS, MaterializeNS: r.MaterializeNS, RootfsNS: r.RootfsNS, TaskNS: r.TaskNS,
+		ForkingNS: r.ForkingNS, RestoreNS: r.RestoreNS, Pages: r.Pages}
 }

@@ -332,8 +332,9 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 			return api.Park{}, fmt.Errorf("park %s: %w", id, err)
 		}
 		snap, retained = res.Snapshot, res.Retained
-		cp = checkpointOf(res.Stats, res.Ingest)
-		extra = append(extra, lifecycle("checkpointed", cp))
+		ck := checkpointOf(res.Stats, res.Ingest)
+		cp = apiCheckpoint(ck)
+		extra = append(extra, attest.LifecycleOf(nowNS(), ck))
 		keys = manifest.ImageKeys
 	}
 	step("snapshot")
@@ -364,7 +365,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 			err = errors.Join(err, rerr)
 		}
 		if lv.iv.Ended() {
-			d.restartInterval(id, lv, "park-refused")
+			d.restartInterval(id, lv, attest.EventParkRefused)
 		}
 		return api.Park{}, fmt.Errorf("park %s: %w", id, err)
 	}
@@ -530,7 +531,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 
 	step("idle")
 	var lv *live
-	var rst *api.Restore
+	var rst *attest.Restored
 	if susp.Snapshot.IsTranscript() {
 		rs := &resumed{transcript: *susp.Snapshot.Transcript}
 		if lv, err = d.startSandbox(ctx, id, spec, grants, rs); err != nil {
@@ -569,9 +570,9 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 		inputs["floor"] = "1"
 	}
 	step("sandbox")
-	lv.iv.Journal(lifecycle("idle", map[string]any{"uj": uj, "provenance": prov.String(), "inputs": inputs, "retained_bytes": retained, "parked_ns": int64(parkedFor)}))
+	lv.iv.Journal(attest.LifecycleOf(nowNS(), attest.Idle{UJ: uj, Provenance: prov.String(), Inputs: inputs, RetainedBytes: retained, ParkedNS: int64(parkedFor)}))
 	if rst != nil {
-		lv.iv.Journal(lifecycle("restored", rst))
+		lv.iv.Journal(attest.LifecycleOf(nowNS(), *rst))
 	}
 	// Saved before the append: a daemon restarted after it attests the
 	// interval from its start. (A crash before the append leaves a mark
@@ -599,11 +600,11 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	}
 	d.log.Info("run resumed", "run", id, "idle_uj", uj, "provenance", prov, "took", time.Since(start))
 	return api.Resume{Run: sum, Idle: api.Energy{UJ: uj, Provenance: prov.String(), Method: "idle-draw", Inputs: inputs},
-		ParkedNS: int64(parkedFor), Restore: rst, DurationNS: int64(time.Since(start)), Steps: steps}, nil
+		ParkedNS: int64(parkedFor), Restore: restoreOf(rst), DurationNS: int64(time.Since(start)), Steps: steps}, nil
 }
 
 // restore restores an image park's sandbox.
-func (d *Daemon) restore(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, snap record.Snapshot, deadline time.Duration) (*live, *api.Restore, error) {
+func (d *Daemon) restore(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, snap record.Snapshot, deadline time.Duration) (*live, *attest.Restored, error) {
 	t0 := time.Now()
 	dir := filepath.Join(d.cfg.StateDir, "restore", id)
 	if err := os.RemoveAll(dir); err != nil {
@@ -624,8 +625,8 @@ func (d *Daemon) restore(ctx context.Context, id string, spec unit.Spec, grants 
 	if err != nil {
 		return nil, nil, fmt.Errorf("resume %s: %w", id, err)
 	}
-	lv := d.begin(id, sb, spec, grants, "restored", m)
-	return lv, &api.Restore{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
+	lv := d.begin(id, sb, spec, grants, attest.EventRestored, m)
+	return lv, &attest.Restored{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
 		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored}, nil
 }
 
@@ -703,7 +704,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	}
 	if err != nil {
 		if lv != nil && lv.iv.Ended() {
-			d.restartInterval(id, lv, "close-refused")
+			d.restartInterval(id, lv, attest.EventCloseRefused)
 		}
 		return api.Run{}, fmt.Errorf("close %s: %w", id, err)
 	}
@@ -969,4 +970,11 @@ func runOf(sid string) string {
 		return sid[:loc[0]]
 	}
 	return sid
+}
+
+func restoreOf(r *attest.Restored) *api.Restore {
+	if r == nil {
+		return nil
+	}
+	return apiRestore(*r)
 }

@@ -1,9 +1,7 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"time"
@@ -135,18 +133,11 @@ func outcomeString(o attest.Outcome) string {
 
 // checkpointIn finds the checkpoint statistics a park journaled.
 func checkpointIn(j *attest.Journal) *api.Checkpoint {
-	for _, e := range j.Entries {
-		if e.Kind != attest.Lifecycle {
-			continue
-		}
-		if rest, ok := bytes.CutPrefix(e.Data, []byte("checkpointed ")); ok {
-			var cp api.Checkpoint
-			if json.Unmarshal(rest, &cp) == nil {
-				return &cp
-			}
-		}
+	var c attest.Checkpointed
+	if !j.Find(&c) {
+		return nil
 	}
-	return nil
+	return apiCheckpoint(c)
 }
 
 func waitProof(v record.Verdict) api.WaitProof {

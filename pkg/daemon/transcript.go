@@ -938,7 +938,7 @@ func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) err
 	// No account (nil): the channel that kept it died with the daemon.
 	// The channel's spool is not read either: lv.transcript is nil here.
 	if _, err := d.end(ctx, lv, outcome, nil, []record.Segment{susp},
-		lifecycle("recovered", map[string]string{"reason": "the daemon serving the unit's channel stopped; the interval's call account was lost with it"})); err != nil {
+		attest.LifecycleOf(nowNS(), attest.Recovered{Reason: "the daemon serving the unit's channel stopped; the interval's call account was lost with it"})); err != nil {
 		return err
 	}
 	lv.stopping = true
