@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/runrecordd/runrecordd/internal/interval"
 	"io"
 	"math"
 	"net"
@@ -18,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/runrecordd/runrecordd/internal/interval"
 
 	"golang.org/x/sys/unix"
 

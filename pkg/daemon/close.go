@@ -1,0 +1,70 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// Close closes a run, in any phase: a running unit's interval is recorded
+// (outcome killed) with the Closed segment, and then its sandbox destroyed.
+func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) {
+	if reason == "" {
+		reason = "closed by request"
+	}
+	r, err := d.lockRun(id)
+	if err != nil {
+		return api.Run{}, err
+	}
+	defer r.mu.Unlock()
+	st, err := d.st.Run(id)
+	if err != nil {
+		return api.Run{}, err
+	}
+	if st.Phase == record.Ended {
+		return api.Run{}, fmt.Errorf("run %s: %w", id, record.ErrClosed)
+	}
+	if err := d.notHandedOff(id); err != nil {
+		return api.Run{}, err
+	}
+	closed := record.Closure(reason)
+	lv := r.live
+	if lv != nil && lv.transcript != nil {
+		// As a park does: nothing reaches the account between its
+		// sealing and the close.
+		lv.transcript.gate.Lock()
+		defer lv.transcript.gate.Unlock()
+	}
+	if lv != nil {
+		_, err = d.endAt(ctx, lv, "close.sealed", attest.Outcome{Kind: attest.Killed}, lv.account(), []record.Segment{closed})
+	} else {
+		err = d.append(id, closed)
+	}
+	if err != nil {
+		if lv != nil && lv.iv.Ended() {
+			d.restartInterval(id, lv, attest.EventCloseRefused)
+		}
+		return api.Run{}, fmt.Errorf("close %s: %w", id, err)
+	}
+	d.reach("close.appended")
+	d.dropMark(id)
+	if lv != nil {
+		lv.stopping = true
+		d.destroy(lv)
+	}
+	if r.teardown != nil {
+		<-r.teardown
+	}
+	// Whatever else of the run this host still has goes too: the sandbox
+	// of a run that was lost (its unit may be alive), or one a park left.
+	d.removeSandboxes(ctx, id)
+	r.live, r.park = nil, nil
+	os.RemoveAll(d.resultsDir(id))
+	d.log.Info("run closed", "run", id, "reason", reason)
+	d.publish(api.Event{Kind: "run.closed", Run: id, Detail: reason})
+	return d.summary(id, r)
+}
