@@ -181,54 +181,18 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 			d.Shutdown(context.Background())
 		}
 	}()
-	key, err := attest.LoadOrCreateKey(filepath.Join(dir, "host.key"))
-	if err != nil {
-		return nil, fmt.Errorf("daemon: host key: %w", err)
+	if err := d.openState(); err != nil {
+		return nil, err
 	}
-	if d.signer, err = interval.NewSigner(key, filepath.Join(dir, "audit-head")); err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
+	if err := d.connect(ctx); err != nil {
+		return nil, err
 	}
-	d.keyID = d.signer.KeyID()
-	if d.st, err = store.Open(filepath.Join(dir, "store")); err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
-	}
-	var ecfg executor.Config
-	if cfg.ContainerdAddress == "" {
-		if d.ctrd, err = executor.StartContainerd(ctx, filepath.Join(dir, "containerd"), d.log); err != nil {
-			return nil, fmt.Errorf("daemon: embedded containerd: %w", err)
-		}
-		ecfg = d.ctrd.Config()
-	} else {
-		ecfg = executor.Config{Address: cfg.ContainerdAddress, StateDir: filepath.Join(dir, "executor")}
-	}
-	ecfg.Namespace, ecfg.Logger = cfg.Namespace, d.log
-	// No grant may mount the state directory (keys, store, records), nor
-	// a system containerd's root (every unit's root filesystem, when the
-	// daemon uses an external containerd: docs/trust.md).
-	ecfg.Protected = []string{dir, "/var/lib/containerd"}
-	ec, err := executor.Connect(ctx, ecfg)
-	if err != nil {
-		return nil, fmt.Errorf("daemon: %w", err)
-	}
-	d.ex = execRole{ec}
 	if d.meter, err = idle.NewMeter(cfg.Meter); err != nil {
 		return nil, fmt.Errorf("daemon: meter: %w", err)
 	}
-	v, err := d.ex.Versions(ctx)
+	criuErr, err := d.readHostFacts(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("daemon: runtime versions: %w", err)
-	}
-	if v.CRIUErr != nil {
-		// No image parks here (the probe says so), but transcript runs.
-		v.CRIU = "unavailable"
-	}
-	d.host, err = manifest.Host(cfg.CPUInfo, manifest.Manifest{
-		manifest.CRIUVersion:       v.CRIU,
-		manifest.RuncVersion:       v.Runc,
-		manifest.ContainerdVersion: v.Containerd,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("daemon: host facts: %w", err)
+		return nil, err
 	}
 	bg, stop := context.WithCancel(context.Background())
 	d.stop, d.bgCtx = stop, bg
@@ -240,10 +204,77 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("daemon: reconcile: %w", err)
 	}
-	d.startProbe(v.CRIUErr)
+	d.startProbe(criuErr)
 	d.startGC()
 	ok = true
 	return d, nil
+}
+
+// openState opens what the state directory keeps: the host key and its
+// audit chain, and the store.
+func (d *Daemon) openState() error {
+	dir := d.cfg.StateDir
+	key, err := attest.LoadOrCreateKey(filepath.Join(dir, "host.key"))
+	if err != nil {
+		return fmt.Errorf("daemon: host key: %w", err)
+	}
+	if d.signer, err = interval.NewSigner(key, filepath.Join(dir, "audit-head")); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	d.keyID = d.signer.KeyID()
+	if d.st, err = store.Open(filepath.Join(dir, "store")); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	return nil
+}
+
+// connect starts the embedded containerd (without an address) and
+// connects the executor to it.
+func (d *Daemon) connect(ctx context.Context) error {
+	dir := d.cfg.StateDir
+	var ecfg executor.Config
+	if d.cfg.ContainerdAddress == "" {
+		var err error
+		if d.ctrd, err = executor.StartContainerd(ctx, filepath.Join(dir, "containerd"), d.log); err != nil {
+			return fmt.Errorf("daemon: embedded containerd: %w", err)
+		}
+		ecfg = d.ctrd.Config()
+	} else {
+		ecfg = executor.Config{Address: d.cfg.ContainerdAddress, StateDir: filepath.Join(dir, "executor")}
+	}
+	ecfg.Namespace, ecfg.Logger = d.cfg.Namespace, d.log
+	// No grant may mount the state directory (keys, store, records), nor
+	// a system containerd's root (every unit's root filesystem, when the
+	// daemon uses an external containerd: docs/trust.md).
+	ecfg.Protected = []string{dir, "/var/lib/containerd"}
+	ec, err := executor.Connect(ctx, ecfg)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	d.ex = execRole{ec}
+	return nil
+}
+
+// readHostFacts reads the host's own facts and runtime versions for its
+// environment manifests. It returns why CRIU did not answer, if it did
+// not: no image parks here, but transcript runs.
+func (d *Daemon) readHostFacts(ctx context.Context) (criuErr error, err error) {
+	v, err := d.ex.Versions(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: runtime versions: %w", err)
+	}
+	if v.CRIUErr != nil {
+		v.CRIU = "unavailable"
+	}
+	d.host, err = manifest.Host(d.cfg.CPUInfo, manifest.Manifest{
+		manifest.CRIUVersion:       v.CRIU,
+		manifest.RuncVersion:       v.Runc,
+		manifest.ContainerdVersion: v.Containerd,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("daemon: host facts: %w", err)
+	}
+	return v.CRIUErr, nil
 }
 
 // Shutdown stops the daemon's own work. Sandboxes keep running (a restarted
