@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/interval"
+	"github.com/runrecordd/runrecordd/internal/metrics"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/executor"
@@ -127,7 +128,7 @@ type Daemon struct {
 	recordedMu sync.Mutex
 	recorded   map[string]*recordedCalls
 
-	metrics metrics
+	metrics metrics.Metrics
 	events  events
 	probe   *imageParks
 

@@ -34,8 +34,8 @@ func (w *stallThenFail) Write(p []byte) (int, error) {
 func TestFailedExportKeepsAnotherExportsHandoff(t *testing.T) {
 	h := mustMetricsHost(t, "")
 	h.d.runs = map[string]*run{}
-	h.start(t, "r")
-	h.park(t, "r", h.transcriptPark(t, 4096))
+	h.Start(t, "r")
+	h.Park(t, "r", h.TranscriptPark(t, 4096))
 	w1 := &stallThenFail{n: 1, stalled: make(chan struct{}), fail: make(chan struct{})}
 	done := make(chan error)
 	go func() { done <- h.d.Export(t.Context(), "r", w1, true) }()
@@ -54,8 +54,8 @@ func TestFailedExportKeepsAnotherExportsHandoff(t *testing.T) {
 	// Alone, a failed export takes its handoff back.
 	g := mustMetricsHost(t, "")
 	g.d.runs = map[string]*run{}
-	g.start(t, "s")
-	g.park(t, "s", g.transcriptPark(t, 4096))
+	g.Start(t, "s")
+	g.Park(t, "s", g.TranscriptPark(t, 4096))
 	w := &stallThenFail{n: 1, stalled: make(chan struct{}), fail: make(chan struct{})}
 	close(w.fail)
 	if err := g.d.Export(t.Context(), "s", w, true); err == nil {
@@ -72,10 +72,10 @@ func TestFailedExportKeepsAnotherExportsHandoff(t *testing.T) {
 func TestCallsOfHandedOffRunNotListed(t *testing.T) {
 	h := mustMetricsHost(t, "")
 	h.d.runs = map[string]*run{}
-	h.start(t, "r")
-	att := h.put(t, []byte("attestation"))
-	h.append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"pay-1"}}),
-		record.Suspension(h.transcriptPark(t, 16), h.put(t, []byte("manifest"))))
+	h.Start(t, "r")
+	att := h.Put(t, []byte("attestation"))
+	h.Append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"pay-1"}}),
+		record.Suspension(h.TranscriptPark(t, 16), h.Put(t, []byte("manifest"))))
 	calls, err := h.d.Calls(t.Context())
 	if err != nil || len(calls) != 1 || calls[0].ID != "pay-1" {
 		t.Fatalf("calls before the handoff: %+v, %v", calls, err)
@@ -95,10 +95,10 @@ func TestExportRefusedWithResultsHeld(t *testing.T) {
 	h := mustMetricsHost(t, "")
 	h.d.runs = map[string]*run{}
 	h.d.cfg.StateDir = t.TempDir()
-	h.start(t, "r")
-	att := h.put(t, []byte("attestation"))
-	h.append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"c1", "c2"}}),
-		record.Suspension(h.transcriptPark(t, 16), h.put(t, []byte("manifest"))))
+	h.Start(t, "r")
+	att := h.Put(t, []byte("attestation"))
+	h.Append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"c1", "c2"}}),
+		record.Suspension(h.TranscriptPark(t, 16), h.Put(t, []byte("manifest"))))
 	if err := h.d.Exportable("r"); err != nil {
 		t.Fatalf("no result posted: %v", err)
 	}

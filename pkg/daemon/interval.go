@@ -111,7 +111,7 @@ func (d *Daemon) endAt(ctx context.Context, lv *live, step string, outcome attes
 	if err != nil {
 		return interval.Sealed{}, err
 	}
-	d.metrics.receipt(sealed.Receipt)
+	d.metrics.Receipt(sealed.Receipt)
 	return sealed, nil
 }
 

@@ -60,7 +60,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 	}
 	d.reach("park.appended")
 	d.tearDownParked(r, lv)
-	d.metrics.parked(clock.total())
+	d.metrics.Parked(clock.total())
 	sum, err := d.summary(id, r)
 	if err != nil {
 		return api.Park{}, err

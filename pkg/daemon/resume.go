@@ -66,7 +66,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	d.reach("resume.appended")
 	r.live, r.park = lv, nil
 	d.watch(id, r, lv)
-	d.metrics.resumed(clock.total(), owed.UJ, prov)
+	d.metrics.Resumed(clock.total(), owed.UJ, prov)
 	sum, err := d.summary(id, r)
 	if err != nil {
 		return api.Resume{}, err

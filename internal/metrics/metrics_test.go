@@ -1,14 +1,11 @@
-package daemon
+package metrics
 
 import (
-	"bytes"
 	"fmt"
-	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -18,177 +15,37 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"github.com/rogpeppe/go-internal/txtar"
 
+	"github.com/runrecordd/runrecordd/internal/testhost"
 	"github.com/runrecordd/runrecordd/pkg/idle"
+	"github.com/runrecordd/runrecordd/pkg/park"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
-// metricsHost is a daemon with only what /metrics reads — a real store and
-// a real meter over a host tree from pkg/idle/testdata — and the tree's
-// root, where the test rewrites counters.
+// metricsHost is a store and a meter (internal/testhost) and the metrics
+// counted over them.
 type metricsHost struct {
-	d    *Daemon
-	root string
+	*testhost.Host
+	m *Metrics
+	t *testing.T
 }
 
-// mustMetricsHost opens a store in a temporary directory and a meter on
-// pkg/idle's host tree with the RAPL case raplCase (no RAPL at all when
-// empty) and coefficients c (the defaults when zero). Its cleanup checks
-// that every record verifies from genesis.
 func mustMetricsHost(t *testing.T, raplCase string, c ...idle.Coefficients) metricsHost {
 	t.Helper()
-	root := t.TempDir()
-	extractTree(t, filepath.Join("..", "idle", "testdata", "host.txtar"), root)
-	if raplCase != "" {
-		extractTree(t, filepath.Join("..", "idle", "testdata", "rapl", raplCase+".txtar"), root)
-	} else if err := os.MkdirAll(filepath.Join(root, "sys"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg := idle.Config{
-		SysfsRoot:  filepath.Join(root, "sys"),
-		ProcfsRoot: filepath.Join(root, "proc"),
-		CgroupRoot: filepath.Join(root, "cgroup-v2"),
-		Cgroup:     idle.CgroupV2,
-	}
-	if len(c) > 0 {
-		cfg.Coefficients = c[0]
-	}
-	m, err := idle.NewMeter(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(filepath.Join(root, "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ids, err := st.AllRuns()
-		if err != nil {
-			t.Error(err)
-		}
-		for _, id := range ids {
-			if _, err := st.Record(id); err != nil {
-				t.Errorf("run %s does not verify: %v", id, err)
-			}
-		}
-		if err := st.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	log := slog.New(slog.NewTextHandler(testLog{t}, nil))
-	return metricsHost{d: &Daemon{log: log, st: st, meter: m}, root: root}
+	return metricsHost{Host: testhost.New(t, raplCase, c...), m: &Metrics{}, t: t}
 }
 
-// testLog writes a daemon's log lines to the test's log.
-type testLog struct{ t *testing.T }
+// source is the daemon's Source over the test host's store and meter.
+type source struct{ *testhost.Host }
 
-func (w testLog) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
+func (s source) Runs(p record.Phase) ([]string, error)        { return s.Store.Runs(p) }
+func (s source) Run(id string) (store.Run, error)             { return s.Store.Run(id) }
+func (s source) Retained(snap record.Snapshot) (int64, error) { return park.Retained(s.Store, snap) }
+func (s source) Coefficients() idle.Coefficients              { return s.Meter.Coefficients() }
+func (s source) Snapshot() idle.Snapshot                      { return s.Meter.Snapshot() }
 
-func extractTree(t *testing.T, archive, root string) {
-	t.Helper()
-	a, err := txtar.ParseFile(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range a.Files {
-		p := filepath.Join(root, filepath.FromSlash(f.Name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, f.Data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// rewrite replaces a file in the host tree as sysfs and procfs do: whole.
-func (h metricsHost) rewrite(t *testing.T, name, content string) {
-	t.Helper()
-	p := filepath.Join(h.root, filepath.FromSlash(name))
-	if err := os.WriteFile(p+".tmp", []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (h metricsHost) put(t *testing.T, b []byte) record.Address {
-	t.Helper()
-	a, err := h.d.st.PutBytes(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
-}
-
-func (h metricsHost) append(t *testing.T, id string, segs ...record.Segment) {
-	t.Helper()
-	head, err := h.d.st.Head(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.d.st.AppendAll(id, head, segs...); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// start creates run id, executing.
-func (h metricsHost) start(t *testing.T, id string) {
-	t.Helper()
-	if _, err := h.d.st.Create(id, h.put(t, []byte("unit "+id)), h.put(t, []byte("grants "+id))); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// park appends an interval and its park to run id, as a park does.
-func (h metricsHost) park(t *testing.T, id string, snap record.Snapshot) {
-	t.Helper()
-	att := h.put(t, []byte("attestation of "+id+"'s interval "+time.Now().String()))
-	h.append(t, id, record.Execution(att, nil), record.Suspension(snap, h.put(t, []byte("manifest "+id))))
-}
-
-// transcriptPark stores size bytes as a transcript and returns its
-// snapshot; it retains exactly size bytes.
-func (h metricsHost) transcriptPark(t *testing.T, size int) record.Snapshot {
-	t.Helper()
-	return record.TranscriptSnapshot(h.put(t, bytes.Repeat([]byte{'t'}, size)))
-}
-
-// dirObject ingests files (name → size) as a directory object and returns
-// its address and the bytes it retains: the files and the listing.
-func (h metricsHost) dirObject(t *testing.T, files map[string]int) (record.Address, int64) {
-	t.Helper()
-	dir, err := h.d.st.StagingDir("metrics-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for name, size := range files {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, bytes.Repeat([]byte(name[:1]), size), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		n += int64(size)
-	}
-	a, _, err := h.d.st.Ingest(t.Context(), dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	listing, err := h.d.st.ReadAll(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a, n + int64(len(listing))
-}
+func (h metricsHost) handler() http.Handler { return h.m.Handler(source{h.Host}, testhost.Log(h.t)) }
 
 // scrape GETs srv's /metrics and parses it.
 func scrape(t *testing.T, srv *httptest.Server) map[string]*dto.MetricFamily {
@@ -289,10 +146,10 @@ func wantRetained(t *testing.T, fams map[string]*dto.MetricFamily, retained int6
 // and the idle draw that costs, as parks begin and end.
 func TestMetricsRunsAndIdleDraw(t *testing.T) {
 	h := mustMetricsHost(t, "")
-	if c := h.d.meter.Coefficients(); c.StorageWattsPerTB != idle.SSDWattsPerTB || idle.SSDWattsPerTB != 1.2 {
+	if c := h.Meter.Coefficients(); c.StorageWattsPerTB != idle.SSDWattsPerTB || idle.SSDWattsPerTB != 1.2 {
 		t.Fatalf("storage coefficient %v, the test expects the 1.2 W/TB default", c.StorageWattsPerTB)
 	}
-	srv := httptest.NewServer(h.d.Metrics())
+	srv := httptest.NewServer(h.handler())
 	defer srv.Close()
 
 	fams := scrape(t, srv)
@@ -303,12 +160,12 @@ func TestMetricsRunsAndIdleDraw(t *testing.T) {
 	wantValue(t, fams, 0, metricReceipts, "provenance", "measured")
 	wantValue(t, fams, 0, metricReceipts, "provenance", "estimated")
 
-	h.start(t, "exec-1")
-	h.start(t, "closed-1")
-	h.append(t, "closed-1", record.Closure("done"))
-	h.start(t, "tpark")
-	tsnap := h.transcriptPark(t, 64<<10)
-	h.park(t, "tpark", tsnap)
+	h.Start(t, "exec-1")
+	h.Start(t, "closed-1")
+	h.Append(t, "closed-1", record.Closure("done"))
+	h.Start(t, "tpark")
+	tsnap := h.TranscriptPark(t, 64<<10)
+	h.Park(t, "tpark", tsnap)
 
 	fams = scrape(t, srv)
 	wantPhases(t, fams, 1, 1, 1)
@@ -317,11 +174,11 @@ func TestMetricsRunsAndIdleDraw(t *testing.T) {
 	wantValue(t, fams, 7.86432e-08, metricIdleDraw, "provenance", "estimated")
 
 	// An image park: a root holding rootfs.tar and a CRIU image directory.
-	h.start(t, "ipark")
-	rootAddr, rootBytes := h.dirObject(t, map[string]int{"rootfs.tar": 10240})
-	memAddr, memBytes := h.dirObject(t, map[string]int{"pages-1.img": 1 << 20, "core-1.img": 1234, "mm-1.img": 987})
+	h.Start(t, "ipark")
+	rootAddr, rootBytes := h.DirObject(t, map[string]int{"rootfs.tar": 10240})
+	memAddr, memBytes := h.DirObject(t, map[string]int{"pages-1.img": 1 << 20, "core-1.img": 1234, "mm-1.img": 987})
 	isnap := record.ImageSnapshot(rootAddr, &memAddr)
-	h.park(t, "ipark", isnap)
+	h.Park(t, "ipark", isnap)
 	image := rootBytes + memBytes
 	if image <= 10240+(1<<20)+1234+987 {
 		t.Fatalf("image park retains %d bytes: its listings count too", image)
@@ -332,13 +189,13 @@ func TestMetricsRunsAndIdleDraw(t *testing.T) {
 	wantRetained(t, fams, 65536+image)
 
 	// The transcript park resumes: it retains nothing any more.
-	h.append(t, "tpark", record.Resumption(tsnap, 5, record.Estimated))
+	h.Append(t, "tpark", record.Resumption(tsnap, 5, record.Estimated))
 	fams = scrape(t, srv)
 	wantPhases(t, fams, 2, 1, 1)
 	wantRetained(t, fams, image)
 
 	// The image park is abandoned, closed while parked.
-	h.append(t, "ipark", record.Closure("abandoned"))
+	h.Append(t, "ipark", record.Closure("abandoned"))
 	fams = scrape(t, srv)
 	wantPhases(t, fams, 2, 0, 2)
 	wantValue(t, fams, 0, metricRetained)
@@ -351,17 +208,17 @@ func TestMetricsRunsAndIdleDraw(t *testing.T) {
 func TestMetricsIdleDrawCoefficients(t *testing.T) {
 	h := mustMetricsHost(t, "", idle.Coefficients{CPUWatts: idle.DefaultCPUWatts,
 		StorageWattsPerTB: idle.HDDWattsPerTB, DRAMWattsPerGB: idle.DefaultDRAMWattsPerGB})
-	h.start(t, "p")
-	h.park(t, "p", h.transcriptPark(t, 1000))
-	srv := httptest.NewServer(h.d.Metrics())
+	h.Start(t, "p")
+	h.Park(t, "p", h.TranscriptPark(t, 1000))
+	srv := httptest.NewServer(h.handler())
 	defer srv.Close()
 	// 1000 B × 0.65 W / 10¹² B.
 	wantValue(t, scrape(t, srv), 6.5e-10, metricIdleDraw, "provenance", "estimated")
 
 	// A second run parks the same transcript: the store keeps it once, but
 	// each park is charged for it, and so it counts twice.
-	h.start(t, "q")
-	h.park(t, "q", h.transcriptPark(t, 1000))
+	h.Start(t, "q")
+	h.Park(t, "q", h.TranscriptPark(t, 1000))
 	fams := scrape(t, srv)
 	wantValue(t, fams, 2000, metricRetained)
 	wantValue(t, fams, 1.3e-09, metricIdleDraw, "provenance", "estimated")
@@ -393,13 +250,13 @@ func TestDrawWatts(t *testing.T) {
 // out (and the error counted and logged); everything else is served.
 func TestMetricsUnreadablePark(t *testing.T) {
 	h := mustMetricsHost(t, "")
-	h.start(t, "p")
-	snap := h.transcriptPark(t, 100)
-	h.park(t, "p", snap)
-	if err := os.Remove(h.d.st.Path(*snap.Transcript)); err != nil {
+	h.Start(t, "p")
+	snap := h.TranscriptPark(t, 100)
+	h.Park(t, "p", snap)
+	if err := os.Remove(h.Store.Path(*snap.Transcript)); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h.d.Metrics())
+	srv := httptest.NewServer(h.handler())
 	defer srv.Close()
 	for i := range 2 {
 		fams := scrape(t, srv)
@@ -426,9 +283,9 @@ func TestMetricsEnergy(t *testing.T) {
 		core    = "sys/class/powercap/intel-rapl:0:0/energy_uj"
 	)
 	// Hooks before the handler exists: the zero metrics must take them.
-	h.d.metrics.parked(1500 * time.Millisecond)
+	h.m.Parked(1500 * time.Millisecond)
 
-	srv := httptest.NewServer(h.d.Metrics())
+	srv := httptest.NewServer(h.handler())
 	defer srv.Close()
 	fams := scrape(t, srv)
 	wantValue(t, fams, 1, metricRAPL)
@@ -440,14 +297,14 @@ func TestMetricsEnergy(t *testing.T) {
 
 	// Measured: the package zone (not its core subzone) moves 1 J while
 	// the sandbox uses 2 s of the host's 4 s of busy CPU time: 0.5 J.
-	iv, err := h.d.meter.Begin(unitA)
+	iv, err := h.Meter.Begin(unitA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.rewrite(t, energy, "6000000")
-	h.rewrite(t, core, "2700000")
-	h.rewrite(t, cpuStat, "usage_usec 3000000\nuser_usec 3000000\nsystem_usec 0\n")
-	h.rewrite(t, "proc/stat", "cpu  32382 0 8090 974995 591 0 91 29 0 0\ncpu0 16976 0 3834 487409 90 0 18 13 0 0\nbtime 1764000000\n")
+	h.Rewrite(t, energy, "6000000")
+	h.Rewrite(t, core, "2700000")
+	h.Rewrite(t, cpuStat, "usage_usec 3000000\nuser_usec 3000000\nsystem_usec 0\n")
+	h.Rewrite(t, "proc/stat", "cpu  32382 0 8090 974995 591 0 91 29 0 0\ncpu0 16976 0 3834 487409 90 0 18 13 0 0\nbtime 1764000000\n")
 	rc, err := iv.End()
 	if err != nil {
 		t.Fatal(err)
@@ -455,16 +312,16 @@ func TestMetricsEnergy(t *testing.T) {
 	if rc.Provenance != record.Measured || rc.UJ != 500000 {
 		t.Fatalf("first receipt: %d µJ %s (%v), want 500000 measured", rc.UJ, rc.Provenance, rc.Inputs)
 	}
-	h.d.metrics.receipt(rc)
+	h.m.Receipt(rc)
 
 	// Estimated: the counter does not parse at the interval's end; 1 s of
 	// CPU × 4.24 W.
-	iv, err = h.d.meter.Begin(unitA)
+	iv, err = h.Meter.Begin(unitA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.rewrite(t, energy, "garbage")
-	h.rewrite(t, cpuStat, "usage_usec 4000000\nuser_usec 4000000\nsystem_usec 0\n")
+	h.Rewrite(t, energy, "garbage")
+	h.Rewrite(t, cpuStat, "usage_usec 4000000\nuser_usec 4000000\nsystem_usec 0\n")
 	rc2, err := iv.End()
 	if err != nil {
 		t.Fatal(err)
@@ -472,7 +329,7 @@ func TestMetricsEnergy(t *testing.T) {
 	if rc2.Provenance != record.Estimated || rc2.UJ != 4240000 {
 		t.Fatalf("second receipt: %d µJ %s (%v), want 4240000 estimated", rc2.UJ, rc2.Provenance, rc2.Inputs)
 	}
-	h.d.metrics.receipt(rc2)
+	h.m.Receipt(rc2)
 
 	fams = scrape(t, srv)
 	wantValue(t, fams, 0, metricRAPL) // the zone did not read at the last sample
@@ -482,12 +339,12 @@ func TestMetricsEnergy(t *testing.T) {
 	wantValue(t, fams, 4.24, metricEnergy, "kind", "active", "provenance", "estimated")
 
 	// The zone reads again.
-	h.rewrite(t, energy, "7000000")
-	h.d.meter.Sample()
+	h.Rewrite(t, energy, "7000000")
+	h.Meter.Sample()
 
-	h.d.metrics.parked(62500 * time.Microsecond)
-	h.d.metrics.resumed(200*time.Millisecond, 47564, record.Estimated)
-	h.d.metrics.resumed(45*time.Second, 392000, record.Measured)
+	h.m.Parked(62500 * time.Microsecond)
+	h.m.Resumed(200*time.Millisecond, 47564, record.Estimated)
+	h.m.Resumed(45*time.Second, 392000, record.Measured)
 
 	fams = scrape(t, srv)
 	wantValue(t, fams, 1, metricRAPL)
@@ -530,11 +387,11 @@ func wantHistogram(t *testing.T, fams map[string]*dto.MetricFamily, name string,
 // TestMetricsLint runs promlint over a scrape of the daemon's own metrics.
 func TestMetricsLint(t *testing.T) {
 	h := mustMetricsHost(t, "package-only")
-	h.start(t, "p")
-	h.park(t, "p", h.transcriptPark(t, 10))
-	h.d.metrics.parked(time.Second)
-	h.d.metrics.resumed(time.Second, 1, record.Estimated)
-	fams, err := h.d.registry().Gather()
+	h.Start(t, "p")
+	h.Park(t, "p", h.TranscriptPark(t, 10))
+	h.m.Parked(time.Second)
+	h.m.Resumed(time.Second, 1, record.Estimated)
+	fams, err := h.m.Registry(source{h.Host}).Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -560,7 +417,7 @@ func TestMetricsLint(t *testing.T) {
 // (for the race detector), then checks the counts add up.
 func TestMetricsConcurrent(t *testing.T) {
 	h := mustMetricsHost(t, "")
-	srv := httptest.NewServer(h.d.Metrics())
+	srv := httptest.NewServer(h.handler())
 	defer srv.Close()
 	const n = 50
 	var wg sync.WaitGroup
@@ -576,16 +433,16 @@ func TestMetricsConcurrent(t *testing.T) {
 	}
 	wg.Go(func() {
 		for i := range n {
-			h.d.metrics.parked(time.Millisecond)
-			h.d.metrics.resumed(time.Millisecond, uint64(i), record.Estimated)
+			h.m.Parked(time.Millisecond)
+			h.m.Resumed(time.Millisecond, uint64(i), record.Estimated)
 		}
 	})
 	for i := range 10 { // runs park and resume meanwhile
 		id := fmt.Sprintf("r%d", i)
-		h.start(t, id)
-		snap := h.transcriptPark(t, 1000+i)
-		h.park(t, id, snap)
-		h.append(t, id, record.Resumption(snap, 1, record.Estimated))
+		h.Start(t, id)
+		snap := h.TranscriptPark(t, 1000+i)
+		h.Park(t, id, snap)
+		h.Append(t, id, record.Resumption(snap, 1, record.Estimated))
 	}
 	wg.Wait()
 	fams := scrape(t, srv)
