@@ -36,6 +36,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/metrics"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -129,7 +130,7 @@ type Daemon struct {
 	recorded   map[string]*recordedCalls
 
 	metrics metrics.Metrics
-	events  events
+	events  events.Hub
 	probe   *imageParks
 
 	// seam, set by unit tests only, runs at each step an operation

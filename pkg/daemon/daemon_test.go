@@ -57,29 +57,6 @@ func TestLockRunUnknown(t *testing.T) {
 	}
 }
 
-// TestStopEvents ends every stream, and any opened afterwards.
-func TestStopEvents(t *testing.T) {
-	d := &Daemon{}
-	a, doneA := d.Subscribe()
-	defer doneA()
-	d.publish(eventFor("x"))
-	if e := <-a; e.Run != "x" {
-		t.Fatalf("got %+v", e)
-	}
-	d.StopEvents()
-	if _, ok := <-a; ok {
-		t.Fatal("a stream outlived StopEvents")
-	}
-	b, doneB := d.Subscribe()
-	defer doneB()
-	if _, ok := <-b; ok {
-		t.Fatal("a stream opened after StopEvents is open")
-	}
-	d.publish(eventFor("y")) // no panic on closed streams
-}
-
-func eventFor(run string) api.Event { return api.Event{Kind: "run.started", Run: run} }
-
 // The errors of a CRIU deadline and of a host without image parks have
 // codes of their own, also when wrapped as the daemon wraps them.
 func TestErrorOfCRIU(t *testing.T) {
