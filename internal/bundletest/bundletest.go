@@ -1,7 +1,9 @@
 // Package bundletest forges bundles (docs/bundle.md) for tests: a parked
-// transcript run of one interval signed by a key of the test's, written as
-// a tar by hand so that a test can add what no honest exporter writes —
-// sparse members, members the record does not reach, sizes that lie.
+// transcript run of one interval signed by a key of the test's ([Run.Forge]),
+// one interval on ([Bundle.Extend]), written as a tar by hand so that a test
+// can add what no honest exporter writes — sparse members, members the
+// record does not reach, sizes that lie. [Pinned] fills a store with the
+// runs whose exported bundles pkg/bundle pins.
 package bundletest
 
 import (
@@ -145,6 +147,52 @@ func (r Run) Forge(id string) (*Bundle, error) {
 	}
 	b.Record = rec
 	return b, nil
+}
+
+// Extend returns a bundle of b's parked run one interval on, as the host
+// that resumed it would export it: b's objects, and its record followed
+// by Resumed (from the park), Executed (an interval signed by key at its
+// place, its outcome the park that follows) and Suspended (transcript,
+// under the last park's manifest). b is left as it was.
+func (b *Bundle) Extend(key ed25519.PrivateKey, transcript []byte) (*Bundle, error) {
+	rec, err := record.DecodeWire(b.Record.EncodeWire())
+	if err != nil {
+		return nil, err
+	}
+	if rec.Phase() != record.Parked {
+		return nil, fmt.Errorf("bundletest: extend a %s run", rec.Phase())
+	}
+	out := &Bundle{Run: b.Run, Objects: append([]Object(nil), b.Objects...)}
+	park := rec.Segment(rec.Len() - 1)
+	var interval uint64
+	for i := range rec.Len() {
+		if rec.Segment(i).Kind == record.Executed {
+			interval++
+		}
+	}
+	if _, err := rec.Append(record.Resumption(park.Snapshot, 1, record.Estimated)); err != nil {
+		return nil, err
+	}
+	rc, err := (&attest.Receipt{Provenance: record.Estimated, Method: "forged", WindowNS: 1}).Canonical()
+	if err != nil {
+		return nil, err
+	}
+	var j attest.Journal
+	susp := record.Suspension(record.TranscriptSnapshot(out.Add(transcript)), park.Manifest)
+	c, _ := susp.Canonical()
+	body := &attest.Body{Genesis: rec.Genesis(), Interval: interval + 1, PrevHead: rec.Head(), StartNS: 3, EndNS: 4,
+		Receipt: out.Add(rc), Journal: out.Add(j.Encode()), Outcome: attest.Outcome{Kind: attest.Parked, Suspends: record.Sum(c)}}
+	sig, err := attest.Sign(body, key)
+	if err != nil {
+		return nil, err
+	}
+	for _, seg := range []record.Segment{record.Execution(out.Add(sig.Encode()), nil), susp} {
+		if _, err := rec.Append(seg); err != nil {
+			return nil, err
+		}
+	}
+	out.Record = rec
+	return out, nil
 }
 
 // Tar writes the bundle: bundle.json (declaring its objects, then changed

@@ -1,20 +1,3 @@
-// Package bundle reads a run's bundle (docs/bundle.md) into a store's
-// staging area and judges it, before anything is adopted: a bundle is
-// hostile input to a root daemon.
-//
-// [Stage] streams the tar once. Each member is refused before it is read
-// unless it is a plain regular file within the limits ([Limits]) and the
-// sizes bundle.json declared; its bytes are hashed as they are written, and
-// reading stops at its declared size. Then the record is checked: it
-// verifies from genesis and is parked; every attestation verifies, is
-// signed by a trusted key and stands at its place (attest.CheckRecord);
-// every manifest names the keys its park form requires; the grant set
-// passes the host's [Policy]; every object the record reaches is a member
-// (a bundle is whole: what the importing store holds does not count), every
-// member is one the record reaches, each comes after the members it refers
-// to, and every listing's sizes are its files'. [Staged.Adopt] then moves
-// the staged files into the store. A refused bundle costs at most its
-// declared size in staging, removed by [Staged.Close].
 package bundle
 
 import (
@@ -139,7 +122,7 @@ func (s *Staged) Close() error {
 
 // Adopt moves the staged objects into st, each after its refs (the
 // bundle's order, which [Stage] checked).
-func (s *Staged) Adopt(ctx context.Context, st *store.Store) error {
+func (s *Staged) Adopt(ctx context.Context, st Staging) error {
 	for _, a := range s.order {
 		if _, err := st.Adopt(ctx, s.staged[a], s.refs[a]...); err != nil {
 			return err
@@ -207,7 +190,7 @@ func readJSON(tr *tar.Reader, name string, max int64) ([]byte, error) {
 
 // Stage reads a bundle from r into a staging directory of st and judges
 // it (the package doc lists the checks). On error nothing is left staged.
-func Stage(ctx context.Context, st *store.Store, r io.Reader, opt Options) (_ *Staged, err error) {
+func Stage(ctx context.Context, st Staging, r io.Reader, opt Options) (_ *Staged, err error) {
 	lim := opt.Limits.Or(DefaultLimits)
 	raw := &counter{r: r}
 	tr := tar.NewReader(raw)

@@ -71,6 +71,8 @@ func objects(t testing.TB, dir string) (n int, bytes int64) {
 	return n, bytes
 }
 
+// mustStore opens a store in a temporary directory, checked
+// (store.Check) when the test ends.
 func mustStore(t testing.TB) (*store.Store, string) {
 	t.Helper()
 	dir := t.TempDir()
@@ -78,7 +80,14 @@ func mustStore(t testing.TB) (*store.Store, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.Close() })
+	t.Cleanup(func() {
+		// Whatever a test imported or refused, every record verifies
+		// from genesis and every object it reaches is whole.
+		if _, err := st.Check(context.Background()); err != nil {
+			t.Errorf("cleanup check: %v", err)
+		}
+		st.Close()
+	})
 	return st, dir
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -183,7 +184,7 @@ func (d *Daemon) Verify(ctx context.Context, id string) (api.Verify, error) {
 	}
 	// A closed run whose image snapshots retention released verifies
 	// without them: its record and evidence are all it keeps.
-	objs, err := d.objectsOf(rec, !d.released(id))
+	objs, err := bundle.Reached(d.st, rec, !d.released(id))
 	if err != nil {
 		out.Error = ErrorOf(err)
 		return out, nil
