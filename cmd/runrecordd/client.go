@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/atomicfile"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -448,33 +449,10 @@ func cmdExport(args []string, stdout io.Writer) error {
 		if *file == "-" {
 			return export(cx, id, stdout)
 		}
-		// Write beside the target and rename, so a failed export leaves
-		// no half bundle under the name.
-		tmp, err := os.CreateTemp(dirOf(*file), ".export-*")
-		if err != nil {
-			return err
-		}
-		defer os.Remove(tmp.Name())
-		if err := export(cx, id, tmp); err != nil {
-			tmp.Close()
-			return err
-		}
-		if err := tmp.Sync(); err != nil {
-			tmp.Close()
-			return err
-		}
-		if err := tmp.Close(); err != nil {
-			return err
-		}
-		return os.Rename(tmp.Name(), *file)
+		// Whole and durable, so a failed export leaves no half bundle
+		// under the name, and a finished one survives a crash.
+		return atomicfile.Write(*file, 0o600, func(f *os.File) error { return export(cx, id, f) })
 	})
-}
-
-func dirOf(p string) string {
-	if i := strings.LastIndexByte(p, '/'); i >= 0 {
-		return p[:i+1]
-	}
-	return "."
 }
 
 func cmdImport(args []string, stdout io.Writer) error {

@@ -40,6 +40,8 @@ import (
 	digest "github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/runrecordd/runrecordd/internal/atomicfile"
 )
 
 // Epoch is the modification time of every entry the package writes.
@@ -223,46 +225,19 @@ func Write(w io.Writer, img Image) (Digests, error) {
 	}, nil
 }
 
-// WriteFile writes img as an OCI archive at path, durably: a temporary file
-// beside it is fsynced and renamed over path, then the directory is fsynced,
-// so a crash leaves either the old archive or the whole new one.
+// WriteFile writes img as an OCI archive at path, durably, mode 0644
+// ([atomicfile.Write]): a crash leaves either the old archive or the whole
+// new one.
 func WriteFile(path string, img Image) (Digests, error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, ".ociarchive-*")
-	if err != nil {
-		return Digests{}, fmt.Errorf("ociarchive: %w", err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after the rename
-	d, err := Write(f, img)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	var d Digests
+	err := atomicfile.Write(path, 0o644, func(f *os.File) (err error) {
+		d, err = Write(f, img)
+		return err
+	})
 	if err != nil {
 		return Digests{}, fmt.Errorf("ociarchive: write %s: %w", path, err)
 	}
-	if err := os.Chmod(tmp, 0o644); err != nil {
-		return Digests{}, fmt.Errorf("ociarchive: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return Digests{}, fmt.Errorf("ociarchive: %w", err)
-	}
-	if err := syncDir(dir); err != nil {
-		return Digests{}, fmt.Errorf("ociarchive: %w", err)
-	}
 	return d, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // refName is the tag of a reference ("latest" when it has none), the form

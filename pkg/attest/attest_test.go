@@ -5,9 +5,11 @@ import (
 	"crypto/ed25519"
 	"encoding/hex"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -189,5 +191,39 @@ func TestHostKey(t *testing.T) {
 	os.WriteFile(p, []byte("short"), 0o600)
 	if _, err := LoadOrCreateKey(p); err == nil {
 		t.Fatal("short key accepted")
+	}
+	// A dangling link is neither followed nor replaced, and is an error,
+	// not a loop of creating and finding the name taken.
+	dangling := filepath.Join(t.TempDir(), "host.key")
+	if err := os.Symlink(dangling+".gone", dangling); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreateKey(dangling); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("dangling link: %v", err)
+	}
+	if _, err := os.Lstat(dangling + ".gone"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal("a key created through a dangling link")
+	}
+}
+
+// Of hosts creating one key at once, all get the same key.
+func TestHostKeyRace(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "host.key")
+	keys := make([]ed25519.PrivateKey, 8)
+	var wg sync.WaitGroup
+	for i := range keys {
+		wg.Go(func() {
+			k, err := LoadOrCreateKey(p)
+			if err != nil {
+				t.Error(err)
+			}
+			keys[i] = k
+		})
+	}
+	wg.Wait()
+	for _, k := range keys[1:] {
+		if !k.Equal(keys[0]) {
+			t.Fatal("two keys created")
+		}
 	}
 }

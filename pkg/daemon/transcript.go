@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/runrecordd/runrecordd/internal/atomicfile"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/manifest"
@@ -723,36 +724,14 @@ func maps(m map[string]bool) map[string]bool {
 func writeDurable(path string, b []byte) error { return replace(path, b, true) }
 
 func replace(path string, b []byte, durable bool) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
+	write := func(f *os.File) error {
+		_, err := f.Write(b)
 		return err
 	}
 	if durable {
-		if err := tmp.Sync(); err != nil {
-			tmp.Close()
-			return err
-		}
+		return atomicfile.Write(path, 0o600, write)
 	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	if !durable {
-		return nil
-	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	return dir.Sync()
+	return atomicfile.WriteNoSync(path, 0o600, write)
 }
 
 // Calls lists the outward calls of every run that is not closed and has

@@ -27,6 +27,8 @@ import (
 	digest "github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/runrecordd/runrecordd/internal/atomicfile"
 )
 
 // Checkpoint says where a checkpoint goes, or comes from.
@@ -315,34 +317,19 @@ func writeFileDurably(path string, r io.Reader) (int64, error) {
 // rename, so that path is never seen half-written; with durable, the file
 // is fsynced before the rename and the directory after.
 func writeFileWhole(path string, r io.Reader, durable bool) (int64, error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
-	if err != nil {
+	var n int64
+	write := func(f *os.File) (err error) {
+		n, err = io.Copy(f, r)
+		return err
+	}
+	put := atomicfile.WriteNoSync
+	if durable {
+		put = atomicfile.Write
+	}
+	if err := put(path, 0o600, write); err != nil {
 		return 0, err
 	}
-	defer os.Remove(f.Name()) // no-op after the rename
-	n, err := io.Copy(f, r)
-	if err == nil && durable {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return 0, err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return 0, err
-	}
-	if !durable {
-		return n, nil
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return 0, err
-	}
-	defer d.Close()
-	return n, d.Sync()
+	return n, nil
 }
 
 // dumpStats reads CRIU's stats-dump, which it writes into its work

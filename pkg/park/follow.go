@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/runrecordd/runrecordd/internal/treehash"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/store"
 )
@@ -20,9 +21,9 @@ import (
 // Following. CRIU writes a memory image as one large pages file, and
 // hashing it after the dump was a third of a park. A follower hashes the
 // image files while CRIU writes them, each on one goroutine (a
-// serialHasher), so that CRIU keeps a core, and starts their writeback as
-// it goes, so that what is left when the dump returns is the tail of the
-// hashing and of the writeback.
+// [treehash.Serial]), so that CRIU keeps a core, and starts their
+// writeback as it goes, so that what is left when the dump returns is the
+// tail of the hashing and of the writeback.
 //
 // It relies on the producer writing each file once, from its start to its
 // end, as CRIU writes its images. Of any other write it sees what it can:
@@ -44,7 +45,7 @@ const (
 	// reading again.
 	followPoll = time.Millisecond
 	// followBuf is the size of each read: few system calls, and a
-	// multiple of the hasher's group.
+	// multiple of the hasher's group (treehash.Group).
 	followBuf = 1 << 20
 	// writebackStep is how many bytes a follower lets accumulate before
 	// it starts their writeback.
@@ -159,7 +160,7 @@ func (fl *follower) track(ff *followed) error {
 	if err != nil {
 		return err
 	}
-	h := new(serialHasher) // on this goroutine only: CRIU has the other core
+	h := new(treehash.Serial) // on this goroutine only: CRIU has the other core
 	buf := make([]byte, followBuf)
 	var (
 		off, queued int64 // bytes hashed; bytes handed to writeback

@@ -16,7 +16,7 @@ import (
 )
 
 // mustStore opens a store on t.TempDir, closed when the test ends.
-func mustStore(t *testing.T) *store.Store {
+func mustStore(t testing.TB) *store.Store {
 	t.Helper()
 	st, err := store.Open(t.TempDir())
 	if err != nil {
@@ -167,7 +167,7 @@ func TestFollow(t *testing.T) {
 }
 
 // plainIngest ingests files, written at once, without following them.
-func plainIngest(t *testing.T, st *store.Store, files map[string][]byte) record.Address {
+func plainIngest(t testing.TB, st *store.Store, files map[string][]byte) record.Address {
 	t.Helper()
 	dir, err := st.StagingDir("plain")
 	if err != nil {

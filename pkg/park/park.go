@@ -2,7 +2,10 @@
 // image park (a CRIU checkpoint of the task plus its rw layer, each
 // ingested as a directory object) and the transcript park (the unit's
 // transcript file as one object), and, for a resume, the snapshot actually
-// offered by the bytes on disk and the trees a restore reads.
+// offered by the bytes on disk and the trees a restore reads. It composes
+// store calls ([store.Store.IngestHashed], [store.Store.RehashDir],
+// [store.Store.Materialize]) and never reads or links the store's files
+// itself.
 //
 // # Order
 //
@@ -39,8 +42,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
-	"sync"
 	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/executor"
@@ -176,132 +177,33 @@ func Retained(st *store.Store, snap record.Snapshot) (int64, error) {
 }
 
 // Offered returns the snapshot that the bytes stored for recorded hash to
-// now: each object is rehashed from disk, and a directory object's address
-// is recomputed from a listing rebuilt over its files' current hashes. An
-// intact snapshot is offered as itself; a flipped byte anywhere makes a
-// different snapshot, which the first resume precondition refuses. A file
-// that is missing altogether is an error wrapping store.ErrMissingObject.
+// now ([store.Store.Rehash], [store.Store.RehashDir]): each object is
+// rehashed from disk, and a directory object's address is recomputed from
+// a listing rebuilt over its files' current hashes. An intact snapshot is
+// offered as itself; a flipped byte anywhere makes a different snapshot,
+// which the first resume precondition refuses. A file that is missing
+// altogether is an error wrapping store.ErrMissingObject.
 func Offered(ctx context.Context, st *store.Store, recorded record.Snapshot) (record.Snapshot, error) {
 	if recorded.IsTranscript() {
-		a, err := hashFile(ctx, st.Path(*recorded.Transcript))
+		a, err := st.Rehash(ctx, *recorded.Transcript)
 		if err != nil {
-			return record.Snapshot{}, missing(*recorded.Transcript, err)
+			return record.Snapshot{}, fmt.Errorf("park: %w", err)
 		}
 		return record.TranscriptSnapshot(a), nil
 	}
-	root, err := offeredDir(ctx, st, *recorded.Root)
+	root, err := st.RehashDir(ctx, *recorded.Root)
 	if err != nil {
-		return record.Snapshot{}, err
+		return record.Snapshot{}, fmt.Errorf("park: %w", err)
 	}
 	var mem *record.Address
 	if recorded.Memory != nil {
-		m, err := offeredDir(ctx, st, *recorded.Memory)
+		m, err := st.RehashDir(ctx, *recorded.Memory)
 		if err != nil {
-			return record.Snapshot{}, err
+			return record.Snapshot{}, fmt.Errorf("park: %w", err)
 		}
 		mem = &m
 	}
 	return record.ImageSnapshot(root, mem), nil
-}
-
-func missing(a record.Address, err error) error {
-	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("park: object %s: %w", a, store.ErrMissingObject)
-	}
-	return fmt.Errorf("park: object %s: %w", a, err)
-}
-
-func offeredDir(ctx context.Context, st *store.Store, dir record.Address) (record.Address, error) {
-	raw, err := os.ReadFile(st.Path(dir))
-	if err != nil {
-		return record.Address{}, missing(dir, err)
-	}
-	if record.Sum(raw) != dir {
-		return record.Sum(raw), nil // the listing itself changed
-	}
-	es, err := store.DecodeListing(raw)
-	if err != nil {
-		return record.Address{}, err
-	}
-	sums := make([]record.Address, len(es))
-	err = each(ctx, len(es), func(i int) (err error) {
-		sums[i], err = hashFile(ctx, st.Path(es[i].Address))
-		if err != nil {
-			return missing(es[i].Address, err)
-		}
-		return nil
-	})
-	if err != nil {
-		return record.Address{}, err
-	}
-	changed := false
-	for i := range es {
-		if sums[i] != es[i].Address {
-			es[i].Address, changed = sums[i], true
-		}
-	}
-	if !changed {
-		return dir, nil
-	}
-	b, err := store.EncodeListing(es)
-	if err != nil {
-		return record.Address{}, err
-	}
-	return record.Sum(b), nil
-}
-
-func hashFile(ctx context.Context, p string) (record.Address, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return record.Address{}, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return record.Address{}, err
-	}
-	// Two goroutines on the root's two subtrees: a memory image is one
-	// big file, and a resume waits for its hash.
-	return hashHalves(ctx, f, st.Size())
-}
-
-// each runs fn(0) … fn(n-1) on one worker per processor and returns the
-// first error.
-func each(ctx context.Context, n int, fn func(i int) error) error {
-	var (
-		mu   sync.Mutex
-		next int
-		err  error
-		wg   sync.WaitGroup
-	)
-	for range min(n, runtime.GOMAXPROCS(0)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				mu.Lock()
-				i := next
-				next++
-				stop := err != nil || ctx.Err() != nil
-				mu.Unlock()
-				if stop || i >= n {
-					return
-				}
-				if e := fn(i); e != nil {
-					mu.Lock()
-					if err == nil {
-						err = e
-					}
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if err == nil {
-		err = ctx.Err()
-	}
-	return err
 }
 
 // Trees are the files a restore reads, laid out from a snapshot.
@@ -312,43 +214,29 @@ type Trees struct {
 
 // Layout lays an image snapshot's trees out under dir (which must not
 // exist) by hard links to the stored objects: no bytes move. Call it only
-// after [Offered] found the snapshot intact; it does not hash again.
+// after [Offered] found the snapshot intact; it does not hash again
+// ([store.LinkRehashed]).
 func Layout(st *store.Store, snap record.Snapshot, dir string) (Trees, error) {
 	if snap.IsTranscript() || snap.Root == nil || snap.Memory == nil {
 		return Trees{}, fmt.Errorf("park: %s is not an image park with a memory image", snap)
 	}
 	t := Trees{ImageDir: filepath.Join(dir, "images"), Rootfs: filepath.Join(dir, "root", RootfsName)}
-	if err := link(st, *snap.Memory, t.ImageDir); err != nil {
-		os.RemoveAll(dir)
-		return Trees{}, err
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return Trees{}, fmt.Errorf("park: %w", err)
 	}
-	if err := link(st, *snap.Root, filepath.Dir(t.Rootfs)); err != nil {
+	// Nothing is hashed, so there is nothing to cancel.
+	ctx := context.Background()
+	if err := st.Materialize(ctx, *snap.Memory, t.ImageDir, store.LinkRehashed); err != nil {
 		os.RemoveAll(dir)
-		return Trees{}, err
+		return Trees{}, fmt.Errorf("park: %w", err)
+	}
+	if err := st.Materialize(ctx, *snap.Root, filepath.Dir(t.Rootfs), store.LinkRehashed); err != nil {
+		os.RemoveAll(dir)
+		return Trees{}, fmt.Errorf("park: %w", err)
 	}
 	if _, err := os.Stat(t.Rootfs); err != nil {
 		os.RemoveAll(dir)
 		return Trees{}, fmt.Errorf("park: root %s holds no %s: %w", *snap.Root, RootfsName, err)
 	}
 	return t, nil
-}
-
-func link(st *store.Store, dir record.Address, dst string) error {
-	es, err := st.Listing(dir)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(dst, 0o700); err != nil {
-		return err
-	}
-	for _, e := range es {
-		p := filepath.Join(dst, filepath.FromSlash(e.Name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-			return err
-		}
-		if err := os.Link(st.Path(e.Address), p); err != nil {
-			return fmt.Errorf("park: %w", err)
-		}
-	}
-	return nil
 }

@@ -90,7 +90,9 @@
 //     [Store.Raw] only decodes, for callers that verify in their own order.
 //     [Store.Open], [Store.ReadAll], [Store.Verify], [Store.Listing] and
 //     [Store.Materialize] verify object bytes, reporting a [*CorruptError]
-//     that names the address. [Store.Path] is the unverified local path.
+//     that names the address. [Store.Rehash] and [Store.RehashDir] answer
+//     what the stored bytes hash to now, without failing because they
+//     changed. [Store.Path] is the unverified local path.
 //     [Store.Adopt] hashes a staged file and renames it into place, durably
 //     as Put writes, without a second copy.
 //   - Objects a record reaches — its run's unit and grants ids when stored
@@ -106,6 +108,6 @@
 // Calls bounded by one commit (Create, Append, AppendAll, Import, PutBytes)
 // take no context: an append abandoned while its commit went through would
 // report a failure that did not happen. Calls that stream or walk an
-// unbounded amount (Put, Adopt, Ingest, Verify, VerifyDir, Materialize,
-// Check, GC) take one.
+// unbounded amount (Put, Adopt, Ingest, Verify, VerifyDir, Rehash,
+// RehashDir, Materialize, Check, GC) take one.
 package store

@@ -16,6 +16,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"lukechampine.com/blake3"
 
+	"github.com/runrecordd/runrecordd/internal/atomicfile"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -219,12 +220,14 @@ func (s *Store) commitObject(p *pending, refs []record.Address) error {
 }
 
 // seal makes p its object, durably: fsync the bytes, rename them into
-// place, fsync the directory so the name survives a crash too. Rename
-// before the data fsync could leave, after a power loss, a name over
-// missing bytes, and a present object is trusted. If the object is
-// already stored, p is left to be discarded; the stored file's directory
-// is fsynced anyway (its writer may still be between rename and fsync)
-// and its time refreshed, which protects it through a GC grace period.
+// place, fsync the directory (internal/atomicfile says why each; here, a
+// name over bytes a power loss took back would be trusted, as every
+// present object is). The rename is from objects/tmp, where the bytes
+// were written before their address was known, so this is atomicfile's
+// sequence but not its Write. If the object is already stored, p is left
+// to be discarded; the stored file's directory is fsynced anyway (its
+// writer may still be between rename and fsync) and its time refreshed,
+// which protects it through a GC grace period.
 func (s *Store) seal(p *pending) error {
 	tmp, a := p.f, p.addr
 	dst := s.Path(a)
@@ -256,12 +259,7 @@ func (s *Store) seal(p *pending) error {
 }
 
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("store: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
+	if err := atomicfile.SyncDir(dir); err != nil {
 		return fmt.Errorf("store: fsync %s: %w", dir, err)
 	}
 	return nil

@@ -1,4 +1,4 @@
-package park
+package treehash
 
 import (
 	"bytes"
@@ -14,10 +14,10 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// serialSum hashes b with a serialHasher, in writes of the sizes next
+// serialSum hashes b with a Serial, in writes of the sizes next
 // gives.
 func serialSum(b []byte, next func(rest int) int) record.Address {
-	var h serialHasher
+	var h Serial
 	for len(b) > 0 {
 		k := min(len(b), max(1, next(len(b))))
 		h.Write(b[:k])
@@ -30,7 +30,7 @@ func serialSum(b []byte, next func(rest int) int) record.Address {
 // lengths around each boundary the tree has: a chunk, a group, a group
 // and a chunk, and powers of two beyond.
 func TestSerialHasherVectors(t *testing.T) {
-	input := make([]byte, 1<<20+group+3)
+	input := make([]byte, 1<<20+Group+3)
 	for i := range input {
 		input[i] = byte(i % 251)
 	}
@@ -51,7 +51,7 @@ func TestSerialHasherVectors(t *testing.T) {
 		}
 	}
 	// Past the vectors' lengths, against record.Sum (blake3.Sum256).
-	for _, n := range []int{group - 1, group, group + 1, group + 1024, 2 * group, 2*group + 1, 31 * group, 1 << 20, len(input)} {
+	for _, n := range []int{Group - 1, Group, Group + 1, Group + 1024, 2 * Group, 2*Group + 1, 31 * Group, 1 << 20, len(input)} {
 		if got, want := serialSum(input[:n], func(int) int { return n }), record.Sum(input[:n]); got != want {
 			t.Errorf("%d bytes: %s, want %s", n, got, want)
 		}
@@ -66,7 +66,7 @@ func TestSerialHasherWrites(t *testing.T) {
 		n := r.IntN(len(data) + 1)
 		sizes := []func(int) int{
 			func(int) int { return r.IntN(70000) },
-			func(int) int { return group * (1 + r.IntN(3)) },
+			func(int) int { return Group * (1 + r.IntN(3)) },
 			func(int) int { return 1 + r.IntN(3) },
 			func(rest int) int { return rest - 1 },
 		}
@@ -78,8 +78,8 @@ func TestSerialHasherWrites(t *testing.T) {
 
 func FuzzSerialHasher(f *testing.F) {
 	f.Add([]byte{}, uint16(1))
-	f.Add(content(1, group+1), uint16(group))
-	f.Add(content(2, 3*group+5), uint16(1000))
+	f.Add(content(1, Group+1), uint16(Group))
+	f.Add(content(2, 3*Group+5), uint16(1000))
 	f.Fuzz(func(t *testing.T, b []byte, step uint16) {
 		if got, want := serialSum(b, func(int) int { return int(step) }), record.Sum(b); got != want {
 			t.Fatalf("%d bytes in writes of %d: %s, want %s", len(b), step, got, want)
@@ -87,13 +87,13 @@ func FuzzSerialHasher(f *testing.F) {
 	})
 }
 
-// The hasher beside blake3.Hasher, in the follower's 1 MiB writes; with
+// The hasher beside blake3.Hasher, in 1 MiB writes (the park follower's); with
 // -cpu 1,2 it shows that blake3.Hasher takes the second core for its
 // speed, and the serial one does not need it.
 func BenchmarkSerialHasher(b *testing.B) {
-	buf := content(3, followBuf)
+	buf := content(3, 1<<20)
 	b.Run("serial", func(b *testing.B) {
-		var h serialHasher
+		var h Serial
 		b.SetBytes(int64(len(buf)))
 		for b.Loop() {
 			h.Write(buf)
@@ -120,7 +120,7 @@ func TestHashHalves(t *testing.T) {
 	sizes := []int{0, 1, 1023, 1024, 1025, 2048, 2049, 4096, 8191, 8192, 8193,
 		16 << 10, 16<<10 + 1, 64<<10 - 1, 1 << 20, 1<<20 + 1, 1<<20 + 1024, 2<<20 - 7, 3 << 20, len(data)}
 	for _, n := range sizes {
-		got, err := hashHalves(context.Background(), bytes.NewReader(data[:n]), int64(n))
+		got, err := Halves(context.Background(), bytes.NewReader(data[:n]), int64(n))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,7 +131,7 @@ func TestHashHalves(t *testing.T) {
 }
 
 // BenchmarkHashFile hashes a 256 MiB file as a resume's first precondition
-// does: the two subtrees on two goroutines, against blake3.Hasher.
+// does (store.Rehash): the two subtrees on two goroutines, against blake3.Hasher.
 func BenchmarkHashFile(b *testing.B) {
 	p := b.TempDir() + "/big"
 	data := make([]byte, 256<<20)
@@ -144,9 +144,14 @@ func BenchmarkHashFile(b *testing.B) {
 	b.Run("halves", func(b *testing.B) {
 		b.SetBytes(int64(len(data)))
 		for b.Loop() {
-			if _, err := hashFile(context.Background(), p); err != nil {
+			f, err := os.Open(p)
+			if err != nil {
 				b.Fatal(err)
 			}
+			if _, err := Halves(context.Background(), f, int64(len(data))); err != nil {
+				b.Fatal(err)
+			}
+			f.Close()
 		}
 	})
 	b.Run("blake3.Hasher", func(b *testing.B) {
@@ -157,11 +162,22 @@ func BenchmarkHashFile(b *testing.B) {
 				b.Fatal(err)
 			}
 			h := blake3.New(32, nil)
-			if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
+			// Hide f's WriteTo, which would copy through 32 KiB.
+			if _, err := io.CopyBuffer(h, struct{ io.Reader }{f}, make([]byte, 1<<20)); err != nil {
 				b.Fatal(err)
 			}
 			f.Close()
 			h.Sum(nil)
 		}
 	})
+}
+
+// content returns n pseudo-random bytes from seed.
+func content(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, seed))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
 }

@@ -1,0 +1,96 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/runrecordd/runrecordd/internal/treehash"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// Rehash returns the address that the bytes stored for object a hash to
+// now: a itself while they are intact, another address once any byte
+// changed. Unlike [Store.Verify] it does not fail because the bytes
+// changed: it answers what the bytes on disk offer, for a caller that
+// compares that with what a record names and reports a difference its own
+// way (a resume's first precondition). A missing object is an error
+// wrapping [ErrMissingObject].
+//
+// A file is hashed as the two subtrees under the BLAKE3 root, on two
+// goroutines (internal/treehash): a memory image is one large file, and a
+// resume waits for its hash.
+func (s *Store) Rehash(ctx context.Context, a record.Address) (record.Address, error) {
+	f, err := os.Open(s.Path(a))
+	if err != nil {
+		return record.Address{}, notFound(a, err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return record.Address{}, fmt.Errorf("object %s: %w", a, err)
+	}
+	got, err := treehash.Halves(ctx, f, info.Size())
+	if err != nil {
+		return record.Address{}, fmt.Errorf("object %s: %w", a, err)
+	}
+	return got, nil
+}
+
+// RehashDir is [Store.Rehash] for a directory object: it returns the
+// address of the listing that dir's stored bytes offer now, dir itself
+// while the listing and every file it names are intact. If the listing's
+// own bytes changed, the address they hash to is returned (they need not
+// decode). Otherwise every file is rehashed, one worker per processor as
+// [Store.Ingest] hashes, and the listing is rebuilt with each file's
+// address as its bytes hash now (names, modes and sizes as listed): one
+// changed byte in any file gives a different address. A missing listing
+// or file is an error wrapping [ErrMissingObject], naming the file.
+func (s *Store) RehashDir(ctx context.Context, dir record.Address) (record.Address, error) {
+	got, err := s.Rehash(ctx, dir)
+	if err != nil || got != dir {
+		return got, err
+	}
+	es, err := s.Listing(dir)
+	var ce *CorruptError
+	if errors.As(err, &ce) {
+		// Rewritten since it was rehashed: what it offers now.
+		return ce.Got, nil
+	}
+	if err != nil {
+		return record.Address{}, err
+	}
+	sums := make([]record.Address, len(es))
+	err = parallel(ctx, len(es), func(i int) (err error) {
+		sums[i], err = s.Rehash(ctx, es[i].Address)
+		if err != nil {
+			return fmt.Errorf("directory %s, file %s: %w", dir, es[i].Name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return record.Address{}, err
+	}
+	changed := false
+	for i := range es {
+		if sums[i] != es[i].Address {
+			es[i].Address, changed = sums[i], true
+		}
+	}
+	if !changed {
+		return dir, nil
+	}
+	b, err := EncodeListing(es)
+	if err != nil {
+		return record.Address{}, fmt.Errorf("directory %s: %w", dir, err)
+	}
+	return record.Sum(b), nil
+}
+
+// LinkRehashed lays files out as [LinkFiles] does, as hard links to the
+// stored objects, but without hashing them again: only for a directory
+// object that [Store.RehashDir] has just found intact (it returned the
+// directory's own address), so that a resume reads each byte once. The
+// listing itself is still read verified.
+const LinkRehashed Layout = CopyFiles + 1
