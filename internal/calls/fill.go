@@ -23,7 +23,8 @@ import (
 // bundle imported, or one extending the run — or before the ledger
 // existed), and, for a parked run whose last interval's await the ledger
 // does not know, that await (an await entry of none: the interval awaited
-// nothing, and every outstanding call is awaited). It reads only the
+// nothing, and every outstanding call is awaited; a run with no call
+// awaiting a result needs none). It reads only the
 // journals of the intervals concerned, each as a stream verified against
 // its address. A run whose ledger is complete costs one ledger read.
 func Fill(st Store, run string) error {
@@ -33,8 +34,10 @@ func Fill(st Store, run string) error {
 	}
 	need := map[uint64]map[string]bool{} // interval → calls without an object
 	known := map[string]bool{}
+	waiting := false // a call awaits a result: an await matters
 	for _, c := range l.Calls {
 		known[c.ID] = true
+		waiting = waiting || c.State != store.CallResolved
 		if c.State != store.CallResolved && !c.Open && c.Payload.IsZero() {
 			if need[c.Interval] == nil {
 				need[c.Interval] = map[string]bool{}
@@ -47,7 +50,7 @@ func Fill(st Store, run string) error {
 		return err
 	}
 	var awaitIn uint64
-	if r.Phase == record.Parked && !l.AwaitKnown && l.Intervals > 0 {
+	if r.Phase == record.Parked && !l.AwaitKnown && l.Intervals > 0 && waiting {
 		awaitIn = l.Intervals
 	}
 	if len(need) == 0 && awaitIn == 0 {

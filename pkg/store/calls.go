@@ -8,21 +8,8 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// The call ledger (schema version 6) is the one home of a run's outward
-// calls on this host: per call the interval that dispatched it, its kind,
-// the object holding its dispatch, its state, the object holding its
-// posted result, and whether the run's await names it. It follows the
-// record in the record's own transactions — every append, import and
-// extension folds the Executed segments' accounts in (see
-// [runLedger.executed]) and a Closed segment removes the run's ledger —
-// so the calls the ledger has on the record are exactly the calls the
-// record's accounts dispatched, resolved as they say. Between two
-// segments the daemon writes what only it knows: the calls dispatched in
-// the open interval ([Store.Dispatched]), results posted ([Store.Post])
-// and delivered ([Store.Resolve]), the await ([Store.Await]), and what it
-// reads back from the journals of records written elsewhere
-// ([Store.Annotate]). [Store.Check] verifies the ledger against the
-// records; [Store.GC] keeps every object the ledger names.
+// The call ledger (schema version 6): the API. The package doc says what
+// it holds and how it follows the record; docs/store.md gives its bytes.
 
 // maxKindLen bounds a call's kind, as the unit protocol does.
 const maxKindLen = record.MaxCallIDLen
