@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -30,17 +29,8 @@ func (d *Daemon) Exportable(id string) error {
 	// Results posted here for calls the run still awaits stay here: a
 	// bundle does not carry them, and the host importing it would show
 	// those calls as unanswered.
-	if raw, err := d.st.Raw(id); err == nil {
-		var held []string
-		for call := range callsOf(raw.Segments).outstanding {
-			if _, ok := d.posted(id, call); ok {
-				held = append(held, call)
-			}
-		}
-		if len(held) > 0 {
-			slices.Sort(held)
-			return fmt.Errorf("export %s: %w: results are posted here for %s, which the run still awaits with others; post the rest (the run resumes here), or close it", id, ErrResultsHeld, strings.Join(held, ", "))
-		}
+	if held, err := d.resultsHeld(id); err == nil && len(held) > 0 {
+		return fmt.Errorf("export %s: %w: results are posted here for %s, which the run still awaits with others; post the rest (the run resumes here), or close it", id, ErrResultsHeld, strings.Join(held, ", "))
 	}
 	return nil
 }
@@ -127,6 +117,7 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 	if err != nil {
 		return api.Import{}, err
 	}
+	d.fillCalls(im.Run)
 	sum, err := d.summary(im.Run, rl)
 	if err != nil {
 		return api.Import{}, err

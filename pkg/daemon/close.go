@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"os"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -63,7 +62,6 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	// of a run that was lost (its unit may be alive), or one a park left.
 	d.removeSandboxes(ctx, id)
 	r.live, r.park = nil, nil
-	os.RemoveAll(d.resultsDir(id))
 	d.log.Info("run closed", "run", id, "reason", reason)
 	d.publish(api.Event{Kind: "run.closed", Run: id, Detail: reason})
 	return d.summary(id, r)

@@ -11,6 +11,7 @@
 //	  host.key          the host's ed25519 key (pkg/attest)
 //	  audit-head        the host's last attestation: the next one's audit_prev
 //	  runs/<id>/        a run's unit output on this host (stdout, stderr)
+//	  ch/<id>/, spool/<id>  a transcript run's channel and journal spool (internal/calls)
 //	  restore/<id>/     trees a restore reads, linked from the store, removed after
 //
 // # Ordering
@@ -36,6 +37,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/metrics"
@@ -63,8 +65,8 @@ var (
 	// ErrBusy is a run another operation holds.
 	ErrBusy = errors.New("another operation on the run is in progress")
 	// ErrCall is a call result the run cannot take (unknown call, already
-	// resolved).
-	ErrCall = errors.New("call refused")
+	// resolved, already posted): the calls room's refusal.
+	ErrCall = calls.ErrRefused
 )
 
 // Config configures a Daemon.
@@ -123,11 +125,6 @@ type Daemon struct {
 
 	mu   sync.Mutex
 	runs map[string]*run
-
-	// recorded caches each open run's outstanding calls as its record
-	// has them (transcript.go, recordedCalls).
-	recordedMu sync.Mutex
-	recorded   map[string]*recordedCalls
 
 	metrics metrics.Metrics
 	events  events.Hub
@@ -227,6 +224,7 @@ func (d *Daemon) openState() error {
 	if d.st, err = store.Open(filepath.Join(dir, "store")); err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
+	d.upgradeCalls()
 	return nil
 }
 

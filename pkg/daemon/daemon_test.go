@@ -1,8 +1,6 @@
 package daemon
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -11,33 +9,9 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/executor"
-	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/store"
-	"github.com/runrecordd/runrecordd/pkg/unit"
 )
-
-// TestDispatchLimit holds an interval's dispatches to what one account can
-// record: the call after the last one fits is refused, and the account
-// stays recordable.
-func TestDispatchLimit(t *testing.T) {
-	ch := testChannel(t, unit.Limits{})
-	ctx := context.Background()
-	for i := range record.MaxCalls {
-		if err := ch.Dispatch(ctx, protocol.Call{ID: fmt.Sprintf("c%d", i), Kind: "k"}); err != nil {
-			t.Fatalf("dispatch %d: %v", i, err)
-		}
-	}
-	err := ch.Dispatch(ctx, protocol.Call{ID: "one-more", Kind: "k"})
-	if !errors.Is(err, protocol.ErrTooManyCalls) {
-		t.Fatalf("dispatch past the limit: %v, want ErrTooManyCalls", err)
-	}
-	lv := &live{transcript: ch}
-	lv.spec.Mode = unit.TranscriptMode
-	if err := record.Execution(record.Sum([]byte("att")), lv.account()).Validate(); err != nil {
-		t.Fatalf("the account at the limit does not record: %v", err)
-	}
-}
 
 // TestLockRunUnknown: a request naming no run leaves no state behind.
 func TestLockRunUnknown(t *testing.T) {

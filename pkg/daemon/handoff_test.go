@@ -3,8 +3,6 @@ package daemon
 import (
 	"bytes"
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -102,11 +100,8 @@ func TestExportRefusedWithResultsHeld(t *testing.T) {
 	if err := h.d.Exportable("r"); err != nil {
 		t.Fatalf("no result posted: %v", err)
 	}
-	if err := os.MkdirAll(h.d.resultsDir("r"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeDurable(filepath.Join(h.d.resultsDir("r"), resultName("c1")), []byte(`"ok"`)); err != nil {
-		t.Fatal(err)
+	if pr, err := h.d.PostResult(t.Context(), "r", "c1", []byte(`"ok"`)); err != nil || pr.Resumed != nil || len(pr.Awaiting) != 1 {
+		t.Fatalf("post: %+v %v", pr, err)
 	}
 	var b bytes.Buffer
 	if err := h.d.Export(t.Context(), "r", &b, true); !errors.Is(err, ErrResultsHeld) || b.Len() != 0 {

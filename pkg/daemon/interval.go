@@ -101,7 +101,7 @@ func (d *Daemon) end(ctx context.Context, lv *live, outcome attest.Outcome, call
 // endAt is end with a failpoint armed between the sealing and the append.
 func (d *Daemon) endAt(ctx context.Context, lv *live, step string, outcome attest.Outcome, calls *record.CallAccount, then []record.Segment, extra ...attest.Entry) (interval.Sealed, error) {
 	if lv.transcript != nil {
-		lv.iv.Channel(lv.transcript.spooled)
+		lv.iv.Channel(lv.transcript.Spooled)
 	}
 	env := interval.Env{Store: d.st, Signer: d.signer}
 	if step != "" {

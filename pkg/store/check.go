@@ -25,11 +25,15 @@ type CheckStats struct {
 
 // Check is the store's fsck. It verifies, in one read transaction, that
 // every run's record verifies from genesis against the heads stored beside
-// its segments and against its state, and that the phase index lists every
-// run exactly once, under its phase. Then it rehashes every object the
+// its segments and against its state, that the phase index lists every
+// run exactly once, under its phase, and that every run's call ledger
+// agrees with its record (checkLedger: the calls on the record are
+// exactly those its accounts dispatched, resolved as they say; calls of
+// the open interval only while the run executes; none for a closed run,
+// and no ledger of a run not stored). Then it rehashes every object the
 // records reach — a run's unit and grants if stored, named by a segment,
-// or through declared refs — against its address. The first problem found
-// is the error.
+// or through declared refs — and every object a ledger names against its
+// address. The first problem found is the error.
 func (s *Store) Check(ctx context.Context) (CheckStats, error) {
 	var cs CheckStats
 	var live map[record.Address]bool
@@ -54,6 +58,9 @@ func (s *Store) Check(ctx context.Context) (CheckStats, error) {
 				return fmt.Errorf("run %s: %w: %s, but the phase index has it %s", id, ErrDamaged, r.Phase(), phaseName(p, ok))
 			}
 			delete(indexed, id)
+			if err := checkLedger(tx, id, r); err != nil {
+				return err
+			}
 			roots = s.appendRecordRefs(roots, r, tx.Bucket(bktFreed).Get(k) != nil)
 			cs.Runs++
 			cs.Segments += r.Len()
@@ -72,7 +79,13 @@ func (s *Store) Check(ctx context.Context) (CheckStats, error) {
 			ids := slices.Sorted(maps.Keys(indexed))
 			return fmt.Errorf("run %s: %w: in the phase index but not stored", ids[0], ErrDamaged)
 		}
+		if err := checkLedgerRuns(tx); err != nil {
+			return err
+		}
 		roots = appendRoots(roots, tx)
+		if roots, err = appendLedgerRoots(roots, tx); err != nil {
+			return err
+		}
 		live, err = expandRefs(tx, roots)
 		return err
 	})
@@ -174,6 +187,9 @@ func (s *Store) reachable(ctx context.Context) (map[record.Address]bool, error) 
 			return err
 		}
 		roots = appendRoots(roots, tx)
+		if roots, err = appendLedgerRoots(roots, tx); err != nil {
+			return err
+		}
 		live, err = expandRefs(tx, roots)
 		return err
 	})

@@ -15,7 +15,7 @@
 //	                      address's text without "b3:", <c> its first
 //	                      character (64 shard directories)
 //
-// # bbolt schema (version 5)
+// # bbolt schema (version 6)
 //
 //	meta/
 //	  version          → uint32, big-endian: the schema version
@@ -55,6 +55,19 @@
 //	  <address (32)>   → empty: kept whatever the records reach
 //	trust/             the host keys this daemon trusts (version 4)
 //	  <key id (32)>    → the name it was given (UTF-8, at most 256 bytes)
+//	calls/             the call ledger (version 6): one bucket per run not closed
+//	  <run id>/
+//	    run            → format 1 ‖ executed intervals on the record (8)
+//	                     ‖ the interval whose await the flags name (8; 0 none)
+//	                     ‖ entries touched in the open interval (4)
+//	    ids/
+//	      <call id>    → format 1 ‖ state (1: 1 outstanding, 2 posted,
+//	                     3 resolved) ‖ flags (1: bit 0 awaited)
+//	                     ‖ dispatched in (8) ‖ resolved in (8; 0 unless resolved)
+//	                     ‖ call object (32; zero while not known)
+//	                     ‖ result object (32; zero unless posted, or
+//	                     resolved in the open interval)
+//	                     ‖ kind length (2) ‖ kind (at most 256 bytes)
 //
 // A run's state makes [Store.Head] and [Store.Run] O(1) and lets
 // [Store.Append] judge a segment without reading the record (a parked
@@ -72,8 +85,22 @@
 // builds the phase index from the run states; 2→3 indexes runs by genesis
 // and creates the retention buckets; 3→4 creates the (empty) trust
 // bucket; 4→5 rewrites every run state in format 2, reading each run's
-// log for its last kind and idle total. A store from a newer schema is
-// refused with [ErrSchema].
+// log for its last kind and idle total; 5→6 creates the call ledger and
+// folds every open run's record into its ledger. A store from a newer
+// schema is refused with [ErrSchema].
+//
+// # The call ledger
+//
+// The ledger is the one home of a run's outward calls (calls.go): a call
+// dispatched in the open interval ([Store.Dispatched]), its result posted
+// ([Store.Post]) and delivered ([Store.Resolve]), the unit's await
+// ([Store.Await]). Every transaction that appends segments folds them into
+// the run's ledger (ledgerfold.go): an Executed segment's account confirms
+// what the open interval dispatched and delivered, or undoes what it does
+// not name (an unaccounted interval drops its calls), and a Closed
+// segment removes the ledger. So the calls the ledger has on the record
+// are always exactly those the record's accounts dispatched, resolved as
+// they say.
 //
 // # Guarantees
 //
@@ -99,6 +126,10 @@
 //     as objects, named by a segment, or through the refs an object
 //     declared when put (an attestation's receipt and journal, a
 //     directory's files) — are never collected by [Store.GC].
+//   - A run's call ledger is written in the transactions of its record:
+//     no crash leaves the two disagreeing. [Store.Check] verifies every
+//     ledger against its record, and [Store.GC] keeps the objects a ledger
+//     names (call objects, posted results) as it keeps a record's.
 //   - A damaged bbolt file or objects directory is an error wrapping
 //     [ErrDamaged], never a panic: bbolt's panics and faults on damaged
 //     pages are recovered.

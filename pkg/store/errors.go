@@ -44,6 +44,26 @@ var (
 	ErrLocked = errors.New("store in use by another process")
 	// ErrClosed: a call on a closed store.
 	ErrClosed = errors.New("store closed")
+
+	// Refusals of the call ledger (calls.go).
+
+	// ErrUnknownCall: a call the run's ledger does not hold: never
+	// dispatched, or dispatched in an interval that was not recorded.
+	ErrUnknownCall = errors.New("no such call")
+	// ErrCallExists: a dispatch of an id the run's ledger already holds.
+	ErrCallExists = errors.New("call id already dispatched")
+	// ErrCallResolved: a result for, or a delivery of, a call already
+	// resolved.
+	ErrCallResolved = errors.New("call already resolved")
+	// ErrResultPosted: a second result for a call.
+	ErrResultPosted = errors.New("a result was already posted")
+	// ErrNoResult: the delivery of a call no result was posted for.
+	ErrNoResult = errors.New("no result posted")
+	// ErrInterval: a ledger write about an interval that is not the run's
+	// open one (or, for an await filled in, its last recorded one).
+	ErrInterval = errors.New("not the run's open interval")
+	// ErrCallID: a call id or kind a record would not take.
+	ErrCallID = errors.New("malformed call id or kind")
 )
 
 // CorruptError is an object whose bytes do not hash to its address. It

@@ -24,7 +24,8 @@ type GCStats struct {
 func (g GCStats) Kept() int { return g.Live + g.Young }
 
 // GC removes every object no record reaches — as its run's stored unit or
-// grants, named by a segment, or through declared refs — except those
+// grants, named by a segment, or through declared refs — and no call
+// ledger names (a call object, a posted result), except those
 // written or put again within grace: objects are put before the segment
 // that names them, so a young unreachable object may be about to be named. It needs every record to verify, and refuses to
 // collect otherwise. While it runs, appends, imports, puts and ingests

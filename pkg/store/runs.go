@@ -53,6 +53,9 @@ func (s *Store) Create(run string, unit, grants record.Address) (record.Address,
 		if err := claimGenesis(tx, run, st.head); err != nil {
 			return err
 		}
+		if _, err := newLedger(tx, run); err != nil {
+			return err
+		}
 		if err := tx.Bucket(bktRuns).Put([]byte(run), st.encode()); err != nil {
 			return err
 		}
@@ -93,7 +96,9 @@ func (s *Store) AppendAll(run string, expectedHead record.Address, segs ...recor
 }
 
 // appendAll is AppendAll; then, when not nil, runs in the same transaction
-// after the checks and before anything is written, and may refuse.
+// after the checks and before anything is written, and may refuse. The
+// run's call ledger follows the segments in the same transaction
+// (followCalls): the record and the ledger never disagree.
 func (s *Store) appendAll(run string, expectedHead record.Address, segs []record.Segment, then func(tx *bolt.Tx) error) (record.Address, error) {
 	if len(segs) == 0 && then == nil {
 		var head record.Address
@@ -139,10 +144,8 @@ func (s *Store) appendAll(run string, expectedHead record.Address, segs []record
 				return refuse(fmt.Errorf("run %s: %w", run, err))
 			}
 		}
-		if then != nil {
-			if err := then(tx); err != nil {
-				return err
-			}
+		if err := followCalls(tx, run, segs, then); err != nil {
+			return err
 		}
 		log := tx.Bucket(bktLog)
 		next := runState{unit: st.unit, grants: st.grants, n: st.n, last: st.last}
@@ -447,6 +450,17 @@ func (s *Store) ImportAs(run string, r *record.Record, copy bool) error {
 			return refuse(fmt.Errorf("run %s: %w", run, ErrRunExists))
 		}
 		if err := claimGenesis(tx, run, r.Genesis()); err != nil {
+			return err
+		}
+		led, err := newLedger(tx, run)
+		if err != nil {
+			return err
+		}
+		segs := make([]record.Segment, r.Len())
+		for i := range segs {
+			segs[i] = r.Segment(i)
+		}
+		if _, err := led.follow(tx, segs); err != nil {
 			return err
 		}
 		log := tx.Bucket(bktLog)

@@ -25,6 +25,7 @@ var (
 	bktArrive = []byte("imported") // run id → when its record last arrived in a bundle (Unix ns)
 	bktRoots  = []byte("roots")    // address → nothing: kept whatever the records reach (the host's audit chain)
 	bktTrust  = []byte("trust")
+	bktCalls  = []byte("calls") // run id → the run's call ledger (ledger.go)
 	keyVer    = []byte("version")
 )
 
@@ -51,11 +52,12 @@ var migrations = []migration{
 	{3, "one timeline per run and retention: geneses/<head₀> → run id, built from run states; handoffs, closed (closed runs dated at the migration), pins, released, imported, roots", migrateTimelines},
 	{4, "trusted host keys: trust/<key id>, empty", migrateTrust},
 	{5, "run states of format 2: the last segment's kind and the idle-energy total, computed from each run's log", migrateStateFormat2},
+	{6, "the call ledger: calls/<run id>, folded from the accounts of every run not closed", migrateCallLedger},
 }
 
 // SchemaVersion is the version this package writes: the last migration's
 // (a test holds the two together).
-const SchemaVersion = 5
+const SchemaVersion = 6
 
 // createV1 writes the version-1 schema: meta, runs, log, refs.
 func createV1(tx *bolt.Tx) error {
