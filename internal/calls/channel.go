@@ -15,7 +15,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -309,7 +308,7 @@ func (c *Channel) add(kind attest.EntryKind, atNS int64, data []byte) error {
 	if c.spool == nil {
 		return protocol.ErrParked
 	}
-	b := interval.AppendEntry(nil, kind, atNS, data)
+	b := attest.AppendEntry(nil, kind, atNS, data)
 	if _, err := c.spool.WriteAt(b, c.spoolSize); err != nil {
 		return fmt.Errorf("spooling the journal: %w", err)
 	}

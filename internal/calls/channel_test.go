@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -140,7 +139,7 @@ func TestJournalStream(t *testing.T) {
 	pre := []attest.Entry{{Kind: attest.Lifecycle, AtNS: 1, Data: []byte("started")}}
 	tail := []attest.Entry{{Kind: attest.Stdout, AtNS: 2, Data: []byte("out")}, {Kind: attest.Lifecycle, AtNS: 3, Data: []byte("x")}}
 	n, r := ch.Spooled()
-	got, err := io.ReadAll(interval.JournalReader(len(pre)+n+len(tail), bytes.NewReader(interval.EncodeEntries(pre)), r, bytes.NewReader(interval.EncodeEntries(tail))))
+	got, err := io.ReadAll(attest.JournalReader(len(pre)+n+len(tail), bytes.NewReader(attest.EncodeEntries(pre)), r, bytes.NewReader(attest.EncodeEntries(tail))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -116,7 +115,7 @@ func park(t *testing.T, st *store.Store, run string, ch *Channel) record.Snapsho
 func attestation(t *testing.T, st *store.Store, ch *Channel) record.Address {
 	t.Helper()
 	n, r := ch.Spooled()
-	jAddr, err := st.Put(t.Context(), interval.JournalReader(n, r))
+	jAddr, err := st.Put(t.Context(), attest.JournalReader(n, r))
 	if err != nil {
 		t.Fatal(err)
 	}

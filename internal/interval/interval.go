@@ -3,7 +3,6 @@ package interval
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -264,34 +263,8 @@ func (iv *Interval) putJournal(ctx context.Context, st Store, endNS int64, extra
 	}
 	tail.Entries = append(tail.Entries, extra...)
 	n := len(iv.events.Entries) + chN + len(tail.Entries)
-	return st.Put(ctx, JournalReader(n, bytes.NewReader(EncodeEntries(iv.events.Entries)), chR,
-		bytes.NewReader(EncodeEntries(tail.Entries))))
-}
-
-// JournalReader streams a journal object of n entries: the domain, the
-// count, then parts, each a run of encoded entries, in order. It is the
-// bytes attest.Journal.Encode makes of the same entries.
-func JournalReader(n int, parts ...io.Reader) io.Reader {
-	head := binary.BigEndian.AppendUint32([]byte(attest.JournalDomain), uint32(n))
-	return io.MultiReader(append([]io.Reader{bytes.NewReader(head)}, parts...)...)
-}
-
-// EncodeEntries is entries as a journal object encodes them, without the
-// journal's domain and count (attest.Journal.Encode).
-func EncodeEntries(es []attest.Entry) []byte {
-	var out []byte
-	for _, e := range es {
-		out = AppendEntry(out, e.Kind, e.AtNS, e.Data)
-	}
-	return out
-}
-
-// AppendEntry appends one entry in a journal object's form.
-func AppendEntry(out []byte, kind attest.EntryKind, atNS int64, data []byte) []byte {
-	out = append(out, byte(kind))
-	out = binary.BigEndian.AppendUint64(out, uint64(atNS))
-	out = binary.BigEndian.AppendUint32(out, uint32(len(data)))
-	return append(out, data...)
+	return st.Put(ctx, attest.JournalReader(n, bytes.NewReader(attest.EncodeEntries(iv.events.Entries)), chR,
+		bytes.NewReader(attest.EncodeEntries(tail.Entries))))
 }
 
 // executedIntervals counts the run's Executed segments: the next

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/runrecordd/runrecordd/internal/atomicfile"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 )
 
@@ -68,35 +69,18 @@ func LoadMark(path string) (Mark, bool) {
 // DropMark removes the mark at path.
 func DropMark(path string) { os.Remove(path) }
 
-// replaceFile writes b to path through a temporary file in its directory
-// and a rename; durable fsyncs the file before the rename and the
-// directory after it.
+// replaceFile writes b whole to path (internal/atomicfile), making its
+// directory; durable syncs the file and the directory.
 func replaceFile(path string, b []byte, durable bool) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, ".tmp-*")
-	if err != nil {
+	write := func(f *os.File) error {
+		_, err := f.Write(b)
 		return err
 	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(b)
-	if err == nil && durable {
-		err = tmp.Sync()
+	if durable {
+		return atomicfile.Write(path, 0o600, write)
 	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err == nil && durable {
-		var d *os.File
-		if d, err = os.Open(dir); err == nil {
-			err = d.Sync()
-			d.Close()
-		}
-	}
-	return err
+	return atomicfile.WriteNoSync(path, 0o600, write)
 }

@@ -1,8 +1,10 @@
 package attest
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"sort"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -123,12 +125,36 @@ func (j *Journal) Encode() []byte {
 	out = append(out, JournalDomain...)
 	out = binary.BigEndian.AppendUint32(out, uint32(len(j.Entries)))
 	for _, e := range j.Entries {
-		out = append(out, byte(e.Kind))
-		out = binary.BigEndian.AppendUint64(out, uint64(e.AtNS))
-		out = binary.BigEndian.AppendUint32(out, uint32(len(e.Data)))
-		out = append(out, e.Data...)
+		out = AppendEntry(out, e.Kind, e.AtNS, e.Data)
 	}
 	return out
+}
+
+// AppendEntry appends one entry in a journal object's form: kind (1),
+// time (8), length-prefixed data.
+func AppendEntry(out []byte, kind EntryKind, atNS int64, data []byte) []byte {
+	out = append(out, byte(kind))
+	out = binary.BigEndian.AppendUint64(out, uint64(atNS))
+	out = binary.BigEndian.AppendUint32(out, uint32(len(data)))
+	return append(out, data...)
+}
+
+// EncodeEntries is entries as a journal object encodes them, without the
+// journal's domain and count.
+func EncodeEntries(es []Entry) []byte {
+	var out []byte
+	for _, e := range es {
+		out = AppendEntry(out, e.Kind, e.AtNS, e.Data)
+	}
+	return out
+}
+
+// JournalReader streams a journal object of n entries: the domain, the
+// count, then parts, each a run of encoded entries, in order — the bytes
+// Encode makes of the same entries, never all in memory.
+func JournalReader(n int, parts ...io.Reader) io.Reader {
+	head := binary.BigEndian.AppendUint32([]byte(JournalDomain), uint32(n))
+	return io.MultiReader(append([]io.Reader{bytes.NewReader(head)}, parts...)...)
 }
 
 // Root returns the journal's root.

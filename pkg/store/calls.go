@@ -155,6 +155,20 @@ func (s *Store) Outstanding() ([]RunCall, error) {
 	return out, err
 }
 
+// checkDispatches refuses a malformed id or kind ([ErrCallID]) and a call
+// object the store does not hold ([ErrMissingObject]).
+func (s *Store) checkDispatches(run string, calls []Dispatch) error {
+	for _, c := range calls {
+		if err := checkCall(c.ID, c.Kind); err != nil {
+			return fmt.Errorf("run %s: %w", run, err)
+		}
+		if err := s.haveAll([]record.Address{c.Payload}); err != nil {
+			return fmt.Errorf("run %s: call %s: %w", run, c.ID, err)
+		}
+	}
+	return nil
+}
+
 // Dispatched records calls the unit dispatched in run's open interval,
 // interval: each outstanding, in the open interval until its account is
 // recorded. It refuses, writing nothing, a run that is not executing or an
@@ -164,13 +178,8 @@ func (s *Store) Outstanding() ([]RunCall, error) {
 func (s *Store) Dispatched(run string, interval uint64, calls ...Dispatch) error {
 	s.gc.RLock()
 	defer s.gc.RUnlock()
-	for _, c := range calls {
-		if err := checkCall(c.ID, c.Kind); err != nil {
-			return fmt.Errorf("run %s: %w", run, err)
-		}
-		if err := s.haveAll([]record.Address{c.Payload}); err != nil {
-			return fmt.Errorf("run %s: call %s: %w", run, c.ID, err)
-		}
+	if err := s.checkDispatches(run, calls); err != nil {
+		return err
 	}
 	return s.commit(func(tx *bolt.Tx) error {
 		l, err := openLedger(tx, run, interval, false)
@@ -202,13 +211,8 @@ func (s *Store) Dispatched(run string, interval uint64, calls ...Dispatch) error
 func (s *Store) Annotate(run string, calls ...Dispatch) error {
 	s.gc.RLock()
 	defer s.gc.RUnlock()
-	for _, c := range calls {
-		if err := checkCall(c.ID, c.Kind); err != nil {
-			return fmt.Errorf("run %s: %w", run, err)
-		}
-		if err := s.haveAll([]record.Address{c.Payload}); err != nil {
-			return fmt.Errorf("run %s: call %s: %w", run, c.ID, err)
-		}
+	if err := s.checkDispatches(run, calls); err != nil {
+		return err
 	}
 	return s.commit(func(tx *bolt.Tx) error {
 		l, err := writableLedger(tx, run)
