@@ -30,10 +30,10 @@ import (
 	"slices"
 	"time"
 
-	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/daemon"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -134,14 +134,14 @@ func run(archive string, n int, gap time.Duration) error {
 		if err != nil {
 			return err
 		}
-		pkg := time.Duration(pg.DurationNS)
+		pkg := pg.Took
 		parkGap, resumeGap, tripGap = append(parkGap, pkg), append(resumeGap, rsg), append(tripGap, pkg+rsg)
-		pk := time.Duration(p.DurationNS)
+		pk := p.Took
 		for _, st := range append(p.Steps, prefixed("resume.", pr.Resumed.Steps)...) {
 			if _, ok := steps[st.Name]; !ok {
 				order = append(order, st.Name)
 			}
-			steps[st.Name] = append(steps[st.Name], time.Duration(st.NS))
+			steps[st.Name] = append(steps[st.Name], st.Took)
 		}
 		create, teardown, park, resume, trip = append(create, c), append(teardown, td), append(park, pk), append(resume, rs), append(trip, pk+rs)
 		fmt.Printf("%5d  %17s  %14s  %15s  %21s  %10s  | %s  %s  %s\n", i+1, ms(c), ms(td), ms(pk), ms(rs), ms(pk+rs), ms(pkg), ms(rsg), ms(pkg+rsg))
@@ -166,26 +166,26 @@ func run(archive string, n int, gap time.Duration) error {
 // transcriptRound starts a poller run, parks it once it has dispatched, and
 // after gap posts the result it awaits, which resumes it; it returns the
 // park, the post's result and the post's duration, once the run is over.
-func transcriptRound(ctx context.Context, d *daemon.Daemon, id string, gap time.Duration) (api.Park, api.PostResult, time.Duration, error) {
-	if _, err := d.Start(ctx, api.RunRequest{ID: id, Unit: unit.Spec{Image: imageName, Mode: unit.TranscriptMode}}); err != nil {
-		return api.Park{}, api.PostResult{}, 0, err
+func transcriptRound(ctx context.Context, d *daemon.Daemon, id string, gap time.Duration) (daemon.Parked, daemon.Posted, time.Duration, error) {
+	if _, err := d.Start(ctx, id, unit.Spec{Image: imageName, Mode: unit.TranscriptMode}, unit.Grants{}); err != nil {
+		return daemon.Parked{}, daemon.Posted{}, 0, err
 	}
 	if err := waitCall(ctx, d, id); err != nil {
-		return api.Park{}, api.PostResult{}, 0, err
+		return daemon.Parked{}, daemon.Posted{}, 0, err
 	}
 	p, err := d.Park(ctx, id)
 	if err != nil {
-		return api.Park{}, api.PostResult{}, 0, err
+		return daemon.Parked{}, daemon.Posted{}, 0, err
 	}
 	time.Sleep(gap)
 	t := time.Now()
 	pr, err := d.PostResult(ctx, id, "call-1", []byte(`"done"`))
 	if err != nil {
-		return api.Park{}, api.PostResult{}, 0, err
+		return daemon.Parked{}, daemon.Posted{}, 0, err
 	}
 	rs := time.Since(t)
 	if pr.Resumed == nil {
-		return api.Park{}, api.PostResult{}, 0, fmt.Errorf("run %s did not resume: %+v", id, pr)
+		return daemon.Parked{}, daemon.Posted{}, 0, fmt.Errorf("run %s did not resume: %+v", id, pr)
 	}
 	// The poller exits once it has its result, which closes the run.
 	return p, pr, rs, waitClosed(ctx, d, id)
@@ -213,7 +213,7 @@ func waitClosed(ctx context.Context, d *daemon.Daemon, id string) error {
 		if err != nil {
 			return err
 		}
-		if r.Phase == "closed" {
+		if r.Phase == record.Ended {
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -221,10 +221,10 @@ func waitClosed(ctx context.Context, d *daemon.Daemon, id string) error {
 	return fmt.Errorf("run %s did not finish", id)
 }
 
-func prefixed(p string, steps []api.Step) []api.Step {
-	out := make([]api.Step, len(steps))
+func prefixed(p string, steps []daemon.Step) []daemon.Step {
+	out := make([]daemon.Step, len(steps))
 	for i, s := range steps {
-		out[i] = api.Step{Name: p + s.Name, NS: s.NS}
+		out[i] = daemon.Step{Name: p + s.Name, Took: s.Took}
 	}
 	return out
 }

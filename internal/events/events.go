@@ -5,16 +5,25 @@ package events
 import (
 	"sync"
 	"time"
-
-	"github.com/runrecordd/runrecordd/pkg/api"
 )
+
+// Event is one transition: a run started, parked, resumed or closed, a
+// call dispatched or a result posted (pkg/api.Event lists the kinds).
+type Event struct {
+	Time     time.Time
+	Kind     string
+	Run      string
+	Call     string
+	CallKind string
+	Detail   string
+}
 
 // Hub fans transitions out to watchers. A watcher that falls behind loses
 // events rather than holding up the daemon; its channel says so by
 // receiving an event of kind "events.dropped". The zero value is ready.
 type Hub struct {
 	mu      sync.Mutex
-	subs    map[chan api.Event]bool
+	subs    map[chan Event]bool
 	stopped bool
 }
 
@@ -35,7 +44,7 @@ func (h *Hub) Stop() {
 }
 
 // Publish sends e to every watcher, stamped now if it has no time.
-func (h *Hub) Publish(e api.Event) {
+func (h *Hub) Publish(e Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now().UTC()
 	}
@@ -50,7 +59,7 @@ func (h *Hub) Publish(e api.Event) {
 			default:
 			}
 			select {
-			case ch <- api.Event{Time: e.Time, Kind: "events.dropped", Run: e.Run}:
+			case ch <- Event{Time: e.Time, Kind: "events.dropped", Run: e.Run}:
 			default:
 			}
 		}
@@ -59,8 +68,8 @@ func (h *Hub) Publish(e api.Event) {
 
 // Subscribe returns a channel of transitions from now on and a function
 // that ends the subscription.
-func (h *Hub) Subscribe() (<-chan api.Event, func()) {
-	ch := make(chan api.Event, 256)
+func (h *Hub) Subscribe() (<-chan Event, func()) {
+	ch := make(chan Event, 256)
 	h.mu.Lock()
 	if h.stopped {
 		h.mu.Unlock()
@@ -68,7 +77,7 @@ func (h *Hub) Subscribe() (<-chan api.Event, func()) {
 		return ch, func() {}
 	}
 	if h.subs == nil {
-		h.subs = map[chan api.Event]bool{}
+		h.subs = map[chan Event]bool{}
 	}
 	h.subs[ch] = true
 	h.mu.Unlock()

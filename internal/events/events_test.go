@@ -3,10 +3,9 @@ package events
 import (
 	"testing"
 
-	"github.com/runrecordd/runrecordd/pkg/api"
 )
 
-func eventFor(run string) api.Event { return api.Event{Kind: "run.started", Run: run} }
+func eventFor(run string) Event { return Event{Kind: "run.started", Run: run} }
 
 // Stop ends every stream, and any opened afterwards.
 func TestStop(t *testing.T) {
@@ -38,7 +37,7 @@ func TestSlowWatcherIsToldItDropped(t *testing.T) {
 	for range cap(ch) + 10 {
 		h.Publish(eventFor("r"))
 	}
-	var last api.Event
+	var last Event
 	for range len(ch) {
 		last = <-ch
 	}

@@ -7,7 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/pkg/bundle"
 )
 
@@ -81,7 +81,7 @@ func (d *Daemon) exported(id string, r *run, o bundle.ExportOptions, made bool, 
 		r.exportedOnce = true
 		if made {
 			d.log.Info("run handed off", "run", id, "head", o.Record.Head())
-			d.publish(api.Event{Kind: "run.handed_off", Run: id})
+			d.publish(events.Event{Kind: "run.handed_off", Run: id})
 		}
 	case r.handedOff && r.exporting == 0 && !r.exportedOnce:
 		if rerr := d.st.Reclaim(id, o.Record.Head()); rerr != nil {
@@ -95,14 +95,14 @@ func (d *Daemon) exported(id string, r *run, o bundle.ExportOptions, made bool, 
 
 // Import reads a bundle and stores its run as id (the bundle's own id when
 // empty), accepting nothing until everything checks ([bundle.Import]).
-func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (api.Import, error) {
+func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (Imported, error) {
 	return d.ImportWith(ctx, r, id, false)
 }
 
 // ImportWith is Import; with reclaim, a bundle of a run this host handed
 // off that adds nothing to it (the very bundle exported) takes the run
 // back: the operator's word that no other host resumed from it.
-func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (api.Import, error) {
+func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (Imported, error) {
 	var rl *run
 	im, err := bundle.Import(ctx, d.st, r, bundle.ImportOptions{
 		Options: bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.trusted, Policy: d.bundlePolicy()},
@@ -115,15 +115,15 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 		defer rl.mu.Unlock()
 	}
 	if err != nil {
-		return api.Import{}, err
+		return Imported{}, err
 	}
 	d.fillCalls(im.Run)
 	sum, err := d.summary(im.Run, rl)
 	if err != nil {
-		return api.Import{}, err
+		return Imported{}, err
 	}
 	d.log.Info("run imported", "run", im.Run, "from", im.Header.Run, "objects", im.Objects, "bytes", im.Bytes, "copy", im.Header.Copy)
-	return api.Import{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: grantsOf(im.Grants), Signers: d.signersOf(im.Signers)}, nil
+	return Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: grantsOf(im.Grants), Signers: d.signersOf(im.Signers)}, nil
 }
 
 // notHandedOff refuses an operation on a run an export handed to another

@@ -4,31 +4,31 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // Close closes a run, in any phase: a running unit's interval is recorded
 // (outcome killed) with the Closed segment, and then its sandbox destroyed.
-func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) {
+func (d *Daemon) Close(ctx context.Context, id, reason string) (Summary, error) {
 	if reason == "" {
 		reason = "closed by request"
 	}
 	r, err := d.lockRun(id)
 	if err != nil {
-		return api.Run{}, err
+		return Summary{}, err
 	}
 	defer r.mu.Unlock()
 	st, err := d.st.Run(id)
 	if err != nil {
-		return api.Run{}, err
+		return Summary{}, err
 	}
 	if st.Phase == record.Ended {
-		return api.Run{}, fmt.Errorf("run %s: %w", id, record.ErrClosed)
+		return Summary{}, fmt.Errorf("run %s: %w", id, record.ErrClosed)
 	}
 	if err := d.notHandedOff(id); err != nil {
-		return api.Run{}, err
+		return Summary{}, err
 	}
 	closed := record.Closure(reason)
 	lv := r.live
@@ -47,7 +47,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 		if lv != nil && lv.iv.Ended() {
 			d.restartInterval(id, lv, attest.EventCloseRefused)
 		}
-		return api.Run{}, fmt.Errorf("close %s: %w", id, err)
+		return Summary{}, fmt.Errorf("close %s: %w", id, err)
 	}
 	d.reach("close.appended")
 	d.dropMark(id)
@@ -63,6 +63,6 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (api.Run, error) 
 	d.removeSandboxes(ctx, id)
 	r.live, r.park = nil, nil
 	d.log.Info("run closed", "run", id, "reason", reason)
-	d.publish(api.Event{Kind: "run.closed", Run: id, Detail: reason})
+	d.publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
 	return d.summary(id, r)
 }

@@ -315,9 +315,6 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Store is the daemon's store.
-func (d *Daemon) Store() *store.Store { return d.st }
-
 // StateDir is the daemon's state directory.
 func (d *Daemon) StateDir() string { return d.cfg.StateDir }
 

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/interval"
-	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/manifest"
@@ -313,9 +312,9 @@ func newFakeHost(t *testing.T) *fakeHost {
 }
 
 // start starts an image-mode run id.
-func (h *fakeHost) start(t *testing.T, id string) api.Run {
+func (h *fakeHost) start(t *testing.T, id string) Summary {
 	t.Helper()
-	r, err := h.d.Start(t.Context(), api.RunRequest{ID: id, Unit: unit.Spec{Image: fakeImage, Args: []string{"/unit"}}})
+	r, err := h.d.Start(t.Context(), id, unit.Spec{Image: fakeImage, Args: []string{"/unit"}}, unit.Grants{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,10 +106,10 @@ func (d *Daemon) GC(ctx context.Context, retention, grace *time.Duration) (api.G
 
 // Pin keeps run id's snapshots whatever the retention time; Unpin lets
 // them go with it again.
-func (d *Daemon) Pin(id string, pin bool) (api.Run, error) {
+func (d *Daemon) Pin(id string, pin bool) (Summary, error) {
 	r, err := d.lockRun(id)
 	if err != nil {
-		return api.Run{}, err
+		return Summary{}, err
 	}
 	defer r.mu.Unlock()
 	if pin {
@@ -118,7 +118,7 @@ func (d *Daemon) Pin(id string, pin bool) (api.Run, error) {
 		err = d.st.Unpin(id)
 	}
 	if err != nil {
-		return api.Run{}, err
+		return Summary{}, err
 	}
 	return d.summary(id, r)
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/interval"
-	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/idle"
@@ -123,21 +122,4 @@ func checkpointOf(s executor.CheckpointStats, ingest time.Duration) attest.Check
 		Pages: s.PagesWritten, PagesScan: s.PagesScanned, ImageBytes: s.ImageBytes, RootBytes: s.RootfsBytes,
 		IngestNS: int64(ingest),
 	}
-}
-
-func energyOf(rc attest.Receipt) api.Energy {
-	return api.Energy{UJ: rc.UJ, Provenance: rc.Provenance.String(), Method: rc.Method, Inputs: rc.Inputs}
-}
-
-// apiCheckpoint is the journaled statistics as the API shows them.
-func apiCheckpoint(c attest.Checkpointed) *api.Checkpoint {
-	return &api.Checkpoint{TotalNS: c.TotalNS, PauseNS: c.PauseNS, DumpNS: c.DumpNS, DiffNS: c.DiffNS,
-		FreezingNS: c.FreezingNS, FrozenNS: c.FrozenNS, MemDumpNS: c.MemDumpNS, MemWriteNS: c.MemWriteNS,
-		Pages: c.Pages, PagesScan: c.PagesScan, ImageBytes: c.ImageBytes, RootBytes: c.RootBytes, IngestNS: c.IngestNS}
-}
-
-// apiRestore is a restore's statistics as the API shows them.
-func apiRestore(r attest.Restored) *api.Restore {
-	return &api.Restore{TotalNS: r.TotalNS, MaterializeNS: r.MaterializeNS, RootfsNS: r.RootfsNS, TaskNS: r.TaskNS,
-		ForkingNS: r.ForkingNS, RestoreNS: r.RestoreNS, Pages: r.Pages}
 }

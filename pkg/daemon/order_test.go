@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -60,10 +59,10 @@ func TestImageWalkInOrder(t *testing.T) {
 	if got, want := h.kinds(t, "r"), "executed suspended resumed executed suspended resumed executed closed"; got != want {
 		t.Fatalf("segments %s, want %s", got, want)
 	}
-	if c.Status != "closed" || len(h.ex.sbs) != 0 {
+	if c.Status != Closed || len(h.ex.sbs) != 0 {
 		t.Fatalf("after close: %s, %d sandboxes", c.Status, len(h.ex.sbs))
 	}
-	if p.Snapshot == "" || p.Receipt.UJ == 0 && p.Receipt.Provenance == "" {
+	if p.Snapshot.Validate() != nil || p.Receipt.Method == "" {
 		t.Fatalf("park result %+v", p)
 	}
 }
@@ -75,14 +74,14 @@ func TestParkRefusedByCheckpoint(t *testing.T) {
 	h.start(t, "r")
 	h.ex.checkpointErr = executor.ErrCheckpoint
 	_, err := h.d.Park(t.Context(), "r")
-	if ErrorOf(err).Code != api.CodeCheckpointFailed {
-		t.Fatalf("park with a failing checkpoint: %v (%s)", err, ErrorOf(err).Code)
+	if !errors.Is(err, executor.ErrCheckpoint) {
+		t.Fatalf("park with a failing checkpoint: %v", err)
 	}
 	sb := h.ex.sandbox("r")
 	if got := h.kinds(t, "r"); got != "" || sb.status != "running" || sb.settles == 0 {
 		t.Fatalf("after a refused park: segments %q, sandbox %s, settled %d times", got, sb.status, sb.settles)
 	}
-	if r, _ := h.d.Run("r"); r.Status != "running" {
+	if r, _ := h.d.Run("r"); r.Status != Running {
 		t.Fatalf("status %s", r.Status)
 	}
 	h.ex.checkpointErr = nil
@@ -169,13 +168,13 @@ func TestResumeRefusedLeavesRunParked(t *testing.T) {
 	}
 	_, err = h.d.Resume(t.Context(), "r")
 	var se *resume.SnapshotError
-	if !errors.As(err, &se) || ErrorOf(err).Code != api.CodeSnapshotMismatch {
+	if !errors.As(err, &se) {
 		t.Fatalf("resume of an edited image: %v", err)
 	}
 	if len(h.ex.restores) != 0 || h.ex.sandbox("r") != nil {
 		t.Fatal("a refused resume made a sandbox")
 	}
-	if r, _ := h.d.Run("r"); r.Phase != "parked" {
+	if r, _ := h.d.Run("r"); r.Phase != record.Parked {
 		t.Fatalf("phase %s after a refused resume", r.Phase)
 	}
 	if err := os.WriteFile(p, orig, 0o400); err != nil {
@@ -199,7 +198,7 @@ func TestResumeRefusedAtRestoreAndAtAppend(t *testing.T) {
 	}
 	h.teardown(t, "r")
 	h.ex.restoreErr = executor.ErrRestore
-	if _, err := h.d.Resume(t.Context(), "r"); ErrorOf(err).Code != api.CodeRestoreFailed {
+	if _, err := h.d.Resume(t.Context(), "r"); !errors.Is(err, executor.ErrRestore) {
 		t.Fatalf("resume with a failing restore: %v", err)
 	}
 	h.ex.restoreErr = nil
@@ -325,7 +324,7 @@ func TestReconcileAfterRestart(t *testing.T) {
 	if sb := h.ex.sandbox("kept"); sb == nil || sb.status != "running" || sb.settles == 0 {
 		t.Fatal("the frozen unit was not thawed")
 	}
-	for id, want := range map[string]string{"kept": "running", "lost": "lost", "parked": "parked (image)"} {
+	for id, want := range map[string]Status{"kept": Running, "lost": Lost, "parked": ParkedImage} {
 		if r, err := d.Run(id); err != nil || r.Status != want {
 			t.Errorf("%s: %s (%v), want %s", id, r.Status, err, want)
 		}

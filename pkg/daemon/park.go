@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/interval"
-	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/manifest"
 	"github.com/runrecordd/runrecordd/pkg/park"
@@ -16,27 +16,27 @@ import (
 
 // Park parks a running run: an image park for an image-mode unit, a
 // transcript park for a transcript-mode one.
-func (d *Daemon) Park(ctx context.Context, id string) (api.Park, error) {
+func (d *Daemon) Park(ctx context.Context, id string) (Parked, error) {
 	r, err := d.lockRun(id)
 	if err != nil {
-		return api.Park{}, err
+		return Parked{}, err
 	}
 	defer r.mu.Unlock()
 	return d.park(ctx, id, r)
 }
 
-func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) {
+func (d *Daemon) park(ctx context.Context, id string, r *run) (Parked, error) {
 	clock := newStepClock()
 	st, err := d.st.Run(id)
 	if err != nil {
-		return api.Park{}, err
+		return Parked{}, err
 	}
 	if err := phaseErr(id, st.Phase, record.Active); err != nil {
-		return api.Park{}, err
+		return Parked{}, err
 	}
 	lv := r.live
 	if lv == nil {
-		return api.Park{}, fmt.Errorf("run %s: %w", id, ErrNoSandbox)
+		return Parked{}, fmt.Errorf("run %s: %w", id, ErrNoSandbox)
 	}
 	var taken taken
 	if lv.spec.Mode == unit.TranscriptMode {
@@ -50,29 +50,25 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (api.Park, error) 
 		taken, err = d.checkpointImage(ctx, id, lv)
 	}
 	if err != nil {
-		return api.Park{}, err
+		return Parked{}, err
 	}
 	clock.mark("snapshot")
 	d.reach("park.checkpointed")
 	ev, manAddr, err := d.recordPark(ctx, id, lv, st.Unit, taken, clock)
 	if err != nil {
-		return api.Park{}, err
+		return Parked{}, err
 	}
 	d.reach("park.appended")
 	d.tearDownParked(r, lv)
 	d.metrics.Parked(clock.total())
 	sum, err := d.summary(id, r)
 	if err != nil {
-		return api.Park{}, err
+		return Parked{}, err
 	}
-	d.publish(api.Event{Kind: "run.parked", Run: id, Detail: taken.snap.String()})
+	d.publish(events.Event{Kind: "run.parked", Run: id, Detail: taken.snap.String()})
 	d.log.Info("run parked", "run", id, "snapshot", taken.snap.String(), "retained", taken.retained, "took", clock.total())
-	out := api.Park{Run: sum, Snapshot: taken.snap.String(), Manifest: manAddr.String(), Retained: taken.retained,
-		Receipt: energyOf(ev.Receipt), DurationNS: int64(clock.total()), Steps: clock.steps}
-	if taken.checkpoint != nil {
-		out.Checkpoint = apiCheckpoint(*taken.checkpoint)
-	}
-	return out, nil
+	return Parked{Run: sum, Snapshot: taken.snap, Manifest: manAddr, Retained: taken.retained, Receipt: ev.Receipt,
+		Checkpoint: taken.checkpoint, Took: clock.total(), Steps: clock.steps}, nil
 }
 
 // taken is the snapshot a park took, before it is recorded.

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/idle"
@@ -26,24 +26,24 @@ type resumed struct {
 // in order: the snapshot the store offers is the one recorded, this host's
 // manifest over the recorded keys hashes to the recorded address, and the
 // record verifies from genesis. A refusal changes nothing.
-func (d *Daemon) Resume(ctx context.Context, id string) (api.Resume, error) {
+func (d *Daemon) Resume(ctx context.Context, id string) (Resumed, error) {
 	r, err := d.lockRun(id)
 	if err != nil {
-		return api.Resume{}, err
+		return Resumed{}, err
 	}
 	defer r.mu.Unlock()
 	return d.resume(ctx, id, r)
 }
 
-func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, error) {
+func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error) {
 	clock := newStepClock()
 	ok, err := d.judgeResume(ctx, id, clock)
 	if err != nil {
-		return api.Resume{}, err
+		return Resumed{}, err
 	}
 	lv, rst, err := d.wake(ctx, id, r, ok)
 	if err != nil {
-		return api.Resume{}, err
+		return Resumed{}, err
 	}
 	owed, prov := d.idleOf(r, ok)
 	clock.mark("sandbox")
@@ -60,7 +60,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 		d.dropMark(id)
 		lv.stopping = true
 		d.destroy(lv)
-		return api.Resume{}, fmt.Errorf("resume %s: %w", id, err)
+		return Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	clock.mark("append")
 	d.reach("resume.appended")
@@ -69,15 +69,14 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (api.Resume, err
 	d.metrics.Resumed(clock.total(), owed.UJ, prov)
 	sum, err := d.summary(id, r)
 	if err != nil {
-		return api.Resume{}, err
+		return Resumed{}, err
 	}
-	d.publish(api.Event{Kind: "run.resumed", Run: id, Detail: fmt.Sprintf("idle %d uJ %s", owed.UJ, prov)})
+	d.publish(events.Event{Kind: "run.resumed", Run: id, Detail: fmt.Sprintf("idle %d uJ %s", owed.UJ, prov)})
 	if lv.transcript != nil {
 		lv.transcript.serve(d, id, lv)
 	}
 	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "took", clock.total())
-	return api.Resume{Run: sum, Idle: api.Energy{UJ: owed.UJ, Provenance: prov.String(), Method: "idle-draw", Inputs: owed.Inputs},
-		ParkedNS: owed.ParkedNS, Restore: restoreOf(rst), DurationNS: int64(clock.total()), Steps: clock.steps}, nil
+	return Resumed{Run: sum, Idle: owed, Restore: rst, Took: clock.total(), Steps: clock.steps}, nil
 }
 
 // admitted is a parked run that passed the resume preconditions.

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/runrecordd/runrecordd/pkg/api"
-	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -58,46 +56,43 @@ func (d *Daemon) unitOf(st store.Run) (unit.Spec, unit.Grants, error) {
 	return *spec, *grants, nil
 }
 
-// resumed is what a resume hands the new sandbox.
-// summary is a run's api.Run.
-func (d *Daemon) summary(id string, r *run) (api.Run, error) {
+// summary is run id as this host holds it; r is its state here, nil when
+// it has none.
+func (d *Daemon) summary(id string, r *run) (Summary, error) {
 	st, err := d.st.Run(id)
 	if err != nil {
-		return api.Run{}, err
+		return Summary{}, err
 	}
-	out := api.Run{ID: id, Phase: st.Phase.String(), Segments: st.Len, Head: st.Head.String(),
-		Unit: st.Unit.String(), Grants: st.Grants.String()}
+	out := Summary{ID: id, Phase: st.Phase, Segments: st.Len, Head: st.Head, Unit: st.Unit, Grants: st.Grants}
 	if spec, _, err := d.unitOf(st); err == nil {
-		out.Image, out.Mode = spec.Image, spec.Mode.String()
+		out.Spec = &spec
 	}
 	held, off, err := d.st.HandedOff(id)
-	if err == nil && off {
-		out.HandedOff = true
-	}
+	out.HandedOff = err == nil && off
 	if ret, err := d.st.RetentionOf(id); err == nil {
 		out.Pinned, out.Released = ret.Pinned, !ret.Released.IsZero()
 	}
 	switch {
 	case st.Phase == record.Ended:
-		out.Status = "closed"
+		out.Status = Closed
 	case out.HandedOff && held.Copy:
-		out.Status = "copy"
+		out.Status = Copy
 	case out.HandedOff:
-		out.Status = "handed off"
+		out.Status = HandedOff
 	case st.Phase == record.Parked && st.Parked.IsTranscript():
-		out.Status = "parked (transcript)"
+		out.Status = ParkedTranscript
 	case st.Phase == record.Parked:
-		out.Status = "parked (image)"
+		out.Status = ParkedImage
 	case r != nil && r.live != nil:
-		out.Status = "running"
+		out.Status = Running
 	default:
-		out.Status = "lost"
+		out.Status = Lost
 	}
 	return out, nil
 }
 
 // Run returns a run's summary.
-func (d *Daemon) Run(id string) (api.Run, error) {
+func (d *Daemon) Run(id string) (Summary, error) {
 	d.mu.Lock()
 	r := d.runs[id]
 	d.mu.Unlock()
@@ -108,26 +103,20 @@ func (d *Daemon) Run(id string) (api.Run, error) {
 	return d.summary(id, r)
 }
 
-// List lists runs, in id order; phase filters when not empty.
-func (d *Daemon) List(phase string) ([]api.Run, error) {
+// List lists runs, in id order: every run, or those in phase when it is
+// not nil.
+func (d *Daemon) List(phase *record.Phase) ([]Summary, error) {
 	var ids []string
 	var err error
-	switch phase {
-	case "":
+	if phase == nil {
 		ids, err = d.st.AllRuns()
-	case "executing", "running":
-		ids, err = d.st.Runs(record.Active)
-	case "parked":
-		ids, err = d.st.Runs(record.Parked)
-	case "closed":
-		ids, err = d.st.Runs(record.Ended)
-	default:
-		return nil, fmt.Errorf("%w: phase %q: use executing, parked or closed", ErrInvalid, phase)
+	} else {
+		ids, err = d.st.Runs(*phase)
 	}
 	if err != nil {
 		return nil, err
 	}
-	out := make([]api.Run, 0, len(ids))
+	out := make([]Summary, 0, len(ids))
 	for _, id := range ids {
 		s, err := d.Run(id)
 		if err != nil {
@@ -138,17 +127,10 @@ func (d *Daemon) List(phase string) ([]api.Run, error) {
 	return out, nil
 }
 
-func restoreOf(r *attest.Restored) *api.Restore {
-	if r == nil {
-		return nil
-	}
-	return apiRestore(*r)
-}
-
 // stepClock times an operation's steps for its reply.
 type stepClock struct {
 	start, last time.Time
-	steps       []api.Step
+	steps       []Step
 }
 
 func newStepClock() *stepClock {
@@ -159,7 +141,7 @@ func newStepClock() *stepClock {
 // mark ends the step called name.
 func (c *stepClock) mark(name string) {
 	now := time.Now()
-	c.steps = append(c.steps, api.Step{Name: name, NS: int64(now.Sub(c.last))})
+	c.steps = append(c.steps, Step{Name: name, Took: now.Sub(c.last)})
 	c.last = now
 }
 

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -18,36 +18,36 @@ import (
 // Start starts a run: the unit's sandbox first, then the run's genesis, so
 // that a crash in between leaves an orphan sandbox (destroyed when the
 // daemon reconciles) rather than a run with nothing behind it.
-func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error) {
-	id := req.ID
+// An empty id draws one.
+func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (Summary, error) {
 	if id == "" {
 		var b [6]byte
 		_, _ = rand.Read(b[:])
 		id = "r-" + hex.EncodeToString(b[:])
 	}
 	if err := checkID(id); err != nil {
-		return api.Run{}, err
+		return Summary{}, err
 	}
-	spec, grants, sb, gb, err := d.prepareUnit(ctx, id, req.Unit, req.Grants)
+	spec, grants, sb, gb, err := d.prepareUnit(ctx, id, spec, grants)
 	if err != nil {
-		return api.Run{}, err
+		return Summary{}, err
 	}
 	r := d.lock(id)
 	defer r.mu.Unlock()
 	if _, err := d.st.Run(id); err == nil {
-		return api.Run{}, fmt.Errorf("run %s: %w", id, store.ErrRunExists)
+		return Summary{}, fmt.Errorf("run %s: %w", id, store.ErrRunExists)
 	}
 	unitID, err := d.st.PutBytes(sb)
 	if err != nil {
-		return api.Run{}, err
+		return Summary{}, err
 	}
 	grantsID, err := d.st.PutBytes(gb)
 	if err != nil {
-		return api.Run{}, err
+		return Summary{}, err
 	}
 	lv, err := d.startSandbox(ctx, id, spec, grants, nil)
 	if err != nil {
-		return api.Run{}, err
+		return Summary{}, err
 	}
 	d.saveMark(id, lv)
 	d.reach("start.sandboxed")
@@ -55,12 +55,12 @@ func (d *Daemon) Start(ctx context.Context, req api.RunRequest) (api.Run, error)
 		d.dropMark(id)
 		lv.stopping = true
 		d.destroy(lv)
-		return api.Run{}, err
+		return Summary{}, err
 	}
 	r.live = lv
 	d.watch(id, r, lv)
 	d.log.Info("run started", "run", id, "image", spec.Image, "mode", spec.Mode)
-	d.publish(api.Event{Kind: "run.started", Run: id, Detail: spec.Mode.String()})
+	d.publish(events.Event{Kind: "run.started", Run: id, Detail: spec.Mode.String()})
 	if lv.transcript != nil {
 		lv.transcript.serve(d, id, lv)
 	}
@@ -225,6 +225,6 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 		d.destroy(lv)
 		r.live = nil
 		d.log.Info("run closed", "run", id, "reason", reason)
-		d.publish(api.Event{Kind: "run.closed", Run: id, Detail: reason})
+		d.publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
 	}()
 }

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/interval"
-	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/manifest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
@@ -101,7 +101,7 @@ func (lv *live) account() *record.CallAccount {
 type callHost struct{ d *Daemon }
 
 func (h callHost) Dispatched(run string, c protocol.Call) {
-	h.d.publish(api.Event{Kind: "call.dispatched", Run: run, Call: c.ID, CallKind: c.Kind})
+	h.d.publish(events.Event{Kind: "call.dispatched", Run: run, Call: c.ID, CallKind: c.Kind})
 }
 
 func (h callHost) Awaiting(run string, ch *calls.Channel) {
@@ -115,7 +115,7 @@ func (h callHost) Awaiting(run string, ch *calls.Channel) {
 			// The unit waits on; the platform sees why, and parks or
 			// closes it by hand.
 			d.log.Error("park on await", "run", run, "err", err)
-			d.publish(api.Event{Kind: "run.park_failed", Run: run, Detail: err.Error()})
+			d.publish(events.Event{Kind: "run.park_failed", Run: run, Detail: err.Error()})
 		}
 	}()
 }
@@ -152,30 +152,30 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 // result, so nothing accepted here can make an account malformed. When
 // the run is parked and this was the last result its await named, the run
 // resumes here.
-func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byte) (api.PostResult, error) {
+func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byte) (Posted, error) {
 	if !json.Valid(payload) {
-		return api.PostResult{}, fmt.Errorf("%w: the result payload is not JSON", ErrInvalid)
+		return Posted{}, fmt.Errorf("%w: the result payload is not JSON", ErrInvalid)
 	}
 	r, err := d.lockRun(run)
 	if err != nil {
-		return api.PostResult{}, err
+		return Posted{}, err
 	}
 	defer r.mu.Unlock()
 	st, err := d.st.Run(run)
 	if err != nil {
-		return api.PostResult{}, err
+		return Posted{}, err
 	}
 	if st.Phase == record.Ended {
-		return api.PostResult{}, fmt.Errorf("run %s: %w", run, record.ErrClosed)
+		return Posted{}, fmt.Errorf("run %s: %w", run, record.ErrClosed)
 	}
 	if err := d.notHandedOff(run); err != nil {
-		return api.PostResult{}, err
+		return Posted{}, err
 	}
 	if err := calls.Post(d.st, run, call, payload); err != nil {
-		return api.PostResult{}, err
+		return Posted{}, err
 	}
-	d.publish(api.Event{Kind: "call.result", Run: run, Call: call})
-	out := api.PostResult{Run: run, Call: call}
+	d.publish(events.Event{Kind: "call.result", Run: run, Call: call})
+	out := Posted{Run: run, Call: call}
 	if st.Phase != record.Parked || !st.Parked.IsTranscript() {
 		return out, nil
 	}
@@ -186,7 +186,7 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	if err != nil {
 		// The result is kept; the run stays parked and a later resume
 		// (or a retry of the post's resume) delivers it.
-		out.ResumeError = ErrorOf(err)
+		out.ResumeErr = err
 		return out, nil
 	}
 	out.Resumed = &res
@@ -196,17 +196,7 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 // Calls lists the outward calls awaiting results in every run this host
 // holds, from the call ledger: each with its payload and whether a result
 // has been posted.
-func (d *Daemon) Calls(ctx context.Context) ([]api.Call, error) {
-	ls, err := calls.List(d.st)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]api.Call, len(ls))
-	for i, l := range ls {
-		out[i] = api.Call{Run: l.Run, Phase: l.Phase.String(), ID: l.ID, Kind: l.Kind, Payload: l.Payload, ResultPosted: l.ResultPosted}
-	}
-	return out, nil
-}
+func (d *Daemon) Calls(ctx context.Context) ([]calls.Listed, error) { return calls.List(d.st) }
 
 // resultsHeld returns the calls of run id with a result posted here and
 // not yet delivered: an export does not carry them (ErrResultsHeld).

@@ -79,17 +79,17 @@ func (d *Daemon) TrustedKeys() ([]api.TrustedKey, error) {
 	return out, nil
 }
 
-// signersOf is the API form of a record's signers, with their names.
-func (d *Daemon) signersOf(ss []attest.Signer) []api.Signer {
+// signersOf is a record's signers, with their names.
+func (d *Daemon) signersOf(ss []attest.Signer) []Signer {
 	names := map[record.Address]string{d.keyID: "this host"}
 	if keys, err := d.st.TrustedKeys(); err == nil {
 		for _, k := range keys {
 			names[k.Key] = k.Name
 		}
 	}
-	out := make([]api.Signer, 0, len(ss))
+	out := make([]Signer, 0, len(ss))
 	for _, s := range ss {
-		out = append(out, api.Signer{Segment: s.Index, Interval: s.Interval, Key: s.Key.String(), Name: names[s.Key], Trusted: s.Trusted})
+		out = append(out, Signer{Signer: s, Name: names[s.Key]})
 	}
 	return out
 }

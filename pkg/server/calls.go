@@ -19,7 +19,7 @@ func routeCalls(mux *http.ServeMux, h *handler) {
 
 func (h *handler) calls(w http.ResponseWriter, r *http.Request) {
 	cs, err := h.d.Calls(r.Context())
-	h.reply(w, r, cs, err)
+	h.reply(w, r, callsOf(cs), err)
 }
 
 func (h *handler) postResult(w http.ResponseWriter, r *http.Request) {
@@ -29,7 +29,7 @@ func (h *handler) postResult(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := h.d.PostResult(r.Context(), r.PathValue("id"), r.PathValue("call"), b)
-	h.reply(w, r, res, err)
+	h.reply(w, r, postedOf(res), err)
 }
 
 // events streams transitions as JSON lines until the client goes away.
@@ -53,7 +53,7 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 			if !ok {
 				return // the daemon is stopping
 			}
-			if enc.Encode(e) != nil {
+			if enc.Encode(eventOf(e)) != nil {
 				return
 			}
 			flush()

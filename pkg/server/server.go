@@ -9,6 +9,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/daemon"
+	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // maxJSON bounds a JSON request body.
@@ -76,41 +77,6 @@ func (w *statusWriter) Flush() {
 	}
 }
 
-// Status maps an error code to its HTTP status: the one place that does.
-func Status(code string) int {
-	switch code {
-	case api.CodeBadRequest:
-		return http.StatusBadRequest
-	case api.CodeNotFound:
-		return http.StatusNotFound
-	case api.CodeExists, api.CodeConflict, api.CodePhase, api.CodeHandedOff, api.CodeGenesisHeld:
-		return http.StatusConflict
-	case api.CodeSnapshotMismatch, api.CodeManifestMismatch, api.CodeRecordInvalid, api.CodeObjectCorrupt,
-		api.CodeMissingObject, api.CodeCallRefused:
-		return http.StatusUnprocessableEntity
-	case api.CodeUnavailable, api.CodeCheckpointFailed, api.CodeRestoreFailed, api.CodeImageParks:
-		return http.StatusServiceUnavailable
-	case api.CodeCheckpointTimeout, api.CodeRestoreTimeout:
-		return http.StatusGatewayTimeout
-	case api.CodeNoSpace:
-		return http.StatusInsufficientStorage
-	case api.CodeUntrustedSigner, api.CodeGrantRefused:
-		return http.StatusForbidden
-	case api.CodeBundleLimit:
-		return http.StatusRequestEntityTooLarge
-	default:
-		return http.StatusInternalServerError
-	}
-}
-
-func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
-	e := daemon.ErrorOf(err)
-	if e.Code == api.CodeInternal {
-		h.log.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
-	}
-	writeJSON(w, Status(e.Code), e)
-}
-
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -143,7 +109,7 @@ func (h *handler) host(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) importImage(w http.ResponseWriter, r *http.Request) {
 	img, err := h.d.ImportImage(r.Context(), r.Body, r.URL.Query().Get("name"))
-	h.reply(w, r, img, err)
+	h.reply(w, r, api.Image{Name: img.Name, Digest: img.Digest}, err)
 }
 
 func (h *handler) start(w http.ResponseWriter, r *http.Request) {
@@ -152,28 +118,41 @@ func (h *handler) start(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	run, err := h.d.Start(r.Context(), req)
-	h.reply(w, r, run, err)
+	run, err := h.d.Start(r.Context(), req.ID, req.Unit, req.Grants)
+	h.reply(w, r, runOf(run), err)
 }
 
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {
-	runs, err := h.d.List(r.URL.Query().Get("phase"))
-	h.reply(w, r, runs, err)
+	var phase *record.Phase
+	switch p := r.URL.Query().Get("phase"); p {
+	case "":
+	case "executing", "running":
+		phase = ptr(record.Active)
+	case "parked":
+		phase = ptr(record.Parked)
+	case "closed":
+		phase = ptr(record.Ended)
+	default:
+		h.fail(w, r, fmt.Errorf("%w: phase %q: use executing, parked or closed", daemon.ErrInvalid, p))
+		return
+	}
+	runs, err := h.d.List(phase)
+	h.reply(w, r, runsOf(runs), err)
 }
 
 func (h *handler) show(w http.ResponseWriter, r *http.Request) {
-	s, err := h.d.Show(r.Context(), r.PathValue("id"))
+	s, err := show(h.d, r.PathValue("id"))
 	h.reply(w, r, s, err)
 }
 
 func (h *handler) park(w http.ResponseWriter, r *http.Request) {
 	p, err := h.d.Park(r.Context(), r.PathValue("id"))
-	h.reply(w, r, p, err)
+	h.reply(w, r, parkOf(p), err)
 }
 
 func (h *handler) resume(w http.ResponseWriter, r *http.Request) {
 	res, err := h.d.Resume(r.Context(), r.PathValue("id"))
-	h.reply(w, r, res, err)
+	h.reply(w, r, resumeOf(res), err)
 }
 
 func (h *handler) close(w http.ResponseWriter, r *http.Request) {
@@ -185,7 +164,7 @@ func (h *handler) close(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	run, err := h.d.Close(r.Context(), r.PathValue("id"), req.Reason)
-	h.reply(w, r, run, err)
+	h.reply(w, r, runOf(run), err)
 }
 
 func (h *handler) gc(w http.ResponseWriter, r *http.Request) {
@@ -211,21 +190,21 @@ func (h *handler) gc(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) pin(w http.ResponseWriter, r *http.Request) {
 	run, err := h.d.Pin(r.PathValue("id"), r.Method == http.MethodPost)
-	h.reply(w, r, run, err)
+	h.reply(w, r, runOf(run), err)
 }
 
 func (h *handler) verify(w http.ResponseWriter, r *http.Request) {
 	v, err := h.d.Verify(r.Context(), r.PathValue("id"))
-	h.reply(w, r, v, err)
+	h.reply(w, r, verifyOf(v), err)
 }
 
 func (h *handler) waitProof(w http.ResponseWriter, r *http.Request) {
 	v, err := h.d.WaitProof(r.PathValue("id"))
-	h.reply(w, r, v, err)
+	h.reply(w, r, waitProofOf(v), err)
 }
 
 func (h *handler) record(w http.ResponseWriter, r *http.Request) {
-	rec, err := h.d.Store().Record(r.PathValue("id"))
+	rec, err := h.d.Record(r.PathValue("id"))
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -255,7 +234,7 @@ func (h *handler) export(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) importBundle(w http.ResponseWriter, r *http.Request) {
 	im, err := h.d.ImportWith(r.Context(), r.Body, r.URL.Query().Get("id"), r.URL.Query().Get("reclaim") == "true")
-	h.reply(w, r, im, err)
+	h.reply(w, r, importOf(im), err)
 }
 
 func (h *handler) trustList(w http.ResponseWriter, r *http.Request) {
@@ -277,3 +256,5 @@ func (h *handler) trustRemove(w http.ResponseWriter, r *http.Request) {
 	err := h.d.Untrust(r.PathValue("key"))
 	h.reply(w, r, struct{}{}, err)
 }
+
+func ptr[T any](v T) *T { return &v }

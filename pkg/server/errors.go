@@ -1,14 +1,16 @@
-package daemon
+package server
 
 import (
 	"context"
 	"errors"
+	"net/http"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/bundle"
+	"github.com/runrecordd/runrecordd/pkg/daemon"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/manifest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -16,6 +18,10 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
+
+// The API's errors: every error the daemon returns maps to one stable code
+// (ErrorOf), and every code to one HTTP status (Status). This file is the
+// one place that does either.
 
 // ErrorOf classifies err for the API: its stable code, and the fields a
 // caller acts on (the differing manifest keys, the segment concerned).
@@ -55,7 +61,7 @@ func ErrorOf(err error) *api.Error {
 	case errors.Is(err, store.ErrMissingObject):
 		e.Code = api.CodeMissingObject
 	case errors.Is(err, record.ErrClosed), errors.Is(err, record.ErrParked), errors.Is(err, record.ErrNotParked), errors.Is(err, record.ErrAlternation),
-		errors.Is(err, resume.ErrNotParked), errors.Is(err, ErrNoSandbox), errors.Is(err, ErrResultsHeld):
+		errors.Is(err, resume.ErrNotParked), errors.Is(err, daemon.ErrNoSandbox), errors.Is(err, daemon.ErrResultsHeld):
 		e.Code = api.CodePhase
 	case errors.Is(err, record.ErrHeadMismatch), errors.Is(err, record.ErrCanonical), errors.Is(err, store.ErrDamaged), errors.Is(err, record.ErrOverflow),
 		errors.Is(err, attest.ErrSignature), errors.Is(err, attest.ErrMalformed):
@@ -63,7 +69,7 @@ func ErrorOf(err error) *api.Error {
 	case errors.Is(err, store.ErrNoRun), errors.Is(err, executor.ErrNotFound), errdefs.IsNotFound(err),
 		errors.Is(err, store.ErrNotTrusted):
 		e.Code = api.CodeNotFound
-	case errors.Is(err, ErrNoSpace), errors.Is(err, executor.ErrTooLarge), errors.Is(err, store.ErrListing):
+	case errors.Is(err, daemon.ErrNoSpace), errors.Is(err, executor.ErrTooLarge), errors.Is(err, store.ErrListing):
 		e.Code = api.CodeNoSpace
 	case errors.Is(err, store.ErrHandedOff):
 		e.Code = api.CodeHandedOff
@@ -71,24 +77,24 @@ func ErrorOf(err error) *api.Error {
 		e.Code = api.CodeGenesisHeld
 	case errors.Is(err, store.ErrRunExists), errors.Is(err, executor.ErrExists):
 		e.Code = api.CodeExists
-	case errors.Is(err, store.ErrHeadMoved), errors.Is(err, ErrBusy):
+	case errors.Is(err, store.ErrHeadMoved), errors.Is(err, daemon.ErrBusy):
 		e.Code = api.CodeConflict
-	case errors.Is(err, ErrCall):
+	case errors.Is(err, daemon.ErrCall):
 		e.Code = api.CodeCallRefused
 	case errors.Is(err, executor.ErrCheckpointTimeout):
 		e.Code = api.CodeCheckpointTimeout
 	case errors.Is(err, executor.ErrRestoreTimeout):
 		e.Code = api.CodeRestoreTimeout
-	case errors.Is(err, ErrImageParks):
+	case errors.Is(err, daemon.ErrImageParks):
 		e.Code = api.CodeImageParks
 	case errors.Is(err, executor.ErrCheckpoint):
 		e.Code = api.CodeCheckpointFailed
 	case errors.Is(err, executor.ErrRestore):
 		e.Code = api.CodeRestoreFailed
-	case errors.Is(err, ErrInvalid), errors.Is(err, ErrBundle), errors.Is(err, unit.ErrInvalid),
+	case errors.Is(err, daemon.ErrInvalid), errors.Is(err, daemon.ErrBundle), errors.Is(err, unit.ErrInvalid),
 		errors.Is(err, executor.ErrInvalid), errors.Is(err, executor.ErrImageMismatch), errors.Is(err, store.ErrRunID),
 		errors.Is(err, manifest.ErrMalformed), errors.Is(err, record.ErrMalformedSegment), errors.Is(err, record.ErrMalformedSnapshot),
-		errors.Is(err, record.ErrAddress), errors.Is(err, store.ErrKeyName), errors.Is(err, ErrTranscript):
+		errors.Is(err, record.ErrAddress), errors.Is(err, store.ErrKeyName), errors.Is(err, daemon.ErrTranscript):
 		e.Code = api.CodeBadRequest
 	case errors.Is(err, executor.ErrMissing), errors.Is(err, manifest.ErrMissing), errors.Is(err, store.ErrLocked),
 		errors.Is(err, context.DeadlineExceeded), errdefs.IsUnavailable(err):
@@ -101,4 +107,39 @@ func ErrorOf(err error) *api.Error {
 		e.Segment = &i
 	}
 	return e
+}
+
+// Status maps an error code to its HTTP status: the one place that does.
+func Status(code string) int {
+	switch code {
+	case api.CodeBadRequest:
+		return http.StatusBadRequest
+	case api.CodeNotFound:
+		return http.StatusNotFound
+	case api.CodeExists, api.CodeConflict, api.CodePhase, api.CodeHandedOff, api.CodeGenesisHeld:
+		return http.StatusConflict
+	case api.CodeSnapshotMismatch, api.CodeManifestMismatch, api.CodeRecordInvalid, api.CodeObjectCorrupt,
+		api.CodeMissingObject, api.CodeCallRefused:
+		return http.StatusUnprocessableEntity
+	case api.CodeUnavailable, api.CodeCheckpointFailed, api.CodeRestoreFailed, api.CodeImageParks:
+		return http.StatusServiceUnavailable
+	case api.CodeCheckpointTimeout, api.CodeRestoreTimeout:
+		return http.StatusGatewayTimeout
+	case api.CodeNoSpace:
+		return http.StatusInsufficientStorage
+	case api.CodeUntrustedSigner, api.CodeGrantRefused:
+		return http.StatusForbidden
+	case api.CodeBundleLimit:
+		return http.StatusRequestEntityTooLarge
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	e := ErrorOf(err)
+	if e.Code == api.CodeInternal {
+		h.log.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeJSON(w, Status(e.Code), e)
 }

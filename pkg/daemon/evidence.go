@@ -1,0 +1,104 @@
+package daemon
+
+import (
+	"context"
+	"io"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/bundle"
+	"github.com/runrecordd/runrecordd/pkg/executor"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// Record is run id's record, verified from genesis.
+func (d *Daemon) Record(id string) (*record.Record, error) { return d.st.Record(id) }
+
+// Unit is run id's unit spec and grant set.
+func (d *Daemon) Unit(id string) (unit.Spec, unit.Grants, error) {
+	st, err := d.st.Run(id)
+	if err != nil {
+		return unit.Spec{}, unit.Grants{}, err
+	}
+	return d.unitOf(st)
+}
+
+// Object is the bytes of an object a record reaches (an attestation, a
+// receipt, a journal), rehashed on the way.
+func (d *Daemon) Object(a record.Address) ([]byte, error) { return d.st.ReadAll(a) }
+
+// Stdout is where run id's unit output goes on this host.
+func (d *Daemon) Stdout(id string) string { return d.outputOf(id).Stdout }
+
+// WaitProof returns a run's wait-proof verdict.
+func (d *Daemon) WaitProof(id string) (record.Verdict, error) {
+	rec, err := d.st.Record(id)
+	if err != nil {
+		return record.Verdict{}, err
+	}
+	return rec.WaitProof(), nil
+}
+
+// Verify verifies a run's record from genesis and rehashes every object it
+// reaches. A record or object that fails is reported in the result (Err),
+// not as a failed request.
+func (d *Daemon) Verify(ctx context.Context, id string) (Verification, error) {
+	out := Verification{Run: id}
+	if _, err := d.st.Run(id); err != nil {
+		return out, err
+	}
+	rec, err := d.st.Record(id)
+	if err != nil {
+		out.Err = err
+		return out, nil
+	}
+	out.Segments, out.Phase, out.Head, out.WaitProof = rec.Len(), rec.Phase(), rec.Head(), rec.WaitProof()
+	// Every attestation: signed, at its place; its signer reported
+	// trusted or not (a run imported before a key was removed stays).
+	signers, err := attest.CheckRecord(rec, d.st.ReadAll, d.trusted)
+	out.Signers = d.signersOf(signers)
+	if err != nil {
+		out.Err = err
+		return out, nil
+	}
+	// A closed run whose image snapshots retention released verifies
+	// without them: its record and evidence are all it keeps.
+	objs, err := bundle.Reached(d.st, rec, !d.released(id))
+	if err != nil {
+		out.Err = err
+		return out, nil
+	}
+	for _, a := range objs {
+		if err := d.st.Verify(ctx, a); err != nil {
+			out.Err = err
+			return out, nil
+		}
+		n, _ := d.st.Size(a)
+		out.Objects++
+		out.Bytes += n
+	}
+	return out, nil
+}
+
+// Host describes this daemon's host.
+func (d *Daemon) Host() api.Host {
+	h := api.Host{KeyID: d.keyID.String(), StateDir: d.cfg.StateDir, Embedded: d.ctrd != nil, Manifest: map[string]string{}}
+	if d.ctrd != nil {
+		h.Containerd = d.ctrd.Address()
+	} else {
+		h.Containerd = d.cfg.ContainerdAddress
+	}
+	for k, v := range d.host {
+		h.Manifest[k] = v
+	}
+	snap := d.meter.Snapshot()
+	h.RAPL, h.RAPLReason = snap.Available, snap.Reasons
+	h.ImageParks = d.imageParksStatus()
+	return h
+}
+
+// ImportImage imports an OCI or docker image archive.
+func (d *Daemon) ImportImage(ctx context.Context, r io.Reader, name string) (executor.Image, error) {
+	return d.ex.Import(ctx, r, name)
+}
