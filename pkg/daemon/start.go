@@ -17,8 +17,8 @@ import (
 
 // Start starts a run: the unit's sandbox first, then the run's genesis, so
 // that a crash in between leaves an orphan sandbox (destroyed when the
-// daemon reconciles) rather than a run with nothing behind it.
-// An empty id draws one.
+// daemon reconciles) rather than a run with nothing behind it. An empty
+// id draws one.
 func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (Summary, error) {
 	if id == "" {
 		var b [6]byte
@@ -28,7 +28,7 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	if err := checkID(id); err != nil {
 		return Summary{}, err
 	}
-	spec, grants, sb, gb, err := d.prepareUnit(ctx, id, spec, grants)
+	p, err := d.prepareUnit(ctx, id, spec, grants)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -37,15 +37,15 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	if _, err := d.st.Run(id); err == nil {
 		return Summary{}, fmt.Errorf("run %s: %w", id, store.ErrRunExists)
 	}
-	unitID, err := d.st.PutBytes(sb)
+	unitID, err := d.st.PutBytes(p.SpecBytes)
 	if err != nil {
 		return Summary{}, err
 	}
-	grantsID, err := d.st.PutBytes(gb)
+	grantsID, err := d.st.PutBytes(p.GrantsBytes)
 	if err != nil {
 		return Summary{}, err
 	}
-	lv, err := d.startSandbox(ctx, id, spec, grants, nil)
+	lv, err := d.startSandbox(ctx, id, p.Spec, p.Grants, nil)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -59,71 +59,37 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	}
 	r.live = lv
 	d.watch(id, r, lv)
-	d.log.Info("run started", "run", id, "image", spec.Image, "mode", spec.Mode)
-	d.publish(events.Event{Kind: "run.started", Run: id, Detail: spec.Mode.String()})
+	d.log.Info("run started", "run", id, "image", p.Spec.Image, "mode", p.Spec.Mode)
+	d.publish(events.Event{Kind: "run.started", Run: id, Detail: p.Spec.Mode.String()})
 	if lv.transcript != nil {
 		lv.transcript.serve(d, id, lv)
 	}
 	return d.summary(id, r)
 }
 
-// prepareUnit fills in a run request's defaults and the daemon's nonce,
-// pins the image's digest, and validates the unit and its grants,
-// returning their canonical bytes.
-func (d *Daemon) prepareUnit(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (unit.Spec, unit.Grants, []byte, []byte, error) {
-	fail := func(err error) (unit.Spec, unit.Grants, []byte, []byte, error) {
-		return unit.Spec{}, unit.Grants{}, nil, nil, err
-	}
-	if spec.Mode == 0 {
-		spec.Mode = unit.ImageMode
-	}
-	if grants.Network == 0 {
-		grants.Network = unit.NoNetwork
-	}
-	if spec.Image == "" {
-		return fail(fmt.Errorf("%w: the unit names no image", ErrInvalid))
-	}
-	// Every run's genesis is its own: the daemon draws the nonce, so no
-	// two runs, here or anywhere, share a unit_id or a head.
-	if spec.Nonce != "" {
-		return fail(fmt.Errorf("%w: the unit's nonce is the daemon's to draw, not the request's", ErrInvalid))
-	}
-	nonce, err := unit.NewNonce()
+// prepareUnit makes a run request's unit ready to run ([unit.Prepare]):
+// its image pinned to the digest imported here, and an image unit refused
+// where image parks do not work (it would hold its sandbox for good).
+func (d *Daemon) prepareUnit(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (unit.Prepared, error) {
+	p, err := unit.Prepare(spec, grants, func(s unit.Spec) (string, error) {
+		img, err := d.ex.Image(ctx, s.Image)
+		if err != nil {
+			return "", fmt.Errorf("%w (import it with `runrecordd images import`)", err)
+		}
+		if s.ImageDigest != "" && s.ImageDigest != img.Digest {
+			return "", fmt.Errorf("image %s is %s, the unit names %s: %w", s.Image, img.Digest, s.ImageDigest, executor.ErrImageMismatch)
+		}
+		return img.Digest, nil
+	})
 	if err != nil {
-		return fail(err)
+		return unit.Prepared{}, err
 	}
-	spec.Nonce = nonce
-	img, err := d.ex.Image(ctx, spec.Image)
-	if err != nil {
-		return fail(fmt.Errorf("%w (import it with `runrecordd images import`)", err))
-	}
-	if spec.ImageDigest == "" {
-		spec.ImageDigest = img.Digest
-	} else if spec.ImageDigest != img.Digest {
-		return fail(fmt.Errorf("image %s is %s, the unit names %s: %w", spec.Image, img.Digest, spec.ImageDigest, executor.ErrImageMismatch))
-	}
-	if err := spec.Validate(); err != nil {
-		return fail(fmt.Errorf("%w: %w", ErrInvalid, err))
-	}
-	if spec.Mode == unit.ImageMode {
-		// An image run that could never park would hold its sandbox for
-		// good: refused where image parks do not work.
+	if p.Spec.Mode == unit.ImageMode {
 		if err := d.imageParksReady(ctx); err != nil {
-			return fail(fmt.Errorf("run %s: %w (a transcript unit can still run: --mode transcript)", id, err))
+			return unit.Prepared{}, fmt.Errorf("run %s: %w (a transcript unit can still run: --mode transcript)", id, err)
 		}
 	}
-	if err := grants.Validate(); err != nil {
-		return fail(fmt.Errorf("%w: %w", ErrInvalid, err))
-	}
-	sb, err := spec.Canonical()
-	if err != nil {
-		return fail(err)
-	}
-	gb, err := grants.Canonical()
-	if err != nil {
-		return fail(err)
-	}
-	return spec, grants, sb, gb, nil
+	return p, nil
 }
 
 // startSandbox starts a fresh sandbox for the unit (a transcript unit with
