@@ -45,7 +45,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	if err != nil {
 		return Resumed{}, err
 	}
-	owed, prov := d.idleOf(r, ok)
+	owed, prov := idle.Owed(r.park, ok.retained, ok.parkedFor, d.meter.Coefficients())
 	clock.mark("sandbox")
 	lv.iv.Journal(attest.LifecycleOf(nowNS(), owed))
 	if rst != nil {
@@ -165,28 +165,6 @@ func (d *Daemon) wake(ctx context.Context, id string, r *run, ok admitted) (*liv
 		}
 	}
 	return d.restore(ctx, id, ok.spec, ok.grants, snap, d.criuDeadline(uint64(ok.retained)))
-}
-
-// idleOf is the idle energy the park owes: metered while this daemon held
-// it, estimated otherwise. A park always retains something (its record,
-// its manifest): its idle energy is never zero, and the record refuses a
-// zero, so it is floored at 1 µJ.
-func (d *Daemon) idleOf(r *run, ok admitted) (attest.Idle, record.Provenance) {
-	var (
-		uj     uint64
-		prov   record.Provenance
-		inputs map[string]string
-	)
-	if r.park != nil {
-		uj, prov, inputs = r.park.End(uint64(ok.retained), 0)
-	} else {
-		uj, prov, inputs = idle.Estimate(uint64(ok.retained), 0, ok.parkedFor, d.meter.Coefficients())
-	}
-	if uj == 0 {
-		uj = 1
-		inputs["floor"] = "1"
-	}
-	return attest.Idle{UJ: uj, Provenance: prov.String(), Inputs: inputs, RetainedBytes: ok.retained, ParkedNS: int64(ok.parkedFor)}, prov
 }
 
 // restore restores an image park's sandbox.

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -51,7 +49,7 @@ type channel struct {
 // (STATE/spool/RUN), with the transcript restored from its sealed object
 // when the run resumes.
 func (d *Daemon) openChannel(id string, restored *resumed, lim unit.Limits) (*channel, error) {
-	cfg := calls.Config{Run: id, Dir: filepath.Join(d.cfg.StateDir, "ch", id),
+	cfg := calls.Config{Run: id, Dir: calls.ChannelDir(d.cfg.StateDir, id),
 		Spool: filepath.Join(d.cfg.StateDir, "spool", id), Limits: lim}
 	if restored != nil {
 		cfg.Restore = &restored.transcript
@@ -230,26 +228,12 @@ func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) err
 	if err != nil {
 		return err
 	}
-	rel := filepath.Join("ch", id, protocol.TranscriptFile)
-	path := filepath.Join(d.cfg.StateDir, rel)
 	if status, _ := lv.sb.Status(ctx); status != "paused" {
 		if err := lv.sb.Pause(ctx); err != nil {
 			return err
 		}
 	}
-	// Opened by path, as nothing holds it now: beneath the state
-	// directory, no symlink followed, no FIFO waited on, a regular file
-	// within the run's limit or nothing.
-	limit := lv.grants.Limits.Or(unit.DefaultLimits).TranscriptBytes
-	f, err := calls.ReadTranscript(d.cfg.StateDir, rel, limit)
-	if err != nil {
-		if errors.Is(err, ErrTranscript) {
-			os.RemoveAll(filepath.Dir(path))
-		}
-		return fmt.Errorf("run %s: recovering the transcript: %w", id, err)
-	}
-	a, err := d.st.Put(ctx, io.LimitReader(f, int64(min(limit, math.MaxInt64))))
-	f.Close()
+	a, err := calls.Recover(ctx, d.st, d.cfg.StateDir, id, lv.grants.Limits.Or(unit.DefaultLimits).TranscriptBytes)
 	if err != nil {
 		return err
 	}
@@ -273,5 +257,5 @@ func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) err
 	}
 	lv.stopping = true
 	d.destroy(lv)
-	return os.RemoveAll(filepath.Dir(path))
+	return os.RemoveAll(calls.ChannelDir(d.cfg.StateDir, id))
 }
