@@ -2,7 +2,6 @@ package events
 
 import (
 	"testing"
-
 )
 
 func eventFor(run string) Event { return Event{Kind: "run.started", Run: run} }
