@@ -85,24 +85,19 @@ func (s *Sandbox) Checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 	return st, nil
 }
 
+// checkpoint is Checkpoint. Its steps run in the order that keeps the
+// unit safe: everything that can be checked without touching the task
+// first (the directories); then the freeze, which the rw layer's
+// measure needs (a layer over its budget refuses the checkpoint before
+// CRIU costs anything, the task as it was); then the dump; and the rw
+// layer's export only once the task is frozen for good or gone, so that
+// the layer holds every change. A step that fails after the freeze puts
+// the task back to running where it still can (settle).
 func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStats, error) {
 	start := time.Now()
 	var st CheckpointStats
-	dir, err := emptyDir(cp.ImageDir)
+	dir, work, err := s.dumpDirs(cp)
 	if err != nil {
-		return st, err
-	}
-	if cp.Rootfs != "" {
-		// Checked before the dump: after it, without Keep, the task is gone.
-		if fi, err := os.Stat(filepath.Dir(cp.Rootfs)); err != nil || !fi.IsDir() {
-			return st, fmt.Errorf("%w: no directory for the rw layer %s", ErrInvalid, cp.Rootfs)
-		}
-	}
-	work := filepath.Join(s.c.cfg.StateDir, "criu", s.id, "dump")
-	if err := removeTree(work); err != nil {
-		return st, err
-	}
-	if err := os.MkdirAll(work, 0o700); err != nil {
 		return st, err
 	}
 	// Freeze first, through runc: CRIU then finds the cgroup frozen and
@@ -114,10 +109,7 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 		return st, fmt.Errorf("pause: %w", err)
 	}
 	st.Pause = time.Since(pauseStart)
-	budget := int64(min(s.rootfsBytes, 1<<62))
-	if cp.MaxRootfsBytes > 0 {
-		budget = min(budget, cp.MaxRootfsBytes)
-	}
+	budget := s.rootfsBudget(cp)
 	if cp.Rootfs != "" {
 		// Measured frozen, before CRIU costs anything: a layer over
 		// the budget refuses the checkpoint with the task as it was.
@@ -125,40 +117,12 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 			return st, errors.Join(fmt.Errorf("%w: rw layer: %w", ErrCheckpoint, err), s.settle(ctx, false))
 		}
 	}
-	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{
-		Exit:      !cp.Keep,
-		ImagePath: dir,
-		WorkPath:  work,
-		OpenTcp:   true, // as the CRIU configuration file says too (criuConfig)
-	})
-	if err != nil {
-		return st, errors.Join(err, s.settle(ctx, false))
-	}
-	// The task service directly, not containerd.Task.Checkpoint, which
-	// with an image path adds only a lease, a container lookup, a status
-	// call and a thaw of a task that has exited.
-	dumpStart := time.Now()
-	unit := func() int { return int(s.task.Pid()) }
-	timedOut, err := s.c.underDeadline(ctx, s.id, cp.Deadline, unit, func(ctx context.Context) error {
-		_, err := s.c.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: s.id, Options: opts})
-		return err
-	})
-	st.Dump = time.Since(dumpStart)
-	if err != nil {
-		if timedOut && ctx.Err() == nil {
-			err = timeoutErr(ErrCheckpointTimeout, cp.Deadline, err)
-		} else {
-			err = fmt.Errorf("%w: %w%s", ErrCheckpoint, err, logTail(filepath.Join(work, "dump.log")))
-		}
-		return st, errors.Join(err, s.settle(ctx, timedOut))
+	if st.Dump, err = s.dump(ctx, cp, dir, work); err != nil {
+		return st, err
 	}
 	if !cp.Keep {
-		select {
-		case <-s.exited:
-		case <-time.After(30 * time.Second):
-			return st, fmt.Errorf("%w: the task did not exit after its dump", ErrCheckpoint)
-		case <-ctx.Done():
-			return st, ctx.Err()
+		if err := s.awaitDumpExit(ctx); err != nil {
+			return st, err
 		}
 	}
 	if cp.Rootfs != "" {
@@ -166,14 +130,7 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 		st.RootfsBytes, err = s.exportRootfs(ctx, cp.Rootfs, budget)
 		st.Diff = time.Since(diffStart)
 		if err != nil {
-			err = fmt.Errorf("rw layer: %w", err)
-			if errors.Is(err, ErrTooLarge) {
-				err = fmt.Errorf("%w: %w", ErrCheckpoint, err)
-			}
-			if cp.Keep {
-				err = errors.Join(err, s.settle(ctx, false))
-			}
-			return st, err
+			return st, s.exportFailed(ctx, cp, err)
 		}
 	}
 	if err := dumpStats(work, &st); err != nil {
@@ -185,6 +142,102 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 	}
 	st.Total = time.Since(start)
 	return st, nil
+}
+
+// dumpDirs makes the checkpoint's image directory (absent or empty) and a
+// fresh CRIU work directory under the executor's state, and checks that
+// the rw layer's directory exists: before the task is touched, since after
+// a dump without Keep the task is gone.
+func (s *Sandbox) dumpDirs(cp Checkpoint) (dir, work string, _ error) {
+	dir, err := emptyDir(cp.ImageDir)
+	if err != nil {
+		return "", "", err
+	}
+	if cp.Rootfs != "" {
+		// Checked before the dump: after it, without Keep, the task is gone.
+		if fi, err := os.Stat(filepath.Dir(cp.Rootfs)); err != nil || !fi.IsDir() {
+			return "", "", fmt.Errorf("%w: no directory for the rw layer %s", ErrInvalid, cp.Rootfs)
+		}
+	}
+	work = filepath.Join(s.c.cfg.StateDir, "criu", s.id, "dump")
+	if err := removeTree(work); err != nil {
+		return "", "", err
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return "", "", err
+	}
+	return dir, work, nil
+}
+
+// rootfsBudget is the most the checkpoint's rw layer tar may take: the
+// sandbox's own budget, lowered by cp.MaxRootfsBytes.
+func (s *Sandbox) rootfsBudget(cp Checkpoint) int64 {
+	budget := int64(min(s.rootfsBytes, 1<<62))
+	if cp.MaxRootfsBytes > 0 {
+		budget = min(budget, cp.MaxRootfsBytes)
+	}
+	return budget
+}
+
+// dump has CRIU dump the frozen task into dir, under cp's deadline, and
+// returns how long it took. If the dump fails the task is put back to
+// running (settle), CRIU killed first if the deadline passed.
+func (s *Sandbox) dump(ctx context.Context, cp Checkpoint, dir, work string) (time.Duration, error) {
+	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{
+		Exit:      !cp.Keep,
+		ImagePath: dir,
+		WorkPath:  work,
+		OpenTcp:   true, // as the CRIU configuration file says too (criuConfig)
+	})
+	if err != nil {
+		return 0, errors.Join(err, s.settle(ctx, false))
+	}
+	// The task service directly, not containerd.Task.Checkpoint, which
+	// with an image path adds only a lease, a container lookup, a status
+	// call and a thaw of a task that has exited.
+	dumpStart := time.Now()
+	unit := func() int { return int(s.task.Pid()) }
+	timedOut, err := s.c.underDeadline(ctx, s.id, cp.Deadline, unit, func(ctx context.Context) error {
+		_, err := s.c.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: s.id, Options: opts})
+		return err
+	})
+	took := time.Since(dumpStart)
+	if err != nil {
+		if timedOut && ctx.Err() == nil {
+			err = timeoutErr(ErrCheckpointTimeout, cp.Deadline, err)
+		} else {
+			err = fmt.Errorf("%w: %w%s", ErrCheckpoint, err, logTail(filepath.Join(work, "dump.log")))
+		}
+		return took, errors.Join(err, s.settle(ctx, timedOut))
+	}
+	return took, nil
+}
+
+// awaitDumpExit waits for the task a dump without Keep ends to exit:
+// its rw layer is read only once nothing can change it.
+func (s *Sandbox) awaitDumpExit(ctx context.Context) error {
+	select {
+	case <-s.exited:
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("%w: the task did not exit after its dump", ErrCheckpoint)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// exportFailed is the error of a checkpoint whose rw layer export failed
+// with err: over its budget a checkpoint error; and with Keep the task,
+// still there, is put back to running.
+func (s *Sandbox) exportFailed(ctx context.Context, cp Checkpoint, err error) error {
+	err = fmt.Errorf("rw layer: %w", err)
+	if errors.Is(err, ErrTooLarge) {
+		err = fmt.Errorf("%w: %w", ErrCheckpoint, err)
+	}
+	if cp.Keep {
+		err = errors.Join(err, s.settle(ctx, false))
+	}
+	return err
 }
 
 // emptyDir makes dir (absolute) exist and checks that it is empty: a

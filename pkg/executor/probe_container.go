@@ -31,6 +31,12 @@ func (c *Client) probeNamespace() string { return c.cfg.Namespace + "-probe" }
 // of the host's /usr), checkpoints it through containerd's task checkpoint
 // with an image path, and restores it in a new container from the images,
 // as a park and a resume do. It returns CRIU's logs.
+//
+// Its steps follow a park and a resume: a root to run in, a start, the
+// dump (which ends the first container), a restore from its images, and a
+// look at the restored task. Everything it made is removed however it
+// ends, its directory last, as a CRIU killed mid-restore leaves mounts
+// there.
 func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (logs []byte, err error) {
 	ns := c.probeNamespace()
 	ctx = namespaces.WithNamespace(ctx, ns)
@@ -46,109 +52,26 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (lo
 			c.log.Warn("probe: removing its directory", "dir", dir, "err", err)
 		}
 	}()
-	root, images := filepath.Join(dir, "rootfs"), filepath.Join(dir, "images")
-	dump, restore := filepath.Join(dir, "dump"), filepath.Join(dir, "restore")
-	for _, d := range []string{"usr", "proc", "dev", "sys", "tmp"} {
-		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
-			return nil, err
-		}
+	p := &containerProbe{
+		c: c, ns: ns, id: id, deadline: deadline,
+		root: filepath.Join(dir, "rootfs"), images: filepath.Join(dir, "images"),
+		dump: filepath.Join(dir, "dump"), restore: filepath.Join(dir, "restore"),
+		netns: filepath.Join(c.cfg.StateDir, "netns-probe", id),
 	}
-	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
-		if err := os.Symlink("usr/"+l, filepath.Join(root, l)); err != nil {
-			return nil, err
-		}
+	if err := p.makeRoot(); err != nil {
+		return nil, err
 	}
-	defer func() { logs = readLogs(filepath.Join(dump, "dump.log"), filepath.Join(restore, "restore.log")) }()
-	netns := filepath.Join(c.cfg.StateDir, "netns-probe", id)
-	defer removeNetns(netns)
+	defer func() { logs = readLogs(filepath.Join(p.dump, "dump.log"), filepath.Join(p.restore, "restore.log")) }()
+	defer removeNetns(p.netns)
 
-	start := func(restoreFrom string) (containerd.Container, containerd.Task, error) {
-		if err := removeNetns(netns); err != nil {
-			return nil, nil, err
-		}
-		if err := makeNetns(netns, true); err != nil {
-			return nil, nil, err
-		}
-		cont, err := c.client.NewContainer(ctx, id,
-			containerd.WithRuntime(Runtime, &options.Options{Root: c.cfg.RuncRoot}),
-			containerd.WithNewSpec(
-				oci.WithRootFSPath(root),
-				oci.WithProcessArgs("/bin/sleep", "600"),
-				oci.WithHostname("probe"),
-				oci.WithCgroup(path.Join(c.cfg.CgroupParent, id)),
-				oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: netns}),
-				oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
-				oci.WithMounts([]specs.Mount{{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro"}}}),
-			))
-		if err != nil {
-			return nil, nil, err
-		}
-		var opts []containerd.NewTaskOpts
-		if restoreFrom != "" {
-			opts = append(opts, containerd.WithRestoreImagePath(restoreFrom), containerd.WithRestoreWorkPath(restore))
-		}
-		task, err := cont.NewTask(ctx, cio.NullIO, opts...)
-		if err != nil {
-			c.removeProbe(ctx, cont, nil)
-			return nil, nil, err
-		}
-		// A restore happens as the task starts (runc restore): CRIU's,
-		// under the deadline. A plain start is runc's alone: cancelling
-		// it must not kill the shim's helpers (runc start, runc init),
-		// which leaves the shim unable to answer.
-		timedOut, err := false, error(nil)
-		if restoreFrom != "" {
-			timedOut, err = c.underDeadlineIn(ctx, ns, id, deadline, func() int { return 0 }, task.Start)
-		} else {
-			err = task.Start(ctx)
-		}
-		if err == nil && timedOut {
-			err = errors.New("returned as its deadline passed")
-		}
-		if err != nil {
-			c.removeProbe(ctx, cont, task)
-			if timedOut {
-				return nil, nil, fmt.Errorf("did not finish within %v: CRIU was killed%s", deadline, logTail(filepath.Join(restore, "restore.log")))
-			}
-			return nil, nil, fmt.Errorf("%w%s", err, logTail(filepath.Join(restore, "restore.log")))
-		}
-		return cont, task, nil
-	}
-
-	cont, task, err := start("")
+	cont, task, err := p.start(ctx, "")
 	if err != nil {
 		return nil, fmt.Errorf("container probe: start: %w", err)
 	}
-	exit, err := task.Wait(ctx)
-	if err != nil {
-		c.removeProbe(ctx, cont, task)
-		return nil, fmt.Errorf("container probe: %w", err)
-	}
-	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{Exit: true, ImagePath: images, WorkPath: dump})
-	if err != nil {
-		c.removeProbe(ctx, cont, task)
+	if err := p.checkpoint(ctx, cont, task); err != nil {
 		return nil, err
 	}
-	timedOut, err := c.underDeadlineIn(ctx, ns, id, deadline, func() int { return int(task.Pid()) }, func(ctx context.Context) error {
-		_, err := c.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: id, Options: opts})
-		return err
-	})
-	if err != nil {
-		c.removeProbe(ctx, cont, task)
-		if timedOut {
-			return nil, fmt.Errorf("container probe: the checkpoint did not finish within %v: CRIU was killed%s", deadline, logTail(filepath.Join(dump, "dump.log")))
-		}
-		return nil, fmt.Errorf("container probe: checkpoint: %w%s", err, logTail(filepath.Join(dump, "dump.log")))
-	}
-	select {
-	case <-exit:
-	case <-time.After(deadline):
-		c.removeProbe(ctx, cont, task)
-		return nil, errors.New("container probe: the checkpointed task did not exit")
-	}
-	c.removeProbe(ctx, cont, task)
-
-	cont, task, err = start(images)
+	cont, task, err = p.start(ctx, p.images)
 	if err != nil {
 		return nil, fmt.Errorf("container probe: restore: %w", err)
 	}
@@ -161,6 +84,130 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (lo
 		return nil, fmt.Errorf("container probe: the restored task is %s, not running", st.Status)
 	}
 	return nil, nil
+}
+
+// containerProbe is one container probe: the id of its containers (the
+// started one, then the restored one), their containerd namespace, its
+// paths and the deadline of each CRIU step.
+type containerProbe struct {
+	c        *Client
+	ns, id   string
+	deadline time.Duration
+	// root is the containers' root; images CRIU's image directory; dump
+	// and restore CRIU's work directories; netns the pinned network
+	// namespace.
+	root, images, dump, restore, netns string
+}
+
+// makeRoot makes the containers' root: the mount points, and the
+// top-level links into /usr (bound from the host) that a merged-/usr
+// system has.
+func (p *containerProbe) makeRoot() error {
+	for _, d := range []string{"usr", "proc", "dev", "sys", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(p.root, d), 0o755); err != nil {
+			return err
+		}
+	}
+	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
+		if err := os.Symlink("usr/"+l, filepath.Join(p.root, l)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// start makes the probe's container in a fresh network namespace and
+// starts its task, or, with restoreFrom, restores it from those images.
+// On an error nothing of the container is left.
+func (p *containerProbe) start(ctx context.Context, restoreFrom string) (containerd.Container, containerd.Task, error) {
+	c := p.c
+	if err := removeNetns(p.netns); err != nil {
+		return nil, nil, err
+	}
+	if err := makeNetns(p.netns, true); err != nil {
+		return nil, nil, err
+	}
+	cont, err := c.client.NewContainer(ctx, p.id,
+		containerd.WithRuntime(Runtime, &options.Options{Root: c.cfg.RuncRoot}),
+		containerd.WithNewSpec(
+			oci.WithRootFSPath(p.root),
+			oci.WithProcessArgs("/bin/sleep", "600"),
+			oci.WithHostname("probe"),
+			oci.WithCgroup(path.Join(c.cfg.CgroupParent, p.id)),
+			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.netns}),
+			oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
+			oci.WithMounts([]specs.Mount{{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro"}}}),
+		))
+	if err != nil {
+		return nil, nil, err
+	}
+	var opts []containerd.NewTaskOpts
+	if restoreFrom != "" {
+		opts = append(opts, containerd.WithRestoreImagePath(restoreFrom), containerd.WithRestoreWorkPath(p.restore))
+	}
+	task, err := cont.NewTask(ctx, cio.NullIO, opts...)
+	if err != nil {
+		c.removeProbe(ctx, cont, nil)
+		return nil, nil, err
+	}
+	// A restore happens as the task starts (runc restore): CRIU's,
+	// under the deadline. A plain start is runc's alone: cancelling
+	// it must not kill the shim's helpers (runc start, runc init),
+	// which leaves the shim unable to answer.
+	timedOut, err := false, error(nil)
+	if restoreFrom != "" {
+		timedOut, err = c.underDeadlineIn(ctx, p.ns, p.id, p.deadline, func() int { return 0 }, task.Start)
+	} else {
+		err = task.Start(ctx)
+	}
+	if err == nil && timedOut {
+		err = errors.New("returned as its deadline passed")
+	}
+	if err != nil {
+		c.removeProbe(ctx, cont, task)
+		if timedOut {
+			return nil, nil, fmt.Errorf("did not finish within %v: CRIU was killed%s", p.deadline, logTail(filepath.Join(p.restore, "restore.log")))
+		}
+		return nil, nil, fmt.Errorf("%w%s", err, logTail(filepath.Join(p.restore, "restore.log")))
+	}
+	return cont, task, nil
+}
+
+// checkpoint dumps the started container's task into p.images, under the
+// deadline, and waits for the dump to end it; then, and on every error,
+// it removes the container, so that the restore can make its own under
+// the same id.
+func (p *containerProbe) checkpoint(ctx context.Context, cont containerd.Container, task containerd.Task) error {
+	c := p.c
+	exit, err := task.Wait(ctx)
+	if err != nil {
+		c.removeProbe(ctx, cont, task)
+		return fmt.Errorf("container probe: %w", err)
+	}
+	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{Exit: true, ImagePath: p.images, WorkPath: p.dump})
+	if err != nil {
+		c.removeProbe(ctx, cont, task)
+		return err
+	}
+	timedOut, err := c.underDeadlineIn(ctx, p.ns, p.id, p.deadline, func() int { return int(task.Pid()) }, func(ctx context.Context) error {
+		_, err := c.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: p.id, Options: opts})
+		return err
+	})
+	if err != nil {
+		c.removeProbe(ctx, cont, task)
+		if timedOut {
+			return fmt.Errorf("container probe: the checkpoint did not finish within %v: CRIU was killed%s", p.deadline, logTail(filepath.Join(p.dump, "dump.log")))
+		}
+		return fmt.Errorf("container probe: checkpoint: %w%s", err, logTail(filepath.Join(p.dump, "dump.log")))
+	}
+	select {
+	case <-exit:
+	case <-time.After(p.deadline):
+		c.removeProbe(ctx, cont, task)
+		return errors.New("container probe: the checkpointed task did not exit")
+	}
+	c.removeProbe(ctx, cont, task)
+	return nil
 }
 
 // removeProbe kills and deletes a probe's task and container.
