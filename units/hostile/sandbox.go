@@ -39,10 +39,10 @@ func init() {
 	attacks["privileges"] = sandboxPrivileges
 }
 
-// sandboxForkBomb is attack "fork-bomb": it forks until fork fails, at most HOSTILE_FORKS times
-// (default 2048, so that a host without a pids limit survives the
-// test that shows it has none). Each child only pauses, in raw
-// system calls: a forked copy of a Go process has one thread and
+// sandboxForkBomb is attack "fork-bomb": it forks until fork fails, at
+// most HOSTILE_FORKS times (default 2048, so that a host without a pids
+// limit survives the test that shows it has none). Each child only pauses,
+// in raw system calls: a forked copy of a Go process has one thread and
 // must not run the Go runtime.
 func sandboxForkBomb() {
 	max := envInt64("HOSTILE_FORKS", 2048)
@@ -68,8 +68,9 @@ func sandboxForkBomb() {
 	}
 }
 
-// sandboxSubmountWrite is attack "submount-write": it writes a file at HOSTILE_PATH: a path under a
-// read-only grant, in a writable host mount below the granted one.
+// sandboxSubmountWrite is attack "submount-write": it writes a file at
+// HOSTILE_PATH: a path under a read-only grant, in a writable host mount
+// below the granted one.
 func sandboxSubmountWrite() {
 	p := os.Getenv("HOSTILE_PATH")
 	err := os.WriteFile(p, []byte("written by the hostile unit\n"), 0o644)
@@ -80,8 +81,9 @@ func sandboxSubmountWrite() {
 	say("wrote %s", p)
 }
 
-// sandboxSocketConnect is attack "socket-connect": it connects to the unix socket at HOSTILE_PATH (one a
-// host daemon listens on, below a granted directory) and writes to it.
+// sandboxSocketConnect is attack "socket-connect": it connects to the unix
+// socket at HOSTILE_PATH (one a host daemon listens on, below a granted
+// directory) and writes to it.
 func sandboxSocketConnect() {
 	p := os.Getenv("HOSTILE_PATH")
 	c, err := net.Dial("unix", p)
@@ -94,10 +96,10 @@ func sandboxSocketConnect() {
 	say("connected to %s (write: %v)", p, err)
 }
 
-// sandboxSparseFile is attack "sparse-file": it makes a sparse file of HOSTILE_SIZE logical bytes
-// (default 16 TiB less a block, ext4's largest) in its root
-// filesystem: no disk space, but a rw layer capture that writes it
-// at its logical size writes all of it.
+// sandboxSparseFile is attack "sparse-file": it makes a sparse file of
+// HOSTILE_SIZE logical bytes (default 16 TiB less a block, ext4's largest)
+// in its root filesystem: no disk space, but a rw layer capture that
+// writes it at its logical size writes all of it.
 func sandboxSparseFile() {
 	size := envInt64("HOSTILE_SIZE", 16<<40-4096)
 	f, err := os.Create("/sparse")
@@ -114,8 +116,8 @@ func sandboxSparseFile() {
 	say("made /sparse of %d bytes", size)
 }
 
-// sandboxLogFlood is attack "log-flood": it writes HOSTILE_BYTES (default 64 MiB) to stderr, in
-// 64 KiB lines, then says so on stdout.
+// sandboxLogFlood is attack "log-flood": it writes HOSTILE_BYTES (default
+// 64 MiB) to stderr, in 64 KiB lines, then says so on stdout.
 func sandboxLogFlood() {
 	total := envInt64("HOSTILE_BYTES", 64<<20)
 	line := []byte(strings.Repeat("x", 64<<10-1) + "\n")
@@ -131,8 +133,9 @@ func sandboxLogFlood() {
 	say("flooded stderr with %d bytes", n)
 }
 
-// sandboxPrivileges is attack "privileges": it reports what the unit holds: effective capabilities,
-// no_new_privs, seccomp mode and its uid map, from /proc/self.
+// sandboxPrivileges is attack "privileges": it reports what the unit
+// holds: effective capabilities, no_new_privs, seccomp mode and its uid
+// map, from /proc/self.
 func sandboxPrivileges() {
 	f, err := os.Open("/proc/self/status")
 	if err != nil {
