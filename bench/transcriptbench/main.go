@@ -72,86 +72,148 @@ func run(archive string, n int, gap time.Duration) error {
 	if err != nil {
 		return err
 	}
+	pl, err := newPlain(ctx, d, dir, archive, img.Digest, log)
+	if err != nil {
+		return err
+	}
+	defer pl.close()
+
+	var s samples
+	fmt.Printf("round  plain create+start  plain teardown  transcript park  resume (post→running)  round trip  | after a %s gap: park  resume  round trip\n", gap)
+	for i := range n {
+		if err := s.round(ctx, d, pl, i, gap); err != nil {
+			return err
+		}
+	}
+	s.report(gap)
+	return nil
+}
+
+// plain starts plain containers of the poller image: a second client of
+// the daemon's containerd, in its own namespace, and a channel served by
+// a handler that never delivers.
+type plain struct {
+	ex   *executor.Client
+	srv  *protocol.Server
+	spec executor.Spec
+	out  executor.Output
+}
+
+// newPlain connects the plain client, imports the image into its
+// namespace and serves the channel its containers mount under dir.
+func newPlain(ctx context.Context, d *daemon.Daemon, dir, archive, digest string, log *slog.Logger) (*plain, error) {
 	// A second client of the same containerd, in its own namespace, for
 	// the plain containers.
 	ex, err := executor.Connect(ctx, executor.Config{Address: d.Host().Containerd, Namespace: "bench-plain",
 		StateDir: filepath.Join(dir, "plain"), CgroupParent: "/runrecordd-bench-plain", Logger: log})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer ex.Close()
 	if _, err := ex.ImportFile(ctx, archive, imageName); err != nil {
-		return err
+		ex.Close()
+		return nil, err
 	}
 	// The plain container gets a channel too, served by a handler that
 	// never delivers, so that it runs (polling) like the transcript unit
 	// and both teardowns kill a live process.
 	mnt := filepath.Join(dir, "mnt")
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
-		return err
+		ex.Close()
+		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(mnt, protocol.TranscriptFile), nil, 0o600); err != nil {
-		return err
+		ex.Close()
+		return nil, err
 	}
 	ln, err := net.Listen("unix", filepath.Join(mnt, protocol.SocketFile))
 	if err != nil {
-		return err
+		ex.Close()
+		return nil, err
 	}
 	srv := protocol.NewServer(idleHandler{})
 	go srv.Serve(ln)
-	defer srv.Close()
-	plainSpec := executor.SpecOf(unit.Spec{Image: imageName, ImageDigest: img.Digest}, unit.Grants{Network: unit.NoNetwork})
-	plainSpec.Mounts = []executor.Mount{{Source: mnt, Target: daemon.ChannelMount, Writable: true}}
+	spec := executor.SpecOf(unit.Spec{Image: imageName, ImageDigest: digest}, unit.Grants{Network: unit.NoNetwork})
+	spec.Mounts = []executor.Mount{{Source: mnt, Target: daemon.ChannelMount, Writable: true}}
 	// Its output goes to files, as a unit's does.
-	plainOut := executor.Output{Stdout: filepath.Join(dir, "plain.out"), Stderr: filepath.Join(dir, "plain.err")}
+	out := executor.Output{Stdout: filepath.Join(dir, "plain.out"), Stderr: filepath.Join(dir, "plain.err")}
+	return &plain{ex: ex, srv: srv, spec: spec, out: out}, nil
+}
 
-	var create, teardown, park, resume, trip, parkGap, resumeGap, tripGap []time.Duration
-	steps := map[string][]time.Duration{}
-	var order []string
-	fmt.Printf("round  plain create+start  plain teardown  transcript park  resume (post→running)  round trip  | after a %s gap: park  resume  round trip\n", gap)
-	for i := range n {
-		// Plain.
-		t0 := time.Now()
-		sb, err := ex.Start(ctx, fmt.Sprintf("plain-%d", i), plainSpec, plainOut)
-		if err != nil {
-			return err
-		}
-		c := time.Since(t0)
-		time.Sleep(200 * time.Millisecond) // let it dispatch and poll, as the transcript unit does
-		t1 := time.Now()
-		if err := sb.Destroy(ctx); err != nil {
-			return err
-		}
-		td := time.Since(t1)
+// close stops the channel's server, then the client.
+func (p *plain) close() {
+	p.srv.Close()
+	p.ex.Close()
+}
 
-		// Transcript: start, let it dispatch, park, post its result —
-		// at once, and after a gap.
-		p, pr, rs, err := transcriptRound(ctx, d, fmt.Sprintf("tb-%d", i), 0)
-		if err != nil {
-			return err
-		}
-		pg, _, rsg, err := transcriptRound(ctx, d, fmt.Sprintf("tbg-%d", i), gap)
-		if err != nil {
-			return err
-		}
-		pkg := pg.Took
-		parkGap, resumeGap, tripGap = append(parkGap, pkg), append(resumeGap, rsg), append(tripGap, pkg+rsg)
-		pk := p.Took
-		for _, st := range append(p.Steps, prefixed("resume.", pr.Resumed.Steps)...) {
-			if _, ok := steps[st.Name]; !ok {
-				order = append(order, st.Name)
-			}
-			steps[st.Name] = append(steps[st.Name], st.Took)
-		}
-		create, teardown, park, resume, trip = append(create, c), append(teardown, td), append(park, pk), append(resume, rs), append(trip, pk+rs)
-		fmt.Printf("%5d  %17s  %14s  %15s  %21s  %10s  | %s  %s  %s\n", i+1, ms(c), ms(td), ms(pk), ms(rs), ms(pk+rs), ms(pkg), ms(rsg), ms(pkg+rsg))
+// round starts plain container i and, once it has polled for a while,
+// destroys it; it returns the create + start and the teardown times.
+func (p *plain) round(ctx context.Context, i int) (create, teardown time.Duration, err error) {
+	t0 := time.Now()
+	sb, err := p.ex.Start(ctx, fmt.Sprintf("plain-%d", i), p.spec, p.out)
+	if err != nil {
+		return 0, 0, err
 	}
-	mc, mt, mp, mr, mtrip := median(create), median(teardown), median(park), median(resume), median(trip)
+	create = time.Since(t0)
+	time.Sleep(200 * time.Millisecond) // let it dispatch and poll, as the transcript unit does
+	t1 := time.Now()
+	if err := sb.Destroy(ctx); err != nil {
+		return 0, 0, err
+	}
+	return create, time.Since(t1), nil
+}
+
+// samples are the rounds' times, and the park's and resume's steps by
+// name in the order first seen.
+type samples struct {
+	create, teardown, park, resume, trip, parkGap, resumeGap, tripGap []time.Duration
+
+	steps map[string][]time.Duration
+	order []string
+}
+
+// round runs round i — plain, then transcript with the post at once, then
+// after gap — and prints its times.
+func (s *samples) round(ctx context.Context, d *daemon.Daemon, pl *plain, i int, gap time.Duration) error {
+	c, td, err := pl.round(ctx, i)
+	if err != nil {
+		return err
+	}
+	// Transcript: start, let it dispatch, park, post its result —
+	// at once, and after a gap.
+	p, pr, rs, err := transcriptRound(ctx, d, fmt.Sprintf("tb-%d", i), 0)
+	if err != nil {
+		return err
+	}
+	pg, _, rsg, err := transcriptRound(ctx, d, fmt.Sprintf("tbg-%d", i), gap)
+	if err != nil {
+		return err
+	}
+	pkg := pg.Took
+	s.parkGap, s.resumeGap, s.tripGap = append(s.parkGap, pkg), append(s.resumeGap, rsg), append(s.tripGap, pkg+rsg)
+	pk := p.Took
+	if s.steps == nil {
+		s.steps = map[string][]time.Duration{}
+	}
+	for _, st := range append(p.Steps, prefixed("resume.", pr.Resumed.Steps)...) {
+		if _, ok := s.steps[st.Name]; !ok {
+			s.order = append(s.order, st.Name)
+		}
+		s.steps[st.Name] = append(s.steps[st.Name], st.Took)
+	}
+	s.create, s.teardown, s.park, s.resume, s.trip = append(s.create, c), append(s.teardown, td), append(s.park, pk), append(s.resume, rs), append(s.trip, pk+rs)
+	fmt.Printf("%5d  %17s  %14s  %15s  %21s  %10s  | %s  %s  %s\n", i+1, ms(c), ms(td), ms(pk), ms(rs), ms(pk+rs), ms(pkg), ms(rsg), ms(pkg+rsg))
+	return nil
+}
+
+// report prints the medians, the steps' medians and the ratios issue 5
+// sets targets for.
+func (s *samples) report(gap time.Duration) {
+	mc, mt, mp, mr, mtrip := median(s.create), median(s.teardown), median(s.park), median(s.resume), median(s.trip)
 	fmt.Printf("median %17s  %14s  %15s  %21s  %10s  | %s  %s  %s\n", ms(mc), ms(mt), ms(mp), ms(mr), ms(mtrip),
-		ms(median(parkGap)), ms(median(resumeGap)), ms(median(tripGap)))
+		ms(median(s.parkGap)), ms(median(s.resumeGap)), ms(median(s.tripGap)))
 	fmt.Print("\npark and resume steps (medians):")
-	for _, name := range order {
-		fmt.Printf(" %s %s;", name, ms(median(steps[name])))
+	for _, name := range s.order {
+		fmt.Printf(" %s %s;", name, ms(median(s.steps[name])))
 	}
 	fmt.Println()
 	fmt.Printf("\ntranscript park − plain teardown: %s (target ≤ 20 ms)\n", ms(mp-mt))
@@ -159,8 +221,7 @@ func run(archive string, n int, gap time.Duration) error {
 	fmt.Printf("resume ÷ plain create+start:      %.2f\n", float64(mr)/float64(mc))
 	fmt.Printf("round trip ÷ plain create+start+teardown: %.2f\n", float64(mtrip)/float64(mc+mt))
 	fmt.Printf("after a %s gap: round trip ÷ plain create+start: %.2f (target ≤ 1.2); resume ÷ plain create+start: %.2f\n",
-		gap, float64(median(tripGap))/float64(mc), float64(median(resumeGap))/float64(mc))
-	return nil
+		gap, float64(median(s.tripGap))/float64(mc), float64(median(s.resumeGap))/float64(mc))
 }
 
 // transcriptRound starts a poller run, parks it once it has dispatched, and

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -22,66 +23,101 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// serveFlags are serve's flags, as parsed.
+type serveFlags struct {
+	state, socket, ctrd, coeffs, sysfs, level string
+	gcEvery, retention, criuDeadline          time.Duration
+	minFree                                   uint64
+	mounts                                    listFlag
+	objMax, bundleMax, jsonMax                int64
+}
+
+// register declares serve's flags on fs.
+func (f *serveFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.state, "state-dir", daemon.DefaultStateDir, "state directory: store, host key, embedded containerd")
+	fs.StringVar(&f.socket, "socket", "", "API socket (default STATE-DIR/runrecordd.sock)")
+	fs.StringVar(&f.ctrd, "containerd-address", "", "use this containerd instead of starting an embedded one")
+	fs.StringVar(&f.coeffs, "coefficients", "", "JSON file of energy coefficients over the defaults (docs/energy.md)")
+	fs.StringVar(&f.sysfs, "sysfs", "", "sysfs root the meter reads RAPL zones under (default /sys)")
+	fs.StringVar(&f.level, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&f.gcEvery, "gc-interval", daemon.DefaultGCInterval, "how often to collect the store (negative: never)")
+	fs.DurationVar(&f.retention, "snapshot-retention", daemon.DefaultSnapshotRetention, "how long a closed run keeps its image snapshots (negative: forever)")
+	fs.Uint64Var(&f.minFree, "min-free", daemon.DefaultMinFree, "bytes an image park must leave free on the store's filesystem")
+	fs.DurationVar(&f.criuDeadline, "criu-deadline", 0, "deadline of every CRIU dump and restore (default 30s plus 1s per 64 MiB of the unit's memory; docs/daemon.md)")
+	fs.Var(&f.mounts, "bundle-mount-allow", "a host path under which an imported bundle's read-only mounts may lie (repeat for more; default none: docs/trust.md)")
+	fs.Int64Var(&f.objMax, "bundle-object-max", bundle.DefaultLimits.Object, "the largest object an imported bundle may carry, in bytes")
+	fs.Int64Var(&f.bundleMax, "bundle-max", bundle.DefaultLimits.Total, "the most object bytes an imported bundle may carry")
+	fs.Int64Var(&f.jsonMax, "bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
+}
+
+// check refuses, as usage errors, the flag values the daemon cannot run
+// with, before anything on the host is touched, and returns the log level.
+func (f *serveFlags) check() (slog.Level, error) {
+	var lv slog.Level
+	if f.objMax <= 0 || f.bundleMax <= 0 || f.jsonMax <= 0 {
+		return lv, usagef("--bundle-object-max, --bundle-max and --bundle-json-max must be positive")
+	}
+	for _, m := range f.mounts {
+		if !filepath.IsAbs(m) {
+			return lv, usagef("--bundle-mount-allow %s: not an absolute path", m)
+		}
+	}
+	if err := lv.UnmarshalText([]byte(f.level)); err != nil {
+		return lv, usagef("--log-level: %v", err)
+	}
+	if f.criuDeadline < 0 {
+		return lv, usagef("--criu-deadline must not be negative")
+	}
+	if f.minFree == 0 {
+		return lv, usagef("--min-free must be at least 1 byte")
+	}
+	if f.gcEvery == 0 || f.retention == 0 {
+		return lv, usagef("--gc-interval and --snapshot-retention must not be zero (negative: never)")
+	}
+	return lv, nil
+}
+
+// config is the daemon's config from the checked flags, with the
+// coefficients file, if one is named, read and parsed.
+func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
+	cfg := daemon.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log, CRIUDeadline: f.criuDeadline,
+		GCInterval: f.gcEvery, SnapshotRetention: f.retention, MinFree: f.minFree,
+		BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax}, BundleMounts: f.mounts}
+	cfg.Meter.SysfsRoot = f.sysfs
+	if f.coeffs != "" {
+		b, err := os.ReadFile(f.coeffs)
+		if err != nil {
+			return cfg, err
+		}
+		if cfg.Meter.Coefficients, err = idle.ParseCoefficients(b); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
 func cmdServe(args []string, stdout io.Writer) error {
+	var f serveFlags
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	state := fs.String("state-dir", daemon.DefaultStateDir, "state directory: store, host key, embedded containerd")
-	socket := fs.String("socket", "", "API socket (default STATE-DIR/runrecordd.sock)")
-	ctrd := fs.String("containerd-address", "", "use this containerd instead of starting an embedded one")
-	coeffs := fs.String("coefficients", "", "JSON file of energy coefficients over the defaults (docs/energy.md)")
-	sysfs := fs.String("sysfs", "", "sysfs root the meter reads RAPL zones under (default /sys)")
-	level := fs.String("log-level", "info", "debug, info, warn or error")
-	gcEvery := fs.Duration("gc-interval", daemon.DefaultGCInterval, "how often to collect the store (negative: never)")
-	retention := fs.Duration("snapshot-retention", daemon.DefaultSnapshotRetention, "how long a closed run keeps its image snapshots (negative: forever)")
-	minFree := fs.Uint64("min-free", daemon.DefaultMinFree, "bytes an image park must leave free on the store's filesystem")
-	criuDeadline := fs.Duration("criu-deadline", 0, "deadline of every CRIU dump and restore (default 30s plus 1s per 64 MiB of the unit's memory; docs/daemon.md)")
-	var mounts listFlag
-	fs.Var(&mounts, "bundle-mount-allow", "a host path under which an imported bundle's read-only mounts may lie (repeat for more; default none: docs/trust.md)")
-	objMax := fs.Int64("bundle-object-max", bundle.DefaultLimits.Object, "the largest object an imported bundle may carry, in bytes")
-	bundleMax := fs.Int64("bundle-max", bundle.DefaultLimits.Total, "the most object bytes an imported bundle may carry")
-	jsonMax := fs.Int64("bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
+	f.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 0 {
 		return usagef("serve takes no arguments")
 	}
-	if *objMax <= 0 || *bundleMax <= 0 || *jsonMax <= 0 {
-		return usagef("--bundle-object-max, --bundle-max and --bundle-json-max must be positive")
-	}
-	for _, m := range mounts {
-		if !filepath.IsAbs(m) {
-			return usagef("--bundle-mount-allow %s: not an absolute path", m)
-		}
-	}
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(*level)); err != nil {
-		return usagef("--log-level: %v", err)
+	lv, err := f.check()
+	if err != nil {
+		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
-	if *criuDeadline < 0 {
-		return usagef("--criu-deadline must not be negative")
+	cfg, err := f.config(log)
+	if err != nil {
+		return err
 	}
-	if *minFree == 0 {
-		return usagef("--min-free must be at least 1 byte")
-	}
-	if *gcEvery == 0 || *retention == 0 {
-		return usagef("--gc-interval and --snapshot-retention must not be zero (negative: never)")
-	}
-	cfg := daemon.Config{StateDir: *state, ContainerdAddress: *ctrd, Logger: log, CRIUDeadline: *criuDeadline,
-		GCInterval: *gcEvery, SnapshotRetention: *retention, MinFree: *minFree,
-		BundleLimits: bundle.Limits{Object: *objMax, Total: *bundleMax, JSON: *jsonMax}, BundleMounts: mounts}
-	cfg.Meter.SysfsRoot = *sysfs
-	if *coeffs != "" {
-		b, err := os.ReadFile(*coeffs)
-		if err != nil {
-			return err
-		}
-		if cfg.Meter.Coefficients, err = idle.ParseCoefficients(b); err != nil {
-			return err
-		}
-	}
-	if *socket == "" {
-		*socket = filepath.Join(*state, "runrecordd.sock")
+	socket := f.socket
+	if socket == "" {
+		socket = filepath.Join(f.state, "runrecordd.sock")
 	}
 	// Descriptors this process inherited (a lock its caller holds, a
 	// pipe of a supervisor) must not reach containerd, CRIU or a unit:
@@ -93,11 +129,11 @@ func cmdServe(args []string, stdout io.Writer) error {
 	defer stop()
 	// Listen first: a second daemon on the same socket fails here, before
 	// it touches containerd or the store.
-	l, err := server.Listen(*socket)
+	l, err := server.Listen(socket)
 	if err != nil {
 		return err
 	}
-	defer os.Remove(*socket)
+	defer os.Remove(socket)
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	d, err := daemon.New(startCtx, cfg)
 	cancel()
@@ -105,12 +141,20 @@ func cmdServe(args []string, stdout io.Writer) error {
 		l.Close()
 		return err
 	}
+	return serveAPI(ctx, d, l, socket, log, stdout)
+}
+
+// serveAPI serves d's API on l until ctx is done (SIGTERM, SIGINT) or the
+// HTTP server fails, then shuts down the server and the daemon, each
+// within 30 s, and returns what failed.
+func serveAPI(ctx context.Context, d *daemon.Daemon, l net.Listener, socket string, log *slog.Logger, stdout io.Writer) error {
 	srv := &http.Server{Handler: server.New(d, log), ReadHeaderTimeout: 10 * time.Second}
 	srv.RegisterOnShutdown(d.StopEvents) // event streams never end by themselves
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
-	log.Info("serving", "socket", *socket, "state", d.StateDir())
-	fmt.Fprintf(stdout, "runrecordd serving on %s\n", *socket)
+	log.Info("serving", "socket", socket, "state", d.StateDir())
+	fmt.Fprintf(stdout, "runrecordd serving on %s\n", socket)
+	var err error
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")

@@ -211,28 +211,56 @@ func Run(c Class) Result {
 	return res
 }
 
+// runCase replays c's steps into a fresh record, then checks every
+// outcome c states; the first that fails is the case's error.
 func runCase(c Case) error {
+	r, err := replaySteps(c)
+	if err != nil {
+		return err
+	}
+	if err := checkRecord(c, r); err != nil {
+		return err
+	}
+	if err := checkStripped(c, r); err != nil {
+		return err
+	}
+	if err := checkWire(c); err != nil {
+		return err
+	}
+	return checkPins(c)
+}
+
+// replaySteps appends c's steps to a fresh record, checking each outcome:
+// an accepted step's head, and that a refused one names its segment and
+// leaves the record as it was.
+func replaySteps(c Case) (*record.Record, error) {
 	r := record.New(c.Unit, c.Grants)
 	for i, st := range c.Steps {
 		before := r.State()
 		h, err := r.Append(st.Segment)
 		if got := ErrorName(err); got != st.Expect {
-			return fmt.Errorf("step %d: got %s, want %s", i, got, st.Expect)
+			return nil, fmt.Errorf("step %d: got %s, want %s", i, got, st.Expect)
 		}
 		if err != nil {
 			if r.State() != before {
-				return fmt.Errorf("step %d: refused append changed the record", i)
+				return nil, fmt.Errorf("step %d: refused append changed the record", i)
 			}
 			var se *record.SegmentError
 			if !errors.As(err, &se) || se.Index != r.Len() {
-				return fmt.Errorf("step %d: refusal does not name segment %d: %v", i, r.Len(), err)
+				return nil, fmt.Errorf("step %d: refusal does not name segment %d: %v", i, r.Len(), err)
 			}
 			continue
 		}
 		if st.Head != nil && h != *st.Head {
-			return fmt.Errorf("step %d: head %s, want %s", i, h, *st.Head)
+			return nil, fmt.Errorf("step %d: head %s, want %s", i, h, *st.Head)
 		}
 	}
+	return r, nil
+}
+
+// checkRecord checks the replayed record: it verifies, and its head, idle
+// total and wait proof are those c states.
+func checkRecord(c Case, r *record.Record) error {
 	if err := r.Verify(); err != nil {
 		return fmt.Errorf("record does not verify: %w", err)
 	}
@@ -257,31 +285,51 @@ func runCase(c Case) error {
 			return fmt.Errorf("wait proof %s at %d, want %s at %d", v.Kind, v.Segment, c.WaitProof.Kind, c.WaitProof.Segment)
 		}
 	}
-	if c.StrippedHead != nil {
-		s := record.New(c.Unit, c.Grants)
-		for i := range r.Len() {
-			seg := r.Segment(i)
-			seg.Calls = nil
-			if _, err := s.Append(seg); err != nil {
-				return fmt.Errorf("replay without accounts: %w", err)
-			}
-		}
-		if s.Head() != *c.StrippedHead {
-			return fmt.Errorf("head without accounts %s, want %s", s.Head(), *c.StrippedHead)
+	return nil
+}
+
+// checkStripped replays r's segments without their call accounts, when c
+// states the head that must give.
+func checkStripped(c Case, r *record.Record) error {
+	if c.StrippedHead == nil {
+		return nil
+	}
+	s := record.New(c.Unit, c.Grants)
+	for i := range r.Len() {
+		seg := r.Segment(i)
+		seg.Calls = nil
+		if _, err := s.Append(seg); err != nil {
+			return fmt.Errorf("replay without accounts: %w", err)
 		}
 	}
-	if c.WireExpect != "" {
-		_, err := record.DecodeWire([]byte(c.Wire))
-		if got := ErrorName(err); got != c.WireExpect {
-			return fmt.Errorf("wire form: got %s (%v), want %s", got, err, c.WireExpect)
-		}
-		if c.WireSegment != nil {
-			var se *record.SegmentError
-			if !errors.As(err, &se) || se.Index != *c.WireSegment {
-				return fmt.Errorf("wire form: error %v does not name segment %d", err, *c.WireSegment)
-			}
+	if s.Head() != *c.StrippedHead {
+		return fmt.Errorf("head without accounts %s, want %s", s.Head(), *c.StrippedHead)
+	}
+	return nil
+}
+
+// checkWire decodes c's wire form, when it has one, and checks the
+// outcome and the segment a refusal names.
+func checkWire(c Case) error {
+	if c.WireExpect == "" {
+		return nil
+	}
+	_, err := record.DecodeWire([]byte(c.Wire))
+	if got := ErrorName(err); got != c.WireExpect {
+		return fmt.Errorf("wire form: got %s (%v), want %s", got, err, c.WireExpect)
+	}
+	if c.WireSegment != nil {
+		var se *record.SegmentError
+		if !errors.As(err, &se) || se.Index != *c.WireSegment {
+			return fmt.Errorf("wire form: error %v does not name segment %d", err, *c.WireSegment)
 		}
 	}
+	return nil
+}
+
+// checkPins compares each pinned segment's canonical bytes with the hex
+// written by hand.
+func checkPins(c Case) error {
 	for _, p := range c.Pins {
 		want, err := hex.DecodeString(strings.ReplaceAll(p.Hex, " ", ""))
 		if err != nil {

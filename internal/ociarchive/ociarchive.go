@@ -20,7 +20,6 @@ package ociarchive
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -31,7 +30,6 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -126,17 +124,51 @@ func Write(w io.Writer, img Image) (Digests, error) {
 	if img.Name == "" {
 		return Digests{}, errors.New("ociarchive: image has no name")
 	}
+	layerBlob, diffID, err := layerOf(img)
+	if err != nil {
+		return Digests{}, err
+	}
+	configBlob, err := configOf(img, diffID)
+	if err != nil {
+		return Digests{}, err
+	}
+	manifestBlob, err := manifestOf(img, configBlob, layerBlob)
+	if err != nil {
+		return Digests{}, err
+	}
+	top, err := layoutEntries(img, manifestBlob)
+	if err != nil {
+		return Digests{}, err
+	}
+	if err := writeArchive(w, top, []blob{configBlob, layerBlob, manifestBlob}); err != nil {
+		return Digests{}, fmt.Errorf("ociarchive: write %s: %w", img.Name, err)
+	}
+	return Digests{
+		Manifest: manifestBlob.desc.Digest,
+		Config:   configBlob.desc.Digest,
+		Layer:    layerBlob.desc.Digest,
+		DiffID:   diffID,
+	}, nil
+}
+
+// layerOf is img's one layer, gzipped, and its diff ID: the digest of the
+// uncompressed tar, which the config names.
+func layerOf(img Image) (blob, digest.Digest, error) {
 	layerTar, err := layer(img)
 	if err != nil {
-		return Digests{}, fmt.Errorf("ociarchive: layer of %s: %w", img.Name, err)
+		return blob{}, "", fmt.Errorf("ociarchive: layer of %s: %w", img.Name, err)
 	}
 	diffID := digest.FromBytes(layerTar)
 	gz, err := gzipped(layerTar)
 	if err != nil {
-		return Digests{}, fmt.Errorf("ociarchive: compress layer of %s: %w", img.Name, err)
+		return blob{}, "", fmt.Errorf("ociarchive: compress layer of %s: %w", img.Name, err)
 	}
-	layerBlob := newBlob(ocispec.MediaTypeImageLayerGzip, gz)
+	return newBlob(ocispec.MediaTypeImageLayerGzip, gz), diffID, nil
+}
 
+// configOf is img's config: linux/amd64, its entrypoint, command,
+// environment and working directory, over the one layer diffID.
+func configOf(img Image, diffID digest.Digest) (blob, error) {
 	config := ocispec.Image{
 		Platform: ocispec.Platform{Architecture: "amd64", OS: "linux"},
 		Config: ocispec.ImageConfig{
@@ -149,23 +181,37 @@ func Write(w io.Writer, img Image) (Digests, error) {
 	}
 	configJSON, err := json.Marshal(config)
 	if err != nil {
-		return Digests{}, fmt.Errorf("ociarchive: config of %s: %w", img.Name, err)
+		return blob{}, fmt.Errorf("ociarchive: config of %s: %w", img.Name, err)
 	}
-	configBlob := newBlob(ocispec.MediaTypeImageConfig, configJSON)
+	return newBlob(ocispec.MediaTypeImageConfig, configJSON), nil
+}
 
+// manifestOf is the image manifest of config and layer.
+func manifestOf(img Image, config, layer blob) (blob, error) {
 	manifest := ocispec.Manifest{
 		Versioned: specs.Versioned{SchemaVersion: 2},
 		MediaType: ocispec.MediaTypeImageManifest,
-		Config:    configBlob.desc,
-		Layers:    []ocispec.Descriptor{layerBlob.desc},
+		Config:    config.desc,
+		Layers:    []ocispec.Descriptor{layer.desc},
 	}
 	manifestJSON, err := json.Marshal(manifest)
 	if err != nil {
-		return Digests{}, fmt.Errorf("ociarchive: manifest of %s: %w", img.Name, err)
+		return blob{}, fmt.Errorf("ociarchive: manifest of %s: %w", img.Name, err)
 	}
-	manifestBlob := newBlob(ocispec.MediaTypeImageManifest, manifestJSON)
+	return newBlob(ocispec.MediaTypeImageManifest, manifestJSON), nil
+}
 
-	mdesc := manifestBlob.desc
+// entry is one file of the archive.
+type entry struct {
+	name string
+	data []byte
+}
+
+// layoutEntries are the archive's top-level files: oci-layout, then
+// index.json naming manifest under img's name, as containerd's Import
+// reads it.
+func layoutEntries(img Image, manifest blob) ([]entry, error) {
+	mdesc := manifest.desc
 	mdesc.Platform = &ocispec.Platform{Architecture: "amd64", OS: "linux"}
 	mdesc.Annotations = map[string]string{
 		AnnotationImageName:       img.Name,
@@ -178,51 +224,39 @@ func Write(w io.Writer, img Image) (Digests, error) {
 	}
 	indexJSON, err := json.Marshal(index)
 	if err != nil {
-		return Digests{}, fmt.Errorf("ociarchive: index of %s: %w", img.Name, err)
+		return nil, fmt.Errorf("ociarchive: index of %s: %w", img.Name, err)
 	}
 	layoutJSON, err := json.Marshal(ocispec.ImageLayout{Version: ocispec.ImageLayoutVersion})
 	if err != nil {
-		return Digests{}, fmt.Errorf("ociarchive: layout of %s: %w", img.Name, err)
+		return nil, fmt.Errorf("ociarchive: layout of %s: %w", img.Name, err)
 	}
+	return []entry{{ocispec.ImageLayoutFile, layoutJSON}, {"index.json", indexJSON}}, nil
+}
 
+// writeArchive writes the archive's tar to w: the blob directories, the
+// top-level entries, then the blobs in digest order, so that one image
+// always gives the same bytes.
+func writeArchive(w io.Writer, top []entry, blobs []blob) error {
 	tw := tar.NewWriter(w)
-	entries := []struct {
-		name string
-		data []byte
-	}{
-		{ocispec.ImageLayoutFile, layoutJSON},
-		{"index.json", indexJSON},
-	}
-	blobs := []blob{configBlob, layerBlob, manifestBlob}
+	entries := top
 	sort.Slice(blobs, func(i, j int) bool { return blobs[i].desc.Digest < blobs[j].desc.Digest })
 	for _, b := range blobs {
-		entries = append(entries, struct {
-			name string
-			data []byte
-		}{"blobs/sha256/" + b.desc.Digest.Encoded(), b.data})
+		entries = append(entries, entry{"blobs/sha256/" + b.desc.Digest.Encoded(), b.data})
 	}
 	for _, dir := range []string{"blobs/", "blobs/sha256/"} {
 		if err := tw.WriteHeader(dirHeader(dir, 0o755)); err != nil {
-			return Digests{}, fmt.Errorf("ociarchive: write %s: %w", img.Name, err)
+			return err
 		}
 	}
 	for _, e := range entries {
 		if err := tw.WriteHeader(fileHeader(e.name, 0o644, int64(len(e.data)))); err != nil {
-			return Digests{}, fmt.Errorf("ociarchive: write %s: %w", img.Name, err)
+			return err
 		}
 		if _, err := tw.Write(e.data); err != nil {
-			return Digests{}, fmt.Errorf("ociarchive: write %s: %w", img.Name, err)
+			return err
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return Digests{}, fmt.Errorf("ociarchive: write %s: %w", img.Name, err)
-	}
-	return Digests{
-		Manifest: manifestBlob.desc.Digest,
-		Config:   configBlob.desc.Digest,
-		Layer:    layerBlob.desc.Digest,
-		DiffID:   diffID,
-	}, nil
+	return tw.Close()
 }
 
 // WriteFile writes img as an OCI archive at path, durably, mode 0644
@@ -247,129 +281,6 @@ func refName(name string) string {
 		return name[i+1:]
 	}
 	return "latest"
-}
-
-// layer is the uncompressed layer tar: directories first (parents before
-// children), then files, each group sorted by path.
-func layer(img Image) ([]byte, error) {
-	dirs := map[string]fs.FileMode{}
-	addParents := func(p string) {
-		for d := path.Dir(p); d != "/" && d != "."; d = path.Dir(d) {
-			if _, ok := dirs[d]; !ok {
-				dirs[d] = 0o755
-			}
-		}
-	}
-	for d, mode := range img.Dirs {
-		d = path.Clean("/" + d)
-		if d == "/" {
-			continue
-		}
-		dirs[d] = mode
-		addParents(d)
-	}
-	files := map[string]File{}
-	for _, f := range img.Files {
-		p := path.Clean("/" + f.Path)
-		if p == "/" {
-			return nil, fmt.Errorf("file with empty path")
-		}
-		if _, dup := files[p]; dup {
-			return nil, fmt.Errorf("file %s twice", p)
-		}
-		if _, isDir := dirs[p]; isDir {
-			return nil, fmt.Errorf("%s is both a file and a directory", p)
-		}
-		f.Path = p
-		files[p] = f
-		addParents(p)
-	}
-	dirNames := make([]string, 0, len(dirs))
-	for d := range dirs {
-		if _, isFile := files[d]; isFile {
-			return nil, fmt.Errorf("%s is both a file and a directory", d)
-		}
-		dirNames = append(dirNames, d)
-	}
-	sort.Strings(dirNames)
-	fileNames := make([]string, 0, len(files))
-	for p := range files {
-		fileNames = append(fileNames, p)
-	}
-	sort.Strings(fileNames)
-
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, d := range dirNames {
-		if err := tw.WriteHeader(dirHeader(d[1:]+"/", dirs[d])); err != nil {
-			return nil, err
-		}
-	}
-	for _, p := range fileNames {
-		f := files[p]
-		if err := tw.WriteHeader(fileHeader(p[1:], f.Mode, int64(len(f.Data)))); err != nil {
-			return nil, err
-		}
-		if _, err := tw.Write(f.Data); err != nil {
-			return nil, err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
-}
-
-// tarMode converts permission, setuid, setgid and sticky bits to tar's.
-func tarMode(m fs.FileMode) int64 {
-	mode := int64(m.Perm())
-	if m&fs.ModeSetuid != 0 {
-		mode |= 0o4000
-	}
-	if m&fs.ModeSetgid != 0 {
-		mode |= 0o2000
-	}
-	if m&fs.ModeSticky != 0 {
-		mode |= 0o1000
-	}
-	return mode
-}
-
-func dirHeader(name string, mode fs.FileMode) *tar.Header {
-	return &tar.Header{
-		Typeflag: tar.TypeDir,
-		Name:     name,
-		Mode:     tarMode(mode),
-		ModTime:  Epoch,
-		Format:   tar.FormatPAX,
-	}
-}
-
-func fileHeader(name string, mode fs.FileMode, size int64) *tar.Header {
-	return &tar.Header{
-		Typeflag: tar.TypeReg,
-		Name:     name,
-		Mode:     tarMode(mode),
-		Size:     size,
-		ModTime:  Epoch,
-		Format:   tar.FormatPAX,
-	}
-}
-
-func gzipped(data []byte) ([]byte, error) {
-	var buf bytes.Buffer
-	zw, err := gzip.NewWriterLevel(&buf, gzip.BestCompression)
-	if err != nil {
-		return nil, err
-	}
-	// The header's ModTime stays zero and Name empty: nothing varies.
-	if _, err := zw.Write(data); err != nil {
-		return nil, err
-	}
-	if err := zw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
 }
 
 // GoBinary builds the Go main package pkg (an import path or a ./relative

@@ -3,11 +3,9 @@
 package executor
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,19 +14,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/api/types/runc/options"
-	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/content"
-	"github.com/containerd/containerd/v2/core/diff"
-	"github.com/containerd/containerd/v2/core/leases"
-	"github.com/containerd/containerd/v2/core/mount"
-	"github.com/containerd/containerd/v2/pkg/rootfs"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
-	digest "github.com/opencontainers/go-digest"
-	"github.com/opencontainers/image-spec/identity"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-
-	"github.com/runrecordd/runrecordd/internal/atomicfile"
 )
 
 // Checkpoint says where a checkpoint goes, or comes from.
@@ -99,24 +85,19 @@ func (s *Sandbox) Checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 	return st, nil
 }
 
+// checkpoint is Checkpoint. Its steps run in the order that keeps the
+// unit safe: everything that can be checked without touching the task
+// first (the directories); then the freeze, which the rw layer's
+// measure needs (a layer over its budget refuses the checkpoint before
+// CRIU costs anything, the task as it was); then the dump; and the rw
+// layer's export only once the task is frozen for good or gone, so that
+// the layer holds every change. A step that fails after the freeze puts
+// the task back to running where it still can (settle).
 func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStats, error) {
 	start := time.Now()
 	var st CheckpointStats
-	dir, err := emptyDir(cp.ImageDir)
+	dir, work, err := s.dumpDirs(cp)
 	if err != nil {
-		return st, err
-	}
-	if cp.Rootfs != "" {
-		// Checked before the dump: after it, without Keep, the task is gone.
-		if fi, err := os.Stat(filepath.Dir(cp.Rootfs)); err != nil || !fi.IsDir() {
-			return st, fmt.Errorf("%w: no directory for the rw layer %s", ErrInvalid, cp.Rootfs)
-		}
-	}
-	work := filepath.Join(s.c.cfg.StateDir, "criu", s.id, "dump")
-	if err := removeTree(work); err != nil {
-		return st, err
-	}
-	if err := os.MkdirAll(work, 0o700); err != nil {
 		return st, err
 	}
 	// Freeze first, through runc: CRIU then finds the cgroup frozen and
@@ -128,10 +109,7 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 		return st, fmt.Errorf("pause: %w", err)
 	}
 	st.Pause = time.Since(pauseStart)
-	budget := int64(min(s.rootfsBytes, 1<<62))
-	if cp.MaxRootfsBytes > 0 {
-		budget = min(budget, cp.MaxRootfsBytes)
-	}
+	budget := s.rootfsBudget(cp)
 	if cp.Rootfs != "" {
 		// Measured frozen, before CRIU costs anything: a layer over
 		// the budget refuses the checkpoint with the task as it was.
@@ -139,40 +117,12 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 			return st, errors.Join(fmt.Errorf("%w: rw layer: %w", ErrCheckpoint, err), s.settle(ctx, false))
 		}
 	}
-	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{
-		Exit:      !cp.Keep,
-		ImagePath: dir,
-		WorkPath:  work,
-		OpenTcp:   true, // as the CRIU configuration file says too (criuConfig)
-	})
-	if err != nil {
-		return st, errors.Join(err, s.settle(ctx, false))
-	}
-	// The task service directly, not containerd.Task.Checkpoint, which
-	// with an image path adds only a lease, a container lookup, a status
-	// call and a thaw of a task that has exited.
-	dumpStart := time.Now()
-	unit := func() int { return int(s.task.Pid()) }
-	timedOut, err := s.c.underDeadline(ctx, s.id, cp.Deadline, unit, func(ctx context.Context) error {
-		_, err := s.c.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: s.id, Options: opts})
-		return err
-	})
-	st.Dump = time.Since(dumpStart)
-	if err != nil {
-		if timedOut && ctx.Err() == nil {
-			err = timeoutErr(ErrCheckpointTimeout, cp.Deadline, err)
-		} else {
-			err = fmt.Errorf("%w: %w%s", ErrCheckpoint, err, logTail(filepath.Join(work, "dump.log")))
-		}
-		return st, errors.Join(err, s.settle(ctx, timedOut))
+	if st.Dump, err = s.dump(ctx, cp, dir, work); err != nil {
+		return st, err
 	}
 	if !cp.Keep {
-		select {
-		case <-s.exited:
-		case <-time.After(30 * time.Second):
-			return st, fmt.Errorf("%w: the task did not exit after its dump", ErrCheckpoint)
-		case <-ctx.Done():
-			return st, ctx.Err()
+		if err := s.awaitDumpExit(ctx); err != nil {
+			return st, err
 		}
 	}
 	if cp.Rootfs != "" {
@@ -180,14 +130,7 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 		st.RootfsBytes, err = s.exportRootfs(ctx, cp.Rootfs, budget)
 		st.Diff = time.Since(diffStart)
 		if err != nil {
-			err = fmt.Errorf("rw layer: %w", err)
-			if errors.Is(err, ErrTooLarge) {
-				err = fmt.Errorf("%w: %w", ErrCheckpoint, err)
-			}
-			if cp.Keep {
-				err = errors.Join(err, s.settle(ctx, false))
-			}
-			return st, err
+			return st, s.exportFailed(ctx, cp, err)
 		}
 	}
 	if err := dumpStats(work, &st); err != nil {
@@ -199,6 +142,102 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 	}
 	st.Total = time.Since(start)
 	return st, nil
+}
+
+// dumpDirs makes the checkpoint's image directory (absent or empty) and a
+// fresh CRIU work directory under the executor's state, and checks that
+// the rw layer's directory exists: before the task is touched, since after
+// a dump without Keep the task is gone.
+func (s *Sandbox) dumpDirs(cp Checkpoint) (dir, work string, _ error) {
+	dir, err := emptyDir(cp.ImageDir)
+	if err != nil {
+		return "", "", err
+	}
+	if cp.Rootfs != "" {
+		// Checked before the dump: after it, without Keep, the task is gone.
+		if fi, err := os.Stat(filepath.Dir(cp.Rootfs)); err != nil || !fi.IsDir() {
+			return "", "", fmt.Errorf("%w: no directory for the rw layer %s", ErrInvalid, cp.Rootfs)
+		}
+	}
+	work = filepath.Join(s.c.cfg.StateDir, "criu", s.id, "dump")
+	if err := removeTree(work); err != nil {
+		return "", "", err
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return "", "", err
+	}
+	return dir, work, nil
+}
+
+// rootfsBudget is the most the checkpoint's rw layer tar may take: the
+// sandbox's own budget, lowered by cp.MaxRootfsBytes.
+func (s *Sandbox) rootfsBudget(cp Checkpoint) int64 {
+	budget := int64(min(s.rootfsBytes, 1<<62))
+	if cp.MaxRootfsBytes > 0 {
+		budget = min(budget, cp.MaxRootfsBytes)
+	}
+	return budget
+}
+
+// dump has CRIU dump the frozen task into dir, under cp's deadline, and
+// returns how long it took. If the dump fails the task is put back to
+// running (settle), CRIU killed first if the deadline passed.
+func (s *Sandbox) dump(ctx context.Context, cp Checkpoint, dir, work string) (time.Duration, error) {
+	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{
+		Exit:      !cp.Keep,
+		ImagePath: dir,
+		WorkPath:  work,
+		OpenTcp:   true, // as the CRIU configuration file says too (criuConfig)
+	})
+	if err != nil {
+		return 0, errors.Join(err, s.settle(ctx, false))
+	}
+	// The task service directly, not containerd.Task.Checkpoint, which
+	// with an image path adds only a lease, a container lookup, a status
+	// call and a thaw of a task that has exited.
+	dumpStart := time.Now()
+	unit := func() int { return int(s.task.Pid()) }
+	timedOut, err := s.c.underDeadline(ctx, s.id, cp.Deadline, unit, func(ctx context.Context) error {
+		_, err := s.c.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: s.id, Options: opts})
+		return err
+	})
+	took := time.Since(dumpStart)
+	if err != nil {
+		if timedOut && ctx.Err() == nil {
+			err = timeoutErr(ErrCheckpointTimeout, cp.Deadline, err)
+		} else {
+			err = fmt.Errorf("%w: %w%s", ErrCheckpoint, err, logTail(filepath.Join(work, "dump.log")))
+		}
+		return took, errors.Join(err, s.settle(ctx, timedOut))
+	}
+	return took, nil
+}
+
+// awaitDumpExit waits for the task a dump without Keep ends to exit:
+// its rw layer is read only once nothing can change it.
+func (s *Sandbox) awaitDumpExit(ctx context.Context) error {
+	select {
+	case <-s.exited:
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("%w: the task did not exit after its dump", ErrCheckpoint)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// exportFailed is the error of a checkpoint whose rw layer export failed
+// with err: over its budget a checkpoint error; and with Keep the task,
+// still there, is put back to running.
+func (s *Sandbox) exportFailed(ctx context.Context, cp Checkpoint, err error) error {
+	err = fmt.Errorf("rw layer: %w", err)
+	if errors.Is(err, ErrTooLarge) {
+		err = fmt.Errorf("%w: %w", ErrCheckpoint, err)
+	}
+	if cp.Keep {
+		err = errors.Join(err, s.settle(ctx, false))
+	}
+	return err
 }
 
 // emptyDir makes dir (absolute) exist and checks that it is empty: a
@@ -222,114 +261,6 @@ func emptyDir(dir string) (string, error) {
 		return "", fmt.Errorf("%w: image directory %s is not empty", ErrInvalid, dir)
 	}
 	return dir, nil
-}
-
-// rootfsMounts are the mounts of the sandbox's rw snapshot, with its
-// snapshotter and key.
-func (s *Sandbox) rootfsMounts(ctx context.Context) (snapshotter, key string, _ []mount.Mount, _ error) {
-	info, err := s.cont.Info(ctx, containerd.WithoutRefreshedMetadata)
-	if err != nil {
-		return "", "", nil, err
-	}
-	mounts, err := s.c.client.SnapshotService(info.Snapshotter).Mounts(ctx, info.SnapshotKey)
-	if err != nil {
-		return "", "", nil, err
-	}
-	return info.Snapshotter, info.SnapshotKey, mounts, nil
-}
-
-// checkRootfs measures the rw layer the sandbox's snapshot would make
-// (layerBound) and refuses one over budget with [ErrTooLarge]. The task
-// is frozen.
-func (s *Sandbox) checkRootfs(ctx context.Context, budget int64) error {
-	_, _, mounts, err := s.rootfsMounts(ctx)
-	if err != nil {
-		return err
-	}
-	need, err := layerBound(ctx, mounts, budget)
-	if err != nil {
-		return err
-	}
-	if need > budget {
-		return fmt.Errorf("%w: the rw layer would take up to %d bytes, over its budget of %d", ErrTooLarge, need, budget)
-	}
-	return nil
-}
-
-// exportRootfs writes the diff of the sandbox's rw snapshot against its
-// image to path, at most budget bytes of it ([ErrTooLarge] at the first
-// byte over, and nothing left at path). From an overlayfs snapshot it is
-// read off the snapshot's upper directory (rwlayer.go): its cost follows
-// the change, not the image. Otherwise the diff service computes it.
-func (s *Sandbox) exportRootfs(ctx context.Context, path string, budget int64) (int64, error) {
-	// The task is frozen (Keep) or has exited, its root still mounted:
-	// the upper directory holds every change and none is being made.
-	snapshotter, key, mounts, err := s.rootfsMounts(ctx)
-	if err != nil {
-		return 0, err
-	}
-	n, err := writeOverlayDiffFile(ctx, mounts, path, budget)
-	if !errors.Is(err, errNoUpperDir) {
-		return n, err
-	}
-	s.c.log.Debug("rw layer through the diff service", "sandbox", s.id, "reason", err)
-	return s.c.diffServiceLayer(ctx, snapshotter, key, path, budget)
-}
-
-// diffServiceLayer writes the diff of snapshot key (of snapshotter)
-// against its parent to path, computed by containerd's diff service (which
-// walks both whole trees) into the content store under a lease; it is
-// copied out, and the lease's end lets the GC take the blob.
-//
-// The diff service writes the whole layer before this can count it: the
-// caller has measured the snapshot first (checkRootfs), which bounds it.
-func (c *Client) diffServiceLayer(ctx context.Context, snapshotter, key, path string, budget int64) (int64, error) {
-	ctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
-	if err != nil {
-		return 0, err
-	}
-	defer done(context.WithoutCancel(ctx))
-	desc, err := rootfs.CreateDiff(ctx, key, c.client.SnapshotService(snapshotter), c.client.DiffService(),
-		diff.WithMediaType(ocispec.MediaTypeImageLayer),
-		diff.WithReference("runrecordd-rootfs-"+key))
-	if err != nil {
-		return 0, err
-	}
-	ra, err := c.client.ContentStore().ReaderAt(ctx, desc)
-	if err != nil {
-		return 0, err
-	}
-	defer ra.Close()
-	if desc.Size > budget {
-		return 0, fmt.Errorf("%w: the rw layer is %d bytes, over its budget of %d", ErrTooLarge, desc.Size, budget)
-	}
-	return writeFileWhole(path, budgeted(content.NewReader(ra), budget), false)
-}
-
-// writeFileDurably writes r to path through a temporary file beside it,
-// fsynced before the rename and the directory fsynced after, so that path
-// is either absent or whole after a crash.
-func writeFileDurably(path string, r io.Reader) (int64, error) {
-	return writeFileWhole(path, r, true)
-}
-
-// writeFileWhole writes r to path through a temporary file beside it and a
-// rename, so that path is never seen half-written; with durable, the file
-// is fsynced before the rename and the directory after.
-func writeFileWhole(path string, r io.Reader, durable bool) (int64, error) {
-	var n int64
-	write := func(f *os.File) (err error) {
-		n, err = io.Copy(f, r)
-		return err
-	}
-	put := atomicfile.WriteNoSync
-	if durable {
-		put = atomicfile.Write
-	}
-	if err := put(path, 0o600, write); err != nil {
-		return 0, err
-	}
-	return n, nil
 }
 
 // dumpStats reads CRIU's stats-dump, which it writes into its work
@@ -371,125 +302,6 @@ func dirSize(dir string) (int64, error) {
 		return nil
 	})
 	return n, err
-}
-
-// RestoreStats is what a restore cost.
-type RestoreStats struct {
-	// Total is the whole Restore call; Rootfs the rw layer's apply; Task
-	// the task create and start (runc restore and CRIU).
-	Total, Rootfs, Task time.Duration
-	// Forking and Restore are CRIU's timings from stats-restore: forking
-	// the process tree, and the rest of the restore.
-	Forking, Restore time.Duration
-	// PagesRestored is how many memory pages CRIU restored.
-	PagesRestored uint64
-}
-
-// Restore creates sandbox id from the same spec as the checkpointed one,
-// with the rw layer cp.Rootfs applied over the image, and restores its
-// processes from cp.ImageDir; output goes on into out's files. CRIU only
-// reads the image directory (its log and stats-restore go to the work
-// directory under the executor's state), so cp.ImageDir may be a sealed
-// object.
-func (c *Client) Restore(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, RestoreStats, error) {
-	s, st, err := c.restore(ctx, id, spec, cp, out)
-	if err != nil {
-		return nil, RestoreStats{}, fmt.Errorf("executor: restore %s: %w", id, err)
-	}
-	return s, st, nil
-}
-
-func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, RestoreStats, error) {
-	start := time.Now()
-	var st RestoreStats
-	if cp.ImageDir == "" {
-		return nil, st, fmt.Errorf("%w: no image directory", ErrInvalid)
-	}
-	images, err := filepath.Abs(cp.ImageDir)
-	if err != nil {
-		return nil, st, err
-	}
-	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
-		return nil, st, fmt.Errorf("%w: %s holds no CRIU image: %w", ErrInvalid, images, err)
-	}
-	work := filepath.Join(c.cfg.StateDir, "criu", id, "restore")
-	if err := removeTree(work); err != nil {
-		return nil, st, err
-	}
-	if err := os.MkdirAll(work, 0o700); err != nil {
-		return nil, st, err
-	}
-	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline}
-	s, err := c.create(ctx, id, spec, out, rs)
-	if err != nil {
-		if rs.timedOut {
-			return nil, st, timeoutErr(ErrRestoreTimeout, cp.Deadline, err)
-		}
-		return nil, st, fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(work, "restore.log")))
-	}
-	st.Rootfs, st.Task = rs.rootfsTime, rs.taskTime
-	if d, err := os.Open(work); err == nil {
-		if rst, err := stats.CriuGetRestoreStats(d); err == nil {
-			st.Forking = time.Duration(rst.GetForkingTime()) * time.Microsecond
-			st.Restore = time.Duration(rst.GetRestoreTime()) * time.Microsecond
-			st.PagesRestored = rst.GetPagesRestored()
-		}
-		d.Close()
-	}
-	st.Total = time.Since(start)
-	return s, st, nil
-}
-
-// prepareRootfs makes snapshot key over the image's layers and applies the
-// rw layer tar (if any) to it through the diff service.
-func (c *Client) prepareRootfs(ctx context.Context, key string, img containerd.Image, layer string) error {
-	diffIDs, err := img.RootFS(ctx)
-	if err != nil {
-		return fmt.Errorf("image layers: %w", err)
-	}
-	sn := c.client.SnapshotService(Snapshotter)
-	mounts, err := sn.Prepare(ctx, key, identity.ChainID(diffIDs).String())
-	if err != nil {
-		return fmt.Errorf("snapshot: %w", err)
-	}
-	if layer == "" {
-		return nil
-	}
-	if err := c.applyLayer(ctx, key, layer, mounts); err != nil {
-		_ = sn.Remove(ctx, key)
-		return fmt.Errorf("apply rw layer %s: %w", layer, err)
-	}
-	return nil
-}
-
-func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mount.Mount) error {
-	f, err := os.Open(layer)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	ctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
-	if err != nil {
-		return err
-	}
-	defer done(context.WithoutCancel(ctx))
-	cs := c.client.ContentStore()
-	w, err := content.OpenWriter(ctx, cs, content.WithRef("runrecordd-restore-"+key))
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	dg := digest.Canonical.Digester()
-	n, err := io.Copy(io.MultiWriter(w, dg.Hash()), bufio.NewReaderSize(f, 1<<20))
-	if err != nil {
-		return err
-	}
-	if err := w.Commit(ctx, n, dg.Digest()); err != nil && !errdefs.IsAlreadyExists(err) {
-		return err
-	}
-	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: dg.Digest(), Size: n}
-	_, err = c.client.DiffService().Apply(ctx, desc, mounts)
-	return err
 }
 
 // logTail is the end of a CRIU log, formatted to follow an error message.

@@ -4,10 +4,61 @@ package executor
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sync/atomic"
 )
+
+// Output names the files a sandbox's stdout and stderr are appended to;
+// an empty name discards that stream. The executor copies each stream from
+// containerd's FIFO into its file, so a reader sees output as it is written.
+type Output struct {
+	Stdout string
+	Stderr string
+}
+
+// openOutput opens the output files for appending, each capped at
+// s.logBytes (see capped).
+func (s *Sandbox) openOutput(out Output) (io.Writer, io.Writer, error) {
+	open := func(i int, stream, name string) (io.Writer, error) {
+		if name == "" {
+			return io.Discard, nil
+		}
+		f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("output: %w", err)
+		}
+		s.files = append(s.files, f)
+		w, err := newCapped(f, stream, int64(min(s.logBytes, 1<<62)), s.c.log.With("sandbox", s.id))
+		if err != nil {
+			return nil, fmt.Errorf("output: %w", err)
+		}
+		s.out[i] = w
+		return w, nil
+	}
+	stdout, err := open(0, "stdout", out.Stdout)
+	if err != nil {
+		return nil, nil, err
+	}
+	stderr, err := open(1, "stderr", out.Stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	return stdout, stderr, nil
+}
+
+// Omitted is how many bytes of the unit's stdout and stderr this process
+// has discarded since it attached, past the spec's LogBytes.
+func (s *Sandbox) Omitted() (stdout, stderr uint64) {
+	if w := s.out[0]; w != nil {
+		stdout = w.omitted.Load()
+	}
+	if w := s.out[1]; w != nil {
+		stderr = w.omitted.Load()
+	}
+	return stdout, stderr
+}
 
 // capped is one output stream's file, capped at max bytes: what the unit
 // writes past the cap is discarded and counted, after one line that says

@@ -148,6 +148,29 @@ func (fl *follower) start(name string) {
 	fl.wg.Go(func() { ff.err = fl.track(ff) })
 }
 
+// tracker is the hashing of one followed file, on its goroutine.
+type tracker struct {
+	fl          *follower
+	ff          *followed
+	f           *os.File
+	opened      os.FileInfo      // the file as opened: at the end it must still be in place
+	h           *treehash.Serial // on this goroutine only: CRIU has the other core
+	buf         []byte
+	off, queued int64          // bytes hashed; bytes handed to writeback
+	final       bool           // the producer has returned: this pass reads to the end
+	quiet       bool           // the file was found at its end, of size off, with mtime ff.mtime
+	rest        sync.WaitGroup // the writeback of the rest, started when the producer returns
+}
+
+// atEnd is what a tracker finds at the end of what a read found written.
+type atEnd int
+
+const (
+	grown   atEnd = iota // written since the read: read on
+	waiting              // at its end while the producer runs: wait for more
+	settled              // read to its end after the producer returned: hashed
+)
+
 // track hashes ff's file as it grows, until the producer has returned and
 // the file is read to its end.
 func (fl *follower) track(ff *followed) error {
@@ -160,88 +183,34 @@ func (fl *follower) track(ff *followed) error {
 	if err != nil {
 		return err
 	}
-	h := new(treehash.Serial) // on this goroutine only: CRIU has the other core
-	buf := make([]byte, followBuf)
-	var (
-		off, queued int64 // bytes hashed; bytes handed to writeback
-		final       bool  // the producer has returned: this pass reads to the end
-		quiet       bool  // the file was found at its end, of size off, with mtime ff.mtime
-		poll        = time.NewTimer(followPoll)
-		rest        sync.WaitGroup // the writeback of the rest, started when the producer returns
-	)
+	t := &tracker{fl: fl, ff: ff, f: f, opened: opened, h: new(treehash.Serial), buf: make([]byte, followBuf)}
+	poll := time.NewTimer(followPoll)
 	defer poll.Stop()
-	defer rest.Wait() // before the Close
-	returned := func() {
-		final, ff.early = true, off
-		// Start the writeback of all the rest at once, beside the hashing
-		// of the tail: the bytes are all written now.
-		from := queued
-		rest.Go(func() { writeback(f, from, 0) })
-	}
+	defer t.rest.Wait() // before the Close
 	for {
 		if err := fl.ctx.Err(); err != nil {
 			return err
 		}
-		if !final {
+		if !t.final {
 			select {
 			case <-fl.returned:
-				returned()
+				t.returned()
 			default:
 			}
 		}
-		n, err := f.ReadAt(buf, off)
-		if n > 0 {
-			h.Write(buf[:n])
-			off += int64(n)
-			if quiet {
-				quiet = false
-				ff.quietAt.Store(-1)
-			}
-			if !final && off-queued >= writebackStep {
-				writeback(f, queued, off-queued)
-				queued = off
-			}
-		}
-		switch {
-		case err == nil:
-			continue
-		case !errors.Is(err, io.EOF):
+		more, err := t.read()
+		if err != nil {
 			return err
-		case n > 0:
-			continue // read on until a read finds nothing more
 		}
-		// At the end of what is written so far.
-		info, err := f.Stat()
-		switch {
+		if more {
+			continue
+		}
+		switch at, err := t.atEnd(); {
 		case err != nil:
 			return err
-		case info.Size() < off:
-			return fmt.Errorf("shrank from %d bytes to %d", off, info.Size())
-		case info.Size() > off:
-			continue // written since the read
-		}
-		if !quiet {
-			// The time of the write that brought it to this size (a
-			// write sets the time before it adds bytes). A later time
-			// with no more bytes is a write of bytes already hashed.
-			quiet, ff.mtime = true, info.ModTime()
-			ff.quietAt.Store(off)
-		}
-		if final {
-			// Read to its end after the producer returned. It must not
-			// have changed since it reached this size, and be the file
-			// that was opened, still in place.
-			if !info.ModTime().Equal(ff.mtime) {
-				return fmt.Errorf("changed at %d bytes without growing", off)
-			}
-			now, err := os.Lstat(ff.path)
-			if err != nil {
-				return err
-			}
-			if !os.SameFile(opened, now) {
-				return errors.New("replaced")
-			}
-			ff.hashed, ff.addr = off, h.Sum()
+		case at == grown:
+			continue
+		case at == settled:
 			return nil
 		}
 		poll.Reset(followPoll)
@@ -249,12 +218,99 @@ func (fl *follower) track(ff *followed) error {
 		case <-fl.returned:
 			// One more pass: whatever the producer wrote before it
 			// returned is visible now.
-			returned()
+			t.returned()
 		case <-poll.C:
 		case <-fl.ctx.Done():
 			return fl.ctx.Err()
 		}
 	}
+}
+
+// returned marks that the producer has returned, so that this pass reads
+// to the end, and starts the writeback of all the rest at once, beside
+// the hashing of the tail: the bytes are all written now.
+func (t *tracker) returned() {
+	t.final, t.ff.early = true, t.off
+	from := t.queued
+	t.rest.Go(func() { writeback(t.f, from, 0) })
+}
+
+// read hashes what is written past the bytes hashed, and while the
+// producer runs starts the writeback of every writebackStep hashed. more
+// says to read again at once: the read found bytes, so it need not be at
+// the end; a read that finds nothing more is the end of what is written
+// so far, which [tracker.atEnd] judges.
+func (t *tracker) read() (more bool, err error) {
+	n, err := t.f.ReadAt(t.buf, t.off)
+	if n > 0 {
+		t.h.Write(t.buf[:n])
+		t.off += int64(n)
+		if t.quiet {
+			t.quiet = false
+			t.ff.quietAt.Store(-1)
+		}
+		if !t.final && t.off-t.queued >= writebackStep {
+			writeback(t.f, t.queued, t.off-t.queued)
+			t.queued = t.off
+		}
+	}
+	switch {
+	case err == nil:
+		return true, nil
+	case !errors.Is(err, io.EOF):
+		return false, err
+	}
+	return n > 0, nil // read on until a read finds nothing more
+}
+
+// atEnd judges the file at the end of what a read found written: one
+// that shrank is given up, one written since the read is read on, and one
+// at its end is quiet from now, with the time of the write that brought
+// it to its size. After the producer has returned, a quiet file is read
+// to its end, and [tracker.settle] judges it.
+func (t *tracker) atEnd() (atEnd, error) {
+	info, err := t.f.Stat()
+	switch {
+	case err != nil:
+		return 0, err
+	case info.Size() < t.off:
+		return 0, fmt.Errorf("shrank from %d bytes to %d", t.off, info.Size())
+	case info.Size() > t.off:
+		return grown, nil
+	}
+	if !t.quiet {
+		// The time of the write that brought it to this size (a write
+		// sets the time before it adds bytes). A later time with no more
+		// bytes is a write of bytes already hashed.
+		t.quiet, t.ff.mtime = true, info.ModTime()
+		t.ff.quietAt.Store(t.off)
+	}
+	if !t.final {
+		return waiting, nil
+	}
+	if err := t.settle(info); err != nil {
+		return 0, err
+	}
+	return settled, nil
+}
+
+// settle ends the tracking of a file read to its end after the producer
+// returned (info is its state there). It must not have changed since it
+// reached this size, and must be the file that was opened, still in
+// place: then its hash is ff's.
+func (t *tracker) settle(info os.FileInfo) error {
+	if !info.ModTime().Equal(t.ff.mtime) {
+		return fmt.Errorf("changed at %d bytes without growing", t.off)
+	}
+	now, err := os.Lstat(t.ff.path)
+	if err != nil {
+		return err
+	}
+	if !os.SameFile(t.opened, now) {
+		return errors.New("replaced")
+	}
+	t.ff.hashed, t.ff.addr = t.off, t.h.Sum()
+	return nil
 }
 
 // writeback starts the writeback of n bytes of f from off (0: to the end),

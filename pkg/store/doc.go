@@ -134,6 +134,23 @@
 //     [ErrDamaged], never a panic: bbolt's panics and faults on damaged
 //     pages are recovered.
 //
+// # Where the code is
+//
+// One concept per file. Records: runs.go (a run's state and summary,
+// [Store.Create]), append.go ([Store.Append]'s checks and writes, in
+// order), record.go (reading a record back, verified or [Store.Raw]),
+// import.go (a record received whole), handoff.go (one timeline per run),
+// retention.go, trust.go. Objects: objects.go ([Store.Put] and the durable
+// naming of an object), adopt.go, refs.go (declared refs), reader.go
+// (verified reads), copy.go (the pooled buffers every stream goes
+// through), rehash.go, gc.go. Directory objects: listing.go (the listing's
+// bytes and rules), ingest.go (a staged tree in), hashed.go (hashes a
+// follower vouches for), dir.go (a listing out: [Store.VerifyDir],
+// [Store.Materialize]), parallel.go (the one worker pool). The ledger:
+// calls.go, ledger.go, ledgerfold.go, ledgercheck.go. The database:
+// store.go, commit.go (group commit), schema.go (this tree and the
+// migrations), check.go.
+//
 // # Contexts
 //
 // Calls bounded by one commit (Create, Append, AppendAll, Import, PutBytes)

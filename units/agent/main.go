@@ -129,6 +129,14 @@ func configure() (config, error) {
 	return cfg, nil
 }
 
+// agent is the agent connected to its interval, at the position its
+// transcript records.
+type agent struct {
+	c   *protocol.Client
+	cfg config
+	pos position
+}
+
 func run(ctx context.Context, cfg config) error {
 	c, err := protocol.Dial(filepath.Join(cfg.dir, protocol.SocketFile))
 	if err != nil {
@@ -149,82 +157,112 @@ func run(ctx context.Context, cfg config) error {
 	if pos.done {
 		return nil
 	}
-
-	// appendLine appends one line and checks the transcript grew from
-	// exactly the bytes this agent read: the file it read is the file the
-	// daemon writes.
-	appendLine := func(step int, text string) error {
-		size, err := c.Append(ctx, []byte(text+"\n"))
+	a := &agent{c: c, cfg: cfg, pos: pos}
+	for a.pos.step <= cfg.steps {
+		parked, err := a.advance(ctx)
 		if err != nil {
 			return err
 		}
-		if want := pos.size + int64(len(text)) + 1; size != want {
-			return fmt.Errorf("%w: transcript is %d bytes after append, want %d", errTranscript, size, want)
-		}
-		pos.size = size
-		emit(Line{Action: "append", Step: step, Text: text, Size: size})
-		return nil
-	}
-
-	for pos.step <= cfg.steps {
-		i := pos.step
-		id := fmt.Sprintf("call-%d", i)
-		switch pos.stage {
-		case stageNone:
-			if err := appendLine(i, fmt.Sprintf("step %d: thinking", i)); err != nil {
-				return err
-			}
-			pos.stage = stageThinking
-		case stageThinking:
-			digest := think(i, cfg.iters)
-			emit(Line{Action: "think", Step: i, Digest: digest})
-			payload, _ := json.Marshal(map[string]any{"step": i, "digest": digest})
-			err := c.Dispatch(ctx, protocol.Call{ID: id, Kind: cfg.kind, Payload: payload})
-			switch {
-			case errors.Is(err, protocol.ErrDuplicateCall):
-				emit(Line{Action: "dispatch", Step: i, ID: id, Note: "already dispatched before a restart"})
-			case err != nil:
-				return err
-			default:
-				emit(Line{Action: "dispatch", Step: i, ID: id, Payload: payload})
-			}
-			if err := appendLine(i, fmt.Sprintf("step %d: dispatched %s", i, id)); err != nil {
-				return err
-			}
-			pos.stage = stageDispatched
-		case stageDispatched:
-			r, ok, err := delivered(ctx, c, id)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				parking, err := c.Await(ctx, id)
-				if err != nil {
-					return err
-				}
-				emit(Line{Action: "await", Step: i, ID: id, Parking: &parking})
-				if parking {
-					waitForEnd()
-					return nil
-				}
-				if r, ok, err = delivered(ctx, c, id); err != nil {
-					return err
-				}
-				if !ok {
-					return fmt.Errorf("await %s: daemon says delivered, results lack it", id)
-				}
-			}
-			emit(Line{Action: "result", Step: i, ID: id, Payload: r.Payload})
-			if err := appendLine(i, fmt.Sprintf("step %d: result %s", i, r.Payload)); err != nil {
-				return err
-			}
-			pos.step, pos.stage = i+1, stageNone
+		if parked {
+			waitForEnd()
+			return nil
 		}
 	}
-	if err := appendLine(0, "done"); err != nil {
+	if err := a.appendLine(ctx, 0, "done"); err != nil {
 		return err
 	}
 	emit(Line{Action: "done"})
+	return nil
+}
+
+// advance takes the step in progress one stage further: from nothing to
+// thinking, from thinking to a dispatched call, from a dispatched call to
+// its result and the next step. parked is true when the await parked the
+// run.
+func (a *agent) advance(ctx context.Context) (parked bool, err error) {
+	i := a.pos.step
+	id := fmt.Sprintf("call-%d", i)
+	switch a.pos.stage {
+	case stageNone:
+		if err := a.appendLine(ctx, i, fmt.Sprintf("step %d: thinking", i)); err != nil {
+			return false, err
+		}
+		a.pos.stage = stageThinking
+	case stageThinking:
+		if err := a.dispatch(ctx, i, id); err != nil {
+			return false, err
+		}
+		a.pos.stage = stageDispatched
+	case stageDispatched:
+		r, parked, err := a.await(ctx, i, id)
+		if err != nil || parked {
+			return parked, err
+		}
+		emit(Line{Action: "result", Step: i, ID: id, Payload: r.Payload})
+		if err := a.appendLine(ctx, i, fmt.Sprintf("step %d: result %s", i, r.Payload)); err != nil {
+			return false, err
+		}
+		a.pos.step, a.pos.stage = i+1, stageNone
+	}
+	return false, nil
+}
+
+// dispatch thinks, dispatches step i's call id and records it. A call the
+// daemon already holds (the agent stopped before recording it) counts as
+// dispatched.
+func (a *agent) dispatch(ctx context.Context, i int, id string) error {
+	digest := think(i, a.cfg.iters)
+	emit(Line{Action: "think", Step: i, Digest: digest})
+	payload, _ := json.Marshal(map[string]any{"step": i, "digest": digest})
+	err := a.c.Dispatch(ctx, protocol.Call{ID: id, Kind: a.cfg.kind, Payload: payload})
+	switch {
+	case errors.Is(err, protocol.ErrDuplicateCall):
+		emit(Line{Action: "dispatch", Step: i, ID: id, Note: "already dispatched before a restart"})
+	case err != nil:
+		return err
+	default:
+		emit(Line{Action: "dispatch", Step: i, ID: id, Payload: payload})
+	}
+	return a.appendLine(ctx, i, fmt.Sprintf("step %d: dispatched %s", i, id))
+}
+
+// await returns call id's result if it is delivered, and otherwise awaits
+// it: parked is true when the await parks the run.
+func (a *agent) await(ctx context.Context, i int, id string) (r protocol.Result, parked bool, err error) {
+	r, ok, err := delivered(ctx, a.c, id)
+	if err != nil || ok {
+		return r, false, err
+	}
+	parking, err := a.c.Await(ctx, id)
+	if err != nil {
+		return r, false, err
+	}
+	emit(Line{Action: "await", Step: i, ID: id, Parking: &parking})
+	if parking {
+		return r, true, nil
+	}
+	if r, ok, err = delivered(ctx, a.c, id); err != nil {
+		return r, false, err
+	}
+	if !ok {
+		return r, false, fmt.Errorf("await %s: daemon says delivered, results lack it", id)
+	}
+	return r, false, nil
+}
+
+// appendLine appends one line and checks the transcript grew from exactly
+// the bytes this agent read: the file it read is the file the daemon
+// writes.
+func (a *agent) appendLine(ctx context.Context, step int, text string) error {
+	size, err := a.c.Append(ctx, []byte(text+"\n"))
+	if err != nil {
+		return err
+	}
+	if want := a.pos.size + int64(len(text)) + 1; size != want {
+		return fmt.Errorf("%w: transcript is %d bytes after append, want %d", errTranscript, size, want)
+	}
+	a.pos.size = size
+	emit(Line{Action: "append", Step: step, Text: text, Size: size})
 	return nil
 }
 

@@ -137,56 +137,42 @@ func sum(buf []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
+// oracle is the unit's state and the line that reports it.
+type oracle struct {
+	path     string
+	buf      []byte
+	checksum string // of buf at start
+	f        *os.File
+	header   []byte
+	toChild  *os.File
+	echoes   *bufio.Reader
+	tcp      *tcpState // nil without TCP_PORT
+	enc      *json.Encoder
+	line     Line
+}
+
 func run() error {
 	start := time.Now()
 	size := envInt("SIZE_MB", 64) << 20
 	tick := time.Duration(envInt("TICK_MS", 100)) * time.Millisecond
 	verifyEvery := uint64(envInt("VERIFY_EVERY", 10))
-	path := os.Getenv("OUT_FILE")
-	if path == "" {
-		path = "/tmp/oracle.dat"
+	o := &oracle{path: os.Getenv("OUT_FILE")}
+	if o.path == "" {
+		o.path = "/tmp/oracle.dat"
 	}
 
-	buf := make([]byte, size)
-	fill(buf)
-	checksum := sum(buf)
-
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	o.buf = make([]byte, size)
+	fill(o.buf)
+	o.checksum = sum(o.buf)
+	if err := o.openFile(); err != nil {
+		return err
+	}
+	childPid, err := o.startChild()
 	if err != nil {
 		return err
 	}
-	header := make([]byte, headerSize)
-	fill(header)
-	if _, err := f.Write(header); err != nil {
-		return err
-	}
-
-	childStdin, toChild, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	fromChild, childStdout, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	child := exec.Command(self, "echo-child")
-	child.Stdin = childStdin
-	child.Stdout = childStdout
-	child.Stderr = os.Stderr
-	if err := child.Start(); err != nil {
-		return err
-	}
-	childStdin.Close()
-	childStdout.Close()
-	echoes := bufio.NewReader(fromChild)
-
-	var tcp *tcpState
 	if port := envInt("TCP_PORT", 0); port != 0 {
-		if tcp, err = startTCP(port); err != nil {
+		if o.tcp, err = startTCP(port); err != nil {
 			return err
 		}
 	}
@@ -194,97 +180,164 @@ func run() error {
 	usr1 := make(chan os.Signal, 1)
 	signal.Notify(usr1, syscall.SIGUSR1)
 
-	enc := json.NewEncoder(os.Stdout)
-	line := Line{
-		Checksum:   checksum,
-		Verify:     checksum,
+	o.enc = json.NewEncoder(os.Stdout)
+	o.line = Line{
+		Checksum:   o.checksum,
+		Verify:     o.checksum,
 		Pid:        os.Getpid(),
-		ChildPid:   child.Process.Pid,
+		ChildPid:   childPid,
 		StartTime:  start.UnixNano(),
 		FileOffset: headerSize,
 		FileOK:     true,
 		LoUp:       loUp(),
 	}
-	fail := func(format string, args ...any) error {
-		line.Error = fmt.Sprintf(format, args...)
-		line.Time = time.Now().UnixNano()
-		_ = enc.Encode(&line)
-		return errBroken
-	}
-	verify := func() error {
-		line.LoUp = loUp()
-		line.Verify = sum(buf)
-		line.VerifiedAt = line.Counter
-		if line.Verify != checksum {
-			return fail("buffer checksum %s, want %s", line.Verify, checksum)
-		}
-		ok, err := checkFile(f, header, line.Counter)
-		if err != nil {
-			return fail("read back %s: %v", path, err)
-		}
-		line.FileOK = ok
-		if !ok {
-			return fail("%s does not hold the header and records 0..%d", path, line.Counter)
-		}
-		return nil
-	}
+	return o.loop(tick, verifyEvery, usr1)
+}
 
+// openFile creates the output file and writes its header, leaving the
+// descriptor's offset after it.
+func (o *oracle) openFile() error {
+	f, err := os.OpenFile(o.path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	o.f = f
+	o.header = make([]byte, headerSize)
+	fill(o.header)
+	_, err = f.Write(o.header)
+	return err
+}
+
+// startChild starts the echo child joined by two pipes and returns its
+// pid.
+func (o *oracle) startChild() (int, error) {
+	childStdin, toChild, err := os.Pipe()
+	if err != nil {
+		return 0, err
+	}
+	fromChild, childStdout, err := os.Pipe()
+	if err != nil {
+		return 0, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	child := exec.Command(self, "echo-child")
+	child.Stdin = childStdin
+	child.Stdout = childStdout
+	child.Stderr = os.Stderr
+	if err := child.Start(); err != nil {
+		return 0, err
+	}
+	childStdin.Close()
+	childStdout.Close()
+	o.toChild = toChild
+	o.echoes = bufio.NewReader(fromChild)
+	return child.Process.Pid, nil
+}
+
+// loop ticks every tick, verifying every verifyEvery ticks and on each
+// signal from usr1, and reports a line after each, until an invariant
+// breaks or stdout fails.
+func (o *oracle) loop(tick time.Duration, verifyEvery uint64, usr1 <-chan os.Signal) error {
 	t := time.NewTicker(tick)
 	defer t.Stop()
-	var rec, got [8]byte
 	for {
 		select {
 		case <-usr1:
 			// Verify now and report, without a tick.
-			if err := verify(); err != nil {
+			if err := o.verify(); err != nil {
 				return err
 			}
-			line.Time = time.Now().UnixNano()
-			if err := enc.Encode(&line); err != nil {
+			if err := o.report(); err != nil {
 				return err
 			}
 			continue
 		case <-t.C:
 		}
-		// One tick: a file record, a pipe round trip, the counter.
-		binary.BigEndian.PutUint64(rec[:], line.Counter)
-		if _, err := f.Write(rec[:]); err != nil {
-			return fail("write %s: %v", path, err)
+		if err := o.step(); err != nil {
+			return err
 		}
-		off, err := f.Seek(0, io.SeekCurrent)
-		if err != nil {
-			return fail("seek %s: %v", path, err)
-		}
-		if want := int64(headerSize) + 8*int64(line.Counter+1); off != want {
-			return fail("file offset %d, want %d", off, want)
-		}
-		line.FileOffset = off
-		if _, err := toChild.Write(rec[:]); err != nil {
-			return fail("write pipe: %v", err)
-		}
-		if _, err := io.ReadFull(echoes, got[:]); err != nil {
-			return fail("read pipe: %v", err)
-		}
-		if got != rec {
-			return fail("pipe echoed %x, want %x", got, rec)
-		}
-		line.PipeSeq = line.Counter
-		if tcp != nil {
-			if err := tcp.tick(&line, rec); err != nil {
-				return fail("%v", err)
-			}
-		}
-		line.Counter++
-		if line.Counter%verifyEvery == 0 {
-			if err := verify(); err != nil {
+		o.line.Counter++
+		if o.line.Counter%verifyEvery == 0 {
+			if err := o.verify(); err != nil {
 				return err
 			}
 		}
-		line.Time = time.Now().UnixNano()
-		if err := enc.Encode(&line); err != nil {
+		if err := o.report(); err != nil {
 			return err
 		}
 	}
+}
+
+// report writes the line, stamped with the time now.
+func (o *oracle) report() error {
+	o.line.Time = time.Now().UnixNano()
+	return o.enc.Encode(&o.line)
+}
+
+// fail reports the line with the broken invariant set and returns
+// errBroken.
+func (o *oracle) fail(format string, args ...any) error {
+	o.line.Error = fmt.Sprintf(format, args...)
+	o.line.Time = time.Now().UnixNano()
+	_ = o.enc.Encode(&o.line)
+	return errBroken
+}
+
+// verify re-reads loopback's state, recomputes the buffer's checksum and
+// reads the file back.
+func (o *oracle) verify() error {
+	o.line.LoUp = loUp()
+	o.line.Verify = sum(o.buf)
+	o.line.VerifiedAt = o.line.Counter
+	if o.line.Verify != o.checksum {
+		return o.fail("buffer checksum %s, want %s", o.line.Verify, o.checksum)
+	}
+	ok, err := checkFile(o.f, o.header, o.line.Counter)
+	if err != nil {
+		return o.fail("read back %s: %v", o.path, err)
+	}
+	o.line.FileOK = ok
+	if !ok {
+		return o.fail("%s does not hold the header and records 0..%d", o.path, o.line.Counter)
+	}
+	return nil
+}
+
+// step is one tick: a file record, a pipe round trip and, with TCP_PORT,
+// the TCP round trips.
+func (o *oracle) step() error {
+	var rec, got [8]byte
+	binary.BigEndian.PutUint64(rec[:], o.line.Counter)
+	if _, err := o.f.Write(rec[:]); err != nil {
+		return o.fail("write %s: %v", o.path, err)
+	}
+	off, err := o.f.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return o.fail("seek %s: %v", o.path, err)
+	}
+	if want := int64(headerSize) + 8*int64(o.line.Counter+1); off != want {
+		return o.fail("file offset %d, want %d", off, want)
+	}
+	o.line.FileOffset = off
+	if _, err := o.toChild.Write(rec[:]); err != nil {
+		return o.fail("write pipe: %v", err)
+	}
+	if _, err := io.ReadFull(o.echoes, got[:]); err != nil {
+		return o.fail("read pipe: %v", err)
+	}
+	if got != rec {
+		return o.fail("pipe echoed %x, want %x", got, rec)
+	}
+	o.line.PipeSeq = o.line.Counter
+	if o.tcp != nil {
+		if err := o.tcp.tick(&o.line, rec); err != nil {
+			return o.fail("%v", err)
+		}
+	}
+	return nil
 }
 
 // loUp reports whether the loopback interface is up in the unit's network
@@ -310,88 +363,4 @@ func checkFile(f *os.File, header []byte, n uint64) (bool, error) {
 		}
 	}
 	return true, nil
-}
-
-// tcpState is the unit's TCP state: an echo server on loopback and a
-// connection to it held open.
-type tcpState struct {
-	addr  string
-	held  net.Conn
-	mptcp bool
-}
-
-func startTCP(port int) (*tcpState, error) {
-	// Go listens with MPTCP by default where the kernel offers it; the
-	// sandbox turns MPTCP off, so this is a plain TCP listener there.
-	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-	if err != nil {
-		return nil, err
-	}
-	t := &tcpState{addr: l.Addr().String()}
-	accepted := make(chan bool, 1)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			if tc, ok := c.(*net.TCPConn); ok {
-				mp, _ := tc.MultipathTCP()
-				select {
-				case accepted <- mp:
-				default:
-				}
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
-	if t.held, err = net.Dial("tcp", t.addr); err != nil {
-		return nil, err
-	}
-	t.mptcp = <-accepted
-	return t, nil
-}
-
-// tick sends rec through the held connection and checks the echo (no
-// deadline: a park may freeze the unit in the middle), then makes one
-// fresh connection.
-func (t *tcpState) tick(l *Line, rec [8]byte) error {
-	var got [8]byte
-	if _, err := t.held.Write(rec[:]); err != nil {
-		return fmt.Errorf("held connection: write: %v", err)
-	}
-	if _, err := io.ReadFull(t.held, got[:]); err != nil {
-		return fmt.Errorf("held connection: read: %v", err)
-	}
-	if got != rec {
-		return fmt.Errorf("held connection echoed %x, want %x", got, rec)
-	}
-	l.TCPHeld++
-	l.TCPHeldPort = t.held.LocalAddr().(*net.TCPAddr).Port
-	l.TCPMPTCP = t.mptcp
-	if fresh(t.addr, rec) {
-		l.TCPFreshOK++
-	} else {
-		l.TCPFreshFail++
-	}
-	return nil
-}
-
-// fresh connects anew, sends rec and checks the echo, within a second.
-func fresh(addr string, rec [8]byte) bool {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return false
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
-	var got [8]byte
-	if _, err := c.Write(rec[:]); err != nil {
-		return false
-	}
-	_, err = io.ReadFull(c, got[:])
-	return err == nil && got == rec
 }

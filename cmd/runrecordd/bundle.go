@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/runrecordd/runrecordd/internal/atomicfile"
+	"github.com/runrecordd/runrecordd/pkg/api"
+)
+
+func cmdExport(args []string, stdout io.Writer) error {
+	v := newVerb("export")
+	file := v.fs.String("f", "-", "write the bundle to this file (- for standard output)")
+	handoff := v.fs.Bool("handoff", true, "hand the run off: this host will not resume or close it until a bundle extending it is imported back (false: export a copy, which no host resumes)")
+	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		export := c.Export
+		if !*handoff {
+			export = c.ExportCopy
+		}
+		if *file == "-" {
+			return export(cx, id, stdout)
+		}
+		// Whole and durable, so a failed export leaves no half bundle
+		// under the name, and a finished one survives a crash.
+		return atomicfile.Write(*file, 0o600, func(f *os.File) error { return export(cx, id, f) })
+	})
+}
+
+func cmdImport(args []string, stdout io.Writer) error {
+	v := newVerb("import")
+	id := v.fs.String("id", "", "store the run under this id (default: the bundle's)")
+	reclaim := v.fs.Bool("reclaim", false, "take back a run this host handed off with the very bundle it exported (you vouch that no other host resumed from it)")
+	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
+		if len(pos) != 1 {
+			return usagef("usage: runrecordd import [--id ID] [--reclaim] BUNDLE (- reads standard input)")
+		}
+		r, err := openInput(pos[0])
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		im, err := c.ImportWith(cx, r, *id, *reclaim)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, im, func(w io.Writer) {
+			fmt.Fprintf(w, "imported %s: %d objects, %s, verified from genesis\n", printable(im.Run.ID), im.Objects, bytesString(im.Bytes))
+			printGrants(w, im.Grants)
+			printSigners(w, im.Signers, true)
+			runTable(w, []api.Run{im.Run})
+		})
+	})
+}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+)
+
+func cmdImages(args []string, stdout io.Writer) error {
+	if len(args) == 0 || args[0] != "import" {
+		return usagef("usage: runrecordd images import FILE [--name NAME]")
+	}
+	v := newVerb("images import")
+	name := v.fs.String("name", "", "name to give the image (default: the archive's own)")
+	return v.run(args[1:], func(pos []string, c *api.Client, cx context.Context) error {
+		if len(pos) != 1 {
+			return usagef("usage: runrecordd images import FILE [--name NAME] (FILE - reads standard input)")
+		}
+		r, err := openInput(pos[0])
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		img, err := c.ImportImage(cx, r, *name)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, img, func(w io.Writer) {
+			fmt.Fprintf(w, "NAME\tDIGEST\n%s\t%s\n", img.Name, img.Digest)
+		})
+	})
+}
+
+func cmdHost(args []string, stdout io.Writer) error {
+	v := newVerb("host")
+	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
+		if len(pos) != 0 {
+			return usagef("usage: runrecordd host")
+		}
+		h, err := c.Host(cx)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, h, func(w io.Writer) {
+			fmt.Fprintf(w, "host key:\t%s\nstate:\t%s\ncontainerd:\t%s (embedded %v)\nRAPL:\t%v %s\n", h.KeyID, h.StateDir, h.Containerd, h.Embedded, h.RAPL, strings.Join(h.RAPLReason, "; "))
+			ip := h.ImageParks
+			switch ip.Status {
+			case "available":
+				fmt.Fprintf(w, "image parks:\tavailable (probe %v)\n", time.Duration(ip.ProbeNS).Round(time.Millisecond))
+			case "unavailable":
+				fmt.Fprintf(w, "image parks:\tunavailable: %s\n", ip.Reason)
+			default:
+				fmt.Fprintf(w, "image parks:\t%s\n", ip.Status)
+			}
+			for _, n := range ip.Notes {
+				fmt.Fprintf(w, "\t%s\n", n)
+			}
+			for k, v := range h.Manifest {
+				fmt.Fprintf(w, "%s:\t%s\n", k, v)
+			}
+		})
+	})
+}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+)
+
+func cmdPark(args []string, stdout io.Writer) error {
+	v := newVerb("park")
+	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		p, err := c.Park(cx, id)
+		if err != nil {
+			return err
+		}
+		return parkTable(stdout, v.cf, id, p)
+	})
+}
+
+func parkTable(stdout io.Writer, cf clientFlags, id string, p api.Park) error {
+	return cf.print(stdout, p, func(w io.Writer) {
+		fmt.Fprintf(w, "parked %s in %s\n", id, time.Duration(p.DurationNS).Round(time.Millisecond))
+		fmt.Fprintf(w, "snapshot:\t%s\n", p.Snapshot)
+		fmt.Fprintf(w, "manifest:\t%s\n", p.Manifest)
+		fmt.Fprintf(w, "retained:\t%s\n", bytesString(p.Retained))
+		fmt.Fprintf(w, "receipt:\t%s %s (%s)\n", uj(p.Receipt.UJ), p.Receipt.Provenance, p.Receipt.Method)
+		if cp := p.Checkpoint; cp != nil {
+			fmt.Fprintf(w, "checkpoint:\t%s (dump %s, frozen %s, %d pages written)\n", time.Duration(cp.TotalNS).Round(time.Millisecond),
+				time.Duration(cp.DumpNS).Round(time.Millisecond), time.Duration(cp.FrozenNS).Round(time.Millisecond), cp.Pages)
+		}
+	})
+}
+
+func cmdResume(args []string, stdout io.Writer) error {
+	v := newVerb("resume")
+	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		r, err := c.Resume(cx, id)
+		if err != nil {
+			return err
+		}
+		return resumeTable(stdout, v.cf, id, r)
+	})
+}
+
+func resumeTable(stdout io.Writer, cf clientFlags, id string, r api.Resume) error {
+	return cf.print(stdout, r, func(w io.Writer) {
+		fmt.Fprintf(w, "resumed %s in %s after %s parked\n", id, time.Duration(r.DurationNS).Round(time.Millisecond), time.Duration(r.ParkedNS).Round(time.Millisecond))
+		fmt.Fprintf(w, "idle energy:\t%s %s\n", uj(r.Idle.UJ), r.Idle.Provenance)
+		if rs := r.Restore; rs != nil {
+			fmt.Fprintf(w, "restore:\t%s (%d pages restored)\n", time.Duration(rs.TotalNS).Round(time.Millisecond), rs.Pages)
+		}
+	})
+}
+
+func cmdClose(args []string, stdout io.Writer) error {
+	v := newVerb("close")
+	reason := v.fs.String("reason", "", "why (recorded in the Closed segment)")
+	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		r, err := c.Close(cx, id, *reason)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, r, func(w io.Writer) { runTable(w, []api.Run{r}) })
+	})
+}
+
+// verifyRun is `verify RUN`: the daemon verifies a stored run.
+func verifyRun(cf clientFlags, id string, stdout io.Writer) error {
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	cx, cancel := ctx()
+	defer cancel()
+	v, err := c.Verify(cx, id)
+	if err != nil {
+		return err
+	}
+	if perr := cf.print(stdout, v, func(w io.Writer) {
+		if !v.OK {
+			return
+		}
+		fmt.Fprintf(w, "verified from genesis: %d segments, %s, head %s\n", v.Segments, v.Phase, v.Head)
+		fmt.Fprintf(w, "objects: %d rehashed, %s\n", v.Objects, bytesString(v.Bytes))
+		fmt.Fprintf(w, "wait proof: %s: %s\n", v.WaitProof.Verdict, v.WaitProof.Reason)
+		printSigners(w, v.Signers, true)
+	}); perr != nil {
+		return perr
+	}
+	if !v.OK {
+		return v.Error
+	}
+	return nil
+}
+
+func cmdWaitProof(args []string, stdout io.Writer) error {
+	vb := newVerb("wait-proof")
+	return vb.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		v, err := c.WaitProof(cx, id)
+		if err != nil {
+			return err
+		}
+		return vb.cf.print(stdout, v, func(w io.Writer) {
+			if v.Segment != nil {
+				fmt.Fprintf(w, "%s at segment %d: %s\n", v.Verdict, *v.Segment, v.Reason)
+				return
+			}
+			fmt.Fprintf(w, "%s: %s\n", v.Verdict, v.Reason)
+		})
+	})
+}

@@ -1,0 +1,179 @@
+//go:build linux
+
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+)
+
+// Destroy kills the sandbox's processes and deletes its task, container,
+// snapshot and CRIU work files. It is idempotent, and safe on a sandbox
+// whose task has exited (after a checkpoint).
+func (s *Sandbox) Destroy(ctx context.Context) error {
+	err := s.destroy(s.c.ctx(ctx))
+	if rerr := removeTree(filepath.Join(s.c.cfg.StateDir, "criu", s.id)); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return fmt.Errorf("executor: destroy %s: %w", s.id, err)
+	}
+	return nil
+}
+
+func (s *Sandbox) destroy(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	if s.task != nil {
+		if err := s.killTask(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		if _, err := s.task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete task: %w", err))
+		}
+	}
+	if err := s.cont.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete container: %w", err))
+	} else if err := removeNetns(s.c.netnsPath(s.id)); err != nil {
+		errs = append(errs, err)
+	} else if err := s.c.removeGrants(s.id); err != nil {
+		errs = append(errs, err)
+	}
+	s.closeFilesLocked()
+	return errors.Join(errs...)
+}
+
+// killTask kills every process of the task, unless it has already stopped,
+// and waits for the exit.
+func (s *Sandbox) killTask(ctx context.Context) error {
+	// A CRIU left holding the unit (a daemon that died in a park) would
+	// keep it from dying.
+	if _, err := s.c.killHelpers(s.c.cfg.Namespace, s.id, 0); err != nil {
+		return fmt.Errorf("killing CRIU: %w", err)
+	}
+	st, err := s.task.Status(ctx)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("task status: %w", err)
+	}
+	switch st.Status {
+	case containerd.Stopped:
+		return nil
+	case containerd.Created:
+		// Never started (a restore that failed, or a start cut
+		// short): no exit will come; the task's delete removes what
+		// runc made of it.
+		return nil
+	}
+	if err := s.task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("kill: %w", err)
+	}
+	if st.Status == containerd.Paused {
+		// A frozen process acts on SIGKILL only once thawed.
+		_ = s.task.Resume(ctx)
+	}
+	if s.exited == nil {
+		return nil // create failed before it could watch; Delete reaps
+	}
+	t := time.NewTimer(30 * time.Second)
+	defer t.Stop()
+	select {
+	case <-s.exited:
+	case <-t.C:
+		return fmt.Errorf("kill: the task did not exit within 30 s")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (s *Sandbox) closeFiles() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closeFilesLocked()
+}
+
+func (s *Sandbox) closeFilesLocked() {
+	for _, f := range s.files {
+		f.Close()
+	}
+	s.files = nil
+}
+
+// Remove removes sandbox id in whatever state it is — its task killed
+// (thawed first if frozen) and deleted, its container, snapshot, network
+// namespace and CRIU work files — without reattaching its output, as for
+// a sandbox whose run is closed or unknown. A sandbox that is not there is
+// not an error.
+func (c *Client) Remove(ctx context.Context, id string) error {
+	ctx = c.ctx(ctx)
+	cont, err := c.client.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		err = errors.Join(removeNetns(c.netnsPath(id)), removeTree(filepath.Join(c.cfg.StateDir, "criu", id)), c.removeGrants(id))
+		if err != nil {
+			return fmt.Errorf("executor: remove %s: %w", id, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("executor: remove %s: %w", id, err)
+	}
+	s := &Sandbox{c: c, id: id, cont: cont}
+	if task, err := cont.Task(ctx, nil); err == nil {
+		s.task = task
+		if exit, err := task.Wait(c.ctx(context.WithoutCancel(ctx))); err == nil {
+			s.watch(exit)
+		}
+	} else if !errdefs.IsNotFound(err) {
+		return fmt.Errorf("executor: remove %s: %w", id, err)
+	}
+	return s.Destroy(ctx)
+}
+
+// Prune removes what sandboxes that are gone left of the executor's own
+// state: pinned network namespaces and CRIU work directories of ids
+// containerd has no container for. It returns those ids.
+func (c *Client) Prune(ctx context.Context) ([]string, error) {
+	ids, err := c.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]bool{}
+	for _, id := range ids {
+		have[id] = true
+	}
+	var pruned []string
+	var errs []error
+	for _, dir := range []string{"netns", "criu", "grants"} {
+		ents, err := os.ReadDir(filepath.Join(c.cfg.StateDir, dir))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		for _, e := range ents {
+			id := e.Name()
+			if have[id] || id == ".empty" {
+				continue
+			}
+			p := filepath.Join(c.cfg.StateDir, dir, id)
+			if dir == "netns" {
+				err = removeNetns(p)
+				pruned = append(pruned, id)
+			} else {
+				err = removeTree(p)
+			}
+			errs = append(errs, err)
+		}
+	}
+	return pruned, errors.Join(errs...)
+}

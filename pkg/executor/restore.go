@@ -1,0 +1,142 @@
+//go:build linux
+
+package executor
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/stats"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
+	digest "github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/identity"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// RestoreStats is what a restore cost.
+type RestoreStats struct {
+	// Total is the whole Restore call; Rootfs the rw layer's apply; Task
+	// the task create and start (runc restore and CRIU).
+	Total, Rootfs, Task time.Duration
+	// Forking and Restore are CRIU's timings from stats-restore: forking
+	// the process tree, and the rest of the restore.
+	Forking, Restore time.Duration
+	// PagesRestored is how many memory pages CRIU restored.
+	PagesRestored uint64
+}
+
+// Restore creates sandbox id from the same spec as the checkpointed one,
+// with the rw layer cp.Rootfs applied over the image, and restores its
+// processes from cp.ImageDir; output goes on into out's files. CRIU only
+// reads the image directory (its log and stats-restore go to the work
+// directory under the executor's state), so cp.ImageDir may be a sealed
+// object.
+func (c *Client) Restore(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, RestoreStats, error) {
+	s, st, err := c.restore(ctx, id, spec, cp, out)
+	if err != nil {
+		return nil, RestoreStats{}, fmt.Errorf("executor: restore %s: %w", id, err)
+	}
+	return s, st, nil
+}
+
+func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, RestoreStats, error) {
+	start := time.Now()
+	var st RestoreStats
+	if cp.ImageDir == "" {
+		return nil, st, fmt.Errorf("%w: no image directory", ErrInvalid)
+	}
+	images, err := filepath.Abs(cp.ImageDir)
+	if err != nil {
+		return nil, st, err
+	}
+	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
+		return nil, st, fmt.Errorf("%w: %s holds no CRIU image: %w", ErrInvalid, images, err)
+	}
+	work := filepath.Join(c.cfg.StateDir, "criu", id, "restore")
+	if err := removeTree(work); err != nil {
+		return nil, st, err
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return nil, st, err
+	}
+	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline}
+	s, err := c.create(ctx, id, spec, out, rs)
+	if err != nil {
+		if rs.timedOut {
+			return nil, st, timeoutErr(ErrRestoreTimeout, cp.Deadline, err)
+		}
+		return nil, st, fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(work, "restore.log")))
+	}
+	st.Rootfs, st.Task = rs.rootfsTime, rs.taskTime
+	if d, err := os.Open(work); err == nil {
+		if rst, err := stats.CriuGetRestoreStats(d); err == nil {
+			st.Forking = time.Duration(rst.GetForkingTime()) * time.Microsecond
+			st.Restore = time.Duration(rst.GetRestoreTime()) * time.Microsecond
+			st.PagesRestored = rst.GetPagesRestored()
+		}
+		d.Close()
+	}
+	st.Total = time.Since(start)
+	return s, st, nil
+}
+
+// prepareRootfs makes snapshot key over the image's layers and applies the
+// rw layer tar (if any) to it through the diff service.
+func (c *Client) prepareRootfs(ctx context.Context, key string, img containerd.Image, layer string) error {
+	diffIDs, err := img.RootFS(ctx)
+	if err != nil {
+		return fmt.Errorf("image layers: %w", err)
+	}
+	sn := c.client.SnapshotService(Snapshotter)
+	mounts, err := sn.Prepare(ctx, key, identity.ChainID(diffIDs).String())
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	if layer == "" {
+		return nil
+	}
+	if err := c.applyLayer(ctx, key, layer, mounts); err != nil {
+		_ = sn.Remove(ctx, key)
+		return fmt.Errorf("apply rw layer %s: %w", layer, err)
+	}
+	return nil
+}
+
+func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mount.Mount) error {
+	f, err := os.Open(layer)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	ctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+	if err != nil {
+		return err
+	}
+	defer done(context.WithoutCancel(ctx))
+	cs := c.client.ContentStore()
+	w, err := content.OpenWriter(ctx, cs, content.WithRef("runrecordd-restore-"+key))
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	dg := digest.Canonical.Digester()
+	n, err := io.Copy(io.MultiWriter(w, dg.Hash()), bufio.NewReaderSize(f, 1<<20))
+	if err != nil {
+		return err
+	}
+	if err := w.Commit(ctx, n, dg.Digest()); err != nil && !errdefs.IsAlreadyExists(err) {
+		return err
+	}
+	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: dg.Digest(), Size: n}
+	_, err = c.client.DiffService().Apply(ctx, desc, mounts)
+	return err
+}
