@@ -35,8 +35,8 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (Summary, error) 
 	if lv != nil && lv.transcript != nil {
 		// As a park does: nothing reaches the account between its
 		// sealing and the close.
-		lv.transcript.gate.Lock()
-		defer lv.transcript.gate.Unlock()
+		lv.transcript.Gate().Lock()
+		defer lv.transcript.Gate().Unlock()
 	}
 	if lv != nil {
 		_, err = d.endAt(ctx, lv, "close.sealed", attest.Outcome{Kind: attest.Killed}, lv.account(), []record.Segment{closed})

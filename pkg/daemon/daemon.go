@@ -291,7 +291,7 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	for _, r := range d.runs {
 		r.mu.Lock()
 		if r.live != nil && r.live.transcript != nil {
-			r.live.transcript.stop()
+			r.live.transcript.Stop()
 		}
 		r.mu.Unlock()
 	}

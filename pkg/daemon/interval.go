@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/executor"
@@ -24,7 +25,7 @@ type live struct {
 	// the sandbox on purpose, so that the exit watcher leaves it alone.
 	stopping bool
 	// transcript is the transcript-mode channel, nil for image mode.
-	transcript *channel
+	transcript *calls.Channel
 }
 
 // meterRole adapts the idle meter to the interval room's Meter.

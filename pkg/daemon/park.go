@@ -43,8 +43,8 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (Parked, error) {
 		// Hold the channel: nothing reaches the transcript or the
 		// account until the park is recorded (or refused, and the unit
 		// goes on).
-		lv.transcript.gate.Lock()
-		defer lv.transcript.gate.Unlock()
+		lv.transcript.Gate().Lock()
+		defer lv.transcript.Gate().Unlock()
 		taken, err = d.sealTranscript(ctx, id, lv)
 	} else {
 		taken, err = d.checkpointImage(ctx, id, lv)
@@ -87,7 +87,7 @@ func (d *Daemon) sealTranscript(ctx context.Context, id string, lv *live) (taken
 	if err := lv.sb.Pause(ctx); err != nil {
 		return taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
-	snap, retained, err := lv.transcript.seal(ctx)
+	snap, retained, err := lv.transcript.Seal(ctx)
 	if err != nil {
 		if rerr := lv.sb.Resume(context.Background()); rerr != nil {
 			err = errors.Join(err, rerr)
@@ -169,7 +169,7 @@ func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID rec
 func (d *Daemon) tearDownParked(r *run, lv *live) {
 	lv.stopping = true
 	if lv.transcript != nil {
-		lv.transcript.close()
+		lv.transcript.Close()
 	}
 	done := make(chan struct{})
 	r.teardown = done

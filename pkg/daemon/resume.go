@@ -73,7 +73,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	}
 	d.publish(events.Event{Kind: "run.resumed", Run: id, Detail: fmt.Sprintf("idle %d uJ %s", owed.UJ, prov)})
 	if lv.transcript != nil {
-		lv.transcript.serve(d, id, lv)
+		d.serve(lv.transcript)
 	}
 	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "took", clock.total())
 	return Resumed{Run: sum, Idle: owed, Restore: rst, Took: clock.total(), Steps: clock.steps}, nil

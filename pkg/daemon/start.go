@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/executor"
@@ -62,7 +63,7 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	d.log.Info("run started", "run", id, "image", p.Spec.Image, "mode", p.Spec.Mode)
 	d.publish(events.Event{Kind: "run.started", Run: id, Detail: p.Spec.Mode.String()})
 	if lv.transcript != nil {
-		lv.transcript.serve(d, id, lv)
+		d.serve(lv.transcript)
 	}
 	return d.summary(id, r)
 }
@@ -98,7 +99,7 @@ func (d *Daemon) prepareUnit(ctx context.Context, id string, spec unit.Spec, gra
 func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, restored *resumed) (*live, error) {
 	es := executor.SpecOf(spec, grants)
 	var sb Sandbox
-	var ch *channel
+	var ch *calls.Channel
 	if spec.Mode == unit.TranscriptMode {
 		var err error
 		if ch, err = d.openChannel(id, restored, grants.Limits); err != nil {
@@ -108,20 +109,20 @@ func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, gr
 		// socket (connecting writes nothing to the file system); it
 		// cannot replace, add or remove anything the daemon reads. Own:
 		// the daemon's own directory, under its state dir, noexec.
-		es.Mounts = append(es.Mounts, executor.Mount{Source: ch.dir, Target: ChannelMount, Own: true})
+		es.Mounts = append(es.Mounts, executor.Mount{Source: ch.Dir(), Target: ChannelMount, Own: true})
 	}
 	out, err := d.output(id)
 	m := d.markNow(id)
 	if err == nil {
 		sid := id
 		if ch != nil {
-			sid = sandboxID(id, ch.interval)
+			sid = sandboxID(id, ch.Interval())
 		}
 		sb, err = d.ex.Start(ctx, sid, es, out)
 	}
 	if err != nil {
 		if ch != nil {
-			ch.close()
+			ch.Close()
 		}
 		return nil, err
 	}
@@ -153,7 +154,7 @@ func (d *Daemon) restartInterval(id string, lv *live, event string) {
 // watcher may see lv.
 func (d *Daemon) destroy(lv *live) {
 	if lv.transcript != nil {
-		lv.transcript.close()
+		lv.transcript.Close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/calls"
@@ -36,19 +35,10 @@ const ChannelMount = protocol.Dir
 // (calls.ErrTranscript).
 var ErrTranscript = calls.ErrTranscript
 
-// channel is a transcript run's channel for one interval
-// (internal/calls), as the daemon holds it.
-type channel struct {
-	*calls.Channel
-	dir      string      // mounted read-only in the sandbox
-	interval int64       // names the interval's sandbox
-	gate     sync.Locker // held by a park or a close while it records the interval
-}
-
 // openChannel makes run id's channel directory (STATE/ch/RUN) and spool
 // (STATE/spool/RUN), with the transcript restored from its sealed object
 // when the run resumes.
-func (d *Daemon) openChannel(id string, restored *resumed, lim unit.Limits) (*channel, error) {
+func (d *Daemon) openChannel(id string, restored *resumed, lim unit.Limits) (*calls.Channel, error) {
 	cfg := calls.Config{Run: id, Dir: calls.ChannelDir(d.cfg.StateDir, id),
 		Spool: filepath.Join(d.cfg.StateDir, "spool", id), Limits: lim}
 	if restored != nil {
@@ -61,26 +51,18 @@ func (d *Daemon) openChannel(id string, restored *resumed, lim unit.Limits) (*ch
 	if err != nil {
 		return nil, err
 	}
-	return &channel{Channel: ch, dir: ch.Dir(), interval: ch.Interval(), gate: ch.Gate()}, nil
+	return ch, nil
 }
 
-// serve serves the channel, in the daemon's background, until it is
-// closed.
-func (c *channel) serve(d *Daemon, id string, lv *live) {
+// serve serves a transcript run's channel, in the daemon's background,
+// until it is closed.
+func (d *Daemon) serve(ch *calls.Channel) {
 	d.bg.Add(1)
 	go func() {
 		defer d.bg.Done()
-		_ = c.Serve()
+		_ = ch.Serve()
 	}()
 }
-
-// stop stops serving, leaving the directory for the next daemon.
-func (c *channel) stop() { c.Stop() }
-
-func (c *channel) close() { c.Close() }
-
-// seal stores the transcript; the caller holds the gate.
-func (c *channel) seal(ctx context.Context) (record.Snapshot, int64, error) { return c.Seal(ctx) }
 
 // account is the interval's call account. An image-mode unit has no
 // channel to dispatch through and no network beyond loopback, so its
@@ -126,7 +108,7 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 		return false, err
 	}
 	defer r.mu.Unlock()
-	if r.live == nil || r.live.transcript == nil || r.live.transcript.Channel != ch {
+	if r.live == nil || r.live.transcript == nil || r.live.transcript != ch {
 		return false, nil
 	}
 	if _, err := d.park(ctx, id, r); err != nil {
