@@ -5,7 +5,6 @@ import (
 	"io"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
-	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -41,42 +40,17 @@ func (d *Daemon) WaitProof(id string) (record.Verdict, error) {
 }
 
 // Verify verifies a run's record from genesis and rehashes every object it
-// reaches. A record or object that fails is reported in the result (Err),
-// not as a failed request.
+// reaches ([bundle.Verify]). A record or object that fails is reported in
+// the result (Err), not as a failed request.
 func (d *Daemon) Verify(ctx context.Context, id string) (Verification, error) {
-	out := Verification{Run: id}
 	if _, err := d.st.Run(id); err != nil {
-		return out, err
+		return Verification{}, err
 	}
-	rec, err := d.st.Record(id)
-	if err != nil {
-		out.Err = err
-		return out, nil
-	}
-	out.Segments, out.Phase, out.Head, out.WaitProof = rec.Len(), rec.Phase(), rec.Head(), rec.WaitProof()
-	// Every attestation: signed, at its place; its signer reported
-	// trusted or not (a run imported before a key was removed stays).
-	signers, err := attest.CheckRecord(rec, d.st.ReadAll, d.trusted)
-	out.Signers = d.signersOf(signers)
-	if err != nil {
-		out.Err = err
-		return out, nil
-	}
-	// A closed run whose image snapshots retention released verifies
-	// without them: its record and evidence are all it keeps.
-	objs, err := bundle.Reached(d.st, rec, !d.released(id))
-	if err != nil {
-		out.Err = err
-		return out, nil
-	}
-	for _, a := range objs {
-		if err := d.st.Verify(ctx, a); err != nil {
-			out.Err = err
-			return out, nil
-		}
-		n, _ := d.st.Size(a)
-		out.Objects++
-		out.Bytes += n
+	v, err := bundle.Verify(ctx, d.st, id, d.trusted, !d.released(id))
+	out := Verification{Run: id, Objects: v.Objects, Bytes: v.Bytes, Err: err}
+	if rec := v.Record; rec != nil {
+		out.Segments, out.Phase, out.Head, out.WaitProof = rec.Len(), rec.Phase(), rec.Head(), rec.WaitProof()
+		out.Signers = d.signersOf(v.Signers)
 	}
 	return out, nil
 }
