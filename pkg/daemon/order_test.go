@@ -12,6 +12,7 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/resume"
 	"github.com/runrecordd/runrecordd/pkg/store"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // The whole walk of an image run, in order: the sandbox destroyed only
@@ -337,4 +338,71 @@ func TestReconcileAfterRestart(t *testing.T) {
 	if len(h.ex.sbs) != 0 {
 		t.Fatalf("%d sandboxes after closing every run", len(h.ex.sbs))
 	}
+}
+
+// A run whose genesis the store refuses after its sandbox started (here
+// another writer stored a run of that id in between) leaves nothing of
+// its own: the sandbox is destroyed, the interval's mark dropped, and the
+// other writer's run is as it was.
+func TestStartRefusedAtGenesis(t *testing.T) {
+	h := newFakeHost(t)
+	var other record.Address
+	h.d.seam = func(step string) {
+		if step == "start.sandboxed" {
+			u, _ := h.d.st.PutBytes([]byte("another unit"))
+			g, _ := h.d.st.PutBytes([]byte("another grant set"))
+			var err error
+			if other, err = h.d.st.Create("r", u, g); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	_, err := h.d.Start(t.Context(), "r", unit.Spec{Image: fakeImage, Args: []string{"/unit"}}, unit.Grants{})
+	if !errors.Is(err, store.ErrRunExists) {
+		t.Fatalf("start: %v, want the store's refusal", err)
+	}
+	if head, err := h.d.st.Head("r"); err != nil || head != other {
+		t.Fatalf("the other writer's run is at %s (%v), want its genesis %s", head, err, other)
+	}
+	if sb := h.ex.sandbox("r"); sb != nil {
+		t.Fatalf("the refused run's sandbox is left, %s", sb.status)
+	}
+	if _, err := os.Stat(h.d.markPath("r")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused run's mark is left: %v", err)
+	}
+}
+
+// A unit's exit that the store refuses to record (the record moved: here
+// another writer closed the run) records nothing of the daemon's; the
+// record stays the other writer's, and verifies.
+func TestExitRefusedAtAppend(t *testing.T) {
+	h := newFakeHost(t)
+	h.start(t, "r")
+	refused := make(chan struct{})
+	h.d.seam = func(step string) {
+		if step == "exit.sealed" {
+			head, _ := h.d.st.Head("r")
+			if _, err := h.d.st.Append("r", head, record.Closure("another writer")); err != nil {
+				t.Error(err)
+			}
+			close(refused)
+		}
+	}
+	h.ex.sandbox("r").exitWith(0)
+	select {
+	case <-refused:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exit was never sealed")
+	}
+	// The watcher appends under the run's lock: once it is free, the
+	// exit's append has been refused.
+	r := h.d.lock("r")
+	r.mu.Unlock()
+	if got := h.kinds(t, "r"); got != "closed" {
+		t.Fatalf("segments %s, want only the other writer's", got)
+	}
+	if _, err := h.d.st.Record("r"); err != nil {
+		t.Fatal(err)
+	}
+	h.d.removeSandboxes(t.Context(), "r")
 }
