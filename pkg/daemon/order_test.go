@@ -406,3 +406,44 @@ func TestExitRefusedAtAppend(t *testing.T) {
 	}
 	h.d.removeSandboxes(t.Context(), "r")
 }
+
+// A transcript park refused at its append (the record moved: here another
+// writer closed the run) records nothing of the daemon's: the frozen unit
+// is thawed, and a new interval is open from the refusal.
+func TestTranscriptParkRefusedAtAppend(t *testing.T) {
+	h := newFakeHost(t)
+	if _, err := h.d.Start(t.Context(), "r", unit.Spec{Image: fakeImage, Args: []string{"/unit"}, Mode: unit.TranscriptMode}, unit.Grants{}); err != nil {
+		t.Fatal(err)
+	}
+	h.d.seam = func(step string) {
+		if step == "park.attested" {
+			head, _ := h.d.st.Head("r")
+			if _, err := h.d.st.Append("r", head, record.Closure("another writer")); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	if _, err := h.d.Park(t.Context(), "r"); !errors.Is(err, store.ErrHeadMoved) {
+		t.Fatalf("park: %v, want the store's refusal", err)
+	}
+	if got := h.kinds(t, "r"); got != "closed" {
+		t.Fatalf("segments %s, want only the other writer's", got)
+	}
+	h.d.mu.Lock()
+	lv := h.d.runs["r"].live
+	h.d.mu.Unlock()
+	if lv == nil || lv.iv.Ended() || !hasEvent(lv.iv.Events(), "park-refused") {
+		t.Fatal("no new interval after the refused append")
+	}
+	if sb := h.ex.sandbox(lv.sb.ID()); sb == nil || sb.status != "running" {
+		t.Fatal("the unit was not thawed after the refused append")
+	}
+	h.d.mu.Lock()
+	r := h.d.runs["r"]
+	h.d.mu.Unlock()
+	r.mu.Lock()
+	lv.stopping = true
+	h.d.destroy(lv)
+	r.live = nil
+	r.mu.Unlock()
+}
