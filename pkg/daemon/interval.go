@@ -8,7 +8,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
-	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/idle"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -113,16 +112,6 @@ func (d *Daemon) endAt(ctx context.Context, lv *live, step string, outcome attes
 	}
 	d.metrics.Receipt(sealed.Receipt)
 	return sealed, nil
-}
-
-// checkpointOf is a park's CRIU statistics as the journal keeps them.
-func checkpointOf(s executor.CheckpointStats, ingest time.Duration) attest.Checkpointed {
-	return attest.Checkpointed{
-		TotalNS: int64(s.Total), PauseNS: int64(s.Pause), DumpNS: int64(s.Dump), DiffNS: int64(s.Diff),
-		FreezingNS: int64(s.Freezing), FrozenNS: int64(s.Frozen), MemDumpNS: int64(s.MemDump), MemWriteNS: int64(s.MemWrite),
-		Pages: s.PagesWritten, PagesScan: s.PagesScanned, ImageBytes: s.ImageBytes, RootBytes: s.RootfsBytes,
-		IngestNS: int64(ingest),
-	}
 }
 
 func energyOf(rc attest.Receipt) api.Energy {
