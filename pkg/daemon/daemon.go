@@ -368,8 +368,7 @@ func (d *Daemon) output(id string) (executor.Output, error) {
 }
 
 func (d *Daemon) outputOf(id string) executor.Output {
-	dir := filepath.Join(d.cfg.StateDir, "runs", id)
-	return executor.Output{Stdout: filepath.Join(dir, "stdout"), Stderr: filepath.Join(dir, "stderr")}
+	return executor.Output(d.intervals().Output(id))
 }
 
 func nowNS() int64 { return time.Now().UnixNano() }
