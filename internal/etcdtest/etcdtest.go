@@ -225,16 +225,35 @@ func (c *Cluster) Running(i int) bool {
 }
 
 // Close stops every member. Calling it again does nothing.
+//
+// Followers stop first, together, then the leader: a leader stopping
+// hands its leadership to a peer, and with its peers stopping at the same
+// moment it would wait for the request timeout (6 s here) instead.
 func (c *Cluster) Close() {
-	var wg sync.WaitGroup
-	for i := range c.members {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.Stop(i)
-		}()
+	var leaders, followers []int
+	c.mu.Lock()
+	for i, m := range c.members {
+		if m.etcd == nil {
+			continue
+		}
+		if s := m.etcd.Server; s.Lead() == uint64(s.MemberID()) {
+			leaders = append(leaders, i)
+		} else {
+			followers = append(followers, i)
+		}
 	}
-	wg.Wait()
+	c.mu.Unlock()
+	for _, group := range [][]int{followers, leaders} {
+		var wg sync.WaitGroup
+		for _, i := range group {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.Stop(i)
+			}()
+		}
+		wg.Wait()
+	}
 }
 
 // WaitHealthy waits until every running member answers a linearizable

@@ -382,6 +382,13 @@ func testLeaseExpiry(t *testing.T, c *etcdtest.Cluster, d *Dir) {
 	if _, err := a.Advance(ctx, g, g, h1, record.Parked); err != nil {
 		t.Fatal(err)
 	}
+	// A closed run needs no owner: never an orphan.
+	if _, err := a.Claim(ctx, key("g2"), "r2", key("g2"), record.Active); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Advance(ctx, key("g2"), key("g2"), key("c2"), record.Ended); err != nil {
+		t.Fatal(err)
+	}
 	if o, err := d.Orphans(ctx); err != nil || len(o) != 0 {
 		t.Fatalf("orphans while a lives: %+v, %v", o, err)
 	}
@@ -476,5 +483,31 @@ func testNoQuorum(t *testing.T, c *etcdtest.Cluster, d *Dir) {
 	c.WaitHealthy(ctx, t)
 	if _, err := d.Run(ctx, g); !errors.Is(err, ErrNoRun) {
 		t.Fatalf("after quorum came back: %v, want ErrNoRun (nothing claimed)", err)
+	}
+}
+
+// TestValueBytes pins the JSON an entry and an admission are written as
+// (docs/fleet.md, "Key layout").
+func TestValueBytes(t *testing.T) {
+	g, h, p, to := record.Sum([]byte("g")), record.Sum([]byte("h")), record.Sum([]byte("p")), record.Sum([]byte("to"))
+	e := Entry{Run: "r1", Owner: key("a"), Lease: 7587882736402911234, Head: h, Phase: record.Parked,
+		Prev: p, PrevPhase: record.Active, To: to}
+	want := `{"v":1,"run":"r1","owner":"` + key("a").String() + `","lease":7587882736402911234,"head":"` + h.String() +
+		`","phase":"parked","prev":"` + p.String() + `","prev_phase":"executing","to":"` + to.String() + `"}`
+	if got := string(e.encode()); got != want {
+		t.Fatalf("entry:\n got %s\nwant %s", got, want)
+	}
+	back, err := decodeEntry(g, []byte(want), 9)
+	e.Genesis, e.Rev = g, 9
+	if err != nil || back != e {
+		t.Fatalf("decode: %+v, %v; want %+v", back, err, e)
+	}
+	bare := Entry{Run: "r1", Owner: key("a"), Lease: 1, Head: g, Phase: record.Active}
+	if got, want := string(bare.encode()), `{"v":1,"run":"r1","owner":"`+key("a").String()+`","lease":1,"head":"`+g.String()+`","phase":"executing"}`; got != want {
+		t.Fatalf("bare entry:\n got %s\nwant %s", got, want)
+	}
+	m := Member{Name: "host one", Role: RoleHost, Admitted: time.Date(2026, 12, 3, 13, 0, 0, 0, time.UTC)}
+	if got, want := string(m.encode()), `{"v":1,"name":"host one","role":"host","admitted":"2026-12-03T13:00:00Z"}`; got != want {
+		t.Fatalf("member:\n got %s\nwant %s", got, want)
 	}
 }
