@@ -16,9 +16,10 @@
 //     the whole cluster on a bind failure; a Restart reuses the member's
 //     ports (its peer address is part of the cluster's membership) and
 //     fails if one was taken in between.
-//   - Members run with fsync disabled and short heartbeats (50 ms, election
-//     after 500 ms) to keep tests fast; what they prove is the protocol,
-//     not durability of this test cluster's disks.
+//   - Members run with fsync disabled to keep tests fast; what they prove
+//     is the protocol, not durability of this test cluster's disks.
+//     Heartbeats and elections keep etcd's defaults (100 ms, 1 s), so the
+//     shortest lease is 2 s.
 //   - The members log nothing (a no-op zap logger); an error is returned
 //     instead.
 package etcdtest
@@ -132,8 +133,8 @@ func (c *Cluster) run(m *member) error {
 	cfg.InitialCluster = m.initial
 	cfg.InitialClusterToken = c.token
 	cfg.ClusterState = embed.ClusterStateFlagNew
-	cfg.TickMs = 50
-	cfg.ElectionMs = 500
+	cfg.TickMs = 100      // etcd's default
+	cfg.ElectionMs = 1000 // etcd's default: shorter ones elected anew under a loaded test machine
 	cfg.UnsafeNoFsync = true
 	cfg.EnableGRPCGateway = false
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())

@@ -207,6 +207,34 @@ func (d *Dir) Orphans(ctx context.Context) ([]Entry, error) {
 	return out, nil
 }
 
+// Owned lists the entries whose owner is key, under any of its sessions,
+// in genesis order: what a host reconciles with its store when it starts
+// (docs/fleet.md, "Reconciling at start"). It reads every entry of the
+// fleet.
+func (d *Dir) Owned(ctx context.Context, key record.Address) ([]Entry, error) {
+	ctx, cancel := d.bounded(ctx)
+	defer cancel()
+	r, err := d.cli.Get(ctx, d.runsPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, unavailable("runs of "+key.String(), err)
+	}
+	var out []Entry
+	for _, kv := range r.Kvs {
+		g, err := keyAddress(string(kv.Key), d.runsPrefix())
+		if err != nil {
+			return nil, err
+		}
+		e, err := decodeEntry(g, kv.Value, kv.ModRevision)
+		if err != nil {
+			return nil, err
+		}
+		if e.Owner == key {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
 // leases maps each live host's key id to its session's lease.
 func (d *Dir) leases(kvs []*mvccpb.KeyValue) (map[record.Address]int64, error) {
 	out := make(map[record.Address]int64, len(kvs))

@@ -299,9 +299,34 @@ func testRevertAndReclaim(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a2.Close(context.Background()) })
+	owned, err := d.Owned(ctx, key("a"))
+	if err != nil || len(owned) != 1 || owned[0].Genesis != g || owned[0].Head != h2 {
+		t.Fatalf("owned by a after its restart: %+v, %v", owned, err)
+	}
 	e, err = a2.Claim(ctx, g, "r", g, record.Active)
 	if err != nil || e.Head != g || e.Phase != record.Active || e.Lease != a2.Lease() || !e.Prev.IsZero() {
 		t.Fatalf("reclaim at the previous head: %+v, %v", e, err)
+	}
+
+	// Remove: only the owner, only an entry still at its genesis.
+	if err := b.Remove(ctx, g); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("remove by another host: %v, want ErrNotOwner", err)
+	}
+	if _, err := a2.Advance(ctx, g, g, h1, record.Parked); err != nil {
+		t.Fatal(err)
+	}
+	if err := a2.Remove(ctx, g); !errors.Is(err, ErrHeadMoved) {
+		t.Fatalf("remove of an advanced run: %v, want ErrHeadMoved", err)
+	}
+	left := key("left")
+	if _, err := a2.Claim(ctx, left, "new", left, record.Active); err != nil {
+		t.Fatal(err)
+	}
+	if err := a2.Remove(ctx, left); err != nil {
+		t.Fatalf("remove a leftover claim: %v", err)
+	}
+	if _, err := d.Run(ctx, left); !errors.Is(err, ErrNoRun) {
+		t.Fatalf("after remove: %v, want ErrNoRun", err)
 	}
 }
 

@@ -135,6 +135,25 @@ func (h *Host) Transfer(ctx context.Context, genesis, to record.Address) (Entry,
 	})
 }
 
+// Remove deletes the entry of a run this session owns that never got past
+// its genesis (head and phase as claimed at creation, no previous head):
+// what a crash between a new run's claim and its creation in the store
+// leaves (docs/fleet.md, "Reconciling at start"). Any other entry is
+// ErrHeadMoved: a run that was advanced keeps its entry, so no host can
+// create it afresh.
+func (h *Host) Remove(ctx context.Context, genesis record.Address) error {
+	_, err := h.update(ctx, "remove", genesis, func(cur Entry, exists bool, _ int64) (Entry, error) {
+		if err := h.owns(cur, exists); err != nil {
+			return Entry{}, err
+		}
+		if cur.Head != genesis || cur.Phase != record.Active || !cur.Prev.IsZero() {
+			return Entry{}, fmt.Errorf("run %s: %w: directory at %s (%s), not at its genesis", genesis, ErrHeadMoved, cur.Head, cur.Phase)
+		}
+		return Entry{}, errRemove
+	})
+	return err
+}
+
 // owns refuses an entry this session may not advance.
 func (h *Host) owns(cur Entry, exists bool) error {
 	switch {
@@ -152,8 +171,12 @@ func moved(cur Entry, head record.Address, phase record.Phase) error {
 	return fmt.Errorf("run %s: %w: directory at %s (%s), claim at %s (%s)", cur.Genesis, ErrHeadMoved, cur.Head, cur.Phase, head, phase)
 }
 
-// errUnchanged tells update that the entry is already as wanted.
-var errUnchanged = errors.New("unchanged")
+// errUnchanged tells update that the entry is already as wanted, and
+// errRemove that it is to be deleted.
+var (
+	errUnchanged = errors.New("unchanged")
+	errRemove    = errors.New("remove")
+)
 
 // update reads the run's entry, the lease of its owner's live session and
 // this host's, lets decide judge it and say the new entry, and writes it
@@ -174,10 +197,13 @@ func (h *Host) update(ctx context.Context, op string, genesis record.Address,
 			return Entry{}, err
 		}
 		next, err := decide(cur, exists, ownerLease)
-		if err == errUnchanged {
+		write := clientv3.OpPut(rk, string(next.encode()))
+		switch {
+		case err == errUnchanged:
 			return cur, nil
-		}
-		if err != nil {
+		case err == errRemove:
+			write = clientv3.OpDelete(rk)
+		case err != nil:
 			return Entry{}, fmt.Errorf("%s: %w", op, err)
 		}
 		cmps := []clientv3.Cmp{
@@ -187,7 +213,7 @@ func (h *Host) update(ctx context.Context, op string, genesis record.Address,
 		if exists && cur.Owner != h.key {
 			cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(h.aliveKey(cur.Owner)), "=", ownerLease))
 		}
-		r, err := h.cli.Txn(ctx).If(cmps...).Then(clientv3.OpPut(rk, string(next.encode()))).Commit()
+		r, err := h.cli.Txn(ctx).If(cmps...).Then(write).Commit()
 		if err != nil {
 			return Entry{}, unavailable(op+" run "+genesis.String(), err)
 		}
