@@ -414,6 +414,19 @@ func testLeaseExpiry(t *testing.T, c *etcdtest.Cluster, d *Dir) {
 	if _, err := a.Advance(ctx, key("g2"), key("g2"), key("c2"), record.Ended); err != nil {
 		t.Fatal(err)
 	}
+	// Renewals keep the session past the life of its first grant: the
+	// property is about time passing, so the test waits for that time.
+	first := a.ValidUntil()
+	time.Sleep(time.Until(first) + 100*time.Millisecond)
+	if a.Err() != nil {
+		t.Fatalf("a's session ended while etcd was reachable: %v", a.Err())
+	}
+	if !a.ValidUntil().After(first) {
+		t.Fatalf("a's lease not renewed: valid until %s, as first granted", a.ValidUntil())
+	}
+	if m, err := d.Member(ctx, key("a")); err != nil || m.Lease != a.Lease() {
+		t.Fatalf("a after its first TTL: %+v, %v; want lease %x", m, err, a.Lease())
+	}
 	if o, err := d.Orphans(ctx); err != nil || len(o) != 0 {
 		t.Fatalf("orphans while a lives: %+v, %v", o, err)
 	}
