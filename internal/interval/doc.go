@@ -4,6 +4,13 @@
 // the meter's CPU reading, the lifecycle entries so far) and what meters
 // it; [Interval.End] is the one place an interval ends.
 //
+// A [Host] is this host's side of every interval: where a run keeps its
+// output and its saved mark (StateDir/runs/<id>/stdout, stderr,
+// interval.json), the meter ([IdleMeter] over pkg/idle), and the store and
+// [Signer] an interval ends into. The daemon begins, reattaches, saves,
+// drops and ends its runs' intervals through it; a mark not saved, or an
+// interval not metered, is a warning in its log, not a failure.
+//
 // # Ending an interval
 //
 // End, in this order:

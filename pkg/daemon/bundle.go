@@ -105,7 +105,7 @@ func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (Imported, 
 func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (Imported, error) {
 	var rl *run
 	im, err := bundle.Import(ctx, d.st, r, bundle.ImportOptions{
-		Options: bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.trusted, Policy: d.bundlePolicy()},
+		Options: bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)},
 		ID:      id, Reclaim: reclaim, CheckID: checkID,
 		// The run's lock is held past the import, until its summary for
 		// the reply is read.

@@ -39,6 +39,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/metrics"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -128,7 +129,7 @@ type Daemon struct {
 
 	metrics metrics.Metrics
 	events  events.Hub
-	probe   *imageParks
+	probe   *imageparks.Gate
 
 	// seam, set by unit tests only, runs at each step an operation
 	// reaches (reach).
@@ -364,8 +365,7 @@ func (d *Daemon) output(id string) (executor.Output, error) {
 }
 
 func (d *Daemon) outputOf(id string) executor.Output {
-	dir := filepath.Join(d.cfg.StateDir, "runs", id)
-	return executor.Output{Stdout: filepath.Join(dir, "stdout"), Stderr: filepath.Join(dir, "stderr")}
+	return executor.Output(d.intervals().Output(id))
 }
 
 func nowNS() int64 { return time.Now().UnixNano() }

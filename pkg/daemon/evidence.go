@@ -4,9 +4,11 @@ import (
 	"context"
 	"io"
 
-	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/executor"
+	"github.com/runrecordd/runrecordd/pkg/idle"
+	"github.com/runrecordd/runrecordd/pkg/manifest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -55,20 +57,29 @@ func (d *Daemon) Verify(ctx context.Context, id string) (Verification, error) {
 	return out, nil
 }
 
+// HostInfo is this daemon's host: its key, where it keeps its state, its
+// containerd, the facts its manifests record, and what it can meter and
+// park.
+type HostInfo struct {
+	KeyID      record.Address
+	StateDir   string
+	Containerd string // its address
+	Embedded   bool   // started and supervised by the daemon
+	Manifest   manifest.Manifest
+	Meter      idle.Snapshot
+	ImageParks imageparks.Status
+}
+
 // Host describes this daemon's host.
-func (d *Daemon) Host() api.Host {
-	h := api.Host{KeyID: d.keyID.String(), StateDir: d.cfg.StateDir, Embedded: d.ctrd != nil, Manifest: map[string]string{}}
+func (d *Daemon) Host() HostInfo {
+	h := HostInfo{KeyID: d.keyID, StateDir: d.cfg.StateDir, Embedded: d.ctrd != nil, Containerd: d.cfg.ContainerdAddress,
+		Manifest: manifest.Manifest{}, Meter: d.meter.Snapshot(), ImageParks: d.probe.Status()}
 	if d.ctrd != nil {
 		h.Containerd = d.ctrd.Address()
-	} else {
-		h.Containerd = d.cfg.ContainerdAddress
 	}
 	for k, v := range d.host {
 		h.Manifest[k] = v
 	}
-	snap := d.meter.Snapshot()
-	h.RAPL, h.RAPLReason = snap.Available, snap.Reasons
-	h.ImageParks = d.imageParksStatus()
 	return h
 }
 

@@ -284,10 +284,8 @@ func newFakeHost(t *testing.T) *fakeHost {
 	}
 	ex := newFakeExec()
 	d.ex = ex
-	done := make(chan struct{})
-	close(done)
-	d.probe = &imageParks{done: done, p: executor.Probe{OK: true}, finished: time.Now()}
 	d.bgCtx, d.stop = context.WithCancel(context.Background())
+	d.startProbe(nil) // the fake's probe passes
 	t.Cleanup(func() {
 		d.stop()
 		d.bg.Wait()

@@ -2,14 +2,10 @@ package daemon
 
 import (
 	"context"
-	"path/filepath"
-	"time"
 
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
-	"github.com/runrecordd/runrecordd/pkg/executor"
-	"github.com/runrecordd/runrecordd/pkg/idle"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -28,68 +24,33 @@ type live struct {
 	transcript *calls.Channel
 }
 
-// meterRole adapts the idle meter to the interval room's Meter.
-type meterRole struct{ m *idle.Meter }
-
-func (r meterRole) CgroupOf(pid int) (string, error) { return r.m.CgroupOf(pid) }
-
-func (r meterRole) Begin(cg string) (interval.Metering, error) {
-	iv, err := r.m.Begin(cg)
-	if err != nil {
-		return nil, err
-	}
-	return iv, nil
-}
-
-func (r meterRole) Reattach(cg string, start time.Time, cpuNS uint64) (interval.Metering, error) {
-	iv, err := r.m.Reattach(cg, start, cpuNS)
-	if err != nil {
-		return nil, err
-	}
-	return iv, nil
-}
-
-// intervalConfig is where run id keeps its interval's files.
-func (d *Daemon) intervalConfig(id string, grants unit.Grants) interval.Config {
-	out := d.outputOf(id)
-	return interval.Config{Run: id, Output: interval.Output{Stdout: out.Stdout, Stderr: out.Stderr},
-		MarkPath: d.markPath(id), LogLimit: grants.Limits.Or(unit.DefaultLimits).LogBytes}
+// intervals is this host's side of every interval (internal/interval),
+// made from the daemon's state directory, store, signer and meter at each
+// use.
+func (d *Daemon) intervals() interval.Host {
+	return interval.Host{StateDir: d.cfg.StateDir, Store: d.st, Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log}
 }
 
 // markNow is a mark at this instant for run id's output.
-func (d *Daemon) markNow(id string) interval.Mark {
-	out := d.outputOf(id)
-	return interval.MarkAt(nowNS(), interval.Output{Stdout: out.Stdout, Stderr: out.Stderr})
-}
+func (d *Daemon) markNow(id string) interval.Mark { return d.intervals().MarkNow(id) }
 
 // begin starts an interval on sb from m.
 func (d *Daemon) begin(id string, sb Sandbox, spec unit.Spec, grants unit.Grants, event string, m interval.Mark) *live {
-	iv := interval.Begin(d.intervalConfig(id, grants), sb, meterRole{d.meter}, m, event)
-	if err := iv.MeterErr(); err != nil {
-		d.log.Warn("interval not metered from its start", "run", id, "err", err)
-	}
-	return &live{sb: sb, spec: spec, grants: grants, iv: iv}
+	return &live{sb: sb, spec: spec, grants: grants, iv: d.intervals().Begin(id, sb, grants.Limits, event, m)}
 }
 
 // reattach goes on with the interval an earlier daemon process began on
 // sb, from the mark it saved (or from now, without one).
 func (d *Daemon) reattach(id string, sb Sandbox, spec unit.Spec, grants unit.Grants) *live {
-	iv := interval.Reattach(d.intervalConfig(id, grants), sb, meterRole{d.meter})
-	return &live{sb: sb, spec: spec, grants: grants, iv: iv}
+	return &live{sb: sb, spec: spec, grants: grants, iv: d.intervals().Reattach(id, sb, grants.Limits)}
 }
 
-func (d *Daemon) markPath(id string) string {
-	return filepath.Join(d.cfg.StateDir, "runs", id, "interval.json")
-}
+func (d *Daemon) markPath(id string) string { return d.intervals().MarkPath(id) }
 
 // saveMark keeps lv's start for a restarted daemon.
-func (d *Daemon) saveMark(id string, lv *live) {
-	if err := lv.iv.Save(); err != nil {
-		d.log.Warn("interval start not saved; a restarted daemon attests it from the restart", "run", id, "err", err)
-	}
-}
+func (d *Daemon) saveMark(_ string, lv *live) { d.intervals().SaveMark(lv.iv) }
 
-func (d *Daemon) dropMark(id string) { interval.DropMark(d.markPath(id)) }
+func (d *Daemon) dropMark(id string) { d.intervals().DropMark(id) }
 
 // end ends lv's interval and records it: the Executed segment with calls,
 // then the segments in then, in one transaction (internal/interval). On
@@ -103,24 +64,14 @@ func (d *Daemon) endAt(ctx context.Context, lv *live, step string, outcome attes
 	if lv.transcript != nil {
 		lv.iv.Channel(lv.transcript.Spooled)
 	}
-	env := interval.Env{Store: d.st, Signer: d.signer}
+	var sealed func()
 	if step != "" {
-		env.Sealed = func() { d.reach(step) }
+		sealed = func() { d.reach(step) }
 	}
-	sealed, err := lv.iv.End(ctx, env, outcome, calls, then, extra...)
+	s, err := d.intervals().End(ctx, lv.iv, sealed, outcome, calls, then, extra...)
 	if err != nil {
 		return interval.Sealed{}, err
 	}
-	d.metrics.Receipt(sealed.Receipt)
-	return sealed, nil
-}
-
-// checkpointOf is a park's CRIU statistics as the journal keeps them.
-func checkpointOf(s executor.CheckpointStats, ingest time.Duration) attest.Checkpointed {
-	return attest.Checkpointed{
-		TotalNS: int64(s.Total), PauseNS: int64(s.Pause), DumpNS: int64(s.Dump), DiffNS: int64(s.Diff),
-		FreezingNS: int64(s.Freezing), FrozenNS: int64(s.Frozen), MemDumpNS: int64(s.MemDump), MemWriteNS: int64(s.MemWrite),
-		Pages: s.PagesWritten, PagesScan: s.PagesScanned, ImageBytes: s.ImageBytes, RootBytes: s.RootfsBytes,
-		IngestNS: int64(ingest),
-	}
+	d.metrics.Receipt(s.Receipt)
+	return s, nil
 }

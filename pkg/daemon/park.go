@@ -111,7 +111,7 @@ func (d *Daemon) checkpointImage(ctx context.Context, id string, lv *live) (take
 	if err != nil {
 		return taken{}, err
 	}
-	room, err := d.roomForPark(id, lv.grants, mem, raw.Segments)
+	room, err := park.Room(d.st, id, lv.grants, mem, raw.Segments, d.cfg.MinFree)
 	if err != nil {
 		return taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
@@ -119,7 +119,7 @@ func (d *Daemon) checkpointImage(ctx context.Context, id string, lv *live) (take
 	if err != nil {
 		return taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
-	ck := checkpointOf(res.Stats, res.Ingest)
+	ck := res.Checkpointed()
 	return taken{snap: res.Snapshot, retained: res.Retained, keys: manifest.ImageKeys, checkpoint: &ck}, nil
 }
 

@@ -3,6 +3,7 @@ package daemon
 import (
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -85,10 +86,7 @@ type Resumed struct {
 
 // Signer is a signer of one of a record's intervals, named as this host
 // knows its key.
-type Signer struct {
-	attest.Signer
-	Name string
-}
+type Signer = trust.Signer
 
 // Imported is a stored bundle.
 type Imported struct {

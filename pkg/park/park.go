@@ -7,6 +7,12 @@
 // [store.Store.Materialize]) and never reads or links the store's files
 // itself.
 //
+// Before an image park, [Room] says whether there is room for it: the
+// store's filesystem must keep a minimum free after the dump, and the
+// run's snapshots must stay within its quota (docs/limits.md); a refusal
+// is [ErrNoSpace], and what is left is the budget of the park's rw layer.
+// [Result.Checkpointed] is a park's statistics as the journal keeps them.
+//
 // # Order
 //
 // [Image] checkpoints with the task left frozen ([executor.Checkpoint.Keep])
@@ -44,6 +50,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/store"
@@ -74,6 +81,18 @@ type Result struct {
 	// Followed is the bytes of the memory image hashed while CRIU wrote
 	// it, not after the checkpoint returned.
 	Followed int64
+}
+
+// Checkpointed is the park's CRIU statistics and ingest time as the replay
+// journal keeps them.
+func (r Result) Checkpointed() attest.Checkpointed {
+	s := r.Stats
+	return attest.Checkpointed{
+		TotalNS: int64(s.Total), PauseNS: int64(s.Pause), DumpNS: int64(s.Dump), DiffNS: int64(s.Diff),
+		FreezingNS: int64(s.Freezing), FrozenNS: int64(s.Frozen), MemDumpNS: int64(s.MemDump), MemWriteNS: int64(s.MemWrite),
+		Pages: s.PagesWritten, PagesScan: s.PagesScanned, ImageBytes: s.ImageBytes, RootBytes: s.RootfsBytes,
+		IngestNS: int64(r.Ingest),
+	}
 }
 
 // Image checkpoints sb into staging directories on st's filesystem, leaving

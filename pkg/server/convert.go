@@ -3,6 +3,8 @@ package server
 import (
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/retention"
+	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/daemon"
@@ -128,4 +130,31 @@ func callsOf(ls []calls.Listed) []api.Call {
 
 func eventOf(e events.Event) api.Event {
 	return api.Event{Time: e.Time, Kind: e.Kind, Run: e.Run, Call: e.Call, CallKind: e.CallKind, Detail: e.Detail}
+}
+
+func hostOf(h daemon.HostInfo) api.Host {
+	out := api.Host{KeyID: h.KeyID.String(), StateDir: h.StateDir, Containerd: h.Containerd, Embedded: h.Embedded,
+		Manifest: map[string]string{}, RAPL: h.Meter.Available, RAPLReason: h.Meter.Reasons,
+		ImageParks: api.ImageParks{Status: h.ImageParks.State.String(), Reason: h.ImageParks.Reason, Notes: h.ImageParks.Notes,
+			ProbeNS: int64(h.ImageParks.Took)}}
+	for k, v := range h.Manifest {
+		out.Manifest[k] = v
+	}
+	return out
+}
+
+func gcOf(r retention.Result) api.GC {
+	return api.GC{Released: r.Released, Removed: r.Removed, RemovedBytes: r.RemovedBytes, Kept: r.Kept, KeptBytes: r.KeptBytes}
+}
+
+func keyOf(k trust.Key) api.TrustedKey {
+	return api.TrustedKey{Key: k.Key.String(), Name: k.Name, Self: k.Self}
+}
+
+func keysOf(ks []trust.Key) []api.TrustedKey {
+	out := make([]api.TrustedKey, 0, len(ks))
+	for _, k := range ks {
+		out = append(out, keyOf(k))
+	}
+	return out
 }

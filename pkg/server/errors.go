@@ -7,6 +7,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/bundle"
@@ -94,7 +95,7 @@ func ErrorOf(err error) *api.Error {
 	case errors.Is(err, daemon.ErrInvalid), errors.Is(err, daemon.ErrBundle), errors.Is(err, unit.ErrInvalid),
 		errors.Is(err, executor.ErrInvalid), errors.Is(err, executor.ErrImageMismatch), errors.Is(err, store.ErrRunID),
 		errors.Is(err, manifest.ErrMalformed), errors.Is(err, record.ErrMalformedSegment), errors.Is(err, record.ErrMalformedSnapshot),
-		errors.Is(err, record.ErrAddress), errors.Is(err, store.ErrKeyName), errors.Is(err, daemon.ErrTranscript):
+		errors.Is(err, record.ErrAddress), errors.Is(err, store.ErrKeyName), errors.Is(err, daemon.ErrTranscript), errors.Is(err, trust.ErrKey):
 		e.Code = api.CodeBadRequest
 	case errors.Is(err, executor.ErrMissing), errors.Is(err, manifest.ErrMissing), errors.Is(err, store.ErrLocked),
 		errors.Is(err, context.DeadlineExceeded), errdefs.IsUnavailable(err):

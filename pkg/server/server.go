@@ -104,7 +104,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 }
 
 func (h *handler) host(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, h.d.Host())
+	writeJSON(w, http.StatusOK, hostOf(h.d.Host()))
 }
 
 func (h *handler) importImage(w http.ResponseWriter, r *http.Request) {
@@ -185,7 +185,7 @@ func (h *handler) gc(w http.ResponseWriter, r *http.Request) {
 		grace = &g
 	}
 	out, err := h.d.GC(r.Context(), keep, grace)
-	h.reply(w, r, out, err)
+	h.reply(w, r, gcOf(out), err)
 }
 
 func (h *handler) pin(w http.ResponseWriter, r *http.Request) {
@@ -239,7 +239,7 @@ func (h *handler) importBundle(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) trustList(w http.ResponseWriter, r *http.Request) {
 	keys, err := h.d.TrustedKeys()
-	h.reply(w, r, keys, err)
+	h.reply(w, r, keysOf(keys), err)
 }
 
 func (h *handler) trustAdd(w http.ResponseWriter, r *http.Request) {
@@ -249,7 +249,7 @@ func (h *handler) trustAdd(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	k, err := h.d.Trust(req.Key, req.Name)
-	h.reply(w, r, k, err)
+	h.reply(w, r, keyOf(k), err)
 }
 
 func (h *handler) trustRemove(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,308 @@
+// Package etcdtest starts a real etcd cluster inside a test process, for
+// the tests of anything coordinated by etcd (internal/fleet, and later the
+// daemon's fleet wiring and its end-to-end tests).
+//
+// [Start] runs three members with go.etcd.io/etcd/server/v3/embed, on
+// 127.0.0.1 with ports free at the start, each in a directory of
+// t.TempDir(). One member can be stopped ([Cluster.Stop]) and started again
+// on its own data ([Cluster.Restart]); the cluster keeps quorum with two.
+// [Cluster.Close] stops every member and waits until none serves any more;
+// it is also registered with t.Cleanup, so a test leaves nothing running.
+//
+// # Caveats
+//
+//   - Ports are found by listening on port 0 and closing the listener, so
+//     another process may take one before etcd binds it. Start retries
+//     the whole cluster on a bind failure; a Restart reuses the member's
+//     ports (its peer address is part of the cluster's membership) and
+//     fails if one was taken in between.
+//   - Members run with fsync disabled to keep tests fast; what they prove
+//     is the protocol, not durability of this test cluster's disks.
+//     Heartbeats and elections keep etcd's defaults (100 ms, 1 s), so the
+//     shortest lease is 2 s.
+//   - The members log nothing (a no-op zap logger); an error is returned
+//     instead.
+package etcdtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// Members is the size of a cluster [Start] makes.
+const Members = 3
+
+// startTimeout bounds how long a member may take to join its cluster and
+// become ready to serve.
+const startTimeout = 30 * time.Second
+
+// Cluster is a running test cluster.
+type Cluster struct {
+	token   string
+	members []*member
+	mu      sync.Mutex // guards every member's etcd
+}
+
+type member struct {
+	name    string
+	dir     string
+	peerURL url.URL
+	client  url.URL
+	initial string
+	etcd    *embed.Etcd
+}
+
+// Start runs a cluster of [Members] members and waits until it has a
+// leader and every member serves. It fails t if the cluster does not start.
+func Start(t testing.TB) *Cluster {
+	t.Helper()
+	var last error
+	for attempt := 0; attempt < 3; attempt++ {
+		c, err := start(t, attempt)
+		if err == nil {
+			t.Cleanup(c.Close)
+			return c
+		}
+		last = err
+		if !isAddrInUse(err) {
+			break
+		}
+	}
+	t.Fatalf("etcdtest: start a %d-member cluster: %v", Members, last)
+	return nil
+}
+
+func start(t testing.TB, attempt int) (*Cluster, error) {
+	ports, err := freePorts(2 * Members)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{token: fmt.Sprintf("etcdtest-%d-%d", time.Now().UnixNano(), attempt)}
+	var initial []string
+	for i := 0; i < Members; i++ {
+		m := &member{
+			name:    fmt.Sprintf("m%d", i),
+			dir:     t.TempDir(),
+			peerURL: url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i])},
+			client:  url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i+1])},
+		}
+		initial = append(initial, m.name+"="+m.peerURL.String())
+		c.members = append(c.members, m)
+	}
+	for _, m := range c.members {
+		m.initial = strings.Join(initial, ",")
+	}
+	// Members of a new cluster wait for each other, so start them together.
+	errs := make([]error, Members)
+	var wg sync.WaitGroup
+	for i, m := range c.members {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = c.run(m)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// run starts m on its data directory and waits until it serves.
+func (c *Cluster) run(m *member) error {
+	cfg := embed.NewConfig()
+	cfg.Name = m.name
+	cfg.Dir = m.dir
+	cfg.ListenPeerUrls = []url.URL{m.peerURL}
+	cfg.AdvertisePeerUrls = []url.URL{m.peerURL}
+	cfg.ListenClientUrls = []url.URL{m.client}
+	cfg.AdvertiseClientUrls = []url.URL{m.client}
+	cfg.InitialCluster = m.initial
+	cfg.InitialClusterToken = c.token
+	cfg.ClusterState = embed.ClusterStateFlagNew
+	cfg.TickMs = 100      // etcd's default
+	cfg.ElectionMs = 1000 // etcd's default: shorter ones elected anew under a loaded test machine
+	cfg.UnsafeNoFsync = true
+	cfg.EnableGRPCGateway = false
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return fmt.Errorf("member %s: %w", m.name, err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return fmt.Errorf("member %s: %w", m.name, err)
+	case <-time.After(startTimeout):
+		e.Close()
+		return fmt.Errorf("member %s: not ready after %s", m.name, startTimeout)
+	}
+	c.mu.Lock()
+	m.etcd = e
+	c.mu.Unlock()
+	return nil
+}
+
+// Endpoints returns every member's client URL, stopped members included.
+func (c *Cluster) Endpoints() []string {
+	out := make([]string, len(c.members))
+	for i, m := range c.members {
+		out[i] = m.client.String()
+	}
+	return out
+}
+
+// Endpoint returns member i's client URL.
+func (c *Cluster) Endpoint(i int) string { return c.members[i].client.String() }
+
+// Client returns a client of every member, closed when t ends.
+func (c *Cluster) Client(t testing.TB) *clientv3.Client {
+	t.Helper()
+	return NewClient(t, c.Endpoints()...)
+}
+
+// NewClient returns a client of endpoints with a short dial timeout,
+// closed when t ends. Endpoints need not be up.
+func NewClient(t testing.TB, endpoints ...string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: 2 * time.Second,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		t.Fatalf("etcdtest: client of %v: %v", endpoints, err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
+// Stop stops member i and waits until it no longer serves. The others keep
+// quorum while at most one of three is stopped.
+func (c *Cluster) Stop(i int) {
+	c.mu.Lock()
+	e := c.members[i].etcd
+	c.members[i].etcd = nil
+	c.mu.Unlock()
+	if e != nil {
+		e.Close()
+	}
+}
+
+// Restart starts a stopped member i again on its data and ports and waits
+// until it serves.
+func (c *Cluster) Restart(t testing.TB, i int) {
+	t.Helper()
+	c.mu.Lock()
+	running := c.members[i].etcd != nil
+	c.mu.Unlock()
+	if running {
+		t.Fatalf("etcdtest: member %d is running", i)
+	}
+	if err := c.run(c.members[i]); err != nil {
+		t.Fatalf("etcdtest: restart: %v", err)
+	}
+}
+
+// Running reports whether member i serves.
+func (c *Cluster) Running(i int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.members[i].etcd != nil
+}
+
+// Close stops every member. Calling it again does nothing.
+//
+// Followers stop first, together, then the leader: a leader stopping
+// hands its leadership to a peer, and with its peers stopping at the same
+// moment it would wait for the request timeout (6 s here) instead.
+func (c *Cluster) Close() {
+	var leaders, followers []int
+	c.mu.Lock()
+	for i, m := range c.members {
+		if m.etcd == nil {
+			continue
+		}
+		if s := m.etcd.Server; s.Lead() == uint64(s.MemberID()) {
+			leaders = append(leaders, i)
+		} else {
+			followers = append(followers, i)
+		}
+	}
+	c.mu.Unlock()
+	for _, group := range [][]int{followers, leaders} {
+		var wg sync.WaitGroup
+		for _, i := range group {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.Stop(i)
+			}()
+		}
+		wg.Wait()
+	}
+}
+
+// WaitHealthy waits until every running member answers a linearizable
+// read, so a test that stopped or restarted one starts from a settled
+// cluster.
+func (c *Cluster) WaitHealthy(ctx context.Context, t testing.TB) {
+	t.Helper()
+	for i, m := range c.members {
+		if !c.Running(i) {
+			continue
+		}
+		cli := NewClient(t, m.client.String())
+		for {
+			rctx, cancel := context.WithTimeout(ctx, time.Second)
+			_, err := cli.Get(rctx, "etcdtest-health")
+			cancel()
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("etcdtest: member %d not healthy: %v", i, err)
+			}
+		}
+		_ = cli.Close()
+	}
+}
+
+// freePorts returns n distinct ports on 127.0.0.1 that were free a moment
+// ago: all n listeners are open at once, so none repeats.
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func isAddrInUse(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "address already in use")
+}

@@ -1,0 +1,204 @@
+package imageparks
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/testhost"
+	"github.com/runrecordd/runrecordd/pkg/executor"
+)
+
+// prober is a scripted Prober: each probe takes the next outcome from
+// outcomes, after release lets it go (when release is not nil).
+type prober struct {
+	outcomes chan executor.Probe
+	release  chan struct{}
+	calls    atomic.Int32
+}
+
+func (p *prober) probe(ctx context.Context) executor.Probe {
+	p.calls.Add(1)
+	if p.release != nil {
+		select {
+		case <-p.release:
+		case <-ctx.Done():
+			return executor.Probe{Reason: "stopped"}
+		}
+	}
+	return <-p.outcomes
+}
+
+// clock is a settable clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// mustGate starts a gate over p with a settable clock; its cleanup stops
+// the background and waits for every probe.
+func mustGate(t *testing.T, p *prober, criuErr error) (*Gate, *clock) {
+	t.Helper()
+	bg, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		stop()
+		wg.Wait()
+	})
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	g := newGate(bg, &wg, p.probe, criuErr, testhost.Log(t))
+	g.now = c.now
+	g.start()
+	return g, c
+}
+
+func outcomes(ps ...executor.Probe) chan executor.Probe {
+	ch := make(chan executor.Probe, len(ps))
+	for _, p := range ps {
+		ch <- p
+	}
+	return ch
+}
+
+// A probe that dumps and restores opens the gate, with its notes.
+func TestReadyProbeOK(t *testing.T) {
+	p := &prober{outcomes: outcomes(executor.Probe{OK: true, Notes: []string{"hw breakpoints off"}, Took: time.Second})}
+	g, _ := mustGate(t, p, nil)
+	if err := g.Ready(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	want := Status{State: Available, Notes: []string{"hw breakpoints off"}, Took: time.Second}
+	if got := g.Status(); got.State != want.State || got.Reason != "" || strings.Join(got.Notes, ",") != "hw breakpoints off" || got.Took != want.Took {
+		t.Fatalf("status %+v, want %+v", got, want)
+	}
+	if got := g.Status().State.String(); got != "available" {
+		t.Fatalf("state %q", got)
+	}
+}
+
+// A failed probe keeps the gate closed with its reason; a request within
+// ReprobeAfter does not probe again, one after it does, and a fixed host
+// gets image parks back without a restart.
+func TestReadyReprobesAfterInterval(t *testing.T) {
+	p := &prober{outcomes: outcomes(executor.Probe{Reason: "criu: dump failed"}, executor.Probe{OK: true})}
+	g, c := mustGate(t, p, nil)
+	err := g.Ready(t.Context())
+	if !errors.Is(err, ErrUnavailable) || err.Error() != "image parks are unavailable on this host: criu: dump failed" {
+		t.Fatalf("ready: %v", err)
+	}
+	if s := g.Status(); s.State != Unavailable || s.Reason != "criu: dump failed" || s.State.String() != "unavailable" {
+		t.Fatalf("status %+v", s)
+	}
+	c.advance(ReprobeAfter)
+	if err := g.Ready(t.Context()); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("ready within the interval: %v", err)
+	}
+	if n := p.calls.Load(); n != 1 {
+		t.Fatalf("probed %d times within the interval", n)
+	}
+	c.advance(time.Nanosecond)
+	if err := g.Ready(t.Context()); err != nil {
+		t.Fatalf("ready after the reprobe: %v", err)
+	}
+	if n := p.calls.Load(); n != 2 {
+		t.Fatalf("probed %d times", n)
+	}
+	// Open now: no more probes, however late.
+	c.advance(time.Hour)
+	if err := g.Ready(t.Context()); err != nil || p.calls.Load() != 2 {
+		t.Fatalf("ready: %v after %d probes", err, p.calls.Load())
+	}
+}
+
+// A request cancelled while the probe runs returns its context's error,
+// not ErrUnavailable; Status says probing meanwhile; the probe goes on and
+// the next request gets its outcome.
+func TestReadyCancelWhileProbing(t *testing.T) {
+	p := &prober{outcomes: outcomes(executor.Probe{OK: true}), release: make(chan struct{})}
+	g, _ := mustGate(t, p, nil)
+	if s := g.Status(); s.State != Probing || s.State.String() != "probing" || s.Reason != "" || s.Notes != nil {
+		t.Fatalf("status while probing: %+v", s)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := g.Ready(ctx)
+	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrUnavailable) || !strings.HasPrefix(err.Error(), "waiting for the image-park probe: ") {
+		t.Fatalf("ready: %v", err)
+	}
+	close(p.release)
+	if err := g.Ready(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A CRIU that did not tell its version is never probed: the gate is closed
+// with that as the reason, and stays closed however late one asks.
+func TestReadyCRIUErrNeverProbes(t *testing.T) {
+	p := &prober{outcomes: outcomes()}
+	g, c := mustGate(t, p, errors.New("criu: executable file not found in $PATH"))
+	for range 2 {
+		err := g.Ready(t.Context())
+		if !errors.Is(err, ErrUnavailable) || !strings.HasSuffix(err.Error(), ": criu: executable file not found in $PATH") {
+			t.Fatalf("ready: %v", err)
+		}
+		c.advance(2 * ReprobeAfter)
+	}
+	if n := p.calls.Load(); n != 0 {
+		t.Fatalf("probed %d times", n)
+	}
+	if s := g.Status(); s.State != Unavailable || s.Reason != "criu: executable file not found in $PATH" {
+		t.Fatalf("status %+v", s)
+	}
+}
+
+// A daemon stopping does not start a reprobe.
+func TestReadyNoReprobeWhenStopping(t *testing.T) {
+	p := &prober{outcomes: outcomes(executor.Probe{Reason: "broken"})}
+	bg, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	g := newGate(bg, &wg, p.probe, nil, testhost.Log(t))
+	g.now = c.now
+	g.start()
+	if err := g.Ready(t.Context()); !errors.Is(err, ErrUnavailable) {
+		t.Fatal(err)
+	}
+	stop()
+	c.advance(2 * ReprobeAfter)
+	if err := g.Ready(t.Context()); !errors.Is(err, ErrUnavailable) {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if n := p.calls.Load(); n != 1 {
+		t.Fatalf("probed %d times", n)
+	}
+}
+
+// The CRIU deadline is the configured one, or 30 s plus a second per
+// 64 MiB moved.
+func TestDeadline(t *testing.T) {
+	for mem, want := range map[uint64]time.Duration{0: 30 * time.Second, 64<<20 - 1: 30 * time.Second, 512 << 20: 38 * time.Second, 8 << 30: 158 * time.Second} {
+		if got := Deadline(0, mem); got != want {
+			t.Errorf("deadline for %d bytes: %v, want %v", mem, got, want)
+		}
+	}
+	if got := Deadline(3*time.Second, 8<<30); got != 3*time.Second {
+		t.Errorf("configured deadline: %v", got)
+	}
+}
