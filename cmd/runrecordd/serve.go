@@ -16,9 +16,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/retention"
 	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/daemon"
 	"github.com/runrecordd/runrecordd/pkg/idle"
+	"github.com/runrecordd/runrecordd/pkg/park"
 	"github.com/runrecordd/runrecordd/pkg/server"
 	"golang.org/x/sys/unix"
 )
@@ -40,9 +42,9 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.coeffs, "coefficients", "", "JSON file of energy coefficients over the defaults (docs/energy.md)")
 	fs.StringVar(&f.sysfs, "sysfs", "", "sysfs root the meter reads RAPL zones under (default /sys)")
 	fs.StringVar(&f.level, "log-level", "info", "debug, info, warn or error")
-	fs.DurationVar(&f.gcEvery, "gc-interval", daemon.DefaultGCInterval, "how often to collect the store (negative: never)")
-	fs.DurationVar(&f.retention, "snapshot-retention", daemon.DefaultSnapshotRetention, "how long a closed run keeps its image snapshots (negative: forever)")
-	fs.Uint64Var(&f.minFree, "min-free", daemon.DefaultMinFree, "bytes an image park must leave free on the store's filesystem")
+	fs.DurationVar(&f.gcEvery, "gc-interval", retention.DefaultInterval, "how often to collect the store (negative: never)")
+	fs.DurationVar(&f.retention, "snapshot-retention", retention.DefaultKeep, "how long a closed run keeps its image snapshots (negative: forever)")
+	fs.Uint64Var(&f.minFree, "min-free", park.DefaultMinFree, "bytes an image park must leave free on the store's filesystem")
 	fs.DurationVar(&f.criuDeadline, "criu-deadline", 0, "deadline of every CRIU dump and restore (default 30s plus 1s per 64 MiB of the unit's memory; docs/daemon.md)")
 	fs.Var(&f.mounts, "bundle-mount-allow", "a host path under which an imported bundle's read-only mounts may lie (repeat for more; default none: docs/trust.md)")
 	fs.Int64Var(&f.objMax, "bundle-object-max", bundle.DefaultLimits.Object, "the largest object an imported bundle may carry, in bytes")

@@ -89,13 +89,13 @@ type Config struct {
 	CRIUDeadline time.Duration
 	// GCInterval is how often the daemon collects its store (releasing the
 	// image snapshots of closed runs past SnapshotRetention, then removing
-	// what no record reaches); 0 means DefaultGCInterval, negative never.
+	// what no record reaches); 0 means retention.DefaultInterval, negative never.
 	GCInterval time.Duration
 	// SnapshotRetention is how long a closed run keeps its image
-	// snapshots; 0 means DefaultSnapshotRetention, negative forever.
+	// snapshots; 0 means retention.DefaultKeep, negative forever.
 	SnapshotRetention time.Duration
 	// MinFree is the free space an image park must leave on the store's
-	// filesystem (DefaultMinFree when 0).
+	// filesystem (park.DefaultMinFree when 0).
 	MinFree uint64
 	// CPUInfo is /proc/cpuinfo, for the environment manifest.
 	CPUInfo string

@@ -7,12 +7,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/retention"
 )
 
-// Storage retention (docs/daemon.md, "Storage"; internal/retention).
-const (
-	DefaultGCInterval        = retention.DefaultInterval
-	DefaultSnapshotRetention = retention.DefaultKeep
-)
-
 // startGC collects the store in the background, a minute after start and
 // then every GCInterval (retention.Loop).
 func (d *Daemon) startGC() {

@@ -8,10 +8,6 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/executor"
 )
 
-// ErrImageParks is an image-mode run, park or resume on a host where image
-// parks are unavailable (internal/imageparks).
-var ErrImageParks = imageparks.ErrUnavailable
-
 // criuDeadline is the deadline of a dump or restore that moves memBytes of
 // memory (imageparks.Deadline).
 func (d *Daemon) criuDeadline(memBytes uint64) time.Duration {
@@ -25,6 +21,3 @@ func (d *Daemon) startProbe(criuErr error) {
 	probe := func(ctx context.Context) executor.Probe { return d.ex.Probe(ctx, d.criuDeadline(0)) }
 	d.probe = imageparks.Start(d.bgCtx, &d.bg, probe, criuErr, d.log)
 }
-
-// imageParksReady waits for the gate (imageparks.Gate.Ready).
-func (d *Daemon) imageParksReady(ctx context.Context) error { return d.probe.Ready(ctx) }

@@ -100,7 +100,7 @@ func (d *Daemon) sealTranscript(ctx context.Context, id string, lv *live) (taken
 // checkpointImage checkpoints an image unit, leaving it frozen, and stores
 // its images (pkg/park), within the room the run has.
 func (d *Daemon) checkpointImage(ctx context.Context, id string, lv *live) (taken, error) {
-	if err := d.imageParksReady(ctx); err != nil {
+	if err := d.probe.Ready(ctx); err != nil {
 		return taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
 	var mem uint64

@@ -154,7 +154,7 @@ func (d *Daemon) wake(ctx context.Context, id string, r *run, ok admitted) (*liv
 		lv, err := d.startSandbox(ctx, id, ok.spec, ok.grants, &resumed{transcript: *snap.Transcript})
 		return lv, nil, err
 	}
-	if err := d.imageParksReady(ctx); err != nil {
+	if err := d.probe.Ready(ctx); err != nil {
 		return nil, nil, fmt.Errorf("resume %s: %w", id, err)
 	}
 	if r.teardown != nil {

@@ -86,7 +86,7 @@ func (d *Daemon) prepareUnit(ctx context.Context, id string, spec unit.Spec, gra
 		return unit.Prepared{}, err
 	}
 	if p.Spec.Mode == unit.ImageMode {
-		if err := d.imageParksReady(ctx); err != nil {
+		if err := d.probe.Ready(ctx); err != nil {
 			return unit.Prepared{}, fmt.Errorf("run %s: %w (a transcript unit can still run: --mode transcript)", id, err)
 		}
 	}

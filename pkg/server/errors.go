@@ -7,6 +7,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -14,6 +15,7 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/daemon"
 	"github.com/runrecordd/runrecordd/pkg/executor"
 	"github.com/runrecordd/runrecordd/pkg/manifest"
+	"github.com/runrecordd/runrecordd/pkg/park"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/resume"
 	"github.com/runrecordd/runrecordd/pkg/store"
@@ -70,7 +72,7 @@ func ErrorOf(err error) *api.Error {
 	case errors.Is(err, store.ErrNoRun), errors.Is(err, executor.ErrNotFound), errdefs.IsNotFound(err),
 		errors.Is(err, store.ErrNotTrusted):
 		e.Code = api.CodeNotFound
-	case errors.Is(err, daemon.ErrNoSpace), errors.Is(err, executor.ErrTooLarge), errors.Is(err, store.ErrListing):
+	case errors.Is(err, park.ErrNoSpace), errors.Is(err, executor.ErrTooLarge), errors.Is(err, store.ErrListing):
 		e.Code = api.CodeNoSpace
 	case errors.Is(err, store.ErrHandedOff):
 		e.Code = api.CodeHandedOff
@@ -86,7 +88,7 @@ func ErrorOf(err error) *api.Error {
 		e.Code = api.CodeCheckpointTimeout
 	case errors.Is(err, executor.ErrRestoreTimeout):
 		e.Code = api.CodeRestoreTimeout
-	case errors.Is(err, daemon.ErrImageParks):
+	case errors.Is(err, imageparks.ErrUnavailable):
 		e.Code = api.CodeImageParks
 	case errors.Is(err, executor.ErrCheckpoint):
 		e.Code = api.CodeCheckpointFailed

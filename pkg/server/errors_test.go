@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/daemon"
 	"github.com/runrecordd/runrecordd/pkg/executor"
+	"github.com/runrecordd/runrecordd/pkg/park"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/resume"
 	"github.com/runrecordd/runrecordd/pkg/store"
@@ -21,7 +23,7 @@ func TestErrorOfCRIU(t *testing.T) {
 	for err, want := range map[error]string{
 		fmt.Errorf("park r: executor: checkpoint r: %w: killed", executor.ErrCheckpointTimeout): api.CodeCheckpointTimeout,
 		fmt.Errorf("resume r: executor: restore r: %w: killed", executor.ErrRestoreTimeout):     api.CodeRestoreTimeout,
-		fmt.Errorf("run r: %w: probe failed", daemon.ErrImageParks):                             api.CodeImageParks,
+		fmt.Errorf("run r: %w: probe failed", imageparks.ErrUnavailable):                        api.CodeImageParks,
 		fmt.Errorf("park r: %w", executor.ErrCheckpoint):                                        api.CodeCheckpointFailed,
 	} {
 		if got := ErrorOf(err).Code; got != want {
@@ -61,7 +63,7 @@ func TestErrorOfDaemon(t *testing.T) {
 	for err, want := range map[error]string{
 		fmt.Errorf("run r: %w", daemon.ErrNoSandbox):       api.CodePhase,
 		fmt.Errorf("export r: %w", daemon.ErrResultsHeld):  api.CodePhase,
-		fmt.Errorf("run r: %w", daemon.ErrNoSpace):         api.CodeNoSpace,
+		fmt.Errorf("run r: %w", park.ErrNoSpace):           api.CodeNoSpace,
 		fmt.Errorf("run r: %w", daemon.ErrBusy):            api.CodeConflict,
 		fmt.Errorf("post: %w", daemon.ErrCall):             api.CodeCallRefused,
 		fmt.Errorf("%w: run id", daemon.ErrInvalid):        api.CodeBadRequest,
