@@ -7,6 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 count=${1:-5}
 out=/tmp/runrecordd-bench-store.txt
-go test -run XXX -bench 'Append' -benchtime 2s -count "$count" ./pkg/store | tee "$out"
-go test -run XXX -bench 'Ingest' -benchtime 3x -count "$count" ./pkg/store | tee -a "$out"
+go test -run XXX -bench 'Append' -benchtime 2s -count "$count" ./internal/store | tee "$out"
+go test -run XXX -bench 'Ingest' -benchtime 3x -count "$count" ./internal/store | tee -a "$out"
 if command -v benchstat >/dev/null; then benchstat "$out"; fi

@@ -30,8 +30,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/runrecordd/runrecordd/pkg/daemon"
-	"github.com/runrecordd/runrecordd/pkg/executor"
+	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"

@@ -17,9 +17,9 @@ import (
 
 	"github.com/rogpeppe/go-internal/testscript"
 
+	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/ociarchive"
 	"github.com/runrecordd/runrecordd/pkg/api"
-	"github.com/runrecordd/runrecordd/pkg/executor"
 )
 
 func TestMain(m *testing.M) {

@@ -10,11 +10,11 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/conformance"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/api"
-	"github.com/runrecordd/runrecordd/pkg/bundle"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 func cmdConformance(args []string, stdout io.Writer) error {
@@ -92,7 +92,7 @@ func cmdVerify(args []string, stdout io.Writer) error {
 }
 
 // verifyBundle is `verify --file BUNDLE`: the bundle is read and judged as
-// an import judges it (pkg/bundle), in a scratch store that is removed
+// an import judges it (internal/bundle), in a scratch store that is removed
 // after, with no grant policy; its signers are judged by the daemon's
 // trusted keys when a daemon answers, and reported unjudged otherwise.
 func verifyBundle(cf clientFlags, name string, r io.Reader, stdout io.Writer) error {

@@ -16,12 +16,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/retention"
-	"github.com/runrecordd/runrecordd/pkg/bundle"
-	"github.com/runrecordd/runrecordd/pkg/daemon"
-	"github.com/runrecordd/runrecordd/pkg/idle"
-	"github.com/runrecordd/runrecordd/pkg/park"
-	"github.com/runrecordd/runrecordd/pkg/server"
+	"github.com/runrecordd/runrecordd/internal/server"
 	"golang.org/x/sys/unix"
 )
 

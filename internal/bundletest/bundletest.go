@@ -3,7 +3,7 @@
 // one interval on ([Bundle.Extend]), written as a tar by hand so that a test
 // can add what no honest exporter writes — sparse members, members the
 // record does not reach, sizes that lie. [Pinned] fills a store with the
-// runs whose exported bundles pkg/bundle pins.
+// runs whose exported bundles internal/bundle pins.
 package bundletest
 
 import (
@@ -17,9 +17,9 @@ import (
 
 	"lukechampine.com/blake3"
 
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/pkg/attest"
-	"github.com/runrecordd/runrecordd/pkg/bundle"
-	"github.com/runrecordd/runrecordd/pkg/manifest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"

@@ -6,16 +6,16 @@ import (
 	"crypto/ed25519"
 	"strings"
 
-	"github.com/runrecordd/runrecordd/pkg/bundle"
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // Pinned fills an empty store with the runs whose bundles are pinned in
-// pkg/bundle/testdata/export (written by the daemon's exporter before it
-// moved to pkg/bundle): "t", a forged transcript run of one interval, and
+// internal/bundle/testdata/export (written by the daemon's exporter before it
+// moved to internal/bundle): "t", a forged transcript run of one interval, and
 // "i", an image run of two intervals whose snapshots share files and whose
 // attestations share a journal (its objects are not what a host writes: an
 // export does not read them). Changing what it stores changes the pinned

@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 // Objects is what the room reads and writes of the object store.
@@ -21,7 +21,7 @@ type Objects interface {
 	Size(a record.Address) (int64, error)
 }
 
-// Ledger is the store's call ledger (pkg/store, calls.go).
+// Ledger is the store's call ledger (internal/store, calls.go).
 type Ledger interface {
 	Calls(run string) (store.Ledger, error)
 	Call(run, id string) (store.Call, bool, error)
@@ -49,7 +49,7 @@ type Store interface {
 }
 
 // Errors of the room. Refusals of the ledger are wrapped: errors.Is
-// finds both these and pkg/store's.
+// finds both these and internal/store's.
 var (
 	// ErrRefused is a result the run cannot take: for a call it never
 	// dispatched (or whose interval was not recorded), one already
@@ -62,7 +62,7 @@ var (
 // Post keeps payload, the result the platform posted for run's call, as
 // an object named by the call's ledger entry. It refuses (ErrRefused) a
 // call the ledger does not hold, one resolved and one with a result;
-// pkg/store refuses a closed run (record.ErrClosed) and a run held
+// internal/store refuses a closed run (record.ErrClosed) and a run held
 // elsewhere (store.ErrHandedOff). The caller resumes a parked run the
 // result completes ([Awaiting]).
 func Post(st Store, run, call string, payload []byte) error {

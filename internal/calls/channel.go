@@ -15,10 +15,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 

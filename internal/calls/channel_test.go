@@ -11,10 +11,10 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 

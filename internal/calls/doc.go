@@ -3,12 +3,12 @@
 // the interval's transcript, journal spool and call account), and what the
 // platform does with calls — [Post] a result, [List] the calls awaiting
 // results, [Awaiting] the results a parked run still waits for. It does not
-// import the daemon: what it needs is the [Store] (pkg/store's) and a
+// import the daemon: what it needs is the [Store] (internal/store's) and a
 // [Host] to announce dispatches and park on an await.
 //
 // # The ledger is the one home of call state
 //
-// Every call lives in the store's call ledger (pkg/store, "The call
+// Every call lives in the store's call ledger (internal/store, "The call
 // ledger"): the interval that dispatched it, its kind, the object holding
 // its dispatch (the call's JSON: the bytes of its journal entry), its state
 // (outstanding, posted, resolved), the object holding its posted result,

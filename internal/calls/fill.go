@@ -12,9 +12,9 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 // Fill completes run's ledger from the journals of its record, once: the
@@ -150,7 +150,7 @@ func fromJournal(st Store, att record.Address, want map[string]bool, await bool)
 // from [resultName] or [legacyResultName] of the call's id), is posted to
 // the ledger and the run's directory removed; a file for no call awaiting
 // a result is dropped with it. Then every open run's ledger is filled in
-// ([Fill]): the migration that made the ledger (pkg/store, 5 → 6) could
+// ([Fill]): the migration that made the ledger (internal/store, 5 → 6) could
 // not read journals. Run at every start, it does nothing once done. A
 // run it cannot bring in is reported in the error and keeps its files
 // for the next start; the others are done.

@@ -9,10 +9,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 

@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
-	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 // A transcript a dead daemon's unit left is stored as it is; one the unit

@@ -1,15 +1,15 @@
 // Package imageparks is the gate in front of every image park and image
 // resume: whether this host can checkpoint and restore at all, as found by
 // a probe (a throwaway process and a throwaway container, each dumped and
-// restored under a deadline; pkg/executor's Probe). `criu check` passing
+// restored under a deadline; internal/executor's Probe). `criu check` passing
 // is not enough, so nothing image-mode goes ahead until a probe did.
 //
 // It owns the probe's lifecycle ([Start]: one probe in the background at
 // start; [Gate.Ready]: wait for it, and probe again a minute after a
 // failure; [Gate.Status]: what `runrecordd host` shows) and the deadline of
-// CRIU's dumps and restores ([Deadline]). It never imports pkg/daemon.
+// CRIU's dumps and restores ([Deadline]). It never imports internal/daemon.
 //
-// Where to change what: how the probe itself works is pkg/executor's
+// Where to change what: how the probe itself works is internal/executor's
 // probe.go; when a failed probe is retried is [ReprobeAfter]; how long
 // CRIU may take is [Deadline]; how the outcome is shown over the API is
 // the daemon's Host. docs/daemon.md, "Image parks on this host: the
@@ -25,7 +25,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/runrecordd/runrecordd/pkg/executor"
+	"github.com/runrecordd/runrecordd/internal/executor"
 )
 
 // ErrUnavailable is an image-mode run, park or resume on a host where image

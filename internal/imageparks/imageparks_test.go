@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/testhost"
-	"github.com/runrecordd/runrecordd/pkg/executor"
 )
 
 // prober is a scripted Prober: each probe takes the next outcome from

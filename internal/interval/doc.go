@@ -6,7 +6,7 @@
 //
 // A [Host] is this host's side of every interval: where a run keeps its
 // output and its saved mark (StateDir/runs/<id>/stdout, stderr,
-// interval.json), the meter ([IdleMeter] over pkg/idle), and the store and
+// interval.json), the meter ([IdleMeter] over internal/idle), and the store and
 // [Signer] an interval ends into. The daemon begins, reattaches, saves,
 // drops and ends its runs' intervals through it; a mark not saved, or an
 // interval not metered, is a warning in its log, not a failure.

@@ -17,7 +17,7 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
-// pidSandbox is a sandbox whose unit is the process pid of pkg/idle's
+// pidSandbox is a sandbox whose unit is the process pid of internal/idle's
 // host tree: 4243 has a (v2) cgroup the meter reads, 1 none.
 type pidSandbox struct{ pid uint32 }
 
@@ -42,7 +42,7 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-// newTestHost is a Host over a real store and a real meter on pkg/idle's
+// newTestHost is a Host over a real store and a real meter on internal/idle's
 // host tree (internal/testhost), a signer, and a state directory; what it
 // logs is in the buffer.
 func newTestHost(t *testing.T) (Host, *testhost.Host, *syncBuffer) {

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 // Store is what an interval needs of the store (*store.Store).

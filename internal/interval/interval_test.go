@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 // fakeSandbox is a unit's sandbox as an interval reads it.

@@ -3,7 +3,7 @@ package interval
 import (
 	"time"
 
-	"github.com/runrecordd/runrecordd/pkg/idle"
+	"github.com/runrecordd/runrecordd/internal/idle"
 )
 
 // IdleMeter is the host's meter (*idle.Meter) as an interval's [Meter].

@@ -16,11 +16,11 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/park"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/testhost"
-	"github.com/runrecordd/runrecordd/pkg/idle"
-	"github.com/runrecordd/runrecordd/pkg/park"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 // metricsHost is a store and a meter (internal/testhost) and the metrics

@@ -6,13 +6,13 @@
 //
 // It owns the defaults ([DefaultInterval], [DefaultKeep], [Grace]), one
 // collection ([Collect]: release the expired snapshots, then the store's
-// GC) and the periodic loop ([Loop]). It never imports pkg/daemon, and
-// composes pkg/store calls ([store.Store.Expired], [store.Store.Release],
+// GC) and the periodic loop ([Loop]). It never imports internal/daemon, and
+// composes internal/store calls ([store.Store.Expired], [store.Store.Release],
 // [store.Store.GC]) without touching the store's files.
 //
 // Where to change what: which runs count as expired, and what a pin or a
-// release records, is pkg/store's retention.go; what the mark and sweep
-// reach is pkg/store's gc.go; the daemon keeps Pin (under the run's lock)
+// release records, is internal/store's retention.go; what the mark and sweep
+// reach is internal/store's gc.go; the daemon keeps Pin (under the run's lock)
 // and turns a [Result] into the API's.
 package retention
 
@@ -21,7 +21,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/runrecordd/runrecordd/pkg/store"
+	"github.com/runrecordd/runrecordd/internal/store"
 )
 
 // Defaults of the daemon's collection (its --gc-interval and

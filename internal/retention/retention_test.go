@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/testhost"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 // closedRun makes run id parked on an image snapshot, then resumed and

@@ -1,5 +1,5 @@
 // Package testhost is a host for tests that need no root: a real store in
-// a temporary directory and a real meter over pkg/idle's sysfs- and
+// a temporary directory and a real meter over internal/idle's sysfs- and
 // procfs-shaped host tree, with helpers that write runs and objects the
 // way the daemon does. Its cleanup verifies every record from genesis.
 package testhost
@@ -16,9 +16,9 @@ import (
 
 	"github.com/rogpeppe/go-internal/txtar"
 
-	"github.com/runrecordd/runrecordd/pkg/idle"
+	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 // Host is a store, a meter, and the root of the meter's host tree, where a
@@ -29,13 +29,13 @@ type Host struct {
 	Root  string
 }
 
-// idleTestdata is pkg/idle's testdata directory.
+// idleTestdata is internal/idle's testdata directory.
 func idleTestdata() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "pkg", "idle", "testdata")
+	return filepath.Join(filepath.Dir(file), "..", "idle", "testdata")
 }
 
-// New opens a store in a temporary directory and a meter on pkg/idle's
+// New opens a store in a temporary directory and a meter on internal/idle's
 // host tree with the RAPL case raplCase (no RAPL at all when empty) and
 // coefficients c (the defaults when zero). Its cleanup checks that every
 // record verifies from genesis, and closes the store.

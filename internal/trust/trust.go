@@ -13,9 +13,9 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 // SelfName is the name this host's own key goes by.

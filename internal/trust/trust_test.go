@@ -5,10 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/testhost"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 // keys is a set over a real store in a temporary directory, with this

@@ -1,6 +1,6 @@
 // Package api is runrecordd's HTTP/JSON API: the request and response
 // bodies under /v1, the error body and its codes, and a [Client] that speaks
-// it over the daemon's unix socket. The daemon serves it (pkg/server); the
+// it over the daemon's unix socket. The daemon serves it (internal/server); the
 // command-line verbs and tests use the Client.
 //
 // # Errors

@@ -17,10 +17,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/bundletest"
+	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/pkg/api"
-	"github.com/runrecordd/runrecordd/pkg/bundle"
-	"github.com/runrecordd/runrecordd/pkg/manifest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"

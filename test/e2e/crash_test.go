@@ -17,11 +17,11 @@ import (
 	"testing"
 	"time"
 
+	rrd "github.com/runrecordd/runrecordd/internal/daemon" // the e2e daemon type is daemon
+	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
-	rrd "github.com/runrecordd/runrecordd/pkg/daemon" // the e2e daemon type is daemon
-	"github.com/runrecordd/runrecordd/pkg/executor"
-	"github.com/runrecordd/runrecordd/pkg/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 

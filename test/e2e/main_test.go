@@ -15,8 +15,8 @@ import (
 
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/ociarchive"
-	"github.com/runrecordd/runrecordd/pkg/executor"
 )
 
 // The tests run the real daemon, containerd, runc and CRIU as root. They do

@@ -15,8 +15,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/store"
 )
 
 // TestRefusals: each way a resume (or an append) must be refused is
@@ -234,7 +234,7 @@ func testAppendAfterClose(t *testing.T) {
 }
 
 // editSegment rewrites segment index of run id in a stopped daemon's
-// records.db (pkg/store's schema): the segment decoded, changed by edit
+// records.db (internal/store's schema): the segment decoded, changed by edit
 // and encoded again, so it still decodes, with the head stored beside it
 // left as it was. It returns a function that puts the original back.
 func editSegment(t *testing.T, d *daemon, id string, index uint64, edit func(*record.Segment)) (restore func()) {

@@ -44,12 +44,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/ociarchive"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
-	"github.com/runrecordd/runrecordd/pkg/manifest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
-	"github.com/runrecordd/runrecordd/pkg/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 

@@ -1,0 +1,218 @@
+package bundle
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// ExportOptions are what [Export] writes a bundle by.
+type ExportOptions struct {
+	// Record is the run's record as the caller read it under its lock on
+	// the run ([Prepare] gives it); nil reads it from the store. It must
+	// be parked.
+	Record *record.Record
+	// Copy marks the bundle a copy ("copy": true): the run was not handed
+	// off, and an importing host holds it as a copy.
+	Copy bool
+}
+
+// notParked is why a run in phase p is not exported.
+func notParked(run string, p record.Phase) error {
+	err := record.ErrNotParked
+	if p == record.Ended {
+		err = record.ErrClosed
+	}
+	return fmt.Errorf("export: run %s: %w: only a parked run can be exported (park it first)", run, err)
+}
+
+// Exportable says whether run can be exported: only a parked run can. A
+// bundle hands a run to another host to resume, and only a parked run has
+// a snapshot to resume from; an executing run exported would arrive with
+// nothing to resume and no sandbox (lost), and a closed one has nothing
+// left to hand over (its record is served as it is).
+func Exportable(st Runs, run string) error {
+	r, err := st.Run(run)
+	if err != nil {
+		return err
+	}
+	if r.Phase != record.Parked {
+		return notParked(run, r.Phase)
+	}
+	return nil
+}
+
+// HeldHere refuses, with [store.ErrHandedOff], an operation on a run this
+// host does not hold: one handed off by an export, or held as a copy. The
+// run lives elsewhere until a bundle extending its record comes back.
+func HeldHere(st Runs, run string) error {
+	h, off, err := st.HandedOff(run)
+	if err != nil {
+		return err
+	}
+	switch {
+	case off && h.Copy:
+		return fmt.Errorf("run %s: %w: this host holds a copy (at %s), exported without a handoff; the run lives where it came from", run, store.ErrHandedOff, h.Head)
+	case off:
+		return fmt.Errorf("run %s: %w at %s: it runs there now; import a bundle of it from that host to take it back", run, store.ErrHandedOff, h.Head)
+	}
+	return nil
+}
+
+// Prepare decides run's export, and is called under the caller's lock on
+// the run, so that nothing comes between reading its record and handing it
+// off: the record is read, and must be parked; with handoff the run is
+// handed off at its head ([store.Store.HandOff]) unless it is handed off
+// already. A run this host holds as a copy is exported as a copy whatever
+// was asked: this host never had the run to hand off. Prepare returns the
+// options [Export] writes the bundle by, and whether it made the handoff:
+// the caller takes that back ([store.Store.Reclaim]) if no bundle is
+// delivered whole.
+func Prepare(st Runs, run string, handoff bool) (_ ExportOptions, made bool, _ error) {
+	rec, err := st.Record(run)
+	if err != nil {
+		return ExportOptions{}, false, err
+	}
+	if rec.Phase() != record.Parked {
+		return ExportOptions{}, false, notParked(run, rec.Phase())
+	}
+	held, off, err := st.HandedOff(run)
+	if err != nil {
+		return ExportOptions{}, false, err
+	}
+	o := ExportOptions{Record: rec, Copy: !handoff || off && held.Copy}
+	if o.Copy || off {
+		return o, false, nil
+	}
+	if err := st.HandOff(run, rec.Head()); err != nil {
+		return ExportOptions{}, false, err
+	}
+	return o, true, nil
+}
+
+// Reached returns every object rec reaches — its unit spec and grant set,
+// every object a segment names, and what those declared as refs in st —
+// ordered so that each object comes after the objects it refers to (the
+// order a bundle carries them in, and an importer stores them in). The
+// unit spec and grant set come first, then each segment's objects in
+// record order; an object is listed once. Without images, image snapshots
+// are left out: those of a closed run whose snapshots were released.
+func Reached(st Objects, rec *record.Record, images bool) ([]record.Address, error) {
+	// The unit spec and grant set first: a store without them (or a
+	// bundle) cannot restart the unit, and Verify says so.
+	roots := []record.Address{rec.Unit(), rec.Grants()}
+	for i := range rec.Len() {
+		s := rec.Segment(i)
+		switch s.Kind {
+		case record.Executed:
+			roots = append(roots, s.Attestation)
+		case record.Suspended:
+			roots = append(roots, s.Manifest)
+			if images || s.Snapshot.IsTranscript() {
+				roots = append(roots, s.Snapshot.Addresses()...)
+			}
+		}
+	}
+	seen := map[record.Address]bool{}
+	var out []record.Address
+	var visit func(a record.Address) error
+	visit = func(a record.Address) error {
+		if seen[a] {
+			return nil
+		}
+		seen[a] = true
+		refs, err := st.Refs(a)
+		if err != nil {
+			return err
+		}
+		for _, r := range refs {
+			if err := visit(r); err != nil {
+				return err
+			}
+		}
+		out = append(out, a)
+		return nil
+	}
+	for _, a := range roots {
+		if err := visit(a); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Export writes run's bundle to w (docs/bundle.md): a tar of bundle.json
+// (indented by two spaces), record.json (the record's wire form) and
+// objects/<address> for every object the record reaches ([Reached]), each
+// after the objects it refers to, every member mode 0444 with no owner or
+// time. Objects are read verified, so a damaged store fails the export
+// rather than shipping bad bytes; a failed export has written a bundle
+// that is not whole, which an import refuses.
+//
+// Export hands nothing off: [Prepare] does, under the caller's lock, and
+// the objects of a parked record never change, so they are streamed
+// without it.
+func Export(ctx context.Context, st Store, run string, w io.Writer, opts ExportOptions) error {
+	rec := opts.Record
+	if rec == nil {
+		var err error
+		if rec, err = st.Record(run); err != nil {
+			return err
+		}
+	}
+	if rec.Phase() != record.Parked {
+		return notParked(run, rec.Phase())
+	}
+	objs, err := Reached(st, rec, true)
+	if err != nil {
+		return err
+	}
+	h := Header{Format: Format, Run: run, Objects: len(objs), Copy: opts.Copy}
+	sizes := make([]int64, len(objs))
+	for i, a := range objs {
+		if sizes[i], err = st.Size(a); err != nil {
+			return err
+		}
+		h.Bytes += sizes[i]
+	}
+	tw := tar.NewWriter(w)
+	hb, _ := json.MarshalIndent(h, "", "  ")
+	if err := writeMember(tw, "bundle.json", hb); err != nil {
+		return err
+	}
+	if err := writeMember(tw, "record.json", rec.EncodeWire()); err != nil {
+		return err
+	}
+	for i, a := range objs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: "objects/" + strings.TrimPrefix(a.String(), record.AddressPrefix), Mode: 0o444, Size: sizes[i], Typeflag: tar.TypeReg}); err != nil {
+			return err
+		}
+		rd, err := st.Open(a)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(tw, rd)
+		rd.Close()
+		if err != nil {
+			return fmt.Errorf("export %s: object %s: %w", run, a, err)
+		}
+	}
+	return tw.Close()
+}
+
+func writeMember(tw *tar.Writer, name string, b []byte) error {
+	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o444, Size: int64(len(b)), Typeflag: tar.TypeReg}); err != nil {
+		return err
+	}
+	_, err := tw.Write(b)
+	return err
+}

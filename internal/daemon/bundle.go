@@ -1,0 +1,131 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/events"
+)
+
+var (
+	// ErrBundle is a bundle that is not one this daemon reads.
+	ErrBundle = bundle.ErrMalformed
+	// ErrResultsHeld refuses the export of a run with results posted on
+	// this host for calls it still awaits.
+	ErrResultsHeld = errors.New("results held on this host")
+)
+
+// Exportable says whether run id can be exported now: only a parked run
+// can ([bundle.Exportable]), and only if no result posted here awaits the
+// run's other calls.
+func (d *Daemon) Exportable(id string) error {
+	if err := bundle.Exportable(d.st, id); err != nil {
+		return err
+	}
+	// Results posted here for calls the run still awaits stay here: a
+	// bundle does not carry them, and the host importing it would show
+	// those calls as unanswered.
+	if held, err := d.resultsHeld(id); err == nil && len(held) > 0 {
+		return fmt.Errorf("export %s: %w: results are posted here for %s, which the run still awaits with others; post the rest (the run resumes here), or close it", id, ErrResultsHeld, strings.Join(held, ", "))
+	}
+	return nil
+}
+
+// Export writes run id's bundle to w ([bundle.Export]). With handoff (the
+// default of the API and the CLI) the run is handed off before the first
+// byte is written ([bundle.Prepare]): from then on this host refuses to
+// resume, close or post results to it, until a bundle extending its record
+// is imported back. Without handoff the bundle is marked a copy.
+func (d *Daemon) Export(ctx context.Context, id string, w io.Writer, handoff bool) (err error) {
+	// Read and handed off under the run's lock, so that a resume or a
+	// close cannot come between; streamed without it.
+	r, err := d.lockRun(id)
+	if err != nil {
+		return err
+	}
+	err = d.Exportable(id)
+	var o bundle.ExportOptions
+	var made bool
+	if err == nil {
+		o, made, err = bundle.Prepare(d.st, id, handoff)
+	}
+	if made {
+		r.handedOff, r.exportedOnce = true, false
+	}
+	if err == nil {
+		r.exporting++
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	defer func() { d.exported(id, r, o, made, err) }()
+	return bundle.Export(ctx, d.st, id, w, o)
+}
+
+// exported keeps the books of an export that ended with err. An export
+// that fails takes the handoff back only when this process made it, no
+// other export of the run is streaming, and none was delivered whole:
+// otherwise a bundle may be out there.
+func (d *Daemon) exported(id string, r *run, o bundle.ExportOptions, made bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.exporting--
+	switch {
+	case o.Copy:
+	case err == nil:
+		r.exportedOnce = true
+		if made {
+			d.log.Info("run handed off", "run", id, "head", o.Record.Head())
+			d.publish(events.Event{Kind: "run.handed_off", Run: id})
+		}
+	case r.handedOff && r.exporting == 0 && !r.exportedOnce:
+		if rerr := d.st.Reclaim(id, o.Record.Head()); rerr != nil {
+			d.log.Error("export failed and its handoff could not be taken back", "run", id, "err", rerr)
+			return
+		}
+		r.handedOff = false
+		d.log.Warn("export failed before its bundle was whole: the handoff is taken back", "run", id, "err", err)
+	}
+}
+
+// Import reads a bundle and stores its run as id (the bundle's own id when
+// empty), accepting nothing until everything checks ([bundle.Import]).
+func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (Imported, error) {
+	return d.ImportWith(ctx, r, id, false)
+}
+
+// ImportWith is Import; with reclaim, a bundle of a run this host handed
+// off that adds nothing to it (the very bundle exported) takes the run
+// back: the operator's word that no other host resumed from it.
+func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (Imported, error) {
+	var rl *run
+	im, err := bundle.Import(ctx, d.st, r, bundle.ImportOptions{
+		Options: bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)},
+		ID:      id, Reclaim: reclaim, CheckID: checkID,
+		// The run's lock is held past the import, until its summary for
+		// the reply is read.
+		Lock: func(id string) func() { rl = d.lock(id); return func() {} },
+	})
+	if rl != nil {
+		defer rl.mu.Unlock()
+	}
+	if err != nil {
+		return Imported{}, err
+	}
+	d.fillCalls(im.Run)
+	sum, err := d.summary(im.Run, rl)
+	if err != nil {
+		return Imported{}, err
+	}
+	d.log.Info("run imported", "run", im.Run, "from", im.Header.Run, "objects", im.Objects, "bytes", im.Bytes, "copy", im.Header.Copy)
+	return Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: grantsOf(im.Grants), Signers: d.signersOf(im.Signers)}, nil
+}
+
+// notHandedOff refuses an operation on a run an export handed to another
+// host, or held here as a copy ([bundle.HeldHere]).
+func (d *Daemon) notHandedOff(id string) error { return bundle.HeldHere(d.st, id) }

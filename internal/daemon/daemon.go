@@ -1,0 +1,371 @@
+// Package daemon is runrecordd's host daemon: it joins the store, the
+// executor, the meter, the attestation signer and the resume preconditions
+// into the operations the API offers — run, park, resume, close, verify,
+// show, export and import.
+//
+// # State directory
+//
+//	DIR/
+//	  store/            the record store and its objects (internal/store)
+//	  containerd/       the embedded containerd, when no address is given
+//	  host.key          the host's ed25519 key (pkg/attest)
+//	  audit-head        the host's last attestation: the next one's audit_prev
+//	  runs/<id>/        a run's unit output on this host (stdout, stderr)
+//	  ch/<id>/, spool/<id>  a transcript run's channel and journal spool (internal/calls)
+//	  restore/<id>/     trees a restore reads, linked from the store, removed after
+//
+// # Ordering
+//
+// Every operation on one run holds that run's lock from start to end, so
+// two operations on a run never interleave. Each transition keeps the order
+// that makes a crash at any step leave a record that verifies: objects are
+// durable before the segments that name them; a park appends its Executed
+// and Suspended segments in one transaction before the sandbox is
+// destroyed; a resume restores the sandbox before it appends Resumed; a
+// close appends before it kills. [New] reconciles what containerd has with
+// what the records say (see docs/daemon.md).
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/imageparks"
+	"github.com/runrecordd/runrecordd/internal/interval"
+	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/metrics"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// DefaultStateDir is where a daemon keeps its state unless told otherwise.
+const DefaultStateDir = "/var/lib/runrecordd"
+
+// Errors of the daemon's own. Refusals from the packages it joins pass
+// through wrapped: pkg/record's phase errors, internal/store's, internal/resume's
+// typed precondition errors, internal/executor's.
+var (
+	// ErrInvalid is a request that cannot be carried out as given.
+	ErrInvalid = errors.New("invalid request")
+	// ErrNoSandbox is a run executing in its record with no sandbox on
+	// this host (lost in a host restart, or imported while executing).
+	ErrNoSandbox = errors.New("run has no sandbox on this host")
+	// ErrBusy is a run another operation holds.
+	ErrBusy = errors.New("another operation on the run is in progress")
+	// ErrCall is a call result the run cannot take (unknown call, already
+	// resolved, already posted): the calls room's refusal.
+	ErrCall = calls.ErrRefused
+)
+
+// Config configures a Daemon.
+type Config struct {
+	// StateDir holds everything the daemon keeps; DefaultStateDir when
+	// empty.
+	StateDir string
+	// ContainerdAddress is an existing containerd's socket; empty starts
+	// and supervises a private one under StateDir/containerd.
+	ContainerdAddress string
+	// Namespace is the containerd namespace (executor.DefaultNamespace
+	// when empty).
+	Namespace string
+	// Meter configures energy metering (sysfs, procfs and cgroup roots;
+	// coefficients).
+	Meter idle.Config
+	// CRIUDeadline bounds every CRIU dump and restore; 0 derives it from
+	// the memory moved (criuDeadline).
+	CRIUDeadline time.Duration
+	// GCInterval is how often the daemon collects its store (releasing the
+	// image snapshots of closed runs past SnapshotRetention, then removing
+	// what no record reaches); 0 means retention.DefaultInterval, negative never.
+	GCInterval time.Duration
+	// SnapshotRetention is how long a closed run keeps its image
+	// snapshots; 0 means retention.DefaultKeep, negative forever.
+	SnapshotRetention time.Duration
+	// MinFree is the free space an image park must leave on the store's
+	// filesystem (park.DefaultMinFree when 0).
+	MinFree uint64
+	// CPUInfo is /proc/cpuinfo, for the environment manifest.
+	CPUInfo string
+	// Logger receives the daemon's events; slog.Default() when nil.
+	Logger *slog.Logger
+	// BundleLimits cap what one imported bundle may cost; a zero field
+	// takes bundle.DefaultLimits (docs/limits.md).
+	BundleLimits bundle.Limits
+	// BundleMounts are the host paths under which an imported bundle's
+	// read-only mount sources may lie; empty allows none (docs/trust.md).
+	BundleMounts []string
+}
+
+// Daemon is one host's runrecordd.
+type Daemon struct {
+	cfg    Config
+	log    *slog.Logger
+	st     *store.Store
+	ctrd   *executor.Containerd // nil with an external containerd
+	ex     Sandboxes            // the executor (execRole), a fake in unit tests
+	meter  *idle.Meter
+	keyID  record.Address
+	signer *interval.Signer  // the host key and its audit chain
+	host   manifest.Manifest // the host's own facts and runtime versions
+	stop   context.CancelFunc
+	bgCtx  context.Context // done once the daemon stops
+	bg     sync.WaitGroup
+
+	mu   sync.Mutex
+	runs map[string]*run
+
+	metrics metrics.Metrics
+	events  events.Hub
+	probe   *imageparks.Gate
+
+	// seam, set by unit tests only, runs at each step an operation
+	// reaches (reach).
+	seam func(step string)
+}
+
+// run is a run's state on this host beyond its record.
+type run struct {
+	mu   sync.Mutex // held for a whole operation on the run
+	live *live      // the sandbox, while executing here
+	park *idle.Park // the park, while parked here since this daemon started
+	// teardown is closed once the sandbox of the run's last park on this
+	// host is destroyed.
+	teardown chan struct{}
+	// Exports of the run in this process: how many are streaming, whether
+	// one delivered its bundle whole since the handoff, and whether this
+	// process made the handoff. A failed export takes the handoff back
+	// only when it made it here, none other is streaming, and none was
+	// delivered: otherwise a bundle may be out there.
+	exporting    int
+	exportedOnce bool
+	handedOff    bool
+}
+
+// New opens the state directory, connects to (or starts) containerd, and
+// reconciles the sandboxes it finds with the records.
+func New(ctx context.Context, cfg Config) (*Daemon, error) {
+	if cfg.StateDir == "" {
+		cfg.StateDir = DefaultStateDir
+	}
+	if cfg.CPUInfo == "" {
+		cfg.CPUInfo = "/proc/cpuinfo"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	dir, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.StateDir = dir
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("daemon: state directory: %w", err)
+	}
+	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: map[string]*run{}}
+	ok := false
+	defer func() {
+		if !ok {
+			d.Shutdown(context.Background())
+		}
+	}()
+	if err := d.openState(); err != nil {
+		return nil, err
+	}
+	if err := d.connect(ctx); err != nil {
+		return nil, err
+	}
+	if d.meter, err = idle.NewMeter(cfg.Meter); err != nil {
+		return nil, fmt.Errorf("daemon: meter: %w", err)
+	}
+	criuErr, err := d.readHostFacts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	bg, stop := context.WithCancel(context.Background())
+	d.stop, d.bgCtx = stop, bg
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		_ = d.meter.Run(bg)
+	}()
+	if err := d.reconcile(ctx); err != nil {
+		return nil, fmt.Errorf("daemon: reconcile: %w", err)
+	}
+	d.startProbe(criuErr)
+	d.startGC()
+	ok = true
+	return d, nil
+}
+
+// openState opens what the state directory keeps: the host key and its
+// audit chain, and the store.
+func (d *Daemon) openState() error {
+	dir := d.cfg.StateDir
+	key, err := attest.LoadOrCreateKey(filepath.Join(dir, "host.key"))
+	if err != nil {
+		return fmt.Errorf("daemon: host key: %w", err)
+	}
+	if d.signer, err = interval.NewSigner(key, filepath.Join(dir, "audit-head")); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	d.keyID = d.signer.KeyID()
+	if d.st, err = store.Open(filepath.Join(dir, "store")); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	d.upgradeCalls()
+	return nil
+}
+
+// connect starts the embedded containerd (without an address) and
+// connects the executor to it.
+func (d *Daemon) connect(ctx context.Context) error {
+	dir := d.cfg.StateDir
+	var ecfg executor.Config
+	if d.cfg.ContainerdAddress == "" {
+		var err error
+		if d.ctrd, err = executor.StartContainerd(ctx, filepath.Join(dir, "containerd"), d.log); err != nil {
+			return fmt.Errorf("daemon: embedded containerd: %w", err)
+		}
+		ecfg = d.ctrd.Config()
+	} else {
+		ecfg = executor.Config{Address: d.cfg.ContainerdAddress, StateDir: filepath.Join(dir, "executor")}
+	}
+	ecfg.Namespace, ecfg.Logger = d.cfg.Namespace, d.log
+	// No grant may mount the state directory (keys, store, records), nor
+	// a system containerd's root (every unit's root filesystem, when the
+	// daemon uses an external containerd: docs/trust.md).
+	ecfg.Protected = []string{dir, "/var/lib/containerd"}
+	ec, err := executor.Connect(ctx, ecfg)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	d.ex = execRole{ec}
+	return nil
+}
+
+// readHostFacts reads the host's own facts and runtime versions for its
+// environment manifests. It returns why CRIU did not answer, if it did
+// not: no image parks here, but transcript runs.
+func (d *Daemon) readHostFacts(ctx context.Context) (criuErr error, err error) {
+	v, err := d.ex.Versions(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: runtime versions: %w", err)
+	}
+	if v.CRIUErr != nil {
+		v.CRIU = "unavailable"
+	}
+	d.host, err = manifest.Host(d.cfg.CPUInfo, manifest.Manifest{
+		manifest.CRIUVersion:       v.CRIU,
+		manifest.RuncVersion:       v.Runc,
+		manifest.ContainerdVersion: v.Containerd,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("daemon: host facts: %w", err)
+	}
+	return v.CRIUErr, nil
+}
+
+// Shutdown stops the daemon's own work. Sandboxes keep running (a restarted
+// daemon reattaches to them), and so does a supervised containerd's shims;
+// the embedded containerd itself is stopped.
+func (d *Daemon) Shutdown(ctx context.Context) error {
+	if d.stop != nil {
+		d.stop()
+	}
+	d.StopEvents()
+	// Transcript units lose their channels with this process; the next
+	// start parks them from the transcripts left on disk.
+	d.mu.Lock()
+	for _, r := range d.runs {
+		r.mu.Lock()
+		if r.live != nil && r.live.transcript != nil {
+			r.live.transcript.Stop()
+		}
+		r.mu.Unlock()
+	}
+	d.mu.Unlock()
+	d.bg.Wait()
+	var errs []error
+	if d.ex != nil {
+		// A probe the stop cut short, or one an earlier process was
+		// killed in, leaves nothing running.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		d.ex.SweepProbes(sctx)
+		cancel()
+		errs = append(errs, d.ex.Close())
+	}
+	if d.ctrd != nil {
+		errs = append(errs, d.ctrd.Stop(ctx))
+	}
+	if d.st != nil {
+		errs = append(errs, d.st.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// StateDir is the daemon's state directory.
+func (d *Daemon) StateDir() string { return d.cfg.StateDir }
+
+var runID = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
+
+func checkID(id string) error {
+	if !runID.MatchString(id) {
+		return fmt.Errorf("%w: run id %q: use 1 to 64 of A-Z a-z 0-9 _ . - (not starting with . or -)", ErrInvalid, id)
+	}
+	if transcriptSuffix.MatchString(id) {
+		return fmt.Errorf("%w: run id %q: an id may not end in _t and digits (the form of a transcript interval's sandbox id)", ErrInvalid, id)
+	}
+	return nil
+}
+
+// lockRun returns the state of run id, which must be stored, locked: a
+// request naming no run leaves nothing behind (d.runs holds only runs that
+// exist or are being created). The caller unlocks it.
+func (d *Daemon) lockRun(id string) (*run, error) {
+	if _, err := d.st.Run(id); err != nil {
+		return nil, err
+	}
+	return d.lock(id), nil
+}
+
+// lock returns run id's state, locked, making it for a run being created.
+// The caller unlocks it.
+func (d *Daemon) lock(id string) *run {
+	d.mu.Lock()
+	r := d.runs[id]
+	if r == nil {
+		r = &run{}
+		d.runs[id] = r
+	}
+	d.mu.Unlock()
+	r.mu.Lock()
+	return r
+}
+
+// output returns a run's output files on this host, making their directory.
+func (d *Daemon) output(id string) (executor.Output, error) {
+	out := d.outputOf(id)
+	if err := os.MkdirAll(filepath.Dir(out.Stdout), 0o700); err != nil {
+		return out, fmt.Errorf("daemon: output directory: %w", err)
+	}
+	return out, nil
+}
+
+func (d *Daemon) outputOf(id string) executor.Output {
+	return executor.Output(d.intervals().Output(id))
+}
+
+func nowNS() int64 { return time.Now().UnixNano() }

@@ -1,0 +1,22 @@
+package daemon
+
+import (
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/testhost"
+)
+
+// metricsHost is a daemon with only a real store and a real meter over
+// internal/idle's host tree (internal/testhost), for tests that need no
+// sandbox; fake_test.go adds the rest.
+type metricsHost struct {
+	d *Daemon
+	*testhost.Host
+}
+
+func mustMetricsHost(t *testing.T, raplCase string, c ...idle.Coefficients) metricsHost {
+	t.Helper()
+	h := testhost.New(t, raplCase, c...)
+	return metricsHost{d: &Daemon{log: testhost.Log(t), st: h.Store, meter: h.Meter}, Host: h}
+}

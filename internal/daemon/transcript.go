@@ -1,0 +1,243 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/interval"
+	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// The daemon's glue to the calls room (internal/calls): a transcript
+// run's channel for each interval, the platform's results and the calls
+// listing, and the recovery of a transcript whose channel died with the
+// last daemon. Call state lives in the store's call ledger.
+
+// ProtocolVersion is the transcript channel's protocol, which a transcript
+// park's environment manifest records.
+const ProtocolVersion = protocol.Version
+
+// ChannelMount is where a transcript unit finds its channel directory.
+const ChannelMount = protocol.Dir
+
+// ErrTranscript is a transcript file the daemon will not read
+// (calls.ErrTranscript).
+var ErrTranscript = calls.ErrTranscript
+
+// openChannel makes run id's channel directory (STATE/ch/RUN) and spool
+// (STATE/spool/RUN), with the transcript restored from its sealed object
+// when the run resumes.
+func (d *Daemon) openChannel(id string, restored *resumed, lim unit.Limits) (*calls.Channel, error) {
+	cfg := calls.Config{Run: id, Dir: calls.ChannelDir(d.cfg.StateDir, id),
+		Spool: filepath.Join(d.cfg.StateDir, "spool", id), Limits: lim}
+	if restored != nil {
+		cfg.Restore = &restored.transcript
+	}
+	ch, err := calls.Open(cfg, d.st, callHost{d})
+	if errors.Is(err, calls.ErrPath) {
+		err = fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ch, nil
+}
+
+// serve serves a transcript run's channel, in the daemon's background,
+// until it is closed.
+func (d *Daemon) serve(ch *calls.Channel) {
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		_ = ch.Serve()
+	}()
+}
+
+// account is the interval's call account. An image-mode unit has no
+// channel to dispatch through and no network beyond loopback, so its
+// interval accounts for no calls.
+func (lv *live) account() *record.CallAccount {
+	if lv.spec.Mode == unit.TranscriptMode && lv.transcript == nil {
+		return nil // its channel was another process's: not accounted
+	}
+	if lv.transcript == nil {
+		return &record.CallAccount{}
+	}
+	return lv.transcript.Account()
+}
+
+// callHost is the daemon as a channel's calls.Host.
+type callHost struct{ d *Daemon }
+
+func (h callHost) Dispatched(run string, c protocol.Call) {
+	h.d.publish(events.Event{Kind: "call.dispatched", Run: run, Call: c.ID, CallKind: c.Kind})
+}
+
+func (h callHost) Awaiting(run string, ch *calls.Channel) {
+	d := h.d
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if _, err := d.parkAwaiting(ctx, run, ch); err != nil {
+			// The unit waits on; the platform sees why, and parks or
+			// closes it by hand.
+			d.log.Error("park on await", "run", run, "err", err)
+			d.publish(events.Event{Kind: "run.park_failed", Run: run, Detail: err.Error()})
+		}
+	}()
+}
+
+// parkAwaiting parks run id for the await its channel ch received, unless
+// the run has moved on (closed, or another sandbox) in the meantime.
+func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel) (bool, error) {
+	r, err := d.lockRun(id)
+	if err != nil {
+		return false, err
+	}
+	defer r.mu.Unlock()
+	if r.live == nil || r.live.transcript == nil || r.live.transcript != ch {
+		return false, nil
+	}
+	if _, err := d.park(ctx, id, r); err != nil {
+		return false, err
+	}
+	// A result posted between the await and the park found the run
+	// executing and resumed nothing: resume now if every awaited result
+	// is here.
+	if waiting, err := calls.Awaiting(d.st, id); err != nil || len(waiting) > 0 {
+		return true, err
+	}
+	if _, err := d.resume(ctx, id, r); err != nil {
+		d.log.Error("resume after park: every awaited result was posted before the park", "run", id, "err", err)
+	}
+	return true, nil
+}
+
+// PostResult takes the platform's result for one of run's calls awaiting
+// one, into the call ledger (internal/calls). It refuses a call the run
+// never dispatched, one already resolved and one that already has a
+// result, so nothing accepted here can make an account malformed. When
+// the run is parked and this was the last result its await named, the run
+// resumes here.
+func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byte) (Posted, error) {
+	if !json.Valid(payload) {
+		return Posted{}, fmt.Errorf("%w: the result payload is not JSON", ErrInvalid)
+	}
+	r, err := d.lockRun(run)
+	if err != nil {
+		return Posted{}, err
+	}
+	defer r.mu.Unlock()
+	st, err := d.st.Run(run)
+	if err != nil {
+		return Posted{}, err
+	}
+	if st.Phase == record.Ended {
+		return Posted{}, fmt.Errorf("run %s: %w", run, record.ErrClosed)
+	}
+	if err := d.notHandedOff(run); err != nil {
+		return Posted{}, err
+	}
+	if err := calls.Post(d.st, run, call, payload); err != nil {
+		return Posted{}, err
+	}
+	d.publish(events.Event{Kind: "call.result", Run: run, Call: call})
+	out := Posted{Run: run, Call: call}
+	if st.Phase != record.Parked || !st.Parked.IsTranscript() {
+		return out, nil
+	}
+	if out.Awaiting, err = calls.Awaiting(d.st, run); err != nil || len(out.Awaiting) > 0 {
+		return out, err
+	}
+	res, err := d.resume(ctx, run, r)
+	if err != nil {
+		// The result is kept; the run stays parked and a later resume
+		// (or a retry of the post's resume) delivers it.
+		out.ResumeErr = err
+		return out, nil
+	}
+	out.Resumed = &res
+	return out, nil
+}
+
+// Calls lists the outward calls awaiting results in every run this host
+// holds, from the call ledger: each with its payload and whether a result
+// has been posted.
+func (d *Daemon) Calls(ctx context.Context) ([]calls.Listed, error) { return calls.List(d.st) }
+
+// resultsHeld returns the calls of run id with a result posted here and
+// not yet delivered: an export does not carry them (ErrResultsHeld).
+func (d *Daemon) resultsHeld(id string) ([]string, error) { return calls.Held(d.st, id) }
+
+// upgradeCalls brings the call state of a daemon before the ledger into
+// it (results/RUN files, the kinds and payloads of outstanding calls and
+// the awaits of parked runs, from their journals): once, at start.
+func (d *Daemon) upgradeCalls() {
+	if err := calls.Upgrade(d.st, filepath.Join(d.cfg.StateDir, "results")); err != nil {
+		d.log.Warn("call ledger: not everything of the last daemon's calls was brought in; the next start retries", "err", err)
+	}
+}
+
+// fillCalls fills in the ledger of a run whose record arrived in a
+// bundle: its calls' kinds and payloads are in its journals.
+func (d *Daemon) fillCalls(id string) {
+	if err := calls.Fill(d.st, id); err != nil {
+		d.log.Warn("call ledger: the imported run's calls are listed without their payloads until the next start", "run", id, "err", err)
+	}
+}
+
+// recoverTranscript parks a transcript unit whose channel died with the
+// daemon that served it: the sandbox is frozen, the transcript found on
+// disk is sealed, and the interval is recorded without an account (the
+// account was the dead daemon's; the ledger drops the calls of that
+// interval with it), so the record stays honest — its wait proof becomes
+// Unproved — and the run resumes from its transcript.
+func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) error {
+	st, err := d.st.Run(id)
+	if err != nil {
+		return err
+	}
+	if status, _ := lv.sb.Status(ctx); status != "paused" {
+		if err := lv.sb.Pause(ctx); err != nil {
+			return err
+		}
+	}
+	a, err := calls.Recover(ctx, d.st, d.cfg.StateDir, id, lv.grants.Limits.Or(unit.DefaultLimits).TranscriptBytes)
+	if err != nil {
+		return err
+	}
+	man, err := d.manifestOver(ctx, manifest.TranscriptKeys, lv.spec, st.Unit)
+	if err != nil {
+		return err
+	}
+	manAddr, err := d.putManifest(man)
+	if err != nil {
+		return err
+	}
+	outcome, susp, err := interval.Parked(record.TranscriptSnapshot(a), manAddr)
+	if err != nil {
+		return err
+	}
+	// No account (nil): the channel that kept it died with the daemon.
+	// The channel's spool is not read either: lv.transcript is nil here.
+	if _, err := d.end(ctx, lv, outcome, nil, []record.Segment{susp},
+		attest.LifecycleOf(nowNS(), attest.Recovered{Reason: "the daemon serving the unit's channel stopped; the interval's call account was lost with it"})); err != nil {
+		return err
+	}
+	lv.stopping = true
+	d.destroy(lv)
+	return os.RemoveAll(calls.ChannelDir(d.cfg.StateDir, id))
+}

@@ -1,0 +1,261 @@
+// Package park turns a running sandbox into stored objects and back: the
+// image park (a CRIU checkpoint of the task plus its rw layer, each
+// ingested as a directory object) and the transcript park (the unit's
+// transcript file as one object), and, for a resume, the snapshot actually
+// offered by the bytes on disk and the trees a restore reads. It composes
+// store calls ([store.Store.IngestHashed], [store.Store.RehashDir],
+// [store.Store.Materialize]) and never reads or links the store's files
+// itself.
+//
+// Before an image park, [Room] says whether there is room for it: the
+// store's filesystem must keep a minimum free after the dump, and the
+// run's snapshots must stay within its quota (docs/limits.md); a refusal
+// is [ErrNoSpace], and what is left is the budget of the park's rw layer.
+// [Result.Checkpointed] is a park's statistics as the journal keeps them.
+//
+// # Order
+//
+// [Image] checkpoints with the task left frozen ([executor.Checkpoint.Keep])
+// and ingests both trees before it returns; the caller then appends the
+// park's segments and only after that destroys the sandbox. A failure in
+// Image thaws the task, so it keeps running and nothing is recorded. A
+// crash after Image leaves durable, unreferenced objects (collected by the
+// store's GC) and a frozen task that the daemon thaws when it reconciles.
+//
+// # Hashing while CRIU writes
+//
+// Image follows the image directory while CRIU dumps into it: each file of
+// 1 MiB or more is hashed as it grows and its writeback started, so that
+// when the checkpoint returns little is left but the naming, and the
+// ingest ([store.Store.IngestHashed]) takes those hashes instead of reading
+// the files again. That relies on CRIU writing each image file once, by
+// appending. A followed file seen to shrink, to be replaced, or to change
+// once it had reached its final size is hashed again by the ingest; a
+// rewrite of bytes already hashed while the file still grew could not be
+// seen, and would store the file under a wrong address, which [Offered]
+// and the store's verification report.
+//
+// # Layout of an image park
+//
+// The snapshot's root is a directory object holding one file, rootfs.tar:
+// the rw layer's diff against the image in OCI layer form. Its memory is a
+// directory object holding CRIU's image directory as CRIU wrote it.
+package park
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// RootfsName is the file an image park's root directory object holds.
+const RootfsName = "rootfs.tar"
+
+// Checkpointer is the part of a sandbox an image park uses.
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, cp executor.Checkpoint) (executor.CheckpointStats, error)
+	// Settle puts the unit back to running by its task's real state
+	// (thawed if frozen), after a park that did not go through.
+	Settle(ctx context.Context) error
+}
+
+// Result is an image park's outcome.
+type Result struct {
+	Snapshot record.Snapshot
+	// Retained is the bytes the snapshot holds in the store: both
+	// listings and every file they name.
+	Retained int64
+	Stats    executor.CheckpointStats
+	// Ingest is the time from the checkpoint's return until both trees
+	// are stored: what the checkpoint left of the hashing and the
+	// writeback, and the naming.
+	Ingest time.Duration
+	// Followed is the bytes of the memory image hashed while CRIU wrote
+	// it, not after the checkpoint returned.
+	Followed int64
+}
+
+// Checkpointed is the park's CRIU statistics and ingest time as the replay
+// journal keeps them.
+func (r Result) Checkpointed() attest.Checkpointed {
+	s := r.Stats
+	return attest.Checkpointed{
+		TotalNS: int64(s.Total), PauseNS: int64(s.Pause), DumpNS: int64(s.Dump), DiffNS: int64(s.Diff),
+		FreezingNS: int64(s.Freezing), FrozenNS: int64(s.Frozen), MemDumpNS: int64(s.MemDump), MemWriteNS: int64(s.MemWrite),
+		Pages: s.PagesWritten, PagesScan: s.PagesScanned, ImageBytes: s.ImageBytes, RootBytes: s.RootfsBytes,
+		IngestNS: int64(r.Ingest),
+	}
+}
+
+// Image checkpoints sb into staging directories on st's filesystem, leaving
+// its task frozen, and ingests the CRIU images and the rw layer as directory
+// objects. CRIU's dump runs under deadline (0: none). On error the task is
+// settled (running as it was) and nothing of the park remains but
+// collectable objects. maxRootfs, when positive, lowers the rw layer's
+// budget (executor.Checkpoint.MaxRootfsBytes): what is left of the run's
+// snapshot quota and of the store's free space.
+func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.Duration, maxRootfs int64) (Result, error) {
+	var res Result
+	mem, err := st.StagingDir("criu")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(mem)
+	root, err := st.StagingDir("rootfs")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(root)
+	images := filepath.Join(mem, "images")
+	fl := follow(ctx, images)
+	res.Stats, err = sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: images, Rootfs: filepath.Join(root, RootfsName), Keep: true, Deadline: deadline, MaxRootfsBytes: maxRootfs})
+	if err != nil {
+		fl.stop()
+		// The executor settles the task after any failure of its own;
+		// settling again goes by the task's state, so it costs nothing
+		// and holds for any Checkpointer.
+		return res, errors.Join(err, thaw(sb))
+	}
+	start := time.Now()
+	known, fst := fl.finish()
+	res.Followed = fst.Early
+	memAddr, mst, err := st.IngestHashed(ctx, images, known)
+	if err != nil {
+		return res, errors.Join(fmt.Errorf("park: storing the memory image: %w", err), thaw(sb))
+	}
+	rootAddr, rst, err := st.Ingest(ctx, root)
+	if err != nil {
+		return res, errors.Join(fmt.Errorf("park: storing the rw layer: %w", err), thaw(sb))
+	}
+	res.Ingest = time.Since(start)
+	res.Snapshot = record.ImageSnapshot(rootAddr, &memAddr)
+	res.Retained = mst.Bytes + rst.Bytes + size(st, memAddr) + size(st, rootAddr)
+	return res, nil
+}
+
+func thaw(sb Checkpointer) error {
+	// The caller's context may be what failed; thawing must still happen.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := sb.Settle(ctx); err != nil {
+		return fmt.Errorf("park: settling the unit after a failed park: %w", err)
+	}
+	return nil
+}
+
+func size(st *store.Store, a record.Address) int64 {
+	n, _ := st.Size(a)
+	return n
+}
+
+// Transcript seals the transcript file at path as an object and returns
+// its transcript-form snapshot and size.
+func Transcript(ctx context.Context, st *store.Store, path string) (record.Snapshot, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return record.Snapshot{}, 0, fmt.Errorf("park: transcript: %w", err)
+	}
+	defer f.Close()
+	a, err := st.Put(ctx, f)
+	if err != nil {
+		return record.Snapshot{}, 0, fmt.Errorf("park: transcript: %w", err)
+	}
+	return record.TranscriptSnapshot(a), size(st, a), nil
+}
+
+// Retained returns the bytes a snapshot holds in st: each object it names
+// and, for a directory object, every file its listing names.
+func Retained(st *store.Store, snap record.Snapshot) (int64, error) {
+	var n int64
+	for _, a := range snap.Addresses() {
+		sz, err := st.Size(a)
+		if err != nil {
+			return 0, err
+		}
+		n += sz
+		if snap.IsTranscript() {
+			continue
+		}
+		es, err := st.Listing(a)
+		if err != nil {
+			return 0, err
+		}
+		for _, e := range es {
+			n += int64(e.Size)
+		}
+	}
+	return n, nil
+}
+
+// Offered returns the snapshot that the bytes stored for recorded hash to
+// now ([store.Store.Rehash], [store.Store.RehashDir]): each object is
+// rehashed from disk, and a directory object's address is recomputed from
+// a listing rebuilt over its files' current hashes. An intact snapshot is
+// offered as itself; a flipped byte anywhere makes a different snapshot,
+// which the first resume precondition refuses. A file that is missing
+// altogether is an error wrapping store.ErrMissingObject.
+func Offered(ctx context.Context, st *store.Store, recorded record.Snapshot) (record.Snapshot, error) {
+	if recorded.IsTranscript() {
+		a, err := st.Rehash(ctx, *recorded.Transcript)
+		if err != nil {
+			return record.Snapshot{}, fmt.Errorf("park: %w", err)
+		}
+		return record.TranscriptSnapshot(a), nil
+	}
+	root, err := st.RehashDir(ctx, *recorded.Root)
+	if err != nil {
+		return record.Snapshot{}, fmt.Errorf("park: %w", err)
+	}
+	var mem *record.Address
+	if recorded.Memory != nil {
+		m, err := st.RehashDir(ctx, *recorded.Memory)
+		if err != nil {
+			return record.Snapshot{}, fmt.Errorf("park: %w", err)
+		}
+		mem = &m
+	}
+	return record.ImageSnapshot(root, mem), nil
+}
+
+// Trees are the files a restore reads, laid out from a snapshot.
+type Trees struct {
+	ImageDir string // CRIU's image directory
+	Rootfs   string // the rw layer tar
+}
+
+// Layout lays an image snapshot's trees out under dir (which must not
+// exist) by hard links to the stored objects: no bytes move. Call it only
+// after [Offered] found the snapshot intact; it does not hash again
+// ([store.LinkRehashed]).
+func Layout(st *store.Store, snap record.Snapshot, dir string) (Trees, error) {
+	if snap.IsTranscript() || snap.Root == nil || snap.Memory == nil {
+		return Trees{}, fmt.Errorf("park: %s is not an image park with a memory image", snap)
+	}
+	t := Trees{ImageDir: filepath.Join(dir, "images"), Rootfs: filepath.Join(dir, "root", RootfsName)}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return Trees{}, fmt.Errorf("park: %w", err)
+	}
+	// Nothing is hashed, so there is nothing to cancel.
+	ctx := context.Background()
+	if err := st.Materialize(ctx, *snap.Memory, t.ImageDir, store.LinkRehashed); err != nil {
+		os.RemoveAll(dir)
+		return Trees{}, fmt.Errorf("park: %w", err)
+	}
+	if err := st.Materialize(ctx, *snap.Root, filepath.Dir(t.Rootfs), store.LinkRehashed); err != nil {
+		os.RemoveAll(dir)
+		return Trees{}, fmt.Errorf("park: %w", err)
+	}
+	if _, err := os.Stat(t.Rootfs); err != nil {
+		os.RemoveAll(dir)
+		return Trees{}, fmt.Errorf("park: root %s holds no %s: %w", *snap.Root, RootfsName, err)
+	}
+	return t, nil
+}

@@ -1,0 +1,62 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/runrecordd/runrecordd/internal/daemon"
+)
+
+// routeCalls adds the platform's side of outward calls: the pending calls,
+// posting a result, and the stream of transitions.
+func routeCalls(mux *http.ServeMux, h *handler) {
+	mux.HandleFunc("GET /v1/calls", h.calls)
+	mux.HandleFunc("POST /v1/runs/{id}/calls/{call}/result", h.postResult)
+	mux.HandleFunc("GET /v1/events", h.events)
+}
+
+func (h *handler) calls(w http.ResponseWriter, r *http.Request) {
+	cs, err := h.d.Calls(r.Context())
+	h.reply(w, r, callsOf(cs), err)
+}
+
+func (h *handler) postResult(w http.ResponseWriter, r *http.Request) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSON))
+	if err != nil {
+		h.fail(w, r, fmt.Errorf("%w: result body: %w", daemon.ErrInvalid, err))
+		return
+	}
+	res, err := h.d.PostResult(r.Context(), r.PathValue("id"), r.PathValue("call"), b)
+	h.reply(w, r, postedOf(res), err)
+}
+
+// events streams transitions as JSON lines until the client goes away.
+func (h *handler) events(w http.ResponseWriter, r *http.Request) {
+	ch, done := h.d.Subscribe()
+	defer done()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	flush := func() {
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+	}
+	flush()
+	enc := json.NewEncoder(w)
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case e, ok := <-ch:
+			if !ok {
+				return // the daemon is stopping
+			}
+			if enc.Encode(eventOf(e)) != nil {
+				return
+			}
+			flush()
+		}
+	}
+}

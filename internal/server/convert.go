@@ -1,0 +1,160 @@
+package server
+
+import (
+	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/retention"
+	"github.com/runrecordd/runrecordd/internal/trust"
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// The daemon's domain results as the API's wire types (pkg/api): the one
+// place a daemon value meets a JSON tag.
+
+func runOf(s daemon.Summary) api.Run {
+	out := api.Run{ID: s.ID, Phase: s.Phase.String(), Status: s.Status.String(), Segments: s.Segments,
+		Head: s.Head.String(), Unit: s.Unit.String(), Grants: s.Grants.String(),
+		HandedOff: s.HandedOff, Pinned: s.Pinned, Released: s.Released}
+	if s.Spec != nil {
+		out.Image, out.Mode = s.Spec.Image, s.Spec.Mode.String()
+	}
+	return out
+}
+
+func runsOf(ss []daemon.Summary) []api.Run {
+	out := make([]api.Run, len(ss))
+	for i, s := range ss {
+		out[i] = runOf(s)
+	}
+	return out
+}
+
+func stepsOf(ss []daemon.Step) []api.Step {
+	if ss == nil {
+		return nil
+	}
+	out := make([]api.Step, len(ss))
+	for i, s := range ss {
+		out[i] = api.Step{Name: s.Name, NS: int64(s.Took)}
+	}
+	return out
+}
+
+func parkOf(p daemon.Parked) api.Park {
+	return api.Park{Run: runOf(p.Run), Snapshot: p.Snapshot.String(), Manifest: p.Manifest.String(), Retained: p.Retained,
+		Receipt: energyOf(p.Receipt), Checkpoint: checkpointOf(p.Checkpoint), DurationNS: int64(p.Took), Steps: stepsOf(p.Steps)}
+}
+
+func resumeOf(r daemon.Resumed) api.Resume {
+	return api.Resume{Run: runOf(r.Run),
+		Idle:     api.Energy{UJ: r.Idle.UJ, Provenance: r.Idle.Provenance, Method: "idle-draw", Inputs: r.Idle.Inputs},
+		ParkedNS: r.Idle.ParkedNS, Restore: restoreOf(r.Restore), DurationNS: int64(r.Took), Steps: stepsOf(r.Steps)}
+}
+
+func energyOf(rc attest.Receipt) api.Energy {
+	return api.Energy{UJ: rc.UJ, Provenance: rc.Provenance.String(), Method: rc.Method, Inputs: rc.Inputs}
+}
+
+func checkpointOf(c *attest.Checkpointed) *api.Checkpoint {
+	if c == nil {
+		return nil
+	}
+	return &api.Checkpoint{TotalNS: c.TotalNS, PauseNS: c.PauseNS, DumpNS: c.DumpNS, DiffNS: c.DiffNS,
+		FreezingNS: c.FreezingNS, FrozenNS: c.FrozenNS, MemDumpNS: c.MemDumpNS, MemWriteNS: c.MemWriteNS,
+		Pages: c.Pages, PagesScan: c.PagesScan, ImageBytes: c.ImageBytes, RootBytes: c.RootBytes, IngestNS: c.IngestNS}
+}
+
+func restoreOf(r *attest.Restored) *api.Restore {
+	if r == nil {
+		return nil
+	}
+	return &api.Restore{TotalNS: r.TotalNS, MaterializeNS: r.MaterializeNS, RootfsNS: r.RootfsNS, TaskNS: r.TaskNS,
+		ForkingNS: r.ForkingNS, RestoreNS: r.RestoreNS, Pages: r.Pages}
+}
+
+func signersOf(ss []daemon.Signer) []api.Signer {
+	out := make([]api.Signer, 0, len(ss))
+	for _, s := range ss {
+		out = append(out, api.Signer{Segment: s.Index, Interval: s.Interval, Key: s.Key.String(), Name: s.Name, Trusted: s.Trusted})
+	}
+	return out
+}
+
+func importOf(im daemon.Imported) api.Import {
+	return api.Import{Run: runOf(im.Run), Objects: im.Objects, Bytes: im.Bytes, Grants: im.Grants, Signers: signersOf(im.Signers)}
+}
+
+func postedOf(p daemon.Posted) api.PostResult {
+	out := api.PostResult{Run: p.Run, Call: p.Call, Awaiting: p.Awaiting}
+	if p.Resumed != nil {
+		r := resumeOf(*p.Resumed)
+		out.Resumed = &r
+	}
+	if p.ResumeErr != nil {
+		out.ResumeError = ErrorOf(p.ResumeErr)
+	}
+	return out
+}
+
+func waitProofOf(v record.Verdict) api.WaitProof {
+	w := api.WaitProof{Verdict: v.Kind.String(), Reason: v.Reason}
+	if v.Segment >= 0 {
+		seg := v.Segment
+		w.Segment = &seg
+	}
+	return w
+}
+
+func verifyOf(v daemon.Verification) api.Verify {
+	out := api.Verify{Run: v.Run, OK: v.Err == nil, Objects: v.Objects, Bytes: v.Bytes}
+	if v.Segments > 0 || v.Err == nil {
+		out.Segments, out.Phase, out.Head = v.Segments, v.Phase.String(), v.Head.String()
+		out.WaitProof, out.Signers = waitProofOf(v.WaitProof), signersOf(v.Signers)
+	}
+	if v.Err != nil {
+		out.Error = ErrorOf(v.Err)
+	}
+	return out
+}
+
+func callsOf(ls []calls.Listed) []api.Call {
+	out := make([]api.Call, len(ls))
+	for i, l := range ls {
+		out[i] = api.Call{Run: l.Run, Phase: l.Phase.String(), ID: l.ID, Kind: l.Kind, Payload: l.Payload, ResultPosted: l.ResultPosted}
+	}
+	return out
+}
+
+func eventOf(e events.Event) api.Event {
+	return api.Event{Time: e.Time, Kind: e.Kind, Run: e.Run, Call: e.Call, CallKind: e.CallKind, Detail: e.Detail}
+}
+
+func hostOf(h daemon.HostInfo) api.Host {
+	out := api.Host{KeyID: h.KeyID.String(), StateDir: h.StateDir, Containerd: h.Containerd, Embedded: h.Embedded,
+		Manifest: map[string]string{}, RAPL: h.Meter.Available, RAPLReason: h.Meter.Reasons,
+		ImageParks: api.ImageParks{Status: h.ImageParks.State.String(), Reason: h.ImageParks.Reason, Notes: h.ImageParks.Notes,
+			ProbeNS: int64(h.ImageParks.Took)}}
+	for k, v := range h.Manifest {
+		out.Manifest[k] = v
+	}
+	return out
+}
+
+func gcOf(r retention.Result) api.GC {
+	return api.GC{Released: r.Released, Removed: r.Removed, RemovedBytes: r.RemovedBytes, Kept: r.Kept, KeptBytes: r.KeptBytes}
+}
+
+func keyOf(k trust.Key) api.TrustedKey {
+	return api.TrustedKey{Key: k.Key.String(), Name: k.Name, Self: k.Self}
+}
+
+func keysOf(ks []trust.Key) []api.TrustedKey {
+	out := make([]api.TrustedKey, 0, len(ks))
+	for _, k := range ks {
+		out = append(out, keyOf(k))
+	}
+	return out
+}

@@ -1,0 +1,83 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/imageparks"
+	"github.com/runrecordd/runrecordd/internal/park"
+	"github.com/runrecordd/runrecordd/internal/resume"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// The errors of a CRIU deadline and of a host without image parks have
+// codes of their own, also when wrapped as the daemon wraps them.
+func TestErrorOfCRIU(t *testing.T) {
+	for err, want := range map[error]string{
+		fmt.Errorf("park r: executor: checkpoint r: %w: killed", executor.ErrCheckpointTimeout): api.CodeCheckpointTimeout,
+		fmt.Errorf("resume r: executor: restore r: %w: killed", executor.ErrRestoreTimeout):     api.CodeRestoreTimeout,
+		fmt.Errorf("run r: %w: probe failed", imageparks.ErrUnavailable):                        api.CodeImageParks,
+		fmt.Errorf("park r: %w", executor.ErrCheckpoint):                                        api.CodeCheckpointFailed,
+	} {
+		if got := ErrorOf(err).Code; got != want {
+			t.Errorf("ErrorOf(%v) = %s, want %s", err, got, want)
+		}
+	}
+}
+
+// A bundle's refusals have codes of their own, with the fields a caller
+// acts on: the untrusted key and the segment.
+func TestErrorOfBundle(t *testing.T) {
+	key := record.Sum([]byte("key"))
+	e := ErrorOf(fmt.Errorf("bundle of r: %w", &attest.UntrustedError{Index: 3, Key: key}))
+	if e.Code != api.CodeUntrustedSigner || e.Signer != key.String() || e.Segment == nil || *e.Segment != 3 {
+		t.Errorf("untrusted: %+v", e)
+	}
+	e = ErrorOf(fmt.Errorf("bundle of r: %w", &attest.PlaceError{Index: 1, Field: "genesis"}))
+	if e.Code != api.CodeRecordInvalid || e.Segment == nil || *e.Segment != 1 {
+		t.Errorf("place: %+v", e)
+	}
+	for err, want := range map[error]string{
+		fmt.Errorf("bundle of r: %w: mount /", bundle.ErrPolicy): api.CodeGrantRefused,
+		fmt.Errorf("%w: object of 5 GiB", bundle.ErrLimit):       api.CodeBundleLimit,
+		fmt.Errorf("%w: sparse member", bundle.ErrMalformed):     api.CodeBadRequest,
+		fmt.Errorf("key k: %w", store.ErrNotTrusted):             api.CodeNotFound,
+		fmt.Errorf("%w: a key's name", store.ErrKeyName):         api.CodeBadRequest,
+	} {
+		if got := ErrorOf(err).Code; got != want {
+			t.Errorf("ErrorOf(%v) = %s, want %s", err, got, want)
+		}
+	}
+}
+
+// The daemon's refusals of a bundle, a call and a phase each have a code
+// of their own.
+func TestErrorOfDaemon(t *testing.T) {
+	for err, want := range map[error]string{
+		fmt.Errorf("run r: %w", daemon.ErrNoSandbox):       api.CodePhase,
+		fmt.Errorf("export r: %w", daemon.ErrResultsHeld):  api.CodePhase,
+		fmt.Errorf("run r: %w", park.ErrNoSpace):           api.CodeNoSpace,
+		fmt.Errorf("run r: %w", daemon.ErrBusy):            api.CodeConflict,
+		fmt.Errorf("post: %w", daemon.ErrCall):             api.CodeCallRefused,
+		fmt.Errorf("%w: run id", daemon.ErrInvalid):        api.CodeBadRequest,
+		fmt.Errorf("%w: transcript", daemon.ErrTranscript): api.CodeBadRequest,
+		fmt.Errorf("%w: tar", daemon.ErrBundle):            api.CodeBadRequest,
+		fmt.Errorf("key: %w", store.ErrGenesisHeld):        api.CodeGenesisHeld,
+		fmt.Errorf("r: %w", store.ErrRunExists):            api.CodeExists,
+		fmt.Errorf("r: %w", store.ErrMissingObject):        api.CodeMissingObject,
+		fmt.Errorf("r: %w", executor.ErrRestore):           api.CodeRestoreFailed,
+		fmt.Errorf("r: %w", &resume.SnapshotError{}):       api.CodeSnapshotMismatch,
+		errors.New("something else"):                       api.CodeInternal,
+	} {
+		if got := ErrorOf(err).Code; got != want {
+			t.Errorf("ErrorOf(%v) = %s, want %s", err, got, want)
+		}
+	}
+}

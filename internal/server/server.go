@@ -1,0 +1,260 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// maxJSON bounds a JSON request body.
+const maxJSON = 1 << 20
+
+// New returns the daemon's API handler: /v1 (pkg/api documents the bodies)
+// and /metrics.
+func New(d *daemon.Daemon, log *slog.Logger) http.Handler {
+	if log == nil {
+		log = slog.Default()
+	}
+	h := &handler{d: d, log: log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/host", h.host)
+	mux.HandleFunc("POST /v1/images", h.importImage)
+	mux.HandleFunc("POST /v1/runs", h.start)
+	mux.HandleFunc("GET /v1/runs", h.list)
+	mux.HandleFunc("GET /v1/runs/{id}", h.show)
+	mux.HandleFunc("POST /v1/runs/{id}/park", h.park)
+	mux.HandleFunc("POST /v1/runs/{id}/resume", h.resume)
+	mux.HandleFunc("POST /v1/runs/{id}/close", h.close)
+	mux.HandleFunc("GET /v1/runs/{id}/verify", h.verify)
+	mux.HandleFunc("GET /v1/runs/{id}/wait-proof", h.waitProof)
+	mux.HandleFunc("GET /v1/runs/{id}/record", h.record)
+	mux.HandleFunc("GET /v1/runs/{id}/export", h.export)
+	mux.HandleFunc("POST /v1/import", h.importBundle)
+	mux.HandleFunc("POST /v1/gc", h.gc)
+	mux.HandleFunc("POST /v1/runs/{id}/pin", h.pin)
+	mux.HandleFunc("DELETE /v1/runs/{id}/pin", h.pin)
+	mux.HandleFunc("GET /v1/trust", h.trustList)
+	mux.HandleFunc("POST /v1/trust", h.trustAdd)
+	mux.HandleFunc("DELETE /v1/trust/{key}", h.trustRemove)
+	routeCalls(mux, h)
+	mux.Handle("GET /metrics", d.Metrics())
+	return h.logged(mux)
+}
+
+type handler struct {
+	d   *daemon.Daemon
+	log *slog.Logger
+}
+
+func (h *handler) logged(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(sw, r)
+		h.log.Debug("api", "method", r.Method, "path", r.URL.Path, "status", sw.status, "took", time.Since(start))
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func (h *handler) reply(w http.ResponseWriter, r *http.Request, v any, err error) {
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// decode reads a JSON body strictly.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSON))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: request body: %w", daemon.ErrInvalid, err)
+	}
+	return nil
+}
+
+func (h *handler) host(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, hostOf(h.d.Host()))
+}
+
+func (h *handler) importImage(w http.ResponseWriter, r *http.Request) {
+	img, err := h.d.ImportImage(r.Context(), r.Body, r.URL.Query().Get("name"))
+	h.reply(w, r, api.Image{Name: img.Name, Digest: img.Digest}, err)
+}
+
+func (h *handler) start(w http.ResponseWriter, r *http.Request) {
+	var req api.RunRequest
+	if err := decode(w, r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	run, err := h.d.Start(r.Context(), req.ID, req.Unit, req.Grants)
+	h.reply(w, r, runOf(run), err)
+}
+
+func (h *handler) list(w http.ResponseWriter, r *http.Request) {
+	var phase *record.Phase
+	switch p := r.URL.Query().Get("phase"); p {
+	case "":
+	case "executing", "running":
+		phase = ptr(record.Active)
+	case "parked":
+		phase = ptr(record.Parked)
+	case "closed":
+		phase = ptr(record.Ended)
+	default:
+		h.fail(w, r, fmt.Errorf("%w: phase %q: use executing, parked or closed", daemon.ErrInvalid, p))
+		return
+	}
+	runs, err := h.d.List(phase)
+	h.reply(w, r, runsOf(runs), err)
+}
+
+func (h *handler) show(w http.ResponseWriter, r *http.Request) {
+	s, err := show(h.d, r.PathValue("id"))
+	h.reply(w, r, s, err)
+}
+
+func (h *handler) park(w http.ResponseWriter, r *http.Request) {
+	p, err := h.d.Park(r.Context(), r.PathValue("id"))
+	h.reply(w, r, parkOf(p), err)
+}
+
+func (h *handler) resume(w http.ResponseWriter, r *http.Request) {
+	res, err := h.d.Resume(r.Context(), r.PathValue("id"))
+	h.reply(w, r, resumeOf(res), err)
+}
+
+func (h *handler) close(w http.ResponseWriter, r *http.Request) {
+	var req api.CloseRequest
+	if r.ContentLength != 0 {
+		if err := decode(w, r, &req); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	run, err := h.d.Close(r.Context(), r.PathValue("id"), req.Reason)
+	h.reply(w, r, runOf(run), err)
+}
+
+func (h *handler) gc(w http.ResponseWriter, r *http.Request) {
+	var req api.GCRequest
+	if r.ContentLength != 0 {
+		if err := decode(w, r, &req); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	var keep, grace *time.Duration
+	if req.RetentionNS != nil {
+		k := time.Duration(*req.RetentionNS)
+		keep = &k
+	}
+	if req.GraceNS != nil {
+		g := time.Duration(*req.GraceNS)
+		grace = &g
+	}
+	out, err := h.d.GC(r.Context(), keep, grace)
+	h.reply(w, r, gcOf(out), err)
+}
+
+func (h *handler) pin(w http.ResponseWriter, r *http.Request) {
+	run, err := h.d.Pin(r.PathValue("id"), r.Method == http.MethodPost)
+	h.reply(w, r, runOf(run), err)
+}
+
+func (h *handler) verify(w http.ResponseWriter, r *http.Request) {
+	v, err := h.d.Verify(r.Context(), r.PathValue("id"))
+	h.reply(w, r, verifyOf(v), err)
+}
+
+func (h *handler) waitProof(w http.ResponseWriter, r *http.Request) {
+	v, err := h.d.WaitProof(r.PathValue("id"))
+	h.reply(w, r, waitProofOf(v), err)
+}
+
+func (h *handler) record(w http.ResponseWriter, r *http.Request) {
+	rec, err := h.d.Record(r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(rec.EncodeWire())
+}
+
+func (h *handler) export(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	// Check first, so that a run that cannot be exported gets an error
+	// body, not a truncated tar behind a 200.
+	if err := h.d.Exportable(id); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-tar")
+	// Every export hands the run off unless ?handoff=false asks for a copy.
+	handoff := r.URL.Query().Get("handoff") != "false"
+	if err := h.d.Export(r.Context(), id, w, handoff); err != nil {
+		// The status is sent; the client sees a truncated bundle, which
+		// import refuses. Abort the connection so it cannot look whole.
+		h.log.Error("export", "run", id, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+func (h *handler) importBundle(w http.ResponseWriter, r *http.Request) {
+	im, err := h.d.ImportWith(r.Context(), r.Body, r.URL.Query().Get("id"), r.URL.Query().Get("reclaim") == "true")
+	h.reply(w, r, importOf(im), err)
+}
+
+func (h *handler) trustList(w http.ResponseWriter, r *http.Request) {
+	keys, err := h.d.TrustedKeys()
+	h.reply(w, r, keysOf(keys), err)
+}
+
+func (h *handler) trustAdd(w http.ResponseWriter, r *http.Request) {
+	var req api.TrustedKey
+	if err := decode(w, r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	k, err := h.d.Trust(req.Key, req.Name)
+	h.reply(w, r, keyOf(k), err)
+}
+
+func (h *handler) trustRemove(w http.ResponseWriter, r *http.Request) {
+	err := h.d.Untrust(r.PathValue("key"))
+	h.reply(w, r, struct{}{}, err)
+}
+
+func ptr[T any](v T) *T { return &v }
