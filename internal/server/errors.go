@@ -26,90 +26,94 @@ import (
 // (ErrorOf), and every code to one HTTP status (Status). This file is the
 // one place that does either.
 
-// ErrorOf classifies err for the API: its stable code, and the fields a
-// caller acts on (the differing manifest keys, the segment concerned).
-// The order matters: the most specific class wins.
+// ErrorOf classifies err for the API: its stable code (the first rule of
+// codes that matches), and the fields a caller acts on (the signer, the
+// differing manifest keys, the segment concerned).
 func ErrorOf(err error) *api.Error {
-	e := &api.Error{Message: err.Error()}
-	var (
-		se *resume.SnapshotError
-		me *resume.ManifestError
-		re *resume.RecordError
-		ce *store.CorruptError
-		sg *record.SegmentError
-		ue *attest.UntrustedError
-		pe *attest.PlaceError
-	)
-	switch {
-	case errors.As(err, &ue):
-		e.Code, e.Signer = api.CodeUntrustedSigner, ue.Key.String()
-		i := ue.Index
-		e.Segment = &i
-	case errors.As(err, &pe):
-		e.Code = api.CodeRecordInvalid
-		i := pe.Index
-		e.Segment = &i
-	case errors.Is(err, bundle.ErrPolicy):
-		e.Code = api.CodeGrantRefused
-	case errors.Is(err, bundle.ErrLimit):
-		e.Code = api.CodeBundleLimit
-	case errors.As(err, &se):
-		e.Code = api.CodeSnapshotMismatch
-	case errors.As(err, &me):
-		e.Code, e.Keys = api.CodeManifestMismatch, me.Keys()
-	case errors.As(err, &re):
-		e.Code = api.CodeRecordInvalid
-	case errors.As(err, &ce):
-		e.Code = api.CodeObjectCorrupt
-	case errors.Is(err, store.ErrMissingObject):
-		e.Code = api.CodeMissingObject
-	case errors.Is(err, record.ErrClosed), errors.Is(err, record.ErrParked), errors.Is(err, record.ErrNotParked), errors.Is(err, record.ErrAlternation),
-		errors.Is(err, resume.ErrNotParked), errors.Is(err, daemon.ErrNoSandbox), errors.Is(err, daemon.ErrResultsHeld):
-		e.Code = api.CodePhase
-	case errors.Is(err, record.ErrHeadMismatch), errors.Is(err, record.ErrCanonical), errors.Is(err, store.ErrDamaged), errors.Is(err, record.ErrOverflow),
-		errors.Is(err, attest.ErrSignature), errors.Is(err, attest.ErrMalformed):
-		e.Code = api.CodeRecordInvalid
-	case errors.Is(err, store.ErrNoRun), errors.Is(err, executor.ErrNotFound), errdefs.IsNotFound(err),
-		errors.Is(err, store.ErrNotTrusted):
-		e.Code = api.CodeNotFound
-	case errors.Is(err, park.ErrNoSpace), errors.Is(err, executor.ErrTooLarge), errors.Is(err, store.ErrListing):
-		e.Code = api.CodeNoSpace
-	case errors.Is(err, store.ErrHandedOff):
-		e.Code = api.CodeHandedOff
-	case errors.Is(err, store.ErrGenesisHeld), errors.Is(err, store.ErrNotExtension):
-		e.Code = api.CodeGenesisHeld
-	case errors.Is(err, store.ErrRunExists), errors.Is(err, executor.ErrExists):
-		e.Code = api.CodeExists
-	case errors.Is(err, store.ErrHeadMoved), errors.Is(err, daemon.ErrBusy):
-		e.Code = api.CodeConflict
-	case errors.Is(err, daemon.ErrCall):
-		e.Code = api.CodeCallRefused
-	case errors.Is(err, executor.ErrCheckpointTimeout):
-		e.Code = api.CodeCheckpointTimeout
-	case errors.Is(err, executor.ErrRestoreTimeout):
-		e.Code = api.CodeRestoreTimeout
-	case errors.Is(err, imageparks.ErrUnavailable):
-		e.Code = api.CodeImageParks
-	case errors.Is(err, executor.ErrCheckpoint):
-		e.Code = api.CodeCheckpointFailed
-	case errors.Is(err, executor.ErrRestore):
-		e.Code = api.CodeRestoreFailed
-	case errors.Is(err, daemon.ErrInvalid), errors.Is(err, daemon.ErrBundle), errors.Is(err, unit.ErrInvalid),
-		errors.Is(err, executor.ErrInvalid), errors.Is(err, executor.ErrImageMismatch), errors.Is(err, store.ErrRunID),
-		errors.Is(err, manifest.ErrMalformed), errors.Is(err, record.ErrMalformedSegment), errors.Is(err, record.ErrMalformedSnapshot),
-		errors.Is(err, record.ErrAddress), errors.Is(err, store.ErrKeyName), errors.Is(err, daemon.ErrTranscript), errors.Is(err, trust.ErrKey):
-		e.Code = api.CodeBadRequest
-	case errors.Is(err, executor.ErrMissing), errors.Is(err, manifest.ErrMissing), errors.Is(err, store.ErrLocked),
-		errors.Is(err, context.DeadlineExceeded), errdefs.IsUnavailable(err):
-		e.Code = api.CodeUnavailable
-	default:
-		e.Code = api.CodeInternal
+	e := &api.Error{Message: err.Error(), Code: api.CodeInternal}
+	for _, r := range codes {
+		if r.match(err) {
+			e.Code = r.code
+			if r.fill != nil {
+				r.fill(err, e)
+			}
+			break
+		}
 	}
+	var sg *record.SegmentError
 	if errors.As(err, &sg) {
-		i := sg.Index
-		e.Segment = &i
+		e.Segment = ptr(sg.Index)
 	}
 	return e
+}
+
+// codes are the classes of error, in order: the most specific first.
+var codes = []struct {
+	code  string
+	match func(error) bool
+	fill  func(error, *api.Error) // the fields a caller acts on
+}{
+	{api.CodeUntrustedSigner, as[*attest.UntrustedError], func(err error, e *api.Error) {
+		ue := asT[*attest.UntrustedError](err)
+		e.Signer, e.Segment = ue.Key.String(), ptr(ue.Index)
+	}},
+	{api.CodeRecordInvalid, as[*attest.PlaceError], func(err error, e *api.Error) { e.Segment = ptr(asT[*attest.PlaceError](err).Index) }},
+	{api.CodeGrantRefused, is(bundle.ErrPolicy), nil},
+	{api.CodeBundleLimit, is(bundle.ErrLimit), nil},
+	{api.CodeSnapshotMismatch, as[*resume.SnapshotError], nil},
+	{api.CodeManifestMismatch, as[*resume.ManifestError], func(err error, e *api.Error) { e.Keys = asT[*resume.ManifestError](err).Keys() }},
+	{api.CodeRecordInvalid, as[*resume.RecordError], nil},
+	{api.CodeObjectCorrupt, as[*store.CorruptError], nil},
+	{api.CodeMissingObject, is(store.ErrMissingObject), nil},
+	{api.CodePhase, is(record.ErrClosed, record.ErrParked, record.ErrNotParked, record.ErrAlternation,
+		resume.ErrNotParked, daemon.ErrNoSandbox, daemon.ErrResultsHeld), nil},
+	{api.CodeRecordInvalid, is(record.ErrHeadMismatch, record.ErrCanonical, store.ErrDamaged, record.ErrOverflow,
+		attest.ErrSignature, attest.ErrMalformed), nil},
+	{api.CodeNotFound, func(err error) bool {
+		return is(store.ErrNoRun, executor.ErrNotFound, store.ErrNotTrusted)(err) || errdefs.IsNotFound(err)
+	}, nil},
+	{api.CodeNoSpace, is(park.ErrNoSpace, executor.ErrTooLarge, store.ErrListing), nil},
+	{api.CodeHandedOff, is(store.ErrHandedOff), nil},
+	{api.CodeGenesisHeld, is(store.ErrGenesisHeld, store.ErrNotExtension), nil},
+	{api.CodeExists, is(store.ErrRunExists, executor.ErrExists), nil},
+	{api.CodeConflict, is(store.ErrHeadMoved, daemon.ErrBusy), nil},
+	{api.CodeCallRefused, is(daemon.ErrCall), nil},
+	{api.CodeCheckpointTimeout, is(executor.ErrCheckpointTimeout), nil},
+	{api.CodeRestoreTimeout, is(executor.ErrRestoreTimeout), nil},
+	{api.CodeImageParks, is(imageparks.ErrUnavailable), nil},
+	{api.CodeCheckpointFailed, is(executor.ErrCheckpoint), nil},
+	{api.CodeRestoreFailed, is(executor.ErrRestore), nil},
+	{api.CodeBadRequest, is(daemon.ErrInvalid, daemon.ErrBundle, unit.ErrInvalid, executor.ErrInvalid, executor.ErrImageMismatch,
+		store.ErrRunID, manifest.ErrMalformed, record.ErrMalformedSegment, record.ErrMalformedSnapshot, record.ErrAddress,
+		store.ErrKeyName, daemon.ErrTranscript, trust.ErrKey), nil},
+	{api.CodeUnavailable, func(err error) bool {
+		return is(executor.ErrMissing, manifest.ErrMissing, store.ErrLocked, context.DeadlineExceeded)(err) || errdefs.IsUnavailable(err)
+	}, nil},
+}
+
+// is matches an error wrapping any of targets.
+func is(targets ...error) func(error) bool {
+	return func(err error) bool {
+		for _, t := range targets {
+			if errors.Is(err, t) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// as matches an error wrapping a T.
+func as[T error](err error) bool {
+	var t T
+	return errors.As(err, &t)
+}
+
+// asT is the T err wraps.
+func asT[T error](err error) T {
+	var t T
+	errors.As(err, &t)
+	return t
 }
 
 // Status maps an error code to its HTTP status: the one place that does.

@@ -81,3 +81,19 @@ func TestErrorOfDaemon(t *testing.T) {
 		}
 	}
 }
+
+// A manifest mismatch names the differing keys, and an error about one
+// segment names it, whatever its code.
+func TestErrorOfFields(t *testing.T) {
+	e := ErrorOf(fmt.Errorf("run r: %w", &resume.ManifestError{Missing: []string{"cpu.model"}}))
+	if e.Code != api.CodeManifestMismatch || len(e.Keys) != 1 || e.Keys[0] != "cpu.model" {
+		t.Fatalf("manifest mismatch: %+v", e)
+	}
+	e = ErrorOf(fmt.Errorf("append: %w", &record.SegmentError{Index: 4, Err: record.ErrMalformedSegment}))
+	if e.Code != api.CodeBadRequest || e.Segment == nil || *e.Segment != 4 {
+		t.Fatalf("segment error: %+v", e)
+	}
+	if e := ErrorOf(fmt.Errorf("r: %w", &resume.SnapshotError{})); e.Keys != nil || e.Segment != nil || e.Signer != "" {
+		t.Fatalf("a snapshot mismatch carries fields it has none of: %+v", e)
+	}
+}
