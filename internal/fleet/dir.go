@@ -133,19 +133,12 @@ func (d *Dir) Member(ctx context.Context, key record.Address) (Member, error) {
 // Hosts lists every admitted key, hosts and platforms, in key order, each
 // with the lease of its live session (0 when none), read at one revision.
 func (d *Dir) Hosts(ctx context.Context) ([]Member, error) {
-	ctx, cancel := d.bounded(ctx)
-	defer cancel()
-	r, err := d.cli.Txn(ctx).Then(clientv3.OpGet(d.hostsPrefix(), clientv3.WithPrefix()),
-		clientv3.OpGet(d.alivePrefix(), clientv3.WithPrefix())).Commit()
-	if err != nil {
-		return nil, unavailable("hosts", err)
-	}
-	alive, err := d.leases(r.Responses[1].GetResponseRange().Kvs)
+	kvs, alive, err := d.withAlive(ctx, "hosts", d.hostsPrefix())
 	if err != nil {
 		return nil, err
 	}
 	var out []Member
-	for _, kv := range r.Responses[0].GetResponseRange().Kvs {
+	for _, kv := range kvs {
 		key, err := keyAddress(string(kv.Key), d.hostsPrefix())
 		if err != nil {
 			return nil, err
@@ -179,19 +172,12 @@ func (d *Dir) Run(ctx context.Context, genesis record.Address) (Entry, error) {
 // are read with the live sessions at one revision, in genesis order.
 // A closed run needs no owner and is never listed.
 func (d *Dir) Orphans(ctx context.Context) ([]Entry, error) {
-	ctx, cancel := d.bounded(ctx)
-	defer cancel()
-	r, err := d.cli.Txn(ctx).Then(clientv3.OpGet(d.runsPrefix(), clientv3.WithPrefix()),
-		clientv3.OpGet(d.alivePrefix(), clientv3.WithPrefix())).Commit()
-	if err != nil {
-		return nil, unavailable("orphans", err)
-	}
-	alive, err := d.leases(r.Responses[1].GetResponseRange().Kvs)
+	kvs, alive, err := d.withAlive(ctx, "orphans", d.runsPrefix())
 	if err != nil {
 		return nil, err
 	}
 	var out []Entry
-	for _, kv := range r.Responses[0].GetResponseRange().Kvs {
+	for _, kv := range kvs {
 		g, err := keyAddress(string(kv.Key), d.runsPrefix())
 		if err != nil {
 			return nil, err
@@ -233,6 +219,23 @@ func (d *Dir) Owned(ctx context.Context, key record.Address) ([]Entry, error) {
 		}
 	}
 	return out, nil
+}
+
+// withAlive reads every key under prefix and the live sessions, at one
+// revision: what was claimed, and by which sessions still alive.
+func (d *Dir) withAlive(ctx context.Context, op, prefix string) ([]*mvccpb.KeyValue, map[record.Address]int64, error) {
+	ctx, cancel := d.bounded(ctx)
+	defer cancel()
+	r, err := d.cli.Txn(ctx).Then(clientv3.OpGet(prefix, clientv3.WithPrefix()),
+		clientv3.OpGet(d.alivePrefix(), clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return nil, nil, unavailable(op, err)
+	}
+	alive, err := d.leases(r.Responses[1].GetResponseRange().Kvs)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r.Responses[0].GetResponseRange().Kvs, alive, nil
 }
 
 // leases maps each live host's key id to its session's lease.
