@@ -27,6 +27,7 @@ func TestFleet(t *testing.T) {
 		{"Transfer", testTransfer},
 		{"RevertAndReclaim", testRevertAndReclaim},
 		{"MalformedEntry", testMalformedEntry},
+		{"Fence", testFence},
 		{"ClosedPort", testClosedPort},
 		{"LeaseExpiry", testLeaseExpiry},
 		{"MemberStopped", testMemberStopped},
