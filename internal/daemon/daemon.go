@@ -41,6 +41,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
@@ -104,6 +105,11 @@ type Config struct {
 	// BundleLimits cap what one imported bundle may cost; a zero field
 	// takes bundle.DefaultLimits (docs/limits.md).
 	BundleLimits bundle.Limits
+	// Fleet is this host's session in a fleet (internal/fleet): a run is
+	// claimed in etcd when it starts, and every advance of its record is
+	// reserved there before it is appended (docs/fleet.md). Nil runs
+	// alone, as without --etcd.
+	Fleet *fleet.Host
 	// BundleMounts are the host paths under which an imported bundle's
 	// read-only mount sources may lie; empty allows none (docs/trust.md).
 	BundleMounts []string

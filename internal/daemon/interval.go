@@ -28,7 +28,7 @@ type live struct {
 // made from the daemon's state directory, store, signer and meter at each
 // use.
 func (d *Daemon) intervals() interval.Host {
-	return interval.Host{StateDir: d.cfg.StateDir, Store: d.st, Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log}
+	return interval.Host{StateDir: d.cfg.StateDir, Store: d.records(), Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log}
 }
 
 // markNow is a mark at this instant for run id's output.

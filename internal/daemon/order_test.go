@@ -211,7 +211,9 @@ func TestResumeRefusedAtRestoreAndAtAppend(t *testing.T) {
 			}
 		}
 	}
-	if _, err := h.d.Resume(t.Context(), "r"); !errors.Is(err, record.ErrClosed) {
+	// The Resumed segment is appended at the head it was judged (and, in
+	// a fleet, reserved) at: the record moved since, so the store refuses.
+	if _, err := h.d.Resume(t.Context(), "r"); !errors.Is(err, store.ErrHeadMoved) {
 		t.Fatalf("resume with a refused append: %v", err)
 	}
 	if h.ex.sandbox("r") != nil {

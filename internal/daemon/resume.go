@@ -41,11 +41,19 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	if err != nil {
 		return Resumed{}, err
 	}
+	// The idle energy the park owes ends where the restore begins; in a
+	// fleet the Resumed segment that records it is reserved before any
+	// unit runs (docs/fleet.md).
+	owed, prov := idle.Owed(r.park, ok.retained, ok.parkedFor, d.meter.Coefficients())
+	res, err := d.reserve(ctx, id, record.Resumption(ok.susp.Snapshot, owed.UJ, prov))
+	if err != nil {
+		return Resumed{}, fmt.Errorf("resume %s: %w", id, err)
+	}
 	lv, rst, err := d.wake(ctx, id, r, ok)
 	if err != nil {
+		res.cancel(ctx)
 		return Resumed{}, err
 	}
-	owed, prov := idle.Owed(r.park, ok.retained, ok.parkedFor, d.meter.Coefficients())
 	clock.mark("sandbox")
 	lv.iv.Journal(attest.LifecycleOf(nowNS(), owed))
 	if rst != nil {
@@ -56,7 +64,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	// the next resume overwrites.)
 	d.saveMark(id, lv)
 	d.reach("resume.restored")
-	if err := d.append(id, record.Resumption(ok.susp.Snapshot, owed.UJ, prov)); err != nil {
+	if err := res.append(ctx); err != nil {
 		d.dropMark(id)
 		lv.stopping = true
 		d.destroy(lv)

@@ -15,7 +15,7 @@ func (d *Daemon) append(id string, segs ...record.Segment) error {
 	if err != nil {
 		return err
 	}
-	_, err = d.st.AppendAll(id, head, segs...)
+	_, err = d.records().AppendAll(id, head, segs...)
 	return err
 }
 

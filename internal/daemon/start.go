@@ -46,8 +46,14 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	if err != nil {
 		return Summary{}, err
 	}
+	// In a fleet the run is this host's before its unit runs.
+	genesis := record.Genesis(unitID, grantsID)
+	if err := d.claim(ctx, id, genesis); err != nil {
+		return Summary{}, fmt.Errorf("run %s: %w", id, err)
+	}
 	lv, err := d.startSandbox(ctx, id, p.Spec, p.Grants, nil)
 	if err != nil {
+		d.unclaim(ctx, id, genesis)
 		return Summary{}, err
 	}
 	d.saveMark(id, lv)
@@ -56,6 +62,7 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 		d.dropMark(id)
 		lv.stopping = true
 		d.destroy(lv)
+		d.unclaim(ctx, id, genesis)
 		return Summary{}, err
 	}
 	r.live = lv

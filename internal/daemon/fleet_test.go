@@ -1,0 +1,94 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/etcdtest"
+	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// joinFleet admits name as a host of dir and joins it.
+func joinFleet(t *testing.T, dir *fleet.Dir, name string) *fleet.Host {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key := record.Sum([]byte("host " + name))
+	if err := dir.Admit(ctx, key, name, fleet.RoleHost); err != nil {
+		t.Fatal(err)
+	}
+	h, err := dir.Join(ctx, key, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close(context.Background()) })
+	return h
+}
+
+// In a fleet the daemon claims a run as it starts and reserves every
+// advance in etcd before it appends: the directory's head follows the
+// record's through park and resume. A run this host no longer may advance
+// (here: transferred to another host) is not resumed — no sandbox, the
+// record and the directory as they were.
+func TestFleetOwnership(t *testing.T) {
+	c := etcdtest.Start(t)
+	dir := fleet.New(c.Client(t), "/daemon/", 5*time.Second)
+	a, b := joinFleet(t, dir, "a"), joinFleet(t, dir, "b")
+	h := newFakeHost(t)
+	h.d.cfg.Fleet = a
+
+	sum := h.start(t, "r")
+	entry := func() fleet.Entry {
+		t.Helper()
+		e, err := dir.Run(t.Context(), record.Genesis(sum.Unit, sum.Grants))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	follows := func(step string, phase record.Phase) {
+		t.Helper()
+		head, _ := h.d.st.Head("r")
+		if e := entry(); e.Head != head || e.Phase != phase || e.Owner != a.Key() {
+			t.Fatalf("after %s: directory %+v, record at %s", step, e, head)
+		}
+	}
+	follows("start", record.Active)
+	if _, err := h.d.Park(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	follows("park", record.Parked)
+	h.teardown(t, "r")
+	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	follows("resume", record.Active)
+	if _, err := h.d.Park(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	h.teardown(t, "r")
+	follows("the second park", record.Parked)
+
+	if _, err := a.Transfer(t.Context(), entry().Genesis, b.Key()); err != nil {
+		t.Fatal(err)
+	}
+	before := entry()
+	if _, err := h.d.Resume(t.Context(), "r"); !errors.Is(err, fleet.ErrNotOwner) {
+		t.Fatalf("resume of a run transferred away: %v, want ErrNotOwner", err)
+	}
+	if h.ex.sandbox("r") != nil {
+		t.Fatal("a refused resume left a sandbox")
+	}
+	if e := entry(); e.Head != before.Head || e.Rev != before.Rev {
+		t.Fatalf("a refused resume moved the directory: %+v, was %+v", e, before)
+	}
+	if got := h.kinds(t, "r"); got != "executed suspended resumed executed suspended" {
+		t.Fatalf("segments %s", got)
+	}
+	if _, err := h.d.Close(t.Context(), "r", "done"); !errors.Is(err, fleet.ErrNotOwner) {
+		t.Fatalf("close of a run transferred away: %v, want ErrNotOwner", err)
+	}
+}
