@@ -18,6 +18,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/retention"
@@ -32,6 +33,8 @@ type serveFlags struct {
 	minFree                                   uint64
 	mounts                                    listFlag
 	objMax, bundleMax, jsonMax                int64
+	etcd                                      etcdFlags
+	leaseTTL                                  time.Duration
 }
 
 // register declares serve's flags on fs.
@@ -50,6 +53,8 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.objMax, "bundle-object-max", bundle.DefaultLimits.Object, "the largest object an imported bundle may carry, in bytes")
 	fs.Int64Var(&f.bundleMax, "bundle-max", bundle.DefaultLimits.Total, "the most object bytes an imported bundle may carry")
 	fs.Int64Var(&f.jsonMax, "bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
+	f.etcd.register(fs)
+	fs.DurationVar(&f.leaseTTL, "lease-ttl", fleet.DefaultTTL, "in a fleet: the time to live of this host's lease, which its ownership of runs rides on")
 }
 
 // check refuses, as usage errors, the flag values the daemon cannot run
@@ -72,6 +77,9 @@ func (f *serveFlags) check() (slog.Level, error) {
 	}
 	if f.minFree == 0 {
 		return lv, usagef("--min-free must be at least 1 byte")
+	}
+	if f.leaseTTL <= 0 {
+		return lv, usagef("--lease-ttl must be positive")
 	}
 	if f.gcEvery == 0 || f.retention == 0 {
 		return lv, usagef("--gc-interval and --snapshot-retention must not be zero (negative: never)")
@@ -137,6 +145,16 @@ func cmdServe(args []string, stdout io.Writer) error {
 	}
 	defer os.Remove(socket)
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	if f.etcd.endpoints != "" {
+		host, leave, err := joinFleet(startCtx, f.etcd, f.state, f.leaseTTL)
+		if err != nil {
+			cancel()
+			l.Close()
+			return err
+		}
+		defer leave()
+		cfg.Fleet = host
+	}
 	d, err := daemon.New(startCtx, cfg)
 	cancel()
 	if err != nil {

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// etcdTimeout bounds each request to the fleet's etcd.
+const etcdTimeout = 5 * time.Second
+
+// etcdFlags reach a fleet's etcd (docs/fleet.md, "Running against an
+// existing etcd").
+type etcdFlags struct{ endpoints, prefix string }
+
+func (e *etcdFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&e.endpoints, "etcd", "", "the fleet's etcd endpoints, comma-separated (none: this host runs alone)")
+	fs.StringVar(&e.prefix, "etcd-prefix", fleet.DefaultPrefix, "the fleet's key prefix in etcd")
+}
+
+// dir connects to the fleet's directory; the caller closes it.
+func (e *etcdFlags) dir() (*fleet.Dir, io.Closer, error) {
+	if e.endpoints == "" {
+		return nil, nil, usagef("--etcd: the fleet's etcd endpoints are required")
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(e.endpoints, ","), DialTimeout: etcdTimeout, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, nil, fmt.Errorf("etcd %s: %w", e.endpoints, err)
+	}
+	return fleet.New(cli, e.prefix, etcdTimeout), cli, nil
+}
+
+// hostKeyID is the key id of the host key in a state directory, making
+// the key when there is none (as the daemon does at its first start).
+func hostKeyID(state string) (record.Address, error) {
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		return record.Address{}, err
+	}
+	key, err := attest.LoadOrCreateKey(filepath.Join(state, "host.key"))
+	if err != nil {
+		return record.Address{}, err
+	}
+	return attest.KeyID(key.Public().(ed25519.PublicKey)), nil
+}
+
+// joinFleet joins this host, whose key must be admitted, to the fleet:
+// the daemon appends only while the session's lease lives. The returned
+// closer ends the session and the connection.
+func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration) (*fleet.Host, func(), error) {
+	dir, cli, err := e.dir()
+	if err != nil {
+		return nil, nil, err
+	}
+	key, err := hostKeyID(state)
+	if err == nil {
+		var m fleet.Member
+		if m, err = dir.Member(ctx, key); err == nil && m.Role != fleet.RoleHost {
+			err = fmt.Errorf("key %s is admitted as %s, not as a host", key, m.Role)
+		}
+	}
+	if errors.Is(err, fleet.ErrNotAdmitted) {
+		err = fmt.Errorf("%w: admit this host first: runrecordd fleet admit %s --name NAME --etcd %s", err, key, e.endpoints)
+	}
+	var h *fleet.Host
+	if err == nil {
+		h, err = dir.Join(ctx, key, ttl)
+	}
+	if err != nil {
+		cli.Close()
+		return nil, nil, fmt.Errorf("fleet: %w", err)
+	}
+	return h, func() {
+		cctx, cancel := context.WithTimeout(context.Background(), etcdTimeout)
+		defer cancel()
+		_ = h.Close(cctx)
+		cli.Close()
+	}, nil
+}
+
+// cmdFleet is `fleet key`, `fleet admit` and `fleet status`: the
+// operator's side of a fleet, against its etcd (docs/fleet.md).
+func cmdFleet(args []string, stdout io.Writer) error {
+	const use = "usage: runrecordd fleet key [--state-dir DIR] | fleet admit KEY --name NAME [--role host|platform] --etcd ENDPOINTS | fleet status --etcd ENDPOINTS"
+	if len(args) == 0 {
+		return usagef(use)
+	}
+	sub, args := args[0], args[1:]
+	fs := flag.NewFlagSet("fleet "+sub, flag.ContinueOnError)
+	var e etcdFlags
+	state, name, role := daemon.DefaultStateDir, "", string(fleet.RoleHost)
+	switch sub {
+	case "key":
+		fs.StringVar(&state, "state-dir", daemon.DefaultStateDir, "the daemon's state directory")
+	case "admit":
+		e.register(fs)
+		fs.StringVar(&name, "name", "", "the host's or platform's name")
+		fs.StringVar(&role, "role", role, "host (a peer that owns runs) or platform (a client of the API)")
+	case "status":
+		e.register(fs)
+	default:
+		return usagef(use)
+	}
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := ctx()
+	defer cancel()
+	switch {
+	case sub == "key" && len(pos) == 0:
+		key, err := hostKeyID(state)
+		if err == nil {
+			fmt.Fprintln(stdout, key)
+		}
+		return err
+	case sub == "admit" && len(pos) == 1:
+		return fleetAdmit(ctx, e, pos[0], name, fleet.Role(role), stdout)
+	case sub == "status" && len(pos) == 0:
+		return fleetStatus(ctx, e, stdout)
+	}
+	return usagef(use)
+}
+
+func fleetAdmit(ctx context.Context, e etcdFlags, keyText, name string, role fleet.Role, stdout io.Writer) error {
+	if !strings.HasPrefix(keyText, record.AddressPrefix) {
+		keyText = record.AddressPrefix + keyText
+	}
+	key, err := record.ParseAddress(keyText)
+	if err != nil {
+		return usagef("fleet admit %s: %v", keyText, err)
+	}
+	dir, cli, err := e.dir()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	if err := dir.Admit(ctx, key, name, role); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "admitted %s (%s) as %s\n", key, printable(name), role)
+	return nil
+}
+
+// fleetStatus prints the fleet's members, each with whether its session
+// is alive and how many runs it owns, and the orphaned runs.
+func fleetStatus(ctx context.Context, e etcdFlags, stdout io.Writer) error {
+	dir, cli, err := e.dir()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	hosts, err := dir.Hosts(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "KEY\tNAME\tROLE\tSESSION\tRUNS")
+	for _, h := range hosts {
+		session := "none"
+		if h.Lease != 0 {
+			session = fmt.Sprintf("lease %x", h.Lease)
+		}
+		owned, err := dir.Owned(ctx, h.Key)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s\t%s\t%s\t%s\t%d\n", h.Key, printable(h.Name), h.Role, session, len(owned))
+	}
+	orphans, err := dir.Orphans(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "orphaned runs: %d\n", len(orphans))
+	for _, o := range orphans {
+		fmt.Fprintf(stdout, "  %s\t%s\t%s\towner %s\n", o.Genesis, printable(o.Run), o.Phase, o.Owner)
+	}
+	return nil
+}
