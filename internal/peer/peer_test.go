@@ -15,6 +15,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,12 +57,13 @@ type peerServer struct {
 	key     record.Address
 	served  atomic.Int64 // requests that reached a handler
 	mu      sync.Mutex
-	refused []error // errors of VerifyConnection, in order
+	refused []error       // errors of VerifyConnection, in order
+	closed  chan struct{} // a connection closed
 }
 
 func serve(t *testing.T, key ed25519.PrivateKey, admitted Admitted) *peerServer {
 	t.Helper()
-	ps := &peerServer{key: idOf(key)}
+	ps := &peerServer{key: idOf(key), closed: make(chan struct{}, 100)}
 	cfg := ServerConfig(key, admitted)
 	verify := cfg.VerifyConnection
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
@@ -86,7 +88,15 @@ func serve(t *testing.T, key ed25519.PrivateKey, admitted Admitted) *peerServer 
 	mux := http.NewServeMux()
 	mux.Handle("/host", Require(fleet.RoleHost, whoami))
 	mux.Handle("/platform", Require(fleet.RolePlatform, whoami))
-	srv := &http.Server{Handler: mux, ErrorLog: log.New(io.Discard, "", 0), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: mux, ErrorLog: log.New(io.Discard, "", 0), ReadHeaderTimeout: 10 * time.Second,
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateClosed {
+				select {
+				case ps.closed <- struct{}{}:
+				default:
+				}
+			}
+		}}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close(); <-done })
@@ -309,4 +319,63 @@ func TestListenRefusesOtherConfigs(t *testing.T) {
 	if _, err := Listen("127.0.0.1:0", nil); err == nil {
 		t.Error("nil config served")
 	}
+}
+
+// TestVerdictLifetime: the verdict of a handshake serves every request of
+// its connection, garbage collections notwithstanding, and goes once the
+// connection is closed and collected (nothing kept per connection).
+func TestVerdictLifetime(t *testing.T) {
+	srvKey, h := newKey(t), newKey(t)
+	ps := serve(t, srvKey, roles(map[record.Address]fleet.Role{idOf(h): fleet.RoleHost}))
+	tr := &http.Transport{TLSClientConfig: ClientConfig(h, ps.key), MaxConnsPerHost: 1}
+	c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	var conns atomic.Int64
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conns.Add(1)
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
+	for i := range 3 {
+		runtime.GC()
+		resp, err := c.Get("https://" + ps.addr + "/host")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("%d connections, want 1 (keep-alive)", n)
+	}
+	if n := verdictsOf(idOf(h)); n != 1 {
+		t.Fatalf("%d verdicts kept for the key, want 1", n)
+	}
+	tr.CloseIdleConnections()
+	select {
+	case <-ps.closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the server did not see the connection close")
+	}
+	// The cleanups run after a collection finds the certificate
+	// unreachable.
+	for i := 0; verdictsOf(idOf(h)) != 0; i++ {
+		if i == 1000 {
+			t.Fatal("the verdict of a closed connection is still kept")
+		}
+		runtime.GC()
+		runtime.Gosched()
+	}
+}
+
+func verdictsOf(key record.Address) int {
+	n := 0
+	verdicts.Range(func(_, v any) bool {
+		if v.(verdict).key == key {
+			n++
+		}
+		return true
+	})
+	return n
 }
