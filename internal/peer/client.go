@@ -24,10 +24,10 @@ func ClientConfig(key ed25519.PrivateKey, server record.Address) *tls.Config {
 		// certificate is self-signed by its host key. The standard
 		// verification (chain to a root, host name, dates) is skipped and
 		// VerifyConnection below is the whole check: the server's one
-		// certificate must carry the pinned ed25519 key. The handshake
-		// has then proved the server holds that key (its CertificateVerify
-		// signature is checked against the certificate's key before
-		// VerifyConnection runs). The pin is the trust.
+		// certificate must carry the pinned ed25519 key. Right after it,
+		// the handshake checks the server's CertificateVerify signature
+		// against that key, and fails unless the server holds it. The pin
+		// is the trust.
 		InsecureSkipVerify: true,
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			got, err := keyOf(cs.PeerCertificates)

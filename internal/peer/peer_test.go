@@ -165,6 +165,7 @@ func refusedHandshake(t *testing.T, ps *peerServer, cfg *tls.Config) {
 	if !errors.As(err, &op) || op.Op != "remote error" || !strings.Contains(err.Error(), "tls:") {
 		t.Fatalf("handshake: %v, want a TLS alert from the server", err)
 	}
+	t.Logf("client: %v", err)
 }
 
 // TestAdmittedHost: an admitted host key reaches a host route, and the
@@ -378,4 +379,58 @@ func verdictsOf(key record.Address) int {
 		return true
 	})
 	return n
+}
+
+// TestStolenCertificate: a certificate is public; presenting an admitted
+// or pinned key's certificate without holding the key fails the
+// handshake, on either side.
+func TestStolenCertificate(t *testing.T) {
+	srvKey, h, thief := newKey(t), newKey(t), newKey(t)
+	ps := serve(t, srvKey, roles(map[record.Address]fleet.Role{idOf(h): fleet.RoleHost}))
+	stolen := func(of ed25519.PrivateKey) *tls.Certificate {
+		c, err := selfSigned(of, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.PrivateKey = thief
+		return c
+	}
+	cfg := ClientConfig(thief, ps.key)
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return stolen(h), nil }
+	refusedHandshake(t, ps, cfg)
+	ps.mu.Lock()
+	if len(ps.refused) != 0 {
+		t.Errorf("refused as %v; the key is admitted, its signature is what fails", ps.refused)
+	}
+	ps.mu.Unlock()
+
+	// A server presenting the pinned key's certificate, signing with
+	// another key.
+	scfg := ServerConfig(thief, roles(map[record.Address]fleet.Role{idOf(h): fleet.RoleHost}))
+	scfg.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return stolen(srvKey), nil }
+	fake := serveConfig(t, scfg)
+	c, err := tls.Dial("tcp", fake, ClientConfig(h, idOf(srvKey)))
+	if err == nil {
+		c.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "invalid signature") {
+		t.Fatalf("handshake with a server without the pinned key: %v, want an invalid signature", err)
+	}
+	if n := ps.served.Load(); n != 0 {
+		t.Fatalf("%d requests reached a handler", n)
+	}
+}
+
+// serveConfig serves 404s with cfg on 127.0.0.1 and returns the address.
+func serveConfig(t *testing.T, cfg *tls.Config) string {
+	t.Helper()
+	ln, err := Listen("127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.NotFoundHandler(), ErrorLog: log.New(io.Discard, "", 0), ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close(); <-done })
+	return ln.Addr().String()
 }

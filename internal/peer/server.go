@@ -66,7 +66,11 @@ func ServerConfig(key ed25519.PrivateKey, admitted Admitted) *tls.Config {
 }
 
 // admit checks the client's certificates against admitted and keeps the
-// verdict for KeyOf.
+// verdict for KeyOf. crypto/tls calls it when the certificate arrives,
+// before it checks the client's CertificateVerify signature: a client
+// that does not hold the key fails the handshake right after, and its
+// verdict, never reachable by a request, is collected with its
+// certificate.
 func admit(admitted Admitted, certs []*x509.Certificate) error {
 	key, err := keyOf(certs)
 	if err != nil {
