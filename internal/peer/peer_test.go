@@ -285,7 +285,7 @@ func TestCertificateRefused(t *testing.T) {
 // key, and Require forbids it.
 func TestKeyOfOnlyAdmitted(t *testing.T) {
 	srvKey, client := newKey(t), newKey(t)
-	cfg := ServerConfig(srvKey, nil)
+	cfg := ServerConfig(srvKey, roles(nil))
 	cfg.VerifyConnection = nil // checked by nobody
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
 	if err != nil {
@@ -310,7 +310,7 @@ func TestListenRefusesOtherConfigs(t *testing.T) {
 		"no verification":   func(c *tls.Config) { c.VerifyConnection = nil },
 		"fixed certificate": func(c *tls.Config) { c.Certificates = []tls.Certificate{{}} },
 	} {
-		cfg := ServerConfig(k, nil)
+		cfg := ServerConfig(k, roles(nil))
 		mod(cfg)
 		if ln, err := Listen("127.0.0.1:0", cfg); err == nil {
 			ln.Close()

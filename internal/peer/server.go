@@ -45,9 +45,13 @@ func Members(d *fleet.Dir) Admitted {
 // connection is a full TLS 1.3 handshake (no session resumption), so
 // every connection proves its key afresh and is checked afresh.
 //
-// Serve it as it is: a certificate added to Certificates would be served
-// instead of the host key's to clients that send no server name.
+// admitted must not be nil. Serve the configuration as it is: a
+// certificate added to Certificates would be served instead of the host
+// key's to clients that send no server name.
 func ServerConfig(key ed25519.PrivateKey, admitted Admitted) *tls.Config {
+	if admitted == nil {
+		panic("peer: ServerConfig without an admission check")
+	}
 	certs := newCertSource(key)
 	return &tls.Config{
 		MinVersion:             tls.VersionTLS13,
