@@ -1,0 +1,37 @@
+// Package peer is the fleet's mutual TLS: between hosts (peers), and
+// between a remote agent platform and a host. There is no CA: each side
+// is its ed25519 host key (attest.LoadOrCreateKey), known by its key id
+// (attest.KeyID), and presents a self-signed X.509 certificate of that
+// key, made in memory (valid [CertValidity], remade before it runs out).
+//
+// # Server
+//
+// [ServerConfig] requires a client certificate and admits the client in
+// the handshake only if [Admitted] (in production [Members] of the
+// fleet's [fleet.Dir], one etcd read per handshake) names its key with a
+// role, host or platform. A key the fleet does not admit, a certificate
+// that is not one ed25519 certificate, and an admission etcd could not
+// confirm are refused with a [*RefusedError] (safety over liveness: an
+// unconfirmed key is refused, never admitted). [Require] then allows a
+// route to one role only, answering 403 with an api.Error of code
+// [CodeForbidden] otherwise; [KeyOf] gives a handler the key and role.
+// [Listen] serves a ServerConfig on a TCP address.
+//
+// # Client
+//
+// [ClientConfig] presents our certificate and pins the server's key id:
+// a server that does not hold that key is refused ([ErrPin]).
+//
+// # Caveats
+//
+//   - The admission is the handshake's: a connection admitted keeps its
+//     verdict until it closes. A key no longer admitted is refused at its
+//     next handshake; the server bounds how long connections live.
+//   - Refusals are not cached: every handshake of an unknown key costs
+//     one etcd read. The listener's connection limits bound that.
+//   - Certificate dates, issuers and chains are not checked: the pinned
+//     or admitted key is the whole trust, and the TLS 1.3 handshake
+//     proves the peer holds it.
+//
+// docs/fleet.md, "Peer listener and keys", says the same for operators.
+package peer
