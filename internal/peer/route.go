@@ -11,10 +11,8 @@ import (
 )
 
 // CodeForbidden is the api.Error code of a request whose verified key may
-// not use the route: its role is not the route's, or the request did not
-// come over a handshake a ServerConfig admitted. (To move to pkg/api's
-// codes when the daemon serves it.)
-const CodeForbidden = "forbidden"
+// not use the route (api.CodeForbidden).
+const CodeForbidden = api.CodeForbidden
 
 // KeyOf returns the key id and role that the handshake of r's connection
 // established. ok is false unless r came over TLS and a [ServerConfig] of

@@ -134,7 +134,7 @@ func Status(code string) int {
 		return http.StatusGatewayTimeout
 	case api.CodeNoSpace:
 		return http.StatusInsufficientStorage
-	case api.CodeUntrustedSigner, api.CodeGrantRefused:
+	case api.CodeUntrustedSigner, api.CodeGrantRefused, api.CodeForbidden:
 		return http.StatusForbidden
 	case api.CodeBundleLimit:
 		return http.StatusRequestEntityTooLarge

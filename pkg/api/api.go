@@ -46,6 +46,7 @@ const (
 	CodeUntrustedSigner   = "untrusted_signer"        // a bundle with an attestation by a host key this host does not trust (Signer names it)
 	CodeGrantRefused      = "grant_refused"           // a bundle's grant set this host's policy refuses (a mount source outside the allow-list)
 	CodeBundleLimit       = "bundle_too_large"        // a bundle, object or JSON member over this host's bundle limits
+	CodeForbidden         = "forbidden"               // on the fleet's mTLS listener: a key whose role may not use this route (a platform on a peer route, a peer on the API)
 )
 
 // Error is the body of every failed request.
