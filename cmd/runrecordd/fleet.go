@@ -7,6 +7,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +20,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/peer"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -61,10 +65,10 @@ func hostKeyID(state string) (record.Address, error) {
 // joinFleet joins this host, whose key must be admitted, to the fleet:
 // the daemon appends only while the session's lease lives. The returned
 // closer ends the session and the connection.
-func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration) (*fleet.Host, func(), error) {
+func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration) (*fleet.Dir, *fleet.Host, func(), error) {
 	dir, cli, err := e.dir()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	key, err := hostKeyID(state)
 	if err == nil {
@@ -82,9 +86,9 @@ func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration
 	}
 	if err != nil {
 		cli.Close()
-		return nil, nil, fmt.Errorf("fleet: %w", err)
+		return nil, nil, nil, fmt.Errorf("fleet: %w", err)
 	}
-	return h, func() {
+	return dir, h, func() {
 		cctx, cancel := context.WithTimeout(context.Background(), etcdTimeout)
 		defer cancel()
 		_ = h.Close(cctx)
@@ -189,4 +193,21 @@ func fleetStatus(ctx context.Context, e etcdFlags, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  %s\t%s\t%s\towner %s\n", o.Genesis, printable(o.Run), o.Phase, o.Owner)
 	}
 	return nil
+}
+
+// peerServer serves the client API on the fleet's mutual-TLS listener to
+// admitted platform keys (internal/peer; docs/fleet.md, "Peer listener and
+// keys"): a host key, or a key nobody admitted, gets nothing of it.
+func peerServer(state, addr string, dir *fleet.Dir, api http.Handler, log *slog.Logger) (*http.Server, net.Listener, error) {
+	key, err := attest.LoadOrCreateKey(filepath.Join(state, "host.key"))
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := peer.Listen(addr, peer.ServerConfig(key, peer.Members(dir)))
+	if err != nil {
+		return nil, nil, fmt.Errorf("--peer-listen %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: peer.Require(fleet.RolePlatform, api), ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	return srv, l, nil
 }

@@ -35,6 +35,7 @@ type serveFlags struct {
 	objMax, bundleMax, jsonMax                int64
 	etcd                                      etcdFlags
 	leaseTTL                                  time.Duration
+	peerListen                                string
 }
 
 // register declares serve's flags on fs.
@@ -55,6 +56,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.jsonMax, "bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
 	f.etcd.register(fs)
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", fleet.DefaultTTL, "in a fleet: the time to live of this host's lease, which its ownership of runs rides on")
+	fs.StringVar(&f.peerListen, "peer-listen", "", "in a fleet: also serve the API on this address over mutual TLS, to admitted platform keys")
 }
 
 // check refuses, as usage errors, the flag values the daemon cannot run
@@ -77,6 +79,9 @@ func (f *serveFlags) check() (slog.Level, error) {
 	}
 	if f.minFree == 0 {
 		return lv, usagef("--min-free must be at least 1 byte")
+	}
+	if f.peerListen != "" && f.etcd.endpoints == "" {
+		return lv, usagef("--peer-listen needs --etcd: the fleet's directory says which keys are admitted")
 	}
 	if f.leaseTTL <= 0 {
 		return lv, usagef("--lease-ttl must be positive")
@@ -145,8 +150,11 @@ func cmdServe(args []string, stdout io.Writer) error {
 	}
 	defer os.Remove(socket)
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	var dir *fleet.Dir
 	if f.etcd.endpoints != "" {
-		host, leave, err := joinFleet(startCtx, f.etcd, f.state, f.leaseTTL)
+		var host *fleet.Host
+		var leave func()
+		dir, host, leave, err = joinFleet(startCtx, f.etcd, f.state, f.leaseTTL)
 		if err != nil {
 			cancel()
 			l.Close()
@@ -161,13 +169,26 @@ func cmdServe(args []string, stdout io.Writer) error {
 		l.Close()
 		return err
 	}
-	return serveAPI(ctx, d, l, socket, log, stdout)
+	var peers *http.Server
+	if f.peerListen != "" {
+		var pl net.Listener
+		if peers, pl, err = peerServer(f.state, f.peerListen, dir, server.New(d, log), log); err != nil {
+			l.Close()
+			return errors.Join(err, d.Shutdown(context.Background()))
+		}
+		go func() { _ = peers.Serve(pl) }()
+		log.Info("serving the fleet's platforms", "peer-listen", pl.Addr().String())
+	}
+	return serveAPI(ctx, d, l, socket, log, stdout, peers)
 }
 
 // serveAPI serves d's API on l until ctx is done (SIGTERM, SIGINT) or the
 // HTTP server fails, then shuts down the server and the daemon, each
 // within 30 s, and returns what failed.
-func serveAPI(ctx context.Context, d *daemon.Daemon, l net.Listener, socket string, log *slog.Logger, stdout io.Writer) error {
+//
+// peers, when not nil, is the API on the fleet's mutual-TLS listener,
+// already serving: it is shut down with the socket's, before the daemon.
+func serveAPI(ctx context.Context, d *daemon.Daemon, l net.Listener, socket string, log *slog.Logger, stdout io.Writer, peers *http.Server) error {
 	srv := &http.Server{Handler: server.New(d, log), ReadHeaderTimeout: 10 * time.Second}
 	srv.RegisterOnShutdown(d.StopEvents) // event streams never end by themselves
 	errc := make(chan error, 1)
@@ -183,6 +204,9 @@ func serveAPI(ctx context.Context, d *daemon.Daemon, l net.Listener, socket stri
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	serr := srv.Shutdown(sctx)
+	if peers != nil {
+		serr = errors.Join(serr, peers.Shutdown(sctx))
+	}
 	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer dcancel()
 	derr := d.Shutdown(dctx)
