@@ -3,9 +3,12 @@ package transfer_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -229,4 +232,55 @@ func TestFetchMalformed(t *testing.T) {
 			t.Fatal("adopted")
 		}
 	})
+}
+
+// A fetch uses one connection for all its objects: each body is read to
+// its end (a new connection per object would be a TLS handshake each on
+// the peer listener).
+func TestFetchOneConnection(t *testing.T) {
+	a, b := mustStore(t), mustStore(t)
+	rec := imageRun(t, a, "r1", map[string][]byte{"core-1.img": []byte("core"), "pages-1.img": []byte("pages")}, map[string][]byte{"m": []byte("m")})
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(transfer.Handler(a))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	c := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(c.CloseIdleConnections)
+	s, err := transfer.Fetch(context.Background(), c, srv.URL, b, rec, transfer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := conns.Load(); n != 1 || s.Objects < 10 {
+		t.Fatalf("%d objects over %d connections", s.Objects, n)
+	}
+}
+
+// A fetch whose context ends stops there: what it adopted is whole, and
+// nothing is left in staging (mustStore).
+func TestFetchCanceled(t *testing.T) {
+	a, b := mustStore(t), mustStore(t)
+	rec := transcriptRun(t, a, "r1")
+	objs := reached(t, a, rec)
+	stop := objs[3]
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := serve(t, a, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/objects/"+stop.String() {
+				cancel()
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	_, err := transfer.Fetch(ctx, http.DefaultClient, srv.URL, b, rec, transfer.Options{})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("fetch: %v, want context.Canceled", err)
+	}
+	refs, _ := a.Refs(stop)
+	heldBefore(t, b, objs, stop, refs)
 }
