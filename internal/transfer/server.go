@@ -39,8 +39,8 @@ type MissingResponse struct {
 //     read verified; 404 with an [api.Error] (not_found) when the store
 //     does not hold it, 400 (bad_request) for a malformed address
 //     ([record.ParseAddress]). An object found
-//     corrupt as it is sent is cut off (the connection is aborted), so the
-//     peer never receives it whole.
+//     corrupt as it is sent is cut off (the connection is aborted, not
+//     ended): the peer gets an error, or bytes that fail its hash check.
 //   - POST /v1/objects/missing: a [MissingRequest] in, a
 //     [MissingResponse] out; at most [MaxMissing] addresses (413 beyond).
 //
