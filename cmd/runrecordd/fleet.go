@@ -195,10 +195,11 @@ func fleetStatus(ctx context.Context, e etcdFlags, stdout io.Writer) error {
 	return nil
 }
 
-// peerServer serves the client API on the fleet's mutual-TLS listener to
-// admitted platform keys (internal/peer; docs/fleet.md, "Peer listener and
-// keys"): a host key, or a key nobody admitted, gets nothing of it.
-func peerServer(state, addr string, dir *fleet.Dir, api http.Handler, log *slog.Logger) (*http.Server, net.Listener, error) {
+// peerServer serves, on the fleet's mutual-TLS listener (internal/peer;
+// docs/fleet.md, "Peer listener and keys"), this host's objects to admitted
+// host keys and the client API to admitted platform keys: each role gets
+// nothing of the other's routes, and a key nobody admitted nothing at all.
+func peerServer(state, addr string, dir *fleet.Dir, api, objects http.Handler, log *slog.Logger) (*http.Server, net.Listener, error) {
 	key, err := attest.LoadOrCreateKey(filepath.Join(state, "host.key"))
 	if err != nil {
 		return nil, nil, err
@@ -207,7 +208,10 @@ func peerServer(state, addr string, dir *fleet.Dir, api http.Handler, log *slog.
 	if err != nil {
 		return nil, nil, fmt.Errorf("--peer-listen %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: peer.Require(fleet.RolePlatform, api), ReadHeaderTimeout: 10 * time.Second,
+	mux := http.NewServeMux()
+	mux.Handle("/v1/objects/", peer.Require(fleet.RoleHost, objects))
+	mux.Handle("/", peer.Require(fleet.RolePlatform, api))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	return srv, l, nil
 }

@@ -172,7 +172,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 	var peers *http.Server
 	if f.peerListen != "" {
 		var pl net.Listener
-		if peers, pl, err = peerServer(f.state, f.peerListen, dir, server.New(d, log), log); err != nil {
+		if peers, pl, err = peerServer(f.state, f.peerListen, dir, server.New(d, log), d.Objects(), log); err != nil {
 			l.Close()
 			return errors.Join(err, d.Shutdown(context.Background()))
 		}

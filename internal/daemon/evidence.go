@@ -3,12 +3,14 @@ package daemon
 import (
 	"context"
 	"io"
+	"net/http"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -28,6 +30,10 @@ func (d *Daemon) Unit(id string) (unit.Spec, unit.Grants, error) {
 // Object is the bytes of an object a record reaches (an attestation, a
 // receipt, a journal), rehashed on the way.
 func (d *Daemon) Object(a record.Address) ([]byte, error) { return d.st.ReadAll(a) }
+
+// Objects serves this host's objects by address to the fleet's other
+// hosts (internal/transfer; the peer listener admits host keys only).
+func (d *Daemon) Objects() http.Handler { return transfer.Handler(d.st) }
 
 // Stdout is where run id's unit output goes on this host.
 func (d *Daemon) Stdout(id string) string { return d.outputOf(id).Stdout }

@@ -2,6 +2,11 @@ package e2e
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -10,6 +15,9 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/peer"
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -49,10 +57,12 @@ func TestFleetHost(t *testing.T) {
 		t.Fatalf("a host nobody admitted: %v, want a refusal naming `fleet admit`", err)
 	}
 
+	peerAddr := freeAddr(t)
+	var hostKey string
 	d := mustDaemon(t, "fleet", func(d *daemon) {
-		key := cli(t, "fleet", "key", "--state-dir", d.state)
-		cli(t, "fleet", "admit", key, "--name", "h1", "--etcd", endpoints)
-		d.flags = []string{"--etcd", endpoints, "--lease-ttl", "5s"}
+		hostKey = cli(t, "fleet", "key", "--state-dir", d.state)
+		cli(t, "fleet", "admit", hostKey, "--name", "h1", "--etcd", endpoints)
+		d.flags = []string{"--etcd", endpoints, "--lease-ttl", "5s", "--peer-listen", peerAddr}
 	})
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	const id = "owned"
@@ -80,8 +90,70 @@ func TestFleetHost(t *testing.T) {
 	follows("park")
 	resume(t, d, id, nil, atPark)
 	follows("resume")
+	peerRoutes(t, endpoints, peerAddr, hostKey, started.Unit)
 	status := cli(t, "fleet", "status", "--etcd", endpoints)
 	if !strings.Contains(status, "\th1\thost\tlease ") || !strings.Contains(status, "orphaned runs: 0") {
 		t.Fatalf("fleet status:\n%s", status)
+	}
+}
+
+// freeAddr is a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// peerRoutes checks the host's mutual-TLS listener at addr: an admitted
+// platform key reaches the client API and not the objects, an admitted
+// host key the objects (bytes that hash to the address asked for) and not
+// the API, and a key nobody admitted is refused at the handshake.
+func peerRoutes(t *testing.T, endpoints, addr, serverKey, object string) {
+	t.Helper()
+	server, err := record.ParseAddress(serverKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientFor := func(role string) *http.Client {
+		_, key, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if role != "" {
+			id := attest.KeyID(key.Public().(ed25519.PublicKey))
+			cli(t, "fleet", "admit", id.String(), "--name", role+"-e2e", "--role", role, "--etcd", endpoints)
+		}
+		return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: peer.ClientConfig(key, server)}}
+	}
+	get := func(c *http.Client, path string) (int, []byte) {
+		t.Helper()
+		resp, err := c.Get("https://" + addr + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	platform, host := clientFor("platform"), clientFor("host")
+	if code, b := get(platform, "/v1/host"); code != http.StatusOK || !strings.Contains(string(b), serverKey) {
+		t.Fatalf("a platform key on the API: %d %s", code, b)
+	}
+	if code, b := get(platform, "/v1/objects/"+object); code != http.StatusForbidden || !strings.Contains(string(b), api.CodeForbidden) {
+		t.Fatalf("a platform key on the objects: %d %s", code, b)
+	}
+	code, b := get(host, "/v1/objects/"+object)
+	if code != http.StatusOK || record.Sum(b).String() != object {
+		t.Fatalf("a host key on the objects: %d, %d bytes", code, len(b))
+	}
+	if code, b := get(host, "/v1/host"); code != http.StatusForbidden {
+		t.Fatalf("a host key on the API: %d %s", code, b)
+	}
+	if _, err := clientFor("").Get("https://" + addr + "/v1/host"); err == nil {
+		t.Fatal("a key nobody admitted got through the handshake")
 	}
 }
