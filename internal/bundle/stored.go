@@ -53,8 +53,10 @@ type StoredOptions struct {
 // "run") and Copy ("copy"). Imported.Header carries them, with Objects
 // and Bytes the objects rec reaches and their bytes; its Format is empty.
 //
-// A refusal leaves st's runs and records as they were, and writes
-// nothing. The objects stay: they are not the run's until a record
+// A refusal of these checks writes nothing: st's runs, records and
+// objects are as they were. (A refusal by the store as it stores the
+// record comes after the refs are declared, and leaves them, as Import
+// leaves its adopted objects.) The objects stay: they are not the run's until a record
 // reaches them, and GC collects them after its grace period, so the
 // caller imports within it of the fetch.
 func ImportStored(ctx context.Context, st Holding, rec *record.Record, opts StoredOptions) (Imported, error) {
