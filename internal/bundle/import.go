@@ -63,6 +63,40 @@ type Imported struct {
 // files are removed); a failure after adoption leaves only objects no
 // record reaches, which GC removes.
 func Import(ctx context.Context, st Store, r io.Reader, opts ImportOptions) (Imported, error) {
+	return take(ctx, st, opts, func(o Options) (*arrival, error) {
+		sb, err := Stage(ctx, st, r, o)
+		if err != nil {
+			return nil, err
+		}
+		return &arrival{
+			Imported: Imported{Header: sb.Header, Record: sb.Record, Spec: sb.Spec, Grants: sb.Grants, Signers: sb.Signers,
+				Objects: sb.Objects, Bytes: sb.Bytes},
+			what:  fmt.Sprintf("bundle of %q", sb.Header.Run),
+			adopt: func() error { return sb.Adopt(ctx, st) },
+			close: func() { sb.Close() },
+		}, nil
+	})
+}
+
+// arrival is a run judged (its record, objects and grants), not yet
+// stored: what [Import] and [ImportStored] hand to take.
+type arrival struct {
+	Imported        // Header.Run and Header.Copy say where it came from and how
+	what     string // what errors name: "bundle of RUN"
+	// adopt makes the objects the store's, each with its refs, once the
+	// timeline is judged: a staged bundle's are moved in, a stored run's
+	// refs declared.
+	adopt func() error
+	close func()
+}
+
+// take is an import after judge: the run id chosen and checked, the
+// caller's lock taken, the timeline judged, the objects adopted, the
+// record stored. judge is given the [Options] to judge by, with Granted
+// defaulted to this store's. Nothing is written before the timeline is
+// judged, and only objects (which GC collects unless a record reaches
+// them) before the record is stored.
+func take(ctx context.Context, st Store, opts ImportOptions, judge func(Options) (*arrival, error)) (Imported, error) {
 	check := opts.CheckID
 	if check == nil {
 		check = func(string) error { return nil }
@@ -76,14 +110,16 @@ func Import(ctx context.Context, st Store, r io.Reader, opts ImportOptions) (Imp
 	if o.Granted == nil {
 		o.Granted = func(g record.Address) bool { return heldElsewhere(st, g) }
 	}
-	sb, err := Stage(ctx, st, r, o)
+	a, err := judge(o)
 	if err != nil {
 		return Imported{}, err
 	}
-	defer sb.Close()
+	if a.close != nil {
+		defer a.close()
+	}
 	id := opts.ID
 	if id == "" {
-		id = sb.Header.Run
+		id = a.Header.Run
 	}
 	if err := check(id); err != nil {
 		return Imported{}, err
@@ -91,33 +127,33 @@ func Import(ctx context.Context, st Store, r io.Reader, opts ImportOptions) (Imp
 	if opts.Lock != nil {
 		defer opts.Lock(id)()
 	}
-	extend, err := timeline(st, id, sb, opts.Reclaim)
+	extend, err := timeline(st, id, a.Record, a.what, opts.Reclaim)
 	if err != nil {
 		return Imported{}, err
 	}
-	if err := sb.Adopt(ctx, st); err != nil {
+	if err := a.adopt(); err != nil {
 		return Imported{}, err
 	}
 	// A copy is held as one in the same transaction that stores it. The
 	// header's copy flag is not signed (docs/trust.md, "Copies").
 	if extend {
-		_, err = st.Extend(id, sb.Record, sb.Header.Copy, opts.Reclaim)
+		_, err = st.Extend(id, a.Record, a.Header.Copy, opts.Reclaim)
 	} else {
-		err = st.ImportAs(id, sb.Record, sb.Header.Copy)
+		err = st.ImportAs(id, a.Record, a.Header.Copy)
 	}
 	if err != nil {
 		return Imported{}, err
 	}
-	return Imported{Run: id, Header: sb.Header, Record: sb.Record, Spec: sb.Spec, Grants: sb.Grants, Signers: sb.Signers,
-		Objects: sb.Objects, Bytes: sb.Bytes, Extended: extend}, nil
+	im := a.Imported
+	im.Run, im.Extended = id, extend
+	return im, nil
 }
 
-// timeline judges the bundle's run against the runs st holds, before
-// anything is adopted (the store checks again as it stores the record):
-// one timeline per run. It reports whether the run is held here under id,
-// and the bundle extends it.
-func timeline(st Runs, id string, sb *Staged, reclaim bool) (bool, error) {
-	rec := sb.Record
+// timeline judges the run of rec (what names it in errors) against the
+// runs st holds, before anything is adopted (the store checks again as it
+// stores the record): one timeline per run. It reports whether the run is
+// held here under id, and rec extends it.
+func timeline(st Runs, id string, rec *record.Record, what string, reclaim bool) (bool, error) {
 	if _, err := st.Run(id); err == nil {
 		if err := st.CheckExtend(id, rec, reclaim); err != nil {
 			return false, err
@@ -129,7 +165,7 @@ func timeline(st Runs, id string, sb *Staged, reclaim bool) (bool, error) {
 		return false, err
 	}
 	if ok {
-		return false, fmt.Errorf("bundle of %q: %w: run %s", sb.Header.Run, store.ErrGenesisHeld, held)
+		return false, fmt.Errorf("%s: %w: run %s", what, store.ErrGenesisHeld, held)
 	}
 	return false, nil
 }

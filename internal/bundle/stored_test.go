@@ -1,0 +1,363 @@
+package bundle_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/bundletest"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/internal/transfer"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// unpacked is a bundle read back: its header, record and members.
+type unpacked struct {
+	header  bundle.Header
+	record  *record.Record
+	objects []bundletest.Object
+}
+
+// unpack reads the members of a well-formed bundle without judging them.
+func unpack(t testing.TB, raw []byte) unpacked {
+	t.Helper()
+	var u unpacked
+	tr := tar.NewReader(bytes.NewReader(raw))
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return u
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch name, _ := strings.CutPrefix(hdr.Name, "objects/"); {
+		case hdr.Name == "bundle.json":
+			if err := json.Unmarshal(b, &u.header); err != nil {
+				t.Fatal(err)
+			}
+		case hdr.Name == "record.json":
+			if u.record, err = record.DecodeWire(b); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			a, err := record.ParseAddress(record.AddressPrefix + name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			u.objects = append(u.objects, bundletest.Object{Addr: a, Bytes: b})
+		}
+	}
+}
+
+// putAll puts a bundle's members into st as a peer's objects arrive: each
+// on its own, declaring no refs. A member whose bytes are not its own is
+// written where its address says, as a damaged store would hold it.
+func putAll(t testing.TB, st *store.Store, objs []bundletest.Object) {
+	t.Helper()
+	for _, o := range objs {
+		if record.Sum(o.Bytes) == o.Addr {
+			if _, err := st.PutBytes(o.Bytes); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		p := st.Path(o.Addr)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, o.Bytes, 0o400); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// storedOf puts the members of the bundle raw into st and returns the
+// options that say what its header said, over o.
+func storedOf(t testing.TB, st *store.Store, raw []byte, o bundle.ImportOptions) (*record.Record, bundle.StoredOptions) {
+	t.Helper()
+	u := unpack(t, raw)
+	putAll(t, st, u.objects)
+	return u.record, bundle.StoredOptions{ImportOptions: o, Run: u.header.Run, Copy: u.header.Copy}
+}
+
+// checkGC collects with no grace and checks the store: every object a
+// record reaches through a ref must have been declared one.
+func checkGC(t testing.TB, st *store.Store) {
+	t.Helper()
+	if _, err := st.GC(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Check(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A transcript run whose objects a peer put into the store, each without
+// refs, is imported from them: the run stored as the bundle would have
+// been, each attestation declaring its receipt and journal (a collection
+// right after keeps them), and the store checks.
+func TestImportStored(t *testing.T) {
+	st, _ := mustStore(t)
+	forged := forge(t, nil)
+	putAll(t, st, forged.Objects)
+	im, err := bundle.ImportStored(context.Background(), st, forged.Record, bundle.StoredOptions{ImportOptions: iopts(), Run: "forged"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if im.Run != "forged" || im.Extended || im.Header.Copy || im.Header.Run != "forged" || im.Objects != len(forged.Objects) ||
+		im.Bytes != bytesOf(forged) || im.Header.Objects != im.Objects || len(im.Signers) != 1 || !im.Signers[0].Trusted || im.Spec.Args[0] != "a" {
+		t.Fatalf("%+v", im)
+	}
+	sameRecord(t, st, "forged", forged.Record)
+	att := forged.Record.Segment(0).Attestation
+	if refs, err := st.Refs(att); err != nil || len(refs) != 2 {
+		t.Fatalf("attestation refs %v, %v", refs, err)
+	}
+	checkGC(t, st)
+	if h, off, _ := st.HandedOff("forged"); off {
+		t.Fatalf("held as %+v", h)
+	}
+}
+
+// An image run comes in as a copy (a header's copy flag, an option here):
+// its listings declare their files, its directory objects verify, and it
+// is held as a copy.
+func TestImportStoredImage(t *testing.T) {
+	core, pages := []byte("core"), []byte("pages")
+	l, err := store.EncodeListing([]store.Entry{{Name: "core-1.img", Mode: 0o600, Size: 4, Address: record.Sum(core)},
+		{Name: "pages-1.img", Mode: 0o600, Size: 5, Address: record.Sum(pages)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := forgeImage(t, l, core, pages)
+	st, _ := mustStore(t)
+	putAll(t, st, img.Objects)
+	o := bundle.StoredOptions{ImportOptions: iopts(), Run: "image", Copy: true}
+	im, err := bundle.ImportStored(context.Background(), st, img.Record, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !im.Header.Copy || im.Objects != len(img.Objects) {
+		t.Fatalf("%+v", im)
+	}
+	sameRecord(t, st, "image", img.Record)
+	checkGC(t, st)
+	if err := st.VerifyDir(context.Background(), *im.Record.Segment(1).Snapshot.Root); err != nil {
+		t.Fatal(err)
+	}
+	if h, off, _ := st.HandedOff("image"); !off || !h.Copy {
+		t.Fatal("a copy is not held as one")
+	}
+}
+
+// storedRefusals are the refusals of [refusals] a record whose objects are
+// stored can meet (a tar's own, none), and what only a store can hold: an
+// attestation whose bytes are not its own (read to be decoded, where a
+// transcript is only rehashed) and a unit spec missing.
+func storedRefusals() map[string]refusal {
+	all := refusals()
+	out := map[string]refusal{}
+	for _, name := range []string{"untrusted signer", "attestation out of place", "grant refused", "object over the limit",
+		"bundle over the limit", "closed, not parked", "executing, not parked", "missing object", "bytes that are not its own"} {
+		out[name] = all[name]
+	}
+	out["attestation not its own"] = refusal{tar: func(t *testing.T) []byte {
+		b := forge(t, nil)
+		for i, o := range b.Objects {
+			if o.Addr == b.Record.Segment(0).Attestation {
+				b.Objects[i].Bytes = append(bytes.Clone(o.Bytes), ' ')
+			}
+		}
+		return b.Tar(nil)
+	}, want: anyCorrupt}
+	out["missing unit spec"] = refusal{tar: func(t *testing.T) []byte {
+		b := forge(t, nil)
+		b.Drop(b.Record.Unit())
+		return b.Tar(nil)
+	}, want: store.ErrMissingObject}
+	return out
+}
+
+// Each refusal of an import that applies to a stored record refuses it
+// with the same error, and leaves the store as it was: its runs, how each
+// is held, its objects; the lock is not taken.
+func TestImportStoredRefusals(t *testing.T) {
+	for name, c := range storedRefusals() {
+		t.Run(name, func(t *testing.T) {
+			st, dir := mustStore(t)
+			// A run held first, with a transcript of its own: the
+			// objects of the record refused are in no other run.
+			mustImport(t, st, forge(t, func(r *bundletest.Run) { r.Spec, r.Transcript = spec("held"), []byte("{\"held\":1}\n") }).Tar(nil), iopts())
+			o := iopts()
+			o.Limits = c.lim
+			o.Lock = func(string) func() { t.Error("locked"); return func() {} }
+			rec, so := storedOf(t, st, c.tar(t), o)
+			before := stateOf(t, st, dir)
+			_, err := bundle.ImportStored(context.Background(), st, rec, so)
+			var ce *store.CorruptError
+			var ue *attest.UntrustedError
+			var pe *attest.PlaceError
+			switch {
+			case c.want == anyCorrupt:
+				if !errors.As(err, &ce) {
+					t.Fatalf("got %v, want a corrupt object", err)
+				}
+			case !errors.Is(err, c.want):
+				t.Fatalf("got %v, want %v", err, c.want)
+			case errors.Is(err, attest.ErrUntrusted) && (!errors.As(err, &ue) || ue.Key != attest.KeyID(untrustedKey.Public().(ed25519.PublicKey))):
+				t.Fatalf("%v names no signer, or another", err)
+			case errors.Is(err, attest.ErrPlace) && (!errors.As(err, &pe) || pe.Index != 1):
+				t.Fatalf("%v names no segment, or another", err)
+			}
+			t.Log(err)
+			if after := stateOf(t, st, dir); after != before {
+				t.Fatalf("refused import changed the store:\n%s\nwas\n%s", after, before)
+			}
+		})
+	}
+}
+
+// Each way a bundle meets a run the store holds, met by the same record
+// with its objects stored: taken back (extended or reclaimed), held as a
+// copy or made the run, or refused (not an extension, genesis held, run
+// exists, grants) leaving the store as it was.
+func TestImportStoredTimeline(t *testing.T) {
+	for name, c := range timelineCases() {
+		t.Run(name, func(t *testing.T) {
+			st, dir := mustStore(t)
+			c.held(t, st)
+			o := iopts()
+			o.ID, o.Reclaim = c.id, c.reclaim
+			rec, so := storedOf(t, st, c.tar(t), o)
+			before := stateOf(t, st, dir)
+			im, err := bundle.ImportStored(context.Background(), st, rec, so)
+			if c.want == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.check(t, st, im)
+				checkGC(t, st)
+				return
+			}
+			if !errors.Is(err, c.want) {
+				t.Fatalf("got %v, want %v", err, c.want)
+			}
+			t.Log(err)
+			if after := stateOf(t, st, dir); after != before {
+				t.Fatalf("refused import changed the store:\n%s\nwas\n%s", after, before)
+			}
+		})
+	}
+}
+
+// ID stores the run under another id; CheckID judges the id asked for
+// before anything is read, and Run after; Lock is taken once, on the id
+// chosen, and released as ImportStored returns.
+func TestImportStoredID(t *testing.T) {
+	st, dir := mustStore(t)
+	b := forge(t, nil)
+	putAll(t, st, b.Objects)
+	refused := errors.New("not an id here")
+	var locked []string
+	held := false
+	o := bundle.StoredOptions{ImportOptions: iopts(), Run: "bad-too"}
+	o.CheckID = func(id string) error {
+		if strings.HasPrefix(id, "bad") {
+			return refused
+		}
+		return nil
+	}
+	o.Lock = func(id string) func() {
+		locked, held = append(locked, id), true
+		return func() { held = false }
+	}
+	before := stateOf(t, st, dir)
+	o.ID = "bad-id"
+	// A record that does not verify: CheckID refuses before it is read.
+	if _, err := bundle.ImportStored(context.Background(), st, record.New(record.Sum(nil), record.Sum(nil)), o); !errors.Is(err, refused) {
+		t.Fatalf("an id refused: %v", err)
+	}
+	o.ID = ""
+	if _, err := bundle.ImportStored(context.Background(), st, b.Record, o); !errors.Is(err, refused) {
+		t.Fatalf("the source's id refused: %v", err)
+	}
+	if after := stateOf(t, st, dir); after != before || len(locked) != 0 {
+		t.Fatalf("refused ids changed the store (%s, was %s), or locked %v", after, before, locked)
+	}
+	o.ID = "elsewhere"
+	im, err := bundle.ImportStored(context.Background(), st, b.Record, o)
+	if err != nil || im.Run != "elsewhere" || im.Header.Run != "bad-too" {
+		t.Fatalf("%+v, %v", im, err)
+	}
+	if len(locked) != 1 || locked[0] != "elsewhere" || held {
+		t.Fatalf("locked %v, still held %v", locked, held)
+	}
+}
+
+// fetchImport fetches rec's objects from the store from serves into to
+// (internal/transfer, over HTTP) and imports rec from them.
+func fetchImport(t testing.TB, from, to *store.Store, rec *record.Record, o bundle.StoredOptions) bundle.Imported {
+	t.Helper()
+	srv := httptest.NewServer(transfer.Handler(from))
+	defer srv.Close()
+	if _, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, to, rec, transfer.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	im, err := bundle.ImportStored(context.Background(), to, rec, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return im
+}
+
+// A run moves by address, as a migration moves it: a hands it off, b
+// fetches what it lacks and imports the record from its store; b resumes
+// it and parks it again, hands it off, and a fetches what it lacks (the
+// new interval's objects) and takes its run back, extended, as Import
+// would. Both stores check, after a collection.
+func TestImportStoredFetched(t *testing.T) {
+	a, _ := mustStore(t)
+	b, _ := mustStore(t)
+	forged := forge(t, nil)
+	mustImport(t, a, forged.Tar(nil), iopts())
+	if err := a.HandOff("forged", forged.Record.Head()); err != nil {
+		t.Fatal(err)
+	}
+	im := fetchImport(t, a, b, forged.Record, bundle.StoredOptions{ImportOptions: iopts(), Run: "forged"})
+	if im.Extended || im.Objects != len(forged.Objects) {
+		t.Fatalf("%+v", im)
+	}
+	sameRecord(t, b, "forged", forged.Record)
+	ext := extend(t, forged, "{\"t\":2}\n")
+	resumeHere(t, b, "forged", ext)
+	if err := b.HandOff("forged", ext.Record.Head()); err != nil {
+		t.Fatal(err)
+	}
+	back := fetchImport(t, b, a, ext.Record, bundle.StoredOptions{ImportOptions: iopts(), Run: "forged"})
+	if !back.Extended || back.Record.Len() != 5 {
+		t.Fatalf("%+v", back)
+	}
+	sameRecord(t, a, "forged", ext.Record)
+	if _, off, _ := a.HandedOff("forged"); off {
+		t.Fatal("taken back, and still handed off")
+	}
+	checkGC(t, a)
+	checkGC(t, b)
+}
