@@ -125,7 +125,7 @@ func (d *Dir) Member(ctx context.Context, key record.Address) (Member, error) {
 	}
 	m, err := decodeMember(key, kvs[0].Value)
 	if alive := r.Responses[1].GetResponseRange().Kvs; len(alive) == 1 {
-		m.Lease = alive[0].Lease
+		m.Lease, m.Peer = alive[0].Lease, string(alive[0].Value)
 	}
 	return m, err
 }
@@ -147,7 +147,7 @@ func (d *Dir) Hosts(ctx context.Context) ([]Member, error) {
 		if err != nil {
 			return nil, err
 		}
-		m.Lease = alive[key]
+		m.Lease, m.Peer = alive[key].lease, alive[key].peer
 		out = append(out, m)
 	}
 	return out, nil
@@ -186,7 +186,7 @@ func (d *Dir) Orphans(ctx context.Context) ([]Entry, error) {
 		if err != nil {
 			return nil, err
 		}
-		if e.Phase != record.Ended && alive[e.Owner] != e.Lease {
+		if e.Phase != record.Ended && alive[e.Owner].lease != e.Lease {
 			out = append(out, e)
 		}
 	}
@@ -223,7 +223,7 @@ func (d *Dir) Owned(ctx context.Context, key record.Address) ([]Entry, error) {
 
 // withAlive reads every key under prefix and the live sessions, at one
 // revision: what was claimed, and by which sessions still alive.
-func (d *Dir) withAlive(ctx context.Context, op, prefix string) ([]*mvccpb.KeyValue, map[record.Address]int64, error) {
+func (d *Dir) withAlive(ctx context.Context, op, prefix string) ([]*mvccpb.KeyValue, map[record.Address]session, error) {
 	ctx, cancel := d.bounded(ctx)
 	defer cancel()
 	r, err := d.cli.Txn(ctx).Then(clientv3.OpGet(prefix, clientv3.WithPrefix()),
@@ -238,15 +238,22 @@ func (d *Dir) withAlive(ctx context.Context, op, prefix string) ([]*mvccpb.KeyVa
 	return r.Responses[0].GetResponseRange().Kvs, alive, nil
 }
 
-// leases maps each live host's key id to its session's lease.
-func (d *Dir) leases(kvs []*mvccpb.KeyValue) (map[record.Address]int64, error) {
-	out := make(map[record.Address]int64, len(kvs))
+// session is a live host session: its lease, and where it serves the
+// fleet.
+type session struct {
+	lease int64
+	peer  string
+}
+
+// leases maps each live host's key id to its session.
+func (d *Dir) leases(kvs []*mvccpb.KeyValue) (map[record.Address]session, error) {
+	out := make(map[record.Address]session, len(kvs))
 	for _, kv := range kvs {
 		k, err := keyAddress(string(kv.Key), d.alivePrefix())
 		if err != nil {
 			return nil, err
 		}
-		out[k] = kv.Lease
+		out[k] = session{lease: kv.Lease, peer: string(kv.Value)}
 	}
 	return out, nil
 }

@@ -58,6 +58,9 @@ type Member struct {
 	// Lease is the lease of the host's live session, 0 when it has none
 	// (never joined, or its lease expired).
 	Lease int64
+	// Peer is where the live session serves the fleet (host:port of its
+	// mutual-TLS listener), empty when it serves none.
+	Peer string
 }
 
 type entryJSON struct {

@@ -129,3 +129,30 @@ func testFence(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 		t.Fatalf("after a cancel: entry %+v, store at %s", e, a.head(t, "cancelled"))
 	}
 }
+
+// A session says where its host serves the fleet; a session without a
+// listener says nothing.
+func testPeer(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
+	ctx := ctxFor(t)
+	if err := d.Admit(ctx, key("p"), "p", RoleHost); err != nil {
+		t.Fatal(err)
+	}
+	h, err := d.JoinAt(ctx, key("p"), 10*time.Second, "127.0.0.1:7443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close(ctx)
+	quiet := mustJoin(t, d, "q", 10*time.Second)
+	if m, err := d.Member(ctx, key("p")); err != nil || m.Peer != "127.0.0.1:7443" || m.Lease != h.Lease() {
+		t.Fatalf("member %+v, %v", m, err)
+	}
+	hosts, err := d.Hosts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range hosts {
+		if want := map[record.Address]string{key("p"): "127.0.0.1:7443", quiet.Key(): ""}[m.Key]; m.Peer != want {
+			t.Fatalf("hosts: %s at %q, want %q", m.Name, m.Peer, want)
+		}
+	}
+}

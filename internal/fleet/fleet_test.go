@@ -28,6 +28,7 @@ func TestFleet(t *testing.T) {
 		{"RevertAndReclaim", testRevertAndReclaim},
 		{"MalformedEntry", testMalformedEntry},
 		{"Fence", testFence},
+		{"Peer", testPeer},
 		{"ClosedPort", testClosedPort},
 		{"LeaseExpiry", testLeaseExpiry},
 		{"MemberStopped", testMemberStopped},

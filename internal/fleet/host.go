@@ -48,6 +48,13 @@ type Host struct {
 // (ErrHostActive). ttl is the lease's time to live ([DefaultTTL] when 0);
 // etcd raises a ttl under its minimum (1.5 election timeouts).
 func (d *Dir) Join(ctx context.Context, key record.Address, ttl time.Duration) (*Host, error) {
+	return d.JoinAt(ctx, key, ttl, "")
+}
+
+// JoinAt is Join for a host that serves the fleet on peer (host:port, its
+// mutual-TLS listener): the session says so, for the hosts that move runs
+// to or from it (Member.Peer).
+func (d *Dir) JoinAt(ctx context.Context, key record.Address, ttl time.Duration, peer string) (*Host, error) {
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
@@ -68,7 +75,7 @@ func (d *Dir) Join(ctx context.Context, key record.Address, ttl time.Duration) (
 	ak := d.aliveKey(key)
 	r, err := d.cli.Txn(bctx).If(clientv3.Compare(clientv3.CreateRevision(ak), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(d.hostKey(key)), ">", 0)).
-		Then(clientv3.OpPut(ak, m.Name, clientv3.WithLease(g.ID))).Commit()
+		Then(clientv3.OpPut(ak, peer, clientv3.WithLease(g.ID))).Commit()
 	if err != nil || !r.Succeeded {
 		rctx, rcancel := d.bounded(context.WithoutCancel(ctx))
 		_, _ = d.cli.Revoke(rctx, g.ID) // best effort: it expires anyway
