@@ -65,7 +65,10 @@ func hostKeyID(state string) (record.Address, error) {
 // joinFleet joins this host, whose key must be admitted, to the fleet:
 // the daemon appends only while the session's lease lives. The returned
 // closer ends the session and the connection.
-func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration) (*fleet.Dir, *fleet.Host, func(), error) {
+//
+// peerAddr, when not empty, is where this host serves the fleet
+// (--peer-listen): the session says so, and the host takes and sends runs.
+func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration, peerAddr string) (*fleet.Dir, *fleet.Host, func(), error) {
 	dir, cli, err := e.dir()
 	if err != nil {
 		return nil, nil, nil, err
@@ -82,7 +85,7 @@ func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration
 	}
 	var h *fleet.Host
 	if err == nil {
-		h, err = dir.Join(ctx, key, ttl)
+		h, err = dir.JoinAt(ctx, key, ttl, peerAddr)
 	}
 	if err != nil {
 		cli.Close()
@@ -199,7 +202,7 @@ func fleetStatus(ctx context.Context, e etcdFlags, stdout io.Writer) error {
 // docs/fleet.md, "Peer listener and keys"), this host's objects to admitted
 // host keys and the client API to admitted platform keys: each role gets
 // nothing of the other's routes, and a key nobody admitted nothing at all.
-func peerServer(state, addr string, dir *fleet.Dir, api, objects http.Handler, log *slog.Logger) (*http.Server, net.Listener, error) {
+func peerServer(state, addr string, dir *fleet.Dir, api, peers http.Handler, log *slog.Logger) (*http.Server, net.Listener, error) {
 	key, err := attest.LoadOrCreateKey(filepath.Join(state, "host.key"))
 	if err != nil {
 		return nil, nil, err
@@ -209,7 +212,9 @@ func peerServer(state, addr string, dir *fleet.Dir, api, objects http.Handler, l
 		return nil, nil, fmt.Errorf("--peer-listen %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/objects/", peer.Require(fleet.RoleHost, objects))
+	for _, p := range []string{"/v1/objects/", "/v1/records/", "/v1/migrations"} {
+		mux.Handle(p, peer.Require(fleet.RoleHost, peers))
+	}
 	mux.Handle("/", peer.Require(fleet.RolePlatform, api))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}

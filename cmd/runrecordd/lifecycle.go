@@ -67,6 +67,26 @@ func cmdClose(args []string, stdout io.Writer) error {
 	})
 }
 
+// cmdMigrate is `migrate RUN --to KEY`: the run moves to the fleet's host
+// of that key (docs/fleet.md, "Migration"), parked here first if it runs.
+func cmdMigrate(args []string, stdout io.Writer) error {
+	v := newVerb("migrate")
+	to := v.fs.String("to", "", "the key id of the host to move the run to (`fleet status` lists them)")
+	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		if *to == "" {
+			return usagef("usage: runrecordd migrate RUN --to KEY")
+		}
+		r, err := c.Migrate(cx, id, *to)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, r, func(w io.Writer) {
+			fmt.Fprintf(w, "migrated %s to %s; here it is now:\n", id, *to)
+			runTable(w, []api.Run{r})
+		})
+	})
+}
+
 // verifyRun is `verify RUN`: the daemon verifies a stored run.
 func verifyRun(cf clientFlags, id string, stdout io.Writer) error {
 	c, err := cf.client()

@@ -46,6 +46,7 @@ func commands() []command {
 		{"park", "park a running run: park RUN", cmdPark},
 		{"resume", "resume a parked run on this host: resume RUN", cmdResume},
 		{"close", "close a run in any phase: close RUN [--reason TEXT]", cmdClose},
+		{"migrate", "move a run to another host of the fleet, parking it first if it runs: migrate RUN --to KEY", cmdMigrate},
 		{"verify", "verify a run (verify RUN), or a bundle or wire form (verify --file FILE)", cmdVerify},
 		{"wait-proof", "a run's wait-proof verdict: wait-proof RUN", cmdWaitProof},
 		{"calls", "outward calls awaiting results, with run and payload: calls", cmdCalls},

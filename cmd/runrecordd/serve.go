@@ -23,6 +23,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/retention"
 	"github.com/runrecordd/runrecordd/internal/server"
+	"github.com/runrecordd/runrecordd/pkg/attest"
 	"golang.org/x/sys/unix"
 )
 
@@ -56,7 +57,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.jsonMax, "bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
 	f.etcd.register(fs)
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", fleet.DefaultTTL, "in a fleet: the time to live of this host's lease, which its ownership of runs rides on")
-	fs.StringVar(&f.peerListen, "peer-listen", "", "in a fleet: also serve the API on this address over mutual TLS, to admitted platform keys")
+	fs.StringVar(&f.peerListen, "peer-listen", "", "in a fleet: serve the fleet on this host:port over mutual TLS (the API to admitted platform keys, runs and objects to admitted hosts); other hosts reach this host there, so give an address they can")
 }
 
 // check refuses, as usage errors, the flag values the daemon cannot run
@@ -154,7 +155,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 	if f.etcd.endpoints != "" {
 		var host *fleet.Host
 		var leave func()
-		dir, host, leave, err = joinFleet(startCtx, f.etcd, f.state, f.leaseTTL)
+		dir, host, leave, err = joinFleet(startCtx, f.etcd, f.state, f.leaseTTL, f.peerListen)
 		if err != nil {
 			cancel()
 			l.Close()
@@ -162,6 +163,15 @@ func cmdServe(args []string, stdout io.Writer) error {
 		}
 		defer leave()
 		cfg.Fleet = host
+		if f.peerListen != "" {
+			key, err := attest.LoadOrCreateKey(filepath.Join(f.state, "host.key"))
+			if err != nil {
+				cancel()
+				l.Close()
+				return err
+			}
+			cfg.Peers = server.Peers{Dir: dir, Key: key}
+		}
 	}
 	d, err := daemon.New(startCtx, cfg)
 	cancel()
@@ -172,7 +182,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 	var peers *http.Server
 	if f.peerListen != "" {
 		var pl net.Listener
-		if peers, pl, err = peerServer(f.state, f.peerListen, dir, server.New(d, log), d.Objects(), log); err != nil {
+		if peers, pl, err = peerServer(f.state, f.peerListen, dir, server.New(d, log), server.Peer(d, log), log); err != nil {
 			l.Close()
 			return errors.Join(err, d.Shutdown(context.Background()))
 		}

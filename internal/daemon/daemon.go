@@ -110,6 +110,9 @@ type Config struct {
 	// reserved there before it is appended (docs/fleet.md). Nil runs
 	// alone, as without --etcd.
 	Fleet *fleet.Host
+	// Peers reach the fleet's other hosts for migrations (Migrate,
+	// Adopt); nil, this host neither sends nor takes runs.
+	Peers Peers
 	// BundleMounts are the host paths under which an imported bundle's
 	// read-only mount sources may lie; empty allows none (docs/trust.md).
 	BundleMounts []string

@@ -10,6 +10,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/park"
@@ -53,6 +54,11 @@ var codes = []struct {
 	match func(error) bool
 	fill  func(error, *api.Error) // the fields a caller acts on
 }{
+	// Another host's refusal keeps its code and fields.
+	{api.CodeInternal, as[*RemoteError], func(err error, e *api.Error) {
+		re := asT[*RemoteError](err)
+		e.Code, e.Keys, e.Segment, e.Signer = re.Answer.Code, re.Answer.Keys, re.Answer.Segment, re.Answer.Signer
+	}},
 	{api.CodeUntrustedSigner, as[*attest.UntrustedError], func(err error, e *api.Error) {
 		ue := asT[*attest.UntrustedError](err)
 		e.Signer, e.Segment = ue.Key.String(), ptr(ue.Index)
@@ -83,6 +89,10 @@ var codes = []struct {
 	{api.CodeImageParks, is(imageparks.ErrUnavailable), nil},
 	{api.CodeCheckpointFailed, is(executor.ErrCheckpoint), nil},
 	{api.CodeRestoreFailed, is(executor.ErrRestore), nil},
+	{api.CodeNotOwner, is(fleet.ErrNotOwner, fleet.ErrLeaseLost, fleet.ErrNoRun), nil},
+	{api.CodeConflict, is(fleet.ErrHeadMoved, fleet.ErrNotParked), nil},
+	{api.CodeForbidden, is(fleet.ErrNotAdmitted), nil},
+	{api.CodeUnavailable, is(daemon.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive), nil},
 	{api.CodeBadRequest, is(daemon.ErrInvalid, daemon.ErrBundle, unit.ErrInvalid, executor.ErrInvalid, executor.ErrImageMismatch,
 		store.ErrRunID, manifest.ErrMalformed, record.ErrMalformedSegment, record.ErrMalformedSnapshot, record.ErrAddress,
 		store.ErrKeyName, daemon.ErrTranscript, trust.ErrKey), nil},
@@ -123,7 +133,7 @@ func Status(code string) int {
 		return http.StatusBadRequest
 	case api.CodeNotFound:
 		return http.StatusNotFound
-	case api.CodeExists, api.CodeConflict, api.CodePhase, api.CodeHandedOff, api.CodeGenesisHeld:
+	case api.CodeExists, api.CodeConflict, api.CodePhase, api.CodeHandedOff, api.CodeGenesisHeld, api.CodeNotOwner:
 		return http.StatusConflict
 	case api.CodeSnapshotMismatch, api.CodeManifestMismatch, api.CodeRecordInvalid, api.CodeObjectCorrupt,
 		api.CodeMissingObject, api.CodeCallRefused:

@@ -8,6 +8,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/resume"
@@ -74,6 +75,8 @@ func TestErrorOfDaemon(t *testing.T) {
 		fmt.Errorf("r: %w", store.ErrMissingObject):        api.CodeMissingObject,
 		fmt.Errorf("r: %w", executor.ErrRestore):           api.CodeRestoreFailed,
 		fmt.Errorf("r: %w", &resume.SnapshotError{}):       api.CodeSnapshotMismatch,
+		fmt.Errorf("resume r: %w", fleet.ErrNotOwner):      api.CodeNotOwner,
+		fmt.Errorf("resume r: %w", fleet.ErrUnavailable):   api.CodeUnavailable,
 		errors.New("something else"):                       api.CodeInternal,
 	} {
 		if got := ErrorOf(err).Code; got != want {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/daemon"
@@ -31,6 +32,7 @@ func New(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/runs/{id}/park", h.park)
 	mux.HandleFunc("POST /v1/runs/{id}/resume", h.resume)
 	mux.HandleFunc("POST /v1/runs/{id}/close", h.close)
+	mux.HandleFunc("POST /v1/runs/{id}/migrate", h.migrate)
 	mux.HandleFunc("GET /v1/runs/{id}/verify", h.verify)
 	mux.HandleFunc("GET /v1/runs/{id}/wait-proof", h.waitProof)
 	mux.HandleFunc("GET /v1/runs/{id}/record", h.record)
@@ -164,6 +166,25 @@ func (h *handler) close(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	run, err := h.d.Close(r.Context(), r.PathValue("id"), req.Reason)
+	h.reply(w, r, runOf(run), err)
+}
+
+func (h *handler) migrate(w http.ResponseWriter, r *http.Request) {
+	var req api.MigrateRequest
+	if err := decode(w, r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	text := req.To
+	if !strings.HasPrefix(text, record.AddressPrefix) {
+		text = record.AddressPrefix + text
+	}
+	to, err := record.ParseAddress(text)
+	if err != nil {
+		h.fail(w, r, fmt.Errorf("%w: to: %w", daemon.ErrInvalid, err))
+		return
+	}
+	run, err := h.d.Migrate(r.Context(), r.PathValue("id"), to)
 	h.reply(w, r, runOf(run), err)
 }
 

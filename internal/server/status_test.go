@@ -34,6 +34,7 @@ func TestStatus(t *testing.T) {
 		api.CodeUntrustedSigner:   http.StatusForbidden,
 		api.CodeGrantRefused:      http.StatusForbidden,
 		api.CodeForbidden:         http.StatusForbidden,
+		api.CodeNotOwner:          http.StatusConflict,
 		api.CodeBundleLimit:       http.StatusRequestEntityTooLarge,
 	} {
 		if got := Status(code); got != want {

@@ -46,6 +46,7 @@ const (
 	CodeUntrustedSigner   = "untrusted_signer"        // a bundle with an attestation by a host key this host does not trust (Signer names it)
 	CodeGrantRefused      = "grant_refused"           // a bundle's grant set this host's policy refuses (a mount source outside the allow-list)
 	CodeBundleLimit       = "bundle_too_large"        // a bundle, object or JSON member over this host's bundle limits
+	CodeNotOwner          = "not_owner"               // in a fleet: another host owns the run, or this host's ownership cannot be confirmed (docs/fleet.md)
 	CodeForbidden         = "forbidden"               // on the fleet's mTLS listener: a key whose role may not use this route (a platform on a peer route, a peer on the API)
 )
 
@@ -271,6 +272,13 @@ type GCRequest struct {
 // CloseRequest closes a run.
 type CloseRequest struct {
 	Reason string `json:"reason"`
+}
+
+// MigrateRequest moves a run to another host of the fleet (POST
+// /v1/runs/{id}/migrate): To is that host's key id. The answer is the run
+// as this host now holds it (handed off).
+type MigrateRequest struct {
+	To string `json:"to"`
 }
 
 // Import is the result of POST /v1/import: the run, what was stored, the

@@ -139,6 +139,13 @@ func (c *Client) Resume(ctx context.Context, id string) (Resume, error) {
 	return r, err
 }
 
+// Migrate moves a run to the fleet's host whose key id is to.
+func (c *Client) Migrate(ctx context.Context, id, to string) (Run, error) {
+	var r Run
+	err := c.Do(ctx, http.MethodPost, RunPath(id, "/migrate"), MigrateRequest{To: to}, &r)
+	return r, err
+}
+
 // Close closes a run.
 func (c *Client) Close(ctx context.Context, id, reason string) (Run, error) {
 	var r Run

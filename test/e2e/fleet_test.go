@@ -157,3 +157,70 @@ func peerRoutes(t *testing.T, endpoints, addr, serverKey, object string) {
 		t.Fatal("a key nobody admitted got through the handshake")
 	}
 }
+
+// fleetHost starts a daemon in the fleet at endpoints, its key admitted
+// as name, serving the fleet on a loopback address; it returns the daemon
+// and its key id.
+func fleetHost(t *testing.T, endpoints, name string) (*daemon, string) {
+	t.Helper()
+	var key string
+	d := mustDaemon(t, name, func(d *daemon) {
+		key = cli(t, "fleet", "key", "--state-dir", d.state)
+		cli(t, "fleet", "admit", key, "--name", name, "--etcd", endpoints)
+		d.flags = []string{"--etcd", endpoints, "--lease-ttl", "5s", "--peer-listen", freeAddr(t)}
+	})
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	return d, key
+}
+
+// `migrate` moves a running oracle from one host of a real fleet to
+// another over their mutual-TLS listeners: parked on the first, handed off
+// there and in etcd, fetched, judged and claimed on the second, and
+// resumed there as the same process; the record verifies on the second,
+// whose key the directory names as the owner, and the first holds it
+// handed off. A second migration of it from the first host is refused.
+func TestFleetMigrate(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	c := etcdtest.Start(t)
+	endpoints := strings.Join(c.Endpoints(), ",")
+	a, _ := fleetHost(t, endpoints, "fleet-a")
+	b, keyB := fleetHost(t, endpoints, "fleet-b")
+	const id = "mover"
+	started := startOracle(t, a, id, oracleImage)
+	out, err := exec.Command(daemonBinary, "migrate", id, "--to", keyB, "--socket", a.socket).CombinedOutput()
+	if err != nil {
+		t.Fatalf("migrate: %v\n%s\n%s", err, out, a.logTail())
+	}
+	onA := output(t, a.stdout(id))
+	atPark := last(onA)
+	ls := waitLines(t, b.stdout(id), "a line verified on the second host", func(ls []line) bool {
+		return len(ls) > 0 && last(ls).VerifiedAt > atPark.Counter
+	})
+	checkOneProcess(t, append(append([]line(nil), onA...), ls...))
+	r, err := b.run(ctx, id)
+	if err != nil || r.Phase != "executing" || r.Status != "running" || r.Segments != 3 {
+		t.Fatalf("on the second host: %+v, %v", r, err)
+	}
+	if v, err := b.c.Verify(ctx, id); err != nil || !v.OK {
+		t.Fatalf("verify on the second host: %+v, %v", v, err)
+	}
+	if ra, err := a.run(ctx, id); err != nil || !ra.HandedOff || ra.Phase != "parked" {
+		t.Fatalf("on the first host: %+v, %v", ra, err)
+	}
+	genesis, err := record.ParseAddress(started.Head)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := fleet.New(c.Client(t), "", 5*time.Second).Run(ctx, genesis)
+	if err != nil || e.Owner.String() != keyB || e.Head.String() != r.Head || e.Phase != record.Active {
+		t.Fatalf("directory %+v (%v), want owned by %s at %s", e, err, keyB, r.Head)
+	}
+	// Migrated again from the host that handed it off: refused, and the
+	// refusal leaves that host's handoff as it was.
+	_, err = a.c.Migrate(ctx, id, keyB)
+	apiError(t, err, "not_owner")
+	if ra, err := a.run(ctx, id); err != nil || !ra.HandedOff {
+		t.Fatalf("after a refused migration, the first host holds %+v, %v", ra, err)
+	}
+}

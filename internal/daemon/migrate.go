@@ -1,0 +1,156 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// Peers are the fleet's other hosts as a migration uses them: internal/
+// server reaches them on their mutual-TLS listeners (internal/peer), at
+// the address their session gives (fleet.Member.Peer), pinned to their key.
+type Peers interface {
+	// Adopt asks host to take run from this host: the run is handed to it
+	// in the fleet, and it fetches, imports, claims and resumes it.
+	Adopt(ctx context.Context, host record.Address, run string) error
+	// Fetch brings run's record from host, and every object the record
+	// reaches that st lacks, each verified by its address.
+	Fetch(ctx context.Context, host record.Address, run string, st *store.Store, limits bundle.Limits) (*record.Record, error)
+}
+
+// ErrNoFleet is a migration asked of a host that is not in a fleet.
+var ErrNoFleet = errors.New("this host is not in a fleet")
+
+// Migrate moves run id to host to, in the fleet (docs/fleet.md,
+// "Migration"): parked here if it is executing, handed off in this store
+// (as an export does) and in the fleet (fleet.Host.Transfer), then adopted
+// by to — which fetches it, checks everything an import checks, claims it
+// and resumes it. Until to has claimed it, a failure takes it back here,
+// parked and resumable; after, the run is to's whatever this call returns.
+func (d *Daemon) Migrate(ctx context.Context, id string, to record.Address) (Summary, error) {
+	if d.cfg.Fleet == nil || d.cfg.Peers == nil {
+		return Summary{}, fmt.Errorf("migrate %s: %w", id, ErrNoFleet)
+	}
+	r, err := d.lockRun(id)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer r.mu.Unlock()
+	if r.live != nil {
+		if _, err := d.park(ctx, id, r); err != nil {
+			return Summary{}, fmt.Errorf("migrate %s: %w", id, err)
+		}
+	}
+	st, err := d.st.Run(id)
+	if err != nil {
+		return Summary{}, err
+	}
+	genesis := record.Genesis(st.Unit, st.Grants)
+	made, err := d.handOver(ctx, id, genesis, to)
+	if err != nil {
+		return Summary{}, fmt.Errorf("migrate %s: %w", id, err)
+	}
+	if err := d.cfg.Peers.Adopt(ctx, to, id); err != nil {
+		return Summary{}, fmt.Errorf("migrate %s to %s: %w", id, to, d.takeBack(ctx, id, genesis, st.Head, to, made, err))
+	}
+	d.log.Info("run migrated", "run", id, "to", to)
+	d.publish(events.Event{Kind: "run.migrated", Run: id, Detail: to.String()})
+	return d.summary(id, r)
+}
+
+// handOver hands parked run id to host to: in this store first (this host
+// resumes and closes it no more), then in the fleet (only to may claim it).
+// It reports whether it made the store's handoff (an earlier export or
+// migration may have): only a handoff made here is taken back here.
+func (d *Daemon) handOver(ctx context.Context, id string, genesis, to record.Address) (made bool, err error) {
+	if err := d.Exportable(id); err != nil {
+		return false, err
+	}
+	o, made, err := bundle.Prepare(d.st, id, true)
+	if err != nil {
+		return false, err
+	}
+	if _, err := d.cfg.Fleet.Transfer(ctx, genesis, to); err != nil {
+		if made {
+			err = errors.Join(err, d.st.Reclaim(id, o.Record.Head()))
+		}
+		return false, err
+	}
+	return made, nil
+}
+
+// takeBack undoes a hand-over whose adoption failed: in the fleet first
+// (refused once to has claimed the run: then it is to's, and stays handed
+// off here), then in this store.
+func (d *Daemon) takeBack(ctx context.Context, id string, genesis, head, to record.Address, made bool, cause error) error {
+	if _, err := d.cfg.Fleet.Transfer(context.WithoutCancel(ctx), genesis, d.cfg.Fleet.Key()); err != nil {
+		d.log.Error("migration failed after the target claimed the run: it is the target's", "run", id, "to", to, "err", err)
+		return errors.Join(cause, err)
+	}
+	if !made {
+		return cause
+	}
+	if err := d.st.Reclaim(id, head); err != nil {
+		return errors.Join(cause, err)
+	}
+	d.log.Warn("migration failed: the run is back here, parked", "run", id, "to", to, "err", cause)
+	return cause
+}
+
+// Adopt takes run id from host from, which handed it to this host in the
+// fleet: its record and the objects this store lacks are fetched, the run
+// is judged as an import judges a bundle ([bundle.ImportStored]), claimed
+// in the fleet, stored, and resumed here.
+func (d *Daemon) Adopt(ctx context.Context, from record.Address, id string) (Resumed, error) {
+	if d.cfg.Fleet == nil || d.cfg.Peers == nil {
+		return Resumed{}, fmt.Errorf("adopt %s: %w", id, ErrNoFleet)
+	}
+	if err := checkID(id); err != nil {
+		return Resumed{}, err
+	}
+	rec, err := d.cfg.Peers.Fetch(ctx, from, id, d.st, d.cfg.BundleLimits)
+	if err != nil {
+		return Resumed{}, fmt.Errorf("adopt %s from %s: %w", id, from, err)
+	}
+	r := d.lock(id)
+	defer r.mu.Unlock()
+	if err := d.importAdopted(ctx, from, id, rec); err != nil {
+		return Resumed{}, fmt.Errorf("adopt %s from %s: %w", id, from, err)
+	}
+	d.fillCalls(id)
+	d.log.Info("run adopted", "run", id, "from", from)
+	return d.resume(ctx, id, r)
+}
+
+// importAdopted claims the fetched run in the fleet (etcd first), then
+// stores it; a store that refuses it hands the claim back to from. The
+// fleet's admitted hosts are trusted signers here, beside this host's own
+// trusted keys.
+func (d *Daemon) importAdopted(ctx context.Context, from record.Address, id string, rec *record.Record) error {
+	genesis := rec.Genesis()
+	if _, err := d.cfg.Fleet.Claim(ctx, genesis, id, rec.Head(), rec.Phase()); err != nil {
+		return err
+	}
+	trusted := func(k record.Address) bool {
+		if d.trusted(k) {
+			return true
+		}
+		m, err := d.cfg.Fleet.Member(ctx, k)
+		return err == nil && m.Role == fleet.RoleHost
+	}
+	_, err := bundle.ImportStored(ctx, d.st, rec, bundle.StoredOptions{Run: id, ImportOptions: bundle.ImportOptions{
+		Options: bundle.Options{Limits: d.cfg.BundleLimits, Trusted: trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)},
+		ID:      id, CheckID: checkID}})
+	if err != nil {
+		if _, terr := d.cfg.Fleet.Transfer(context.WithoutCancel(ctx), genesis, from); terr != nil {
+			err = errors.Join(err, terr)
+		}
+	}
+	return err
+}

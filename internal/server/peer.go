@@ -1,0 +1,160 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/peer"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/internal/transfer"
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// The fleet's peer routes, served to admitted host keys on the mutual-TLS
+// listener (docs/fleet.md, "Migration"), and the client side of them.
+//
+//	GET  /v1/objects/{addr}   an object's bytes (internal/transfer)
+//	POST /v1/objects/missing  which of a list this host lacks
+//	GET  /v1/records/{id}     a run's record, wire form
+//	POST /v1/migrations       {"run": ID}: take the run the calling host
+//	                          handed to this one; answers its resume
+
+// Peer is the peer routes' handler; the caller admits host keys only
+// (peer.Require), and the calling host is the one its key names.
+func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
+	if log == nil {
+		log = slog.Default()
+	}
+	h := &handler{d: d, log: log}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/objects/", d.Objects())
+	mux.HandleFunc("GET /v1/records/{id}", h.record)
+	mux.HandleFunc("POST /v1/migrations", h.adopt)
+	return mux
+}
+
+// migration is POST /v1/migrations's body.
+type migration struct {
+	Run string `json:"run"`
+}
+
+func (h *handler) adopt(w http.ResponseWriter, r *http.Request) {
+	from, _, ok := peer.KeyOf(r)
+	if !ok {
+		writeJSON(w, http.StatusForbidden, &api.Error{Code: api.CodeForbidden, Message: "no verified host key"})
+		return
+	}
+	var m migration
+	if err := decode(w, r, &m); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	res, err := h.d.Adopt(r.Context(), from, m.Run)
+	h.reply(w, r, resumeOf(res), err)
+}
+
+// Peers reach the fleet's other hosts at the address their session gives,
+// over mutual TLS pinned to their key (daemon.Peers).
+type Peers struct {
+	Dir *fleet.Dir
+	Key ed25519.PrivateKey // this host's
+}
+
+// RemoteError is another host's refusal, as its API said it.
+type RemoteError struct {
+	Host   record.Address
+	Answer api.Error
+}
+
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("host %s: %s (%s)", e.Host, e.Answer.Message, e.Answer.Code)
+}
+
+// client is an HTTP client to host's peer listener and its base URL.
+func (p Peers) client(ctx context.Context, host record.Address) (*http.Client, string, error) {
+	m, err := p.Dir.Member(ctx, host)
+	if err != nil {
+		return nil, "", err
+	}
+	if m.Role != fleet.RoleHost || m.Peer == "" {
+		return nil, "", fmt.Errorf("host %s: %w: no live session serving the fleet", host, fleet.ErrNotAdmitted)
+	}
+	tr := &http.Transport{TLSClientConfig: peer.ClientConfig(p.Key, host), ResponseHeaderTimeout: 10 * time.Minute}
+	return &http.Client{Transport: tr}, "https://" + m.Peer, nil
+}
+
+// Adopt implements daemon.Peers.
+func (p Peers) Adopt(ctx context.Context, host record.Address, run string) error {
+	c, base, err := p.client(ctx, host)
+	if err != nil {
+		return err
+	}
+	body, _ := json.Marshal(migration{Run: run})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/migrations", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	_, err = call(c, host, req, maxJSON)
+	return err
+}
+
+// Fetch implements daemon.Peers.
+func (p Peers) Fetch(ctx context.Context, host record.Address, run string, st *store.Store, limits bundle.Limits) (*record.Record, error) {
+	c, base, err := p.client(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/records/"+run, nil)
+	if err != nil {
+		return nil, err
+	}
+	b, err := call(c, host, req, limits.Or(bundle.DefaultLimits).JSON)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := record.DecodeWire(b)
+	if err != nil {
+		return nil, fmt.Errorf("host %s: run %s's record: %w", host, run, err)
+	}
+	if _, err := transfer.Fetch(ctx, c, base, st, rec, transfer.Options{Limits: limits}); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// call sends req and reads an answer of at most limit bytes: the body of a
+// 200, or the other host's refusal as a RemoteError.
+func call(c *http.Client, host record.Address, req *http.Request, limit int64) ([]byte, error) {
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("host %s: %w", host, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("host %s: %w", host, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("host %s: %w: an answer over %d bytes", host, bundle.ErrLimit, limit)
+	}
+	if resp.StatusCode != http.StatusOK {
+		e := &RemoteError{Host: host}
+		if json.Unmarshal(b, &e.Answer) != nil || e.Answer.Code == "" {
+			e.Answer.Code, e.Answer.Message = api.CodeUnavailable, fmt.Sprintf("status %d", resp.StatusCode)
+		}
+		return nil, e
+	}
+	return b, nil
+}
