@@ -224,3 +224,37 @@ func TestFleetMigrate(t *testing.T) {
 		t.Fatalf("after a refused migration, the first host holds %+v, %v", ra, err)
 	}
 }
+
+// A transcript run migrates too, with no image: parked on its await on the
+// first host, it moves, is resumed on the second (where it awaits its call
+// again and parks), and finishes there on the results posted there; its
+// record verifies there, NonBlocking.
+func TestFleetMigrateTranscript(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	c := etcdtest.Start(t)
+	endpoints := strings.Join(c.Endpoints(), ",")
+	a, _ := fleetHost(t, endpoints, "fleet-ta")
+	b, keyB := fleetHost(t, endpoints, "fleet-tb")
+	for _, d := range []*daemon{a, b} {
+		mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
+	}
+	const id = "tr-mover"
+	trStart(t, a, id, trAgentImage, "STEPS=2")
+	trParked(t, a, id, 2)
+	if _, err := a.c.Migrate(ctx, id, keyB); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, a.logTail())
+	}
+	trParked(t, b, id, 5)
+	trPost(t, b, id, "call-1", trResult(1))
+	trParked(t, b, id, 8)
+	trPost(t, b, id, "call-2", trResult(2))
+	trClosed(t, b, id)
+	v, err := b.c.Verify(ctx, id)
+	if err != nil || !v.OK || v.Phase != "closed" || v.WaitProof.Verdict != "NonBlocking" {
+		t.Fatalf("verify on the second host: %+v, %v", v, err)
+	}
+	if ra, err := a.run(ctx, id); err != nil || !ra.HandedOff {
+		t.Fatalf("on the first host: %+v, %v", ra, err)
+	}
+}
