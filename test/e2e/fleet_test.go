@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -168,6 +170,7 @@ func fleetHost(t *testing.T, endpoints, name string) (*daemon, string) {
 		key = cli(t, "fleet", "key", "--state-dir", d.state)
 		cli(t, "fleet", "admit", key, "--name", name, "--etcd", endpoints)
 		d.flags = []string{"--etcd", endpoints, "--lease-ttl", "5s", "--peer-listen", freeAddr(t)}
+		d.fleet = true
 	})
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	return d, key
@@ -256,5 +259,50 @@ func TestFleetMigrateTranscript(t *testing.T) {
 	}
 	if ra, err := a.run(ctx, id); err != nil || !ra.HandedOff {
 		t.Fatalf("on the first host: %+v, %v", ra, err)
+	}
+}
+
+// The fork the fleet exists to prevent: a run two hosts both hold parked,
+// and not handed off (one imported the other's bundle, then the other took
+// the very bundle back with --reclaim, as an operator may by mistake).
+// Both resume it at once: exactly one succeeds — the owner in etcd — and
+// the other is refused with not_owner, leaving its copy parked.
+func TestFleetConcurrentResume(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	c := etcdtest.Start(t)
+	endpoints := strings.Join(c.Endpoints(), ",")
+	a, _ := fleetHost(t, endpoints, "fleet-ca")
+	b, _ := fleetHost(t, endpoints, "fleet-cb")
+	const id = "forked"
+	startOracle(t, a, id, oracleImage)
+	park(t, a, id)
+	var bundle bytes.Buffer
+	if err := a.c.Export(ctx, id, &bundle); err != nil {
+		t.Fatal(err)
+	}
+	trustHost(t, a, b)
+	if _, err := b.c.Import(ctx, bytes.NewReader(bundle.Bytes()), ""); err != nil {
+		t.Fatalf("import on the second host: %v", err)
+	}
+	if _, err := a.c.ImportWith(ctx, bytes.NewReader(bundle.Bytes()), "", true); err != nil {
+		t.Fatalf("reclaim on the first host: %v", err)
+	}
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i, d := range []*daemon{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = d.c.Resume(ctx, id)
+		}()
+	}
+	wg.Wait()
+	if errs[0] != nil {
+		t.Fatalf("the owner's resume: %v", errs[0])
+	}
+	apiError(t, errs[1], "not_owner")
+	if r, err := b.run(ctx, id); err != nil || r.Phase != "parked" || r.Segments != 2 {
+		t.Fatalf("the refused host holds %+v, %v", r, err)
 	}
 }
