@@ -132,3 +132,49 @@ func cmdWaitProof(args []string, stdout io.Writer) error {
 		})
 	})
 }
+
+// cmdDrain is `drain [--to KEY ...] [--parallel N]`: every run off this
+// host to the fleet's others, each run's outcome printed as it ends.
+func cmdDrain(args []string, stdout io.Writer) error {
+	v := newVerb("drain")
+	var to listFlag
+	v.fs.Var(&to, "to", "a key id of a host to move runs to (repeat; default every other host of the fleet)")
+	parallel := v.fs.Int("parallel", 2, "how many runs to move at once")
+	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
+		if len(pos) != 0 {
+			return usagef("usage: runrecordd drain [--to KEY ...] [--parallel N]")
+		}
+		// Each run's outcome as it ends, from the event stream.
+		ectx, stop := context.WithCancel(cx)
+		defer stop()
+		if v.cf.output != "json" {
+			go func() {
+				_ = c.Events(ectx, func(e api.Event) bool {
+					if e.Kind == "drain.run" {
+						fmt.Fprintf(stdout, "%s\t%s\n", printable(e.Run), printable(e.Detail))
+					}
+					return true
+				})
+			}()
+		}
+		d, err := c.Drain(cx, api.DrainRequest{To: to, Parallel: *parallel})
+		stop()
+		if err != nil {
+			return err
+		}
+		if perr := v.cf.print(stdout, d, func(w io.Writer) {
+			fmt.Fprintf(w, "drained: %d moved, %d left here\n", d.Moved, d.Left)
+			for _, r := range d.Runs {
+				if r.Error != nil {
+					fmt.Fprintf(w, "  %s\tnot moved: %s (%s)\n", printable(r.Run), printable(r.Error.Message), r.Error.Code)
+				}
+			}
+		}); perr != nil {
+			return perr
+		}
+		if d.Left > 0 {
+			return fmt.Errorf("drain: %d runs not moved", d.Left)
+		}
+		return nil
+	})
+}

@@ -35,6 +35,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
@@ -135,6 +136,8 @@ type Daemon struct {
 
 	mu   sync.Mutex
 	runs map[string]*run
+	// draining, once set by Drain, refuses new runs.
+	draining atomic.Bool
 
 	metrics metrics.Metrics
 	events  events.Hub

@@ -21,6 +21,9 @@ import (
 // daemon reconciles) rather than a run with nothing behind it. An empty
 // id draws one.
 func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (Summary, error) {
+	if d.draining.Load() {
+		return Summary{}, fmt.Errorf("run: %w: it takes no new runs until it restarts", ErrDraining)
+	}
 	if id == "" {
 		var b [6]byte
 		_, _ = rand.Read(b[:])

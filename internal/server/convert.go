@@ -128,6 +128,22 @@ func callsOf(ls []calls.Listed) []api.Call {
 	return out
 }
 
+func drainOf(rs []daemon.Drained) api.Drain {
+	out := api.Drain{Runs: make([]api.Drained, 0, len(rs))}
+	for _, r := range rs {
+		d := api.Drained{Run: r.Run}
+		if r.Err != nil {
+			d.Error = ErrorOf(r.Err)
+			out.Left++
+		} else {
+			d.To = r.To.String()
+			out.Moved++
+		}
+		out.Runs = append(out.Runs, d)
+	}
+	return out
+}
+
 func eventOf(e events.Event) api.Event {
 	return api.Event{Time: e.Time, Kind: e.Kind, Run: e.Run, Call: e.Call, CallKind: e.CallKind, Detail: e.Detail}
 }

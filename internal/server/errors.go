@@ -93,6 +93,7 @@ var codes = []struct {
 	{api.CodeConflict, is(fleet.ErrHeadMoved, fleet.ErrNotParked), nil},
 	{api.CodeForbidden, is(fleet.ErrNotAdmitted), nil},
 	{api.CodeUnavailable, is(daemon.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive), nil},
+	{api.CodeDraining, is(daemon.ErrDraining), nil},
 	{api.CodeBadRequest, is(daemon.ErrInvalid, daemon.ErrBundle, unit.ErrInvalid, executor.ErrInvalid, executor.ErrImageMismatch,
 		store.ErrRunID, manifest.ErrMalformed, record.ErrMalformedSegment, record.ErrMalformedSnapshot, record.ErrAddress,
 		store.ErrKeyName, daemon.ErrTranscript, trust.ErrKey), nil},
@@ -138,7 +139,7 @@ func Status(code string) int {
 	case api.CodeSnapshotMismatch, api.CodeManifestMismatch, api.CodeRecordInvalid, api.CodeObjectCorrupt,
 		api.CodeMissingObject, api.CodeCallRefused:
 		return http.StatusUnprocessableEntity
-	case api.CodeUnavailable, api.CodeCheckpointFailed, api.CodeRestoreFailed, api.CodeImageParks:
+	case api.CodeUnavailable, api.CodeCheckpointFailed, api.CodeRestoreFailed, api.CodeImageParks, api.CodeDraining:
 		return http.StatusServiceUnavailable
 	case api.CodeCheckpointTimeout, api.CodeRestoreTimeout:
 		return http.StatusGatewayTimeout

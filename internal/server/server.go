@@ -33,6 +33,7 @@ func New(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/runs/{id}/resume", h.resume)
 	mux.HandleFunc("POST /v1/runs/{id}/close", h.close)
 	mux.HandleFunc("POST /v1/runs/{id}/migrate", h.migrate)
+	mux.HandleFunc("POST /v1/drain", h.drain)
 	mux.HandleFunc("GET /v1/runs/{id}/verify", h.verify)
 	mux.HandleFunc("GET /v1/runs/{id}/wait-proof", h.waitProof)
 	mux.HandleFunc("GET /v1/runs/{id}/record", h.record)
@@ -175,17 +176,51 @@ func (h *handler) migrate(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	text := req.To
-	if !strings.HasPrefix(text, record.AddressPrefix) {
-		text = record.AddressPrefix + text
-	}
-	to, err := record.ParseAddress(text)
+	to, err := hostKey(req.To)
 	if err != nil {
-		h.fail(w, r, fmt.Errorf("%w: to: %w", daemon.ErrInvalid, err))
+		h.fail(w, r, err)
 		return
 	}
 	run, err := h.d.Migrate(r.Context(), r.PathValue("id"), to)
 	h.reply(w, r, runOf(run), err)
+}
+
+func (h *handler) drain(w http.ResponseWriter, r *http.Request) {
+	var req api.DrainRequest
+	if err := decode(w, r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if req.Parallel < 0 || req.Parallel > 64 {
+		h.fail(w, r, fmt.Errorf("%w: parallel %d: use 1 to 64", daemon.ErrInvalid, req.Parallel))
+		return
+	}
+	if req.Parallel == 0 {
+		req.Parallel = daemon.DefaultDrainParallel
+	}
+	var to []record.Address
+	for _, k := range req.To {
+		a, err := hostKey(k)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		to = append(to, a)
+	}
+	runs, err := h.d.Drain(r.Context(), to, req.Parallel)
+	h.reply(w, r, drainOf(runs), err)
+}
+
+// hostKey reads a host key id, with or without its b3: prefix.
+func hostKey(text string) (record.Address, error) {
+	if !strings.HasPrefix(text, record.AddressPrefix) {
+		text = record.AddressPrefix + text
+	}
+	a, err := record.ParseAddress(text)
+	if err != nil {
+		return record.Address{}, fmt.Errorf("%w: host key: %w", daemon.ErrInvalid, err)
+	}
+	return a, nil
 }
 
 func (h *handler) gc(w http.ResponseWriter, r *http.Request) {

@@ -35,6 +35,7 @@ func TestStatus(t *testing.T) {
 		api.CodeGrantRefused:      http.StatusForbidden,
 		api.CodeForbidden:         http.StatusForbidden,
 		api.CodeNotOwner:          http.StatusConflict,
+		api.CodeDraining:          http.StatusServiceUnavailable,
 		api.CodeBundleLimit:       http.StatusRequestEntityTooLarge,
 	} {
 		if got := Status(code); got != want {

@@ -47,6 +47,7 @@ const (
 	CodeGrantRefused      = "grant_refused"           // a bundle's grant set this host's policy refuses (a mount source outside the allow-list)
 	CodeBundleLimit       = "bundle_too_large"        // a bundle, object or JSON member over this host's bundle limits
 	CodeNotOwner          = "not_owner"               // in a fleet: another host owns the run, or this host's ownership cannot be confirmed (docs/fleet.md)
+	CodeDraining          = "draining"                // a new run on a host being drained
 	CodeForbidden         = "forbidden"               // on the fleet's mTLS listener: a key whose role may not use this route (a platform on a peer route, a peer on the API)
 )
 
@@ -272,6 +273,28 @@ type GCRequest struct {
 // CloseRequest closes a run.
 type CloseRequest struct {
 	Reason string `json:"reason"`
+}
+
+// DrainRequest moves every run off the daemon's host (POST /v1/drain): to
+// the hosts of the key ids To (every other host of the fleet when empty),
+// Parallel runs at a time (2 when 0).
+type DrainRequest struct {
+	To       []string `json:"to,omitempty"`
+	Parallel int      `json:"parallel,omitempty"`
+}
+
+// Drain is a drain's outcome: each run, where it went or why it stayed.
+type Drain struct {
+	Runs  []Drained `json:"runs"`
+	Moved int       `json:"moved"`
+	Left  int       `json:"left"`
+}
+
+// Drained is one run of a drain.
+type Drained struct {
+	Run   string `json:"run"`
+	To    string `json:"to,omitempty"`
+	Error *Error `json:"error,omitempty"`
 }
 
 // MigrateRequest moves a run to another host of the fleet (POST

@@ -139,6 +139,13 @@ func (c *Client) Resume(ctx context.Context, id string) (Resume, error) {
 	return r, err
 }
 
+// Drain moves every run off the daemon's host to the fleet's others.
+func (c *Client) Drain(ctx context.Context, req DrainRequest) (Drain, error) {
+	var d Drain
+	err := c.Do(ctx, http.MethodPost, "/v1/drain", req, &d)
+	return d, err
+}
+
 // Migrate moves a run to the fleet's host whose key id is to.
 func (c *Client) Migrate(ctx context.Context, id, to string) (Run, error) {
 	var r Run

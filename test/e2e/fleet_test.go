@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // cli runs the runrecordd binary under test with args and returns its
@@ -304,5 +306,85 @@ func TestFleetConcurrentResume(t *testing.T) {
 	apiError(t, errs[1], "not_owner")
 	if r, err := b.run(ctx, id); err != nil || r.Phase != "parked" || r.Segments != 2 {
 		t.Fatalf("the refused host holds %+v, %v", r, err)
+	}
+}
+
+// holder is which of hosts holds run id not handed off, and its summary.
+func holder(t *testing.T, id string, hosts ...*daemon) (*daemon, api.Run) {
+	t.Helper()
+	for _, d := range hosts {
+		if r, err := d.run(context.Background(), id); err == nil && !r.HandedOff {
+			return d, r
+		}
+	}
+	t.Fatalf("no host holds %s", id)
+	return nil, api.Run{}
+}
+
+// `drain` moves every run off a host of a real 3-host fleet: a running
+// oracle and two transcript runs parked on their awaits, transcript runs
+// first. Each ends up on one of the other two hosts — owned there in etcd,
+// handed off on the drained host, none on two hosts — the oracle going on
+// as the same process and the transcript runs finishing there on the
+// results posted there. The drained host refuses new runs.
+func TestFleetDrain(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	c := etcdtest.Start(t)
+	endpoints := strings.Join(c.Endpoints(), ",")
+	a, _ := fleetHost(t, endpoints, "drain-a")
+	b, keyB := fleetHost(t, endpoints, "drain-b")
+	cc, keyC := fleetHost(t, endpoints, "drain-c")
+	for _, d := range []*daemon{a, b, cc} {
+		mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
+	}
+	startOracle(t, a, "d-oracle", oracleImage)
+	for _, id := range []string{"d-agent1", "d-agent2"} {
+		trStart(t, a, id, trAgentImage, "STEPS=1")
+		trParked(t, a, id, 2)
+	}
+	out, err := exec.Command(daemonBinary, "drain", "--socket", a.socket).CombinedOutput()
+	t.Logf("drain:\n%s", out)
+	if err != nil || !strings.Contains(string(out), "drained: 3 moved, 0 left here") {
+		t.Fatalf("drain: %v\n%s", err, a.logTail())
+	}
+	if _, err := a.c.Start(ctx, api.RunRequest{ID: "late", Unit: unit.Spec{Image: oracleImage}}); err == nil {
+		t.Fatal("a drained host took a new run")
+	} else {
+		apiError(t, err, "draining")
+	}
+	dir := fleet.New(c.Client(t), "", 5*time.Second)
+	keys := map[*daemon]string{b: keyB, cc: keyC}
+	for _, id := range []string{"d-oracle", "d-agent1", "d-agent2"} {
+		if r, err := a.run(ctx, id); err != nil || !r.HandedOff {
+			t.Fatalf("%s on the drained host: %+v, %v", id, r, err)
+		}
+		d, r := holder(t, id, b, cc)
+		unitID, err1 := record.ParseAddress(r.Unit)
+		grantsID, err2 := record.ParseAddress(r.Grants)
+		if err := errors.Join(err1, err2); err != nil {
+			t.Fatal(err)
+		}
+		if e, err := dir.Run(ctx, record.Genesis(unitID, grantsID)); err != nil || e.Owner.String() != keys[d] || e.Head.String() != r.Head {
+			t.Fatalf("%s on %s at %s: directory %+v, %v", id, d.name, r.Head, e, err)
+		}
+		if v, err := d.c.Verify(ctx, id); err != nil || !v.OK {
+			t.Fatalf("%s on %s: verify %+v, %v", id, d.name, v, err)
+		}
+		t.Logf("%s: on %s (%s)", id, d.name, keys[d])
+	}
+	// The oracle goes on as the same process where it went.
+	d, _ := holder(t, "d-oracle", b, cc)
+	onA := output(t, a.stdout("d-oracle"))
+	ls := waitLines(t, d.stdout("d-oracle"), "the oracle verified after the drain", func(ls []line) bool {
+		return len(ls) > 0 && last(ls).VerifiedAt > last(onA).Counter
+	})
+	checkOneProcess(t, append(append([]line(nil), onA...), ls...))
+	// The transcript runs finish where they went.
+	for _, id := range []string{"d-agent1", "d-agent2"} {
+		d, _ := holder(t, id, b, cc)
+		trParked(t, d, id, 5)
+		trPost(t, d, id, "call-1", trResult(1))
+		trClosed(t, d, id)
 	}
 }
