@@ -112,7 +112,7 @@ type Config struct {
 	// alone, as without --etcd.
 	Fleet *fleet.Host
 	// Peers reach the fleet's other hosts for migrations (Migrate,
-	// Adopt); nil, this host neither sends nor takes runs.
+	// Receive); nil, this host neither sends nor takes runs.
 	Peers Peers
 	// BundleMounts are the host paths under which an imported bundle's
 	// read-only mount sources may lie; empty allows none (docs/trust.md).

@@ -16,9 +16,10 @@ import (
 // server reaches them on their mutual-TLS listeners (internal/peer), at
 // the address their session gives (fleet.Member.Peer), pinned to their key.
 type Peers interface {
-	// Adopt asks host to take run from this host: the run is handed to it
-	// in the fleet, and it fetches, imports, claims and resumes it.
-	Adopt(ctx context.Context, host record.Address, run string) error
+	// Hand asks host to take run from this host: the run is handed to it
+	// in the fleet, and it fetches, imports and claims it, and resumes it
+	// when resume (the run was executing here).
+	Hand(ctx context.Context, host record.Address, run string, resume bool) error
 	// Fetch brings run's record from host, and every object the record
 	// reaches that st lacks, each verified by its address.
 	Fetch(ctx context.Context, host record.Address, run string, st *store.Store, limits bundle.Limits) (*record.Record, error)
@@ -30,9 +31,10 @@ var ErrNoFleet = errors.New("this host is not in a fleet")
 // Migrate moves run id to host to, in the fleet (docs/fleet.md,
 // "Migration"): parked here if it is executing, handed off in this store
 // (as an export does) and in the fleet (fleet.Host.Transfer), then adopted
-// by to — which fetches it, checks everything an import checks, claims it
-// and resumes it. Until to has claimed it, a failure takes it back here,
-// parked and resumable; after, the run is to's whatever this call returns.
+// by to — which fetches it, checks everything an import checks, claims it,
+// and resumes it if it was executing here (a parked run stays parked). Until
+// to has claimed it, a failure takes it back here, parked and resumable;
+// after, the run is to's whatever this call returns.
 func (d *Daemon) Migrate(ctx context.Context, id string, to record.Address) (Summary, error) {
 	if d.cfg.Fleet == nil || d.cfg.Peers == nil {
 		return Summary{}, fmt.Errorf("migrate %s: %w", id, ErrNoFleet)
@@ -42,7 +44,8 @@ func (d *Daemon) Migrate(ctx context.Context, id string, to record.Address) (Sum
 		return Summary{}, err
 	}
 	defer r.mu.Unlock()
-	if r.live != nil {
+	executing := r.live != nil
+	if executing {
 		if _, err := d.park(ctx, id, r); err != nil {
 			return Summary{}, fmt.Errorf("migrate %s: %w", id, err)
 		}
@@ -56,7 +59,7 @@ func (d *Daemon) Migrate(ctx context.Context, id string, to record.Address) (Sum
 	if err != nil {
 		return Summary{}, fmt.Errorf("migrate %s: %w", id, err)
 	}
-	if err := d.cfg.Peers.Adopt(ctx, to, id); err != nil {
+	if err := d.cfg.Peers.Hand(ctx, to, id, executing); err != nil {
 		return Summary{}, fmt.Errorf("migrate %s to %s: %w", id, to, d.takeBack(ctx, id, genesis, st.Head, to, made, err))
 	}
 	d.log.Info("run migrated", "run", id, "to", to)
@@ -103,36 +106,41 @@ func (d *Daemon) takeBack(ctx context.Context, id string, genesis, head, to reco
 	return cause
 }
 
-// Adopt takes run id from host from, which handed it to this host in the
-// fleet: its record and the objects this store lacks are fetched, the run
-// is judged as an import judges a bundle ([bundle.ImportStored]), claimed
-// in the fleet, stored, and resumed here.
-func (d *Daemon) Adopt(ctx context.Context, from record.Address, id string) (Resumed, error) {
+// Receive takes run id from host from, which handed it to this host in
+// the fleet: its record and the objects this store lacks are fetched, the
+// run is judged as an import judges a bundle ([bundle.ImportStored]),
+// claimed in the fleet and stored; with resume (it was executing there) it
+// is resumed here, else it stays parked, as it was.
+func (d *Daemon) Receive(ctx context.Context, from record.Address, id string, resume bool) (Summary, error) {
 	if d.cfg.Fleet == nil || d.cfg.Peers == nil {
-		return Resumed{}, fmt.Errorf("adopt %s: %w", id, ErrNoFleet)
+		return Summary{}, fmt.Errorf("receive %s: %w", id, ErrNoFleet)
 	}
 	if err := checkID(id); err != nil {
-		return Resumed{}, err
+		return Summary{}, err
 	}
 	rec, err := d.cfg.Peers.Fetch(ctx, from, id, d.st, d.cfg.BundleLimits)
 	if err != nil {
-		return Resumed{}, fmt.Errorf("adopt %s from %s: %w", id, from, err)
+		return Summary{}, fmt.Errorf("receive %s from %s: %w", id, from, err)
 	}
 	r := d.lock(id)
 	defer r.mu.Unlock()
-	if err := d.importAdopted(ctx, from, id, rec); err != nil {
-		return Resumed{}, fmt.Errorf("adopt %s from %s: %w", id, from, err)
+	if err := d.importReceived(ctx, from, id, rec); err != nil {
+		return Summary{}, fmt.Errorf("receive %s from %s: %w", id, from, err)
 	}
 	d.fillCalls(id)
-	d.log.Info("run adopted", "run", id, "from", from)
-	return d.resume(ctx, id, r)
+	d.log.Info("run received", "run", id, "from", from, "resume", resume)
+	if resume {
+		res, err := d.resume(ctx, id, r)
+		return res.Run, err
+	}
+	return d.summary(id, r)
 }
 
-// importAdopted claims the fetched run in the fleet (etcd first), then
+// importReceived claims the fetched run in the fleet (etcd first), then
 // stores it; a store that refuses it hands the claim back to from. The
 // fleet's admitted hosts are trusted signers here, beside this host's own
 // trusted keys.
-func (d *Daemon) importAdopted(ctx context.Context, from record.Address, id string, rec *record.Record) error {
+func (d *Daemon) importReceived(ctx context.Context, from record.Address, id string, rec *record.Record) error {
 	genesis := rec.Genesis()
 	if _, err := d.cfg.Fleet.Claim(ctx, genesis, id, rec.Head(), rec.Phase()); err != nil {
 		return err

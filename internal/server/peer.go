@@ -27,8 +27,9 @@ import (
 //	GET  /v1/objects/{addr}   an object's bytes (internal/transfer)
 //	POST /v1/objects/missing  which of a list this host lacks
 //	GET  /v1/records/{id}     a run's record, wire form
-//	POST /v1/migrations       {"run": ID}: take the run the calling host
-//	                          handed to this one; answers its resume
+//	POST /v1/migrations       {"run": ID, "resume": B}: take the run the
+//	                          calling host handed to this one (resumed
+//	                          when B); answers the run as held here
 
 // Peer is the peer routes' handler; the caller admits host keys only
 // (peer.Require), and the calling host is the one its key names.
@@ -40,16 +41,18 @@ func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/objects/", d.Objects())
 	mux.HandleFunc("GET /v1/records/{id}", h.record)
-	mux.HandleFunc("POST /v1/migrations", h.adopt)
+	mux.HandleFunc("POST /v1/migrations", h.receive)
 	return mux
 }
 
-// migration is POST /v1/migrations's body.
+// migration is POST /v1/migrations's body: the run, and whether to resume
+// it (it was executing on the host handing it over).
 type migration struct {
-	Run string `json:"run"`
+	Run    string `json:"run"`
+	Resume bool   `json:"resume"`
 }
 
-func (h *handler) adopt(w http.ResponseWriter, r *http.Request) {
+func (h *handler) receive(w http.ResponseWriter, r *http.Request) {
 	from, _, ok := peer.KeyOf(r)
 	if !ok {
 		writeJSON(w, http.StatusForbidden, &api.Error{Code: api.CodeForbidden, Message: "no verified host key"})
@@ -60,8 +63,8 @@ func (h *handler) adopt(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	res, err := h.d.Adopt(r.Context(), from, m.Run)
-	h.reply(w, r, resumeOf(res), err)
+	sum, err := h.d.Receive(r.Context(), from, m.Run, m.Resume)
+	h.reply(w, r, runOf(sum), err)
 }
 
 // Peers reach the fleet's other hosts at the address their session gives,
@@ -94,13 +97,13 @@ func (p Peers) client(ctx context.Context, host record.Address) (*http.Client, s
 	return &http.Client{Transport: tr}, "https://" + m.Peer, nil
 }
 
-// Adopt implements daemon.Peers.
-func (p Peers) Adopt(ctx context.Context, host record.Address, run string) error {
+// Hand implements daemon.Peers.
+func (p Peers) Hand(ctx context.Context, host record.Address, run string, resume bool) error {
 	c, base, err := p.client(ctx, host)
 	if err != nil {
 		return err
 	}
-	body, _ := json.Marshal(migration{Run: run})
+	body, _ := json.Marshal(migration{Run: run, Resume: resume})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/migrations", bytes.NewReader(body))
 	if err != nil {
 		return err

@@ -231,9 +231,8 @@ func TestFleetMigrate(t *testing.T) {
 }
 
 // A transcript run migrates too, with no image: parked on its await on the
-// first host, it moves, is resumed on the second (where it awaits its call
-// again and parks), and finishes there on the results posted there; its
-// record verifies there, NonBlocking.
+// first host, it arrives parked on the second, and finishes there on the
+// results posted there; its record verifies there, NonBlocking.
 func TestFleetMigrateTranscript(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
@@ -250,9 +249,9 @@ func TestFleetMigrateTranscript(t *testing.T) {
 	if _, err := a.c.Migrate(ctx, id, keyB); err != nil {
 		t.Fatalf("migrate: %v\n%s", err, a.logTail())
 	}
-	trParked(t, b, id, 5)
+	trParked(t, b, id, 2)
 	trPost(t, b, id, "call-1", trResult(1))
-	trParked(t, b, id, 8)
+	trParked(t, b, id, 5)
 	trPost(t, b, id, "call-2", trResult(2))
 	trClosed(t, b, id)
 	v, err := b.c.Verify(ctx, id)
@@ -323,10 +322,10 @@ func holder(t *testing.T, id string, hosts ...*daemon) (*daemon, api.Run) {
 
 // `drain` moves every run off a host of a real 3-host fleet: a running
 // oracle and two transcript runs parked on their awaits, transcript runs
-// first. Each ends up on one of the other two hosts — owned there in etcd,
-// handed off on the drained host, none on two hosts — the oracle going on
-// as the same process and the transcript runs finishing there on the
-// results posted there. The drained host refuses new runs.
+// first. Each ends up on one of the other two hosts as it was — the oracle
+// running, as the same process; the transcript runs parked, then finishing
+// there on the results posted there — owned there in etcd, handed off on
+// the drained host, none on two hosts. The drained host refuses new runs.
 func TestFleetDrain(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
@@ -383,7 +382,7 @@ func TestFleetDrain(t *testing.T) {
 	// The transcript runs finish where they went.
 	for _, id := range []string{"d-agent1", "d-agent2"} {
 		d, _ := holder(t, id, b, cc)
-		trParked(t, d, id, 5)
+		trParked(t, d, id, 2)
 		trPost(t, d, id, "call-1", trResult(1))
 		trClosed(t, d, id)
 	}
