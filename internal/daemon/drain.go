@@ -98,8 +98,10 @@ func (d *Daemon) drainOne(ctx context.Context, id string, to []record.Address, k
 			}
 			continue
 		}
+		d.metrics.Drained(true)
 		return Drained{Run: id, To: host}
 	}
+	d.metrics.Drained(false)
 	return Drained{Run: id, Err: errors.Join(errs...)}
 }
 

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/interval"
@@ -12,6 +13,15 @@ import (
 // each advance is reserved in etcd before bbolt makes it (fleet.Fence;
 // docs/fleet.md, "The order of the two writes"). Alone, nothing here
 // reserves anything and the store is appended to directly.
+
+// fleetErr counts err when it is the fleet's refusal of a transition
+// (runrecordd_ownership_refusals_total), and returns it.
+func (d *Daemon) fleetErr(err error) error {
+	if errors.Is(err, fleet.ErrNotOwner) || errors.Is(err, fleet.ErrHeadMoved) || errors.Is(err, fleet.ErrLeaseLost) {
+		d.metrics.OwnershipRefused()
+	}
+	return err
+}
 
 // records is the store the daemon appends through: the fleet's fence in a
 // fleet, the store itself alone.
@@ -43,7 +53,7 @@ func (d *Daemon) reserve(ctx context.Context, id string, segs ...record.Segment)
 	if d.cfg.Fleet != nil {
 		f := &fleet.Fence{Store: d.st, Host: d.cfg.Fleet}
 		if res.r, err = f.Reserve(ctx, id, head, segs...); err != nil {
-			return nil, err
+			return nil, d.fleetErr(err)
 		}
 	}
 	return res, nil
@@ -78,7 +88,7 @@ func (d *Daemon) claim(ctx context.Context, id string, genesis record.Address) e
 		return nil
 	}
 	_, err := d.cfg.Fleet.Claim(ctx, genesis, id, genesis, record.Active)
-	return err
+	return d.fleetErr(err)
 }
 
 func (d *Daemon) unclaim(ctx context.Context, id string, genesis record.Address) {

@@ -70,7 +70,7 @@ func (d *Daemon) endAt(ctx context.Context, lv *live, step string, outcome attes
 	}
 	s, err := d.intervals().End(ctx, lv.iv, sealed, outcome, calls, then, extra...)
 	if err != nil {
-		return interval.Sealed{}, err
+		return interval.Sealed{}, d.fleetErr(err)
 	}
 	d.metrics.Receipt(s.Receipt)
 	return s, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
@@ -39,6 +40,7 @@ func (d *Daemon) Migrate(ctx context.Context, id string, to record.Address) (Sum
 	if d.cfg.Fleet == nil || d.cfg.Peers == nil {
 		return Summary{}, fmt.Errorf("migrate %s: %w", id, ErrNoFleet)
 	}
+	began := time.Now()
 	r, err := d.lockRun(id)
 	if err != nil {
 		return Summary{}, err
@@ -57,11 +59,14 @@ func (d *Daemon) Migrate(ctx context.Context, id string, to record.Address) (Sum
 	genesis := record.Genesis(st.Unit, st.Grants)
 	made, err := d.handOver(ctx, id, genesis, to)
 	if err != nil {
-		return Summary{}, fmt.Errorf("migrate %s: %w", id, err)
+		d.metrics.Migrated(true, false, 0)
+		return Summary{}, fmt.Errorf("migrate %s: %w", id, d.fleetErr(err))
 	}
 	if err := d.cfg.Peers.Hand(ctx, to, id, executing); err != nil {
+		d.metrics.Migrated(true, false, 0)
 		return Summary{}, fmt.Errorf("migrate %s to %s: %w", id, to, d.takeBack(ctx, id, genesis, st.Head, to, made, err))
 	}
+	d.metrics.Migrated(true, true, time.Since(began))
 	d.log.Info("run migrated", "run", id, "to", to)
 	d.publish(events.Event{Kind: "run.migrated", Run: id, Detail: to.String()})
 	return d.summary(id, r)
@@ -125,8 +130,10 @@ func (d *Daemon) Receive(ctx context.Context, from record.Address, id string, re
 	r := d.lock(id)
 	defer r.mu.Unlock()
 	if err := d.importReceived(ctx, from, id, rec); err != nil {
-		return Summary{}, fmt.Errorf("receive %s from %s: %w", id, from, err)
+		d.metrics.Migrated(false, false, 0)
+		return Summary{}, fmt.Errorf("receive %s from %s: %w", id, from, d.fleetErr(err))
 	}
+	d.metrics.Migrated(false, true, 0)
 	d.fillCalls(id)
 	d.log.Info("run received", "run", id, "from", from, "resume", resume)
 	if resume {

@@ -16,7 +16,7 @@ func (d *Daemon) append(id string, segs ...record.Segment) error {
 		return err
 	}
 	_, err = d.records().AppendAll(id, head, segs...)
-	return err
+	return d.fleetErr(err)
 }
 
 // phaseFor reports why a run in phase p cannot do what wants (nil when it

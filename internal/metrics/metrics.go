@@ -64,6 +64,7 @@ type Metrics struct {
 	once   sync.Once
 	parks  prometheus.Histogram
 	resums prometheus.Histogram
+	fleet  fleetMetrics
 }
 
 // Indexes of metrics.energyUJ: the kind of energy, then its provenance.
@@ -116,13 +117,14 @@ func (m *Metrics) init() {
 			Help:    "Time a successful resume took, preconditions and restore included, in seconds.",
 			Buckets: durationBuckets(),
 		})
+		m.fleet = newFleetMetrics()
 	})
 }
 
 // histograms returns the park and resume histograms, for a registry.
 func (m *Metrics) histograms() []prometheus.Collector {
 	m.init()
-	return []prometheus.Collector{m.parks, m.resums}
+	return append([]prometheus.Collector{m.parks, m.resums}, m.fleet.collectors()...)
 }
 
 // Receipt counts an executed interval's receipt (once it is recorded).

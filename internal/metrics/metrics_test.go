@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -391,6 +392,10 @@ func TestMetricsLint(t *testing.T) {
 	h.Park(t, "p", h.TranscriptPark(t, 10))
 	h.m.Parked(time.Second)
 	h.m.Resumed(time.Second, 1, record.Estimated)
+	h.m.Migrated(true, true, time.Second)
+	h.m.Migrated(false, false, 0)
+	h.m.Drained(true)
+	h.m.OwnershipRefused()
 	fams, err := h.m.Registry(source{h.Host}).Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -401,8 +406,8 @@ func TestMetricsLint(t *testing.T) {
 			ours = append(ours, f)
 		}
 	}
-	if len(ours) != 8 {
-		t.Errorf("%d runrecordd_ metric families, want 8", len(ours))
+	if len(ours) != 12 {
+		t.Errorf("%d runrecordd_ metric families, want 12", len(ours))
 	}
 	problems, err := promlint.NewWithMetricFamilies(ours).Lint()
 	if err != nil {
@@ -450,5 +455,33 @@ func TestMetricsConcurrent(t *testing.T) {
 	wantValue(t, fams, 0.001225, metricEnergy, "kind", "idle", "provenance", "estimated")
 	if c := metricOf(fams, metricParkTime).GetHistogram().GetSampleCount(); c != n {
 		t.Errorf("%d parks counted, want %d", c, n)
+	}
+}
+
+// The fleet's hooks count by direction and outcome; only a successful
+// migration out is timed.
+func TestFleetMetrics(t *testing.T) {
+	var m Metrics
+	m.Migrated(true, true, 2*time.Second)
+	m.Migrated(true, false, time.Second)
+	m.Migrated(false, true, time.Second)
+	m.Drained(false)
+	m.OwnershipRefused()
+	m.OwnershipRefused()
+	for _, c := range []struct {
+		got  float64
+		want float64
+		what string
+	}{
+		{testutil.ToFloat64(m.fleet.migrations.WithLabelValues("out", "ok")), 1, "out ok"},
+		{testutil.ToFloat64(m.fleet.migrations.WithLabelValues("out", "failed")), 1, "out failed"},
+		{testutil.ToFloat64(m.fleet.migrations.WithLabelValues("in", "ok")), 1, "in ok"},
+		{testutil.ToFloat64(m.fleet.drained.WithLabelValues("left")), 1, "drain left"},
+		{testutil.ToFloat64(m.fleet.refusals), 2, "refusals"},
+		{float64(testutil.CollectAndCount(m.fleet.took)), 1, "migration histogram"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %v, want %v", c.what, c.got, c.want)
+		}
 	}
 }
