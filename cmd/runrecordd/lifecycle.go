@@ -67,6 +67,19 @@ func cmdClose(args []string, stdout io.Writer) error {
 	})
 }
 
+// cmdAdopt is `adopt RUN`: a run whose owner in the fleet is gone, held
+// here parked, becomes this host's (docs/fleet.md, "Lost hosts").
+func cmdAdopt(args []string, stdout io.Writer) error {
+	v := newVerb("adopt")
+	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		r, err := c.Adopt(cx, id)
+		if err != nil {
+			return err
+		}
+		return v.cf.print(stdout, r, func(w io.Writer) { runTable(w, []api.Run{r}) })
+	})
+}
+
 // cmdMigrate is `migrate RUN --to KEY`: the run moves to the fleet's host
 // of that key (docs/fleet.md, "Migration"), parked here first if it runs.
 func cmdMigrate(args []string, stdout io.Writer) error {

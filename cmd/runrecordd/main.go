@@ -47,6 +47,7 @@ func commands() []command {
 		{"resume", "resume a parked run on this host: resume RUN", cmdResume},
 		{"close", "close a run in any phase: close RUN [--reason TEXT]", cmdClose},
 		{"migrate", "move a run to another host of the fleet, parking it first if it runs: migrate RUN --to KEY", cmdMigrate},
+		{"adopt", "make a run of a lost host this host's, when it holds it parked at the fleet's head: adopt RUN", cmdAdopt},
 		{"drain", "move every run off this host to the fleet's others; new runs are refused: drain [--to KEY ...] [--parallel N]", cmdDrain},
 		{"verify", "verify a run (verify RUN), or a bundle or wire form (verify --file FILE)", cmdVerify},
 		{"wait-proof", "a run's wait-proof verdict: wait-proof RUN", cmdWaitProof},

@@ -34,6 +34,7 @@ func New(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/runs/{id}/close", h.close)
 	mux.HandleFunc("POST /v1/runs/{id}/migrate", h.migrate)
 	mux.HandleFunc("POST /v1/drain", h.drain)
+	mux.HandleFunc("POST /v1/runs/{id}/adopt", h.adopt)
 	mux.HandleFunc("GET /v1/runs/{id}/verify", h.verify)
 	mux.HandleFunc("GET /v1/runs/{id}/wait-proof", h.waitProof)
 	mux.HandleFunc("GET /v1/runs/{id}/record", h.record)
@@ -182,6 +183,11 @@ func (h *handler) migrate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	run, err := h.d.Migrate(r.Context(), r.PathValue("id"), to)
+	h.reply(w, r, runOf(run), err)
+}
+
+func (h *handler) adopt(w http.ResponseWriter, r *http.Request) {
+	run, err := h.d.Adopt(r.Context(), r.PathValue("id"))
 	h.reply(w, r, runOf(run), err)
 }
 

@@ -107,6 +107,31 @@ func (s *Store) Reclaim(run string, head record.Address) error {
 	})
 }
 
+// TakeOver makes run, held here as a copy or handed off at head, this
+// host's again, with its record as it is: the run is parked at head, and
+// the fleet has given it to this host (an orphan adopted, docs/fleet.md).
+// A run held here already is left as it is; a run whose head, or whose
+// copy's or handoff's head, is not head is refused ([ErrHeadMoved]).
+func (s *Store) TakeOver(run string, head record.Address) error {
+	return s.commit(func(tx *bolt.Tx) error {
+		st, err := getState(tx, run)
+		if err != nil {
+			return refuse(err)
+		}
+		if st.head != head || st.phase != record.Parked {
+			return refuse(fmt.Errorf("run %s: %w: at %s (%s), not parked at %s", run, ErrHeadMoved, st.head, phaseName(st.phase, true), head))
+		}
+		h, ok := decodeHandoff(tx.Bucket(bktHandof).Get([]byte(run)))
+		if !ok {
+			return nil
+		}
+		if h.Head != head {
+			return refuse(fmt.Errorf("run %s: %w: held elsewhere since %s, not %s", run, ErrHeadMoved, h.Head, head))
+		}
+		return tx.Bucket(bktHandof).Delete([]byte(run))
+	})
+}
+
 // HandedOff reports whether run is held elsewhere, and how.
 func (s *Store) HandedOff(run string) (Handoff, bool, error) {
 	var h Handoff

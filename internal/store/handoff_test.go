@@ -236,3 +236,45 @@ func TestHandedOffRunReleased(t *testing.T) {
 		t.Fatal("still released after the run came back")
 	}
 }
+
+// TakeOver makes a copy, or a run handed off, this host's again at the head
+// it holds, and refuses any other head; a run held here already is left.
+func TestTakeOver(t *testing.T) {
+	src, dst := mustStore(t), mustStore(t)
+	head, _ := parkedRun(t, src, "r", map[string]string{"pages.img": "pages"})
+	rec, err := src.Record("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyObjects(t, src, dst)
+	if err := dst.ImportAs("r", rec, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.TakeOver("r", record.Genesis(unitOf("r"))); !errors.Is(err, ErrHeadMoved) {
+		t.Fatalf("take over at another head: %v", err)
+	}
+	if _, ok, _ := dst.HandedOff("r"); !ok {
+		t.Fatal("a refused take-over dropped the copy mark")
+	}
+	if err := dst.TakeOver("r", head); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := dst.HandedOff("r"); ok {
+		t.Fatal("taken over, and still held elsewhere")
+	}
+	if err := dst.TakeOver("r", head); err != nil {
+		t.Fatalf("a run held here already: %v", err)
+	}
+	if err := src.HandOff("r", head); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.TakeOver("r", head); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := src.HandedOff("r"); ok {
+		t.Fatal("a handoff taken over is still there")
+	}
+	if err := src.TakeOver("nosuch", head); !errors.Is(err, ErrNoRun) {
+		t.Fatalf("no such run: %v", err)
+	}
+}

@@ -146,6 +146,14 @@ func (c *Client) Drain(ctx context.Context, req DrainRequest) (Drain, error) {
 	return d, err
 }
 
+// Adopt makes a run this host holds parked its own, when its owner in the
+// fleet is gone.
+func (c *Client) Adopt(ctx context.Context, id string) (Run, error) {
+	var r Run
+	err := c.Do(ctx, http.MethodPost, RunPath(id, "/adopt"), nil, &r)
+	return r, err
+}
+
 // Migrate moves a run to the fleet's host whose key id is to.
 func (c *Client) Migrate(ctx context.Context, id, to string) (Run, error) {
 	var r Run

@@ -387,3 +387,78 @@ func TestFleetDrain(t *testing.T) {
 		trClosed(t, d, id)
 	}
 }
+
+// A lost host: the first host is killed (SIGKILL) with a run parked that
+// the second holds as a copy. Once its lease expires the run is listed
+// orphaned, and `adopt` on the second host makes it that host's — its
+// record as it was — where it resumes as the same process. Adopting a run
+// whose owner is alive is refused, and the first host, back, may not
+// resume what it no longer owns.
+func TestFleetAdopt(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	c := etcdtest.Start(t)
+	endpoints := strings.Join(c.Endpoints(), ",")
+	a, _ := fleetHost(t, endpoints, "lost-a")
+	b, keyB := fleetHost(t, endpoints, "lost-b")
+	const id = "orphan"
+	startOracle(t, a, id, oracleImage)
+	_, atPark := park(t, a, id)
+	onA := output(t, a.stdout(id))
+	var bundle bytes.Buffer
+	if err := a.c.ExportCopy(ctx, id, &bundle); err != nil {
+		t.Fatal(err)
+	}
+	trustHost(t, a, b)
+	if _, err := b.c.Import(ctx, bytes.NewReader(bundle.Bytes()), ""); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.c.Adopt(ctx, id)
+	apiError(t, err, "not_owner")
+
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-a.done
+	a.cmd = nil
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(cli(t, "fleet", "status", "--etcd", endpoints), "orphaned runs: 1") {
+		if time.Now().After(deadline) {
+			t.Fatal("the lost host's run was never listed orphaned")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	r, err := b.c.Adopt(ctx, id)
+	if err != nil || r.Phase != "parked" || r.HandedOff || r.Segments != 2 {
+		t.Fatalf("adopt: %+v, %v", r, err)
+	}
+	resume(t, b, id, onA, atPark)
+	owned, err := fleet.New(c.Client(t), "", 5*time.Second).Owned(ctx, record.Address{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range owned {
+		t.Fatalf("an entry owned by nobody: %+v", e)
+	}
+	if r, err := b.run(ctx, id); err != nil {
+		t.Fatal(err)
+	} else if g := genesisOf(t, r); g != (record.Address{}) {
+		if e, err := fleet.New(c.Client(t), "", 5*time.Second).Run(ctx, g); err != nil || e.Owner.String() != keyB || e.Head.String() != r.Head {
+			t.Fatalf("directory %+v (%v), want owned by the adopter at %s", e, err, r.Head)
+		}
+	}
+	mustStart(t, a)
+	_, err = a.c.Resume(ctx, id)
+	apiError(t, err, "not_owner")
+}
+
+// genesisOf is a run's genesis, from its unit and grant set ids.
+func genesisOf(t *testing.T, r api.Run) record.Address {
+	t.Helper()
+	u, err1 := record.ParseAddress(r.Unit)
+	g, err2 := record.ParseAddress(r.Grants)
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	return record.Genesis(u, g)
+}
