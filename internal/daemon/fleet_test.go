@@ -8,6 +8,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -90,5 +91,76 @@ func TestFleetOwnership(t *testing.T) {
 	}
 	if _, err := h.d.Close(t.Context(), "r", "done"); !errors.Is(err, fleet.ErrNotOwner) {
 		t.Fatalf("close of a run transferred away: %v, want ErrNotOwner", err)
+	}
+}
+
+// A restarted host reconciles its store with the directory before anything
+// else: a reservation a crash left unappended is taken back (the run
+// resumes from the record's head), a new run's claim whose run was never
+// created is removed, and a run transferred to another host meanwhile is
+// held handed off.
+func TestFleetReconcileAtStart(t *testing.T) {
+	c := etcdtest.Start(t)
+	dir := fleet.New(c.Client(t), "/restart/", 5*time.Second)
+	a, b := joinFleet(t, dir, "a"), joinFleet(t, dir, "b")
+	h := newFakeHost(t)
+	h.d.cfg.Fleet = a
+	ctx := t.Context()
+
+	genesisOf := func(id string) record.Address {
+		st, err := h.d.st.Run(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return record.Genesis(st.Unit, st.Grants)
+	}
+	for _, id := range []string{"reserved", "moved"} {
+		h.start(t, id)
+		if _, err := h.d.Park(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		h.teardown(t, id)
+	}
+	head, _ := h.d.st.Head("reserved")
+	// The crash: etcd advanced, bbolt never appended.
+	fence := &fleet.Fence{Store: h.d.st, Host: a}
+	if _, err := fence.Reserve(ctx, "reserved", head, record.Closure("never appended")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Transfer(ctx, genesisOf("moved"), b.Key()); err != nil {
+		t.Fatal(err)
+	}
+	leftover := record.Sum([]byte("a run never created"))
+	if _, err := a.Claim(ctx, leftover, "ghost", leftover, record.Active); err != nil {
+		t.Fatal(err)
+	}
+
+	// The restart: a new session of the same key.
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a2, err := dir.Join(ctx, a.Key(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a2.Close(context.Background()) })
+	h.d.cfg.Fleet = a2
+	if _, err := h.d.reconcileFleet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := dir.Run(ctx, genesisOf("reserved")); err != nil || e.Head != head || e.Lease != a2.Lease() {
+		t.Fatalf("the unappended reservation: %+v, %v; want at %s under the new session", e, err, head)
+	}
+	if _, err := h.d.Resume(ctx, "reserved"); err != nil {
+		t.Fatalf("resume after the reconcile: %v", err)
+	}
+	if _, err := dir.Run(ctx, leftover); !errors.Is(err, fleet.ErrNoRun) {
+		t.Fatalf("the leftover claim: %v, want removed", err)
+	}
+	if _, off, _ := h.d.st.HandedOff("moved"); !off {
+		t.Fatal("a run transferred away is not held handed off")
+	}
+	if _, err := h.d.Resume(ctx, "moved"); !errors.Is(err, store.ErrHandedOff) {
+		t.Fatalf("resume of a run transferred away: %v", err)
 	}
 }

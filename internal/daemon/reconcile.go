@@ -19,7 +19,18 @@ import (
 // restart: a run executing in its record gets its sandbox back (thawed if a
 // park froze it and did not finish); a sandbox whose run is parked or
 // closed — or that no run owns — is destroyed.
+//
+// In a fleet the directory is reconciled first (reconcileFleet): a run
+// executing here that another host has now loses its sandbox here, with
+// no append.
 func (d *Daemon) reconcile(ctx context.Context) error {
+	var elsewhere map[string]bool
+	if d.cfg.Fleet != nil {
+		var err error
+		if elsewhere, err = d.reconcileFleet(ctx); err != nil {
+			return fmt.Errorf("fleet: %w", err)
+		}
+	}
 	// No channel outlives the daemon that served it: every journal spool
 	// found now is a dead interval's (its account is lost with it).
 	if err := os.RemoveAll(filepath.Join(d.cfg.StateDir, "spool")); err != nil {
@@ -64,6 +75,13 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		return err
 	}
 	for _, id := range active {
+		if elsewhere[id] && owner[id] != "" {
+			d.log.Warn("reconcile: removing the sandbox of a run another host of the fleet has", "run", id, "sandbox", owner[id])
+			if err := d.ex.Remove(ctx, owner[id]); err != nil {
+				d.log.Error("reconcile: sandbox not removed; the next start retries", "sandbox", owner[id], "err", err)
+			}
+			continue
+		}
 		if owner[id] == "" {
 			d.log.Warn("reconcile: run is executing in its record but has no sandbox here (lost); close it or resume it elsewhere", "run", id)
 			continue

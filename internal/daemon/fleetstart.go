@@ -1,0 +1,97 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// reconcileFleet makes this host's store and the fleet's directory agree
+// at start, before containerd's sandboxes are reconciled (docs/fleet.md,
+// "Reconciling at start"; fleet.Reconcile decides). It returns the runs
+// executing in this store that another host has now: their sandboxes are
+// removed without an append. A run the directory cannot be asked about is
+// left as it is — the fence refuses its appends until it is claimed.
+func (d *Daemon) reconcileFleet(ctx context.Context) (elsewhere map[string]bool, err error) {
+	f := d.cfg.Fleet
+	ids, err := d.st.AllRuns()
+	if err != nil {
+		return nil, err
+	}
+	elsewhere = map[string]bool{}
+	held := map[record.Address]bool{}
+	for _, id := range ids {
+		st, err := d.st.Run(id)
+		if err != nil {
+			return nil, err
+		}
+		genesis := record.Genesis(st.Unit, st.Grants)
+		held[genesis] = true
+		var entry *fleet.Entry
+		switch e, err := f.Run(ctx, genesis); {
+		case err == nil:
+			entry = &e
+		case !errors.Is(err, fleet.ErrNoRun):
+			return nil, fmt.Errorf("run %s: %w", id, err)
+		}
+		local := &fleet.Local{Head: st.Head, Phase: st.Phase}
+		switch a := fleet.Reconcile(f.Key(), local, entry); a {
+		case fleet.Reclaim, fleet.Register:
+			if _, err := f.Claim(ctx, genesis, id, st.Head, st.Phase); err != nil {
+				d.log.Error("fleet: the run is not this host's until claimed", "run", id, "action", a, "err", err)
+			}
+		case fleet.Elsewhere:
+			d.holdElsewhere(id, st.Head, st.Phase, elsewhere)
+		case fleet.Diverged:
+			d.log.Error("fleet: the directory and the record disagree in a way the write order rules out; the run is held for the operator",
+				"run", id, "head", st.Head, "entry", entry.Head, "entry_prev", entry.Prev)
+		}
+	}
+	return elsewhere, d.removeLeftovers(ctx, held)
+}
+
+// holdElsewhere holds a run another host has: handed off here when it is
+// parked; when it executes here its sandbox goes, without an append.
+func (d *Daemon) holdElsewhere(id string, head record.Address, phase record.Phase, elsewhere map[string]bool) {
+	switch phase {
+	case record.Parked:
+		if err := d.st.HandOff(id, head); err != nil {
+			d.log.Error("fleet: a run another host has is not held handed off here", "run", id, "err", err)
+		}
+	case record.Active:
+		elsewhere[id] = true
+	}
+	d.log.Warn("fleet: another host has the run; this host holds it no more", "run", id, "head", head)
+}
+
+// removeLeftovers removes the entries this key owns, still at their
+// genesis, of runs no store here holds: a crash between a new run's claim
+// and its creation.
+func (d *Daemon) removeLeftovers(ctx context.Context, held map[record.Address]bool) error {
+	f := d.cfg.Fleet
+	owned, err := f.Owned(ctx, f.Key())
+	if err != nil {
+		return err
+	}
+	for _, e := range owned {
+		if held[e.Genesis] {
+			continue
+		}
+		switch fleet.Reconcile(f.Key(), nil, &e) {
+		case fleet.Leftover:
+			_, err := f.Claim(ctx, e.Genesis, e.Run, e.Head, e.Phase)
+			if err == nil {
+				err = f.Remove(ctx, e.Genesis)
+			}
+			if err != nil {
+				d.log.Warn("fleet: a claim of a run never created is left", "run", e.Run, "err", err)
+			}
+		case fleet.Diverged:
+			d.log.Error("fleet: this key owns a run no store here holds", "run", e.Run, "genesis", e.Genesis)
+		}
+	}
+	return nil
+}
