@@ -97,8 +97,9 @@ func TestFleetOwnership(t *testing.T) {
 // A restarted host reconciles its store with the directory before anything
 // else: a reservation a crash left unappended is taken back (the run
 // resumes from the record's head), a new run's claim whose run was never
-// created is removed, and a run transferred to another host meanwhile is
-// held handed off.
+// created is removed, a migration out whose target has not claimed the run
+// is taken back (the run resumes here), and a run another host claimed
+// meanwhile is held handed off.
 func TestFleetReconcileAtStart(t *testing.T) {
 	c := etcdtest.Start(t)
 	dir := fleet.New(c.Client(t), "/restart/", 5*time.Second)
@@ -114,7 +115,7 @@ func TestFleetReconcileAtStart(t *testing.T) {
 		}
 		return record.Genesis(st.Unit, st.Grants)
 	}
-	for _, id := range []string{"reserved", "moved"} {
+	for _, id := range []string{"reserved", "moved", "inflight"} {
 		h.start(t, id)
 		if _, err := h.d.Park(ctx, id); err != nil {
 			t.Fatal(err)
@@ -127,7 +128,13 @@ func TestFleetReconcileAtStart(t *testing.T) {
 	if _, err := fence.Reserve(ctx, "reserved", head, record.Closure("never appended")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Transfer(ctx, genesisOf("moved"), b.Key()); err != nil {
+	for _, id := range []string{"moved", "inflight"} {
+		if _, err := a.Transfer(ctx, genesisOf(id), b.Key()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	movedHead, _ := h.d.st.Head("moved")
+	if _, err := b.Claim(ctx, genesisOf("moved"), "moved", movedHead, record.Parked); err != nil {
 		t.Fatal(err)
 	}
 	leftover := record.Sum([]byte("a run never created"))
@@ -162,5 +169,11 @@ func TestFleetReconcileAtStart(t *testing.T) {
 	}
 	if _, err := h.d.Resume(ctx, "moved"); !errors.Is(err, store.ErrHandedOff) {
 		t.Fatalf("resume of a run transferred away: %v", err)
+	}
+	if e, err := dir.Run(ctx, genesisOf("inflight")); err != nil || e.Owner != a2.Key() || !e.To.IsZero() {
+		t.Fatalf("a migration in flight: %+v, %v; want taken back", e, err)
+	}
+	if _, err := h.d.Resume(ctx, "inflight"); err != nil {
+		t.Fatalf("resume of a migration taken back: %v", err)
 	}
 }

@@ -37,6 +37,10 @@ func (d *Daemon) reconcileFleet(ctx context.Context) (elsewhere map[string]bool,
 		case !errors.Is(err, fleet.ErrNoRun):
 			return nil, fmt.Errorf("run %s: %w", id, err)
 		}
+		if entry != nil && entry.Owner == f.Key() && !entry.To.IsZero() && entry.To != f.Key() && entry.Head == st.Head {
+			d.takeBackMigration(ctx, id, genesis, st.Head, st.Phase, entry.To, elsewhere)
+			continue
+		}
 		local := &fleet.Local{Head: st.Head, Phase: st.Phase}
 		switch a := fleet.Reconcile(f.Key(), local, entry); a {
 		case fleet.Reclaim, fleet.Register:
@@ -51,6 +55,23 @@ func (d *Daemon) reconcileFleet(ctx context.Context) (elsewhere map[string]bool,
 		}
 	}
 	return elsewhere, d.removeLeftovers(ctx, held)
+}
+
+// takeBackMigration ends a migration out that this host's last process did
+// not finish (the run is transferred to another host, which has not
+// claimed it): the claim under this session takes the transfer back, and
+// the migration's handoff in the store goes with it. If the other host
+// claimed it first, the run is its, held here handed off.
+func (d *Daemon) takeBackMigration(ctx context.Context, id string, genesis, head record.Address, phase record.Phase, to record.Address, elsewhere map[string]bool) {
+	if _, err := d.cfg.Fleet.Claim(ctx, genesis, id, head, phase); err != nil {
+		d.log.Warn("fleet: a migration this host began was completed by its target", "run", id, "to", to, "err", err)
+		d.holdElsewhere(id, head, phase, elsewhere)
+		return
+	}
+	if err := d.st.Reclaim(id, head); err != nil {
+		d.log.Error("fleet: a migration taken back, but not its handoff in the store", "run", id, "err", err)
+	}
+	d.log.Warn("fleet: took back a migration the last process did not finish; the run is here, parked", "run", id, "to", to)
 }
 
 // holdElsewhere holds a run another host has: handed off here when it is

@@ -60,8 +60,9 @@ func (d *Daemon) Migrate(ctx context.Context, id string, to record.Address) (Sum
 	made, err := d.handOver(ctx, id, genesis, to)
 	if err != nil {
 		d.metrics.Migrated(true, false, 0)
-		return Summary{}, fmt.Errorf("migrate %s: %w", id, d.fleetErr(err))
+		return Summary{}, fmt.Errorf("migrate %s: %w", id, err)
 	}
+	d.reach("migrate.transferred")
 	if err := d.cfg.Peers.Hand(ctx, to, id, executing); err != nil {
 		d.metrics.Migrated(true, false, 0)
 		return Summary{}, fmt.Errorf("migrate %s to %s: %w", id, to, d.takeBack(ctx, id, genesis, st.Head, to, made, err))
@@ -72,24 +73,28 @@ func (d *Daemon) Migrate(ctx context.Context, id string, to record.Address) (Sum
 	return d.summary(id, r)
 }
 
-// handOver hands parked run id to host to: in this store first (this host
-// resumes and closes it no more), then in the fleet (only to may claim it).
-// It reports whether it made the store's handoff (an earlier export or
-// migration may have): only a handoff made here is taken back here.
+// handOver hands parked run id to host to: in the fleet first (only to may
+// claim it; a crash after this leaves the transfer, which marks a
+// migration in flight, for the next start to take back), then in this
+// store (this host resumes and closes it no more). It reports whether it
+// made the store's handoff (an earlier export may have): only a handoff
+// made here is taken back here.
 func (d *Daemon) handOver(ctx context.Context, id string, genesis, to record.Address) (made bool, err error) {
 	if err := d.Exportable(id); err != nil {
 		return false, err
 	}
-	o, made, err := bundle.Prepare(d.st, id, true)
-	if err != nil {
-		return false, err
-	}
 	if _, err := d.cfg.Fleet.Transfer(ctx, genesis, to); err != nil {
-		if made {
-			err = errors.Join(err, d.st.Reclaim(id, o.Record.Head()))
+		return false, d.fleetErr(err)
+	}
+	d.reach("migrate.transferred")
+	_, made, err = bundle.Prepare(d.st, id, true)
+	if err != nil {
+		if _, terr := d.cfg.Fleet.Transfer(context.WithoutCancel(ctx), genesis, d.cfg.Fleet.Key()); terr != nil {
+			err = errors.Join(err, terr)
 		}
 		return false, err
 	}
+	d.reach("migrate.handedoff")
 	return made, nil
 }
 
@@ -127,6 +132,7 @@ func (d *Daemon) Receive(ctx context.Context, from record.Address, id string, re
 	if err != nil {
 		return Summary{}, fmt.Errorf("receive %s from %s: %w", id, from, err)
 	}
+	d.reach("receive.fetched")
 	r := d.lock(id)
 	defer r.mu.Unlock()
 	if err := d.importReceived(ctx, from, id, rec); err != nil {
@@ -134,6 +140,7 @@ func (d *Daemon) Receive(ctx context.Context, from record.Address, id string, re
 		return Summary{}, fmt.Errorf("receive %s from %s: %w", id, from, d.fleetErr(err))
 	}
 	d.metrics.Migrated(false, true, 0)
+	d.reach("receive.claimed")
 	d.fillCalls(id)
 	d.log.Info("run received", "run", id, "from", from, "resume", resume)
 	if resume {
@@ -143,15 +150,16 @@ func (d *Daemon) Receive(ctx context.Context, from record.Address, id string, re
 	return d.summary(id, r)
 }
 
-// importReceived claims the fetched run in the fleet (etcd first), then
-// stores it; a store that refuses it hands the claim back to from. The
-// fleet's admitted hosts are trusted signers here, beside this host's own
-// trusted keys.
+// importReceived stores the fetched run, judged as an import judges a
+// bundle, then claims it in the fleet. Stored first: a parked run this host
+// does not own is inert here (the fence refuses its every advance), and a
+// crash between the two leaves it stored and transferred here, which the
+// next start claims (fleet.Reconcile: Reclaim); the other order would leave
+// this host owning a run it does not hold. A claim refused (the source took
+// the run back meanwhile) leaves the run here handed off. The fleet's
+// admitted hosts are trusted signers here, beside this host's own trusted
+// keys.
 func (d *Daemon) importReceived(ctx context.Context, from record.Address, id string, rec *record.Record) error {
-	genesis := rec.Genesis()
-	if _, err := d.cfg.Fleet.Claim(ctx, genesis, id, rec.Head(), rec.Phase()); err != nil {
-		return err
-	}
 	trusted := func(k record.Address) bool {
 		if d.trusted(k) {
 			return true
@@ -163,9 +171,14 @@ func (d *Daemon) importReceived(ctx context.Context, from record.Address, id str
 		Options: bundle.Options{Limits: d.cfg.BundleLimits, Trusted: trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)},
 		ID:      id, CheckID: checkID}})
 	if err != nil {
-		if _, terr := d.cfg.Fleet.Transfer(context.WithoutCancel(ctx), genesis, from); terr != nil {
-			err = errors.Join(err, terr)
-		}
+		return err
 	}
-	return err
+	d.reach("receive.imported")
+	if _, err := d.cfg.Fleet.Claim(ctx, rec.Genesis(), id, rec.Head(), rec.Phase()); err != nil {
+		if herr := d.st.HandOff(id, rec.Head()); herr != nil {
+			err = errors.Join(err, herr)
+		}
+		return err
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	rrd "github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/peer"
@@ -461,4 +463,78 @@ func genesisOf(t *testing.T, r api.Run) record.Address {
 		t.Fatal(err)
 	}
 	return record.Genesis(u, g)
+}
+
+// startAgain starts a fleet host killed a moment ago: its old session
+// holds its key until the lease expires (fleet.ErrHostActive), so the
+// start is tried again until it joins.
+func startAgain(t *testing.T, d *daemon) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := d.start()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) || !strings.Contains(err.Error(), "already joined") {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// A migration cut by a kill -9 of the source or of the target at each of
+// its steps leaves the run whole and on one host: after the killed host
+// restarts, exactly one host owns it in etcd and resumes it — the oracle
+// going on as the same process — while the other refuses to; its record
+// verifies there.
+func TestFleetMigrateCrash(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	c := etcdtest.Start(t)
+	endpoints := strings.Join(c.Endpoints(), ",")
+	a, keyA := fleetHost(t, endpoints, "crash-a")
+	b, keyB := fleetHost(t, endpoints, "crash-b")
+	dir := fleet.New(c.Client(t), "", 5*time.Second)
+	for i, tc := range []struct {
+		step   string
+		victim *daemon
+		owner  *daemon // where the run ends
+	}{
+		{"migrate.transferred", a, a},
+		{"migrate.handedoff", a, a},
+		{"receive.fetched", b, a},
+		{"receive.imported", b, a},
+		{"receive.claimed", b, b},
+	} {
+		t.Run(tc.step, func(t *testing.T) {
+			id := fmt.Sprintf("crash-%d", i)
+			started := startOracle(t, a, id, oracleImage)
+			mustStop(t, tc.victim)
+			tc.victim.env = []string{rrd.FailpointEnv + "=" + tc.step}
+			mustStart(t, tc.victim)
+			out, err := exec.Command(daemonBinary, "migrate", id, "--to", keyB, "--socket", a.socket).CombinedOutput()
+			t.Logf("migrate (%v): %s", err, out)
+			crashKilled(t, tc.victim, tc.step)
+			tc.victim.env = nil
+			startAgain(t, tc.victim)
+
+			onA := output(t, a.stdout(id))
+			atPark := last(onA)
+			other, ownerKey, prior := b, keyA, []line(nil)
+			if tc.owner == b {
+				other, ownerKey, prior = a, keyB, onA
+			}
+			if e, err := dir.Run(ctx, genesisOf(t, started)); err != nil || e.Owner.String() != ownerKey || !e.To.IsZero() {
+				t.Fatalf("directory %+v, %v; want owned by %s", e, err, tc.owner.name)
+			}
+			if _, err := other.c.Resume(ctx, id); err == nil {
+				t.Fatalf("the %s daemon resumed a run it does not own", other.name)
+			}
+			resume(t, tc.owner, id, prior, atPark)
+			if v, err := tc.owner.c.Verify(ctx, id); err != nil || !v.OK {
+				t.Fatalf("verify on the %s daemon: %+v, %v", tc.owner.name, v, err)
+			}
+		})
+	}
 }
