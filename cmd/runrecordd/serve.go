@@ -163,6 +163,8 @@ func cmdServe(args []string, stdout io.Writer) error {
 		}
 		defer leave()
 		cfg.Fleet = host
+		ttl, peerAddr := f.leaseTTL, f.peerListen
+		cfg.Rejoin = func(ctx context.Context) (*fleet.Host, error) { return dir.JoinAt(ctx, host.Key(), ttl, peerAddr) }
 		if f.peerListen != "" {
 			key, err := attest.LoadOrCreateKey(filepath.Join(f.state, "host.key"))
 			if err != nil {

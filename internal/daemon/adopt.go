@@ -20,7 +20,7 @@ import (
 // on further left a record this host does not have), then held here: it
 // resumes here like any parked run.
 func (d *Daemon) Adopt(ctx context.Context, id string) (Summary, error) {
-	if d.cfg.Fleet == nil {
+	if d.session() == nil {
 		return Summary{}, fmt.Errorf("adopt %s: %w", id, ErrNoFleet)
 	}
 	r, err := d.lockRun(id)
@@ -39,7 +39,7 @@ func (d *Daemon) Adopt(ctx context.Context, id string) (Summary, error) {
 		return Summary{}, fmt.Errorf("adopt %s: %w", id, err)
 	}
 	genesis := record.Genesis(st.Unit, st.Grants)
-	if _, err := d.cfg.Fleet.Claim(ctx, genesis, id, st.Head, record.Parked); err != nil {
+	if _, err := d.session().Claim(ctx, genesis, id, st.Head, record.Parked); err != nil {
 		return Summary{}, fmt.Errorf("adopt %s: %w", id, d.fleetErr(err))
 	}
 	if err := d.st.TakeOver(id, st.Head); err != nil {

@@ -111,6 +111,10 @@ type Config struct {
 	// reserved there before it is appended (docs/fleet.md). Nil runs
 	// alone, as without --etcd.
 	Fleet *fleet.Host
+	// Rejoin starts a new session of this host in the fleet, after the
+	// last one's lease was lost (etcd out of reach for longer than the
+	// lease's time to live); nil, a lost lease is not replaced.
+	Rejoin func(ctx context.Context) (*fleet.Host, error)
 	// Peers reach the fleet's other hosts for migrations (Migrate,
 	// Receive); nil, this host neither sends nor takes runs.
 	Peers Peers
@@ -138,6 +142,9 @@ type Daemon struct {
 	runs map[string]*run
 	// draining, once set by Drain, refuses new runs.
 	draining atomic.Bool
+	// rejoined is the session that replaced Config.Fleet's after its lease
+	// was lost (session).
+	rejoined atomic.Pointer[fleet.Host]
 
 	metrics metrics.Metrics
 	events  events.Hub
@@ -218,6 +225,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.startProbe(criuErr)
 	d.startGC()
+	d.watchLease()
 	ok = true
 	return d, nil
 }
@@ -311,6 +319,10 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	d.mu.Unlock()
 	d.bg.Wait()
 	var errs []error
+	if h := d.rejoined.Load(); h != nil {
+		// A session this daemon made (the first is its caller's).
+		errs = append(errs, h.Close(ctx))
+	}
 	if d.ex != nil {
 		// A probe the stop cut short, or one an earlier process was
 		// killed in, leaves nothing running.

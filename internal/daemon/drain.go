@@ -34,7 +34,7 @@ const DefaultDrainParallel = 2
 // its start this host refuses new runs (ErrDraining) until it restarts.
 // Each run's outcome is published as a "drain.run" event as it ends.
 func (d *Daemon) Drain(ctx context.Context, to []record.Address, parallel int) ([]Drained, error) {
-	if d.cfg.Fleet == nil || d.cfg.Peers == nil {
+	if d.session() == nil || d.cfg.Peers == nil {
 		return nil, fmt.Errorf("drain: %w", ErrNoFleet)
 	}
 	d.draining.Store(true)
@@ -131,13 +131,13 @@ func (d *Daemon) drainOrder() ([]string, error) {
 // otherHosts are the fleet's hosts, other than this one, whose live
 // session serves the fleet.
 func (d *Daemon) otherHosts(ctx context.Context) ([]record.Address, error) {
-	ms, err := d.cfg.Fleet.Hosts(ctx)
+	ms, err := d.session().Hosts(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []record.Address
 	for _, m := range ms {
-		if m.Role == fleet.RoleHost && m.Lease != 0 && m.Peer != "" && m.Key != d.cfg.Fleet.Key() {
+		if m.Role == fleet.RoleHost && m.Lease != 0 && m.Peer != "" && m.Key != d.session().Key() {
 			out = append(out, m.Key)
 		}
 	}

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/interval"
@@ -13,6 +14,66 @@ import (
 // each advance is reserved in etcd before bbolt makes it (fleet.Fence;
 // docs/fleet.md, "The order of the two writes"). Alone, nothing here
 // reserves anything and the store is appended to directly.
+
+// session is this host's current session in the fleet: Config.Fleet's, or
+// the one that replaced it after its lease was lost; nil alone.
+func (d *Daemon) session() *fleet.Host {
+	if h := d.rejoined.Load(); h != nil {
+		return h
+	}
+	return d.cfg.Fleet
+}
+
+// watchLease replaces a session whose lease is lost (Config.Rejoin), in the
+// background: until then the host appends and resumes nothing (the fence
+// refuses); once rejoined it reconciles with the directory as at a start,
+// claiming back the runs no other host took meanwhile.
+func (d *Daemon) watchLease() {
+	if d.cfg.Fleet == nil || d.cfg.Rejoin == nil {
+		return
+	}
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		for {
+			h := d.session()
+			select {
+			case <-d.bgCtx.Done():
+				return
+			case <-h.Done():
+			}
+			d.log.Error("fleet: this host's lease is lost; it appends nothing until it rejoins", "err", h.Err())
+			nh := d.rejoin()
+			if nh == nil {
+				return
+			}
+			d.rejoined.Store(nh)
+			if _, err := d.reconcileFleet(d.bgCtx); err != nil {
+				d.log.Error("fleet: reconciling after the rejoin", "err", err)
+			}
+			d.log.Info("fleet: rejoined with a new session", "lease", nh.Lease())
+		}
+	}()
+}
+
+// rejoin tries Config.Rejoin every second until it succeeds, or the
+// daemon stops (nil).
+func (d *Daemon) rejoin() *fleet.Host {
+	for {
+		ctx, cancel := context.WithTimeout(d.bgCtx, 10*time.Second)
+		h, err := d.cfg.Rejoin(ctx)
+		cancel()
+		if err == nil {
+			return h
+		}
+		d.log.Warn("fleet: rejoin", "err", err)
+		select {
+		case <-d.bgCtx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
 
 // fleetErr counts err when it is the fleet's refusal of a transition
 // (runrecordd_ownership_refusals_total), and returns it.
@@ -26,10 +87,10 @@ func (d *Daemon) fleetErr(err error) error {
 // records is the store the daemon appends through: the fleet's fence in a
 // fleet, the store itself alone.
 func (d *Daemon) records() interval.Store {
-	if d.cfg.Fleet == nil {
+	if d.session() == nil {
 		return d.st
 	}
-	return &fleet.Fence{Store: d.st, Host: d.cfg.Fleet}
+	return &fleet.Fence{Store: d.st, Host: d.session()}
 }
 
 // reservation is an advance of a run the fleet confirmed before the
@@ -50,8 +111,8 @@ func (d *Daemon) reserve(ctx context.Context, id string, segs ...record.Segment)
 		return nil, err
 	}
 	res := &reservation{d: d, id: id, head: head, segs: segs}
-	if d.cfg.Fleet != nil {
-		f := &fleet.Fence{Store: d.st, Host: d.cfg.Fleet}
+	if d.session() != nil {
+		f := &fleet.Fence{Store: d.st, Host: d.session()}
 		if res.r, err = f.Reserve(ctx, id, head, segs...); err != nil {
 			return nil, d.fleetErr(err)
 		}
@@ -84,18 +145,18 @@ func (r *reservation) cancel(ctx context.Context) {
 // its sandbox starts; unclaim takes the claim back when the run is not
 // created after all.
 func (d *Daemon) claim(ctx context.Context, id string, genesis record.Address) error {
-	if d.cfg.Fleet == nil {
+	if d.session() == nil {
 		return nil
 	}
-	_, err := d.cfg.Fleet.Claim(ctx, genesis, id, genesis, record.Active)
+	_, err := d.session().Claim(ctx, genesis, id, genesis, record.Active)
 	return d.fleetErr(err)
 }
 
 func (d *Daemon) unclaim(ctx context.Context, id string, genesis record.Address) {
-	if d.cfg.Fleet == nil {
+	if d.session() == nil {
 		return
 	}
-	if err := d.cfg.Fleet.Remove(context.WithoutCancel(ctx), genesis); err != nil {
+	if err := d.session().Remove(context.WithoutCancel(ctx), genesis); err != nil {
 		d.log.Error("fleet: the claim of a run never created is left; the next start removes it", "run", id, "err", err)
 	}
 }

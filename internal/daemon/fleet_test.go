@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -176,4 +178,60 @@ func TestFleetReconcileAtStart(t *testing.T) {
 	if _, err := h.d.Resume(ctx, "inflight"); err != nil {
 		t.Fatalf("resume of a migration taken back: %v", err)
 	}
+}
+
+// A session whose lease is lost (here: revoked behind its back) is
+// replaced: until then the host appends nothing; once rejoined it claims
+// back its runs, and a park goes through again.
+func TestFleetRejoin(t *testing.T) {
+	c := etcdtest.Start(t)
+	cli := c.Client(t)
+	dir := fleet.New(cli, "/rejoin/", 5*time.Second)
+	a := joinFleet(t, dir, "a")
+	h := newFakeHost(t)
+	h.d.cfg.Fleet = a
+	rejoins := make(chan *fleet.Host, 4)
+	h.d.cfg.Rejoin = func(ctx context.Context) (*fleet.Host, error) {
+		nh, err := dir.Join(ctx, a.Key(), 10*time.Second)
+		if err == nil {
+			t.Cleanup(func() { _ = nh.Close(context.Background()) })
+			rejoins <- nh
+		}
+		return nh, err
+	}
+	h.d.watchLease()
+	ctx := t.Context()
+	h.start(t, "r")
+
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(a.Lease())); err != nil {
+		t.Fatal(err)
+	}
+	var nh *fleet.Host
+	select {
+	case nh = <-rejoins:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the lost session was not replaced")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for h.d.session() != nh {
+		if time.Now().After(deadline) {
+			t.Fatal("the daemon does not use the new session")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var err error
+	for time.Now().Before(deadline) {
+		if _, err = h.d.Park(ctx, "r"); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // the reconcile's claim may not be in yet
+	}
+	if err != nil {
+		t.Fatalf("park after the rejoin: %v", err)
+	}
+	st, _ := h.d.st.Run("r")
+	if e, err := dir.Run(ctx, record.Genesis(st.Unit, st.Grants)); err != nil || e.Lease != nh.Lease() || e.Head != st.Head {
+		t.Fatalf("directory %+v, %v; want owned under the new session at %s", e, err, st.Head)
+	}
+	h.teardown(t, "r")
 }

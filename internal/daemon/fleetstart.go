@@ -16,7 +16,7 @@ import (
 // removed without an append. A run the directory cannot be asked about is
 // left as it is — the fence refuses its appends until it is claimed.
 func (d *Daemon) reconcileFleet(ctx context.Context) (elsewhere map[string]bool, err error) {
-	f := d.cfg.Fleet
+	f := d.session()
 	ids, err := d.st.AllRuns()
 	if err != nil {
 		return nil, err
@@ -63,7 +63,7 @@ func (d *Daemon) reconcileFleet(ctx context.Context) (elsewhere map[string]bool,
 // the migration's handoff in the store goes with it. If the other host
 // claimed it first, the run is its, held here handed off.
 func (d *Daemon) takeBackMigration(ctx context.Context, id string, genesis, head record.Address, phase record.Phase, to record.Address, elsewhere map[string]bool) {
-	if _, err := d.cfg.Fleet.Claim(ctx, genesis, id, head, phase); err != nil {
+	if _, err := d.session().Claim(ctx, genesis, id, head, phase); err != nil {
 		d.log.Warn("fleet: a migration this host began was completed by its target", "run", id, "to", to, "err", err)
 		d.holdElsewhere(id, head, phase, elsewhere)
 		return
@@ -92,7 +92,7 @@ func (d *Daemon) holdElsewhere(id string, head record.Address, phase record.Phas
 // genesis, of runs no store here holds: a crash between a new run's claim
 // and its creation.
 func (d *Daemon) removeLeftovers(ctx context.Context, held map[record.Address]bool) error {
-	f := d.cfg.Fleet
+	f := d.session()
 	owned, err := f.Owned(ctx, f.Key())
 	if err != nil {
 		return err

@@ -37,7 +37,7 @@ var ErrNoFleet = errors.New("this host is not in a fleet")
 // to has claimed it, a failure takes it back here, parked and resumable;
 // after, the run is to's whatever this call returns.
 func (d *Daemon) Migrate(ctx context.Context, id string, to record.Address) (Summary, error) {
-	if d.cfg.Fleet == nil || d.cfg.Peers == nil {
+	if d.session() == nil || d.cfg.Peers == nil {
 		return Summary{}, fmt.Errorf("migrate %s: %w", id, ErrNoFleet)
 	}
 	began := time.Now()
@@ -83,13 +83,13 @@ func (d *Daemon) handOver(ctx context.Context, id string, genesis, to record.Add
 	if err := d.Exportable(id); err != nil {
 		return false, err
 	}
-	if _, err := d.cfg.Fleet.Transfer(ctx, genesis, to); err != nil {
+	if _, err := d.session().Transfer(ctx, genesis, to); err != nil {
 		return false, d.fleetErr(err)
 	}
 	d.reach("migrate.transferred")
 	_, made, err = bundle.Prepare(d.st, id, true)
 	if err != nil {
-		if _, terr := d.cfg.Fleet.Transfer(context.WithoutCancel(ctx), genesis, d.cfg.Fleet.Key()); terr != nil {
+		if _, terr := d.session().Transfer(context.WithoutCancel(ctx), genesis, d.session().Key()); terr != nil {
 			err = errors.Join(err, terr)
 		}
 		return false, err
@@ -102,7 +102,7 @@ func (d *Daemon) handOver(ctx context.Context, id string, genesis, to record.Add
 // (refused once to has claimed the run: then it is to's, and stays handed
 // off here), then in this store.
 func (d *Daemon) takeBack(ctx context.Context, id string, genesis, head, to record.Address, made bool, cause error) error {
-	if _, err := d.cfg.Fleet.Transfer(context.WithoutCancel(ctx), genesis, d.cfg.Fleet.Key()); err != nil {
+	if _, err := d.session().Transfer(context.WithoutCancel(ctx), genesis, d.session().Key()); err != nil {
 		d.log.Error("migration failed after the target claimed the run: it is the target's", "run", id, "to", to, "err", err)
 		return errors.Join(cause, err)
 	}
@@ -122,7 +122,7 @@ func (d *Daemon) takeBack(ctx context.Context, id string, genesis, head, to reco
 // claimed in the fleet and stored; with resume (it was executing there) it
 // is resumed here, else it stays parked, as it was.
 func (d *Daemon) Receive(ctx context.Context, from record.Address, id string, resume bool) (Summary, error) {
-	if d.cfg.Fleet == nil || d.cfg.Peers == nil {
+	if d.session() == nil || d.cfg.Peers == nil {
 		return Summary{}, fmt.Errorf("receive %s: %w", id, ErrNoFleet)
 	}
 	if err := checkID(id); err != nil {
@@ -164,7 +164,7 @@ func (d *Daemon) importReceived(ctx context.Context, from record.Address, id str
 		if d.trusted(k) {
 			return true
 		}
-		m, err := d.cfg.Fleet.Member(ctx, k)
+		m, err := d.session().Member(ctx, k)
 		return err == nil && m.Role == fleet.RoleHost
 	}
 	_, err := bundle.ImportStored(ctx, d.st, rec, bundle.StoredOptions{Run: id, ImportOptions: bundle.ImportOptions{
@@ -174,7 +174,7 @@ func (d *Daemon) importReceived(ctx context.Context, from record.Address, id str
 		return err
 	}
 	d.reach("receive.imported")
-	if _, err := d.cfg.Fleet.Claim(ctx, rec.Genesis(), id, rec.Head(), rec.Phase()); err != nil {
+	if _, err := d.session().Claim(ctx, rec.Genesis(), id, rec.Head(), rec.Phase()); err != nil {
 		if herr := d.st.HandOff(id, rec.Head()); herr != nil {
 			err = errors.Join(err, herr)
 		}

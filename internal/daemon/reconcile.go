@@ -25,7 +25,7 @@ import (
 // no append.
 func (d *Daemon) reconcile(ctx context.Context) error {
 	var elsewhere map[string]bool
-	if d.cfg.Fleet != nil {
+	if d.session() != nil {
 		var err error
 		if elsewhere, err = d.reconcileFleet(ctx); err != nil {
 			return fmt.Errorf("fleet: %w", err)

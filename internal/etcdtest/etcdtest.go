@@ -67,23 +67,33 @@ type member struct {
 // leader and every member serves. It fails t if the cluster does not start.
 func Start(t testing.TB) *Cluster {
 	t.Helper()
+	c, err := Run(t.TempDir)
+	if err != nil {
+		t.Fatalf("etcdtest: start a %d-member cluster: %v", Members, err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Run is Start outside a test (deploy/fleet-demo.sh's cluster): each
+// member's data goes in a directory dir makes; the caller closes the
+// cluster.
+func Run(dir func() string) (*Cluster, error) {
 	var last error
 	for attempt := 0; attempt < 3; attempt++ {
-		c, err := start(t, attempt)
+		c, err := start(dir, attempt)
 		if err == nil {
-			t.Cleanup(c.Close)
-			return c
+			return c, nil
 		}
 		last = err
 		if !isAddrInUse(err) {
 			break
 		}
 	}
-	t.Fatalf("etcdtest: start a %d-member cluster: %v", Members, last)
-	return nil
+	return nil, last
 }
 
-func start(t testing.TB, attempt int) (*Cluster, error) {
+func start(tempDir func() string, attempt int) (*Cluster, error) {
 	ports, err := freePorts(2 * Members)
 	if err != nil {
 		return nil, err
@@ -93,7 +103,7 @@ func start(t testing.TB, attempt int) (*Cluster, error) {
 	for i := 0; i < Members; i++ {
 		m := &member{
 			name:    fmt.Sprintf("m%d", i),
-			dir:     t.TempDir(),
+			dir:     tempDir(),
 			peerURL: url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i])},
 			client:  url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i+1])},
 		}

@@ -167,13 +167,21 @@ func peerRoutes(t *testing.T, endpoints, addr, serverKey, object string) {
 // fleetHost starts a daemon in the fleet at endpoints, its key admitted
 // as name, serving the fleet on a loopback address; it returns the daemon
 // and its key id.
+// Its lease lives 10 s (fleet.DefaultTTL): a test that kills a host and
+// waits for its lease to expire gives it 5 s (fleetHostTTL).
 func fleetHost(t *testing.T, endpoints, name string) (*daemon, string) {
+	t.Helper()
+	return fleetHostTTL(t, endpoints, name, "10s")
+}
+
+// fleetHostTTL is fleetHost with the host's lease time to live.
+func fleetHostTTL(t *testing.T, endpoints, name, ttl string) (*daemon, string) {
 	t.Helper()
 	var key string
 	d := mustDaemon(t, name, func(d *daemon) {
 		key = cli(t, "fleet", "key", "--state-dir", d.state)
 		cli(t, "fleet", "admit", key, "--name", name, "--etcd", endpoints)
-		d.flags = []string{"--etcd", endpoints, "--lease-ttl", "5s", "--peer-listen", freeAddr(t)}
+		d.flags = []string{"--etcd", endpoints, "--lease-ttl", ttl, "--peer-listen", freeAddr(t)}
 		d.fleet = true
 	})
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
@@ -344,6 +352,9 @@ func TestFleetDrain(t *testing.T) {
 		trStart(t, a, id, trAgentImage, "STEPS=1")
 		trParked(t, a, id, 2)
 	}
+	// One of etcd's three members is down for the drain: the fleet goes on
+	// with the other two.
+	c.Stop(2)
 	out, err := exec.Command(daemonBinary, "drain", "--socket", a.socket).CombinedOutput()
 	t.Logf("drain:\n%s", out)
 	if err != nil || !strings.Contains(string(out), "drained: 3 moved, 0 left here") {
@@ -395,13 +406,13 @@ func TestFleetDrain(t *testing.T) {
 // orphaned, and `adopt` on the second host makes it that host's — its
 // record as it was — where it resumes as the same process. Adopting a run
 // whose owner is alive is refused, and the first host, back, may not
-// resume what it no longer owns.
+// resume what it no longer owns: its start holds it handed off.
 func TestFleetAdopt(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
 	c := etcdtest.Start(t)
 	endpoints := strings.Join(c.Endpoints(), ",")
-	a, _ := fleetHost(t, endpoints, "lost-a")
+	a, _ := fleetHostTTL(t, endpoints, "lost-a", "5s")
 	b, keyB := fleetHost(t, endpoints, "lost-b")
 	const id = "orphan"
 	startOracle(t, a, id, oracleImage)
@@ -449,9 +460,11 @@ func TestFleetAdopt(t *testing.T) {
 			t.Fatalf("directory %+v (%v), want owned by the adopter at %s", e, err, r.Head)
 		}
 	}
+	// Back, the lost host learns at its start that the run is elsewhere
+	// (fleet.Reconcile): it holds it handed off.
 	mustStart(t, a)
 	_, err = a.c.Resume(ctx, id)
-	apiError(t, err, "not_owner")
+	apiError(t, err, "handed_off")
 }
 
 // genesisOf is a run's genesis, from its unit and grant set ids.
@@ -493,8 +506,8 @@ func TestFleetMigrateCrash(t *testing.T) {
 	ctx := context.Background()
 	c := etcdtest.Start(t)
 	endpoints := strings.Join(c.Endpoints(), ",")
-	a, keyA := fleetHost(t, endpoints, "crash-a")
-	b, keyB := fleetHost(t, endpoints, "crash-b")
+	a, keyA := fleetHostTTL(t, endpoints, "crash-a", "5s")
+	b, keyB := fleetHostTTL(t, endpoints, "crash-b", "5s")
 	dir := fleet.New(c.Client(t), "", 5*time.Second)
 	for i, tc := range []struct {
 		step   string
@@ -537,4 +550,36 @@ func TestFleetMigrateCrash(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A host that cannot reach etcd cannot confirm it owns its runs, and does
+// nothing it would need that for: its park of a running oracle is refused
+// (unavailable), nothing is appended, and the oracle goes on running there.
+// Safety over liveness: the other hosts of the fleet are not affected.
+func TestFleetEtcdUnreachable(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	c := etcdtest.Start(t)
+	// This host reaches the fleet through one member only, and its lease
+	// outlives the outage: its session goes on once etcd answers again.
+	cut, _ := fleetHostTTL(t, c.Endpoint(0), "cut-off", "60s")
+	const id = "stranded"
+	startOracle(t, cut, id, oracleImage)
+	before, err := cut.run(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Stop(0)
+	t.Cleanup(func() { c.Restart(t, 0) })
+	_, err = cut.c.Park(ctx, id)
+	var ae *api.Error
+	if !errors.As(err, &ae) || (ae.Code != api.CodeUnavailable && ae.Code != api.CodeNotOwner) {
+		t.Fatalf("park with etcd out of reach: %v, want unavailable (or not_owner once the lease is gone)", err)
+	}
+	after, err := cut.run(ctx, id)
+	if err != nil || after.Segments != before.Segments || after.Head != before.Head || after.Status != "running" {
+		t.Fatalf("after the refused park: %+v, %v; before %+v", after, err, before)
+	}
+	n := len(output(t, cut.stdout(id)))
+	waitLines(t, cut.stdout(id), "the oracle going on after the refused park", func(ls []line) bool { return len(ls) > n+1 })
 }
