@@ -8,7 +8,6 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
-	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -160,15 +159,8 @@ func (d *Daemon) Receive(ctx context.Context, from record.Address, id string, re
 // admitted hosts are trusted signers here, beside this host's own trusted
 // keys.
 func (d *Daemon) importReceived(ctx context.Context, from record.Address, id string, rec *record.Record) error {
-	trusted := func(k record.Address) bool {
-		if d.trusted(k) {
-			return true
-		}
-		m, err := d.session().Member(ctx, k)
-		return err == nil && m.Role == fleet.RoleHost
-	}
 	_, err := bundle.ImportStored(ctx, d.st, rec, bundle.StoredOptions{Run: id, ImportOptions: bundle.ImportOptions{
-		Options: bundle.Options{Limits: d.cfg.BundleLimits, Trusted: trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)},
+		Options: bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)},
 		ID:      id, CheckID: checkID}})
 	if err != nil {
 		return err

@@ -1,6 +1,10 @@
 package daemon
 
 import (
+	"context"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -11,8 +15,22 @@ import (
 // daemon's store and key id at each use.
 func (d *Daemon) keys() trust.Keys { return trust.Keys{Store: d.st, Self: d.keyID, Log: d.log} }
 
-// trusted says whether a host key id is trusted here.
-func (d *Daemon) trusted(key record.Address) bool { return d.keys().Trusted(key) }
+// trusted says whether a host key id is trusted here: trusted on this host
+// (internal/trust), or, in a fleet, admitted to it as a host (its keys are
+// the fleet's trusted set, docs/fleet.md).
+func (d *Daemon) trusted(key record.Address) bool {
+	if d.keys().Trusted(key) {
+		return true
+	}
+	h := d.session()
+	if h == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m, err := h.Member(ctx, key)
+	return err == nil && m.Role == fleet.RoleHost
+}
 
 // Trust trusts a host key under name: bundles whose attestations it signed
 // may be imported.
