@@ -156,8 +156,7 @@ func (d *Daemon) Receive(ctx context.Context, from record.Address, id string, re
 // next start claims (fleet.Reconcile: Reclaim); the other order would leave
 // this host owning a run it does not hold. A claim refused (the source took
 // the run back meanwhile) leaves the run here handed off. The fleet's
-// admitted hosts are trusted signers here, beside this host's own trusted
-// keys.
+// admitted hosts are trusted signers here (Daemon.trusted).
 func (d *Daemon) importReceived(ctx context.Context, from record.Address, id string, rec *record.Record) error {
 	_, err := bundle.ImportStored(ctx, d.st, rec, bundle.StoredOptions{Run: id, ImportOptions: bundle.ImportOptions{
 		Options: bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)},
