@@ -151,30 +151,13 @@ func cmdServe(args []string, stdout io.Writer) error {
 	}
 	defer os.Remove(socket)
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	var dir *fleet.Dir
-	if f.etcd.endpoints != "" {
-		var host *fleet.Host
-		var leave func()
-		dir, host, leave, err = joinFleet(startCtx, f.etcd, f.state, f.leaseTTL, f.peerListen)
-		if err != nil {
-			cancel()
-			l.Close()
-			return err
-		}
-		defer leave()
-		cfg.Fleet = host
-		ttl, peerAddr := f.leaseTTL, f.peerListen
-		cfg.Rejoin = func(ctx context.Context) (*fleet.Host, error) { return dir.JoinAt(ctx, host.Key(), ttl, peerAddr) }
-		if f.peerListen != "" {
-			key, err := attest.LoadOrCreateKey(filepath.Join(f.state, "host.key"))
-			if err != nil {
-				cancel()
-				l.Close()
-				return err
-			}
-			cfg.Peers = server.Peers{Dir: dir, Key: key}
-		}
+	dir, leave, err := f.joinFleet(startCtx, &cfg)
+	if err != nil {
+		cancel()
+		l.Close()
+		return err
 	}
+	defer leave()
 	d, err := daemon.New(startCtx, cfg)
 	cancel()
 	if err != nil {
@@ -226,4 +209,29 @@ func serveAPI(ctx context.Context, d *daemon.Daemon, l net.Listener, socket stri
 		err = nil
 	}
 	return errors.Join(err, serr, derr)
+}
+
+// joinFleet joins the fleet with --etcd, before the daemon opens anything,
+// and sets cfg's session, its rejoin, and with --peer-listen its peers;
+// without --etcd it does nothing. The returned function leaves the fleet.
+func (f *serveFlags) joinFleet(ctx context.Context, cfg *daemon.Config) (*fleet.Dir, func(), error) {
+	if f.etcd.endpoints == "" {
+		return nil, func() {}, nil
+	}
+	dir, host, leave, err := joinFleet(ctx, f.etcd, f.state, f.leaseTTL, f.peerListen)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.Fleet = host
+	ttl, peerAddr := f.leaseTTL, f.peerListen
+	cfg.Rejoin = func(ctx context.Context) (*fleet.Host, error) { return dir.JoinAt(ctx, host.Key(), ttl, peerAddr) }
+	if f.peerListen != "" {
+		key, err := attest.LoadOrCreateKey(filepath.Join(f.state, "host.key"))
+		if err != nil {
+			leave()
+			return nil, nil, err
+		}
+		cfg.Peers = server.Peers{Dir: dir, Key: key}
+	}
+	return dir, leave, nil
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/retention"
 	"github.com/runrecordd/runrecordd/internal/trust"
@@ -128,7 +129,7 @@ func callsOf(ls []calls.Listed) []api.Call {
 	return out
 }
 
-func drainOf(rs []daemon.Drained) api.Drain {
+func drainOf(rs []drain.Outcome) api.Drain {
 	out := api.Drain{Runs: make([]api.Drained, 0, len(rs))}
 	for _, r := range rs {
 		d := api.Drained{Run: r.Run}
