@@ -12,67 +12,20 @@ set -Eeuo pipefail
 bin=${1:-bin}
 rr=$(realpath "$bin/runrecordd")
 work=$(mktemp -d /tmp/rrfleet-XXXXXX)
-hosts=(h1 h2 h3)
-declare -A pid key sock
-etcd=
+source deploy/fleet-lib.sh
 
 step() { printf '\n== %s\n' "$*"; }
-
-cleanup() {
-	set +e
-	for h in "${hosts[@]}"; do
-		[ -n "${pid[$h]:-}" ] || continue
-		# Close what the host holds and owns; a run another host owns is
-		# that host's to close.
-		for r in $("$rr" list --socket "${sock[$h]}" -o json 2>/dev/null | sed -n 's/.*"id": "\([^"]*\)".*/\1/p'); do
-			"$rr" close "$r" --socket "${sock[$h]}" --reason "fleet demo over" >/dev/null 2>&1
-		done
-	done
-	for h in "${hosts[@]}"; do
-		[ -n "${pid[$h]:-}" ] && kill -TERM "${pid[$h]}" 2>/dev/null && wait "${pid[$h]}"
-	done
-	[ -n "$etcd" ] && kill -TERM "$etcd" 2>/dev/null && wait "$etcd"
-	# Nothing of the demo may be left running: no containerd, no shim.
-	sleep 1
-	left=$(pgrep -af "$work" || true)
-	if [ -n "$left" ]; then
-		echo "fleet-demo: left running:" >&2
-		echo "$left" >&2
-	fi
-	rm -rf "$work"
-}
-trap cleanup EXIT
+trap fleet_cleanup EXIT
 
 step "etcd: a 3-member cluster on loopback (cmd/fleetdemo)"
-go build -o "$work/fleetdemo" ./cmd/fleetdemo
-"$work/fleetdemo" >"$work/etcd.out" 2>"$work/etcd.log" &
-etcd=$!
-for _ in $(seq 1 100); do
-	[ -s "$work/etcd.out" ] && break
-	kill -0 "$etcd" 2>/dev/null || { cat "$work/etcd.log"; exit 1; }
-	sleep 0.1
-done
-E=$(head -n 1 "$work/etcd.out")
+fleet_etcd
 echo "endpoints: $E"
-
 port=17440
-for h in "${hosts[@]}"; do
-	state=$work/$h
-	sock[$h]=$state/runrecordd.sock
-	key[$h]=$("$rr" fleet key --state-dir "$state")
-	step "$h: admit ${key[$h]}, serve on 127.0.0.1:$port"
-	"$rr" fleet admit "${key[$h]}" --name "$h" --etcd "$E"
-	"$rr" serve --state-dir "$state" --etcd "$E" --peer-listen "127.0.0.1:$port" >"$work/$h.log" 2>&1 &
-	pid[$h]=$!
+for h in h1 h2 h3; do
+	step "$h: admit, serve on 127.0.0.1:$port"
+	fleet_host "$h" "$port"
+	echo "key ${key[$h]}"
 	port=$((port + 1))
-	for _ in $(seq 1 300); do
-		"$rr" host --socket "${sock[$h]}" >/dev/null 2>&1 && break
-		kill -0 "${pid[$h]}" 2>/dev/null || { cat "$work/$h.log"; exit 1; }
-		sleep 0.1
-	done
-	for u in oracle poller; do
-		"$rr" images import "$bin/units/$u.tar" --name "runrecordd.local/$u:1" --socket "${sock[$h]}" >/dev/null
-	done
 done
 
 step "fleet status"

@@ -15,15 +15,21 @@ const FailpointEnv = "RUNRECORDD_FAILPOINT"
 // Failpoints are the steps that can be armed, in the order an operation
 // reaches them.
 var Failpoints = []string{
-	"start.sandboxed",     // the unit's sandbox started, the run's genesis not stored
-	"park.checkpointed",   // images ingested (or transcript sealed), nothing recorded
-	"park.attested",       // evidence sealed, segments not appended
-	"park.appended",       // Executed + Suspended durable, sandbox not destroyed
-	"resume.restored",     // sandbox restored or started, Resumed not appended
-	"resume.appended",     // Resumed durable
-	"close.appended",      // Executed + Closed durable, sandbox not destroyed
-	"migrate.handedoff",   // source: handed off in its store, not transferred in etcd
-	"migrate.transferred", // source: transferred in etcd, the target not asked
+	"start.sandboxed",   // the unit's sandbox started, the run's genesis not stored
+	"park.checkpointed", // images ingested (or transcript sealed), nothing recorded
+	"park.attested",     // evidence sealed, segments not appended
+	"park.appended",     // Executed + Suspended durable, sandbox not destroyed
+	"resume.restored",   // sandbox restored or started, Resumed not appended
+	"resume.appended",   // Resumed durable
+	"close.appended",    // Executed + Closed durable, sandbox not destroyed
+}
+
+// MigrationFailpoints are the steps of a migration between two hosts of
+// a fleet, in order: the source's, then the target's (test/e2e's
+// TestFleetMigrateCrash arms each).
+var MigrationFailpoints = []string{
+	"migrate.transferred", // source: transferred in etcd, not handed off in its store
+	"migrate.handedoff",   // source: handed off in both, the target not asked
 	"receive.fetched",     // target: record and objects here, nothing stored
 	"receive.imported",    // target: run stored (parked), not claimed in etcd
 	"receive.claimed",     // target: claimed in etcd, not resumed

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -21,9 +22,10 @@ type Run struct {
 // Outcome is one run's end in a drain: the host it moved to, or why no
 // host took it (every host's refusal, joined).
 type Outcome struct {
-	Run string
-	To  record.Address // zero when it did not move
-	Err error
+	Run  string
+	To   record.Address // zero when it did not move
+	Err  error
+	Took time.Duration // from the first offer to the outcome
 }
 
 // Migrate moves run id to host to.
@@ -79,6 +81,13 @@ func order(runs []Run) []string {
 
 // place offers run id to hosts in turn from the k-th, until one takes it.
 func place(ctx context.Context, id string, hosts []record.Address, k int, migrate Migrate) Outcome {
+	t0 := time.Now()
+	o := offer(ctx, id, hosts, k, migrate)
+	o.Took = time.Since(t0)
+	return o
+}
+
+func offer(ctx context.Context, id string, hosts []record.Address, k int, migrate Migrate) Outcome {
 	if len(hosts) == 0 {
 		return Outcome{Run: id, Err: errors.New("no host to move it to")}
 	}

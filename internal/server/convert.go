@@ -132,7 +132,7 @@ func callsOf(ls []calls.Listed) []api.Call {
 func drainOf(rs []drain.Outcome) api.Drain {
 	out := api.Drain{Runs: make([]api.Drained, 0, len(rs))}
 	for _, r := range rs {
-		d := api.Drained{Run: r.Run}
+		d := api.Drained{Run: r.Run, TookNS: int64(r.Took)}
 		if r.Err != nil {
 			d.Error = ErrorOf(r.Err)
 			out.Left++

@@ -292,9 +292,10 @@ type Drain struct {
 
 // Drained is one run of a drain.
 type Drained struct {
-	Run   string `json:"run"`
-	To    string `json:"to,omitempty"`
-	Error *Error `json:"error,omitempty"`
+	Run    string `json:"run"`
+	To     string `json:"to,omitempty"`
+	Error  *Error `json:"error,omitempty"`
+	TookNS int64  `json:"took_ns"` // the run's migration, every host tried
 }
 
 // MigrateRequest moves a run to another host of the fleet (POST

@@ -509,7 +509,7 @@ func TestFleetMigrateCrash(t *testing.T) {
 	a, keyA := fleetHostTTL(t, endpoints, "crash-a", "5s")
 	b, keyB := fleetHostTTL(t, endpoints, "crash-b", "5s")
 	dir := fleet.New(c.Client(t), "", 5*time.Second)
-	for i, tc := range []struct {
+	cases := []struct {
 		step   string
 		victim *daemon
 		owner  *daemon // where the run ends
@@ -519,7 +519,16 @@ func TestFleetMigrateCrash(t *testing.T) {
 		{"receive.fetched", b, a},
 		{"receive.imported", b, a},
 		{"receive.claimed", b, b},
-	} {
+	}
+	if len(cases) != len(rrd.MigrationFailpoints) {
+		t.Fatalf("%d cases for the %d migration failpoints", len(cases), len(rrd.MigrationFailpoints))
+	}
+	for i, step := range rrd.MigrationFailpoints {
+		if cases[i].step != step {
+			t.Fatalf("failpoint %s: the test does not know where it leaves the run", step)
+		}
+	}
+	for i, tc := range cases {
 		t.Run(tc.step, func(t *testing.T) {
 			id := fmt.Sprintf("crash-%d", i)
 			started := startOracle(t, a, id, oracleImage)

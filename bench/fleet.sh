@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# bench/fleet.sh - the fleet's speed on this machine (docs/benchmarks.md),
+# against a real 3-member etcd cluster and real hosts on loopback:
+#  1. drain N transcript runs parked on their awaits from one host to two
+#     others: the drain's total time and each run's p50/p99;
+#  2. move an image run of SIZE_MB MiB between two hosts ROUNDS times each
+#     way, side by side in one run: `migrate` in the fleet, and the manual
+#     path (park, export, import, resume) between two hosts alone; the time
+#     the unit is not running, medians and their ratio.
+# As root, after `make build`. Leaves nothing running.
+# Usage: bench/fleet.sh [N] [ROUNDS] [SIZE_MB]   (default 200 3 512)
+set -Eeuo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-200} rounds=${2:-3} size=${3:-512}
+bin=bin
+rr=$(realpath "$bin/runrecordd")
+work=$(mktemp -d /tmp/rrfleet-XXXXXX)
+source deploy/fleet-lib.sh
+trap fleet_cleanup EXIT
+ms() { echo $((($(date +%s%N) - $1) / 1000000)); }
+
+fleet_etcd
+fleet_host h1 17540
+fleet_host h2 17541
+fleet_host h3 17542
+
+echo "== drain: $n transcript runs parked on their awaits, h1 -> h2, h3"
+for i in $(seq 1 "$n"); do
+	"$rr" run --socket "${sock[h1]}" --id "a$i" --mode transcript --env STEPS=1 runrecordd.local/agent:1 >/dev/null
+done
+for _ in $(seq 1 600); do
+	p=$("$rr" list --socket "${sock[h1]}" --phase parked -o json | grep -c '"id"' || true)
+	[ "$p" -ge "$n" ] && break
+	sleep 0.5
+done
+t0=$(date +%s%N)
+"$rr" drain --socket "${sock[h1]}" --parallel 2 -o json >"$work/drain.json"
+total=$(ms "$t0")
+python3 - "$work/drain.json" "$total" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+took = sorted(r["took_ns"] / 1e6 for r in d["runs"])
+q = lambda p: took[min(len(took) - 1, int(p * len(took)))]
+print(f"drained {d['moved']} runs ({d['left']} left) in {int(sys.argv[2])} ms: "
+      f"{d['moved'] / (int(sys.argv[2]) / 1000):.1f} runs/s; per run p50 {q(0.50):.0f} ms, p99 {q(0.99):.0f} ms")
+PY
+
+echo "== a $size MiB image run: migrate (fleet h2 <-> h3) and the manual path (alone m1 <-> m2), $rounds rounds each way"
+for m in m1 m2; do
+	state=$work/$m
+	sock[$m]=$state/runrecordd.sock
+	"$rr" serve --state-dir "$state" >"$work/$m.log" 2>&1 &
+	pid[$m]=$!
+	hosts+=("$m")
+	for _ in $(seq 1 300); do "$rr" host --socket "${sock[$m]}" >/dev/null 2>&1 && break; sleep 0.1; done
+	"$rr" images import "$bin/units/oracle.tar" --name runrecordd.local/oracle:1 --socket "${sock[$m]}" >/dev/null
+done
+for m in m1 m2; do
+	o=m1; [ "$m" = m1 ] && o=m2
+	k=$("$rr" host --socket "${sock[$o]}" -o json | sed -n 's/.*"key_id": "\([^"]*\)".*/\1/p')
+	"$rr" trust add "$k" --name "$o" --socket "${sock[$m]}" >/dev/null
+done
+verified() { # verified STATE RUN: wait for the oracle's next verified line
+	local f=$1/runs/$2/stdout c
+	c=$(wc -l <"$f" 2>/dev/null || echo 0)
+	for _ in $(seq 1 600); do
+		[ "$(wc -l <"$f" 2>/dev/null || echo 0)" -gt "$c" ] && grep -q verified "$f" && return 0
+		sleep 0.1
+	done
+	return 1
+}
+"$rr" run --socket "${sock[h2]}" --id big --env SIZE_MB="$size" runrecordd.local/oracle:1 >/dev/null
+"$rr" run --socket "${sock[m1]}" --id big --env SIZE_MB="$size" runrecordd.local/oracle:1 >/dev/null
+verified "$work/h2" big
+verified "$work/m1" big
+from=h2 to=h3 mfrom=m1 mto=m2
+: >"$work/mig.ms"
+: >"$work/man.ms"
+for r in $(seq 1 $((2 * rounds))); do
+	t0=$(date +%s%N)
+	"$rr" migrate big --to "${key[$to]}" --socket "${sock[$from]}" >/dev/null
+	ms "$t0" >>"$work/mig.ms"
+	verified "$work/$to" big
+	t0=$(date +%s%N)
+	"$rr" park big --socket "${sock[$mfrom]}" >/dev/null
+	"$rr" export big -f "$work/big.bundle" --socket "${sock[$mfrom]}" >/dev/null
+	"$rr" import "$work/big.bundle" --socket "${sock[$mto]}" >/dev/null
+	"$rr" resume big --socket "${sock[$mto]}" >/dev/null
+	ms "$t0" >>"$work/man.ms"
+	rm -f "$work/big.bundle"
+	verified "$work/$mto" big
+	tmp=$from; from=$to; to=$tmp
+	tmp=$mfrom; mfrom=$mto; mto=$tmp
+done
+python3 - "$work/mig.ms" "$work/man.ms" <<'PY'
+import statistics, sys
+mig = [int(x) for x in open(sys.argv[1])]
+man = [int(x) for x in open(sys.argv[2])]
+print("migrate ms:", mig)
+print("manual  ms:", man)
+a, b = statistics.median(mig), statistics.median(man)
+print(f"median migrate {a:.0f} ms, manual {b:.0f} ms: migrate/manual {a / b:.2f} (target <= 0.7)")
+PY
