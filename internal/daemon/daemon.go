@@ -226,6 +226,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.startProbe(criuErr)
 	d.startGC()
 	d.watchLease()
+	d.guardLease()
 	ok = true
 	return d, nil
 }

@@ -48,12 +48,35 @@ func (d *Daemon) watchLease() {
 				return
 			}
 			d.rejoined.Store(nh)
-			if _, err := d.reconcileFleet(d.bgCtx); err != nil {
+			elsewhere, err := d.reconcileFleet(d.bgCtx)
+			if err != nil {
 				d.log.Error("fleet: reconciling after the rejoin", "err", err)
 			}
+			d.dropElsewhere(elsewhere)
 			d.log.Info("fleet: rejoined with a new session", "lease", nh.Lease())
 		}
 	}()
+}
+
+// dropElsewhere destroys, without an append, the sandboxes of runs that
+// another host took while this one was cut off (their units frozen here).
+func (d *Daemon) dropElsewhere(elsewhere map[string]bool) {
+	for id := range elsewhere {
+		d.mu.Lock()
+		r := d.runs[id]
+		d.mu.Unlock()
+		if r == nil {
+			continue
+		}
+		r.mu.Lock()
+		if lv := r.live; lv != nil {
+			lv.stopping = true
+			d.destroy(lv)
+			r.live = nil
+			d.log.Warn("fleet: another host took the run while this one was cut off; its sandbox here is gone, nothing appended", "run", id)
+		}
+		r.mu.Unlock()
+	}
 }
 
 // rejoin tries Config.Rejoin every second until it succeeds, or the
@@ -159,4 +182,87 @@ func (d *Daemon) unclaim(ctx context.Context, id string, genesis record.Address)
 	if err := d.session().Remove(context.WithoutCancel(ctx), genesis); err != nil {
 		d.log.Error("fleet: the claim of a run never created is left; the next start removes it", "run", id, "err", err)
 	}
+}
+
+// guardEvery is how often guardLease looks at the lease.
+const guardEvery = 100 * time.Millisecond
+
+// guardLease freezes this host's executing units when its lease is about
+// to lapse unconfirmed — less than a third of its time to live left: two
+// renewals missed — and thaws them once it is confirmed again, by a
+// renewal or a new session (docs/fleet.md, "A host without its lease").
+// etcd cannot expire the lease, and so no other host adopt a run, before
+// ValidUntil: by then every unit here is frozen. A run busy with an
+// operation is left to it: the fence refuses its append meanwhile.
+func (d *Daemon) guardLease() {
+	if d.cfg.Fleet == nil {
+		return
+	}
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		frozen := map[string]*live{}
+		t := time.NewTicker(guardEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-d.bgCtx.Done():
+				return
+			case <-t.C:
+			}
+			h := d.session()
+			short := time.Until(h.ValidUntil()) < h.TTL()/3
+			switch {
+			case short && len(frozen) == 0:
+				d.freezeAll(frozen)
+			case !short && len(frozen) > 0:
+				d.thawAll(frozen)
+			}
+		}
+	}()
+}
+
+// freezeAll pauses every unit executing here that no operation holds,
+// noting each in frozen.
+func (d *Daemon) freezeAll(frozen map[string]*live) {
+	d.mu.Lock()
+	runs := make(map[string]*run, len(d.runs))
+	for id, r := range d.runs {
+		runs[id] = r
+	}
+	d.mu.Unlock()
+	for id, r := range runs {
+		if !r.mu.TryLock() {
+			continue
+		}
+		if lv := r.live; lv != nil {
+			if err := lv.sb.Pause(d.bgCtx); err == nil {
+				frozen[id] = lv
+			} else {
+				d.log.Error("fleet: a unit not frozen as the lease lapses", "run", id, "err", err)
+			}
+		}
+		r.mu.Unlock()
+	}
+	d.log.Warn("fleet: the lease is lapsing unconfirmed; this host's units are frozen", "frozen", len(frozen))
+}
+
+// thawAll resumes the units freezeAll froze that are still this host's
+// (the same sandbox); one another host took meanwhile was destroyed by the
+// reconcile of the rejoin.
+func (d *Daemon) thawAll(frozen map[string]*live) {
+	for id, lv := range frozen {
+		d.mu.Lock()
+		r := d.runs[id]
+		d.mu.Unlock()
+		r.mu.Lock()
+		if r.live == lv {
+			if err := lv.sb.Settle(d.bgCtx); err != nil {
+				d.log.Error("fleet: a frozen unit not thawed", "run", id, "err", err)
+			}
+		}
+		r.mu.Unlock()
+		delete(frozen, id)
+	}
+	d.log.Info("fleet: the lease is confirmed again; this host's units are thawed")
 }

@@ -235,3 +235,62 @@ func TestFleetRejoin(t *testing.T) {
 	}
 	h.teardown(t, "r")
 }
+
+// A lease that lapses unconfirmed (etcd lost its quorum) freezes the
+// host's units before etcd could expire it; once confirmed again — renewed
+// or by a new session — they are thawed, the run still this host's.
+func TestFleetLeaseGuard(t *testing.T) {
+	c := etcdtest.Start(t)
+	dir := fleet.New(c.Client(t), "/guard/", 2*time.Second)
+	ctx := t.Context()
+	key := record.Sum([]byte("host guarded"))
+	if err := dir.Admit(ctx, key, "guarded", fleet.RoleHost); err != nil {
+		t.Fatal(err)
+	}
+	a, err := dir.Join(ctx, key, 6*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close(context.Background()) })
+	h := newFakeHost(t)
+	h.d.cfg.Fleet = a
+	h.d.cfg.Rejoin = func(ctx context.Context) (*fleet.Host, error) {
+		nh, err := dir.Join(ctx, key, 6*time.Second)
+		if err == nil {
+			t.Cleanup(func() { _ = nh.Close(context.Background()) })
+		}
+		return nh, err
+	}
+	h.start(t, "r")
+	h.d.watchLease()
+	h.d.guardLease()
+	sb := h.ex.sandbox("r")
+	status := func() string {
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		return sb.status
+	}
+	wait := func(want string, within time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for status() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("the unit is %s, want %s", status(), want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	c.Stop(1)
+	c.Stop(2)
+	wait("paused", 10*time.Second)
+	if v := time.Until(h.d.session().ValidUntil()); v <= 0 {
+		t.Fatalf("frozen only %v after the lease could lapse", -v)
+	}
+	c.Restart(t, 1)
+	c.Restart(t, 2)
+	wait("running", 30*time.Second)
+	if _, err := h.d.Park(ctx, "r"); err != nil {
+		t.Fatalf("park once the lease is confirmed again: %v", err)
+	}
+	h.teardown(t, "r")
+}

@@ -97,6 +97,9 @@ func (d *Dir) JoinAt(ctx context.Context, key record.Address, ttl time.Duration,
 // Key returns the host's key id.
 func (h *Host) Key() record.Address { return h.key }
 
+// TTL is the lease's time to live, as etcd granted it.
+func (h *Host) TTL() time.Duration { return h.ttl }
+
 // Lease returns the session's lease.
 func (h *Host) Lease() int64 { return int64(h.lease) }
 
