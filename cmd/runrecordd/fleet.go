@@ -21,6 +21,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/peer"
+	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -144,12 +145,9 @@ func cmdFleet(args []string, stdout io.Writer) error {
 }
 
 func fleetAdmit(ctx context.Context, e etcdFlags, keyText, name string, role fleet.Role, stdout io.Writer) error {
-	if !strings.HasPrefix(keyText, record.AddressPrefix) {
-		keyText = record.AddressPrefix + keyText
-	}
-	key, err := record.ParseAddress(keyText)
+	key, err := trust.ParseKey(keyText)
 	if err != nil {
-		return usagef("fleet admit %s: %v", keyText, err)
+		return usagef("fleet admit: %v", err)
 	}
 	dir, cli, err := e.dir()
 	if err != nil {

@@ -110,10 +110,20 @@ func (d *Daemon) fleetErr(err error) error {
 // records is the store the daemon appends through: the fleet's fence in a
 // fleet, the store itself alone.
 func (d *Daemon) records() interval.Store {
-	if d.session() == nil {
-		return d.st
+	if f := d.fence(); f != nil {
+		return f
 	}
-	return &fleet.Fence{Store: d.st, Host: d.session()}
+	return d.st
+}
+
+// fence is the store as the fleet lets this host append to it, over the
+// current session; nil alone.
+func (d *Daemon) fence() *fleet.Fence {
+	h := d.session()
+	if h == nil {
+		return nil
+	}
+	return &fleet.Fence{Store: d.st, Host: h}
 }
 
 // reservation is an advance of a run the fleet confirmed before the
@@ -134,8 +144,7 @@ func (d *Daemon) reserve(ctx context.Context, id string, segs ...record.Segment)
 		return nil, err
 	}
 	res := &reservation{d: d, id: id, head: head, segs: segs}
-	if d.session() != nil {
-		f := &fleet.Fence{Store: d.st, Host: d.session()}
+	if f := d.fence(); f != nil {
 		if res.r, err = f.Reserve(ctx, id, head, segs...); err != nil {
 			return nil, d.fleetErr(err)
 		}

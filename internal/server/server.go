@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -217,17 +217,8 @@ func (h *handler) drain(w http.ResponseWriter, r *http.Request) {
 	h.reply(w, r, drainOf(runs), err)
 }
 
-// hostKey reads a host key id, with or without its b3: prefix.
-func hostKey(text string) (record.Address, error) {
-	if !strings.HasPrefix(text, record.AddressPrefix) {
-		text = record.AddressPrefix + text
-	}
-	a, err := record.ParseAddress(text)
-	if err != nil {
-		return record.Address{}, fmt.Errorf("%w: host key: %w", daemon.ErrInvalid, err)
-	}
-	return a, nil
-}
+// hostKey reads a host key id (trust.ParseKey).
+func hostKey(text string) (record.Address, error) { return trust.ParseKey(text) }
 
 func (h *handler) gc(w http.ResponseWriter, r *http.Request) {
 	var req api.GCRequest

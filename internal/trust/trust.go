@@ -66,7 +66,7 @@ func (k Keys) Trusted(key record.Address) bool {
 // the prefix) under name. This host's own key is answered as Self and not
 // stored: it is always trusted.
 func (k Keys) Add(key, name string) (Key, error) {
-	a, err := parseKey(key)
+	a, err := ParseKey(key)
 	if err != nil {
 		return Key{}, err
 	}
@@ -83,7 +83,7 @@ func (k Keys) Add(key, name string) (Key, error) {
 // Remove stops trusting key. Runs already imported stay. This host's own
 // key cannot be removed.
 func (k Keys) Remove(key string) error {
-	a, err := parseKey(key)
+	a, err := ParseKey(key)
 	if err != nil {
 		return err
 	}
@@ -137,9 +137,10 @@ func (k Keys) log() *slog.Logger {
 	return k.Log
 }
 
-// parseKey reads a host key id: its address text (b3:…), as `runrecordd
-// host` and a refusal print it, with or without the prefix.
-func parseKey(s string) (record.Address, error) {
+// ParseKey reads a host key id: its address text (b3:…), as `runrecordd
+// host` and a refusal print it, with or without the prefix; a malformed one
+// is ErrKey. Every place a person names a host key reads it here.
+func ParseKey(s string) (record.Address, error) {
 	if !strings.HasPrefix(s, record.AddressPrefix) {
 		s = record.AddressPrefix + s
 	}
