@@ -49,6 +49,9 @@ func cmdImport(args []string, stdout io.Writer) error {
 			fmt.Fprintf(w, "imported %s: %d objects, %s, verified from genesis\n", printable(im.Run.ID), im.Objects, bytesString(im.Bytes))
 			printGrants(w, im.Grants)
 			printSigners(w, im.Signers, true)
+			if im.Unclaimed != nil {
+				fmt.Fprintf(w, "not this host's in the fleet, held here handed off: %s (%s)\n", printable(im.Unclaimed.Message), im.Unclaimed.Code)
+			}
 			runTable(w, []api.Run{im.Run})
 		})
 	})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 var (
@@ -118,12 +119,40 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 		return Imported{}, err
 	}
 	d.fillCalls(im.Run)
+	unclaimed := d.claimImported(ctx, im)
 	sum, err := d.summary(im.Run, rl)
 	if err != nil {
 		return Imported{}, err
 	}
 	d.log.Info("run imported", "run", im.Run, "from", im.Header.Run, "objects", im.Objects, "bytes", im.Bytes, "copy", im.Header.Copy)
-	return Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: grantsOf(im.Grants), Signers: d.signersOf(im.Signers)}, nil
+	return Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: grantsOf(im.Grants), Signers: d.signersOf(im.Signers), Unclaimed: unclaimed}, nil
+}
+
+// claimImported makes an imported run this host's in the fleet
+// (docs/fleet.md, "Bundles in a fleet"): claimed at the record's head —
+// which the directory allows for a run it has no entry for (one from
+// outside the fleet), one transferred to this host, and one whose owner is
+// gone. Refused (another live host owns it, or holds it further on), the
+// run is held here handed off, as a copy a later adopt can take, and the
+// refusal is returned. A copy bundle's run is never claimed; alone, nothing
+// is.
+func (d *Daemon) claimImported(ctx context.Context, im bundle.Imported) error {
+	if d.session() == nil || im.Header.Copy {
+		return nil
+	}
+	rec := im.Record
+	_, err := d.session().Claim(ctx, rec.Genesis(), im.Run, rec.Head(), rec.Phase())
+	if err == nil {
+		return nil
+	}
+	err = d.fleetErr(err)
+	if rec.Phase() != record.Ended {
+		if herr := d.st.HandOff(im.Run, rec.Head()); herr != nil {
+			d.log.Error("fleet: an imported run this host does not own is not held handed off", "run", im.Run, "err", herr)
+		}
+	}
+	d.log.Warn("fleet: the imported run is not this host's; it is held here handed off", "run", im.Run, "err", err)
+	return err
 }
 
 // notHandedOff refuses an operation on a run an export handed to another

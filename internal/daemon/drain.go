@@ -9,7 +9,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // ErrDraining refuses a new run on a host being drained.
@@ -38,15 +37,16 @@ func (d *Daemon) Drain(ctx context.Context, to []record.Address, parallel int) (
 	if len(to) == 0 {
 		return nil, fmt.Errorf("drain: %w: no other host serves the fleet", fleet.ErrNotAdmitted)
 	}
-	runs, err := d.held()
+	runs, needs, err := d.held(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}
+	hosts := d.hostsFor(ctx, to, needs)
 	migrate := func(ctx context.Context, id string, to record.Address) error {
 		_, err := d.Migrate(ctx, id, to)
 		return err
 	}
-	return drain.Drain(ctx, runs, to, parallel, migrate, func(o drain.Outcome, done, total int) {
+	return drain.Drain(ctx, runs, hosts, parallel, migrate, func(o drain.Outcome, done, total int) {
 		d.metrics.Drained(o.Err == nil)
 		detail := fmt.Sprintf("%d/%d moved to %s", done, total, o.To)
 		if o.Err != nil {
@@ -56,23 +56,30 @@ func (d *Daemon) Drain(ctx context.Context, to []record.Address, parallel int) (
 	}), nil
 }
 
-// held lists the runs this host holds: not closed, not handed off.
-func (d *Daemon) held() ([]drain.Run, error) {
+// held lists the runs this host holds — not closed, not handed off — and
+// what each needs of the host that takes it.
+func (d *Daemon) held(ctx context.Context) ([]drain.Run, []drain.Need, error) {
 	ids, err := d.st.AllRuns()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []drain.Run
+	var runs []drain.Run
+	var needs []drain.Need
 	for _, id := range ids {
 		s, err := d.Run(id)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		if s.Phase != record.Ended && !s.HandedOff {
-			out = append(out, drain.Run{ID: id, Transcript: s.Spec != nil && s.Spec.Mode == unit.TranscriptMode})
+		if s.Phase == record.Ended || s.HandedOff {
+			continue
 		}
+		r, n, err := d.need(ctx, id)
+		if err != nil {
+			return nil, nil, fmt.Errorf("run %s: %w", id, err)
+		}
+		runs, needs = append(runs, r), append(needs, n)
 	}
-	return out, nil
+	return runs, needs, nil
 }
 
 // otherHosts are the fleet's hosts, other than this one, whose live

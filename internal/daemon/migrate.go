@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -23,6 +24,9 @@ type Peers interface {
 	// Fetch brings run's record from host, and every object the record
 	// reaches that st lacks, each verified by its address.
 	Fetch(ctx context.Context, host record.Address, run string, st *store.Store, limits bundle.Limits) (*record.Record, error)
+	// Offer asks host what it can take now (its Daemon.Offer), naming the
+	// images the runs to place need.
+	Offer(ctx context.Context, host record.Address, images []string) (drain.Offer, error)
 }
 
 // ErrNoFleet is a migration asked of a host that is not in a fleet.
@@ -126,6 +130,9 @@ func (d *Daemon) Receive(ctx context.Context, from record.Address, id string, re
 	}
 	if err := checkID(id); err != nil {
 		return Summary{}, err
+	}
+	if d.draining.Load() {
+		return Summary{}, fmt.Errorf("receive %s: %w: it takes no runs until it restarts", id, ErrDraining)
 	}
 	rec, err := d.cfg.Peers.Fetch(ctx, from, id, d.st, d.cfg.BundleLimits)
 	if err != nil {

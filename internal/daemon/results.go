@@ -95,6 +95,9 @@ type Imported struct {
 	Bytes   int64
 	Grants  unit.Grants
 	Signers []Signer
+	// Unclaimed is why, in a fleet, this host does not own the imported
+	// run (it is held here handed off); nil when it does, or alone.
+	Unclaimed error
 }
 
 // Posted is a result taken into the call ledger.

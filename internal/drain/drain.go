@@ -1,7 +1,8 @@
 // Package drain moves every run off a host (docs/fleet.md, "Drain"): which
-// runs go first, to which host each is offered, how many move at once,
-// and what each run's outcome is. The moving itself — a migration — is
-// the caller's; this package never imports the daemon.
+// runs go first, to which host each goes, how many move at once, and what
+// each run's outcome is. The moving itself — a migration — is the
+// caller's, and so is asking the hosts what they can take; this package
+// never imports the daemon.
 package drain
 
 import (
@@ -17,6 +18,24 @@ import (
 type Run struct {
 	ID         string
 	Transcript bool // a transcript run moves no image: it goes first
+	// Bytes is what the run costs the store that takes it: its parked
+	// snapshot, or the memory of an executing image unit (its park's
+	// image).
+	Bytes uint64
+}
+
+// Host is a host a drain may move runs to, as it answered before the
+// drain began (placement).
+type Host struct {
+	Key record.Address
+	// Free is what its store can still take, beyond the room it keeps.
+	Free uint64
+	// Refuses holds the runs it cannot take and why: its manifest does
+	// not match the run's recorded keys (an image run needs the image's
+	// digest there).
+	Refuses map[string]error
+	// Err is why it did not answer: it is offered nothing.
+	Err error
 }
 
 // Outcome is one run's end in a drain: the host it moved to, or why no
@@ -32,12 +51,14 @@ type Outcome struct {
 type Migrate func(ctx context.Context, id string, to record.Address) error
 
 // Drain moves runs to hosts, parallel at a time: transcript runs first;
-// each offered to the hosts in turn, starting at a different one for each
-// run so that runs spread, and passed on to the next when a host refuses
-// it. progress, when not nil, is told each outcome as it ends, with how
-// many have ended of how many. The outcomes are in the order moved.
-func Drain(ctx context.Context, runs []Run, hosts []record.Address, parallel int, migrate Migrate, progress func(o Outcome, done, total int)) []Outcome {
+// each to the host whose manifest matches the run and that has the most
+// room left once what this drain already sent it is counted (placement),
+// passed on to the next such host when one refuses it at the migration.
+// progress, when not nil, is told each outcome as it ends, with how many
+// have ended of how many. The outcomes are in the order moved.
+func Drain(ctx context.Context, runs []Run, hosts []Host, parallel int, migrate Migrate, progress func(o Outcome, done, total int)) []Outcome {
 	ordered := order(runs)
+	p := newPlacement(hosts)
 	out := make([]Outcome, len(ordered))
 	work := make(chan int)
 	var wg sync.WaitGroup
@@ -48,7 +69,9 @@ func Drain(ctx context.Context, runs []Run, hosts []record.Address, parallel int
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				out[i] = place(ctx, ordered[i], hosts, i, migrate)
+				t0 := time.Now()
+				out[i] = p.move(ctx, ordered[i], migrate)
+				out[i].Took = time.Since(t0)
 				mu.Lock()
 				done++
 				if progress != nil {
@@ -67,41 +90,41 @@ func Drain(ctx context.Context, runs []Run, hosts []record.Address, parallel int
 }
 
 // order puts transcript runs first, each kind in the order given.
-func order(runs []Run) []string {
-	var first, then []string
+func order(runs []Run) []Run {
+	var first, then []Run
 	for _, r := range runs {
 		if r.Transcript {
-			first = append(first, r.ID)
+			first = append(first, r)
 		} else {
-			then = append(then, r.ID)
+			then = append(then, r)
 		}
 	}
 	return append(first, then...)
 }
 
-// place offers run id to hosts in turn from the k-th, until one takes it.
-func place(ctx context.Context, id string, hosts []record.Address, k int, migrate Migrate) Outcome {
-	t0 := time.Now()
-	o := offer(ctx, id, hosts, k, migrate)
-	o.Took = time.Since(t0)
-	return o
-}
-
-func offer(ctx context.Context, id string, hosts []record.Address, k int, migrate Migrate) Outcome {
-	if len(hosts) == 0 {
-		return Outcome{Run: id, Err: errors.New("no host to move it to")}
-	}
+// move places run on the host with the most room left that can take it,
+// moves it there, and on a refusal tries the next, until one takes it or
+// none is left.
+func (p *placement) move(ctx context.Context, run Run, migrate Migrate) Outcome {
 	var errs []error
-	for j := range hosts {
-		host := hosts[(k+j)%len(hosts)]
-		err := migrate(ctx, id, host)
-		if err == nil {
-			return Outcome{Run: id, To: host}
-		}
-		errs = append(errs, err)
-		if ctx.Err() != nil {
+	tried := map[record.Address]bool{}
+	for ctx.Err() == nil {
+		h, why := p.reserve(run, tried)
+		if h < 0 {
+			errs = append(errs, why...)
 			break
 		}
+		key := p.hosts[h].Key
+		tried[key] = true
+		err := migrate(ctx, run.ID, key)
+		if err == nil {
+			return Outcome{Run: run.ID, To: key}
+		}
+		p.release(h, run.Bytes)
+		errs = append(errs, err)
 	}
-	return Outcome{Run: id, Err: errors.Join(errs...)}
+	if len(errs) == 0 {
+		errs = append(errs, ctx.Err())
+	}
+	return Outcome{Run: run.ID, Err: errors.Join(errs...)}
 }

@@ -8,10 +8,20 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 func host(n string) record.Address { return record.Sum([]byte(n)) }
+
+// hosts are hosts with the same ample room, taking anything.
+func hosts(keys ...record.Address) []Host {
+	var out []Host
+	for _, k := range keys {
+		out = append(out, Host{Key: k, Free: 1 << 40})
+	}
+	return out
+}
 
 // Transcript runs go first; runs spread over the hosts; a host that
 // refuses a run passes it to the next; a run every host refuses stays,
@@ -32,7 +42,7 @@ func TestDrain(t *testing.T) {
 	}
 	var seen atomic.Int32
 	runs := []Run{{ID: "img-1"}, {ID: "tr-1", Transcript: true}, {ID: "img-b-only"}, {ID: "tr-2", Transcript: true}, {ID: "img-stuck"}}
-	out := Drain(t.Context(), runs, []record.Address{a, b}, 1, migrate, func(o Outcome, done, total int) {
+	out := Drain(t.Context(), runs, hosts(a, b), 1, migrate, func(o Outcome, done, total int) {
 		if total != len(runs) || int(seen.Add(1)) != done {
 			t.Errorf("progress %d/%d after %d outcomes", done, total, seen.Load())
 		}
@@ -75,7 +85,7 @@ func TestDrainParallel(t *testing.T) {
 		runs[i] = Run{ID: fmt.Sprint(i)}
 	}
 	done := make(chan []Outcome)
-	go func() { done <- Drain(t.Context(), runs, []record.Address{host("a")}, 2, migrate, nil) }()
+	go func() { done <- Drain(t.Context(), runs, hosts(host("a")), 2, migrate, nil) }()
 	for range runs {
 		release <- struct{}{}
 	}
@@ -93,5 +103,111 @@ func TestDrainNoHost(t *testing.T) {
 	}, nil)
 	if len(out) != 1 || out[0].Err == nil {
 		t.Fatalf("%+v", out)
+	}
+}
+
+// Placement: a run goes only to a host whose manifest matches it and that
+// has room for it, the one with the most room left first; a host that did
+// not answer gets nothing; a run no host can take stays, with each host's
+// reason, and nothing is offered to a host that cannot take it.
+func TestDrainPlacement(t *testing.T) {
+	a, b, c := host("a"), host("b"), host("c")
+	mismatch := errors.New("manifest: cpu_features differ")
+	unreachable := errors.New("connection refused")
+	hs := []Host{
+		{Key: a, Free: 100, Refuses: map[string]error{"img-1": mismatch}},
+		{Key: b, Free: 60},
+		{Key: c, Err: unreachable},
+	}
+	var mu sync.Mutex
+	offered := map[string][]record.Address{}
+	migrate := func(_ context.Context, id string, to record.Address) error {
+		mu.Lock()
+		defer mu.Unlock()
+		offered[id] = append(offered[id], to)
+		if to == c {
+			t.Errorf("offered %s to a host that did not answer", id)
+		}
+		return nil
+	}
+	runs := []Run{
+		{ID: "img-1", Bytes: 50}, // only b matches it
+		{ID: "img-2", Bytes: 70}, // only a has room (b has 10 left after img-1)
+		{ID: "img-3", Bytes: 40}, // a has 30 left, b 10: none has room
+		{ID: "tr-1", Transcript: true, Bytes: 5},
+	}
+	out := Drain(t.Context(), runs, hs, 1, migrate, nil)
+	byRun := map[string]Outcome{}
+	for _, o := range out {
+		byRun[o.Run] = o
+	}
+	// tr-1 goes first, to a (100 left against 60).
+	if o := byRun["tr-1"]; o.To != a {
+		t.Fatalf("tr-1: %+v, want host a (most room)", o)
+	}
+	if o := byRun["img-1"]; o.To != b {
+		t.Fatalf("img-1: %+v, want host b (a's manifest differs)", o)
+	}
+	if o := byRun["img-2"]; o.To != a {
+		t.Fatalf("img-2: %+v, want host a (b has no room left)", o)
+	}
+	o := byRun["img-3"]
+	if !o.To.IsZero() || !errors.Is(o.Err, ErrNoHost) || !errors.Is(o.Err, unreachable) {
+		t.Fatalf("img-3: %+v, want no host, with every host's reason", o)
+	}
+	if len(offered["img-3"]) != 0 || len(offered["img-1"]) != 1 {
+		t.Fatalf("offers %v", offered)
+	}
+}
+
+// A host that refuses a run at its migration gives its room back: the
+// run goes to the next, and a later run can still use the room.
+func TestDrainRefusedGivesRoomBack(t *testing.T) {
+	a, b := host("a"), host("b")
+	refused := errors.New("no_space")
+	migrate := func(_ context.Context, id string, to record.Address) error {
+		if id == "r1" && to == a {
+			return refused
+		}
+		return nil
+	}
+	hs := []Host{{Key: a, Free: 100}, {Key: b, Free: 90}}
+	out := Drain(t.Context(), []Run{{ID: "r1", Bytes: 80}, {ID: "r2", Bytes: 95}}, hs, 1, migrate, nil)
+	if out[0].To != b || out[1].To != a {
+		t.Fatalf("%+v", out)
+	}
+}
+
+// Fit judges a need as the resume on that host would: every recorded key
+// against the host's facts, the image by the digest it has under the
+// unit's image name; a draining host, or one without image parks for an
+// image run, takes nothing.
+func TestFit(t *testing.T) {
+	facts := manifest.Manifest{manifest.Arch: "x86_64", manifest.CPUFeatures: "avx2 sse4_2", manifest.Protocol: "1"}
+	o := Offer{Facts: facts, Images: map[string]string{"oracle": "sha256:aa"}, ImageParks: true}
+	need := func(arch, digest string) Need {
+		return Need{Run: "r", Image: "oracle", ImagePark: true, Manifest: manifest.Manifest{
+			manifest.Arch: arch, manifest.CPUFeatures: "avx2 sse4_2", manifest.ImageDigest: digest, manifest.UnitID: "u1"}}
+	}
+	if err := Fit(need("x86_64", "sha256:aa"), o); err != nil {
+		t.Fatalf("a matching run: %v", err)
+	}
+	for name, c := range map[string]struct {
+		n Need
+		o Offer
+	}{
+		"arch":        {need("aarch64", "sha256:aa"), o},
+		"digest":      {need("x86_64", "sha256:bb"), o},
+		"no image":    {need("x86_64", "sha256:aa"), Offer{Facts: facts, ImageParks: true}},
+		"draining":    {need("x86_64", "sha256:aa"), Offer{Facts: facts, Images: o.Images, ImageParks: true, Draining: true}},
+		"image parks": {need("x86_64", "sha256:aa"), Offer{Facts: facts, Images: o.Images}},
+	} {
+		if err := Fit(c.n, c.o); !errors.Is(err, ErrUnfit) {
+			t.Errorf("%s: %v, want ErrUnfit", name, err)
+		}
+	}
+	h := HostOf(host("a"), o, nil, []Need{need("x86_64", "sha256:aa"), {Run: "other", Image: "oracle", Manifest: manifest.Manifest{manifest.Arch: "riscv64"}}})
+	if h.Refuses["r"] != nil || h.Refuses["other"] == nil {
+		t.Fatalf("%+v", h.Refuses)
 	}
 }

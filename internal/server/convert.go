@@ -85,7 +85,11 @@ func signersOf(ss []daemon.Signer) []api.Signer {
 }
 
 func importOf(im daemon.Imported) api.Import {
-	return api.Import{Run: runOf(im.Run), Objects: im.Objects, Bytes: im.Bytes, Grants: im.Grants, Signers: signersOf(im.Signers)}
+	out := api.Import{Run: runOf(im.Run), Objects: im.Objects, Bytes: im.Bytes, Grants: im.Grants, Signers: signersOf(im.Signers)}
+	if im.Unclaimed != nil {
+		out.Unclaimed = ErrorOf(im.Unclaimed)
+	}
+	return out
 }
 
 func postedOf(p daemon.Posted) api.PostResult {

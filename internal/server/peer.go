@@ -13,6 +13,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/peer"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -30,6 +31,8 @@ import (
 //	POST /v1/migrations       {"run": ID, "resume": B}: take the run the
 //	                          calling host handed to this one (resumed
 //	                          when B); answers the run as held here
+//	POST /v1/placement        {"images": [NAME...]}: what this host can
+//	                          take now (daemon.Daemon.Offer), before a drain
 
 // Peer is the peer routes' handler; the caller admits host keys only
 // (peer.Require), and the calling host is the one its key names.
@@ -42,7 +45,38 @@ func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	mux.Handle("/v1/objects/", d.Objects())
 	mux.HandleFunc("GET /v1/records/{id}", h.record)
 	mux.HandleFunc("POST /v1/migrations", h.receive)
+	mux.HandleFunc("POST /v1/placement", h.offer)
 	return mux
+}
+
+// maxOfferImages bounds the image names one placement request asks about.
+const maxOfferImages = 1024
+
+// offerRequest and offerAnswer are POST /v1/placement's body and answer.
+type offerRequest struct {
+	Images []string `json:"images"`
+}
+
+type offerAnswer struct {
+	Facts      map[string]string `json:"facts"`
+	Images     map[string]string `json:"images"`
+	Free       uint64            `json:"free"`
+	Draining   bool              `json:"draining"`
+	ImageParks bool              `json:"image_parks"`
+}
+
+func (h *handler) offer(w http.ResponseWriter, r *http.Request) {
+	var q offerRequest
+	if err := decode(w, r, &q); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if len(q.Images) > maxOfferImages {
+		h.fail(w, r, fmt.Errorf("%w: %d image names, at most %d", daemon.ErrInvalid, len(q.Images), maxOfferImages))
+		return
+	}
+	o, err := h.d.Offer(r.Context(), q.Images)
+	h.reply(w, r, offerAnswer{Facts: o.Facts, Images: o.Images, Free: o.Free, Draining: o.Draining, ImageParks: o.ImageParks}, err)
 }
 
 // migration is POST /v1/migrations's body: the run, and whether to resume
@@ -135,6 +169,29 @@ func (p Peers) Fetch(ctx context.Context, host record.Address, run string, st *s
 		return nil, err
 	}
 	return rec, nil
+}
+
+// Offer implements daemon.Peers.
+func (p Peers) Offer(ctx context.Context, host record.Address, images []string) (drain.Offer, error) {
+	c, base, err := p.client(ctx, host)
+	if err != nil {
+		return drain.Offer{}, err
+	}
+	body, _ := json.Marshal(offerRequest{Images: images})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/placement", bytes.NewReader(body))
+	if err != nil {
+		return drain.Offer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	b, err := call(c, host, req, maxJSON)
+	if err != nil {
+		return drain.Offer{}, err
+	}
+	var a offerAnswer
+	if err := json.Unmarshal(b, &a); err != nil {
+		return drain.Offer{}, fmt.Errorf("host %s: placement: %w", host, err)
+	}
+	return drain.Offer{Facts: a.Facts, Images: a.Images, Free: a.Free, Draining: a.Draining, ImageParks: a.ImageParks}, nil
 }
 
 // call sends req and reads an answer of at most limit bytes: the body of a

@@ -313,6 +313,10 @@ type Import struct {
 	Bytes   int64       `json:"bytes"`
 	Grants  unit.Grants `json:"grants"`
 	Signers []Signer    `json:"signers"`
+	// Unclaimed is why, on a host in a fleet, the run is not this host's
+	// (another host owns it): it is held here handed off. Absent when the
+	// host owns it, or runs alone.
+	Unclaimed *Error `json:"unclaimed,omitempty"`
 }
 
 // Signer is the signer of one attestation of a record.

@@ -1,0 +1,58 @@
+package daemon
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/drain"
+	"github.com/runrecordd/runrecordd/internal/manifest"
+)
+
+// A run's need, executing and then parked, fits the offer of a host with
+// the same facts and image, and no other: one whose CPU differs, one
+// without the image, one being drained. What it needs once parked is the
+// snapshot it retains; executing, its unit's memory.
+func TestPlacementNeedAndOffer(t *testing.T) {
+	h := newFakeHost(t)
+	h.start(t, "r")
+	ctx := t.Context()
+	run, n, err := h.d.need(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.Transcript || n.Bytes != 1<<20 || n.Manifest[manifest.ImageDigest] == "" || !n.ImagePark {
+		t.Fatalf("executing: %+v %+v", run, n)
+	}
+	o, err := h.d.Offer(ctx, []string{n.Image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := drain.Fit(n, o); err != nil || o.Free == 0 {
+		t.Fatalf("this host's own offer (free %d): %v", o.Free, err)
+	}
+	if _, err := h.d.Park(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if _, parked, err := h.d.need(ctx, "r"); err != nil || parked.Bytes == 0 || parked.Manifest[manifest.UnitID] != n.Manifest[manifest.UnitID] {
+		t.Fatalf("parked: %+v, %v", parked, err)
+	} else {
+		n = parked
+	}
+	if err := drain.Fit(n, o); err != nil {
+		t.Fatalf("parked, against this host's offer: %v", err)
+	}
+	other := o
+	other.Facts = manifest.Manifest{}
+	for k, v := range o.Facts {
+		other.Facts[k] = v
+	}
+	other.Facts[manifest.CPUFeatures] = "none"
+	noImage, _ := h.d.Offer(ctx, []string{"another"})
+	h.d.draining.Store(true)
+	draining, _ := h.d.Offer(ctx, []string{n.Image})
+	for name, o := range map[string]drain.Offer{"cpu": other, "no image": noImage, "draining": draining} {
+		if err := drain.Fit(n, o); !errors.Is(err, drain.ErrUnfit) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}

@@ -1,0 +1,92 @@
+package drain
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// ErrUnfit is a host that cannot take a run: its manifest does not match
+// the run's, it is being drained itself, or image parks do not work there.
+var ErrUnfit = errors.New("the host cannot take the run")
+
+// Need is what a run asks of the host that takes it.
+type Need struct {
+	Run string
+	// Image is the unit's image by name: the host that takes it must
+	// have it imported under the digest Manifest records.
+	Image string
+	// Manifest is the environment manifest the run's resume will be
+	// judged against there: the one recorded, for a parked run; for an
+	// executing one, the one its park on this host will record. Empty, it
+	// is not judged here (the migration judges it).
+	Manifest manifest.Manifest
+	// ImagePark is a run whose resume restores a CRIU image.
+	ImagePark bool
+	Bytes     uint64
+}
+
+// Offer is what a host said of itself before a drain: its facts as its
+// manifests record them, the digests of the images asked about that it
+// has, the room its store has left, and whether it takes runs at all.
+type Offer struct {
+	Facts      manifest.Manifest
+	Images     map[string]string // name → digest, for those it has
+	Free       uint64
+	Draining   bool
+	ImageParks bool // whether image parks work there
+}
+
+// Fit says why the host that made o cannot take the run that needs n; nil
+// when it can (its room is weighed in the drain). The manifest is judged
+// as the resume there will judge it: every recorded key against the host's
+// value.
+func Fit(n Need, o Offer) error {
+	switch {
+	case o.Draining:
+		return fmt.Errorf("%w: it is being drained", ErrUnfit)
+	case n.ImagePark && !o.ImageParks:
+		return fmt.Errorf("%w: image parks do not work there", ErrUnfit)
+	case len(n.Manifest) == 0:
+		return nil
+	}
+	facts := manifest.Manifest{}
+	for k, v := range o.Facts {
+		facts[k] = v
+	}
+	delete(facts, manifest.ImageDigest)
+	if v, ok := n.Manifest[manifest.UnitID]; ok {
+		facts[manifest.UnitID] = v // the run's own, the same everywhere
+	}
+	if d, ok := o.Images[n.Image]; ok {
+		facts[manifest.ImageDigest] = d
+	}
+	diffs := manifest.Diff(n.Manifest, facts)
+	if len(diffs) == 0 {
+		return nil
+	}
+	s := make([]string, len(diffs))
+	for i, d := range diffs {
+		s[i] = d.String()
+	}
+	return fmt.Errorf("%w: its manifest differs: %s", ErrUnfit, strings.Join(s, "; "))
+}
+
+// HostOf is host key as a drain places runs on it, from its offer (or why
+// it made none).
+func HostOf(key record.Address, o Offer, err error, needs []Need) Host {
+	h := Host{Key: key, Err: err}
+	if err != nil {
+		return h
+	}
+	h.Free, h.Refuses = o.Free, map[string]error{}
+	for _, n := range needs {
+		if err := Fit(n, o); err != nil {
+			h.Refuses[n.Run] = err
+		}
+	}
+	return h
+}
