@@ -50,7 +50,7 @@ func cmdImport(args []string, stdout io.Writer) error {
 			printGrants(w, im.Grants)
 			printSigners(w, im.Signers, true)
 			if im.Unclaimed != nil {
-				fmt.Fprintf(w, "not this host's in the fleet, held here handed off: %s (%s)\n", printable(im.Unclaimed.Message), im.Unclaimed.Code)
+				fmt.Fprintf(w, "another host of the fleet owns it: stored here, not resumable: %s (%s)\n", printable(im.Unclaimed.Message), im.Unclaimed.Code)
 			}
 			runTable(w, []api.Run{im.Run})
 		})

@@ -21,6 +21,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/peer"
+	"github.com/runrecordd/runrecordd/internal/server"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -210,7 +211,7 @@ func peerServer(state, addr string, dir *fleet.Dir, api, peers http.Handler, log
 		return nil, nil, fmt.Errorf("--peer-listen %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
-	for _, p := range []string{"/v1/objects/", "/v1/records/", "/v1/migrations"} {
+	for _, p := range server.PeerRoutes {
 		mux.Handle(p, peer.Require(fleet.RoleHost, peers))
 	}
 	mux.Handle("/", peer.Require(fleet.RolePlatform, api))

@@ -9,7 +9,6 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
-	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 var (
@@ -133,26 +132,20 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 // which the directory allows for a run it has no entry for (one from
 // outside the fleet), one transferred to this host, and one whose owner is
 // gone. Refused (another live host owns it, or holds it further on), the
-// run is held here handed off, as a copy a later adopt can take, and the
-// refusal is returned. A copy bundle's run is never claimed; alone, nothing
-// is.
+// run is stored here all the same, and inert: the fence refuses its every
+// advance (a resume is refused not_owner) until it is adopted or claimed.
+// The refusal is returned. A copy bundle's run is never claimed; alone,
+// nothing is.
 func (d *Daemon) claimImported(ctx context.Context, im bundle.Imported) error {
 	if d.session() == nil || im.Header.Copy {
 		return nil
 	}
 	rec := im.Record
-	_, err := d.session().Claim(ctx, rec.Genesis(), im.Run, rec.Head(), rec.Phase())
-	if err == nil {
-		return nil
+	if _, err := d.session().Claim(ctx, rec.Genesis(), im.Run, rec.Head(), rec.Phase()); err != nil {
+		d.log.Warn("fleet: the imported run is another host's; it is stored here, not resumable", "run", im.Run, "err", err)
+		return d.fleetErr(err)
 	}
-	err = d.fleetErr(err)
-	if rec.Phase() != record.Ended {
-		if herr := d.st.HandOff(im.Run, rec.Head()); herr != nil {
-			d.log.Error("fleet: an imported run this host does not own is not held handed off", "run", im.Run, "err", herr)
-		}
-	}
-	d.log.Warn("fleet: the imported run is not this host's; it is held here handed off", "run", im.Run, "err", err)
-	return err
+	return nil
 }
 
 // notHandedOff refuses an operation on a run an export handed to another

@@ -47,6 +47,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/metrics"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -142,9 +143,9 @@ type Daemon struct {
 	runs map[string]*run
 	// draining, once set by Drain, refuses new runs.
 	draining atomic.Bool
-	// rejoined is the session that replaced Config.Fleet's after its lease
-	// was lost (session).
-	rejoined atomic.Pointer[fleet.Host]
+	// fleet is the daemon's part in a fleet (internal/member); alone, it
+	// appends to the store directly.
+	fleet *member.Member
 
 	metrics metrics.Metrics
 	events  events.Hub
@@ -225,8 +226,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.startProbe(criuErr)
 	d.startGC()
-	d.watchLease()
-	d.guardLease()
+	d.fleet.Watch(bg, units{d}, &d.bg)
 	ok = true
 	return d, nil
 }
@@ -246,6 +246,7 @@ func (d *Daemon) openState() error {
 	if d.st, err = store.Open(filepath.Join(dir, "store")); err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
+	d.joinFleet()
 	d.upgradeCalls()
 	return nil
 }
@@ -320,9 +321,8 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	d.mu.Unlock()
 	d.bg.Wait()
 	var errs []error
-	if h := d.rejoined.Load(); h != nil {
-		// A session this daemon made (the first is its caller's).
-		errs = append(errs, h.Close(ctx))
+	if d.fleet != nil {
+		errs = append(errs, d.fleet.Close(ctx)) // a session it made after a lost lease
 	}
 	if d.ex != nil {
 		// A probe the stop cut short, or one an earlier process was

@@ -2,58 +2,43 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/runrecordd/runrecordd/internal/drain"
-	"github.com/runrecordd/runrecordd/internal/events"
-	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/imageparks"
+	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/member"
+	"github.com/runrecordd/runrecordd/internal/park"
+	"github.com/runrecordd/runrecordd/internal/resume"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // ErrDraining refuses a new run on a host being drained.
-var ErrDraining = errors.New("this host is being drained")
+var ErrDraining = member.ErrDraining
 
 // DefaultDrainParallel is how many runs a drain moves at once unless told.
-const DefaultDrainParallel = 2
+const DefaultDrainParallel = member.DefaultDrainParallel
 
 // Drain moves every run this host holds (not closed, not handed off) to
-// the fleet's other hosts by migration (internal/drain decides the order
-// and the placement; docs/fleet.md, "Drain"): to, or every other host
-// whose live session serves the fleet. From its start this host refuses
-// new runs (ErrDraining) until it restarts. Each run's outcome is a
-// "drain.run" event as it ends.
+// the fleet's other hosts by migration: to, or every other host whose live
+// session serves the fleet; each where it fits ([member.Member.Drain],
+// docs/fleet.md, "Drain"). From its start this host refuses new runs
+// (ErrDraining) until it restarts.
 func (d *Daemon) Drain(ctx context.Context, to []record.Address, parallel int) ([]drain.Outcome, error) {
 	if d.session() == nil || d.cfg.Peers == nil {
 		return nil, fmt.Errorf("drain: %w", ErrNoFleet)
 	}
 	d.draining.Store(true)
-	if len(to) == 0 {
-		var err error
-		if to, err = d.otherHosts(ctx); err != nil {
-			return nil, fmt.Errorf("drain: %w", err)
-		}
-	}
-	if len(to) == 0 {
-		return nil, fmt.Errorf("drain: %w: no other host serves the fleet", fleet.ErrNotAdmitted)
-	}
 	runs, needs, err := d.held(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}
-	hosts := d.hostsFor(ctx, to, needs)
 	migrate := func(ctx context.Context, id string, to record.Address) error {
 		_, err := d.Migrate(ctx, id, to)
 		return err
 	}
-	return drain.Drain(ctx, runs, hosts, parallel, migrate, func(o drain.Outcome, done, total int) {
-		d.metrics.Drained(o.Err == nil)
-		detail := fmt.Sprintf("%d/%d moved to %s", done, total, o.To)
-		if o.Err != nil {
-			detail = fmt.Sprintf("%d/%d not moved: %v", done, total, o.Err)
-		}
-		d.publish(events.Event{Kind: "drain.run", Run: o.Run, Detail: detail})
-	}), nil
+	return d.fleet.Drain(ctx, to, parallel, runs, needs, migrate)
 }
 
 // held lists the runs this host holds — not closed, not handed off — and
@@ -82,18 +67,85 @@ func (d *Daemon) held(ctx context.Context) ([]drain.Run, []drain.Need, error) {
 	return runs, needs, nil
 }
 
-// otherHosts are the fleet's hosts, other than this one, whose live
-// session serves the fleet.
-func (d *Daemon) otherHosts(ctx context.Context) ([]record.Address, error) {
-	ms, err := d.session().Hosts(ctx)
-	if err != nil {
-		return nil, err
+// Placement: before a drain moves anything, each host it may move runs to
+// says what it can take (Offer, over the peer routes), and the drain judges
+// each run against each offer (drain.Fit) — so an image run is never sent
+// to a host whose manifest its resume would refuse, nor to one without
+// room for it (docs/fleet.md, "Drain").
+
+// Offer is what this host can take now: its facts as its manifests record
+// them, the digests of images (by name) it has imported, the room its store
+// has left, and whether it takes runs at all.
+func (d *Daemon) Offer(ctx context.Context, images []string) (drain.Offer, error) {
+	o := drain.Offer{Facts: manifest.Manifest{manifest.Protocol: ProtocolVersion}, Images: map[string]string{},
+		Draining: d.draining.Load(), ImageParks: d.probe.Status().State != imageparks.Unavailable}
+	for k, v := range d.host {
+		o.Facts[k] = v
 	}
-	var out []record.Address
-	for _, m := range ms {
-		if m.Role == fleet.RoleHost && m.Lease != 0 && m.Peer != "" && m.Key != d.session().Key() {
-			out = append(out, m.Key)
+	for _, name := range images {
+		if img, err := d.ex.Image(ctx, name); err == nil {
+			o.Images[name] = img.Digest
 		}
 	}
-	return out, nil
+	free, err := park.Free(d.st, d.cfg.MinFree)
+	if err != nil {
+		return drain.Offer{}, fmt.Errorf("placement: %w", err)
+	}
+	o.Free = free
+	return o, nil
+}
+
+// need is what run id, held here, asks of the host that takes it: for a
+// parked run its recorded manifest and retained snapshot; for one
+// executing, the manifest its park here will record and, for an image
+// unit, its memory (its image's size).
+func (d *Daemon) need(ctx context.Context, id string) (drain.Run, drain.Need, error) {
+	r, err := d.lockRun(id)
+	if err != nil {
+		return drain.Run{}, drain.Need{}, err
+	}
+	defer r.mu.Unlock()
+	st, err := d.st.Run(id)
+	if err != nil {
+		return drain.Run{}, drain.Need{}, err
+	}
+	spec, _, err := d.unitOf(st)
+	if err != nil {
+		return drain.Run{}, drain.Need{}, err
+	}
+	transcript := spec.Mode == unit.TranscriptMode
+	n := drain.Need{Run: id, Image: spec.Image, ImagePark: !transcript}
+	switch {
+	case st.Phase == record.Parked:
+		n.Manifest, n.Bytes, err = d.recordedNeed(id)
+	case r.live != nil:
+		n.Manifest, err = d.manifestOver(ctx, manifest.KeysFor(transcript), spec, st.Unit)
+		if u, serr := r.live.sb.Stats(ctx); serr == nil && !transcript {
+			n.Bytes = u.MemoryBytes
+		}
+	}
+	return drain.Run{ID: id, Transcript: transcript, Bytes: n.Bytes}, n, err
+}
+
+// recordedNeed is a parked run's recorded manifest and the bytes its
+// snapshot holds.
+func (d *Daemon) recordedNeed(id string) (manifest.Manifest, uint64, error) {
+	raw, err := d.st.Raw(id)
+	if err != nil {
+		return nil, 0, err
+	}
+	susp, err := resume.Suspension(raw.Segments)
+	if err != nil {
+		return nil, 0, err
+	}
+	mb, err := d.st.ReadAll(susp.Manifest)
+	if err != nil {
+		return nil, 0, err
+	}
+	m, err := manifest.Decode(mb)
+	if err != nil {
+		return nil, 0, err
+	}
+	n, err := park.Retained(d.st, susp.Snapshot)
+	return m, uint64(max(n, 0)), err
 }

@@ -3,6 +3,8 @@ package daemon
 import (
 	"os"
 	"syscall"
+
+	"github.com/runrecordd/runrecordd/internal/member"
 )
 
 // FailpointEnv names the environment variable that arms one failpoint: the
@@ -25,15 +27,8 @@ var Failpoints = []string{
 }
 
 // MigrationFailpoints are the steps of a migration between two hosts of
-// a fleet, in order: the source's, then the target's (test/e2e's
-// TestFleetMigrateCrash arms each).
-var MigrationFailpoints = []string{
-	"migrate.transferred", // source: transferred in etcd, not handed off in its store
-	"migrate.handedoff",   // source: handed off in both, the target not asked
-	"receive.fetched",     // target: record and objects here, nothing stored
-	"receive.imported",    // target: run stored (parked), not claimed in etcd
-	"receive.claimed",     // target: claimed in etcd, not resumed
-}
+// a fleet (member.MigrationFailpoints).
+var MigrationFailpoints = member.MigrationFailpoints
 
 var armed = os.Getenv(FailpointEnv)
 

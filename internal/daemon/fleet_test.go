@@ -14,6 +14,13 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
+// inFleet puts d in a fleet under session h, rejoining with rejoin after
+// a lost lease (never, when nil).
+func inFleet(d *Daemon, h *fleet.Host, rejoin func(context.Context) (*fleet.Host, error)) {
+	d.cfg.Fleet, d.cfg.Rejoin = h, rejoin
+	d.joinFleet()
+}
+
 // joinFleet admits name as a host of dir and joins it.
 func joinFleet(t *testing.T, dir *fleet.Dir, name string) *fleet.Host {
 	t.Helper()
@@ -41,7 +48,7 @@ func TestFleetOwnership(t *testing.T) {
 	dir := fleet.New(c.Client(t), "/daemon/", 5*time.Second)
 	a, b := joinFleet(t, dir, "a"), joinFleet(t, dir, "b")
 	h := newFakeHost(t)
-	h.d.cfg.Fleet = a
+	inFleet(h.d, a, nil)
 
 	sum := h.start(t, "r")
 	entry := func() fleet.Entry {
@@ -107,7 +114,7 @@ func TestFleetReconcileAtStart(t *testing.T) {
 	dir := fleet.New(c.Client(t), "/restart/", 5*time.Second)
 	a, b := joinFleet(t, dir, "a"), joinFleet(t, dir, "b")
 	h := newFakeHost(t)
-	h.d.cfg.Fleet = a
+	inFleet(h.d, a, nil)
 	ctx := t.Context()
 
 	genesisOf := func(id string) record.Address {
@@ -153,8 +160,8 @@ func TestFleetReconcileAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a2.Close(context.Background()) })
-	h.d.cfg.Fleet = a2
-	if _, err := h.d.reconcileFleet(ctx); err != nil {
+	inFleet(h.d, a2, nil)
+	if _, err := h.d.fleet.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if e, err := dir.Run(ctx, genesisOf("reserved")); err != nil || e.Head != head || e.Lease != a2.Lease() {
@@ -189,17 +196,16 @@ func TestFleetRejoin(t *testing.T) {
 	dir := fleet.New(cli, "/rejoin/", 5*time.Second)
 	a := joinFleet(t, dir, "a")
 	h := newFakeHost(t)
-	h.d.cfg.Fleet = a
 	rejoins := make(chan *fleet.Host, 4)
-	h.d.cfg.Rejoin = func(ctx context.Context) (*fleet.Host, error) {
+	inFleet(h.d, a, func(ctx context.Context) (*fleet.Host, error) {
 		nh, err := dir.Join(ctx, a.Key(), 10*time.Second)
 		if err == nil {
 			t.Cleanup(func() { _ = nh.Close(context.Background()) })
 			rejoins <- nh
 		}
 		return nh, err
-	}
-	h.d.watchLease()
+	})
+	h.d.fleet.WatchLease(h.d.bgCtx, units{h.d}, &h.d.bg)
 	ctx := t.Context()
 	h.start(t, "r")
 
@@ -253,17 +259,15 @@ func TestFleetLeaseGuard(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = a.Close(context.Background()) })
 	h := newFakeHost(t)
-	h.d.cfg.Fleet = a
-	h.d.cfg.Rejoin = func(ctx context.Context) (*fleet.Host, error) {
+	inFleet(h.d, a, func(ctx context.Context) (*fleet.Host, error) {
 		nh, err := dir.Join(ctx, key, 6*time.Second)
 		if err == nil {
 			t.Cleanup(func() { _ = nh.Close(context.Background()) })
 		}
 		return nh, err
-	}
+	})
 	h.start(t, "r")
-	h.d.watchLease()
-	h.d.guardLease()
+	h.d.fleet.Watch(h.d.bgCtx, units{h.d}, &h.d.bg)
 	sb := h.ex.sandbox("r")
 	status := func() string {
 		sb.mu.Lock()

@@ -9,13 +9,13 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/fleet"
-	"github.com/runrecordd/runrecordd/internal/store"
 )
 
 // A bundle imported on a host in a fleet makes the run that host's when
 // the directory allows it — a run from outside the fleet (no entry), or
-// one whose owner is gone — and otherwise is held there handed off (not
-// resumable), saying which host's refusal kept it: never two owners.
+// one whose owner is gone — and otherwise is stored there but inert (the
+// fence refuses its advances: a close is refused not_owner, nothing
+// appended), saying which host's refusal kept it: never two owners.
 func TestFleetImportClaims(t *testing.T) {
 	c := etcdtest.Start(t)
 	dir := fleet.New(c.Client(t), "/import/", 5*time.Second)
@@ -25,14 +25,17 @@ func TestFleetImportClaims(t *testing.T) {
 	importOn := func(h *fleet.Host) Imported {
 		t.Helper()
 		m := importHost(t)
-		m.d.cfg.Fleet = h
+		inFleet(m.d, h, nil)
 		im, err := m.d.ImportWith(t.Context(), bytes.NewReader(bun.Tar(nil)), "", false)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if im.Unclaimed != nil {
-			if _, err := m.d.Resume(t.Context(), "r"); !errors.Is(err, store.ErrHandedOff) {
-				t.Fatalf("resume of a run held handed off: %v", err)
+			if _, err := m.d.Close(t.Context(), "r", ""); !errors.Is(err, fleet.ErrNotOwner) {
+				t.Fatalf("close of a run another host owns: %v", err)
+			}
+			if head, _ := m.d.st.Head("r"); head != rec.Head() {
+				t.Fatal("a refused close appended")
 			}
 		}
 		return im
@@ -46,15 +49,15 @@ func TestFleetImportClaims(t *testing.T) {
 		return e
 	}
 	// From outside the fleet: claimed at the record's head.
-	if im := importOn(a); im.Unclaimed != nil || im.Run.HandedOff {
+	if im := importOn(a); im.Unclaimed != nil {
 		t.Fatalf("first import: %+v", im)
 	}
 	if e := owner(); e.Owner != a.Key() || e.Head != rec.Head() || e.Phase != rec.Phase() {
 		t.Fatalf("entry %+v", e)
 	}
-	// a is alive: b holds it handed off, and says why.
+	// a is alive: b stores it, inert, and says why.
 	im := importOn(b)
-	if !errors.Is(im.Unclaimed, fleet.ErrNotOwner) || !im.Run.HandedOff {
+	if !errors.Is(im.Unclaimed, fleet.ErrNotOwner) {
 		t.Fatalf("import while a owns it: %+v", im)
 	}
 	if e := owner(); e.Owner != a.Key() {
@@ -66,7 +69,7 @@ func TestFleetImportClaims(t *testing.T) {
 	if err := a.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if im := importOn(z); im.Unclaimed != nil || im.Run.HandedOff {
+	if im := importOn(z); im.Unclaimed != nil {
 		t.Fatalf("import after a is gone: %+v", im)
 	}
 	if e := owner(); e.Owner != z.Key() {

@@ -18,5 +18,7 @@ type metricsHost struct {
 func mustMetricsHost(t *testing.T, raplCase string, c ...idle.Coefficients) metricsHost {
 	t.Helper()
 	h := testhost.New(t, raplCase, c...)
-	return metricsHost{d: &Daemon{log: testhost.Log(t), st: h.Store, meter: h.Meter}, Host: h}
+	d := &Daemon{log: testhost.Log(t), st: h.Store, meter: h.Meter}
+	d.joinFleet() // alone, until a test puts it in a fleet (inFleet)
+	return metricsHost{d: d, Host: h}
 }

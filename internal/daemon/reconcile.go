@@ -27,7 +27,7 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	var elsewhere map[string]bool
 	if d.session() != nil {
 		var err error
-		if elsewhere, err = d.reconcileFleet(ctx); err != nil {
+		if elsewhere, err = d.fleet.Reconcile(ctx); err != nil {
 			return fmt.Errorf("fleet: %w", err)
 		}
 	}

@@ -96,7 +96,7 @@ type Imported struct {
 	Grants  unit.Grants
 	Signers []Signer
 	// Unclaimed is why, in a fleet, this host does not own the imported
-	// run (it is held here handed off); nil when it does, or alone.
+	// run (stored here, not resumable); nil when it does, or alone.
 	Unclaimed error
 }
 

@@ -45,13 +45,13 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	// fleet the Resumed segment that records it is reserved before any
 	// unit runs (docs/fleet.md).
 	owed, prov := idle.Owed(r.park, ok.retained, ok.parkedFor, d.meter.Coefficients())
-	res, err := d.reserve(ctx, id, record.Resumption(ok.susp.Snapshot, owed.UJ, prov))
+	res, err := d.fleet.Reserve(ctx, id, record.Resumption(ok.susp.Snapshot, owed.UJ, prov))
 	if err != nil {
 		return Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	lv, rst, err := d.wake(ctx, id, r, ok)
 	if err != nil {
-		res.cancel(ctx)
+		res.Cancel(ctx)
 		return Resumed{}, err
 	}
 	clock.mark("sandbox")
@@ -64,7 +64,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	// the next resume overwrites.)
 	d.saveMark(id, lv)
 	d.reach("resume.restored")
-	if err := res.append(ctx); err != nil {
+	if err := res.Append(ctx); err != nil {
 		d.dropMark(id)
 		lv.stopping = true
 		d.destroy(lv)

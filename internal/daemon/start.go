@@ -51,12 +51,12 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	}
 	// In a fleet the run is this host's before its unit runs.
 	genesis := record.Genesis(unitID, grantsID)
-	if err := d.claim(ctx, id, genesis); err != nil {
+	if err := d.fleet.Claim(ctx, id, genesis); err != nil {
 		return Summary{}, fmt.Errorf("run %s: %w", id, err)
 	}
 	lv, err := d.startSandbox(ctx, id, p.Spec, p.Grants, nil)
 	if err != nil {
-		d.unclaim(ctx, id, genesis)
+		d.fleet.Unclaim(ctx, id, genesis)
 		return Summary{}, err
 	}
 	d.saveMark(id, lv)
@@ -65,7 +65,7 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 		d.dropMark(id)
 		lv.stopping = true
 		d.destroy(lv)
-		d.unclaim(ctx, id, genesis)
+		d.fleet.Unclaim(ctx, id, genesis)
 		return Summary{}, err
 	}
 	r.live = lv

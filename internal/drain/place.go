@@ -46,7 +46,7 @@ func (p *placement) reserve(run Run, tried map[record.Address]bool) (int, []erro
 		case tried[host.Key]:
 			continue
 		case host.Err != nil:
-			why = append(why, fmt.Errorf("host %s: %w", host.Key, host.Err))
+			why = append(why, host.Err) // it names the host
 		case host.Refuses[run.ID] != nil:
 			why = append(why, fmt.Errorf("host %s: %w", host.Key, host.Refuses[run.ID]))
 		case p.left(h) < run.Bytes:

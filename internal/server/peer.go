@@ -34,6 +34,11 @@ import (
 //	POST /v1/placement        {"images": [NAME...]}: what this host can
 //	                          take now (daemon.Daemon.Offer), before a drain
 
+// PeerRoutes are the patterns of the peer routes, which the mutual-TLS
+// listener serves to host keys only (everything else there is the client
+// API, for platform keys).
+var PeerRoutes = []string{"/v1/objects/", "/v1/records/", "/v1/migrations", "/v1/placement"}
+
 // Peer is the peer routes' handler; the caller admits host keys only
 // (peer.Require), and the calling host is the one its key names.
 func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {

@@ -314,8 +314,8 @@ type Import struct {
 	Grants  unit.Grants `json:"grants"`
 	Signers []Signer    `json:"signers"`
 	// Unclaimed is why, on a host in a fleet, the run is not this host's
-	// (another host owns it): it is held here handed off. Absent when the
-	// host owns it, or runs alone.
+	// (another host owns it): it is stored here but not resumable. Absent
+	// when the host owns it, or runs alone.
 	Unclaimed *Error `json:"unclaimed,omitempty"`
 }
 

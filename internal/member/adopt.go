@@ -1,4 +1,4 @@
-package daemon
+package member
 
 import (
 	"context"
@@ -19,33 +19,36 @@ import (
 // is gone and the directory's head is the record's: a lost host that went
 // on further left a record this host does not have), then held here: it
 // resumes here like any parked run.
-func (d *Daemon) Adopt(ctx context.Context, id string) (Summary, error) {
-	if d.session() == nil {
-		return Summary{}, fmt.Errorf("adopt %s: %w", id, ErrNoFleet)
+func (m *Member) Adopt(ctx context.Context, id string, hold Hold) error {
+	if m.Session() == nil {
+		return fmt.Errorf("adopt %s: %w", id, ErrNoFleet)
 	}
-	r, err := d.lockRun(id)
+	_, release, err := hold()
 	if err != nil {
-		return Summary{}, err
+		return err
 	}
-	defer r.mu.Unlock()
-	st, err := d.st.Run(id)
+	defer release()
+	st, err := m.cfg.Store.Run(id)
 	if err != nil {
-		return Summary{}, err
+		return err
 	}
-	if err := phaseErr(id, st.Phase, record.Parked); err != nil {
-		return Summary{}, err
+	switch st.Phase {
+	case record.Ended:
+		return fmt.Errorf("run %s: %w", id, record.ErrClosed)
+	case record.Active:
+		return fmt.Errorf("run %s: %w", id, record.ErrNotParked)
 	}
-	if _, err := bundle.Verify(ctx, d.st, id, d.trusted, true); err != nil {
-		return Summary{}, fmt.Errorf("adopt %s: %w", id, err)
+	if _, err := bundle.Verify(ctx, m.cfg.Store, id, m.cfg.Import.Trusted, true); err != nil {
+		return fmt.Errorf("adopt %s: %w", id, err)
 	}
 	genesis := record.Genesis(st.Unit, st.Grants)
-	if _, err := d.session().Claim(ctx, genesis, id, st.Head, record.Parked); err != nil {
-		return Summary{}, fmt.Errorf("adopt %s: %w", id, d.fleetErr(err))
+	if _, err := m.Session().Claim(ctx, genesis, id, st.Head, record.Parked); err != nil {
+		return fmt.Errorf("adopt %s: %w", id, m.Err(err))
 	}
-	if err := d.st.TakeOver(id, st.Head); err != nil {
-		return Summary{}, fmt.Errorf("adopt %s: claimed, but not taken over in the store: %w", id, err)
+	if err := m.cfg.Store.TakeOver(id, st.Head); err != nil {
+		return fmt.Errorf("adopt %s: claimed, but not taken over in the store: %w", id, err)
 	}
-	d.log.Info("run adopted", "run", id, "head", st.Head)
-	d.publish(events.Event{Kind: "run.adopted", Run: id})
-	return d.summary(id, r)
+	m.cfg.Log.Info("run adopted", "run", id, "head", st.Head)
+	m.cfg.Publish(events.Event{Kind: "run.adopted", Run: id})
+	return nil
 }

@@ -1,4 +1,4 @@
-package daemon
+package member
 
 import (
 	"context"
@@ -9,22 +9,22 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// reconcileFleet makes this host's store and the fleet's directory agree
-// at start, before containerd's sandboxes are reconciled (docs/fleet.md,
+// Reconcile makes this host's store and the fleet's directory agree
+// at start, before the daemon reconciles containerd's sandboxes (docs/fleet.md,
 // "Reconciling at start"; fleet.Reconcile decides). It returns the runs
 // executing in this store that another host has now: their sandboxes are
 // removed without an append. A run the directory cannot be asked about is
 // left as it is — the fence refuses its appends until it is claimed.
-func (d *Daemon) reconcileFleet(ctx context.Context) (elsewhere map[string]bool, err error) {
-	f := d.session()
-	ids, err := d.st.AllRuns()
+func (m *Member) Reconcile(ctx context.Context) (elsewhere map[string]bool, err error) {
+	f := m.Session()
+	ids, err := m.cfg.Store.AllRuns()
 	if err != nil {
 		return nil, err
 	}
 	elsewhere = map[string]bool{}
 	held := map[record.Address]bool{}
 	for _, id := range ids {
-		st, err := d.st.Run(id)
+		st, err := m.cfg.Store.Run(id)
 		if err != nil {
 			return nil, err
 		}
@@ -38,23 +38,23 @@ func (d *Daemon) reconcileFleet(ctx context.Context) (elsewhere map[string]bool,
 			return nil, fmt.Errorf("run %s: %w", id, err)
 		}
 		if entry != nil && entry.Owner == f.Key() && !entry.To.IsZero() && entry.To != f.Key() && entry.Head == st.Head {
-			d.takeBackMigration(ctx, id, genesis, st.Head, st.Phase, entry.To, elsewhere)
+			m.takeBackMigration(ctx, id, genesis, st.Head, st.Phase, entry.To, elsewhere)
 			continue
 		}
 		local := &fleet.Local{Head: st.Head, Phase: st.Phase}
 		switch a := fleet.Reconcile(f.Key(), local, entry); a {
 		case fleet.Reclaim, fleet.Register:
 			if _, err := f.Claim(ctx, genesis, id, st.Head, st.Phase); err != nil {
-				d.log.Error("fleet: the run is not this host's until claimed", "run", id, "action", a, "err", err)
+				m.cfg.Log.Error("fleet: the run is not this host's until claimed", "run", id, "action", a, "err", err)
 			}
 		case fleet.Elsewhere:
-			d.holdElsewhere(id, st.Head, st.Phase, elsewhere)
+			m.holdElsewhere(id, st.Head, st.Phase, elsewhere)
 		case fleet.Diverged:
-			d.log.Error("fleet: the directory and the record disagree in a way the write order rules out; the run is held for the operator",
+			m.cfg.Log.Error("fleet: the directory and the record disagree in a way the write order rules out; the run is held for the operator",
 				"run", id, "head", st.Head, "entry", entry.Head, "entry_prev", entry.Prev)
 		}
 	}
-	return elsewhere, d.removeLeftovers(ctx, held)
+	return elsewhere, m.removeLeftovers(ctx, held)
 }
 
 // takeBackMigration ends a migration out that this host's last process did
@@ -62,37 +62,37 @@ func (d *Daemon) reconcileFleet(ctx context.Context) (elsewhere map[string]bool,
 // claimed it): the claim under this session takes the transfer back, and
 // the migration's handoff in the store goes with it. If the other host
 // claimed it first, the run is its, held here handed off.
-func (d *Daemon) takeBackMigration(ctx context.Context, id string, genesis, head record.Address, phase record.Phase, to record.Address, elsewhere map[string]bool) {
-	if _, err := d.session().Claim(ctx, genesis, id, head, phase); err != nil {
-		d.log.Warn("fleet: a migration this host began was completed by its target", "run", id, "to", to, "err", err)
-		d.holdElsewhere(id, head, phase, elsewhere)
+func (m *Member) takeBackMigration(ctx context.Context, id string, genesis, head record.Address, phase record.Phase, to record.Address, elsewhere map[string]bool) {
+	if _, err := m.Session().Claim(ctx, genesis, id, head, phase); err != nil {
+		m.cfg.Log.Warn("fleet: a migration this host began was completed by its target", "run", id, "to", to, "err", err)
+		m.holdElsewhere(id, head, phase, elsewhere)
 		return
 	}
-	if err := d.st.Reclaim(id, head); err != nil {
-		d.log.Error("fleet: a migration taken back, but not its handoff in the store", "run", id, "err", err)
+	if err := m.cfg.Store.Reclaim(id, head); err != nil {
+		m.cfg.Log.Error("fleet: a migration taken back, but not its handoff in the store", "run", id, "err", err)
 	}
-	d.log.Warn("fleet: took back a migration the last process did not finish; the run is here, parked", "run", id, "to", to)
+	m.cfg.Log.Warn("fleet: took back a migration the last process did not finish; the run is here, parked", "run", id, "to", to)
 }
 
 // holdElsewhere holds a run another host has: handed off here when it is
 // parked; when it executes here its sandbox goes, without an append.
-func (d *Daemon) holdElsewhere(id string, head record.Address, phase record.Phase, elsewhere map[string]bool) {
+func (m *Member) holdElsewhere(id string, head record.Address, phase record.Phase, elsewhere map[string]bool) {
 	switch phase {
 	case record.Parked:
-		if err := d.st.HandOff(id, head); err != nil {
-			d.log.Error("fleet: a run another host has is not held handed off here", "run", id, "err", err)
+		if err := m.cfg.Store.HandOff(id, head); err != nil {
+			m.cfg.Log.Error("fleet: a run another host has is not held handed off here", "run", id, "err", err)
 		}
 	case record.Active:
 		elsewhere[id] = true
 	}
-	d.log.Warn("fleet: another host has the run; this host holds it no more", "run", id, "head", head)
+	m.cfg.Log.Warn("fleet: another host has the run; this host holds it no more", "run", id, "head", head)
 }
 
 // removeLeftovers removes the entries this key owns, still at their
 // genesis, of runs no store here holds: a crash between a new run's claim
 // and its creation.
-func (d *Daemon) removeLeftovers(ctx context.Context, held map[record.Address]bool) error {
-	f := d.session()
+func (m *Member) removeLeftovers(ctx context.Context, held map[record.Address]bool) error {
+	f := m.Session()
 	owned, err := f.Owned(ctx, f.Key())
 	if err != nil {
 		return err
@@ -108,10 +108,10 @@ func (d *Daemon) removeLeftovers(ctx context.Context, held map[record.Address]bo
 				err = f.Remove(ctx, e.Genesis)
 			}
 			if err != nil {
-				d.log.Warn("fleet: a claim of a run never created is left", "run", e.Run, "err", err)
+				m.cfg.Log.Warn("fleet: a claim of a run never created is left", "run", e.Run, "err", err)
 			}
 		case fleet.Diverged:
-			d.log.Error("fleet: this key owns a run no store here holds", "run", e.Run, "genesis", e.Genesis)
+			m.cfg.Log.Error("fleet: this key owns a run no store here holds", "run", e.Run, "genesis", e.Genesis)
 		}
 	}
 	return nil

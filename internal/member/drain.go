@@ -1,0 +1,84 @@
+package member
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/runrecordd/runrecordd/internal/drain"
+	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// DefaultDrainParallel is how many runs a drain moves at once unless told.
+const DefaultDrainParallel = 2
+
+// Drain moves runs (with what each needs of the host that takes it) to
+// the fleet's other hosts by migrate: to, or every other host whose live
+// session serves the fleet. Before anything moves each host says what it
+// can take (Peers.Offer), and internal/drain places each run on a host it
+// fits (docs/fleet.md, "Drain"). Each run's outcome is a "drain.run" event
+// as it ends.
+func (m *Member) Drain(ctx context.Context, to []record.Address, parallel int, runs []drain.Run, needs []drain.Need, migrate drain.Migrate) ([]drain.Outcome, error) {
+	if err := m.moving("drain", "this host"); err != nil {
+		return nil, err
+	}
+	if len(to) == 0 {
+		var err error
+		if to, err = m.otherHosts(ctx); err != nil {
+			return nil, fmt.Errorf("drain: %w", err)
+		}
+	}
+	if len(to) == 0 {
+		return nil, fmt.Errorf("drain: %w: no other host serves the fleet", fleet.ErrNotAdmitted)
+	}
+	hosts := m.hostsFor(ctx, to, needs)
+	return drain.Drain(ctx, runs, hosts, parallel, migrate, func(o drain.Outcome, done, total int) {
+		m.cfg.Metrics.Drained(o.Err == nil)
+		detail := fmt.Sprintf("%d/%d moved to %s", done, total, o.To)
+		if o.Err != nil {
+			detail = fmt.Sprintf("%d/%d not moved: %v", done, total, o.Err)
+		}
+		m.cfg.Publish(events.Event{Kind: "drain.run", Run: o.Run, Detail: detail})
+	}), nil
+}
+
+// otherHosts are the fleet's hosts, other than this one, whose live
+// session serves the fleet.
+func (m *Member) otherHosts(ctx context.Context) ([]record.Address, error) {
+	ms, err := m.Session().Hosts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []record.Address
+	for _, h := range ms {
+		if h.Role == fleet.RoleHost && h.Lease != 0 && h.Peer != "" && h.Key != m.Session().Key() {
+			out = append(out, h.Key)
+		}
+	}
+	return out, nil
+}
+
+// hostsFor asks each of hosts for its offer, at once, and judges needs
+// against each.
+func (m *Member) hostsFor(ctx context.Context, hosts []record.Address, needs []drain.Need) []drain.Host {
+	seen := map[string]bool{}
+	var images []string
+	for _, n := range needs {
+		if n.Image != "" && !seen[n.Image] {
+			seen[n.Image] = true
+			images = append(images, n.Image)
+		}
+	}
+	out := make([]drain.Host, len(hosts))
+	var wg sync.WaitGroup
+	for i, h := range hosts {
+		wg.Go(func() {
+			o, err := m.cfg.Peers.Offer(ctx, h, images)
+			out[i] = drain.HostOf(h, o, err, needs)
+		})
+	}
+	wg.Wait()
+	return out
+}

@@ -1,0 +1,156 @@
+// Package member is a host's part in a fleet (docs/fleet.md): its session
+// in the run directory and the fence every append goes through; rejoining
+// after a lost lease, and freezing its units while the lease is
+// unconfirmed; reconciling its store with the directory at start;
+// migrations out and in, adoption, and a drain's placement. It never
+// imports the daemon, which keeps the run table and its locks: the daemon
+// hands it a run as one operation holds it (Held), and its units as a
+// whole (Units).
+//
+// Alone (no Config.Fleet) a Member reserves nothing and claims nothing:
+// Records is the store itself.
+package member
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/drain"
+	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// ErrNoFleet is a fleet operation asked of a host that is not in a fleet.
+var ErrNoFleet = errors.New("this host is not in a fleet")
+
+// Peers are the fleet's other hosts as this host uses them: internal/
+// server reaches them on their mutual-TLS listeners (internal/peer), at
+// the address their session gives (fleet.Member.Peer), pinned to their key.
+type Peers interface {
+	// Hand asks host to take run from this host: the run is handed to it
+	// in the fleet, and it fetches, imports and claims it, and resumes it
+	// when resume (the run was executing here).
+	Hand(ctx context.Context, host record.Address, run string, resume bool) error
+	// Fetch brings run's record from host, and every object the record
+	// reaches that st lacks, each verified by its address.
+	Fetch(ctx context.Context, host record.Address, run string, st *store.Store, limits bundle.Limits) (*record.Record, error)
+	// Offer asks host what it can take now, naming the images the runs to
+	// place need.
+	Offer(ctx context.Context, host record.Address, images []string) (drain.Offer, error)
+}
+
+// Held is a run as one operation on this host holds it (the daemon's run
+// lock): parked or resumed by the daemon's own sequences.
+type Held interface {
+	// Executing says whether the run's unit executes here.
+	Executing() bool
+	Park(ctx context.Context) error
+	Resume(ctx context.Context) error
+}
+
+// Units are this host's executing units, as the lease guard and a rejoin
+// handle them.
+type Units interface {
+	// Freeze pauses every executing unit no operation holds, and returns
+	// what thaws those of them that are still this host's; nil when it
+	// paused none.
+	Freeze(ctx context.Context) (thaw func(ctx context.Context))
+	// Drop destroys, without an append, the sandboxes of the runs ids: runs
+	// another host took while this one was cut off.
+	Drop(ids map[string]bool)
+}
+
+// Metrics are what a Member counts (internal/metrics).
+type Metrics interface {
+	Migrated(out, ok bool, took time.Duration)
+	Drained(moved bool)
+	OwnershipRefused()
+}
+
+// Config configures a Member.
+type Config struct {
+	// Fleet is this host's session; nil, the host runs alone.
+	Fleet *fleet.Host
+	// Rejoin starts a new session after the last one's lease was lost;
+	// nil, a lost lease is not replaced.
+	Rejoin func(ctx context.Context) (*fleet.Host, error)
+	// Peers reach the fleet's other hosts; nil, this host neither sends
+	// nor takes runs.
+	Peers   Peers
+	Store   *store.Store
+	Log     *slog.Logger
+	Metrics Metrics
+	Publish func(events.Event)
+	// Reach marks a step of a migration (failpoints, test seams).
+	Reach func(step string)
+	// Import judges a received run as a bundle import would: limits,
+	// trusted signers, the host's mount policy, the id check.
+	Import bundle.ImportOptions
+	// Exportable says whether a run may leave this host now.
+	Exportable func(id string) error
+	// Draining says whether this host is being drained (it takes no runs).
+	Draining func() bool
+}
+
+// Member is a host's part in its fleet.
+type Member struct {
+	cfg Config
+	// rejoined is the session that replaced cfg.Fleet's after its lease
+	// was lost.
+	rejoined atomic.Pointer[fleet.Host]
+}
+
+// New makes a Member.
+func New(cfg Config) *Member {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Member{cfg: cfg}
+}
+
+// Session is this host's current session in the fleet: Config.Fleet's, or
+// the one that replaced it after its lease was lost; nil alone.
+func (m *Member) Session() *fleet.Host {
+	if h := m.rejoined.Load(); h != nil {
+		return h
+	}
+	return m.cfg.Fleet
+}
+
+// Close ends the session this Member made (the first is its caller's).
+func (m *Member) Close(ctx context.Context) error {
+	if h := m.rejoined.Load(); h != nil {
+		return h.Close(ctx)
+	}
+	return nil
+}
+
+// Err counts err when it is the fleet's refusal of a transition
+// (runrecordd_ownership_refusals_total), and returns it.
+func (m *Member) Err(err error) error {
+	if errors.Is(err, fleet.ErrNotOwner) || errors.Is(err, fleet.ErrHeadMoved) || errors.Is(err, fleet.ErrLeaseLost) {
+		m.cfg.Metrics.OwnershipRefused()
+	}
+	return err
+}
+
+// moving says why this host cannot move runs: not in a fleet, or no peers.
+func (m *Member) moving(op, id string) error {
+	if m.Session() == nil || m.cfg.Peers == nil {
+		return fmt.Errorf("%s %s: %w", op, id, ErrNoFleet)
+	}
+	return nil
+}
+
+func (m *Member) reach(step string) {
+	if m.cfg.Reach != nil {
+		m.cfg.Reach(step)
+	}
+}

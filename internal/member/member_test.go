@@ -1,0 +1,196 @@
+package member
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/bundletest"
+	"github.com/runrecordd/runrecordd/internal/drain"
+	"github.com/runrecordd/runrecordd/internal/etcdtest"
+	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// counts is the room's Metrics, counted.
+type counts struct{ out, in, refused, drained atomic.Int32 }
+
+func (c *counts) Migrated(out, ok bool, _ time.Duration) {
+	if out && ok {
+		c.out.Add(1)
+	} else if ok {
+		c.in.Add(1)
+	}
+}
+func (c *counts) Drained(bool)      { c.drained.Add(1) }
+func (c *counts) OwnershipRefused() { c.refused.Add(1) }
+
+// peers are other hosts that answer as told.
+type peers struct {
+	hand    error
+	handed  atomic.Int32
+	fetched atomic.Int32
+}
+
+func (p *peers) Hand(context.Context, record.Address, string, bool) error {
+	p.handed.Add(1)
+	return p.hand
+}
+
+func (p *peers) Fetch(context.Context, record.Address, string, *store.Store, bundle.Limits) (*record.Record, error) {
+	p.fetched.Add(1)
+	return nil, errors.New("no fetch in these tests")
+}
+
+func (p *peers) Offer(context.Context, record.Address, []string) (drain.Offer, error) {
+	return drain.Offer{}, nil
+}
+
+// parked is a run held parked, never executing.
+type parked struct{ parks, resumes atomic.Int32 }
+
+func (p *parked) Executing() bool              { return false }
+func (p *parked) Park(context.Context) error   { p.parks.Add(1); return nil }
+func (p *parked) Resume(context.Context) error { p.resumes.Add(1); return nil }
+
+var key = ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, 32))
+
+// room is a member over a store holding run "r" parked (forged, imported),
+// in a fleet under session h, which has claimed the run.
+func room(t *testing.T, h *fleet.Host, p Peers) (*Member, *store.Store, *counts, *record.Record) {
+	t.Helper()
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	b, err := bundletest.Run{Spec: unit.Spec{Image: "example/unit:1", ImageDigest: "sha256:" + strings.Repeat("a", 64), Mode: unit.TranscriptMode, Args: []string{"a"}},
+		Grants: unit.Grants{Network: unit.NoNetwork}, Key: key, Transcript: []byte("{\"t\":1}\n")}.Forge("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	trusted := func(record.Address) bool { return true }
+	if _, err := bundle.Import(t.Context(), st, bytes.NewReader(b.Tar(nil)), bundle.ImportOptions{Options: bundle.Options{Trusted: trusted}}); err != nil {
+		t.Fatal(err)
+	}
+	c := &counts{}
+	m := New(Config{Fleet: h, Peers: p, Store: st, Metrics: c, Publish: func(events.Event) {},
+		Import:     bundle.ImportOptions{Options: bundle.Options{Trusted: trusted}, CheckID: func(string) error { return nil }},
+		Exportable: func(id string) error { return bundle.Exportable(st, id) }, Draining: func() bool { return false }})
+	if _, err := h.Claim(t.Context(), b.Record.Genesis(), "r", b.Record.Head(), record.Parked); err != nil {
+		t.Fatal(err)
+	}
+	return m, st, c, b.Record
+}
+
+func join(t *testing.T, dir *fleet.Dir, name string) *fleet.Host {
+	t.Helper()
+	k := record.Sum([]byte("host " + name))
+	if err := dir.Admit(t.Context(), k, name, fleet.RoleHost); err != nil {
+		t.Fatal(err)
+	}
+	h, err := dir.Join(t.Context(), k, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close(context.Background()) })
+	return h
+}
+
+// A migration the target refuses takes everything back: the run is this
+// host's in the directory (no transfer pending) and not handed off in the
+// store, so it resumes here. One the target takes leaves the run
+// transferred in the directory and handed off in the store.
+func TestMigrate(t *testing.T) {
+	c := etcdtest.Start(t)
+	dir := fleet.New(c.Client(t), "/member/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	refusing := &peers{hand: errors.New("the target refused")}
+	m, st, n, rec := room(t, a, refusing)
+	run := &parked{}
+	hold := func() (Held, func(), error) { return run, func() {}, nil }
+
+	err := m.Migrate(t.Context(), "r", b.Key(), hold)
+	if !errors.Is(err, refusing.hand) || refusing.handed.Load() != 1 {
+		t.Fatalf("migrate to a refusing target: %v", err)
+	}
+	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || !e.To.IsZero() {
+		t.Fatalf("after the refusal the directory says %+v, %v", e, err)
+	}
+	if _, off, _ := st.HandedOff("r"); off || n.out.Load() != 0 {
+		t.Fatal("after the refusal the run is handed off, or a migration counted")
+	}
+
+	m.cfg.Peers = &peers{}
+	if err := m.Migrate(t.Context(), "r", b.Key(), hold); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := dir.Run(t.Context(), rec.Genesis()); e.To != b.Key() {
+		t.Fatalf("after the migration the directory says %+v", e)
+	}
+	if _, off, _ := st.HandedOff("r"); !off || n.out.Load() != 1 || run.parks.Load() != 0 {
+		t.Fatalf("after the migration: handed off %v, %d counted, %d parks of a parked run", off, n.out.Load(), run.parks.Load())
+	}
+}
+
+// A host being drained takes no run: refused before anything is fetched.
+// A host alone migrates, receives and adopts nothing.
+func TestRefusals(t *testing.T) {
+	c := etcdtest.Start(t)
+	dir := fleet.New(c.Client(t), "/refuse/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	p := &peers{}
+	m, _, _, _ := room(t, a, p)
+	m.cfg.Draining = func() bool { return true }
+	never := func() (Held, func(), error) { t.Fatal("held"); return nil, nil, nil }
+	if err := m.Receive(t.Context(), b.Key(), "r2", false, never); !errors.Is(err, ErrDraining) || p.fetched.Load() != 0 {
+		t.Fatalf("receive while draining: %v (%d fetches)", err, p.fetched.Load())
+	}
+	alone := New(Config{Store: m.cfg.Store})
+	for name, err := range map[string]error{
+		"migrate": alone.Migrate(t.Context(), "r", b.Key(), never),
+		"receive": alone.Receive(t.Context(), b.Key(), "r", true, never),
+		"adopt":   alone.Adopt(t.Context(), "r", never),
+	} {
+		if !errors.Is(err, ErrNoFleet) {
+			t.Errorf("%s alone: %v", name, err)
+		}
+	}
+	if alone.Records() != any(m.cfg.Store) {
+		t.Error("alone, appends do not go to the store directly")
+	}
+}
+
+// An adopt while the owner lives is refused (and counted), the store as it
+// was; once its session is gone the run is adopted at the record's head.
+func TestAdopt(t *testing.T) {
+	c := etcdtest.Start(t)
+	dir := fleet.New(c.Client(t), "/adopt/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	_, st, _, rec := room(t, a, &peers{})
+	n := &counts{}
+	mb := New(Config{Fleet: b, Store: st, Metrics: n, Publish: func(events.Event) {},
+		Import: bundle.ImportOptions{Options: bundle.Options{Trusted: func(record.Address) bool { return true }}}})
+	hold := func() (Held, func(), error) { return &parked{}, func() {}, nil }
+	if err := mb.Adopt(t.Context(), "r", hold); !errors.Is(err, fleet.ErrNotOwner) || n.refused.Load() != 1 {
+		t.Fatalf("adopt while the owner lives: %v (%d refusals counted)", err, n.refused.Load())
+	}
+	if err := a.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := mb.Adopt(t.Context(), "r", hold); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := dir.Run(t.Context(), rec.Genesis()); e.Owner != b.Key() || e.Head != rec.Head() {
+		t.Fatalf("after the adopt the directory says %+v", e)
+	}
+}

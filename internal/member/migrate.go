@@ -1,0 +1,184 @@
+package member
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// ErrDraining refuses a new run, or a run moved here, on a host being
+// drained.
+var ErrDraining = errors.New("this host is being drained")
+
+// Hold holds a run for one operation (the daemon's run lock), until
+// release; a run that must be stored and is not is an error.
+type Hold func() (h Held, release func(), err error)
+
+// MigrationFailpoints are the steps of a migration between two hosts of a
+// fleet, in order: the source's, then the target's (test/e2e's
+// TestFleetMigrateCrash arms each).
+var MigrationFailpoints = []string{
+	"migrate.transferred", // source: transferred in etcd, not handed off in its store
+	"migrate.handedoff",   // source: handed off in both, the target not asked
+	"receive.fetched",     // target: record and objects here, nothing stored
+	"receive.imported",    // target: run stored (parked), not claimed in etcd
+	"receive.claimed",     // target: claimed in etcd, not resumed
+}
+
+// Migrate moves run id to host to, in the fleet (docs/fleet.md,
+// "Migration"): parked here if it is executing, handed off in this store
+// (as an export does) and in the fleet (fleet.Host.Transfer), then adopted
+// by to — which fetches it, checks everything an import checks, claims it,
+// and resumes it if it was executing here (a parked run stays parked).
+// Until to has claimed it, a failure takes it back here, parked and
+// resumable; after, the run is to's whatever this call returns.
+func (m *Member) Migrate(ctx context.Context, id string, to record.Address, hold Hold) error {
+	if err := m.moving("migrate", id); err != nil {
+		return err
+	}
+	began := time.Now()
+	h, release, err := hold()
+	if err != nil {
+		return err
+	}
+	defer release()
+	executing := h.Executing()
+	if executing {
+		if err := h.Park(ctx); err != nil {
+			return fmt.Errorf("migrate %s: %w", id, err)
+		}
+	}
+	st, err := m.cfg.Store.Run(id)
+	if err != nil {
+		return err
+	}
+	genesis := record.Genesis(st.Unit, st.Grants)
+	made, err := m.handOver(ctx, id, genesis, to)
+	if err != nil {
+		m.cfg.Metrics.Migrated(true, false, 0)
+		return fmt.Errorf("migrate %s: %w", id, err)
+	}
+	if err := m.cfg.Peers.Hand(ctx, to, id, executing); err != nil {
+		m.cfg.Metrics.Migrated(true, false, 0)
+		return fmt.Errorf("migrate %s to %s: %w", id, to, m.takeBack(ctx, id, genesis, st.Head, to, made, err))
+	}
+	m.cfg.Metrics.Migrated(true, true, time.Since(began))
+	m.cfg.Log.Info("run migrated", "run", id, "to", to)
+	m.cfg.Publish(events.Event{Kind: "run.migrated", Run: id, Detail: to.String()})
+	return nil
+}
+
+// handOver hands parked run id to host to: in the fleet first (only to may
+// claim it; a crash after this leaves the transfer, which marks a
+// migration in flight, for the next start to take back), then in this
+// store (this host resumes and closes it no more). It reports whether it
+// made the store's handoff (an earlier export may have): only a handoff
+// made here is taken back here.
+func (m *Member) handOver(ctx context.Context, id string, genesis, to record.Address) (made bool, err error) {
+	if err := m.cfg.Exportable(id); err != nil {
+		return false, err
+	}
+	if _, err := m.Session().Transfer(ctx, genesis, to); err != nil {
+		return false, m.Err(err)
+	}
+	m.reach("migrate.transferred")
+	_, made, err = bundle.Prepare(m.cfg.Store, id, true)
+	if err != nil {
+		if _, terr := m.Session().Transfer(context.WithoutCancel(ctx), genesis, m.Session().Key()); terr != nil {
+			err = errors.Join(err, terr)
+		}
+		return false, err
+	}
+	m.reach("migrate.handedoff")
+	return made, nil
+}
+
+// takeBack undoes a hand-over whose adoption failed: in the fleet first
+// (refused once to has claimed the run: then it is to's, and stays handed
+// off here), then in this store.
+func (m *Member) takeBack(ctx context.Context, id string, genesis, head, to record.Address, made bool, cause error) error {
+	if _, err := m.Session().Transfer(context.WithoutCancel(ctx), genesis, m.Session().Key()); err != nil {
+		m.cfg.Log.Error("migration failed after the target claimed the run: it is the target's", "run", id, "to", to, "err", err)
+		return errors.Join(cause, err)
+	}
+	if !made {
+		return cause
+	}
+	if err := m.cfg.Store.Reclaim(id, head); err != nil {
+		return errors.Join(cause, err)
+	}
+	m.cfg.Log.Warn("migration failed: the run is back here, parked", "run", id, "to", to, "err", cause)
+	return cause
+}
+
+// Receive takes run id from host from, which handed it to this host in
+// the fleet: its record and the objects this store lacks are fetched, the
+// run is judged as an import judges a bundle ([bundle.ImportStored]),
+// claimed in the fleet and stored; with resume (it was executing there) it
+// is resumed here, else it stays parked, as it was. hold holds the run
+// (not yet stored) from the import on.
+func (m *Member) Receive(ctx context.Context, from record.Address, id string, resume bool, hold Hold) error {
+	if err := m.moving("receive", id); err != nil {
+		return err
+	}
+	if err := m.cfg.Import.CheckID(id); err != nil {
+		return err
+	}
+	if m.cfg.Draining() {
+		return fmt.Errorf("receive %s: %w: it takes no runs until it restarts", id, ErrDraining)
+	}
+	rec, err := m.cfg.Peers.Fetch(ctx, from, id, m.cfg.Store, m.cfg.Import.Limits)
+	if err != nil {
+		return fmt.Errorf("receive %s from %s: %w", id, from, err)
+	}
+	m.reach("receive.fetched")
+	h, release, err := hold()
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := m.importReceived(ctx, id, rec); err != nil {
+		m.cfg.Metrics.Migrated(false, false, 0)
+		return fmt.Errorf("receive %s from %s: %w", id, from, m.Err(err))
+	}
+	m.cfg.Metrics.Migrated(false, true, 0)
+	m.reach("receive.claimed")
+	if err := calls.Fill(m.cfg.Store, id); err != nil {
+		m.cfg.Log.Warn("call ledger: the received run's calls are listed without their payloads until the next start", "run", id, "err", err)
+	}
+	m.cfg.Log.Info("run received", "run", id, "from", from, "resume", resume)
+	if resume {
+		return h.Resume(ctx)
+	}
+	return nil
+}
+
+// importReceived stores the fetched run, judged as an import judges a
+// bundle, then claims it in the fleet. Stored first: a parked run this host
+// does not own is inert here (the fence refuses its every advance), and a
+// crash between the two leaves it stored and transferred here, which the
+// next start claims (fleet.Reconcile: Reclaim); the other order would leave
+// this host owning a run it does not hold. A claim refused (the source took
+// the run back meanwhile) leaves the run here handed off.
+func (m *Member) importReceived(ctx context.Context, id string, rec *record.Record) error {
+	o := m.cfg.Import
+	o.ID = id
+	_, err := bundle.ImportStored(ctx, m.cfg.Store, rec, bundle.StoredOptions{Run: id, ImportOptions: o})
+	if err != nil {
+		return err
+	}
+	m.reach("receive.imported")
+	if _, err := m.Session().Claim(ctx, rec.Genesis(), id, rec.Head(), rec.Phase()); err != nil {
+		if herr := m.cfg.Store.HandOff(id, rec.Head()); herr != nil {
+			err = errors.Join(err, herr)
+		}
+		return err
+	}
+	return nil
+}
