@@ -39,7 +39,9 @@ func (d *Daemon) Exportable(id string) error {
 // default of the API and the CLI) the run is handed off before the first
 // byte is written ([bundle.Prepare]): from then on this host refuses to
 // resume, close or post results to it, until a bundle extending its record
-// is imported back. Without handoff the bundle is marked a copy.
+// is imported back. Without handoff the bundle is marked a copy. A failed
+// export takes its handoff back unless a bundle may be out there
+// ([bundle.Exports]).
 func (d *Daemon) Export(ctx context.Context, id string, w io.Writer, handoff bool) (err error) {
 	// Read and handed off under the run's lock, so that a resume or a
 	// close cannot come between; streamed without it.
@@ -51,46 +53,26 @@ func (d *Daemon) Export(ctx context.Context, id string, w io.Writer, handoff boo
 	var o bundle.ExportOptions
 	var made bool
 	if err == nil {
-		o, made, err = bundle.Prepare(d.st, id, handoff)
-	}
-	if made {
-		r.handedOff, r.exportedOnce = true, false
-	}
-	if err == nil {
-		r.exporting++
+		o, made, err = d.exports.Begin(d.st, id, handoff)
 	}
 	r.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	defer func() { d.exported(id, r, o, made, err) }()
-	return bundle.Export(ctx, d.st, id, w, o)
-}
-
-// exported keeps the books of an export that ended with err. An export
-// that fails takes the handoff back only when this process made it, no
-// other export of the run is streaming, and none was delivered whole:
-// otherwise a bundle may be out there.
-func (d *Daemon) exported(id string, r *run, o bundle.ExportOptions, made bool, err error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.exporting--
-	switch {
-	case o.Copy:
-	case err == nil:
-		r.exportedOnce = true
-		if made {
+	defer func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		switch ended, rerr := d.exports.End(d.st, id, o, made, err); {
+		case rerr != nil:
+			d.log.Error("export failed and its handoff could not be taken back", "run", id, "err", rerr)
+		case ended == bundle.HandedOff:
 			d.log.Info("run handed off", "run", id, "head", o.Record.Head())
 			d.publish(events.Event{Kind: "run.handed_off", Run: id})
+		case ended == bundle.TakenBack:
+			d.log.Warn("export failed before its bundle was whole: the handoff is taken back", "run", id, "err", err)
 		}
-	case r.handedOff && r.exporting == 0 && !r.exportedOnce:
-		if rerr := d.st.Reclaim(id, o.Record.Head()); rerr != nil {
-			d.log.Error("export failed and its handoff could not be taken back", "run", id, "err", rerr)
-			return
-		}
-		r.handedOff = false
-		d.log.Warn("export failed before its bundle was whole: the handoff is taken back", "run", id, "err", err)
-	}
+	}()
+	return bundle.Export(ctx, d.st, id, w, o)
 }
 
 // Import reads a bundle and stores its run as id (the bundle's own id when
@@ -105,8 +87,7 @@ func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (Imported, 
 func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (Imported, error) {
 	var rl *run
 	im, err := bundle.Import(ctx, d.st, r, bundle.ImportOptions{
-		Options: bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)},
-		ID:      id, Reclaim: reclaim, CheckID: checkID,
+		Options: d.bundleOptions(), ID: id, Reclaim: reclaim, CheckID: checkID,
 		// The run's lock is held past the import, until its summary for
 		// the reply is read.
 		Lock: func(id string) func() { rl = d.lock(id); return func() {} },

@@ -146,6 +146,8 @@ type Daemon struct {
 	// fleet is the daemon's part in a fleet (internal/member); alone, it
 	// appends to the store directly.
 	fleet *member.Member
+	// exports keeps the books of this process's exports (bundle.Exports).
+	exports bundle.Exports
 
 	metrics metrics.Metrics
 	events  events.Hub
@@ -164,14 +166,6 @@ type run struct {
 	// teardown is closed once the sandbox of the run's last park on this
 	// host is destroyed.
 	teardown chan struct{}
-	// Exports of the run in this process: how many are streaming, whether
-	// one delivered its bundle whole since the handoff, and whether this
-	// process made the handoff. A failed export takes the handoff back
-	// only when it made it here, none other is streaming, and none was
-	// delivered: otherwise a bundle may be out there.
-	exporting    int
-	exportedOnce bool
-	handedOff    bool
 }
 
 // New opens the state directory, connects to (or starts) containerd, and
