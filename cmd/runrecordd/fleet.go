@@ -163,7 +163,8 @@ func fleetAdmit(ctx context.Context, e etcdFlags, keyText, name string, role fle
 }
 
 // fleetStatus prints the fleet's members, each with whether its session
-// is alive and how many runs it owns, and the orphaned runs.
+// is alive, how many runs it owns and whether it is being drained, and the
+// orphaned runs.
 func fleetStatus(ctx context.Context, e etcdFlags, stdout io.Writer) error {
 	dir, cli, err := e.dir()
 	if err != nil {
@@ -174,7 +175,7 @@ func fleetStatus(ctx context.Context, e etcdFlags, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, "KEY\tNAME\tROLE\tSESSION\tRUNS")
+	fmt.Fprintln(stdout, "KEY\tNAME\tROLE\tSESSION\tRUNS\tDRAIN")
 	for _, h := range hosts {
 		session := "none"
 		if h.Lease != 0 {
@@ -184,7 +185,11 @@ func fleetStatus(ctx context.Context, e etcdFlags, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s\t%s\t%s\t%s\t%d\n", h.Key, printable(h.Name), h.Role, session, len(owned))
+		drain := "-"
+		if h.Draining {
+			drain = "draining"
+		}
+		fmt.Fprintf(stdout, "%s\t%s\t%s\t%s\t%d\t%s\n", h.Key, printable(h.Name), h.Role, session, len(owned), drain)
 	}
 	orphans, err := dir.Orphans(ctx)
 	if err != nil {

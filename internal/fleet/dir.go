@@ -47,6 +47,9 @@ func (d *Dir) aliveKey(k record.Address) string { return d.prefix + "alive/" + k
 func (d *Dir) runsPrefix() string               { return d.prefix + "runs/" }
 func (d *Dir) hostsPrefix() string              { return d.prefix + "hosts/" }
 func (d *Dir) alivePrefix() string              { return d.prefix + "alive/" }
+func (d *Dir) drainingKey(k record.Address) string {
+	return d.prefix + "draining/" + k.String()
+}
 func keyAddress(key, prefix string) (record.Address, error) {
 	a, err := record.ParseAddress(strings.TrimPrefix(key, prefix))
 	if err != nil {
@@ -115,7 +118,7 @@ func (d *Dir) Admit(ctx context.Context, key record.Address, name string, role R
 func (d *Dir) Member(ctx context.Context, key record.Address) (Member, error) {
 	ctx, cancel := d.bounded(ctx)
 	defer cancel()
-	r, err := d.cli.Txn(ctx).Then(clientv3.OpGet(d.hostKey(key)), clientv3.OpGet(d.aliveKey(key))).Commit()
+	r, err := d.cli.Txn(ctx).Then(clientv3.OpGet(d.hostKey(key)), clientv3.OpGet(d.aliveKey(key)), clientv3.OpGet(d.drainingKey(key))).Commit()
 	if err != nil {
 		return Member{}, unavailable("host "+key.String(), err)
 	}
@@ -126,6 +129,8 @@ func (d *Dir) Member(ctx context.Context, key record.Address) (Member, error) {
 	m, err := decodeMember(key, kvs[0].Value)
 	if alive := r.Responses[1].GetResponseRange().Kvs; len(alive) == 1 {
 		m.Lease, m.Peer = alive[0].Lease, string(alive[0].Value)
+		dr := r.Responses[2].GetResponseRange().Kvs
+		m.Draining = len(dr) == 1 && dr[0].Lease == m.Lease
 	}
 	return m, err
 }
@@ -147,7 +152,7 @@ func (d *Dir) Hosts(ctx context.Context) ([]Member, error) {
 		if err != nil {
 			return nil, err
 		}
-		m.Lease, m.Peer = alive[key].lease, alive[key].peer
+		m.Lease, m.Peer, m.Draining = alive[key].lease, alive[key].peer, alive[key].draining
 		out = append(out, m)
 	}
 	return out, nil
@@ -227,7 +232,8 @@ func (d *Dir) withAlive(ctx context.Context, op, prefix string) ([]*mvccpb.KeyVa
 	ctx, cancel := d.bounded(ctx)
 	defer cancel()
 	r, err := d.cli.Txn(ctx).Then(clientv3.OpGet(prefix, clientv3.WithPrefix()),
-		clientv3.OpGet(d.alivePrefix(), clientv3.WithPrefix())).Commit()
+		clientv3.OpGet(d.alivePrefix(), clientv3.WithPrefix()),
+		clientv3.OpGet(d.prefix+"draining/", clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return nil, nil, unavailable(op, err)
 	}
@@ -235,14 +241,22 @@ func (d *Dir) withAlive(ctx context.Context, op, prefix string) ([]*mvccpb.KeyVa
 	if err != nil {
 		return nil, nil, err
 	}
+	for _, kv := range r.Responses[2].GetResponseRange().Kvs {
+		k, err := keyAddress(string(kv.Key), d.prefix+"draining/")
+		if s, ok := alive[k]; err == nil && ok && s.lease == kv.Lease {
+			s.draining = true
+			alive[k] = s
+		}
+	}
 	return r.Responses[0].GetResponseRange().Kvs, alive, nil
 }
 
 // session is a live host session: its lease, and where it serves the
 // fleet.
 type session struct {
-	lease int64
-	peer  string
+	lease    int64
+	peer     string
+	draining bool // its Host.Drain mark, under the same lease
 }
 
 // leases maps each live host's key id to its session.

@@ -61,6 +61,9 @@ type Member struct {
 	// Peer is where the live session serves the fleet (host:port of its
 	// mutual-TLS listener), empty when it serves none.
 	Peer string
+	// Draining is set by a live session being drained (Host.Drain): it
+	// takes no runs. It ends with the session.
+	Draining bool
 }
 
 type entryJSON struct {

@@ -33,6 +33,7 @@ func TestFleet(t *testing.T) {
 		{"LeaseExpiry", testLeaseExpiry},
 		{"MemberStopped", testMemberStopped},
 		{"NoQuorum", testNoQuorum},
+		{"DrainMark", testDrainMark},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := New(c.Client(t), "/t/"+tc.name+"/", 3*time.Second)

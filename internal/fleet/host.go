@@ -94,6 +94,27 @@ func (d *Dir) JoinAt(ctx context.Context, key record.Address, ttl time.Duration,
 	return h, nil
 }
 
+// Drain marks this session as being drained (Member.Draining): the other
+// hosts stop offering it runs. The mark is under the session's lease, so
+// it ends with the session — as a drained host takes runs again once it
+// restarts.
+func (h *Host) Drain(ctx context.Context) error {
+	if err := h.live(); err != nil {
+		return err
+	}
+	ctx, cancel := h.bounded(ctx)
+	defer cancel()
+	r, err := h.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(h.aliveKey(h.key)), "=", int64(h.lease))).
+		Then(clientv3.OpPut(h.drainingKey(h.key), "", clientv3.WithLease(h.lease))).Commit()
+	if err != nil {
+		return unavailable("drain "+h.key.String(), err)
+	}
+	if !r.Succeeded {
+		return fmt.Errorf("host %s: %w", h.key, ErrLeaseLost)
+	}
+	return nil
+}
+
 // Key returns the host's key id.
 func (h *Host) Key() record.Address { return h.key }
 

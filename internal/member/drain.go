@@ -24,6 +24,10 @@ func (m *Member) Drain(ctx context.Context, to []record.Address, parallel int, r
 	if err := m.moving("drain", "this host"); err != nil {
 		return nil, err
 	}
+	if err := m.Session().Drain(ctx); err != nil {
+		// The host refuses runs all the same (its offer says so).
+		m.cfg.Log.Warn("fleet: this host is not marked draining in the directory", "err", err)
+	}
 	if len(to) == 0 {
 		var err error
 		if to, err = m.otherHosts(ctx); err != nil {
@@ -45,7 +49,7 @@ func (m *Member) Drain(ctx context.Context, to []record.Address, parallel int, r
 }
 
 // otherHosts are the fleet's hosts, other than this one, whose live
-// session serves the fleet.
+// session serves the fleet and is not being drained.
 func (m *Member) otherHosts(ctx context.Context) ([]record.Address, error) {
 	ms, err := m.Session().Hosts(ctx)
 	if err != nil {
@@ -53,7 +57,7 @@ func (m *Member) otherHosts(ctx context.Context) ([]record.Address, error) {
 	}
 	var out []record.Address
 	for _, h := range ms {
-		if h.Role == fleet.RoleHost && h.Lease != 0 && h.Peer != "" && h.Key != m.Session().Key() {
+		if h.Role == fleet.RoleHost && h.Lease != 0 && h.Peer != "" && !h.Draining && h.Key != m.Session().Key() {
 			out = append(out, h.Key)
 		}
 	}
