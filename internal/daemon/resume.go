@@ -3,12 +3,10 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/events"
-	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/park"
@@ -17,10 +15,6 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
-
-type resumed struct {
-	transcript record.Address
-}
 
 // Resume resumes a parked run on this host after the three preconditions,
 // in order: the snapshot the store offers is the one recorded, this host's
@@ -49,15 +43,17 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	if err != nil {
 		return Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
-	lv, rst, err := d.wake(ctx, id, r, ok)
+	run := forms.Run{ID: id, Spec: ok.spec, Grants: ok.grants}
+	w, err := d.forms().For(ok.spec.Mode).Wake(ctx, run, forms.Waking{Snapshot: ok.susp.Snapshot, Retained: ok.retained, Teardown: r.teardown})
 	if err != nil {
 		res.cancel(ctx)
 		return Resumed{}, err
 	}
+	lv := d.begin(id, w.Unit, w.Event, w.Mark)
 	clock.mark("sandbox")
 	lv.iv.Journal(attest.LifecycleOf(nowNS(), owed))
-	if rst != nil {
-		lv.iv.Journal(attest.LifecycleOf(nowNS(), *rst))
+	for _, dt := range w.Details {
+		lv.iv.Journal(attest.LifecycleOf(nowNS(), dt))
 	}
 	// Saved before the append: a daemon restarted after it attests the
 	// interval from its start. (A crash before the append leaves a mark
@@ -80,11 +76,9 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 		return Resumed{}, err
 	}
 	d.publish(events.Event{Kind: "run.resumed", Run: id, Detail: fmt.Sprintf("idle %d uJ %s", owed.UJ, prov)})
-	if lv.transcript != nil {
-		d.serve(lv.transcript)
-	}
+	lv.unit.Serve(d.background)
 	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "took", clock.total())
-	return Resumed{Run: sum, Idle: owed, Restore: rst, Took: clock.total(), Steps: clock.steps}, nil
+	return Resumed{Run: sum, Idle: owed, Restore: w.Restored, Took: clock.total(), Steps: clock.steps}, nil
 }
 
 // admitted is a parked run that passed the resume preconditions.
@@ -152,54 +146,6 @@ func (d *Daemon) judgeResume(ctx context.Context, id string, clock *stepClock) (
 	}
 	clock.mark("idle")
 	return ok, nil
-}
-
-// wake brings an admitted run's unit back: a new sandbox over its
-// transcript, or a restore of its image once the parked sandbox is gone.
-func (d *Daemon) wake(ctx context.Context, id string, r *run, ok admitted) (*live, *attest.Restored, error) {
-	snap := ok.susp.Snapshot
-	if snap.IsTranscript() {
-		lv, err := d.startSandbox(ctx, id, ok.spec, ok.grants, &resumed{transcript: *snap.Transcript})
-		return lv, nil, err
-	}
-	if err := d.probe.Ready(ctx); err != nil {
-		return nil, nil, fmt.Errorf("resume %s: %w", id, err)
-	}
-	if r.teardown != nil {
-		select {
-		case <-r.teardown: // the parked sandbox is gone; its id is free
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		}
-	}
-	return d.restore(ctx, id, ok.spec, ok.grants, snap, d.criuDeadline(uint64(ok.retained)))
-}
-
-// restore restores an image park's sandbox.
-func (d *Daemon) restore(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, snap record.Snapshot, deadline time.Duration) (*live, *attest.Restored, error) {
-	t0 := time.Now()
-	dir := filepath.Join(d.cfg.StateDir, "restore", id)
-	if err := os.RemoveAll(dir); err != nil {
-		return nil, nil, err
-	}
-	defer os.RemoveAll(dir)
-	trees, err := park.Layout(d.st, snap, dir)
-	if err != nil {
-		return nil, nil, err
-	}
-	laid := time.Since(t0)
-	out, err := d.output(id)
-	if err != nil {
-		return nil, nil, err
-	}
-	m := d.markNow(id)
-	sb, rs, err := d.ex.Restore(ctx, id, executor.SpecOf(spec, grants), executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Deadline: deadline}, out)
-	if err != nil {
-		return nil, nil, fmt.Errorf("resume %s: %w", id, err)
-	}
-	lv := d.begin(id, sb, spec, grants, attest.EventRestored, m)
-	return lv, &attest.Restored{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
-		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored}, nil
 }
 
 // parkedFor is how long this host has held the run parked: since the end
