@@ -44,7 +44,7 @@ func (d *Daemon) reattach(id string, u *forms.Unit) *live {
 // forms is this host's side of both forms (internal/forms), made from the
 // daemon's state at each use.
 func (d *Daemon) forms() forms.Host {
-	return forms.Host{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
+	return forms.Host{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
 		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: d.output, Mark: d.markNow, Invalid: ErrInvalid, Log: d.log}
 }
 

@@ -8,10 +8,8 @@ import (
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/interval"
-	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // Park parks a running run in its form (internal/forms): an image park
@@ -87,11 +85,7 @@ func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID rec
 // sealing and the append. clock, when set, times the manifest and the
 // record.
 func (d *Daemon) recordTaken(ctx context.Context, lv *live, unitID record.Address, t forms.Taken, account *record.CallAccount, step string, clock *stepClock) (interval.Sealed, record.Address, error) {
-	man, err := d.manifestOver(ctx, t.Keys, lv.unit.Spec, unitID)
-	var manAddr record.Address
-	if err == nil {
-		manAddr, err = d.putManifest(man)
-	}
+	manAddr, err := d.forms().Manifest(ctx, t.Keys, lv.unit.Spec, unitID)
 	clock.mark("manifest")
 	var susp record.Segment
 	var outcome attest.Outcome
@@ -124,33 +118,4 @@ func (d *Daemon) tearDownParked(r *run, lv *live) {
 	})
 	r.live = nil
 	r.park = d.meter.BeginPark()
-}
-
-// manifestOver returns this host's environment manifest over keys for a
-// unit.
-func (d *Daemon) manifestOver(ctx context.Context, keys []string, spec unit.Spec, unitID record.Address) (manifest.Manifest, error) {
-	return manifest.Over(keys, d.hostFacts(ctx, spec, unitID))
-}
-
-// hostFacts are the host's facts for a unit: its own, and the digest under
-// which the unit's image is imported here now (absent when it is not).
-func (d *Daemon) hostFacts(ctx context.Context, spec unit.Spec, unitID record.Address) manifest.Manifest {
-	m := manifest.Manifest{}
-	for k, v := range d.host {
-		m[k] = v
-	}
-	m[manifest.UnitID] = unitID.String()
-	m[manifest.Protocol] = ProtocolVersion
-	if img, err := d.ex.Image(ctx, spec.Image); err == nil {
-		m[manifest.ImageDigest] = img.Digest
-	}
-	return m
-}
-
-func (d *Daemon) putManifest(m manifest.Manifest) (record.Address, error) {
-	b, err := m.Canonical()
-	if err != nil {
-		return record.Address{}, err
-	}
-	return d.st.PutBytes(b)
 }

@@ -88,7 +88,7 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	if err != nil {
 		return err
 	}
-	spec, grants, err := d.unitOf(st)
+	run, err := forms.ReadRun(d.st, st)
 	if err != nil {
 		return err
 	}
@@ -97,7 +97,7 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 		return err
 	}
 	status, _ := sb.Status(ctx)
-	u := d.forms().Orphan(forms.Run{ID: id, Spec: spec, Grants: grants}, sb)
+	u := d.forms().Orphan(run, sb)
 	// A unit the last daemon's park may have left frozen is settled; one
 	// whose channel went with that daemon is parked from what it left on
 	// disk, unaccounted (its form says which).

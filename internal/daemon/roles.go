@@ -21,7 +21,6 @@ type Sandboxes interface {
 	List(ctx context.Context) ([]string, error)
 	Remove(ctx context.Context, id string) error
 	Prune(ctx context.Context) ([]string, error)
-	Image(ctx context.Context, name string) (executor.Image, error)
 	Import(ctx context.Context, r io.Reader, name string) (executor.Image, error)
 	Versions(ctx context.Context) (executor.Versions, error)
 	Probe(ctx context.Context, deadline time.Duration) executor.Probe

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -37,23 +38,8 @@ func phaseErr(id string, p record.Phase, want record.Phase) error {
 
 // unitOf reads a run's unit spec and grant set from their objects.
 func (d *Daemon) unitOf(st store.Run) (unit.Spec, unit.Grants, error) {
-	sb, err := d.st.ReadAll(st.Unit)
-	if err != nil {
-		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: unit spec: %w", st.ID, err)
-	}
-	spec, err := unit.DecodeSpec(sb)
-	if err != nil {
-		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: unit spec: %w", st.ID, err)
-	}
-	gb, err := d.st.ReadAll(st.Grants)
-	if err != nil {
-		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: grant set: %w", st.ID, err)
-	}
-	grants, err := unit.DecodeGrants(gb)
-	if err != nil {
-		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: grant set: %w", st.ID, err)
-	}
-	return *spec, *grants, nil
+	r, err := forms.ReadRun(d.st, st)
+	return r.Spec, r.Grants, err
 }
 
 // summary is run id as this host holds it; r is its state here, nil when

@@ -18,10 +18,6 @@ import (
 // listing, and the recovery of a transcript whose channel died with the
 // last daemon. Call state lives in the store's call ledger.
 
-// ProtocolVersion is the transcript channel's protocol, which a transcript
-// park's environment manifest records.
-const ProtocolVersion = protocol.Version
-
 // ChannelMount is where a transcript unit finds its channel directory.
 const ChannelMount = protocol.Dir
 

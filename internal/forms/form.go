@@ -9,6 +9,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
+	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -23,6 +24,9 @@ type Host struct {
 	Store     *store.Store
 	Sandboxes Sandboxes
 	StateDir  string
+	// Facts are the host's own facts and runtime versions, which its
+	// environment manifests record.
+	Facts manifest.Manifest
 	// Gate is the image-park gate every image park and resume waits on.
 	Gate *imageparks.Gate
 	// CRIUDeadline is the configured deadline of a dump or restore; 0

@@ -26,8 +26,10 @@ type Sandbox interface {
 }
 
 // Sandboxes is what the forms make sandboxes with: containerd's start
-// of a fresh one and its restore of a checkpoint (*executor.Client).
+// of a fresh one and its restore of a checkpoint (*executor.Client), and
+// the image a unit names, as imported here (a manifest records its digest).
 type Sandboxes interface {
+	Image(ctx context.Context, name string) (executor.Image, error)
 	Start(ctx context.Context, id string, spec executor.Spec, out executor.Output) (Sandbox, error)
 	Restore(ctx context.Context, id string, spec executor.Spec, cp executor.Checkpoint, out executor.Output) (Sandbox, executor.RestoreStats, error)
 }
