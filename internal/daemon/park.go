@@ -43,7 +43,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (Parked, error) {
 	if err != nil {
 		return Parked{}, err
 	}
-	clock.mark("snapshot")
+	clock.Mark("snapshot")
 	d.reach("park.checkpointed")
 	ev, manAddr, err := d.recordPark(ctx, id, lv, st.Unit, taken, clock)
 	if err != nil {
@@ -51,15 +51,15 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (Parked, error) {
 	}
 	d.reach("park.appended")
 	d.tearDownParked(r, lv)
-	d.metrics.Parked(clock.total())
+	d.metrics.Parked(clock.Total())
 	sum, err := d.summary(id, r)
 	if err != nil {
 		return Parked{}, err
 	}
 	d.publish(events.Event{Kind: "run.parked", Run: id, Detail: taken.Snapshot.String()})
-	d.log.Info("run parked", "run", id, "snapshot", taken.Snapshot.String(), "retained", taken.Retained, "took", clock.total())
+	d.log.Info("run parked", "run", id, "snapshot", taken.Snapshot.String(), "retained", taken.Retained, "took", clock.Total())
 	return Parked{Run: sum, Snapshot: taken.Snapshot, Manifest: manAddr, Retained: taken.Retained, Receipt: ev.Receipt,
-		Checkpoint: taken.Checkpoint, Took: clock.total(), Steps: clock.steps}, nil
+		Checkpoint: taken.Checkpoint, Took: clock.Total(), Steps: clock.Steps}, nil
 }
 
 // recordPark records the park: the manifest, then the interval's end with
@@ -86,7 +86,7 @@ func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID rec
 // record.
 func (d *Daemon) recordTaken(ctx context.Context, lv *live, unitID record.Address, t forms.Taken, account *record.CallAccount, step string, clock *stepClock) (interval.Sealed, record.Address, error) {
 	manAddr, err := d.forms().Manifest(ctx, t.Keys, lv.unit.Spec, unitID)
-	clock.mark("manifest")
+	clock.Mark("manifest")
 	var susp record.Segment
 	var outcome attest.Outcome
 	if err == nil {
@@ -100,7 +100,7 @@ func (d *Daemon) recordTaken(ctx context.Context, lv *live, unitID record.Addres
 		}
 		ev, err = d.endAt(ctx, lv, step, outcome, account, []record.Segment{susp}, extra...)
 	}
-	clock.mark("record")
+	clock.Mark("record")
 	return ev, manAddr, err
 }
 

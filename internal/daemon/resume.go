@@ -44,7 +44,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 		return Resumed{}, err
 	}
 	lv := d.begin(id, w.Unit, w.Event, w.Mark)
-	clock.mark("sandbox")
+	clock.Mark("sandbox")
 	lv.iv.Journal(attest.LifecycleOf(nowNS(), owed))
 	for _, dt := range w.Details {
 		lv.iv.Journal(attest.LifecycleOf(nowNS(), dt))
@@ -60,19 +60,19 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 		d.destroy(lv)
 		return Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
-	clock.mark("append")
+	clock.Mark("append")
 	d.reach("resume.appended")
 	r.live, r.park = lv, nil
 	d.watch(id, r, lv)
-	d.metrics.Resumed(clock.total(), owed.UJ, prov)
+	d.metrics.Resumed(clock.Total(), owed.UJ, prov)
 	sum, err := d.summary(id, r)
 	if err != nil {
 		return Resumed{}, err
 	}
 	d.publish(events.Event{Kind: "run.resumed", Run: id, Detail: fmt.Sprintf("idle %d uJ %s", owed.UJ, prov)})
 	lv.unit.Serve(d.background)
-	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "took", clock.total())
-	return Resumed{Run: sum, Idle: owed, Restore: w.Restored, Took: clock.total(), Steps: clock.steps}, nil
+	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "took", clock.Total())
+	return Resumed{Run: sum, Idle: owed, Restore: w.Restored, Took: clock.Total(), Steps: clock.Steps}, nil
 }
 
 // judgeResume admits parked run id for a resume, changing nothing: it is
@@ -89,5 +89,5 @@ func (d *Daemon) judgeResume(ctx context.Context, id string, clock *stepClock) (
 	if err := d.notHandedOff(id); err != nil {
 		return forms.Admitted{}, err
 	}
-	return d.forms().Admit(ctx, st, clock.mark)
+	return d.forms().Admit(ctx, st, clock.Mark)
 }
