@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/events"
-	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -32,7 +31,7 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	if err := checkID(id); err != nil {
 		return Summary{}, err
 	}
-	p, err := d.prepareUnit(ctx, id, spec, grants)
+	p, err := d.forms().Prepare(ctx, id, spec, grants)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -75,31 +74,6 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	d.publish(events.Event{Kind: "run.started", Run: id, Detail: p.Spec.Mode.String()})
 	lv.unit.Serve(d.background)
 	return d.summary(id, r)
-}
-
-// prepareUnit makes a run request's unit ready to run ([unit.Prepare]):
-// its image pinned to the digest imported here, and an image unit refused
-// where image parks do not work (it would hold its sandbox for good).
-func (d *Daemon) prepareUnit(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (unit.Prepared, error) {
-	p, err := unit.Prepare(spec, grants, func(s unit.Spec) (string, error) {
-		img, err := d.ex.Image(ctx, s.Image)
-		if err != nil {
-			return "", fmt.Errorf("%w (import it with `runrecordd images import`)", err)
-		}
-		if s.ImageDigest != "" && s.ImageDigest != img.Digest {
-			return "", fmt.Errorf("image %s is %s, the unit names %s: %w", s.Image, img.Digest, s.ImageDigest, executor.ErrImageMismatch)
-		}
-		return img.Digest, nil
-	})
-	if err != nil {
-		return unit.Prepared{}, err
-	}
-	if p.Spec.Mode == unit.ImageMode {
-		if err := d.probe.Ready(ctx); err != nil {
-			return unit.Prepared{}, fmt.Errorf("run %s: %w (a transcript unit can still run: --mode transcript)", id, err)
-		}
-	}
-	return p, nil
 }
 
 // restartInterval starts a new interval on lv's sandbox after the end of

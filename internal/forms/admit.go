@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/resume"
@@ -164,4 +165,27 @@ func (h Host) facts(ctx context.Context, spec unit.Spec, unitID record.Address) 
 		m[manifest.ImageDigest] = img.Digest
 	}
 	return m
+}
+
+// Prepare makes a run request's unit ready to run ([unit.Prepare]): its
+// image pinned to the digest imported here, and refused where its form
+// cannot park it (Form.Ready).
+func (h Host) Prepare(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (unit.Prepared, error) {
+	p, err := unit.Prepare(spec, grants, func(s unit.Spec) (string, error) {
+		img, err := h.Sandboxes.Image(ctx, s.Image)
+		if err != nil {
+			return "", fmt.Errorf("%w (import it with `runrecordd images import`)", err)
+		}
+		if s.ImageDigest != "" && s.ImageDigest != img.Digest {
+			return "", fmt.Errorf("image %s is %s, the unit names %s: %w", s.Image, img.Digest, s.ImageDigest, executor.ErrImageMismatch)
+		}
+		return img.Digest, nil
+	})
+	if err != nil {
+		return unit.Prepared{}, err
+	}
+	if err := h.For(p.Spec.Mode).Ready(ctx, id); err != nil {
+		return unit.Prepared{}, err
+	}
+	return p, nil
 }

@@ -69,6 +69,9 @@ type Run struct {
 
 // Form is one mode's way to park and resume a unit (Image, Transcript).
 type Form interface {
+	// Ready refuses a new run id of this form where the form cannot park
+	// it (it would hold its sandbox for good).
+	Ready(ctx context.Context, id string) error
 	// Start starts run's first sandbox.
 	Start(ctx context.Context, run Run) (Woken, error)
 	// Snapshot freezes u and takes its snapshot. Refused, it leaves u

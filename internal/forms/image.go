@@ -20,6 +20,15 @@ import (
 // under CRIU's deadline.
 type Image struct{ h Host }
 
+// Ready waits on the image-park gate: where image parks do not work, an
+// image unit is refused.
+func (f Image) Ready(ctx context.Context, id string) error {
+	if err := f.h.Gate.Ready(ctx); err != nil {
+		return fmt.Errorf("run %s: %w (a transcript unit can still run: --mode transcript)", id, err)
+	}
+	return nil
+}
+
 // Start starts run's sandbox under the run's id.
 func (f Image) Start(ctx context.Context, run Run) (Woken, error) {
 	out, err := f.h.Output(run.ID)
