@@ -48,6 +48,9 @@ func (d *Daemon) forms() forms.Host {
 		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: d.output, Mark: d.markNow, Invalid: ErrInvalid, Log: d.log}
 }
 
+// form is the form of lv's unit, over the daemon as it is now.
+func (d *Daemon) form(lv *live) forms.Form { return d.forms().For(lv.unit.Spec.Mode) }
+
 // background runs fn in the daemon's background.
 func (d *Daemon) background(fn func()) {
 	d.bg.Add(1)

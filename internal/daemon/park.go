@@ -39,7 +39,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (Parked, error) {
 	// Hold the channel: nothing reaches the transcript or the account
 	// until the park is recorded (or refused, and the unit goes on).
 	defer lv.unit.Hold()()
-	taken, err := lv.unit.Snapshot(ctx)
+	taken, err := d.form(lv).Snapshot(ctx, lv.unit)
 	if err != nil {
 		return Parked{}, err
 	}
@@ -70,7 +70,7 @@ func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID rec
 	if err == nil {
 		return ev, manAddr, nil
 	}
-	if rerr := lv.unit.Thaw(ctx); rerr != nil {
+	if rerr := d.form(lv).Thaw(ctx, lv.unit); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
 	if lv.iv.Ended() {

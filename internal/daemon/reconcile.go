@@ -97,11 +97,11 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 		return err
 	}
 	status, _ := sb.Status(ctx)
-	u := d.forms().Orphan(run, sb)
+	u := forms.Orphan(run, sb)
 	// A unit the last daemon's park may have left frozen is settled; one
 	// whose channel went with that daemon is parked from what it left on
 	// disk, unaccounted (its form says which).
-	orphaned, err := u.Reattached(ctx, status)
+	orphaned, err := d.forms().For(run.Spec.Mode).Reattached(ctx, u, status)
 	if err != nil {
 		return err
 	}

@@ -102,10 +102,8 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	}
 	d.publish(events.Event{Kind: "call.result", Run: run, Call: call})
 	out := Posted{Run: run, Call: call}
-	if st.Phase != record.Parked || !st.Parked.IsTranscript() {
-		return out, nil
-	}
-	if out.Awaiting, err = calls.Awaiting(d.st, run); err != nil || len(out.Awaiting) > 0 {
+	var wake bool
+	if out.Awaiting, wake, err = d.forms().Awaited(st); err != nil || !wake {
 		return out, err
 	}
 	res, err := d.resume(ctx, run, r)
@@ -156,7 +154,7 @@ func (d *Daemon) recoverUnit(ctx context.Context, id string, lv *live) error {
 	if err != nil {
 		return err
 	}
-	t, err := lv.unit.Recover(ctx)
+	t, err := d.form(lv).Recover(ctx, lv.unit)
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,9 @@ import (
 // Host is this host's side of both forms: the store, the sandboxes, the
 // image-park gate and CRIU's deadline, the room an image park must leave,
 // and where a run's channel and output go. It holds no state of its own:
-// a value is cheap to make.
+// a value is cheap to make, and the daemon makes one at each use (a unit
+// reattached at start outlives the host it was found with: the gate is
+// set after the reconcile).
 type Host struct {
 	Store     *store.Store
 	Sandboxes Sandboxes
@@ -54,11 +56,9 @@ func (h Host) For(m unit.Mode) Form {
 	return Image{h}
 }
 
-// Orphan is run's unit on sb as a restarted daemon finds it: in its form,
-// without a channel (the last one was the dead process's).
-func (h Host) Orphan(run Run, sb Sandbox) *Unit {
-	return &Unit{Run: run, Sandbox: sb, form: h.For(run.Spec.Mode)}
-}
+// Orphan is run's unit on sb as a restarted daemon finds it: without a
+// channel (the last one was the dead process's).
+func Orphan(run Run, sb Sandbox) *Unit { return &Unit{Run: run, Sandbox: sb} }
 
 // Run is the run a form works for: its id, unit and grants.
 type Run struct {
@@ -125,27 +125,13 @@ type Woken struct {
 	Restored *attest.Restored
 }
 
-// Unit is one sandbox of a run, in its form.
+// Unit is one sandbox of a run. It keeps no form: the daemon asks the
+// form of its mode at each use (Host.For), over the host as it is then.
 type Unit struct {
 	Run
 	Sandbox Sandbox
-	form    Form
 	ch      *calls.Channel // the transcript form's channel; nil without one
 }
-
-// Snapshot freezes the unit and takes its snapshot ([Form.Snapshot]).
-func (u *Unit) Snapshot(ctx context.Context) (Taken, error) { return u.form.Snapshot(ctx, u) }
-
-// Thaw undoes a park refused after its snapshot ([Form.Thaw]).
-func (u *Unit) Thaw(ctx context.Context) error { return u.form.Thaw(ctx, u) }
-
-// Reattached settles a unit found at a restart ([Form.Reattached]).
-func (u *Unit) Reattached(ctx context.Context, status string) (bool, error) {
-	return u.form.Reattached(ctx, u, status)
-}
-
-// Recover takes the snapshot of a unit whose channel died ([Form.Recover]).
-func (u *Unit) Recover(ctx context.Context) (Taken, error) { return u.form.Recover(ctx, u) }
 
 // Channel is the unit's channel, nil without one.
 func (u *Unit) Channel() *calls.Channel { return u.ch }

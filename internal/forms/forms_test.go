@@ -13,8 +13,10 @@ import (
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -53,7 +55,7 @@ func TestImageSnapshotThawWake(t *testing.T) {
 	if a := w.Unit.Account(); a == nil || len(a.Dispatched)+len(a.Resolved) != 0 {
 		t.Fatalf("an image unit's account %+v, want an empty one", a)
 	}
-	taken, err := w.Unit.Snapshot(t.Context())
+	taken, err := f.Snapshot(t.Context(), w.Unit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +65,7 @@ func TestImageSnapshotThawWake(t *testing.T) {
 	if got := status(t, w.Unit.Sandbox); got != "paused" {
 		t.Fatalf("after the snapshot the unit is %s, want frozen", got)
 	}
-	if err := w.Unit.Thaw(t.Context()); err != nil || status(t, w.Unit.Sandbox) != "running" {
+	if err := f.Thaw(t.Context(), w.Unit); err != nil || status(t, w.Unit.Sandbox) != "running" {
 		t.Fatalf("thaw: %v, %s", err, status(t, w.Unit.Sandbox))
 	}
 	teardown := make(chan struct{})
@@ -131,8 +133,8 @@ func TestImageFormClosedGate(t *testing.T) {
 	if _, err := h.Prepare(t.Context(), "r", transcriptRun("r").Spec, unit.Grants{}); err != nil {
 		t.Fatalf("prepare a transcript unit: %v", err)
 	}
-	u := h.Orphan(imageRun("r"), &fakeUnit{status: "running"})
-	if _, err := u.Snapshot(t.Context()); !errors.Is(err, imageparks.ErrUnavailable) || !strings.HasPrefix(err.Error(), "park r:") {
+	u := Orphan(imageRun("r"), &fakeUnit{status: "running"})
+	if _, err := h.For(unit.ImageMode).Snapshot(t.Context(), u); !errors.Is(err, imageparks.ErrUnavailable) || !strings.HasPrefix(err.Error(), "park r:") {
 		t.Fatalf("snapshot: %v", err)
 	}
 	if _, err := h.For(unit.ImageMode).Wake(t.Context(), imageRun("r"), Waking{}); !errors.Is(err, imageparks.ErrUnavailable) {
@@ -161,7 +163,7 @@ func TestImageReattached(t *testing.T) {
 	h, _ := testHost(t, nil)
 	for _, st := range []string{"paused", "running", "stopped"} {
 		sb := &fakeUnit{status: st}
-		rec, err := h.Orphan(imageRun("r"), sb).Reattached(t.Context(), st)
+		rec, err := h.For(unit.ImageMode).Reattached(t.Context(), Orphan(imageRun("r"), sb), st)
 		if err != nil || rec {
 			t.Fatalf("%s: recover %v, %v", st, rec, err)
 		}
@@ -191,7 +193,7 @@ func TestTranscriptSnapshotThawWake(t *testing.T) {
 		t.Fatalf("channel mount %+v", m)
 	}
 	release := w.Unit.Hold()
-	taken, err := w.Unit.Snapshot(t.Context())
+	taken, err := f.Snapshot(t.Context(), w.Unit)
 	release()
 	if err != nil {
 		t.Fatal(err)
@@ -202,7 +204,7 @@ func TestTranscriptSnapshotThawWake(t *testing.T) {
 	if status(t, w.Unit.Sandbox) != "paused" {
 		t.Fatal("the snapshot did not freeze the unit")
 	}
-	if err := w.Unit.Thaw(t.Context()); err != nil || status(t, w.Unit.Sandbox) != "running" {
+	if err := f.Thaw(t.Context(), w.Unit); err != nil || status(t, w.Unit.Sandbox) != "running" {
 		t.Fatalf("thaw: %v", err)
 	}
 	w.Unit.Close()
@@ -221,17 +223,18 @@ func TestTranscriptSnapshotThawWake(t *testing.T) {
 // daemon's cannot be sealed, and is not accounted.
 func TestTranscriptSnapshotRefused(t *testing.T) {
 	h, box := testHost(t, nil)
-	w, err := h.For(unit.TranscriptMode).Start(t.Context(), transcriptRun("r"))
+	f := h.For(unit.TranscriptMode)
+	w, err := f.Start(t.Context(), transcriptRun("r"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Unit.Close()
 	box.pauseErr = executor.ErrNotFound
-	if _, err := w.Unit.Snapshot(t.Context()); !errors.Is(err, executor.ErrNotFound) || status(t, w.Unit.Sandbox) != "running" {
+	if _, err := f.Snapshot(t.Context(), w.Unit); !errors.Is(err, executor.ErrNotFound) || status(t, w.Unit.Sandbox) != "running" {
 		t.Fatalf("snapshot of a unit that cannot freeze: %v, %s", err, status(t, w.Unit.Sandbox))
 	}
-	orphan := h.Orphan(transcriptRun("s"), &fakeUnit{box: box, status: "running"})
-	if _, err := orphan.Snapshot(t.Context()); !errors.Is(err, errNoChannel) {
+	orphan := Orphan(transcriptRun("s"), &fakeUnit{box: box, status: "running"})
+	if _, err := f.Snapshot(t.Context(), orphan); !errors.Is(err, errNoChannel) {
 		t.Fatalf("snapshot without a channel: %v", err)
 	}
 	if orphan.Account() != nil {
@@ -252,14 +255,15 @@ func TestTranscriptRecover(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb := &fakeUnit{box: box, status: "running"}
-	u := h.Orphan(transcriptRun("r"), sb)
-	if rec, err := u.Reattached(t.Context(), "stopped"); rec || err != nil {
+	u := Orphan(transcriptRun("r"), sb)
+	f := h.For(unit.TranscriptMode)
+	if rec, err := f.Reattached(t.Context(), u, "stopped"); rec || err != nil {
 		t.Fatalf("stopped: recover %v, %v", rec, err)
 	}
-	if rec, err := u.Reattached(t.Context(), "running"); !rec || err != nil {
+	if rec, err := f.Reattached(t.Context(), u, "running"); !rec || err != nil {
 		t.Fatalf("running: recover %v, %v", rec, err)
 	}
-	taken, err := u.Recover(t.Context())
+	taken, err := f.Recover(t.Context(), u)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,5 +278,26 @@ func TestTranscriptRecover(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("the channel directory after Cleanup: %v", err)
+	}
+}
+
+// A post wakes only a run parked in its transcript, once nothing it
+// awaits is missing; an image run, or one executing, awaits nothing.
+func TestAwaited(t *testing.T) {
+	h, _ := testHost(t, nil)
+	stored(t, h, transcriptRun("r"))
+	tr := record.TranscriptSnapshot(record.Sum([]byte("transcript")))
+	for _, c := range []struct {
+		run  store.Run
+		wake bool
+	}{
+		{store.Run{ID: "r", Phase: record.Parked, Parked: tr}, true},
+		{store.Run{ID: "r", Phase: record.Parked, Parked: record.Snapshot{}}, false},
+		{store.Run{ID: "r", Phase: record.Active}, false},
+	} {
+		waiting, wake, err := h.Awaited(c.run)
+		if err != nil || wake != c.wake || len(waiting) != 0 {
+			t.Errorf("%s %v: waiting %v, wake %v, %v", c.run.Phase, c.run.Parked.IsTranscript(), waiting, wake, err)
+		}
 	}
 }

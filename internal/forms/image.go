@@ -40,7 +40,7 @@ func (f Image) Start(ctx context.Context, run Run) (Woken, error) {
 	if err != nil {
 		return Woken{}, err
 	}
-	return Woken{Unit: &Unit{Run: run, Sandbox: sb, form: f}, Event: "started", Mark: m}, nil
+	return Woken{Unit: &Unit{Run: run, Sandbox: sb}, Event: "started", Mark: m}, nil
 }
 
 // Snapshot checkpoints the unit, leaving it frozen, and stores its images
@@ -117,7 +117,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 	}
 	st := &attest.Restored{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
 		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored}
-	return Woken{Unit: &Unit{Run: run, Sandbox: sb, form: f}, Event: attest.EventRestored, Mark: m,
+	return Woken{Unit: &Unit{Run: run, Sandbox: sb}, Event: attest.EventRestored, Mark: m,
 		Details: []attest.Detail{*st}, Restored: st}, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -64,7 +65,7 @@ func (f Transcript) start(ctx context.Context, run Run, restored *record.Address
 	if restored != nil {
 		event = "resumed"
 	}
-	return Woken{Unit: &Unit{Run: run, Sandbox: sb, form: f, ch: ch}, Event: event, Mark: m}, nil
+	return Woken{Unit: &Unit{Run: run, Sandbox: sb, ch: ch}, Event: event, Mark: m}, nil
 }
 
 // open makes run id's channel directory (STATE/ch/RUN) and spool
@@ -138,4 +139,15 @@ func (f Transcript) Recover(ctx context.Context, u *Unit) (Taken, error) {
 	return Taken{Snapshot: record.TranscriptSnapshot(a), Keys: manifest.TranscriptKeys,
 		Details: []attest.Detail{attest.Recovered{Reason: "the daemon serving the unit's channel stopped; the interval's call account was lost with it"}},
 		Cleanup: func() error { return os.RemoveAll(dir) }}, nil
+}
+
+// Awaited is what run r awaits of the platform's results, and whether a
+// post wakes it now: a run parked in its transcript wakes once every
+// result its await named is posted; any other awaits nothing.
+func (h Host) Awaited(r store.Run) (waiting []string, wake bool, err error) {
+	if r.Phase != record.Parked || !r.Parked.IsTranscript() {
+		return nil, false, nil
+	}
+	waiting, err = calls.Awaiting(h.Store, r.ID)
+	return waiting, err == nil && len(waiting) == 0, err
 }
