@@ -450,3 +450,27 @@ func TestTranscriptParkRefusedAtAppend(t *testing.T) {
 	r.live = nil
 	r.mu.Unlock()
 }
+
+// A daemon reconciles before its image-park gate exists (New): a run it
+// reattached then parks once the gate is there, through the gate of the
+// daemon as it is at the park.
+func TestReattachedBeforeGateParks(t *testing.T) {
+	h := newFakeHost(t)
+	h.start(t, "r")
+	h.d.stop()
+	h.d.bg.Wait()
+	d := h.d
+	d.runs = map[string]*run{}
+	d.bgCtx, d.stop = contextWithCancel()
+	d.probe = nil
+	if err := d.reconcile(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	d.startProbe(nil)
+	if _, err := d.Park(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Close(t.Context(), "r", ""); err != nil {
+		t.Fatal(err)
+	}
+}
