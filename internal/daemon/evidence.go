@@ -7,6 +7,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -22,7 +23,8 @@ func (d *Daemon) Unit(id string) (unit.Spec, unit.Grants, error) {
 	if err != nil {
 		return unit.Spec{}, unit.Grants{}, err
 	}
-	return d.unitOf(st)
+	r, err := forms.ReadRun(d.st, st)
+	return r.Spec, r.Grants, err
 }
 
 // Object is the bytes of an object a record reaches (an attestation, a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/interval"
@@ -24,7 +25,7 @@ func (d *Daemon) Park(ctx context.Context, id string) (Parked, error) {
 }
 
 func (d *Daemon) park(ctx context.Context, id string, r *run) (Parked, error) {
-	clock := newStepClock()
+	clock := answers.NewClock()
 	st, err := d.st.Run(id)
 	if err != nil {
 		return Parked{}, err
@@ -65,7 +66,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (Parked, error) {
 // recordPark records the park: the manifest, then the interval's end with
 // the Suspended segment (internal/interval). Refused, nothing is recorded
 // and the unit goes on, thawed by its form, in a new interval.
-func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID record.Address, t forms.Taken, clock *stepClock) (interval.Sealed, record.Address, error) {
+func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID record.Address, t forms.Taken, clock *answers.Clock) (interval.Sealed, record.Address, error) {
 	ev, manAddr, err := d.recordTaken(ctx, lv, unitID, t, lv.unit.Account(), "park.attested", clock)
 	if err == nil {
 		return ev, manAddr, nil
@@ -84,7 +85,7 @@ func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID rec
 // lifecycle entries) and the Suspended segment, step armed between the
 // sealing and the append. clock, when set, times the manifest and the
 // record.
-func (d *Daemon) recordTaken(ctx context.Context, lv *live, unitID record.Address, t forms.Taken, account *record.CallAccount, step string, clock *stepClock) (interval.Sealed, record.Address, error) {
+func (d *Daemon) recordTaken(ctx context.Context, lv *live, unitID record.Address, t forms.Taken, account *record.CallAccount, step string, clock *answers.Clock) (interval.Sealed, record.Address, error) {
 	manAddr, err := d.forms().Manifest(ctx, t.Keys, lv.unit.Spec, unitID)
 	clock.Mark("manifest")
 	var susp record.Segment

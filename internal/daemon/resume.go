@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idle"
@@ -25,7 +26,7 @@ func (d *Daemon) Resume(ctx context.Context, id string) (Resumed, error) {
 }
 
 func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error) {
-	clock := newStepClock()
+	clock := answers.NewClock()
 	ok, err := d.judgeResume(ctx, id, clock)
 	if err != nil {
 		return Resumed{}, err
@@ -78,7 +79,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 // judgeResume admits parked run id for a resume, changing nothing: it is
 // parked and held here, and passes the three preconditions, in order
 // (forms.Host.Admit).
-func (d *Daemon) judgeResume(ctx context.Context, id string, clock *stepClock) (forms.Admitted, error) {
+func (d *Daemon) judgeResume(ctx context.Context, id string, clock *answers.Clock) (forms.Admitted, error) {
 	st, err := d.st.Run(id)
 	if err != nil {
 		return forms.Admitted{}, err

@@ -4,10 +4,7 @@ import (
 	"fmt"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
-	"github.com/runrecordd/runrecordd/internal/forms"
-	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // append appends segs to run id at its current head, in one transaction.
@@ -34,12 +31,6 @@ func phaseErr(id string, p record.Phase, want record.Phase) error {
 	default:
 		return fmt.Errorf("run %s: %w", id, record.ErrNotParked)
 	}
-}
-
-// unitOf reads a run's unit spec and grant set from their objects.
-func (d *Daemon) unitOf(st store.Run) (unit.Spec, unit.Grants, error) {
-	r, err := forms.ReadRun(d.st, st)
-	return r.Spec, r.Grants, err
 }
 
 // summary is run id as this host holds it; r is its state here, nil when
@@ -83,8 +74,3 @@ func (d *Daemon) List(phase *record.Phase) ([]Summary, error) {
 	}
 	return out, nil
 }
-
-// stepClock times an operation's steps for its reply (answers.Clock).
-type stepClock = answers.Clock
-
-func newStepClock() *stepClock { return answers.NewClock() }
