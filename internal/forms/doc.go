@@ -22,7 +22,7 @@
 // [Host.Admit] reads a parked run and checks the resume preconditions
 // (internal/resume) before a wake, [Host.Manifest] stores the environment
 // manifest a park records, and [Host.Prepare] makes a run request's unit
-// ready to run. It also names the sandboxes ([SandboxID], [RunOf]) and plans what a
-// restarted daemon keeps of them ([Plan]), a pure function of containerd's
-// sandbox ids and the runs' phases.
+// ready to run. The room also names the sandboxes ([SandboxID], [RunOf])
+// and plans what a restarted daemon keeps of them ([PlanSandboxes]), a
+// pure function of containerd's sandbox ids and the runs' phases.
 package forms
