@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/bundletest"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -53,7 +54,7 @@ func TestImportAnswers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if im.Run.ID != "r" || im.Run.Status != ParkedTranscript || im.Run.Head != b.Record.Head() || im.Objects != len(b.Objects) ||
+	if im.Run.ID != "r" || im.Run.Status != answers.ParkedTranscript || im.Run.Head != b.Record.Head() || im.Objects != len(b.Objects) ||
 		len(im.Signers) != 1 || im.Signers[0].Name != "this host" || !im.Signers[0].Trusted || im.Grants.Network != unit.NoNetwork {
 		t.Fatalf("%+v", im)
 	}

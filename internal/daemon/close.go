@@ -32,14 +32,11 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (Summary, error) 
 	}
 	closed := record.Closure(reason)
 	lv := r.live
-	if lv != nil && lv.transcript != nil {
+	if lv != nil {
 		// As a park does: nothing reaches the account between its
 		// sealing and the close.
-		lv.transcript.Gate().Lock()
-		defer lv.transcript.Gate().Unlock()
-	}
-	if lv != nil {
-		_, err = d.endAt(ctx, lv, "close.sealed", attest.Outcome{Kind: attest.Killed}, lv.account(), []record.Segment{closed})
+		defer lv.unit.Hold()()
+		_, err = d.endAt(ctx, lv, "close.sealed", attest.Outcome{Kind: attest.Killed}, lv.unit.Account(), []record.Segment{closed})
 	} else {
 		err = d.append(id, closed)
 	}

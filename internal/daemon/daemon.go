@@ -307,8 +307,8 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	d.mu.Lock()
 	for _, r := range d.runs {
 		r.mu.Lock()
-		if r.live != nil && r.live.transcript != nil {
-			r.live.transcript.Stop()
+		if r.live != nil {
+			r.live.unit.Stop()
 		}
 		r.mu.Unlock()
 	}

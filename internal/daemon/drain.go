@@ -5,11 +5,13 @@ import (
 	"fmt"
 
 	"github.com/runrecordd/runrecordd/internal/drain"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/resume"
+	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -77,7 +79,7 @@ func (d *Daemon) held(ctx context.Context) ([]drain.Run, []drain.Need, error) {
 // them, the digests of images (by name) it has imported, the room its store
 // has left, and whether it takes runs at all.
 func (d *Daemon) Offer(ctx context.Context, images []string) (drain.Offer, error) {
-	o := drain.Offer{Facts: manifest.Manifest{manifest.Protocol: ProtocolVersion}, Images: map[string]string{},
+	o := drain.Offer{Facts: manifest.Manifest{manifest.Protocol: protocol.Version}, Images: map[string]string{},
 		Draining: d.draining.Load(), ImageParks: d.probe.Status().State != imageparks.Unavailable}
 	for k, v := range d.host {
 		o.Facts[k] = v
@@ -109,17 +111,18 @@ func (d *Daemon) need(ctx context.Context, id string) (drain.Run, drain.Need, er
 	if err != nil {
 		return drain.Run{}, drain.Need{}, err
 	}
-	spec, _, err := d.unitOf(st)
+	run, err := forms.ReadRun(d.st, st)
 	if err != nil {
 		return drain.Run{}, drain.Need{}, err
 	}
+	spec := run.Spec
 	transcript := spec.Mode == unit.TranscriptMode
 	n := drain.Need{Run: id, Image: spec.Image, ImagePark: !transcript}
 	switch {
 	case st.Phase == record.Parked:
 		n.Manifest, n.Bytes, err = d.recordedNeed(id)
 	case r.live != nil:
-		n.Manifest, err = d.manifestOver(ctx, manifest.KeysFor(transcript), spec, st.Unit)
+		n.Manifest, err = d.forms().Over(ctx, manifest.KeysFor(transcript), spec, st.Unit)
 		if u, serr := r.live.sb.Stats(ctx); serr == nil && !transcript {
 			n.Bytes = u.MemoryBytes
 		}

@@ -7,8 +7,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/executor"
-	"github.com/runrecordd/runrecordd/internal/idle"
-	"github.com/runrecordd/runrecordd/internal/imageparks"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -24,7 +23,8 @@ func (d *Daemon) Unit(id string) (unit.Spec, unit.Grants, error) {
 	if err != nil {
 		return unit.Spec{}, unit.Grants{}, err
 	}
-	return d.unitOf(st)
+	r, err := forms.ReadRun(d.st, st)
+	return r.Spec, r.Grants, err
 }
 
 // Object is the bytes of an object a record reaches (an attestation, a
@@ -61,19 +61,6 @@ func (d *Daemon) Verify(ctx context.Context, id string) (Verification, error) {
 		out.Signers = d.signersOf(v.Signers)
 	}
 	return out, nil
-}
-
-// HostInfo is this daemon's host: its key, where it keeps its state, its
-// containerd, the facts its manifests record, and what it can meter and
-// park.
-type HostInfo struct {
-	KeyID      record.Address
-	StateDir   string
-	Containerd string // its address
-	Embedded   bool   // started and supervised by the daemon
-	Manifest   manifest.Manifest
-	Meter      idle.Snapshot
-	ImageParks imageparks.Status
 }
 
 // Host describes this daemon's host.

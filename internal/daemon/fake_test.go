@@ -18,6 +18,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -349,4 +350,13 @@ func (h *fakeHost) teardown(t *testing.T, id string) {
 
 func contextWithCancel() (context.Context, context.CancelFunc) {
 	return context.WithCancel(context.Background())
+}
+
+// attestation opens the attestation at a.
+func (d *Daemon) attestation(a record.Address) (*attest.Body, error) {
+	b, err := d.st.ReadAll(a)
+	if err != nil {
+		return nil, err
+	}
+	return attest.Open(b, nil)
 }

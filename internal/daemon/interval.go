@@ -3,25 +3,21 @@ package daemon
 import (
 	"context"
 
-	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // live is a run's sandbox on this host and its open interval
 // (internal/interval, the one place intervals end).
 type live struct {
-	sb     Sandbox
-	spec   unit.Spec
-	grants unit.Grants
-	iv     *interval.Interval
+	sb   Sandbox
+	unit *forms.Unit // sb in the run's form (internal/forms)
+	iv   *interval.Interval
 	// stopping is set, under the run's lock, before the daemon destroys
 	// the sandbox on purpose, so that the exit watcher leaves it alone.
 	stopping bool
-	// transcript is the transcript-mode channel, nil for image mode.
-	transcript *calls.Channel
 }
 
 // intervals is this host's side of every interval (internal/interval),
@@ -34,15 +30,34 @@ func (d *Daemon) intervals() interval.Host {
 // markNow is a mark at this instant for run id's output.
 func (d *Daemon) markNow(id string) interval.Mark { return d.intervals().MarkNow(id) }
 
-// begin starts an interval on sb from m.
-func (d *Daemon) begin(id string, sb Sandbox, spec unit.Spec, grants unit.Grants, event string, m interval.Mark) *live {
-	return &live{sb: sb, spec: spec, grants: grants, iv: d.intervals().Begin(id, sb, grants.Limits, event, m)}
+// begin starts an interval on u from m.
+func (d *Daemon) begin(id string, u *forms.Unit, event string, m interval.Mark) *live {
+	return &live{sb: u.Sandbox, unit: u, iv: d.intervals().Begin(id, u.Sandbox, u.Grants.Limits, event, m)}
 }
 
 // reattach goes on with the interval an earlier daemon process began on
-// sb, from the mark it saved (or from now, without one).
-func (d *Daemon) reattach(id string, sb Sandbox, spec unit.Spec, grants unit.Grants) *live {
-	return &live{sb: sb, spec: spec, grants: grants, iv: d.intervals().Reattach(id, sb, grants.Limits)}
+// u, from the mark it saved (or from now, without one).
+func (d *Daemon) reattach(id string, u *forms.Unit) *live {
+	return &live{sb: u.Sandbox, unit: u, iv: d.intervals().Reattach(id, u.Sandbox, u.Grants.Limits)}
+}
+
+// forms is this host's side of both forms (internal/forms), made from the
+// daemon's state at each use.
+func (d *Daemon) forms() forms.Host {
+	return forms.Host{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
+		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: d.output, Mark: d.markNow, Invalid: ErrInvalid, Log: d.log}
+}
+
+// form is the form of lv's unit, over the daemon as it is now.
+func (d *Daemon) form(lv *live) forms.Form { return d.forms().For(lv.unit.Spec.Mode) }
+
+// background runs fn in the daemon's background.
+func (d *Daemon) background(fn func()) {
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		fn()
+	}()
 }
 
 func (d *Daemon) markPath(id string) string { return d.intervals().MarkPath(id) }
@@ -52,18 +67,12 @@ func (d *Daemon) saveMark(_ string, lv *live) { d.intervals().SaveMark(lv.iv) }
 
 func (d *Daemon) dropMark(id string) { d.intervals().DropMark(id) }
 
-// end ends lv's interval and records it: the Executed segment with calls,
-// then the segments in then, in one transaction (internal/interval). On
-// success the receipt is counted.
-func (d *Daemon) end(ctx context.Context, lv *live, outcome attest.Outcome, calls *record.CallAccount, then []record.Segment, extra ...attest.Entry) (interval.Sealed, error) {
-	return d.endAt(ctx, lv, "", outcome, calls, then, extra...)
-}
-
-// endAt is end with a failpoint armed between the sealing and the append.
+// endAt ends lv's interval and records it: the Executed segment with
+// calls, then the segments in then, in one transaction
+// (internal/interval), with a failpoint armed at step (when not empty)
+// between the sealing and the append. On success the receipt is counted.
 func (d *Daemon) endAt(ctx context.Context, lv *live, step string, outcome attest.Outcome, calls *record.CallAccount, then []record.Segment, extra ...attest.Entry) (interval.Sealed, error) {
-	if lv.transcript != nil {
-		lv.iv.Channel(lv.transcript.Spooled)
-	}
+	lv.unit.Spool(lv.iv)
 	var sealed func()
 	if step != "" {
 		sealed = func() { d.reach(step) }

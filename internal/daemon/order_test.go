@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/resume"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -60,7 +61,7 @@ func TestImageWalkInOrder(t *testing.T) {
 	if got, want := h.kinds(t, "r"), "executed suspended resumed executed suspended resumed executed closed"; got != want {
 		t.Fatalf("segments %s, want %s", got, want)
 	}
-	if c.Status != Closed || len(h.ex.sbs) != 0 {
+	if c.Status != answers.Closed || len(h.ex.sbs) != 0 {
 		t.Fatalf("after close: %s, %d sandboxes", c.Status, len(h.ex.sbs))
 	}
 	if p.Snapshot.Validate() != nil || p.Receipt.Method == "" {
@@ -82,7 +83,7 @@ func TestParkRefusedByCheckpoint(t *testing.T) {
 	if got := h.kinds(t, "r"); got != "" || sb.status != "running" || sb.settles == 0 {
 		t.Fatalf("after a refused park: segments %q, sandbox %s, settled %d times", got, sb.status, sb.settles)
 	}
-	if r, _ := h.d.Run("r"); r.Status != Running {
+	if r, _ := h.d.Run("r"); r.Status != answers.Running {
 		t.Fatalf("status %s", r.Status)
 	}
 	h.ex.checkpointErr = nil
@@ -327,7 +328,7 @@ func TestReconcileAfterRestart(t *testing.T) {
 	if sb := h.ex.sandbox("kept"); sb == nil || sb.status != "running" || sb.settles == 0 {
 		t.Fatal("the frozen unit was not thawed")
 	}
-	for id, want := range map[string]Status{"kept": Running, "lost": Lost, "parked": ParkedImage} {
+	for id, want := range map[string]answers.Status{"kept": answers.Running, "lost": answers.Lost, "parked": answers.ParkedImage} {
 		if r, err := d.Run(id); err != nil || r.Status != want {
 			t.Errorf("%s: %s (%v), want %s", id, r.Status, err, want)
 		}
@@ -448,4 +449,28 @@ func TestTranscriptParkRefusedAtAppend(t *testing.T) {
 	h.d.destroy(lv)
 	r.live = nil
 	r.mu.Unlock()
+}
+
+// A daemon reconciles before its image-park gate exists (New): a run it
+// reattached then parks once the gate is there, through the gate of the
+// daemon as it is at the park.
+func TestReattachedBeforeGateParks(t *testing.T) {
+	h := newFakeHost(t)
+	h.start(t, "r")
+	h.d.stop()
+	h.d.bg.Wait()
+	d := h.d
+	d.runs = map[string]*run{}
+	d.bgCtx, d.stop = contextWithCancel()
+	d.probe = nil
+	if err := d.reconcile(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	d.startProbe(nil)
+	if _, err := d.Park(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Close(t.Context(), "r", ""); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -2,17 +2,13 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // reconcile makes containerd's sandboxes agree with the records after a
@@ -20,7 +16,7 @@ import (
 // park froze it and did not finish); a sandbox whose run is parked or
 // closed — or that no run owns — is destroyed.
 //
-// In a fleet the directory is reconciled first (reconcileFleet): a run
+// In a fleet the directory is reconciled first (member.Reconcile): a run
 // executing here that another host has now loses its sandbox here, with
 // no append.
 func (d *Daemon) reconcile(ctx context.Context) error {
@@ -41,30 +37,21 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		return err
 	}
 	// Each executing run keeps one sandbox: its own id, or for a transcript
-	// run the latest interval's (an earlier one is a teardown that did
-	// not finish).
-	owner := map[string]string{}
-	unsure := map[string]bool{} // runs whose record could not be read
-	for _, sid := range ids {
-		run := runOf(sid)
+	// run the latest interval's (forms.PlanSandboxes).
+	plan := forms.PlanSandboxes(ids, func(run string) (record.Phase, error) {
 		st, err := d.st.Run(run)
-		switch {
-		case err != nil && !errors.Is(err, store.ErrNoRun):
-			unsure[run] = true
-			d.log.Error("reconcile: cannot read the run of a sandbox; leaving it", "sandbox", sid, "err", err)
-		case err == nil && st.Phase == record.Active && newer(sid, owner[run]):
-			owner[run] = sid
-		}
+		return st.Phase, err
+	})
+	for _, u := range plan.Unread {
+		d.log.Error("reconcile: cannot read the run of a sandbox; leaving it", "sandbox", u.Sandbox, "err", u.Err)
 	}
-	for _, sid := range ids {
-		if owner[runOf(sid)] == sid || unsure[runOf(sid)] {
-			continue
-		}
-		d.log.Info("reconcile: removing a sandbox no executing run owns", "sandbox", sid, "run", runOf(sid))
+	for _, sid := range plan.Remove {
+		d.log.Info("reconcile: removing a sandbox no executing run owns", "sandbox", sid, "run", forms.RunOf(sid))
 		if err := d.ex.Remove(ctx, sid); err != nil {
 			d.log.Error("reconcile: sandbox not removed; the next start retries", "sandbox", sid, "err", err)
 		}
 	}
+	owner := plan.Owner
 	if pruned, err := d.ex.Prune(ctx); err != nil {
 		d.log.Warn("reconcile: pruning the executor's leftovers", "err", err)
 	} else if len(pruned) > 0 {
@@ -95,31 +82,13 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	return nil
 }
 
-// newer reports whether sandbox a is a later interval's than b ("" is
-// older than anything).
-func newer(a, b string) bool {
-	if b == "" {
-		return true
-	}
-	return suffixN(a) > suffixN(b)
-}
-
-func suffixN(sid string) int64 {
-	loc := transcriptSuffix.FindStringIndex(sid)
-	if loc == nil {
-		return 0
-	}
-	n, _ := strconv.ParseInt(sid[loc[0]+2:], 10, 64)
-	return n
-}
-
 // reattachRun takes an executing run's sandbox back after a restart.
 func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	st, err := d.st.Run(id)
 	if err != nil {
 		return err
 	}
-	spec, grants, err := d.unitOf(st)
+	run, err := forms.ReadRun(d.st, st)
 	if err != nil {
 		return err
 	}
@@ -128,31 +97,25 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 		return err
 	}
 	status, _ := sb.Status(ctx)
-	if spec.Mode == unit.TranscriptMode && status != "stopped" {
-		// Its channel went with the daemon that served it: park it from
-		// the transcript on disk, unaccounted. (A unit that exited
-		// meanwhile is closed by its watcher below, unaccounted too.)
-		if err := d.recoverTranscript(ctx, id, d.reattach(id, sb, spec, grants)); err != nil {
+	u := forms.Orphan(run, sb)
+	// A unit the last daemon's park may have left frozen is settled; one
+	// whose channel went with that daemon is parked from what it left on
+	// disk, unaccounted (its form says which).
+	orphaned, err := d.forms().For(run.Spec.Mode).Reattached(ctx, u, status)
+	if err != nil {
+		return err
+	}
+	if orphaned {
+		if err := d.recoverUnit(ctx, id, d.reattach(id, u)); err != nil {
 			d.destroy(&live{sb: sb})
 			return err
 		}
 		d.log.Warn("reconcile: parked a transcript unit whose channel did not survive the restart (its interval is unaccounted)", "run", id)
 		return nil
 	}
-	if status != "stopped" {
-		// A park the last daemon did not finish may have left the unit
-		// frozen, or held by a CRIU that outlived the daemon: settled
-		// by its real state.
-		if err := sb.Settle(ctx); err != nil {
-			return err
-		}
-		if status == "paused" || status == "pausing" {
-			d.log.Info("reconcile: thawed a unit whose park did not complete", "run", id)
-		}
-	}
 	r := d.lock(id)
 	defer r.mu.Unlock()
-	lv := d.reattach(id, sb, spec, grants)
+	lv := d.reattach(id, u)
 	r.live = lv
 	d.saveMark(id, lv)
 	d.watch(id, r, lv)
@@ -172,7 +135,7 @@ func (d *Daemon) removeSandboxes(ctx context.Context, id string) {
 		return
 	}
 	for _, sid := range ids {
-		if runOf(sid) != id {
+		if forms.RunOf(sid) != id {
 			continue
 		}
 		d.log.Info("removing a sandbox of a closed run", "run", id, "sandbox", sid)
@@ -182,19 +145,6 @@ func (d *Daemon) removeSandboxes(ctx context.Context, id string) {
 	}
 }
 
-// sandboxID is the sandbox of a transcript run's interval n. Each interval
-// of a transcript run gets its own sandbox id, so the next interval's
-// sandbox can start while the last one is still being torn down. An image
-// run's sandbox is the run id: its restore takes the place of the one
-// checkpointed.
-func sandboxID(run string, n int64) string { return fmt.Sprintf("%s_t%d", run, n) }
-
-var transcriptSuffix = regexp.MustCompile(`_t[0-9]+$`)
-
-// runOf is the run a sandbox belongs to.
-func runOf(sid string) string {
-	if loc := transcriptSuffix.FindStringIndex(sid); loc != nil {
-		return sid[:loc[0]]
-	}
-	return sid
-}
+// transcriptSuffix is the end of a transcript interval's sandbox id, which
+// no run id may have (checkID).
+var transcriptSuffix = forms.TranscriptSuffix

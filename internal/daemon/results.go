@@ -1,127 +1,17 @@
 package daemon
 
-import (
-	"time"
+import "github.com/runrecordd/runrecordd/internal/answers"
 
-	"github.com/runrecordd/runrecordd/internal/trust"
-	"github.com/runrecordd/runrecordd/pkg/attest"
-	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/unit"
+// The daemon answers in internal/answers' domain values: internal/server
+// turns them into the API's wire types.
+type (
+	Summary      = answers.Summary
+	Step         = answers.Step
+	Parked       = answers.Parked
+	Resumed      = answers.Resumed
+	Signer       = answers.Signer
+	Imported     = answers.Imported
+	Posted       = answers.Posted
+	Verification = answers.Verification
+	HostInfo     = answers.HostInfo
 )
-
-// The daemon's results are domain values, in the record's and the
-// evidence's own types: internal/server turns them into the API's wire types,
-// and nothing here knows a JSON tag.
-
-// Status is what a run is on this host, beyond its record's phase.
-type Status int
-
-// A run's statuses.
-const (
-	// Lost is a run executing in its record with no sandbox on this host.
-	Lost Status = iota
-	Running
-	ParkedImage
-	ParkedTranscript
-	// HandedOff is a run an export handed to another host.
-	HandedOff
-	// Copy is a run imported from a copy bundle: it never resumes here.
-	Copy
-	Closed
-)
-
-var statusNames = [...]string{Lost: "lost", Running: "running", ParkedImage: "parked (image)",
-	ParkedTranscript: "parked (transcript)", HandedOff: "handed off", Copy: "copy", Closed: "closed"}
-
-// String is the status as `runrecordd list` shows it.
-func (s Status) String() string {
-	if s < 0 || int(s) >= len(statusNames) {
-		return "unknown"
-	}
-	return statusNames[s]
-}
-
-// Summary is a run as this host holds it.
-type Summary struct {
-	ID       string
-	Phase    record.Phase
-	Status   Status
-	Segments int
-	Head     record.Address
-	Unit     record.Address
-	Grants   record.Address
-	// Spec is the run's unit, nil when its object cannot be read.
-	Spec      *unit.Spec
-	HandedOff bool
-	Pinned    bool
-	Released  bool // its image snapshots were released by retention
-}
-
-// Step is one timed step of an operation.
-type Step struct {
-	Name string
-	Took time.Duration
-}
-
-// Parked is a recorded park.
-type Parked struct {
-	Run        Summary
-	Snapshot   record.Snapshot
-	Manifest   record.Address
-	Retained   int64
-	Receipt    attest.Receipt       // the parked interval's
-	Checkpoint *attest.Checkpointed // an image park's CRIU statistics
-	Took       time.Duration
-	Steps      []Step
-}
-
-// Resumed is a recorded resume.
-type Resumed struct {
-	Run     Summary
-	Idle    attest.Idle      // what the park drew, as the Resumed segment records it
-	Restore *attest.Restored // an image resume's statistics
-	Took    time.Duration
-	Steps   []Step
-}
-
-// Signer is a signer of one of a record's intervals, named as this host
-// knows its key.
-type Signer = trust.Signer
-
-// Imported is a stored bundle.
-type Imported struct {
-	Run     Summary
-	Objects int
-	Bytes   int64
-	Grants  unit.Grants
-	Signers []Signer
-	// Unclaimed is why, in a fleet, this host does not own the imported
-	// run (stored here, not resumable); nil when it does, or alone.
-	Unclaimed error
-}
-
-// Posted is a result taken into the call ledger.
-type Posted struct {
-	Run, Call string
-	// Awaiting lists the calls the parked run still awaits.
-	Awaiting []string
-	// Resumed is the resume the post made: the last awaited result came.
-	Resumed *Resumed
-	// ResumeErr is why that resume was refused. The result is kept; the
-	// run stays parked.
-	ResumeErr error
-}
-
-// Verification is a record verified from genesis with every object it
-// reaches rehashed. Err says what failed, nil when all held.
-type Verification struct {
-	Run       string
-	Segments  int
-	Phase     record.Phase
-	Head      record.Address
-	WaitProof record.Verdict
-	Signers   []Signer
-	Objects   int
-	Bytes     int64
-	Err       error
-}

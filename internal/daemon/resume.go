@@ -3,24 +3,14 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
-	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idle"
-	"github.com/runrecordd/runrecordd/internal/manifest"
-	"github.com/runrecordd/runrecordd/internal/park"
-	"github.com/runrecordd/runrecordd/internal/resume"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/unit"
 )
-
-type resumed struct {
-	transcript record.Address
-}
 
 // Resume resumes a parked run on this host after the three preconditions,
 // in order: the snapshot the store offers is the one recorded, this host's
@@ -36,7 +26,7 @@ func (d *Daemon) Resume(ctx context.Context, id string) (Resumed, error) {
 }
 
 func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error) {
-	clock := newStepClock()
+	clock := answers.NewClock()
 	ok, err := d.judgeResume(ctx, id, clock)
 	if err != nil {
 		return Resumed{}, err
@@ -44,20 +34,21 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	// The idle energy the park owes ends where the restore begins; in a
 	// fleet the Resumed segment that records it is reserved before any
 	// unit runs (docs/fleet.md).
-	owed, prov := idle.Owed(r.park, ok.retained, ok.parkedFor, d.meter.Coefficients())
-	res, err := d.fleet.Reserve(ctx, id, record.Resumption(ok.susp.Snapshot, owed.UJ, prov))
+	owed, prov := idle.Owed(r.park, ok.Retained, ok.ParkedFor, d.meter.Coefficients())
+	res, err := d.fleet.Reserve(ctx, id, record.Resumption(ok.Suspended.Snapshot, owed.UJ, prov))
 	if err != nil {
 		return Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
-	lv, rst, err := d.wake(ctx, id, r, ok)
+	w, err := d.forms().For(ok.Spec.Mode).Wake(ctx, ok.Run, ok.Waking(r.teardown))
 	if err != nil {
 		res.Cancel(ctx)
 		return Resumed{}, err
 	}
-	clock.mark("sandbox")
+	lv := d.begin(id, w.Unit, w.Event, w.Mark)
+	clock.Mark("sandbox")
 	lv.iv.Journal(attest.LifecycleOf(nowNS(), owed))
-	if rst != nil {
-		lv.iv.Journal(attest.LifecycleOf(nowNS(), *rst))
+	for _, dt := range w.Details {
+		lv.iv.Journal(attest.LifecycleOf(nowNS(), dt))
 	}
 	// Saved before the append: a daemon restarted after it attests the
 	// interval from its start. (A crash before the append leaves a mark
@@ -70,172 +61,34 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 		d.destroy(lv)
 		return Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
-	clock.mark("append")
+	clock.Mark("append")
 	d.reach("resume.appended")
 	r.live, r.park = lv, nil
 	d.watch(id, r, lv)
-	d.metrics.Resumed(clock.total(), owed.UJ, prov)
+	d.metrics.Resumed(clock.Total(), owed.UJ, prov)
 	sum, err := d.summary(id, r)
 	if err != nil {
 		return Resumed{}, err
 	}
 	d.publish(events.Event{Kind: "run.resumed", Run: id, Detail: fmt.Sprintf("idle %d uJ %s", owed.UJ, prov)})
-	if lv.transcript != nil {
-		d.serve(lv.transcript)
-	}
-	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "took", clock.total())
-	return Resumed{Run: sum, Idle: owed, Restore: rst, Took: clock.total(), Steps: clock.steps}, nil
+	lv.unit.Serve(d.background)
+	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "took", clock.Total())
+	return Resumed{Run: sum, Idle: owed, Restore: w.Restored, Took: clock.Total(), Steps: clock.Steps}, nil
 }
 
-// admitted is a parked run that passed the resume preconditions.
-type admitted struct {
-	susp      record.Segment // the Suspended segment it resumes from
-	spec      unit.Spec
-	grants    unit.Grants
-	parkedFor time.Duration
-	retained  int64
-}
-
-// judgeResume checks the three preconditions, in order (internal/resume): the
-// snapshot the store offers is the one recorded, this host's manifest over
-// the recorded keys hashes to the recorded address, and the record
-// verifies from genesis. It changes nothing.
-func (d *Daemon) judgeResume(ctx context.Context, id string, clock *stepClock) (admitted, error) {
+// judgeResume admits parked run id for a resume, changing nothing: it is
+// parked and held here, and passes the three preconditions, in order
+// (forms.Host.Admit).
+func (d *Daemon) judgeResume(ctx context.Context, id string, clock *answers.Clock) (forms.Admitted, error) {
 	st, err := d.st.Run(id)
 	if err != nil {
-		return admitted{}, err
+		return forms.Admitted{}, err
 	}
 	if err := phaseErr(id, st.Phase, record.Parked); err != nil {
-		return admitted{}, err
+		return forms.Admitted{}, err
 	}
 	if err := d.notHandedOff(id); err != nil {
-		return admitted{}, err
+		return forms.Admitted{}, err
 	}
-	raw, err := d.st.Raw(id)
-	if err != nil {
-		return admitted{}, &resume.RecordError{Err: err}
-	}
-	var ok admitted
-	if ok.susp, err = resume.Suspension(raw.Segments); err != nil {
-		return admitted{}, err
-	}
-	if ok.spec, ok.grants, err = d.unitOf(st); err != nil {
-		return admitted{}, err
-	}
-	clock.mark("read")
-	offered, err := park.Offered(ctx, d.st, ok.susp.Snapshot)
-	if err != nil {
-		return admitted{}, err
-	}
-	clock.mark("rehash")
-	mb, err := d.st.ReadAll(ok.susp.Manifest)
-	if err != nil {
-		return admitted{}, fmt.Errorf("run %s: recorded manifest: %w", id, err)
-	}
-	recorded, err := manifest.Decode(mb)
-	if err != nil {
-		return admitted{}, fmt.Errorf("run %s: recorded manifest: %w", id, err)
-	}
-	err = resume.Check(resume.Inputs{
-		Unit: raw.Unit, Grants: raw.Grants, Segments: raw.Segments, Heads: raw.Heads,
-		Offered: offered, RecordedManifest: recorded, Host: d.hostFacts(ctx, ok.spec, st.Unit),
-	})
-	if err != nil {
-		return admitted{}, fmt.Errorf("run %s: %w", id, err)
-	}
-	clock.mark("preconditions")
-	if ok.parkedFor, err = d.parkedFor(id, raw.Segments); err != nil {
-		return admitted{}, err
-	}
-	if ok.retained, err = park.Retained(d.st, ok.susp.Snapshot); err != nil {
-		return admitted{}, err
-	}
-	clock.mark("idle")
-	return ok, nil
-}
-
-// wake brings an admitted run's unit back: a new sandbox over its
-// transcript, or a restore of its image once the parked sandbox is gone.
-func (d *Daemon) wake(ctx context.Context, id string, r *run, ok admitted) (*live, *attest.Restored, error) {
-	snap := ok.susp.Snapshot
-	if snap.IsTranscript() {
-		lv, err := d.startSandbox(ctx, id, ok.spec, ok.grants, &resumed{transcript: *snap.Transcript})
-		return lv, nil, err
-	}
-	if err := d.probe.Ready(ctx); err != nil {
-		return nil, nil, fmt.Errorf("resume %s: %w", id, err)
-	}
-	if r.teardown != nil {
-		select {
-		case <-r.teardown: // the parked sandbox is gone; its id is free
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		}
-	}
-	return d.restore(ctx, id, ok.spec, ok.grants, snap, d.criuDeadline(uint64(ok.retained)))
-}
-
-// restore restores an image park's sandbox.
-func (d *Daemon) restore(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, snap record.Snapshot, deadline time.Duration) (*live, *attest.Restored, error) {
-	t0 := time.Now()
-	dir := filepath.Join(d.cfg.StateDir, "restore", id)
-	if err := os.RemoveAll(dir); err != nil {
-		return nil, nil, err
-	}
-	defer os.RemoveAll(dir)
-	trees, err := park.Layout(d.st, snap, dir)
-	if err != nil {
-		return nil, nil, err
-	}
-	laid := time.Since(t0)
-	out, err := d.output(id)
-	if err != nil {
-		return nil, nil, err
-	}
-	m := d.markNow(id)
-	sb, rs, err := d.ex.Restore(ctx, id, executor.SpecOf(spec, grants), executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Deadline: deadline}, out)
-	if err != nil {
-		return nil, nil, fmt.Errorf("resume %s: %w", id, err)
-	}
-	lv := d.begin(id, sb, spec, grants, attest.EventRestored, m)
-	return lv, &attest.Restored{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
-		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored}, nil
-}
-
-// parkedFor is how long this host has held the run parked: since the end
-// of the interval that parked it, as its attestation states — but never
-// from before the run's record arrived here in a bundle. The end time of
-// an imported run is another host's clock, and what this host meters is
-// the idle draw of what it retained itself.
-func (d *Daemon) parkedFor(id string, segs []record.Segment) (time.Duration, error) {
-	for i := len(segs) - 1; i >= 0; i-- {
-		if segs[i].Kind != record.Executed {
-			continue
-		}
-		b, err := d.attestation(segs[i].Attestation)
-		if err != nil {
-			return 0, err
-		}
-		since := time.Unix(0, b.EndNS)
-		ret, err := d.st.RetentionOf(id)
-		if err != nil {
-			return 0, err
-		}
-		// The interval ended on another host (the run arrived in a
-		// bundle after it): this host has held the park since the
-		// bundle came, whatever that host's clock said.
-		if !ret.Imported.IsZero() && i < ret.ImportedLen {
-			since = ret.Imported
-		}
-		return max(time.Since(since), time.Nanosecond), nil
-	}
-	return 0, fmt.Errorf("%w: a parked run with no executed interval", ErrInvalid)
-}
-
-func (d *Daemon) attestation(a record.Address) (*attest.Body, error) {
-	b, err := d.st.ReadAll(a)
-	if err != nil {
-		return nil, err
-	}
-	return attest.Open(b, nil)
+	return d.forms().Admit(ctx, st, clock.Mark)
 }

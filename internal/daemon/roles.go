@@ -6,21 +6,21 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/forms"
 )
 
 // Sandboxes is the executor as the daemon consumes it: containerd's
-// sandboxes and images. *executor.Client is the production one (through
+// sandboxes and images, with the forms' start and restore
+// (forms.Sandboxes). *executor.Client is the production one (through
 // execRole); the daemon's unit tests use an in-memory fake, so the
 // ordering and refusal logic of run, park, resume and close runs without
 // root. e2e proves the real one.
 type Sandboxes interface {
-	Start(ctx context.Context, id string, spec executor.Spec, out executor.Output) (Sandbox, error)
-	Restore(ctx context.Context, id string, spec executor.Spec, cp executor.Checkpoint, out executor.Output) (Sandbox, executor.RestoreStats, error)
+	forms.Sandboxes
 	Load(ctx context.Context, id string) (Sandbox, error)
 	List(ctx context.Context) ([]string, error)
 	Remove(ctx context.Context, id string) error
 	Prune(ctx context.Context) ([]string, error)
-	Image(ctx context.Context, name string) (executor.Image, error)
 	Import(ctx context.Context, r io.Reader, name string) (executor.Image, error)
 	Versions(ctx context.Context) (executor.Versions, error)
 	Probe(ctx context.Context, deadline time.Duration) executor.Probe
@@ -28,25 +28,9 @@ type Sandboxes interface {
 	Close() error
 }
 
-// Sandbox is one unit's sandbox as the daemon consumes it
-// (*executor.Sandbox). It is also the park's Checkpointer and the
-// interval's Sandbox.
-type Sandbox interface {
-	ID() string
-	Pid() uint32
-	// Omitted is the output discarded past the unit's log limit so far.
-	Omitted() (stdout, stderr uint64)
-	Status(ctx context.Context) (string, error)
-	// Wait returns the unit's exit code once it exits.
-	Wait(ctx context.Context) (uint32, error)
-	Pause(ctx context.Context) error
-	Resume(ctx context.Context) error
-	// Settle puts the unit back to running by its task's real state.
-	Settle(ctx context.Context) error
-	Stats(ctx context.Context) (executor.Usage, error)
-	Checkpoint(ctx context.Context, cp executor.Checkpoint) (executor.CheckpointStats, error)
-	Destroy(ctx context.Context) error
-}
+// Sandbox is one unit's sandbox as the daemon and its forms consume it
+// (*executor.Sandbox; forms.Sandbox).
+type Sandbox = forms.Sandbox
 
 // execRole is *executor.Client as the daemon's Sandboxes.
 type execRole struct{ *executor.Client }

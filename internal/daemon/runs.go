@@ -2,11 +2,9 @@ package daemon
 
 import (
 	"fmt"
-	"time"
 
-	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // append appends segs to run id at its current head, in one transaction.
@@ -35,60 +33,10 @@ func phaseErr(id string, p record.Phase, want record.Phase) error {
 	}
 }
 
-// unitOf reads a run's unit spec and grant set from their objects.
-func (d *Daemon) unitOf(st store.Run) (unit.Spec, unit.Grants, error) {
-	sb, err := d.st.ReadAll(st.Unit)
-	if err != nil {
-		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: unit spec: %w", st.ID, err)
-	}
-	spec, err := unit.DecodeSpec(sb)
-	if err != nil {
-		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: unit spec: %w", st.ID, err)
-	}
-	gb, err := d.st.ReadAll(st.Grants)
-	if err != nil {
-		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: grant set: %w", st.ID, err)
-	}
-	grants, err := unit.DecodeGrants(gb)
-	if err != nil {
-		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: grant set: %w", st.ID, err)
-	}
-	return *spec, *grants, nil
-}
-
 // summary is run id as this host holds it; r is its state here, nil when
-// it has none.
+// it has none (answers.Summarize).
 func (d *Daemon) summary(id string, r *run) (Summary, error) {
-	st, err := d.st.Run(id)
-	if err != nil {
-		return Summary{}, err
-	}
-	out := Summary{ID: id, Phase: st.Phase, Segments: st.Len, Head: st.Head, Unit: st.Unit, Grants: st.Grants}
-	if spec, _, err := d.unitOf(st); err == nil {
-		out.Spec = &spec
-	}
-	held, off, err := d.st.HandedOff(id)
-	out.HandedOff = err == nil && off
-	if ret, err := d.st.RetentionOf(id); err == nil {
-		out.Pinned, out.Released = ret.Pinned, !ret.Released.IsZero()
-	}
-	switch {
-	case st.Phase == record.Ended:
-		out.Status = Closed
-	case out.HandedOff && held.Copy:
-		out.Status = Copy
-	case out.HandedOff:
-		out.Status = HandedOff
-	case st.Phase == record.Parked && st.Parked.IsTranscript():
-		out.Status = ParkedTranscript
-	case st.Phase == record.Parked:
-		out.Status = ParkedImage
-	case r != nil && r.live != nil:
-		out.Status = Running
-	default:
-		out.Status = Lost
-	}
-	return out, nil
+	return answers.Summarize(d.st, id, r != nil && r.live != nil)
 }
 
 // Run returns a run's summary.
@@ -126,24 +74,3 @@ func (d *Daemon) List(phase *record.Phase) ([]Summary, error) {
 	}
 	return out, nil
 }
-
-// stepClock times an operation's steps for its reply.
-type stepClock struct {
-	start, last time.Time
-	steps       []Step
-}
-
-func newStepClock() *stepClock {
-	now := time.Now()
-	return &stepClock{start: now, last: now}
-}
-
-// mark ends the step called name.
-func (c *stepClock) mark(name string) {
-	now := time.Now()
-	c.steps = append(c.steps, Step{Name: name, Took: now.Sub(c.last)})
-	c.last = now
-}
-
-// total is the time since the operation began.
-func (c *stepClock) total() time.Duration { return time.Since(c.start) }

@@ -7,9 +7,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
-	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -32,7 +31,7 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	if err := checkID(id); err != nil {
 		return Summary{}, err
 	}
-	p, err := d.prepareUnit(ctx, id, spec, grants)
+	p, err := d.forms().Prepare(ctx, id, spec, grants)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -54,11 +53,12 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	if err := d.fleet.Claim(ctx, id, genesis); err != nil {
 		return Summary{}, fmt.Errorf("run %s: %w", id, err)
 	}
-	lv, err := d.startSandbox(ctx, id, p.Spec, p.Grants, nil)
+	w, err := d.forms().For(p.Spec.Mode).Start(ctx, forms.Run{ID: id, Spec: p.Spec, Grants: p.Grants})
 	if err != nil {
 		d.fleet.Unclaim(ctx, id, genesis)
 		return Summary{}, err
 	}
+	lv := d.begin(id, w.Unit, w.Event, w.Mark)
 	d.saveMark(id, lv)
 	d.reach("start.sandboxed")
 	if _, err := d.st.Create(id, unitID, grantsID); err != nil {
@@ -72,80 +72,8 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	d.watch(id, r, lv)
 	d.log.Info("run started", "run", id, "image", p.Spec.Image, "mode", p.Spec.Mode)
 	d.publish(events.Event{Kind: "run.started", Run: id, Detail: p.Spec.Mode.String()})
-	if lv.transcript != nil {
-		d.serve(lv.transcript)
-	}
+	lv.unit.Serve(d.background)
 	return d.summary(id, r)
-}
-
-// prepareUnit makes a run request's unit ready to run ([unit.Prepare]):
-// its image pinned to the digest imported here, and an image unit refused
-// where image parks do not work (it would hold its sandbox for good).
-func (d *Daemon) prepareUnit(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (unit.Prepared, error) {
-	p, err := unit.Prepare(spec, grants, func(s unit.Spec) (string, error) {
-		img, err := d.ex.Image(ctx, s.Image)
-		if err != nil {
-			return "", fmt.Errorf("%w (import it with `runrecordd images import`)", err)
-		}
-		if s.ImageDigest != "" && s.ImageDigest != img.Digest {
-			return "", fmt.Errorf("image %s is %s, the unit names %s: %w", s.Image, img.Digest, s.ImageDigest, executor.ErrImageMismatch)
-		}
-		return img.Digest, nil
-	})
-	if err != nil {
-		return unit.Prepared{}, err
-	}
-	if p.Spec.Mode == unit.ImageMode {
-		if err := d.probe.Ready(ctx); err != nil {
-			return unit.Prepared{}, fmt.Errorf("run %s: %w (a transcript unit can still run: --mode transcript)", id, err)
-		}
-	}
-	return p, nil
-}
-
-// startSandbox starts a fresh sandbox for the unit (a transcript unit with
-// its channel; restored holds the transcript to restore, nil at a run's
-// start).
-func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, restored *resumed) (*live, error) {
-	es := executor.SpecOf(spec, grants)
-	var sb Sandbox
-	var ch *calls.Channel
-	if spec.Mode == unit.TranscriptMode {
-		var err error
-		if ch, err = d.openChannel(id, restored, grants.Limits); err != nil {
-			return nil, err
-		}
-		// Read-only: the unit reads its transcript and connects to the
-		// socket (connecting writes nothing to the file system); it
-		// cannot replace, add or remove anything the daemon reads. Own:
-		// the daemon's own directory, under its state dir, noexec.
-		es.Mounts = append(es.Mounts, executor.Mount{Source: ch.Dir(), Target: ChannelMount, Own: true})
-	}
-	out, err := d.output(id)
-	m := d.markNow(id)
-	if err == nil {
-		sid := id
-		if ch != nil {
-			sid = sandboxID(id, ch.Interval())
-		}
-		sb, err = d.ex.Start(ctx, sid, es, out)
-	}
-	if err != nil {
-		if ch != nil {
-			ch.Close()
-		}
-		return nil, err
-	}
-	event := "started"
-	if restored != nil {
-		event = "resumed"
-	}
-	lv := d.begin(id, sb, spec, grants, event, m)
-	lv.transcript = ch
-	// The caller serves the channel once the run (or its Resumed
-	// segment) is stored and announced: until then the unit's hello
-	// waits in the listener's backlog.
-	return lv, nil
 }
 
 // restartInterval starts a new interval on lv's sandbox after the end of
@@ -153,7 +81,7 @@ func (d *Daemon) startSandbox(ctx context.Context, id string, spec unit.Spec, gr
 // interval is metered and journaled from now. Only the interval is
 // replaced: the exit watcher reads lv's sandbox meanwhile.
 func (d *Daemon) restartInterval(id string, lv *live, event string) {
-	lv.iv = d.begin(id, lv.sb, lv.spec, lv.grants, event, d.markNow(id)).iv
+	lv.iv = d.begin(id, lv.unit, event, d.markNow(id)).iv
 	d.saveMark(id, lv)
 }
 
@@ -163,9 +91,7 @@ func (d *Daemon) restartInterval(id string, lv *live, event string) {
 // The caller sets lv.stopping first, under the run's lock, when the exit
 // watcher may see lv.
 func (d *Daemon) destroy(lv *live) {
-	if lv.transcript != nil {
-		lv.transcript.Close()
-	}
+	lv.unit.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := lv.sb.Destroy(ctx); err != nil {
@@ -175,9 +101,7 @@ func (d *Daemon) destroy(lv *live) {
 
 // watch closes the run when its unit exits by itself.
 func (d *Daemon) watch(id string, r *run, lv *live) {
-	d.bg.Add(1)
-	go func() {
-		defer d.bg.Done()
+	d.background(func() {
 		code, err := lv.sb.Wait(d.bgCtx)
 		if d.bgCtx.Err() != nil {
 			return // the daemon is stopping; the unit goes on without it
@@ -192,7 +116,7 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 			return
 		}
 		reason := fmt.Sprintf("unit exited with code %d", code)
-		_, err = d.endAt(context.Background(), lv, "exit.sealed", attest.Outcome{Kind: attest.Exited, Code: int32(code)}, lv.account(),
+		_, err = d.endAt(context.Background(), lv, "exit.sealed", attest.Outcome{Kind: attest.Exited, Code: int32(code)}, lv.unit.Account(),
 			[]record.Segment{record.Closure(reason)})
 		if err != nil {
 			d.log.Error("recording the unit's exit", "run", id, "err", err)
@@ -203,5 +127,5 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 		r.live = nil
 		d.log.Info("run closed", "run", id, "reason", reason)
 		d.publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
-	}()
+	})
 }

@@ -3,20 +3,14 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
-	"github.com/runrecordd/runrecordd/internal/interval"
-	"github.com/runrecordd/runrecordd/internal/manifest"
-	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // The daemon's glue to the calls room (internal/calls): a transcript
@@ -24,58 +18,12 @@ import (
 // listing, and the recovery of a transcript whose channel died with the
 // last daemon. Call state lives in the store's call ledger.
 
-// ProtocolVersion is the transcript channel's protocol, which a transcript
-// park's environment manifest records.
-const ProtocolVersion = protocol.Version
-
 // ChannelMount is where a transcript unit finds its channel directory.
 const ChannelMount = protocol.Dir
 
 // ErrTranscript is a transcript file the daemon will not read
 // (calls.ErrTranscript).
 var ErrTranscript = calls.ErrTranscript
-
-// openChannel makes run id's channel directory (STATE/ch/RUN) and spool
-// (STATE/spool/RUN), with the transcript restored from its sealed object
-// when the run resumes.
-func (d *Daemon) openChannel(id string, restored *resumed, lim unit.Limits) (*calls.Channel, error) {
-	cfg := calls.Config{Run: id, Dir: calls.ChannelDir(d.cfg.StateDir, id),
-		Spool: filepath.Join(d.cfg.StateDir, "spool", id), Limits: lim}
-	if restored != nil {
-		cfg.Restore = &restored.transcript
-	}
-	ch, err := calls.Open(cfg, d.st, callHost{d})
-	if errors.Is(err, calls.ErrPath) {
-		err = fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return ch, nil
-}
-
-// serve serves a transcript run's channel, in the daemon's background,
-// until it is closed.
-func (d *Daemon) serve(ch *calls.Channel) {
-	d.bg.Add(1)
-	go func() {
-		defer d.bg.Done()
-		_ = ch.Serve()
-	}()
-}
-
-// account is the interval's call account. An image-mode unit has no
-// channel to dispatch through and no network beyond loopback, so its
-// interval accounts for no calls.
-func (lv *live) account() *record.CallAccount {
-	if lv.spec.Mode == unit.TranscriptMode && lv.transcript == nil {
-		return nil // its channel was another process's: not accounted
-	}
-	if lv.transcript == nil {
-		return &record.CallAccount{}
-	}
-	return lv.transcript.Account()
-}
 
 // callHost is the daemon as a channel's calls.Host.
 type callHost struct{ d *Daemon }
@@ -86,9 +34,7 @@ func (h callHost) Dispatched(run string, c protocol.Call) {
 
 func (h callHost) Awaiting(run string, ch *calls.Channel) {
 	d := h.d
-	d.bg.Add(1)
-	go func() {
-		defer d.bg.Done()
+	d.background(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		if _, err := d.parkAwaiting(ctx, run, ch); err != nil {
@@ -97,7 +43,7 @@ func (h callHost) Awaiting(run string, ch *calls.Channel) {
 			d.log.Error("park on await", "run", run, "err", err)
 			d.publish(events.Event{Kind: "run.park_failed", Run: run, Detail: err.Error()})
 		}
-	}()
+	})
 }
 
 // parkAwaiting parks run id for the await its channel ch received, unless
@@ -108,7 +54,7 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 		return false, err
 	}
 	defer r.mu.Unlock()
-	if r.live == nil || r.live.transcript == nil || r.live.transcript != ch {
+	if r.live == nil || r.live.unit.Channel() != ch {
 		return false, nil
 	}
 	if _, err := d.park(ctx, id, r); err != nil {
@@ -156,10 +102,8 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	}
 	d.publish(events.Event{Kind: "call.result", Run: run, Call: call})
 	out := Posted{Run: run, Call: call}
-	if st.Phase != record.Parked || !st.Parked.IsTranscript() {
-		return out, nil
-	}
-	if out.Awaiting, err = calls.Awaiting(d.st, run); err != nil || len(out.Awaiting) > 0 {
+	var wake bool
+	if out.Awaiting, wake, err = d.forms().Awaited(st); err != nil || !wake {
 		return out, err
 	}
 	res, err := d.resume(ctx, run, r)
@@ -199,45 +143,27 @@ func (d *Daemon) fillCalls(id string) {
 	}
 }
 
-// recoverTranscript parks a transcript unit whose channel died with the
-// daemon that served it: the sandbox is frozen, the transcript found on
-// disk is sealed, and the interval is recorded without an account (the
-// account was the dead daemon's; the ledger drops the calls of that
-// interval with it), so the record stays honest — its wait proof becomes
-// Unproved — and the run resumes from its transcript.
-func (d *Daemon) recoverTranscript(ctx context.Context, id string, lv *live) error {
+// recoverUnit parks a unit whose channel died with the daemon that
+// served it, from what it left on disk (its form's Recover): the interval
+// is recorded without an account (the account was the dead daemon's; the
+// ledger drops the calls of that interval with it), so the record stays
+// honest — its wait proof becomes Unproved — and the run resumes from its
+// transcript.
+func (d *Daemon) recoverUnit(ctx context.Context, id string, lv *live) error {
 	st, err := d.st.Run(id)
 	if err != nil {
 		return err
 	}
-	if status, _ := lv.sb.Status(ctx); status != "paused" {
-		if err := lv.sb.Pause(ctx); err != nil {
-			return err
-		}
-	}
-	a, err := calls.Recover(ctx, d.st, d.cfg.StateDir, id, lv.grants.Limits.Or(unit.DefaultLimits).TranscriptBytes)
-	if err != nil {
-		return err
-	}
-	man, err := d.manifestOver(ctx, manifest.TranscriptKeys, lv.spec, st.Unit)
-	if err != nil {
-		return err
-	}
-	manAddr, err := d.putManifest(man)
-	if err != nil {
-		return err
-	}
-	outcome, susp, err := interval.Parked(record.TranscriptSnapshot(a), manAddr)
+	t, err := d.form(lv).Recover(ctx, lv.unit)
 	if err != nil {
 		return err
 	}
 	// No account (nil): the channel that kept it died with the daemon.
-	// The channel's spool is not read either: lv.transcript is nil here.
-	if _, err := d.end(ctx, lv, outcome, nil, []record.Segment{susp},
-		attest.LifecycleOf(nowNS(), attest.Recovered{Reason: "the daemon serving the unit's channel stopped; the interval's call account was lost with it"})); err != nil {
+	// The channel's spool is not read either: the unit has no channel.
+	if _, _, err := d.recordTaken(ctx, lv, st.Unit, t, nil, "", nil); err != nil {
 		return err
 	}
 	lv.stopping = true
 	d.destroy(lv)
-	return os.RemoveAll(calls.ChannelDir(d.cfg.StateDir, id))
+	return t.Cleanup()
 }

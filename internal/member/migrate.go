@@ -20,17 +20,6 @@ var ErrDraining = errors.New("this host is being drained")
 // release; a run that must be stored and is not is an error.
 type Hold func() (h Held, release func(), err error)
 
-// MigrationFailpoints are the steps of a migration between two hosts of a
-// fleet, in order: the source's, then the target's (test/e2e's
-// TestFleetMigrateCrash arms each).
-var MigrationFailpoints = []string{
-	"migrate.transferred", // source: transferred in etcd, not handed off in its store
-	"migrate.handedoff",   // source: handed off in both, the target not asked
-	"receive.fetched",     // target: record and objects here, nothing stored
-	"receive.imported",    // target: run stored (parked), not claimed in etcd
-	"receive.claimed",     // target: claimed in etcd, not resumed
-}
-
 // Migrate moves run id to host to, in the fleet (docs/fleet.md,
 // "Migration"): parked here if it is executing, handed off in this store
 // (as an export does) and in the fleet (fleet.Host.Transfer), then adopted

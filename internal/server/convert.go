@@ -1,8 +1,8 @@
 package server
 
 import (
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/calls"
-	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/retention"
@@ -15,7 +15,7 @@ import (
 // The daemon's domain results as the API's wire types (pkg/api): the one
 // place a daemon value meets a JSON tag.
 
-func runOf(s daemon.Summary) api.Run {
+func runOf(s answers.Summary) api.Run {
 	out := api.Run{ID: s.ID, Phase: s.Phase.String(), Status: s.Status.String(), Segments: s.Segments,
 		Head: s.Head.String(), Unit: s.Unit.String(), Grants: s.Grants.String(),
 		HandedOff: s.HandedOff, Pinned: s.Pinned, Released: s.Released}
@@ -25,7 +25,7 @@ func runOf(s daemon.Summary) api.Run {
 	return out
 }
 
-func runsOf(ss []daemon.Summary) []api.Run {
+func runsOf(ss []answers.Summary) []api.Run {
 	out := make([]api.Run, len(ss))
 	for i, s := range ss {
 		out[i] = runOf(s)
@@ -33,7 +33,7 @@ func runsOf(ss []daemon.Summary) []api.Run {
 	return out
 }
 
-func stepsOf(ss []daemon.Step) []api.Step {
+func stepsOf(ss []answers.Step) []api.Step {
 	if ss == nil {
 		return nil
 	}
@@ -44,12 +44,12 @@ func stepsOf(ss []daemon.Step) []api.Step {
 	return out
 }
 
-func parkOf(p daemon.Parked) api.Park {
+func parkOf(p answers.Parked) api.Park {
 	return api.Park{Run: runOf(p.Run), Snapshot: p.Snapshot.String(), Manifest: p.Manifest.String(), Retained: p.Retained,
 		Receipt: energyOf(p.Receipt), Checkpoint: checkpointOf(p.Checkpoint), DurationNS: int64(p.Took), Steps: stepsOf(p.Steps)}
 }
 
-func resumeOf(r daemon.Resumed) api.Resume {
+func resumeOf(r answers.Resumed) api.Resume {
 	return api.Resume{Run: runOf(r.Run),
 		Idle:     api.Energy{UJ: r.Idle.UJ, Provenance: r.Idle.Provenance, Method: "idle-draw", Inputs: r.Idle.Inputs},
 		ParkedNS: r.Idle.ParkedNS, Restore: restoreOf(r.Restore), DurationNS: int64(r.Took), Steps: stepsOf(r.Steps)}
@@ -76,7 +76,7 @@ func restoreOf(r *attest.Restored) *api.Restore {
 		ForkingNS: r.ForkingNS, RestoreNS: r.RestoreNS, Pages: r.Pages}
 }
 
-func signersOf(ss []daemon.Signer) []api.Signer {
+func signersOf(ss []answers.Signer) []api.Signer {
 	out := make([]api.Signer, 0, len(ss))
 	for _, s := range ss {
 		out = append(out, api.Signer{Segment: s.Index, Interval: s.Interval, Key: s.Key.String(), Name: s.Name, Trusted: s.Trusted})
@@ -84,7 +84,7 @@ func signersOf(ss []daemon.Signer) []api.Signer {
 	return out
 }
 
-func importOf(im daemon.Imported) api.Import {
+func importOf(im answers.Imported) api.Import {
 	out := api.Import{Run: runOf(im.Run), Objects: im.Objects, Bytes: im.Bytes, Grants: im.Grants, Signers: signersOf(im.Signers)}
 	if im.Unclaimed != nil {
 		out.Unclaimed = ErrorOf(im.Unclaimed)
@@ -92,7 +92,7 @@ func importOf(im daemon.Imported) api.Import {
 	return out
 }
 
-func postedOf(p daemon.Posted) api.PostResult {
+func postedOf(p answers.Posted) api.PostResult {
 	out := api.PostResult{Run: p.Run, Call: p.Call, Awaiting: p.Awaiting}
 	if p.Resumed != nil {
 		r := resumeOf(*p.Resumed)
@@ -113,7 +113,7 @@ func waitProofOf(v record.Verdict) api.WaitProof {
 	return w
 }
 
-func verifyOf(v daemon.Verification) api.Verify {
+func verifyOf(v answers.Verification) api.Verify {
 	out := api.Verify{Run: v.Run, OK: v.Err == nil, Objects: v.Objects, Bytes: v.Bytes}
 	if v.Segments > 0 || v.Err == nil {
 		out.Segments, out.Phase, out.Head = v.Segments, v.Phase.String(), v.Head.String()
@@ -153,7 +153,7 @@ func eventOf(e events.Event) api.Event {
 	return api.Event{Time: e.Time, Kind: e.Kind, Run: e.Run, Call: e.Call, CallKind: e.CallKind, Detail: e.Detail}
 }
 
-func hostOf(h daemon.HostInfo) api.Host {
+func hostOf(h answers.HostInfo) api.Host {
 	out := api.Host{KeyID: h.KeyID.String(), StateDir: h.StateDir, Containerd: h.Containerd, Embedded: h.Embedded,
 		Manifest: map[string]string{}, RAPL: h.Meter.Available, RAPLReason: h.Meter.Reasons,
 		ImageParks: api.ImageParks{Status: h.ImageParks.State.String(), Reason: h.ImageParks.Reason, Notes: h.ImageParks.Notes,

@@ -1,0 +1,197 @@
+package forms
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/park"
+	"github.com/runrecordd/runrecordd/internal/resume"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// ReadRun reads a stored run's unit spec and grant set from their objects.
+func ReadRun(st *store.Store, r store.Run) (Run, error) {
+	sb, err := st.ReadAll(r.Unit)
+	if err != nil {
+		return Run{}, fmt.Errorf("run %s: unit spec: %w", r.ID, err)
+	}
+	spec, err := unit.DecodeSpec(sb)
+	if err != nil {
+		return Run{}, fmt.Errorf("run %s: unit spec: %w", r.ID, err)
+	}
+	gb, err := st.ReadAll(r.Grants)
+	if err != nil {
+		return Run{}, fmt.Errorf("run %s: grant set: %w", r.ID, err)
+	}
+	grants, err := unit.DecodeGrants(gb)
+	if err != nil {
+		return Run{}, fmt.Errorf("run %s: grant set: %w", r.ID, err)
+	}
+	return Run{ID: r.ID, Spec: *spec, Grants: *grants}, nil
+}
+
+// Admitted is a parked run that passed the resume preconditions: what
+// its form wakes it from, and what its park owes.
+type Admitted struct {
+	Run
+	Suspended record.Segment // the Suspended segment it resumes from
+	ParkedFor time.Duration  // how long this host has held it parked
+	Retained  int64          // the bytes its snapshot retains
+}
+
+// Waking is what the admitted run's form wakes it from.
+func (a Admitted) Waking(teardown <-chan struct{}) Waking {
+	return Waking{Snapshot: a.Suspended.Snapshot, Retained: a.Retained, Teardown: teardown}
+}
+
+// Admit checks the three resume preconditions of the parked run r, in
+// order (internal/resume): the snapshot the store offers is the one
+// recorded, this host's manifest over the recorded keys hashes to the
+// recorded address, and the record verifies from genesis. It changes
+// nothing. mark, when set, ends each timed step (read, rehash,
+// preconditions, idle).
+func (h Host) Admit(ctx context.Context, r store.Run, mark func(step string)) (Admitted, error) {
+	if mark == nil {
+		mark = func(string) {}
+	}
+	raw, err := h.Store.Raw(r.ID)
+	if err != nil {
+		return Admitted{}, &resume.RecordError{Err: err}
+	}
+	var ok Admitted
+	if ok.Suspended, err = resume.Suspension(raw.Segments); err != nil {
+		return Admitted{}, err
+	}
+	if ok.Run, err = ReadRun(h.Store, r); err != nil {
+		return Admitted{}, err
+	}
+	mark("read")
+	offered, err := park.Offered(ctx, h.Store, ok.Suspended.Snapshot)
+	if err != nil {
+		return Admitted{}, err
+	}
+	mark("rehash")
+	mb, err := h.Store.ReadAll(ok.Suspended.Manifest)
+	if err != nil {
+		return Admitted{}, fmt.Errorf("run %s: recorded manifest: %w", r.ID, err)
+	}
+	recorded, err := manifest.Decode(mb)
+	if err != nil {
+		return Admitted{}, fmt.Errorf("run %s: recorded manifest: %w", r.ID, err)
+	}
+	err = resume.Check(resume.Inputs{
+		Unit: raw.Unit, Grants: raw.Grants, Segments: raw.Segments, Heads: raw.Heads,
+		Offered: offered, RecordedManifest: recorded, Host: h.facts(ctx, ok.Spec, r.Unit),
+	})
+	if err != nil {
+		return Admitted{}, fmt.Errorf("run %s: %w", r.ID, err)
+	}
+	mark("preconditions")
+	if ok.ParkedFor, err = h.parkedFor(r.ID, raw.Segments); err != nil {
+		return Admitted{}, err
+	}
+	if ok.Retained, err = park.Retained(h.Store, ok.Suspended.Snapshot); err != nil {
+		return Admitted{}, err
+	}
+	mark("idle")
+	return ok, nil
+}
+
+// parkedFor is how long this host has held the run parked: since the end
+// of the interval that parked it, as its attestation states — but never
+// from before the run's record arrived here in a bundle. The end time of
+// an imported run is another host's clock, and what this host meters is
+// the idle draw of what it retained itself.
+func (h Host) parkedFor(id string, segs []record.Segment) (time.Duration, error) {
+	for i := len(segs) - 1; i >= 0; i-- {
+		if segs[i].Kind != record.Executed {
+			continue
+		}
+		b, err := h.Store.ReadAll(segs[i].Attestation)
+		if err != nil {
+			return 0, err
+		}
+		body, err := attest.Open(b, nil)
+		if err != nil {
+			return 0, err
+		}
+		since := time.Unix(0, body.EndNS)
+		ret, err := h.Store.RetentionOf(id)
+		if err != nil {
+			return 0, err
+		}
+		// The interval ended on another host (the run arrived in a
+		// bundle after it): this host has held the park since the
+		// bundle came, whatever that host's clock said.
+		if !ret.Imported.IsZero() && i < ret.ImportedLen {
+			since = ret.Imported
+		}
+		return max(time.Since(since), time.Nanosecond), nil
+	}
+	return 0, fmt.Errorf("%w: a parked run with no executed interval", h.Invalid)
+}
+
+// Manifest is this host's environment manifest over keys for a unit,
+// stored; its address is what a park records.
+func (h Host) Manifest(ctx context.Context, keys []string, spec unit.Spec, unitID record.Address) (record.Address, error) {
+	m, err := h.Over(ctx, keys, spec, unitID)
+	if err != nil {
+		return record.Address{}, err
+	}
+	b, err := m.Canonical()
+	if err != nil {
+		return record.Address{}, err
+	}
+	return h.Store.PutBytes(b)
+}
+
+// Over is this host's environment manifest over keys for a unit, as a park
+// here would record it (Manifest), not stored.
+func (h Host) Over(ctx context.Context, keys []string, spec unit.Spec, unitID record.Address) (manifest.Manifest, error) {
+	return manifest.Over(keys, h.facts(ctx, spec, unitID))
+}
+
+// facts are the host's facts for a unit: its own, and the digest under
+// which the unit's image is imported here now (absent when it is not).
+func (h Host) facts(ctx context.Context, spec unit.Spec, unitID record.Address) manifest.Manifest {
+	m := manifest.Manifest{}
+	for k, v := range h.Facts {
+		m[k] = v
+	}
+	m[manifest.UnitID] = unitID.String()
+	m[manifest.Protocol] = protocol.Version
+	if img, err := h.Sandboxes.Image(ctx, spec.Image); err == nil {
+		m[manifest.ImageDigest] = img.Digest
+	}
+	return m
+}
+
+// Prepare makes a run request's unit ready to run ([unit.Prepare]): its
+// image pinned to the digest imported here, and refused where its form
+// cannot park it (Form.Ready).
+func (h Host) Prepare(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (unit.Prepared, error) {
+	p, err := unit.Prepare(spec, grants, func(s unit.Spec) (string, error) {
+		img, err := h.Sandboxes.Image(ctx, s.Image)
+		if err != nil {
+			return "", fmt.Errorf("%w (import it with `runrecordd images import`)", err)
+		}
+		if s.ImageDigest != "" && s.ImageDigest != img.Digest {
+			return "", fmt.Errorf("image %s is %s, the unit names %s: %w", s.Image, img.Digest, s.ImageDigest, executor.ErrImageMismatch)
+		}
+		return img.Digest, nil
+	})
+	if err != nil {
+		return unit.Prepared{}, err
+	}
+	if err := h.For(p.Spec.Mode).Ready(ctx, id); err != nil {
+		return unit.Prepared{}, err
+	}
+	return p, nil
+}

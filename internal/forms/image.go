@@ -1,0 +1,143 @@
+package forms
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/imageparks"
+	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/park"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+)
+
+// Image is the image form: a unit parked as CRIU's images of its process
+// tree and its rw layer (internal/park), restored under the same sandbox
+// id. Every image park and resume waits on the image-park gate and runs
+// under CRIU's deadline.
+type Image struct{ h Host }
+
+// Ready waits on the image-park gate: where image parks do not work, an
+// image unit is refused.
+func (f Image) Ready(ctx context.Context, id string) error {
+	if err := f.h.Gate.Ready(ctx); err != nil {
+		return fmt.Errorf("run %s: %w (a transcript unit can still run: --mode transcript)", id, err)
+	}
+	return nil
+}
+
+// Start starts run's sandbox under the run's id.
+func (f Image) Start(ctx context.Context, run Run) (Woken, error) {
+	out, err := f.h.Output(run.ID)
+	m := f.h.Mark(run.ID)
+	var sb Sandbox
+	if err == nil {
+		sb, err = f.h.Sandboxes.Start(ctx, run.ID, executor.SpecOf(run.Spec, run.Grants), out)
+	}
+	if err != nil {
+		return Woken{}, err
+	}
+	return Woken{Unit: &Unit{Run: run, Sandbox: sb}, Event: "started", Mark: m}, nil
+}
+
+// Snapshot checkpoints the unit, leaving it frozen, and stores its images
+// (internal/park), within the room the run has.
+func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
+	id := u.ID
+	if err := f.h.Gate.Ready(ctx); err != nil {
+		return Taken{}, fmt.Errorf("park %s: %w", id, err)
+	}
+	var mem uint64
+	if use, err := u.Sandbox.Stats(ctx); err == nil {
+		mem = use.MemoryBytes
+	}
+	raw, err := f.h.Store.Raw(id)
+	if err != nil {
+		return Taken{}, err
+	}
+	room, err := park.Room(f.h.Store, id, u.Grants, mem, raw.Segments, f.h.MinFree)
+	if err != nil {
+		return Taken{}, fmt.Errorf("park %s: %w", id, err)
+	}
+	res, err := park.Image(ctx, f.h.Store, u.Sandbox, imageparks.Deadline(f.h.CRIUDeadline, mem), room)
+	if err != nil {
+		return Taken{}, fmt.Errorf("park %s: %w", id, err)
+	}
+	ck := res.Checkpointed()
+	return Taken{Snapshot: res.Snapshot, Retained: res.Retained, Keys: manifest.ImageKeys, Details: []attest.Detail{ck}, Checkpoint: &ck}, nil
+}
+
+// Thaw settles the unit by its task's real state: CRIU may have left it
+// frozen, or not.
+func (f Image) Thaw(_ context.Context, u *Unit) error { return u.Sandbox.Settle(context.Background()) }
+
+// Wake restores the run's images once the gate lets it and the parked
+// sandbox is gone (its id is the restore's).
+func (f Image) Wake(ctx context.Context, run Run, w Waking) (Woken, error) {
+	if err := f.h.Gate.Ready(ctx); err != nil {
+		return Woken{}, fmt.Errorf("resume %s: %w", run.ID, err)
+	}
+	if w.Teardown != nil {
+		select {
+		case <-w.Teardown: // the parked sandbox is gone; its id is free
+		case <-ctx.Done():
+			return Woken{}, ctx.Err()
+		}
+	}
+	return f.restore(ctx, run, w, imageparks.Deadline(f.h.CRIUDeadline, uint64(w.Retained)))
+}
+
+// restore lays the snapshot's trees out of the store and restores the
+// sandbox from them.
+func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Duration) (Woken, error) {
+	id := run.ID
+	t0 := time.Now()
+	dir := filepath.Join(f.h.StateDir, "restore", id)
+	if err := os.RemoveAll(dir); err != nil {
+		return Woken{}, err
+	}
+	defer os.RemoveAll(dir)
+	trees, err := park.Layout(f.h.Store, w.Snapshot, dir)
+	if err != nil {
+		return Woken{}, err
+	}
+	laid := time.Since(t0)
+	out, err := f.h.Output(id)
+	if err != nil {
+		return Woken{}, err
+	}
+	m := f.h.Mark(id)
+	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Deadline: deadline}
+	sb, rs, err := f.h.Sandboxes.Restore(ctx, id, executor.SpecOf(run.Spec, run.Grants), cp, out)
+	if err != nil {
+		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
+	}
+	st := &attest.Restored{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
+		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored}
+	return Woken{Unit: &Unit{Run: run, Sandbox: sb}, Event: attest.EventRestored, Mark: m,
+		Details: []attest.Detail{*st}, Restored: st}, nil
+}
+
+// Reattached settles a unit found not stopped: a park the last daemon did
+// not finish may have left it frozen, or held by a CRIU that outlived the
+// daemon. An image unit is never recovered.
+func (f Image) Reattached(ctx context.Context, u *Unit, status string) (bool, error) {
+	if status == "stopped" {
+		return false, nil
+	}
+	if err := u.Sandbox.Settle(ctx); err != nil {
+		return false, err
+	}
+	if status == "paused" || status == "pausing" {
+		f.h.Log.Info("reconcile: thawed a unit whose park did not complete", "run", u.ID)
+	}
+	return false, nil
+}
+
+// Recover is never asked of an image unit (Reattached says so).
+func (f Image) Recover(context.Context, *Unit) (Taken, error) {
+	return Taken{}, fmt.Errorf("an image unit is not recovered from disk")
+}

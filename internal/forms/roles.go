@@ -1,0 +1,35 @@
+package forms
+
+import (
+	"context"
+
+	"github.com/runrecordd/runrecordd/internal/executor"
+)
+
+// Sandbox is one unit's sandbox (*executor.Sandbox). It is also the
+// park's Checkpointer and the interval's Sandbox.
+type Sandbox interface {
+	ID() string
+	Pid() uint32
+	// Omitted is the output discarded past the unit's log limit so far.
+	Omitted() (stdout, stderr uint64)
+	Status(ctx context.Context) (string, error)
+	// Wait returns the unit's exit code once it exits.
+	Wait(ctx context.Context) (uint32, error)
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	// Settle puts the unit back to running by its task's real state.
+	Settle(ctx context.Context) error
+	Stats(ctx context.Context) (executor.Usage, error)
+	Checkpoint(ctx context.Context, cp executor.Checkpoint) (executor.CheckpointStats, error)
+	Destroy(ctx context.Context) error
+}
+
+// Sandboxes is what the forms make sandboxes with: containerd's start
+// of a fresh one and its restore of a checkpoint (*executor.Client), and
+// the image a unit names, as imported here (a manifest records its digest).
+type Sandboxes interface {
+	Image(ctx context.Context, name string) (executor.Image, error)
+	Start(ctx context.Context, id string, spec executor.Spec, out executor.Output) (Sandbox, error)
+	Restore(ctx context.Context, id string, spec executor.Spec, cp executor.Checkpoint, out executor.Output) (Sandbox, executor.RestoreStats, error)
+}

@@ -1,0 +1,153 @@
+package forms
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// Transcript is the transcript form: a unit parked as the transcript it
+// keeps through its channel (internal/calls), woken in a new sandbox over
+// it. Each interval has its own channel and sandbox (SandboxID), so the
+// next interval's sandbox starts while the last one is torn down.
+type Transcript struct{ h Host }
+
+// Ready admits every transcript unit: it needs no CRIU.
+func (f Transcript) Ready(context.Context, string) error { return nil }
+
+// Start starts run's first sandbox, with its channel.
+func (f Transcript) Start(ctx context.Context, run Run) (Woken, error) {
+	return f.start(ctx, run, nil)
+}
+
+// Wake starts a new sandbox over the run's sealed transcript.
+func (f Transcript) Wake(ctx context.Context, run Run, w Waking) (Woken, error) {
+	return f.start(ctx, run, w.Snapshot.Transcript)
+}
+
+// start opens the run's channel for its next interval (with restored, the
+// transcript of a resume, in it) and starts a sandbox with the channel
+// mounted.
+func (f Transcript) start(ctx context.Context, run Run, restored *record.Address) (Woken, error) {
+	id := run.ID
+	es := executor.SpecOf(run.Spec, run.Grants)
+	ch, err := f.open(id, restored, run.Grants.Limits)
+	if err != nil {
+		return Woken{}, err
+	}
+	// Read-only: the unit reads its transcript and connects to the
+	// socket (connecting writes nothing to the file system); it cannot
+	// replace, add or remove anything the daemon reads. Own: the daemon's
+	// own directory, under its state dir, noexec.
+	es.Mounts = append(es.Mounts, executor.Mount{Source: ch.Dir(), Target: protocol.Dir, Own: true})
+	out, err := f.h.Output(id)
+	m := f.h.Mark(id)
+	var sb Sandbox
+	if err == nil {
+		sb, err = f.h.Sandboxes.Start(ctx, SandboxID(id, ch.Interval()), es, out)
+	}
+	if err != nil {
+		ch.Close()
+		return Woken{}, err
+	}
+	event := "started"
+	if restored != nil {
+		event = "resumed"
+	}
+	return Woken{Unit: &Unit{Run: run, Sandbox: sb, ch: ch}, Event: event, Mark: m}, nil
+}
+
+// open makes run id's channel directory (STATE/ch/RUN) and spool
+// (STATE/spool/RUN), with the transcript restored from its sealed object
+// when the run resumes.
+func (f Transcript) open(id string, restored *record.Address, lim unit.Limits) (*calls.Channel, error) {
+	cfg := calls.Config{Run: id, Dir: calls.ChannelDir(f.h.StateDir, id),
+		Spool: filepath.Join(f.h.StateDir, "spool", id), Limits: lim, Restore: restored}
+	ch, err := calls.Open(cfg, f.h.Store, f.h.Calls)
+	if errors.Is(err, calls.ErrPath) && f.h.Invalid != nil {
+		err = fmt.Errorf("%w: %w", f.h.Invalid, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ch, nil
+}
+
+// errNoChannel is a park of a transcript unit without a channel: one the
+// last daemon process served, reattached after it exited.
+var errNoChannel = errors.New("the unit's channel was the last daemon's: it cannot be sealed")
+
+// Snapshot freezes the unit and seals its transcript. The caller holds
+// the channel's gate (Unit.Hold). Refused, the unit is thawed.
+func (f Transcript) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
+	if u.ch == nil {
+		return Taken{}, fmt.Errorf("park %s: %w", u.ID, errNoChannel)
+	}
+	if err := u.Sandbox.Pause(ctx); err != nil {
+		return Taken{}, fmt.Errorf("park %s: %w", u.ID, err)
+	}
+	snap, retained, err := u.ch.Seal(ctx)
+	if err != nil {
+		if rerr := u.Sandbox.Resume(context.Background()); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return Taken{}, err
+	}
+	return Taken{Snapshot: snap, Retained: retained, Keys: manifest.TranscriptKeys}, nil
+}
+
+// Thaw thaws the unit the snapshot froze.
+func (f Transcript) Thaw(_ context.Context, u *Unit) error {
+	return u.Sandbox.Resume(context.Background())
+}
+
+// Reattached reports a unit found not stopped for recovery: its channel
+// went with the daemon that served it. (A unit that exited meanwhile is
+// closed by its watcher, unaccounted too.)
+func (f Transcript) Reattached(_ context.Context, _ *Unit, status string) (bool, error) {
+	return status != "stopped", nil
+}
+
+// Recover freezes the unit and stores the transcript it left on disk
+// (calls.Recover): the park is recorded without an account (the account
+// was the dead daemon's; the ledger drops the calls of that interval with
+// it), so the record stays honest — its wait proof becomes Unproved — and
+// the run resumes from its transcript. Its Cleanup removes the channel
+// directory.
+func (f Transcript) Recover(ctx context.Context, u *Unit) (Taken, error) {
+	if status, _ := u.Sandbox.Status(ctx); status != "paused" {
+		if err := u.Sandbox.Pause(ctx); err != nil {
+			return Taken{}, err
+		}
+	}
+	a, err := calls.Recover(ctx, f.h.Store, f.h.StateDir, u.ID, u.Grants.Limits.Or(unit.DefaultLimits).TranscriptBytes)
+	if err != nil {
+		return Taken{}, err
+	}
+	dir := calls.ChannelDir(f.h.StateDir, u.ID)
+	return Taken{Snapshot: record.TranscriptSnapshot(a), Keys: manifest.TranscriptKeys,
+		Details: []attest.Detail{attest.Recovered{Reason: "the daemon serving the unit's channel stopped; the interval's call account was lost with it"}},
+		Cleanup: func() error { return os.RemoveAll(dir) }}, nil
+}
+
+// Awaited is what run r awaits of the platform's results, and whether a
+// post wakes it now: a run parked in its transcript wakes once every
+// result its await named is posted; any other awaits nothing.
+func (h Host) Awaited(r store.Run) (waiting []string, wake bool, err error) {
+	if r.Phase != record.Parked || !r.Parked.IsTranscript() {
+		return nil, false, nil
+	}
+	waiting, err = calls.Awaiting(h.Store, r.ID)
+	return waiting, err == nil && len(waiting) == 0, err
+}
