@@ -44,7 +44,7 @@ func joinFleet(t *testing.T, dir *fleet.Dir, name string) *fleet.Host {
 // (here: transferred to another host) is not resumed — no sandbox, the
 // record and the directory as they were.
 func TestFleetOwnership(t *testing.T) {
-	c := etcdtest.Start(t)
+	c := etcdtest.Shared(t)
 	dir := fleet.New(c.Client(t), "/daemon/", 5*time.Second)
 	a, b := joinFleet(t, dir, "a"), joinFleet(t, dir, "b")
 	h := newFakeHost(t)
@@ -110,7 +110,7 @@ func TestFleetOwnership(t *testing.T) {
 // is taken back (the run resumes here), and a run another host claimed
 // meanwhile is held handed off.
 func TestFleetReconcileAtStart(t *testing.T) {
-	c := etcdtest.Start(t)
+	c := etcdtest.Shared(t)
 	dir := fleet.New(c.Client(t), "/restart/", 5*time.Second)
 	a, b := joinFleet(t, dir, "a"), joinFleet(t, dir, "b")
 	h := newFakeHost(t)
@@ -191,7 +191,7 @@ func TestFleetReconcileAtStart(t *testing.T) {
 // replaced: until then the host appends nothing; once rejoined it claims
 // back its runs, and a park goes through again.
 func TestFleetRejoin(t *testing.T) {
-	c := etcdtest.Start(t)
+	c := etcdtest.Shared(t)
 	cli := c.Client(t)
 	dir := fleet.New(cli, "/rejoin/", 5*time.Second)
 	a := joinFleet(t, dir, "a")
@@ -246,7 +246,7 @@ func TestFleetRejoin(t *testing.T) {
 // host's units before etcd could expire it; once confirmed again — renewed
 // or by a new session — they are thawed, the run still this host's.
 func TestFleetLeaseGuard(t *testing.T) {
-	c := etcdtest.Start(t)
+	c := etcdtest.Shared(t)
 	dir := fleet.New(c.Client(t), "/guard/", 2*time.Second)
 	ctx := t.Context()
 	key := record.Sum([]byte("host guarded"))

@@ -9,6 +9,12 @@
 // [Cluster.Close] stops every member and waits until none serves any more;
 // it is also registered with t.Cleanup, so a test leaves nothing running.
 //
+// [Shared] hands one cluster to every test of a process that asks, each
+// under a key prefix of its own: starting and closing a cluster costs 3-4
+// seconds, a test on a settled one nothing. The package's TestMain closes
+// it ([CloseShared]); a test that stops a member restarts it in its
+// cleanup ([Cluster.StopFor]).
+//
 // # Caveats
 //
 //   - Ports are found by listening on port 0 and closing the listener, so

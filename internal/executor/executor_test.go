@@ -666,8 +666,10 @@ func TestProbeHangingCRIU(t *testing.T) {
 	privileged(t)
 	dir := t.TempDir()
 	standIn := filepath.Join(dir, "criu")
-	// exec: the stand-in is the process the probe must kill.
-	if err := os.WriteFile(standIn, []byte("#!/bin/sh\nexec sleep 3600\n"), 0o755); err != nil {
+	// exec: the stand-in is the process the probe must kill. Its sleep
+	// lasts 3599 s, not the 3600 of test/e2e's hanging stand-ins: `make
+	// test` runs both packages at once, and each looks for its own.
+	if err := os.WriteFile(standIn, []byte("#!/bin/sh\nexec sleep 3599\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	cfg := client.Config()
@@ -686,7 +688,7 @@ func TestProbeHangingCRIU(t *testing.T) {
 	if took > 20*time.Second {
 		t.Fatalf("the probe took %v with a 2s deadline", took)
 	}
-	out, _ := exec.Command("pgrep", "-f", "^sleep 3600$").Output()
+	out, _ := exec.Command("pgrep", "-f", "^sleep 3599$").Output()
 	if len(bytes.TrimSpace(out)) > 0 {
 		t.Fatalf("the stand-in criu is still running: pids %s", out)
 	}

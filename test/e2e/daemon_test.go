@@ -221,23 +221,50 @@ func (d *daemon) verifyAll(ctx context.Context) error {
 
 // verifyRun checks that a run's record verifies from genesis and agrees
 // with the run's summary.
+//
+// A run may move between the reads: a transcript unit a test started a
+// moment ago parks itself on its await, under a loaded machine as late as
+// the test's end. The summary is compared with the verdicts read before
+// and after it; when those two differ the run moved, and the three are
+// read again (each round is real work, not a sleep) until they agree or
+// 30 s have passed. A run that holds still and disagrees fails at once.
 func verifyRun(ctx context.Context, d *daemon, id string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	v, err := verifyOK(ctx, d, id)
+	if err != nil {
+		return err
+	}
+	for {
+		r, err := d.c.Show(ctx, id)
+		if err != nil {
+			return fmt.Errorf("run %s: show: %w", id, err)
+		}
+		after, err := verifyOK(ctx, d, id)
+		if err != nil {
+			return err
+		}
+		if after.Head != v.Head && time.Now().Before(deadline) {
+			v = after // the run moved: read the summary again
+			continue
+		}
+		if v.Segments != r.Run.Segments || v.Head != r.Run.Head || v.Phase != r.Run.Phase || len(r.Segments) != v.Segments {
+			return fmt.Errorf("run %s: verify says %d segments, head %s, %s; the run %d (%d shown), %s, %s",
+				id, v.Segments, v.Head, v.Phase, r.Run.Segments, len(r.Segments), r.Run.Head, r.Run.Phase)
+		}
+		return nil
+	}
+}
+
+// verifyOK verifies a run from genesis, an error unless it verifies.
+func verifyOK(ctx context.Context, d *daemon, id string) (api.Verify, error) {
 	v, err := d.c.Verify(ctx, id)
 	if err != nil {
-		return fmt.Errorf("run %s: verify: %w", id, err)
+		return v, fmt.Errorf("run %s: verify: %w", id, err)
 	}
 	if !v.OK {
-		return fmt.Errorf("run %s does not verify from genesis: %+v", id, v.Error)
+		return v, fmt.Errorf("run %s does not verify from genesis: %+v", id, v.Error)
 	}
-	r, err := d.c.Show(ctx, id)
-	if err != nil {
-		return fmt.Errorf("run %s: show: %w", id, err)
-	}
-	if v.Segments != r.Run.Segments || v.Head != r.Run.Head || v.Phase != r.Run.Phase || len(r.Segments) != v.Segments {
-		return fmt.Errorf("run %s: verify says %d segments, head %s, %s; the run %d (%d shown), %s, %s",
-			id, v.Segments, v.Head, v.Phase, r.Run.Segments, len(r.Segments), r.Run.Head, r.Run.Phase)
-	}
-	return nil
+	return v, nil
 }
 
 // closeAll closes every run not closed yet, destroying its sandbox.

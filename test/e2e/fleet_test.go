@@ -18,8 +18,6 @@ import (
 	"time"
 
 	rrd "github.com/runrecordd/runrecordd/internal/daemon"
-	"github.com/runrecordd/runrecordd/internal/etcdtest"
-	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/peer"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -45,10 +43,9 @@ func cli(t *testing.T, args ...string) string {
 // host whose key nobody admitted does not start.
 func TestFleetHost(t *testing.T) {
 	privileged(t)
-	c := etcdtest.Start(t)
-	endpoints := strings.Join(c.Endpoints(), ",")
+	f := fleetCluster(t)
 
-	stranger, err := newDaemon("stranger", func(d *daemon) { d.flags = []string{"--etcd", endpoints} })
+	stranger, err := newDaemon("stranger", func(d *daemon) { d.flags = f.flags() })
 	if stranger != nil && !stranger.running() {
 		// Refused before it started containerd: only its directory is left.
 		if err := stranger.noneLeft(); err != nil {
@@ -67,8 +64,8 @@ func TestFleetHost(t *testing.T) {
 	var hostKey string
 	d := mustDaemon(t, "fleet", func(d *daemon) {
 		hostKey = cli(t, "fleet", "key", "--state-dir", d.state)
-		cli(t, "fleet", "admit", hostKey, "--name", "h1", "--etcd", endpoints)
-		d.flags = []string{"--etcd", endpoints, "--lease-ttl", "5s", "--peer-listen", peerAddr}
+		f.cli(t, "fleet", "admit", hostKey, "--name", "h1")
+		d.flags = append(f.flags(), "--lease-ttl", "5s", "--peer-listen", peerAddr)
 	})
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	const id = "owned"
@@ -77,7 +74,7 @@ func TestFleetHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := fleet.New(c.Client(t), "", 5*time.Second)
+	dir := f.dir(t)
 	follows := func(step string) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -96,8 +93,8 @@ func TestFleetHost(t *testing.T) {
 	follows("park")
 	resume(t, d, id, nil, atPark)
 	follows("resume")
-	peerRoutes(t, endpoints, peerAddr, hostKey, started.Unit)
-	status := cli(t, "fleet", "status", "--etcd", endpoints)
+	peerRoutes(t, f, peerAddr, hostKey, started.Unit)
+	status := f.cli(t, "fleet", "status")
 	if !strings.Contains(status, "\th1\thost\tlease ") || !strings.Contains(status, "orphaned runs: 0") {
 		t.Fatalf("fleet status:\n%s", status)
 	}
@@ -118,7 +115,7 @@ func freeAddr(t *testing.T) string {
 // platform key reaches the client API and not the objects, an admitted
 // host key the objects (bytes that hash to the address asked for) and not
 // the API, and a key nobody admitted is refused at the handshake.
-func peerRoutes(t *testing.T, endpoints, addr, serverKey, object string) {
+func peerRoutes(t *testing.T, f *fleetEnv, addr, serverKey, object string) {
 	t.Helper()
 	server, err := record.ParseAddress(serverKey)
 	if err != nil {
@@ -131,7 +128,7 @@ func peerRoutes(t *testing.T, endpoints, addr, serverKey, object string) {
 		}
 		if role != "" {
 			id := attest.KeyID(key.Public().(ed25519.PublicKey))
-			cli(t, "fleet", "admit", id.String(), "--name", role+"-e2e", "--role", role, "--etcd", endpoints)
+			f.cli(t, "fleet", "admit", id.String(), "--name", role+"-e2e", "--role", role)
 		}
 		return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: peer.ClientConfig(key, server)}}
 	}
@@ -164,30 +161,6 @@ func peerRoutes(t *testing.T, endpoints, addr, serverKey, object string) {
 	}
 }
 
-// fleetHost starts a daemon in the fleet at endpoints, its key admitted
-// as name, serving the fleet on a loopback address; it returns the daemon
-// and its key id.
-// Its lease lives 10 s (fleet.DefaultTTL): a test that kills a host and
-// waits for its lease to expire gives it 5 s (fleetHostTTL).
-func fleetHost(t *testing.T, endpoints, name string) (*daemon, string) {
-	t.Helper()
-	return fleetHostTTL(t, endpoints, name, "10s")
-}
-
-// fleetHostTTL is fleetHost with the host's lease time to live.
-func fleetHostTTL(t *testing.T, endpoints, name, ttl string) (*daemon, string) {
-	t.Helper()
-	var key string
-	d := mustDaemon(t, name, func(d *daemon) {
-		key = cli(t, "fleet", "key", "--state-dir", d.state)
-		cli(t, "fleet", "admit", key, "--name", name, "--etcd", endpoints)
-		d.flags = []string{"--etcd", endpoints, "--lease-ttl", ttl, "--peer-listen", freeAddr(t)}
-		d.fleet = true
-	})
-	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
-	return d, key
-}
-
 // `migrate` moves a running oracle from one host of a real fleet to
 // another over their mutual-TLS listeners: parked on the first, handed off
 // there and in etcd, fetched, judged and claimed on the second, and
@@ -197,10 +170,9 @@ func fleetHostTTL(t *testing.T, endpoints, name, ttl string) (*daemon, string) {
 func TestFleetMigrate(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	c := etcdtest.Start(t)
-	endpoints := strings.Join(c.Endpoints(), ",")
-	a, _ := fleetHost(t, endpoints, "fleet-a")
-	b, keyB := fleetHost(t, endpoints, "fleet-b")
+	f := fleetCluster(t)
+	a, _ := f.host(t, "fleet-a")
+	b, keyB := f.host(t, "fleet-b")
 	const id = "mover"
 	started := startOracle(t, a, id, oracleImage)
 	out, err := exec.Command(daemonBinary, "migrate", id, "--to", keyB, "--socket", a.socket).CombinedOutput()
@@ -227,7 +199,7 @@ func TestFleetMigrate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := fleet.New(c.Client(t), "", 5*time.Second).Run(ctx, genesis)
+	e, err := f.dir(t).Run(ctx, genesis)
 	if err != nil || e.Owner.String() != keyB || e.Head.String() != r.Head || e.Phase != record.Active {
 		t.Fatalf("directory %+v (%v), want owned by %s at %s", e, err, keyB, r.Head)
 	}
@@ -246,10 +218,9 @@ func TestFleetMigrate(t *testing.T) {
 func TestFleetMigrateTranscript(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	c := etcdtest.Start(t)
-	endpoints := strings.Join(c.Endpoints(), ",")
-	a, _ := fleetHost(t, endpoints, "fleet-ta")
-	b, keyB := fleetHost(t, endpoints, "fleet-tb")
+	f := fleetCluster(t)
+	a, _ := f.host(t, "fleet-ta")
+	b, keyB := f.host(t, "fleet-tb")
 	for _, d := range []*daemon{a, b} {
 		mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
 	}
@@ -281,10 +252,9 @@ func TestFleetMigrateTranscript(t *testing.T) {
 func TestFleetConcurrentResume(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	c := etcdtest.Start(t)
-	endpoints := strings.Join(c.Endpoints(), ",")
-	a, _ := fleetHost(t, endpoints, "fleet-ca")
-	b, _ := fleetHost(t, endpoints, "fleet-cb")
+	f := fleetCluster(t)
+	a, _ := f.host(t, "fleet-ca")
+	b, _ := f.host(t, "fleet-cb")
 	const id = "forked"
 	startOracle(t, a, id, oracleImage)
 	park(t, a, id)
@@ -339,11 +309,10 @@ func holder(t *testing.T, id string, hosts ...*daemon) (*daemon, api.Run) {
 func TestFleetDrain(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	c := etcdtest.Start(t)
-	endpoints := strings.Join(c.Endpoints(), ",")
-	a, _ := fleetHost(t, endpoints, "drain-a")
-	b, keyB := fleetHost(t, endpoints, "drain-b")
-	cc, keyC := fleetHost(t, endpoints, "drain-c")
+	f := fleetCluster(t)
+	a, _ := f.host(t, "drain-a")
+	b, keyB := f.host(t, "drain-b")
+	cc, keyC := f.host(t, "drain-c")
 	for _, d := range []*daemon{a, b, cc} {
 		mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
 	}
@@ -354,7 +323,7 @@ func TestFleetDrain(t *testing.T) {
 	}
 	// One of etcd's three members is down for the drain: the fleet goes on
 	// with the other two.
-	c.Stop(2)
+	f.c.StopFor(t, 2)
 	out, err := exec.Command(daemonBinary, "drain", "--socket", a.socket).CombinedOutput()
 	t.Logf("drain:\n%s", out)
 	if err != nil || !strings.Contains(string(out), "drained: 3 moved, 0 left here") {
@@ -365,7 +334,7 @@ func TestFleetDrain(t *testing.T) {
 	} else {
 		apiError(t, err, "draining")
 	}
-	dir := fleet.New(c.Client(t), "", 5*time.Second)
+	dir := f.dir(t)
 	keys := map[*daemon]string{b: keyB, cc: keyC}
 	for _, id := range []string{"d-oracle", "d-agent1", "d-agent2"} {
 		if r, err := a.run(ctx, id); err != nil || !r.HandedOff {
@@ -410,10 +379,9 @@ func TestFleetDrain(t *testing.T) {
 func TestFleetAdopt(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	c := etcdtest.Start(t)
-	endpoints := strings.Join(c.Endpoints(), ",")
-	a, _ := fleetHostTTL(t, endpoints, "lost-a", "5s")
-	b, keyB := fleetHost(t, endpoints, "lost-b")
+	f := fleetCluster(t)
+	a, _ := f.hostAt(t, "lost-a", "5s")
+	b, keyB := f.host(t, "lost-b")
 	const id = "orphan"
 	startOracle(t, a, id, oracleImage)
 	_, atPark := park(t, a, id)
@@ -435,7 +403,7 @@ func TestFleetAdopt(t *testing.T) {
 	<-a.done
 	a.cmd = nil
 	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(cli(t, "fleet", "status", "--etcd", endpoints), "orphaned runs: 1") {
+	for !strings.Contains(f.cli(t, "fleet", "status"), "orphaned runs: 1") {
 		if time.Now().After(deadline) {
 			t.Fatal("the lost host's run was never listed orphaned")
 		}
@@ -446,7 +414,7 @@ func TestFleetAdopt(t *testing.T) {
 		t.Fatalf("adopt: %+v, %v", r, err)
 	}
 	resume(t, b, id, onA, atPark)
-	owned, err := fleet.New(c.Client(t), "", 5*time.Second).Owned(ctx, record.Address{})
+	owned, err := f.dir(t).Owned(ctx, record.Address{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +424,7 @@ func TestFleetAdopt(t *testing.T) {
 	if r, err := b.run(ctx, id); err != nil {
 		t.Fatal(err)
 	} else if g := genesisOf(t, r); g != (record.Address{}) {
-		if e, err := fleet.New(c.Client(t), "", 5*time.Second).Run(ctx, g); err != nil || e.Owner.String() != keyB || e.Head.String() != r.Head {
+		if e, err := f.dir(t).Run(ctx, g); err != nil || e.Owner.String() != keyB || e.Head.String() != r.Head {
 			t.Fatalf("directory %+v (%v), want owned by the adopter at %s", e, err, r.Head)
 		}
 	}
@@ -478,37 +446,23 @@ func genesisOf(t *testing.T, r api.Run) record.Address {
 	return record.Genesis(u, g)
 }
 
-// startAgain starts a fleet host killed a moment ago: its old session
-// holds its key until the lease expires (fleet.ErrHostActive), so the
-// start is tried again until it joins.
-func startAgain(t *testing.T, d *daemon) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := d.start()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) || !strings.Contains(err.Error(), "already joined") {
-			t.Fatal(err)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-}
-
 // A migration cut by a kill -9 of the source or of the target at each of
-// its steps leaves the run whole and on one host: after the killed host
-// restarts, exactly one host owns it in etcd and resumes it — the oracle
-// going on as the same process — while the other refuses to; its record
-// verifies there.
+// its steps leaves the run whole and on one host: the killed host may not
+// start again while its old session's lease lives; once that lease is
+// gone (ended by the test as etcd would at its expiry: TestFleetAdopt
+// waits a real expiry out) and the host restarted, exactly one host owns
+// the run in etcd and resumes it — the oracle going on as the same
+// process — while the other refuses to; its record verifies there.
 func TestFleetMigrateCrash(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	c := etcdtest.Start(t)
-	endpoints := strings.Join(c.Endpoints(), ",")
-	a, keyA := fleetHostTTL(t, endpoints, "crash-a", "5s")
-	b, keyB := fleetHostTTL(t, endpoints, "crash-b", "5s")
-	dir := fleet.New(c.Client(t), "", 5*time.Second)
+	f := fleetCluster(t)
+	// Leases of 60 s: a killed host's outlives its restart's first try
+	// (restartKilled).
+	a, keyA := f.hostAt(t, "crash-a", "60s")
+	b, keyB := f.hostAt(t, "crash-b", "60s")
+	dir := f.dir(t)
+	keys := map[*daemon]string{a: keyA, b: keyB}
 	cases := []struct {
 		step   string
 		victim *daemon
@@ -539,7 +493,7 @@ func TestFleetMigrateCrash(t *testing.T) {
 			t.Logf("migrate (%v): %s", err, out)
 			crashKilled(t, tc.victim, tc.step)
 			tc.victim.env = nil
-			startAgain(t, tc.victim)
+			f.restartKilled(t, tc.victim, keys[tc.victim])
 
 			onA := output(t, a.stdout(id))
 			atPark := last(onA)
@@ -568,18 +522,17 @@ func TestFleetMigrateCrash(t *testing.T) {
 func TestFleetEtcdUnreachable(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	c := etcdtest.Start(t)
+	f := fleetCluster(t)
 	// This host reaches the fleet through one member only, and its lease
 	// outlives the outage: its session goes on once etcd answers again.
-	cut, _ := fleetHostTTL(t, c.Endpoint(0), "cut-off", "60s")
+	cut, _ := f.hostAt(t, "cut-off", "60s", f.c.Endpoint(0))
 	const id = "stranded"
 	startOracle(t, cut, id, oracleImage)
 	before, err := cut.run(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Stop(0)
-	t.Cleanup(func() { c.Restart(t, 0) })
+	f.c.StopFor(t, 0)
 	_, err = cut.c.Park(ctx, id)
 	var ae *api.Error
 	if !errors.As(err, &ae) || (ae.Code != api.CodeUnavailable && ae.Code != api.CodeNotOwner) {

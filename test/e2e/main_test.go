@@ -15,6 +15,7 @@ import (
 
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/ociarchive"
 )
@@ -78,6 +79,7 @@ func mainTest(m *testing.M) int {
 	}
 	fmt.Fprintf(os.Stderr, "e2e: built runrecordd and the oracle in %v\n", time.Since(t0).Round(time.Millisecond))
 	code := m.Run()
+	etcdtest.CloseShared() // the fleet tests' cluster
 	if sharedDaemon != nil {
 		if err := sharedDaemon.shutdown(code != 0); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: shared daemon:", err)

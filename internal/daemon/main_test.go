@@ -1,0 +1,17 @@
+package daemon
+
+import (
+	"os"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/etcdtest"
+)
+
+// The fleet tests (fleet_test.go) share one etcd cluster
+// (etcdtest.Shared), each under a prefix of its own: it is closed here,
+// after every test.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	etcdtest.CloseShared()
+	os.Exit(code)
+}
