@@ -17,7 +17,7 @@ import (
 // fence refuses its advances: a close is refused not_owner, nothing
 // appended), saying which host's refusal kept it: never two owners.
 func TestFleetImportClaims(t *testing.T) {
-	c := etcdtest.Start(t)
+	c := etcdtest.Shared(t)
 	dir := fleet.New(c.Client(t), "/import/", 5*time.Second)
 	a, b, z := joinFleet(t, dir, "a"), joinFleet(t, dir, "b"), joinFleet(t, dir, "z")
 	bun := forgeRun(t, nil)

@@ -111,7 +111,7 @@ func join(t *testing.T, dir *fleet.Dir, name string) *fleet.Host {
 // store, so it resumes here. One the target takes leaves the run
 // transferred in the directory and handed off in the store.
 func TestMigrate(t *testing.T) {
-	c := etcdtest.Start(t)
+	c := etcdtest.Shared(t)
 	dir := fleet.New(c.Client(t), "/member/", 5*time.Second)
 	a, b := join(t, dir, "a"), join(t, dir, "b")
 	refusing := &peers{hand: errors.New("the target refused")}
@@ -145,7 +145,7 @@ func TestMigrate(t *testing.T) {
 // A host being drained takes no run: refused before anything is fetched.
 // A host alone migrates, receives and adopts nothing.
 func TestRefusals(t *testing.T) {
-	c := etcdtest.Start(t)
+	c := etcdtest.Shared(t)
 	dir := fleet.New(c.Client(t), "/refuse/", 5*time.Second)
 	a, b := join(t, dir, "a"), join(t, dir, "b")
 	p := &peers{}
@@ -173,7 +173,7 @@ func TestRefusals(t *testing.T) {
 // An adopt while the owner lives is refused (and counted), the store as it
 // was; once its session is gone the run is adopted at the record's head.
 func TestAdopt(t *testing.T) {
-	c := etcdtest.Start(t)
+	c := etcdtest.Shared(t)
 	dir := fleet.New(c.Client(t), "/adopt/", 5*time.Second)
 	a, b := join(t, dir, "a"), join(t, dir, "b")
 	_, st, _, rec := room(t, a, &peers{})
