@@ -57,12 +57,14 @@ func (d *Daemon) held(ctx context.Context) ([]drain.Run, []drain.Need, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		if s.Phase == record.Ended || s.HandedOff {
-			continue
+		if s.Phase == record.Ended || s.HandedOff || d.fleet.Elsewhere(id) != nil {
+			continue // not this host's to move
 		}
 		r, n, err := d.need(ctx, id)
 		if err != nil {
-			return nil, nil, fmt.Errorf("run %s: %w", id, err)
+			// Its migration judges it: placement cannot.
+			d.log.Warn("drain: the run is placed without judging its manifest", "run", id, "err", err)
+			r, n = drain.Run{ID: id, Transcript: s.Spec != nil && s.Spec.Mode == unit.TranscriptMode}, drain.Need{Run: id}
 		}
 		runs, needs = append(runs, r), append(needs, n)
 	}
@@ -130,6 +132,10 @@ func (d *Daemon) need(ctx context.Context, id string) (drain.Run, drain.Need, er
 	return drain.Run{ID: id, Transcript: transcript, Bytes: n.Bytes}, n, err
 }
 
+// maxNeedManifest is the largest recorded manifest a drain reads to place
+// a run (a host's is about 3 KiB; an imported one may be anything).
+const maxNeedManifest = 64 << 10
+
 // recordedNeed is a parked run's recorded manifest and the bytes its
 // snapshot holds.
 func (d *Daemon) recordedNeed(id string) (manifest.Manifest, uint64, error) {
@@ -140,6 +146,9 @@ func (d *Daemon) recordedNeed(id string) (manifest.Manifest, uint64, error) {
 	susp, err := resume.Suspension(raw.Segments)
 	if err != nil {
 		return nil, 0, err
+	}
+	if size, err := d.st.Size(susp.Manifest); err != nil || size > maxNeedManifest {
+		return nil, 0, fmt.Errorf("recorded manifest: %d bytes (at most %d judged here), %v", size, maxNeedManifest, err)
 	}
 	mb, err := d.st.ReadAll(susp.Manifest)
 	if err != nil {

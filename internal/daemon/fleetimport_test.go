@@ -22,6 +22,16 @@ func TestFleetImportClaims(t *testing.T) {
 	a, b, z := joinFleet(t, dir, "a"), joinFleet(t, dir, "b"), joinFleet(t, dir, "z")
 	bun := forgeRun(t, nil)
 	rec := bun.Record
+	var last *Daemon
+	// postOn posts a result for the run's outstanding call on the host
+	// that imported it last: refused (not_owner) unless it owns the run.
+	postOn := func(*fleet.Host) error {
+		_, err := last.PostResult(t.Context(), "r", "c1", []byte(`{}`))
+		if err != nil && !errors.Is(err, fleet.ErrNotOwner) {
+			t.Fatalf("post: %v", err)
+		}
+		return err
+	}
 	importOn := func(h *fleet.Host) Imported {
 		t.Helper()
 		m := importHost(t)
@@ -30,6 +40,7 @@ func TestFleetImportClaims(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		last = m.d
 		if im.Unclaimed != nil {
 			if _, err := m.d.Close(t.Context(), "r", ""); !errors.Is(err, fleet.ErrNotOwner) {
 				t.Fatalf("close of a run another host owns: %v", err)
@@ -57,7 +68,7 @@ func TestFleetImportClaims(t *testing.T) {
 	}
 	// a is alive: b stores it, inert, and says why.
 	im := importOn(b)
-	if !errors.Is(im.Unclaimed, fleet.ErrNotOwner) {
+	if !errors.Is(im.Unclaimed, fleet.ErrNotOwner) || postOn(b) == nil {
 		t.Fatalf("import while a owns it: %+v", im)
 	}
 	if e := owner(); e.Owner != a.Key() {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // A run's need, executing and then parked, fits the offer of a host with
@@ -55,4 +56,28 @@ func TestPlacementNeedAndOffer(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
+}
+
+// One run a drain cannot judge (its image is gone from this host) does not
+// stop the drain: it is listed with an empty need, for its migration to
+// judge, beside the others.
+func TestPlacementHeldOneBadRun(t *testing.T) {
+	h := newFakeHost(t)
+	h.ex.images["other"] = h.ex.images[fakeImage]
+	h.start(t, "good")
+	if _, err := h.d.Start(t.Context(), "bad", unit.Spec{Image: "other", Args: []string{"/unit"}}, unit.Grants{}); err != nil {
+		t.Fatal(err)
+	}
+	delete(h.ex.images, "other")
+	runs, needs, err := h.d.held(t.Context())
+	if err != nil || len(runs) != 2 || len(needs) != 2 {
+		t.Fatalf("held %v %v: %v", runs, needs, err)
+	}
+	for _, n := range needs {
+		if (n.Run == "bad") != (n.Manifest == nil) {
+			t.Fatalf("need %+v", n)
+		}
+	}
+	h.teardown(t, "good")
+	h.teardown(t, "bad")
 }

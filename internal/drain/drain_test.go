@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -209,5 +210,16 @@ func TestFit(t *testing.T) {
 	h := HostOf(host("a"), o, nil, []Need{need("x86_64", "sha256:aa"), {Run: "other", Image: "oracle", Manifest: manifest.Manifest{manifest.Arch: "riscv64"}}})
 	if h.Refuses["r"] != nil || h.Refuses["other"] == nil {
 		t.Fatalf("%+v", h.Refuses)
+	}
+}
+
+// A refusal quotes another host's words cut short: a hostile offer's or
+// manifest's megabyte value costs a drain a few dozen bytes per run.
+func TestFitBounded(t *testing.T) {
+	huge := strings.Repeat("x", 1<<20)
+	n := Need{Run: "r", Manifest: manifest.Manifest{manifest.Arch: huge, manifest.CPUFeatures: "a"}}
+	err := Fit(n, Offer{Facts: manifest.Manifest{manifest.Arch: huge + "y", manifest.CPUFeatures: huge}})
+	if !errors.Is(err, ErrUnfit) || len(err.Error()) > 1024 {
+		t.Fatalf("%d bytes: %.200v", len(err.Error()), err)
 	}
 }

@@ -43,36 +43,52 @@ type Offer struct {
 // Fit says why the host that made o cannot take the run that needs n; nil
 // when it can (its room is weighed in the drain). The manifest is judged
 // as the resume there will judge it: every recorded key against the host's
-// value.
+// value — the unit id is the run's own, the same everywhere; the image
+// digest is the one the host has under the unit's image name. A refusal
+// names the keys that differ, with their values cut short.
 func Fit(n Need, o Offer) error {
 	switch {
 	case o.Draining:
 		return fmt.Errorf("%w: it is being drained", ErrUnfit)
 	case n.ImagePark && !o.ImageParks:
 		return fmt.Errorf("%w: image parks do not work there", ErrUnfit)
-	case len(n.Manifest) == 0:
-		return nil
 	}
-	facts := manifest.Manifest{}
-	for k, v := range o.Facts {
-		facts[k] = v
+	var diffs []string
+	for _, k := range n.Manifest.Keys() {
+		want := n.Manifest[k]
+		got, ok := o.Facts[k]
+		switch k {
+		case manifest.UnitID:
+			continue
+		case manifest.ImageDigest:
+			got, ok = o.Images[n.Image]
+		}
+		if !ok || got != want {
+			diffs = append(diffs, fmt.Sprintf("%s (recorded %q, there %q)", k, cut(want), cut(got)))
+		}
+		if len(diffs) == maxDiffs {
+			diffs = append(diffs, "…")
+			break
+		}
 	}
-	delete(facts, manifest.ImageDigest)
-	if v, ok := n.Manifest[manifest.UnitID]; ok {
-		facts[manifest.UnitID] = v // the run's own, the same everywhere
-	}
-	if d, ok := o.Images[n.Image]; ok {
-		facts[manifest.ImageDigest] = d
-	}
-	diffs := manifest.Diff(n.Manifest, facts)
 	if len(diffs) == 0 {
 		return nil
 	}
-	s := make([]string, len(diffs))
-	for i, d := range diffs {
-		s[i] = d.String()
+	return fmt.Errorf("%w: its manifest differs: %s", ErrUnfit, strings.Join(diffs, "; "))
+}
+
+// maxDiffs and maxQuoted bound what a refusal quotes: a manifest and an
+// offer are other hosts' words, and a refusal is kept per run per host.
+const (
+	maxDiffs  = 8
+	maxQuoted = 64
+)
+
+func cut(s string) string {
+	if len(s) <= maxQuoted {
+		return s
 	}
-	return fmt.Errorf("%w: its manifest differs: %s", ErrUnfit, strings.Join(s, "; "))
+	return s[:maxQuoted] + "…"
 }
 
 // HostOf is host key as a drain places runs on it, from its offer (or why

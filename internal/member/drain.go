@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/events"
@@ -37,7 +38,7 @@ func (m *Member) Drain(ctx context.Context, to []record.Address, parallel int, r
 	if len(to) == 0 {
 		return nil, fmt.Errorf("drain: %w: no other host serves the fleet", fleet.ErrNotAdmitted)
 	}
-	hosts := m.hostsFor(ctx, to, needs)
+	hosts := m.hostsFor(ctx, unique(to), needs)
 	return drain.Drain(ctx, runs, hosts, parallel, migrate, func(o drain.Outcome, done, total int) {
 		m.cfg.Metrics.Drained(o.Err == nil)
 		detail := fmt.Sprintf("%d/%d moved to %s", done, total, o.To)
@@ -64,13 +65,22 @@ func (m *Member) otherHosts(ctx context.Context) ([]record.Address, error) {
 	return out, nil
 }
 
+// OfferTimeout bounds how long a drain waits for one host's offer: a host
+// that does not answer in time is offered nothing. (A variable: tests
+// shorten it.)
+var OfferTimeout = 15 * time.Second
+
+// maxImageName is the longest image name a drain asks other hosts about;
+// a run naming a longer one is judged by its migration.
+const maxImageName = 1024
+
 // hostsFor asks each of hosts for its offer, at once, and judges needs
 // against each.
 func (m *Member) hostsFor(ctx context.Context, hosts []record.Address, needs []drain.Need) []drain.Host {
 	seen := map[string]bool{}
 	var images []string
 	for _, n := range needs {
-		if n.Image != "" && !seen[n.Image] {
+		if n.Image != "" && len(n.Image) <= maxImageName && !seen[n.Image] {
 			seen[n.Image] = true
 			images = append(images, n.Image)
 		}
@@ -79,10 +89,25 @@ func (m *Member) hostsFor(ctx context.Context, hosts []record.Address, needs []d
 	var wg sync.WaitGroup
 	for i, h := range hosts {
 		wg.Go(func() {
-			o, err := m.cfg.Peers.Offer(ctx, h, images)
+			octx, cancel := context.WithTimeout(ctx, OfferTimeout)
+			defer cancel()
+			o, err := m.cfg.Peers.Offer(octx, h, images)
 			out[i] = drain.HostOf(h, o, err, needs)
 		})
 	}
 	wg.Wait()
+	return out
+}
+
+// unique is keys, each once, in the order first given.
+func unique(keys []record.Address) []record.Address {
+	seen := map[record.Address]bool{}
+	var out []record.Address
+	for _, k := range keys {
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
 	return out
 }

@@ -2,6 +2,8 @@ package member
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/interval"
@@ -107,4 +109,30 @@ func (m *Member) Unclaim(ctx context.Context, id string, genesis record.Address)
 	if err := m.Session().Remove(context.WithoutCancel(ctx), genesis); err != nil {
 		m.cfg.Log.Error("fleet: the claim of a run never created is left; the next start removes it", "run", id, "err", err)
 	}
+}
+
+// ownerTimeout bounds the directory read of Elsewhere.
+const ownerTimeout = 5 * time.Second
+
+// Elsewhere refuses, with fleet.ErrNotOwner, an operation on a run stored
+// here that another host owns in the directory (an imported bundle whose
+// claim was refused): its results, close and resume belong to that host.
+// Alone, a run with no entry, or a directory out of reach, it refuses
+// nothing: the fence still refuses every advance such a run would make.
+func (m *Member) Elsewhere(id string) error {
+	h := m.Session()
+	if h == nil {
+		return nil
+	}
+	st, err := m.cfg.Store.Run(id)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ownerTimeout)
+	defer cancel()
+	e, err := h.Run(ctx, record.Genesis(st.Unit, st.Grants))
+	if err != nil || e.Owner == h.Key() {
+		return nil
+	}
+	return m.Err(fmt.Errorf("run %s: %w: host %s owns it", id, fleet.ErrNotOwner, e.Owner))
 }

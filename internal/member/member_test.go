@@ -36,6 +36,7 @@ func (c *counts) OwnershipRefused() { c.refused.Add(1) }
 
 // peers are other hosts that answer as told.
 type peers struct {
+	silent  bool // its Offer never answers
 	hand    error
 	handed  atomic.Int32
 	fetched atomic.Int32
@@ -51,8 +52,12 @@ func (p *peers) Fetch(context.Context, record.Address, string, *store.Store, bun
 	return nil, errors.New("no fetch in these tests")
 }
 
-func (p *peers) Offer(context.Context, record.Address, []string) (drain.Offer, error) {
-	return drain.Offer{}, nil
+func (p *peers) Offer(ctx context.Context, _ record.Address, _ []string) (drain.Offer, error) {
+	if p.silent {
+		<-ctx.Done()
+		return drain.Offer{}, ctx.Err()
+	}
+	return drain.Offer{Free: 1 << 40, ImageParks: true}, nil
 }
 
 // parked is a run held parked, never executing.
@@ -192,5 +197,25 @@ func TestAdopt(t *testing.T) {
 	}
 	if e, _ := dir.Run(t.Context(), rec.Genesis()); e.Owner != b.Key() || e.Head != rec.Head() {
 		t.Fatalf("after the adopt the directory says %+v", e)
+	}
+}
+
+// A host that never answers its offer holds a drain up for OfferTimeout at
+// most, and is offered nothing; a host named twice is asked once.
+func TestDrainSilentHost(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/silent/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	m, _, _, _ := room(t, a, &peers{silent: true})
+	defer func(d time.Duration) { OfferTimeout = d }(OfferTimeout)
+	OfferTimeout = 200 * time.Millisecond
+	moved := 0
+	out, err := m.Drain(t.Context(), []record.Address{b.Key(), b.Key()}, 2, []drain.Run{{ID: "r"}}, []drain.Need{{Run: "r"}},
+		func(context.Context, string, record.Address) error { moved++; return nil })
+	if err != nil || len(out) != 1 || !errors.Is(out[0].Err, context.DeadlineExceeded) || moved != 0 {
+		t.Fatalf("%+v, %v, %d moved", out, err, moved)
+	}
+	if e, err := dir.Member(t.Context(), a.Key()); err != nil || !e.Draining {
+		t.Fatalf("the drained host is not marked draining: %+v, %v", e, err)
 	}
 }

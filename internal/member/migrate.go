@@ -132,6 +132,10 @@ func (m *Member) Receive(ctx context.Context, from record.Address, id string, re
 		return err
 	}
 	defer release()
+	if m.cfg.Draining() {
+		// A drain began while the run was fetched: it would miss it.
+		return fmt.Errorf("receive %s: %w: it takes no runs until it restarts", id, ErrDraining)
+	}
 	if err := m.importReceived(ctx, id, rec); err != nil {
 		m.cfg.Metrics.Migrated(false, false, 0)
 		return fmt.Errorf("receive %s from %s: %w", id, from, m.Err(err))

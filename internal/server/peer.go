@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"time"
 
@@ -132,7 +133,9 @@ func (p Peers) client(ctx context.Context, host record.Address) (*http.Client, s
 	if m.Role != fleet.RoleHost || m.Peer == "" {
 		return nil, "", fmt.Errorf("host %s: %w: no live session serving the fleet", host, fleet.ErrNotAdmitted)
 	}
-	tr := &http.Transport{TLSClientConfig: peer.ClientConfig(p.Key, host), ResponseHeaderTimeout: 10 * time.Minute}
+	dialer := &net.Dialer{Timeout: 10 * time.Second}
+	tr := &http.Transport{TLSClientConfig: peer.ClientConfig(p.Key, host), DialContext: dialer.DialContext,
+		TLSHandshakeTimeout: 10 * time.Second, ResponseHeaderTimeout: 10 * time.Minute}
 	return &http.Client{Transport: tr}, "https://" + m.Peer, nil
 }
 
@@ -176,27 +179,70 @@ func (p Peers) Fetch(ctx context.Context, host record.Address, run string, st *s
 	return rec, nil
 }
 
-// Offer implements daemon.Peers.
+// Offer implements daemon.Peers: the names are asked about
+// maxOfferImages at a time, and an answer is taken only within bounds
+// (checkOffer) — it is another host's word, kept for a whole drain.
 func (p Peers) Offer(ctx context.Context, host record.Address, images []string) (drain.Offer, error) {
 	c, base, err := p.client(ctx, host)
 	if err != nil {
 		return drain.Offer{}, err
 	}
-	body, _ := json.Marshal(offerRequest{Images: images})
+	var out drain.Offer
+	for first := true; first || len(images) > 0; first = false {
+		batch := images[:min(len(images), maxOfferImages)]
+		images = images[len(batch):]
+		a, err := offerFrom(ctx, c, base, host, batch)
+		if err != nil {
+			return drain.Offer{}, err
+		}
+		if first {
+			out = drain.Offer{Facts: a.Facts, Images: map[string]string{}, Free: a.Free, Draining: a.Draining, ImageParks: a.ImageParks}
+		}
+		for _, name := range batch {
+			if d, ok := a.Images[name]; ok {
+				out.Images[name] = d
+			}
+		}
+	}
+	return out, nil
+}
+
+// offerFrom asks host for its offer over names.
+func offerFrom(ctx context.Context, c *http.Client, base string, host record.Address, names []string) (offerAnswer, error) {
+	body, _ := json.Marshal(offerRequest{Images: names})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/placement", bytes.NewReader(body))
 	if err != nil {
-		return drain.Offer{}, err
+		return offerAnswer{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	b, err := call(c, host, req, maxJSON)
 	if err != nil {
-		return drain.Offer{}, err
+		return offerAnswer{}, err
 	}
 	var a offerAnswer
 	if err := json.Unmarshal(b, &a); err != nil {
-		return drain.Offer{}, fmt.Errorf("host %s: placement: %w", host, err)
+		return offerAnswer{}, fmt.Errorf("host %s: placement: %w", host, err)
 	}
-	return drain.Offer{Facts: a.Facts, Images: a.Images, Free: a.Free, Draining: a.Draining, ImageParks: a.ImageParks}, nil
+	return a, checkOffer(host, a)
+}
+
+// Bounds on another host's offer: a host's facts are a dozen short
+// strings (the CPU's features the longest, about 2 KiB).
+const (
+	maxOfferFacts = 64
+	maxOfferValue = 8 << 10
+)
+
+func checkOffer(host record.Address, a offerAnswer) error {
+	if len(a.Facts) > maxOfferFacts || len(a.Images) > maxOfferImages {
+		return fmt.Errorf("host %s: placement: %w: %d facts, %d images", host, bundle.ErrLimit, len(a.Facts), len(a.Images))
+	}
+	for k, v := range a.Facts {
+		if len(k) > maxOfferValue || len(v) > maxOfferValue {
+			return fmt.Errorf("host %s: placement: %w: a fact over %d bytes", host, bundle.ErrLimit, maxOfferValue)
+		}
+	}
+	return nil
 }
 
 // call sends req and reads an answer of at most limit bytes: the body of a
