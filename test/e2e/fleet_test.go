@@ -306,13 +306,20 @@ func holder(t *testing.T, id string, hosts ...*daemon) (*daemon, api.Run) {
 // running, as the same process; the transcript runs parked, then finishing
 // there on the results posted there — owned there in etcd, handed off on
 // the drained host, none on two hosts. The drained host refuses new runs.
+// Placement: the host with the most room lacks the oracle's image, so the
+// oracle goes to the other, and the one without is never asked to take it
+// (with the manifest left unjudged, it went there, claimed it and could not
+// resume it).
 func TestFleetDrain(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
 	f := fleetCluster(t)
 	a, _ := f.host(t, "drain-a")
 	b, keyB := f.host(t, "drain-b")
-	cc, keyC := f.host(t, "drain-c")
+	// drain-c has the most room (it keeps 1 byte free, b 1 GiB) but not
+	// the oracle's image: placement sends the oracle to b, and c is never
+	// asked to take it.
+	cc, keyC := f.hostWithout(t, "drain-c", "--min-free", "1")
 	for _, d := range []*daemon{a, b, cc} {
 		mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
 	}
@@ -354,8 +361,15 @@ func TestFleetDrain(t *testing.T) {
 		}
 		t.Logf("%s: on %s (%s)", id, d.name, keys[d])
 	}
-	// The oracle goes on as the same process where it went.
+	// The oracle went where its manifest fits, and nowhere else.
 	d, _ := holder(t, "d-oracle", b, cc)
+	if d != b {
+		t.Fatalf("the oracle went to %s, which lacks its image", d.name)
+	}
+	if _, err := cc.run(ctx, "d-oracle"); err == nil {
+		t.Fatal("drain-c, which lacks the oracle's image, stored it")
+	}
+	// The oracle goes on as the same process where it went.
 	onA := output(t, a.stdout("d-oracle"))
 	ls := waitLines(t, d.stdout("d-oracle"), "the oracle verified after the drain", func(ls []line) bool {
 		return len(ls) > 0 && last(ls).VerifiedAt > last(onA).Counter

@@ -75,14 +75,30 @@ func (f *fleetEnv) host(t *testing.T, name string) (*daemon, string) {
 // endpoints (every member when none are given).
 func (f *fleetEnv) hostAt(t *testing.T, name, ttl string, endpoints ...string) (*daemon, string) {
 	t.Helper()
+	d, key := f.start(t, name, append(f.flags(endpoints...), "--lease-ttl", ttl))
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	return d, key
+}
+
+// hostWithout is host without the oracle's image (a host an oracle's
+// image park does not fit: its manifest records the image's digest),
+// served with extra flags.
+func (f *fleetEnv) hostWithout(t *testing.T, name string, extra ...string) (*daemon, string) {
+	t.Helper()
+	return f.start(t, name, append(f.flags(), append([]string{"--lease-ttl", "10s"}, extra...)...))
+}
+
+// start starts a daemon in t's fleet with flags, its key admitted as name,
+// serving the fleet on a loopback address.
+func (f *fleetEnv) start(t *testing.T, name string, flags []string) (*daemon, string) {
+	t.Helper()
 	var key string
 	d := mustDaemon(t, name, func(d *daemon) {
 		key = cli(t, "fleet", "key", "--state-dir", d.state)
 		f.cli(t, "fleet", "admit", key, "--name", name)
-		d.flags = append(f.flags(endpoints...), "--lease-ttl", ttl, "--peer-listen", freeAddr(t))
+		d.flags = append(flags, "--peer-listen", freeAddr(t))
 		d.fleet = true
 	})
-	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	return d, key
 }
 
