@@ -32,6 +32,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -58,7 +59,7 @@ func run(archive string, n int, gap time.Duration) error {
 	}
 	defer os.RemoveAll(dir)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d, err := daemon.New(ctx, daemon.Config{StateDir: filepath.Join(dir, "s"), Logger: log})
+	d, err := daemon.New(ctx, daemon.Config{Config: host.Config{StateDir: filepath.Join(dir, "s"), Logger: log}})
 	if err != nil {
 		return err
 	}

@@ -43,6 +43,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
@@ -50,12 +51,11 @@ import (
 	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/metrics"
 	"github.com/runrecordd/runrecordd/internal/store"
-	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // DefaultStateDir is where a daemon keeps its state unless told otherwise.
-const DefaultStateDir = "/var/lib/runrecordd"
+const DefaultStateDir = host.DefaultStateDir
 
 // Errors of the daemon's own. Refusals from the packages it joins pass
 // through wrapped: pkg/record's phase errors, internal/store's, internal/resume's
@@ -75,18 +75,9 @@ var (
 
 // Config configures a Daemon.
 type Config struct {
-	// StateDir holds everything the daemon keeps; DefaultStateDir when
-	// empty.
-	StateDir string
-	// ContainerdAddress is an existing containerd's socket; empty starts
-	// and supervises a private one under StateDir/containerd.
-	ContainerdAddress string
-	// Namespace is the containerd namespace (executor.DefaultNamespace
-	// when empty).
-	Namespace string
-	// Meter configures energy metering (sysfs, procfs and cgroup roots;
-	// coefficients).
-	Meter idle.Config
+	// Config is what the host stands on: its state directory, containerd,
+	// meter, /proc/cpuinfo and logger (internal/host).
+	host.Config
 	// CRIUDeadline bounds every CRIU dump and restore; 0 derives it from
 	// the memory moved (criuDeadline).
 	CRIUDeadline time.Duration
@@ -100,10 +91,6 @@ type Config struct {
 	// MinFree is the free space an image park must leave on the store's
 	// filesystem (park.DefaultMinFree when 0).
 	MinFree uint64
-	// CPUInfo is /proc/cpuinfo, for the environment manifest.
-	CPUInfo string
-	// Logger receives the daemon's events; slog.Default() when nil.
-	Logger *slog.Logger
 	// BundleLimits cap what one imported bundle may cost; a zero field
 	// takes bundle.DefaultLimits (docs/limits.md).
 	BundleLimits bundle.Limits
@@ -128,6 +115,7 @@ type Config struct {
 type Daemon struct {
 	cfg    Config
 	log    *slog.Logger
+	base   *host.Host // what it stands on (nil in unit tests of a fake)
 	st     *store.Store
 	ctrd   *executor.Containerd // nil with an external containerd
 	ex     Sandboxes            // the executor (execRole), a fake in unit tests
@@ -171,43 +159,21 @@ type run struct {
 // New opens the state directory, connects to (or starts) containerd, and
 // reconciles the sandboxes it finds with the records.
 func New(ctx context.Context, cfg Config) (*Daemon, error) {
-	if cfg.StateDir == "" {
-		cfg.StateDir = DefaultStateDir
-	}
-	if cfg.CPUInfo == "" {
-		cfg.CPUInfo = "/proc/cpuinfo"
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	dir, err := filepath.Abs(cfg.StateDir)
+	h, err := host.Open(ctx, cfg.Config)
 	if err != nil {
 		return nil, err
 	}
-	cfg.StateDir = dir
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("daemon: state directory: %w", err)
-	}
-	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: map[string]*run{}}
+	cfg.Config = h.Config
+	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: map[string]*run{}, base: h, st: h.Store, ctrd: h.Containerd,
+		ex: execRole{h.Exec}, meter: h.Meter, signer: h.Signer, keyID: h.Signer.KeyID(), host: h.Facts}
 	ok := false
 	defer func() {
 		if !ok {
 			d.Shutdown(context.Background())
 		}
 	}()
-	if err := d.openState(); err != nil {
-		return nil, err
-	}
-	if err := d.connect(ctx); err != nil {
-		return nil, err
-	}
-	if d.meter, err = idle.NewMeter(cfg.Meter); err != nil {
-		return nil, fmt.Errorf("daemon: meter: %w", err)
-	}
-	criuErr, err := d.readHostFacts(ctx)
-	if err != nil {
-		return nil, err
-	}
+	d.joinFleet()
+	d.upgradeCalls()
 	bg, stop := context.WithCancel(context.Background())
 	d.stop, d.bgCtx = stop, bg
 	d.bg.Add(1)
@@ -218,85 +184,17 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("daemon: reconcile: %w", err)
 	}
-	d.startProbe(criuErr)
+	d.startProbe(h.CRIUErr)
 	d.startGC()
 	d.fleet.Watch(bg, units{d}, &d.bg)
 	ok = true
 	return d, nil
 }
 
-// openState opens what the state directory keeps: the host key and its
-// audit chain, and the store.
-func (d *Daemon) openState() error {
-	dir := d.cfg.StateDir
-	key, err := attest.LoadOrCreateKey(filepath.Join(dir, "host.key"))
-	if err != nil {
-		return fmt.Errorf("daemon: host key: %w", err)
-	}
-	if d.signer, err = interval.NewSigner(key, filepath.Join(dir, "audit-head")); err != nil {
-		return fmt.Errorf("daemon: %w", err)
-	}
-	d.keyID = d.signer.KeyID()
-	if d.st, err = store.Open(filepath.Join(dir, "store")); err != nil {
-		return fmt.Errorf("daemon: %w", err)
-	}
-	d.joinFleet()
-	d.upgradeCalls()
-	return nil
-}
-
-// connect starts the embedded containerd (without an address) and
-// connects the executor to it.
-func (d *Daemon) connect(ctx context.Context) error {
-	dir := d.cfg.StateDir
-	var ecfg executor.Config
-	if d.cfg.ContainerdAddress == "" {
-		var err error
-		if d.ctrd, err = executor.StartContainerd(ctx, filepath.Join(dir, "containerd"), d.log); err != nil {
-			return fmt.Errorf("daemon: embedded containerd: %w", err)
-		}
-		ecfg = d.ctrd.Config()
-	} else {
-		ecfg = executor.Config{Address: d.cfg.ContainerdAddress, StateDir: filepath.Join(dir, "executor")}
-	}
-	ecfg.Namespace, ecfg.Logger = d.cfg.Namespace, d.log
-	// No grant may mount the state directory (keys, store, records), nor
-	// a system containerd's root (every unit's root filesystem, when the
-	// daemon uses an external containerd: docs/trust.md).
-	ecfg.Protected = []string{dir, "/var/lib/containerd"}
-	ec, err := executor.Connect(ctx, ecfg)
-	if err != nil {
-		return fmt.Errorf("daemon: %w", err)
-	}
-	d.ex = execRole{ec}
-	return nil
-}
-
-// readHostFacts reads the host's own facts and runtime versions for its
-// environment manifests. It returns why CRIU did not answer, if it did
-// not: no image parks here, but transcript runs.
-func (d *Daemon) readHostFacts(ctx context.Context) (criuErr error, err error) {
-	v, err := d.ex.Versions(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("daemon: runtime versions: %w", err)
-	}
-	if v.CRIUErr != nil {
-		v.CRIU = "unavailable"
-	}
-	d.host, err = manifest.Host(d.cfg.CPUInfo, manifest.Manifest{
-		manifest.CRIUVersion:       v.CRIU,
-		manifest.RuncVersion:       v.Runc,
-		manifest.ContainerdVersion: v.Containerd,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("daemon: host facts: %w", err)
-	}
-	return v.CRIUErr, nil
-}
-
-// Shutdown stops the daemon's own work. Sandboxes keep running (a restarted
-// daemon reattaches to them), and so does a supervised containerd's shims;
-// the embedded containerd itself is stopped.
+// Shutdown stops the daemon's own work, then closes what it stands on
+// (host.Host.Close). Sandboxes keep running (a restarted daemon reattaches
+// to them), and so do a supervised containerd's shims; the embedded
+// containerd itself is stopped.
 func (d *Daemon) Shutdown(ctx context.Context) error {
 	if d.stop != nil {
 		d.stop()
@@ -318,19 +216,8 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	if d.fleet != nil {
 		errs = append(errs, d.fleet.Close(ctx)) // a session it made after a lost lease
 	}
-	if d.ex != nil {
-		// A probe the stop cut short, or one an earlier process was
-		// killed in, leaves nothing running.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		d.ex.SweepProbes(sctx)
-		cancel()
-		errs = append(errs, d.ex.Close())
-	}
-	if d.ctrd != nil {
-		errs = append(errs, d.ctrd.Stop(ctx))
-	}
-	if d.st != nil {
-		errs = append(errs, d.st.Close())
+	if d.base != nil {
+		errs = append(errs, d.base.Close(ctx))
 	}
 	return errors.Join(errs...)
 }

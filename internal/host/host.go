@@ -1,0 +1,193 @@
+// Package host is what a runrecordd host stands on, opened from its state
+// directory in order and closed in reverse (docs/daemon.md, "State
+// directory"): the host key and its audit chain, the record store,
+// containerd — an embedded one started and supervised under the state
+// directory, or an existing one — and the executor connected to it, the
+// energy meter, and the host's facts as its environment manifests record
+// them. The daemon stands on one; it never imports the daemon.
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/interval"
+	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+)
+
+// DefaultStateDir is where a host keeps its state unless told otherwise.
+const DefaultStateDir = "/var/lib/runrecordd"
+
+// Config says where a host's state is and what it runs on.
+type Config struct {
+	// StateDir holds everything the host keeps; DefaultStateDir when
+	// empty.
+	StateDir string
+	// ContainerdAddress is an existing containerd's socket; empty starts
+	// and supervises a private one under StateDir/containerd.
+	ContainerdAddress string
+	// Namespace is the containerd namespace (executor.DefaultNamespace
+	// when empty).
+	Namespace string
+	// Meter configures energy metering (sysfs, procfs and cgroup roots;
+	// coefficients).
+	Meter idle.Config
+	// CPUInfo is /proc/cpuinfo, for the environment manifest.
+	CPUInfo string
+	// Logger receives the host's events; slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// Host is a host's state directory and runtime, open.
+type Host struct {
+	// Config is the configuration it was opened with, its defaults filled
+	// in and StateDir absolute.
+	Config     Config
+	Signer     *interval.Signer     // the host key and its audit chain
+	Store      *store.Store         // STATE/store
+	Containerd *executor.Containerd // the embedded one; nil with an existing one
+	Exec       *executor.Client
+	Meter      *idle.Meter
+	// Facts are the host's own facts and runtime versions, for its
+	// environment manifests.
+	Facts manifest.Manifest
+	// CRIUErr is why CRIU did not answer, if it did not: no image parks
+	// here, but transcript runs.
+	CRIUErr error
+}
+
+// Open opens the host's state directory and runtime, in order: the host
+// key and its audit chain, the store, containerd and the executor, the
+// meter, the facts. Refused at any step, it closes what it opened.
+func Open(ctx context.Context, cfg Config) (_ *Host, err error) {
+	if cfg.StateDir == "" {
+		cfg.StateDir = DefaultStateDir
+	}
+	if cfg.CPUInfo == "" {
+		cfg.CPUInfo = "/proc/cpuinfo"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.StateDir, err = filepath.Abs(cfg.StateDir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("daemon: state directory: %w", err)
+	}
+	h := &Host{Config: cfg}
+	defer func() {
+		if err != nil {
+			_ = h.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := h.openState(); err != nil {
+		return nil, err
+	}
+	if err := h.connect(ctx); err != nil {
+		return nil, err
+	}
+	if h.Meter, err = idle.NewMeter(cfg.Meter); err != nil {
+		return nil, fmt.Errorf("daemon: meter: %w", err)
+	}
+	if err := h.readFacts(ctx); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// openState opens what the state directory keeps: the host key and its
+// audit chain, and the store.
+func (h *Host) openState() error {
+	dir := h.Config.StateDir
+	key, err := attest.LoadOrCreateKey(filepath.Join(dir, "host.key"))
+	if err != nil {
+		return fmt.Errorf("daemon: host key: %w", err)
+	}
+	if h.Signer, err = interval.NewSigner(key, filepath.Join(dir, "audit-head")); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	if h.Store, err = store.Open(filepath.Join(dir, "store")); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	return nil
+}
+
+// connect starts the embedded containerd (without an address) and
+// connects the executor to it.
+func (h *Host) connect(ctx context.Context) error {
+	cfg := h.Config
+	var ecfg executor.Config
+	if cfg.ContainerdAddress == "" {
+		var err error
+		if h.Containerd, err = executor.StartContainerd(ctx, filepath.Join(cfg.StateDir, "containerd"), cfg.Logger); err != nil {
+			return fmt.Errorf("daemon: embedded containerd: %w", err)
+		}
+		ecfg = h.Containerd.Config()
+	} else {
+		ecfg = executor.Config{Address: cfg.ContainerdAddress, StateDir: filepath.Join(cfg.StateDir, "executor")}
+	}
+	ecfg.Namespace, ecfg.Logger = cfg.Namespace, cfg.Logger
+	// No grant may mount the state directory (keys, store, records), nor
+	// a system containerd's root (every unit's root filesystem, when the
+	// daemon uses an external containerd: docs/trust.md).
+	ecfg.Protected = []string{cfg.StateDir, "/var/lib/containerd"}
+	var err error
+	if h.Exec, err = executor.Connect(ctx, ecfg); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	return nil
+}
+
+// readFacts reads the host's own facts and runtime versions for its
+// environment manifests, and whether CRIU answered.
+func (h *Host) readFacts(ctx context.Context) error {
+	v, err := h.Exec.Versions(ctx)
+	if err != nil {
+		return fmt.Errorf("daemon: runtime versions: %w", err)
+	}
+	if v.CRIUErr != nil {
+		v.CRIU = "unavailable"
+	}
+	h.Facts, err = manifest.Host(h.Config.CPUInfo, manifest.Manifest{
+		manifest.CRIUVersion:       v.CRIU,
+		manifest.RuncVersion:       v.Runc,
+		manifest.ContainerdVersion: v.Containerd,
+	})
+	if err != nil {
+		return fmt.Errorf("daemon: host facts: %w", err)
+	}
+	h.CRIUErr = v.CRIUErr
+	return nil
+}
+
+// Close closes what Open opened, in reverse. Sandboxes keep running (a
+// restarted daemon reattaches to them), and so do the embedded containerd's
+// shims; the embedded containerd itself is stopped.
+func (h *Host) Close(ctx context.Context) error {
+	var errs []error
+	if h.Exec != nil {
+		// A probe the stop cut short, or one an earlier process was
+		// killed in, leaves nothing running.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		h.Exec.SweepProbes(sctx)
+		cancel()
+		errs = append(errs, h.Exec.Close())
+	}
+	if h.Containerd != nil {
+		errs = append(errs, h.Containerd.Stop(ctx))
+	}
+	if h.Store != nil {
+		errs = append(errs, h.Store.Close())
+	}
+	return errors.Join(errs...)
+}
