@@ -132,6 +132,30 @@ func (d *Daemon) need(ctx context.Context, id string) (drain.Run, drain.Need, er
 	return drain.Run{ID: id, Transcript: transcript, Bytes: n.Bytes}, n, err
 }
 
+// fits says why this host could not resume parked run id, stored here,
+// now: its recorded manifest judged against this host's offer as a drain
+// judges it (drain.Fit) — before a received run is claimed.
+func (d *Daemon) fits(ctx context.Context, id string) error {
+	st, err := d.st.Run(id)
+	if err != nil {
+		return err
+	}
+	run, err := forms.ReadRun(d.st, st)
+	if err != nil {
+		return err
+	}
+	m, _, err := d.recordedNeed(id)
+	if err != nil {
+		return err
+	}
+	o, err := d.Offer(ctx, []string{run.Spec.Image})
+	if err != nil {
+		return err
+	}
+	o.Draining = false // judged on its own, under the run's lock
+	return drain.Fit(drain.Need{Run: id, Image: run.Spec.Image, Manifest: m, ImagePark: run.Spec.Mode != unit.TranscriptMode}, o)
+}
+
 // maxNeedManifest is the largest recorded manifest a drain reads to place
 // a run (a host's is about 3 KiB; an imported one may be anything).
 const maxNeedManifest = 64 << 10

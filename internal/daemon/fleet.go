@@ -29,7 +29,7 @@ func (d *Daemon) joinFleet() {
 		Fleet: d.cfg.Fleet, Rejoin: d.cfg.Rejoin, Peers: d.cfg.Peers,
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.publish, Reach: d.reach,
 		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: checkID},
-		Exportable: d.Exportable, Draining: d.draining.Load,
+		Exportable: d.Exportable, Draining: d.draining.Load, Fits: d.fits,
 	})
 }
 

@@ -13,6 +13,10 @@ import (
 // the run's, it is being drained itself, or image parks do not work there.
 var ErrUnfit = errors.New("the host cannot take the run")
 
+// ErrManifest is an ErrUnfit for a manifest that differs: the run's resume
+// there would be refused (manifest_mismatch).
+var ErrManifest = fmt.Errorf("%w: its manifest differs", ErrUnfit)
+
 // Need is what a run asks of the host that takes it.
 type Need struct {
 	Run string
@@ -74,7 +78,7 @@ func Fit(n Need, o Offer) error {
 	if len(diffs) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: its manifest differs: %s", ErrUnfit, strings.Join(diffs, "; "))
+	return fmt.Errorf("%w: %s", ErrManifest, strings.Join(diffs, "; "))
 }
 
 // maxDiffs and maxQuoted bound what a refusal quotes: a manifest and an

@@ -97,6 +97,10 @@ type Config struct {
 	Exportable func(id string) error
 	// Draining says whether this host is being drained (it takes no runs).
 	Draining func() bool
+	// Fits says why this host could not resume stored run id now (its
+	// recorded environment manifest against this host's): a received run
+	// that does not fit is not taken. Nil takes every run.
+	Fits func(ctx context.Context, id string) error
 }
 
 // Member is a host's part in its fleet.

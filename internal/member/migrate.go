@@ -157,8 +157,10 @@ func (m *Member) Receive(ctx context.Context, from record.Address, id string, re
 // does not own is inert here (the fence refuses its every advance), and a
 // crash between the two leaves it stored and transferred here, which the
 // next start claims (fleet.Reconcile: Reclaim); the other order would leave
-// this host owning a run it does not hold. A claim refused (the source took
-// the run back meanwhile) leaves the run here handed off.
+// this host owning a run it does not hold. A run this host could not
+// resume now (Config.Fits: its recorded manifest against this host) is not
+// claimed, and neither is one the source took back meanwhile: either is
+// left here handed off, and the source takes the run back.
 func (m *Member) importReceived(ctx context.Context, id string, rec *record.Record) error {
 	o := m.cfg.Import
 	o.ID = id
@@ -167,7 +169,14 @@ func (m *Member) importReceived(ctx context.Context, id string, rec *record.Reco
 		return err
 	}
 	m.reach("receive.imported")
-	if _, err := m.Session().Claim(ctx, rec.Genesis(), id, rec.Head(), rec.Phase()); err != nil {
+	err = nil
+	if m.cfg.Fits != nil {
+		err = m.cfg.Fits(ctx, id)
+	}
+	if err == nil {
+		_, err = m.Session().Claim(ctx, rec.Genesis(), id, rec.Head(), rec.Phase())
+	}
+	if err != nil {
 		if herr := m.cfg.Store.HandOff(id, rec.Head()); herr != nil {
 			err = errors.Join(err, herr)
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
@@ -68,6 +69,8 @@ var codes = []struct {
 	{api.CodeBundleLimit, is(bundle.ErrLimit), nil},
 	{api.CodeSnapshotMismatch, as[*resume.SnapshotError], nil},
 	{api.CodeManifestMismatch, as[*resume.ManifestError], func(err error, e *api.Error) { e.Keys = asT[*resume.ManifestError](err).Keys() }},
+	{api.CodeManifestMismatch, is(drain.ErrManifest), nil},
+	{api.CodeUnavailable, is(drain.ErrUnfit), nil},
 	{api.CodeRecordInvalid, as[*resume.RecordError], nil},
 	{api.CodeObjectCorrupt, as[*store.CorruptError], nil},
 	{api.CodeMissingObject, is(store.ErrMissingObject), nil},

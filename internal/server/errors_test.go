@@ -7,6 +7,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
@@ -98,5 +99,20 @@ func TestErrorOfFields(t *testing.T) {
 	}
 	if e := ErrorOf(fmt.Errorf("r: %w", &resume.SnapshotError{})); e.Keys != nil || e.Segment != nil || e.Signer != "" {
 		t.Fatalf("a snapshot mismatch carries fields it has none of: %+v", e)
+	}
+}
+
+// A host a run does not fit refuses it under the code its resume there
+// would have had: manifest_mismatch for a manifest that differs, else
+// unavailable (draining, no image parks); a drain's own refusal is draining.
+func TestErrorOfPlacement(t *testing.T) {
+	for err, want := range map[error]string{
+		fmt.Errorf("receive r: %w: arch (recorded \"x\", there \"y\")", drain.ErrManifest): api.CodeManifestMismatch,
+		fmt.Errorf("receive r: %w: image parks do not work there", drain.ErrUnfit):         api.CodeUnavailable,
+		fmt.Errorf("receive r: %w", daemon.ErrDraining):                                    api.CodeDraining,
+	} {
+		if got := ErrorOf(err).Code; got != want {
+			t.Errorf("ErrorOf(%v) = %s, want %s", err, got, want)
+		}
 	}
 }

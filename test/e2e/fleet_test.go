@@ -167,14 +167,29 @@ func peerRoutes(t *testing.T, f *fleetEnv, addr, serverKey, object string) {
 // resumed there as the same process; the record verifies on the second,
 // whose key the directory names as the owner, and the first holds it
 // handed off. A second migration of it from the first host is refused.
+// Before all that, a migration to a host without the oracle's image is
+// refused by that host (manifest_mismatch: it would not resume there) and
+// leaves the run on the first host, parked and resumable.
 func TestFleetMigrate(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
 	f := fleetCluster(t)
 	a, _ := f.host(t, "fleet-a")
 	b, keyB := f.host(t, "fleet-b")
+	_, keyC := f.hostWithout(t, "fleet-c")
 	const id = "mover"
 	started := startOracle(t, a, id, oracleImage)
+	// To a host without the oracle's image: it would not resume there, so
+	// it does not take it (manifest_mismatch), and the run is back here,
+	// parked, owned here, resumable.
+	_, err := a.c.Migrate(ctx, id, keyC)
+	apiError(t, err, "manifest_mismatch")
+	if ra, err := a.run(ctx, id); err != nil || ra.HandedOff || ra.Phase != "parked" {
+		t.Fatalf("after a migration the target refused, the first host holds %+v, %v", ra, err)
+	}
+	if _, err := a.c.Resume(ctx, id); err != nil {
+		t.Fatalf("resume after a migration the target refused: %v", err)
+	}
 	out, err := exec.Command(daemonBinary, "migrate", id, "--to", keyB, "--socket", a.socket).CombinedOutput()
 	if err != nil {
 		t.Fatalf("migrate: %v\n%s\n%s", err, out, a.logTail())
@@ -186,7 +201,7 @@ func TestFleetMigrate(t *testing.T) {
 	})
 	checkOneProcess(t, append(append([]line(nil), onA...), ls...))
 	r, err := b.run(ctx, id)
-	if err != nil || r.Phase != "executing" || r.Status != "running" || r.Segments != 3 {
+	if err != nil || r.Phase != "executing" || r.Status != "running" || r.Segments != 6 {
 		t.Fatalf("on the second host: %+v, %v", r, err)
 	}
 	if v, err := b.c.Verify(ctx, id); err != nil || !v.OK {
