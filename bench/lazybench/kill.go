@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
@@ -32,6 +34,9 @@ func (b *bench) killRound(ctx context.Context, after time.Duration, hold bool) e
 	skip := countLines(p.out.Stdout)
 	trees, dir, err := b.resumeTrees(ctx, p, "lazy")
 	if err != nil {
+		return err
+	}
+	if err := links(p, trees.ImageDir); err != nil {
 		return err
 	}
 	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs}
@@ -97,4 +102,29 @@ func state(pid uint32) {
 		}
 	}
 	fmt.Printf("  RSS %d KiB\n", rss(pid))
+}
+
+// links prints, for the memory image's pages files, the inode of the
+// stored object and of the laid-out file the lazy-pages daemon reads: the
+// same inode, so every page served is a byte of the verified object.
+func links(p *parked, images string) error {
+	es, err := p.st.Listing(*p.res.Snapshot.Memory)
+	if err != nil {
+		return err
+	}
+	for _, e := range es {
+		if !strings.HasPrefix(e.Name, "pages-") {
+			continue
+		}
+		var obj, laid syscall.Stat_t
+		if err := syscall.Stat(p.st.Path(e.Address), &obj); err != nil {
+			return err
+		}
+		if err := syscall.Stat(filepath.Join(images, e.Name), &laid); err != nil {
+			return err
+		}
+		fmt.Printf("%s (%d bytes): object %s inode %d; laid out inode %d, %d links, mode %o\n",
+			e.Name, e.Size, e.Address, obj.Ino, laid.Ino, laid.Nlink, laid.Mode&0o7777)
+	}
+	return nil
 }
