@@ -62,16 +62,17 @@ func main() {
 	unitName := flag.String("unit", "ballast", "the unit: ballast, or oracle (two processes, a held TCP connection over loopback, files, pipes)")
 	modes := flag.String("modes", "eager,lazy", "modes, in the first round's order")
 	hold := flag.Bool("hold", false, "with -kill: hold copies of the daemon's userfaultfds across the kill")
+	verify := flag.Int("verify", 8, "the ballast's VERIFY_EVERY: a full read of its memory every this many 250 ms ticks (1: at once after a restore, the worst case for lazy pages)")
 	logs := flag.String("logs", "", "a directory to keep each lazy restore's CRIU logs in")
 	kill := flag.Duration("kill", 0, "instead of rounds: one lazy resume whose lazy-pages daemon is killed this long after the unit runs")
 	flag.Parse()
-	if err := run(*unitName, *n, *size, strings.Split(*modes, ","), *kill, *hold, *logs); err != nil {
+	if err := run(*unitName, *n, *size, *verify, strings.Split(*modes, ","), *kill, *hold, *logs); err != nil {
 		fmt.Fprintln(os.Stderr, "lazybench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(unitName string, n, size int, modes []string, kill time.Duration, hold bool, logs string) error {
+func run(unitName string, n, size, verify int, modes []string, kill time.Duration, hold bool, logs string) error {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "rrlb-") // short: socket paths live under it
 	if err != nil {
@@ -109,11 +110,11 @@ func run(unitName string, n, size int, modes []string, kill time.Duration, hold 
 	if _, err := ex.ImportFile(ctx, archive, imageName(unitName)); err != nil {
 		return err
 	}
-	b := &bench{dir: dir, ex: ex, unit: unitName, sizeMB: size, verify: 8, logs: logs, results: map[string][]time.Duration{}, rss: map[string][]int64{}}
+	b := &bench{dir: dir, ex: ex, unit: unitName, sizeMB: size, verify: verify, logs: logs, results: map[string][]time.Duration{}, rss: map[string][]int64{}}
 	if kill > 0 {
 		return b.killRound(ctx, kill, hold)
 	}
-	fmt.Printf("lazybench: %d rounds, %d MiB %s, %s, %s\n", n, size, unitName, time.Now().UTC().Format(time.RFC3339), versions(ctx, ex))
+	fmt.Printf("lazybench: %d rounds, %d MiB %s (VERIFY_EVERY=%d), %s, %s\n", n, size, unitName, verify, time.Now().UTC().Format(time.RFC3339), versions(ctx, ex))
 	for r := 1; r <= n; r++ {
 		for k := range modes {
 			m := modes[(r-1+k)%len(modes)]
@@ -159,7 +160,7 @@ func median(v []time.Duration) time.Duration {
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f", float64(d)/float64(time.Millisecond)) }
 
 func (b *bench) report(n int, modes []string) {
-	cols := []string{"rehash", "layout", "rootfs", "task", "criu", "restore", "resume", "resident"}
+	cols := []string{"rehash", "layout", "rootfs", "task", "criu", "restore", "resume", "resident", "pass"}
 	fmt.Printf("\nmedians of %d (ms):\n%-10s", n, "mode")
 	for _, c := range cols {
 		fmt.Printf(" %8s", c)
@@ -180,5 +181,6 @@ func (b *bench) report(n int, modes []string) {
 	fmt.Println("rehash: park.Offered (every stored byte hashed; skipped by -cold modes); layout: park.Layout (hard links);")
 	fmt.Println("restore: executor Restore/RestoreLazy to return (unit running), of which rootfs: the rw layer's apply,")
 	fmt.Println("task: NewTask+Start (runc restore), criu: CRIU's forking+restore times (stats-restore);")
-	fmt.Println("resume: rehash+layout+restore; resident: from the restore's start until criu lazy-pages exited (every page in)")
+	fmt.Println("resume: rehash+layout+restore; resident: from the restore's start until criu lazy-pages exited (every page in);")
+	fmt.Println("pass: from the restore's start until the unit's first full read of its memory after it ended (its line's time)")
 }

@@ -25,6 +25,7 @@ type line struct {
 	Counter   uint64 `json:"counter"`
 	Verified  uint64 `json:"verified_at"`
 	StartTime int64  `json:"start_time"`
+	Time      int64  `json:"time"`
 	Error     string `json:"error"`
 }
 
@@ -35,6 +36,7 @@ type parked struct {
 	res   park.Result
 	out   executor.Output
 	ready line
+	last  line // its last line before the park
 }
 
 func (b *bench) spec() executor.Spec {
@@ -67,6 +69,10 @@ func (b *bench) park(ctx context.Context, id string) (*parked, error) {
 	}
 	if derr := sb.Destroy(ctx); err == nil {
 		err = derr
+	}
+	if err == nil {
+		// Destroy drained its output: the last line the parked process wrote.
+		p.last, err = lastLine(p.out.Stdout)
 	}
 	if err != nil {
 		return nil, errors.Join(err, p.close())
@@ -171,9 +177,11 @@ func (b *bench) round(ctx context.Context, r int, mode string) error {
 		b.rss[mode+" running"] = append(b.rss[mode+" running"], rssRun)
 		b.rss[mode+" resident"] = append(b.rss[mode+" resident"], rss(sb.Pid()))
 	}
-	if err := b.check(p, skip); err != nil {
+	pass, err := b.check(p, skip)
+	if err != nil {
 		return err
 	}
+	b.add(mode+" pass", pass.Sub(t1))
 	if b.unit == "oracle" {
 		data, _ := os.ReadFile(p.out.Stdout)
 		ls := strings.Split(strings.TrimSpace(string(data)), "\n")
@@ -186,24 +194,22 @@ func (b *bench) round(ctx context.Context, r int, mode string) error {
 }
 
 // check waits for the unit's first line after the restore (its start time
-// the same: it continued) and for its next verification of every page.
-func (b *bench) check(p *parked, skip int) error {
-	l, err := nextLine(p.out.Stdout, skip, 30*time.Second)
-	if err != nil {
-		return err
-	}
-	if l.StartTime != p.ready.StartTime {
-		return fmt.Errorf("the unit restarted (start time %d, was %d)", l.StartTime, p.ready.StartTime)
-	}
-	for v := l.Verified; ; {
-		skip++
-		l, err = nextLine(p.out.Stdout, skip, 30*time.Second)
+// the same: it continued) and for the first verification of every page
+// after the restore, and returns when that verification ended.
+func (b *bench) check(p *parked, skip int) (time.Time, error) {
+	v := p.last.Verified
+	for {
+		l, err := nextLine(p.out.Stdout, skip, 30*time.Second)
 		if err != nil {
-			return err
+			return time.Time{}, err
+		}
+		if l.StartTime != p.ready.StartTime {
+			return time.Time{}, fmt.Errorf("the unit restarted (start time %d, was %d)", l.StartTime, p.ready.StartTime)
 		}
 		if l.Verified != v {
-			return nil
+			return time.Unix(0, l.Time), nil
 		}
+		skip++
 	}
 }
 
@@ -276,4 +282,15 @@ func (b *bench) explain(id string, rst executor.RestoreStats) {
 			n++
 		}
 	}
+}
+
+func lastLine(path string) (line, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return line{}, err
+	}
+	ls := bytes.Split(bytes.TrimSpace(data), []byte("\n"))
+	var l line
+	err = json.Unmarshal(ls[len(ls)-1], &l)
+	return l, err
 }
