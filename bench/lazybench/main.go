@@ -49,18 +49,22 @@ type bench struct {
 	dir     string
 	ex      *executor.Client
 	unit    string // ballast or oracle
-	sizeMB  int
-	verify  int    // the ballast's VERIFY_EVERY
-	logs    string // where to keep the CRIU logs of lazy restores ("": nowhere)
-	results map[string][]time.Duration
-	rss     map[string][]int64
+	address string // the containerd's, for the ctr mode
+	archive string // the unit's OCI archive
+	// ctrImported: the archive is imported into ctrNS.
+	ctrImported bool
+	sizeMB      int
+	verify      int    // the ballast's VERIFY_EVERY
+	logs        string // where to keep the CRIU logs of lazy restores ("": nowhere)
+	results     map[string][]time.Duration
+	rss         map[string][]int64
 }
 
 func main() {
 	n := flag.Int("n", 5, "rounds")
 	size := flag.Int("size", 512, "the unit's memory, MiB")
 	unitName := flag.String("unit", "ballast", "the unit: ballast, or oracle (two processes, a held TCP connection over loopback, files, pipes)")
-	modes := flag.String("modes", "eager,lazy", "modes, in the first round's order")
+	modes := flag.String("modes", "eager,lazy", "modes, in the first round's order: eager, lazy, eager-cold, lazy-cold (no rehash), ctr (ctr c restore --live --rw)")
 	hold := flag.Bool("hold", false, "with -kill: hold copies of the daemon's userfaultfds across the kill")
 	verify := flag.Int("verify", 8, "the ballast's VERIFY_EVERY: a full read of its memory every this many 250 ms ticks (1: at once after a restore, the worst case for lazy pages)")
 	logs := flag.String("logs", "", "a directory to keep each lazy restore's CRIU logs in")
@@ -86,7 +90,8 @@ func run(unitName string, n, size, verify int, modes []string, kill time.Duratio
 	defer func() {
 		_ = d.Stop(context.Background())
 		_ = exec.Command("umount", "-R", filepath.Join(dir, "cd")).Run()
-		_ = os.Remove(filepath.Join("/sys/fs/cgroup", cgroup))
+		removeCgroups(cgroup)
+		removeCgroups("/" + ctrNS)
 		_ = os.RemoveAll(dir)
 	}()
 	cfg := d.Config()
@@ -110,7 +115,7 @@ func run(unitName string, n, size, verify int, modes []string, kill time.Duratio
 	if _, err := ex.ImportFile(ctx, archive, imageName(unitName)); err != nil {
 		return err
 	}
-	b := &bench{dir: dir, ex: ex, unit: unitName, sizeMB: size, verify: verify, logs: logs, results: map[string][]time.Duration{}, rss: map[string][]int64{}}
+	b := &bench{dir: dir, ex: ex, address: d.Address(), archive: archive, unit: unitName, sizeMB: size, verify: verify, logs: logs, results: map[string][]time.Duration{}, rss: map[string][]int64{}}
 	if kill > 0 {
 		return b.killRound(ctx, kill, hold)
 	}
@@ -118,13 +123,30 @@ func run(unitName string, n, size, verify int, modes []string, kill time.Duratio
 	for r := 1; r <= n; r++ {
 		for k := range modes {
 			m := modes[(r-1+k)%len(modes)]
-			if err := b.round(ctx, r, m); err != nil {
+			round := b.round
+			if m == "ctr" {
+				round = func(ctx context.Context, r int, _ string) error { return b.ctrRound(ctx, r) }
+			}
+			if err := round(ctx, r, m); err != nil {
 				return fmt.Errorf("round %d %s: %w", r, m, err)
 			}
 		}
 	}
 	b.report(n, modes)
 	return nil
+}
+
+// removeCgroups removes the (empty) cgroup at path, and those below it,
+// from every hierarchy, v1 or v2.
+func removeCgroups(path string) {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", path))
+	for _, d := range append(dirs, filepath.Join("/sys/fs/cgroup", path)) {
+		subs, _ := filepath.Glob(filepath.Join(d, "*"))
+		for _, s := range subs {
+			_ = os.Remove(s)
+		}
+		_ = os.Remove(d)
+	}
 }
 
 func imageName(unit string) string { return "runrecordd.local/" + unit + ":1" }
@@ -167,11 +189,17 @@ func (b *bench) report(n int, modes []string) {
 	}
 	fmt.Println()
 	for _, m := range modes {
+		if m == "ctr" {
+			continue // its one figure is in the ratios below
+		}
 		fmt.Printf("%-10s", m)
 		for _, c := range cols {
 			fmt.Printf(" %8s", ms(median(b.results[m+" "+c])))
 		}
 		fmt.Println()
+	}
+	if c := median(b.results["ctr restore"]); c > 0 {
+		b.ratios(c)
 	}
 	for _, m := range modes {
 		if v := b.rss[m+" running"]; len(v) > 0 {
@@ -183,4 +211,26 @@ func (b *bench) report(n int, modes []string) {
 	fmt.Println("task: NewTask+Start (runc restore), criu: CRIU's forking+restore times (stats-restore);")
 	fmt.Println("resume: rehash+layout+restore; resident: from the restore's start until criu lazy-pages exited (every page in);")
 	fmt.Println("pass: from the restore's start until the unit's first full read of its memory after it ended (its line's time)")
+}
+
+// ratios prints the two ratios against ctr restore's median c:
+// time to running, and time to every page resident, both from the resume's
+// start (the rehash included) and per round.
+func (b *bench) ratios(c time.Duration) {
+	fmt.Printf("ctr restore median %s ms (ctr c restore --live --rw, in this run)\n", ms(c))
+	for _, m := range []string{"eager", "lazy", "eager-cold", "lazy-cold"} {
+		resume, rehash, resident := b.results[m+" resume"], b.results[m+" rehash"], b.results[m+" resident"]
+		if len(resume) == 0 {
+			continue
+		}
+		all := resume // eager: every page is in at running
+		if len(resident) == len(rehash) {
+			all = nil
+			for i := range resident {
+				all = append(all, rehash[i]+resident[i])
+			}
+		}
+		fmt.Printf("%-10s to running / ctr %.2f (target <= 0.2), restore alone %.2f; every page resident / ctr %.2f (target <= 1.0)\n", m,
+			float64(median(resume))/float64(c), float64(median(b.results[m+" restore"]))/float64(c), float64(median(all))/float64(c))
+	}
 }
