@@ -182,7 +182,7 @@ func median(v []time.Duration) time.Duration {
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f", float64(d)/float64(time.Millisecond)) }
 
 func (b *bench) report(n int, modes []string) {
-	cols := []string{"rehash", "layout", "rootfs", "task", "criu", "restore", "resume", "resident", "pass"}
+	cols := []string{"rehash", "layout", "rootfs", "task", "newtask", "criu", "restore", "resume", "resident", "pass"}
 	fmt.Printf("\nmedians of %d (ms):\n%-10s", n, "mode")
 	for _, c := range cols {
 		fmt.Printf(" %8s", c)
@@ -208,7 +208,7 @@ func (b *bench) report(n int, modes []string) {
 	}
 	fmt.Println("rehash: park.Offered (every stored byte hashed; skipped by -cold modes); layout: park.Layout (hard links);")
 	fmt.Println("restore: executor Restore/RestoreLazy to return (unit running), of which rootfs: the rw layer's apply,")
-	fmt.Println("task: NewTask+Start (runc restore), criu: CRIU's forking+restore times (stats-restore);")
+	fmt.Println("task: NewTask+Start (runc restore), of which newtask: NewTask; criu: CRIU's forking+restore times (stats-restore);")
 	fmt.Println("resume: rehash+layout+restore; resident: from the restore's start until criu lazy-pages exited (every page in);")
 	fmt.Println("pass: from the restore's start until the unit's first full read of its memory after it ended (its line's time)")
 }

@@ -151,6 +151,7 @@ func (b *bench) round(ctx context.Context, r int, mode string) error {
 	b.add(mode+" restore", t2.Sub(t1))
 	b.add(mode+" rootfs", rst.Rootfs)
 	b.add(mode+" task", rst.Task)
+	b.add(mode+" newtask", rst.NewTask)
 	b.add(mode+" criu", rst.Restore+rst.Forking)
 	b.add(mode+" resume", t2.Sub(t0))
 	rssRun := rss(sb.Pid())
@@ -187,8 +188,8 @@ func (b *bench) round(ctx context.Context, r int, mode string) error {
 		ls := strings.Split(strings.TrimSpace(string(data)), "\n")
 		fmt.Printf("%s: %d userfaultfd(s); its last line: %s\n", p.id, uffds, ls[len(ls)-1])
 	}
-	fmt.Printf("round %d %-10s rehash %5s restore %5s (rw layer %3s, task %5s: CRIU %5s, %6d pages eager) resume %5s resident %5s  RSS at running %d KiB\n", r, mode,
-		ms(b.results[mode+" rehash"][r-1]), ms(t2.Sub(t1)), ms(rst.Rootfs), ms(rst.Task), ms(rst.Restore+rst.Forking), rst.PagesRestored,
+	fmt.Printf("round %d %-10s rehash %5s restore %5s (rw layer %3s, task %5s: create %4s, CRIU %5s, %6d pages eager) resume %5s resident %5s  RSS at running %d KiB\n", r, mode,
+		ms(b.results[mode+" rehash"][r-1]), ms(t2.Sub(t1)), ms(rst.Rootfs), ms(rst.Task), ms(rst.NewTask), ms(rst.Restore+rst.Forking), rst.PagesRestored,
 		ms(t2.Sub(t0)), ms(resident), rssRun)
 	return nil
 }

@@ -42,8 +42,8 @@ type restoreFrom struct {
 	// client's (a lazy restore's, lazy.go).
 	criuConfig string
 
-	rootfsTime, taskTime time.Duration // set by create
-	timedOut             bool          // set by create: the deadline passed
+	rootfsTime, taskTime, newTaskTime time.Duration // set by create
+	timedOut                          bool          // set by create: the deadline passed
 }
 
 // create makes sandbox id and starts its task, or, with rs, restores it.
@@ -283,6 +283,9 @@ func (s *Sandbox) startTask(ctx context.Context, out Output, rs *restoreFrom) er
 		return fmt.Errorf("task: %w", err)
 	}
 	s.task = task
+	if rs != nil {
+		rs.newTaskTime = time.Since(taskStart)
+	}
 	// The exit channel must outlive the caller's ctx: it is how Destroy
 	// and Checkpoint learn that the process has gone.
 	exit, err := task.Wait(s.c.ctx(context.WithoutCancel(ctx)))

@@ -226,7 +226,7 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 		}
 		return nil, nil, st, fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(work, "restore.log")))
 	}
-	st.Rootfs, st.Task = rs.rootfsTime, rs.taskTime
+	st.Rootfs, st.Task, st.NewTask = rs.rootfsTime, rs.taskTime, rs.newTaskTime
 	if d, err := os.Open(work); err == nil {
 		if rst, err := stats.CriuGetRestoreStats(d); err == nil {
 			st.Forking = time.Duration(rst.GetForkingTime()) * time.Microsecond
