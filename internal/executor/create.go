@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/identifiers"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -36,9 +37,13 @@ type restoreFrom struct {
 	work   string // CRIU work directory
 	// deadline bounds the task's creation, CRIU's restore (0: none).
 	deadline time.Duration
+	// criuConfig, when set, is the CRIU configuration file the restored
+	// container's org.criu.config annotation names instead of the
+	// client's (a lazy restore's, lazy.go).
+	criuConfig string
 
-	rootfsTime, taskTime time.Duration // set by create
-	timedOut             bool          // set by create: the deadline passed
+	rootfsTime, taskTime, newTaskTime time.Duration // set by create
+	timedOut                          bool          // set by create: the deadline passed
 }
 
 // create makes sandbox id and starts its task, or, with rs, restores it.
@@ -89,7 +94,11 @@ func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, r
 		return nil, err
 	}
 	defer onFailure(&retErr, undo)
-	s, err := c.newContainer(ctx, id, img, snapshot, spec, out)
+	var extra []oci.SpecOpts
+	if rs != nil && rs.criuConfig != "" {
+		extra = append(extra, oci.WithAnnotations(map[string]string{"org.criu.config": rs.criuConfig}))
+	}
+	s, err := c.newContainer(ctx, id, img, snapshot, spec, out, extra...)
 	if err != nil {
 		return nil, err
 	}
@@ -211,15 +220,15 @@ func (c *Client) sandboxGrants(id string, mounts []Mount) (_ []Mount, undo func(
 }
 
 // newContainer makes sandbox id's container over snapshot, with the OCI
-// spec of spec (specOpts) and labels that let [Client.Load] find its
+// spec of spec (specOpts, then extra) and labels that let [Client.Load] find its
 // output files and limits again.
-func (c *Client) newContainer(ctx context.Context, id string, img containerd.Image, snapshot containerd.NewContainerOpts, spec Spec, out Output) (*Sandbox, error) {
+func (c *Client) newContainer(ctx context.Context, id string, img containerd.Image, snapshot containerd.NewContainerOpts, spec Spec, out Output, extra ...oci.SpecOpts) (*Sandbox, error) {
 	cont, err := c.client.NewContainer(ctx, id,
 		containerd.WithImage(img),
 		containerd.WithSnapshotter(Snapshotter),
 		snapshot,
 		containerd.WithRuntime(Runtime, &options.Options{Root: c.cfg.RuncRoot}),
-		containerd.WithNewSpec(c.specOpts(img, id, spec)...),
+		containerd.WithNewSpec(append(c.specOpts(img, id, spec), extra...)...),
 		containerd.WithContainerLabels(map[string]string{
 			labelStdout: out.Stdout, labelStderr: out.Stderr,
 			labelLogBytes:    strconv.FormatUint(spec.LogBytes, 10),
@@ -274,6 +283,9 @@ func (s *Sandbox) startTask(ctx context.Context, out Output, rs *restoreFrom) er
 		return fmt.Errorf("task: %w", err)
 	}
 	s.task = task
+	if rs != nil {
+		rs.newTaskTime = time.Since(taskStart)
+	}
 	// The exit channel must outlive the caller's ctx: it is how Destroy
 	// and Checkpoint learn that the process has gone.
 	exit, err := task.Wait(s.c.ctx(context.WithoutCancel(ctx)))

@@ -25,8 +25,9 @@ import (
 // RestoreStats is what a restore cost.
 type RestoreStats struct {
 	// Total is the whole Restore call; Rootfs the rw layer's apply; Task
-	// the task create and start (runc restore and CRIU).
-	Total, Rootfs, Task time.Duration
+	// the task create and start (runc restore and CRIU), of which NewTask
+	// the create (containerd and its shim; the start runs runc restore).
+	Total, Rootfs, Task, NewTask time.Duration
 	// Forking and Restore are CRIU's timings from stats-restore: forking
 	// the process tree, and the rest of the restore.
 	Forking, Restore time.Duration
@@ -76,7 +77,7 @@ func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 		}
 		return nil, st, fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(work, "restore.log")))
 	}
-	st.Rootfs, st.Task = rs.rootfsTime, rs.taskTime
+	st.Rootfs, st.Task, st.NewTask = rs.rootfsTime, rs.taskTime, rs.newTaskTime
 	if d, err := os.Open(work); err == nil {
 		if rst, err := stats.CriuGetRestoreStats(d); err == nil {
 			st.Forking = time.Duration(rst.GetForkingTime()) * time.Microsecond

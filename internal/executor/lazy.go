@@ -1,0 +1,240 @@
+//go:build linux
+
+package executor
+
+// A prototype of issue 15's lazy image resume (docs/lazy-resume.md): a
+// restore whose memory arrives on fault and in the background from a
+// `criu lazy-pages` daemon. Nothing in the daemon calls it; it exists for
+// bench/lazybench and for the design's measurements.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/stats"
+	"golang.org/x/sys/unix"
+)
+
+// ErrPagesLost is a lazy restore whose lazy-pages daemon ended before
+// every page was resident: the pages it had not served are gone from the
+// unit (the kernel fills them with zeros once the userfaultfd closes), so
+// the unit must not go on.
+var ErrPagesLost = errors.New("executor: lazy pages lost before every page was resident")
+
+// lazyLog is the lazy-pages daemon's log, in the restore's work directory.
+const lazyLog = "lazy-pages.log"
+
+// LazyPages is the `criu lazy-pages` daemon of one lazy restore. It serves
+// the unit's lazy pages (anonymous private memory) from the image
+// directory as the unit faults on them, pushes the rest in the background
+// once the restore has finished, and exits when every page is resident.
+type LazyPages struct {
+	cmd   *exec.Cmd
+	start time.Time
+	done  chan struct{}
+	log   string
+
+	mu       sync.Mutex
+	err      error         // set before done closes
+	resident time.Duration // from the daemon's start to its exit
+}
+
+// Done is closed when the daemon has exited.
+func (l *LazyPages) Done() <-chan struct{} { return l.done }
+
+// Pid is the daemon's process id.
+func (l *LazyPages) Pid() int { return l.cmd.Process.Pid }
+
+// Result is, once Done is closed, how long every page took to be resident
+// (from the daemon's start) and nil, or an error wrapping [ErrPagesLost]
+// with the tail of its log.
+func (l *LazyPages) Result() (time.Duration, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.resident, l.err
+}
+
+// Kill ends the daemon (a lazy restore's failure path; and the bench's
+// experiment of a daemon that dies mid-way) and waits for it.
+func (l *LazyPages) Kill() {
+	_ = l.cmd.Process.Kill()
+	<-l.done
+}
+
+// HoldUffds takes a copy (pidfd_getfd) of every userfaultfd the daemon
+// holds, one per restored task, and returns how many and how to close
+// them. While a copy is open the kernel keeps the unit's lazy ranges
+// registered: if the daemon dies, a fault on a page it had not served
+// waits (the faulting thread sleeps in handle_userfault until it is
+// killed) instead of being filled with zeros once the last copy closes.
+// Take the copies as soon as the restore returns (the daemon has them by
+// then) and close them only after the unit is frozen or dead, or after
+// every page is resident.
+func (l *LazyPages) HoldUffds() (n int, release func(), _ error) {
+	pid := l.Pid()
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return 0, nil, fmt.Errorf("pidfd of criu lazy-pages: %w", err)
+	}
+	defer unix.Close(pidfd)
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return 0, nil, err
+	}
+	var held []int
+	release = func() {
+		for _, fd := range held {
+			unix.Close(fd)
+		}
+	}
+	for _, e := range ents {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
+		if err != nil || target != "anon_inode:[userfaultfd]" {
+			continue
+		}
+		n, _ := strconv.Atoi(e.Name())
+		fd, err := unix.PidfdGetfd(pidfd, n, 0)
+		if err != nil {
+			release()
+			return 0, nil, fmt.Errorf("userfaultfd %d of criu lazy-pages: %w", n, err)
+		}
+		held = append(held, fd)
+	}
+	return len(held), release, nil
+}
+
+// startLazyPages starts `criu lazy-pages` on images, with work as its work
+// directory: it listens on work/lazy-pages.socket (a relative name, so no
+// sun_path limit), where CRIU's restore, whose working directory is the
+// same work directory, connects. It returns once the daemon says it is
+// listening (--status-fd), or an error within wait.
+func (c *Client) startLazyPages(images, work string, wait time.Duration) (*LazyPages, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	cmd := exec.Command(c.cfg.CRIU, "lazy-pages", "--images-dir", images, "--work-dir", work,
+		"--log-file", lazyLog, "-v4", "--status-fd", "3")
+	cmd.ExtraFiles = []*os.File{w}
+	// Its own session: a signal to the daemon's process group is not for
+	// it, and it outlives the daemon (the unit needs it).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	l := &LazyPages{cmd: cmd, start: time.Now(), done: make(chan struct{}), log: filepath.Join(work, lazyLog)}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("criu lazy-pages: %w", err)
+	}
+	w.Close()
+	go l.wait()
+	ready := make(chan error, 1)
+	go func() {
+		b := make([]byte, 1)
+		_, err := r.Read(b)
+		ready <- err
+	}()
+	select {
+	case err := <-ready:
+		if err == nil {
+			return l, nil
+		}
+		<-l.done
+		_, lerr := l.Result()
+		return nil, fmt.Errorf("criu lazy-pages did not start: %w", lerr)
+	case <-time.After(wait):
+		l.Kill()
+		return nil, fmt.Errorf("criu lazy-pages did not listen within %s", wait)
+	}
+}
+
+func (l *LazyPages) wait() {
+	err := l.cmd.Wait()
+	l.mu.Lock()
+	l.resident = time.Since(l.start)
+	if err != nil {
+		l.err = fmt.Errorf("%w: criu lazy-pages: %w%s", ErrPagesLost, err, logTail(l.log))
+	}
+	l.mu.Unlock()
+	close(l.done)
+}
+
+// RestoreLazy is [Client.Restore] with lazy pages: it returns as soon as
+// the unit runs, its registers, files, sockets and eager memory (file
+// mappings, stacks) restored, with the daemon that serves the rest. The
+// caller must keep watching it: an error from [LazyPages.Result] means the
+// unit's memory is incomplete, and its sandbox must be destroyed.
+//
+// The sandbox's CRIU configuration is a file of its own (the
+// org.criu.config annotation), criuConfig plus lazy-pages during the
+// restore, rewritten to criuConfig once it is done, so that a later dump
+// of the sandbox is an ordinary one.
+func (c *Client) RestoreLazy(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, *LazyPages, RestoreStats, error) {
+	s, l, st, err := c.restoreLazy(ctx, id, spec, cp, out)
+	if err != nil {
+		return nil, nil, RestoreStats{}, fmt.Errorf("executor: lazy restore %s: %w", id, err)
+	}
+	return s, l, st, nil
+}
+
+func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, *LazyPages, RestoreStats, error) {
+	start := time.Now()
+	var st RestoreStats
+	images, err := filepath.Abs(cp.ImageDir)
+	if err != nil || cp.ImageDir == "" {
+		return nil, nil, st, fmt.Errorf("%w: image directory %q", ErrInvalid, cp.ImageDir)
+	}
+	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
+		return nil, nil, st, fmt.Errorf("%w: %s holds no CRIU image: %w", ErrInvalid, images, err)
+	}
+	work := filepath.Join(c.cfg.StateDir, "criu", id, "restore")
+	if err := removeTree(work); err != nil {
+		return nil, nil, st, err
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return nil, nil, st, err
+	}
+	conf := filepath.Join(c.cfg.StateDir, "criu", id, criuConfigName)
+	if _, err := writeFileDurably(conf, strings.NewReader(criuConfig+"lazy-pages\n")); err != nil {
+		return nil, nil, st, err
+	}
+	l, err := c.startLazyPages(images, work, 10*time.Second)
+	if err != nil {
+		return nil, nil, st, fmt.Errorf("%w: %w", ErrRestore, err)
+	}
+	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline, criuConfig: conf}
+	s, err := c.create(ctx, id, spec, out, rs)
+	if err == nil {
+		// Later dumps of this sandbox are eager ones.
+		_, err = writeFileDurably(conf, strings.NewReader(criuConfig))
+		if err != nil {
+			err = errors.Join(err, s.destroy(context.WithoutCancel(ctx)))
+		}
+	}
+	if err != nil {
+		l.Kill()
+		if rs.timedOut {
+			return nil, nil, st, timeoutErr(ErrRestoreTimeout, cp.Deadline, err)
+		}
+		return nil, nil, st, fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(work, "restore.log")))
+	}
+	st.Rootfs, st.Task, st.NewTask = rs.rootfsTime, rs.taskTime, rs.newTaskTime
+	if d, err := os.Open(work); err == nil {
+		if rst, err := stats.CriuGetRestoreStats(d); err == nil {
+			st.Forking = time.Duration(rst.GetForkingTime()) * time.Microsecond
+			st.Restore = time.Duration(rst.GetRestoreTime()) * time.Microsecond
+			st.PagesRestored = rst.GetPagesRestored()
+		}
+		d.Close()
+	}
+	st.Total = time.Since(start)
+	return s, l, st, nil
+}

@@ -1,0 +1,85 @@
+//go:build linux
+
+package executor_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/executor"
+)
+
+// TestRestoreLazy restores the oracle lazily (the prototype of
+// docs/lazy-resume.md): the unit runs before its buffer is resident, both
+// of its processes' userfaultfds can be held, every page arrives (the
+// lazy-pages daemon exits cleanly), the restored process goes on as the
+// same run with its buffer intact, and a later checkpoint of the sandbox is
+// an ordinary one that holds the whole buffer.
+func TestRestoreLazy(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	out := outputs(t, "oracle")
+	spec := oracleSpec()
+	const id = "lazy"
+	s := mustStart(t, id, spec, out)
+	before := last(waitLines(t, out.Stdout, "a verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt >= 10 }))
+	dir := t.TempDir()
+	cp := executor.Checkpoint{ImageDir: filepath.Join(dir, "images"), Rootfs: filepath.Join(dir, "rootfs.tar")}
+	if _, err := s.Checkpoint(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	atDump := last(output(t, out.Stdout))
+
+	s, lp, rst, err := client.RestoreLazy(ctx, id, spec, cp, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroy(t, s) })
+	// Far fewer than the buffer's 16,384 pages were restored eagerly.
+	if rst.PagesRestored >= 64<<20/4096 {
+		t.Errorf("the lazy restore restored %d pages eagerly", rst.PagesRestored)
+	}
+	n, release, err := lp.HoldUffds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 { // the oracle and its child
+		t.Errorf("held %d userfaultfds, want 2", n)
+	}
+	<-lp.Done()
+	release()
+	resident, err := lp.Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restore %v (task %v, %d pages eager); every page resident %v after lazy-pages started", rst.Total, rst.Task, rst.PagesRestored, resident)
+
+	ls := waitLines(t, out.Stdout, "a line verified after the restore", func(ls []line) bool { return last(ls).VerifiedAt > atDump.Counter })
+	for i, l := range ls {
+		if l.Counter != uint64(i+1) || l.Checksum != before.Checksum || l.Verify != before.Checksum || !l.FileOK ||
+			l.StartTime != before.StartTime || l.Pid != before.Pid || l.ChildPid != before.ChildPid {
+			t.Fatalf("line %d %+v; first %+v", i, l, before)
+		}
+	}
+
+	// The sandbox's CRIU configuration no longer says lazy-pages: its
+	// next dump writes every page of the buffer.
+	// (A dump with lazy-pages would wait for a page server: the deadline
+	// bounds it.)
+	cp2 := executor.Checkpoint{ImageDir: filepath.Join(dir, "images2"), Keep: true, Deadline: time.Minute}
+	st, err := s.Checkpoint(ctx, cp2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PagesWritten < 64<<20/4096 {
+		t.Fatalf("a checkpoint after the lazy restore wrote %d pages, want the 64 MiB buffer", st.PagesWritten)
+	}
+	if err := s.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
