@@ -48,8 +48,11 @@ func TestRestoreLazy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 2 { // the oracle and its child
-		t.Errorf("held %d userfaultfds, want 2", n)
+	// One per task still being served: the oracle and its child, or
+	// fewer once lazy-pages has brought a task's every page in (the
+	// child's few pages can be in already) and closed its userfaultfd.
+	if n < 0 || n > 2 {
+		t.Errorf("held %d userfaultfds, want at most 2", n)
 	}
 	<-lp.Done()
 	release()
