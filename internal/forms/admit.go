@@ -2,6 +2,7 @@ package forms
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -15,6 +16,11 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
+
+// ErrFormMismatch is a run whose last park is not of its unit's form (an
+// image snapshot for a transcript unit, or the other way round): its
+// resume is refused (record_invalid), nothing changed.
+var ErrFormMismatch = errors.New("the park's form is not the unit's")
 
 // ReadRun reads a stored run's unit spec and grant set from their objects.
 func ReadRun(st *store.Store, r store.Run) (Run, error) {
@@ -71,6 +77,12 @@ func (h Host) Admit(ctx context.Context, r store.Run, mark func(step string)) (A
 	}
 	if ok.Run, err = ReadRun(h.Store, r); err != nil {
 		return Admitted{}, err
+	}
+	if ok.Suspended.Snapshot.IsTranscript() != (ok.Run.Spec.Mode == unit.TranscriptMode) {
+		// Nothing else ties a unit's mode to its park's form: a record
+		// from elsewhere could pair them wrong, and the wrong form would
+		// wake the unit from nothing.
+		return Admitted{}, &resume.RecordError{Err: fmt.Errorf("%w: a %s unit parked in the other form", ErrFormMismatch, ok.Run.Spec.Mode)}
 	}
 	mark("read")
 	offered, err := park.Offered(ctx, h.Store, ok.Suspended.Snapshot)

@@ -234,7 +234,7 @@ func TestTranscriptSnapshotRefused(t *testing.T) {
 		t.Fatalf("snapshot of a unit that cannot freeze: %v, %s", err, status(t, w.Unit.Sandbox))
 	}
 	orphan := Orphan(transcriptRun("s"), &fakeUnit{box: box, status: "running"})
-	if _, err := f.Snapshot(t.Context(), orphan); !errors.Is(err, errNoChannel) {
+	if _, err := f.Snapshot(t.Context(), orphan); !errors.Is(err, ErrNoChannel) {
 		t.Fatalf("snapshot without a channel: %v", err)
 	}
 	if orphan.Account() != nil {
@@ -299,5 +299,32 @@ func TestAwaited(t *testing.T) {
 		if err != nil || wake != c.wake || len(waiting) != 0 {
 			t.Errorf("%s %v: waiting %v, wake %v, %v", c.run.Phase, c.run.Parked.IsTranscript(), waiting, wake, err)
 		}
+	}
+}
+
+// A form never wakes a unit from the other form's park: a transcript form
+// given an image snapshot would start the unit from nothing, and an image
+// form given a transcript would have no images. Both refuse, starting and
+// restoring nothing.
+func TestWakeRefusesTheOtherForm(t *testing.T) {
+	h, box := testHost(t, nil)
+	img := h.For(unit.ImageMode)
+	w, err := img.Start(t.Context(), stored(t, h, imageRun("r")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken, err := img.Snapshot(t.Context(), w.Unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if woke, err := h.For(unit.TranscriptMode).Wake(t.Context(), transcriptRun("r"), Waking{Snapshot: taken.Snapshot}); !errors.Is(err, ErrFormMismatch) {
+		t.Fatalf("a transcript form woke from an image snapshot: %+v, %v", woke, err)
+	}
+	tr := record.TranscriptSnapshot(record.Sum([]byte("a transcript")))
+	if woke, err := img.Wake(t.Context(), imageRun("r"), Waking{Snapshot: tr}); !errors.Is(err, ErrFormMismatch) {
+		t.Fatalf("an image form woke from a transcript: %+v, %v", woke, err)
+	}
+	if len(box.restored) != 0 {
+		t.Fatalf("restored %q", box.restored)
 	}
 }

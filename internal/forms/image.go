@@ -77,6 +77,9 @@ func (f Image) Thaw(_ context.Context, u *Unit) error { return u.Sandbox.Settle(
 // Wake restores the run's images once the gate lets it and the parked
 // sandbox is gone (its id is the restore's).
 func (f Image) Wake(ctx context.Context, run Run, w Waking) (Woken, error) {
+	if w.Snapshot.IsTranscript() {
+		return Woken{}, fmt.Errorf("resume %s: %w", run.ID, ErrFormMismatch)
+	}
 	if err := f.h.Gate.Ready(ctx); err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", run.ID, err)
 	}

@@ -33,6 +33,9 @@ func (f Transcript) Start(ctx context.Context, run Run) (Woken, error) {
 
 // Wake starts a new sandbox over the run's sealed transcript.
 func (f Transcript) Wake(ctx context.Context, run Run, w Waking) (Woken, error) {
+	if !w.Snapshot.IsTranscript() {
+		return Woken{}, fmt.Errorf("resume %s: %w", run.ID, ErrFormMismatch)
+	}
 	return f.start(ctx, run, w.Snapshot.Transcript)
 }
 
@@ -84,15 +87,15 @@ func (f Transcript) open(id string, restored *record.Address, lim unit.Limits) (
 	return ch, nil
 }
 
-// errNoChannel is a park of a transcript unit without a channel: one the
+// ErrNoChannel is a park of a transcript unit without a channel: one the
 // last daemon process served, reattached after it exited.
-var errNoChannel = errors.New("the unit's channel was the last daemon's: it cannot be sealed")
+var ErrNoChannel = errors.New("the unit's channel was the last daemon's: it cannot be sealed")
 
 // Snapshot freezes the unit and seals its transcript. The caller holds
 // the channel's gate (Unit.Hold). Refused, the unit is thawed.
 func (f Transcript) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 	if u.ch == nil {
-		return Taken{}, fmt.Errorf("park %s: %w", u.ID, errNoChannel)
+		return Taken{}, fmt.Errorf("park %s: %w", u.ID, ErrNoChannel)
 	}
 	if err := u.Sandbox.Pause(ctx); err != nil {
 		return Taken{}, fmt.Errorf("park %s: %w", u.ID, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/park"
@@ -75,8 +76,8 @@ var codes = []struct {
 	{api.CodeObjectCorrupt, as[*store.CorruptError], nil},
 	{api.CodeMissingObject, is(store.ErrMissingObject), nil},
 	{api.CodePhase, is(record.ErrClosed, record.ErrParked, record.ErrNotParked, record.ErrAlternation,
-		resume.ErrNotParked, daemon.ErrNoSandbox, daemon.ErrResultsHeld), nil},
-	{api.CodeRecordInvalid, is(record.ErrHeadMismatch, record.ErrCanonical, store.ErrDamaged, record.ErrOverflow,
+		resume.ErrNotParked, daemon.ErrNoSandbox, daemon.ErrResultsHeld, forms.ErrNoChannel), nil},
+	{api.CodeRecordInvalid, is(forms.ErrFormMismatch, record.ErrHeadMismatch, record.ErrCanonical, store.ErrDamaged, record.ErrOverflow,
 		attest.ErrSignature, attest.ErrMalformed), nil},
 	{api.CodeNotFound, func(err error) bool {
 		return is(store.ErrNoRun, executor.ErrNotFound, store.ErrNotTrusted)(err) || errdefs.IsNotFound(err)

@@ -10,6 +10,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/resume"
@@ -110,6 +111,21 @@ func TestErrorOfPlacement(t *testing.T) {
 		fmt.Errorf("receive r: %w: arch (recorded \"x\", there \"y\")", drain.ErrManifest): api.CodeManifestMismatch,
 		fmt.Errorf("receive r: %w: image parks do not work there", drain.ErrUnfit):         api.CodeUnavailable,
 		fmt.Errorf("receive r: %w", daemon.ErrDraining):                                    api.CodeDraining,
+	} {
+		if got := ErrorOf(err).Code; got != want {
+			t.Errorf("ErrorOf(%v) = %s, want %s", err, got, want)
+		}
+	}
+}
+
+// The forms' refusals: a park of a unit whose channel died with the last
+// daemon is refused for the run's state (phase); a resume from the other
+// form's park is a record this host will not act on (record_invalid).
+func TestErrorOfForms(t *testing.T) {
+	for err, want := range map[error]string{
+		fmt.Errorf("park r: %w", forms.ErrNoChannel):                             api.CodePhase,
+		fmt.Errorf("resume r: %w", forms.ErrFormMismatch):                        api.CodeRecordInvalid,
+		fmt.Errorf("run r: %w", &resume.RecordError{Err: forms.ErrFormMismatch}): api.CodeRecordInvalid,
 	} {
 		if got := ErrorOf(err).Code; got != want {
 			t.Errorf("ErrorOf(%v) = %s, want %s", err, got, want)
