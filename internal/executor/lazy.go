@@ -20,7 +20,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"golang.org/x/sys/unix"
 )
 
@@ -227,14 +226,7 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 		return nil, nil, st, fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(work, "restore.log")))
 	}
 	st.Rootfs, st.Task, st.NewTask = rs.rootfsTime, rs.taskTime, rs.newTaskTime
-	if d, err := os.Open(work); err == nil {
-		if rst, err := stats.CriuGetRestoreStats(d); err == nil {
-			st.Forking = time.Duration(rst.GetForkingTime()) * time.Microsecond
-			st.Restore = time.Duration(rst.GetRestoreTime()) * time.Microsecond
-			st.PagesRestored = rst.GetPagesRestored()
-		}
-		d.Close()
-	}
+	readRestoreStats(work, &st)
 	st.Total = time.Since(start)
 	return s, l, st, nil
 }

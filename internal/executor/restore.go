@@ -78,16 +78,24 @@ func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 		return nil, st, fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(work, "restore.log")))
 	}
 	st.Rootfs, st.Task, st.NewTask = rs.rootfsTime, rs.taskTime, rs.newTaskTime
-	if d, err := os.Open(work); err == nil {
-		if rst, err := stats.CriuGetRestoreStats(d); err == nil {
-			st.Forking = time.Duration(rst.GetForkingTime()) * time.Microsecond
-			st.Restore = time.Duration(rst.GetRestoreTime()) * time.Microsecond
-			st.PagesRestored = rst.GetPagesRestored()
-		}
-		d.Close()
-	}
+	readRestoreStats(work, &st)
 	st.Total = time.Since(start)
 	return s, st, nil
+}
+
+// readRestoreStats fills in CRIU's own restore statistics from the work
+// directory of a restore (stats-restore), when CRIU left them.
+func readRestoreStats(work string, st *RestoreStats) {
+	d, err := os.Open(work)
+	if err != nil {
+		return
+	}
+	defer d.Close()
+	if rst, err := stats.CriuGetRestoreStats(d); err == nil {
+		st.Forking = time.Duration(rst.GetForkingTime()) * time.Microsecond
+		st.Restore = time.Duration(rst.GetRestoreTime()) * time.Microsecond
+		st.PagesRestored = rst.GetPagesRestored()
+	}
 }
 
 // prepareRootfs makes snapshot key over the image's layers and applies the
