@@ -109,6 +109,11 @@ func (d *Daemon) need(ctx context.Context, id string) (drain.Run, drain.Need, er
 		return drain.Run{}, drain.Need{}, err
 	}
 	defer r.mu.Unlock()
+	return d.needOf(ctx, id, r)
+}
+
+// needOf is need with run id's lock held (r).
+func (d *Daemon) needOf(ctx context.Context, id string, r *run) (drain.Run, drain.Need, error) {
 	st, err := d.st.Run(id)
 	if err != nil {
 		return drain.Run{}, drain.Need{}, err

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/member"
@@ -98,6 +99,11 @@ type heldRun struct {
 }
 
 func (h heldRun) Executing() bool { return h.r.live != nil }
+
+func (h heldRun) Need(ctx context.Context) (drain.Need, error) {
+	_, n, err := h.d.needOf(ctx, h.id, h.r)
+	return n, err
+}
 
 func (h heldRun) Park(ctx context.Context) error {
 	_, err := h.d.park(ctx, h.id, h.r)

@@ -51,6 +51,9 @@ type Peers interface {
 type Held interface {
 	// Executing says whether the run's unit executes here.
 	Executing() bool
+	// Need is what the run asks of the host that takes it (its manifest:
+	// the recorded one, or the one its park here would record).
+	Need(ctx context.Context) (drain.Need, error)
 	Park(ctx context.Context) error
 	Resume(ctx context.Context) error
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -61,11 +62,18 @@ func (p *peers) Offer(ctx context.Context, _ record.Address, _ []string) (drain.
 }
 
 // parked is a run held parked, never executing.
-type parked struct{ parks, resumes atomic.Int32 }
+type parked struct {
+	parks, resumes atomic.Int32
+	manifest       manifest.Manifest // its need's
+	executing      bool
+}
 
-func (p *parked) Executing() bool              { return false }
+func (p *parked) Executing() bool              { return p.executing }
 func (p *parked) Park(context.Context) error   { p.parks.Add(1); return nil }
 func (p *parked) Resume(context.Context) error { p.resumes.Add(1); return nil }
+func (p *parked) Need(context.Context) (drain.Need, error) {
+	return drain.Need{Run: "r", Image: "example/unit:1", Manifest: p.manifest}, nil
+}
 
 var key = ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, 32))
 
@@ -217,5 +225,27 @@ func TestDrainSilentHost(t *testing.T) {
 	}
 	if e, err := dir.Member(t.Context(), a.Key()); err != nil || !e.Draining {
 		t.Fatalf("the drained host is not marked draining: %+v, %v", e, err)
+	}
+}
+
+// A migration to a host whose offer the run does not fit is refused before
+// anything changes: the executing unit is not parked, nothing is
+// transferred or handed off, and the target is never asked to take it.
+func TestMigrateRefusedBeforeItMoves(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/unfit/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	p := &peers{}
+	m, st, _, rec := room(t, a, p)
+	run := &parked{executing: true, manifest: manifest.Manifest{manifest.Arch: "riscv64"}}
+	err := m.Migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return run, func() {}, nil })
+	if !errors.Is(err, drain.ErrManifest) || run.parks.Load() != 0 || p.handed.Load() != 0 {
+		t.Fatalf("migrate to an unfit host: %v (%d parks, %d hands)", err, run.parks.Load(), p.handed.Load())
+	}
+	if e, _ := dir.Run(t.Context(), rec.Genesis()); e.Owner != a.Key() || !e.To.IsZero() {
+		t.Fatalf("the directory says %+v", e)
+	}
+	if _, off, _ := st.HandedOff("r"); off {
+		t.Fatal("handed off")
 	}
 }

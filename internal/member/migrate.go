@@ -8,6 +8,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -37,6 +38,9 @@ func (m *Member) Migrate(ctx context.Context, id string, to record.Address, hold
 		return err
 	}
 	defer release()
+	if err := m.offered(ctx, id, to, h); err != nil {
+		return fmt.Errorf("migrate %s to %s: %w", id, to, err)
+	}
 	executing := h.Executing()
 	if executing {
 		if err := h.Park(ctx); err != nil {
@@ -61,6 +65,30 @@ func (m *Member) Migrate(ctx context.Context, id string, to record.Address, hold
 	m.cfg.Log.Info("run migrated", "run", id, "to", to)
 	m.cfg.Publish(events.Event{Kind: "run.migrated", Run: id, Detail: to.String()})
 	return nil
+}
+
+// offered asks host to, before anything changes here, whether it could
+// take run h (its offer, judged by drain.Fit): a migration it would refuse
+// after the transfer is refused now, the unit still running, nothing
+// moved. A run whose need cannot be read here is left to the target's own
+// judgement (Config.Fits there).
+func (m *Member) offered(ctx context.Context, id string, to record.Address, h Held) error {
+	n, err := h.Need(ctx)
+	if err != nil {
+		m.cfg.Log.Warn("migrate: the run's needs are not judged before it moves", "run", id, "err", err)
+		return nil
+	}
+	octx, cancel := context.WithTimeout(ctx, OfferTimeout)
+	defer cancel()
+	var images []string
+	if n.Image != "" && len(n.Image) <= maxImageName {
+		images = []string{n.Image}
+	}
+	o, err := m.cfg.Peers.Offer(octx, to, images)
+	if err != nil {
+		return err
+	}
+	return drain.Fit(n, o)
 }
 
 // handOver hands parked run id to host to: in the fleet first (only to may
