@@ -27,16 +27,21 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// etcdTimeout bounds each request to the fleet's etcd.
-const etcdTimeout = 5 * time.Second
+// maxEtcdTimeout is the longest --etcd-timeout: a host waits no longer
+// than this to learn that etcd does not answer.
+const maxEtcdTimeout = time.Minute
 
 // etcdFlags reach a fleet's etcd (docs/fleet.md, "Running against an
 // existing etcd").
-type etcdFlags struct{ endpoints, prefix string }
+type etcdFlags struct {
+	endpoints, prefix string
+	timeout           time.Duration // each request's bound
+}
 
 func (e *etcdFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.endpoints, "etcd", "", "the fleet's etcd endpoints, comma-separated (none: this host runs alone)")
 	fs.StringVar(&e.prefix, "etcd-prefix", fleet.DefaultPrefix, "the fleet's key prefix in etcd")
+	fs.DurationVar(&e.timeout, "etcd-timeout", fleet.DefaultTimeout, "how long each request to etcd may take before the host acts as if it was not applied")
 }
 
 // dir connects to the fleet's directory; the caller closes it.
@@ -44,11 +49,14 @@ func (e *etcdFlags) dir() (*fleet.Dir, io.Closer, error) {
 	if e.endpoints == "" {
 		return nil, nil, usagef("--etcd: the fleet's etcd endpoints are required")
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(e.endpoints, ","), DialTimeout: etcdTimeout, Logger: zap.NewNop()})
+	if e.timeout <= 0 || e.timeout > maxEtcdTimeout {
+		return nil, nil, usagef("--etcd-timeout %v: give one over 0 and at most %v", e.timeout, maxEtcdTimeout)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(e.endpoints, ","), DialTimeout: e.timeout, Logger: zap.NewNop()})
 	if err != nil {
 		return nil, nil, fmt.Errorf("etcd %s: %w", e.endpoints, err)
 	}
-	return fleet.New(cli, e.prefix, etcdTimeout), cli, nil
+	return fleet.New(cli, e.prefix, e.timeout), cli, nil
 }
 
 // hostKeyID is the key id of the host key in a state directory, making
@@ -94,7 +102,7 @@ func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration
 		return nil, nil, nil, fmt.Errorf("fleet: %w", err)
 	}
 	return dir, h, func() {
-		cctx, cancel := context.WithTimeout(context.Background(), etcdTimeout)
+		cctx, cancel := context.WithTimeout(context.Background(), e.timeout)
 		defer cancel()
 		_ = h.Close(cctx)
 		cli.Close()

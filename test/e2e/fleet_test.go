@@ -551,7 +551,9 @@ func TestFleetEtcdUnreachable(t *testing.T) {
 	f := fleetCluster(t)
 	// This host reaches the fleet through one member only, and its lease
 	// outlives the outage: its session goes on once etcd answers again.
-	cut, _ := f.hostAt(t, "cut-off", "60s", f.c.Endpoint(0))
+	// It gives each etcd request 1 s (--etcd-timeout), not 5.
+	cut, _ := f.start(t, "cut-off", append(f.flags(f.c.Endpoint(0)), "--lease-ttl", "60s", "--etcd-timeout", "1s"))
+	mustImportImage(t, cut, oracleArchive, oracleImage, oracleDigest)
 	const id = "stranded"
 	startOracle(t, cut, id, oracleImage)
 	before, err := cut.run(ctx, id)
