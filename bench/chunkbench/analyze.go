@@ -6,28 +6,25 @@ import (
 	"strings"
 
 	"lukechampine.com/blake3"
-	"lukechampine.com/blake3/guts"
 )
 
 type key [32]byte
 
 func sum(b []byte) key { return blake3.Sum256(b) }
 
+// block is the verification block of a chunk map: the file's BLAKE3
+// subtrees of 64 KiB at file offsets, whose chaining values the map lists.
+const block = 64 << 10
+
 // listBytes is what the chunk map of spans takes (docs/chunked-images.md):
-// 60 bytes of header, then per chunk its address, its length and its
-// subtree count (37), and the chaining value of every subtree of the
-// file's BLAKE3 tree it covers (32 each). A chunk that does not start and
-// end at a multiple of BLAKE3's 1 KiB (content-defined chunks) cannot be
-// bound to the file's address: 37 bytes and no subtrees.
+// 64 bytes of header, per chunk its address and length (36), and per 64 KiB
+// of the file the chaining value of that subtree of its BLAKE3 tree (32).
 func listBytes(spans []span) int64 {
-	n := int64(60)
+	var size int64
 	for _, s := range spans {
-		n += 37
-		if s.off%1024 == 0 && s.n%1024 == 0 {
-			n += 32 * int64(len(guts.Eigentrees(uint64(s.off)/1024, uint64(s.n)/1024)))
-		}
+		size = max(size, s.off+s.n)
 	}
-	return n
+	return 64 + 36*int64(len(spans)) + 32*((size+block-1)/block)
 }
 
 // imageBytes is every file of the image.
@@ -206,7 +203,7 @@ func stores(ims []*image) {
 		}
 		fmt.Printf(" %10s %8.3f\n", mib(s.stored), float64(s.stored)/float64(one))
 	}
-	fmt.Println("chunks, unique, list: image 1's pages files (unique: distinct chunk addresses); list: the chunk lists' bytes (the chunk maps: 37 bytes per chunk and 32 per BLAKE3 subtree it covers)")
+	fmt.Println("chunks, unique, list: image 1's pages files (unique: distinct chunk addresses); list: the chunk lists' bytes (the chunk maps: 36 bytes per chunk and 32 per 64 KiB of the file)")
 }
 
 func ptrs(cs []chunker) []*chunker {

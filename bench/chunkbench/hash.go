@@ -189,79 +189,23 @@ func byName(name string) *chunker {
 	panic(name)
 }
 
-// eigen is one subtree of a BLAKE3 tree: the chaining value of
-// 1<<height chunks from counter.
-type eigen struct {
-	counter uint64
-	height  int
-	cv      [8]uint32
-}
-
-// eigentrees are the subtrees of the file's BLAKE3 tree that a chunk at
-// a page offset covers: the chaining values a chunk list bound to the
-// file's address carries for it (1 to 2·log₂ of its pages).
-func eigentrees(p []byte, s span) []eigen {
-	counter := uint64(s.off) / guts.ChunkSize
-	var es []eigen
-	for _, h := range guts.Eigentrees(counter, uint64(s.n)/guts.ChunkSize) {
-		n := int64(guts.ChunkSize) << h
-		off := int64(counter) * guts.ChunkSize
-		es = append(es, eigen{counter, h, subtreeCV(p[off:off+n], counter)})
-		counter += 1 << h
-	}
-	return es
-}
-
-// fold rebuilds the file's address from the eigentrees of its chunks, in
-// order: a parent compression per merge, no byte of the file. The last
-// chunk's last subtree is hashed again as a node (it may be the root's
-// child, or the root).
-func fold(p []byte, es []eigen) record.Address {
-	var stack [64][8]uint32
-	var counter uint64
-	for _, e := range es[:len(es)-1] {
-		cv, i := e.cv, e.height
-		for counter&(1<<i) != 0 {
-			cv = guts.ChainingValue(guts.ParentNode(stack[i], cv, &guts.IV, 0))
-			i++
-		}
-		stack[i] = cv
-		counter += 1 << e.height
-	}
-	last := es[len(es)-1]
-	off := int64(last.counter) * guts.ChunkSize
-	top := subtree(p[off:off+int64(guts.ChunkSize)<<last.height], last.counter)
-	for i := bits.TrailingZeros64(counter); i < bits.Len64(counter); i++ {
-		if counter&(1<<i) != 0 {
-			top = guts.ParentNode(stack[i], guts.ChainingValue(top), &guts.IV, 0)
-		}
-	}
-	top.Flags |= guts.FlagRoot
-	out := guts.WordsToBytes(guts.CompressNode(top))
-	var a record.Address
-	copy(a[:], out[:32])
-	return a
-}
-
-// bound prints, for a chunking at page offsets not aligned to BLAKE3's
-// tree, what binding its chunks to the file's address costs: the
-// subtrees per chunk, the list they make, the time a park takes to compute
-// both every chunk's own address and those subtrees, and the fold.
+// bound prints what a chunk map costs a park for a chunking at page
+// offsets (not aligned to BLAKE3's tree): every chunk's own address (its
+// object) and the chaining value of every 64 KiB block of the file at its
+// offset (what binds the chunks to the file's address), on one goroutine,
+// and the file's address folded from those chaining values.
 func bound(p []byte, pm pagemap, c *chunker, whole record.Address) error {
 	spans := c.cut(pm, p)
-	d, es := timed(func() []eigen {
-		var es []eigen
+	d, cvs := timed(func() [][8]uint32 {
 		for _, s := range spans {
 			rootOf(p[s.off : s.off+s.n])
-			es = append(es, eigentrees(p, s)...)
 		}
-		return es
+		return boundCVs(p, block)
 	})
-	d2, root := timed(func() record.Address { return fold(p, es) })
-	fmt.Printf("  %-9s bound to the file's address: %d subtrees for %d chunks (%.2f each, a chunk map of %s);\n"+
-		"            own addresses + subtrees (1 goroutine, what a park computes) %s; the fold %.3f ms, equal to treehash's: %v\n",
-		c.name, len(es), len(spans), float64(len(es))/float64(len(spans)), kib(listBytes(spans)),
-		rate(len(p), d), float64(d2)/1e6, root == whole)
+	d2, root := timed(func() record.Address { return rootFromCVs(cvs, int64(len(p)), block) })
+	fmt.Printf("  %-9s chunk map: %d chunks, %d blocks of 64 KiB, %s; own addresses + block chaining values (1 goroutine, what a park computes) %s;\n"+
+		"            the file's address folded from the blocks' chaining values %.3f ms, equal to treehash's: %v\n",
+		c.name, len(spans), len(cvs), kib(listBytes(spans)), rate(len(p), d), float64(d2)/1e6, root == whole)
 	if root != whole {
 		return fmt.Errorf("the fold is not the file's address")
 	}

@@ -84,6 +84,7 @@ func analyze(dirs []string, in string) error {
 		ims = append(ims, im)
 	}
 	stores(ims)
+	example(ims[0], ims[1])
 	if err := hashing(ims[0]); err != nil {
 		return err
 	}
