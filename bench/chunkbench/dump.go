@@ -19,14 +19,17 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
-const (
-	cgroup   = "/runrecordd-chunkbench"
-	imageRef = "runrecordd.local/ballast:1"
-)
+const cgroup = "/runrecordd-chunkbench"
 
-// dump takes n dumps of one ballast unit into out/1 … out/n, changing pct
-// percent of its memory between two.
-func dump(out string, n, size, pct int, mode string) error {
+// dump takes n dumps of one unit into out/1 … out/n: the ballast, which
+// changes pct percent of its memory between two, or the oracle (two
+// processes, a held TCP connection over loopback), which changes only what
+// it changes on its own in the second between two.
+func dump(out, unitName string, n, size, pct int, mode string) error {
+	if unitName != "ballast" && unitName != "oracle" {
+		return fmt.Errorf("no unit %q", unitName)
+	}
+	imageRef := "runrecordd.local/" + unitName + ":1"
 	ctx := context.Background()
 	if err := os.MkdirAll(out, 0o700); err != nil {
 		return err
@@ -53,7 +56,7 @@ func dump(out string, n, size, pct int, mode string) error {
 		return err
 	}
 	defer ex.Close()
-	bin, err := ociarchive.GoBinary(ctx, ".", "./units/ballast")
+	bin, err := ociarchive.GoBinary(ctx, ".", "./units/"+unitName)
 	if err != nil {
 		return err
 	}
@@ -67,6 +70,14 @@ func dump(out string, n, size, pct int, mode string) error {
 	spec := executor.Spec{Image: imageRef, Network: unit.NoNetwork, MemoryBytes: uint64(size+256) << 20,
 		Env: []string{"SIZE_MB=" + strconv.Itoa(size), "TICK_MS=1000", "VERIFY_EVERY=1000000", "FILL=random",
 			"CHANGE_PCT=" + strconv.Itoa(pct), "CHANGE_MODE=" + mode}}
+	if unitName == "oracle" { // as bench/lazybench runs it
+		spec.Network, spec.Env = unit.Loopback, []string{"SIZE_MB=" + strconv.Itoa(size), "TCP_PORT=7000"}
+	}
+	return dumps(ctx, ex, spec, dir, out, n)
+}
+
+// dumps starts the unit and takes the n dumps.
+func dumps(ctx context.Context, ex *executor.Client, spec executor.Spec, dir, out string, n int) error {
 	o := executor.Output{Stdout: filepath.Join(dir, "out"), Stderr: filepath.Join(dir, "err")}
 	sb, err := ex.Start(ctx, "cb", spec, o)
 	if err != nil {
@@ -88,14 +99,35 @@ func dump(out string, n, size, pct int, mode string) error {
 		if i == n {
 			break
 		}
-		if err := syscall.Kill(int(sb.Pid()), syscall.SIGUSR2); err != nil {
-			return err
-		}
-		if _, err := waitLine(o.Stdout, func(l map[string]any) bool { c, _ := l["changes"].(float64); return int(c) == i }); err != nil {
+		if err := change(sb, spec, o.Stdout, i); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// change makes the i-th change between two dumps: the ballast's SIGUSR2
+// and its line saying it is made; for the oracle, ten more ticks (a second
+// at its 100 ms tick).
+func change(sb *executor.Sandbox, spec executor.Spec, stdout string, i int) error {
+	if spec.Network == unit.Loopback {
+		var last float64
+		data, _ := os.ReadFile(stdout)
+		for _, l := range bytes.Split(data, []byte("\n")) {
+			var m map[string]any
+			if json.Unmarshal(l, &m) == nil {
+				c, _ := m["counter"].(float64)
+				last = max(last, c)
+			}
+		}
+		_, err := waitLine(stdout, func(m map[string]any) bool { c, _ := m["counter"].(float64); return c >= last+10 })
+		return err
+	}
+	if err := syscall.Kill(int(sb.Pid()), syscall.SIGUSR2); err != nil {
+		return err
+	}
+	_, err := waitLine(stdout, func(l map[string]any) bool { c, _ := l["changes"].(float64); return int(c) == i })
+	return err
 }
 
 // waitLine waits for a line of the unit's output that ok accepts.

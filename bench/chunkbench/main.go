@@ -2,14 +2,16 @@
 // images would store (issue 15, "parks store only what changed";
 // docs/chunked-images.md). Two subcommands:
 //
-//	chunkbench dump -out DIR [-n 5] [-size 256] [-pct 1] [-mode spread]
+//	chunkbench dump -out DIR [-unit ballast] [-n 5] [-size 256] [-pct 1] [-mode spread]
 //
 // (as root; bench/chunks.sh wraps it) starts a ballast unit (units/ballast,
 // FILL=random) in a private containerd through the executor and takes n
 // full CRIU dumps of it into DIR/1, DIR/2, …, each with the task left
 // frozen and then resumed (Checkpoint.Keep, as a park does), with one
 // SIGUSR2 between two dumps: the unit changes pct percent of its memory
-// (CHANGE_MODE: spread, contiguous or lines).
+// (CHANGE_MODE: spread, contiguous or lines). -unit oracle dumps the
+// oracle instead (units/oracle: two processes, loopback TCP), a second of
+// its own ticks between two dumps and no other change.
 //
 //	chunkbench analyze [-ingest DIR] DIR1 DIR2 …
 //
@@ -42,12 +44,13 @@ func main() {
 		n := fs.Int("n", 5, "dumps")
 		size := fs.Int("size", 256, "the ballast's memory, MiB (at most 512)")
 		pct := fs.Int("pct", 1, "percent of the memory changed between two dumps")
+		unitName := fs.String("unit", "ballast", "the unit: ballast, or oracle (64 MiB default there: -size 64; no changes but its own)")
 		mode := fs.String("mode", "spread", "how: spread (whole pages at random), contiguous (one run of pages), lines (64-byte lines at random)")
 		_ = fs.Parse(os.Args[2:])
 		if *out == "" || *size > 512 || *n < 1 {
 			usage()
 		}
-		err = dump(*out, *n, *size, *pct, *mode)
+		err = dump(*out, *unitName, *n, *size, *pct, *mode)
 	case "analyze":
 		fs := flag.NewFlagSet("analyze", flag.ExitOnError)
 		in := fs.String("ingest", "", "also time storing image 1 whole and as chunk files, and the next image's new chunks, in this new directory (on the store's filesystem; removed after)")
@@ -63,7 +66,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: chunkbench dump -out DIR [-n 5] [-size 256] [-pct 1] [-mode spread|contiguous|lines]\n       chunkbench analyze [-ingest DIR] DIR1 DIR2 ...")
+	fmt.Fprintln(os.Stderr, "usage: chunkbench dump -out DIR [-unit ballast|oracle] [-n 5] [-size 256] [-pct 1] [-mode spread|contiguous|lines]\n       chunkbench analyze [-ingest DIR] DIR1 DIR2 ...")
 	os.Exit(2)
 }
 
