@@ -4,13 +4,26 @@
 // one JSON line saying it is ready, then ticks every TICK_MS (default 1000)
 // with one JSON line. Every VERIFY_EVERY ticks (default 10) it re-reads the
 // word of every page; a mismatch prints a line with "error" and exits 3.
+//
+// For the chunked-image benchmark (bench/chunks.sh, docs/chunked-images.md)
+// two more settings: FILL=random fills the rest of every page with
+// pseudo-random bytes (xorshift) instead of leaving it zero, so pages look
+// like data, not like zero pages with one word; and each SIGUSR2 changes
+// CHANGE_PCT percent (default 1) of the buffer, as CHANGE_MODE says: spread
+// (that many whole pages, chosen at random over the buffer), contiguous (one
+// run of that many pages at a random place) or lines (that many bytes as
+// 64-byte lines at random places, the worst case for page-sized chunks),
+// then prints a line whose "changes" counts the changes made. A change never
+// touches a page's verified word.
 package main
 
 import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
+	"syscall"
 	"time"
 )
 
@@ -26,6 +39,7 @@ type Line struct {
 	StartTime int64  `json:"start_time"`
 	TouchNS   int64  `json:"touch_ns"`
 	Time      int64  `json:"time"`
+	Changes   uint64 `json:"changes,omitempty"`
 	Error     string `json:"error,omitempty"`
 }
 
@@ -48,9 +62,16 @@ func main() {
 
 	pages := sizeMB << 20 / pageSize
 	mem := make([]uint64, pages*pageSize/8)
+	random := os.Getenv("FILL") == "random"
+	rng := uint64(0x243F6A8885A308D3)
 	for p := 0; p < pages; p++ {
 		mem[p*pageSize/8] = word(p)
+		if random {
+			fill(mem[p*pageSize/8+1:(p+1)*pageSize/8], &rng)
+		}
 	}
+	changes := make(chan os.Signal, 1)
+	signal.Notify(changes, syscall.SIGUSR2)
 	enc := json.NewEncoder(os.Stdout)
 	line := Line{
 		SizeMB:    sizeMB,
@@ -69,7 +90,15 @@ func main() {
 	emit()
 	t := time.NewTicker(tick)
 	defer t.Stop()
-	for range t.C {
+	for {
+		select {
+		case <-changes:
+			change(mem, pages, envInt("CHANGE_PCT", 1), os.Getenv("CHANGE_MODE"), &rng)
+			line.Changes++
+			emit()
+			continue
+		case <-t.C:
+		}
 		line.Counter++
 		if line.Counter%verifyEvery == 0 {
 			for p := 0; p < pages; p++ {
@@ -82,5 +111,42 @@ func main() {
 			line.Verified = line.Counter
 		}
 		emit()
+	}
+}
+
+func next(x *uint64) uint64 {
+	*x ^= *x << 13
+	*x ^= *x >> 7
+	*x ^= *x << 17
+	return *x
+}
+
+func fill(words []uint64, rng *uint64) {
+	for i := range words {
+		words[i] = next(rng)
+	}
+}
+
+// change rewrites pct percent of mem (see the package doc), never a
+// page's first word.
+func change(mem []uint64, pages, pct int, mode string, rng *uint64) {
+	n := pages * pct / 100
+	const w = pageSize / 8
+	switch mode {
+	case "contiguous":
+		first := int(next(rng) % uint64(pages-n+1))
+		for p := first; p < first+n; p++ {
+			fill(mem[p*w+1:(p+1)*w], rng)
+		}
+	case "lines":
+		for i := 0; i < n*pageSize/64; i++ {
+			p, l := int(next(rng)%uint64(pages)), 1+int(next(rng)%(pageSize/64-1))
+			fill(mem[p*w+l*8:p*w+l*8+8], rng)
+		}
+	default: // spread
+		for i := 0; i < n; i++ {
+			p := int(next(rng) % uint64(pages))
+			fill(mem[p*w+1:(p+1)*w], rng)
+		}
 	}
 }

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/ociarchive"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+const cgroup = "/runrecordd-chunkbench"
+
+// dump takes n dumps of one unit into out/1 … out/n: the ballast, which
+// changes pct percent of its memory between two, or the oracle (two
+// processes, a held TCP connection over loopback), which changes only what
+// it changes on its own in the second between two.
+func dump(out, unitName string, n, size, pct int, mode string) error {
+	if unitName != "ballast" && unitName != "oracle" {
+		return fmt.Errorf("no unit %q", unitName)
+	}
+	imageRef := "runrecordd.local/" + unitName + ":1"
+	ctx := context.Background()
+	if err := os.MkdirAll(out, 0o700); err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "rrcb-")
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := executor.StartContainerd(ctx, filepath.Join(dir, "cd"), log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		_ = d.Stop(context.Background())
+		_ = exec.Command("umount", "-R", filepath.Join(dir, "cd")).Run()
+		removeCgroups(cgroup)
+		_ = os.RemoveAll(dir)
+	}()
+	cfg := d.Config()
+	cfg.Logger, cfg.CgroupParent = log, cgroup
+	ex, err := executor.Connect(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer ex.Close()
+	bin, err := ociarchive.GoBinary(ctx, ".", "./units/"+unitName)
+	if err != nil {
+		return err
+	}
+	archive := filepath.Join(dir, "unit.tar")
+	if _, err := ociarchive.WriteFile(archive, ociarchive.Unit(imageRef, bin)); err != nil {
+		return err
+	}
+	if _, err := ex.ImportFile(ctx, archive, imageRef); err != nil {
+		return err
+	}
+	spec := executor.Spec{Image: imageRef, Network: unit.NoNetwork, MemoryBytes: uint64(size+256) << 20,
+		Env: []string{"SIZE_MB=" + strconv.Itoa(size), "TICK_MS=1000", "VERIFY_EVERY=1000000", "FILL=random",
+			"CHANGE_PCT=" + strconv.Itoa(pct), "CHANGE_MODE=" + mode}}
+	if unitName == "oracle" { // as bench/lazybench runs it
+		spec.Network, spec.Env = unit.Loopback, []string{"SIZE_MB=" + strconv.Itoa(size), "TCP_PORT=7000"}
+	}
+	return dumps(ctx, ex, spec, dir, out, n)
+}
+
+// dumps starts the unit and takes the n dumps.
+func dumps(ctx context.Context, ex *executor.Client, spec executor.Spec, dir, out string, n int) error {
+	o := executor.Output{Stdout: filepath.Join(dir, "out"), Stderr: filepath.Join(dir, "err")}
+	sb, err := ex.Start(ctx, "cb", spec, o)
+	if err != nil {
+		return err
+	}
+	defer sb.Destroy(context.Background())
+	if _, err := waitLine(o.Stdout, func(l map[string]any) bool { return true }); err != nil {
+		return err
+	}
+	for i := 1; i <= n; i++ {
+		st, err := sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: filepath.Join(out, strconv.Itoa(i)), Keep: true})
+		if err != nil {
+			return fmt.Errorf("dump %d: %w", i, err)
+		}
+		if err := sb.Resume(ctx); err != nil {
+			return err
+		}
+		fmt.Printf("dump %d: %d pages written, %s of images, CRIU frozen %s\n", i, st.PagesWritten, mib(st.ImageBytes), st.Frozen)
+		if i == n {
+			break
+		}
+		if err := change(sb, spec, o.Stdout, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// change makes the i-th change between two dumps: the ballast's SIGUSR2
+// and its line saying it is made; for the oracle, ten more ticks (a second
+// at its 100 ms tick).
+func change(sb *executor.Sandbox, spec executor.Spec, stdout string, i int) error {
+	if spec.Network == unit.Loopback {
+		var last float64
+		data, _ := os.ReadFile(stdout)
+		for _, l := range bytes.Split(data, []byte("\n")) {
+			var m map[string]any
+			if json.Unmarshal(l, &m) == nil {
+				c, _ := m["counter"].(float64)
+				last = max(last, c)
+			}
+		}
+		_, err := waitLine(stdout, func(m map[string]any) bool { c, _ := m["counter"].(float64); return c >= last+10 })
+		return err
+	}
+	if err := syscall.Kill(int(sb.Pid()), syscall.SIGUSR2); err != nil {
+		return err
+	}
+	_, err := waitLine(stdout, func(l map[string]any) bool { c, _ := l["changes"].(float64); return int(c) == i })
+	return err
+}
+
+// waitLine waits for a line of the unit's output that ok accepts.
+func waitLine(path string, ok func(map[string]any) bool) (map[string]any, error) {
+	deadline := time.Now().Add(120 * time.Second)
+	for time.Now().Before(deadline) {
+		data, _ := os.ReadFile(path)
+		for _, l := range bytes.Split(data, []byte("\n")) {
+			var m map[string]any
+			if json.Unmarshal(l, &m) == nil {
+				if e, _ := m["error"].(string); e != "" {
+					return nil, fmt.Errorf("the unit reports: %s", e)
+				}
+				if ok(m) {
+					return m, nil
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil, fmt.Errorf("no such line in %s", path)
+}
+
+// removeCgroups removes the (empty) cgroup at path, and those below it,
+// from every hierarchy, v1 or v2 (bench/lazybench's).
+func removeCgroups(path string) {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", path))
+	for _, d := range append(dirs, filepath.Join("/sys/fs/cgroup", path)) {
+		subs, _ := filepath.Glob(filepath.Join(d, "*"))
+		for _, s := range subs {
+			_ = os.Remove(s)
+		}
+		_ = os.Remove(d)
+	}
+}
