@@ -5,17 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/runrecordd/runrecordd/bench/benchhost"
 	"github.com/runrecordd/runrecordd/internal/executor"
-	"github.com/runrecordd/runrecordd/internal/ociarchive"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -34,37 +31,12 @@ func dump(out, unitName string, n, size, pct int, mode string) error {
 	if err := os.MkdirAll(out, 0o700); err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "rrcb-")
+	h, err := benchhost.Start(ctx, "rrcb-", cgroup)
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d, err := executor.StartContainerd(ctx, filepath.Join(dir, "cd"), log)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		_ = d.Stop(context.Background())
-		_ = exec.Command("umount", "-R", filepath.Join(dir, "cd")).Run()
-		removeCgroups(cgroup)
-		_ = os.RemoveAll(dir)
-	}()
-	cfg := d.Config()
-	cfg.Logger, cfg.CgroupParent = log, cgroup
-	ex, err := executor.Connect(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer ex.Close()
-	bin, err := ociarchive.GoBinary(ctx, ".", "./units/"+unitName)
-	if err != nil {
-		return err
-	}
-	archive := filepath.Join(dir, "unit.tar")
-	if _, err := ociarchive.WriteFile(archive, ociarchive.Unit(imageRef, bin)); err != nil {
-		return err
-	}
-	if _, err := ex.ImportFile(ctx, archive, imageRef); err != nil {
+	defer h.Close()
+	if _, err := h.ImportUnit(ctx, unitName, imageRef); err != nil {
 		return err
 	}
 	spec := executor.Spec{Image: imageRef, Network: unit.NoNetwork, MemoryBytes: uint64(size+256) << 20,
@@ -73,7 +45,7 @@ func dump(out, unitName string, n, size, pct int, mode string) error {
 	if unitName == "oracle" { // as bench/lazybench runs it
 		spec.Network, spec.Env = unit.Loopback, []string{"SIZE_MB=" + strconv.Itoa(size), "TCP_PORT=7000"}
 	}
-	return dumps(ctx, ex, spec, dir, out, n)
+	return dumps(ctx, h.Exec, spec, h.Dir, out, n)
 }
 
 // dumps starts the unit and takes the n dumps.
@@ -149,17 +121,4 @@ func waitLine(path string, ok func(map[string]any) bool) (map[string]any, error)
 		time.Sleep(50 * time.Millisecond)
 	}
 	return nil, fmt.Errorf("no such line in %s", path)
-}
-
-// removeCgroups removes the (empty) cgroup at path, and those below it,
-// from every hierarchy, v1 or v2 (bench/lazybench's).
-func removeCgroups(path string) {
-	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", path))
-	for _, d := range append(dirs, filepath.Join("/sys/fs/cgroup", path)) {
-		subs, _ := filepath.Glob(filepath.Join(d, "*"))
-		for _, s := range subs {
-			_ = os.Remove(s)
-		}
-		_ = os.Remove(d)
-	}
 }

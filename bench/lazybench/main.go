@@ -31,16 +31,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/runrecordd/runrecordd/bench/benchhost"
 	"github.com/runrecordd/runrecordd/internal/executor"
-	"github.com/runrecordd/runrecordd/internal/ociarchive"
 )
 
 const cgroup = "/runrecordd-lazybench"
@@ -78,44 +74,20 @@ func main() {
 
 func run(unitName string, n, size, verify int, modes []string, kill time.Duration, hold bool, logs string) error {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "rrlb-") // short: socket paths live under it
-	if err != nil {
-		return err
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d, err := executor.StartContainerd(ctx, filepath.Join(dir, "cd"), log)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		_ = d.Stop(context.Background())
-		_ = exec.Command("umount", "-R", filepath.Join(dir, "cd")).Run()
-		removeCgroups(cgroup)
-		removeCgroups("/" + ctrNS)
-		_ = os.RemoveAll(dir)
-	}()
-	cfg := d.Config()
-	cfg.Logger, cfg.CgroupParent = log, cgroup
-	ex, err := executor.Connect(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer ex.Close()
 	if unitName != "ballast" && unitName != "oracle" {
 		return fmt.Errorf("no unit %q", unitName)
 	}
-	bin, err := ociarchive.GoBinary(ctx, ".", "./units/"+unitName)
+	h, err := benchhost.Start(ctx, "rrlb-", cgroup, "/"+ctrNS)
 	if err != nil {
 		return err
 	}
-	archive := filepath.Join(dir, "unit.tar")
-	if _, err := ociarchive.WriteFile(archive, ociarchive.Unit(imageName(unitName), bin)); err != nil {
+	defer h.Close()
+	archive, err := h.ImportUnit(ctx, unitName, imageName(unitName))
+	if err != nil {
 		return err
 	}
-	if _, err := ex.ImportFile(ctx, archive, imageName(unitName)); err != nil {
-		return err
-	}
-	b := &bench{dir: dir, ex: ex, address: d.Address(), archive: archive, unit: unitName, sizeMB: size, verify: verify, logs: logs, results: map[string][]time.Duration{}, rss: map[string][]int64{}}
+	dir, ex := h.Dir, h.Exec
+	b := &bench{dir: dir, ex: ex, address: h.Address(), archive: archive, unit: unitName, sizeMB: size, verify: verify, logs: logs, results: map[string][]time.Duration{}, rss: map[string][]int64{}}
 	if kill > 0 {
 		return b.killRound(ctx, kill, hold)
 	}
@@ -134,19 +106,6 @@ func run(unitName string, n, size, verify int, modes []string, kill time.Duratio
 	}
 	b.report(n, modes)
 	return nil
-}
-
-// removeCgroups removes the (empty) cgroup at path, and those below it,
-// from every hierarchy, v1 or v2.
-func removeCgroups(path string) {
-	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", path))
-	for _, d := range append(dirs, filepath.Join("/sys/fs/cgroup", path)) {
-		subs, _ := filepath.Glob(filepath.Join(d, "*"))
-		for _, s := range subs {
-			_ = os.Remove(s)
-		}
-		_ = os.Remove(d)
-	}
 }
 
 func imageName(unit string) string { return "runrecordd.local/" + unit + ":1" }
