@@ -20,15 +20,11 @@ if [[ ${1:-} == analyze ]]; then
 fi
 [[ $(id -u) == 0 ]] || { echo "bench/chunks.sh: needs root (containerd, runc, CRIU)" >&2; exit 1; }
 export PATH=/usr/local/sbin:$PATH # the CRIU deploy/setup.sh installs
+source bench/tmpdir-lib.sh
 cleanup() {
-	local rc=$? p
+	local rc=$?
 	set +e
-	for p in /proc/[0-9]*; do
-		{ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -qF -- "$tmp/" && kill -KILL "${p#/proc/}" 2>/dev/null
-	done
-	awk -v d="$tmp/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r |
-		while read -r p; do umount -l "$p"; done
-	rm -rf "$tmp"
+	bench_tmp_cleanup
 	exit "$rc"
 }
 trap cleanup EXIT

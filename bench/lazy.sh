@@ -21,16 +21,11 @@ criu check --feature uffd-noncoop >/dev/null 2>&1 ||
 	{ echo "bench/lazy.sh: \`criu check --feature uffd-noncoop\` fails: no lazy pages on this host" >&2; exit 1; }
 tmp=$(mktemp -d /tmp/rrlazy.XXXXXX)
 out=/tmp/runrecordd-bench-lazy.txt
+source bench/tmpdir-lib.sh
 cleanup() {
-	local rc=$? p
+	local rc=$?
 	set +e
-	# Whatever still runs from our directory (a shim, a criu lazy-pages), by pid.
-	for p in /proc/[0-9]*; do
-		{ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -qF -- "$tmp/" && kill -KILL "${p#/proc/}" 2>/dev/null
-	done
-	awk -v d="$tmp/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r |
-		while read -r p; do umount -l "$p"; done
-	rm -rf "$tmp"
+	bench_tmp_cleanup
 	exit "$rc"
 }
 trap cleanup EXIT

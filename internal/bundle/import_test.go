@@ -299,25 +299,33 @@ func TestImportRefusals(t *testing.T) {
 			o.Limits = c.lim
 			o.Lock = func(string) func() { t.Error("locked"); return func() {} }
 			_, err := bundle.Import(context.Background(), st, bytes.NewReader(c.tar(t)), o)
-			var ce *store.CorruptError
-			var ue *attest.UntrustedError
-			var pe *attest.PlaceError
-			switch {
-			case c.want == anyCorrupt:
-				if !errors.As(err, &ce) {
-					t.Fatalf("got %v, want a corrupt object", err)
-				}
-			case !errors.Is(err, c.want):
-				t.Fatalf("got %v, want %v", err, c.want)
-			case errors.Is(err, attest.ErrUntrusted) && (!errors.As(err, &ue) || ue.Key != attest.KeyID(untrustedKey.Public().(ed25519.PublicKey))):
-				t.Fatalf("%v names no signer, or another", err)
-			case errors.Is(err, attest.ErrPlace) && (!errors.As(err, &pe) || pe.Index != 1):
-				t.Fatalf("%v names no segment, or another", err)
-			}
-			t.Log(err)
+			checkRefused(t, err, c.want)
 			if after := stateOf(t, st, dir); after != before {
 				t.Fatalf("refused import changed the store:\n%s\nwas\n%s", after, before)
 			}
 		})
 	}
+}
+
+// checkRefused checks a refused import's error: want (anyCorrupt: a
+// corrupt object), naming the untrusted signer or the misplaced segment
+// when that is the refusal.
+func checkRefused(t *testing.T, err, want error) {
+	t.Helper()
+	var ce *store.CorruptError
+	var ue *attest.UntrustedError
+	var pe *attest.PlaceError
+	switch {
+	case want == anyCorrupt:
+		if !errors.As(err, &ce) {
+			t.Fatalf("got %v, want a corrupt object", err)
+		}
+	case !errors.Is(err, want):
+		t.Fatalf("got %v, want %v", err, want)
+	case errors.Is(err, attest.ErrUntrusted) && (!errors.As(err, &ue) || ue.Key != attest.KeyID(untrustedKey.Public().(ed25519.PublicKey))):
+		t.Fatalf("%v names no signer, or another", err)
+	case errors.Is(err, attest.ErrPlace) && (!errors.As(err, &pe) || pe.Index != 1):
+		t.Fatalf("%v names no segment, or another", err)
+	}
+	t.Log(err)
 }

@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"io"
@@ -19,7 +18,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundletest"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/transfer"
-	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -211,22 +209,7 @@ func TestImportStoredRefusals(t *testing.T) {
 			rec, so := storedOf(t, st, c.tar(t), o)
 			before := stateOf(t, st, dir)
 			_, err := bundle.ImportStored(context.Background(), st, rec, so)
-			var ce *store.CorruptError
-			var ue *attest.UntrustedError
-			var pe *attest.PlaceError
-			switch {
-			case c.want == anyCorrupt:
-				if !errors.As(err, &ce) {
-					t.Fatalf("got %v, want a corrupt object", err)
-				}
-			case !errors.Is(err, c.want):
-				t.Fatalf("got %v, want %v", err, c.want)
-			case errors.Is(err, attest.ErrUntrusted) && (!errors.As(err, &ue) || ue.Key != attest.KeyID(untrustedKey.Public().(ed25519.PublicKey))):
-				t.Fatalf("%v names no signer, or another", err)
-			case errors.Is(err, attest.ErrPlace) && (!errors.As(err, &pe) || pe.Index != 1):
-				t.Fatalf("%v names no segment, or another", err)
-			}
-			t.Log(err)
+			checkRefused(t, err, c.want)
 			if after := stateOf(t, st, dir); after != before {
 				t.Fatalf("refused import changed the store:\n%s\nwas\n%s", after, before)
 			}

@@ -473,8 +473,7 @@ func snapshotCalls(t *testing.T, s *Store) func() {
 func TestMigrationCallLedger(t *testing.T) {
 	att, tr, man := record.Sum([]byte("att")), record.Sum([]byte("transcript")), record.Sum([]byte("manifest"))
 	ts := record.TranscriptSnapshot(tr)
-	recs := map[string]*record.Record{}
-	for id, segs := range map[string][]record.Segment{
+	recs := recordsOf(t, map[string][]record.Segment{
 		"fresh": nil,
 		"parked": {record.Execution(att, &record.CallAccount{Dispatched: []string{"a", "b"}}), record.Suspension(ts, man),
 			record.Resumption(ts, 1, record.Measured), record.Execution(att, &record.CallAccount{Dispatched: []string{"c"}, Resolved: []string{"a"}}),
@@ -482,16 +481,7 @@ func TestMigrationCallLedger(t *testing.T) {
 		"running":     {record.Execution(att, nil), record.Execution(att, &record.CallAccount{Dispatched: []string{"x"}})},
 		"closed":      {record.Execution(att, &record.CallAccount{Dispatched: []string{"a"}}), record.Closure("done")},
 		"image-units": {record.Execution(att, &record.CallAccount{}), record.Execution(att, &record.CallAccount{})},
-	} {
-		u, g := unitOf(id)
-		r := record.New(u, g)
-		for _, seg := range segs {
-			if _, err := r.Append(seg); err != nil {
-				t.Fatal(err)
-			}
-		}
-		recs[id] = r
-	}
+	})
 	dir := t.TempDir()
 	writeV1(t, dir, recs, []string{"att", "transcript", "manifest"})
 	s := mustOpen(t, dir)

@@ -16,6 +16,24 @@ import (
 // writeV1 writes a version-1 store by hand — meta, run states, the log of
 // segments, refs; no phase index — holding the given records, with every
 // object they name.
+// recordsOf makes a record of each run from its segments (its unit and
+// grants from unitOf).
+func recordsOf(t *testing.T, runs map[string][]record.Segment) map[string]*record.Record {
+	t.Helper()
+	recs := map[string]*record.Record{}
+	for id, segs := range runs {
+		u, g := unitOf(id)
+		r := record.New(u, g)
+		for _, seg := range segs {
+			if _, err := r.Append(seg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		recs[id] = r
+	}
+	return recs
+}
+
 func writeV1(t *testing.T, dir string, records map[string]*record.Record, objects []string) {
 	t.Helper()
 	s, err := Open(dir) // for the objects directory and its files
@@ -73,24 +91,14 @@ func writeV1(t *testing.T, dir string, records map[string]*record.Record, object
 // Migration 1→2 builds the phase index from the run states.
 func TestMigration1To2(t *testing.T) {
 	att, tr, man := record.Sum([]byte("att")), record.Sum([]byte("transcript")), record.Sum([]byte("manifest"))
-	recs := map[string]*record.Record{}
-	for id, segs := range map[string][]record.Segment{
+	recs := recordsOf(t, map[string][]record.Segment{
 		"fresh":    nil,
 		"running":  {record.Execution(att, nil)},
 		"parked":   {record.Execution(att, nil), record.Suspension(record.TranscriptSnapshot(tr), man)},
 		"parked-2": {record.Execution(att, nil), record.Execution(att, nil), record.Suspension(record.TranscriptSnapshot(tr), man)},
 		"closed":   {record.Execution(att, nil), record.Closure("done")},
 		"resumed":  {record.Execution(att, nil), record.Suspension(record.TranscriptSnapshot(tr), man), record.Resumption(record.TranscriptSnapshot(tr), 3, record.Measured)},
-	} {
-		u, g := unitOf(id)
-		r := record.New(u, g)
-		for _, seg := range segs {
-			if _, err := r.Append(seg); err != nil {
-				t.Fatal(err)
-			}
-		}
-		recs[id] = r
-	}
+	})
 	dir := t.TempDir()
 	writeV1(t, dir, recs, []string{"att", "transcript", "manifest"})
 	s := mustOpen(t, dir)
@@ -126,22 +134,12 @@ func TestMigration1To2(t *testing.T) {
 func TestMigrationStateFormat2(t *testing.T) {
 	att, tr, man := record.Sum([]byte("att")), record.Sum([]byte("transcript")), record.Sum([]byte("manifest"))
 	ts := record.TranscriptSnapshot(tr)
-	recs := map[string]*record.Record{}
-	for id, segs := range map[string][]record.Segment{
+	recs := recordsOf(t, map[string][]record.Segment{
 		"fresh":   nil,
 		"resumed": {record.Execution(att, nil), record.Suspension(ts, man), record.Resumption(ts, 3, record.Measured)},
 		"twice": {record.Execution(att, nil), record.Suspension(ts, man), record.Resumption(ts, 3, record.Measured),
 			record.Execution(att, nil), record.Suspension(ts, man), record.Resumption(ts, 4, record.Estimated), record.Execution(att, nil)},
-	} {
-		u, g := unitOf(id)
-		r := record.New(u, g)
-		for _, seg := range segs {
-			if _, err := r.Append(seg); err != nil {
-				t.Fatal(err)
-			}
-		}
-		recs[id] = r
-	}
+	})
 	dir := t.TempDir()
 	writeV1(t, dir, recs, []string{"att", "transcript", "manifest"})
 	s := mustOpen(t, dir)
