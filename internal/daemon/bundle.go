@@ -130,11 +130,5 @@ func (d *Daemon) claimImported(ctx context.Context, im bundle.Imported) error {
 }
 
 // notHandedOff refuses an operation on a run an export handed to another
-// host, or held here as a copy ([bundle.HeldHere]); in a fleet, also one
-// another host owns ([member.Member.Elsewhere]).
-func (d *Daemon) notHandedOff(id string) error {
-	if err := bundle.HeldHere(d.st, id); err != nil {
-		return err
-	}
-	return d.fleet.Elsewhere(id)
-}
+// host, or held here as a copy ([bundle.HeldHere]).
+func (d *Daemon) notHandedOff(id string) error { return bundle.HeldHere(d.st, id) }

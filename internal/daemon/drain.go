@@ -36,11 +36,7 @@ func (d *Daemon) Drain(ctx context.Context, to []record.Address, parallel int) (
 	if err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}
-	migrate := func(ctx context.Context, id string, to record.Address) error {
-		_, err := d.Migrate(ctx, id, to)
-		return err
-	}
-	return d.fleet.Drain(ctx, to, parallel, runs, needs, migrate)
+	return d.fleet.Drain(ctx, to, parallel, runs, needs, d.migratePlaced)
 }
 
 // held lists the runs this host holds — not closed, not handed off — and

@@ -58,6 +58,12 @@ func (d *Daemon) Migrate(ctx context.Context, id string, to record.Address) (Sum
 	return d.Run(id)
 }
 
+// migratePlaced moves run id to host to for a drain, whose placement has
+// judged it against to's offer ([member.Member.MigratePlaced]).
+func (d *Daemon) migratePlaced(ctx context.Context, id string, to record.Address) error {
+	return d.fleet.MigratePlaced(ctx, id, to, d.holdStored(id))
+}
+
 // Receive takes run id from host from, which handed it to this host in
 // the fleet ([member.Member.Receive]).
 func (d *Daemon) Receive(ctx context.Context, from record.Address, id string, resume bool) (Summary, error) {

@@ -97,6 +97,11 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	if err := d.notHandedOff(run); err != nil {
 		return Posted{}, err
 	}
+	// A post appends nothing, so no fence refuses it: in a fleet, a run
+	// another host owns takes no results here.
+	if err := d.fleet.Elsewhere(run); err != nil {
+		return Posted{}, err
+	}
 	if err := calls.Post(d.st, run, call, payload); err != nil {
 		return Posted{}, err
 	}

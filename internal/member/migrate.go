@@ -29,6 +29,17 @@ type Hold func() (h Held, release func(), err error)
 // Until to has claimed it, a failure takes it back here, parked and
 // resumable; after, the run is to's whatever this call returns.
 func (m *Member) Migrate(ctx context.Context, id string, to record.Address, hold Hold) error {
+	return m.migrate(ctx, id, to, hold, true)
+}
+
+// MigratePlaced is Migrate for a run a drain's placement has just judged
+// against to's offer: to is not asked again before the run moves (its own
+// check before it claims still holds, Config.Fits).
+func (m *Member) MigratePlaced(ctx context.Context, id string, to record.Address, hold Hold) error {
+	return m.migrate(ctx, id, to, hold, false)
+}
+
+func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold Hold, ask bool) error {
 	if err := m.moving("migrate", id); err != nil {
 		return err
 	}
@@ -38,8 +49,10 @@ func (m *Member) Migrate(ctx context.Context, id string, to record.Address, hold
 		return err
 	}
 	defer release()
-	if err := m.offered(ctx, id, to, h); err != nil {
-		return fmt.Errorf("migrate %s to %s: %w", id, to, err)
+	if ask {
+		if err := m.offered(ctx, id, to, h); err != nil {
+			return fmt.Errorf("migrate %s to %s: %w", id, to, err)
+		}
 	}
 	executing := h.Executing()
 	if executing {
