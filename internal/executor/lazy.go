@@ -186,28 +186,17 @@ func (c *Client) RestoreLazy(ctx context.Context, id string, spec Spec, cp Check
 
 func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, *LazyPages, RestoreStats, error) {
 	start := time.Now()
-	var st RestoreStats
-	images, err := filepath.Abs(cp.ImageDir)
-	if err != nil || cp.ImageDir == "" {
-		return nil, nil, st, fmt.Errorf("%w: image directory %q", ErrInvalid, cp.ImageDir)
-	}
-	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
-		return nil, nil, st, fmt.Errorf("%w: %s holds no CRIU image: %w", ErrInvalid, images, err)
-	}
-	work := filepath.Join(c.cfg.StateDir, "criu", id, "restore")
-	if err := removeTree(work); err != nil {
-		return nil, nil, st, err
-	}
-	if err := os.MkdirAll(work, 0o700); err != nil {
-		return nil, nil, st, err
+	images, work, err := c.restoreWork(id, cp)
+	if err != nil {
+		return nil, nil, RestoreStats{}, err
 	}
 	conf := filepath.Join(c.cfg.StateDir, "criu", id, criuConfigName)
 	if _, err := writeFileDurably(conf, strings.NewReader(criuConfig+"lazy-pages\n")); err != nil {
-		return nil, nil, st, err
+		return nil, nil, RestoreStats{}, err
 	}
 	l, err := c.startLazyPages(images, work, 10*time.Second)
 	if err != nil {
-		return nil, nil, st, fmt.Errorf("%w: %w", ErrRestore, err)
+		return nil, nil, RestoreStats{}, fmt.Errorf("%w: %w", ErrRestore, err)
 	}
 	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline, criuConfig: conf}
 	s, err := c.create(ctx, id, spec, out, rs)
@@ -220,13 +209,7 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 	}
 	if err != nil {
 		l.Kill()
-		if rs.timedOut {
-			return nil, nil, st, timeoutErr(ErrRestoreTimeout, cp.Deadline, err)
-		}
-		return nil, nil, st, fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(work, "restore.log")))
+		return nil, nil, RestoreStats{}, restoreFailed(rs, err)
 	}
-	st.Rootfs, st.Task, st.NewTask = rs.rootfsTime, rs.taskTime, rs.newTaskTime
-	readRestoreStats(work, &st)
-	st.Total = time.Since(start)
-	return s, l, st, nil
+	return s, l, rs.stats(start), nil
 }

@@ -51,36 +51,52 @@ func (c *Client) Restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 
 func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, RestoreStats, error) {
 	start := time.Now()
-	var st RestoreStats
-	if cp.ImageDir == "" {
-		return nil, st, fmt.Errorf("%w: no image directory", ErrInvalid)
-	}
-	images, err := filepath.Abs(cp.ImageDir)
+	images, work, err := c.restoreWork(id, cp)
 	if err != nil {
-		return nil, st, err
-	}
-	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
-		return nil, st, fmt.Errorf("%w: %s holds no CRIU image: %w", ErrInvalid, images, err)
-	}
-	work := filepath.Join(c.cfg.StateDir, "criu", id, "restore")
-	if err := removeTree(work); err != nil {
-		return nil, st, err
-	}
-	if err := os.MkdirAll(work, 0o700); err != nil {
-		return nil, st, err
+		return nil, RestoreStats{}, err
 	}
 	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline}
 	s, err := c.create(ctx, id, spec, out, rs)
 	if err != nil {
-		if rs.timedOut {
-			return nil, st, timeoutErr(ErrRestoreTimeout, cp.Deadline, err)
-		}
-		return nil, st, fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(work, "restore.log")))
+		return nil, RestoreStats{}, restoreFailed(rs, err)
 	}
-	st.Rootfs, st.Task, st.NewTask = rs.rootfsTime, rs.taskTime, rs.newTaskTime
-	readRestoreStats(work, &st)
+	return s, rs.stats(start), nil
+}
+
+// restoreWork checks that cp's image directory holds a CRIU image, and
+// makes the restore's work directory under the executor's state, empty.
+func (c *Client) restoreWork(id string, cp Checkpoint) (images, work string, err error) {
+	if cp.ImageDir == "" {
+		return "", "", fmt.Errorf("%w: no image directory", ErrInvalid)
+	}
+	if images, err = filepath.Abs(cp.ImageDir); err != nil {
+		return "", "", err
+	}
+	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
+		return "", "", fmt.Errorf("%w: %s holds no CRIU image: %w", ErrInvalid, images, err)
+	}
+	work = filepath.Join(c.cfg.StateDir, "criu", id, "restore")
+	if err := removeTree(work); err != nil {
+		return "", "", err
+	}
+	return images, work, os.MkdirAll(work, 0o700)
+}
+
+// restoreFailed is a restore's error: its deadline's, or CRIU's with the
+// tail of its log.
+func restoreFailed(rs *restoreFrom, err error) error {
+	if rs.timedOut {
+		return timeoutErr(ErrRestoreTimeout, rs.deadline, err)
+	}
+	return fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(rs.work, "restore.log")))
+}
+
+// stats are a restore's times since start, with CRIU's own.
+func (rs *restoreFrom) stats(start time.Time) RestoreStats {
+	st := RestoreStats{Rootfs: rs.rootfsTime, Task: rs.taskTime, NewTask: rs.newTaskTime}
+	readRestoreStats(rs.work, &st)
 	st.Total = time.Since(start)
-	return s, st, nil
+	return st
 }
 
 // readRestoreStats fills in CRIU's own restore statistics from the work
