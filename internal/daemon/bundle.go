@@ -9,6 +9,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 var (
@@ -99,36 +100,22 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 		return Imported{}, err
 	}
 	d.fillCalls(im.Run)
-	unclaimed := d.claimImported(ctx, im)
+	unclaimed := d.fleet.ClaimImported(ctx, im)
 	sum, err := d.summary(im.Run, rl)
 	if err != nil {
 		return Imported{}, err
 	}
 	d.log.Info("run imported", "run", im.Run, "from", im.Header.Run, "objects", im.Objects, "bytes", im.Bytes, "copy", im.Header.Copy)
-	return Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: grantsOf(im.Grants), Signers: d.signersOf(im.Signers), Unclaimed: unclaimed}, nil
-}
-
-// claimImported makes an imported run this host's in the fleet
-// (docs/fleet.md, "Bundles in a fleet"): claimed at the record's head —
-// which the directory allows for a run it has no entry for (one from
-// outside the fleet), one transferred to this host, and one whose owner is
-// gone. Refused (another live host owns it, or holds it further on), the
-// run is stored here all the same, and inert: the fence refuses its every
-// advance (a resume is refused not_owner) until it is adopted or claimed.
-// The refusal is returned. A copy bundle's run is never claimed; alone,
-// nothing is.
-func (d *Daemon) claimImported(ctx context.Context, im bundle.Imported) error {
-	if d.session() == nil || im.Header.Copy {
-		return nil
-	}
-	rec := im.Record
-	if _, err := d.session().Claim(ctx, rec.Genesis(), im.Run, rec.Head(), rec.Phase()); err != nil {
-		d.log.Warn("fleet: the imported run is another host's; it is stored here, not resumable", "run", im.Run, "err", err)
-		return d.fleetErr(err)
-	}
-	return nil
+	return Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: grantsOf(im.Grants), Signers: d.Signers(im.Signers), Unclaimed: unclaimed}, nil
 }
 
 // notHandedOff refuses an operation on a run an export handed to another
 // host, or held here as a copy ([bundle.HeldHere]).
 func (d *Daemon) notHandedOff(id string) error { return bundle.HeldHere(d.st, id) }
+
+// grantsOf returns an imported bundle's grants as a copy (Import's
+// answer).
+func grantsOf(g unit.Grants) unit.Grants {
+	g.ReadOnly = append([]unit.Mount(nil), g.ReadOnly...)
+	return g
+}

@@ -41,6 +41,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/evidence"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/host"
@@ -51,6 +52,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/metrics"
 	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -113,6 +115,10 @@ type Config struct {
 
 // Daemon is one host's runrecordd.
 type Daemon struct {
+	// Reader answers the host's evidence: records, units, objects,
+	// verification and trusted keys (internal/evidence).
+	evidence.Reader
+
 	cfg    Config
 	log    *slog.Logger
 	base   *host.Host // what it stands on (nil in unit tests of a fake)
@@ -166,6 +172,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	cfg.Config = h.Config
 	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: map[string]*run{}, base: h, st: h.Store, ctrd: h.Containerd,
 		ex: execRole{h.Exec}, meter: h.Meter, signer: h.Signer, keyID: h.Signer.KeyID(), host: h.Facts}
+	d.openEvidence()
 	ok := false
 	defer func() {
 		if !ok {
@@ -189,6 +196,13 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.fleet.Watch(bg, units{d}, &d.bg)
 	ok = true
 	return d, nil
+}
+
+// openEvidence makes the daemon's evidence reader from its store, key and
+// fleet (internal/evidence).
+func (d *Daemon) openEvidence() {
+	d.Reader = evidence.New(d.st, func() trust.Keys { return trust.Keys{Store: d.st, Self: d.keyID, Log: d.log} },
+		func(k record.Address) bool { return d.fleet.Admitted(k) }, func(id string) string { return d.outputOf(id).Stdout })
 }
 
 // Shutdown stops the daemon's own work, then closes what it stands on

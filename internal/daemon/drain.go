@@ -9,9 +9,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/member"
-	"github.com/runrecordd/runrecordd/internal/park"
-	"github.com/runrecordd/runrecordd/internal/resume"
-	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/internal/placement"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -71,28 +69,21 @@ func (d *Daemon) held(ctx context.Context) ([]drain.Run, []drain.Need, error) {
 // says what it can take (Offer, over the peer routes), and the drain judges
 // each run against each offer (drain.Fit) — so an image run is never sent
 // to a host whose manifest its resume would refuse, nor to one without
-// room for it (docs/fleet.md, "Drain").
+// room for it (docs/fleet.md, "Drain"; internal/placement).
 
-// Offer is what this host can take now: its facts as its manifests record
-// them, the digests of images (by name) it has imported, the room its store
-// has left, and whether it takes runs at all.
+// placement is this host's side of a drain's placement.
+func (d *Daemon) placement() placement.Host {
+	digest := func(ctx context.Context, name string) (string, error) {
+		img, err := d.ex.Image(ctx, name)
+		return img.Digest, err
+	}
+	return placement.Host{Store: d.st, Facts: d.host, Digest: digest, MinFree: d.cfg.MinFree, Draining: d.draining.Load,
+		ImageParks: func() bool { return d.probe.Status().State != imageparks.Unavailable }}
+}
+
+// Offer is what this host can take now ([placement.Host.Offer]).
 func (d *Daemon) Offer(ctx context.Context, images []string) (drain.Offer, error) {
-	o := drain.Offer{Facts: manifest.Manifest{manifest.Protocol: protocol.Version}, Images: map[string]string{},
-		Draining: d.draining.Load(), ImageParks: d.probe.Status().State != imageparks.Unavailable}
-	for k, v := range d.host {
-		o.Facts[k] = v
-	}
-	for _, name := range images {
-		if img, err := d.ex.Image(ctx, name); err == nil {
-			o.Images[name] = img.Digest
-		}
-	}
-	free, err := park.Free(d.st, d.cfg.MinFree)
-	if err != nil {
-		return drain.Offer{}, fmt.Errorf("placement: %w", err)
-	}
-	o.Free = free
-	return o, nil
+	return d.placement().Offer(ctx, images)
 }
 
 // need is what run id, held here, asks of the host that takes it: for a
@@ -123,7 +114,7 @@ func (d *Daemon) needOf(ctx context.Context, id string, r *run) (drain.Run, drai
 	n := drain.Need{Run: id, Image: spec.Image, ImagePark: !transcript}
 	switch {
 	case st.Phase == record.Parked:
-		n.Manifest, n.Bytes, err = d.recordedNeed(id)
+		n.Manifest, n.Bytes, err = d.placement().Recorded(id)
 	case r.live != nil:
 		n.Manifest, err = d.forms().Over(ctx, manifest.KeysFor(transcript), spec, st.Unit)
 		if u, serr := r.live.sb.Stats(ctx); serr == nil && !transcript {
@@ -131,58 +122,4 @@ func (d *Daemon) needOf(ctx context.Context, id string, r *run) (drain.Run, drai
 		}
 	}
 	return drain.Run{ID: id, Transcript: transcript, Bytes: n.Bytes}, n, err
-}
-
-// fits says why this host could not resume parked run id, stored here,
-// now: its recorded manifest judged against this host's offer as a drain
-// judges it (drain.Fit) — before a received run is claimed.
-func (d *Daemon) fits(ctx context.Context, id string) error {
-	st, err := d.st.Run(id)
-	if err != nil {
-		return err
-	}
-	run, err := forms.ReadRun(d.st, st)
-	if err != nil {
-		return err
-	}
-	m, _, err := d.recordedNeed(id)
-	if err != nil {
-		return err
-	}
-	o, err := d.Offer(ctx, []string{run.Spec.Image})
-	if err != nil {
-		return err
-	}
-	o.Draining = false // judged on its own, under the run's lock
-	return drain.Fit(drain.Need{Run: id, Image: run.Spec.Image, Manifest: m, ImagePark: run.Spec.Mode != unit.TranscriptMode}, o)
-}
-
-// maxNeedManifest is the largest recorded manifest a drain reads to place
-// a run (a host's is about 3 KiB; an imported one may be anything).
-const maxNeedManifest = 64 << 10
-
-// recordedNeed is a parked run's recorded manifest and the bytes its
-// snapshot holds.
-func (d *Daemon) recordedNeed(id string) (manifest.Manifest, uint64, error) {
-	raw, err := d.st.Raw(id)
-	if err != nil {
-		return nil, 0, err
-	}
-	susp, err := resume.Suspension(raw.Segments)
-	if err != nil {
-		return nil, 0, err
-	}
-	if size, err := d.st.Size(susp.Manifest); err != nil || size > maxNeedManifest {
-		return nil, 0, fmt.Errorf("recorded manifest: %d bytes (at most %d judged here), %v", size, maxNeedManifest, err)
-	}
-	mb, err := d.st.ReadAll(susp.Manifest)
-	if err != nil {
-		return nil, 0, err
-	}
-	m, err := manifest.Decode(mb)
-	if err != nil {
-		return nil, 0, err
-	}
-	n, err := park.Retained(d.st, susp.Snapshot)
-	return m, uint64(max(n, 0)), err
 }

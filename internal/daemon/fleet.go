@@ -30,14 +30,14 @@ func (d *Daemon) joinFleet() {
 		Fleet: d.cfg.Fleet, Rejoin: d.cfg.Rejoin, Peers: d.cfg.Peers,
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.publish, Reach: d.reach,
 		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: checkID},
-		Exportable: d.Exportable, Draining: d.draining.Load, Fits: d.fits,
+		Exportable: d.Exportable, Draining: d.draining.Load, Fits: d.placement().Fits,
 	})
 }
 
 // bundleOptions are how this host judges a bundle, or a run received
 // from a peer: its limits, its trusted signers, its mount policy.
 func (d *Daemon) bundleOptions() bundle.Options {
-	return bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
+	return bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.Trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
 }
 
 // session is this host's current session in the fleet; nil alone.

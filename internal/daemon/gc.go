@@ -53,9 +53,3 @@ func (d *Daemon) Pin(id string, pin bool) (Summary, error) {
 	}
 	return d.summary(id, r)
 }
-
-// released reports whether run id's image snapshots were released.
-func (d *Daemon) released(id string) bool {
-	r, err := d.st.RetentionOf(id)
-	return err == nil && !r.Released.IsZero()
-}

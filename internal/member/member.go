@@ -131,6 +131,41 @@ func (m *Member) Session() *fleet.Host {
 	return m.cfg.Fleet
 }
 
+// Admitted says whether key is a host admitted to the fleet: the fleet's
+// hosts' keys are its trusted set (docs/fleet.md). Alone, none is.
+func (m *Member) Admitted(key record.Address) bool {
+	h := m.Session()
+	if h == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	mb, err := h.Member(ctx, key)
+	return err == nil && mb.Role == fleet.RoleHost
+}
+
+// ClaimImported makes a run imported from a bundle this host's
+// (docs/fleet.md, "Bundles in a fleet"): claimed at the record's head —
+// which the directory allows for a run it has no entry for (one from
+// outside the fleet), one transferred to this host, and one whose owner
+// is gone. Refused (another live host owns it, or holds it further on),
+// the run is stored here all the same, and inert: the fence refuses its
+// every advance (a resume is refused not_owner) until it is adopted or
+// claimed. The refusal is returned. A copy bundle's run is never claimed;
+// alone, nothing is.
+func (m *Member) ClaimImported(ctx context.Context, im bundle.Imported) error {
+	h := m.Session()
+	if h == nil || im.Header.Copy {
+		return nil
+	}
+	rec := im.Record
+	if _, err := h.Claim(ctx, rec.Genesis(), im.Run, rec.Head(), rec.Phase()); err != nil {
+		m.cfg.Log.Warn("fleet: the imported run is another host's; it is stored here, not resumable", "run", im.Run, "err", err)
+		return m.Err(err)
+	}
+	return nil
+}
+
 // Close ends the session this Member made (the first is its caller's).
 func (m *Member) Close(ctx context.Context) error {
 	if h := m.rejoined.Load(); h != nil {

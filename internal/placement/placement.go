@@ -1,0 +1,114 @@
+// Package placement is a host's side of a drain's placement
+// (docs/fleet.md, "Drain"): what the host can take now (its Offer), what a
+// parked run stored here needs of the host that takes it (Recorded), and
+// whether this host could resume a parked run it stores (Fits). The judge
+// is internal/drain; this package reads the store and asks the executor
+// for image digests, and never imports the daemon.
+package placement
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/runrecordd/runrecordd/internal/drain"
+	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/park"
+	"github.com/runrecordd/runrecordd/internal/resume"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// Host is what a host's offer is made of.
+type Host struct {
+	Store *store.Store
+	// Facts are the host's own facts as its manifests record them.
+	Facts manifest.Manifest
+	// Digest is the digest of the image imported under name, or an error
+	// when there is none.
+	Digest func(ctx context.Context, name string) (string, error)
+	// MinFree is the room the store keeps (park.Free).
+	MinFree uint64
+	// Draining says whether the host is being drained (it takes no runs).
+	Draining func() bool
+	// ImageParks says whether image parks work on the host.
+	ImageParks func() bool
+}
+
+// Offer is what the host can take now: its facts, the digests of the
+// images among images it has imported, the room its store has left, and
+// whether it takes runs at all.
+func (h Host) Offer(ctx context.Context, images []string) (drain.Offer, error) {
+	o := drain.Offer{Facts: manifest.Manifest{manifest.Protocol: protocol.Version}, Images: map[string]string{},
+		Draining: h.Draining(), ImageParks: h.ImageParks()}
+	for k, v := range h.Facts {
+		o.Facts[k] = v
+	}
+	for _, name := range images {
+		if d, err := h.Digest(ctx, name); err == nil {
+			o.Images[name] = d
+		}
+	}
+	free, err := park.Free(h.Store, h.MinFree)
+	if err != nil {
+		return drain.Offer{}, fmt.Errorf("placement: %w", err)
+	}
+	o.Free = free
+	return o, nil
+}
+
+// Fits says why this host could not resume parked run id, stored here,
+// now: its recorded manifest judged against the host's offer as a drain
+// judges it (drain.Fit), whether or not the host is draining — before a
+// received run is claimed, under the run's lock.
+func (h Host) Fits(ctx context.Context, id string) error {
+	st, err := h.Store.Run(id)
+	if err != nil {
+		return err
+	}
+	run, err := forms.ReadRun(h.Store, st)
+	if err != nil {
+		return err
+	}
+	m, _, err := h.Recorded(id)
+	if err != nil {
+		return err
+	}
+	o, err := h.Offer(ctx, []string{run.Spec.Image})
+	if err != nil {
+		return err
+	}
+	o.Draining = false
+	return drain.Fit(drain.Need{Run: id, Image: run.Spec.Image, Manifest: m, ImagePark: run.Spec.Mode != unit.TranscriptMode}, o)
+}
+
+// MaxManifest is the largest recorded manifest placement reads to judge a
+// run (a host's is about 3 KiB; an imported one may be anything).
+const MaxManifest = 64 << 10
+
+// Recorded is parked run id's recorded manifest and the bytes its
+// snapshot holds.
+func (h Host) Recorded(id string) (manifest.Manifest, uint64, error) {
+	raw, err := h.Store.Raw(id)
+	if err != nil {
+		return nil, 0, err
+	}
+	susp, err := resume.Suspension(raw.Segments)
+	if err != nil {
+		return nil, 0, err
+	}
+	if size, err := h.Store.Size(susp.Manifest); err != nil || size > MaxManifest {
+		return nil, 0, fmt.Errorf("recorded manifest: %d bytes (at most %d judged here), %v", size, MaxManifest, err)
+	}
+	mb, err := h.Store.ReadAll(susp.Manifest)
+	if err != nil {
+		return nil, 0, err
+	}
+	m, err := manifest.Decode(mb)
+	if err != nil {
+		return nil, 0, err
+	}
+	n, err := park.Retained(h.Store, susp.Snapshot)
+	return m, uint64(max(n, 0)), err
+}
