@@ -51,6 +51,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/metrics"
+	"github.com/runrecordd/runrecordd/internal/retention"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -118,6 +119,8 @@ type Daemon struct {
 	// Reader answers the host's evidence: records, units, objects,
 	// verification and trusted keys (internal/evidence).
 	evidence.Reader
+	// Collector collects the store (internal/retention).
+	retention.Collector
 
 	cfg    Config
 	log    *slog.Logger
@@ -192,7 +195,8 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("daemon: reconcile: %w", err)
 	}
 	d.startProbe(h.CRIUErr)
-	d.startGC()
+	d.Collector = retention.NewCollector(d.st, d.cfg.SnapshotRetention, d.cfg.GCInterval, d.log)
+	d.background(func() { d.Collector.Run(d.bgCtx) })
 	d.fleet.Watch(bg, units{d}, &d.bg)
 	ok = true
 	return d, nil

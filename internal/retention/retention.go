@@ -138,3 +138,42 @@ func Loop(ctx context.Context, every time.Duration, collect func(context.Context
 		t.Reset(every)
 	}
 }
+
+// Collector is a store's collection as a daemon runs it: on demand (GC)
+// and periodically (Run), with the daemon's configured retention time and
+// interval.
+type Collector struct {
+	st             *store.Store
+	keep, interval time.Duration
+	log            *slog.Logger
+}
+
+// NewCollector collects st, keeping closed runs' snapshots for keep and
+// collecting every interval (as configured: Keep and Interval).
+func NewCollector(st *store.Store, keep, interval time.Duration, log *slog.Logger) Collector {
+	return Collector{st: st, keep: Keep(keep), interval: Interval(interval), log: log}
+}
+
+// GC releases the image snapshots of every closed run past the retention
+// time (keep, or the collector's when nil; negative releases none) that
+// is not pinned, then removes every object no record reaches that is
+// older than the grace period (grace, or Grace when nil): Collect.
+func (c Collector) GC(ctx context.Context, keep, grace *time.Duration) (Result, error) {
+	k, g := c.keep, Grace
+	if keep != nil {
+		k = *keep
+	}
+	if grace != nil {
+		g = *grace
+	}
+	return Collect(ctx, c.st, k, g, c.log)
+}
+
+// Run collects a minute after it starts and then every interval, until
+// ctx is done (Loop).
+func (c Collector) Run(ctx context.Context) {
+	Loop(ctx, c.interval, func(ctx context.Context) error {
+		_, err := c.GC(ctx, nil, nil)
+		return err
+	}, c.log)
+}
