@@ -134,7 +134,7 @@ func newPlain(ctx context.Context, d *daemon.Daemon, dir, archive, digest string
 	srv := protocol.NewServer(idleHandler{})
 	go srv.Serve(ln)
 	spec := executor.SpecOf(unit.Spec{Image: imageName, ImageDigest: digest}, unit.Grants{Network: unit.NoNetwork})
-	spec.Mounts = []executor.Mount{{Source: mnt, Target: daemon.ChannelMount, Writable: true}}
+	spec.Mounts = []executor.Mount{{Source: mnt, Target: protocol.Dir, Writable: true}}
 	// Its output goes to files, as a unit's does.
 	out := executor.Output{Stdout: filepath.Join(dir, "plain.out"), Stderr: filepath.Join(dir, "plain.err")}
 	return &plain{ex: ex, srv: srv, spec: spec, out: out}, nil

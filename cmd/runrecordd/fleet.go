@@ -18,8 +18,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/peer"
 	"github.com/runrecordd/runrecordd/internal/server"
 	"github.com/runrecordd/runrecordd/internal/trust"
@@ -119,10 +119,10 @@ func cmdFleet(args []string, stdout io.Writer) error {
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("fleet "+sub, flag.ContinueOnError)
 	var e etcdFlags
-	state, name, role := daemon.DefaultStateDir, "", string(fleet.RoleHost)
+	state, name, role := host.DefaultStateDir, "", string(fleet.RoleHost)
 	switch sub {
 	case "key":
-		fs.StringVar(&state, "state-dir", daemon.DefaultStateDir, "the daemon's state directory")
+		fs.StringVar(&state, "state-dir", host.DefaultStateDir, "the daemon's state directory")
 	case "admit":
 		e.register(fs)
 		fs.StringVar(&name, "name", "", "the host's or platform's name")

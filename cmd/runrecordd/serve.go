@@ -42,7 +42,7 @@ type serveFlags struct {
 
 // register declares serve's flags on fs.
 func (f *serveFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.state, "state-dir", daemon.DefaultStateDir, "state directory: store, host key, embedded containerd")
+	fs.StringVar(&f.state, "state-dir", host.DefaultStateDir, "state directory: store, host key, embedded containerd")
 	fs.StringVar(&f.socket, "socket", "", "API socket (default STATE-DIR/runrecordd.sock)")
 	fs.StringVar(&f.ctrd, "containerd-address", "", "use this containerd instead of starting an embedded one")
 	fs.StringVar(&f.coeffs, "coefficients", "", "JSON file of energy coefficients over the defaults (docs/energy.md)")

@@ -13,8 +13,6 @@ import (
 )
 
 var (
-	// ErrBundle is a bundle that is not one this daemon reads.
-	ErrBundle = bundle.ErrMalformed
 	// ErrResultsHeld refuses the export of a run with results posted on
 	// this host for calls it still awaits.
 	ErrResultsHeld = errors.New("results held on this host")

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/atomicfile"
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -43,7 +44,7 @@ func TestLegacyResultsBroughtIn(t *testing.T) {
 	if err := h.d.Exportable("r"); !errors.Is(err, ErrResultsHeld) {
 		t.Fatalf("export with the result brought in: %v", err)
 	}
-	if _, err := h.d.PostResult(t.Context(), "r", "c1", []byte(`{}`)); !errors.Is(err, ErrCall) {
+	if _, err := h.d.PostResult(t.Context(), "r", "c1", []byte(`{}`)); !errors.Is(err, calls.ErrRefused) {
 		t.Fatalf("a second result: %v", err)
 	}
 }

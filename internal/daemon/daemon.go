@@ -39,11 +39,11 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
-	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/evidence"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
@@ -69,11 +69,6 @@ var (
 	// ErrNoSandbox is a run executing in its record with no sandbox on
 	// this host (lost in a host restart, or imported while executing).
 	ErrNoSandbox = errors.New("run has no sandbox on this host")
-	// ErrBusy is a run another operation holds.
-	ErrBusy = errors.New("another operation on the run is in progress")
-	// ErrCall is a call result the run cannot take (unknown call, already
-	// resolved, already posted): the calls room's refusal.
-	ErrCall = calls.ErrRefused
 )
 
 // Config configures a Daemon.
@@ -108,7 +103,7 @@ type Config struct {
 	Rejoin func(ctx context.Context) (*fleet.Host, error)
 	// Peers reach the fleet's other hosts for migrations (Migrate,
 	// Receive); nil, this host neither sends nor takes runs.
-	Peers Peers
+	Peers member.Peers
 	// BundleMounts are the host paths under which an imported bundle's
 	// read-only mount sources may lie; empty allows none (docs/trust.md).
 	BundleMounts []string
@@ -249,7 +244,7 @@ func checkID(id string) error {
 	if !runID.MatchString(id) {
 		return fmt.Errorf("%w: run id %q: use 1 to 64 of A-Z a-z 0-9 _ . - (not starting with . or -)", ErrInvalid, id)
 	}
-	if transcriptSuffix.MatchString(id) {
+	if forms.TranscriptSuffix.MatchString(id) {
 		return fmt.Errorf("%w: run id %q: an id may not end in _t and digits (the form of a transcript interval's sandbox id)", ErrInvalid, id)
 	}
 	return nil

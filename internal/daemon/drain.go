@@ -17,9 +17,6 @@ import (
 // ErrDraining refuses a new run on a host being drained.
 var ErrDraining = member.ErrDraining
 
-// DefaultDrainParallel is how many runs a drain moves at once unless told.
-const DefaultDrainParallel = member.DefaultDrainParallel
-
 // Drain moves every run this host holds (not closed, not handed off) to
 // the fleet's other hosts by migration: to, or every other host whose live
 // session serves the fleet; each where it fits ([member.Member.Drain],
@@ -27,7 +24,7 @@ const DefaultDrainParallel = member.DefaultDrainParallel
 // (ErrDraining) until it restarts.
 func (d *Daemon) Drain(ctx context.Context, to []record.Address, parallel int) ([]drain.Outcome, error) {
 	if d.session() == nil || d.cfg.Peers == nil {
-		return nil, fmt.Errorf("drain: %w", ErrNoFleet)
+		return nil, fmt.Errorf("drain: %w", member.ErrNoFleet)
 	}
 	d.draining.Store(true)
 	runs, needs, err := d.held(ctx)

@@ -17,13 +17,6 @@ import (
 // gives it its runs as its operations hold them (heldRun) and its units
 // (units).
 
-// Peers are the fleet's other hosts as a migration uses them
-// (member.Peers).
-type Peers = member.Peers
-
-// ErrNoFleet is a migration asked of a host that is not in a fleet.
-var ErrNoFleet = member.ErrNoFleet
-
 // joinFleet makes the daemon's member room from its configuration.
 func (d *Daemon) joinFleet() {
 	d.fleet = member.New(member.Config{

@@ -144,7 +144,3 @@ func (d *Daemon) removeSandboxes(ctx context.Context, id string) {
 		}
 	}
 }
-
-// transcriptSuffix is the end of a transcript interval's sandbox id, which
-// no run id may have (checkID).
-var transcriptSuffix = forms.TranscriptSuffix

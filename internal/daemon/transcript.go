@@ -18,13 +18,6 @@ import (
 // listing, and the recovery of a transcript whose channel died with the
 // last daemon. Call state lives in the store's call ledger.
 
-// ChannelMount is where a transcript unit finds its channel directory.
-const ChannelMount = protocol.Dir
-
-// ErrTranscript is a transcript file the daemon will not read
-// (calls.ErrTranscript).
-var ErrTranscript = calls.ErrTranscript
-
 // callHost is the daemon as a channel's calls.Host.
 type callHost struct{ d *Daemon }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/executor"
@@ -15,6 +16,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/resume"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -86,8 +88,8 @@ var codes = []struct {
 	{api.CodeHandedOff, is(store.ErrHandedOff), nil},
 	{api.CodeGenesisHeld, is(store.ErrGenesisHeld, store.ErrNotExtension), nil},
 	{api.CodeExists, is(store.ErrRunExists, executor.ErrExists), nil},
-	{api.CodeConflict, is(store.ErrHeadMoved, daemon.ErrBusy), nil},
-	{api.CodeCallRefused, is(daemon.ErrCall), nil},
+	{api.CodeConflict, is(store.ErrHeadMoved), nil},
+	{api.CodeCallRefused, is(calls.ErrRefused), nil},
 	{api.CodeCheckpointTimeout, is(executor.ErrCheckpointTimeout), nil},
 	{api.CodeRestoreTimeout, is(executor.ErrRestoreTimeout), nil},
 	{api.CodeImageParks, is(imageparks.ErrUnavailable), nil},
@@ -96,11 +98,11 @@ var codes = []struct {
 	{api.CodeNotOwner, is(fleet.ErrNotOwner, fleet.ErrLeaseLost, fleet.ErrNoRun), nil},
 	{api.CodeConflict, is(fleet.ErrHeadMoved, fleet.ErrNotParked), nil},
 	{api.CodeForbidden, is(fleet.ErrNotAdmitted), nil},
-	{api.CodeUnavailable, is(daemon.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive), nil},
-	{api.CodeDraining, is(daemon.ErrDraining), nil},
-	{api.CodeBadRequest, is(daemon.ErrInvalid, daemon.ErrBundle, unit.ErrInvalid, executor.ErrInvalid, executor.ErrImageMismatch,
+	{api.CodeUnavailable, is(member.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive), nil},
+	{api.CodeDraining, is(member.ErrDraining), nil},
+	{api.CodeBadRequest, is(daemon.ErrInvalid, bundle.ErrMalformed, unit.ErrInvalid, executor.ErrInvalid, executor.ErrImageMismatch,
 		store.ErrRunID, manifest.ErrMalformed, record.ErrMalformedSegment, record.ErrMalformedSnapshot, record.ErrAddress,
-		store.ErrKeyName, daemon.ErrTranscript, trust.ErrKey), nil},
+		store.ErrKeyName, calls.ErrTranscript, trust.ErrKey), nil},
 	{api.CodeUnavailable, func(err error) bool {
 		return is(executor.ErrMissing, manifest.ErrMissing, store.ErrLocked, context.DeadlineExceeded)(err) || errdefs.IsUnavailable(err)
 	}, nil},

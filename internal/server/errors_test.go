@@ -6,12 +6,14 @@ import (
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
+	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/resume"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -64,22 +66,21 @@ func TestErrorOfBundle(t *testing.T) {
 // of their own.
 func TestErrorOfDaemon(t *testing.T) {
 	for err, want := range map[error]string{
-		fmt.Errorf("run r: %w", daemon.ErrNoSandbox):       api.CodePhase,
-		fmt.Errorf("export r: %w", daemon.ErrResultsHeld):  api.CodePhase,
-		fmt.Errorf("run r: %w", park.ErrNoSpace):           api.CodeNoSpace,
-		fmt.Errorf("run r: %w", daemon.ErrBusy):            api.CodeConflict,
-		fmt.Errorf("post: %w", daemon.ErrCall):             api.CodeCallRefused,
-		fmt.Errorf("%w: run id", daemon.ErrInvalid):        api.CodeBadRequest,
-		fmt.Errorf("%w: transcript", daemon.ErrTranscript): api.CodeBadRequest,
-		fmt.Errorf("%w: tar", daemon.ErrBundle):            api.CodeBadRequest,
-		fmt.Errorf("key: %w", store.ErrGenesisHeld):        api.CodeGenesisHeld,
-		fmt.Errorf("r: %w", store.ErrRunExists):            api.CodeExists,
-		fmt.Errorf("r: %w", store.ErrMissingObject):        api.CodeMissingObject,
-		fmt.Errorf("r: %w", executor.ErrRestore):           api.CodeRestoreFailed,
-		fmt.Errorf("r: %w", &resume.SnapshotError{}):       api.CodeSnapshotMismatch,
-		fmt.Errorf("resume r: %w", fleet.ErrNotOwner):      api.CodeNotOwner,
-		fmt.Errorf("resume r: %w", fleet.ErrUnavailable):   api.CodeUnavailable,
-		errors.New("something else"):                       api.CodeInternal,
+		fmt.Errorf("run r: %w", daemon.ErrNoSandbox):      api.CodePhase,
+		fmt.Errorf("export r: %w", daemon.ErrResultsHeld): api.CodePhase,
+		fmt.Errorf("run r: %w", park.ErrNoSpace):          api.CodeNoSpace,
+		fmt.Errorf("post: %w", calls.ErrRefused):          api.CodeCallRefused,
+		fmt.Errorf("%w: run id", daemon.ErrInvalid):       api.CodeBadRequest,
+		fmt.Errorf("%w: transcript", calls.ErrTranscript): api.CodeBadRequest,
+		fmt.Errorf("%w: tar", bundle.ErrMalformed):        api.CodeBadRequest,
+		fmt.Errorf("key: %w", store.ErrGenesisHeld):       api.CodeGenesisHeld,
+		fmt.Errorf("r: %w", store.ErrRunExists):           api.CodeExists,
+		fmt.Errorf("r: %w", store.ErrMissingObject):       api.CodeMissingObject,
+		fmt.Errorf("r: %w", executor.ErrRestore):          api.CodeRestoreFailed,
+		fmt.Errorf("r: %w", &resume.SnapshotError{}):      api.CodeSnapshotMismatch,
+		fmt.Errorf("resume r: %w", fleet.ErrNotOwner):     api.CodeNotOwner,
+		fmt.Errorf("resume r: %w", fleet.ErrUnavailable):  api.CodeUnavailable,
+		errors.New("something else"):                      api.CodeInternal,
 	} {
 		if got := ErrorOf(err).Code; got != want {
 			t.Errorf("ErrorOf(%v) = %s, want %s", err, got, want)
@@ -110,7 +111,7 @@ func TestErrorOfPlacement(t *testing.T) {
 	for err, want := range map[error]string{
 		fmt.Errorf("receive r: %w: arch (recorded \"x\", there \"y\")", drain.ErrManifest): api.CodeManifestMismatch,
 		fmt.Errorf("receive r: %w: image parks do not work there", drain.ErrUnfit):         api.CodeUnavailable,
-		fmt.Errorf("receive r: %w", daemon.ErrDraining):                                    api.CodeDraining,
+		fmt.Errorf("receive r: %w", member.ErrDraining):                                    api.CodeDraining,
 	} {
 		if got := ErrorOf(err).Code; got != want {
 			t.Errorf("ErrorOf(%v) = %s, want %s", err, got, want)

@@ -108,7 +108,7 @@ func (h *handler) receive(w http.ResponseWriter, r *http.Request) {
 }
 
 // Peers reach the fleet's other hosts at the address their session gives,
-// over mutual TLS pinned to their key (daemon.Peers).
+// over mutual TLS pinned to their key (member.Peers).
 type Peers struct {
 	Dir *fleet.Dir
 	Key ed25519.PrivateKey // this host's
@@ -139,7 +139,7 @@ func (p Peers) client(ctx context.Context, host record.Address) (*http.Client, s
 	return &http.Client{Transport: tr}, "https://" + m.Peer, nil
 }
 
-// Hand implements daemon.Peers.
+// Hand implements member.Peers.
 func (p Peers) Hand(ctx context.Context, host record.Address, run string, resume bool) error {
 	c, base, err := p.client(ctx, host)
 	if err != nil {
@@ -155,7 +155,7 @@ func (p Peers) Hand(ctx context.Context, host record.Address, run string, resume
 	return err
 }
 
-// Fetch implements daemon.Peers.
+// Fetch implements member.Peers.
 func (p Peers) Fetch(ctx context.Context, host record.Address, run string, st *store.Store, limits bundle.Limits) (*record.Record, error) {
 	c, base, err := p.client(ctx, host)
 	if err != nil {
@@ -179,7 +179,7 @@ func (p Peers) Fetch(ctx context.Context, host record.Address, run string, st *s
 	return rec, nil
 }
 
-// Offer implements daemon.Peers: the names are asked about
+// Offer implements member.Peers: the names are asked about
 // maxOfferImages at a time, and an answer is taken only within bounds
 // (checkOffer) — it is another host's word, kept for a whole drain.
 func (p Peers) Offer(ctx context.Context, host record.Address, images []string) (drain.Offer, error) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -202,7 +203,7 @@ func (h *handler) drain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Parallel == 0 {
-		req.Parallel = daemon.DefaultDrainParallel
+		req.Parallel = member.DefaultDrainParallel
 	}
 	var to []record.Address
 	for _, k := range req.To {
