@@ -35,7 +35,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
@@ -133,8 +132,6 @@ type Daemon struct {
 
 	mu   sync.Mutex
 	runs map[string]*run
-	// draining, once set by Drain, refuses new runs.
-	draining atomic.Bool
 	// fleet is the daemon's part in a fleet (internal/member); alone, it
 	// appends to the store directly.
 	fleet *member.Member

@@ -8,7 +8,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/member"
-	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // The daemon's part in a fleet is the member room (internal/member): the
@@ -23,7 +22,7 @@ func (d *Daemon) joinFleet() {
 		Fleet: d.cfg.Fleet, Rejoin: d.cfg.Rejoin, Peers: d.cfg.Peers,
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.publish, Reach: d.reach,
 		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: checkID},
-		Exportable: d.Exportable, Draining: d.draining.Load, Fits: d.placement().Fits,
+		Exportable: d.Exportable, Runs: runTable{d}, Fits: d.placement().Fits,
 	})
 }
 
@@ -43,51 +42,24 @@ func (d *Daemon) fleetErr(err error) error { return d.fleet.Err(err) }
 // fleet, the store itself alone.
 func (d *Daemon) records() interval.Store { return d.fleet.Records() }
 
-// Migrate moves run id to host to, in the fleet ([member.Member.Migrate]).
-func (d *Daemon) Migrate(ctx context.Context, id string, to record.Address) (Summary, error) {
-	if err := d.fleet.Migrate(ctx, id, to, d.holdStored(id)); err != nil {
-		return Summary{}, err
-	}
-	return d.Run(id)
-}
+// Fleet is the daemon's part in a fleet: its migrations, adoptions and
+// drains (internal/member), over the daemon's run table (runTable).
+func (d *Daemon) Fleet() *member.Member { return d.fleet }
 
-// migratePlaced moves run id to host to for a drain, whose placement has
-// judged it against to's offer ([member.Member.MigratePlaced]).
-func (d *Daemon) migratePlaced(ctx context.Context, id string, to record.Address) error {
-	return d.fleet.MigratePlaced(ctx, id, to, d.holdStored(id))
-}
+// runTable is the daemon's run table as the member room holds its runs.
+type runTable struct{ d *Daemon }
 
-// Receive takes run id from host from, which handed it to this host in
-// the fleet ([member.Member.Receive]).
-func (d *Daemon) Receive(ctx context.Context, from record.Address, id string, resume bool) (Summary, error) {
-	hold := func() (member.Held, func(), error) {
-		r := d.lock(id)
-		return heldRun{d, id, r}, r.mu.Unlock, nil
-	}
-	if err := d.fleet.Receive(ctx, from, id, resume, hold); err != nil {
-		return Summary{}, err
-	}
-	return d.Run(id)
-}
-
-// Adopt makes run id, whose owner in the fleet is gone, this host's
-// ([member.Member.Adopt]).
-func (d *Daemon) Adopt(ctx context.Context, id string) (Summary, error) {
-	if err := d.fleet.Adopt(ctx, id, d.holdStored(id)); err != nil {
-		return Summary{}, err
-	}
-	return d.Run(id)
-}
-
-// holdStored holds stored run id for one of the member room's operations.
-func (d *Daemon) holdStored(id string) member.Hold {
-	return func() (member.Held, func(), error) {
-		r, err := d.lockRun(id)
-		if err != nil {
+func (t runTable) Hold(id string, fresh bool) (member.Held, func(), error) {
+	var r *run
+	if fresh {
+		r = t.d.lock(id)
+	} else {
+		var err error
+		if r, err = t.d.lockRun(id); err != nil {
 			return nil, nil, err
 		}
-		return heldRun{d, id, r}, r.mu.Unlock, nil
 	}
+	return heldRun{t.d, id, r}, r.mu.Unlock, nil
 }
 
 // heldRun is a run as the member room holds it: its lock held.
@@ -99,10 +71,7 @@ type heldRun struct {
 
 func (h heldRun) Executing() bool { return h.r.live != nil }
 
-func (h heldRun) Need(ctx context.Context) (drain.Need, error) {
-	_, n, err := h.d.needOf(ctx, h.id, h.r)
-	return n, err
-}
+func (h heldRun) Need(ctx context.Context) (drain.Need, error) { return h.d.needOf(ctx, h.id, h.r) }
 
 func (h heldRun) Park(ctx context.Context) error {
 	_, err := h.d.park(ctx, h.id, h.r)

@@ -17,12 +17,12 @@ func TestPlacementNeedAndOffer(t *testing.T) {
 	h := newFakeHost(t)
 	h.start(t, "r")
 	ctx := t.Context()
-	run, n, err := h.d.need(ctx, "r")
+	n, err := need(t, h.d, "r")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if run.Transcript || n.Bytes != 1<<20 || n.Manifest[manifest.ImageDigest] == "" || !n.ImagePark {
-		t.Fatalf("executing: %+v %+v", run, n)
+	if n.Bytes != 1<<20 || n.Manifest[manifest.ImageDigest] == "" || !n.ImagePark {
+		t.Fatalf("executing: %+v", n)
 	}
 	o, err := h.d.Offer(ctx, []string{n.Image})
 	if err != nil {
@@ -34,7 +34,7 @@ func TestPlacementNeedAndOffer(t *testing.T) {
 	if _, err := h.d.Park(ctx, "r"); err != nil {
 		t.Fatal(err)
 	}
-	if _, parked, err := h.d.need(ctx, "r"); err != nil || parked.Bytes == 0 || parked.Manifest[manifest.UnitID] != n.Manifest[manifest.UnitID] {
+	if parked, err := need(t, h.d, "r"); err != nil || parked.Bytes == 0 || parked.Manifest[manifest.UnitID] != n.Manifest[manifest.UnitID] {
 		t.Fatalf("parked: %+v, %v", parked, err)
 	} else {
 		n = parked
@@ -49,8 +49,9 @@ func TestPlacementNeedAndOffer(t *testing.T) {
 	}
 	other.Facts[manifest.CPUFeatures] = "none"
 	noImage, _ := h.d.Offer(ctx, []string{"another"})
-	h.d.draining.Store(true)
-	draining, _ := h.d.Offer(ctx, []string{n.Image})
+	p := h.d.placement()
+	p.Draining = func() bool { return true }
+	draining, _ := p.Offer(ctx, []string{n.Image})
 	for name, o := range map[string]drain.Offer{"cpu": other, "no image": noImage, "draining": draining} {
 		if err := drain.Fit(n, o); !errors.Is(err, drain.ErrUnfit) {
 			t.Errorf("%s: %v", name, err)
@@ -69,7 +70,7 @@ func TestPlacementHeldOneBadRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	delete(h.ex.images, "other")
-	runs, needs, err := h.d.held(t.Context())
+	runs, needs, err := h.d.Fleet().Holding(t.Context())
 	if err != nil || len(runs) != 2 || len(needs) != 2 {
 		t.Fatalf("held %v %v: %v", runs, needs, err)
 	}
@@ -80,4 +81,16 @@ func TestPlacementHeldOneBadRun(t *testing.T) {
 	}
 	h.teardown(t, "good")
 	h.teardown(t, "bad")
+}
+
+// need is what stored run id asks of the host that takes it, as a drain
+// asks it: held through the member room's run table.
+func need(t *testing.T, d *Daemon, id string) (drain.Need, error) {
+	t.Helper()
+	held, release, err := runTable{d}.Hold(id, false)
+	if err != nil {
+		return drain.Need{}, err
+	}
+	defer release()
+	return held.Need(t.Context())
 }

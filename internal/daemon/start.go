@@ -20,7 +20,7 @@ import (
 // daemon reconciles) rather than a run with nothing behind it. An empty
 // id draws one.
 func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (Summary, error) {
-	if d.draining.Load() {
+	if d.fleet.Draining() {
 		return Summary{}, fmt.Errorf("run: %w: it takes no new runs until it restarts", ErrDraining)
 	}
 	if id == "" {

@@ -19,7 +19,10 @@ import (
 // is gone and the directory's head is the record's: a lost host that went
 // on further left a record this host does not have), then held here: it
 // resumes here like any parked run.
-func (m *Member) Adopt(ctx context.Context, id string, hold Hold) error {
+func (m *Member) Adopt(ctx context.Context, id string) error { return m.adopt(ctx, id, m.stored(id)) }
+
+// adopt is Adopt, holding the run by hold.
+func (m *Member) adopt(ctx context.Context, id string, hold Hold) error {
 	if m.Session() == nil {
 		return fmt.Errorf("adopt %s: %w", id, ErrNoFleet)
 	}

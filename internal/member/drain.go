@@ -15,13 +15,69 @@ import (
 // DefaultDrainParallel is how many runs a drain moves at once unless told.
 const DefaultDrainParallel = 2
 
-// Drain moves runs (with what each needs of the host that takes it) to
+// Drain moves every run this host holds (not closed, not handed off, not
+// another host's) to the fleet's other hosts by migration: to, or every
+// other host whose live session serves the fleet; each where it fits
+// (docs/fleet.md, "Drain"). From its start this host refuses new runs
+// (ErrDraining) until it restarts.
+func (m *Member) Drain(ctx context.Context, to []record.Address, parallel int) ([]drain.Outcome, error) {
+	if m.Session() == nil || m.cfg.Peers == nil {
+		return nil, fmt.Errorf("drain: %w", ErrNoFleet)
+	}
+	m.draining.Store(true)
+	runs, needs, err := m.Holding(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("drain: %w", err)
+	}
+	return m.drainRuns(ctx, to, parallel, runs, needs, m.MigratePlaced)
+}
+
+// Holding lists the runs this host holds — not closed, not handed off, not
+// another host's — and what each needs of the host that takes it.
+func (m *Member) Holding(ctx context.Context) ([]drain.Run, []drain.Need, error) {
+	st := m.cfg.Store
+	ids, err := st.AllRuns()
+	if err != nil {
+		return nil, nil, err
+	}
+	var runs []drain.Run
+	var needs []drain.Need
+	for _, id := range ids {
+		r, err := st.Run(id)
+		if err != nil {
+			return nil, nil, err
+		}
+		if _, off, err := st.HandedOff(id); err != nil || off || r.Phase == record.Ended || m.Elsewhere(id) != nil {
+			continue // not this host's to move
+		}
+		n, err := m.need(ctx, id)
+		if err != nil {
+			// Its migration judges it: placement cannot.
+			m.cfg.Log.Warn("drain: the run is placed without judging its manifest", "run", id, "err", err)
+			n = drain.Need{Run: id, ImagePark: n.ImagePark}
+		}
+		runs, needs = append(runs, drain.Run{ID: id, Transcript: !n.ImagePark, Bytes: n.Bytes}), append(needs, n)
+	}
+	return runs, needs, nil
+}
+
+// need is what stored run id asks of the host that takes it (Held.Need).
+func (m *Member) need(ctx context.Context, id string) (drain.Need, error) {
+	h, release, err := m.stored(id)()
+	if err != nil {
+		return drain.Need{}, err
+	}
+	defer release()
+	return h.Need(ctx)
+}
+
+// drainRuns moves runs (with what each needs of the host that takes it) to
 // the fleet's other hosts by migrate: to, or every other host whose live
 // session serves the fleet. Before anything moves each host says what it
 // can take (Peers.Offer), and internal/drain places each run on a host it
 // fits (docs/fleet.md, "Drain"). Each run's outcome is a "drain.run" event
 // as it ends.
-func (m *Member) Drain(ctx context.Context, to []record.Address, parallel int, runs []drain.Run, needs []drain.Need, migrate drain.Migrate) ([]drain.Outcome, error) {
+func (m *Member) drainRuns(ctx context.Context, to []record.Address, parallel int, runs []drain.Run, needs []drain.Need, migrate drain.Migrate) ([]drain.Outcome, error) {
 	if err := m.moving("drain", "this host"); err != nil {
 		return nil, err
 	}

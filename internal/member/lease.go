@@ -44,7 +44,7 @@ func (m *Member) WatchLease(bg context.Context, units Units, wg *sync.WaitGroup)
 				return
 			}
 			m.rejoined.Store(nh)
-			if m.cfg.Draining != nil && m.cfg.Draining() {
+			if m.Draining() {
 				if err := nh.Drain(bg); err != nil {
 					m.cfg.Log.Warn("fleet: the new session is not marked draining", "err", err)
 				}

@@ -58,6 +58,14 @@ type Held interface {
 	Resume(ctx context.Context) error
 }
 
+// Runs are this host's runs as the member room takes hold of them (the
+// daemon's run table and its locks). Hold holds run id for one operation —
+// a stored run, or with fresh one not stored yet (a run being received) —
+// until the function it returns lets it go.
+type Runs interface {
+	Hold(id string, fresh bool) (Held, func(), error)
+}
+
 // Units are this host's executing units, as the lease guard and a rejoin
 // handle them.
 type Units interface {
@@ -98,8 +106,8 @@ type Config struct {
 	Import bundle.ImportOptions
 	// Exportable says whether a run may leave this host now.
 	Exportable func(id string) error
-	// Draining says whether this host is being drained (it takes no runs).
-	Draining func() bool
+	// Runs are the host's runs, held for migrations, adoptions and drains.
+	Runs Runs
 	// Fits says why this host could not resume stored run id now (its
 	// recorded environment manifest against this host's): a received run
 	// that does not fit is not taken. Nil takes every run.
@@ -108,7 +116,9 @@ type Config struct {
 
 // Member is a host's part in its fleet.
 type Member struct {
-	cfg Config
+	// draining, once set by Drain, refuses new runs and runs moved here.
+	draining atomic.Bool
+	cfg      Config
 	// rejoined is the session that replaced cfg.Fleet's after its lease
 	// was lost.
 	rejoined atomic.Pointer[fleet.Host]
@@ -120,6 +130,20 @@ func New(cfg Config) *Member {
 		cfg.Log = slog.Default()
 	}
 	return &Member{cfg: cfg}
+}
+
+// Draining says whether a drain began on this host: it takes no new runs,
+// nor runs moved here, until it restarts.
+func (m *Member) Draining() bool { return m.draining.Load() }
+
+// stored holds stored run id (Runs.Hold).
+func (m *Member) stored(id string) Hold {
+	return func() (Held, func(), error) { return m.cfg.Runs.Hold(id, false) }
+}
+
+// fresh holds run id, stored or not yet (Runs.Hold).
+func (m *Member) fresh(id string) Hold {
+	return func() (Held, func(), error) { return m.cfg.Runs.Hold(id, true) }
 }
 
 // Session is this host's current session in the fleet: Config.Fleet's, or

@@ -98,7 +98,7 @@ func room(t *testing.T, h *fleet.Host, p Peers) (*Member, *store.Store, *counts,
 	c := &counts{}
 	m := New(Config{Fleet: h, Peers: p, Store: st, Metrics: c, Publish: func(events.Event) {},
 		Import:     bundle.ImportOptions{Options: bundle.Options{Trusted: trusted}, CheckID: func(string) error { return nil }},
-		Exportable: func(id string) error { return bundle.Exportable(st, id) }, Draining: func() bool { return false }})
+		Exportable: func(id string) error { return bundle.Exportable(st, id) }})
 	if _, err := h.Claim(t.Context(), b.Record.Genesis(), "r", b.Record.Head(), record.Parked); err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestMigrate(t *testing.T) {
 	run := &parked{}
 	hold := func() (Held, func(), error) { return run, func() {}, nil }
 
-	err := m.Migrate(t.Context(), "r", b.Key(), hold)
+	err := m.migrate(t.Context(), "r", b.Key(), hold, true)
 	if !errors.Is(err, refusing.hand) || refusing.handed.Load() != 1 {
 		t.Fatalf("migrate to a refusing target: %v", err)
 	}
@@ -144,7 +144,7 @@ func TestMigrate(t *testing.T) {
 	}
 
 	m.cfg.Peers = &peers{}
-	if err := m.Migrate(t.Context(), "r", b.Key(), hold); err != nil {
+	if err := m.migrate(t.Context(), "r", b.Key(), hold, true); err != nil {
 		t.Fatal(err)
 	}
 	if e, _ := dir.Run(t.Context(), rec.Genesis()); e.To != b.Key() {
@@ -163,16 +163,16 @@ func TestRefusals(t *testing.T) {
 	a, b := join(t, dir, "a"), join(t, dir, "b")
 	p := &peers{}
 	m, _, _, _ := room(t, a, p)
-	m.cfg.Draining = func() bool { return true }
+	m.draining.Store(true)
 	never := func() (Held, func(), error) { t.Fatal("held"); return nil, nil, nil }
-	if err := m.Receive(t.Context(), b.Key(), "r2", false, never); !errors.Is(err, ErrDraining) || p.fetched.Load() != 0 {
+	if err := m.receive(t.Context(), b.Key(), "r2", false, never); !errors.Is(err, ErrDraining) || p.fetched.Load() != 0 {
 		t.Fatalf("receive while draining: %v (%d fetches)", err, p.fetched.Load())
 	}
 	alone := New(Config{Store: m.cfg.Store})
 	for name, err := range map[string]error{
-		"migrate": alone.Migrate(t.Context(), "r", b.Key(), never),
-		"receive": alone.Receive(t.Context(), b.Key(), "r", true, never),
-		"adopt":   alone.Adopt(t.Context(), "r", never),
+		"migrate": alone.migrate(t.Context(), "r", b.Key(), never, true),
+		"receive": alone.receive(t.Context(), b.Key(), "r", true, never),
+		"adopt":   alone.adopt(t.Context(), "r", never),
 	} {
 		if !errors.Is(err, ErrNoFleet) {
 			t.Errorf("%s alone: %v", name, err)
@@ -194,13 +194,13 @@ func TestAdopt(t *testing.T) {
 	mb := New(Config{Fleet: b, Store: st, Metrics: n, Publish: func(events.Event) {},
 		Import: bundle.ImportOptions{Options: bundle.Options{Trusted: func(record.Address) bool { return true }}}})
 	hold := func() (Held, func(), error) { return &parked{}, func() {}, nil }
-	if err := mb.Adopt(t.Context(), "r", hold); !errors.Is(err, fleet.ErrNotOwner) || n.refused.Load() != 1 {
+	if err := mb.adopt(t.Context(), "r", hold); !errors.Is(err, fleet.ErrNotOwner) || n.refused.Load() != 1 {
 		t.Fatalf("adopt while the owner lives: %v (%d refusals counted)", err, n.refused.Load())
 	}
 	if err := a.Close(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if err := mb.Adopt(t.Context(), "r", hold); err != nil {
+	if err := mb.adopt(t.Context(), "r", hold); err != nil {
 		t.Fatal(err)
 	}
 	if e, _ := dir.Run(t.Context(), rec.Genesis()); e.Owner != b.Key() || e.Head != rec.Head() {
@@ -218,7 +218,7 @@ func TestDrainSilentHost(t *testing.T) {
 	defer func(d time.Duration) { OfferTimeout = d }(OfferTimeout)
 	OfferTimeout = 200 * time.Millisecond
 	moved := 0
-	out, err := m.Drain(t.Context(), []record.Address{b.Key(), b.Key()}, 2, []drain.Run{{ID: "r"}}, []drain.Need{{Run: "r"}},
+	out, err := m.drainRuns(t.Context(), []record.Address{b.Key(), b.Key()}, 2, []drain.Run{{ID: "r"}}, []drain.Need{{Run: "r"}},
 		func(context.Context, string, record.Address) error { moved++; return nil })
 	if err != nil || len(out) != 1 || !errors.Is(out[0].Err, context.DeadlineExceeded) || moved != 0 {
 		t.Fatalf("%+v, %v, %d moved", out, err, moved)
@@ -238,7 +238,7 @@ func TestMigrateRefusedBeforeItMoves(t *testing.T) {
 	p := &peers{}
 	m, st, _, rec := room(t, a, p)
 	run := &parked{executing: true, manifest: manifest.Manifest{manifest.Arch: "riscv64"}}
-	err := m.Migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return run, func() {}, nil })
+	err := m.migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return run, func() {}, nil }, true)
 	if !errors.Is(err, drain.ErrManifest) || run.parks.Load() != 0 || p.handed.Load() != 0 {
 		t.Fatalf("migrate to an unfit host: %v (%d parks, %d hands)", err, run.parks.Load(), p.handed.Load())
 	}

@@ -28,15 +28,15 @@ type Hold func() (h Held, release func(), err error)
 // and resumes it if it was executing here (a parked run stays parked).
 // Until to has claimed it, a failure takes it back here, parked and
 // resumable; after, the run is to's whatever this call returns.
-func (m *Member) Migrate(ctx context.Context, id string, to record.Address, hold Hold) error {
-	return m.migrate(ctx, id, to, hold, true)
+func (m *Member) Migrate(ctx context.Context, id string, to record.Address) error {
+	return m.migrate(ctx, id, to, m.stored(id), true)
 }
 
 // MigratePlaced is Migrate for a run a drain's placement has just judged
 // against to's offer: to is not asked again before the run moves (its own
 // check before it claims still holds, Config.Fits).
-func (m *Member) MigratePlaced(ctx context.Context, id string, to record.Address, hold Hold) error {
-	return m.migrate(ctx, id, to, hold, false)
+func (m *Member) MigratePlaced(ctx context.Context, id string, to record.Address) error {
+	return m.migrate(ctx, id, to, m.stored(id), false)
 }
 
 func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold Hold, ask bool) error {
@@ -153,14 +153,19 @@ func (m *Member) takeBack(ctx context.Context, id string, genesis, head, to reco
 // claimed in the fleet and stored; with resume (it was executing there) it
 // is resumed here, else it stays parked, as it was. hold holds the run
 // (not yet stored) from the import on.
-func (m *Member) Receive(ctx context.Context, from record.Address, id string, resume bool, hold Hold) error {
+func (m *Member) Receive(ctx context.Context, from record.Address, id string, resume bool) error {
+	return m.receive(ctx, from, id, resume, m.fresh(id))
+}
+
+// receive is Receive, holding the run by hold.
+func (m *Member) receive(ctx context.Context, from record.Address, id string, resume bool, hold Hold) error {
 	if err := m.moving("receive", id); err != nil {
 		return err
 	}
 	if err := m.cfg.Import.CheckID(id); err != nil {
 		return err
 	}
-	if m.cfg.Draining() {
+	if m.Draining() {
 		return fmt.Errorf("receive %s: %w: it takes no runs until it restarts", id, ErrDraining)
 	}
 	rec, err := m.cfg.Peers.Fetch(ctx, from, id, m.cfg.Store, m.cfg.Import.Limits)
@@ -173,7 +178,7 @@ func (m *Member) Receive(ctx context.Context, from record.Address, id string, re
 		return err
 	}
 	defer release()
-	if m.cfg.Draining() {
+	if m.Draining() {
 		// A drain began while the run was fetched: it would miss it.
 		return fmt.Errorf("receive %s: %w: it takes no runs until it restarts", id, ErrDraining)
 	}

@@ -16,6 +16,8 @@ type hostSource struct {
 	m *idle.Meter
 }
 
-func (s hostSource) Retained(snap record.Snapshot) (int64, error) { return park.Retained(s.Store, snap) }
-func (s hostSource) Coefficients() idle.Coefficients              { return s.m.Coefficients() }
-func (s hostSource) Snapshot() idle.Snapshot                      { return s.m.Snapshot() }
+func (s hostSource) Retained(snap record.Snapshot) (int64, error) {
+	return park.Retained(s.Store, snap)
+}
+func (s hostSource) Coefficients() idle.Coefficients { return s.m.Coefficients() }
+func (s hostSource) Snapshot() idle.Snapshot         { return s.m.Snapshot() }

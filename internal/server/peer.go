@@ -103,8 +103,7 @@ func (h *handler) receive(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	sum, err := h.d.Receive(r.Context(), from, m.Run, m.Resume)
-	h.reply(w, r, runOf(sum), err)
+	h.moved(w, r, m.Run, h.d.Fleet().Receive(r.Context(), from, m.Run, m.Resume))
 }
 
 // Peers reach the fleet's other hosts at the address their session gives,

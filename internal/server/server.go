@@ -183,12 +183,23 @@ func (h *handler) migrate(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	run, err := h.d.Migrate(r.Context(), r.PathValue("id"), to)
-	h.reply(w, r, runOf(run), err)
+	id := r.PathValue("id")
+	h.moved(w, r, id, h.d.Fleet().Migrate(r.Context(), id, to))
 }
 
 func (h *handler) adopt(w http.ResponseWriter, r *http.Request) {
-	run, err := h.d.Adopt(r.Context(), r.PathValue("id"))
+	id := r.PathValue("id")
+	h.moved(w, r, id, h.d.Fleet().Adopt(r.Context(), id))
+}
+
+// moved answers a migration, an adoption or a received run: the run as it
+// is now, or why it did not move.
+func (h *handler) moved(w http.ResponseWriter, r *http.Request, id string, err error) {
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	run, err := h.d.Run(id)
 	h.reply(w, r, runOf(run), err)
 }
 
@@ -214,7 +225,7 @@ func (h *handler) drain(w http.ResponseWriter, r *http.Request) {
 		}
 		to = append(to, a)
 	}
-	runs, err := h.d.Drain(r.Context(), to, req.Parallel)
+	runs, err := h.d.Fleet().Drain(r.Context(), to, req.Parallel)
 	h.reply(w, r, drainOf(runs), err)
 }
 
