@@ -19,6 +19,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/park"
@@ -97,9 +98,10 @@ func (f *serveFlags) check() (slog.Level, error) {
 // config is the daemon's config from the checked flags, with the
 // coefficients file, if one is named, read and parsed.
 func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
-	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log}, CRIUDeadline: f.criuDeadline,
-		GCInterval: f.gcEvery, SnapshotRetention: f.retention, MinFree: f.minFree,
-		BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax}, BundleMounts: f.mounts}
+	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log},
+		ParkLimits: forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
+		Policy:     retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
+		Intake:     bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax}, BundleMounts: f.mounts}}
 	cfg.Meter.SysfsRoot = f.sysfs
 	if f.coeffs != "" {
 		b, err := os.ReadFile(f.coeffs)

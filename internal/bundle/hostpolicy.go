@@ -7,6 +7,17 @@ import (
 	"github.com/prometheus/procfs"
 )
 
+// Intake is what a host lets an imported bundle bring (serve's bundle
+// flags, docs/limits.md and docs/trust.md).
+type Intake struct {
+	// BundleLimits cap what one imported bundle may cost; a zero field
+	// takes DefaultLimits.
+	BundleLimits Limits
+	// BundleMounts are the host paths under which an imported bundle's
+	// read-only mount sources may lie; empty allows none.
+	BundleMounts []string
+}
+
 // HostPolicy is this host's policy for the grants an imported bundle asks
 // for: read-only mounts only under mounts and never of stateDir, every
 // limit at most DefaultMaxLimits, memory at most the host's RAM (no cap

@@ -41,7 +41,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/evidence"
 	"github.com/runrecordd/runrecordd/internal/executor"
-	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
@@ -75,37 +74,14 @@ type Config struct {
 	// Config is what the host stands on: its state directory, containerd,
 	// meter, /proc/cpuinfo and logger (internal/host).
 	host.Config
-	// CRIUDeadline bounds every CRIU dump and restore; 0 derives it from
-	// the memory moved (criuDeadline).
-	CRIUDeadline time.Duration
-	// GCInterval is how often the daemon collects its store (releasing the
-	// image snapshots of closed runs past SnapshotRetention, then removing
-	// what no record reaches); 0 means retention.DefaultInterval, negative never.
-	GCInterval time.Duration
-	// SnapshotRetention is how long a closed run keeps its image
-	// snapshots; 0 means retention.DefaultKeep, negative forever.
-	SnapshotRetention time.Duration
-	// MinFree is the free space an image park must leave on the store's
-	// filesystem (park.DefaultMinFree when 0).
-	MinFree uint64
-	// BundleLimits cap what one imported bundle may cost; a zero field
-	// takes bundle.DefaultLimits (docs/limits.md).
-	BundleLimits bundle.Limits
-	// Fleet is this host's session in a fleet (internal/fleet): a run is
-	// claimed in etcd when it starts, and every advance of its record is
-	// reserved there before it is appended (docs/fleet.md). Nil runs
-	// alone, as without --etcd.
-	Fleet *fleet.Host
-	// Rejoin starts a new session of this host in the fleet, after the
-	// last one's lease was lost (etcd out of reach for longer than the
-	// lease's time to live); nil, a lost lease is not replaced.
-	Rejoin func(ctx context.Context) (*fleet.Host, error)
-	// Peers reach the fleet's other hosts for migrations (Migrate,
-	// Receive); nil, this host neither sends nor takes runs.
-	Peers member.Peers
-	// BundleMounts are the host paths under which an imported bundle's
-	// read-only mount sources may lie; empty allows none (docs/trust.md).
-	BundleMounts []string
+	// Each room's settings, where the room documents them: a park's
+	// limits (internal/forms), the store's retention (internal/retention),
+	// what a bundle may bring (internal/bundle), and the fleet this host
+	// joins (internal/member).
+	forms.ParkLimits
+	retention.Policy
+	bundle.Intake
+	member.Join
 }
 
 // Daemon is one host's runrecordd.
@@ -187,7 +163,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("daemon: reconcile: %w", err)
 	}
 	d.startProbe(h.CRIUErr)
-	d.Collector = retention.NewCollector(d.st, d.cfg.SnapshotRetention, d.cfg.GCInterval, d.log)
+	d.Collector = retention.NewCollector(d.st, d.cfg.Policy, d.log)
 	d.background(func() { d.Collector.Run(d.bgCtx) })
 	d.fleet.Watch(bg, units{d}, &d.bg)
 	ok = true

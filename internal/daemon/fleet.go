@@ -19,7 +19,7 @@ import (
 // joinFleet makes the daemon's member room from its configuration.
 func (d *Daemon) joinFleet() {
 	d.fleet = member.New(member.Config{
-		Fleet: d.cfg.Fleet, Rejoin: d.cfg.Rejoin, Peers: d.cfg.Peers,
+		Join:  d.cfg.Join,
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.publish, Reach: d.reach,
 		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: checkID},
 		Exportable: d.Exportable, Runs: runTable{d}, Fits: d.placement().Fits,

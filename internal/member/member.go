@@ -85,16 +85,25 @@ type Metrics interface {
 	OwnershipRefused()
 }
 
+// Join is the fleet a host joins (serve --etcd, docs/fleet.md).
+type Join struct {
+	// Fleet is this host's session in a fleet (internal/fleet): a run is
+	// claimed in etcd when it starts, and every advance of its record is
+	// reserved there before it is appended. Nil runs alone, as without
+	// --etcd.
+	Fleet *fleet.Host
+	// Rejoin starts a new session of this host in the fleet, after the
+	// last one's lease was lost (etcd out of reach for longer than the
+	// lease's time to live); nil, a lost lease is not replaced.
+	Rejoin func(ctx context.Context) (*fleet.Host, error)
+	// Peers reach the fleet's other hosts for migrations and drains; nil,
+	// this host neither sends nor takes runs.
+	Peers Peers
+}
+
 // Config configures a Member.
 type Config struct {
-	// Fleet is this host's session; nil, the host runs alone.
-	Fleet *fleet.Host
-	// Rejoin starts a new session after the last one's lease was lost;
-	// nil, a lost lease is not replaced.
-	Rejoin func(ctx context.Context) (*fleet.Host, error)
-	// Peers reach the fleet's other hosts; nil, this host neither sends
-	// nor takes runs.
-	Peers   Peers
+	Join
 	Store   *store.Store
 	Log     *slog.Logger
 	Metrics Metrics

@@ -96,7 +96,7 @@ func room(t *testing.T, h *fleet.Host, p Peers) (*Member, *store.Store, *counts,
 		t.Fatal(err)
 	}
 	c := &counts{}
-	m := New(Config{Fleet: h, Peers: p, Store: st, Metrics: c, Publish: func(events.Event) {},
+	m := New(Config{Join: Join{Fleet: h, Peers: p}, Store: st, Metrics: c, Publish: func(events.Event) {},
 		Import:     bundle.ImportOptions{Options: bundle.Options{Trusted: trusted}, CheckID: func(string) error { return nil }},
 		Exportable: func(id string) error { return bundle.Exportable(st, id) }})
 	if _, err := h.Claim(t.Context(), b.Record.Genesis(), "r", b.Record.Head(), record.Parked); err != nil {
@@ -191,7 +191,7 @@ func TestAdopt(t *testing.T) {
 	a, b := join(t, dir, "a"), join(t, dir, "b")
 	_, st, _, rec := room(t, a, &peers{})
 	n := &counts{}
-	mb := New(Config{Fleet: b, Store: st, Metrics: n, Publish: func(events.Event) {},
+	mb := New(Config{Join: Join{Fleet: b}, Store: st, Metrics: n, Publish: func(events.Event) {},
 		Import: bundle.ImportOptions{Options: bundle.Options{Trusted: func(record.Address) bool { return true }}}})
 	hold := func() (Held, func(), error) { return &parked{}, func() {}, nil }
 	if err := mb.adopt(t.Context(), "r", hold); !errors.Is(err, fleet.ErrNotOwner) || n.refused.Load() != 1 {

@@ -39,6 +39,18 @@ const (
 	first = time.Minute
 )
 
+// Policy is a daemon's retention as configured (serve --gc-interval and
+// --snapshot-retention).
+type Policy struct {
+	// GCInterval is how often the daemon collects its store (releasing the
+	// image snapshots of closed runs past SnapshotRetention, then removing
+	// what no record reaches); 0 means DefaultInterval, negative never.
+	GCInterval time.Duration
+	// SnapshotRetention is how long a closed run keeps its image
+	// snapshots; 0 means DefaultKeep, negative forever.
+	SnapshotRetention time.Duration
+}
+
 // Interval is the collection interval configured as cfg: DefaultInterval
 // when 0, negative for never.
 func Interval(cfg time.Duration) time.Duration {
@@ -148,10 +160,9 @@ type Collector struct {
 	log            *slog.Logger
 }
 
-// NewCollector collects st, keeping closed runs' snapshots for keep and
-// collecting every interval (as configured: Keep and Interval).
-func NewCollector(st *store.Store, keep, interval time.Duration, log *slog.Logger) Collector {
-	return Collector{st: st, keep: Keep(keep), interval: Interval(interval), log: log}
+// NewCollector collects st as p says (Keep and Interval).
+func NewCollector(st *store.Store, p Policy, log *slog.Logger) Collector {
+	return Collector{st: st, keep: Keep(p.SnapshotRetention), interval: Interval(p.GCInterval), log: log}
 }
 
 // GC releases the image snapshots of every closed run past the retention
