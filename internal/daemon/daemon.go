@@ -1,18 +1,8 @@
 // Package daemon is runrecordd's host daemon: it joins the store, the
 // executor, the meter, the attestation signer and the resume preconditions
 // into the operations the API offers — run, park, resume, close, verify,
-// show, export and import.
-//
-// # State directory
-//
-//	DIR/
-//	  store/            the record store and its objects (internal/store)
-//	  containerd/       the embedded containerd, when no address is given
-//	  host.key          the host's ed25519 key (pkg/attest)
-//	  audit-head        the host's last attestation: the next one's audit_prev
-//	  runs/<id>/        a run's unit output on this host (stdout, stderr)
-//	  ch/<id>/, spool/<id>  a transcript run's channel and journal spool (internal/calls)
-//	  restore/<id>/     trees a restore reads, linked from the store, removed after
+// show, export and import. What it stands on, its state directory among
+// it, is internal/host's.
 //
 // # Ordering
 //
@@ -151,7 +141,6 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		}
 	}()
 	d.joinFleet()
-	d.upgradeCalls()
 	bg, stop := context.WithCancel(context.Background())
 	d.stop, d.bgCtx = stop, bg
 	d.bg.Add(1)

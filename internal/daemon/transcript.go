@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/calls"
@@ -123,15 +122,6 @@ func (d *Daemon) Calls(ctx context.Context) ([]calls.Listed, error) { return cal
 // resultsHeld returns the calls of run id with a result posted here and
 // not yet delivered: an export does not carry them (ErrResultsHeld).
 func (d *Daemon) resultsHeld(id string) ([]string, error) { return calls.Held(d.st, id) }
-
-// upgradeCalls brings the call state of a daemon before the ledger into
-// it (results/RUN files, the kinds and payloads of outstanding calls and
-// the awaits of parked runs, from their journals): once, at start.
-func (d *Daemon) upgradeCalls() {
-	if err := calls.Upgrade(d.st, filepath.Join(d.cfg.StateDir, "results")); err != nil {
-		d.log.Warn("call ledger: not everything of the last daemon's calls was brought in; the next start retries", "err", err)
-	}
-}
 
 // fillCalls fills in the ledger of a run whose record arrived in a
 // bundle: its calls' kinds and payloads are in its journals.

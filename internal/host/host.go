@@ -5,6 +5,17 @@
 // directory, or an existing one — and the executor connected to it, the
 // energy meter, and the host's facts as its environment manifests record
 // them. The daemon stands on one; it never imports the daemon.
+//
+// # State directory
+//
+//	DIR/
+//	  store/            the record store and its objects (internal/store)
+//	  containerd/       the embedded containerd, when no address is given
+//	  host.key          the host's ed25519 key (pkg/attest)
+//	  audit-head        the host's last attestation: the next one's audit_prev
+//	  runs/<id>/        a run's unit output on this host (stdout, stderr)
+//	  ch/<id>/, spool/<id>  a transcript run's channel and journal spool (internal/calls)
+//	  restore/<id>/     trees a restore reads, linked from the store, removed after
 package host
 
 import (
@@ -16,6 +27,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/interval"
@@ -118,6 +130,12 @@ func (h *Host) openState() error {
 	}
 	if h.Store, err = store.Open(filepath.Join(dir, "store")); err != nil {
 		return fmt.Errorf("daemon: %w", err)
+	}
+	// The call state of a daemon before the call ledger (results/RUN
+	// files, and the calls and awaits in parked runs' journals) goes into
+	// the ledger, once: internal/calls.
+	if err := calls.Upgrade(h.Store, filepath.Join(dir, "results")); err != nil {
+		h.Config.Logger.Warn("call ledger: not everything of the last daemon's calls was brought in; the next start retries", "err", err)
 	}
 	return nil
 }
