@@ -154,7 +154,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.startProbe(h.CRIUErr)
 	d.Collector = retention.NewCollector(d.st, d.cfg.Policy, d.log)
 	d.background(func() { d.Collector.Run(d.bgCtx) })
-	d.fleet.Watch(bg, units{d}, &d.bg)
+	d.fleet.Watch(bg, &d.bg)
 	ok = true
 	return d, nil
 }

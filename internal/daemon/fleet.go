@@ -12,9 +12,9 @@ import (
 
 // The daemon's part in a fleet is the member room (internal/member): the
 // session, the fence every append goes through, reconciling with the
-// directory, migrations, adoption and a drain's placement. The daemon
-// gives it its runs as its operations hold them (heldRun) and its units
-// (units).
+// directory, migrations, adoption, drains and the lease's guard. The
+// daemon gives it its run table (runTable) and its runs as its operations
+// hold them (heldRun).
 
 // joinFleet makes the daemon's member room from its configuration.
 func (d *Daemon) joinFleet() {
@@ -83,63 +83,42 @@ func (h heldRun) Resume(ctx context.Context) error {
 	return err
 }
 
-// units is the daemon's executing units as the lease guard and a rejoin
-// handle them (member.Units).
-type units struct{ d *Daemon }
-
-// Freeze pauses every unit executing here that no operation holds.
-func (u units) Freeze(ctx context.Context) func(context.Context) {
-	d := u.d
-	frozen := map[*run]*live{}
-	for id, r := range d.table() {
-		if !r.mu.TryLock() {
-			continue
-		}
-		if lv := r.live; lv != nil {
-			if err := lv.sb.Pause(ctx); err == nil {
-				frozen[r] = lv
-			} else {
-				d.log.Error("fleet: a unit not frozen as the lease lapses", "run", id, "err", err)
-			}
-		}
-		r.mu.Unlock()
-	}
-	d.log.Warn("fleet: the lease is lapsing unconfirmed; this host's units are frozen", "frozen", len(frozen))
-	if len(frozen) == 0 {
-		return nil
-	}
-	// Thawed are those still this host's, the same sandbox: one another
-	// host took meanwhile was destroyed by the reconcile of the rejoin.
-	return func(ctx context.Context) {
-		for r, lv := range frozen {
-			r.mu.Lock()
-			if r.live == lv {
-				if err := lv.sb.Settle(ctx); err != nil {
-					d.log.Error("fleet: a frozen unit not thawed", "sandbox", lv.sb.ID(), "err", err)
-				}
-			}
+// Idle holds every run in the table that no operation holds, one after
+// another.
+func (t runTable) Idle(fn func(id string, h member.Held)) {
+	for id, r := range t.d.table() {
+		if r.mu.TryLock() {
+			fn(id, heldRun{t.d, id, r})
 			r.mu.Unlock()
 		}
-		d.log.Info("fleet: the lease is confirmed again; this host's units are thawed")
 	}
 }
 
-// Drop destroys, without an append, the sandboxes of runs another host
-// took while this one was cut off (their units frozen here).
-func (u units) Drop(ids map[string]bool) {
-	d := u.d
-	for id, r := range d.table() {
-		if !ids[id] {
-			continue
+func (h heldRun) Freeze(ctx context.Context) (func(context.Context), error) {
+	lv := h.r.live
+	if lv == nil {
+		return nil, nil
+	}
+	if err := lv.sb.Pause(ctx); err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) {
+		h.r.mu.Lock()
+		defer h.r.mu.Unlock()
+		if h.r.live == lv {
+			if err := lv.sb.Settle(ctx); err != nil {
+				h.d.log.Error("fleet: a frozen unit not thawed", "sandbox", lv.sb.ID(), "err", err)
+			}
 		}
-		r.mu.Lock()
-		if lv := r.live; lv != nil {
-			lv.stopping = true
-			d.destroy(lv)
-			r.live = nil
-			d.log.Warn("fleet: another host took the run while this one was cut off; its sandbox here is gone, nothing appended", "run", id)
-		}
-		r.mu.Unlock()
+	}, nil
+}
+
+func (h heldRun) Drop() {
+	if lv := h.r.live; lv != nil {
+		lv.stopping = true
+		h.d.destroy(lv)
+		h.r.live = nil
+		h.d.log.Warn("fleet: another host took the run while this one was cut off; its sandbox here is gone, nothing appended", "run", h.id)
 	}
 }
 

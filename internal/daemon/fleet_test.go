@@ -205,7 +205,7 @@ func TestFleetRejoin(t *testing.T) {
 		}
 		return nh, err
 	})
-	h.d.fleet.WatchLease(h.d.bgCtx, units{h.d}, &h.d.bg)
+	h.d.fleet.WatchLease(h.d.bgCtx, &h.d.bg)
 	ctx := t.Context()
 	h.start(t, "r")
 
@@ -267,7 +267,7 @@ func TestFleetLeaseGuard(t *testing.T) {
 		return nh, err
 	})
 	h.start(t, "r")
-	h.d.fleet.Watch(h.d.bgCtx, units{h.d}, &h.d.bg)
+	h.d.fleet.Watch(h.d.bgCtx, &h.d.bg)
 	sb := h.ex.sandbox("r")
 	status := func() string {
 		sb.mu.Lock()

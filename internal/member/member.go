@@ -56,26 +56,24 @@ type Held interface {
 	Need(ctx context.Context) (drain.Need, error)
 	Park(ctx context.Context) error
 	Resume(ctx context.Context) error
+	// Freeze pauses the run's unit if it executes here, and returns what
+	// thaws it if it is still the run's unit then (nil when it paused
+	// nothing).
+	Freeze(ctx context.Context) (thaw func(context.Context), err error)
+	// Drop destroys the run's sandbox here, if it has one, appending
+	// nothing: another host took the run while this one was cut off.
+	Drop()
 }
 
 // Runs are this host's runs as the member room takes hold of them (the
 // daemon's run table and its locks). Hold holds run id for one operation —
 // a stored run, or with fresh one not stored yet (a run being received) —
 // until the function it returns lets it go.
+// Idle holds, one after another, every run in the table that no operation
+// holds now, and calls fn with it held.
 type Runs interface {
 	Hold(id string, fresh bool) (Held, func(), error)
-}
-
-// Units are this host's executing units, as the lease guard and a rejoin
-// handle them.
-type Units interface {
-	// Freeze pauses every executing unit no operation holds, and returns
-	// what thaws those of them that are still this host's; nil when it
-	// paused none.
-	Freeze(ctx context.Context) (thaw func(ctx context.Context))
-	// Drop destroys, without an append, the sandboxes of the runs ids: runs
-	// another host took while this one was cut off.
-	Drop(ids map[string]bool)
+	Idle(fn func(id string, h Held))
 }
 
 // Metrics are what a Member counts (internal/metrics).

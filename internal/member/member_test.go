@@ -71,6 +71,10 @@ type parked struct {
 func (p *parked) Executing() bool              { return p.executing }
 func (p *parked) Park(context.Context) error   { p.parks.Add(1); return nil }
 func (p *parked) Resume(context.Context) error { p.resumes.Add(1); return nil }
+func (p *parked) Drop()                        {}
+func (p *parked) Freeze(context.Context) (func(context.Context), error) {
+	return nil, nil
+}
 func (p *parked) Need(context.Context) (drain.Need, error) {
 	return drain.Need{Run: "r", Image: "example/unit:1", Manifest: p.manifest}, nil
 }
