@@ -2,76 +2,36 @@ package daemon
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
-	"strings"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
-var (
-	// ErrResultsHeld refuses the export of a run with results posted on
-	// this host for calls it still awaits.
-	ErrResultsHeld = errors.New("results held on this host")
-)
-
-// Exportable says whether run id can be exported now: only a parked run
-// can ([bundle.Exportable]), and only if no result posted here awaits the
-// run's other calls.
-func (d *Daemon) Exportable(id string) error {
-	if err := bundle.Exportable(d.st, id); err != nil {
-		return err
+// exporter is this host's exports (bundle.Exporter): under the run's
+// lock, with the books of this process's exports.
+func (d *Daemon) exporter() bundle.Exporter {
+	lock := func(id string) (func(), error) {
+		r, err := d.lockRun(id)
+		if err != nil {
+			return nil, err
+		}
+		return r.mu.Unlock, nil
 	}
-	// Results posted here for calls the run still awaits stay here: a
-	// bundle does not carry them, and the host importing it would show
-	// those calls as unanswered.
-	if held, err := d.resultsHeld(id); err == nil && len(held) > 0 {
-		return fmt.Errorf("export %s: %w: results are posted here for %s, which the run still awaits with others; post the rest (the run resumes here), or close it", id, ErrResultsHeld, strings.Join(held, ", "))
-	}
-	return nil
+	return bundle.Exporter{Store: d.st, Books: &d.exports, Lock: lock, Held: func(id string) ([]string, error) { return calls.Held(d.st, id) },
+		Log: d.log, HandedOff: func(id string) { d.publish(events.Event{Kind: "run.handed_off", Run: id}) }}
 }
 
-// Export writes run id's bundle to w ([bundle.Export]). With handoff (the
-// default of the API and the CLI) the run is handed off before the first
-// byte is written ([bundle.Prepare]): from then on this host refuses to
-// resume, close or post results to it, until a bundle extending its record
-// is imported back. Without handoff the bundle is marked a copy. A failed
-// export takes its handoff back unless a bundle may be out there
-// ([bundle.Exports]).
-func (d *Daemon) Export(ctx context.Context, id string, w io.Writer, handoff bool) (err error) {
-	// Read and handed off under the run's lock, so that a resume or a
-	// close cannot come between; streamed without it.
-	r, err := d.lockRun(id)
-	if err != nil {
-		return err
-	}
-	err = d.Exportable(id)
-	var o bundle.ExportOptions
-	var made bool
-	if err == nil {
-		o, made, err = d.exports.Begin(d.st, id, handoff)
-	}
-	r.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	defer func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		switch ended, rerr := d.exports.End(d.st, id, o, made, err); {
-		case rerr != nil:
-			d.log.Error("export failed and its handoff could not be taken back", "run", id, "err", rerr)
-		case ended == bundle.HandedOff:
-			d.log.Info("run handed off", "run", id, "head", o.Record.Head())
-			d.publish(events.Event{Kind: "run.handed_off", Run: id})
-		case ended == bundle.TakenBack:
-			d.log.Warn("export failed before its bundle was whole: the handoff is taken back", "run", id, "err", err)
-		}
-	}()
-	return bundle.Export(ctx, d.st, id, w, o)
+// Exportable says whether run id can be exported now
+// ([bundle.Exporter.Exportable]).
+func (d *Daemon) Exportable(id string) error { return d.exporter().Exportable(id) }
+
+// Export writes run id's bundle to w, handing the run off unless not
+// handoff ([bundle.Exporter.Export]).
+func (d *Daemon) Export(ctx context.Context, id string, w io.Writer, handoff bool) error {
+	return d.exporter().Export(ctx, id, w, handoff)
 }
 
 // Import reads a bundle and stores its run as id (the bundle's own id when

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -104,7 +105,7 @@ func TestExportRefusedWithResultsHeld(t *testing.T) {
 		t.Fatalf("post: %+v %v", pr, err)
 	}
 	var b bytes.Buffer
-	if err := h.d.Export(t.Context(), "r", &b, true); !errors.Is(err, ErrResultsHeld) || b.Len() != 0 {
+	if err := h.d.Export(t.Context(), "r", &b, true); !errors.Is(err, bundle.ErrResultsHeld) || b.Len() != 0 {
 		t.Fatalf("export with a result held: %v (%d bytes written)", err, b.Len())
 	}
 	if _, off, _ := h.d.st.HandedOff("r"); off {

@@ -119,10 +119,6 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 // has been posted.
 func (d *Daemon) Calls(ctx context.Context) ([]calls.Listed, error) { return calls.List(d.st) }
 
-// resultsHeld returns the calls of run id with a result posted here and
-// not yet delivered: an export does not carry them (ErrResultsHeld).
-func (d *Daemon) resultsHeld(id string) ([]string, error) { return calls.Held(d.st, id) }
-
 // fillCalls fills in the ledger of a run whose record arrived in a
 // bundle: its calls' kinds and payloads are in its journals.
 func (d *Daemon) fillCalls(id string) {

@@ -78,7 +78,7 @@ var codes = []struct {
 	{api.CodeObjectCorrupt, as[*store.CorruptError], nil},
 	{api.CodeMissingObject, is(store.ErrMissingObject), nil},
 	{api.CodePhase, is(record.ErrClosed, record.ErrParked, record.ErrNotParked, record.ErrAlternation,
-		resume.ErrNotParked, daemon.ErrNoSandbox, daemon.ErrResultsHeld, forms.ErrNoChannel), nil},
+		resume.ErrNotParked, daemon.ErrNoSandbox, bundle.ErrResultsHeld, forms.ErrNoChannel), nil},
 	{api.CodeRecordInvalid, is(forms.ErrFormMismatch, record.ErrHeadMismatch, record.ErrCanonical, store.ErrDamaged, record.ErrOverflow,
 		attest.ErrSignature, attest.ErrMalformed), nil},
 	{api.CodeNotFound, func(err error) bool {
