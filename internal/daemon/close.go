@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -57,7 +58,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (Summary, error) 
 	}
 	// Whatever else of the run this host still has goes too: the sandbox
 	// of a run that was lost (its unit may be alive), or one a park left.
-	d.removeSandboxes(ctx, id)
+	forms.RemoveRun(ctx, d.ex, id, d.log)
 	r.live, r.park = nil, nil
 	d.log.Info("run closed", "run", id, "reason", reason)
 	d.publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})

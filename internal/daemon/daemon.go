@@ -45,9 +45,6 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// DefaultStateDir is where a daemon keeps its state unless told otherwise.
-const DefaultStateDir = host.DefaultStateDir
-
 // Errors of the daemon's own. Refusals from the packages it joins pass
 // through wrapped: pkg/record's phase errors, internal/store's, internal/resume's
 // typed precondition errors, internal/executor's.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/resume"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -129,7 +130,7 @@ func TestParkRefusedAtAppend(t *testing.T) {
 	if _, err := os.Stat(h.d.markPath("r")); err != nil {
 		t.Fatalf("the new interval's mark is not saved: %v", err)
 	}
-	h.d.removeSandboxes(t.Context(), "r")
+	forms.RemoveRun(t.Context(), h.d.ex, "r", h.d.log)
 }
 
 func hasEvent(es []attest.Entry, prefix string) bool {
@@ -253,7 +254,7 @@ func TestCloseInOrder(t *testing.T) {
 	if sb := h.ex.sandbox("r"); sb == nil || sb.status != "running" {
 		t.Fatal("the unit did not go on after a refused close")
 	}
-	h.d.removeSandboxes(t.Context(), "r")
+	forms.RemoveRun(t.Context(), h.d.ex, "r", h.d.log)
 
 	h2 := newFakeHost(t)
 	h2.start(t, "s")
@@ -407,7 +408,7 @@ func TestExitRefusedAtAppend(t *testing.T) {
 	if _, err := h.d.st.Record("r"); err != nil {
 		t.Fatal(err)
 	}
-	h.d.removeSandboxes(t.Context(), "r")
+	forms.RemoveRun(t.Context(), h.d.ex, "r", h.d.log)
 }
 
 // A transcript park refused at its append (the record moved: here another

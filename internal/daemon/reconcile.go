@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -32,41 +31,23 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	if err := os.RemoveAll(filepath.Join(d.cfg.StateDir, "spool")); err != nil {
 		d.log.Warn("reconcile: removing the journal spools of the last daemon", "err", err)
 	}
-	ids, err := d.ex.List(ctx)
+	// Each executing run keeps one sandbox: its own id, or for a transcript
+	// run the latest interval's (forms.Sweep).
+	plan, err := forms.Sweep(ctx, d.ex, func(run string) (record.Phase, error) {
+		st, err := d.st.Run(run)
+		return st.Phase, err
+	}, d.log)
 	if err != nil {
 		return err
 	}
-	// Each executing run keeps one sandbox: its own id, or for a transcript
-	// run the latest interval's (forms.PlanSandboxes).
-	plan := forms.PlanSandboxes(ids, func(run string) (record.Phase, error) {
-		st, err := d.st.Run(run)
-		return st.Phase, err
-	})
-	for _, u := range plan.Unread {
-		d.log.Error("reconcile: cannot read the run of a sandbox; leaving it", "sandbox", u.Sandbox, "err", u.Err)
-	}
-	for _, sid := range plan.Remove {
-		d.log.Info("reconcile: removing a sandbox no executing run owns", "sandbox", sid, "run", forms.RunOf(sid))
-		if err := d.ex.Remove(ctx, sid); err != nil {
-			d.log.Error("reconcile: sandbox not removed; the next start retries", "sandbox", sid, "err", err)
-		}
-	}
 	owner := plan.Owner
-	if pruned, err := d.ex.Prune(ctx); err != nil {
-		d.log.Warn("reconcile: pruning the executor's leftovers", "err", err)
-	} else if len(pruned) > 0 {
-		d.log.Info("reconcile: removed network namespaces of sandboxes that are gone", "sandboxes", pruned)
-	}
 	active, err := d.st.Runs(record.Active)
 	if err != nil {
 		return err
 	}
 	for _, id := range active {
 		if elsewhere[id] && owner[id] != "" {
-			d.log.Warn("reconcile: removing the sandbox of a run another host of the fleet has", "run", id, "sandbox", owner[id])
-			if err := d.ex.Remove(ctx, owner[id]); err != nil {
-				d.log.Error("reconcile: sandbox not removed; the next start retries", "sandbox", owner[id], "err", err)
-			}
+			forms.Remove(ctx, d.ex, owner[id], "reconcile: removing the sandbox of a run another host of the fleet has", d.log)
 			continue
 		}
 		if owner[id] == "" {
@@ -121,26 +102,4 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	d.watch(id, r, lv)
 	d.log.Info("reconcile: reattached", "run", id)
 	return nil
-}
-
-// removeSandboxes removes every sandbox of run id that containerd still
-// has, whatever state it is in. The caller holds the run's lock, and the
-// run's record no longer needs them (closed).
-func (d *Daemon) removeSandboxes(ctx context.Context, id string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-	defer cancel()
-	ids, err := d.ex.List(ctx)
-	if err != nil {
-		d.log.Error("listing sandboxes; the next reconcile removes what is left", "run", id, "err", err)
-		return
-	}
-	for _, sid := range ids {
-		if forms.RunOf(sid) != id {
-			continue
-		}
-		d.log.Info("removing a sandbox of a closed run", "run", id, "sandbox", sid)
-		if err := d.ex.Remove(ctx, sid); err != nil {
-			d.log.Error("sandbox not removed; the next reconcile retries", "sandbox", sid, "err", err)
-		}
-	}
 }
