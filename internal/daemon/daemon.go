@@ -83,8 +83,7 @@ type Daemon struct {
 	log    *slog.Logger
 	base   *host.Host // what it stands on (nil in unit tests of a fake)
 	st     *store.Store
-	ctrd   *executor.Containerd // nil with an external containerd
-	ex     Sandboxes            // the executor (execRole), a fake in unit tests
+	ex     Sandboxes // the executor (execRole), a fake in unit tests
 	meter  *idle.Meter
 	keyID  record.Address
 	signer *interval.Signer  // the host key and its audit chain
@@ -128,7 +127,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	cfg.Config = h.Config
-	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: map[string]*run{}, base: h, st: h.Store, ctrd: h.Containerd,
+	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: map[string]*run{}, base: h, st: h.Store,
 		ex: execRole{h.Exec}, meter: h.Meter, signer: h.Signer, keyID: h.Signer.KeyID(), host: h.Facts}
 	d.openEvidence()
 	ok := false

@@ -17,15 +17,10 @@ import (
 // root. e2e proves the real one.
 type Sandboxes interface {
 	forms.Sandboxes
+	forms.Sweeper
 	Load(ctx context.Context, id string) (Sandbox, error)
-	List(ctx context.Context) ([]string, error)
-	Remove(ctx context.Context, id string) error
-	Prune(ctx context.Context) ([]string, error)
 	Import(ctx context.Context, r io.Reader, name string) (executor.Image, error)
-	Versions(ctx context.Context) (executor.Versions, error)
 	Probe(ctx context.Context, deadline time.Duration) executor.Probe
-	SweepProbes(ctx context.Context)
-	Close() error
 }
 
 // Sandbox is one unit's sandbox as the daemon and its forms consume it

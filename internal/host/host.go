@@ -27,9 +27,11 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -208,4 +210,17 @@ func (h *Host) Close(ctx context.Context) error {
 		errs = append(errs, h.Store.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// Info describes the host, with the state of its image parks (parks).
+func (h *Host) Info(parks imageparks.Status) answers.HostInfo {
+	out := answers.HostInfo{KeyID: h.Signer.KeyID(), StateDir: h.Config.StateDir, Embedded: h.Containerd != nil,
+		Containerd: h.Config.ContainerdAddress, Manifest: manifest.Manifest{}, Meter: h.Meter.Snapshot(), ImageParks: parks}
+	if h.Containerd != nil {
+		out.Containerd = h.Containerd.Address()
+	}
+	for k, v := range h.Facts {
+		out.Manifest[k] = v
+	}
+	return out
 }
