@@ -7,7 +7,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
-	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // exporter is this host's exports (bundle.Exporter): under the run's
@@ -57,23 +56,18 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 	if err != nil {
 		return Imported{}, err
 	}
-	d.fillCalls(im.Run)
+	if err := calls.Fill(d.st, im.Run); err != nil {
+		d.log.Warn("call ledger: the imported run's calls are listed without their payloads until the next start", "run", im.Run, "err", err)
+	}
 	unclaimed := d.fleet.ClaimImported(ctx, im)
 	sum, err := d.summary(im.Run, rl)
 	if err != nil {
 		return Imported{}, err
 	}
 	d.log.Info("run imported", "run", im.Run, "from", im.Header.Run, "objects", im.Objects, "bytes", im.Bytes, "copy", im.Header.Copy)
-	return Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: grantsOf(im.Grants), Signers: d.Signers(im.Signers), Unclaimed: unclaimed}, nil
+	return Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: im.Grants, Signers: d.Signers(im.Signers), Unclaimed: unclaimed}, nil
 }
 
 // notHandedOff refuses an operation on a run an export handed to another
 // host, or held here as a copy ([bundle.HeldHere]).
 func (d *Daemon) notHandedOff(id string) error { return bundle.HeldHere(d.st, id) }
-
-// grantsOf returns an imported bundle's grants as a copy (Import's
-// answer).
-func grantsOf(g unit.Grants) unit.Grants {
-	g.ReadOnly = append([]unit.Mount(nil), g.ReadOnly...)
-	return g
-}

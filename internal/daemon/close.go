@@ -39,7 +39,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (Summary, error) 
 		defer lv.unit.Hold()()
 		_, err = d.endAt(ctx, lv, "close.sealed", attest.Outcome{Kind: attest.Killed}, lv.unit.Account(), []record.Segment{closed})
 	} else {
-		err = d.append(id, closed)
+		err = d.fleet.Append(id, closed)
 	}
 	if err != nil {
 		if lv != nil && lv.iv.Ended() {

@@ -5,8 +5,6 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/drain"
-	"github.com/runrecordd/runrecordd/internal/fleet"
-	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/member"
 )
 
@@ -31,16 +29,6 @@ func (d *Daemon) joinFleet() {
 func (d *Daemon) bundleOptions() bundle.Options {
 	return bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.Trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
 }
-
-// session is this host's current session in the fleet; nil alone.
-func (d *Daemon) session() *fleet.Host { return d.fleet.Session() }
-
-// fleetErr counts err when it is the fleet's refusal of a transition.
-func (d *Daemon) fleetErr(err error) error { return d.fleet.Err(err) }
-
-// records is the store the daemon appends through: the fleet's fence in a
-// fleet, the store itself alone.
-func (d *Daemon) records() interval.Store { return d.fleet.Records() }
 
 // Fleet is the daemon's part in a fleet: its migrations, adoptions and
 // drains (internal/member), over the daemon's run table (runTable).

@@ -219,7 +219,7 @@ func TestFleetRejoin(t *testing.T) {
 		t.Fatal("the lost session was not replaced")
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for h.d.session() != nh {
+	for h.d.fleet.Session() != nh {
 		if time.Now().After(deadline) {
 			t.Fatal("the daemon does not use the new session")
 		}
@@ -287,7 +287,7 @@ func TestFleetLeaseGuard(t *testing.T) {
 	c.Stop(1)
 	c.Stop(2)
 	wait("paused", 10*time.Second)
-	if v := time.Until(h.d.session().ValidUntil()); v <= 0 {
+	if v := time.Until(h.d.fleet.Session().ValidUntil()); v <= 0 {
 		t.Fatalf("frozen only %v after the lease could lapse", -v)
 	}
 	c.Restart(t, 1)

@@ -24,7 +24,7 @@ type live struct {
 // made from the daemon's state directory, store, signer and meter at each
 // use.
 func (d *Daemon) intervals() interval.Host {
-	return interval.Host{StateDir: d.cfg.StateDir, Store: d.records(), Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log}
+	return interval.Host{StateDir: d.cfg.StateDir, Store: d.fleet.Records(), Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log}
 }
 
 // markNow is a mark at this instant for run id's output.
@@ -60,8 +60,6 @@ func (d *Daemon) background(fn func()) {
 	}()
 }
 
-func (d *Daemon) markPath(id string) string { return d.intervals().MarkPath(id) }
-
 // saveMark keeps lv's start for a restarted daemon.
 func (d *Daemon) saveMark(_ string, lv *live) { d.intervals().SaveMark(lv.iv) }
 
@@ -79,7 +77,7 @@ func (d *Daemon) endAt(ctx context.Context, lv *live, step string, outcome attes
 	}
 	s, err := d.intervals().End(ctx, lv.iv, sealed, outcome, calls, then, extra...)
 	if err != nil {
-		return interval.Sealed{}, d.fleetErr(err)
+		return interval.Sealed{}, d.fleet.Err(err)
 	}
 	d.metrics.Receipt(s.Receipt)
 	return s, nil

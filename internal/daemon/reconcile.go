@@ -20,7 +20,7 @@ import (
 // no append.
 func (d *Daemon) reconcile(ctx context.Context) error {
 	var elsewhere map[string]bool
-	if d.session() != nil {
+	if d.fleet.Session() != nil {
 		var err error
 		if elsewhere, err = d.fleet.Reconcile(ctx); err != nil {
 			return fmt.Errorf("fleet: %w", err)

@@ -7,16 +7,6 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// append appends segs to run id at its current head, in one transaction.
-func (d *Daemon) append(id string, segs ...record.Segment) error {
-	head, err := d.st.Head(id)
-	if err != nil {
-		return err
-	}
-	_, err = d.records().AppendAll(id, head, segs...)
-	return d.fleetErr(err)
-}
-
 // phaseFor reports why a run in phase p cannot do what wants (nil when it
 // can).
 func phaseErr(id string, p record.Phase, want record.Phase) error {

@@ -114,19 +114,6 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	return out, nil
 }
 
-// Calls lists the outward calls awaiting results in every run this host
-// holds, from the call ledger: each with its payload and whether a result
-// has been posted.
-func (d *Daemon) Calls(ctx context.Context) ([]calls.Listed, error) { return calls.List(d.st) }
-
-// fillCalls fills in the ledger of a run whose record arrived in a
-// bundle: its calls' kinds and payloads are in its journals.
-func (d *Daemon) fillCalls(id string) {
-	if err := calls.Fill(d.st, id); err != nil {
-		d.log.Warn("call ledger: the imported run's calls are listed without their payloads until the next start", "run", id, "err", err)
-	}
-}
-
 // recoverUnit parks a unit whose channel died with the daemon that
 // served it, from what it left on disk (its form's Recover): the interval
 // is recorded without an account (the account was the dead daemon's; the

@@ -12,6 +12,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/transfer"
@@ -112,3 +113,8 @@ func (e Reader) TrustedKeys() ([]trust.Key, error) { return e.keys().List() }
 
 // Signers is a record's signers, with their names.
 func (e Reader) Signers(ss []attest.Signer) []answers.Signer { return e.keys().Names(ss) }
+
+// Calls lists the outward calls awaiting results in every run the host
+// holds, from the call ledger: each with its payload and whether a result
+// has been posted (internal/calls).
+func (e Reader) Calls(context.Context) ([]calls.Listed, error) { return calls.List(e.st) }
