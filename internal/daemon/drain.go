@@ -7,14 +7,10 @@ import (
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
-	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/placement"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
-
-// ErrDraining refuses a new run on a host being drained.
-var ErrDraining = member.ErrDraining
 
 // Placement: before a drain moves anything, each host it may move runs to
 // says what it can take (Offer, over the peer routes), and the drain judges

@@ -9,6 +9,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -21,7 +22,7 @@ import (
 // id draws one.
 func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (Summary, error) {
 	if d.fleet.Draining() {
-		return Summary{}, fmt.Errorf("run: %w: it takes no new runs until it restarts", ErrDraining)
+		return Summary{}, fmt.Errorf("run: %w: it takes no new runs until it restarts", member.ErrDraining)
 	}
 	if id == "" {
 		var b [6]byte

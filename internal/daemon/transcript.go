@@ -2,14 +2,11 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
-	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // The daemon's glue to the calls room (internal/calls): a transcript
@@ -71,9 +68,6 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 // the run is parked and this was the last result its await named, the run
 // resumes here.
 func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byte) (Posted, error) {
-	if !json.Valid(payload) {
-		return Posted{}, fmt.Errorf("%w: the result payload is not JSON", ErrInvalid)
-	}
 	r, err := d.lockRun(run)
 	if err != nil {
 		return Posted{}, err
@@ -83,14 +77,13 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	if err != nil {
 		return Posted{}, err
 	}
-	if st.Phase == record.Ended {
-		return Posted{}, fmt.Errorf("run %s: %w", run, record.ErrClosed)
-	}
+	// A run handed off takes no results here, nor, in a fleet, one another
+	// host owns (a post appends nothing, so no fence refuses it); the
+	// ledger refuses the rest (calls.Post): a closed run, a payload that is
+	// not JSON, a call the run cannot take.
 	if err := d.notHandedOff(run); err != nil {
 		return Posted{}, err
 	}
-	// A post appends nothing, so no fence refuses it: in a fleet, a run
-	// another host owns takes no results here.
 	if err := d.fleet.Elsewhere(run); err != nil {
 		return Posted{}, err
 	}

@@ -67,6 +67,7 @@ func TestErrorOfBundle(t *testing.T) {
 func TestErrorOfDaemon(t *testing.T) {
 	for err, want := range map[error]string{
 		fmt.Errorf("run r: %w", daemon.ErrNoSandbox):      api.CodePhase,
+		fmt.Errorf("post: %w", calls.ErrNotJSON):          api.CodeBadRequest,
 		fmt.Errorf("export r: %w", bundle.ErrResultsHeld): api.CodePhase,
 		fmt.Errorf("run r: %w", park.ErrNoSpace):          api.CodeNoSpace,
 		fmt.Errorf("post: %w", calls.ErrRefused):          api.CodeCallRefused,
