@@ -7,6 +7,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/forms"
 )
 
 // exporter is this host's exports (bundle.Exporter): under the run's
@@ -45,7 +46,7 @@ func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (Imported, 
 func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (Imported, error) {
 	var rl *run
 	im, err := bundle.Import(ctx, d.st, r, bundle.ImportOptions{
-		Options: d.bundleOptions(), ID: id, Reclaim: reclaim, CheckID: checkID,
+		Options: d.bundleOptions(), ID: id, Reclaim: reclaim, CheckID: forms.CheckID,
 		// The run's lock is held past the import, until its summary for
 		// the reply is read.
 		Lock: func(id string) func() { rl = d.lock(id); return func() {} },

@@ -23,7 +23,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
 	"time"
 
@@ -195,18 +194,6 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 
 // StateDir is the daemon's state directory.
 func (d *Daemon) StateDir() string { return d.cfg.StateDir }
-
-var runID = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
-
-func checkID(id string) error {
-	if !runID.MatchString(id) {
-		return fmt.Errorf("%w: run id %q: use 1 to 64 of A-Z a-z 0-9 _ . - (not starting with . or -)", ErrInvalid, id)
-	}
-	if forms.TranscriptSuffix.MatchString(id) {
-		return fmt.Errorf("%w: run id %q: an id may not end in _t and digits (the form of a transcript interval's sandbox id)", ErrInvalid, id)
-	}
-	return nil
-}
 
 // lockRun returns the state of run id, which must be stored, locked: a
 // request naming no run leaves nothing behind (d.runs holds only runs that

@@ -5,6 +5,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/drain"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/member"
 )
 
@@ -19,7 +20,7 @@ func (d *Daemon) joinFleet() {
 	d.fleet = member.New(member.Config{
 		Join:  d.cfg.Join,
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.publish, Reach: d.reach,
-		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: checkID},
+		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: forms.CheckID},
 		Exportable: d.Exportable, Runs: runTable{d}, Fits: d.placement().Fits,
 	})
 }

@@ -29,7 +29,7 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 		_, _ = rand.Read(b[:])
 		id = "r-" + hex.EncodeToString(b[:])
 	}
-	if err := checkID(id); err != nil {
+	if err := forms.CheckID(id); err != nil {
 		return Summary{}, err
 	}
 	p, err := d.forms().Prepare(ctx, id, spec, grants)
