@@ -21,7 +21,8 @@ func (d *Daemon) joinFleet() {
 		Join:  d.cfg.Join,
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.publish, Reach: d.reach,
 		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: forms.CheckID},
-		Exportable: d.Exportable, Runs: runTable{d}, Fits: d.placement().Fits,
+		Exportable: d.Exportable, Runs: runTable{d},
+		Fits: func(ctx context.Context, id string) error { return d.placement().Fits(ctx, id) },
 	})
 }
 
@@ -60,7 +61,13 @@ type heldRun struct {
 
 func (h heldRun) Executing() bool { return h.r.live != nil }
 
-func (h heldRun) Need(ctx context.Context) (drain.Need, error) { return h.d.needOf(ctx, h.id, h.r) }
+func (h heldRun) Need(ctx context.Context) (drain.Need, error) {
+	var sb Sandbox
+	if h.r.live != nil {
+		sb = h.r.live.sb
+	}
+	return h.d.placement().Need(ctx, h.id, sb)
+}
 
 func (h heldRun) Park(ctx context.Context) error {
 	_, err := h.d.park(ctx, h.id, h.r)

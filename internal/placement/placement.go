@@ -17,6 +17,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/resume"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -34,6 +35,37 @@ type Host struct {
 	Draining func() bool
 	// ImageParks says whether image parks work on the host.
 	ImageParks func() bool
+	// Forms is the host's side of the forms: the manifest a park here
+	// would record.
+	Forms forms.Host
+}
+
+// Need is what stored run id asks of the host that takes it: parked, its
+// recorded manifest and the bytes its snapshot retains; executing in sb
+// (not nil) on this host, the manifest its park here will record and, for
+// an image unit, its memory (its image's size).
+func (h Host) Need(ctx context.Context, id string, sb forms.Sandbox) (drain.Need, error) {
+	st, err := h.Store.Run(id)
+	if err != nil {
+		return drain.Need{}, err
+	}
+	run, err := forms.ReadRun(h.Store, st)
+	if err != nil {
+		return drain.Need{}, err
+	}
+	spec := run.Spec
+	transcript := spec.Mode == unit.TranscriptMode
+	n := drain.Need{Run: id, Image: spec.Image, ImagePark: !transcript}
+	switch {
+	case st.Phase == record.Parked:
+		n.Manifest, n.Bytes, err = h.Recorded(id)
+	case sb != nil:
+		n.Manifest, err = h.Forms.Over(ctx, manifest.KeysFor(transcript), spec, st.Unit)
+		if u, serr := sb.Stats(ctx); serr == nil && !transcript {
+			n.Bytes = u.MemoryBytes
+		}
+	}
+	return n, err
 }
 
 // Offer is what the host can take now: its facts, the digests of the
