@@ -21,8 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -138,11 +136,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.joinFleet()
 	bg, stop := context.WithCancel(context.Background())
 	d.stop, d.bgCtx = stop, bg
-	d.bg.Add(1)
-	go func() {
-		defer d.bg.Done()
-		_ = d.meter.Run(bg)
-	}()
+	d.background(func() { _ = d.meter.Run(bg) })
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("daemon: reconcile: %w", err)
 	}
@@ -221,11 +215,8 @@ func (d *Daemon) lock(id string) *run {
 
 // output returns a run's output files on this host, making their directory.
 func (d *Daemon) output(id string) (executor.Output, error) {
-	out := d.outputOf(id)
-	if err := os.MkdirAll(filepath.Dir(out.Stdout), 0o700); err != nil {
-		return out, fmt.Errorf("daemon: output directory: %w", err)
-	}
-	return out, nil
+	out, err := d.intervals().MakeOutput(id)
+	return executor.Output(out), err
 }
 
 func (d *Daemon) outputOf(id string) executor.Output {

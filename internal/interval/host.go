@@ -2,7 +2,9 @@ package interval
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -27,6 +29,15 @@ type Host struct {
 func (h Host) Output(run string) Output {
 	dir := filepath.Join(h.StateDir, "runs", run)
 	return Output{Stdout: filepath.Join(dir, "stdout"), Stderr: filepath.Join(dir, "stderr")}
+}
+
+// MakeOutput is Output, its directory made.
+func (h Host) MakeOutput(run string) (Output, error) {
+	out := h.Output(run)
+	if err := os.MkdirAll(filepath.Dir(out.Stdout), 0o700); err != nil {
+		return out, fmt.Errorf("output directory: %w", err)
+	}
+	return out, nil
 }
 
 // MarkPath is where run's open interval keeps its mark: runs/<id>/interval.json.
