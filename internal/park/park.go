@@ -81,6 +81,12 @@ type Result struct {
 	// Followed is the bytes of the memory image hashed while CRIU wrote
 	// it, not after the checkpoint returned.
 	Followed int64
+	// Chunks is what the chunking of the pages files found, when the
+	// store keeps images chunked (store.Store.ChunkedImages).
+	Chunks ChunkStats
+	// NewBytes is the bytes of files and chunks the park added to the
+	// store (besides the two listings); the rest it held already.
+	NewBytes int64
 }
 
 // Checkpointed is the park's CRIU statistics and ingest time as the replay
@@ -127,7 +133,16 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.
 	start := time.Now()
 	known, fst := fl.finish()
 	res.Followed = fst.Early
-	memAddr, mst, err := st.IngestHashed(ctx, images, known)
+	var held []store.Entry
+	if st.ChunkedImages() {
+		if known == nil {
+			known = map[string]store.Hashed{}
+		}
+		if held, res.Chunks, err = chunkImages(ctx, st, images, known); err != nil {
+			return res, errors.Join(err, thaw(sb))
+		}
+	}
+	memAddr, mst, err := st.IngestChunks(ctx, images, known, held)
 	if err != nil {
 		return res, errors.Join(fmt.Errorf("park: storing the memory image: %w", err), thaw(sb))
 	}
@@ -136,6 +151,7 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.
 		return res, errors.Join(fmt.Errorf("park: storing the rw layer: %w", err), thaw(sb))
 	}
 	res.Ingest = time.Since(start)
+	res.NewBytes = mst.NewBytes + rst.NewBytes
 	res.Snapshot = record.ImageSnapshot(rootAddr, &memAddr)
 	res.Retained = mst.Bytes + rst.Bytes + size(st, memAddr) + size(st, rootAddr)
 	return res, nil
@@ -246,6 +262,10 @@ func Layout(st *store.Store, snap record.Snapshot, dir string) (Trees, error) {
 	// Nothing is hashed, so there is nothing to cancel.
 	ctx := context.Background()
 	if err := st.Materialize(ctx, *snap.Memory, t.ImageDir, store.LinkRehashed); err != nil {
+		os.RemoveAll(dir)
+		return Trees{}, fmt.Errorf("park: %w", err)
+	}
+	if err := assemble(st, *snap.Memory, t.ImageDir); err != nil {
 		os.RemoveAll(dir)
 		return Trees{}, fmt.Errorf("park: %w", err)
 	}

@@ -35,6 +35,9 @@ type IngestStats struct {
 	Files int   // regular files in the tree
 	Bytes int64 // their total size
 	New   int   // files not already in the store (the rest were dropped)
+	// NewBytes is the bytes of the New files: what the ingest added to
+	// the store, besides the listing.
+	NewBytes int64
 }
 
 // Ingest turns a staged tree into a directory object and returns its
@@ -47,17 +50,19 @@ type IngestStats struct {
 // limits) is refused with [ErrListing] before a byte is hashed. On success
 // the staging directory is gone.
 func (s *Store) Ingest(ctx context.Context, staging string) (record.Address, IngestStats, error) {
-	return s.ingest(ctx, staging, nil)
+	return s.ingest(ctx, staging, nil, nil)
 }
 
 // ingest is [Store.Ingest], taking the addresses of the files in known
-// from the caller instead of hashing them ([Store.IngestHashed]). Its
+// from the caller instead of hashing them ([Store.IngestHashed]), and
+// listing besides the staged files the entries of stored, objects the
+// store holds already ([Store.IngestChunks]). Its
 // steps come in the order that keeps a crash or a refusal harmless: the
 // tree is judged before a byte is hashed, every file is hashed and made
 // durable before any is named, every file is named before the listing
 // that names them, and staging is removed last.
-func (s *Store) ingest(ctx context.Context, staging string, known map[string]Hashed) (record.Address, IngestStats, error) {
-	files, err := stagedFiles(staging, known)
+func (s *Store) ingest(ctx context.Context, staging string, known map[string]Hashed, stored []Entry) (record.Address, IngestStats, error) {
+	files, err := stagedFiles(staging, known, stored)
 	if err != nil {
 		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
@@ -65,7 +70,7 @@ func (s *Store) ingest(ctx context.Context, staging string, known map[string]Has
 	if err != nil {
 		return record.Address{}, IngestStats{}, err
 	}
-	listing, err := EncodeListing(entries)
+	listing, err := EncodeListing(append(entries, stored...))
 	if err != nil {
 		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
@@ -81,6 +86,9 @@ func (s *Store) ingest(ctx context.Context, staging string, known map[string]Has
 	st, refs, err := s.placeFiles(staging, files, entries)
 	if err != nil {
 		return record.Address{}, st, err
+	}
+	if refs, err = s.keepStored(refs, stored, &st); err != nil {
+		return record.Address{}, st, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
 	// And one more syncfs for the names.
 	if err := syncFS(s.objects); err != nil {
@@ -100,7 +108,7 @@ func (s *Store) ingest(ctx context.Context, staging string, known map[string]Has
 // device or empty directory (which a listing would lose), a file known
 // names that is not staged, or a name or file count over a listing's
 // limits. It comes first so that a refused tree costs no hashing.
-func stagedFiles(staging string, known map[string]Hashed) ([]string, error) {
+func stagedFiles(staging string, known map[string]Hashed, stored []Entry) ([]string, error) {
 	files, err := walkStaged(staging)
 	if err != nil {
 		return nil, err
@@ -108,7 +116,7 @@ func stagedFiles(staging string, known map[string]Hashed) ([]string, error) {
 	if err := knownStaged(staging, files, known); err != nil {
 		return nil, err
 	}
-	if err := checkTree(staging, files); err != nil {
+	if err := checkTree(staging, files, stored); err != nil {
 		return nil, err
 	}
 	return files, nil
@@ -202,14 +210,15 @@ func (s *Store) placeFiles(staging string, files []string, entries []Entry) (Ing
 			return st, nil, fmt.Errorf("store: ingest %s: %w", staging, err)
 		}
 		st.New++
+		st.NewBytes += int64(e.Size)
 	}
 	return st, refs, nil
 }
 
 // checkTree refuses, before a byte is hashed, a tree whose listing would
 // break a listing's name rules or limits.
-func checkTree(staging string, files []string) error {
-	es := make([]Entry, len(files))
+func checkTree(staging string, files []string, stored []Entry) error {
+	es := make([]Entry, len(files), len(files)+len(stored))
 	for i, p := range files {
 		rel, err := filepath.Rel(staging, p)
 		if err != nil {
@@ -219,6 +228,12 @@ func checkTree(staging string, files []string) error {
 		if err := checkName(es[i].Name); err != nil {
 			return fmt.Errorf("%w: entry %q: %v", ErrListing, es[i].Name, err)
 		}
+	}
+	for _, e := range stored {
+		if err := checkName(e.Name); err != nil {
+			return fmt.Errorf("%w: entry %q: %v", ErrListing, e.Name, err)
+		}
+		es = append(es, e)
 	}
 	_, err := listingSize(es)
 	return err
