@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 )
 
 // CRIU image magics (criu/include/magic.h): every image but the raw
@@ -172,9 +171,4 @@ func (pm pagemap) spans(size uint64) []run {
 		}
 	}
 	return out
-}
-
-// isPages reports whether name is a CRIU pages file.
-func isPages(name string) bool {
-	return strings.HasPrefix(name, "pages-") && strings.HasSuffix(name, ".img") && !strings.Contains(name, "/")
 }

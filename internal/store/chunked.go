@@ -129,8 +129,8 @@ func (f *ChunkedFile) add(base string, e Entry) error {
 // IngestChunks is [Store.IngestHashed] for a tree some of whose files the
 // caller found already stored: each entry of stored names an object the
 // store holds (by its address, which the caller computed from bytes it
-// read, as for known), and is listed beside the staged files without a
-// staged copy. It is how an image park stores only the chunks it lacks
+// read, as for known), or one of the staged files' addresses, and is
+// listed beside the staged files without a staged copy of its own. It is how an image park stores only the chunks it lacks
 // (docs/store.md, "Chunked files"). Each object stored names must be held
 // when the listing is named, else the ingest is refused with
 // [ErrMissingObject]; the ones held have their time refreshed, as a file
@@ -140,15 +140,25 @@ func (s *Store) IngestChunks(ctx context.Context, staging string, known map[stri
 	return s.ingest(ctx, staging, known, stored)
 }
 
-// keepStored adds stored's objects to refs and st, with s.gc held, after
-// checking that each is held and refreshing its time.
-func (s *Store) keepStored(refs []record.Address, stored []Entry, st *IngestStats) ([]record.Address, error) {
+// keepStored returns stored's objects and counts them in st, with s.gc
+// held, after checking that each is held, or is the address of a staged
+// file (staged, which the ingest names next), and refreshing its time.
+func (s *Store) keepStored(stored, staged []Entry, st *IngestStats) ([]record.Address, error) {
 	now := time.Now()
+	refs := make([]record.Address, 0, len(stored))
+	var inTree map[record.Address]bool
 	for _, e := range stored {
 		if !s.Has(e.Address) {
-			return nil, fmt.Errorf("%w: %s (%q)", ErrMissingObject, e.Address, e.Name)
-		}
-		if err := os.Chtimes(s.Path(e.Address), now, now); err != nil {
+			if inTree == nil {
+				inTree = make(map[record.Address]bool, len(staged))
+				for _, f := range staged {
+					inTree[f.Address] = true
+				}
+			}
+			if !inTree[e.Address] {
+				return nil, fmt.Errorf("%w: %s (%q)", ErrMissingObject, e.Address, e.Name)
+			}
+		} else if err := os.Chtimes(s.Path(e.Address), now, now); err != nil {
 			return nil, err
 		}
 		refs = append(refs, e.Address)

@@ -83,13 +83,18 @@ func (s *Store) ingest(ctx context.Context, staging string, known map[string]Has
 	// collection may run: the files are named by nothing in between.
 	s.gc.RLock()
 	defer s.gc.RUnlock()
-	st, refs, err := s.placeFiles(staging, files, entries)
+	// The objects listed without a staged copy are checked before a file
+	// is named: a refused ingest names nothing.
+	var st IngestStats
+	held, err := s.keepStored(stored, entries, &st)
+	if err != nil {
+		return record.Address{}, st, fmt.Errorf("store: ingest %s: %w", staging, err)
+	}
+	st, refs, err := s.placeFiles(staging, files, entries, st)
 	if err != nil {
 		return record.Address{}, st, err
 	}
-	if refs, err = s.keepStored(refs, stored, &st); err != nil {
-		return record.Address{}, st, fmt.Errorf("store: ingest %s: %w", staging, err)
-	}
+	refs = append(refs, held...)
 	// And one more syncfs for the names.
 	if err := syncFS(s.objects); err != nil {
 		return record.Address{}, st, err
@@ -188,8 +193,9 @@ func hashTree(ctx context.Context, staging string, files []string, known map[str
 // s.gc held, after [hashTree] made the bytes durable and before the
 // listing that names them is committed. It returns the tree's stats and
 // the files' addresses, the listing's refs; on error, the stats so far.
-func (s *Store) placeFiles(staging string, files []string, entries []Entry) (IngestStats, []record.Address, error) {
-	st := IngestStats{Files: len(files)}
+// It adds to st.
+func (s *Store) placeFiles(staging string, files []string, entries []Entry, st IngestStats) (IngestStats, []record.Address, error) {
+	st.Files += len(files)
 	refs := make([]record.Address, 0, len(entries))
 	now := time.Now()
 	for i, e := range entries {
