@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -118,4 +121,39 @@ func TestReachedChunksOnce(t *testing.T) {
 	if count[record.Sum(page)] != 1 || count[record.Sum(other)] != 1 {
 		t.Fatalf("chunks reached %d and %d times, want once each", count[record.Sum(page)], count[record.Sum(other)])
 	}
+}
+
+// A migration fetches only the chunks the target lacks: a chunked image
+// run moves from a to b, where one of its chunks (under another run's
+// name) is held already; the fetch skips it, brings the others once each,
+// and b imports the run from its store and checks.
+func TestFetchChunksTheTargetLacks(t *testing.T) {
+	held, shared, fresh := bytes.Repeat([]byte{1}, store.ChunkPage), bytes.Repeat([]byte{2}, store.ChunkPage), bytes.Repeat([]byte{3}, 4*store.ChunkPage)
+	ent := func(v uint64, b []byte) store.Entry {
+		return store.Entry{Name: store.ChunkName("pages-1.img", v), Mode: 0o600, Size: uint64(len(b)), Address: record.Sum(b)}
+	}
+	l, err := store.EncodeListing([]store.Entry{ent(0x400000, held), ent(0x401000, shared), ent(0x402000, shared), ent(0x404000, fresh)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := forgeImage(t, l, held, shared, fresh)
+	from, _ := mustStore(t)
+	mustImport(t, from, b.Tar(nil), iopts())
+	to, _ := mustStore(t)
+	if _, err := to.PutBytes(held); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(transfer.Handler(from))
+	defer srv.Close()
+	st, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, to, b.Record, transfer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Skipped == 0 || st.Objects != len(b.Objects)-1 {
+		t.Fatalf("fetched %+v of %d objects, one held", st, len(b.Objects))
+	}
+	if _, err := bundle.ImportStored(context.Background(), to, b.Record, bundle.StoredOptions{ImportOptions: iopts(), Run: b.Run, Copy: true}); err != nil {
+		t.Fatal(err)
+	}
+	checkGC(t, to)
 }

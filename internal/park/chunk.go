@@ -34,7 +34,8 @@ type ChunkStats struct {
 // holds are returned as entries to list without a staged copy
 // ([store.Store.IngestChunks]). The pages file itself is removed from
 // staging. known must not be nil. A pages file under [MinChunked], one whose size its pagemap
-// does not give, or one whose runs do not go up in address stays whole.
+// does not give, one whose runs do not go up in address, or one of more
+// than store.MaxChunks chunks (8 GiB at 16 KiB) stays whole.
 func chunkImages(ctx context.Context, st *store.Store, images string, known map[string]store.Hashed) ([]store.Entry, ChunkStats, error) {
 	var cs ChunkStats
 	pms, err := readPagemaps(images)
@@ -46,7 +47,8 @@ func chunkImages(ctx context.Context, st *store.Store, images string, known map[
 	buf := make([]byte, ChunkSize)
 	for _, pm := range pms {
 		info, err := os.Stat(filepath.Join(images, pm.pages))
-		if err != nil || done[pm.pages] || info.Size() < MinChunked || uint64(info.Size()) != pm.bytes || !pm.increasing() {
+		if err != nil || done[pm.pages] || info.Size() < MinChunked || uint64(info.Size()) != pm.bytes || !pm.increasing() ||
+			len(pm.spans(ChunkSize)) > store.MaxChunks {
 			continue
 		}
 		done[pm.pages] = true

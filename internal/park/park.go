@@ -39,7 +39,13 @@
 //
 // The snapshot's root is a directory object holding one file, rootfs.tar:
 // the rw layer's diff against the image in OCI layer form. Its memory is a
-// directory object holding CRIU's image directory as CRIU wrote it.
+// directory object holding CRIU's image directory as CRIU wrote it, or,
+// when the store keeps images chunked (store.Store.ChunkedImages, serve
+// --chunked-images), with each pages file of 1 MiB or more listed as 16 KiB
+// chunks by virtual address ([ChunkSize], store.ChunkedFiles): a park
+// writes only the chunks the store lacks ([store.Store.IngestChunks]), and
+// [Layout] concatenates them back into the pages file, after checking them
+// against its pagemap. docs/chunked-images.md.
 package park
 
 import (
@@ -248,9 +254,11 @@ type Trees struct {
 }
 
 // Layout lays an image snapshot's trees out under dir (which must not
-// exist) by hard links to the stored objects: no bytes move. Call it only
-// after [Offered] found the snapshot intact; it does not hash again
-// ([store.LinkRehashed]).
+// exist) by hard links to the stored objects: no bytes move, except that a
+// chunked pages file is written whole from its linked chunks, which must
+// cover exactly the present pages of its pagemap (else store.ErrChunks).
+// Call it only after [Offered] found the snapshot intact; it does not hash
+// again ([store.LinkRehashed]).
 func Layout(st *store.Store, snap record.Snapshot, dir string) (Trees, error) {
 	if snap.IsTranscript() || snap.Root == nil || snap.Memory == nil {
 		return Trees{}, fmt.Errorf("park: %s is not an image park with a memory image", snap)

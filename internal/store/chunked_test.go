@@ -2,7 +2,9 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -153,4 +155,38 @@ func TestChunksGCAndCheck(t *testing.T) {
 		t.Fatalf("check over a damaged chunk: %v", err)
 	}
 	damage(t, s, record.Sum(shared), flipByte(100))
+}
+
+// The chunked form of docs/store.md's worked example: a pages file of six
+// pages, one at 0x400000 and five from 0x7f0000003000, listed as three
+// chunks cut where the address crosses a multiple of 16 KiB, beside the
+// image's core file. Each chunk's pages are filled with its first page's
+// number (vaddr/4096, low byte).
+func ExampleChunkName() {
+	fill := func(v uint64, pages int) []byte { return bytes.Repeat([]byte{byte(v / ChunkPage)}, pages*ChunkPage) }
+	es := []Entry{{Name: "core-1.img", Mode: 0o600, Size: 4, Address: record.Sum([]byte("core"))}}
+	for _, c := range []struct {
+		v     uint64
+		pages int
+	}{{0x400000, 1}, {0x7f0000003000, 1}, {0x7f0000004000, 4}} {
+		b := fill(c.v, c.pages)
+		es = append(es, Entry{Name: ChunkName("pages-1.img", c.v), Mode: 0o600, Size: uint64(len(b)), Address: record.Sum(b)})
+	}
+	l, _ := EncodeListing(es)
+	b := l[len(DirDomain)+4:]
+	for range es {
+		n := int(binary.BigEndian.Uint32(b))
+		fmt.Printf("%x %s %x %x %x\n", b[:4], b[4:4+n], b[4+n:8+n], b[8+n:16+n], b[16+n:48+n])
+		b = b[48+n:]
+	}
+	fmt.Println(record.Sum(l))
+	cfs, _ := ChunkedFiles(es)
+	fmt.Println(cfs[0].Name, cfs[0].Size, len(cfs[0].Chunks))
+	// Output:
+	// 0000000a core-1.img 00000180 0000000000000004 23460271b9ea508d1c6d86a5a45a00594d17c96b0795d4d00e1c1dd5d0f9cfaa
+	// 00000023 pages-1.img.chunks/0000000000400000 00000180 0000000000001000 b6fb73fc46938c981e2b0b4b1ef282adcfc89854d01bfe3972fdc4785b41b2c7
+	// 00000023 pages-1.img.chunks/00007f0000003000 00000180 0000000000001000 3cf2a07e10dc2a6e0911e13c3202d28dc3cc81b1d54387277c85010ab5cc289a
+	// 00000023 pages-1.img.chunks/00007f0000004000 00000180 0000000000004000 4c9c6f466579694f78bda852a16d031d846f0257a9065c65262d0921c1a73255
+	// b3:tv0GmoQTaWGmWl7DaBuvNpjZjQ3jRo4PPAWmJddFQnw
+	// pages-1.img 24576 3
 }
