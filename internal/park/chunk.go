@@ -103,6 +103,12 @@ func (c *chunker) chunk(ctx context.Context, pm pagemap) error {
 		}
 	}
 	delete(c.known, c.name)
+	if c.new == 0 {
+		// Every chunk held: an empty directory has no place in a listing.
+		if err := os.Remove(p + store.ChunkSuffix); err != nil {
+			return err
+		}
+	}
 	return os.Remove(p)
 }
 

@@ -118,6 +118,17 @@ func TestImageChunked(t *testing.T) {
 		t.Fatalf("second pages file: %d bytes, %v", len(got), err)
 	}
 
+	// Nothing changed: no chunk is written, and the park goes through.
+	p3 := &producer{t: t, images: chunkedImages(pages2), rootfs: p.rootfs}
+	res3, err := Image(t.Context(), st, p3, 0, 0)
+	if err != nil {
+		t.Fatalf("a park with every chunk held: %v", err)
+	}
+	if res3.Chunks.New != 0 || res3.NewBytes != 0 || !res3.Snapshot.Equal(res2.Snapshot) {
+		t.Fatalf("third park: %+v, %d new bytes, %s (the second %s)", res3.Chunks, res3.NewBytes, res3.Snapshot, res2.Snapshot)
+	}
+	mustNoStaging(t, st.Dir())
+
 	// A byte of a stored chunk changed: another snapshot is offered.
 	c := cfs[0].Chunks[5]
 	damageObject(t, st, c.Address)
