@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -70,7 +71,7 @@ func (s *Store) ingest(ctx context.Context, staging string, known map[string]Has
 	if err != nil {
 		return record.Address{}, IngestStats{}, err
 	}
-	listing, err := EncodeListing(append(entries, stored...))
+	listing, err := EncodeListing(slices.Concat(entries, stored))
 	if err != nil {
 		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
