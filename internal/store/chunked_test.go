@@ -190,3 +190,41 @@ func ExampleChunkName() {
 	// b3:tv0GmoQTaWGmWl7DaBuvNpjZjQ3jRo4PPAWmJddFQnw
 	// pages-1.img 24576 3
 }
+
+// Whatever listing decodes, ChunkedFiles either refuses it with ErrChunks
+// or returns files whose chunks keep the form: whole pages of 1 page to
+// MaxChunk, in address order, none overlapping or past 2⁶⁴, sizes summed.
+func FuzzChunkedFiles(f *testing.F) {
+	page := bytes.Repeat([]byte{1}, ChunkPage)
+	seed, _ := EncodeListing([]Entry{chunkEntry(0x400000, page), chunkEntry(0x401000, page),
+		{Name: "core-1.img", Size: 4, Address: record.Sum([]byte("core"))}})
+	f.Add(seed)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		es, err := DecodeListing(b)
+		if err != nil {
+			return
+		}
+		cfs, err := ChunkedFiles(es)
+		if err != nil {
+			if !errors.Is(err, ErrChunks) {
+				t.Fatalf("refused with %v", err)
+			}
+			return
+		}
+		for _, cf := range cfs {
+			var sum uint64
+			for i, c := range cf.Chunks {
+				if c.Size == 0 || c.Size > MaxChunk || c.Size%ChunkPage != 0 || c.Vaddr%ChunkPage != 0 || c.Vaddr+c.Size < c.Vaddr {
+					t.Fatalf("%q: chunk %+v", cf.Name, c)
+				}
+				if i > 0 && cf.Chunks[i-1].Vaddr+cf.Chunks[i-1].Size > c.Vaddr {
+					t.Fatalf("%q: chunk %d overlaps", cf.Name, i)
+				}
+				sum += c.Size
+			}
+			if sum != cf.Size || len(cf.Chunks) > MaxChunks {
+				t.Fatalf("%q: %d chunks, size %d, summed %d", cf.Name, len(cf.Chunks), cf.Size, sum)
+			}
+		}
+	})
+}
