@@ -4,6 +4,7 @@
 # executor, the unit changing PCT percent of its memory between two (MODE: spread, contiguous,
 # lines), then prints how the images lie and what each chunking would store, and the hashing
 # costs.
+# The built form, through the daemon (serve --chunked-images): bench/chunked.sh.
 # Usage: bench/chunks.sh [-unit ballast|oracle] [-n 5] [-size 256] [-pct 1] [-mode spread]   (as root)
 #        bench/chunks.sh analyze DIR1 DIR2 ...                           (any CRIU image dirs)
 # Everything the dump makes (a private containerd, the sandbox, the images) lives under one

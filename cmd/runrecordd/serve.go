@@ -39,6 +39,7 @@ type serveFlags struct {
 	etcd                                      etcdFlags
 	leaseTTL                                  time.Duration
 	peerListen                                string
+	chunkedImages                             bool
 }
 
 // register declares serve's flags on fs.
@@ -52,6 +53,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.gcEvery, "gc-interval", retention.DefaultInterval, "how often to collect the store (negative: never)")
 	fs.DurationVar(&f.retention, "snapshot-retention", retention.DefaultKeep, "how long a closed run keeps its image snapshots (negative: forever)")
 	fs.Uint64Var(&f.minFree, "min-free", park.DefaultMinFree, "bytes an image park must leave free on the store's filesystem")
+	fs.BoolVar(&f.chunkedImages, "chunked-images", false, "store image parks' memory pages as 16 KiB chunks by virtual address, so a later park stores only the chunks that changed (docs/chunked-images.md)")
 	fs.DurationVar(&f.criuDeadline, "criu-deadline", 0, "deadline of every CRIU dump and restore (default 30s plus 1s per 64 MiB of the unit's memory; docs/daemon.md)")
 	fs.Var(&f.mounts, "bundle-mount-allow", "a host path under which an imported bundle's read-only mounts may lie (repeat for more; default none: docs/trust.md)")
 	fs.Int64Var(&f.objMax, "bundle-object-max", bundle.DefaultLimits.Object, "the largest object an imported bundle may carry, in bytes")
@@ -98,7 +100,7 @@ func (f *serveFlags) check() (slog.Level, error) {
 // config is the daemon's config from the checked flags, with the
 // coefficients file, if one is named, read and parsed.
 func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
-	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log},
+	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log, ChunkedImages: f.chunkedImages},
 		ParkLimits: forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
 		Policy:     retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
 		Intake:     bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax}, BundleMounts: f.mounts}}

@@ -269,8 +269,9 @@ func (j *judging) reachEvidence(i int, seg record.Segment) error {
 
 // reachSnapshot reaches a park's snapshot and, for an image park, each
 // listing held and each file listed, which are the listing's refs. A
-// listing must decode strictly and give each file held the size it has
-// (check 8). A listing not held is left to carried to report; one already
+// listing must decode strictly, keep the rules of the chunked form for
+// its chunked files (store.ChunkedFiles), and give each file held the size
+// it has (check 8). A listing not held is left to carried to report; one already
 // listed (by the park a Resumed segment repeats) is not read again.
 func (j *judging) reachSnapshot(i int, seg record.Segment, listed map[record.Address]bool) error {
 	for _, a := range seg.Snapshot.Addresses() {
@@ -284,6 +285,11 @@ func (j *judging) reachSnapshot(i int, seg record.Segment, listed map[record.Add
 			return err
 		}
 		es, err := store.DecodeListing(b)
+		if err == nil {
+			// The chunked form (docs/store.md, "Chunked files"): names,
+			// sizes and address ranges of every chunk, judged here.
+			_, err = store.ChunkedFiles(es)
+		}
 		if err != nil {
 			return fmt.Errorf("%w: %s: segment %d: snapshot %s: %w", ErrMalformed, j.what, i, a, err)
 		}

@@ -59,6 +59,9 @@ type Config struct {
 	CPUInfo string
 	// Logger receives the host's events; slog.Default() when nil.
 	Logger *slog.Logger
+	// ChunkedImages stores image parks' memory pages in the chunked form
+	// (serve --chunked-images; store.Store.SetChunkedImages).
+	ChunkedImages bool
 }
 
 // Host is a host's state directory and runtime, open.
@@ -133,6 +136,7 @@ func (h *Host) openState() error {
 	if h.Store, err = store.Open(filepath.Join(dir, "store")); err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
+	h.Store.SetChunkedImages(h.Config.ChunkedImages)
 	// The call state of a daemon before the call ledger (results/RUN
 	// files, and the calls and awaits in parked runs' journals) goes into
 	// the ledger, once: internal/calls.

@@ -39,7 +39,13 @@
 //
 // The snapshot's root is a directory object holding one file, rootfs.tar:
 // the rw layer's diff against the image in OCI layer form. Its memory is a
-// directory object holding CRIU's image directory as CRIU wrote it.
+// directory object holding CRIU's image directory as CRIU wrote it, or,
+// when the store keeps images chunked (store.Store.ChunkedImages, serve
+// --chunked-images), with each pages file of 1 MiB or more listed as 16 KiB
+// chunks by virtual address ([ChunkSize], store.ChunkedFiles): a park
+// writes only the chunks the store lacks ([store.Store.IngestChunks]), and
+// [Layout] concatenates them back into the pages file, after checking them
+// against its pagemap. docs/chunked-images.md.
 package park
 
 import (
@@ -81,6 +87,12 @@ type Result struct {
 	// Followed is the bytes of the memory image hashed while CRIU wrote
 	// it, not after the checkpoint returned.
 	Followed int64
+	// Chunks is what the chunking of the pages files found, when the
+	// store keeps images chunked (store.Store.ChunkedImages).
+	Chunks ChunkStats
+	// NewBytes is the bytes of files and chunks the park added to the
+	// store (besides the two listings); the rest it held already.
+	NewBytes int64
 }
 
 // Checkpointed is the park's CRIU statistics and ingest time as the replay
@@ -127,7 +139,16 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.
 	start := time.Now()
 	known, fst := fl.finish()
 	res.Followed = fst.Early
-	memAddr, mst, err := st.IngestHashed(ctx, images, known)
+	var held []store.Entry
+	if st.ChunkedImages() {
+		if known == nil {
+			known = map[string]store.Hashed{}
+		}
+		if held, res.Chunks, err = chunkImages(ctx, st, images, known); err != nil {
+			return res, errors.Join(err, thaw(sb))
+		}
+	}
+	memAddr, mst, err := st.IngestChunks(ctx, images, known, held)
 	if err != nil {
 		return res, errors.Join(fmt.Errorf("park: storing the memory image: %w", err), thaw(sb))
 	}
@@ -136,6 +157,7 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.
 		return res, errors.Join(fmt.Errorf("park: storing the rw layer: %w", err), thaw(sb))
 	}
 	res.Ingest = time.Since(start)
+	res.NewBytes = mst.NewBytes + rst.NewBytes
 	res.Snapshot = record.ImageSnapshot(rootAddr, &memAddr)
 	res.Retained = mst.Bytes + rst.Bytes + size(st, memAddr) + size(st, rootAddr)
 	return res, nil
@@ -232,9 +254,11 @@ type Trees struct {
 }
 
 // Layout lays an image snapshot's trees out under dir (which must not
-// exist) by hard links to the stored objects: no bytes move. Call it only
-// after [Offered] found the snapshot intact; it does not hash again
-// ([store.LinkRehashed]).
+// exist) by hard links to the stored objects: no bytes move, except that a
+// chunked pages file is written whole from its linked chunks, which must
+// cover exactly the present pages of its pagemap (else store.ErrChunks).
+// Call it only after [Offered] found the snapshot intact; it does not hash
+// again ([store.LinkRehashed]).
 func Layout(st *store.Store, snap record.Snapshot, dir string) (Trees, error) {
 	if snap.IsTranscript() || snap.Root == nil || snap.Memory == nil {
 		return Trees{}, fmt.Errorf("park: %s is not an image park with a memory image", snap)
@@ -246,6 +270,10 @@ func Layout(st *store.Store, snap record.Snapshot, dir string) (Trees, error) {
 	// Nothing is hashed, so there is nothing to cancel.
 	ctx := context.Background()
 	if err := st.Materialize(ctx, *snap.Memory, t.ImageDir, store.LinkRehashed); err != nil {
+		os.RemoveAll(dir)
+		return Trees{}, fmt.Errorf("park: %w", err)
+	}
+	if err := assemble(st, *snap.Memory, t.ImageDir); err != nil {
 		os.RemoveAll(dir)
 		return Trees{}, fmt.Errorf("park: %w", err)
 	}

@@ -35,7 +35,7 @@ type Hashed struct {
 // ones taken from elsewhere (a record, a bundle, a peer): for those,
 // Ingest.
 func (s *Store) IngestHashed(ctx context.Context, staging string, known map[string]Hashed) (record.Address, IngestStats, error) {
-	return s.ingest(ctx, staging, known)
+	return s.ingest(ctx, staging, known, nil)
 }
 
 // knownStaged checks that every file in known is one of the staged files.

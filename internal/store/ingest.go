@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -35,6 +36,9 @@ type IngestStats struct {
 	Files int   // regular files in the tree
 	Bytes int64 // their total size
 	New   int   // files not already in the store (the rest were dropped)
+	// NewBytes is the bytes of the New files: what the ingest added to
+	// the store, besides the listing.
+	NewBytes int64
 }
 
 // Ingest turns a staged tree into a directory object and returns its
@@ -47,17 +51,19 @@ type IngestStats struct {
 // limits) is refused with [ErrListing] before a byte is hashed. On success
 // the staging directory is gone.
 func (s *Store) Ingest(ctx context.Context, staging string) (record.Address, IngestStats, error) {
-	return s.ingest(ctx, staging, nil)
+	return s.ingest(ctx, staging, nil, nil)
 }
 
 // ingest is [Store.Ingest], taking the addresses of the files in known
-// from the caller instead of hashing them ([Store.IngestHashed]). Its
+// from the caller instead of hashing them ([Store.IngestHashed]), and
+// listing besides the staged files the entries of stored, objects the
+// store holds already ([Store.IngestChunks]). Its
 // steps come in the order that keeps a crash or a refusal harmless: the
 // tree is judged before a byte is hashed, every file is hashed and made
 // durable before any is named, every file is named before the listing
 // that names them, and staging is removed last.
-func (s *Store) ingest(ctx context.Context, staging string, known map[string]Hashed) (record.Address, IngestStats, error) {
-	files, err := stagedFiles(staging, known)
+func (s *Store) ingest(ctx context.Context, staging string, known map[string]Hashed, stored []Entry) (record.Address, IngestStats, error) {
+	files, err := stagedFiles(staging, known, stored)
 	if err != nil {
 		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
@@ -65,7 +71,7 @@ func (s *Store) ingest(ctx context.Context, staging string, known map[string]Has
 	if err != nil {
 		return record.Address{}, IngestStats{}, err
 	}
-	listing, err := EncodeListing(entries)
+	listing, err := EncodeListing(slices.Concat(entries, stored))
 	if err != nil {
 		return record.Address{}, IngestStats{}, fmt.Errorf("store: ingest %s: %w", staging, err)
 	}
@@ -78,10 +84,18 @@ func (s *Store) ingest(ctx context.Context, staging string, known map[string]Has
 	// collection may run: the files are named by nothing in between.
 	s.gc.RLock()
 	defer s.gc.RUnlock()
-	st, refs, err := s.placeFiles(staging, files, entries)
+	// The objects listed without a staged copy are checked before a file
+	// is named: a refused ingest names nothing.
+	var st IngestStats
+	held, err := s.keepStored(stored, entries, &st)
+	if err != nil {
+		return record.Address{}, st, fmt.Errorf("store: ingest %s: %w", staging, err)
+	}
+	st, refs, err := s.placeFiles(staging, files, entries, st)
 	if err != nil {
 		return record.Address{}, st, err
 	}
+	refs = append(refs, held...)
 	// And one more syncfs for the names.
 	if err := syncFS(s.objects); err != nil {
 		return record.Address{}, st, err
@@ -100,7 +114,7 @@ func (s *Store) ingest(ctx context.Context, staging string, known map[string]Has
 // device or empty directory (which a listing would lose), a file known
 // names that is not staged, or a name or file count over a listing's
 // limits. It comes first so that a refused tree costs no hashing.
-func stagedFiles(staging string, known map[string]Hashed) ([]string, error) {
+func stagedFiles(staging string, known map[string]Hashed, stored []Entry) ([]string, error) {
 	files, err := walkStaged(staging)
 	if err != nil {
 		return nil, err
@@ -108,7 +122,7 @@ func stagedFiles(staging string, known map[string]Hashed) ([]string, error) {
 	if err := knownStaged(staging, files, known); err != nil {
 		return nil, err
 	}
-	if err := checkTree(staging, files); err != nil {
+	if err := checkTree(staging, files, stored); err != nil {
 		return nil, err
 	}
 	return files, nil
@@ -180,8 +194,9 @@ func hashTree(ctx context.Context, staging string, files []string, known map[str
 // s.gc held, after [hashTree] made the bytes durable and before the
 // listing that names them is committed. It returns the tree's stats and
 // the files' addresses, the listing's refs; on error, the stats so far.
-func (s *Store) placeFiles(staging string, files []string, entries []Entry) (IngestStats, []record.Address, error) {
-	st := IngestStats{Files: len(files)}
+// It adds to st.
+func (s *Store) placeFiles(staging string, files []string, entries []Entry, st IngestStats) (IngestStats, []record.Address, error) {
+	st.Files += len(files)
 	refs := make([]record.Address, 0, len(entries))
 	now := time.Now()
 	for i, e := range entries {
@@ -202,14 +217,15 @@ func (s *Store) placeFiles(staging string, files []string, entries []Entry) (Ing
 			return st, nil, fmt.Errorf("store: ingest %s: %w", staging, err)
 		}
 		st.New++
+		st.NewBytes += int64(e.Size)
 	}
 	return st, refs, nil
 }
 
 // checkTree refuses, before a byte is hashed, a tree whose listing would
 // break a listing's name rules or limits.
-func checkTree(staging string, files []string) error {
-	es := make([]Entry, len(files))
+func checkTree(staging string, files []string, stored []Entry) error {
+	es := make([]Entry, len(files), len(files)+len(stored))
 	for i, p := range files {
 		rel, err := filepath.Rel(staging, p)
 		if err != nil {
@@ -219,6 +235,12 @@ func checkTree(staging string, files []string) error {
 		if err := checkName(es[i].Name); err != nil {
 			return fmt.Errorf("%w: entry %q: %v", ErrListing, es[i].Name, err)
 		}
+	}
+	for _, e := range stored {
+		if err := checkName(e.Name); err != nil {
+			return fmt.Errorf("%w: entry %q: %v", ErrListing, e.Name, err)
+		}
+		es = append(es, e)
 	}
 	_, err := listingSize(es)
 	return err

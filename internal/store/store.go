@@ -34,6 +34,8 @@ type Store struct {
 	// Ingest), and exclusively by GC, so no object is removed between the
 	// check and the commit.
 	gc sync.RWMutex
+	// chunking is the image parks' setting (chunked.go).
+	chunking chunking
 }
 
 // Open opens the store in dir, creating it if dir holds none, and migrates

@@ -1,0 +1,233 @@
+package park
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// pagemapImage encodes a pagemap image as CRIU 4 writes it: the magics,
+// pagemap_head{pages_id}, then one present pagemap_entry{vaddr, flags,
+// nr_pages} per run.
+func pagemapImage(pagesID uint64, runs ...run) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, imgCommonMagic)
+	b = binary.LittleEndian.AppendUint32(b, pagemapMagic)
+	msg := func(fields ...uint64) {
+		var m []byte
+		for i := 0; i < len(fields); i += 2 {
+			m = binary.AppendUvarint(m, fields[i]<<3)
+			m = binary.AppendUvarint(m, fields[i+1])
+		}
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(m)))
+		b = append(b, m...)
+	}
+	msg(1, pagesID)
+	for _, r := range runs {
+		msg(1, r.vaddr, 4, pePresent, 5, r.bytes/pageSize)
+	}
+	return b
+}
+
+// chunkedImages is a CRIU image directory whose pages file is 2.4 MiB
+// over three runs: one page, then two CRIU entries that continue one
+// another (one run), then a run that starts mid-chunk.
+func chunkedImages(pages []byte) map[string][]byte {
+	pm := pagemapImage(1, run{0x400000, pageSize}, run{0x7f0000000000, 256 * pageSize}, run{0x7f0000100000, 300 * pageSize},
+		run{0x7f1000003000, uint64(len(pages)) - 557*pageSize})
+	return map[string][]byte{"pages-1.img": pages, "pagemap-1.img": pm, "core-1.img": content(43, 300)}
+}
+
+// With the store's chunked images on, an image park lists its pages file
+// as 16 KiB chunks by virtual address, Offered finds it intact, Layout
+// gives CRIU the pages file whole again, and a second park after one page
+// changed stores only that page's chunk. A byte changed in a stored chunk
+// makes a different snapshot offered: the resume precondition refuses it.
+func TestImageChunked(t *testing.T) {
+	st := mustStore(t)
+	st.SetChunkedImages(true)
+	pages := content(41, 600*pageSize)
+	p := &producer{t: t, images: chunkedImages(pages), rootfs: content(42, 4096)}
+	res, err := Image(t.Context(), st, p, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := st.Listing(*res.Snapshot.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfs, err := store.ChunkedFiles(es)
+	if err != nil || len(cfs) != 1 || cfs[0].Size != uint64(len(pages)) || res.Chunks.Chunks != len(cfs[0].Chunks) {
+		t.Fatalf("chunked files %d, %v; stats %+v", len(cfs), err, res.Chunks)
+	}
+	// 1 + 556/4 + 43 (the last run starts 3 pages into a chunk: 1 + 42).
+	if n := len(cfs[0].Chunks); n != 1+139+1+11 {
+		t.Errorf("%d chunks", n)
+	}
+	for _, e := range es {
+		if e.Name == "pages-1.img" {
+			t.Fatal("the pages file is listed whole")
+		}
+	}
+	if n, err := Retained(st, res.Snapshot); err != nil || n != res.Retained {
+		t.Fatalf("retained %d, reported %d (%v)", n, res.Retained, err)
+	}
+	if off, err := Offered(t.Context(), st, res.Snapshot); err != nil || !off.Equal(res.Snapshot) {
+		t.Fatalf("offered %s, %v", off, err)
+	}
+	dir := filepath.Join(t.TempDir(), "r")
+	trees, err := Layout(st, res.Snapshot, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range p.images {
+		if got, err := os.ReadFile(filepath.Join(trees.ImageDir, name)); err != nil || !bytes.Equal(got, b) {
+			t.Fatalf("%s: %d bytes, %v", name, len(got), err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(trees.ImageDir, "pages-1.img"+store.ChunkSuffix)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("chunks left in the layout: %v", err)
+	}
+	mustNoStaging(t, st.Dir())
+
+	// One page changed: one chunk of 16 KiB is new.
+	pages2 := bytes.Clone(pages)
+	pages2[300*pageSize+7] ^= 1
+	p2 := &producer{t: t, images: chunkedImages(pages2), rootfs: p.rootfs}
+	res2, err := Image(t.Context(), st, p2, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res2.Chunks.New != ChunkSize || res2.Chunks.Held != res.Chunks.Chunks-1 {
+		t.Fatalf("second park: %+v", res2.Chunks)
+	}
+	if res2.NewBytes != ChunkSize {
+		t.Fatalf("second park added %d bytes", res2.NewBytes)
+	}
+	trees2, err := Layout(st, res2.Snapshot, filepath.Join(t.TempDir(), "r2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(trees2.ImageDir, "pages-1.img")); err != nil || !bytes.Equal(got, pages2) {
+		t.Fatalf("second pages file: %d bytes, %v", len(got), err)
+	}
+
+	// Nothing changed: no chunk is written, and the park goes through.
+	p3 := &producer{t: t, images: chunkedImages(pages2), rootfs: p.rootfs}
+	res3, err := Image(t.Context(), st, p3, 0, 0)
+	if err != nil {
+		t.Fatalf("a park with every chunk held: %v", err)
+	}
+	if res3.Chunks.New != 0 || res3.NewBytes != 0 || !res3.Snapshot.Equal(res2.Snapshot) {
+		t.Fatalf("third park: %+v, %d new bytes, %s (the second %s)", res3.Chunks, res3.NewBytes, res3.Snapshot, res2.Snapshot)
+	}
+	mustNoStaging(t, st.Dir())
+
+	// A byte of a stored chunk changed: another snapshot is offered.
+	c := cfs[0].Chunks[5]
+	damageObject(t, st, c.Address)
+	if off, err := Offered(t.Context(), st, res.Snapshot); err != nil || off.Equal(res.Snapshot) {
+		t.Fatalf("offered %s over a damaged chunk, %v", off, err)
+	}
+}
+
+// damageObject flips a byte of a stored object through a layout's link
+// (the test's way to reach the file without the store's paths).
+func damageObject(t *testing.T, st *store.Store, a record.Address) {
+	t.Helper()
+	l, err := store.EncodeListing([]store.Entry{{Name: "x", Mode: 0o600, Size: uint64(ChunkSize), Address: a}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	la, err := st.PutBytes(l, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "x")
+	if err := st.Materialize(t.Context(), la, dst, store.LinkFiles); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dst, "x")
+	os.Chmod(p, 0o600)
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte{0xff, 0, 0xff}, 100); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A chunked listing whose chunks do not cover exactly the present pages
+// of its pagemap is refused by Layout with store.ErrChunks before CRIU
+// reads it: a chunk moved to another address, a run missing, no pagemap.
+func TestLayoutRefusesChunksAgainstPagemap(t *testing.T) {
+	st := mustStore(t)
+	page := content(51, pageSize)
+	root := plainIngest(t, st, map[string][]byte{RootfsName: content(52, 100)})
+	for name, c := range map[string]struct {
+		pm     []byte
+		chunks map[uint64][]byte
+	}{
+		"a chunk at another address": {pm: pagemapImage(1, run{0x400000, 2 * pageSize}), chunks: map[uint64][]byte{0x400000: page, 0x402000: page}},
+		"a run missing":              {pm: pagemapImage(1, run{0x400000, pageSize}, run{0x500000, pageSize}), chunks: map[uint64][]byte{0x400000: page}},
+		"a run too many":             {pm: pagemapImage(1, run{0x400000, pageSize}), chunks: map[uint64][]byte{0x400000: page, 0x500000: page}},
+		"no pagemap":                 {chunks: map[uint64][]byte{0x400000: page}},
+		"the pagemap of other pages": {pm: pagemapImage(2, run{0x400000, pageSize}), chunks: map[uint64][]byte{0x400000: page}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			stage, err := st.StagingDir("bad")
+			if err != nil {
+				t.Fatal(err)
+			}
+			os.Mkdir(filepath.Join(stage, "pages-1.img"+store.ChunkSuffix), 0o700)
+			for v, b := range c.chunks {
+				os.WriteFile(filepath.Join(stage, store.ChunkName("pages-1.img", v)), b, 0o600)
+			}
+			if c.pm != nil {
+				os.WriteFile(filepath.Join(stage, "pagemap-1.img"), c.pm, 0o600)
+			}
+			mem, _, err := st.Ingest(t.Context(), stage)
+			if err != nil {
+				t.Fatal(err)
+			}
+			snap := record.ImageSnapshot(root, &mem)
+			dir := filepath.Join(t.TempDir(), "r")
+			if _, err := Layout(st, snap, dir); !errors.Is(err, store.ErrChunks) {
+				t.Fatalf("layout: %v", err)
+			} else if !strings.Contains(err.Error(), "pages-1.img") {
+				t.Fatalf("layout: %v names no file", err)
+			}
+			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("a refused layout left %s: %v", dir, err)
+			}
+		})
+	}
+}
+
+// parsePagemap reads what pagemapImage writes, merging entries that
+// continue one another, and refuses what is not a pagemap.
+func TestParsePagemap(t *testing.T) {
+	pm, err := parsePagemap(pagemapImage(3, run{0x1000, 2 * pageSize}, run{0x3000, pageSize}, run{0x9000, pageSize}))
+	if err != nil || pm.pages != "pages-3.img" || len(pm.runs) != 2 || pm.runs[0] != (run{0x1000, 3 * pageSize}) || pm.bytes != 4*pageSize {
+		t.Fatalf("%+v, %v", pm, err)
+	}
+	for name, b := range map[string][]byte{
+		"empty":     nil,
+		"truncated": pagemapImage(1, run{0x1000, pageSize})[:15],
+		"overflow":  pagemapImage(1, run{0xfffffffffffff000, 2 * pageSize}),
+		"unaligned": pagemapImage(1, run{0x1001, pageSize}),
+		"no head":   pagemapImage(1)[:8],
+	} {
+		if _, err := parsePagemap(b); err == nil {
+			t.Errorf("%s: parsed", name)
+		}
+	}
+}

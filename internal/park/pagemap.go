@@ -1,0 +1,174 @@
+package park
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// CRIU image magics (criu/include/magic.h): every image but the raw
+// pages-*.img starts with the image set's magic and its own.
+const (
+	imgCommonMagic = 0x54564319
+	pagemapMagic   = 0x56084025
+	pageSize       = 4096
+	pePresent      = 1 << 2 // pagemap_entry.flags: the pages are in pages-N.img
+	// maxPagemap is the largest pagemap image read: a pagemap entry is
+	// at most about 40 bytes, and CRIU writes one per 256 pages at most
+	// every 1 MiB of present memory, so 64 MiB is far past any unit.
+	maxPagemap = 64 << 20
+)
+
+// run is present pages at consecutive virtual addresses, consecutive in
+// the pages file too.
+type run struct {
+	vaddr, bytes uint64
+}
+
+// pagemap is one process's pagemap-PID.img: the pages file it describes
+// and the runs of present pages, in the order they are in that file.
+type pagemap struct {
+	pages string // pages-N.img
+	runs  []run
+	bytes uint64 // the pages file's size: the runs' sum
+}
+
+// readPagemaps reads every pagemap-*.img of a CRIU image directory.
+func readPagemaps(dir string) ([]pagemap, error) {
+	names, err := filepath.Glob(filepath.Join(dir, "pagemap-*.img"))
+	if err != nil {
+		return nil, err
+	}
+	var out []pagemap
+	for _, p := range names {
+		info, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		if info.Size() > maxPagemap {
+			return nil, fmt.Errorf("%s: %d bytes, the limit is %d", filepath.Base(p), info.Size(), maxPagemap)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		pm, err := parsePagemap(b)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Base(p), err)
+		}
+		out = append(out, pm)
+	}
+	return out, nil
+}
+
+// parsePagemap decodes a pagemap image (images/pagemap.proto of CRIU 4):
+// the magics, then length-prefixed messages, pagemap_head{pages_id} and
+// one pagemap_entry{vaddr, compat_nr_pages, in_parent, flags, nr_pages}
+// per run of pages, in the order of their bytes in the pages file.
+func parsePagemap(b []byte) (pagemap, error) {
+	var pm pagemap
+	if len(b) < 8 || binary.LittleEndian.Uint32(b) != imgCommonMagic || binary.LittleEndian.Uint32(b[4:]) != pagemapMagic {
+		return pm, errors.New("not a pagemap image")
+	}
+	b = b[8:]
+	first := true
+	for len(b) > 0 {
+		if len(b) < 4 || uint64(binary.LittleEndian.Uint32(b)) > uint64(len(b)-4) {
+			return pm, errors.New("truncated message")
+		}
+		n := binary.LittleEndian.Uint32(b)
+		fields, err := protoFields(b[4 : 4+n])
+		if err != nil {
+			return pm, err
+		}
+		b = b[4+n:]
+		if first {
+			pm.pages = fmt.Sprintf("pages-%d.img", fields[1])
+			first = false
+			continue
+		}
+		if err := pm.add(fields); err != nil {
+			return pm, err
+		}
+	}
+	if first {
+		return pm, errors.New("no pagemap head")
+	}
+	return pm, nil
+}
+
+// add adds a pagemap_entry's present pages.
+func (pm *pagemap) add(fields map[int]uint64) error {
+	vaddr, pages, flags := fields[1], fields[2], fields[4]
+	if n, ok := fields[5]; ok {
+		pages = n
+	}
+	if _, ok := fields[4]; !ok && fields[3] == 0 {
+		flags = pePresent
+	}
+	if flags&pePresent == 0 || pages == 0 {
+		return nil
+	}
+	if pages > 1<<40 || vaddr%pageSize != 0 || vaddr+pages*pageSize < vaddr {
+		return fmt.Errorf("entry at %#x of %d pages: not a range of the address space", vaddr, pages)
+	}
+	sz := pages * pageSize
+	if pm.bytes+sz < pm.bytes {
+		return errors.New("more pages than a file holds")
+	}
+	pm.bytes += sz
+	if n := len(pm.runs); n > 0 && pm.runs[n-1].vaddr+pm.runs[n-1].bytes == vaddr {
+		pm.runs[n-1].bytes += sz
+		return nil
+	}
+	pm.runs = append(pm.runs, run{vaddr, sz})
+	return nil
+}
+
+// protoFields decodes a message of varint fields only (what pagemap
+// messages hold) into field number → value.
+func protoFields(b []byte) (map[int]uint64, error) {
+	f := map[int]uint64{}
+	for len(b) > 0 {
+		key, n := binary.Uvarint(b)
+		if n <= 0 || key&7 != 0 || key>>3 > 1<<20 {
+			return nil, errors.New("not a message of varint fields")
+		}
+		b = b[n:]
+		v, m := binary.Uvarint(b)
+		if m <= 0 {
+			return nil, errors.New("bad varint")
+		}
+		b = b[m:]
+		f[int(key>>3)] = v
+	}
+	return f, nil
+}
+
+// increasing reports whether the runs go up in address: then the pages
+// file's order is the addresses' order, the order chunks are listed in.
+func (pm pagemap) increasing() bool {
+	for i := 1; i < len(pm.runs); i++ {
+		if pm.runs[i].vaddr < pm.runs[i-1].vaddr+pm.runs[i-1].bytes {
+			return false
+		}
+	}
+	return true
+}
+
+// spans cuts the runs where the address crosses a multiple of size:
+// vaddr-16k at 16 KiB (docs/chunked-images.md, "Which chunking").
+func (pm pagemap) spans(size uint64) []run {
+	var out []run
+	for _, r := range pm.runs {
+		v, end := r.vaddr, r.vaddr+r.bytes
+		for v < end {
+			n := min(size-v%size, end-v)
+			out = append(out, run{v, n})
+			v += n
+		}
+	}
+	return out
+}
