@@ -2,10 +2,10 @@
 
 package executor
 
-// A prototype of issue 15's lazy image resume (docs/lazy-resume.md): a
-// restore whose memory arrives on fault and in the background from a
-// `criu lazy-pages` daemon. Nothing in the daemon calls it; it exists for
-// bench/lazybench and for the design's measurements.
+// Issue 15's lazy image resume (docs/lazy-resume.md): a restore whose
+// memory arrives on fault and in the background from a `criu lazy-pages`
+// daemon. The image form calls it when the daemon runs with
+// --lazy-resume (internal/forms, lazy.go); bench/lazybench measures it.
 
 import (
 	"context"
@@ -45,6 +45,7 @@ type LazyPages struct {
 	mu       sync.Mutex
 	err      error         // set before done closes
 	resident time.Duration // from the daemon's start to its exit
+	exited   time.Time
 }
 
 // Done is closed when the daemon has exited.
@@ -60,6 +61,13 @@ func (l *LazyPages) Result() (time.Duration, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.resident, l.err
+}
+
+// ExitedAt is, once Done is closed, when the daemon exited.
+func (l *LazyPages) ExitedAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.exited
 }
 
 // Kill ends the daemon (a lazy restore's failure path; and the bench's
@@ -111,6 +119,18 @@ func (l *LazyPages) HoldUffds() (n int, release func(), _ error) {
 	return len(held), release, nil
 }
 
+// CheckLazy asks CRIU whether this host can restore lazily: `criu check
+// --feature uffd-noncoop` (userfaultfd with the events a lazy restore of
+// a process tree needs). A daemon started with lazy resume refuses to
+// start where it cannot.
+func (c *Client) CheckLazy(ctx context.Context) error {
+	out, err := exec.CommandContext(ctx, c.cfg.CRIU, "check", "--feature", "uffd-noncoop").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("executor: criu check --feature uffd-noncoop: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // startLazyPages starts `criu lazy-pages` on images, with work as its work
 // directory: it listens on work/lazy-pages.socket (a relative name, so no
 // sun_path limit), where CRIU's restore, whose working directory is the
@@ -158,7 +178,8 @@ func (c *Client) startLazyPages(images, work string, wait time.Duration) (*LazyP
 func (l *LazyPages) wait() {
 	err := l.cmd.Wait()
 	l.mu.Lock()
-	l.resident = time.Since(l.start)
+	l.exited = time.Now()
+	l.resident = l.exited.Sub(l.start)
 	if err != nil {
 		l.err = fmt.Errorf("%w: criu lazy-pages: %w%s", ErrPagesLost, err, logTail(l.log))
 	}

@@ -45,6 +45,11 @@ type Config struct {
 	CPUInfo string
 	// Logger receives the host's events; slog.Default() when nil.
 	Logger *slog.Logger
+	// LazyResume restores image parks lazily: the unit runs before its
+	// memory is all back (docs/lazy-resume.md). Off by default; a host
+	// whose CRIU cannot (criu check --feature uffd-noncoop) refuses to
+	// open with it.
+	LazyResume bool
 }
 
 // Host is a host's state directory and runtime, open.
@@ -101,6 +106,11 @@ func Open(ctx context.Context, cfg Config) (_ *Host, err error) {
 	}
 	if err := h.readFacts(ctx); err != nil {
 		return nil, err
+	}
+	if cfg.LazyResume {
+		if err := h.Exec.CheckLazy(ctx); err != nil {
+			return nil, fmt.Errorf("daemon: lazy resume: %w", err)
+		}
 	}
 	return h, nil
 }

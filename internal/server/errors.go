@@ -89,6 +89,7 @@ var codes = []struct {
 	{api.CodeConflict, is(store.ErrHeadMoved, daemon.ErrBusy), nil},
 	{api.CodeCallRefused, is(daemon.ErrCall), nil},
 	{api.CodeCheckpointTimeout, is(executor.ErrCheckpointTimeout), nil},
+	{api.CodePagesLost, is(executor.ErrPagesLost), nil},
 	{api.CodeRestoreTimeout, is(executor.ErrRestoreTimeout), nil},
 	{api.CodeImageParks, is(imageparks.ErrUnavailable), nil},
 	{api.CodeCheckpointFailed, is(executor.ErrCheckpoint), nil},
@@ -143,7 +144,7 @@ func Status(code string) int {
 	case api.CodeSnapshotMismatch, api.CodeManifestMismatch, api.CodeRecordInvalid, api.CodeObjectCorrupt,
 		api.CodeMissingObject, api.CodeCallRefused:
 		return http.StatusUnprocessableEntity
-	case api.CodeUnavailable, api.CodeCheckpointFailed, api.CodeRestoreFailed, api.CodeImageParks, api.CodeDraining:
+	case api.CodeUnavailable, api.CodeCheckpointFailed, api.CodeRestoreFailed, api.CodeImageParks, api.CodeDraining, api.CodePagesLost:
 		return http.StatusServiceUnavailable
 	case api.CodeCheckpointTimeout, api.CodeRestoreTimeout:
 		return http.StatusGatewayTimeout
