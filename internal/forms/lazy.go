@@ -80,12 +80,17 @@ type pages struct {
 	journaled bool
 }
 
-func (p *pages) finish(at time.Time, lost error) {
+// finish says what became of the pages: all resident (lost nil), or lost;
+// or, without said, nothing (the unit went first).
+func (p *pages) finish(at time.Time, lost error, said bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if lost == nil {
+	switch {
+	case !said:
+		p.journaled = true // nothing to journal
+	case lost == nil:
 		p.entry = attest.LifecycleOf(at.UnixNano(), attest.Resident{NS: int64(at.Sub(p.start))})
-	} else {
+	default:
 		p.entry = attest.LifecycleOf(at.UnixNano(), attest.PagesLost{AfterNS: int64(at.Sub(p.start)), Reason: firstLine(lost)})
 	}
 	p.lost = lost
@@ -95,6 +100,7 @@ func (p *pages) finish(at time.Time, lost error) {
 // firstLine is err's message without the log tail that follows it.
 func firstLine(err error) string {
 	s, _, _ := strings.Cut(err.Error(), "\n")
+	s, _, _ = strings.Cut(s, "; end of ")
 	return s
 }
 
@@ -181,23 +187,37 @@ const freezeWait = 30 * time.Second
 
 // watchPages waits for lp to bring every page in, within deadline. Then
 // it releases the held userfaultfds. When lp fails, or the deadline
-// passes, it freezes the unit (no thread of it runs again), ends lp, and
+// passes, it freezes the unit (best effort: a thread waiting on a page
+// that never comes may not freeze; it cannot run either), ends lp, and
 // says the pages were lost; the copies stay held until the unit is gone
 // (the daemon destroys it), so no thread ever reads a page that did not
-// come as zeros.
+// come as zeros. A unit gone first (closed, or exited) needs no more
+// pages: lp is ended, and nothing is said.
 func watchPages(sb Sandbox, lp Pages, release func(), p *pages, deadline time.Duration, log *slog.Logger) {
 	timer := time.NewTimer(deadline)
 	defer timer.Stop()
+	wctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	gone := make(chan struct{})
+	go func() {
+		_, _ = sb.Wait(wctx)
+		close(gone)
+	}()
 	var lost error
 	select {
 	case <-lp.Done():
 		_, lost = lp.Result()
 	case <-timer.C:
 		lost = fmt.Errorf("%w: %w: not every page was resident %s after the restore", executor.ErrPagesLost, executor.ErrRestoreTimeout, deadline)
+	case <-gone:
+		lp.Kill()
+		release()
+		p.finish(time.Now(), nil, false)
+		return
 	}
 	if lost == nil {
 		release()
-		p.finish(lp.ExitedAt(), nil)
+		p.finish(lp.ExitedAt(), nil, true)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), freezeWait)
@@ -205,9 +225,9 @@ func watchPages(sb Sandbox, lp Pages, release func(), p *pages, deadline time.Du
 	cancel()
 	lp.Kill()
 	if log != nil {
-		log.Warn("lazy restore: pages lost; the unit is frozen", "run", sb.ID(), "err", lost, "freeze", perr)
+		log.Warn("lazy restore: pages lost", "run", sb.ID(), "err", lost, "freeze", perr)
 	}
-	p.finish(time.Now(), lost)
-	_, _ = sb.Wait(context.Background())
+	p.finish(time.Now(), lost, true)
+	<-gone
 	release()
 }

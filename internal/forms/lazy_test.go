@@ -301,3 +301,22 @@ func TestLazyOf(t *testing.T) {
 		t.Fatal("a host resumes lazily by default")
 	}
 }
+
+// A unit gone while its pages arrive (closed, or exited) needs no more:
+// lazy-pages is ended, the copies released, and the journal says nothing
+// of its pages.
+func TestLazyUnitGone(t *testing.T) {
+	h, l, w := lazyWoken(t, time.Hour)
+	if err := w.Unit.Sandbox.Destroy(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	<-w.Unit.PagesDone()
+	<-l.pages.released
+	if got := l.notes(); !slices.Equal(got, []string{"destroy", "kill lazy-pages", "release"}) {
+		t.Fatalf("order %q", got)
+	}
+	iv := openInterval(h, w.Unit)
+	if err := w.Unit.JournalPages(iv); err != nil || journaled(iv, "resident")+journaled(iv, "pages-lost") != 0 {
+		t.Fatalf("a unit gone first: %v, journal %d entries", err, len(iv.Events()))
+	}
+}
