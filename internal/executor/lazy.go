@@ -29,8 +29,35 @@ import (
 // the unit must not go on.
 var ErrPagesLost = errors.New("executor: lazy pages lost before every page was resident")
 
+// ErrPagesArriving is a checkpoint asked of a sandbox whose lazy restore
+// is still bringing its pages in, served by a lazy-pages this process did
+// not start (an earlier daemon process's): a dump now would leave the
+// missing pages out. It passes once that lazy-pages has exited.
+var ErrPagesArriving = errors.New("executor: a lazy restore's pages are still arriving")
+
 // lazyLog is the lazy-pages daemon's log, in the restore's work directory.
 const lazyLog = "lazy-pages.log"
+
+// lazyPid names the pid of a sandbox's lazy-pages, in STATE/criu/ID.
+const lazyPid = "lazy-pages.pid"
+
+// LazyRestoring reports whether sandbox id's lazy restore is still
+// serving pages: its lazy-pages (by the pid it left, and its command line
+// naming the sandbox's restore directory, against a reused pid) is alive.
+// A restarted daemon asks it before a park of a unit it found.
+func (c *Client) LazyRestoring(id string) bool {
+	b, err := os.ReadFile(filepath.Join(c.cfg.StateDir, "criu", id, lazyPid))
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return false
+	}
+	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	work := filepath.Join(c.cfg.StateDir, "criu", id, "restore")
+	return err == nil && strings.Contains(string(cmd), "lazy-pages\x00") && strings.Contains(string(cmd), work+"\x00")
+}
 
 // LazyPages is the `criu lazy-pages` daemon of one lazy restore. It serves
 // the unit's lazy pages (anonymous private memory) from the image
@@ -218,6 +245,10 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 	l, err := c.startLazyPages(images, work, 10*time.Second)
 	if err != nil {
 		return nil, nil, RestoreStats{}, fmt.Errorf("%w: %w", ErrRestore, err)
+	}
+	if _, err := writeFileDurably(filepath.Join(c.cfg.StateDir, "criu", id, lazyPid), strings.NewReader(strconv.Itoa(l.Pid()))); err != nil {
+		l.Kill()
+		return nil, nil, RestoreStats{}, err
 	}
 	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline, criuConfig: conf}
 	s, err := c.create(ctx, id, spec, out, rs)

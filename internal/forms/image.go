@@ -50,7 +50,7 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 	if err := f.h.Gate.Ready(ctx); err != nil {
 		return Taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
-	if err := u.awaitPages(ctx); err != nil {
+	if err := f.awaitPages(ctx, u); err != nil {
 		return Taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
 	var mem uint64

@@ -136,14 +136,23 @@ func (u *Unit) JournalPages(iv *interval.Interval) error {
 	return p.lost
 }
 
+// lazyRestoring is whether a sandbox's lazy restore is still serving
+// pages (*executor.Client), whoever started it.
+type lazyRestoring interface{ LazyRestoring(id string) bool }
+
 // awaitPages waits until every page of a lazily restored unit is
 // resident: CRIU dumps only the pages a process has, so a park before
 // then would store a unit with holes. It returns the loss when pages were
 // lost (the park is refused; the daemon parks the run back at the
-// snapshot it resumed from).
-func (u *Unit) awaitPages(ctx context.Context) error {
+// snapshot it resumed from). A unit an earlier daemon process restored
+// lazily, whose lazy-pages still runs, is refused (ErrPagesArriving):
+// this process holds nothing to wait on.
+func (f Image) awaitPages(ctx context.Context, u *Unit) error {
 	p := u.pages
 	if p == nil {
+		if l, ok := f.h.Sandboxes.(lazyRestoring); ok && l.LazyRestoring(u.ID) {
+			return executor.ErrPagesArriving
+		}
 		return nil
 	}
 	select {
@@ -198,10 +207,14 @@ func watchPages(sb Sandbox, lp Pages, release func(), p *pages, deadline time.Du
 	defer timer.Stop()
 	wctx, stop := context.WithCancel(context.Background())
 	defer stop()
+	// gone closes when the unit has exited; not when the wait ends
+	// otherwise (the daemon stopping closes the executor's client: the
+	// unit goes on, and lazy-pages must serve it).
 	gone := make(chan struct{})
 	go func() {
-		_, _ = sb.Wait(wctx)
-		close(gone)
+		if _, err := sb.Wait(wctx); err == nil {
+			close(gone)
+		}
 	}()
 	var lost error
 	select {

@@ -320,3 +320,35 @@ func TestLazyUnitGone(t *testing.T) {
 		t.Fatalf("a unit gone first: %v, journal %d entries", err, len(iv.Events()))
 	}
 }
+
+// restoringBox is the fake box with a lazy-pages an earlier daemon
+// process started still running for the sandboxes in restoring.
+type restoringBox struct {
+	*fakeBox
+	restoring map[string]bool
+}
+
+func (b restoringBox) LazyRestoring(id string) bool { return b.restoring[id] }
+
+// A unit restored lazily by an earlier daemon process, whose lazy-pages
+// still runs, is not parked (ErrPagesArriving): nothing here can wait
+// for its pages, and a dump now would leave them out. Once lazy-pages
+// is gone, it parks.
+func TestLazyPagesArrivingRefused(t *testing.T) {
+	h, box := testHost(t, nil)
+	rb := restoringBox{box, map[string]bool{"r": true}}
+	h.Sandboxes = rb
+	f := h.For(unit.ImageMode)
+	w, err := f.Start(t.Context(), stored(t, h, imageRun("r")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := Orphan(w.Unit.Run, w.Unit.Sandbox)
+	if _, err := f.Snapshot(t.Context(), found); !errors.Is(err, executor.ErrPagesArriving) || box.n != 0 {
+		t.Fatalf("a park while another process's lazy-pages runs: %v, %d checkpoints", err, box.n)
+	}
+	rb.restoring["r"] = false
+	if _, err := f.Snapshot(t.Context(), found); err != nil || box.n != 1 {
+		t.Fatalf("a park once it is gone: %v, %d checkpoints", err, box.n)
+	}
+}

@@ -86,7 +86,7 @@ var codes = []struct {
 	{api.CodeHandedOff, is(store.ErrHandedOff), nil},
 	{api.CodeGenesisHeld, is(store.ErrGenesisHeld, store.ErrNotExtension), nil},
 	{api.CodeExists, is(store.ErrRunExists, executor.ErrExists), nil},
-	{api.CodeConflict, is(store.ErrHeadMoved, daemon.ErrBusy), nil},
+	{api.CodeConflict, is(store.ErrHeadMoved, daemon.ErrBusy, executor.ErrPagesArriving), nil},
 	{api.CodeCallRefused, is(daemon.ErrCall), nil},
 	{api.CodeCheckpointTimeout, is(executor.ErrCheckpointTimeout), nil},
 	{api.CodePagesLost, is(executor.ErrPagesLost), nil},

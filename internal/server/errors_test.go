@@ -126,6 +126,7 @@ func TestErrorOfForms(t *testing.T) {
 		fmt.Errorf("park r: %w", forms.ErrNoChannel):                                    api.CodePhase,
 		fmt.Errorf("park r: %w: killed", executor.ErrPagesLost):                         api.CodePagesLost,
 		fmt.Errorf("park r: %w: %w", executor.ErrPagesLost, executor.ErrRestoreTimeout): api.CodePagesLost,
+		fmt.Errorf("park r: %w", executor.ErrPagesArriving):                             api.CodeConflict,
 		fmt.Errorf("resume r: %w", forms.ErrFormMismatch):                               api.CodeRecordInvalid,
 		fmt.Errorf("run r: %w", &resume.RecordError{Err: forms.ErrFormMismatch}):        api.CodeRecordInvalid,
 	} {

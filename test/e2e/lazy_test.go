@@ -305,3 +305,38 @@ func TestLazyPagesLost(t *testing.T) {
 		t.Fatalf("after the resume: %+v", l)
 	}
 }
+
+// TestLazyRestartRefusesPark restarts the daemon while a lazily resumed
+// unit's pages are still arriving (its lazy-pages stopped): the restarted
+// daemon, which holds nothing to wait on, refuses to park it (conflict:
+// a dump now would leave the missing pages out) rather than store a
+// snapshot with holes; the run can still be closed, and verifies.
+func TestLazyRestartRefusesPark(t *testing.T) {
+	privileged(t)
+	d := lazyDaemon(t, "lazy-restart")
+	ctx := context.Background()
+	const id = "lazy-restart"
+	startBigOracle(t, d, id)
+	park(t, d, id)
+	pid := resumeStopped(t, d, id)
+	mustStop(t, d)
+	mustStart(t, d)
+	was, err := d.run(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.c.Park(ctx, id)
+	if ae := apiError(t, err, api.CodeConflict); !strings.Contains(ae.Message, "pages are still arriving") {
+		t.Fatalf("park after a restart: %v", ae)
+	}
+	unchanged(t, d, id, was)
+	if _, err := d.c.Close(ctx, id, "e2e: pages still arriving after a restart"); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := verifyRun(ctx, d, id); err != nil {
+		t.Fatal(err)
+	}
+}
