@@ -50,7 +50,7 @@ func resumeTable(stdout io.Writer, cf clientFlags, id string, r api.Resume) erro
 		fmt.Fprintf(w, "resumed %s in %s after %s parked\n", id, time.Duration(r.DurationNS).Round(time.Millisecond), time.Duration(r.ParkedNS).Round(time.Millisecond))
 		fmt.Fprintf(w, "idle energy:\t%s %s\n", uj(r.Idle.UJ), r.Idle.Provenance)
 		if rs := r.Restore; rs != nil {
-			fmt.Fprintf(w, "restore:\t%s (%d pages restored)\n", time.Duration(rs.TotalNS).Round(time.Millisecond), rs.Pages)
+			fmt.Fprintf(w, "restore:\t%s\n", restoreString(rs))
 		}
 	})
 }

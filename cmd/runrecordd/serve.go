@@ -40,6 +40,7 @@ type serveFlags struct {
 	leaseTTL                                  time.Duration
 	peerListen                                string
 	chunkedImages                             bool
+	lazyResume                                bool
 }
 
 // register declares serve's flags on fs.
@@ -59,6 +60,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.objMax, "bundle-object-max", bundle.DefaultLimits.Object, "the largest object an imported bundle may carry, in bytes")
 	fs.Int64Var(&f.bundleMax, "bundle-max", bundle.DefaultLimits.Total, "the most object bytes an imported bundle may carry")
 	fs.Int64Var(&f.jsonMax, "bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
+	fs.BoolVar(&f.lazyResume, "lazy-resume", false, "resume image parks lazily: the unit runs before its memory is all back (needs criu check --feature uffd-noncoop; docs/lazy-resume.md)")
 	f.etcd.register(fs)
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", fleet.DefaultTTL, "in a fleet: the time to live of this host's lease, which its ownership of runs rides on")
 	fs.StringVar(&f.peerListen, "peer-listen", "", "in a fleet: serve the fleet on this host:port over mutual TLS (the API to admitted platform keys, runs and objects to admitted hosts); other hosts reach this host there, so give an address they can")
@@ -100,7 +102,8 @@ func (f *serveFlags) check() (slog.Level, error) {
 // config is the daemon's config from the checked flags, with the
 // coefficients file, if one is named, read and parsed.
 func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
-	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log, ChunkedImages: f.chunkedImages},
+	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log, ChunkedImages: f.chunkedImages,
+		LazyResume: f.lazyResume},
 		ParkLimits: forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
 		Policy:     retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
 		Intake:     bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax}, BundleMounts: f.mounts}}

@@ -42,6 +42,9 @@ func showTable(w io.Writer, s api.Show) {
 		wp += fmt.Sprintf(" (segment %d)", *s.WaitProof.Segment)
 	}
 	fmt.Fprintf(w, "wait proof:\t%s: %s\n", wp, s.WaitProof.Reason)
+	if s.Restore != nil {
+		fmt.Fprintf(w, "restore:\t%s\n", restoreString(s.Restore))
+	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "#\tKIND\tDETAIL")
 	for _, g := range s.Segments {
@@ -60,6 +63,9 @@ func showTable(w io.Writer, s api.Show) {
 					time.Duration(cp.TotalNS).Round(time.Millisecond), time.Duration(cp.FreezingNS), time.Duration(cp.FrozenNS).Round(time.Microsecond),
 					time.Duration(cp.MemDumpNS).Round(time.Microsecond), time.Duration(cp.MemWriteNS).Round(time.Microsecond), cp.Pages,
 					bytesString(cp.ImageBytes), bytesString(cp.RootBytes))
+			}
+			if rs := g.Restore; rs != nil {
+				d += "\n\t\trestore " + restoreString(rs)
 			}
 		case "suspended":
 			d = fmt.Sprintf("%s, manifest %s", g.Snapshot, g.Manifest)
@@ -80,4 +86,21 @@ func bytesString(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// restoreString is a restore's time to running and pages restored; for a
+// lazy one, then its time to every page resident (or the pages lost, or
+// still arriving).
+func restoreString(rs *api.Restore) string {
+	s := fmt.Sprintf("%s (%d pages restored)", time.Duration(rs.TotalNS).Round(time.Millisecond), rs.Pages)
+	switch {
+	case !rs.Lazy:
+	case rs.PagesLost != "":
+		s += printable(", lazy: pages lost (" + rs.PagesLost + ")")
+	case rs.ResidentNS > 0:
+		s += fmt.Sprintf(", lazy: every page resident at %s", time.Duration(rs.ResidentNS).Round(time.Millisecond))
+	default:
+		s += ", lazy: pages still arriving"
+	}
+	return s
 }

@@ -3,11 +3,13 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -65,6 +67,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	d.reach("resume.appended")
 	r.live, r.park = lv, nil
 	d.watch(id, r, lv)
+	d.watchPages(id, r, lv, ok.Suspended.Snapshot)
 	d.metrics.Resumed(clock.Total(), owed.UJ, prov)
 	sum, err := d.summary(id, r)
 	if err != nil {
@@ -91,4 +94,63 @@ func (d *Daemon) judgeResume(ctx context.Context, id string, clock *answers.Cloc
 		return forms.Admitted{}, err
 	}
 	return d.forms().Admit(ctx, st, clock.Mark)
+}
+
+// watchPages follows a lazily restored unit's memory (docs/lazy-resume.md,
+// internal/forms). Every page resident, the interval's journal says when.
+// Pages lost, the unit (frozen by its form, its missing pages never read)
+// ends its interval, journaled as pages-lost, in a park back at snap, the
+// snapshot it resumed from, verified before its first page was served:
+// the run is parked again, and its next resume restores snap anew.
+func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
+	done := lv.unit.PagesDone()
+	if done == nil {
+		return
+	}
+	d.background(func() {
+		select {
+		case <-done:
+		case <-d.bgCtx.Done():
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.live != lv || lv.stopping {
+			return
+		}
+		lost := lv.unit.JournalPages(lv.iv)
+		if lost == nil {
+			d.saveMark(id, lv)
+			d.publish(events.Event{Kind: "run.resident", Run: id})
+			return
+		}
+		st, err := d.st.Run(id)
+		if err == nil {
+			_, _, err = d.recordTaken(context.Background(), lv, st.Unit, forms.Taken{Snapshot: snap, Keys: manifest.ImageKeys}, lv.unit.Account(), "", nil)
+		}
+		if err != nil {
+			d.log.Error("recording a lazy restore's lost pages", "run", id, "lost", lost, "err", err)
+			return
+		}
+		d.tearDownParked(r, lv)
+		d.log.Warn("run parked back at the snapshot it resumed from: its lazy pages were lost", "run", id, "err", lost)
+		d.publish(events.Event{Kind: "run.pages-lost", Run: id, Detail: snap.String()})
+	})
+}
+
+// OpenJournal is the journal so far of run id's open interval on this
+// host (its lifecycle entries: show reads a lazy restore's times there),
+// nil when it has none or an operation holds the run.
+func (d *Daemon) OpenJournal(id string) *attest.Journal {
+	d.mu.Lock()
+	r := d.runs[id]
+	d.mu.Unlock()
+	if r == nil || !r.mu.TryLock() {
+		return nil
+	}
+	defer r.mu.Unlock()
+	if r.live == nil {
+		return nil
+	}
+	return &attest.Journal{Entries: slices.Clone(r.live.iv.Events())}
 }

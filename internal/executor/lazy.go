@@ -2,10 +2,10 @@
 
 package executor
 
-// A prototype of issue 15's lazy image resume (docs/lazy-resume.md): a
-// restore whose memory arrives on fault and in the background from a
-// `criu lazy-pages` daemon. Nothing in the daemon calls it; it exists for
-// bench/lazybench and for the design's measurements.
+// Issue 15's lazy image resume (docs/lazy-resume.md): a restore whose
+// memory arrives on fault and in the background from a `criu lazy-pages`
+// daemon. The image form calls it when the daemon runs with
+// --lazy-resume (internal/forms, lazy.go); bench/lazybench measures it.
 
 import (
 	"context"
@@ -29,8 +29,35 @@ import (
 // the unit must not go on.
 var ErrPagesLost = errors.New("executor: lazy pages lost before every page was resident")
 
+// ErrPagesArriving is a checkpoint asked of a sandbox whose lazy restore
+// is still bringing its pages in, served by a lazy-pages this process did
+// not start (an earlier daemon process's): a dump now would leave the
+// missing pages out. It passes once that lazy-pages has exited.
+var ErrPagesArriving = errors.New("executor: a lazy restore's pages are still arriving")
+
 // lazyLog is the lazy-pages daemon's log, in the restore's work directory.
 const lazyLog = "lazy-pages.log"
+
+// lazyPid names the pid of a sandbox's lazy-pages, in STATE/criu/ID.
+const lazyPid = "lazy-pages.pid"
+
+// LazyRestoring reports whether sandbox id's lazy restore is still
+// serving pages: its lazy-pages (by the pid it left, and its command line
+// naming the sandbox's restore directory, against a reused pid) is alive.
+// A restarted daemon asks it before a park of a unit it found.
+func (c *Client) LazyRestoring(id string) bool {
+	b, err := os.ReadFile(filepath.Join(c.cfg.StateDir, "criu", id, lazyPid))
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return false
+	}
+	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	work := filepath.Join(c.cfg.StateDir, "criu", id, "restore")
+	return err == nil && strings.Contains(string(cmd), "lazy-pages\x00") && strings.Contains(string(cmd), work+"\x00")
+}
 
 // LazyPages is the `criu lazy-pages` daemon of one lazy restore. It serves
 // the unit's lazy pages (anonymous private memory) from the image
@@ -45,6 +72,7 @@ type LazyPages struct {
 	mu       sync.Mutex
 	err      error         // set before done closes
 	resident time.Duration // from the daemon's start to its exit
+	exited   time.Time
 }
 
 // Done is closed when the daemon has exited.
@@ -60,6 +88,13 @@ func (l *LazyPages) Result() (time.Duration, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.resident, l.err
+}
+
+// ExitedAt is, once Done is closed, when the daemon exited.
+func (l *LazyPages) ExitedAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.exited
 }
 
 // Kill ends the daemon (a lazy restore's failure path; and the bench's
@@ -111,6 +146,18 @@ func (l *LazyPages) HoldUffds() (n int, release func(), _ error) {
 	return len(held), release, nil
 }
 
+// CheckLazy asks CRIU whether this host can restore lazily: `criu check
+// --feature uffd-noncoop` (userfaultfd with the events a lazy restore of
+// a process tree needs). A daemon started with lazy resume refuses to
+// start where it cannot.
+func (c *Client) CheckLazy(ctx context.Context) error {
+	out, err := exec.CommandContext(ctx, c.cfg.CRIU, "check", "--feature", "uffd-noncoop").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("executor: criu check --feature uffd-noncoop: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // startLazyPages starts `criu lazy-pages` on images, with work as its work
 // directory: it listens on work/lazy-pages.socket (a relative name, so no
 // sun_path limit), where CRIU's restore, whose working directory is the
@@ -158,7 +205,8 @@ func (c *Client) startLazyPages(images, work string, wait time.Duration) (*LazyP
 func (l *LazyPages) wait() {
 	err := l.cmd.Wait()
 	l.mu.Lock()
-	l.resident = time.Since(l.start)
+	l.exited = time.Now()
+	l.resident = l.exited.Sub(l.start)
 	if err != nil {
 		l.err = fmt.Errorf("%w: criu lazy-pages: %w%s", ErrPagesLost, err, logTail(l.log))
 	}
@@ -197,6 +245,10 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 	l, err := c.startLazyPages(images, work, 10*time.Second)
 	if err != nil {
 		return nil, nil, RestoreStats{}, fmt.Errorf("%w: %w", ErrRestore, err)
+	}
+	if _, err := writeFileDurably(filepath.Join(c.cfg.StateDir, "criu", id, lazyPid), strings.NewReader(strconv.Itoa(l.Pid()))); err != nil {
+		l.Kill()
+		return nil, nil, RestoreStats{}, err
 	}
 	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline, criuConfig: conf}
 	s, err := c.create(ctx, id, spec, out, rs)

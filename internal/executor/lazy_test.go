@@ -56,6 +56,9 @@ func TestRestoreLazy(t *testing.T) {
 	}
 	<-lp.Done()
 	release()
+	if client.LazyRestoring(id) {
+		t.Error("LazyRestoring after lazy-pages exited")
+	}
 	resident, err := lp.Result()
 	if err != nil {
 		t.Fatal(err)

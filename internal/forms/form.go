@@ -36,6 +36,9 @@ type Host struct {
 	CRIUDeadline time.Duration
 	// MinFree is the free space an image park leaves (park.Room).
 	MinFree uint64
+	// Lazy, when set, restores image parks lazily (docs/lazy-resume.md;
+	// serve --lazy-resume); nil restores them eagerly.
+	Lazy LazyRestorer
 	// Calls is what a transcript unit's channel tells the daemon.
 	Calls calls.Host
 	// Output makes run's output files on this host; Mark is a mark at
@@ -131,6 +134,7 @@ type Unit struct {
 	Run
 	Sandbox Sandbox
 	ch      *calls.Channel // the transcript form's channel; nil without one
+	pages   *pages         // a lazy restore's memory on its way in; nil without one
 }
 
 // Channel is the unit's channel, nil without one.
@@ -161,8 +165,10 @@ func (u *Unit) Account() *record.CallAccount {
 	return &record.CallAccount{}
 }
 
-// Spool makes the channel's spooled entries part of iv's journal.
+// Spool makes the channel's spooled entries part of iv's journal, and
+// what became of a lazy restore's pages, once known (JournalPages).
 func (u *Unit) Spool(iv *interval.Interval) {
+	_ = u.JournalPages(iv)
 	if u.ch != nil {
 		iv.Channel(u.ch.Spooled)
 	}

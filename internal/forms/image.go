@@ -50,6 +50,9 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 	if err := f.h.Gate.Ready(ctx); err != nil {
 		return Taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
+	if err := f.awaitPages(ctx, u); err != nil {
+		return Taken{}, fmt.Errorf("park %s: %w", id, err)
+	}
 	var mem uint64
 	if use, err := u.Sandbox.Stats(ctx); err == nil {
 		mem = use.MemoryBytes
@@ -114,13 +117,13 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 	}
 	m := f.h.Mark(id)
 	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Deadline: deadline}
-	sb, rs, err := f.h.Sandboxes.Restore(ctx, id, executor.SpecOf(run.Spec, run.Grants), cp, out)
+	sb, rs, pg, err := f.restoreSandbox(ctx, id, executor.SpecOf(run.Spec, run.Grants), cp, out, t0, deadline)
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	st := &attest.Restored{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
-		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored}
-	return Woken{Unit: &Unit{Run: run, Sandbox: sb}, Event: attest.EventRestored, Mark: m,
+		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored, Lazy: pg != nil}
+	return Woken{Unit: &Unit{Run: run, Sandbox: sb, pages: pg}, Event: attest.EventRestored, Mark: m,
 		Details: []attest.Detail{*st}, Restored: st}, nil
 }
 

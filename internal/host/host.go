@@ -62,6 +62,11 @@ type Config struct {
 	// ChunkedImages stores image parks' memory pages in the chunked form
 	// (serve --chunked-images; store.Store.SetChunkedImages).
 	ChunkedImages bool
+	// LazyResume restores image parks lazily: the unit runs before its
+	// memory is all back (docs/lazy-resume.md). Off by default; a host
+	// whose CRIU cannot (criu check --feature uffd-noncoop) refuses to
+	// open with it.
+	LazyResume bool
 }
 
 // Host is a host's state directory and runtime, open.
@@ -118,6 +123,11 @@ func Open(ctx context.Context, cfg Config) (_ *Host, err error) {
 	}
 	if err := h.readFacts(ctx); err != nil {
 		return nil, err
+	}
+	if cfg.LazyResume {
+		if err := h.Exec.CheckLazy(ctx); err != nil {
+			return nil, fmt.Errorf("daemon: lazy resume: %w", err)
+		}
 	}
 	return h, nil
 }

@@ -73,7 +73,27 @@ func restoreOf(r *attest.Restored) *api.Restore {
 		return nil
 	}
 	return &api.Restore{TotalNS: r.TotalNS, MaterializeNS: r.MaterializeNS, RootfsNS: r.RootfsNS, TaskNS: r.TaskNS,
-		ForkingNS: r.ForkingNS, RestoreNS: r.RestoreNS, Pages: r.Pages}
+		ForkingNS: r.ForkingNS, RestoreNS: r.RestoreNS, Pages: r.Pages, Lazy: r.Lazy}
+}
+
+// restoreIn is the restore a journal's interval began with: its restored
+// entry, with a lazy restore's resident or pages-lost entry when there is
+// one; nil without a restored entry.
+func restoreIn(j *attest.Journal) *api.Restore {
+	var r attest.Restored
+	if j == nil || !j.Find(&r) {
+		return nil
+	}
+	out := restoreOf(&r)
+	var res attest.Resident
+	var lost attest.PagesLost
+	if j.Find(&res) {
+		out.ResidentNS = res.NS
+	}
+	if j.Find(&lost) {
+		out.PagesLost = lost.Reason
+	}
+	return out
 }
 
 func signersOf(ss []answers.Signer) []api.Signer {

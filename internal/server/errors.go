@@ -88,9 +88,10 @@ var codes = []struct {
 	{api.CodeHandedOff, is(store.ErrHandedOff), nil},
 	{api.CodeGenesisHeld, is(store.ErrGenesisHeld, store.ErrNotExtension), nil},
 	{api.CodeExists, is(store.ErrRunExists, executor.ErrExists), nil},
-	{api.CodeConflict, is(store.ErrHeadMoved), nil},
+	{api.CodeConflict, is(store.ErrHeadMoved, executor.ErrPagesArriving), nil},
 	{api.CodeCallRefused, is(calls.ErrRefused), nil},
 	{api.CodeCheckpointTimeout, is(executor.ErrCheckpointTimeout), nil},
+	{api.CodePagesLost, is(executor.ErrPagesLost), nil},
 	{api.CodeRestoreTimeout, is(executor.ErrRestoreTimeout), nil},
 	{api.CodeImageParks, is(imageparks.ErrUnavailable), nil},
 	{api.CodeCheckpointFailed, is(executor.ErrCheckpoint), nil},
@@ -145,7 +146,7 @@ func Status(code string) int {
 	case api.CodeSnapshotMismatch, api.CodeManifestMismatch, api.CodeRecordInvalid, api.CodeObjectCorrupt,
 		api.CodeMissingObject, api.CodeCallRefused:
 		return http.StatusUnprocessableEntity
-	case api.CodeUnavailable, api.CodeCheckpointFailed, api.CodeRestoreFailed, api.CodeImageParks, api.CodeDraining:
+	case api.CodeUnavailable, api.CodeCheckpointFailed, api.CodeRestoreFailed, api.CodeImageParks, api.CodeDraining, api.CodePagesLost:
 		return http.StatusServiceUnavailable
 	case api.CodeCheckpointTimeout, api.CodeRestoreTimeout:
 		return http.StatusGatewayTimeout

@@ -24,7 +24,7 @@ func show(d *daemon.Daemon, id string) (api.Show, error) {
 		return api.Show{}, err
 	}
 	out := api.Show{Run: runOf(sum), Segments: make([]api.Segment, 0, rec.Len()), WaitProof: waitProofOf(rec.WaitProof()),
-		Stdout: d.Stdout(id)}
+		Stdout: d.Stdout(id), Restore: restoreIn(d.OpenJournal(id))}
 	if spec, grants, err := d.Unit(id); err == nil {
 		out.Unit, out.Grants = &spec, &grants
 	}
@@ -86,6 +86,7 @@ func executedSegment(d *daemon.Daemon, seg *api.Segment, s record.Segment) (*att
 			if j.Find(&c) {
 				seg.Checkpoint = checkpointOf(&c)
 			}
+			seg.Restore = restoreIn(j)
 		}
 	}
 	b, err = d.Object(body.Receipt)

@@ -36,6 +36,7 @@ func TestStatus(t *testing.T) {
 		api.CodeForbidden:         http.StatusForbidden,
 		api.CodeNotOwner:          http.StatusConflict,
 		api.CodeDraining:          http.StatusServiceUnavailable,
+		api.CodePagesLost:         http.StatusServiceUnavailable,
 		api.CodeBundleLimit:       http.StatusRequestEntityTooLarge,
 	} {
 		if got := Status(code); got != want {

@@ -38,6 +38,7 @@ const (
 	CodeRestoreFailed     = "restore_failed"          // CRIU could not restore; the run stays parked
 	CodeCheckpointTimeout = "checkpoint_timeout"      // CRIU's dump passed its deadline and was killed; the unit goes on as it was
 	CodeRestoreTimeout    = "restore_timeout"         // CRIU's restore passed its deadline and was killed; the run stays parked
+	CodePagesLost         = "pages_lost"              // a park of a lazily resumed unit whose pages stopped arriving: the run goes back to the snapshot it resumed from (docs/lazy-resume.md)
 	CodeImageParks        = "image_parks_unavailable" // this host cannot checkpoint and restore (its probe failed); transcript runs still work
 	CodeDaemonUnreachable = "daemon_unreachable"      // client side only: nothing answers on the socket
 	CodeNoSpace           = "no_space"                // a park refused before it wrote: too little free space, or the run's snapshot quota
@@ -136,6 +137,14 @@ type Restore struct {
 	ForkingNS     int64  `json:"forking_ns"`
 	RestoreNS     int64  `json:"restore_ns"`
 	Pages         uint64 `json:"pages_restored"`
+	// Lazy is a lazy restore (serve --lazy-resume, docs/lazy-resume.md):
+	// TotalNS is its time to running; ResidentNS, from the same start,
+	// its time to every page resident, once known (absent while pages
+	// are still arriving); PagesLost why they stopped arriving, when
+	// they did (the run went back to the snapshot it resumed from).
+	Lazy       bool   `json:"lazy,omitempty"`
+	ResidentNS int64  `json:"resident_ns,omitempty"`
+	PagesLost  string `json:"pages_lost,omitempty"`
 }
 
 // Park is the result of POST /v1/runs/{id}/park.
@@ -190,7 +199,10 @@ type Segment struct {
 	CPUNS       uint64       `json:"cpu_ns,omitempty"`
 	Calls       *CallAccount `json:"calls,omitempty"`
 	Checkpoint  *Checkpoint  `json:"checkpoint,omitempty"`
-	Host        string       `json:"host,omitempty"`
+	// Restore is the CRIU restore the interval began with (an image
+	// resume), from its journal.
+	Restore *Restore `json:"restore,omitempty"`
+	Host    string   `json:"host,omitempty"`
 	// Suspended and Resumed.
 	Snapshot string `json:"snapshot,omitempty"`
 	Form     string `json:"form,omitempty"` // image, transcript
@@ -226,6 +238,11 @@ type Show struct {
 	WaitProof WaitProof    `json:"wait_proof"`
 	// Stdout is the file the unit's output goes to on this host.
 	Stdout string `json:"stdout,omitempty"`
+	// Restore is the CRIU restore the run's open interval on this host
+	// began with, as its journal has it so far (a lazy restore's
+	// resident_ns appears once every page is in); absent when the run
+	// does not execute here, or began otherwise.
+	Restore *Restore `json:"restore,omitempty"`
 }
 
 // WaitProof is a record's wait-proof verdict.
@@ -389,7 +406,7 @@ type PostResult struct {
 // JSON object per line).
 type Event struct {
 	Time     time.Time `json:"time"`
-	Kind     string    `json:"kind"` // run.started, run.parked, run.resumed, run.closed, call.dispatched, call.result
+	Kind     string    `json:"kind"` // run.started, run.parked, run.resumed, run.closed, call.dispatched, call.result; run.resident, run.pages-lost (a lazy resume: docs/lazy-resume.md)
 	Run      string    `json:"run"`
 	Call     string    `json:"call,omitempty"`
 	CallKind string    `json:"call_kind,omitempty"`

@@ -59,10 +59,36 @@ type Restored struct {
 	ForkingNS     int64  `json:"forking_ns"`
 	RestoreNS     int64  `json:"restore_ns"`
 	Pages         uint64 `json:"pages_restored"`
+	// Lazy is a lazy restore (docs/lazy-resume.md): TotalNS is then the
+	// time to running, and the rest of the unit's memory arrives after
+	// it (a Resident or a PagesLost entry follows). Absent when eager.
+	Lazy bool `json:"lazy,omitempty"`
 }
 
 // Event implements Detail.
 func (Restored) Event() string { return EventRestored }
+
+// Resident is a lazy restore's every page resident: NS from the restore's
+// start (the Restored entry's TotalNS counts from the same instant), the
+// time to all resident.
+type Resident struct {
+	NS int64 `json:"ns"`
+}
+
+// Event implements Detail.
+func (Resident) Event() string { return "resident" }
+
+// PagesLost is a lazy restore whose pages stopped arriving before every
+// one was resident (docs/lazy-resume.md): AfterNS from the restore's
+// start, and why. The unit was frozen and killed before it could read a
+// page that never came; the interval ends Killed.
+type PagesLost struct {
+	AfterNS int64  `json:"after_ns"`
+	Reason  string `json:"reason"`
+}
+
+// Event implements Detail.
+func (PagesLost) Event() string { return "pages-lost" }
 
 // Idle is how a resume metered or estimated the idle energy its Resumed
 // segment records. (Its fields are in the order of their JSON names.)

@@ -1,0 +1,342 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// lazyDaemon is a daemon of t's own that resumes image parks lazily
+// (serve --lazy-resume, docs/lazy-resume.md), with the oracle imported.
+func lazyDaemon(t *testing.T, name string) *daemon {
+	t.Helper()
+	d := mustDaemon(t, name, func(d *daemon) { d.flags = []string{"--lazy-resume"} })
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	return d
+}
+
+// waitRestore polls show until its live restore satisfies ok.
+func waitRestore(t *testing.T, d *daemon, id, what string, ok func(*api.Restore) bool) api.Show {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		s := mustShow(t, d, id)
+		if s.Restore != nil && ok(s.Restore) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: waiting for %s; show's restore %+v", id, what, s.Restore)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestLazyResume parks the oracle on a daemon that resumes lazily and
+// resumes it: resume answers once the unit runs (its restore says lazy,
+// with its time to running), and the oracle goes on as the same process
+// with its buffer's checksum recomputed over the restored memory. A park
+// right away waits for every page: its dump holds the whole buffer, and
+// show reads both times from the sealed interval's journal. Resumed
+// lazily again, show reports the running unit's time to every page
+// resident once lazy-pages is done; the record verifies from genesis.
+func TestLazyResume(t *testing.T) {
+	privileged(t)
+	d := lazyDaemon(t, "lazy")
+	const id = "lazy"
+	startOracle(t, d, id, oracleImage)
+
+	_, atPark := park(t, d, id)
+	r := resume(t, d, id, nil, atPark)
+	// (How many pages CRIU restored eagerly is its choice: nearly always
+	// a few, once in a while all of them; docs/lazy-resume.md.)
+	if rs := r.Restore; !rs.Lazy || rs.TotalNS <= 0 || rs.PagesLost != "" {
+		t.Fatalf("resume: restore %+v, want a lazy one", rs)
+	}
+	// A park at once waits for every page if they are not all in yet:
+	// its dump holds the whole buffer (park checks it), and the interval's
+	// journal both times, where show reads them.
+	p, atPark2 := park(t, d, id)
+	s := mustShow(t, d, id)
+	if got, want := kinds(s.Segments), "executed suspended resumed executed suspended"; got != want {
+		t.Fatalf("segments %s, want %s", got, want)
+	}
+	sealed := s.Segments[3].Restore
+	if ex := s.Segments[3]; ex.Outcome != "parked" || sealed == nil || !sealed.Lazy || sealed.TotalNS != r.Restore.TotalNS ||
+		sealed.ResidentNS < sealed.TotalNS || s.Segments[4].Snapshot != p.Snapshot {
+		t.Fatalf("the lazily resumed interval: %+v, restore %+v; the resume's %+v", ex, sealed, r.Restore)
+	}
+	if s.Segments[0].Restore != nil || s.Restore != nil {
+		t.Fatalf("a restore on the started interval (%+v), or on a parked run (%+v)", s.Segments[0].Restore, s.Restore)
+	}
+	t.Logf("lazy resume: running after %v, every page resident after %v", time.Duration(sealed.TotalNS), time.Duration(sealed.ResidentNS))
+
+	// Resumed lazily again, the running unit's show has both times once
+	// every page is in.
+	r = resume(t, d, id, nil, atPark2)
+	s = waitRestore(t, d, id, "every page resident", func(rs *api.Restore) bool { return rs.ResidentNS > 0 })
+	if live := s.Restore; !live.Lazy || live.TotalNS != r.Restore.TotalNS || live.ResidentNS < live.TotalNS || live.PagesLost != "" {
+		t.Fatalf("show's restore %+v; the resume's %+v", live, r.Restore)
+	}
+	if err := verifyRun(context.Background(), d, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lazyPages is the pid of the `criu lazy-pages` serving d's restore of
+// run id, and how many userfaultfds it holds; 0 when there is none.
+func lazyPages(d *daemon, id string) (pid, uffds int) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(cmd, []byte("lazy-pages\x00")) || !bytes.Contains(cmd, []byte(filepath.Join("criu", id, "restore"))) ||
+			!bytes.Contains(cmd, []byte(d.root)) {
+			continue
+		}
+		fds, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "fd"))
+		for _, fd := range fds {
+			if l, _ := os.Readlink(filepath.Join("/proc", e.Name(), "fd", fd.Name())); l == "anon_inode:[userfaultfd]" {
+				uffds++
+			}
+		}
+		return n, uffds
+	}
+	return 0, 0
+}
+
+// stopLazyPages stops (SIGSTOP) the lazy-pages of d's restore of run id
+// once it holds want userfaultfds — every task's, before the unit runs:
+// from then on no page reaches the unit — and sends its pid on found (0
+// when there was none). (A lazy-pages stopped and continued fails:
+// CRIU's poll takes the EINTR for an error.)
+func stopLazyPages(d *daemon, id string, want int, found chan<- int) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		if pid, n := lazyPages(d, id); pid != 0 && n >= want {
+			_ = syscall.Kill(pid, syscall.SIGSTOP)
+			found <- pid
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	found <- 0
+}
+
+// startBigOracle starts the oracle with a 256 MiB buffer.
+func startBigOracle(t *testing.T, d *daemon, id string) {
+	t.Helper()
+	if _, err := d.c.Start(context.Background(), api.RunRequest{ID: id, Unit: unit.Spec{Image: oracleImage, Env: []string{"SIZE_MB=256", "VERIFY_EVERY=5"}},
+		Grants: unit.Grants{MilliCPU: 1000, MemoryBytes: 512 << 20, Network: unit.NoNetwork}}); err != nil {
+		t.Fatal(err)
+	}
+	closeAtEnd(t, d, id)
+	waitLines(t, d.stdout(id), "the oracle's first verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 })
+}
+
+// resumeStopped resumes parked run id lazily with its lazy-pages stopped
+// before the unit runs (stopLazyPages), and returns its pid.
+func resumeStopped(t *testing.T, d *daemon, id string) int {
+	t.Helper()
+	found := make(chan int, 1)
+	go stopLazyPages(d, id, 2, found)
+	r, err := d.c.Resume(context.Background(), id)
+	pid := <-found
+	if pid == 0 {
+		t.Fatalf("no lazy-pages with two userfaultfds for %s (resume: %v)", id, err)
+	}
+	if err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if r.Restore == nil || !r.Restore.Lazy {
+		t.Fatalf("resume: restore %+v, want a lazy one", r.Restore)
+	}
+	return pid
+}
+
+// TestLazyParkPagesLost parks a lazily resumed 256 MiB oracle whose
+// pages cannot arrive (its lazy-pages stopped before the unit ran): the
+// park waits for them — a dump now would leave the missing pages out —
+// until the time to every page resident passes its deadline (the CRIU
+// deadline, here 10 s); then it is refused pages_lost, lazy-pages is
+// ended, and the run goes back to parked at the snapshot it resumed from,
+// the record verifying.
+func TestLazyParkPagesLost(t *testing.T) {
+	privileged(t)
+	d := mustDaemon(t, "lazy-deadline", func(d *daemon) { d.flags = []string{"--lazy-resume", "--criu-deadline", "10s"} })
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	const id = "lazy-deadline"
+	startBigOracle(t, d, id)
+	p, _ := park(t, d, id)
+	pid := resumeStopped(t, d, id)
+	_, err := d.c.Park(context.Background(), id)
+	if ae := apiError(t, err, api.CodePagesLost); !strings.Contains(ae.Message, "restore deadline passed") {
+		t.Fatalf("park of a unit whose pages cannot arrive: %v", ae)
+	}
+	s := waitParked(t, d, id)
+	if got, want := kinds(s.Segments), "executed suspended resumed executed suspended"; got != want || s.Segments[4].Snapshot != p.Snapshot {
+		t.Fatalf("segments %s (then %s), want %s back at %s", got, s.Segments[4].Snapshot, want, p.Snapshot)
+	}
+	if rs := s.Segments[3].Restore; rs == nil || !strings.Contains(rs.PagesLost, "restore deadline passed") {
+		t.Fatalf("the lost interval's restore %+v", rs)
+	}
+	if err := syscall.Kill(pid, 0); err == nil {
+		t.Fatalf("lazy-pages %d still there after its deadline", pid)
+	}
+	if err := verifyRun(context.Background(), d, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitParked waits until run id, whose pages were lost, is parked again,
+// and returns show's view of it; a run closed instead fails the test.
+func waitParked(t *testing.T, d *daemon, id string) api.Show {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		run, err := d.run(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case run.Phase == "parked":
+			return mustShow(t, d, id)
+		case run.Phase == "closed":
+			s := mustShow(t, d, id)
+			t.Fatalf("%s closed after its pages were lost: %s (%s)", id, kinds(s.Segments), s.Segments[len(s.Segments)-1].Reason)
+		case time.Now().After(deadline):
+			t.Fatalf("%s is %s a minute after its pages were lost", id, run.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestLazyPagesLost kills lazy-pages while a 256 MiB oracle's pages are
+// still arriving: the unit never reads a page that did not come (no line
+// with a wrong checksum, ever), and the run goes back to parked at the
+// snapshot it resumed from — the lost interval recorded, parked at that
+// snapshot, its journal saying pages-lost, show saying why — and the
+// record verifies. A park asked meanwhile is refused pages_lost. The next
+// resume restores that snapshot again, and the oracle goes on from its
+// park as the same process.
+func TestLazyPagesLost(t *testing.T) {
+	privileged(t)
+	d := lazyDaemon(t, "lazy-lost")
+	ctx := context.Background()
+	const id = "lazy-lost"
+	startBigOracle(t, d, id)
+	p, atPark := park(t, d, id)
+
+	// lazy-pages, stopped once it has both processes' userfaultfds, serves
+	// nothing; killed once the resume has answered, it is gone mid-way.
+	pid := resumeStopped(t, d, id)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// A park now is refused: the unit's pages are lost (or, once the
+	// daemon has parked it back, it is parked).
+	_, err := d.c.Park(ctx, id)
+	var ae *api.Error
+	if !errors.As(err, &ae) || (ae.Code != api.CodePagesLost && ae.Code != api.CodePhase) ||
+		(ae.Code == api.CodePagesLost && !strings.Contains(ae.Message, "lazy pages lost")) {
+		t.Fatalf("a park after the loss: %v", err)
+	}
+	waitParked(t, d, id)
+	s := mustShow(t, d, id)
+	if got, want := kinds(s.Segments), "executed suspended resumed executed suspended"; got != want {
+		t.Fatalf("segments %s, want %s", got, want)
+	}
+	ex, back := s.Segments[3], s.Segments[4]
+	if ex.Outcome != "parked" || back.Snapshot != p.Snapshot || back.Form != "image" {
+		t.Fatalf("the lost interval %+v, then %+v; the park before it stored %s", ex, back, p.Snapshot)
+	}
+	if rs := ex.Restore; rs == nil || !rs.Lazy || rs.ResidentNS != 0 || !strings.Contains(rs.PagesLost, "lazy pages lost") ||
+		!strings.Contains(rs.PagesLost, "killed") {
+		t.Fatalf("the lost interval's restore %+v", ex.Restore)
+	}
+	_, j := d.journal(t, ex)
+	var lost struct {
+		AfterNS int64  `json:"after_ns"`
+		Reason  string `json:"reason"`
+	}
+	if !lifecycleEntry(j, "pages-lost", &lost) || lost.AfterNS <= 0 || lifecycleEntry(j, "checkpointed", nil) {
+		t.Fatalf("the lost interval's journal: pages-lost %+v; entries %s", lost, crashEvents(j))
+	}
+	if err := verifyRun(ctx, d, id); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pages lost %v after the restore began: %s", time.Duration(lost.AfterNS), lost.Reason)
+
+	// Not one line of the lost interval was computed on a missing page.
+	ls := output(t, d.stdout(id))
+	for i, l := range ls {
+		if l.Checksum != ls[0].Checksum || l.Verify != ls[0].Checksum || l.StartTime != ls[0].StartTime {
+			t.Fatalf("line %d %+v; first %+v", i, l, ls[0])
+		}
+	}
+	// The next resume restores the snapshot again: the oracle goes on
+	// from its park, as the same process.
+	before := len(ls)
+	if _, err := d.c.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	ls = waitLines(t, d.stdout(id), "a line verified after the resume", func(ls []line) bool {
+		return len(ls) > before && last(ls).VerifiedAt > atPark.Counter
+	})
+	after := ls[before]
+	if after.Counter != atPark.Counter+1 || after.StartTime != atPark.StartTime || after.Pid != atPark.Pid || after.Checksum != atPark.Checksum {
+		t.Fatalf("first line after the resume %+v; last before the park %+v", after, atPark)
+	}
+	if l := last(ls); l.Verify != atPark.Checksum {
+		t.Fatalf("after the resume: %+v", l)
+	}
+}
+
+// TestLazyRestartRefusesPark restarts the daemon while a lazily resumed
+// unit's pages are still arriving (its lazy-pages stopped): the restarted
+// daemon, which holds nothing to wait on, refuses to park it (conflict:
+// a dump now would leave the missing pages out) rather than store a
+// snapshot with holes; the run can still be closed, and verifies.
+func TestLazyRestartRefusesPark(t *testing.T) {
+	privileged(t)
+	d := lazyDaemon(t, "lazy-restart")
+	ctx := context.Background()
+	const id = "lazy-restart"
+	startBigOracle(t, d, id)
+	park(t, d, id)
+	pid := resumeStopped(t, d, id)
+	mustStop(t, d)
+	mustStart(t, d)
+	was, err := d.run(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.c.Park(ctx, id)
+	if ae := apiError(t, err, api.CodeConflict); !strings.Contains(ae.Message, "pages are still arriving") {
+		t.Fatalf("park after a restart: %v", ae)
+	}
+	unchanged(t, d, id, was)
+	if _, err := d.c.Close(ctx, id, "e2e: pages still arriving after a restart"); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := verifyRun(ctx, d, id); err != nil {
+		t.Fatal(err)
+	}
+}
