@@ -26,7 +26,8 @@ import (
 // at a time (crashTests, fleetTests). The fleet tests take about as long
 // as the crash tests (60 s each, measured); the crash tests are one group,
 // not two, so that no more than two tests park, crash or hang CRIU at once
-// (under three, a park failed once to freeze its unit in time). TestMain
+// (with three groups, and three packages at once beside them, a park once
+// failed to freeze its unit in time). TestMain
 // lets as many parallel tests start as there are (parallelTests), since
 // those waiting for their group's lock use no core.
 //
