@@ -88,13 +88,15 @@ func CloseShared() {
 }
 
 // StopFor stops member i for the rest of t: t's cleanup starts it again
-// and waits until every member answers, before the cleanups t registered
-// earlier run.
+// (unless t did, with Restart) and waits until every member answers,
+// before the cleanups t registered earlier run.
 func (c *Cluster) StopFor(t testing.TB, i int) {
 	t.Helper()
 	c.Stop(i)
 	t.Cleanup(func() {
-		c.Restart(t, i)
+		if !c.Running(i) {
+			c.Restart(t, i)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		c.WaitHealthy(ctx, t)

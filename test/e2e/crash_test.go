@@ -64,6 +64,7 @@ const crashDown = 500 * time.Millisecond
 // process, leaving no sandbox behind.
 func TestCrashAtEachStep(t *testing.T) {
 	privileged(t)
+	parallelCrash(t) // parallel_test.go
 	for _, step := range rrd.Failpoints {
 		if _, ok := crashLeaves[step]; !ok {
 			t.Fatalf("failpoint %s: the crash test does not know what it leaves; add it to crashLeaves", step)

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -44,8 +45,12 @@ type daemon struct {
 }
 
 // allDaemons are every daemon the tests made, for the suite's final check
-// that none left anything behind.
-var allDaemons []*daemon
+// that none left anything behind; daemonsMu guards it (tests that run in
+// parallel, parallel_test.go, add to it at once).
+var (
+	daemonsMu  sync.Mutex
+	allDaemons []*daemon
+)
 
 // newDaemon makes a state directory and starts a daemon on it; opts set
 // its env and flags before the first start.
@@ -60,7 +65,9 @@ func newDaemon(name string, opts ...func(*daemon)) (*daemon, error) {
 	for _, o := range opts {
 		o(d)
 	}
+	daemonsMu.Lock()
 	allDaemons = append(allDaemons, d)
+	daemonsMu.Unlock()
 	if err := d.start(); err != nil {
 		return d, err
 	}

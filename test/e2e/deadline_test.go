@@ -103,6 +103,7 @@ func waitImageParks(t *testing.T, d *daemon) api.ImageParks {
 // run stays parked and resumes once CRIU works again.
 func TestCRIUDeadline(t *testing.T) {
 	privileged(t)
+	parallelCrash(t) // parallel_test.go
 	ctx := context.Background()
 	s := newStandIn(t)
 	d := mustDaemon(t, "deadline", s.on("3s"))
@@ -195,6 +196,7 @@ func TestCRIUDeadline(t *testing.T) {
 // park.
 func TestImageParksUnavailable(t *testing.T) {
 	privileged(t)
+	parallelCrash(t) // parallel_test.go
 	ctx := context.Background()
 	s := newStandIn(t)
 	s.hangs(t, true)
@@ -260,6 +262,7 @@ func criuHangsAfterSeize(t *testing.T, d *daemon, hang string) {
 // frees the unit the same way, and the run goes on.
 func TestCRIUKilledAfterSeize(t *testing.T) {
 	privileged(t)
+	parallelCrash(t) // parallel_test.go
 	ctx := context.Background()
 	hang := filepath.Join(t.TempDir(), "hang")
 	d := mustDaemon(t, "seized", func(d *daemon) { d.flags = []string{"--criu-deadline", "4s"} })

@@ -56,4 +56,8 @@
 // them TestMain fails, saying why; RUNRECORDD_SKIP_PRIVILEGED=1 skips every
 // test instead, saying so. A failed test keeps its daemons' state
 // directories and logs and prints where they are.
+//
+// The tests run one at a time but for two groups, the crash tests (daemon
+// killed at a failpoint, CRIU hung) and the fleet tests, which run beside
+// each other once the others have passed (parallel_test.go).
 package e2e

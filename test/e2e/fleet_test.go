@@ -544,7 +544,8 @@ func TestFleetMigrateCrash(t *testing.T) {
 // A host that cannot reach etcd cannot confirm it owns its runs, and does
 // nothing it would need that for: its park of a running oracle is refused
 // (unavailable), nothing is appended, and the oracle goes on running there.
-// Safety over liveness: the other hosts of the fleet are not affected.
+// Safety over liveness: the other hosts of the fleet are not affected. Once
+// etcd answers again the host acts again: it closes the run.
 func TestFleetEtcdUnreachable(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
@@ -589,4 +590,21 @@ func TestFleetEtcdUnreachable(t *testing.T) {
 	}
 	n := len(output(t, cut.stdout(id)))
 	waitLines(t, cut.stdout(id), "the oracle going on after the refused park", func(ls []line) bool { return len(ls) > n+1 })
+
+	// etcd back, the host's session goes on: the run closes there once
+	// the host's client has reached its member again (its reconnects back
+	// off, so a close right after the restart may still be refused).
+	f.c.Restart(t, 0)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	f.c.WaitHealthy(wctx, t)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		_, err := cut.c.Close(ctx, id, "e2e: etcd is back")
+		if err == nil {
+			break
+		}
+		if !errors.As(err, &ae) || ae.Code != api.CodeUnavailable || time.Now().After(deadline) {
+			t.Fatalf("close with etcd back: %v", err)
+		}
+	}
 }

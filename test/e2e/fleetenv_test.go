@@ -33,9 +33,11 @@ type fleetEnv struct {
 }
 
 // fleetCluster returns the shared cluster, settled, with a prefix of t's
-// own.
+// own. It makes t a parallel test, run one fleet test at a time
+// (parallelFleet, parallel_test.go): call it before anything else.
 func fleetCluster(t *testing.T) *fleetEnv {
 	t.Helper()
+	parallelFleet(t)
 	c := etcdtest.Shared(t)
 	return &fleetEnv{c: c, endpoints: strings.Join(c.Endpoints(), ","), prefix: "/e2e/" + t.Name() + "/"}
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"testing"
@@ -57,6 +58,10 @@ func TestMain(m *testing.M) {
 }
 
 func mainTest(m *testing.M) int {
+	if err := setParallel(); err != nil { // parallel_test.go
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
 	if os.Getenv(skipEnv) == "1" {
 		skipReason = skipEnv + "=1: skipping runrecordd's end-to-end tests (the daemon with real containerd, runc and CRIU, as root)"
 		fmt.Fprintln(os.Stderr, "e2e:", skipReason)
@@ -115,6 +120,8 @@ func leftovers() []string {
 			out = append(out, "process "+filepath.Base(filepath.Dir(p))+": "+cmd)
 		}
 	}
+	daemonsMu.Lock()
+	defer daemonsMu.Unlock()
 	for _, d := range allDaemons {
 		if n := d.cgroupProcs(); n > 0 {
 			out = append(out, fmt.Sprintf("%d processes in the %s daemon's sandbox cgroups", n, d.name))
@@ -143,18 +150,49 @@ func preflight() error {
 }
 
 // build builds the daemon, the oracle's two archives and the transcript
-// units' archives into dir.
+// units' archives into dir. The daemon builds while the units do: each
+// `go build` ends in a link of its own, and the links need not wait for
+// each other.
 func build(dir string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	daemonBinary = filepath.Join(dir, "runrecordd")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", daemonBinary, "./cmd/runrecordd")
+	var wg sync.WaitGroup
+	var daemonErr, oracleErr, unitsErr error
+	wg.Go(func() { daemonErr = buildDaemon(ctx, dir) })
+	wg.Go(func() { oracleErr = buildOracle(ctx, dir) })
+	wg.Go(func() { unitsErr = trBuildUnits(ctx, dir) }) // transcript_test.go
+	wg.Wait()
+	return errors.Join(daemonErr, oracleErr, unitsErr)
+}
+
+func buildDaemon(ctx context.Context, dir string) error {
+	bin := filepath.Join(dir, "runrecordd")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/runrecordd")
 	cmd.Dir = moduleRoot
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("go build ./cmd/runrecordd: %v\n%s", err, out.Bytes())
 	}
+	daemonBinary = bin
+	return nil
+}
+
+// goBinaries builds the units' packages at once, each as
+// ociarchive.GoBinary does.
+func goBinaries(ctx context.Context, pkgs ...string) ([][]byte, error) {
+	bins := make([][]byte, len(pkgs))
+	errs := make([]error, len(pkgs))
+	var wg sync.WaitGroup
+	for i, p := range pkgs {
+		wg.Go(func() { bins[i], errs[i] = ociarchive.GoBinary(ctx, moduleRoot, p) })
+	}
+	wg.Wait()
+	return bins, errors.Join(errs...)
+}
+
+// buildOracle writes the oracle's archive and its variant's.
+func buildOracle(ctx context.Context, dir string) error {
 	prog, err := ociarchive.GoBinary(ctx, moduleRoot, "./units/oracle")
 	if err != nil {
 		return err
@@ -175,8 +213,7 @@ func build(dir string) error {
 	if variantDigest == oracleDigest {
 		return fmt.Errorf("the variant image has the oracle's digest %s", oracleDigest)
 	}
-	// The transcript units' archives (transcript_test.go).
-	return trBuildUnits(ctx, dir)
+	return nil
 }
 
 func privileged(t *testing.T) {

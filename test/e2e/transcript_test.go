@@ -75,18 +75,11 @@ var (
 // dir, and the agent once more in an image with one more environment
 // entry (another digest).
 func trBuildUnits(ctx context.Context, dir string) error {
-	agent, err := ociarchive.GoBinary(ctx, moduleRoot, "./units/agent")
+	bins, err := goBinaries(ctx, "./units/agent", "./units/poller", "./units/hostile")
 	if err != nil {
 		return err
 	}
-	poller, err := ociarchive.GoBinary(ctx, moduleRoot, "./units/poller")
-	if err != nil {
-		return err
-	}
-	hostile, err := ociarchive.GoBinary(ctx, moduleRoot, "./units/hostile")
-	if err != nil {
-		return err
-	}
+	agent, poller, hostile := bins[0], bins[1], bins[2]
 	variant := ociarchive.Unit(trAgentImage, agent)
 	variant.Env = append(variant.Env, trVariantEnv)
 	for _, u := range []struct {
