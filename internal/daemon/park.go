@@ -137,11 +137,12 @@ func (d *Daemon) warm() *warmpool.Pool {
 
 // warmUp has the pool make, behind the park's reply, the sandbox of a
 // parked transcript run's next interval, as its Wake would make it, when
-// a posted result can wake it. Each sweep checks the run is still parked
+// a posted result can wake it (not on a draining host: its runs leave).
+// Each sweep checks the run is still parked
 // and held here (not closed, handed off or migrated).
 func (d *Daemon) warmUp(id string, snap record.Snapshot) {
 	p := d.warm()
-	if !p.Enabled() || !snap.IsTranscript() || !d.forms().Pending(id) {
+	if !p.Enabled() || !snap.IsTranscript() || d.draining.Load() || !d.forms().Pending(id) {
 		return
 	}
 	build := func(ctx context.Context) (warmpool.Entry, error) {
