@@ -12,6 +12,8 @@ package e2e
 //   - TestWarmPoolFull: with a pool of one, a second parked run gets no
 //     warm sandbox and resumes as without a pool; the first still resumes
 //     warm.
+//   - TestWarmDiscarded: a run closed, and a run exported with its
+//     handoff, lose their warm sandboxes: nothing of them is left.
 //   - TestWarmRestart: a daemon killed with a warm sandbox held leaves
 //     nothing of it once restarted (no container, process, cgroup or
 //     channel directory), the run parked as it was; the posted result
@@ -19,6 +21,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -202,4 +205,60 @@ func TestWarmRestart(t *testing.T) {
 	}
 	trClosed(t, d, id)
 	trCheckTranscript(t, d, mustShow(t, d, id), trAgentTranscript(1))
+}
+
+// warmGone waits until nothing is left of run id's warm sandbox sid and its
+// channel directory.
+func warmGone(t *testing.T, d *daemon, id, sid, what string) {
+	t.Helper()
+	chDir := filepath.Join(d.state, "ch", id)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		left := warmSandboxLeft(d, sid)
+		if _, err := os.Stat(chDir); err == nil {
+			left = append(left, chDir)
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the warm sandbox is left: %s", what, strings.Join(left, "; "))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestWarmDiscarded(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	d := mustDaemon(t, "warm-discard")
+	mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
+	trStart(t, d, "warm-close", trAgentImage, "STEPS=1", "WORK_ITERS=0")
+	trParked(t, d, "warm-close", 2)
+	warmReady(t, d, 1)
+	if _, err := d.c.Close(ctx, "warm-close", "e2e: closed with a warm sandbox"); err != nil {
+		t.Fatal(err)
+	}
+	// The close discards it before it answers.
+	if m := warmMetrics(t, d, "runrecordd_warm_pool"); m[`runrecordd_warm_pool_total{outcome="dropped"}`] != 1 ||
+		m[`runrecordd_warm_pool_sandboxes{state="ready"}`]+m[`runrecordd_warm_pool_sandboxes{state="preparing"}`] != 0 {
+		t.Fatalf("the pool once the close answered: %v", m)
+	}
+	if _, err := os.Stat(filepath.Join(d.state, "ch", "warm-close")); !os.IsNotExist(err) {
+		t.Fatalf("the closed run's channel directory is left once the close answered (%v)", err)
+	}
+	warmGone(t, d, "warm-close", "warm-close_t2", "closed")
+
+	trStart(t, d, "warm-export", trAgentImage, "STEPS=1", "WORK_ITERS=0")
+	trParked(t, d, "warm-export", 2)
+	warmReady(t, d, 1)
+	var b bytes.Buffer
+	if err := d.c.Export(ctx, "warm-export", &b); err != nil {
+		t.Fatal(err)
+	}
+	warmGone(t, d, "warm-export", "warm-export_t2", "handed off")
+	if m := warmMetrics(t, d, "runrecordd_warm_pool"); m[`runrecordd_warm_pool_total{outcome="dropped"}`] != 2 ||
+		m[`runrecordd_warm_pool_sandboxes{state="ready"}`] != 0 {
+		t.Fatalf("the pool after a close and a handoff: %v", m)
+	}
 }
