@@ -66,10 +66,11 @@ func (w *Warm) Resident(ctx context.Context) (uint64, error) {
 	return n, err
 }
 
-// Discard removes the sandbox and its channel.
+// Discard removes the sandbox, then its channel.
 func (w *Warm) Discard(ctx context.Context) error {
+	err := w.sb.Destroy(ctx)
 	w.ch.Close()
-	return w.sb.Destroy(ctx)
+	return err
 }
 
 // Transcript is the transcript form of h.

@@ -12,8 +12,9 @@ package e2e
 //   - TestWarmPoolFull: with a pool of one, a second parked run gets no
 //     warm sandbox and resumes as without a pool; the first still resumes
 //     warm.
-//   - TestWarmDiscarded: a run closed, and a run exported with its
-//     handoff, lose their warm sandboxes: nothing of them is left.
+//   - TestWarmDiscarded: a run closed, a run exported with its handoff
+//     and a daemon stopped lose their warm sandboxes: nothing of them is
+//     left.
 //   - TestWarmRestart: a daemon killed with a warm sandbox held leaves
 //     nothing of it once restarted (no container, process, cgroup or
 //     channel directory), the run parked as it was; the posted result
@@ -261,4 +262,15 @@ func TestWarmDiscarded(t *testing.T) {
 		m[`runrecordd_warm_pool_sandboxes{state="ready"}`] != 0 {
 		t.Fatalf("the pool after a close and a handoff: %v", m)
 	}
+
+	// A daemon stopped discards its warm sandboxes; the run, parked as
+	// it was, resumes when its result is posted.
+	trStart(t, d, "warm-stop", trAgentImage, "STEPS=1", "WORK_ITERS=0")
+	trParked(t, d, "warm-stop", 2)
+	warmReady(t, d, 1)
+	mustStop(t, d)
+	warmGone(t, d, "warm-stop", "warm-stop_t2", "the daemon stopped")
+	mustStart(t, d)
+	trPost(t, d, "warm-stop", "call-1", trResult(1))
+	trClosed(t, d, "warm-stop")
 }
