@@ -13,9 +13,13 @@
 // targets for: transcript park − plain teardown (≤ 20 ms), and park → resume
 // round trip ÷ plain create + start (≤ 1.2).
 //
+// With -warm N it measures instead posted result → unit running from a
+// warm sandbox against plain create + start (warm.go, bench/warm.sh).
+//
 // Usage (as root; bench/transcript.sh builds the image):
 //
 //	transcriptbench -image bin/units/poller.tar -n 15
+//	transcriptbench -image bin/units/poller.tar -n 50 -warm 8
 package main
 
 import (
@@ -44,8 +48,15 @@ func main() {
 	archive := flag.String("image", "bin/units/poller.tar", "the poller unit's OCI archive")
 	n := flag.Int("n", 15, "rounds")
 	gap := flag.Duration("gap", 300*time.Millisecond, "wait between park and post in the second transcript column (a result that arrives once the parked sandbox is gone)")
+	warm := flag.Int("warm", 0, "measure resumes from a warm sandbox instead, the daemon's pool holding up to this many (warm.go)")
 	flag.Parse()
-	if err := run(*archive, *n, *gap); err != nil {
+	var err error
+	if *warm > 0 {
+		err = runWarm(*archive, *n, *warm)
+	} else {
+		err = run(*archive, *n, *gap)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "transcriptbench:", err)
 		os.Exit(1)
 	}

@@ -38,7 +38,7 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		{"serve", "run the daemon: serve [--state-dir DIR] [--socket PATH] [--containerd-address ADDR] [--criu-deadline D]", cmdServe},
+		{"serve", "run the daemon: serve [--state-dir DIR] [--socket PATH] [--containerd-address ADDR] [--criu-deadline D] [--warm-pool N]", cmdServe},
 		{"images", "import an OCI or docker archive: images import FILE [--name NAME]", cmdImages},
 		{"run", "start a run: run [--id ID] [--mode image|transcript] [--cpu M] [--memory SIZE] [--network none|loopback] [--env K=V] IMAGE [ARGS...]", cmdRun},
 		{"list", "list runs: list [--phase executing|parked|closed]", cmdList},

@@ -25,6 +25,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/retention"
 	"github.com/runrecordd/runrecordd/internal/server"
+	"github.com/runrecordd/runrecordd/internal/warmpool"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"golang.org/x/sys/unix"
 )
@@ -41,6 +42,8 @@ type serveFlags struct {
 	peerListen                                string
 	chunkedImages                             bool
 	lazyResume                                bool
+	warmPool                                  int
+	warmAge                                   time.Duration
 }
 
 // register declares serve's flags on fs.
@@ -61,6 +64,8 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.bundleMax, "bundle-max", bundle.DefaultLimits.Total, "the most object bytes an imported bundle may carry")
 	fs.Int64Var(&f.jsonMax, "bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
 	fs.BoolVar(&f.lazyResume, "lazy-resume", false, "resume image parks lazily: the unit runs before its memory is all back (needs criu check --feature uffd-noncoop; docs/lazy-resume.md)")
+	fs.IntVar(&f.warmPool, "warm-pool", warmpool.DefaultMax, "how many warm sandboxes to keep at once for parked transcript runs awaiting results (0: none; docs/warm-pool.md)")
+	fs.DurationVar(&f.warmAge, "warm-pool-age", warmpool.DefaultMaxAge, "how long a warm sandbox waits for its run's resume before it is discarded")
 	f.etcd.register(fs)
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", fleet.DefaultTTL, "in a fleet: the time to live of this host's lease, which its ownership of runs rides on")
 	fs.StringVar(&f.peerListen, "peer-listen", "", "in a fleet: serve the fleet on this host:port over mutual TLS (the API to admitted platform keys, runs and objects to admitted hosts); other hosts reach this host there, so give an address they can")
@@ -90,6 +95,9 @@ func (f *serveFlags) check() (slog.Level, error) {
 	if f.peerListen != "" && f.etcd.endpoints == "" {
 		return lv, usagef("--peer-listen needs --etcd: the fleet's directory says which keys are admitted")
 	}
+	if f.warmPool < 0 || f.warmAge <= 0 {
+		return lv, usagef("--warm-pool must not be negative, and --warm-pool-age must be positive")
+	}
 	if f.leaseTTL <= 0 {
 		return lv, usagef("--lease-ttl must be positive")
 	}
@@ -103,7 +111,7 @@ func (f *serveFlags) check() (slog.Level, error) {
 // coefficients file, if one is named, read and parsed.
 func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
 	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log, ChunkedImages: f.chunkedImages,
-		LazyResume: f.lazyResume},
+		LazyResume: f.lazyResume, WarmPool: f.warmPool, WarmMaxAge: f.warmAge},
 		ParkLimits: forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
 		Policy:     retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
 		Intake:     bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax}, BundleMounts: f.mounts}}

@@ -205,6 +205,20 @@ func (c *Channel) openTranscript(restore *record.Address) error {
 	return nil
 }
 
+// Reload reads the open interval and the calls awaiting results from the
+// ledger again, as Open read them: a channel made ahead of its interval
+// (a warm sandbox's, docs/warm-pool.md) takes the ledger as it stands
+// when the interval begins. Nothing may have been handled on it yet.
+func (c *Channel) Reload() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || len(c.dispatched)+len(c.resolved)+c.spoolN > 0 {
+		return fmt.Errorf("reload %s: %w", c.run, protocol.ErrParked)
+	}
+	c.interval, c.outstanding, c.payload = 0, 0, 0
+	return c.fromLedger(true)
+}
+
 func (c *Channel) transcriptPath() string { return filepath.Join(c.dir, protocol.TranscriptFile) }
 
 // Dir is the channel directory, to mount in the sandbox.

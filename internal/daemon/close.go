@@ -48,6 +48,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (Summary, error) 
 		return Summary{}, fmt.Errorf("close %s: %w", id, err)
 	}
 	d.reach("close.appended")
+	d.warm().Discard(ctx, id, true)
 	d.dropMark(id)
 	if lv != nil {
 		lv.stopping = true

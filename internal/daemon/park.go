@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/runrecordd/runrecordd/internal/warmpool"
+
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
@@ -52,6 +54,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (Parked, error) {
 	}
 	d.reach("park.appended")
 	d.tearDownParked(r, lv)
+	d.warmUp(id, taken.Snapshot)
 	d.metrics.Parked(clock.Total())
 	sum, err := d.summary(id, r)
 	if err != nil {
@@ -119,4 +122,42 @@ func (d *Daemon) tearDownParked(r *run, lv *live) {
 	})
 	r.live = nil
 	r.park = d.meter.BeginPark()
+}
+
+// warm is this host's warm pool (internal/warmpool, docs/warm-pool.md),
+// whose statistics /metrics reads from then on; nil without a host (the
+// daemon's unit tests).
+func (d *Daemon) warm() *warmpool.Pool {
+	if d.base == nil {
+		return nil
+	}
+	d.metrics.WarmFrom(d.base.Warm.Stats)
+	return d.base.Warm
+}
+
+// warmUp has the pool make, behind the park's reply, the sandbox of a
+// parked transcript run's next interval, as its Wake would make it, when
+// a posted result can wake it (not on a draining host: its runs leave).
+// Each sweep checks the run is still parked
+// and held here (not closed, handed off or migrated).
+func (d *Daemon) warmUp(id string, snap record.Snapshot) {
+	p := d.warm()
+	if !p.Enabled() || !snap.IsTranscript() || d.fleet.Draining() || !d.forms().Pending(id) {
+		return
+	}
+	build := func(ctx context.Context) (warmpool.Entry, error) {
+		st, err := d.st.Run(id)
+		if err != nil {
+			return nil, err
+		}
+		run, err := forms.ReadRun(d.st, st) // as the resume's admission reads it
+		if err != nil {
+			return nil, err
+		}
+		return d.forms().Transcript().Prepare(ctx, run, snap, forms.Creates(d.base.Exec))
+	}
+	p.Prepare(id, build, func() bool {
+		st, err := d.st.Run(id)
+		return err == nil && st.Phase == record.Parked && d.notHandedOff(id) == nil
+	})
 }

@@ -10,8 +10,10 @@ import (
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/warmpool"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // Resume resumes a parked run on this host after the three preconditions,
@@ -36,12 +38,25 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	// The idle energy the park owes ends where the restore begins; in a
 	// fleet the Resumed segment that records it is reserved before any
 	// unit runs (docs/fleet.md).
-	owed, prov := idle.Owed(r.park, ok.Retained, ok.ParkedFor, d.meter.Coefficients())
+	// A warm sandbox is taken only now, the resume admitted; what the
+	// pool held for the run is its warm-pool residency, owed with the
+	// park's (docs/warm-pool.md).
+	waking := ok.Waking(r.teardown)
+	var residency idle.Residency
+	if ok.Spec.Mode == unit.TranscriptMode {
+		var entry warmpool.Entry
+		entry, residency = d.warm().Take(id)
+		waking.Warm, _ = entry.(*forms.Warm)
+	}
+	owed, prov := idle.OwedWith(r.park, ok.Retained, ok.ParkedFor, d.meter.Coefficients(), residency)
 	res, err := d.fleet.Reserve(ctx, id, record.Resumption(ok.Suspended.Snapshot, owed.UJ, prov))
 	if err != nil {
+		if waking.Warm != nil {
+			_ = waking.Warm.Discard(context.WithoutCancel(ctx))
+		}
 		return Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
-	w, err := d.forms().For(ok.Spec.Mode).Wake(ctx, ok.Run, ok.Waking(r.teardown))
+	w, err := d.forms().For(ok.Spec.Mode).Wake(ctx, ok.Run, waking)
 	if err != nil {
 		res.Cancel(ctx)
 		return Resumed{}, err
@@ -69,13 +84,20 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	d.watch(id, r, lv)
 	d.watchPages(id, r, lv, ok.Suspended.Snapshot)
 	d.metrics.Resumed(clock.Total(), owed.UJ, prov)
+	if ok.Spec.Mode == unit.TranscriptMode && d.warm() != nil {
+		d.metrics.WarmResumed(w.Warm)
+	}
 	sum, err := d.summary(id, r)
 	if err != nil {
 		return Resumed{}, err
 	}
-	d.publish(events.Event{Kind: "run.resumed", Run: id, Detail: fmt.Sprintf("idle %d uJ %s", owed.UJ, prov)})
+	detail := fmt.Sprintf("idle %d uJ %s", owed.UJ, prov)
+	if w.Warm {
+		detail += " warm"
+	}
+	d.publish(events.Event{Kind: "run.resumed", Run: id, Detail: detail})
 	lv.unit.Serve(d.background)
-	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "took", clock.Total())
+	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "warm", w.Warm, "took", clock.Total())
 	return Resumed{Run: sum, Idle: owed, Restore: w.Restored, Took: clock.Total(), Steps: clock.Steps}, nil
 }
 

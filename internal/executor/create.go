@@ -47,13 +47,18 @@ type restoreFrom struct {
 }
 
 // create makes sandbox id and starts its task, or, with rs, restores it.
-// Its steps run in the order each needs what the one before made: the
+func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, rs *restoreFrom) (*Sandbox, error) {
+	return c.build(ctx, id, spec, out, rs, true)
+}
+
+// build makes sandbox id, its task started when start is set (create),
+// only created otherwise (Create, prepared.go). Its steps run in the order each needs what the one before made: the
 // spec checked and the image ready before anything is made; the rw
 // snapshot (a restore's), the network namespace and the grant overlays
 // before the container that names them; the container before its task.
 // When a step fails, what the steps before it made is undone, last
 // first, so that a failed create leaves nothing behind.
-func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, rs *restoreFrom) (_ *Sandbox, retErr error) {
+func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs *restoreFrom, start bool) (_ *Sandbox, retErr error) {
 	ctx = c.ctx(ctx)
 	spec, err := c.checkSpec(id, spec)
 	if err != nil {
@@ -103,7 +108,7 @@ func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, r
 		return nil, err
 	}
 	defer onFailure(&retErr, func() { s.undoCreate(ctx, rs) })
-	if err := s.startTask(ctx, out, rs); err != nil {
+	if err := s.startTask(ctx, out, rs, start); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -261,10 +266,10 @@ func (s *Sandbox) undoCreate(ctx context.Context, rs *restoreFrom) {
 }
 
 // startTask creates the container's task, its output copied into out's
-// files, and starts it (with rs, restores it from rs's images). The
-// exit is watched between the two, so that no exit of a started task can
-// be missed.
-func (s *Sandbox) startTask(ctx context.Context, out Output, rs *restoreFrom) error {
+// files, and starts it (with rs, restores it from rs's images) when start
+// is set. The exit is watched between the two, so that no exit of a
+// started task can be missed.
+func (s *Sandbox) startTask(ctx context.Context, out Output, rs *restoreFrom, start bool) error {
 	stdout, stderr, err := s.openOutput(out)
 	if err != nil {
 		return err
@@ -293,6 +298,9 @@ func (s *Sandbox) startTask(ctx context.Context, out Output, rs *restoreFrom) er
 		return fmt.Errorf("task wait: %w", err)
 	}
 	s.watch(exit)
+	if !start {
+		return nil
+	}
 	if err := s.c.boundRestore(ctx, s.id, rs, task.Start); err != nil {
 		return fmt.Errorf("task start: %w", err)
 	}

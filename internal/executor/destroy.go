@@ -71,10 +71,20 @@ func (s *Sandbox) killTask(ctx context.Context) error {
 	case containerd.Stopped:
 		return nil
 	case containerd.Created:
-		// Never started (a restore that failed, or a start cut
-		// short): no exit will come; the task's delete removes what
-		// runc made of it.
-		return nil
+		// Never started. A task only created (a warm sandbox, Create)
+		// has runc's init waiting to run the unit: it is killed, and
+		// its exit waited for, before the task can be deleted. One
+		// without a process (a restore that failed, or a start cut
+		// short) refuses the kill: no exit will come, and the task's
+		// delete removes what runc made of it.
+		if err := s.task.Kill(ctx, syscall.SIGKILL); err != nil {
+			s.c.log.Debug("created task refused the kill; deleting it as it is", "id", s.id, "err", err)
+			return nil
+		}
+		if err := s.waitExit(ctx); err != nil {
+			return err
+		}
+		return s.waitStopped(ctx)
 	}
 	if err := s.task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("kill: %w", err)
@@ -83,6 +93,30 @@ func (s *Sandbox) killTask(ctx context.Context) error {
 		// A frozen process acts on SIGKILL only once thawed.
 		_ = s.task.Resume(ctx)
 	}
+	return s.waitExit(ctx)
+}
+
+// waitStopped waits, for up to 10 s, until a killed task that was only
+// created is stopped: its exit may reach a client watching it (a Remove
+// after containerd restarted) before the shim has recorded it, and the
+// delete refuses a task not stopped.
+func (s *Sandbox) waitStopped(ctx context.Context) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := s.task.Status(ctx)
+		if err != nil || st.Status != containerd.Created || time.Now().After(deadline) {
+			return nil // the delete says what is wrong, if anything
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// waitExit waits for the exit of a task just killed.
+func (s *Sandbox) waitExit(ctx context.Context) error {
 	if s.exited == nil {
 		return nil // create failed before it could watch; Delete reaps
 	}

@@ -114,6 +114,11 @@ type Waking struct {
 	// Teardown, when set, is closed once the sandbox of the run's last
 	// park on this host is destroyed: an image restore takes its id.
 	Teardown <-chan struct{}
+	// Warm, when set, is the sandbox made ahead for this wake
+	// (Transcript.Prepare): the form starts it if it is still the one
+	// it would make now, and discards it otherwise. Either way the wake
+	// owns it.
+	Warm *Warm
 }
 
 // Woken is a unit started or woken: its sandbox, and what its interval
@@ -126,6 +131,8 @@ type Woken struct {
 	// image resume's statistics (also in Details).
 	Details  []attest.Detail
 	Restored *attest.Restored
+	// Warm is set when the unit was woken in a warm sandbox.
+	Warm bool
 }
 
 // Unit is one sandbox of a run. It keeps no form: the daemon asks the

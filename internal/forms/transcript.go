@@ -36,6 +36,11 @@ func (f Transcript) Wake(ctx context.Context, run Run, w Waking) (Woken, error) 
 	if !w.Snapshot.IsTranscript() {
 		return Woken{}, fmt.Errorf("resume %s: %w", run.ID, ErrFormMismatch)
 	}
+	if w.Warm != nil {
+		if woken, ok := f.wakeWarm(ctx, run, w); ok {
+			return woken, nil
+		}
+	}
 	return f.start(ctx, run, w.Snapshot.Transcript)
 }
 
@@ -44,16 +49,11 @@ func (f Transcript) Wake(ctx context.Context, run Run, w Waking) (Woken, error) 
 // mounted.
 func (f Transcript) start(ctx context.Context, run Run, restored *record.Address) (Woken, error) {
 	id := run.ID
-	es := executor.SpecOf(run.Spec, run.Grants)
 	ch, err := f.open(id, restored, run.Grants.Limits)
 	if err != nil {
 		return Woken{}, err
 	}
-	// Read-only: the unit reads its transcript and connects to the
-	// socket (connecting writes nothing to the file system); it cannot
-	// replace, add or remove anything the daemon reads. Own: the daemon's
-	// own directory, under its state dir, noexec.
-	es.Mounts = append(es.Mounts, executor.Mount{Source: ch.Dir(), Target: protocol.Dir, Own: true})
+	es := sandboxSpec(run, ch.Dir())
 	out, err := f.h.Output(id)
 	m := f.h.Mark(id)
 	var sb Sandbox
@@ -69,6 +69,18 @@ func (f Transcript) start(ctx context.Context, run Run, restored *record.Address
 		event = "resumed"
 	}
 	return Woken{Unit: &Unit{Run: run, Sandbox: sb, ch: ch}, Event: event, Mark: m}, nil
+}
+
+// sandboxSpec is the spec of a sandbox of run with its channel directory
+// dir mounted: Wake's and a warm sandbox's (Prepare) alike.
+func sandboxSpec(run Run, dir string) executor.Spec {
+	es := executor.SpecOf(run.Spec, run.Grants)
+	// Read-only: the unit reads its transcript and connects to the
+	// socket (connecting writes nothing to the file system); it cannot
+	// replace, add or remove anything the daemon reads. Own: the daemon's
+	// own directory, under its state dir, noexec.
+	es.Mounts = append(es.Mounts, executor.Mount{Source: dir, Target: protocol.Dir, Own: true})
+	return es
 }
 
 // open makes run id's channel directory (STATE/ch/RUN) and spool

@@ -35,7 +35,9 @@ import (
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/internal/warmpool"
 	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // DefaultStateDir is where a host keeps its state unless told otherwise.
@@ -67,6 +69,12 @@ type Config struct {
 	// whose CRIU cannot (criu check --feature uffd-noncoop) refuses to
 	// open with it.
 	LazyResume bool
+	// WarmPool is how many warm sandboxes the host keeps at once for
+	// parked transcript runs (internal/warmpool; serve --warm-pool
+	// defaults to warmpool.DefaultMax); 0 keeps none. WarmMaxAge is how
+	// long one waits (warmpool.DefaultMaxAge when 0).
+	WarmPool   int
+	WarmMaxAge time.Duration
 }
 
 // Host is a host's state directory and runtime, open.
@@ -85,6 +93,9 @@ type Host struct {
 	// CRIUErr is why CRIU did not answer, if it did not: no image parks
 	// here, but transcript runs.
 	CRIUErr error
+	// Warm is the host's warm sandboxes (internal/warmpool), opened last
+	// and closed first: its sandboxes are discarded at shutdown.
+	Warm *warmpool.Pool
 }
 
 // Open opens the host's state directory and runtime, in order: the host
@@ -129,7 +140,22 @@ func Open(ctx context.Context, cfg Config) (_ *Host, err error) {
 			return nil, fmt.Errorf("daemon: lazy resume: %w", err)
 		}
 	}
+	h.openWarm()
 	return h, nil
+}
+
+// openWarm removes what a killed daemon's warm sandboxes left of their
+// channels (their containers go at the reconcile) and starts the pool.
+func (h *Host) openWarm() {
+	cfg := h.Config
+	warmpool.RemoveLeftovers(filepath.Join(cfg.StateDir, "ch"), func(run string) (bool, error) {
+		r, err := h.Store.Run(run)
+		if errors.Is(err, store.ErrNoRun) {
+			return false, nil
+		}
+		return err == nil && r.Phase == record.Active, err
+	}, cfg.Logger)
+	h.Warm = warmpool.New(warmpool.Config{Max: cfg.WarmPool, MaxAge: cfg.WarmMaxAge, Meter: h.Meter, Log: cfg.Logger})
 }
 
 // openState opens what the state directory keeps: the host key and its
@@ -209,6 +235,7 @@ func (h *Host) readFacts(ctx context.Context) error {
 // shims; the embedded containerd itself is stopped.
 func (h *Host) Close(ctx context.Context) error {
 	var errs []error
+	h.Warm.Close(ctx)
 	if h.Exec != nil {
 		// A probe the stop cut short, or one an earlier process was
 		// killed in, leaves nothing running.

@@ -61,6 +61,11 @@ func durationBuckets() []float64 {
 type Metrics struct {
 	energyUJ [2][3]atomic.Uint64 // by kind (active, idle) and provenance (provenanceIndex)
 
+	// warm is the warm pool's statistics (WarmFrom); warmResumes counts
+	// transcript resumes, made [0] and warm [1].
+	warm        warmSource
+	warmResumes [2]atomic.Uint64
+
 	once   sync.Once
 	parks  prometheus.Histogram
 	resums prometheus.Histogram
@@ -177,7 +182,7 @@ func (m *Metrics) Handler(src Source, log *slog.Logger) http.Handler {
 func (m *Metrics) Registry(src Source) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m.histograms()...)
-	reg.MustRegister(newCollector(m, src),
+	reg.MustRegister(newCollector(m, src), newWarmCollector(m),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg

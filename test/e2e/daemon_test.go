@@ -98,7 +98,10 @@ func mustDaemon(t *testing.T, name string, opts ...func(*daemon)) *daemon {
 func shared(t *testing.T) *daemon {
 	t.Helper()
 	if sharedDaemon == nil {
-		d, err := newDaemon("shared")
+		// It keeps no warm sandboxes: its transcript tests check that
+		// nothing of a parked run is resident (warm_test.go runs
+		// daemons with the pool, which every other daemon has).
+		d, err := newDaemon("shared", func(d *daemon) { d.flags = []string{"--warm-pool", "0"} })
 		if d != nil {
 			sharedDaemon = d
 		}
