@@ -34,6 +34,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/host"
@@ -239,26 +240,26 @@ func (s *samples) report(gap time.Duration) {
 // transcriptRound starts a poller run, parks it once it has dispatched, and
 // after gap posts the result it awaits, which resumes it; it returns the
 // park, the post's result and the post's duration, once the run is over.
-func transcriptRound(ctx context.Context, d *daemon.Daemon, id string, gap time.Duration) (daemon.Parked, daemon.Posted, time.Duration, error) {
+func transcriptRound(ctx context.Context, d *daemon.Daemon, id string, gap time.Duration) (answers.Parked, answers.Posted, time.Duration, error) {
 	if _, err := d.Start(ctx, id, unit.Spec{Image: imageName, Mode: unit.TranscriptMode}, unit.Grants{}); err != nil {
-		return daemon.Parked{}, daemon.Posted{}, 0, err
+		return answers.Parked{}, answers.Posted{}, 0, err
 	}
 	if err := waitCall(ctx, d, id); err != nil {
-		return daemon.Parked{}, daemon.Posted{}, 0, err
+		return answers.Parked{}, answers.Posted{}, 0, err
 	}
 	p, err := d.Park(ctx, id)
 	if err != nil {
-		return daemon.Parked{}, daemon.Posted{}, 0, err
+		return answers.Parked{}, answers.Posted{}, 0, err
 	}
 	time.Sleep(gap)
 	t := time.Now()
 	pr, err := d.PostResult(ctx, id, "call-1", []byte(`"done"`))
 	if err != nil {
-		return daemon.Parked{}, daemon.Posted{}, 0, err
+		return answers.Parked{}, answers.Posted{}, 0, err
 	}
 	rs := time.Since(t)
 	if pr.Resumed == nil {
-		return daemon.Parked{}, daemon.Posted{}, 0, fmt.Errorf("run %s did not resume: %+v", id, pr)
+		return answers.Parked{}, answers.Posted{}, 0, fmt.Errorf("run %s did not resume: %+v", id, pr)
 	}
 	// The poller exits once it has its result, which closes the run.
 	return p, pr, rs, waitClosed(ctx, d, id)
@@ -294,10 +295,10 @@ func waitClosed(ctx context.Context, d *daemon.Daemon, id string) error {
 	return fmt.Errorf("run %s did not finish", id)
 }
 
-func prefixed(p string, steps []daemon.Step) []daemon.Step {
-	out := make([]daemon.Step, len(steps))
+func prefixed(p string, steps []answers.Step) []answers.Step {
+	out := make([]answers.Step, len(steps))
 	for i, s := range steps {
-		out[i] = daemon.Step{Name: p + s.Name, Took: s.Took}
+		out[i] = answers.Step{Name: p + s.Name, Took: s.Took}
 	}
 	return out
 }

@@ -204,7 +204,7 @@ func serveAPI(ctx context.Context, d *daemon.Daemon, l net.Listener, socket stri
 	srv.RegisterOnShutdown(d.StopEvents) // event streams never end by themselves
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
-	log.Info("serving", "socket", socket, "state", d.StateDir())
+	log.Info("serving", "socket", socket, "state", d.Host().StateDir)
 	fmt.Fprintf(stdout, "runrecordd serving on %s\n", socket)
 	var err error
 	select {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
@@ -36,14 +37,14 @@ func (d *Daemon) Export(ctx context.Context, id string, w io.Writer, handoff boo
 
 // Import reads a bundle and stores its run as id (the bundle's own id when
 // empty), accepting nothing until everything checks ([bundle.Import]).
-func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (Imported, error) {
+func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (answers.Imported, error) {
 	return d.ImportWith(ctx, r, id, false)
 }
 
 // ImportWith is Import; with reclaim, a bundle of a run this host handed
 // off that adds nothing to it (the very bundle exported) takes the run
 // back: the operator's word that no other host resumed from it.
-func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (Imported, error) {
+func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (answers.Imported, error) {
 	var rl *run
 	im, err := bundle.Import(ctx, d.st, r, bundle.ImportOptions{
 		Options: d.bundleOptions(), ID: id, Reclaim: reclaim, CheckID: forms.CheckID,
@@ -55,7 +56,7 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 		defer rl.mu.Unlock()
 	}
 	if err != nil {
-		return Imported{}, err
+		return answers.Imported{}, err
 	}
 	if err := calls.Fill(d.st, im.Run); err != nil {
 		d.log.Warn("call ledger: the imported run's calls are listed without their payloads until the next start", "run", im.Run, "err", err)
@@ -63,10 +64,10 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 	unclaimed := d.fleet.ClaimImported(ctx, im)
 	sum, err := d.summary(im.Run, rl)
 	if err != nil {
-		return Imported{}, err
+		return answers.Imported{}, err
 	}
 	d.log.Info("run imported", "run", im.Run, "from", im.Header.Run, "objects", im.Objects, "bytes", im.Bytes, "copy", im.Header.Copy)
-	return Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: im.Grants, Signers: d.Signers(im.Signers), Unclaimed: unclaimed}, nil
+	return answers.Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: im.Grants, Signers: d.Signers(im.Signers), Unclaimed: unclaimed}, nil
 }
 
 // notHandedOff refuses an operation on a run an export handed to another

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -12,24 +13,24 @@ import (
 
 // Close closes a run, in any phase: a running unit's interval is recorded
 // (outcome killed) with the Closed segment, and then its sandbox destroyed.
-func (d *Daemon) Close(ctx context.Context, id, reason string) (Summary, error) {
+func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary, error) {
 	if reason == "" {
 		reason = "closed by request"
 	}
 	r, err := d.lockRun(id)
 	if err != nil {
-		return Summary{}, err
+		return answers.Summary{}, err
 	}
 	defer r.mu.Unlock()
 	st, err := d.st.Run(id)
 	if err != nil {
-		return Summary{}, err
+		return answers.Summary{}, err
 	}
 	if st.Phase == record.Ended {
-		return Summary{}, fmt.Errorf("run %s: %w", id, record.ErrClosed)
+		return answers.Summary{}, fmt.Errorf("run %s: %w", id, record.ErrClosed)
 	}
 	if err := d.notHandedOff(id); err != nil {
-		return Summary{}, err
+		return answers.Summary{}, err
 	}
 	closed := record.Closure(reason)
 	lv := r.live
@@ -45,7 +46,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (Summary, error) 
 		if lv != nil && lv.iv.Ended() {
 			d.restartInterval(id, lv, attest.EventCloseRefused)
 		}
-		return Summary{}, fmt.Errorf("close %s: %w", id, err)
+		return answers.Summary{}, fmt.Errorf("close %s: %w", id, err)
 	}
 	d.reach("close.appended")
 	d.warm().Discard(ctx, id, true)

@@ -80,7 +80,7 @@ type Daemon struct {
 	log    *slog.Logger
 	base   *host.Host // what it stands on (nil in unit tests of a fake)
 	st     *store.Store
-	ex     Sandboxes // the executor (execRole), a fake in unit tests
+	ex     Sandboxes // the executor (forms.Exec), a fake in unit tests
 	meter  *idle.Meter
 	keyID  record.Address
 	signer *interval.Signer  // the host key and its audit chain
@@ -125,8 +125,11 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	cfg.Config = h.Config
 	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: map[string]*run{}, base: h, st: h.Store,
-		ex: execRole{h.Exec}, meter: h.Meter, signer: h.Signer, keyID: h.Signer.KeyID(), host: h.Facts}
+		ex: forms.Exec{Client: h.Exec}, meter: h.Meter, signer: h.Signer, keyID: h.Signer.KeyID(), host: h.Facts}
 	d.openEvidence()
+	if h.Warm != nil {
+		d.metrics.WarmFrom(h.Warm.Stats)
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -185,9 +188,6 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
-
-// StateDir is the daemon's state directory.
-func (d *Daemon) StateDir() string { return d.cfg.StateDir }
 
 // lockRun returns the state of run id, which must be stored, locked: a
 // request naming no run leaves nothing behind (d.runs holds only runs that

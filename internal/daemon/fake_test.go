@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
@@ -311,7 +312,7 @@ func newFakeHost(t *testing.T) *fakeHost {
 }
 
 // start starts an image-mode run id.
-func (h *fakeHost) start(t *testing.T, id string) Summary {
+func (h *fakeHost) start(t *testing.T, id string) answers.Summary {
 	t.Helper()
 	r, err := h.d.Start(t.Context(), id, unit.Spec{Image: fakeImage, Args: []string{"/unit"}}, unit.Grants{})
 	if err != nil {

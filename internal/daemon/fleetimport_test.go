@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 )
@@ -32,7 +33,7 @@ func TestFleetImportClaims(t *testing.T) {
 		}
 		return err
 	}
-	importOn := func(h *fleet.Host) Imported {
+	importOn := func(h *fleet.Host) answers.Imported {
 		t.Helper()
 		m := importHost(t)
 		inFleet(m.d, h, nil)

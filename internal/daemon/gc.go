@@ -1,12 +1,14 @@
 package daemon
 
+import "github.com/runrecordd/runrecordd/internal/answers"
+
 // Pin keeps run id's snapshots whatever the retention time; Unpin lets
 // them go with it again. Collection itself is internal/retention's
 // (retention.Collector: GC, and the periodic Run the daemon starts).
-func (d *Daemon) Pin(id string, pin bool) (Summary, error) {
+func (d *Daemon) Pin(id string, pin bool) (answers.Summary, error) {
 	r, err := d.lockRun(id)
 	if err != nil {
-		return Summary{}, err
+		return answers.Summary{}, err
 	}
 	defer r.mu.Unlock()
 	if pin {
@@ -15,7 +17,7 @@ func (d *Daemon) Pin(id string, pin bool) (Summary, error) {
 		err = d.st.Unpin(id)
 	}
 	if err != nil {
-		return Summary{}, err
+		return answers.Summary{}, err
 	}
 	return d.summary(id, r)
 }

@@ -45,7 +45,17 @@ func (d *Daemon) reattach(id string, u *forms.Unit) *live {
 // daemon's state at each use.
 func (d *Daemon) forms() forms.Host {
 	return forms.Host{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
-		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: d.output, Mark: d.markNow, Invalid: ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume)}
+		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: d.output, Mark: d.markNow, Invalid: ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume),
+		Warm: d.warm(), Creates: d.creates()}
+}
+
+// creates makes the warm pool's sandboxes (forms.Creates); nil without a
+// host.
+func (d *Daemon) creates() forms.Creator {
+	if d.base == nil {
+		return nil
+	}
+	return forms.Creates(d.base.Exec)
 }
 
 // form is the form of lv's unit, over the daemon as it is now.

@@ -17,52 +17,57 @@ import (
 
 // Park parks a running run in its form (internal/forms): an image park
 // for an image-mode unit, a transcript park for a transcript-mode one.
-func (d *Daemon) Park(ctx context.Context, id string) (Parked, error) {
+func (d *Daemon) Park(ctx context.Context, id string) (answers.Parked, error) {
 	r, err := d.lockRun(id)
 	if err != nil {
-		return Parked{}, err
+		return answers.Parked{}, err
 	}
 	defer r.mu.Unlock()
 	return d.park(ctx, id, r)
 }
 
-func (d *Daemon) park(ctx context.Context, id string, r *run) (Parked, error) {
+func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, error) {
 	clock := answers.NewClock()
 	st, err := d.st.Run(id)
 	if err != nil {
-		return Parked{}, err
+		return answers.Parked{}, err
 	}
 	if err := phaseErr(id, st.Phase, record.Active); err != nil {
-		return Parked{}, err
+		return answers.Parked{}, err
 	}
 	lv := r.live
 	if lv == nil {
-		return Parked{}, fmt.Errorf("run %s: %w", id, ErrNoSandbox)
+		return answers.Parked{}, fmt.Errorf("run %s: %w", id, ErrNoSandbox)
 	}
 	// Hold the channel: nothing reaches the transcript or the account
 	// until the park is recorded (or refused, and the unit goes on).
 	defer lv.unit.Hold()()
 	taken, err := d.form(lv).Snapshot(ctx, lv.unit)
 	if err != nil {
-		return Parked{}, err
+		return answers.Parked{}, err
 	}
 	clock.Mark("snapshot")
 	d.reach("park.checkpointed")
 	ev, manAddr, err := d.recordPark(ctx, id, lv, st.Unit, taken, clock)
 	if err != nil {
-		return Parked{}, err
+		return answers.Parked{}, err
 	}
 	d.reach("park.appended")
 	d.tearDownParked(r, lv)
-	d.warmUp(id, taken.Snapshot)
+	if !d.fleet.Draining() { // a draining host's runs leave it
+		d.forms().WarmUp(id, taken.Snapshot, func() bool {
+			st, err := d.st.Run(id)
+			return err == nil && st.Phase == record.Parked && d.notHandedOff(id) == nil
+		})
+	}
 	d.metrics.Parked(clock.Total())
 	sum, err := d.summary(id, r)
 	if err != nil {
-		return Parked{}, err
+		return answers.Parked{}, err
 	}
 	d.publish(events.Event{Kind: "run.parked", Run: id, Detail: taken.Snapshot.String()})
 	d.log.Info("run parked", "run", id, "snapshot", taken.Snapshot.String(), "retained", taken.Retained, "took", clock.Total())
-	return Parked{Run: sum, Snapshot: taken.Snapshot, Manifest: manAddr, Retained: taken.Retained, Receipt: ev.Receipt,
+	return answers.Parked{Run: sum, Snapshot: taken.Snapshot, Manifest: manAddr, Retained: taken.Retained, Receipt: ev.Receipt,
 		Checkpoint: taken.Checkpoint, Took: clock.Total(), Steps: clock.Steps}, nil
 }
 
@@ -124,40 +129,11 @@ func (d *Daemon) tearDownParked(r *run, lv *live) {
 	r.park = d.meter.BeginPark()
 }
 
-// warm is this host's warm pool (internal/warmpool, docs/warm-pool.md),
-// whose statistics /metrics reads from then on; nil without a host (the
-// daemon's unit tests).
+// warm is this host's warm pool (internal/warmpool, docs/warm-pool.md);
+// nil without a host (the daemon's unit tests).
 func (d *Daemon) warm() *warmpool.Pool {
 	if d.base == nil {
 		return nil
 	}
-	d.metrics.WarmFrom(d.base.Warm.Stats)
 	return d.base.Warm
-}
-
-// warmUp has the pool make, behind the park's reply, the sandbox of a
-// parked transcript run's next interval, as its Wake would make it, when
-// a posted result can wake it (not on a draining host: its runs leave).
-// Each sweep checks the run is still parked
-// and held here (not closed, handed off or migrated).
-func (d *Daemon) warmUp(id string, snap record.Snapshot) {
-	p := d.warm()
-	if !p.Enabled() || !snap.IsTranscript() || d.fleet.Draining() || !d.forms().Pending(id) {
-		return
-	}
-	build := func(ctx context.Context) (warmpool.Entry, error) {
-		st, err := d.st.Run(id)
-		if err != nil {
-			return nil, err
-		}
-		run, err := forms.ReadRun(d.st, st) // as the resume's admission reads it
-		if err != nil {
-			return nil, err
-		}
-		return d.forms().Transcript().Prepare(ctx, run, snap, forms.Creates(d.base.Exec))
-	}
-	p.Prepare(id, build, func() bool {
-		st, err := d.st.Run(id)
-		return err == nil && st.Phase == record.Parked && d.notHandedOff(id) == nil
-	})
 }

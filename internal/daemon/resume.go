@@ -10,7 +10,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/manifest"
-	"github.com/runrecordd/runrecordd/internal/warmpool"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -20,20 +19,20 @@ import (
 // in order: the snapshot the store offers is the one recorded, this host's
 // manifest over the recorded keys hashes to the recorded address, and the
 // record verifies from genesis. A refusal changes nothing.
-func (d *Daemon) Resume(ctx context.Context, id string) (Resumed, error) {
+func (d *Daemon) Resume(ctx context.Context, id string) (answers.Resumed, error) {
 	r, err := d.lockRun(id)
 	if err != nil {
-		return Resumed{}, err
+		return answers.Resumed{}, err
 	}
 	defer r.mu.Unlock()
 	return d.resume(ctx, id, r)
 }
 
-func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error) {
+func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed, error) {
 	clock := answers.NewClock()
 	ok, err := d.judgeResume(ctx, id, clock)
 	if err != nil {
-		return Resumed{}, err
+		return answers.Resumed{}, err
 	}
 	// The idle energy the park owes ends where the restore begins; in a
 	// fleet the Resumed segment that records it is reserved before any
@@ -43,23 +42,19 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	// park's (docs/warm-pool.md).
 	waking := ok.Waking(r.teardown)
 	var residency idle.Residency
-	if ok.Spec.Mode == unit.TranscriptMode {
-		var entry warmpool.Entry
-		entry, residency = d.warm().Take(id)
-		waking.Warm, _ = entry.(*forms.Warm)
-	}
+	waking.Warm, residency = d.forms().TakeWarm(id, ok.Spec.Mode)
 	owed, prov := idle.OwedWith(r.park, ok.Retained, ok.ParkedFor, d.meter.Coefficients(), residency)
 	res, err := d.fleet.Reserve(ctx, id, record.Resumption(ok.Suspended.Snapshot, owed.UJ, prov))
 	if err != nil {
 		if waking.Warm != nil {
 			_ = waking.Warm.Discard(context.WithoutCancel(ctx))
 		}
-		return Resumed{}, fmt.Errorf("resume %s: %w", id, err)
+		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	w, err := d.forms().For(ok.Spec.Mode).Wake(ctx, ok.Run, waking)
 	if err != nil {
 		res.Cancel(ctx)
-		return Resumed{}, err
+		return answers.Resumed{}, err
 	}
 	lv := d.begin(id, w.Unit, w.Event, w.Mark)
 	clock.Mark("sandbox")
@@ -76,7 +71,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 		d.dropMark(id)
 		lv.stopping = true
 		d.destroy(lv)
-		return Resumed{}, fmt.Errorf("resume %s: %w", id, err)
+		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	clock.Mark("append")
 	d.reach("resume.appended")
@@ -89,7 +84,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	}
 	sum, err := d.summary(id, r)
 	if err != nil {
-		return Resumed{}, err
+		return answers.Resumed{}, err
 	}
 	detail := fmt.Sprintf("idle %d uJ %s", owed.UJ, prov)
 	if w.Warm {
@@ -98,7 +93,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (Resumed, error)
 	d.publish(events.Event{Kind: "run.resumed", Run: id, Detail: detail})
 	lv.unit.Serve(d.background)
 	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "warm", w.Warm, "took", clock.Total())
-	return Resumed{Run: sum, Idle: owed, Restore: w.Restored, Took: clock.Total(), Steps: clock.Steps}, nil
+	return answers.Resumed{Run: sum, Idle: owed, Restore: w.Restored, Took: clock.Total(), Steps: clock.Steps}, nil
 }
 
 // judgeResume admits parked run id for a resume, changing nothing: it is

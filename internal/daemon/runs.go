@@ -25,12 +25,12 @@ func phaseErr(id string, p record.Phase, want record.Phase) error {
 
 // summary is run id as this host holds it; r is its state here, nil when
 // it has none (answers.Summarize).
-func (d *Daemon) summary(id string, r *run) (Summary, error) {
+func (d *Daemon) summary(id string, r *run) (answers.Summary, error) {
 	return answers.Summarize(d.st, id, r != nil && r.live != nil)
 }
 
 // Run returns a run's summary.
-func (d *Daemon) Run(id string) (Summary, error) {
+func (d *Daemon) Run(id string) (answers.Summary, error) {
 	d.mu.Lock()
 	r := d.runs[id]
 	d.mu.Unlock()
@@ -43,7 +43,7 @@ func (d *Daemon) Run(id string) (Summary, error) {
 
 // List lists runs, in id order: every run, or those in phase when it is
 // not nil.
-func (d *Daemon) List(phase *record.Phase) ([]Summary, error) {
+func (d *Daemon) List(phase *record.Phase) ([]answers.Summary, error) {
 	var ids []string
 	var err error
 	if phase == nil {
@@ -54,7 +54,7 @@ func (d *Daemon) List(phase *record.Phase) ([]Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Summary, 0, len(ids))
+	out := make([]answers.Summary, 0, len(ids))
 	for _, id := range ids {
 		s, err := d.Run(id)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/member"
@@ -20,9 +21,9 @@ import (
 // that a crash in between leaves an orphan sandbox (destroyed when the
 // daemon reconciles) rather than a run with nothing behind it. An empty
 // id draws one.
-func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (Summary, error) {
+func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (answers.Summary, error) {
 	if d.fleet.Draining() {
-		return Summary{}, fmt.Errorf("run: %w: it takes no new runs until it restarts", member.ErrDraining)
+		return answers.Summary{}, fmt.Errorf("run: %w: it takes no new runs until it restarts", member.ErrDraining)
 	}
 	if id == "" {
 		var b [6]byte
@@ -30,34 +31,34 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 		id = "r-" + hex.EncodeToString(b[:])
 	}
 	if err := forms.CheckID(id); err != nil {
-		return Summary{}, err
+		return answers.Summary{}, err
 	}
 	p, err := d.forms().Prepare(ctx, id, spec, grants)
 	if err != nil {
-		return Summary{}, err
+		return answers.Summary{}, err
 	}
 	r := d.lock(id)
 	defer r.mu.Unlock()
 	if _, err := d.st.Run(id); err == nil {
-		return Summary{}, fmt.Errorf("run %s: %w", id, store.ErrRunExists)
+		return answers.Summary{}, fmt.Errorf("run %s: %w", id, store.ErrRunExists)
 	}
 	unitID, err := d.st.PutBytes(p.SpecBytes)
 	if err != nil {
-		return Summary{}, err
+		return answers.Summary{}, err
 	}
 	grantsID, err := d.st.PutBytes(p.GrantsBytes)
 	if err != nil {
-		return Summary{}, err
+		return answers.Summary{}, err
 	}
 	// In a fleet the run is this host's before its unit runs.
 	genesis := record.Genesis(unitID, grantsID)
 	if err := d.fleet.Claim(ctx, id, genesis); err != nil {
-		return Summary{}, fmt.Errorf("run %s: %w", id, err)
+		return answers.Summary{}, fmt.Errorf("run %s: %w", id, err)
 	}
 	w, err := d.forms().For(p.Spec.Mode).Start(ctx, forms.Run{ID: id, Spec: p.Spec, Grants: p.Grants})
 	if err != nil {
 		d.fleet.Unclaim(ctx, id, genesis)
-		return Summary{}, err
+		return answers.Summary{}, err
 	}
 	lv := d.begin(id, w.Unit, w.Event, w.Mark)
 	d.saveMark(id, lv)
@@ -67,7 +68,7 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 		lv.stopping = true
 		d.destroy(lv)
 		d.fleet.Unclaim(ctx, id, genesis)
-		return Summary{}, err
+		return answers.Summary{}, err
 	}
 	r.live = lv
 	d.watch(id, r, lv)

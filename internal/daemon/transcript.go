@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
@@ -67,31 +68,31 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 // result, so nothing accepted here can make an account malformed. When
 // the run is parked and this was the last result its await named, the run
 // resumes here.
-func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byte) (Posted, error) {
+func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byte) (answers.Posted, error) {
 	r, err := d.lockRun(run)
 	if err != nil {
-		return Posted{}, err
+		return answers.Posted{}, err
 	}
 	defer r.mu.Unlock()
 	st, err := d.st.Run(run)
 	if err != nil {
-		return Posted{}, err
+		return answers.Posted{}, err
 	}
 	// A run handed off takes no results here, nor, in a fleet, one another
 	// host owns (a post appends nothing, so no fence refuses it); the
 	// ledger refuses the rest (calls.Post): a closed run, a payload that is
 	// not JSON, a call the run cannot take.
 	if err := d.notHandedOff(run); err != nil {
-		return Posted{}, err
+		return answers.Posted{}, err
 	}
 	if err := d.fleet.Elsewhere(run); err != nil {
-		return Posted{}, err
+		return answers.Posted{}, err
 	}
 	if err := calls.Post(d.st, run, call, payload); err != nil {
-		return Posted{}, err
+		return answers.Posted{}, err
 	}
 	d.publish(events.Event{Kind: "call.result", Run: run, Call: call})
-	out := Posted{Run: run, Call: call}
+	out := answers.Posted{Run: run, Call: call}
 	var wake bool
 	if out.Awaiting, wake, err = d.forms().Awaited(st); err != nil || !wake {
 		return out, err

@@ -11,6 +11,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/internal/warmpool"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -39,6 +40,11 @@ type Host struct {
 	// Lazy, when set, restores image parks lazily (docs/lazy-resume.md;
 	// serve --lazy-resume); nil restores them eagerly.
 	Lazy LazyRestorer
+	// Warm is the host's warm pool (internal/warmpool, docs/warm-pool.md)
+	// and Creates makes its sandboxes, created and not started; a nil pool
+	// keeps none.
+	Warm    *warmpool.Pool
+	Creates Creator
 	// Calls is what a transcript unit's channel tells the daemon.
 	Calls calls.Host
 	// Output makes run's output files on this host; Mark is a mark at

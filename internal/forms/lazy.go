@@ -44,7 +44,7 @@ type Pages interface {
 }
 
 // executorLazy is what *executor.Client (and a type embedding it, the
-// daemon's execRole) offers of a lazy restore.
+// forms.Exec) offers of a lazy restore.
 type executorLazy interface {
 	RestoreLazy(ctx context.Context, id string, spec executor.Spec, cp executor.Checkpoint, out executor.Output) (*executor.Sandbox, *executor.LazyPages, executor.RestoreStats, error)
 }

@@ -33,3 +33,33 @@ type Sandboxes interface {
 	Start(ctx context.Context, id string, spec executor.Spec, out executor.Output) (Sandbox, error)
 	Restore(ctx context.Context, id string, spec executor.Spec, cp executor.Checkpoint, out executor.Output) (Sandbox, executor.RestoreStats, error)
 }
+
+// Exec is *executor.Client in the roles its consumers declare — the
+// forms' Sandboxes, the daemon's, the sweep's — with its sandboxes as a
+// Sandbox: the production implementation of each.
+type Exec struct{ *executor.Client }
+
+func (e Exec) Start(ctx context.Context, id string, spec executor.Spec, out executor.Output) (Sandbox, error) {
+	sb, err := e.Client.Start(ctx, id, spec, out)
+	if err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+func (e Exec) Restore(ctx context.Context, id string, spec executor.Spec, cp executor.Checkpoint, out executor.Output) (Sandbox, executor.RestoreStats, error) {
+	sb, rs, err := e.Client.Restore(ctx, id, spec, cp, out)
+	if err != nil {
+		return nil, rs, err
+	}
+	return sb, rs, nil
+}
+
+// Load is the sandbox id containerd has.
+func (e Exec) Load(ctx context.Context, id string) (Sandbox, error) {
+	sb, err := e.Client.Load(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return sb, nil
+}

@@ -8,8 +8,11 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/internal/warmpool"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // Creator makes sandboxes whose task is created and not started
@@ -71,6 +74,42 @@ func (w *Warm) Discard(ctx context.Context) error {
 	err := w.sb.Destroy(ctx)
 	w.ch.Close()
 	return err
+}
+
+// WarmUp has the warm pool make, behind a park's reply, the sandbox of
+// parked run id's next interval as its Wake would make it (Prepare), when
+// snap is a transcript and a posted result can wake the run (Pending);
+// keep says, at each of the pool's sweeps, whether the run is still
+// parked and held here (not closed, handed off or migrated).
+func (h Host) WarmUp(id string, snap record.Snapshot, keep func() bool) {
+	if !h.Warm.Enabled() || !snap.IsTranscript() || !h.Pending(id) {
+		return
+	}
+	build := func(ctx context.Context) (warmpool.Entry, error) {
+		st, err := h.Store.Run(id)
+		if err != nil {
+			return nil, err
+		}
+		run, err := ReadRun(h.Store, st) // as the resume's admission reads it
+		if err != nil {
+			return nil, err
+		}
+		return h.Transcript().Prepare(ctx, run, snap, h.Creates)
+	}
+	h.Warm.Prepare(id, build, keep)
+}
+
+// TakeWarm is the warm sandbox made for run id's wake, if the pool holds
+// one (a transcript unit's only), and what the pool held for the run
+// meanwhile: its warm-pool residency, which the resume owes with the
+// park's. It is taken only once the resume is admitted.
+func (h Host) TakeWarm(id string, mode unit.Mode) (*Warm, idle.Residency) {
+	if mode != unit.TranscriptMode {
+		return nil, idle.Residency{}
+	}
+	entry, residency := h.Warm.Take(id)
+	w, _ := entry.(*Warm)
+	return w, residency
 }
 
 // Transcript is the transcript form of h.

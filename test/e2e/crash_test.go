@@ -17,8 +17,9 @@ import (
 	"testing"
 	"time"
 
-	rrd "github.com/runrecordd/runrecordd/internal/daemon" // the e2e daemon type is daemon
+	// the e2e daemon type is daemon
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/failpoint"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -55,7 +56,7 @@ var crashLeaves = map[string]struct {
 // frozen one seen not to.
 const crashDown = 500 * time.Millisecond
 
-// TestCrashAtEachStep arms each failpoint of rrd.Failpoints in turn on
+// TestCrashAtEachStep arms each failpoint of failpoint.Steps in turn on
 // one state directory, drives a run of the oracle to that step, and checks
 // that the daemon died there by SIGKILL, that the store it left passes
 // fsck with the run in the phase the documented ordering gives, that the
@@ -65,7 +66,7 @@ const crashDown = 500 * time.Millisecond
 func TestCrashAtEachStep(t *testing.T) {
 	privileged(t)
 	parallelCrash(t) // parallel_test.go
-	for _, step := range rrd.Failpoints {
+	for _, step := range failpoint.Steps {
 		if _, ok := crashLeaves[step]; !ok {
 			t.Fatalf("failpoint %s: the crash test does not know what it leaves; add it to crashLeaves", step)
 		}
@@ -73,7 +74,7 @@ func TestCrashAtEachStep(t *testing.T) {
 	d := mustDaemon(t, "crash")
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	scratch := t.TempDir()
-	for _, step := range rrd.Failpoints {
+	for _, step := range failpoint.Steps {
 		if step == "start.sandboxed" {
 			t.Run(step, func(t *testing.T) { crashAtStart(t, d, step, scratch) })
 			continue
@@ -91,7 +92,7 @@ func crashAtStart(t *testing.T, d *daemon, step, scratch string) {
 	if d.running() {
 		mustStop(t, d)
 	}
-	d.env = []string{rrd.FailpointEnv + "=" + step}
+	d.env = []string{failpoint.Env + "=" + step}
 	err := d.start()
 	d.env = nil
 	if err != nil {
@@ -129,7 +130,7 @@ func crashAt(t *testing.T, d *daemon, step, scratch string) {
 	if d.running() {
 		mustStop(t, d)
 	}
-	d.env = []string{rrd.FailpointEnv + "=" + step}
+	d.env = []string{failpoint.Env + "=" + step}
 	err := d.start()
 	d.env = nil
 	if err != nil {

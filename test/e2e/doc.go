@@ -37,7 +37,7 @@
 //     second fresh daemon, both hosts' segments verifying as one record.
 //   - TestTranscriptWatch: the event stream gives the transitions in order.
 //   - TestCrashAtEachStep: the daemon SIGKILLed at each failpoint
-//     (internal/daemon's Failpoints) leaves a store that passes fsck with the
+//     (internal/failpoint's Steps) leaves a store that passes fsck with the
 //     run where docs/daemon.md's ordering says; the next start keeps or
 //     destroys the sandbox accordingly, and the run goes on as the same
 //     process to a normal end.

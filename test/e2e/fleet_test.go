@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	rrd "github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/failpoint"
 	"github.com/runrecordd/runrecordd/internal/peer"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -500,10 +500,10 @@ func TestFleetMigrateCrash(t *testing.T) {
 		{"receive.imported", b, a},
 		{"receive.claimed", b, b},
 	}
-	if len(cases) != len(rrd.MigrationFailpoints) {
-		t.Fatalf("%d cases for the %d migration failpoints", len(cases), len(rrd.MigrationFailpoints))
+	if len(cases) != len(failpoint.MigrationSteps) {
+		t.Fatalf("%d cases for the %d migration failpoints", len(cases), len(failpoint.MigrationSteps))
 	}
-	for i, step := range rrd.MigrationFailpoints {
+	for i, step := range failpoint.MigrationSteps {
 		if cases[i].step != step {
 			t.Fatalf("failpoint %s: the test does not know where it leaves the run", step)
 		}
@@ -513,7 +513,7 @@ func TestFleetMigrateCrash(t *testing.T) {
 			id := fmt.Sprintf("crash-%d", i)
 			started := startOracle(t, a, id, oracleImage)
 			mustStop(t, tc.victim)
-			tc.victim.env = []string{rrd.FailpointEnv + "=" + tc.step}
+			tc.victim.env = []string{failpoint.Env + "=" + tc.step}
 			mustStart(t, tc.victim)
 			out, err := exec.Command(daemonBinary, "migrate", id, "--to", keyB, "--socket", a.socket).CombinedOutput()
 			t.Logf("migrate (%v): %s", err, out)
