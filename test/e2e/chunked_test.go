@@ -130,6 +130,7 @@ func signalUnits(t *testing.T, d *daemon, sig syscall.Signal) {
 // resumes from the chunks.
 func TestChunkedImages(t *testing.T) {
 	privileged(t)
+	parallelCrash(t) // beside the fleet tests (parallel_test.go)
 	ctx := context.Background()
 	prog, err := ociarchive.GoBinary(ctx, moduleRoot, "./units/ballast")
 	if err != nil {

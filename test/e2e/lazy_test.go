@@ -53,6 +53,7 @@ func waitRestore(t *testing.T, d *daemon, id, what string, ok func(*api.Restore)
 // resident once lazy-pages is done; the record verifies from genesis.
 func TestLazyResume(t *testing.T) {
 	privileged(t)
+	parallelFleet(t) // beside the crash tests (parallel_test.go)
 	d := lazyDaemon(t, "lazy")
 	const id = "lazy"
 	startOracle(t, d, id, oracleImage)
@@ -177,6 +178,7 @@ func resumeStopped(t *testing.T, d *daemon, id string) int {
 // the record verifying.
 func TestLazyParkPagesLost(t *testing.T) {
 	privileged(t)
+	parallelFleet(t) // beside the crash tests (parallel_test.go)
 	d := mustDaemon(t, "lazy-deadline", func(d *daemon) { d.flags = []string{"--lazy-resume", "--criu-deadline", "10s"} })
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	const id = "lazy-deadline"
@@ -235,6 +237,7 @@ func waitParked(t *testing.T, d *daemon, id string) api.Show {
 // park as the same process.
 func TestLazyPagesLost(t *testing.T) {
 	privileged(t)
+	parallelFleet(t) // beside the crash tests (parallel_test.go)
 	d := lazyDaemon(t, "lazy-lost")
 	ctx := context.Background()
 	const id = "lazy-lost"
@@ -313,6 +316,7 @@ func TestLazyPagesLost(t *testing.T) {
 // snapshot with holes; the run can still be closed, and verifies.
 func TestLazyRestartRefusesPark(t *testing.T) {
 	privileged(t)
+	parallelFleet(t) // beside the crash tests (parallel_test.go)
 	d := lazyDaemon(t, "lazy-restart")
 	ctx := context.Background()
 	const id = "lazy-restart"

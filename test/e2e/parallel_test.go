@@ -21,6 +21,10 @@ import (
 //   - the fleet tests (every test that calls fleetCluster), which share one
 //     etcd cluster and stop its members.
 //
+// Two more kinds ride along, one group each, to keep the groups about as
+// long: the chunked-image test with the crash tests, the lazy-resume tests
+// (each finds only its own run's lazy-pages) with the fleet tests.
+//
 // They call t.Parallel, so go test runs them once every serial test has
 // passed, the two groups beside each other and the tests of a group one
 // at a time (crashTests, fleetTests). The fleet tests take about as long
