@@ -135,6 +135,10 @@ func (c *chunker) put(vaddr uint64, b []byte) error {
 	return nil
 }
 
+// roomForPages is the room a layout may write pages into: the store's
+// filesystem's free space past DefaultMinFree.
+var roomForPages = func(st *store.Store) (uint64, error) { return Free(st, DefaultMinFree) }
+
 // assemble lays out, in a CRIU image directory laid out by
 // store.Materialize, each chunked pages file whole again: its chunks
 // concatenated in address order, after checking that they cover exactly
@@ -148,6 +152,18 @@ func assemble(st *store.Store, mem record.Address, images string) error {
 	cfs, err := store.ChunkedFiles(es)
 	if err != nil || len(cfs) == 0 {
 		return err
+	}
+	// Each chunk is written out whole at its place, and a listing may name
+	// one stored chunk at any number of places: what is written is judged
+	// against the room left before a byte of it is.
+	var total uint64
+	for _, cf := range cfs {
+		for _, ch := range cf.Chunks {
+			total += ch.Size // ChunkedFiles bounds them: no overflow
+		}
+	}
+	if room, err := roomForPages(st); err != nil || total > room {
+		return fmt.Errorf("%w: the chunked pages of %s are %d bytes, the store's filesystem has %d left past its minimum free (%v)", ErrNoSpace, mem, total, room, err)
 	}
 	pms, err := readPagemaps(images)
 	if err != nil {

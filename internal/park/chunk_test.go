@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -229,5 +230,79 @@ func TestParsePagemap(t *testing.T) {
 		if _, err := parsePagemap(b); err == nil {
 			t.Errorf("%s: parsed", name)
 		}
+	}
+}
+
+// chunkedLayout ingests a chunked memory image whose pages-1.img is the
+// chunks given, with the files extra beside it, and lays it out.
+func chunkedLayout(t *testing.T, st *store.Store, chunks map[uint64][]byte, extra map[string][]byte) error {
+	t.Helper()
+	root := plainIngest(t, st, map[string][]byte{RootfsName: content(52, 100)})
+	stage, err := st.StagingDir("hostile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Mkdir(filepath.Join(stage, "pages-1.img"+store.ChunkSuffix), 0o700)
+	for v, b := range chunks {
+		os.WriteFile(filepath.Join(stage, store.ChunkName("pages-1.img", v)), b, 0o600)
+	}
+	for name, b := range extra {
+		os.WriteFile(filepath.Join(stage, name), b, 0o600)
+	}
+	mem, _, err := st.Ingest(t.Context(), stage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "r")
+	_, err = Layout(st, record.ImageSnapshot(root, &mem), dir)
+	if err != nil {
+		if _, serr := os.Stat(dir); !errors.Is(serr, os.ErrNotExist) {
+			t.Fatalf("a refused layout left %s: %v", dir, serr)
+		}
+	}
+	return err
+}
+
+// A chunked image whose pages would take more than the room the store's
+// filesystem has left is refused before a byte of it is written: a bundle
+// may list one stored chunk under any number of addresses, each written
+// out whole at its place (ErrNoSpace).
+func TestLayoutRefusesPagesPastTheRoomLeft(t *testing.T) {
+	st := mustStore(t)
+	page := content(53, pageSize)
+	chunks := map[uint64][]byte{}
+	for i := range uint64(8) {
+		chunks[0x400000+i*pageSize] = page // one object, eight places
+	}
+	pm := pagemapImage(1, run{0x400000, 8 * pageSize})
+	defer func(f func(*store.Store) (uint64, error)) { roomForPages = f }(roomForPages)
+	roomForPages = func(*store.Store) (uint64, error) { return 7 * pageSize, nil }
+	if err := chunkedLayout(t, st, chunks, map[string][]byte{"pagemap-1.img": pm}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("pages past the room left: %v", err)
+	}
+	roomForPages = func(*store.Store) (uint64, error) { return 8 * pageSize, nil }
+	if err := chunkedLayout(t, st, chunks, map[string][]byte{"pagemap-1.img": pm}); err != nil {
+		t.Fatalf("pages within the room left: %v", err)
+	}
+}
+
+// The pagemaps of a chunked image are read only up to maxPagemaps files
+// and maxPagemap bytes in all: one pagemap listed under many names is not
+// parsed many times over.
+func TestLayoutBoundsThePagemaps(t *testing.T) {
+	st := mustStore(t)
+	page := content(54, pageSize)
+	pm := pagemapImage(1, run{0x400000, pageSize})
+	many := map[string][]byte{"pagemap-1.img": pm}
+	for i := 2; i <= maxPagemaps+1; i++ {
+		many[fmt.Sprintf("pagemap-%d.img", i)] = pagemapImage(uint64(i), run{0x400000, pageSize})
+	}
+	if err := chunkedLayout(t, st, map[uint64][]byte{0x400000: page}, many); !errors.Is(err, store.ErrChunks) {
+		t.Fatalf("%d pagemaps: %v", len(many), err)
+	}
+	big := bytes.Repeat([]byte{0}, maxPagemap/2+1)
+	two := map[string][]byte{"pagemap-1.img": append(append([]byte{}, pm...), big...), "pagemap-2.img": append(pagemapImage(2), big...)}
+	if err := chunkedLayout(t, st, map[uint64][]byte{0x400000: page}, two); !errors.Is(err, store.ErrChunks) || !strings.Contains(err.Error(), "in all") {
+		t.Fatalf("pagemaps past %d bytes in all: %v", maxPagemap, err)
 	}
 }

@@ -19,6 +19,9 @@ const (
 	// at most about 40 bytes, and CRIU writes one per 256 pages at most
 	// every 1 MiB of present memory, so 64 MiB is far past any unit.
 	maxPagemap = 64 << 20
+	// maxPagemaps is the most pagemap images (one per process) an image
+	// may have; maxPagemap bounds them all together too.
+	maxPagemaps = 4096
 )
 
 // run is present pages at consecutive virtual addresses, consecutive in
@@ -35,21 +38,30 @@ type pagemap struct {
 	bytes uint64 // the pages file's size: the runs' sum
 }
 
-// readPagemaps reads every pagemap-*.img of a CRIU image directory.
+// readPagemaps reads every pagemap-*.img of a CRIU image directory: at
+// most maxPagemaps of them, of at most maxPagemap bytes in all (an
+// imported image is hostile: one pagemap listed under a thousand names
+// would be parsed, and held, a thousand times).
 func readPagemaps(dir string) ([]pagemap, error) {
 	names, err := filepath.Glob(filepath.Join(dir, "pagemap-*.img"))
 	if err != nil {
 		return nil, err
 	}
-	var out []pagemap
+	if len(names) > maxPagemaps {
+		return nil, fmt.Errorf("%d pagemap images, the limit is %d", len(names), maxPagemaps)
+	}
+	var total int64
 	for _, p := range names {
-		info, err := os.Stat(p)
+		info, err := os.Lstat(p)
 		if err != nil {
 			return nil, err
 		}
-		if info.Size() > maxPagemap {
-			return nil, fmt.Errorf("%s: %d bytes, the limit is %d", filepath.Base(p), info.Size(), maxPagemap)
+		if total += info.Size(); total > maxPagemap {
+			return nil, fmt.Errorf("pagemap images of more than %d bytes in all", maxPagemap)
 		}
+	}
+	var out []pagemap
+	for _, p := range names {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			return nil, err
