@@ -112,17 +112,18 @@ func (l *LazyPages) Kill() {
 // killed) instead of being filled with zeros once the last copy closes.
 // Take the copies as soon as the restore returns (the daemon has them by
 // then) and close them only after the unit is frozen or dead, or after
-// every page is resident.
+// every page is resident. A lazy-pages that has already exited (every
+// page in) leaves none to take, which is no error.
 func (l *LazyPages) HoldUffds() (n int, release func(), _ error) {
 	pid := l.Pid()
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		return 0, nil, fmt.Errorf("pidfd of criu lazy-pages: %w", err)
+		return l.gone(fmt.Errorf("pidfd of criu lazy-pages: %w", err))
 	}
 	defer unix.Close(pidfd)
 	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
-		return 0, nil, err
+		return l.gone(err)
 	}
 	var held []int
 	release = func() {
@@ -264,4 +265,19 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 		return nil, nil, RestoreStats{}, restoreFailed(rs, err)
 	}
 	return s, l, rs.stats(start), nil
+}
+
+// gone answers HoldUffds for a lazy-pages that could not be looked at
+// (err): one that has exited — a small unit's pages can all be in before
+// the restore returns — leaves nothing to hold, or answers its failure.
+func (l *LazyPages) gone(err error) (int, func(), error) {
+	select {
+	case <-l.done:
+	case <-time.After(5 * time.Second):
+		return 0, nil, err // still running, and not to be looked at
+	}
+	if _, lerr := l.Result(); lerr != nil {
+		return 0, nil, lerr
+	}
+	return 0, func() {}, nil
 }

@@ -1,0 +1,35 @@
+package executor
+
+import (
+	"errors"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+// lazyPagesOf is a LazyPages of a process that ran name and exited.
+func lazyPagesOf(t *testing.T, name string) *LazyPages {
+	t.Helper()
+	cmd := exec.Command(name)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	l := &LazyPages{cmd: cmd, start: time.Now(), done: make(chan struct{})}
+	l.wait()
+	return l
+}
+
+// A lazy-pages that has brought every page in and exited before its
+// userfaultfds are asked for leaves nothing to hold, and that is no
+// error: a small unit's pages can all arrive before the restore returns.
+// One that exited failing answers its failure.
+func TestHoldUffdsAfterExit(t *testing.T) {
+	n, release, err := lazyPagesOf(t, "true").HoldUffds()
+	if err != nil || n != 0 || release == nil {
+		t.Fatalf("after a clean exit: %d held, release %v, %v", n, release != nil, err)
+	}
+	release()
+	if _, _, err := lazyPagesOf(t, "false").HoldUffds(); !errors.Is(err, ErrPagesLost) {
+		t.Fatalf("after a failed exit: %v", err)
+	}
+}
