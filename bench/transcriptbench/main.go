@@ -65,31 +65,11 @@ func main() {
 
 func run(archive string, n int, gap time.Duration) error {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "rrtb-")
+	d, pl, done, err := open(ctx, archive, "rrtb-", 0)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d, err := daemon.New(ctx, daemon.Config{Config: host.Config{StateDir: filepath.Join(dir, "s"), Logger: log}})
-	if err != nil {
-		return err
-	}
-	defer d.Shutdown(context.Background())
-	f, err := os.Open(archive)
-	if err != nil {
-		return err
-	}
-	img, err := d.ImportImage(ctx, f, imageName)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	pl, err := newPlain(ctx, d, dir, archive, img.Digest, log)
-	if err != nil {
-		return err
-	}
-	defer pl.close()
+	defer done()
 
 	var s samples
 	fmt.Printf("round  plain create+start  plain teardown  transcript park  resume (post→running)  round trip  | after a %s gap: park  resume  round trip\n", gap)
@@ -324,3 +304,47 @@ func median(ds []time.Duration) time.Duration {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
+
+// open starts a daemon on its embedded containerd in a new temporary
+// directory (named prefix…), its warm pool holding up to pool sandboxes,
+// imports the unit's archive into it, and readies the plain containers
+// beside it; done stops and removes it all.
+func open(ctx context.Context, archive, prefix string, pool int) (_ *daemon.Daemon, _ *plain, done func(), err error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var undo []func()
+	done = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			done()
+		}
+	}()
+	undo = append(undo, func() { os.RemoveAll(dir) })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := daemon.New(ctx, daemon.Config{Config: host.Config{StateDir: filepath.Join(dir, "s"), Logger: log, WarmPool: pool}})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	undo = append(undo, func() { d.Shutdown(context.Background()) })
+	f, err := os.Open(archive)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	img, err := d.ImportImage(ctx, f, imageName)
+	f.Close()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	pl, err := newPlain(ctx, d, dir, archive, img.Digest, log)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	undo = append(undo, pl.close)
+	return d, pl, done, nil
+}

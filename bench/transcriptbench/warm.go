@@ -4,19 +4,14 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/daemon"
-	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -30,31 +25,11 @@ import (
 // prints every round, then the medians and p99s, and the target ratio.
 func runWarm(archive string, n, pool int) error {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "rrwb-")
+	d, pl, done, err := open(ctx, archive, "rrwb-", pool)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d, err := daemon.New(ctx, daemon.Config{Config: host.Config{StateDir: filepath.Join(dir, "s"), Logger: log, WarmPool: pool}})
-	if err != nil {
-		return err
-	}
-	defer d.Shutdown(context.Background())
-	f, err := os.Open(archive)
-	if err != nil {
-		return err
-	}
-	img, err := d.ImportImage(ctx, f, imageName)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	pl, err := newPlain(ctx, d, dir, archive, img.Digest, log)
-	if err != nil {
-		return err
-	}
-	defer pl.close()
+	defer done()
 	metrics := d.Metrics()
 	var create, warm []time.Duration
 	cold := 0
