@@ -60,9 +60,7 @@ cleanup() {
 	done
 	exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_tmp_trap cleanup
 
 # store_bytes: the bytes of the store's object files, staging excluded.
 store_bytes() {

@@ -22,15 +22,7 @@ fi
 [[ $(id -u) == 0 ]] || { echo "bench/chunks.sh: needs root (containerd, runc, CRIU)" >&2; exit 1; }
 export PATH=/usr/local/sbin:$PATH # the CRIU deploy/setup.sh installs
 source bench/tmpdir-lib.sh
-cleanup() {
-	local rc=$?
-	set +e
-	bench_tmp_cleanup
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_tmp_trap
 out=${KEEP:-$tmp/images}
 n=5
 for ((i = 1; i <= $#; i++)); do [[ ${!i} == -n ]] && { j=$((i + 1)); n=${!j}; }; done

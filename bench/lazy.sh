@@ -22,15 +22,7 @@ criu check --feature uffd-noncoop >/dev/null 2>&1 ||
 tmp=$(mktemp -d /tmp/rrlazy.XXXXXX)
 out=/tmp/runrecordd-bench-lazy.txt
 source bench/tmpdir-lib.sh
-cleanup() {
-	local rc=$?
-	set +e
-	bench_tmp_cleanup
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_tmp_trap
 go build -o "$tmp/lazybench" ./bench/lazybench
 args=("$@")
 ((${#args[@]} > 0)) || args=(-n 5 -size 512 -modes ctr,eager,lazy,eager-cold,lazy-cold)

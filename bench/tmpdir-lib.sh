@@ -13,3 +13,21 @@ bench_tmp_cleanup() {
 		while read -r p; do umount -l "$p"; done
 	rm -rf "$tmp"
 }
+
+# bench_tmp_exit is an exit trap that runs bench_tmp_cleanup and keeps the
+# script's exit status.
+bench_tmp_exit() {
+	local rc=$?
+	set +e
+	bench_tmp_cleanup
+	exit "$rc"
+}
+
+# bench_tmp_trap arms the exit traps: $1 (bench_tmp_exit when not given)
+# on exit, and an exit with the signal's status on INT and TERM, so that
+# the exit trap runs then too.
+bench_tmp_trap() {
+	trap "${1:-bench_tmp_exit}" EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+}
