@@ -413,15 +413,7 @@ func TestWritableMount(t *testing.T) {
 	const id = "mount"
 	s := mustStart(t, id, spec, out)
 	waitLines(t, out.Stdout, "three lines", func(ls []line) bool { return len(ls) >= 3 })
-	dir := t.TempDir()
-	cp := executor.Checkpoint{ImageDir: filepath.Join(dir, "images"), Rootfs: filepath.Join(dir, "rootfs.tar")}
-	if _, err := s.Checkpoint(ctx, cp); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Destroy(ctx); err != nil {
-		t.Fatal(err)
-	}
-	atDump := last(output(t, out.Stdout)) // drained by Destroy
+	cp, atDump := checkpointAway(t, s, out)
 	if fi, err := os.Stat(filepath.Join(host, "oracle.dat")); err != nil || fi.Size() != atDump.FileOffset {
 		t.Fatalf("host file: %v, %v; want %d bytes", fi, err, atDump.FileOffset)
 	}
@@ -499,15 +491,7 @@ func TestReadOnlyMountRecursive(t *testing.T) {
 	}
 	waitLines(t, out.Stdout, "a line", func(ls []line) bool { return len(ls) >= 1 })
 	check("started", s.Pid())
-	dir := t.TempDir()
-	cp := executor.Checkpoint{ImageDir: filepath.Join(dir, "images"), Rootfs: filepath.Join(dir, "rootfs.tar")}
-	if _, err := s.Checkpoint(ctx, cp); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Destroy(ctx); err != nil {
-		t.Fatal(err)
-	}
-	atDump := last(output(t, out.Stdout))
+	cp, atDump := checkpointAway(t, s, out)
 	s, _, err := client.Restore(ctx, id, spec, cp, out)
 	if err != nil {
 		t.Fatal(err)
@@ -692,4 +676,21 @@ func TestProbeHangingCRIU(t *testing.T) {
 	if len(bytes.TrimSpace(out)) > 0 {
 		t.Fatalf("the stand-in criu is still running: pids %s", out)
 	}
+}
+
+// checkpointAway checkpoints s into a new directory and destroys it, as a
+// park does; it returns the checkpoint and the unit's last line, drained
+// by the destroy.
+func checkpointAway(t *testing.T, s *executor.Sandbox, out executor.Output) (executor.Checkpoint, line) {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	cp := executor.Checkpoint{ImageDir: filepath.Join(dir, "images"), Rootfs: filepath.Join(dir, "rootfs.tar")}
+	if _, err := s.Checkpoint(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return cp, last(output(t, out.Stdout))
 }

@@ -25,15 +25,7 @@ func TestRestoreLazy(t *testing.T) {
 	const id = "lazy"
 	s := mustStart(t, id, spec, out)
 	before := last(waitLines(t, out.Stdout, "a verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt >= 10 }))
-	dir := t.TempDir()
-	cp := executor.Checkpoint{ImageDir: filepath.Join(dir, "images"), Rootfs: filepath.Join(dir, "rootfs.tar")}
-	if _, err := s.Checkpoint(ctx, cp); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Destroy(ctx); err != nil {
-		t.Fatal(err)
-	}
-	atDump := last(output(t, out.Stdout))
+	cp, atDump := checkpointAway(t, s, out)
 
 	s, lp, rst, err := client.RestoreLazy(ctx, id, spec, cp, out)
 	if err != nil {
@@ -77,7 +69,7 @@ func TestRestoreLazy(t *testing.T) {
 	// next dump writes every page of the buffer.
 	// (A dump with lazy-pages would wait for a page server: the deadline
 	// bounds it.)
-	cp2 := executor.Checkpoint{ImageDir: filepath.Join(dir, "images2"), Keep: true, Deadline: time.Minute}
+	cp2 := executor.Checkpoint{ImageDir: filepath.Join(filepath.Dir(cp.ImageDir), "images2"), Keep: true, Deadline: time.Minute}
 	st, err := s.Checkpoint(ctx, cp2)
 	if err != nil {
 		t.Fatal(err)
