@@ -38,6 +38,8 @@ type fakeExec struct {
 	restoreErr    error
 	starts        int
 	restores      []string // what each restore read from the image directory
+	// pages gets each lazy restore's pages (RestoreLazy, lazy_test.go).
+	pages chan *fakePages
 }
 
 const (
@@ -267,7 +269,9 @@ type fakeHost struct {
 	ex *fakeExec
 }
 
-func newFakeHost(t *testing.T) *fakeHost {
+// newFakeHost opens the host; each of set changes its daemon before any
+// goroutine of it runs.
+func newFakeHost(t *testing.T, set ...func(*Daemon)) *fakeHost {
 	t.Helper()
 	h := mustMetricsHost(t, "")
 	d := h.d
@@ -286,6 +290,9 @@ func newFakeHost(t *testing.T) *fakeHost {
 	}
 	ex := newFakeExec()
 	d.ex = ex
+	for _, f := range set {
+		f(d)
+	}
 	d.bgCtx, d.stop = context.WithCancel(context.Background())
 	d.startProbe(nil) // the fake's probe passes
 	t.Cleanup(func() {

@@ -103,11 +103,7 @@ func (d *Daemon) recordTaken(ctx context.Context, lv *live, unitID record.Addres
 	}
 	var ev interval.Sealed
 	if err == nil {
-		var extra []attest.Entry
-		for _, dt := range t.Details {
-			extra = append(extra, attest.LifecycleOf(nowNS(), dt))
-		}
-		ev, err = d.endAt(ctx, lv, step, outcome, account, []record.Segment{susp}, extra...)
+		ev, err = d.endAt(ctx, lv, step, outcome, account, []record.Segment{susp}, attest.LifecyclesOf(nowNS(), t.Details)...)
 	}
 	clock.Mark("record")
 	return ev, manAddr, err

@@ -59,9 +59,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 	lv := d.begin(id, w.Unit, w.Event, w.Mark)
 	clock.Mark("sandbox")
 	lv.iv.Journal(attest.LifecycleOf(nowNS(), owed))
-	for _, dt := range w.Details {
-		lv.iv.Journal(attest.LifecycleOf(nowNS(), dt))
-	}
+	lv.iv.Journal(attest.LifecyclesOf(nowNS(), w.Details)...)
 	// Saved before the append: a daemon restarted after it attests the
 	// interval from its start. (A crash before the append leaves a mark
 	// the next resume overwrites.)
@@ -146,6 +144,9 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 			_, _, err = d.recordTaken(context.Background(), lv, st.Unit, forms.Taken{Snapshot: snap, Keys: manifest.ImageKeys}, lv.unit.Account(), "", nil)
 		}
 		if err != nil {
+			if lv.iv.Ended() { // the unit stays frozen, in a new interval a close ends
+				d.restartInterval(id, lv, attest.EventParkRefused)
+			}
 			d.log.Error("recording a lazy restore's lost pages", "run", id, "lost", lost, "err", err)
 			return
 		}

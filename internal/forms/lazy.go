@@ -50,9 +50,16 @@ type executorLazy interface {
 }
 
 // LazyOf is ex's lazy restore when on is set and ex has one
-// (*executor.Client); nil otherwise: every image resume is then eager.
+// (*executor.Client, or a LazyRestorer: the daemon's unit tests' fake);
+// nil otherwise: every image resume is then eager.
 func LazyOf(ex any, on bool) LazyRestorer {
-	if l, ok := ex.(executorLazy); ok && on {
+	if !on {
+		return nil
+	}
+	switch l := ex.(type) {
+	case LazyRestorer:
+		return l
+	case executorLazy:
 		return lazyExec{l}
 	}
 	return nil

@@ -148,6 +148,16 @@ func LifecycleOf(atNS int64, d Detail) Entry {
 	return Entry{Kind: Lifecycle, AtNS: atNS, Data: b}
 }
 
+// LifecyclesOf returns the lifecycle entries at atNS of ds's events, in
+// order.
+func LifecyclesOf(atNS int64, ds []Detail) []Entry {
+	es := make([]Entry, len(ds))
+	for i, d := range ds {
+		es[i] = LifecycleOf(atNS, d)
+	}
+	return es
+}
+
 // Find fills d from the first lifecycle entry of j with d's event and a
 // detail that decodes; false when there is none.
 func (j *Journal) Find(d Detail) bool {
