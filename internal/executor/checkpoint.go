@@ -105,7 +105,7 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 	// runc's in microseconds, so this is the faster freeze; it is also the
 	// state Keep wants to leave the task in.
 	pauseStart := time.Now()
-	if err := s.task.Pause(ctx); err != nil {
+	if err := freeze(ctx, s.task.Pause); err != nil {
 		return st, fmt.Errorf("pause: %w", err)
 	}
 	st.Pause = time.Since(pauseStart)

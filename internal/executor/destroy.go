@@ -57,7 +57,8 @@ func (s *Sandbox) destroy(ctx context.Context) error {
 func (s *Sandbox) killTask(ctx context.Context) error {
 	// A CRIU left holding the unit (a daemon that died in a park) would
 	// keep it from dying.
-	if _, err := s.c.killHelpers(s.c.cfg.Namespace, s.id, 0); err != nil {
+	killed, err := s.c.killHelpers(s.c.cfg.Namespace, s.id, 0)
+	if err != nil {
 		return fmt.Errorf("killing CRIU: %w", err)
 	}
 	st, err := s.task.Status(ctx)
@@ -76,9 +77,17 @@ func (s *Sandbox) killTask(ctx context.Context) error {
 		// its exit waited for, before the task can be deleted. One
 		// without a process (a restore that failed, or a start cut
 		// short) refuses the kill: no exit will come, and the task's
-		// delete removes what runc made of it.
+		// delete removes what runc made of it. So does one whose init
+		// killHelpers just killed (a descendant of the shim, it is
+		// among them): runc says "process already finished", but the
+		// shim may not have seen the exit yet, and the delete refuses a
+		// task still created (seen in e2e under load: the warm sandbox
+		// of a drained run left behind), so its stop is waited for.
 		if err := s.task.Kill(ctx, syscall.SIGKILL); err != nil {
-			s.c.log.Debug("created task refused the kill; deleting it as it is", "id", s.id, "err", err)
+			s.c.log.Debug("created task refused the kill; deleting it as it is", "id", s.id, "err", err, "killed", len(killed))
+			if len(killed) > 0 {
+				return s.waitStopped(ctx)
+			}
 			return nil
 		}
 		if err := s.waitExit(ctx); err != nil {

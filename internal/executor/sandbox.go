@@ -4,10 +4,13 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
+	"time"
 
 	v1 "github.com/containerd/cgroups/v3/cgroup1/stats"
 	v2 "github.com/containerd/cgroups/v3/cgroup2/stats"
@@ -153,7 +156,7 @@ func (s *Sandbox) Wait(ctx context.Context) (uint32, error) {
 
 // Pause freezes the sandbox's processes (cgroup freezer).
 func (s *Sandbox) Pause(ctx context.Context) error {
-	if err := s.task.Pause(s.c.ctx(ctx)); err != nil {
+	if err := freeze(s.c.ctx(ctx), s.task.Pause); err != nil {
 		return fmt.Errorf("executor: pause %s: %w", s.id, err)
 	}
 	return nil
@@ -207,4 +210,30 @@ func (s *Sandbox) Stats(ctx context.Context) (Usage, error) {
 		return Usage{}, fmt.Errorf("executor: stats of %s: unknown metrics type %T", s.id, data)
 	}
 	return u, nil
+}
+
+// freezeTries bounds the freezes [freeze] tries. runc's cgroup v1 freezer
+// gives up with "unable to freeze" when the tasks are not all stopped
+// within its polls (about 1,000 over some 200 ms), which a loaded host
+// sees; it thaws the cgroup before it returns, so another try starts
+// from a running task and is safe.
+const freezeTries = 4
+
+// freeze runs pause, again after a growing pause (100, 200, 400 ms) while
+// it fails with runc's "unable to freeze", up to freezeTries times; any
+// other error, or ctx done, ends it.
+func freeze(ctx context.Context, pause func(context.Context) error) error {
+	wait := 100 * time.Millisecond
+	for try := 1; ; try++ {
+		err := pause(ctx)
+		if err == nil || try == freezeTries || !strings.Contains(err.Error(), "unable to freeze") {
+			return err
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		}
+		wait *= 2
+	}
 }
