@@ -43,6 +43,7 @@ func (c *counts) OwnershipRefused() { c.refused.Add(1) }
 type peers struct {
 	silent  bool // its Offer never answers
 	hand    error
+	onHand  func() // what the target does before it answers a hand
 	handed  atomic.Int32
 	fetched atomic.Int32
 	from    *store.Store
@@ -51,6 +52,9 @@ type peers struct {
 
 func (p *peers) Hand(context.Context, record.Address, string, bool) error {
 	p.handed.Add(1)
+	if p.onHand != nil {
+		p.onHand()
+	}
 	return p.hand
 }
 

@@ -1,6 +1,7 @@
 package member
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
@@ -152,5 +153,105 @@ func TestReceiveResumeRefused(t *testing.T) {
 	}
 	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != b.Key() || !e.To.IsZero() || e.Head != rec.Head() {
 		t.Fatalf("after the receive the directory says %+v, %v", e, err)
+	}
+}
+
+// A received run this host could not resume now (Config.Fits refuses it)
+// is stored but not claimed: left here handed off at the head it came
+// with, the directory still naming the source its owner with the transfer
+// pending (the source takes it back), nothing resumed, counted failed.
+func TestReceiveRefusedWhenItDoesNotFit(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/receive-unfit/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	_, src, _, rec := room(t, a, &peers{})
+	if _, err := a.Transfer(t.Context(), rec.Genesis(), b.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.HandOff("r", rec.Head()); err != nil {
+		t.Fatal(err)
+	}
+	m, st, n := receiver(t, b, &peers{from: src, src: "r"})
+	unfit := errors.New("this host has no CRIU")
+	m.cfg.Fits = func(context.Context, string) error { return unfit }
+	run := &parked{}
+	err := m.receive(t.Context(), a.Key(), "r", true, func() (Held, func(), error) { return run, func() {}, nil })
+	if !errors.Is(err, unfit) || run.resumes.Load() != 0 || n.failed.Load() != 1 || n.in.Load() != 0 {
+		t.Fatalf("receive of a run that does not fit: %v (%d resumes, %d failed, %d in)", err, run.resumes.Load(), n.failed.Load(), n.in.Load())
+	}
+	if h, off, err := st.HandedOff("r"); err != nil || !off || h.Head != rec.Head() {
+		t.Fatalf("the refused run is not left handed off: %+v %v %v", h, off, err)
+	}
+	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || e.To != b.Key() {
+		t.Fatalf("after the refusal the directory says %+v, %v", e, err)
+	}
+	if _, err := st.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A migration whose hand-over is refused here (the store says the run is
+// not exportable; the fleet refuses the transfer, to a host it never
+// admitted) leaves the run here, parked as the migration left it: not
+// handed off, this host's in the directory with no transfer, the target
+// never asked, counted failed.
+func TestMigrateHandOverRefused(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/handover-refused/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	notExportable := errors.New("not exportable")
+	for name, tc := range map[string]struct {
+		to         record.Address
+		exportable func(string) error
+		want       error
+	}{
+		"exportable": {to: b.Key(), exportable: func(string) error { return notExportable }, want: notExportable},
+		"transfer":   {to: record.Sum([]byte("never admitted")), want: fleet.ErrNotAdmitted},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := &peers{}
+			m, st, n, rec := room(t, a, p)
+			if tc.exportable != nil {
+				m.cfg.Exportable = tc.exportable
+			}
+			run := &parked{executing: true}
+			err := m.migrate(t.Context(), "r", tc.to, func() (Held, func(), error) { return run, func() {}, nil }, false)
+			if !errors.Is(err, tc.want) || run.parks.Load() != 1 || p.handed.Load() != 0 || n.failed.Load() != 1 {
+				t.Fatalf("migrate: %v (%d parks, %d hands, %d failed)", err, run.parks.Load(), p.handed.Load(), n.failed.Load())
+			}
+			if _, off, _ := st.HandedOff("r"); off {
+				t.Fatal("handed off")
+			}
+			if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || !e.To.IsZero() {
+				t.Fatalf("the directory says %+v, %v", e, err)
+			}
+		})
+	}
+}
+
+// A target that claims the run and then fails the hand (its answer lost)
+// has it: the take-back is refused in the fleet, so the run stays handed
+// off here, and the error says both.
+func TestMigrateTakeBackRefused(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/takeback-refused/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	lost := errors.New("the answer was lost")
+	p := &peers{hand: lost}
+	m, st, n, rec := room(t, a, p)
+	p.onHand = func() {
+		if _, err := b.Claim(t.Context(), rec.Genesis(), "r", rec.Head(), record.Parked); err != nil {
+			t.Error(err)
+		}
+	}
+	err := m.migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return &parked{}, func() {}, nil }, true)
+	if !errors.Is(err, lost) || !errors.Is(err, fleet.ErrNotOwner) || n.failed.Load() != 1 {
+		t.Fatalf("migrate to a target that claimed and failed: %v (%d failed)", err, n.failed.Load())
+	}
+	if _, off, _ := st.HandedOff("r"); !off {
+		t.Fatal("the run the target claimed is not handed off here")
+	}
+	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != b.Key() || !e.To.IsZero() {
+		t.Fatalf("the directory says %+v, %v", e, err)
 	}
 }
