@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,7 +67,15 @@ type faultyStore struct {
 	failStream error // Put
 	failRun    error
 	failRaw    error
+	failRoot   error
 	failAppend error
+}
+
+func (f *faultyStore) AddRoot(a record.Address) error {
+	if f.failRoot != nil {
+		return f.failRoot
+	}
+	return f.Store.AddRoot(a)
 }
 
 func (f *faultyStore) PutBytes(b []byte, refs ...record.Address) (record.Address, error) {
@@ -475,7 +484,8 @@ func (strayMetering) End() (attest.Receipt, error) {
 func (strayMetering) CPUAtBegin() uint64 { return 0 }
 
 // Every step of the sealing End refuses before the append: the receipt's
-// form, the journal, the run's state, its segments, the attestation. Each
+// form, the journal, the run's state, its segments, the attestation, its
+// root, the audit head's file. Each
 // refusal is ErrSeal with its cause; the record is as it was, the audit
 // head did not move, the store checks clean (its cleanup), the interval is
 // over (Ended, a second End refused) and its mark is kept for the interval
@@ -483,9 +493,10 @@ func (strayMetering) CPUAtBegin() uint64 { return 0 }
 func TestEndRefusedBeforeTheAppend(t *testing.T) {
 	failure := errors.New("the store fails")
 	for name, c := range map[string]struct {
-		meter Meter
-		store func(*store.Store) Store
-		cause error
+		meter     Meter
+		store     func(*store.Store) Store
+		auditHead string // the signer's, under the host's directory
+		cause     error
 	}{
 		"receipt": {meter: strayMeter{}, cause: attest.ErrMalformed},
 		"journal": {store: func(st *store.Store) Store { return &faultyStore{Store: st, failStream: failure} }},
@@ -493,6 +504,9 @@ func TestEndRefusedBeforeTheAppend(t *testing.T) {
 		"raw":     {store: func(st *store.Store) Store { return &faultyStore{Store: st, failRaw: failure} }},
 		// The receipt is stored, the attestation is not.
 		"attestation": {store: func(st *store.Store) Store { return &faultyStore{Store: st, failPut: failure, putBytesOK: 1} }},
+		"root":        {store: func(st *store.Store) Store { return &faultyStore{Store: st, failRoot: failure} }},
+		// The audit head's directory is a file by the time it is written.
+		"audit-head": {auditHead: "file/audit-head", cause: syscall.ENOTDIR},
 	} {
 		t.Run(name, func(t *testing.T) {
 			h := newHost(t)
@@ -504,6 +518,14 @@ func TestEndRefusedBeforeTheAppend(t *testing.T) {
 			env := h.env()
 			if c.store != nil {
 				env.Store = c.store(h.st)
+			}
+			if c.auditHead != "" {
+				s, err := NewSigner(h.key, filepath.Join(h.dir, c.auditHead))
+				if err != nil {
+					t.Fatal(err)
+				}
+				appendFile(t, filepath.Join(h.dir, filepath.Dir(c.auditHead)), "")
+				env.Signer, h.signer = s, s
 			}
 			cause := c.cause
 			if cause == nil {
