@@ -6,10 +6,12 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -56,18 +58,55 @@ func (f *fakeMetering) End() (attest.Receipt, error) {
 
 func (f *fakeMetering) CPUAtBegin() uint64 { return f.cpu }
 
-// faultyStore fails the calls it is told to.
+// faultyStore fails the calls it is told to. failPut fails PutBytes once
+// putBytesOK calls have succeeded (none by default).
 type faultyStore struct {
 	*store.Store
 	failPut    error
+	putBytesOK int
+	failStream error // Put
+	failRun    error
+	failRaw    error
+	failRoot   error
 	failAppend error
+}
+
+func (f *faultyStore) AddRoot(a record.Address) error {
+	if f.failRoot != nil {
+		return f.failRoot
+	}
+	return f.Store.AddRoot(a)
 }
 
 func (f *faultyStore) PutBytes(b []byte, refs ...record.Address) (record.Address, error) {
 	if f.failPut != nil {
-		return record.Address{}, f.failPut
+		if f.putBytesOK == 0 {
+			return record.Address{}, f.failPut
+		}
+		f.putBytesOK--
 	}
 	return f.Store.PutBytes(b, refs...)
+}
+
+func (f *faultyStore) Put(ctx context.Context, r io.Reader, refs ...record.Address) (record.Address, error) {
+	if f.failStream != nil {
+		return record.Address{}, f.failStream
+	}
+	return f.Store.Put(ctx, r, refs...)
+}
+
+func (f *faultyStore) Run(id string) (store.Run, error) {
+	if f.failRun != nil {
+		return store.Run{}, f.failRun
+	}
+	return f.Store.Run(id)
+}
+
+func (f *faultyStore) Raw(id string) (store.Raw, error) {
+	if f.failRaw != nil {
+		return store.Raw{}, f.failRaw
+	}
+	return f.Store.Raw(id)
 }
 
 func (f *faultyStore) AppendAll(id string, head record.Address, segs ...record.Segment) (record.Address, error) {
@@ -427,5 +466,104 @@ func TestConcurrentEndsKeepOneAuditChain(t *testing.T) {
 	}
 	if firsts != 1 {
 		t.Fatalf("%d attestations start the audit chain", firsts)
+	}
+}
+
+// strayMeter meters with a receipt no provenance labels (a meter's bug):
+// its canonical form is refused.
+type strayMeter struct{ fakeMeter }
+
+func (strayMeter) Begin(string) (Metering, error) { return strayMetering{}, nil }
+
+type strayMetering struct{}
+
+func (strayMetering) End() (attest.Receipt, error) {
+	return attest.Receipt{Provenance: record.Provenance(0x7f), Method: "stray"}, nil
+}
+
+func (strayMetering) CPUAtBegin() uint64 { return 0 }
+
+// Every step of the sealing End refuses before the append: the receipt's
+// form, the journal, the run's state, its segments, the attestation, its
+// root, the audit head's file. Each
+// refusal is ErrSeal with its cause; the record is as it was, the audit
+// head did not move, the store checks clean (its cleanup), the interval is
+// over (Ended, a second End refused) and its mark is kept for the interval
+// the caller opens next.
+func TestEndRefusedBeforeTheAppend(t *testing.T) {
+	failure := errors.New("the store fails")
+	for name, c := range map[string]struct {
+		meter     Meter
+		store     func(*store.Store) Store
+		auditHead string // the signer's, under the host's directory
+		cause     error
+	}{
+		"receipt": {meter: strayMeter{}, cause: attest.ErrMalformed},
+		"journal": {store: func(st *store.Store) Store { return &faultyStore{Store: st, failStream: failure} }},
+		"run":     {store: func(st *store.Store) Store { return &faultyStore{Store: st, failRun: failure} }},
+		"raw":     {store: func(st *store.Store) Store { return &faultyStore{Store: st, failRaw: failure} }},
+		// The receipt is stored, the attestation is not.
+		"attestation": {store: func(st *store.Store) Store { return &faultyStore{Store: st, failPut: failure, putBytesOK: 1} }},
+		"root":        {store: func(st *store.Store) Store { return &faultyStore{Store: st, failRoot: failure} }},
+		// The audit head's directory is a file by the time it is written.
+		"audit-head": {auditHead: "file/audit-head", cause: syscall.ENOTDIR},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHost(t)
+			cfg := h.run(t, "r")
+			var meter Meter = fakeMeter{}
+			if c.meter != nil {
+				meter = c.meter
+			}
+			env := h.env()
+			if c.store != nil {
+				env.Store = c.store(h.st)
+			}
+			if c.auditHead != "" {
+				s, err := NewSigner(h.key, filepath.Join(h.dir, c.auditHead))
+				if err != nil {
+					t.Fatal(err)
+				}
+				appendFile(t, filepath.Join(h.dir, filepath.Dir(c.auditHead)), "")
+				env.Signer, h.signer = s, s
+			}
+			cause := c.cause
+			if cause == nil {
+				cause = failure
+			}
+			iv := Begin(cfg, &fakeSandbox{}, meter, MarkAt(time.Now().UnixNano(), cfg.Output), "started")
+			if err := iv.Save(); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := h.st.Run("r")
+			_, err := iv.End(t.Context(), env, attest.Outcome{Kind: attest.Running}, &record.CallAccount{}, nil)
+			if !errors.Is(err, ErrSeal) || !errors.Is(err, cause) {
+				t.Fatalf("end: %v, want %v and %v", err, ErrSeal, cause)
+			}
+			if after, _ := h.st.Run("r"); after.Head != before.Head || after.Len != before.Len || after.Phase != before.Phase {
+				t.Fatalf("a refused end changed the record: %+v, was %+v", after, before)
+			}
+			if h.signer.Head() != nil {
+				t.Fatal("a refused seal moved the audit head")
+			}
+			if _, err := os.Stat(filepath.Join(h.dir, "audit-head")); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("a refused seal wrote the audit head: %v", err)
+			}
+			if _, err := h.st.Check(t.Context()); err != nil {
+				t.Fatalf("store check: %v", err)
+			}
+			if !iv.Ended() {
+				t.Fatal("the interval's metering is over, but Ended says not")
+			}
+			if _, ok := LoadMark(cfg.MarkPath); !ok {
+				t.Fatal("a refused end dropped the mark")
+			}
+			if _, err := iv.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Running}, nil, nil); !errors.Is(err, ErrSeal) {
+				t.Fatalf("a second end: %v", err)
+			}
+			if after, _ := h.st.Run("r"); after.Len != before.Len {
+				t.Fatal("a second end recorded something")
+			}
+		})
 	}
 }

@@ -23,34 +23,64 @@ import (
 )
 
 // counts is the room's Metrics, counted.
-type counts struct{ out, in, refused, drained atomic.Int32 }
+type counts struct{ out, in, failed, refused, drained atomic.Int32 }
 
 func (c *counts) Migrated(out, ok bool, _ time.Duration) {
 	if out && ok {
 		c.out.Add(1)
 	} else if ok {
 		c.in.Add(1)
+	} else {
+		c.failed.Add(1)
 	}
 }
 func (c *counts) Drained(bool)      { c.drained.Add(1) }
 func (c *counts) OwnershipRefused() { c.refused.Add(1) }
 
-// peers are other hosts that answer as told.
+// peers are other hosts that answer as told. A fetch brings run src of
+// store from (the peer's), its objects put into the store each on its own,
+// declaring no refs, as internal/transfer leaves them.
 type peers struct {
 	silent  bool // its Offer never answers
 	hand    error
+	onHand  func() // what the target does before it answers a hand
 	handed  atomic.Int32
 	fetched atomic.Int32
+	from    *store.Store
+	src     string
 }
 
 func (p *peers) Hand(context.Context, record.Address, string, bool) error {
 	p.handed.Add(1)
+	if p.onHand != nil {
+		p.onHand()
+	}
 	return p.hand
 }
 
-func (p *peers) Fetch(context.Context, record.Address, string, *store.Store, bundle.Limits) (*record.Record, error) {
+func (p *peers) Fetch(_ context.Context, _ record.Address, _ string, st *store.Store, _ bundle.Limits) (*record.Record, error) {
 	p.fetched.Add(1)
-	return nil, errors.New("no fetch in these tests")
+	if p.from == nil {
+		return nil, errors.New("no fetch in these tests")
+	}
+	rec, err := p.from.Record(p.src)
+	if err != nil {
+		return nil, err
+	}
+	objs, err := bundle.Reached(p.from, rec, true)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range objs {
+		b, err := p.from.ReadAll(a)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := st.PutBytes(b); err != nil {
+			return nil, err
+		}
+	}
+	return rec, nil
 }
 
 func (p *peers) Offer(ctx context.Context, _ record.Address, _ []string) (drain.Offer, error) {
@@ -61,16 +91,18 @@ func (p *peers) Offer(ctx context.Context, _ record.Address, _ []string) (drain.
 	return drain.Offer{Free: 1 << 40, ImageParks: true}, nil
 }
 
-// parked is a run held parked, never executing.
+// parked is a run held parked, never executing unless told; its park and
+// resume fail when told to.
 type parked struct {
 	parks, resumes atomic.Int32
 	manifest       manifest.Manifest // its need's
 	executing      bool
+	park, resume   error
 }
 
 func (p *parked) Executing() bool              { return p.executing }
-func (p *parked) Park(context.Context) error   { p.parks.Add(1); return nil }
-func (p *parked) Resume(context.Context) error { p.resumes.Add(1); return nil }
+func (p *parked) Park(context.Context) error   { p.parks.Add(1); return p.park }
+func (p *parked) Resume(context.Context) error { p.resumes.Add(1); return p.resume }
 func (p *parked) Drop()                        {}
 func (p *parked) Freeze(context.Context) (func(context.Context), error) {
 	return nil, nil

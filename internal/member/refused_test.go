@@ -1,0 +1,257 @@
+package member
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/etcdtest"
+	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// A migration whose park is refused moves nothing: the error is the
+// park's, the target is never asked to take the run, the directory still
+// names this host its owner with no transfer, the store has not handed it
+// off, and no migration is counted. The run is here as it was, and a
+// migration tried again (the park now succeeding) moves it.
+func TestMigrateParkRefused(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/park-refused/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	p := &peers{}
+	m, st, n, rec := room(t, a, p)
+	before, _ := st.Run("r")
+	refused := errors.New("checkpoint refused")
+	run := &parked{executing: true, park: refused}
+	hold := func() (Held, func(), error) { return run, func() {}, nil }
+	err := m.migrate(t.Context(), "r", b.Key(), hold, true)
+	if !errors.Is(err, refused) || run.parks.Load() != 1 || p.handed.Load() != 0 {
+		t.Fatalf("migrate with a refused park: %v (%d parks, %d hands)", err, run.parks.Load(), p.handed.Load())
+	}
+	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || !e.To.IsZero() || e.Head != rec.Head() {
+		t.Fatalf("after the refused park the directory says %+v, %v", e, err)
+	}
+	if after, _ := st.Run("r"); after.Head != before.Head || after.Len != before.Len {
+		t.Fatal("a refused park changed the record")
+	}
+	if _, off, _ := st.HandedOff("r"); off || n.out.Load() != 0 || n.failed.Load() != 0 {
+		t.Fatalf("after the refused park: handed off %v, %d out, %d failed counted", off, n.out.Load(), n.failed.Load())
+	}
+	if err := bundle.Exportable(st, "r"); err != nil {
+		t.Fatalf("the run is no longer this host's to move: %v", err)
+	}
+	run.park = nil
+	if err := m.migrate(t.Context(), "r", b.Key(), hold, true); err != nil {
+		t.Fatalf("migrate again: %v", err)
+	}
+	if e, _ := dir.Run(t.Context(), rec.Genesis()); e.To != b.Key() || run.parks.Load() != 2 || n.out.Load() != 1 {
+		t.Fatalf("after the second migration the directory says %+v (%d parks)", e, run.parks.Load())
+	}
+}
+
+// receiver is a member under session h over an empty store, trusting
+// every signer, that receives runs from p.
+func receiver(t *testing.T, h *fleet.Host, p Peers) (*Member, *store.Store, *counts) {
+	t.Helper()
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	n := &counts{}
+	trusted := func(record.Address) bool { return true }
+	m := New(Config{Join: Join{Fleet: h, Peers: p}, Store: st, Metrics: n, Publish: func(events.Event) {},
+		Import: bundle.ImportOptions{Options: bundle.Options{Trusted: trusted}, CheckID: func(string) error { return nil }}})
+	return m, st, n
+}
+
+// A received run the store refuses to import (a peer sends, as "r2", the
+// run this host holds as "r": one timeline per run) is refused with the
+// store's error and counted as a failed migration in; the store is as it
+// was (its one run at its head, not handed off, nothing stored as "r2"),
+// the run is not claimed, and nothing is resumed.
+func TestReceiveImportRefused(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/receive-refused/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	p := &peers{}
+	m, st, n, rec := room(t, a, p)
+	p.from, p.src = st, "r"
+	before, _ := st.Run("r")
+	run := &parked{}
+	released := false
+	hold := func() (Held, func(), error) { return run, func() { released = true }, nil }
+	err := m.receive(t.Context(), b.Key(), "r2", true, hold)
+	if !errors.Is(err, store.ErrGenesisHeld) || p.fetched.Load() != 1 {
+		t.Fatalf("receive of a run held under another id: %v (%d fetches)", err, p.fetched.Load())
+	}
+	if n.failed.Load() != 1 || n.in.Load() != 0 || n.refused.Load() != 0 {
+		t.Fatalf("counted %d failed, %d in, %d ownership refusals", n.failed.Load(), n.in.Load(), n.refused.Load())
+	}
+	if run.resumes.Load() != 0 || !released {
+		t.Fatalf("%d resumes, released %v", run.resumes.Load(), released)
+	}
+	if ids, err := st.AllRuns(); err != nil || !slices.Equal(ids, []string{"r"}) {
+		t.Fatalf("runs after the refusal: %v, %v", ids, err)
+	}
+	if after, _ := st.Run("r"); after.Head != before.Head || after.Len != before.Len || after.Phase != before.Phase {
+		t.Fatal("a refused receive changed the run held")
+	}
+	if _, off, _ := st.HandedOff("r"); off {
+		t.Fatal("a refused receive handed the run off")
+	}
+	if _, err := st.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || e.Run != "r" || !e.To.IsZero() {
+		t.Fatalf("after the refusal the directory says %+v, %v", e, err)
+	}
+}
+
+// A received run whose resume fails is this host's all the same: stored,
+// not handed off, claimed in the directory (the source can no longer take
+// it back), counted as received; the error is the resume's, and the run
+// stays parked here at the head it came with.
+func TestReceiveResumeRefused(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/resume-refused/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	_, src, _, rec := room(t, a, &peers{})
+	// a hands the run over, as its migrate does.
+	if _, err := a.Transfer(t.Context(), rec.Genesis(), b.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.HandOff("r", rec.Head()); err != nil {
+		t.Fatal(err)
+	}
+	p := &peers{from: src, src: "r"}
+	m, st, n := receiver(t, b, p)
+	refused := errors.New("restore refused")
+	run := &parked{resume: refused}
+	err := m.receive(t.Context(), a.Key(), "r", true, func() (Held, func(), error) { return run, func() {}, nil })
+	if !errors.Is(err, refused) || run.resumes.Load() != 1 {
+		t.Fatalf("receive with a refused resume: %v (%d resumes)", err, run.resumes.Load())
+	}
+	if n.in.Load() != 1 || n.failed.Load() != 0 {
+		t.Fatalf("counted %d in, %d failed", n.in.Load(), n.failed.Load())
+	}
+	got, err := st.Run("r")
+	if err != nil || got.Head != rec.Head() || got.Phase != record.Parked {
+		t.Fatalf("the received run: %+v, %v", got, err)
+	}
+	if _, off, _ := st.HandedOff("r"); off {
+		t.Fatal("the received run is handed off")
+	}
+	if _, err := st.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != b.Key() || !e.To.IsZero() || e.Head != rec.Head() {
+		t.Fatalf("after the receive the directory says %+v, %v", e, err)
+	}
+}
+
+// A received run this host could not resume now (Config.Fits refuses it)
+// is stored but not claimed: left here handed off at the head it came
+// with, the directory still naming the source its owner with the transfer
+// pending (the source takes it back), nothing resumed, counted failed.
+func TestReceiveRefusedWhenItDoesNotFit(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/receive-unfit/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	_, src, _, rec := room(t, a, &peers{})
+	if _, err := a.Transfer(t.Context(), rec.Genesis(), b.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.HandOff("r", rec.Head()); err != nil {
+		t.Fatal(err)
+	}
+	m, st, n := receiver(t, b, &peers{from: src, src: "r"})
+	unfit := errors.New("this host has no CRIU")
+	m.cfg.Fits = func(context.Context, string) error { return unfit }
+	run := &parked{}
+	err := m.receive(t.Context(), a.Key(), "r", true, func() (Held, func(), error) { return run, func() {}, nil })
+	if !errors.Is(err, unfit) || run.resumes.Load() != 0 || n.failed.Load() != 1 || n.in.Load() != 0 {
+		t.Fatalf("receive of a run that does not fit: %v (%d resumes, %d failed, %d in)", err, run.resumes.Load(), n.failed.Load(), n.in.Load())
+	}
+	if h, off, err := st.HandedOff("r"); err != nil || !off || h.Head != rec.Head() {
+		t.Fatalf("the refused run is not left handed off: %+v %v %v", h, off, err)
+	}
+	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || e.To != b.Key() {
+		t.Fatalf("after the refusal the directory says %+v, %v", e, err)
+	}
+	if _, err := st.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A migration whose hand-over is refused here (the store says the run is
+// not exportable; the fleet refuses the transfer, to a host it never
+// admitted) leaves the run here, parked as the migration left it: not
+// handed off, this host's in the directory with no transfer, the target
+// never asked, counted failed.
+func TestMigrateHandOverRefused(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/handover-refused/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	notExportable := errors.New("not exportable")
+	for name, tc := range map[string]struct {
+		to         record.Address
+		exportable func(string) error
+		want       error
+	}{
+		"exportable": {to: b.Key(), exportable: func(string) error { return notExportable }, want: notExportable},
+		"transfer":   {to: record.Sum([]byte("never admitted")), want: fleet.ErrNotAdmitted},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := &peers{}
+			m, st, n, rec := room(t, a, p)
+			if tc.exportable != nil {
+				m.cfg.Exportable = tc.exportable
+			}
+			run := &parked{executing: true}
+			err := m.migrate(t.Context(), "r", tc.to, func() (Held, func(), error) { return run, func() {}, nil }, false)
+			if !errors.Is(err, tc.want) || run.parks.Load() != 1 || p.handed.Load() != 0 || n.failed.Load() != 1 {
+				t.Fatalf("migrate: %v (%d parks, %d hands, %d failed)", err, run.parks.Load(), p.handed.Load(), n.failed.Load())
+			}
+			if _, off, _ := st.HandedOff("r"); off {
+				t.Fatal("handed off")
+			}
+			if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || !e.To.IsZero() {
+				t.Fatalf("the directory says %+v, %v", e, err)
+			}
+		})
+	}
+}
+
+// A target that claims the run and then fails the hand (its answer lost)
+// has it: the take-back is refused in the fleet, so the run stays handed
+// off here, and the error says both.
+func TestMigrateTakeBackRefused(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/takeback-refused/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	lost := errors.New("the answer was lost")
+	p := &peers{hand: lost}
+	m, st, n, rec := room(t, a, p)
+	p.onHand = func() {
+		if _, err := b.Claim(t.Context(), rec.Genesis(), "r", rec.Head(), record.Parked); err != nil {
+			t.Error(err)
+		}
+	}
+	err := m.migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return &parked{}, func() {}, nil }, true)
+	if !errors.Is(err, lost) || !errors.Is(err, fleet.ErrNotOwner) || n.failed.Load() != 1 {
+		t.Fatalf("migrate to a target that claimed and failed: %v (%d failed)", err, n.failed.Load())
+	}
+	if _, off, _ := st.HandedOff("r"); !off {
+		t.Fatal("the run the target claimed is not handed off here")
+	}
+	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != b.Key() || !e.To.IsZero() {
+		t.Fatalf("the directory says %+v, %v", e, err)
+	}
+}
