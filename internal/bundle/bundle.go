@@ -8,8 +8,17 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// Format names the bundle layout (docs/bundle.md).
-const Format = "runrecordd.bundle/1"
+// The bundle layouts (docs/bundle.md). Format is the one [Export] writes;
+// [Stage] reads both.
+const (
+	// Format1 carries every object as a member objects/<address>.
+	Format1 = "runrecordd.bundle/1"
+	// Format2 carries objects of at most [PackObject] bytes in pack/N
+	// members, many to a member, and larger ones as in Format1.
+	Format2 = "runrecordd.bundle/2"
+	// Format is the layout [Export] writes.
+	Format = Format2
+)
 
 // Errors. A refusal wraps one of these; test with errors.Is.
 var (
@@ -27,8 +36,10 @@ var (
 )
 
 // Header is a bundle's first member, bundle.json. Objects and Bytes count
-// the objects/ members and the sum of their sizes (the objects' bytes):
-// not bundle.json or record.json, nor tar headers and padding.
+// the objects the bundle carries (each objects/ member, and each object
+// of a pack) and the sum of their sizes (the objects' bytes): not
+// bundle.json or record.json, nor tar headers and padding, nor a pack's
+// lengths.
 type Header struct {
 	Format  string `json:"format"`
 	Run     string `json:"run"` // the run's id on the exporting host

@@ -457,6 +457,11 @@ func FuzzImport(f *testing.F) {
 	f.Add(forge(f, func(r *bundletest.Run) { r.Legacy = true }).Tar(nil))
 	f.Add(good.Tar(func(h *bundle.Header) { h.Objects++; h.Bytes += 1 << 20 }, bundletest.Sparse(bundletest.Name(bundletest.Zeros(1<<20)), 1<<20)))
 	f.Add(good.Tar(func(h *bundle.Header) { h.Bytes -= 2 }))
+	// Format 2: the objects in a pack, or in two packs around a member.
+	objs := all(good)
+	f.Add(tar2(good, nil, bundletest.Member("pack/0", packOf(objs...))))
+	f.Add(tar2(good, nil, bundletest.Member("pack/0", packOf(objs[:2]...)), bundletest.Member(bundletest.Name(good.Objects[2].Addr), objs[2]),
+		bundletest.Member("pack/1", packOf(objs[3:]...))))
 	f.Add([]byte{})
 	// One store for every input: opening one is a few fsyncs, and the
 	// fuzzer runs (and minimizes) thousands of inputs.

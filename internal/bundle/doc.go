@@ -9,16 +9,21 @@
 // and hands the run off ([store.Store.HandOff]), or marks the export a
 // copy; [Export] then streams the bundle: bundle.json, record.json and
 // every object the record reaches ([Reached]), each after the objects it
-// refers to, read verified. Taking a handoff back when no bundle was
+// refers to, read verified: in [Format] (format 2), objects of at most
+// [PackObject] bytes travel packed, many to a pack/N member, without a
+// tar header each. Taking a handoff back when no bundle was
 // delivered whole is the caller's: only it knows what else of the run is
 // streaming.
 //
 // # Reading
 //
-// [Stage] streams the tar once into the store's staging area. Each member
-// is refused before it is read unless it is a plain regular file within
-// the limits ([Limits]) and the sizes bundle.json declared; its bytes are
-// hashed as they are written, and reading stops at its declared size. Then
+// [Stage] streams the tar once into the store's staging area; it reads
+// both formats ([Format1], [Format2]). Each member is refused before it is
+// read unless it is a plain regular file within the limits ([Limits]) and
+// the sizes bundle.json declared; its bytes are hashed as they are
+// written, and reading stops at its declared size. A pack's objects are
+// judged one by one as members are: each length before its bytes, each
+// object's address the hash of its bytes. Then
 // the record is checked: it verifies from genesis and is parked; every
 // attestation verifies, is signed by a trusted key and stands at its place
 // (attest.CheckRecord); every manifest names the keys its park form

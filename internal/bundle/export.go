@@ -3,6 +3,7 @@ package bundle
 import (
 	"archive/tar"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -147,11 +148,12 @@ func Reached(st Objects, rec *record.Record, images bool) ([]record.Address, err
 	return out, nil
 }
 
-// Export writes run's bundle to w (docs/bundle.md): a tar of bundle.json
-// (indented by two spaces), record.json (the record's wire form) and
-// objects/<address> for every object the record reaches ([Reached]), each
-// after the objects it refers to, every member mode 0444 with no owner or
-// time. Objects are read verified, so a damaged store fails the export
+// Export writes run's bundle to w in [Format] (docs/bundle.md): a tar of
+// bundle.json (indented by two spaces), record.json (the record's wire
+// form) and every object the record reaches ([Reached]), each after the
+// objects it refers to — those of at most [PackObject] bytes packed, many
+// to a pack/N member, the others as objects/<address> — every member mode
+// 0444 with no owner or time. Objects are read verified, so a damaged store fails the export
 // rather than shipping bad bytes; a failed export has written a bundle
 // that is not whole, which an import refuses.
 //
@@ -189,24 +191,67 @@ func Export(ctx context.Context, st Store, run string, w io.Writer, opts ExportO
 	if err := writeMember(tw, "record.json", rec.EncodeWire()); err != nil {
 		return err
 	}
-	for i, a := range objs {
+	if err := writeObjects(ctx, tw, st, run, objs, sizes); err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// writeObjects writes objs, of sizes, in their order: each run of
+// consecutive objects of at most [PackObject] bytes as pack members of at
+// most [PackMax] bytes (pack/0, pack/1, ...), each larger object as a
+// member objects/<address>.
+func writeObjects(ctx context.Context, tw *tar.Writer, st Objects, run string, objs []record.Address, sizes []int64) error {
+	packs := 0
+	for i := 0; i < len(objs); {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := tw.WriteHeader(&tar.Header{Name: "objects/" + strings.TrimPrefix(a.String(), record.AddressPrefix), Mode: 0o444, Size: sizes[i], Typeflag: tar.TypeReg}); err != nil {
+		if !packed(sizes[i]) {
+			name := "objects/" + strings.TrimPrefix(objs[i].String(), record.AddressPrefix)
+			if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o444, Size: sizes[i], Typeflag: tar.TypeReg}); err != nil {
+				return err
+			}
+			if err := copyObject(tw, st, run, objs[i]); err != nil {
+				return err
+			}
+			i++
+			continue
+		}
+		j, size := i, int64(0)
+		for ; j < len(objs) && packed(sizes[j]) && size+frame(sizes[j]) <= PackMax; j++ {
+			size += frame(sizes[j])
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: packName(packs), Mode: 0o444, Size: size, Typeflag: tar.TypeReg}); err != nil {
 			return err
 		}
-		rd, err := st.Open(a)
-		if err != nil {
-			return err
+		for ; i < j; i++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if _, err := tw.Write(binary.AppendUvarint(nil, uint64(sizes[i]))); err != nil {
+				return err
+			}
+			if err := copyObject(tw, st, run, objs[i]); err != nil {
+				return err
+			}
 		}
-		_, err = io.Copy(tw, rd)
-		rd.Close()
-		if err != nil {
-			return fmt.Errorf("export %s: object %s: %w", run, a, err)
-		}
+		packs++
 	}
-	return tw.Close()
+	return nil
+}
+
+// copyObject copies object a, read verified, to w.
+func copyObject(w io.Writer, st Objects, run string, a record.Address) error {
+	rd, err := st.Open(a)
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	if _, err := io.Copy(w, rd); err != nil {
+		return fmt.Errorf("export %s: object %s: %w", run, a, err)
+	}
+	return nil
 }
 
 func writeMember(tw *tar.Writer, name string, b []byte) error {

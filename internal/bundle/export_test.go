@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
@@ -31,26 +32,27 @@ func mustExport(t testing.TB, st bundle.Store, run string, handoff bool) []byte 
 	return b.Bytes()
 }
 
-// Export writes, byte for byte, the bundles the daemon's exporter wrote
-// before it moved here (testdata/export, written at commit 0259b92 by
-// internal/daemon's TestExportGolden from the same store): a transcript run
-// handed off, and an image run of two intervals exported as a copy.
+// Export writes, byte for byte, the format-2 bundles pinned in
+// testdata/export/{transcript,image-copy}.bundle (written by this exporter
+// when format 2 came in, from the store bundletest.Pinned fills; the
+// daemon's TestExportGolden pins the same files): a transcript run handed
+// off, and an image run of two intervals exported as a copy. The format-1
+// bundles beside them (testdata/export/*.1.bundle, written at commit
+// 0259b92 by internal/daemon's exporter from the same store, under the
+// names the format-2 ones have now) still import, and the run they carry
+// exports as the same format-2 bytes (TestImportFormat1).
 func TestExportGolden(t *testing.T) {
 	st, _ := mustStore(t)
 	if err := bundletest.Pinned(context.Background(), st); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct {
-		run     string
-		handoff bool
-		file    string
-	}{{"t", true, "transcript.bundle"}, {"i", false, "image-copy.bundle"}} {
-		want, err := os.ReadFile(filepath.Join("testdata", "export", c.file))
+	for _, c := range goldens {
+		want, err := os.ReadFile(filepath.Join("testdata", "export", c.file2))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got := mustExport(t, st, c.run, c.handoff); !bytes.Equal(got, want) {
-			t.Fatalf("%s: the export differs from testdata/export/%s", c.run, c.file)
+			t.Fatalf("%s: the export differs from testdata/export/%s", c.run, c.file2)
 		}
 		// Read from the store (no Record given), the same bytes.
 		var b bytes.Buffer
@@ -58,6 +60,67 @@ func TestExportGolden(t *testing.T) {
 			t.Fatalf("%s: export reading the record itself: %v, or other bytes", c.run, err)
 		}
 	}
+}
+
+// goldens are the pinned bundles of bundletest.Pinned's runs: file in
+// format 1, file2 in format 2 (what Export writes).
+var goldens = []struct {
+	run         string
+	handoff     bool
+	file, file2 string
+}{{"t", true, "transcript.1.bundle", "transcript.bundle"}, {"i", false, "image-copy.1.bundle", "image-copy.bundle"}}
+
+// A format-1 bundle, as exporters wrote before format 2, still imports:
+// the pinned transcript run's imports into an empty store, and exports
+// from there as its format-2 twin's bytes. Each pinned format-1 bundle
+// carries the header, record and objects, in the same order, of its twin
+// (the image run's forged objects are not judged: an import refuses them).
+func TestImportFormat1(t *testing.T) {
+	for _, c := range goldens {
+		one, err := os.ReadFile(filepath.Join("testdata", "export", c.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		two, err := os.ReadFile(filepath.Join("testdata", "export", c.file2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h1, r1, o1 := readBundle(t, one)
+		h2, r2, o2 := readBundle(t, two)
+		if h1.Format != bundle.Format1 || h2.Format != bundle.Format2 || len(o1) == 0 || !slices.Equal(o1, o2) || !bytes.Equal(r1, r2) {
+			t.Fatalf("%s: format 1 %+v and %d objects, format 2 %+v and %d", c.run, h1, len(o1), h2, len(o2))
+		}
+		if h1.Format = h2.Format; h1 != h2 {
+			t.Fatalf("%s: format 1 %+v, format 2 %+v", c.run, h1, h2)
+		}
+	}
+	st, _ := mustStore(t)
+	c := goldens[0]
+	raw, _ := os.ReadFile(filepath.Join("testdata", "export", c.file))
+	im, err := bundle.Import(context.Background(), st, bytes.NewReader(raw), bundle.ImportOptions{})
+	if err != nil || im.Header.Format != bundle.Format1 || im.Run != c.run {
+		t.Fatalf("%s: %+v, %v", c.file, im.Header, err)
+	}
+	want, _ := os.ReadFile(filepath.Join("testdata", "export", c.file2))
+	if got := mustExport(t, st, c.run, c.handoff); !bytes.Equal(got, want) {
+		t.Fatalf("%s: the run of the format-1 bundle exports as other bytes", c.run)
+	}
+}
+
+// readBundle reads a bundle of either format without judging it
+// (bundletest.Read): its header, its record's bytes, and its objects'
+// bytes in order, a pack's in the order it carries them.
+func readBundle(t testing.TB, raw []byte) (bundle.Header, []byte, []string) {
+	t.Helper()
+	b, h, err := bundletest.Read(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs []string
+	for _, o := range b.Objects {
+		objs = append(objs, string(o.Bytes))
+	}
+	return h, b.Record.EncodeWire(), objs
 }
 
 // Reached lists each object after its refs, once, the unit spec and grant

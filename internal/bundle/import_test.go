@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -110,8 +111,12 @@ func TestImportRoundTrip(t *testing.T) {
 	forged := forge(t, nil)
 	mustImport(t, a, forged.Tar(nil), iopts())
 	out := mustExport(t, a, "forged", true)
-	if m := members(t, out); len(m) != 2+len(forged.Objects) || m[0] != "bundle.json" || m[1] != "record.json" {
+	// Format 2: the objects, all small, in one pack.
+	if m := members(t, out); !slices.Equal(m, []string{"bundle.json", "record.json", "pack/0"}) {
 		t.Fatalf("members %v", m)
+	}
+	if _, _, objs := readBundle(t, out); len(objs) != len(forged.Objects) {
+		t.Fatalf("%d objects packed, the run has %d", len(objs), len(forged.Objects))
 	}
 	im := mustImport(t, b, out, iopts())
 	if im.Run != "forged" || im.Extended || im.Header.Copy || im.Objects != len(forged.Objects) || im.Bytes != bytesOf(forged) ||

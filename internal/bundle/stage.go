@@ -22,7 +22,7 @@ type Staged struct {
 	Spec    unit.Spec
 	Grants  unit.Grants
 	Signers []attest.Signer
-	Objects int   // members staged
+	Objects int   // objects staged, members or packed
 	Bytes   int64 // their bytes
 
 	dir    string
@@ -30,6 +30,7 @@ type Staged struct {
 	sizes  map[record.Address]int64
 	order  []record.Address
 	refs   map[record.Address][]record.Address
+	packs  int // pack members read
 }
 
 // Close removes what is still staged.
@@ -99,8 +100,8 @@ func readHeader(tr *tar.Reader, lim Limits) (Header, error) {
 		return h, err
 	}
 	switch {
-	case h.Format != Format:
-		return h, fmt.Errorf("%w: format %q, this daemon reads %q", ErrMalformed, h.Format, Format)
+	case h.Format != Format1 && h.Format != Format2:
+		return h, fmt.Errorf("%w: format %q, this daemon reads %q and %q", ErrMalformed, h.Format, Format1, Format2)
 	case h.Objects < 0 || h.Bytes < 0:
 		return h, fmt.Errorf("%w: bundle.json declares %d objects of %d bytes", ErrMalformed, h.Objects, h.Bytes)
 	case h.Bytes > lim.Total:
@@ -128,8 +129,9 @@ func readRecord(tr *tar.Reader, lim Limits, run string) (*record.Record, error) 
 	return rec, nil
 }
 
-// stageObjects stages the objects/ members until the tar ends; then the
-// members staged must be as many, and as large, as bundle.json declares.
+// stageObjects stages the objects/ members, and in format 2 the pack/
+// members, until the tar ends; then the objects staged must be as many,
+// and as large, as bundle.json declares.
 // raw counts the stream's bytes, so that each member can be held to the
 // bytes it took of it.
 func (s *Staged) stageObjects(ctx context.Context, tr *tar.Reader, raw *counter, lim Limits) error {
@@ -145,7 +147,12 @@ func (s *Staged) stageObjects(ctx context.Context, tr *tar.Reader, raw *counter,
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrMalformed, err)
 		}
-		if err := s.stageMember(ctx, tr, hdr, lim, raw, before); err != nil {
+		if s.Header.Format == Format2 && strings.HasPrefix(hdr.Name, "pack/") {
+			err = s.stagePack(ctx, tr, hdr, lim, raw, before)
+		} else {
+			err = s.stageMember(ctx, tr, hdr, lim, raw, before)
+		}
+		if err != nil {
 			return err
 		}
 	}

@@ -195,11 +195,13 @@ func (b *Bundle) Extend(key ed25519.PrivateKey, transcript []byte) (*Bundle, err
 	return out, nil
 }
 
-// Tar writes the bundle: bundle.json (declaring its objects, then changed
+// Tar writes the bundle in format 1 (bundle.Format1: every object a
+// member; internal/bundle reads it as it reads format 2, and its pack
+// tests write format 2 themselves): bundle.json (declaring its objects, then changed
 // by adjust when not nil), record.json, every object, then extra (raw tar
 // blocks, from [Member] or [Sparse]), then the tar's end.
 func (b *Bundle) Tar(adjust func(*bundle.Header), extra ...[]byte) []byte {
-	h := bundle.Header{Format: bundle.Format, Run: b.Run, Objects: len(b.Objects)}
+	h := bundle.Header{Format: bundle.Format1, Run: b.Run, Objects: len(b.Objects)}
 	for _, o := range b.Objects {
 		h.Bytes += int64(len(o.Bytes))
 	}

@@ -14,8 +14,9 @@ import (
 )
 
 // Pinned fills an empty store with the runs whose bundles are pinned in
-// internal/bundle/testdata/export (written by the daemon's exporter before it
-// moved to internal/bundle): "t", a forged transcript run of one interval, and
+// internal/bundle/testdata/export (in format 1 by the daemon's exporter
+// before it moved to internal/bundle, *.1.bundle; in format 2 by
+// internal/bundle's): "t", a forged transcript run of one interval, and
 // "i", an image run of two intervals whose snapshots share files and whose
 // attestations share a journal (its objects are not what a host writes: an
 // export does not read them). Changing what it stores changes the pinned

@@ -3,13 +3,10 @@
 package e2e
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
-	"errors"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -103,38 +100,15 @@ func untouched(t *testing.T, d *daemon, was hostState) {
 	}
 }
 
-// readBundle parses an exported bundle into its record and objects.
+// readBundle parses an exported bundle, of either format, into its
+// record and objects.
 func readBundle(t *testing.T, raw []byte) *bundletest.Bundle {
 	t.Helper()
-	tr := tar.NewReader(bytes.NewReader(raw))
-	b := &bundletest.Bundle{}
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return b
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch {
-		case h.Name == "bundle.json":
-			var hd bundle.Header
-			if err := json.Unmarshal(p, &hd); err != nil {
-				t.Fatal(err)
-			}
-			b.Run = hd.Run
-		case h.Name == "record.json":
-			if b.Record, err = record.DecodeWire(p); err != nil {
-				t.Fatal(err)
-			}
-		default:
-			b.Add(p)
-		}
+	b, _, err := bundletest.Read(raw)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return b
 }
 
 // rebuilt is b with a record of unit and grants over segs, carrying

@@ -29,13 +29,10 @@ package e2e
 //   - TestTranscriptWatch: the event stream of an agent run, in order.
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,6 +41,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/bundletest"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/ociarchive"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -811,28 +809,16 @@ func TestTranscriptOnSecondHost(t *testing.T) {
 			transcripts[strings.TrimPrefix(strings.TrimPrefix(seg.Snapshot, "transcript "), "b3:")] = true
 		}
 	}
-	tr := tar.NewReader(bytes.NewReader(bundle.Bytes()))
-	objects := 0
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("bundle: %v", err)
-		}
-		b, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		name, ok := strings.CutPrefix(h.Name, "objects/")
-		if !ok {
-			continue
-		}
-		objects++
+	read, _, err := bundletest.Read(bundle.Bytes())
+	if err != nil {
+		t.Fatalf("bundle: %v", err)
+	}
+	objects := len(read.Objects)
+	for _, o := range read.Objects {
+		name := strings.TrimPrefix(o.Addr.String(), "b3:")
 		delete(transcripts, name)
-		if bytes.HasPrefix(b, []byte(store.DirDomain)) {
-			t.Fatalf("bundle: object %s is a directory listing (%d bytes): image data in a transcript run's bundle", name, len(b))
+		if bytes.HasPrefix(o.Bytes, []byte(store.DirDomain)) {
+			t.Fatalf("bundle: object %s is a directory listing (%d bytes): image data in a transcript run's bundle", name, len(o.Bytes))
 		}
 	}
 	if len(transcripts) != 0 || objects == 0 || bundle.Len() >= 64<<10 {
