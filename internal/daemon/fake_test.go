@@ -40,6 +40,8 @@ type fakeExec struct {
 	restores      []string // what each restore read from the image directory
 	// pages gets each lazy restore's pages (RestoreLazy, lazy_test.go).
 	pages chan *fakePages
+	// onPause, when set, runs as a sandbox is paused, before it is.
+	onPause func(id string)
 }
 
 const (
@@ -182,7 +184,16 @@ func (s *fakeSB) set(status string) error {
 	return nil
 }
 
-func (s *fakeSB) Pause(context.Context) error  { return s.set("paused") }
+func (s *fakeSB) Pause(context.Context) error {
+	s.ex.mu.Lock()
+	hook := s.ex.onPause
+	s.ex.mu.Unlock()
+	if hook != nil {
+		hook(s.id)
+	}
+	return s.set("paused")
+}
+
 func (s *fakeSB) Resume(context.Context) error { return s.set("running") }
 
 func (s *fakeSB) Settle(context.Context) error {

@@ -78,10 +78,9 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	return d.summary(id, r)
 }
 
-// restartInterval starts a new interval on lv's sandbox after the end of
-// the last one could not be recorded: the unit goes on, and the next
-// interval is metered and journaled from now. Only the interval is
-// replaced: the exit watcher reads lv's sandbox meanwhile.
+// restartInterval starts a new interval on lv's sandbox, metered and
+// journaled from now, after the end of the last one could not be recorded.
+// Only the interval is replaced: the exit watcher reads lv's sandbox.
 func (d *Daemon) restartInterval(id string, lv *live, event string) {
 	lv.iv = d.begin(id, lv.unit, event, d.markNow(id)).iv
 	d.saveMark(id, lv)
@@ -120,8 +119,9 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 		reason := fmt.Sprintf("unit exited with code %d", code)
 		_, err = d.endAt(context.Background(), lv, "exit.sealed", attest.Outcome{Kind: attest.Exited, Code: int32(code)}, lv.unit.Account(),
 			[]record.Segment{record.Closure(reason)})
-		if err != nil {
+		if err != nil { // the run stays executing in its record: a close records it, in a new interval
 			d.log.Error("recording the unit's exit", "run", id, "err", err)
+			d.restartInterval(id, lv, attest.EventExitRefused)
 			return
 		}
 		lv.stopping = true

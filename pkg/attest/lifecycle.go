@@ -26,6 +26,7 @@ const (
 	EventReattached   = "reattached"    // a restarted daemon took the interval back
 	EventParkRefused  = "park-refused"  // a park was not recorded; the unit went on in this interval
 	EventCloseRefused = "close-refused" // a close was not recorded; the unit went on in this interval
+	EventExitRefused  = "exit-refused"  // a unit's exit was not recorded; the run waits for a close in this interval
 )
 
 // Checkpointed is what a park's CRIU dump cost, journaled at the end of the
