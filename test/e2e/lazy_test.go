@@ -75,7 +75,7 @@ func TestLazyResume(t *testing.T) {
 	}
 	sealed := s.Segments[3].Restore
 	if ex := s.Segments[3]; ex.Outcome != "parked" || sealed == nil || !sealed.Lazy || sealed.TotalNS != r.Restore.TotalNS ||
-		sealed.ResidentNS < sealed.TotalNS || s.Segments[4].Snapshot != p.Snapshot {
+		sealed.ResidentNS <= sealed.MaterializeNS || s.Segments[4].Snapshot != p.Snapshot {
 		t.Fatalf("the lazily resumed interval: %+v, restore %+v; the resume's %+v", ex, sealed, r.Restore)
 	}
 	if s.Segments[0].Restore != nil || s.Restore != nil {
@@ -87,7 +87,11 @@ func TestLazyResume(t *testing.T) {
 	// every page is in.
 	r = resume(t, d, id, nil, atPark2)
 	s = waitRestore(t, d, id, "every page resident", func(rs *api.Restore) bool { return rs.ResidentNS > 0 })
-	if live := s.Restore; !live.Lazy || live.TotalNS != r.Restore.TotalNS || live.ResidentNS < live.TotalNS || live.PagesLost != "" {
+	// Both times count from the restore's start; every page can be in
+	// before the resume's last steps end (a small unit's background
+	// transfer beat containerd's answer once, under load), not before
+	// the images were laid out for lazy-pages to read.
+	if live := s.Restore; !live.Lazy || live.TotalNS != r.Restore.TotalNS || live.ResidentNS <= live.MaterializeNS || live.PagesLost != "" {
 		t.Fatalf("show's restore %+v; the resume's %+v", live, r.Restore)
 	}
 	if err := verifyRun(context.Background(), d, id); err != nil {
