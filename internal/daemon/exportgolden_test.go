@@ -11,8 +11,10 @@ import (
 
 // The daemon's export (Exportable, then bundle.Prepare and bundle.Export
 // under its bookkeeping) writes the bundles pinned in
-// internal/bundle/testdata/export byte for byte: they were written by the
-// exporter internal/daemon had before it moved to internal/bundle.
+// internal/bundle/testdata/export byte for byte (format 2: packs of the
+// small objects; the format-1 bundles the exporter wrote before, as
+// internal/daemon had it, are kept beside them as *.1.bundle, and
+// internal/bundle's TestImportFormat1 imports them).
 func TestExportGolden(t *testing.T) {
 	h := mustMetricsHost(t, "")
 	h.d.runs = map[string]*run{}
