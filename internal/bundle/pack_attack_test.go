@@ -1,0 +1,75 @@
+package bundle_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/bundletest"
+)
+
+// watched is a staging area that says whether a staging directory was
+// made: a bundle refused from its header alone must make none.
+type watched struct {
+	bundle.Staging
+	dirs int
+}
+
+func (w *watched) StagingDir(prefix string) (string, error) {
+	w.dirs++
+	return w.Staging.StagingDir(prefix)
+}
+
+// tiny is n distinct objects of 3 bytes each: what a pack carries at 4
+// bytes of stream apiece, and each a file (an inode and a block) staged.
+func tiny(n int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = []byte{byte(i >> 16), byte(i >> 8), byte(i)}
+	}
+	return out
+}
+
+// A format-2 bundle of many tiny packed objects costs its stream 4 bytes
+// an object but the staging area a file each (an inode, a disk block, a
+// few hundred bytes of the importer's memory): bundle.json's object count
+// is capped (bundle.Limits.Objects) and refused from the header, before a
+// staging directory is made, and a count that would overflow the pack's
+// bound is refused the same way.
+func TestPackAttackObjectCount(t *testing.T) {
+	b := forge(t, nil)
+	junk := tiny(4096)
+	for name, c := range map[string]struct {
+		objects int
+		lim     bundle.Limits
+	}{
+		"over the default count": {objects: 1<<21 + 1},
+		"over a count limit":     {objects: len(b.Objects) + len(junk), lim: bundle.Limits{Objects: len(b.Objects) + 1}},
+		"a count that overflows": {objects: math.MaxInt64/3 + 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			st, dir := mustStore(t)
+			w := &watched{Staging: st}
+			raw := tar2(b, func(h *bundle.Header) {
+				h.Objects = c.objects
+				h.Bytes += int64(3 * len(junk))
+			}, bundletest.Member("pack/0", packOf(append(all(b), junk...)...)))
+			o := opts()
+			o.Limits = c.lim
+			_, err := bundle.Stage(context.Background(), w, bytes.NewReader(raw), o)
+			if !errors.Is(err, bundle.ErrLimit) || !strings.Contains(err.Error(), "objects") {
+				t.Fatalf("got %v, want %v naming the objects", err, bundle.ErrLimit)
+			}
+			if w.dirs != 0 {
+				t.Fatalf("a staging directory made for a bundle refused by its header")
+			}
+			if n, size := objects(t, dir); n != 0 || size != 0 {
+				t.Fatalf("refused bundle left %d objects, %d bytes", n, size)
+			}
+		})
+	}
+}
