@@ -73,3 +73,41 @@ func TestPackAttackObjectCount(t *testing.T) {
 		})
 	}
 }
+
+// With a host's count limit set as high as an int goes, a count near it
+// still bounds a pack as declared, without the bound overflowing: the
+// pack is read, and the bundle refused for carrying fewer objects than
+// it declares (not for a pack larger than a negative bound).
+func TestPackAttackCountOverflow(t *testing.T) {
+	b := forge(t, nil)
+	st, dir := mustStore(t)
+	raw := tar2(b, func(h *bundle.Header) { h.Objects = math.MaxInt64/3 + 1 }, bundletest.Member("pack/0", packOf(all(b)...)))
+	o := opts()
+	o.Limits = bundle.Limits{Objects: math.MaxInt}
+	_, err := bundle.Stage(context.Background(), st, bytes.NewReader(raw), o)
+	if !errors.Is(err, bundle.ErrMalformed) || !strings.Contains(err.Error(), "bundle.json declares 3074457345618258603 of") {
+		t.Fatalf("got %v, want %v for fewer objects than declared", err, bundle.ErrMalformed)
+	}
+	if n, size := objects(t, dir); n != 0 || size != 0 {
+		t.Fatalf("refused bundle left %d objects, %d bytes", n, size)
+	}
+}
+
+// With a host's byte limit as high as an int64 goes, bundle.json may
+// declare that many bytes: the bound on a pack (the bytes left, plus a
+// length for each object left) must not overflow into refusing a pack
+// that fits it.
+func TestPackAttackBytesOverflow(t *testing.T) {
+	b := forge(t, nil)
+	st, dir := mustStore(t)
+	raw := tar2(b, func(h *bundle.Header) { h.Bytes = math.MaxInt64 }, bundletest.Member("pack/0", packOf(all(b)...)))
+	o := opts()
+	o.Limits = bundle.Limits{Total: math.MaxInt64}
+	_, err := bundle.Stage(context.Background(), st, bytes.NewReader(raw), o)
+	if !errors.Is(err, bundle.ErrMalformed) || !strings.Contains(err.Error(), "bundle.json declares") || strings.Contains(err.Error(), "could take") {
+		t.Fatalf("got %v, want %v for fewer bytes than declared", err, bundle.ErrMalformed)
+	}
+	if n, size := objects(t, dir); n != 0 || size != 0 {
+		t.Fatalf("refused bundle left %d objects, %d bytes", n, size)
+	}
+}
