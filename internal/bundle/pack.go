@@ -82,7 +82,9 @@ type packReader struct {
 }
 
 func newPackReader(r io.Reader, size int64, name string) *packReader {
-	return &packReader{r: bufio.NewReaderSize(r, 64<<10), name: name, left: size}
+	// A buffer no larger than the member: a pack of one tiny object must
+	// not cost 64 KiB.
+	return &packReader{r: bufio.NewReaderSize(r, int(min(size, 64<<10))), name: name, left: size}
 }
 
 // length reads the next object's length: io.EOF at the member's end, and

@@ -5,11 +5,14 @@ import (
 	"context"
 	"errors"
 	"math"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/bundletest"
+	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // watched is a staging area that says whether a staging directory was
@@ -109,5 +112,38 @@ func TestPackAttackBytesOverflow(t *testing.T) {
 	}
 	if n, size := objects(t, dir); n != 0 || size != 0 {
 		t.Fatalf("refused bundle left %d objects, %d bytes", n, size)
+	}
+}
+
+// Staging a member allocates in proportion to the member, not a fixed
+// buffer of its largest possible size: a bundle of many tiny members (a
+// pack per 3-byte object, or an objects/ member per one) would otherwise
+// make the importer allocate and clear a megabyte (or 64 KiB) for each
+// kilobyte of stream. Measured as bytes allocated (runtime.MemStats), not
+// time.
+func TestPackAttackAllocPerMember(t *testing.T) {
+	b := forge(t, nil)
+	const n = 500
+	junk := tiny(2 * n)
+	ms := [][]byte{bundletest.Member("pack/0", packOf(all(b)...))}
+	for i, o := range junk[:n] {
+		ms = append(ms, bundletest.Member("pack/"+strconv.Itoa(i+1), packOf(o)))
+	}
+	for _, o := range junk[n:] {
+		ms = append(ms, bundletest.Member(bundletest.Name(record.Sum(o)), o))
+	}
+	raw := tar2(b, func(h *bundle.Header) { h.Objects += len(junk); h.Bytes += int64(3 * len(junk)) }, ms...)
+	st, _ := mustStore(t)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := bundle.Stage(context.Background(), st, bytes.NewReader(raw), opts())
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, bundle.ErrMalformed) || !strings.Contains(err.Error(), "not one the record reaches") {
+		t.Fatalf("got %v, want the junk refused as unreached", err)
+	}
+	per := (after.TotalAlloc - before.TotalAlloc) / uint64(len(ms))
+	t.Logf("%d bytes allocated per member", per)
+	if per > 16<<10 {
+		t.Fatalf("%d bytes allocated per member of at most 516 bytes of stream", per)
 	}
 }
