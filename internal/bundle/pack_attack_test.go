@@ -147,3 +147,27 @@ func TestPackAttackAllocPerMember(t *testing.T) {
 		t.Fatalf("%d bytes allocated per member of at most 516 bytes of stream", per)
 	}
 }
+
+// ImportStored makes the decision Import makes of a bundle of the same
+// run: a record reaching more objects than the count limit is refused
+// there as a bundle carrying them would be, and the store is unchanged.
+func TestPackAttackStoredObjectCount(t *testing.T) {
+	st, dir := mustStore(t)
+	b := forge(t, nil)
+	lim := bundle.Limits{Objects: len(b.Objects) - 1}
+	o := iopts()
+	o.Limits = lim
+	_, err := bundle.Stage(context.Background(), st, bytes.NewReader(b.Tar(nil)), bundle.Options{Limits: lim})
+	if !errors.Is(err, bundle.ErrLimit) {
+		t.Fatalf("bundle: got %v, want %v", err, bundle.ErrLimit)
+	}
+	putAll(t, st, b.Objects)
+	before := stateOf(t, st, dir)
+	_, err = bundle.ImportStored(context.Background(), st, b.Record, bundle.StoredOptions{ImportOptions: o, Run: "forged"})
+	if !errors.Is(err, bundle.ErrLimit) || !strings.Contains(err.Error(), "objects") {
+		t.Fatalf("stored: got %v, want %v", err, bundle.ErrLimit)
+	}
+	if after := stateOf(t, st, dir); after != before {
+		t.Fatalf("refused import changed the store:\n%s\nwas\n%s", after, before)
+	}
+}
