@@ -57,10 +57,17 @@ type Limits struct {
 	Object int64 // one object's bytes
 	Total  int64 // all objects' bytes together
 	JSON   int64 // one JSON member (bundle.json, record.json)
+	// Objects caps bundle.json's count of objects. However small, each
+	// costs the staging area a file (an inode and a block) and the
+	// importer a few hundred bytes of memory, and a pack carries one in as
+	// few as 2 bytes of stream: the count, not only the bytes, is bounded.
+	Objects int
 }
 
 // DefaultLimits are the daemon's limits unless its flags say otherwise.
-var DefaultLimits = Limits{Object: 4 << 30, Total: 32 << 30, JSON: 64 << 20}
+// The default count, 2 Mi objects, is the default Total in 16 KiB chunks
+// (docs/chunked-images.md).
+var DefaultLimits = Limits{Object: 4 << 30, Total: 32 << 30, JSON: 64 << 20, Objects: 1 << 21}
 
 // Or returns l with each zero field taken from def.
 func (l Limits) Or(def Limits) Limits {
@@ -72,6 +79,9 @@ func (l Limits) Or(def Limits) Limits {
 	}
 	if l.JSON <= 0 {
 		l.JSON = def.JSON
+	}
+	if l.Objects <= 0 {
+		l.Objects = def.Objects
 	}
 	return l
 }

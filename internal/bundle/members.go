@@ -79,7 +79,9 @@ func stageObject(ctx context.Context, r io.Reader, p string, size int64) (record
 	}
 	defer f.Close()
 	h := blake3.New(32, nil)
-	buf := make([]byte, 1<<20)
+	// A buffer no larger than the member (and the byte past it): a tiny
+	// member must not cost a megabyte cleared.
+	buf := make([]byte, min(size+1, 1<<20))
 	lr := io.LimitReader(r, size+1)
 	var n int64
 	for {

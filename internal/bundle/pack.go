@@ -82,7 +82,9 @@ type packReader struct {
 }
 
 func newPackReader(r io.Reader, size int64, name string) *packReader {
-	return &packReader{r: bufio.NewReaderSize(r, 64<<10), name: name, left: size}
+	// A buffer no larger than the member: a pack of one tiny object must
+	// not cost 64 KiB.
+	return &packReader{r: bufio.NewReaderSize(r, int(min(size, 64<<10))), name: name, left: size}
 }
 
 // length reads the next object's length: io.EOF at the member's end, and
@@ -195,14 +197,19 @@ func (s *Staged) admitPack(hdr *tar.Header) error {
 		return fmt.Errorf("%w: member %q where %s was expected", ErrMalformed, hdr.Name, want)
 	}
 	h := s.Header
-	left := h.Bytes - s.Bytes + int64(h.Objects-s.Objects)*maxLenBytes
+	// The objects left count at most PackMax lengths (no pack holds more),
+	// and the lengths are taken from the pack's size, not added to the
+	// bytes left: nothing overflows, whatever count and total the limits
+	// allow.
+	lengths := min(int64(h.Objects-s.Objects), PackMax) * maxLenBytes
 	switch {
 	case hdr.Size == 0:
 		return fmt.Errorf("%w: %s is empty", ErrMalformed, hdr.Name)
 	case hdr.Size > PackMax:
 		return fmt.Errorf("%w: %s of %d bytes, the limit of a pack is %d", ErrLimit, hdr.Name, hdr.Size, int64(PackMax))
-	case hdr.Size > left:
-		return fmt.Errorf("%w: %s of %d bytes is larger than the objects bundle.json declares are left could take (%d)", ErrMalformed, hdr.Name, hdr.Size, left)
+	case hdr.Size-lengths > h.Bytes-s.Bytes:
+		return fmt.Errorf("%w: %s of %d bytes is larger than the objects bundle.json declares are left could take (%d bytes, %d of lengths)",
+			ErrMalformed, hdr.Name, hdr.Size, h.Bytes-s.Bytes, lengths)
 	}
 	return nil
 }

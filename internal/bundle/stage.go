@@ -87,9 +87,9 @@ func Stage(ctx context.Context, st Staging, r io.Reader, opt Options) (_ *Staged
 }
 
 // readHeader reads bundle.json, the first member (at most 64 KiB), and
-// checks what it declares: this format, no negative count, and objects'
-// bytes within the limit. It comes first because its counts bound every
-// object member after it.
+// checks what it declares: this format, no negative count, and the
+// objects' count and bytes within the limits. It comes first because its
+// counts bound every object member after it.
 func readHeader(tr *tar.Reader, lim Limits) (Header, error) {
 	var h Header
 	hb, err := readJSON(tr, "bundle.json", min(lim.JSON, 64<<10))
@@ -106,6 +106,8 @@ func readHeader(tr *tar.Reader, lim Limits) (Header, error) {
 		return h, fmt.Errorf("%w: bundle.json declares %d objects of %d bytes", ErrMalformed, h.Objects, h.Bytes)
 	case h.Bytes > lim.Total:
 		return h, fmt.Errorf("%w: the bundle declares %d bytes of objects, the limit is %d", ErrLimit, h.Bytes, lim.Total)
+	case h.Objects > lim.Objects:
+		return h, fmt.Errorf("%w: the bundle declares %d objects, the limit is %d", ErrLimit, h.Objects, lim.Objects)
 	}
 	return h, nil
 }

@@ -114,9 +114,12 @@ func (h *holding) read(a record.Address) ([]byte, error) {
 }
 
 // limits holds the objects the record reaches to what a bundle of them
-// would be held to: each within lim.Object, all within lim.Total. It
-// returns their count and bytes.
+// would be held to: at most lim.Objects of them, each within lim.Object,
+// all within lim.Total. It returns their count and bytes.
 func (h *holding) limits(j *judging, lim Limits) (int, int64, error) {
+	if len(j.need) > lim.Objects {
+		return 0, 0, fmt.Errorf("%w: %s: the record reaches %d objects, the limit is %d", ErrLimit, j.what, len(j.need), lim.Objects)
+	}
 	var total int64
 	for _, a := range sorted(j.need) {
 		n, err := h.st.Size(a)
