@@ -382,26 +382,12 @@ func TestStartRefusedAtGenesis(t *testing.T) {
 func TestExitRefusedAtAppend(t *testing.T) {
 	h := newFakeHost(t)
 	h.start(t, "r")
-	refused := make(chan struct{})
-	h.d.seam = func(step string) {
-		if step == "exit.sealed" {
-			head, _ := h.d.st.Head("r")
-			if _, err := h.d.st.Append("r", head, record.Closure("another writer")); err != nil {
-				t.Error(err)
-			}
-			close(refused)
+	h.exitRefused(t, "r", func() {
+		head, _ := h.d.st.Head("r")
+		if _, err := h.d.st.Append("r", head, record.Closure("another writer")); err != nil {
+			t.Error(err)
 		}
-	}
-	h.ex.sandbox("r").exitWith(0)
-	select {
-	case <-refused:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the exit was never sealed")
-	}
-	// The watcher appends under the run's lock: once it is free, the
-	// exit's append has been refused.
-	r := h.d.lock("r")
-	r.mu.Unlock()
+	})
 	if got := h.kinds(t, "r"); got != "closed" {
 		t.Fatalf("segments %s, want only the other writer's", got)
 	}
@@ -409,6 +395,31 @@ func TestExitRefusedAtAppend(t *testing.T) {
 		t.Fatal(err)
 	}
 	forms.RemoveRun(t.Context(), h.d.ex, "r", h.d.log)
+}
+
+// exitRefused ends run id's unit by itself (code 0), has refuse move its
+// record on once the exit's interval is sealed (seam exit.sealed), and
+// returns once the exit's append has been refused.
+func (h *fakeHost) exitRefused(t *testing.T, id string, refuse func()) {
+	t.Helper()
+	refused := make(chan struct{})
+	h.d.seam = func(step string) {
+		if step == "exit.sealed" {
+			refuse()
+			close(refused)
+		}
+	}
+	h.ex.sandbox(id).exitWith(0)
+	select {
+	case <-refused:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exit was never sealed")
+	}
+	// The watcher appends under the run's lock: once it is free, the
+	// exit's append has been refused.
+	r := h.d.lock(id)
+	r.mu.Unlock()
+	h.d.seam = nil
 }
 
 // A transcript park refused at its append (the record moved: here another

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
@@ -124,23 +123,8 @@ func (h *fakeHost) otherInterval(t *testing.T, id string, u *forms.Unit) {
 func TestCloseAfterExitRefused(t *testing.T) {
 	h := newFakeHost(t)
 	h.start(t, "r")
-	refused := make(chan struct{})
 	u := h.liveOf("r").unit
-	h.d.seam = func(step string) {
-		if step == "exit.sealed" {
-			h.otherInterval(t, "r", u)
-			close(refused)
-		}
-	}
-	h.ex.sandbox("r").exitWith(0)
-	select {
-	case <-refused:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the exit was never sealed")
-	}
-	r := h.d.lock("r")
-	r.mu.Unlock()
-	h.d.seam = nil
+	h.exitRefused(t, "r", func() { h.otherInterval(t, "r", u) })
 	if got := h.kinds(t, "r"); got != "executed" {
 		t.Fatalf("segments %s, want only the other writer's", got)
 	}

@@ -119,17 +119,7 @@ func TestReceiveImportRefused(t *testing.T) {
 // it back), counted as received; the error is the resume's, and the run
 // stays parked here at the head it came with.
 func TestReceiveResumeRefused(t *testing.T) {
-	c := etcdtest.Shared(t)
-	dir := fleet.New(c.Client(t), "/resume-refused/", 5*time.Second)
-	a, b := join(t, dir, "a"), join(t, dir, "b")
-	_, src, _, rec := room(t, a, &peers{})
-	// a hands the run over, as its migrate does.
-	if _, err := a.Transfer(t.Context(), rec.Genesis(), b.Key()); err != nil {
-		t.Fatal(err)
-	}
-	if err := src.HandOff("r", rec.Head()); err != nil {
-		t.Fatal(err)
-	}
+	dir, a, b, src, rec := handedOver(t, "/resume-refused/")
 	p := &peers{from: src, src: "r"}
 	m, st, n := receiver(t, b, p)
 	refused := errors.New("restore refused")
@@ -161,16 +151,7 @@ func TestReceiveResumeRefused(t *testing.T) {
 // with, the directory still naming the source its owner with the transfer
 // pending (the source takes it back), nothing resumed, counted failed.
 func TestReceiveRefusedWhenItDoesNotFit(t *testing.T) {
-	c := etcdtest.Shared(t)
-	dir := fleet.New(c.Client(t), "/receive-unfit/", 5*time.Second)
-	a, b := join(t, dir, "a"), join(t, dir, "b")
-	_, src, _, rec := room(t, a, &peers{})
-	if _, err := a.Transfer(t.Context(), rec.Genesis(), b.Key()); err != nil {
-		t.Fatal(err)
-	}
-	if err := src.HandOff("r", rec.Head()); err != nil {
-		t.Fatal(err)
-	}
+	dir, a, b, src, rec := handedOver(t, "/receive-unfit/")
 	m, st, n := receiver(t, b, &peers{from: src, src: "r"})
 	unfit := errors.New("this host has no CRIU")
 	m.cfg.Fits = func(context.Context, string) error { return unfit }
@@ -254,4 +235,21 @@ func TestMigrateTakeBackRefused(t *testing.T) {
 	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != b.Key() || !e.To.IsZero() {
 		t.Fatalf("the directory says %+v, %v", e, err)
 	}
+}
+
+// handedOver is a fleet under prefix with hosts a and b, and a's run r in
+// src handed over to b as a's migrate does: transferred in the directory,
+// handed off in a's store.
+func handedOver(t *testing.T, prefix string) (*fleet.Dir, *fleet.Host, *fleet.Host, *store.Store, *record.Record) {
+	t.Helper()
+	dir := fleet.New(etcdtest.Shared(t).Client(t), prefix, 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	_, src, _, rec := room(t, a, &peers{})
+	if _, err := a.Transfer(t.Context(), rec.Genesis(), b.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.HandOff("r", rec.Head()); err != nil {
+		t.Fatal(err)
+	}
+	return dir, a, b, src, rec
 }
