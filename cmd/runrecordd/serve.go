@@ -37,6 +37,7 @@ type serveFlags struct {
 	minFree                                   uint64
 	mounts                                    listFlag
 	objMax, bundleMax, jsonMax                int64
+	objectsMax                                int
 	etcd                                      etcdFlags
 	leaseTTL                                  time.Duration
 	peerListen                                string
@@ -63,6 +64,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.objMax, "bundle-object-max", bundle.DefaultLimits.Object, "the largest object an imported bundle may carry, in bytes")
 	fs.Int64Var(&f.bundleMax, "bundle-max", bundle.DefaultLimits.Total, "the most object bytes an imported bundle may carry")
 	fs.Int64Var(&f.jsonMax, "bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
+	fs.IntVar(&f.objectsMax, "bundle-objects-max", bundle.DefaultLimits.Objects, "the most objects an imported bundle may carry (each costs a staged file however small)")
 	fs.BoolVar(&f.lazyResume, "lazy-resume", false, "resume image parks lazily: the unit runs before its memory is all back (needs criu check --feature uffd-noncoop; docs/lazy-resume.md)")
 	fs.IntVar(&f.warmPool, "warm-pool", warmpool.DefaultMax, "how many warm sandboxes to keep at once for parked transcript runs awaiting results (0: none; docs/warm-pool.md)")
 	fs.DurationVar(&f.warmAge, "warm-pool-age", warmpool.DefaultMaxAge, "how long a warm sandbox waits for its run's resume before it is discarded")
@@ -75,8 +77,8 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 // with, before anything on the host is touched, and returns the log level.
 func (f *serveFlags) check() (slog.Level, error) {
 	var lv slog.Level
-	if f.objMax <= 0 || f.bundleMax <= 0 || f.jsonMax <= 0 {
-		return lv, usagef("--bundle-object-max, --bundle-max and --bundle-json-max must be positive")
+	if f.objMax <= 0 || f.bundleMax <= 0 || f.jsonMax <= 0 || f.objectsMax <= 0 {
+		return lv, usagef("--bundle-object-max, --bundle-max, --bundle-json-max and --bundle-objects-max must be positive")
 	}
 	for _, m := range f.mounts {
 		if !filepath.IsAbs(m) {
@@ -114,7 +116,7 @@ func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
 		LazyResume: f.lazyResume, WarmPool: f.warmPool, WarmMaxAge: f.warmAge},
 		ParkLimits: forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
 		Policy:     retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
-		Intake:     bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax}, BundleMounts: f.mounts}}
+		Intake:     bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax, Objects: f.objectsMax}, BundleMounts: f.mounts}}
 	cfg.Meter.SysfsRoot = f.sysfs
 	if f.coeffs != "" {
 		b, err := os.ReadFile(f.coeffs)
