@@ -40,9 +40,11 @@ readonly PROBE_LOGS=${CACHE_ROOT}/probe-logs
 
 # Runtime packages (Debian bookworm). containerd pulls runc in as a
 # dependency; list it anyway so it is explicit. CRIU runs `ip` (iproute2) and
-# iptables-restore to dump and restore a network namespace; busybox-static is
-# the whole root filesystem of the probe's throwaway container.
-readonly RUNTIME_PKGS=(containerd runc iptables iproute2 busybox-static xz-utils ca-certificates)
+# iptables-restore to dump and restore a network namespace (and to unlock a
+# park dumped with its iptables network lock); the executor clears a killed
+# dump's nftables lock with `nft` (nftables); busybox-static is the whole
+# root filesystem of the probe's throwaway container.
+readonly RUNTIME_PKGS=(containerd runc iptables nftables iproute2 busybox-static xz-utils ca-certificates)
 # Build dependencies for `make criu` (bookworm versions are fine).
 readonly CRIU_BUILD_PKGS=(
 	gcc make pkg-config
@@ -725,6 +727,9 @@ export PATH=$SYS_PATH
 ipr=$(command -v iptables-restore || true)
 [[ -n $ipr ]] || die "iptables-restore not found (package iptables); CRIU network locking needs it"
 log "iptables-restore: $ipr ($(iptables-restore --version 2>&1 | head -n1))"
+nft=$(command -v nft || true)
+[[ -n $nft ]] || die "nft not found (package nftables); the executor clears a killed dump's network lock with it"
+log "nft: $nft ($(nft --version 2>&1 | head -n1))"
 
 # 4. probe: a real dump and restore, of a process and of a runc container
 if [[ -n ${RUNRECORDD_CRIU:-} ]]; then

@@ -126,8 +126,14 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 //     with TCP repair (runc checkpoint --tcp-established), so a unit's
 //     connections to itself go on after a resume;
 //   - skip-in-flight: a connection still in its handshake is left out of
-//     the dump (its client retries the SYN) instead of failing it.
-const criuConfig = "tcp-established\nskip-in-flight\n"
+//     the dump (its client retries the SYN) instead of failing it;
+//   - network-lock nftables: the sandbox's network is locked during a dump
+//     and unlocked at the end of a restore with one nftables table instead
+//     of iptables rules (CRIU's default), whose unlock forks
+//     iptables-restore several times: 50-60 ms of every restore here
+//     (docs/lazy-resume.md). The method is recorded in the images, so a park
+//     dumped with iptables still restores with it.
+const criuConfig = "tcp-established\nskip-in-flight\nnetwork-lock nftables\n"
 
 const criuConfigName = "criu.conf"
 

@@ -150,20 +150,24 @@ func setLink(name string, up bool) error {
 }
 
 // unlockNetns clears what a CRIU killed in the middle of a dump may have
-// left of its network lock in sandbox id's namespace. CRIU locks each TCP
-// connection it dumps with iptables rules that drop its packets, and
-// removes them when it is done; killed, it leaves them, and the unit's
-// connections stay cut. A unit cannot add rules of its own (containerd's
-// default capabilities leave out CAP_NET_ADMIN), so every rule in the
-// namespace is CRIU's: the filter tables are reset to empty.
+// left of its network lock in sandbox id's namespace. CRIU locks the
+// network of the tree it dumps with a table of nftables rules that drop
+// its packets (criuConfig's network-lock; iptables rules in parks of
+// executors before it), and removes it when it is done; killed, it leaves
+// it, and the unit's connections stay cut. A unit cannot add rules of its
+// own (containerd's default capabilities leave out CAP_NET_ADMIN), so
+// every rule in the namespace is CRIU's: the whole nftables ruleset is
+// flushed, and the iptables filter tables are reset to empty.
 func (c *Client) unlockNetns(id string) error {
 	const empty = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"
 	var errs []error
-	for _, tool := range []string{"iptables-restore", "ip6tables-restore"} {
-		cmd := exec.Command("nsenter", "--net="+c.netnsPath(id), tool)
-		cmd.Stdin = strings.NewReader(empty)
+	for _, tool := range [][]string{{"nft", "flush", "ruleset"}, {"iptables-restore"}, {"ip6tables-restore"}} {
+		cmd := exec.Command("nsenter", append([]string{"--net=" + c.netnsPath(id)}, tool...)...)
+		if tool[0] != "nft" {
+			cmd.Stdin = strings.NewReader(empty)
+		}
 		if out, err := cmd.CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("%s in the network namespace of %s: %v: %s", tool, id, err, bytes.TrimSpace(out)))
+			errs = append(errs, fmt.Errorf("%s in the network namespace of %s: %v: %s", tool[0], id, err, bytes.TrimSpace(out)))
 		}
 	}
 	return errors.Join(errs...)

@@ -141,7 +141,7 @@ func preflight() error {
 	if os.Geteuid() != 0 {
 		return errors.New("not running as root")
 	}
-	for _, bin := range []string{"go", "containerd", "runc", "iptables-restore"} {
+	for _, bin := range []string{"go", "containerd", "runc", "iptables-restore", "nft"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			return err
 		}
