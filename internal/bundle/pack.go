@@ -218,16 +218,7 @@ func (s *Staged) admitPack(hdr *tar.Header) error {
 // within the count bundle.json declares, the object limit, and the bytes
 // bundle.json declares are left.
 func (s *Staged) admitPacked(pack string, n int64, lim Limits) error {
-	h := s.Header
-	switch {
-	case s.Objects+1 > h.Objects:
-		return fmt.Errorf("%w: %s: more than the %d objects bundle.json declares", ErrMalformed, pack, h.Objects)
-	case n > lim.Object:
-		return fmt.Errorf("%w: %s: an object of %d bytes, the limit is %d", ErrLimit, pack, n, lim.Object)
-	case n > h.Bytes-s.Bytes:
-		return fmt.Errorf("%w: %s: an object of %d bytes is larger than what bundle.json declares is left (%d)", ErrMalformed, pack, n, h.Bytes-s.Bytes)
-	}
-	return nil
+	return s.fits(pack+": ", "an object", n, lim)
 }
 
 // stagePacked stages a packed object's bytes under their address.
@@ -248,10 +239,6 @@ func (s *Staged) stagePacked(b []byte) error {
 	if err != nil {
 		return err
 	}
-	n := int64(len(b))
-	s.staged[a], s.sizes[a] = p, n
-	s.order = append(s.order, a)
-	s.Objects++
-	s.Bytes += n
+	s.add(a, p, int64(len(b)))
 	return nil
 }

@@ -190,10 +190,32 @@ func (s *Staged) stageMember(ctx context.Context, tr *tar.Reader, hdr *tar.Heade
 	if got != a {
 		return fmt.Errorf("bundle of %s: %w", s.Header.Run, &store.CorruptError{Address: a, Got: got, Path: hdr.Name})
 	}
+	s.add(a, p, n)
+	return nil
+}
+
+// add counts object a, staged at p with n bytes, in the order it came.
+func (s *Staged) add(a record.Address, p string, n int64) {
 	s.staged[a], s.sizes[a] = p, n
 	s.order = append(s.order, a)
 	s.Objects++
 	s.Bytes += n
+}
+
+// fits checks an object of n bytes (what, said after at) against the
+// count bundle.json declares, the object limit, and the bytes bundle.json
+// declares are left: before anything of it is read, whether a member or
+// packed.
+func (s *Staged) fits(at, what string, n int64, lim Limits) error {
+	h := s.Header
+	switch {
+	case s.Objects+1 > h.Objects:
+		return fmt.Errorf("%w: %smore than the %d objects bundle.json declares", ErrMalformed, at, h.Objects)
+	case n > lim.Object:
+		return fmt.Errorf("%w: %s%s of %d bytes, the limit is %d", ErrLimit, at, what, n, lim.Object)
+	case n > h.Bytes-s.Bytes:
+		return fmt.Errorf("%w: %s%s of %d bytes is larger than what bundle.json declares is left (%d)", ErrMalformed, at, what, n, h.Bytes-s.Bytes)
+	}
 	return nil
 }
 
@@ -217,14 +239,8 @@ func (s *Staged) admit(hdr *tar.Header, lim Limits) (record.Address, string, err
 	if _, dup := s.staged[a]; dup {
 		return record.Address{}, "", fmt.Errorf("%w: object %s twice", ErrMalformed, a)
 	}
-	h := s.Header
-	switch {
-	case s.Objects+1 > h.Objects:
-		return record.Address{}, "", fmt.Errorf("%w: more than the %d objects bundle.json declares", ErrMalformed, h.Objects)
-	case hdr.Size > lim.Object:
-		return record.Address{}, "", fmt.Errorf("%w: object %s of %d bytes, the limit is %d", ErrLimit, a, hdr.Size, lim.Object)
-	case hdr.Size > h.Bytes-s.Bytes:
-		return record.Address{}, "", fmt.Errorf("%w: object %s of %d bytes is larger than what bundle.json declares is left (%d)", ErrMalformed, a, hdr.Size, h.Bytes-s.Bytes)
+	if err := s.fits("", "object "+a.String(), hdr.Size, lim); err != nil {
+		return record.Address{}, "", err
 	}
 	return a, name, nil
 }
