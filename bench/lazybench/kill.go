@@ -23,7 +23,7 @@ import (
 // only then closes them.
 func (b *bench) killRound(ctx context.Context, after time.Duration, hold bool) error {
 	b.verify = 2 // a full verification every half second
-	p, err := b.park(ctx, "lb-kill")
+	p, err := b.park(ctx, "lb-kill", false)
 	if err != nil {
 		return err
 	}
@@ -32,7 +32,7 @@ func (b *bench) killRound(ctx context.Context, after time.Duration, hold bool) e
 		return err
 	}
 	skip := countLines(p.out.Stdout)
-	trees, dir, err := b.resumeTrees(ctx, p, "lazy")
+	trees, _, dir, err := b.resumeTrees(ctx, p, "lazy")
 	if err != nil {
 		return err
 	}

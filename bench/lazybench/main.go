@@ -35,6 +35,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/pageserver"
+
 	"github.com/runrecordd/runrecordd/bench/benchhost"
 	"github.com/runrecordd/runrecordd/internal/executor"
 )
@@ -57,10 +59,11 @@ type bench struct {
 }
 
 func main() {
+	pageserver.MaybeRun()
 	n := flag.Int("n", 5, "rounds")
 	size := flag.Int("size", 512, "the unit's memory, MiB")
 	unitName := flag.String("unit", "ballast", "the unit: ballast, or oracle (two processes, a held TCP connection over loopback, files, pipes)")
-	modes := flag.String("modes", "eager,lazy", "modes, in the first round's order: eager, lazy, eager-cold, lazy-cold (no rehash), ctr (ctr c restore --live --rw)")
+	modes := flag.String("modes", "eager,lazy", "modes, in the first round's order: eager, lazy, eager-cold, lazy-cold (no rehash), served (chunked images, lazy, each lazy chunk verified as the page server serves it), ctr (ctr c restore --live --rw)")
 	hold := flag.Bool("hold", false, "with -kill: hold copies of the daemon's userfaultfds across the kill")
 	verify := flag.Int("verify", 8, "the ballast's VERIFY_EVERY: a full read of its memory every this many 250 ms ticks (1: at once after a restore, the worst case for lazy pages)")
 	logs := flag.String("logs", "", "a directory to keep each lazy restore's CRIU logs in")
@@ -165,7 +168,8 @@ func (b *bench) report(n int, modes []string) {
 			fmt.Printf("%s RSS at running (KiB): %v; at resident: %v\n", m, v, b.rss[m+" resident"])
 		}
 	}
-	fmt.Println("rehash: park.Offered (every stored byte hashed; skipped by -cold modes); layout: park.Layout (hard links);")
+	fmt.Println("rehash: park.Offered (every stored byte hashed; skipped by -cold modes; served: park.OfferedServed, all but the lazy chunks);")
+	fmt.Println("layout: park.Layout (hard links; served: park.LayoutServed, the eager chunks in a sparse pages file);")
 	fmt.Println("restore: executor Restore/RestoreLazy to return (unit running), of which rootfs: the rw layer's apply,")
 	fmt.Println("task: NewTask+Start (runc restore), of which newtask: NewTask; criu: CRIU's forking+restore times (stats-restore);")
 	fmt.Println("resume: rehash+layout+restore; resident: from the restore's start until criu lazy-pages exited (every page in);")
@@ -177,7 +181,7 @@ func (b *bench) report(n int, modes []string) {
 // start (the rehash included) and per round.
 func (b *bench) ratios(c time.Duration) {
 	fmt.Printf("ctr restore median %s ms (ctr c restore --live --rw, in this run)\n", ms(c))
-	for _, m := range []string{"eager", "lazy", "eager-cold", "lazy-cold"} {
+	for _, m := range []string{"eager", "lazy", "eager-cold", "lazy-cold", "served"} {
 		resume, rehash, resident := b.results[m+" resume"], b.results[m+" rehash"], b.results[m+" resident"]
 		if len(resume) == 0 {
 			continue

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/pageserver"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -53,11 +54,12 @@ func (b *bench) spec() executor.Spec {
 
 // park starts a ballast unit, waits for its ready line, parks it into a
 // fresh store and destroys its sandbox.
-func (b *bench) park(ctx context.Context, id string) (*parked, error) {
+func (b *bench) park(ctx context.Context, id string, chunked bool) (*parked, error) {
 	st, err := store.Open(filepath.Join(b.dir, "store-"+id))
 	if err != nil {
 		return nil, err
 	}
+	st.SetChunkedImages(chunked)
 	p := &parked{id: id, st: st, out: executor.Output{Stdout: filepath.Join(b.dir, id+".out"), Stderr: filepath.Join(b.dir, id+".err")}}
 	sb, err := b.ex.Start(ctx, id, b.spec(), p.out)
 	if err != nil {
@@ -93,32 +95,43 @@ func settle() error {
 
 // resumeTrees is the daemon's resume up to the restore: the snapshot's
 // identity (every stored byte rehashed), then the hard-linked layout.
-func (b *bench) resumeTrees(ctx context.Context, p *parked, mode string) (park.Trees, string, error) {
+func (b *bench) resumeTrees(ctx context.Context, p *parked, mode string) (park.Trees, *pageserver.Manifest, string, error) {
 	t0 := time.Now()
 	offered := p.res.Snapshot
+	offer := park.Offered
+	if mode == "served" {
+		offer = park.OfferedServed
+	}
 	if !strings.HasSuffix(mode, "-cold") { // a -cold mode measures the restore from a cold page cache
-		o, err := park.Offered(ctx, p.st, p.res.Snapshot)
+		o, err := offer(ctx, p.st, p.res.Snapshot)
 		if err != nil {
-			return park.Trees{}, "", err
+			return park.Trees{}, nil, "", err
 		}
 		if o.String() != offered.String() {
-			return park.Trees{}, "", fmt.Errorf("the store offers %s, the park made %s", o, offered)
+			return park.Trees{}, nil, "", fmt.Errorf("the store offers %s, the park made %s", o, offered)
 		}
 	}
 	t1 := time.Now()
 	dir := filepath.Join(b.dir, "restore-"+p.id)
-	trees, err := park.Layout(p.st, offered, dir)
+	var trees park.Trees
+	var m *pageserver.Manifest
+	var err error
+	if mode == "served" {
+		trees, m, err = park.LayoutServed(p.st, offered, dir)
+	} else {
+		trees, err = park.Layout(p.st, offered, dir)
+	}
 	if err != nil {
-		return park.Trees{}, "", err
+		return park.Trees{}, nil, "", err
 	}
 	b.add(mode+" rehash", t1.Sub(t0))
 	b.add(mode+" layout", time.Since(t1))
-	return trees, dir, nil
+	return trees, m, dir, nil
 }
 
 // round parks a fresh unit and resumes it in mode (eager or lazy).
 func (b *bench) round(ctx context.Context, r int, mode string) error {
-	p, err := b.park(ctx, fmt.Sprintf("lb-%s-%d", mode, r))
+	p, err := b.park(ctx, fmt.Sprintf("lb-%s-%d", mode, r), mode == "served")
 	if err != nil {
 		return err
 	}
@@ -128,16 +141,16 @@ func (b *bench) round(ctx context.Context, r int, mode string) error {
 	}
 	skip := countLines(p.out.Stdout)
 	t0 := time.Now()
-	trees, dir, err := b.resumeTrees(ctx, p, mode)
+	trees, pages, dir, err := b.resumeTrees(ctx, p, mode)
 	if err != nil {
 		return err
 	}
 	t1 := time.Now()
-	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs}
+	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Pages: pages}
 	var sb *executor.Sandbox
 	var lp *executor.LazyPages
 	var rst executor.RestoreStats
-	if strings.HasPrefix(mode, "lazy") {
+	if strings.HasPrefix(mode, "lazy") || mode == "served" {
 		sb, lp, rst, err = b.ex.RestoreLazy(ctx, p.id, b.spec(), cp, p.out)
 	} else {
 		sb, rst, err = b.ex.Restore(ctx, p.id, b.spec(), cp, p.out)
@@ -264,7 +277,7 @@ func (b *bench) keepLogs(id string) {
 		return
 	}
 	work := filepath.Join(b.ex.Config().StateDir, "criu", id, "restore")
-	for _, name := range []string{"restore.log", "lazy-pages.log"} {
+	for _, name := range []string{"restore.log", "lazy-pages.log", "page-server.log"} {
 		if data, err := os.ReadFile(filepath.Join(work, name)); err == nil {
 			_ = os.WriteFile(filepath.Join(b.logs, id+"-"+name), data, 0o600)
 		}

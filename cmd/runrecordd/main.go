@@ -15,6 +15,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/runrecordd/runrecordd/internal/pageserver"
+
 	"github.com/runrecordd/runrecordd/pkg/api"
 )
 
@@ -67,6 +69,7 @@ func commands() []command {
 }
 
 func main() {
+	pageserver.MaybeRun() // a lazy restore's page server: this binary again
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

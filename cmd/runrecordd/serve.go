@@ -42,7 +42,7 @@ type serveFlags struct {
 	leaseTTL                                  time.Duration
 	peerListen                                string
 	chunkedImages                             bool
-	lazyResume                                bool
+	lazyResume, lazyServed                    bool
 	warmPool                                  int
 	warmAge                                   time.Duration
 }
@@ -66,6 +66,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.jsonMax, "bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
 	fs.IntVar(&f.objectsMax, "bundle-objects-max", bundle.DefaultLimits.Objects, "the most objects an imported bundle may carry (each costs a staged file however small)")
 	fs.BoolVar(&f.lazyResume, "lazy-resume", false, "resume image parks lazily: the unit runs before its memory is all back (needs criu check --feature uffd-noncoop; docs/lazy-resume.md)")
+	fs.BoolVar(&f.lazyServed, "lazy-served", false, "with --lazy-resume: a page server verifies each chunk of a chunked image as its pages are first served, instead of the resume rehashing every stored byte before the restore (docs/lazy-resume.md)")
 	fs.IntVar(&f.warmPool, "warm-pool", warmpool.DefaultMax, "how many warm sandboxes to keep at once for parked transcript runs awaiting results (0: none; docs/warm-pool.md)")
 	fs.DurationVar(&f.warmAge, "warm-pool-age", warmpool.DefaultMaxAge, "how long a warm sandbox waits for its run's resume before it is discarded")
 	f.etcd.register(fs)
@@ -100,6 +101,9 @@ func (f *serveFlags) check() (slog.Level, error) {
 	if f.warmPool < 0 || f.warmAge <= 0 {
 		return lv, usagef("--warm-pool must not be negative, and --warm-pool-age must be positive")
 	}
+	if f.lazyServed && !f.lazyResume {
+		return lv, usagef("--lazy-served needs --lazy-resume")
+	}
 	if f.leaseTTL <= 0 {
 		return lv, usagef("--lease-ttl must be positive")
 	}
@@ -113,7 +117,7 @@ func (f *serveFlags) check() (slog.Level, error) {
 // coefficients file, if one is named, read and parsed.
 func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
 	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log, ChunkedImages: f.chunkedImages,
-		LazyResume: f.lazyResume, WarmPool: f.warmPool, WarmMaxAge: f.warmAge},
+		LazyResume: f.lazyResume, LazyServed: f.lazyServed, WarmPool: f.warmPool, WarmMaxAge: f.warmAge},
 		ParkLimits: forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
 		Policy:     retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
 		Intake:     bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax, Objects: f.objectsMax}, BundleMounts: f.mounts}}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/pageserver"
+
 	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/api/types/runc/options"
@@ -47,6 +49,12 @@ type Checkpoint struct {
 	// with [ErrCheckpointTimeout] and the task goes on as it was, a restore
 	// with [ErrRestoreTimeout] and nothing of it is left.
 	Deadline time.Duration
+	// Pages, on RestoreLazy, has the lazy pages served by a page server
+	// process (internal/pageserver) from the files it names, each chunk
+	// verified before its first page goes, instead of read by lazy-pages
+	// from ImageDir's pages files (which then need hold only the eager
+	// pages). Nil: lazy-pages reads ImageDir.
+	Pages *pageserver.Manifest
 }
 
 // CheckpointStats is what a checkpoint cost.

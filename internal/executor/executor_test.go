@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/pageserver"
+
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/ociarchive"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -38,6 +40,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	pageserver.MaybeRun() // TestRestoreLazyServed's page server: this binary again
 	os.Exit(mainTest(m))
 }
 

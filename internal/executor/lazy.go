@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/pageserver"
 	"golang.org/x/sys/unix"
 )
 
@@ -68,6 +69,10 @@ type LazyPages struct {
 	start time.Time
 	done  chan struct{}
 	log   string
+	// server is the page server process serving lazy-pages, nil when
+	// lazy-pages reads the image directory itself; its log is serverLog.
+	server    *exec.Cmd
+	serverLog string
 
 	mu       sync.Mutex
 	err      error         // set before done closes
@@ -101,6 +106,9 @@ func (l *LazyPages) ExitedAt() time.Time {
 // experiment of a daemon that dies mid-way) and waits for it.
 func (l *LazyPages) Kill() {
 	_ = l.cmd.Process.Kill()
+	if l.server != nil {
+		_ = l.server.Process.Kill()
+	}
 	<-l.done
 }
 
@@ -164,12 +172,13 @@ func (c *Client) CheckLazy(ctx context.Context) error {
 // sun_path limit), where CRIU's restore, whose working directory is the
 // same work directory, connects. It returns once the daemon says it is
 // listening (--status-fd), or an error within wait.
-func (c *Client) startLazyPages(images, work string, wait time.Duration) (*LazyPages, error) {
+func (c *Client) startLazyPages(images, work string, pages *pageserver.Manifest, wait time.Duration) (*LazyPages, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
+	defer w.Close()
 	cmd := exec.Command(c.cfg.CRIU, "lazy-pages", "--images-dir", images, "--work-dir", work,
 		"--log-file", lazyLog, "-v4", "--status-fd", "3")
 	cmd.ExtraFiles = []*os.File{w}
@@ -177,8 +186,20 @@ func (c *Client) startLazyPages(images, work string, wait time.Duration) (*LazyP
 	// it, and it outlives the daemon (the unit needs it).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	l := &LazyPages{cmd: cmd, start: time.Now(), done: make(chan struct{}), log: filepath.Join(work, lazyLog)}
+	if pages != nil {
+		conn, err := l.startServer(pages, work)
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Close()
+		cmd.Args = append(cmd.Args, "--page-server", "--ps-socket", "4")
+		cmd.ExtraFiles = append(cmd.ExtraFiles, conn)
+	}
 	if err := cmd.Start(); err != nil {
-		w.Close()
+		if l.server != nil {
+			_ = l.server.Process.Kill()
+			_ = l.server.Wait()
+		}
 		return nil, fmt.Errorf("criu lazy-pages: %w", err)
 	}
 	w.Close()
@@ -205,10 +226,20 @@ func (c *Client) startLazyPages(images, work string, wait time.Duration) (*LazyP
 
 func (l *LazyPages) wait() {
 	err := l.cmd.Wait()
+	exited := time.Now()
+	var serr error
+	if l.server != nil {
+		// lazy-pages gone, its end of the socket closes: the server
+		// ends too, and says why it hung up first if it did.
+		serr = l.waitServer()
+	}
 	l.mu.Lock()
-	l.exited = time.Now()
+	l.exited = exited
 	l.resident = l.exited.Sub(l.start)
-	if err != nil {
+	switch {
+	case serr != nil:
+		l.err = fmt.Errorf("%w: %w (criu lazy-pages: %v)%s", ErrPagesLost, serr, err, logTail(l.log))
+	case err != nil:
 		l.err = fmt.Errorf("%w: criu lazy-pages: %w%s", ErrPagesLost, err, logTail(l.log))
 	}
 	l.mu.Unlock()
@@ -243,7 +274,7 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 	if _, err := writeFileDurably(conf, strings.NewReader(criuConfig+"lazy-pages\n")); err != nil {
 		return nil, nil, RestoreStats{}, err
 	}
-	l, err := c.startLazyPages(images, work, 10*time.Second)
+	l, err := c.startLazyPages(images, work, cp.Pages, 10*time.Second)
 	if err != nil {
 		return nil, nil, RestoreStats{}, fmt.Errorf("%w: %w", ErrRestore, err)
 	}

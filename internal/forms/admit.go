@@ -85,7 +85,13 @@ func (h Host) Admit(ctx context.Context, r store.Run, mark func(step string)) (A
 		return Admitted{}, &resume.RecordError{Err: fmt.Errorf("%w: a %s unit parked in the other form", ErrFormMismatch, ok.Run.Spec.Mode)}
 	}
 	mark("read")
-	offered, err := park.Offered(ctx, h.Store, ok.Suspended.Snapshot)
+	offer := park.Offered
+	if h.Lazy != nil && h.LazyServed {
+		// Pages served lazily are verified chunk by chunk as they are
+		// served (internal/pageserver); the rest is rehashed now.
+		offer = park.OfferedServed
+	}
+	offered, err := offer(ctx, h.Store, ok.Suspended.Snapshot)
 	if err != nil {
 		return Admitted{}, err
 	}

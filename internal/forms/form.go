@@ -40,6 +40,9 @@ type Host struct {
 	// Lazy, when set, restores image parks lazily (docs/lazy-resume.md;
 	// serve --lazy-resume); nil restores them eagerly.
 	Lazy LazyRestorer
+	// LazyServed, with Lazy, has a page server verify each chunk as it
+	// is first served (park.OfferedServed, park.LayoutServed).
+	LazyServed bool
 	// Warm is the host's warm pool (internal/warmpool, docs/warm-pool.md)
 	// and Creates makes its sandboxes, created and not started; a nil pool
 	// keeps none.

@@ -10,8 +10,10 @@ import (
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/pageserver"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // Image is the image form: a unit parked as CRIU's images of its process
@@ -106,7 +108,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 		return Woken{}, err
 	}
 	defer os.RemoveAll(dir)
-	trees, err := park.Layout(f.h.Store, w.Snapshot, dir)
+	trees, served, err := f.layout(w.Snapshot, dir)
 	if err != nil {
 		return Woken{}, err
 	}
@@ -116,7 +118,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 		return Woken{}, err
 	}
 	m := f.h.Mark(id)
-	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Deadline: deadline}
+	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Deadline: deadline, Pages: served}
 	sb, rs, pg, err := f.restoreSandbox(ctx, id, executor.SpecOf(run.Spec, run.Grants), cp, out, t0, deadline)
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
@@ -125,6 +127,17 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored, Lazy: pg != nil}
 	return Woken{Unit: &Unit{Run: run, Sandbox: sb, pages: pg}, Event: attest.EventRestored, Mark: m,
 		Details: []attest.Detail{*st}, Restored: st}, nil
+}
+
+// layout lays the snapshot's trees out under dir: for a lazy restore,
+// with the manifest its page server serves the pages by, each chunk
+// verified as it is served (Admit rehashed the rest: park.OfferedServed).
+func (f Image) layout(snap record.Snapshot, dir string) (park.Trees, *pageserver.Manifest, error) {
+	if f.h.Lazy != nil && f.h.LazyServed {
+		return park.LayoutServed(f.h.Store, snap, dir)
+	}
+	t, err := park.Layout(f.h.Store, snap, dir)
+	return t, nil, err
 }
 
 // Reattached settles a unit found not stopped: a park the last daemon did

@@ -69,6 +69,11 @@ type Config struct {
 	// whose CRIU cannot (criu check --feature uffd-noncoop) refuses to
 	// open with it.
 	LazyResume bool
+	// LazyServed, with LazyResume, verifies each lazily served chunk of a
+	// chunked image as its pages are first served (internal/pageserver)
+	// instead of every stored byte before the restore (docs/lazy-resume.md,
+	// "The page server").
+	LazyServed bool
 	// WarmPool is how many warm sandboxes the host keeps at once for
 	// parked transcript runs (internal/warmpool; serve --warm-pool
 	// defaults to warmpool.DefaultMax); 0 keeps none. WarmMaxAge is how

@@ -185,17 +185,9 @@ func assemble(st *store.Store, mem record.Address, images string) error {
 // runs in the same order (so the file CRIU reads holds each page where
 // its pagemap says).
 func matchPagemap(cf store.ChunkedFile, pms []pagemap) error {
-	var pm *pagemap
-	for i := range pms {
-		if pms[i].pages == cf.Name {
-			if pm != nil {
-				return fmt.Errorf("two pagemaps name it")
-			}
-			pm = &pms[i]
-		}
-	}
-	if pm == nil {
-		return fmt.Errorf("no pagemap names it")
+	pm, err := pagemapOf(cf.Name, pms)
+	if err != nil {
+		return err
 	}
 	var runs []run
 	for _, ch := range cf.Chunks {

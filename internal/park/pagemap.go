@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 )
 
 // CRIU image magics (criu/include/magic.h): every image but the raw
@@ -15,6 +17,7 @@ const (
 	pagemapMagic   = 0x56084025
 	pageSize       = 4096
 	pePresent      = 1 << 2 // pagemap_entry.flags: the pages are in pages-N.img
+	peLazy         = 1 << 1 // pagemap_entry.flags: the pages may be restored lazily
 	// maxPagemap is the largest pagemap image read: a pagemap entry is
 	// at most about 40 bytes, and CRIU writes one per 256 pages at most
 	// every 1 MiB of present memory, so 64 MiB is far past any unit.
@@ -33,8 +36,10 @@ type run struct {
 // pagemap is one process's pagemap-PID.img: the pages file it describes
 // and the runs of present pages, in the order they are in that file.
 type pagemap struct {
+	name  string // pagemap-ID.img
 	pages string // pages-N.img
 	runs  []run
+	eager []run  // the present pages not marked lazy, in file order
 	bytes uint64 // the pages file's size: the runs' sum
 }
 
@@ -43,16 +48,29 @@ type pagemap struct {
 // imported image is hostile: one pagemap listed under a thousand names
 // would be parsed, and held, a thousand times).
 func readPagemaps(dir string) ([]pagemap, error) {
-	names, err := filepath.Glob(filepath.Join(dir, "pagemap-*.img"))
+	paths, err := filepath.Glob(filepath.Join(dir, "pagemap-*.img"))
 	if err != nil {
 		return nil, err
 	}
-	if len(names) > maxPagemaps {
-		return nil, fmt.Errorf("%d pagemap images, the limit is %d", len(names), maxPagemaps)
+	files := make([]imageFile, len(paths))
+	for i, p := range paths {
+		files[i] = imageFile{filepath.Base(p), p}
+	}
+	return readPagemapFiles(files)
+}
+
+// imageFile is an image of a CRIU image directory: its name there, and
+// the file that holds it.
+type imageFile struct{ name, path string }
+
+// readPagemapFiles is readPagemaps of the pagemap images files names.
+func readPagemapFiles(files []imageFile) ([]pagemap, error) {
+	if len(files) > maxPagemaps {
+		return nil, fmt.Errorf("%d pagemap images, the limit is %d", len(files), maxPagemaps)
 	}
 	var total int64
-	for _, p := range names {
-		info, err := os.Lstat(p)
+	for _, f := range files {
+		info, err := os.Lstat(f.path)
 		if err != nil {
 			return nil, err
 		}
@@ -61,15 +79,16 @@ func readPagemaps(dir string) ([]pagemap, error) {
 		}
 	}
 	var out []pagemap
-	for _, p := range names {
-		b, err := os.ReadFile(p)
+	for _, f := range files {
+		b, err := os.ReadFile(f.path)
 		if err != nil {
 			return nil, err
 		}
 		pm, err := parsePagemap(b)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", filepath.Base(p), err)
+			return nil, fmt.Errorf("%s: %w", f.name, err)
 		}
+		pm.name = f.name
 		out = append(out, pm)
 	}
 	return out, nil
@@ -131,12 +150,49 @@ func (pm *pagemap) add(fields map[int]uint64) error {
 		return errors.New("more pages than a file holds")
 	}
 	pm.bytes += sz
-	if n := len(pm.runs); n > 0 && pm.runs[n-1].vaddr+pm.runs[n-1].bytes == vaddr {
-		pm.runs[n-1].bytes += sz
-		return nil
+	if flags&peLazy == 0 {
+		pm.eager = appendRun(pm.eager, run{vaddr, sz})
 	}
-	pm.runs = append(pm.runs, run{vaddr, sz})
+	pm.runs = appendRun(pm.runs, run{vaddr, sz})
 	return nil
+}
+
+// appendRun appends r to runs, joined to the last one when it follows it.
+func appendRun(runs []run, r run) []run {
+	if n := len(runs); n > 0 && runs[n-1].vaddr+runs[n-1].bytes == r.vaddr {
+		runs[n-1].bytes += r.bytes
+		return runs
+	}
+	return append(runs, r)
+}
+
+// task is the process id a task's pagemap is named by (pagemap-ID.img),
+// false for any other pagemap (a shared memory segment's,
+// pagemap-shmem-ID.img).
+func (pm pagemap) task() (uint64, bool) {
+	id, ok := strings.CutPrefix(pm.name, "pagemap-")
+	if !ok {
+		return 0, false
+	}
+	id, ok = strings.CutSuffix(id, ".img")
+	n, err := strconv.ParseUint(id, 10, 64)
+	return n, ok && err == nil && n > 0
+}
+
+// isTask is whether pm is a task's pagemap.
+func (pm pagemap) isTask() bool {
+	_, ok := pm.task()
+	return ok
+}
+
+// eagerIn reports whether any page of [v, v+size) is eager.
+func (pm pagemap) eagerIn(v, size uint64) bool {
+	for _, r := range pm.eager {
+		if r.vaddr < v+size && v < r.vaddr+r.bytes {
+			return true
+		}
+	}
+	return false
 }
 
 // protoFields decodes a message of varint fields only (what pagemap

@@ -64,9 +64,24 @@ const (
 // removed. Copies are not fsynced: dst is a scratch tree that the store
 // can always rebuild.
 func (s *Store) Materialize(ctx context.Context, dir record.Address, dst string, how Layout) error {
+	return s.MaterializeWhere(ctx, dir, dst, how, nil)
+}
+
+// MaterializeWhere is [Store.Materialize] of only the entries keep keeps
+// (all of them when keep is nil).
+func (s *Store) MaterializeWhere(ctx context.Context, dir record.Address, dst string, how Layout, keep func(Entry) bool) error {
 	entries, err := s.Listing(dir)
 	if err != nil {
 		return err
+	}
+	if keep != nil {
+		kept := entries[:0]
+		for _, e := range entries {
+			if keep(e) {
+				kept = append(kept, e)
+			}
+		}
+		entries = kept
 	}
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return fmt.Errorf("store: materialize %s: %w", dir, err)

@@ -48,42 +48,75 @@ func (s *Store) Rehash(ctx context.Context, a record.Address) (record.Address, e
 // changed byte in any file gives a different address. A missing listing
 // or file is an error wrapping [ErrMissingObject], naming the file.
 func (s *Store) RehashDir(ctx context.Context, dir record.Address) (record.Address, error) {
-	got, err := s.Rehash(ctx, dir)
+	es, got, err := s.RehashListing(ctx, dir)
 	if err != nil || got != dir {
 		return got, err
+	}
+	all := make([]int, len(es))
+	for i := range all {
+		all[i] = i
+	}
+	changed, err := s.RehashEntries(ctx, dir, es, all)
+	if err != nil {
+		return record.Address{}, err
+	}
+	if !changed {
+		return dir, nil
+	}
+	return ListingAddress(es)
+}
+
+// RehashListing rehashes directory object dir's listing alone: it returns
+// its entries and dir while the listing is intact, or no entries and the
+// address its bytes hash to now (they need not decode).
+func (s *Store) RehashListing(ctx context.Context, dir record.Address) ([]Entry, record.Address, error) {
+	got, err := s.Rehash(ctx, dir)
+	if err != nil || got != dir {
+		return nil, got, err
 	}
 	es, err := s.Listing(dir)
 	var ce *CorruptError
 	if errors.As(err, &ce) {
 		// Rewritten since it was rehashed: what it offers now.
-		return ce.Got, nil
+		return nil, ce.Got, nil
 	}
 	if err != nil {
-		return record.Address{}, err
+		return nil, record.Address{}, err
 	}
-	sums := make([]record.Address, len(es))
-	err = parallel(ctx, len(es), func(i int) (err error) {
-		sums[i], err = s.Rehash(ctx, es[i].Address)
+	return es, dir, nil
+}
+
+// RehashEntries rehashes the files es[i] (entries of directory dir's
+// listing) for each i in pick, one worker per processor, and sets each
+// one's Address to what its bytes hash to now; changed says whether any
+// differed. A missing file is an error wrapping [ErrMissingObject],
+// naming it.
+func (s *Store) RehashEntries(ctx context.Context, dir record.Address, es []Entry, pick []int) (changed bool, _ error) {
+	sums := make([]record.Address, len(pick))
+	err := parallel(ctx, len(pick), func(i int) (err error) {
+		e := es[pick[i]]
+		sums[i], err = s.Rehash(ctx, e.Address)
 		if err != nil {
-			return fmt.Errorf("directory %s, file %s: %w", dir, es[i].Name, err)
+			return fmt.Errorf("directory %s, file %s: %w", dir, e.Name, err)
 		}
 		return nil
 	})
 	if err != nil {
-		return record.Address{}, err
+		return false, err
 	}
-	changed := false
-	for i := range es {
-		if sums[i] != es[i].Address {
-			es[i].Address, changed = sums[i], true
+	for i, j := range pick {
+		if sums[i] != es[j].Address {
+			es[j].Address, changed = sums[i], true
 		}
 	}
-	if !changed {
-		return dir, nil
-	}
+	return changed, nil
+}
+
+// ListingAddress is the address of the listing of es.
+func ListingAddress(es []Entry) (record.Address, error) {
 	b, err := EncodeListing(es)
 	if err != nil {
-		return record.Address{}, fmt.Errorf("directory %s: %w", dir, err)
+		return record.Address{}, fmt.Errorf("store: %w", err)
 	}
 	return record.Sum(b), nil
 }

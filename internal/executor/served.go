@@ -1,0 +1,108 @@
+//go:build linux
+
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/pageserver"
+	"golang.org/x/sys/unix"
+)
+
+// ErrChunkRefused is a served lazy restore whose page server found a
+// stored chunk that does not hash to its listed address: it served none
+// of that chunk's pages and hung up, and the restore's pages are lost
+// (the error wraps [ErrPagesLost] too).
+var ErrChunkRefused = errors.New("executor: the page server refused a chunk that is not the one listed")
+
+// sendBuffer is the page server's socket send buffer.
+const sendBuffer = 8 << 20
+
+// serverLog is the page server's log, in the restore's work directory.
+const serverLog = "page-server.log"
+
+// startServer starts the page server of pages (internal/pageserver) on
+// one end of a socket pair and returns the other, for lazy-pages.
+func (l *LazyPages) startServer(pages *pageserver.Manifest, work string) (*os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("page server socket: %w", err)
+	}
+	// A reply (at most 4 MiB) goes into the socket whole: lazy-pages
+	// reads it in a few calls instead of one per default buffer's worth.
+	_ = unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sendBuffer)
+	mine, theirs := os.NewFile(uintptr(fds[0]), "page-server"), os.NewFile(uintptr(fds[1]), "lazy-pages")
+	defer mine.Close()
+	l.serverLog = filepath.Join(work, serverLog)
+	logf, err := os.OpenFile(l.serverLog, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		theirs.Close()
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := pageserver.Command(mine)
+	cmd.Stderr = logf
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		theirs.Close()
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		theirs.Close()
+		return nil, fmt.Errorf("page server: %w", err)
+	}
+	l.server = cmd
+	// The manifest goes in while lazy-pages starts; a server that has
+	// not read it all yet only delays its first reply.
+	go func() {
+		_ = pages.Encode(in)
+		in.Close()
+	}()
+	return theirs, nil
+}
+
+// serverWait bounds the page server's end after lazy-pages' exit.
+const serverWait = 5 * time.Second
+
+// waitServer waits for the page server to end, and returns why it ended
+// if that was not lazy-pages saying it was done.
+func (l *LazyPages) waitServer() error {
+	done := make(chan error, 1)
+	go func() { done <- l.server.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(serverWait):
+		_ = l.server.Process.Kill()
+		err = fmt.Errorf("page server still running %s after lazy-pages ended: killed (%w)", serverWait, <-done)
+	}
+	if err == nil {
+		return nil
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() == pageserver.ExitRefused {
+		err = ErrChunkRefused
+	}
+	return fmt.Errorf("page server: %w: %s", err, serverSaid(l.serverLog))
+}
+
+// serverSaid is the first line of the page server's log: why it stopped
+// serving, when it did not finish.
+func serverSaid(log string) string {
+	f, err := os.Open(log)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	b := make([]byte, 1024)
+	n, _ := io.ReadFull(f, b)
+	s, _, _ := strings.Cut(string(b[:n]), "\n")
+	return s
+}

@@ -1,0 +1,93 @@
+package pageserver
+
+import "sync"
+
+// Reading ahead: lazy-pages asks for one range of a task at a time and
+// waits for it, and its background transfer goes up in address, so the
+// server reads and verifies the chunks after the ones it just served on
+// a few workers while lazy-pages copies: a chunk per file, from a cold
+// page cache, read one after another on the request path, made every
+// page resident ten times slower than reading one pages file.
+const (
+	// aheadBytes bounds the chunks read ahead and not yet served.
+	aheadBytes = 32 << 20
+	// aheadWorkers read and hash them.
+	aheadWorkers = 16
+)
+
+// ahead is the chunks read and verified ahead of their request.
+type ahead struct {
+	jobs chan *slot
+	wg   sync.WaitGroup
+	// Owned by the serving goroutine:
+	slots map[*Extent]*slot
+	bytes uint64
+}
+
+// slot is one chunk read ahead: b or err once done is closed.
+type slot struct {
+	t    *Task
+	e    *Extent
+	done chan struct{}
+	b    []byte
+	err  error
+}
+
+func newAhead() *ahead {
+	a := &ahead{jobs: make(chan *slot, aheadBytes/PageSize), slots: map[*Extent]*slot{}}
+	for range aheadWorkers {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			for sl := range a.jobs {
+				sl.b, sl.err = loadChunk(sl.e)
+				close(sl.done)
+			}
+		}()
+	}
+	return a
+}
+
+// take is verified extent e's bytes: read ahead, or read now.
+func (a *ahead) take(e *Extent) ([]byte, error) {
+	sl := a.slots[e]
+	if sl == nil {
+		return loadChunk(e)
+	}
+	<-sl.done
+	delete(a.slots, e)
+	a.bytes -= e.Size
+	return sl.b, sl.err
+}
+
+// after queues the verified chunks of t from extent next on, up to
+// aheadBytes not yet served. Chunks below next that were read ahead and
+// passed over (lazy-pages dropped their range: the unit unmapped it) are
+// let go first.
+func (a *ahead) after(t *Task, next int, verified map[*Extent]bool) {
+	if a.bytes >= aheadBytes && next < len(t.Extents) {
+		for e, sl := range a.slots {
+			if sl.t == t && e.Vaddr < t.Extents[next].Vaddr {
+				<-sl.done
+				delete(a.slots, e)
+				a.bytes -= e.Size
+			}
+		}
+	}
+	for k := next; k < len(t.Extents) && a.bytes < aheadBytes; k++ {
+		e := &t.Extents[k]
+		if e.Verify == nil || verified[e] || a.slots[e] != nil {
+			continue
+		}
+		sl := &slot{t: t, e: e, done: make(chan struct{})}
+		a.slots[e] = sl
+		a.bytes += e.Size
+		a.jobs <- sl
+	}
+}
+
+// stop ends the workers once the queued reads are done.
+func (a *ahead) stop() {
+	close(a.jobs)
+	a.wg.Wait()
+}

@@ -1,0 +1,25 @@
+// Package pageserver serves a lazily restored unit's pages to `criu
+// lazy-pages --page-server` over an inherited socket, verifying each
+// stored chunk against its listed address the first time any of its
+// pages is asked for (docs/lazy-resume.md, "The page server").
+//
+// A lazy resume of a park in the chunked form checks before the restore
+// that the memory image's listing hashes to the recorded address and that
+// every file CRIU reads itself (the small images, the eager pages) is the
+// one listed; the listing names every chunk by its address, so a chunk
+// verified as it is served is a chunk of the recorded snapshot. A chunk
+// whose bytes hash elsewhere is never served ([ErrRefused]): the server
+// hangs up, lazy-pages fails, and the daemon, which holds the unit's
+// userfaultfds, freezes and kills the unit before any thread reads a page
+// that did not come.
+//
+// The server runs as a process of its own ([Command], [MaybeRun]): the
+// unit needs its pages even when the daemon stops.
+//
+// # Caveats
+//
+// A verified chunk is read again from its file for later requests: the
+// window between a chunk's check and its last page served is the same as
+// a whole-file object's between its rehash and the restore (objects are
+// read-only files only root can replace).
+package pageserver

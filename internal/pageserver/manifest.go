@@ -1,0 +1,241 @@
+package pageserver
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// PageSize is the unit of every extent's address and size.
+const PageSize = 4096
+
+// Limits of a manifest, which bound what the server holds.
+const (
+	// MaxExtentSize is the largest extent a verified one is read whole
+	// to hash: a stored chunk is at most 1 MiB.
+	MaxExtentSize = 1 << 20
+	// MaxExtents is the most extents of a manifest: 64 GiB of memory in
+	// 16 KiB chunks, or that many runs of whole pages files.
+	MaxExtents = 1 << 22
+	// maxPath bounds one extent's file name.
+	maxPath = 4096
+	// maxTasks bounds the tasks (a unit's processes).
+	maxTasks = 1 << 16
+)
+
+// ErrManifest is a manifest that does not decode, or breaks its rules:
+// extents out of address order or overlapping, not whole pages, or past a
+// limit.
+var ErrManifest = errors.New("pageserver: manifest refused")
+
+// Extent is a run of a task's pages at consecutive virtual addresses,
+// stored at Offset of the file Path.
+type Extent struct {
+	Vaddr  uint64
+	Size   uint64 // bytes: whole pages
+	Path   string
+	Offset uint64
+	// Verify, when set, is the address the extent's file must hash to,
+	// whole, before the first of its pages is served; it is then
+	// Offset 0 and the file's size is Size (a stored chunk). Unset for a
+	// file the caller verified before the restore.
+	Verify *record.Address
+}
+
+// Task is one restored process's lazy memory: ID is the process id its
+// images are named by (pagemap-ID.img), which lazy-pages asks pages by;
+// its extents are in address order and do not overlap.
+type Task struct {
+	ID      uint64
+	Extents []Extent
+}
+
+// Manifest is what a page server serves.
+type Manifest struct {
+	Tasks []Task
+}
+
+// manifestMagic starts an encoded manifest.
+const manifestMagic = "rr-pageserver-1\n"
+
+// Encode writes m (docs/lazy-resume.md, "The page server"): the magic,
+// then u32 tasks; per task u64 id, u32 extents; per extent u64 vaddr, u64
+// size, u64 offset, u8 verified (0 or 1) and then its 32-byte address when
+// 1, u16 path length and the path. Integers are big-endian.
+func (m *Manifest) Encode(w io.Writer) error {
+	if err := m.Check(); err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(w, 1<<16)
+	b := append([]byte(manifestMagic), 0, 0, 0, 0)
+	binary.BigEndian.PutUint32(b[len(manifestMagic):], uint32(len(m.Tasks)))
+	for _, t := range m.Tasks {
+		b = binary.BigEndian.AppendUint64(b, t.ID)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(t.Extents)))
+		for _, e := range t.Extents {
+			b = binary.BigEndian.AppendUint64(b, e.Vaddr)
+			b = binary.BigEndian.AppendUint64(b, e.Size)
+			b = binary.BigEndian.AppendUint64(b, e.Offset)
+			if e.Verify != nil {
+				b = append(b, 1)
+				b = append(b, e.Verify[:]...)
+			} else {
+				b = append(b, 0)
+			}
+			b = binary.BigEndian.AppendUint16(b, uint16(len(e.Path)))
+			b = append(b, e.Path...)
+			if len(b) > 1<<15 {
+				if _, err := bw.Write(b); err != nil {
+					return err
+				}
+				b = b[:0]
+			}
+		}
+	}
+	if _, err := bw.Write(b); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// Decode reads a manifest Encode wrote, checking its rules (a refusal
+// wraps [ErrManifest]).
+func Decode(r io.Reader) (*Manifest, error) {
+	br := bufio.NewReaderSize(r, 1<<16)
+	d := decoder{r: br}
+	if string(d.bytes(len(manifestMagic))) != manifestMagic {
+		return nil, d.fail("not a page server manifest")
+	}
+	nt := d.u32()
+	if nt > maxTasks {
+		return nil, d.fail(fmt.Sprintf("%d tasks", nt))
+	}
+	m := &Manifest{Tasks: make([]Task, 0, min(nt, 64))}
+	total := 0
+	for range nt {
+		t := Task{ID: d.u64()}
+		ne := int(d.u32())
+		if total += ne; total > MaxExtents || d.err != nil {
+			return nil, d.fail(fmt.Sprintf("more than %d extents", MaxExtents))
+		}
+		t.Extents = make([]Extent, 0, min(ne, 1<<12))
+		for range ne {
+			e := Extent{Vaddr: d.u64(), Size: d.u64(), Offset: d.u64()}
+			switch d.u8() {
+			case 0:
+			case 1:
+				var a record.Address
+				copy(a[:], d.bytes(len(a)))
+				e.Verify = &a
+			default:
+				return nil, d.fail("an extent's verified flag is neither 0 nor 1")
+			}
+			n := int(d.u16())
+			if n == 0 || n > maxPath {
+				return nil, d.fail(fmt.Sprintf("a path of %d bytes", n))
+			}
+			e.Path = string(d.bytes(n))
+			if d.err != nil {
+				return nil, d.fail("truncated")
+			}
+			t.Extents = append(t.Extents, e)
+		}
+		m.Tasks = append(m.Tasks, t)
+	}
+	if d.err != nil {
+		return nil, d.fail("truncated")
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		return nil, d.fail("bytes past the last extent")
+	}
+	if err := m.Check(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Check checks the manifest's rules (a refusal wraps [ErrManifest]).
+func (m *Manifest) Check() error {
+	if len(m.Tasks) > maxTasks {
+		return fmt.Errorf("%w: %d tasks", ErrManifest, len(m.Tasks))
+	}
+	ids := make(map[uint64]bool, len(m.Tasks))
+	total := 0
+	for _, t := range m.Tasks {
+		if ids[t.ID] {
+			return fmt.Errorf("%w: task %d listed twice", ErrManifest, t.ID)
+		}
+		ids[t.ID] = true
+		if total += len(t.Extents); total > MaxExtents {
+			return fmt.Errorf("%w: more than %d extents", ErrManifest, MaxExtents)
+		}
+		var end uint64
+		for i, e := range t.Extents {
+			switch {
+			case e.Size == 0 || e.Size%PageSize != 0 || e.Vaddr%PageSize != 0:
+				return fmt.Errorf("%w: task %d: extent %#x+%d is not whole pages", ErrManifest, t.ID, e.Vaddr, e.Size)
+			case e.Vaddr+e.Size < e.Vaddr || e.Offset+e.Size < e.Offset || e.Offset > 1<<62:
+				return fmt.Errorf("%w: task %d: extent %#x+%d overflows", ErrManifest, t.ID, e.Vaddr, e.Size)
+			case i > 0 && e.Vaddr < end:
+				return fmt.Errorf("%w: task %d: extent %#x is below the end of the one before it", ErrManifest, t.ID, e.Vaddr)
+			case e.Verify != nil && (e.Offset != 0 || e.Size > MaxExtentSize):
+				return fmt.Errorf("%w: task %d: a verified extent %#x+%d at offset %d is not a whole chunk", ErrManifest, t.ID, e.Vaddr, e.Size, e.Offset)
+			case e.Path == "" || len(e.Path) > maxPath:
+				return fmt.Errorf("%w: task %d: extent %#x: a path of %d bytes", ErrManifest, t.ID, e.Vaddr, len(e.Path))
+			}
+			end = e.Vaddr + e.Size
+		}
+	}
+	return nil
+}
+
+// find returns the index of the extent holding vaddr, or -1.
+func (t *Task) find(vaddr uint64) int {
+	i := sort.Search(len(t.Extents), func(i int) bool { return t.Extents[i].Vaddr+t.Extents[i].Size > vaddr })
+	if i == len(t.Extents) || t.Extents[i].Vaddr > vaddr {
+		return -1
+	}
+	return i
+}
+
+// decoder reads big-endian integers, remembering the first error.
+type decoder struct {
+	r   *bufio.Reader
+	err error
+	buf [8]byte
+}
+
+func (d *decoder) bytes(n int) []byte {
+	b := make([]byte, n)
+	if d.err == nil {
+		_, d.err = io.ReadFull(d.r, b)
+	}
+	return b
+}
+
+func (d *decoder) fixed(n int) []byte {
+	if d.err == nil {
+		_, d.err = io.ReadFull(d.r, d.buf[:n])
+	}
+	if d.err != nil {
+		clear(d.buf[:n])
+	}
+	return d.buf[:n]
+}
+
+func (d *decoder) u8() uint8   { return d.fixed(1)[0] }
+func (d *decoder) u16() uint16 { return binary.BigEndian.Uint16(d.fixed(2)) }
+func (d *decoder) u32() uint32 { return binary.BigEndian.Uint32(d.fixed(4)) }
+func (d *decoder) u64() uint64 { return binary.BigEndian.Uint64(d.fixed(8)) }
+
+func (d *decoder) fail(why string) error {
+	if d.err != nil && !errors.Is(d.err, io.EOF) && !errors.Is(d.err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: %s: %w", ErrManifest, why, d.err)
+	}
+	return fmt.Errorf("%w: %s", ErrManifest, why)
+}

@@ -1,0 +1,240 @@
+package pageserver
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// The page server's side of CRIU's page transfer protocol (criu 4.2,
+// criu/page-xfer.c), as `criu lazy-pages --page-server` speaks it over an
+// inherited socket (--ps-socket). Every message starts with a 32-byte
+// header in the host's byte order: u32 command, 4 bytes of padding, u64
+// number of pages, u64 virtual address, u64 destination id (the task's
+// pid).
+const (
+	headerSize = 32
+	cmdAdd     = 1      // PS_IOV_ADD: the reply to a GET, its pages follow
+	cmdGet     = 7      // PS_IOV_GET: send nr_pages pages at vaddr of task dst_id
+	cmdClose   = 0x1023 // PS_IOV_CLOSE: answered by an int32 0, then the end
+	cmdForce   = 0x1024 // PS_IOV_FORCE_CLOSE: the same, over an inherited socket
+	cmdMask    = 0xffff // the low 16 bits are the command, the rest flags
+	// maxReply bounds the pages of one reply: lazy-pages takes fewer
+	// pages than it asked for, and asks again for the rest.
+	maxReply = 4 << 20
+	// queued bounds the requests read ahead of the replies: lazy-pages
+	// sends its requests without waiting (MSG_DONTWAIT), so the server
+	// keeps reading them while it writes replies.
+	queued = 4096
+)
+
+// Errors of a serve: a page server that returns one of them hangs up, and
+// lazy-pages, the restore's pages then lost, exits with an error.
+var (
+	// ErrRefused is a verified extent whose file does not hash to its
+	// listed address: none of its pages is served.
+	ErrRefused = errors.New("pageserver: a chunk's bytes are not the ones listed")
+	// ErrRequest is a request the manifest cannot answer: an unknown
+	// command or task, or pages it does not hold.
+	ErrRequest = errors.New("pageserver: request refused")
+)
+
+// request is one decoded header.
+type request struct {
+	cmd          uint32
+	pages, vaddr uint64
+	dst          uint64
+	readErr      bool
+}
+
+// Stats is what a serve did.
+type Stats struct {
+	Requests int    // GET requests answered
+	Pages    uint64 // pages sent
+	Verified int    // extents hashed before their first page was sent
+	// Waited is the time spent waiting for chunks read and hashed (ahead
+	// or not), Written the time writing replies.
+	Waited, Written time.Duration
+}
+
+// Server serves one manifest's pages.
+type Server struct {
+	m        *Manifest
+	tasks    map[uint64]*Task
+	verified map[*Extent]bool
+	ahead    *ahead
+	buf      []byte
+	stats    Stats
+}
+
+// New is a server of m, which must have passed its checks (Decode).
+func New(m *Manifest) *Server {
+	s := &Server{m: m, tasks: make(map[uint64]*Task, len(m.Tasks)), verified: map[*Extent]bool{}, ahead: newAhead()}
+	for i := range m.Tasks {
+		s.tasks[m.Tasks[i].ID] = &m.Tasks[i]
+	}
+	return s
+}
+
+// Stats is what the serve has done so far.
+func (s *Server) Stats() Stats { return s.stats }
+
+// Serve answers lazy-pages on conn until it says it is done (nil) or
+// hangs up (io.ErrUnexpectedEOF), or a request cannot be answered (an
+// error wrapping ErrRefused or ErrRequest; then nothing more is sent, and
+// the caller closes conn).
+func (s *Server) Serve(conn io.ReadWriter) error {
+	reqs := make(chan request, queued)
+	go readRequests(conn, reqs)
+	defer s.ahead.stop()
+	for r := range reqs {
+		switch {
+		case r.readErr:
+			return fmt.Errorf("pageserver: lazy-pages hung up: %w", io.ErrUnexpectedEOF)
+		case r.cmd&cmdMask == cmdClose || r.cmd&cmdMask == cmdForce:
+			var ok [4]byte // int32 0
+			_, err := conn.Write(ok[:])
+			return err
+		case r.cmd&cmdMask != cmdGet:
+			return fmt.Errorf("%w: command %#x", ErrRequest, r.cmd)
+		}
+		if err := s.get(conn, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readRequests reads headers into reqs until the connection ends or a
+// close arrives.
+func readRequests(conn io.Reader, reqs chan<- request) {
+	defer close(reqs)
+	var h [headerSize]byte
+	for {
+		if _, err := io.ReadFull(conn, h[:]); err != nil {
+			reqs <- request{readErr: true}
+			return
+		}
+		r := request{
+			cmd:   binary.NativeEndian.Uint32(h[0:]),
+			pages: binary.NativeEndian.Uint64(h[8:]),
+			vaddr: binary.NativeEndian.Uint64(h[16:]),
+			dst:   binary.NativeEndian.Uint64(h[24:]),
+		}
+		reqs <- r
+		if c := r.cmd & cmdMask; c != cmdGet {
+			return
+		}
+	}
+}
+
+// get answers one GET: as many of the asked pages as the extents at
+// vaddr hold without a gap (at least one), each verified extent hashed
+// before its first page goes.
+func (s *Server) get(conn io.Writer, r request) error {
+	t := s.tasks[r.dst]
+	if t == nil {
+		return fmt.Errorf("%w: pages of task %d, which the manifest does not hold", ErrRequest, r.dst)
+	}
+	if r.pages == 0 || r.vaddr%PageSize != 0 {
+		return fmt.Errorf("%w: task %d: %d pages at %#x", ErrRequest, r.dst, r.pages, r.vaddr)
+	}
+	i := t.find(r.vaddr)
+	if i < 0 {
+		return fmt.Errorf("%w: task %d: no extent holds %#x", ErrRequest, r.dst, r.vaddr)
+	}
+	want := min(r.pages, maxReply/PageSize) * PageSize
+	if cap(s.buf) < headerSize+int(want) {
+		s.buf = make([]byte, headerSize, headerSize+maxReply)
+	}
+	b := s.buf[:headerSize]
+	v, off := r.vaddr, r.vaddr-t.Extents[i].Vaddr
+	if r.pages > 1 {
+		// The background transfer's requests, not a fault's single
+		// page: what follows is asked next.
+		defer func() { s.ahead.after(t, i, s.verified) }()
+	}
+	for ; i < len(t.Extents) && uint64(len(b)-headerSize) < want; i++ {
+		e := &t.Extents[i]
+		if e.Vaddr+off != v {
+			break // a gap: lazy-pages asks again for the rest
+		}
+		n := min(e.Size-off, want-uint64(len(b)-headerSize))
+		var err error
+		if b, err = s.read(b, e, off, n); err != nil {
+			return err
+		}
+		v, off = v+n, 0
+	}
+	sent := uint64(len(b)-headerSize) / PageSize
+	binary.NativeEndian.PutUint32(b[0:], cmdAdd)
+	binary.NativeEndian.PutUint32(b[4:], 0)
+	binary.NativeEndian.PutUint64(b[8:], sent)
+	binary.NativeEndian.PutUint64(b[16:], r.vaddr)
+	binary.NativeEndian.PutUint64(b[24:], r.dst)
+	t0 := time.Now()
+	_, err := conn.Write(b)
+	s.stats.Written += time.Since(t0)
+	if err != nil {
+		return fmt.Errorf("pageserver: replying: %w", err)
+	}
+	s.stats.Requests++
+	s.stats.Pages += sent
+	return nil
+}
+
+// read appends n bytes of e from off within it (off is the request's
+// distance past e's start when the request starts inside e), hashing e
+// whole first when it is to be verified and has not been.
+func (s *Server) read(b []byte, e *Extent, off, n uint64) ([]byte, error) {
+	if e.Verify != nil && !s.verified[e] {
+		t0 := time.Now()
+		whole, err := s.ahead.take(e)
+		s.stats.Waited += time.Since(t0)
+		if err != nil {
+			return b, err
+		}
+		s.verified[e] = true
+		s.stats.Verified++
+		return append(b, whole[off:off+n]...), nil
+	}
+	f, err := os.Open(e.Path)
+	if err != nil {
+		return b, fmt.Errorf("pageserver: extent %#x: %w", e.Vaddr, err)
+	}
+	defer f.Close()
+	start := len(b)
+	b = b[:start+int(n)]
+	if _, err := f.ReadAt(b[start:], int64(e.Offset+off)); err != nil {
+		return b[:start], fmt.Errorf("pageserver: extent %#x of %s at %d: %w", e.Vaddr, e.Path, e.Offset+off, err)
+	}
+	return b, nil
+}
+
+// loadChunk reads verified extent e's file whole and checks it hashes to
+// its listed address.
+func loadChunk(e *Extent) ([]byte, error) {
+	f, err := os.Open(e.Path)
+	if err != nil {
+		return nil, fmt.Errorf("pageserver: extent %#x: %w", e.Vaddr, err)
+	}
+	defer f.Close()
+	whole := make([]byte, e.Size+1) // one byte past: a longer file shows
+	n, err := io.ReadFull(f, whole)
+	if err != nil && err != io.ErrUnexpectedEOF {
+		return nil, fmt.Errorf("pageserver: extent %#x: %w", e.Vaddr, err)
+	}
+	if uint64(n) != e.Size {
+		return nil, fmt.Errorf("%w: %s holds more or fewer than the %d bytes of the chunk at %#x", ErrRefused, e.Path, e.Size, e.Vaddr)
+	}
+	whole = whole[:n]
+	if got := record.Sum(whole); got != *e.Verify {
+		return nil, fmt.Errorf("%w: the chunk at %#x hashes to %s, listed as %s", ErrRefused, e.Vaddr, got, *e.Verify)
+	}
+	return whole, nil
+}

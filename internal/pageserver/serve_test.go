@@ -1,0 +1,228 @@
+package pageserver
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// pages is n pages of bytes that differ page to page (seed picks them).
+func pages(n int, seed byte) []byte {
+	b := make([]byte, n*PageSize)
+	for i := range b {
+		b[i] = seed + byte(i/PageSize) + byte(i%251)
+	}
+	return b
+}
+
+// fixture is a task 7 of three extents: two verified chunks at 0x10000
+// (2 pages) and 0x12000 (1 page), a gap, then 3 pages of a whole file at
+// offset 4096 from 0x20000.
+type fixture struct {
+	m                  *Manifest
+	chunk1, chunk2     []byte
+	whole              []byte
+	chunk1Path, wholeP string
+}
+
+func newFixture(t *testing.T) fixture {
+	dir := t.TempDir()
+	f := fixture{chunk1: pages(2, 1), chunk2: pages(1, 50), whole: pages(4, 90)}
+	f.chunk1Path = filepath.Join(dir, "c1")
+	c2 := filepath.Join(dir, "c2")
+	f.wholeP = filepath.Join(dir, "whole")
+	for p, b := range map[string][]byte{f.chunk1Path: f.chunk1, c2: f.chunk2, f.wholeP: f.whole} {
+		if err := os.WriteFile(p, b, 0o400); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a1, a2 := record.Sum(f.chunk1), record.Sum(f.chunk2)
+	f.m = &Manifest{Tasks: []Task{{ID: 7, Extents: []Extent{
+		{Vaddr: 0x10000, Size: 2 * PageSize, Path: f.chunk1Path, Verify: &a1},
+		{Vaddr: 0x12000, Size: PageSize, Path: c2, Verify: &a2},
+		{Vaddr: 0x20000, Size: 3 * PageSize, Path: f.wholeP, Offset: PageSize},
+	}}}}
+	return f
+}
+
+// client is lazy-pages' side of the protocol.
+type client struct {
+	t    *testing.T
+	conn net.Conn
+}
+
+func header(cmd uint32, n, vaddr, dst uint64) []byte {
+	h := make([]byte, headerSize)
+	binary.NativeEndian.PutUint32(h, cmd)
+	binary.NativeEndian.PutUint64(h[8:], n)
+	binary.NativeEndian.PutUint64(h[16:], vaddr)
+	binary.NativeEndian.PutUint64(h[24:], dst)
+	return h
+}
+
+// get asks n pages at vaddr of task dst and returns the pages the reply
+// holds, checking that its header echoes the request.
+func (c client) get(n, vaddr, dst uint64) ([]byte, error) {
+	if _, err := c.conn.Write(header(cmdGet, n, vaddr, dst)); err != nil {
+		return nil, err
+	}
+	h := make([]byte, headerSize)
+	if _, err := io.ReadFull(c.conn, h); err != nil {
+		return nil, err
+	}
+	sent := binary.NativeEndian.Uint64(h[8:])
+	if binary.NativeEndian.Uint32(h) != cmdAdd || binary.NativeEndian.Uint64(h[16:]) != vaddr || binary.NativeEndian.Uint64(h[24:]) != dst || sent == 0 || sent > n {
+		c.t.Fatalf("reply header %x to %d pages at %#x of %d", h, n, vaddr, dst)
+	}
+	b := make([]byte, sent*PageSize)
+	_, err := io.ReadFull(c.conn, b)
+	return b, err
+}
+
+// serve runs a server of m on one end of a pipe; the result arrives on
+// the channel once it returns (and its end is closed).
+func serve(t *testing.T, m *Manifest) (client, <-chan error, *Server) {
+	a, b := net.Pipe()
+	s := New(m)
+	done := make(chan error, 1)
+	go func() {
+		err := s.Serve(b)
+		b.Close()
+		done <- err
+	}()
+	t.Cleanup(func() { a.Close() })
+	return client{t, a}, done, s
+}
+
+func TestServe(t *testing.T) {
+	f := newFixture(t)
+	c, done, s := serve(t, f.m)
+	for _, tc := range []struct {
+		name         string
+		n, vaddr     uint64
+		want         []byte
+		wantVerified int
+	}{
+		{"inside the first chunk", 1, 0x11000, f.chunk1[PageSize:], 1},
+		{"across both chunks, then stops at the gap", 8, 0x10000, append(append([]byte{}, f.chunk1...), f.chunk2...), 2},
+		{"the whole file from its offset", 3, 0x20000, f.whole[PageSize:], 2},
+		{"fewer than the extent holds", 1, 0x21000, f.whole[2*PageSize : 3*PageSize], 2},
+	} {
+		got, err := c.get(tc.n, tc.vaddr, 7)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !bytes.Equal(got, tc.want) {
+			t.Fatalf("%s: %d bytes, not the %d expected", tc.name, len(got), len(tc.want))
+		}
+		if s.stats.Verified != tc.wantVerified {
+			t.Fatalf("%s: %d chunks verified, want %d", tc.name, s.stats.Verified, tc.wantVerified)
+		}
+	}
+	if _, err := c.conn.Write(header(cmdForce, 0, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	var status [4]byte
+	if _, err := io.ReadFull(c.conn, status[:]); err != nil || status != [4]byte{} {
+		t.Fatalf("close answered %x, %v", status, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	if st := s.Stats(); st.Requests != 4 || st.Pages != 1+3+3+1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A chunk whose bytes changed after the listing was made is not served:
+// not its first page, not any page of it.
+func TestServeRefusesAChangedChunk(t *testing.T) {
+	f := newFixture(t)
+	b := append([]byte{}, f.chunk1...)
+	b[len(b)-1] ^= 1 // the last page: the first is refused too
+	if err := os.Chmod(f.chunk1Path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.chunk1Path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, done, _ := serve(t, f.m)
+	if got, err := c.get(1, 0x10000, 7); err == nil {
+		t.Fatalf("served %d bytes of a changed chunk", len(got))
+	}
+	if err := <-done; !errors.Is(err, ErrRefused) {
+		t.Fatalf("serve: %v, want ErrRefused", err)
+	}
+	// Short too: a chunk cut after it was listed.
+	if err := os.WriteFile(f.chunk1Path, f.chunk1[:PageSize], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, done, _ = serve(t, f.m)
+	if _, err := c.get(1, 0x10000, 7); err == nil {
+		t.Fatal("served a chunk cut short")
+	}
+	if err := <-done; !errors.Is(err, ErrRefused) {
+		t.Fatalf("serve: %v, want ErrRefused", err)
+	}
+}
+
+func TestServeRefusesRequests(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		req  []byte
+	}{
+		{"an unknown task", header(cmdGet, 1, 0x10000, 8)},
+		{"an address in the gap", header(cmdGet, 1, 0x13000, 7)},
+		{"an address past every extent", header(cmdGet, 1, 0x30000, 7)},
+		{"an address below every extent", header(cmdGet, 1, 0x1000, 7)},
+		{"zero pages", header(cmdGet, 0, 0x10000, 7)},
+		{"an address inside a page", header(cmdGet, 1, 0x10010, 7)},
+		{"another command", header(cmdAdd, 1, 0x10000, 7)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, done, _ := serve(t, newFixture(t).m)
+			if _, err := c.conn.Write(tc.req); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; !errors.Is(err, ErrRequest) {
+				t.Fatalf("serve: %v, want ErrRequest", err)
+			}
+			if n, err := c.conn.Read(make([]byte, 1)); err == nil {
+				t.Fatalf("a reply of %d bytes after a refusal", n)
+			}
+		})
+	}
+}
+
+// Requests sent while a reply is still being written are read, not left
+// to fill the socket: lazy-pages sends without waiting.
+func TestServeReadsAhead(t *testing.T) {
+	f := newFixture(t)
+	c, done, _ := serve(t, f.m)
+	const n = 200
+	for range n {
+		if _, err := c.conn.Write(header(cmdGet, 3, 0x20000, 7)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range n {
+		h := make([]byte, headerSize+3*PageSize)
+		if _, err := io.ReadFull(c.conn, h); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(h[headerSize:], f.whole[PageSize:]) {
+			t.Fatal("wrong pages")
+		}
+	}
+	c.conn.Close()
+	if err := <-done; !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("serve after a hang-up: %v", err)
+	}
+}

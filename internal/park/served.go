@@ -1,0 +1,288 @@
+package park
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/runrecordd/runrecordd/internal/pageserver"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// A served lazy resume (docs/lazy-resume.md, "The page server"): the
+// pages of a chunked pages file that lazy-pages will serve are verified
+// chunk by chunk as they are served (internal/pageserver), not before
+// the restore. Before it, [OfferedServed] checks the memory image's
+// listing against the recorded address — it names every chunk by its
+// address — and rehashes every other file and every chunk holding an
+// eager page (one CRIU's restore reads itself).
+
+// OfferedServed is [Offered] for a lazy resume whose chunked pages are
+// verified as served: it rehashes the root tree, the memory image's
+// listing, every file of it that is not a chunk, and every chunk with a
+// page its pagemap does not mark lazy; the other chunks are taken at the
+// address the listing gives them. The snapshot is offered as itself only
+// when all of that is intact. A transcript park, or an image without
+// chunked files, is rehashed whole, as Offered does.
+func OfferedServed(ctx context.Context, st *store.Store, recorded record.Snapshot) (record.Snapshot, error) {
+	if recorded.IsTranscript() || recorded.Memory == nil {
+		return Offered(ctx, st, recorded)
+	}
+	root, err := st.RehashDir(ctx, *recorded.Root)
+	if err != nil {
+		return record.Snapshot{}, fmt.Errorf("park: %w", err)
+	}
+	mem, err := offeredMemory(ctx, st, *recorded.Memory)
+	if err != nil {
+		return record.Snapshot{}, fmt.Errorf("park: %w", err)
+	}
+	return record.ImageSnapshot(root, &mem), nil
+}
+
+// offeredMemory is OfferedServed's memory image: its address as offered
+// now.
+func offeredMemory(ctx context.Context, st *store.Store, mem record.Address) (record.Address, error) {
+	es, got, err := st.RehashListing(ctx, mem)
+	if err != nil || got != mem {
+		return got, err
+	}
+	cfs, err := store.ChunkedFiles(es)
+	if err != nil {
+		return record.Address{}, fmt.Errorf("%s: %w", mem, err)
+	}
+	var whole []int
+	for i, e := range es {
+		if !isChunk(e.Name) {
+			whole = append(whole, i)
+		}
+	}
+	changed, err := st.RehashEntries(ctx, mem, es, whole)
+	if err != nil {
+		return record.Address{}, err
+	}
+	if changed {
+		return store.ListingAddress(es)
+	}
+	// The pagemaps are intact now: which chunks hold eager pages.
+	pms, err := readPagemapFiles(pagemapObjects(st, es))
+	if err != nil {
+		return record.Address{}, fmt.Errorf("%w: %s: %w", store.ErrChunks, mem, err)
+	}
+	index := make(map[string]int, len(es))
+	for i, e := range es {
+		index[e.Name] = i
+	}
+	var eager []int
+	for _, cf := range cfs {
+		pm, err := pagemapOf(cf.Name, pms)
+		if err != nil {
+			return record.Address{}, fmt.Errorf("%w: %s: %q: %v", store.ErrChunks, mem, cf.Name, err)
+		}
+		for _, ch := range cf.Chunks {
+			if !pm.isTask() || pm.eagerIn(ch.Vaddr, ch.Size) {
+				eager = append(eager, index[ch.Name])
+			}
+		}
+	}
+	if changed, err = st.RehashEntries(ctx, mem, es, eager); err != nil || !changed {
+		return mem, err
+	}
+	return store.ListingAddress(es)
+}
+
+// isChunk is whether a listing's entry is a chunk of a chunked file.
+func isChunk(name string) bool {
+	dir, _, ok := strings.Cut(name, "/")
+	return ok && strings.HasSuffix(dir, store.ChunkSuffix)
+}
+
+// pagemapObjects are the pagemap images of a memory image's listing, as
+// the objects that hold them.
+func pagemapObjects(st *store.Store, es []store.Entry) []imageFile {
+	var out []imageFile
+	for _, e := range es {
+		if ok, _ := path.Match("pagemap-*.img", e.Name); ok {
+			out = append(out, imageFile{e.Name, st.Path(e.Address)})
+		}
+	}
+	return out
+}
+
+// pagemapOf is the one pagemap that names pages file name.
+func pagemapOf(name string, pms []pagemap) (*pagemap, error) {
+	var pm *pagemap
+	for i := range pms {
+		if pms[i].pages == name {
+			if pm != nil {
+				return nil, fmt.Errorf("two pagemaps name it")
+			}
+			pm = &pms[i]
+		}
+	}
+	if pm == nil {
+		return nil, fmt.Errorf("no pagemap names it")
+	}
+	return pm, nil
+}
+
+// LayoutServed is [Layout] for a served lazy resume, after
+// [OfferedServed] found the snapshot intact: it lays the image out by
+// hard links except the chunks, writes each chunked pages file as a
+// sparse file of its size holding only its eager chunks (the pages CRIU's
+// restore reads itself; lazy-pages reads none), and returns the manifest
+// the page server serves every task's pages by: a chunk's pages from the
+// chunk's object, verified as served unless it holds eager pages (checked
+// already); a whole pages file's from its object.
+func LayoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pageserver.Manifest, error) {
+	t, m, err := layoutServed(st, snap, dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return Trees{}, nil, fmt.Errorf("park: %w", err)
+	}
+	return t, m, nil
+}
+
+func layoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pageserver.Manifest, error) {
+	if snap.IsTranscript() || snap.Root == nil || snap.Memory == nil {
+		return Trees{}, nil, fmt.Errorf("%s is not an image park with a memory image", snap)
+	}
+	t := Trees{ImageDir: filepath.Join(dir, "images"), Rootfs: filepath.Join(dir, "root", RootfsName)}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return Trees{}, nil, err
+	}
+	ctx := context.Background() // nothing is hashed
+	keep := func(e store.Entry) bool { return !isChunk(e.Name) }
+	if err := st.MaterializeWhere(ctx, *snap.Memory, t.ImageDir, store.LinkRehashed, keep); err != nil {
+		return Trees{}, nil, err
+	}
+	es, err := st.Listing(*snap.Memory)
+	if err != nil {
+		return Trees{}, nil, err
+	}
+	cfs, err := store.ChunkedFiles(es)
+	if err != nil {
+		return Trees{}, nil, err
+	}
+	pms, err := readPagemaps(t.ImageDir)
+	if err != nil {
+		return Trees{}, nil, fmt.Errorf("%w: %s: %w", store.ErrChunks, *snap.Memory, err)
+	}
+	chunked := map[string]store.ChunkedFile{}
+	for _, cf := range cfs {
+		if err := matchPagemap(cf, pms); err != nil {
+			return Trees{}, nil, fmt.Errorf("%w: %s: %q: %v", store.ErrChunks, *snap.Memory, cf.Name, err)
+		}
+		pm, _ := pagemapOf(cf.Name, pms) // matchPagemap found exactly one
+		if err := sparse(st, t.ImageDir, cf, pm); err != nil {
+			return Trees{}, nil, fmt.Errorf("laying out %q: %w", cf.Name, err)
+		}
+		chunked[cf.Name] = cf
+	}
+	m, err := manifest(st, es, pms, chunked)
+	if err != nil {
+		return Trees{}, nil, fmt.Errorf("%s: %w", *snap.Memory, err)
+	}
+	if err := st.Materialize(ctx, *snap.Root, filepath.Dir(t.Rootfs), store.LinkRehashed); err != nil {
+		return Trees{}, nil, err
+	}
+	if _, err := os.Stat(t.Rootfs); err != nil {
+		return Trees{}, nil, fmt.Errorf("root %s holds no %s: %w", *snap.Root, RootfsName, err)
+	}
+	return t, m, nil
+}
+
+// sparse writes chunked file cf under dir at its full size, with only its
+// chunks that hold eager pages (every chunk of a pagemap that is not a
+// task's) in place: the rest is a hole CRIU's restore does not read.
+func sparse(st *store.Store, dir string, cf store.ChunkedFile, pm *pagemap) error {
+	var eager []store.Chunk
+	var total uint64
+	for _, ch := range cf.Chunks {
+		if !pm.isTask() || pm.eagerIn(ch.Vaddr, ch.Size) {
+			eager = append(eager, ch)
+			total += ch.Size
+		}
+	}
+	if room, err := roomForPages(st); err != nil || total > room {
+		return fmt.Errorf("%w: the eager pages of %q are %d bytes, the store's filesystem has %d left past its minimum free (%v)", ErrNoSpace, cf.Name, total, room, err)
+	}
+	out, err := os.OpenFile(filepath.Join(dir, cf.Name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, os.FileMode(cf.Chunks[0].Mode))
+	if err != nil {
+		return err
+	}
+	if err := out.Truncate(int64(cf.Size)); err != nil {
+		out.Close()
+		return err
+	}
+	var off uint64
+	next := 0
+	for _, ch := range cf.Chunks {
+		if next < len(eager) && eager[next].Name == ch.Name {
+			next++
+			b, err := os.ReadFile(st.Path(ch.Address))
+			if err == nil && uint64(len(b)) != ch.Size {
+				err = fmt.Errorf("chunk %q holds %d bytes, listed as %d", ch.Name, len(b), ch.Size)
+			}
+			if err == nil {
+				_, err = out.WriteAt(b, int64(off))
+			}
+			if err != nil {
+				out.Close()
+				return err
+			}
+		}
+		off += ch.Size
+	}
+	return out.Close()
+}
+
+// manifest is the page server's manifest of every task's pages: per task
+// pagemap with present pages, its chunks (a chunked pages file) or the
+// runs of its whole pages file, in address order.
+func manifest(st *store.Store, es []store.Entry, pms []pagemap, chunked map[string]store.ChunkedFile) (*pageserver.Manifest, error) {
+	objects := make(map[string]record.Address, len(es))
+	for _, e := range es {
+		objects[e.Name] = e.Address
+	}
+	m := &pageserver.Manifest{}
+	for _, pm := range pms {
+		id, ok := pm.task()
+		if !ok || pm.bytes == 0 {
+			continue
+		}
+		t := pageserver.Task{ID: id}
+		if cf, ok := chunked[pm.pages]; ok {
+			for _, ch := range cf.Chunks {
+				e := pageserver.Extent{Vaddr: ch.Vaddr, Size: ch.Size, Path: st.Path(ch.Address)}
+				if !pm.eagerIn(ch.Vaddr, ch.Size) {
+					a := ch.Address
+					e.Verify = &a
+				}
+				t.Extents = append(t.Extents, e)
+			}
+		} else {
+			a, ok := objects[pm.pages]
+			if !ok {
+				return nil, fmt.Errorf("%w: %s names %s, which the image does not hold", store.ErrChunks, pm.name, pm.pages)
+			}
+			var off uint64
+			for _, r := range pm.runs {
+				t.Extents = append(t.Extents, pageserver.Extent{Vaddr: r.vaddr, Size: r.bytes, Path: st.Path(a), Offset: off})
+				off += r.bytes
+			}
+			sort.Slice(t.Extents, func(i, j int) bool { return t.Extents[i].Vaddr < t.Extents[j].Vaddr })
+		}
+		m.Tasks = append(m.Tasks, t)
+	}
+	// The rules the server relies on (address order, no overlap, no task
+	// twice): an image that breaks them is refused here.
+	if err := m.Check(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}

@@ -1,0 +1,239 @@
+package park
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/pageserver"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// lazyImages is chunkedImages with its pagemap's runs as a dump writes
+// them: the first page (a stack's) eager, every other page lazy.
+func lazyImages(pages []byte) map[string][]byte {
+	im := chunkedImages(pages)
+	b := bytes.Clone(im["pagemap-1.img"])
+	// Each entry's flags field (4) is PE_PRESENT; all but the first
+	// become PE_PRESENT|PE_LAZY.
+	key := []byte{4 << 3, pePresent}
+	first := bytes.Index(b, key)
+	rest := bytes.ReplaceAll(b[first+2:], key, []byte{4 << 3, pePresent | peLazy})
+	im["pagemap-1.img"] = append(b[:first+2], rest...)
+	return im
+}
+
+// servedPark parks lazyImages(pages) with chunked images on.
+func servedPark(t *testing.T, pages []byte) (*store.Store, Result) {
+	t.Helper()
+	st := mustStore(t)
+	st.SetChunkedImages(true)
+	p := &producer{t: t, images: lazyImages(pages), rootfs: content(42, 4096)}
+	res, err := Image(t.Context(), st, p, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, res
+}
+
+// get asks a server of m for n pages at vaddr of task 1, as lazy-pages
+// does, and returns what it sent or the error it stopped with.
+func get(t *testing.T, m *pageserver.Manifest, vaddr, n uint64) ([]byte, error) {
+	t.Helper()
+	a, b := net.Pipe()
+	defer a.Close()
+	done := make(chan error, 1)
+	go func() {
+		err := pageserver.New(m).Serve(b)
+		b.Close()
+		done <- err
+	}()
+	h := make([]byte, 32)
+	binary.NativeEndian.PutUint32(h, 7)
+	binary.NativeEndian.PutUint64(h[8:], n)
+	binary.NativeEndian.PutUint64(h[16:], vaddr)
+	binary.NativeEndian.PutUint64(h[24:], 1)
+	a.Write(h)
+	if _, err := io.ReadFull(a, h); err != nil {
+		return nil, <-done
+	}
+	out := make([]byte, binary.NativeEndian.Uint64(h[8:])*pageSize)
+	if _, err := io.ReadFull(a, out); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	<-done
+	return out, nil
+}
+
+// A served lazy resume: OfferedServed finds the park intact; LayoutServed
+// lays the pages file out sparse, only the eager chunk in it, and its
+// manifest serves every page as the pages file holds it, each lazy chunk
+// to be verified, the eager one not (it was, before the restore).
+func TestLayoutServed(t *testing.T) {
+	pages := content(61, 600*pageSize)
+	st, res := servedPark(t, pages)
+	if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || !off.Equal(res.Snapshot) {
+		t.Fatalf("offered %s, %v", off, err)
+	}
+	trees, m, err := LayoutServed(st, res.Snapshot, filepath.Join(t.TempDir(), "r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	laid, err := os.ReadFile(filepath.Join(trees.ImageDir, "pages-1.img"))
+	if err != nil || len(laid) != len(pages) {
+		t.Fatalf("laid-out pages file: %d bytes (%v), want %d", len(laid), err, len(pages))
+	}
+	if !bytes.Equal(laid[:pageSize], pages[:pageSize]) || !bytes.Equal(laid[pageSize:], make([]byte, len(pages)-pageSize)) {
+		t.Fatal("the laid-out pages file is not the eager page and then a hole")
+	}
+	if _, err := os.Stat(filepath.Join(trees.ImageDir, "pages-1.img"+store.ChunkSuffix)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("chunks laid out: %v", err)
+	}
+	if len(m.Tasks) != 1 || m.Tasks[0].ID != 1 || len(m.Tasks[0].Extents) != 1+139+1+11 {
+		t.Fatalf("manifest %+v", m.Tasks)
+	}
+	for i, e := range m.Tasks[0].Extents {
+		if (e.Verify == nil) != (i == 0) {
+			t.Fatalf("extent %d at %#x: verify %v", i, e.Vaddr, e.Verify)
+		}
+	}
+	// The pages at 0x7f0000000000: the second run, from page 1 of the
+	// file, 556 pages across two pagemap entries.
+	got, err := get(t, m, 0x7f0000000000, 556)
+	if err != nil || !bytes.Equal(got, pages[pageSize:557*pageSize]) {
+		t.Fatalf("served %d bytes (%v), not the run's", len(got), err)
+	}
+	// The last run starts 3 pages into a chunk.
+	got, err = get(t, m, 0x7f1000003000, 1)
+	if err != nil || !bytes.Equal(got, pages[557*pageSize:558*pageSize]) {
+		t.Fatalf("served %d bytes (%v), not the last run's first page", len(got), err)
+	}
+}
+
+// What each kind of damage does to a served lazy resume: a lazy chunk's
+// is found as it is served (the server refuses it; the snapshot's
+// listing is intact); an eager chunk's, or any other file's, makes
+// another snapshot offered before the restore.
+func TestOfferedServedDamage(t *testing.T) {
+	pages := content(62, 600*pageSize)
+	chunkAt := func(t *testing.T, st *store.Store, res Result, v uint64) record.Address {
+		es, _ := st.Listing(*res.Snapshot.Memory)
+		for _, e := range es {
+			if e.Name == store.ChunkName("pages-1.img", v) {
+				return e.Address
+			}
+		}
+		t.Fatalf("no chunk at %#x", v)
+		return record.Address{}
+	}
+	t.Run("a lazy chunk", func(t *testing.T) {
+		st, res := servedPark(t, pages)
+		damage(t, st, chunkAt(t, st, res, 0x7f0000004000))
+		if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || !off.Equal(res.Snapshot) {
+			t.Fatalf("offered %s, %v: the listing is intact", off, err)
+		}
+		if off, _ := Offered(t.Context(), st, res.Snapshot); off.Equal(res.Snapshot) {
+			t.Fatal("Offered found the damaged chunk intact")
+		}
+		_, m, err := LayoutServed(st, res.Snapshot, filepath.Join(t.TempDir(), "r"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := get(t, m, 0x7f0000000000, 4); err != nil {
+			t.Fatalf("the chunk before it: %v", err)
+		}
+		if got, err := get(t, m, 0x7f0000005000, 1); !errors.Is(err, pageserver.ErrRefused) {
+			t.Fatalf("served %d bytes of the damaged chunk (%v)", len(got), err)
+		}
+	})
+	t.Run("the eager chunk", func(t *testing.T) {
+		st, res := servedPark(t, pages)
+		damage(t, st, chunkAt(t, st, res, 0x400000))
+		if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || off.Equal(res.Snapshot) {
+			t.Fatalf("offered %s, %v, over a damaged eager chunk", off, err)
+		}
+	})
+	t.Run("the core image", func(t *testing.T) {
+		st, res := servedPark(t, pages)
+		es, _ := st.Listing(*res.Snapshot.Memory)
+		for _, e := range es {
+			if e.Name == "core-1.img" {
+				damage(t, st, e.Address)
+			}
+		}
+		if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || off.Equal(res.Snapshot) {
+			t.Fatalf("offered %s, %v, over a damaged core image", off, err)
+		}
+	})
+	t.Run("the root tree", func(t *testing.T) {
+		st, res := servedPark(t, pages)
+		es, _ := st.Listing(*res.Snapshot.Root)
+		damage(t, st, es[0].Address)
+		if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || off.Equal(res.Snapshot) {
+			t.Fatalf("offered %s, %v, over a damaged root tree", off, err)
+		}
+	})
+}
+
+// A park whose pages file is whole (chunked images off) is served from
+// that file, each run at its offset, with nothing left to verify.
+func TestLayoutServedWhole(t *testing.T) {
+	st := mustStore(t)
+	pages := content(63, 600*pageSize)
+	p := &producer{t: t, images: lazyImages(pages), rootfs: content(42, 4096)}
+	res, err := Image(t.Context(), st, p, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || !off.Equal(res.Snapshot) {
+		t.Fatalf("offered %s, %v", off, err)
+	}
+	trees, m, err := LayoutServed(st, res.Snapshot, filepath.Join(t.TempDir(), "r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if laid, err := os.ReadFile(filepath.Join(trees.ImageDir, "pages-1.img")); err != nil || !bytes.Equal(laid, pages) {
+		t.Fatalf("laid-out pages file: %d bytes, %v", len(laid), err)
+	}
+	if len(m.Tasks) != 1 || len(m.Tasks[0].Extents) != 3 {
+		t.Fatalf("manifest %+v", m.Tasks)
+	}
+	for _, e := range m.Tasks[0].Extents {
+		if e.Verify != nil {
+			t.Fatalf("extent %+v to verify", e)
+		}
+	}
+	got, err := get(t, m, 0x7f1000003000, 44)
+	if err != nil || !bytes.Equal(got, pages[557*pageSize:]) {
+		t.Fatalf("served %d bytes (%v), not the last run", len(got), err)
+	}
+}
+
+// damage flips a byte of a stored object of any size.
+func damage(t *testing.T, st *store.Store, a record.Address) {
+	t.Helper()
+	p := st.Path(a)
+	if err := os.Chmod(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := []byte{0}
+	if _, err := f.ReadAt(b, 7); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x80
+	if _, err := f.WriteAt(b, 7); err != nil {
+		t.Fatal(err)
+	}
+}
