@@ -3,11 +3,11 @@ package pageserver
 import "sync"
 
 // Reading ahead: lazy-pages asks for one range of a task at a time and
-// waits for it, and its background transfer goes up in address, so the
-// server reads and verifies the chunks after the ones it just served on
-// a few workers while lazy-pages copies: a chunk per file, from a cold
-// page cache, read one after another on the request path, made every
-// page resident ten times slower than reading one pages file.
+// waits for it, and its background transfer goes up in address, so after
+// a background request (more than one page) the server reads and verifies
+// the chunks that follow on a few workers while lazy-pages copies. Read on
+// the request path, one file after another from a cold page cache, a 512
+// MiB unit's chunks took 4.4 s to all arrive (docs/benchmarks.md).
 const (
 	// aheadBytes bounds the chunks read ahead and not yet served.
 	aheadBytes = 32 << 20
