@@ -144,7 +144,7 @@ func median(v []time.Duration) time.Duration {
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f", float64(d)/float64(time.Millisecond)) }
 
 func (b *bench) report(n int, modes []string) {
-	cols := []string{"rehash", "layout", "rootfs", "task", "newtask", "criu", "restore", "resume", "resident", "pass"}
+	cols := []string{"rehash", "layout", "rootfs", "task", "newtask", "criu", "restore", "resume", "resident", "pass", "cpu-lazy", "cpu-server"}
 	fmt.Printf("\nmedians of %d (ms):\n%-10s", n, "mode")
 	for _, c := range cols {
 		fmt.Printf(" %8s", c)
@@ -174,6 +174,7 @@ func (b *bench) report(n int, modes []string) {
 	fmt.Println("task: NewTask+Start (runc restore), of which newtask: NewTask; criu: CRIU's forking+restore times (stats-restore);")
 	fmt.Println("resume: rehash+layout+restore; resident: from the restore's start until criu lazy-pages exited (every page in);")
 	fmt.Println("pass: from the restore's start until the unit's first full read of its memory after it ended (its line's time)")
+	fmt.Println("cpu-lazy, cpu-server: processor time (user+system) of criu lazy-pages and of the page server (served)")
 }
 
 // ratios prints the two ratios against ctr restore's median c:

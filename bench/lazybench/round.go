@@ -187,6 +187,9 @@ func (b *bench) round(ctx context.Context, r int, mode string) error {
 			return err
 		}
 		b.add(mode+" resident", resident)
+		lcpu, scpu := lp.CPU()
+		b.add(mode+" cpu-lazy", lcpu)
+		b.add(mode+" cpu-server", scpu)
 		b.keepLogs(p.id)
 		b.rss[mode+" running"] = append(b.rss[mode+" running"], rssRun)
 		b.rss[mode+" resident"] = append(b.rss[mode+" resident"], rss(sb.Pid()))

@@ -106,3 +106,16 @@ func serverSaid(log string) string {
 	s, _, _ := strings.Cut(string(b[:n]), "\n")
 	return s
 }
+
+// CPU is, once Done is closed, the processor time (user and system)
+// lazy-pages and the page server (zero without one) used.
+func (l *LazyPages) CPU() (lazyPages, server time.Duration) {
+	<-l.done
+	if ps := l.cmd.ProcessState; ps != nil {
+		lazyPages = ps.UserTime() + ps.SystemTime()
+	}
+	if l.server != nil && l.server.ProcessState != nil {
+		server = l.server.ProcessState.UserTime() + l.server.ProcessState.SystemTime()
+	}
+	return lazyPages, server
+}

@@ -22,6 +22,9 @@ type ahead struct {
 	// Owned by the serving goroutine:
 	slots map[*Extent]*slot
 	bytes uint64
+	// cursor is, per task, the extent the last read-ahead stopped at:
+	// the next one starts there, not again at every extent it passed.
+	cursor map[*Task]int
 }
 
 // slot is one chunk read ahead: b or err once done is closed.
@@ -34,7 +37,7 @@ type slot struct {
 }
 
 func newAhead() *ahead {
-	a := &ahead{jobs: make(chan *slot, aheadBytes/PageSize), slots: map[*Extent]*slot{}}
+	a := &ahead{jobs: make(chan *slot, aheadBytes/PageSize), slots: map[*Extent]*slot{}, cursor: map[*Task]int{}}
 	for range aheadWorkers {
 		a.wg.Add(1)
 		go func() {
@@ -74,7 +77,8 @@ func (a *ahead) after(t *Task, next int, verified map[*Extent]bool) {
 			}
 		}
 	}
-	for k := next; k < len(t.Extents) && a.bytes < aheadBytes; k++ {
+	k := max(next, a.cursor[t])
+	for ; k < len(t.Extents) && a.bytes < aheadBytes; k++ {
 		e := &t.Extents[k]
 		if e.Verify == nil || verified[e] || a.slots[e] != nil {
 			continue
@@ -84,6 +88,7 @@ func (a *ahead) after(t *Task, next int, verified map[*Extent]bool) {
 		a.bytes += e.Size
 		a.jobs <- sl
 	}
+	a.cursor[t] = k
 }
 
 // stop ends the workers once the queued reads are done.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -224,5 +225,51 @@ func TestServeReadsAhead(t *testing.T) {
 	c.conn.Close()
 	if err := <-done; !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("serve after a hang-up: %v", err)
+	}
+}
+
+// A background request (more than one page) has the chunks after it read
+// and verified ahead, within aheadBytes; a chunk read ahead that is never
+// asked for is no error, even when it is not the one listed; one asked
+// for is served from what was read ahead, once.
+func TestServeReadsChunksAhead(t *testing.T) {
+	dir := t.TempDir()
+	const n = 40
+	m := &Manifest{Tasks: []Task{{ID: 1}}}
+	var all []byte
+	for i := range n {
+		b := pages(1, byte(i))
+		p := filepath.Join(dir, strconv.Itoa(i))
+		if err := os.WriteFile(p, b, 0o400); err != nil {
+			t.Fatal(err)
+		}
+		a := record.Sum(b)
+		if i == n-1 {
+			a[0] ^= 1 // the last chunk is not the one listed
+		}
+		m.Tasks[0].Extents = append(m.Tasks[0].Extents, Extent{Vaddr: uint64(i) * PageSize, Size: PageSize, Path: p, Verify: &a})
+		all = append(all, b...)
+	}
+	c, done, s := serve(t, m)
+	got, err := c.get(2, 0, 1)
+	if err != nil || !bytes.Equal(got, all[:2*PageSize]) {
+		t.Fatalf("served %d bytes, %v", len(got), err)
+	}
+	// The reply is written after the read-ahead was queued.
+	got, err = c.get(10, 2*PageSize, 1)
+	if err != nil || !bytes.Equal(got, all[2*PageSize:12*PageSize]) {
+		t.Fatalf("served %d bytes, %v", len(got), err)
+	}
+	c.conn.Write(header(cmdForce, 0, 0, 0))
+	io.ReadFull(c.conn, make([]byte, 4))
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v (a chunk read ahead and never asked for failed it)", err)
+	}
+	if st := s.Stats(); st.Verified != 12 {
+		t.Fatalf("%d chunks verified, want the 12 served", st.Verified)
+	}
+	if len(s.ahead.slots) != n-12 || s.ahead.bytes != (n-12)*PageSize || s.ahead.cursor[&m.Tasks[0]] != n {
+		t.Fatalf("%d chunks (%d bytes) read ahead and not asked for, cursor %d; want the %d after the 12 served",
+			len(s.ahead.slots), s.ahead.bytes, s.ahead.cursor[&m.Tasks[0]], n-12)
 	}
 }
