@@ -325,7 +325,7 @@ func (d *daemon) shutdown(failed bool) error {
 	errs = append(errs, d.noneLeft(), d.removeCgroups())
 	err := errors.Join(errs...)
 	if err != nil || failed {
-		fmt.Fprintf(os.Stderr, "e2e: %s daemon's state and log kept in %s\n", d.name, d.root)
+		fmt.Fprintf(os.Stderr, "e2e: %s daemon's state and log kept in %s\n%s", d.name, d.root, d.lazyLogs())
 		return err
 	}
 	d.unmount()
@@ -458,6 +458,23 @@ func (d *daemon) logTail() string {
 		b = b[len(b)-n:]
 	}
 	return string(b)
+}
+
+// lazyLogs is the end of the logs of the daemon's last lazy restore of
+// each run (lazy-pages', the page server's), which a failed test leaves
+// behind: CI keeps only what the test printed.
+func (d *daemon) lazyLogs() string {
+	var sb strings.Builder
+	for _, name := range []string{"lazy-pages.log", "page-server.log"} {
+		logs, _ := filepath.Glob(filepath.Join(d.state, "criu", "*", "restore", name))
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+			lines = lines[max(0, len(lines)-25):]
+			fmt.Fprintf(&sb, "e2e: the end of %s:\n%s\n", l, strings.Join(lines, "\n"))
+		}
+	}
+	return sb.String()
 }
 
 // importImage imports an OCI archive into the daemon's containerd.
