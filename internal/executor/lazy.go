@@ -73,6 +73,12 @@ type LazyPages struct {
 	// lazy-pages reads the image directory itself; its log is serverLog.
 	server    *exec.Cmd
 	serverLog string
+	// held is the pipe the page server waits on before its first page
+	// (tellHeld); tasks is how many tasks it serves, each restored with a
+	// userfaultfd lazy-pages holds (0 without a server).
+	held     *os.File
+	heldOnce sync.Once
+	tasks    int
 
 	mu       sync.Mutex
 	err      error         // set before done closes
@@ -105,6 +111,7 @@ func (l *LazyPages) ExitedAt() time.Time {
 // Kill ends the daemon (a lazy restore's failure path; and the bench's
 // experiment of a daemon that dies mid-way) and waits for it.
 func (l *LazyPages) Kill() {
+	l.tellHeld(false)
 	_ = l.cmd.Process.Kill()
 	if l.server != nil {
 		_ = l.server.Process.Kill()
@@ -121,15 +128,19 @@ func (l *LazyPages) Kill() {
 // Take the copies as soon as the restore returns (the daemon has them by
 // then) and close them only after the unit is frozen or dead, or after
 // every page is resident. A lazy-pages that has already exited (every
-// page in) leaves none to take, which is no error.
-func (l *LazyPages) HoldUffds() (n int, release func(), _ error) {
+// page in) leaves none to take, which is no error. A page server sends
+// no page before the copies are taken: it is told then that they are
+// held, or, should fewer be found than the tasks it serves (within
+// uffdWait), that they are not (pageserver.Server.Hold).
+func (l *LazyPages) HoldUffds() (n int, release func(), err error) {
+	defer func() { l.tellHeld(err == nil && n > 0 && n >= l.tasks) }()
 	pid := l.Pid()
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return l.gone(fmt.Errorf("pidfd of criu lazy-pages: %w", err))
 	}
 	defer unix.Close(pidfd)
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	fds, err := uffdsOf(pid, l.tasks)
 	if err != nil {
 		return l.gone(err)
 	}
@@ -139,12 +150,7 @@ func (l *LazyPages) HoldUffds() (n int, release func(), _ error) {
 			unix.Close(fd)
 		}
 	}
-	for _, e := range ents {
-		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
-		if err != nil || target != "anon_inode:[userfaultfd]" {
-			continue
-		}
-		n, _ := strconv.Atoi(e.Name())
+	for _, n := range fds {
 		fd, err := unix.PidfdGetfd(pidfd, n, 0)
 		if err != nil {
 			release()
@@ -153,6 +159,35 @@ func (l *LazyPages) HoldUffds() (n int, release func(), _ error) {
 		held = append(held, fd)
 	}
 	return len(held), release, nil
+}
+
+// uffdWait bounds HoldUffds' wait for a served lazy-pages to hold every
+// task's userfaultfd: CRIU's restore sends them as it restores the tasks
+// and returns without waiting for lazy-pages to have received them.
+const uffdWait = 2 * time.Second
+
+// uffdsOf is the descriptors of process pid that are userfaultfds, once
+// there are want of them or uffdWait has passed.
+func uffdsOf(pid, want int) ([]int, error) {
+	deadline := time.Now().Add(uffdWait)
+	for {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		if err != nil {
+			return nil, err
+		}
+		var fds []int
+		for _, e := range ents {
+			target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
+			if err == nil && target == "anon_inode:[userfaultfd]" {
+				n, _ := strconv.Atoi(e.Name())
+				fds = append(fds, n)
+			}
+		}
+		if len(fds) >= want || time.Now().After(deadline) {
+			return fds, nil
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // CheckLazy asks CRIU whether this host can restore lazily: `criu check
@@ -192,10 +227,12 @@ func (c *Client) startLazyPages(images, work string, pages *pageserver.Manifest,
 			return nil, err
 		}
 		defer conn.Close()
+		l.tasks = len(pages.Tasks)
 		cmd.Args = append(cmd.Args, "--page-server", "--ps-socket", "4")
 		cmd.ExtraFiles = append(cmd.ExtraFiles, conn)
 	}
 	if err := cmd.Start(); err != nil {
+		l.tellHeld(false)
 		if l.server != nil {
 			_ = l.server.Process.Kill()
 			_ = l.server.Wait()
@@ -227,6 +264,7 @@ func (c *Client) startLazyPages(images, work string, pages *pageserver.Manifest,
 func (l *LazyPages) wait() {
 	err := l.cmd.Wait()
 	exited := time.Now()
+	l.tellHeld(false) // nothing left to hold: the server may end
 	var serr error
 	if l.server != nil {
 		// lazy-pages gone, its end of the socket closes: the server

@@ -47,18 +47,24 @@ func (l *LazyPages) startServer(pages *pageserver.Manifest, work string) (*os.Fi
 		return nil, err
 	}
 	defer logf.Close()
-	cmd := pageserver.Command(mine)
-	cmd.Stderr = logf
-	in, err := cmd.StdinPipe()
+	heldR, heldW, err := os.Pipe()
 	if err != nil {
 		theirs.Close()
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	defer heldR.Close()
+	cmd := pageserver.Command(mine, heldR)
+	cmd.Stderr = logf
+	in, err := cmd.StdinPipe()
+	if err == nil {
+		err = cmd.Start()
+	}
+	if err != nil {
 		theirs.Close()
+		heldW.Close()
 		return nil, fmt.Errorf("page server: %w", err)
 	}
-	l.server = cmd
+	l.server, l.held = cmd, heldW
 	// The manifest goes in while lazy-pages starts; a server that has
 	// not read it all yet only delays its first reply.
 	go func() {
@@ -66,6 +72,20 @@ func (l *LazyPages) startServer(pages *pageserver.Manifest, work string) (*os.Fi
 		in.Close()
 	}()
 	return theirs, nil
+}
+
+// tellHeld tells the page server, once, whether the unit's userfaultfds
+// are held (pageserver.Server.Hold): until then it sends no page.
+func (l *LazyPages) tellHeld(held bool) {
+	l.heldOnce.Do(func() {
+		if l.held == nil {
+			return
+		}
+		if held {
+			_, _ = l.held.Write([]byte{pageserver.HeldByte})
+		}
+		l.held.Close()
+	})
 }
 
 // serverWait bounds the page server's end after lazy-pages' exit.

@@ -1,6 +1,10 @@
 package pageserver
 
-import "sync"
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+)
 
 // Reading ahead: lazy-pages asks for one range of a task at a time and
 // waits for it, and its background transfer goes up in address, so after
@@ -9,7 +13,9 @@ import "sync"
 // the request path, one file after another from a cold page cache, a 512
 // MiB unit's chunks took 4.4 s to all arrive (docs/benchmarks.md).
 const (
-	// aheadBytes bounds the chunks read ahead and not yet served.
+	// aheadBytes bounds the chunks read ahead and not yet served, shared
+	// evenly by the tasks with verified extents: the chunks of a task
+	// that has exited are never asked for, and hold only its share.
 	aheadBytes = 32 << 20
 	// aheadWorkers read and hash them.
 	aheadWorkers = 16
@@ -17,11 +23,13 @@ const (
 
 // ahead is the chunks read and verified ahead of their request.
 type ahead struct {
-	jobs chan *slot
-	wg   sync.WaitGroup
+	jobs     chan *slot
+	wg       sync.WaitGroup
+	canceled atomic.Bool // the serve failed: queued reads are not done
 	// Owned by the serving goroutine:
 	slots map[*Extent]*slot
-	bytes uint64
+	bytes map[*Task]uint64 // read ahead and not served, per task
+	share uint64           // each task's bound
 	// cursor is, per task, the extent the last read-ahead stopped at:
 	// the next one starts there, not again at every extent it passed.
 	cursor map[*Task]int
@@ -36,19 +44,44 @@ type slot struct {
 	err  error
 }
 
-func newAhead() *ahead {
-	a := &ahead{jobs: make(chan *slot, aheadBytes/PageSize), slots: map[*Extent]*slot{}, cursor: map[*Task]int{}}
+// errCanceled is a read ahead not done: the serve had failed.
+var errCanceled = errors.New("pageserver: read ahead canceled")
+
+func newAhead(m *Manifest) *ahead {
+	a := &ahead{jobs: make(chan *slot, aheadBytes/PageSize), slots: map[*Extent]*slot{}, bytes: map[*Task]uint64{},
+		cursor: map[*Task]int{}, share: aheadBytes}
+	if n := verifiedTasks(m); n > 1 {
+		a.share = aheadBytes / uint64(n)
+	}
 	for range aheadWorkers {
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
 			for sl := range a.jobs {
-				sl.b, sl.err = loadChunk(sl.e)
+				if a.canceled.Load() {
+					sl.err = errCanceled
+				} else {
+					sl.b, sl.err = loadChunk(sl.e)
+				}
 				close(sl.done)
 			}
 		}()
 	}
 	return a
+}
+
+// verifiedTasks is how many tasks of m have a verified extent.
+func verifiedTasks(m *Manifest) int {
+	n := 0
+	for _, t := range m.Tasks {
+		for _, e := range t.Extents {
+			if e.Verify != nil {
+				n++
+				break
+			}
+		}
+	}
+	return n
 }
 
 // take is verified extent e's bytes: read ahead, or read now.
@@ -59,40 +92,42 @@ func (a *ahead) take(e *Extent) ([]byte, error) {
 	}
 	<-sl.done
 	delete(a.slots, e)
-	a.bytes -= e.Size
+	a.bytes[sl.t] -= e.Size
 	return sl.b, sl.err
 }
 
-// after queues the verified chunks of t from extent next on, up to
-// aheadBytes not yet served. Chunks below next that were read ahead and
+// after queues the verified chunks of t from extent next on, up to t's
+// share of aheadBytes not yet served. Chunks below next that were read ahead and
 // passed over (lazy-pages dropped their range: the unit unmapped it) are
 // let go first.
 func (a *ahead) after(t *Task, next int, verified map[*Extent]bool) {
-	if a.bytes >= aheadBytes && next < len(t.Extents) {
+	if a.bytes[t] >= a.share && next < len(t.Extents) {
 		for e, sl := range a.slots {
 			if sl.t == t && e.Vaddr < t.Extents[next].Vaddr {
 				<-sl.done
 				delete(a.slots, e)
-				a.bytes -= e.Size
+				a.bytes[t] -= e.Size
 			}
 		}
 	}
 	k := max(next, a.cursor[t])
-	for ; k < len(t.Extents) && a.bytes < aheadBytes; k++ {
+	for ; k < len(t.Extents) && a.bytes[t] < a.share; k++ {
 		e := &t.Extents[k]
 		if e.Verify == nil || verified[e] || a.slots[e] != nil {
 			continue
 		}
 		sl := &slot{t: t, e: e, done: make(chan struct{})}
 		a.slots[e] = sl
-		a.bytes += e.Size
+		a.bytes[t] += e.Size
 		a.jobs <- sl
 	}
 	a.cursor[t] = k
 }
 
-// stop ends the workers once the queued reads are done.
-func (a *ahead) stop() {
+// stop ends the workers once the queued reads are done, or, when the
+// serve failed (cancel), once those begun are.
+func (a *ahead) stop(cancel bool) {
+	a.canceled.Store(cancel)
 	close(a.jobs)
 	a.wg.Wait()
 }

@@ -26,13 +26,16 @@ const (
 // Command is a page server process: this same binary again
 // (/proc/self/exe, which names it even after its file was replaced),
 // which [MaybeRun] turns into the server. It reads its manifest on stdin,
-// serves lazy-pages on conn (its fd 3), and writes what went wrong, and a
-// last line of what it served, to stderr. It runs in its own session: a
+// waits for word on held (its fd 4; [Server.Hold]) that the unit's
+// userfaultfds are held before it sends a page, serves lazy-pages on conn
+// (its fd 3), and writes what went wrong, and a last line of what it
+// served, to stderr. Write [HeldByte] to held's other end once the
+// userfaultfds are held, or close it. It runs in its own session: a
 // daemon that stops does not take it along, the unit needs its pages.
-func Command(conn *os.File) *exec.Cmd {
+func Command(conn, held *os.File) *exec.Cmd {
 	cmd := exec.Command("/proc/self/exe")
 	cmd.Env = append(os.Environ(), envServe+"=1")
-	cmd.ExtraFiles = []*os.File{conn}
+	cmd.ExtraFiles = []*os.File{conn, held}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	return cmd
 }
@@ -56,6 +59,7 @@ func run() int {
 	}
 	conn := os.NewFile(3, "lazy-pages")
 	s := New(m)
+	s.Hold(os.NewFile(4, "held"))
 	err = s.Serve(conn)
 	st := s.Stats()
 	if err != nil {

@@ -72,11 +72,50 @@ type Server struct {
 	ahead    *ahead
 	buf      []byte
 	stats    Stats
+
+	// held, when set, says (HeldByte, or its end) whether the unit's
+	// userfaultfds are held elsewhere; hangUp is whether a failed
+	// request may end the connection.
+	held   io.Reader
+	hangUp bool
+
+	// kept is the verified chunks some of whose pages are not sent yet,
+	// up to keepMax bytes: their other pages are sent from the bytes
+	// that were hashed, never read again unhashed.
+	kept      map[*Extent]*keptChunk
+	keptBytes uint64
+	keepMax   uint64
 }
+
+// keptChunk is a verified chunk's bytes and how many of them were sent.
+type keptChunk struct {
+	b    []byte
+	sent uint64
+}
+
+// HeldByte, read from [Server.Hold]'s reader, says the unit's
+// userfaultfds are held.
+const HeldByte = 'h'
+
+// keepBytes bounds the verified chunks kept for their pages not yet sent;
+// past it, a chunk's later pages are read and verified again.
+const keepBytes = 64 << 20
+
+// Hold makes the server wait, before it answers the first request, for
+// word from held that the unit's userfaultfds are held by another
+// process (one HeldByte): then a fault on a page the server does not
+// send waits, even once lazy-pages has ended. Until that word no page is
+// sent, so no refusal can end lazy-pages first and leave the unit
+// reading zeros where its pages were. Should held end without it (the
+// daemon ended first), the server serves, but a request it cannot answer
+// then ends nothing: it stops answering and keeps the connection until
+// lazy-pages hangs up, the unit waiting on its fault until it is killed.
+func (s *Server) Hold(held io.Reader) { s.held = held }
 
 // New is a server of m, which must have passed its checks (Decode).
 func New(m *Manifest) *Server {
-	s := &Server{m: m, tasks: make(map[uint64]*Task, len(m.Tasks)), verified: map[*Extent]bool{}, ahead: newAhead()}
+	s := &Server{m: m, tasks: make(map[uint64]*Task, len(m.Tasks)), verified: map[*Extent]bool{}, ahead: newAhead(m),
+		hangUp: true, kept: map[*Extent]*keptChunk{}, keepMax: keepBytes}
 	for i := range m.Tasks {
 		s.tasks[m.Tasks[i].ID] = &m.Tasks[i]
 	}
@@ -89,27 +128,52 @@ func (s *Server) Stats() Stats { return s.stats }
 // Serve answers lazy-pages on conn until it says it is done (nil) or
 // hangs up (io.ErrUnexpectedEOF), or a request cannot be answered (an
 // error wrapping ErrRefused or ErrRequest; then nothing more is sent, and
-// the caller closes conn).
-func (s *Server) Serve(conn io.ReadWriter) error {
+// the caller closes conn — at once, unless [Server.Hold] heard that
+// nobody holds the unit's userfaultfds: then Serve returns only once
+// lazy-pages has hung up).
+func (s *Server) Serve(conn io.ReadWriter) (err error) {
 	reqs := make(chan request, queued)
 	go readRequests(conn, reqs)
-	defer s.ahead.stop()
+	defer func() { s.ahead.stop(err != nil) }()
 	for r := range reqs {
-		switch {
-		case r.readErr:
+		if r.readErr {
 			return fmt.Errorf("pageserver: lazy-pages hung up: %w", io.ErrUnexpectedEOF)
-		case r.cmd&cmdMask == cmdClose || r.cmd&cmdMask == cmdForce:
+		}
+		if s.held != nil {
+			s.hangUp = isHeld(s.held)
+			s.held = nil
+		}
+		switch c := r.cmd & cmdMask; {
+		case c == cmdClose || c == cmdForce:
 			var ok [4]byte // int32 0
 			_, err := conn.Write(ok[:])
 			return err
-		case r.cmd&cmdMask != cmdGet:
-			return fmt.Errorf("%w: command %#x", ErrRequest, r.cmd)
+		case c != cmdGet:
+			err = fmt.Errorf("%w: command %#x", ErrRequest, r.cmd)
+		default:
+			err = s.get(conn, r)
 		}
-		if err := s.get(conn, r); err != nil {
+		if err != nil {
+			if !s.hangUp {
+				drain(reqs)
+			}
 			return err
 		}
 	}
 	return nil
+}
+
+// isHeld waits for word from held: true on HeldByte, false on its end.
+func isHeld(held io.Reader) bool {
+	var b [1]byte
+	n, _ := io.ReadFull(held, b[:])
+	return n == 1 && b[0] == HeldByte
+}
+
+// drain reads requests, answering none, until lazy-pages hangs up.
+func drain(reqs <-chan request) {
+	for range reqs {
+	}
 }
 
 // readRequests reads headers into reqs until the connection ends or a
@@ -156,11 +220,6 @@ func (s *Server) get(conn io.Writer, r request) error {
 	}
 	b := s.buf[:headerSize]
 	v, off := r.vaddr, r.vaddr-t.Extents[i].Vaddr
-	if r.pages > 1 {
-		// The background transfer's requests, not a fault's single
-		// page: what follows is asked next.
-		defer func() { s.ahead.after(t, i, s.verified) }()
-	}
 	for ; i < len(t.Extents) && uint64(len(b)-headerSize) < want; i++ {
 		e := &t.Extents[i]
 		if e.Vaddr+off != v {
@@ -172,6 +231,11 @@ func (s *Server) get(conn io.Writer, r request) error {
 			return err
 		}
 		v, off = v+n, 0
+	}
+	if r.pages > 1 {
+		// The background transfer's requests, not a fault's single
+		// page: what follows is asked next.
+		s.ahead.after(t, i, s.verified)
 	}
 	sent := uint64(len(b)-headerSize) / PageSize
 	binary.NativeEndian.PutUint32(b[0:], cmdAdd)
@@ -191,19 +255,21 @@ func (s *Server) get(conn io.Writer, r request) error {
 }
 
 // read appends n bytes of e from off within it (off is the request's
-// distance past e's start when the request starts inside e), hashing e
-// whole first when it is to be verified and has not been.
+// distance past e's start when the request starts inside e): a verified
+// extent's from the bytes that hashed to its address (kept, or read and
+// hashed now), any other's from its file.
 func (s *Server) read(b []byte, e *Extent, off, n uint64) ([]byte, error) {
-	if e.Verify != nil && !s.verified[e] {
-		t0 := time.Now()
-		whole, err := s.ahead.take(e)
-		s.stats.Waited += time.Since(t0)
+	if e.Verify != nil {
+		k, err := s.verifiedChunk(e)
 		if err != nil {
 			return b, err
 		}
-		s.verified[e] = true
-		s.stats.Verified++
-		return append(b, whole[off:off+n]...), nil
+		b = append(b, k.b[off:off+n]...)
+		if k.sent += n; k.sent >= e.Size && s.kept[e] == k {
+			delete(s.kept, e)
+			s.keptBytes -= e.Size
+		}
+		return b, nil
 	}
 	f, err := os.Open(e.Path)
 	if err != nil {
@@ -216,6 +282,38 @@ func (s *Server) read(b []byte, e *Extent, off, n uint64) ([]byte, error) {
 		return b[:start], fmt.Errorf("pageserver: extent %#x of %s at %d: %w", e.Vaddr, e.Path, e.Offset+off, err)
 	}
 	return b, nil
+}
+
+// verifiedChunk is verified extent e's bytes: kept from an earlier
+// request, or read (ahead, or now) and hashed, then kept while there is
+// room (others let go to make it).
+func (s *Server) verifiedChunk(e *Extent) (*keptChunk, error) {
+	if k := s.kept[e]; k != nil {
+		return k, nil
+	}
+	t0 := time.Now()
+	whole, err := s.ahead.take(e)
+	s.stats.Waited += time.Since(t0)
+	if err != nil {
+		return nil, err
+	}
+	if !s.verified[e] {
+		s.verified[e] = true
+		s.stats.Verified++
+	}
+	k := &keptChunk{b: whole}
+	for old := range s.kept {
+		if s.keptBytes+e.Size <= s.keepMax {
+			break
+		}
+		s.keptBytes -= old.Size
+		delete(s.kept, old)
+	}
+	if s.keptBytes+e.Size <= s.keepMax {
+		s.kept[e] = k
+		s.keptBytes += e.Size
+	}
+	return k, nil
 }
 
 // loadChunk reads verified extent e's file whole and checks it hashes to

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -268,8 +269,177 @@ func TestServeReadsChunksAhead(t *testing.T) {
 	if st := s.Stats(); st.Verified != 12 {
 		t.Fatalf("%d chunks verified, want the 12 served", st.Verified)
 	}
-	if len(s.ahead.slots) != n-12 || s.ahead.bytes != (n-12)*PageSize || s.ahead.cursor[&m.Tasks[0]] != n {
+	if len(s.ahead.slots) != n-12 || s.ahead.bytes[&m.Tasks[0]] != (n-12)*PageSize || s.ahead.cursor[&m.Tasks[0]] != n {
 		t.Fatalf("%d chunks (%d bytes) read ahead and not asked for, cursor %d; want the %d after the 12 served",
-			len(s.ahead.slots), s.ahead.bytes, s.ahead.cursor[&m.Tasks[0]], n-12)
+			len(s.ahead.slots), s.ahead.bytes[&m.Tasks[0]], s.ahead.cursor[&m.Tasks[0]], n-12)
+	}
+}
+
+// serveHeld is serve with the server told whether the unit's
+// userfaultfds are held through the returned pipe's write end.
+func serveHeld(t *testing.T, m *Manifest) (client, <-chan error, *os.File) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(); w.Close() })
+	a, b := net.Pipe()
+	s := New(m)
+	s.Hold(r)
+	done := make(chan error, 1)
+	go func() {
+		err := s.Serve(b)
+		b.Close()
+		done <- err
+	}()
+	t.Cleanup(func() { a.Close() })
+	return client{t, a}, done, w
+}
+
+// silent reports whether nothing arrives on c, not even its end, within
+// a while.
+func (c client) silent() bool {
+	c.conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	defer c.conn.SetReadDeadline(time.Time{})
+	_, err := c.conn.Read(make([]byte, 1))
+	return errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// No page goes out before the daemon says it holds the unit's
+// userfaultfds: were a chunk refused and the server to hang up before
+// then, lazy-pages would exit, and the unit read zeros where its pages
+// were.
+func TestServeWaitsForHeld(t *testing.T) {
+	f := newFixture(t)
+	c, done, held := serveHeld(t, f.m)
+	if _, err := c.conn.Write(header(cmdGet, 3, 0x20000, 7)); err != nil {
+		t.Fatal(err)
+	}
+	if !c.silent() {
+		t.Fatal("a reply before the userfaultfds were held")
+	}
+	if _, err := held.Write([]byte{HeldByte}); err != nil {
+		t.Fatal(err)
+	}
+	h := make([]byte, headerSize+3*PageSize)
+	if _, err := io.ReadFull(c.conn, h); err != nil || !bytes.Equal(h[headerSize:], f.whole[PageSize:]) {
+		t.Fatalf("reply once held: %v", err)
+	}
+	// Held: a refusal hangs up, as without Hold.
+	if _, err := c.conn.Write(header(cmdGet, 1, 0x13000, 7)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrRequest) {
+		t.Fatalf("serve: %v, want ErrRequest", err)
+	}
+}
+
+// Told that nobody holds the userfaultfds (the daemon ended first), the
+// server serves, and a refused chunk is not served but the connection is
+// kept: lazy-pages waits, the unit's fault with it, until lazy-pages
+// hangs up (the unit killed).
+func TestServeRefusalUnheld(t *testing.T) {
+	f := newFixture(t)
+	b := append([]byte{}, f.chunk1...)
+	b[0] ^= 1
+	if err := os.Chmod(f.chunk1Path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.chunk1Path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, done, held := serveHeld(t, f.m)
+	held.Close()
+	if got, err := c.get(1, 0x20000, 7); err != nil || !bytes.Equal(got, f.whole[PageSize:2*PageSize]) {
+		t.Fatalf("served %d bytes, %v", len(got), err)
+	}
+	if _, err := c.conn.Write(header(cmdGet, 1, 0x10000, 7)); err != nil {
+		t.Fatal(err)
+	}
+	if !c.silent() {
+		t.Fatal("a reply, or a hang-up, after a refusal with nobody holding the userfaultfds")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("serve returned %v while lazy-pages was connected", err)
+	default:
+	}
+	c.conn.Close()
+	if err := <-done; !errors.Is(err, ErrRefused) {
+		t.Fatalf("serve: %v, want ErrRefused", err)
+	}
+}
+
+// A verified chunk's pages sent in two requests are the bytes that were
+// verified: a change to its file after the first is not served — kept
+// from the first read, or refused when read again.
+func TestServeSendsOnlyVerifiedBytes(t *testing.T) {
+	for _, keep := range []uint64{keepBytes, 0} {
+		f := newFixture(t)
+		c, done, s := serve(t, f.m)
+		s.keepMax = keep
+		if got, err := c.get(1, 0x10000, 7); err != nil || !bytes.Equal(got, f.chunk1[:PageSize]) {
+			t.Fatalf("served %d bytes, %v", len(got), err)
+		}
+		b := append([]byte{}, f.chunk1...)
+		b[PageSize] ^= 1
+		if err := os.Chmod(f.chunk1Path, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f.chunk1Path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.get(1, 0x11000, 7)
+		if keep == 0 {
+			if err == nil {
+				t.Fatalf("keeping nothing: served %x… of a changed chunk", got[:8])
+			}
+			if err := <-done; !errors.Is(err, ErrRefused) {
+				t.Fatalf("serve: %v, want ErrRefused", err)
+			}
+			continue
+		}
+		if err != nil || !bytes.Equal(got, f.chunk1[PageSize:]) {
+			t.Fatalf("the second page: %v (changed bytes served: %v)", err, bytes.Equal(got, b[PageSize:]))
+		}
+		if len(s.kept) != 0 || s.keptBytes != 0 {
+			t.Fatalf("%d chunks, %d bytes kept after every page of them went", len(s.kept), s.keptBytes)
+		}
+	}
+}
+
+// Each task reads ahead within its share: chunks read ahead for a task
+// that is never asked again (it exited) leave the others theirs.
+func TestServeReadsAheadPerTask(t *testing.T) {
+	dir := t.TempDir()
+	m := &Manifest{}
+	for id := range uint64(2) {
+		task := Task{ID: id + 1}
+		for i := range 40 {
+			b := pages(MaxExtentSize/PageSize, byte(i)+byte(id))
+			p := filepath.Join(dir, strconv.Itoa(int(id))+"-"+strconv.Itoa(i))
+			if err := os.WriteFile(p, b, 0o400); err != nil {
+				t.Fatal(err)
+			}
+			a := record.Sum(b)
+			task.Extents = append(task.Extents, Extent{Vaddr: uint64(i) * MaxExtentSize, Size: MaxExtentSize, Path: p, Verify: &a})
+		}
+		m.Tasks = append(m.Tasks, task)
+	}
+	c, done, s := serve(t, m)
+	for _, id := range []uint64{1, 2} {
+		if _, err := c.get(2, 0, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.conn.Write(header(cmdForce, 0, 0, 0))
+	io.ReadFull(c.conn, make([]byte, 4))
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for i := range m.Tasks {
+		if got := s.ahead.bytes[&m.Tasks[i]]; got != aheadBytes/2 {
+			t.Fatalf("task %d: %d bytes read ahead, want its share %d", m.Tasks[i].ID, got, aheadBytes/2)
+		}
 	}
 }
