@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"golang.org/x/sys/unix"
 )
 
 // pages is n pages of bytes that differ page to page (seed picks them).
@@ -441,5 +442,38 @@ func TestServeReadsAheadPerTask(t *testing.T) {
 		if got := s.ahead.bytes[&m.Tasks[i]]; got != aheadBytes/2 {
 			t.Fatalf("task %d: %d bytes read ahead, want its share %d", m.Tasks[i].ID, got, aheadBytes/2)
 		}
+	}
+}
+
+// A chunk is read and verified whether the page cache holds it or not
+// (then past the cache, with O_DIRECT where the filesystem allows).
+func TestLoadChunkCachedOrNot(t *testing.T) {
+	b := pages(5, 9)
+	p := filepath.Join(t.TempDir(), "c")
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := record.Sum(b)
+	e := &Extent{Vaddr: 0x10000, Size: uint64(len(b)), Path: p, Verify: &a}
+	for _, cached := range []bool{true, false} {
+		if !cached {
+			f, err := os.Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Sync()
+			unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+			f.Close()
+		}
+		got, err := loadChunk(e)
+		if err != nil || !bytes.Equal(got, b) {
+			t.Fatalf("cached %v: %d bytes, %v", cached, len(got), err)
+		}
+	}
+	bad := *e
+	z := record.Sum(nil)
+	bad.Verify = &z
+	if _, err := loadChunk(&bad); !errors.Is(err, ErrRefused) {
+		t.Fatalf("a chunk listed under another address: %v", err)
 	}
 }

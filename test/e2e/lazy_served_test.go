@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/store"
 )
@@ -70,6 +71,10 @@ func TestLazyServed(t *testing.T) {
 		t.Fatalf("resume: restore %+v, want a lazy one", rs)
 	}
 	p, atPark := park(t, d, id) // waits for every page: its dump holds the whole buffer
+	if segs := mustShow(t, d, id).Segments; len(segs) >= 2 && segs[len(segs)-2].Restore != nil {
+		rs := segs[len(segs)-2].Restore
+		t.Logf("served resume: running after %v, every page resident after %v", time.Duration(rs.TotalNS), time.Duration(rs.ResidentNS))
+	}
 
 	// A byte of a chunk in the middle of the largest chunked file (the
 	// buffer's pages, which the dump marks lazy).
