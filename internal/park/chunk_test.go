@@ -18,9 +18,19 @@ import (
 // pagemap_head{pages_id}, then one present pagemap_entry{vaddr, flags,
 // nr_pages} per run.
 func pagemapImage(pagesID uint64, runs ...run) []byte {
+	msgs := [][]uint64{{1, pagesID}}
+	for _, r := range runs {
+		msgs = append(msgs, []uint64{1, r.vaddr, 4, pePresent, 5, r.bytes / pageSize})
+	}
+	return pagemapMessages(msgs...)
+}
+
+// pagemapMessages encodes a pagemap image of the messages given, each as
+// varint fields: field number, value, field number, value...
+func pagemapMessages(msgs ...[]uint64) []byte {
 	b := binary.LittleEndian.AppendUint32(nil, imgCommonMagic)
 	b = binary.LittleEndian.AppendUint32(b, pagemapMagic)
-	msg := func(fields ...uint64) {
+	for _, fields := range msgs {
 		var m []byte
 		for i := 0; i < len(fields); i += 2 {
 			m = binary.AppendUvarint(m, fields[i]<<3)
@@ -28,10 +38,6 @@ func pagemapImage(pagesID uint64, runs ...run) []byte {
 		}
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(m)))
 		b = append(b, m...)
-	}
-	msg(1, pagesID)
-	for _, r := range runs {
-		msg(1, r.vaddr, 4, pePresent, 5, r.bytes/pageSize)
 	}
 	return b
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -97,7 +98,8 @@ func readPagemapFiles(files []imageFile) ([]pagemap, error) {
 // parsePagemap decodes a pagemap image (images/pagemap.proto of CRIU 4):
 // the magics, then length-prefixed messages, pagemap_head{pages_id} and
 // one pagemap_entry{vaddr, compat_nr_pages, in_parent, flags, nr_pages}
-// per run of pages, in the order of their bytes in the pages file.
+// per run of pages, in the order of their bytes in the pages file. A
+// field the proto declares uint32 is refused past 2^32-1 ([uint32Field]).
 func parsePagemap(b []byte) (pagemap, error) {
 	var pm pagemap
 	if len(b) < 8 || binary.LittleEndian.Uint32(b) != imgCommonMagic || binary.LittleEndian.Uint32(b[4:]) != pagemapMagic {
@@ -116,6 +118,9 @@ func parsePagemap(b []byte) (pagemap, error) {
 		}
 		b = b[4+n:]
 		if first {
+			if err := uint32Field("pages_id", fields[1]); err != nil {
+				return pm, err
+			}
 			pm.pages = fmt.Sprintf("pages-%d.img", fields[1])
 			first = false
 			continue
@@ -132,6 +137,14 @@ func parsePagemap(b []byte) (pagemap, error) {
 
 // add adds a pagemap_entry's present pages.
 func (pm *pagemap) add(fields map[int]uint64) error {
+	for _, f := range []struct {
+		name string
+		n    int
+	}{{"compat_nr_pages", 2}, {"flags", 4}} {
+		if err := uint32Field(f.name, fields[f.n]); err != nil {
+			return err
+		}
+	}
 	vaddr, pages, flags := fields[1], fields[2], fields[4]
 	if n, ok := fields[5]; ok {
 		pages = n
@@ -157,6 +170,17 @@ func (pm *pagemap) add(fields map[int]uint64) error {
 	return nil
 }
 
+// uint32Field refuses a value past 2^32-1 of a field images/pagemap.proto
+// declares uint32: CRIU (protobuf-c) keeps the low 32 bits of its varint,
+// so the value read here would not be the one CRIU reads (pages_id
+// 2^32+1 would name pages-4294967297.img, and CRIU reads pages-1.img).
+func uint32Field(name string, v uint64) error {
+	if v > math.MaxUint32 {
+		return fmt.Errorf("%s %d: past uint32", name, v)
+	}
+	return nil
+}
+
 // appendRun appends r to runs, joined to the last one when it follows it.
 func appendRun(runs []run, r run) []run {
 	if n := len(runs); n > 0 && runs[n-1].vaddr+runs[n-1].bytes == r.vaddr {
@@ -166,9 +190,11 @@ func appendRun(runs []run, r run) []run {
 	return append(runs, r)
 }
 
-// task is the process id a task's pagemap is named by (pagemap-ID.img),
-// false for any other pagemap (a shared memory segment's,
-// pagemap-shmem-ID.img).
+// task is the process id a task's pagemap is named by (pagemap-ID.img,
+// ID in canonical decimal, as CRIU names it), false for any other
+// pagemap (a shared memory segment's, pagemap-shmem-ID.img) and for a
+// name CRIU does not give: pagemap-007.img is not task 7's, which CRIU
+// reads from pagemap-7.img.
 func (pm pagemap) task() (uint64, bool) {
 	id, ok := strings.CutPrefix(pm.name, "pagemap-")
 	if !ok {
@@ -176,7 +202,7 @@ func (pm pagemap) task() (uint64, bool) {
 	}
 	id, ok = strings.CutSuffix(id, ".img")
 	n, err := strconv.ParseUint(id, 10, 64)
-	return n, ok && err == nil && n > 0
+	return n, ok && err == nil && n > 0 && strconv.FormatUint(n, 10) == id
 }
 
 // isTask is whether pm is a task's pagemap.

@@ -2,7 +2,9 @@ package park
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -26,7 +28,8 @@ import (
 // verified as served: it rehashes the root tree, the memory image's
 // listing, every file of it that is not a chunk, and every chunk with a
 // page its pagemap does not mark lazy; the other chunks are taken at the
-// address the listing gives them. The snapshot is offered as itself only
+// address the listing gives them, once their objects are found at the
+// listed sizes (statEntries). The snapshot is offered as itself only
 // when all of that is intact. A transcript park, or an image without
 // chunked files, is rehashed whole, as Offered does.
 func OfferedServed(ctx context.Context, st *store.Store, recorded record.Snapshot) (record.Snapshot, error) {
@@ -77,7 +80,7 @@ func offeredMemory(ctx context.Context, st *store.Store, mem record.Address) (re
 	for i, e := range es {
 		index[e.Name] = i
 	}
-	var eager []int
+	var eager, lazy []int
 	for _, cf := range cfs {
 		pm, err := pagemapOf(cf.Name, pms)
 		if err != nil {
@@ -86,13 +89,55 @@ func offeredMemory(ctx context.Context, st *store.Store, mem record.Address) (re
 		for _, ch := range cf.Chunks {
 			if !pm.isTask() || pm.eagerIn(ch.Vaddr, ch.Size) {
 				eager = append(eager, index[ch.Name])
+			} else {
+				lazy = append(lazy, index[ch.Name])
 			}
 		}
 	}
-	if changed, err = st.RehashEntries(ctx, mem, es, eager); err != nil || !changed {
-		return mem, err
+	resized, err := statEntries(st, mem, es, lazy)
+	if err != nil {
+		return record.Address{}, err
+	}
+	if changed, err = st.RehashEntries(ctx, mem, es, eager); err != nil {
+		return record.Address{}, err
+	}
+	if !changed && !resized {
+		return mem, nil
 	}
 	return store.ListingAddress(es)
+}
+
+// statEntries looks at the object of each file es[i] (entries of
+// directory dir's listing) for each i in pick without hashing it: a lazy
+// chunk, verified only as it is served, is still there at its listed
+// size before the restore. A missing object is an error wrapping
+// store.ErrMissingObject, naming the file, as [store.Store.RehashEntries]
+// reports one. An object of another size has that size set in its entry,
+// so the listing offers another address (its bytes changed, as a rehash
+// would find); changed says whether any had.
+func statEntries(st *store.Store, dir record.Address, es []store.Entry, pick []int) (changed bool, _ error) {
+	sizes := map[record.Address]uint64{} // one chunk may be listed at many places
+	for _, i := range pick {
+		e := &es[i]
+		size, ok := sizes[e.Address]
+		if !ok {
+			info, err := os.Stat(st.Path(e.Address))
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
+				return false, fmt.Errorf("directory %s, file %s: %w: %s", dir, e.Name, store.ErrMissingObject, e.Address)
+			case err != nil:
+				return false, fmt.Errorf("directory %s, file %s: object %s: %w", dir, e.Name, e.Address, err)
+			case !info.Mode().IsRegular():
+				return false, fmt.Errorf("directory %s, file %s: object %s is not a regular file", dir, e.Name, e.Address)
+			}
+			size = uint64(info.Size())
+			sizes[e.Address] = size
+		}
+		if size != e.Size {
+			e.Size, changed = size, true
+		}
+	}
+	return changed, nil
 }
 
 // isChunk is whether a listing's entry is a chunk of a chunked file.
@@ -177,15 +222,14 @@ func layoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pa
 		if err := matchPagemap(cf, pms); err != nil {
 			return Trees{}, nil, fmt.Errorf("%w: %s: %q: %v", store.ErrChunks, *snap.Memory, cf.Name, err)
 		}
-		pm, _ := pagemapOf(cf.Name, pms) // matchPagemap found exactly one
-		if err := sparse(st, t.ImageDir, cf, pm); err != nil {
-			return Trees{}, nil, fmt.Errorf("laying out %q: %w", cf.Name, err)
-		}
 		chunked[cf.Name] = cf
 	}
 	m, err := manifest(st, es, pms, chunked)
 	if err != nil {
 		return Trees{}, nil, fmt.Errorf("%s: %w", *snap.Memory, err)
+	}
+	if err := sparseAll(st, t.ImageDir, *snap.Memory, cfs, pms); err != nil {
+		return Trees{}, nil, err
 	}
 	if err := st.Materialize(ctx, *snap.Root, filepath.Dir(t.Rootfs), store.LinkRehashed); err != nil {
 		return Trees{}, nil, err
@@ -196,21 +240,50 @@ func layoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pa
 	return t, m, nil
 }
 
-// sparse writes chunked file cf under dir at its full size, with only its
-// chunks that hold eager pages (every chunk of a pagemap that is not a
-// task's) in place: the rest is a hole CRIU's restore does not read.
-func sparse(st *store.Store, dir string, cf store.ChunkedFile, pm *pagemap) error {
-	var eager []store.Chunk
+// sparseAll writes each chunked file of memory image mem under dir, as
+// sparse does, after judging the eager chunks of them all against the
+// room left, once, before a byte is written: files each within the room
+// may not be within it together. Each file's pagemap is the one
+// matchPagemap found; no two files share one, so there are at most
+// maxPagemaps files, of at most MaxChunks chunks of MaxChunk bytes each,
+// and the sum does not overflow.
+func sparseAll(st *store.Store, dir string, mem record.Address, cfs []store.ChunkedFile, pms []pagemap) error {
+	eager := make([][]store.Chunk, len(cfs))
 	var total uint64
-	for _, ch := range cf.Chunks {
-		if !pm.isTask() || pm.eagerIn(ch.Vaddr, ch.Size) {
-			eager = append(eager, ch)
+	for i, cf := range cfs {
+		pm, _ := pagemapOf(cf.Name, pms) // matchPagemap found exactly one
+		eager[i] = eagerChunks(cf, pm)
+		for _, ch := range eager[i] {
 			total += ch.Size
 		}
 	}
 	if room, err := roomForPages(st); err != nil || total > room {
-		return fmt.Errorf("%w: the eager pages of %q are %d bytes, the store's filesystem has %d left past its minimum free (%v)", ErrNoSpace, cf.Name, total, room, err)
+		return fmt.Errorf("%w: the eager pages of %s are %d bytes, the store's filesystem has %d left past its minimum free (%v)", ErrNoSpace, mem, total, room, err)
 	}
+	for i, cf := range cfs {
+		if err := sparse(st, dir, cf, eager[i]); err != nil {
+			return fmt.Errorf("laying out %q: %w", cf.Name, err)
+		}
+	}
+	return nil
+}
+
+// eagerChunks are the chunks of cf that hold eager pages of pm: every
+// chunk of a pagemap that is not a task's.
+func eagerChunks(cf store.ChunkedFile, pm *pagemap) []store.Chunk {
+	var eager []store.Chunk
+	for _, ch := range cf.Chunks {
+		if !pm.isTask() || pm.eagerIn(ch.Vaddr, ch.Size) {
+			eager = append(eager, ch)
+		}
+	}
+	return eager
+}
+
+// sparse writes chunked file cf under dir at its full size, with only its
+// eager chunks (eagerChunks, in cf's order) in place: the rest is a hole
+// CRIU's restore does not read.
+func sparse(st *store.Store, dir string, cf store.ChunkedFile, eager []store.Chunk) error {
 	out, err := os.OpenFile(filepath.Join(dir, cf.Name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, os.FileMode(cf.Chunks[0].Mode))
 	if err != nil {
 		return err
@@ -243,11 +316,23 @@ func sparse(st *store.Store, dir string, cf store.ChunkedFile, pm *pagemap) erro
 
 // manifest is the page server's manifest of every task's pages: per task
 // pagemap with present pages, its chunks (a chunked pages file) or the
-// runs of its whole pages file, in address order.
+// runs of its whole pages file, in address order. A pages file named by
+// more than one pagemap is refused (CRIU gives each pagemap a pages file
+// of its own), and so is a whole one of another size than its pagemap's
+// runs: else many pagemaps of many runs over one small file would make a
+// manifest, which names the file once per extent, many times the image's
+// size.
 func manifest(st *store.Store, es []store.Entry, pms []pagemap, chunked map[string]store.ChunkedFile) (*pageserver.Manifest, error) {
-	objects := make(map[string]record.Address, len(es))
+	objects := make(map[string]store.Entry, len(es))
 	for _, e := range es {
-		objects[e.Name] = e.Address
+		objects[e.Name] = e
+	}
+	named := make(map[string]string, len(pms))
+	for _, pm := range pms {
+		if other, ok := named[pm.pages]; ok {
+			return nil, fmt.Errorf("%w: %s and %s both name %s", store.ErrChunks, other, pm.name, pm.pages)
+		}
+		named[pm.pages] = pm.name
 	}
 	m := &pageserver.Manifest{}
 	for _, pm := range pms {
@@ -266,13 +351,16 @@ func manifest(st *store.Store, es []store.Entry, pms []pagemap, chunked map[stri
 				t.Extents = append(t.Extents, e)
 			}
 		} else {
-			a, ok := objects[pm.pages]
+			e, ok := objects[pm.pages]
 			if !ok {
 				return nil, fmt.Errorf("%w: %s names %s, which the image does not hold", store.ErrChunks, pm.name, pm.pages)
 			}
+			if e.Size != pm.bytes {
+				return nil, fmt.Errorf("%w: %s gives %s %d bytes of pages, it holds %d", store.ErrChunks, pm.name, pm.pages, pm.bytes, e.Size)
+			}
 			var off uint64
 			for _, r := range pm.runs {
-				t.Extents = append(t.Extents, pageserver.Extent{Vaddr: r.vaddr, Size: r.bytes, Path: st.Path(a), Offset: off})
+				t.Extents = append(t.Extents, pageserver.Extent{Vaddr: r.vaddr, Size: r.bytes, Path: st.Path(e.Address), Offset: off})
 				off += r.bytes
 			}
 			sort.Slice(t.Extents, func(i, j int) bool { return t.Extents[i].Vaddr < t.Extents[j].Vaddr })

@@ -237,3 +237,143 @@ func damage(t *testing.T, st *store.Store, a record.Address) {
 		t.Fatal(err)
 	}
 }
+
+// servedLayout ingests a memory image of files (a name with a slash is a
+// chunk: its directory is made) beside a root tree, and lays it out for a
+// served resume; a refused layout must leave nothing behind.
+func servedLayout(t *testing.T, st *store.Store, files map[string][]byte) (*pageserver.Manifest, error) {
+	t.Helper()
+	root := plainIngest(t, st, map[string][]byte{RootfsName: content(52, 100)})
+	stage, err := st.StagingDir("hostile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range files {
+		p := filepath.Join(stage, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mem, _, err := st.Ingest(t.Context(), stage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "r")
+	_, m, err := LayoutServed(st, record.ImageSnapshot(root, &mem), dir)
+	if err != nil {
+		if _, serr := os.Stat(dir); !errors.Is(serr, os.ErrNotExist) {
+			t.Fatalf("a refused layout left %s: %v", dir, serr)
+		}
+	}
+	return m, err
+}
+
+// The eager pages of all the chunked files of an image are judged against
+// the room left at once, before any is written: two files each within
+// the room but together past it are refused (ErrNoSpace).
+func TestLayoutServedRoomForAllFiles(t *testing.T) {
+	st := mustStore(t)
+	files := map[string][]byte{
+		"pagemap-1.img": pagemapImage(1, run{0x400000, 2 * pageSize}),
+		"pagemap-2.img": pagemapImage(2, run{0x400000, 2 * pageSize}),
+	}
+	for i, name := range []string{"pages-1.img", "pages-2.img"} {
+		for j := range uint64(2) {
+			files[store.ChunkName(name, 0x400000+j*pageSize)] = content(uint64(70+2*i)+j, pageSize)
+		}
+	}
+	defer func(f func(*store.Store) (uint64, error)) { roomForPages = f }(roomForPages)
+	roomForPages = func(*store.Store) (uint64, error) { return 3 * pageSize, nil }
+	if _, err := servedLayout(t, st, files); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("two files of 2 pages in the room of 3: %v", err)
+	}
+	roomForPages = func(*store.Store) (uint64, error) { return 4 * pageSize, nil }
+	if _, err := servedLayout(t, st, files); err != nil {
+		t.Fatalf("two files of 2 pages in the room of 4: %v", err)
+	}
+}
+
+// A whole pages file is served only as the one pagemap that names it
+// describes it whole: named by two pagemaps, or of a size other than its
+// pagemap's runs, the image is refused (store.ErrChunks), so a small
+// file cannot make a manifest many times its size.
+func TestLayoutServedWholePagesNamedOnce(t *testing.T) {
+	page := content(80, pageSize)
+	for name, files := range map[string]map[string][]byte{
+		"two pagemaps": {
+			"pagemap-1.img": pagemapImage(1, run{0x400000, pageSize}),
+			"pagemap-2.img": pagemapImage(1, run{0x400000, pageSize}),
+			"pages-1.img":   page,
+		},
+		"a task's and another's": {
+			"pagemap-1.img":       pagemapImage(1, run{0x400000, pageSize}),
+			"pagemap-shmem-9.img": pagemapImage(1, run{0x400000, pageSize}),
+			"pages-1.img":         page,
+		},
+		"longer than the runs": {
+			"pagemap-1.img": pagemapImage(1, run{0x400000, pageSize}),
+			"pages-1.img":   append(bytes.Clone(page), page...),
+		},
+		"shorter than the runs": {
+			"pagemap-1.img": pagemapImage(1, run{0x400000, 2 * pageSize}),
+			"pages-1.img":   page,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if m, err := servedLayout(t, mustStore(t), files); !errors.Is(err, store.ErrChunks) {
+				t.Fatalf("laid out, manifest %+v, %v", m, err)
+			}
+		})
+	}
+	// The chunked form: a chunked pages file named by two pagemaps.
+	files := map[string][]byte{
+		"pagemap-1.img":                          pagemapImage(1, run{0x400000, pageSize}),
+		"pagemap-2.img":                          pagemapImage(1, run{0x400000, pageSize}),
+		store.ChunkName("pages-1.img", 0x400000): page,
+	}
+	if m, err := servedLayout(t, mustStore(t), files); !errors.Is(err, store.ErrChunks) {
+		t.Fatalf("chunked: laid out, manifest %+v, %v", m, err)
+	}
+}
+
+// A lazy chunk is not hashed before the restore, but its object is looked
+// at: missing, OfferedServed fails as a rehash does (store.ErrMissingObject);
+// of another size than listed, another snapshot is offered.
+func TestOfferedServedLazyChunkObject(t *testing.T) {
+	pages := content(64, 600*pageSize)
+	lazyChunk := func(t *testing.T, st *store.Store, res Result) string {
+		es, _ := st.Listing(*res.Snapshot.Memory)
+		for _, e := range es {
+			if e.Name == store.ChunkName("pages-1.img", 0x7f0000004000) {
+				return st.Path(e.Address)
+			}
+		}
+		t.Fatal("no lazy chunk")
+		return ""
+	}
+	t.Run("missing", func(t *testing.T) {
+		st, res := servedPark(t, pages)
+		if err := os.Remove(lazyChunk(t, st, res)); err != nil {
+			t.Fatal(err)
+		}
+		if off, err := OfferedServed(t.Context(), st, res.Snapshot); !errors.Is(err, store.ErrMissingObject) {
+			t.Fatalf("offered %s, %v, without a lazy chunk", off, err)
+		}
+	})
+	t.Run("another size", func(t *testing.T) {
+		st, res := servedPark(t, pages)
+		p := lazyChunk(t, st, res)
+		if err := os.Chmod(p, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(p, pageSize); err != nil {
+			t.Fatal(err)
+		}
+		if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || off.Equal(res.Snapshot) {
+			t.Fatalf("offered %s, %v, over a lazy chunk cut short", off, err)
+		}
+	})
+}
