@@ -11,15 +11,14 @@
 // whose bytes hash elsewhere is never served ([ErrRefused]): the server
 // hangs up, lazy-pages fails, and the daemon, which holds the unit's
 // userfaultfds, freezes and kills the unit before any thread reads a page
-// that did not come.
+// that did not come. No page is sent before the daemon says it holds them
+// ([Server.Hold]); one that says it could not makes a refusal keep the
+// connection instead of hanging up.
 //
 // The server runs as a process of its own ([Command], [MaybeRun]): the
 // unit needs its pages even when the daemon stops.
 //
-// # Caveats
-//
-// A verified chunk is read again from its file for later requests: the
-// window between a chunk's check and its last page served is the same as
-// a whole-file object's between its rehash and the restore (objects are
-// read-only files only root can replace).
+// A verified chunk's pages are sent only from the bytes that were hashed:
+// a chunk sent in parts is kept until its last page went (up to 64 MiB of
+// such chunks), or read and hashed again.
 package pageserver
