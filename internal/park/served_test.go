@@ -339,9 +339,9 @@ func TestLayoutServedWholePagesNamedOnce(t *testing.T) {
 	}
 }
 
-// A lazy chunk is not hashed before the restore, but its object is looked
-// at: missing, OfferedServed fails as a rehash does (store.ErrMissingObject);
-// of another size than listed, another snapshot is offered.
+// A lazy chunk missing from the store, or cut short, is not looked for
+// before the restore (the listing is intact): the page server refuses it
+// when it is first asked for.
 func TestOfferedServedLazyChunkObject(t *testing.T) {
 	pages := content(64, 600*pageSize)
 	lazyChunk := func(t *testing.T, st *store.Store, res Result) string {
@@ -354,13 +354,27 @@ func TestOfferedServedLazyChunkObject(t *testing.T) {
 		t.Fatal("no lazy chunk")
 		return ""
 	}
+	served := func(t *testing.T, st *store.Store, res Result) error {
+		if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || !off.Equal(res.Snapshot) {
+			t.Fatalf("offered %s, %v: the listing is intact", off, err)
+		}
+		_, m, err := LayoutServed(st, res.Snapshot, filepath.Join(t.TempDir(), "r"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := get(t, m, 0x7f0000005000, 1)
+		if err == nil {
+			t.Fatalf("served %d bytes of a lazy chunk not in the store as listed", len(got))
+		}
+		return err
+	}
 	t.Run("missing", func(t *testing.T) {
 		st, res := servedPark(t, pages)
 		if err := os.Remove(lazyChunk(t, st, res)); err != nil {
 			t.Fatal(err)
 		}
-		if off, err := OfferedServed(t.Context(), st, res.Snapshot); !errors.Is(err, store.ErrMissingObject) {
-			t.Fatalf("offered %s, %v, without a lazy chunk", off, err)
+		if err := served(t, st, res); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("serving a missing chunk: %v", err)
 		}
 	})
 	t.Run("another size", func(t *testing.T) {
@@ -372,8 +386,8 @@ func TestOfferedServedLazyChunkObject(t *testing.T) {
 		if err := os.Truncate(p, pageSize); err != nil {
 			t.Fatal(err)
 		}
-		if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || off.Equal(res.Snapshot) {
-			t.Fatalf("offered %s, %v, over a lazy chunk cut short", off, err)
+		if err := served(t, st, res); !errors.Is(err, pageserver.ErrRefused) {
+			t.Fatalf("serving a chunk cut short: %v", err)
 		}
 	})
 }
