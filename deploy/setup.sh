@@ -30,6 +30,10 @@ readonly CRIU_PREFIX=/usr/local/sbin
 readonly CRIU_BIN=${CRIU_PREFIX}/criu
 readonly CACHE_ROOT=${RUNRECORDD_CACHE_DIR:-/var/cache/runrecordd}
 readonly CRIU_CACHE=${CACHE_ROOT}/criu-${CRIU_VERSION}
+# Patches applied to the CRIU this script builds (deploy/criu/*.patch, in
+# name order); the build records their sha256 in CRIU_CACHE/criu.patches,
+# and an installed build with other patches is rebuilt.
+readonly CRIU_PATCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/criu
 readonly DEBIAN_SOURCES=/etc/apt/sources.list.d/debian.sources
 readonly SID_SRC_LIST=/etc/apt/sources.list.d/runrecordd-sid-src.sources
 readonly ARCHIVE_KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
@@ -50,7 +54,7 @@ readonly CRIU_BUILD_PKGS=(
 	gcc make pkg-config
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
 	libnl-3-dev libnet1-dev libcap-dev libbsd-dev libgnutls28-dev
-	libnftables-dev uuid-dev
+	libnftables-dev uuid-dev patch
 )
 
 export DEBIAN_FRONTEND=noninteractive
@@ -248,18 +252,38 @@ fetch_criu_orig() {
 	log "$CRIU_ORIG downloaded, sha256 ok"
 }
 
+# criu_patches_id : the sha256 of deploy/criu/*.patch, in name order.
+criu_patches_id() {
+	cat "$CRIU_PATCH_DIR"/*.patch 2>/dev/null | sha256sum | awk '{print $1}'
+}
+
+# criu_current BIN : false if BIN is this script's installed build and was
+# not built with today's patches (another CRIU is taken as it is).
+criu_current() {
+	[[ $1 != "$CRIU_BIN" ]] && return 0
+	[[ -x $CRIU_CACHE/criu ]] && cmp -s "$1" "$CRIU_CACHE/criu" &&
+		[[ $(cat "$CRIU_CACHE/criu.patches" 2>/dev/null) == "$(criu_patches_id)" ]]
+}
+
 build_criu() {
-	local src=$CRIU_CACHE/src/criu-$CRIU_VERSION log_file=$CRIU_CACHE/build.log
+	local src=$CRIU_CACHE/src/criu-$CRIU_VERSION log_file=$CRIU_CACHE/build.log p id
 	log "building CRIU $CRIU_VERSION from source (log: $log_file) ..."
 	ensure_pkgs --quiet "${CRIU_BUILD_PKGS[@]}"
 	fetch_criu_orig
-	if [[ ! -f $src/.extracted ]]; then
-		rm -rf "$CRIU_CACHE/src"
+	id=$(criu_patches_id)
+	if [[ ! -f $src/.extracted || $(cat "$src/.extracted") != "$id" ]]; then
+		rm -rf "$CRIU_CACHE/src" "$CRIU_CACHE/src.tmp"
 		mkdir -p "$CRIU_CACHE/src.tmp"
 		tar -C "$CRIU_CACHE/src.tmp" -xJf "$CRIU_CACHE/$CRIU_ORIG"
 		[[ -d $CRIU_CACHE/src.tmp/criu-$CRIU_VERSION ]] ||
 			die "unexpected layout in $CRIU_ORIG (no criu-$CRIU_VERSION/ directory)"
-		touch "$CRIU_CACHE/src.tmp/criu-$CRIU_VERSION/.extracted"
+		for p in "$CRIU_PATCH_DIR"/*.patch; do
+			[[ -f $p ]] || continue
+			patch -d "$CRIU_CACHE/src.tmp/criu-$CRIU_VERSION" -p1 --batch --quiet <"$p" >>"$log_file" 2>&1 ||
+				die "applying $p to CRIU $CRIU_VERSION failed; log: $log_file"
+			log "applied $(basename "$p")"
+		done
+		echo "$id" >"$CRIU_CACHE/src.tmp/criu-$CRIU_VERSION/.extracted"
 		mv "$CRIU_CACHE/src.tmp" "$CRIU_CACHE/src"
 	fi
 	local t0=$SECONDS
@@ -269,6 +293,7 @@ build_criu() {
 	fi
 	[[ -x $src/criu/criu ]] || die "make criu succeeded but $src/criu/criu is missing"
 	install -m 0755 "$src/criu/criu" "$CRIU_CACHE/criu"
+	echo "$id" >"$CRIU_CACHE/criu.patches"
 	log "built CRIU $CRIU_VERSION in $((SECONDS - t0))s"
 }
 
@@ -281,12 +306,14 @@ install_cached_criu() {
 ensure_criu() {
 	local cur ver
 	cur=$(PATH=$SYS_PATH command -v criu || true)
-	if [[ ${RUNRECORDD_CRIU_FORCE_BUILD:-0} != 1 && -n $cur ]] && criu_good "$cur"; then
+	if [[ ${RUNRECORDD_CRIU_FORCE_BUILD:-0} != 1 && -n $cur ]] && criu_good "$cur" && criu_current "$cur"; then
 		log "criu $(criu_version "$cur") at $cur already passes criu check"
 		return 0
 	fi
 	if [[ -z $cur ]]; then
 		log "criu not found"
+	elif ! criu_current "$cur"; then
+		log "criu at $cur was built without today's deploy/criu patches"
 	else
 		ver=$(criu_version "$cur")
 		if ! criu_new_enough "$ver"; then
@@ -298,7 +325,8 @@ ensure_criu() {
 		fi
 	fi
 	mkdir -p "$CRIU_CACHE"
-	if [[ ${RUNRECORDD_CRIU_FORCE_BUILD:-0} != 1 && -x $CRIU_CACHE/criu ]] && criu_good "$CRIU_CACHE/criu"; then
+	if [[ ${RUNRECORDD_CRIU_FORCE_BUILD:-0} != 1 && -x $CRIU_CACHE/criu ]] && criu_good "$CRIU_CACHE/criu" &&
+		[[ $(cat "$CRIU_CACHE/criu.patches" 2>/dev/null) == "$(criu_patches_id)" ]]; then
 		log "using cached CRIU $CRIU_VERSION build ($CRIU_CACHE/criu)"
 	else
 		build_criu
