@@ -92,8 +92,12 @@ func (c client) get(n, vaddr, dst uint64) ([]byte, error) {
 // serve runs a server of m on one end of a pipe; the result arrives on
 // the channel once it returns (and its end is closed).
 func serve(t *testing.T, m *Manifest) (client, <-chan error, *Server) {
+	return serveWith(t, New(m))
+}
+
+// serveWith is serve of the server s.
+func serveWith(t *testing.T, s *Server) (client, <-chan error, *Server) {
 	a, b := net.Pipe()
-	s := New(m)
 	done := make(chan error, 1)
 	go func() {
 		err := s.Serve(b)
@@ -284,17 +288,10 @@ func serveHeld(t *testing.T, m *Manifest) (client, <-chan error, *os.File) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close(); w.Close() })
-	a, b := net.Pipe()
 	s := New(m)
 	s.Hold(r)
-	done := make(chan error, 1)
-	go func() {
-		err := s.Serve(b)
-		b.Close()
-		done <- err
-	}()
-	t.Cleanup(func() { a.Close() })
-	return client{t, a}, done, w
+	c, done, _ := serveWith(t, s)
+	return c, done, w
 }
 
 // silent reports whether nothing arrives on c, not even its end, within
