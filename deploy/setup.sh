@@ -254,7 +254,13 @@ fetch_criu_orig() {
 
 # criu_patches_id : the sha256 of deploy/criu/*.patch, in name order.
 criu_patches_id() {
-	cat "$CRIU_PATCH_DIR"/*.patch 2>/dev/null | sha256sum | awk '{print $1}'
+	local p
+	{
+		for p in "$CRIU_PATCH_DIR"/*.patch; do
+			[[ -f $p ]] && cat "$p"
+		done
+		true
+	} | sha256sum | awk '{print $1}'
 }
 
 # criu_current BIN : false if BIN is this script's installed build and was
@@ -279,7 +285,7 @@ build_criu() {
 			die "unexpected layout in $CRIU_ORIG (no criu-$CRIU_VERSION/ directory)"
 		for p in "$CRIU_PATCH_DIR"/*.patch; do
 			[[ -f $p ]] || continue
-			patch -d "$CRIU_CACHE/src.tmp/criu-$CRIU_VERSION" -p1 --batch --quiet <"$p" >>"$log_file" 2>&1 ||
+			patch -d "$CRIU_CACHE/src.tmp/criu-$CRIU_VERSION" -p1 --batch --forward --fuzz=0 --quiet <"$p" >>"$log_file" 2>&1 ||
 				die "applying $p to CRIU $CRIU_VERSION failed; log: $log_file"
 			log "applied $(basename "$p")"
 		done

@@ -73,9 +73,10 @@ type LazyPages struct {
 	// lazy-pages reads the image directory itself; its log is serverLog.
 	server    *exec.Cmd
 	serverLog string
-	// held is the pipe the page server waits on before its first page
-	// (tellHeld); tasks is how many tasks it serves, each restored with a
-	// userfaultfd lazy-pages holds (0 without a server).
+	// held is the pipe that tells the page server whether the unit's
+	// userfaultfds are held (sayHeld, letGo); tasks is how many tasks it
+	// serves, each restored with a userfaultfd lazy-pages holds (0
+	// without a server).
 	held     *os.File
 	heldOnce sync.Once
 	tasks    int
@@ -111,7 +112,7 @@ func (l *LazyPages) ExitedAt() time.Time {
 // Kill ends the daemon (a lazy restore's failure path; and the bench's
 // experiment of a daemon that dies mid-way) and waits for it.
 func (l *LazyPages) Kill() {
-	l.tellHeld(false)
+	l.letGo()
 	_ = l.cmd.Process.Kill()
 	if l.server != nil {
 		_ = l.server.Process.Kill()
@@ -128,12 +129,21 @@ func (l *LazyPages) Kill() {
 // Take the copies as soon as the restore returns (the daemon has them by
 // then) and close them only after the unit is frozen or dead, or after
 // every page is resident. A lazy-pages that has already exited (every
-// page in) leaves none to take, which is no error. A page server sends
-// no page before the copies are taken: it is told then that they are
-// held, or, should fewer be found than the tasks it serves (within
-// uffdWait), that they are not (pageserver.Server.Hold).
+// page in) leaves none to take, which is no error. A page server is told
+// when the copies are taken, and again when release lets them go (or
+// that none are held, should fewer be found than the tasks it serves,
+// within uffdWait): it hangs up on a failure only while they are held
+// (pageserver.Server.Hold).
 func (l *LazyPages) HoldUffds() (n int, release func(), err error) {
-	defer func() { l.tellHeld(err == nil && n > 0 && n >= l.tasks) }()
+	defer func() {
+		if err != nil || n == 0 || n < l.tasks {
+			l.letGo()
+			return
+		}
+		l.sayHeld()
+		copies := release
+		release = func() { l.letGo(); copies() }
+	}()
 	pid := l.Pid()
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
@@ -232,7 +242,7 @@ func (c *Client) startLazyPages(images, work string, pages *pageserver.Manifest,
 		cmd.ExtraFiles = append(cmd.ExtraFiles, conn)
 	}
 	if err := cmd.Start(); err != nil {
-		l.tellHeld(false)
+		l.letGo()
 		if l.server != nil {
 			_ = l.server.Process.Kill()
 			_ = l.server.Wait()
@@ -264,7 +274,7 @@ func (c *Client) startLazyPages(images, work string, pages *pageserver.Manifest,
 func (l *LazyPages) wait() {
 	err := l.cmd.Wait()
 	exited := time.Now()
-	l.tellHeld(false) // nothing left to hold: the server may end
+	l.letGo() // nothing left to hold
 	var serr error
 	if l.server != nil {
 		// lazy-pages gone, its end of the socket closes: the server

@@ -74,17 +74,20 @@ func (l *LazyPages) startServer(pages *pageserver.Manifest, work string) (*os.Fi
 	return theirs, nil
 }
 
-// tellHeld tells the page server, once, whether the unit's userfaultfds
-// are held (pageserver.Server.Hold): until then it sends no page.
-func (l *LazyPages) tellHeld(held bool) {
+// sayHeld tells the page server the unit's userfaultfds are held
+// (pageserver.Server.Hold); letGo, once, that they are not (any more):
+// the pipe's end. The daemon's own end, should it stop, says the same.
+func (l *LazyPages) sayHeld() {
+	if l.held != nil {
+		_, _ = l.held.Write([]byte{pageserver.HeldByte})
+	}
+}
+
+func (l *LazyPages) letGo() {
 	l.heldOnce.Do(func() {
-		if l.held == nil {
-			return
+		if l.held != nil {
+			l.held.Close()
 		}
-		if held {
-			_, _ = l.held.Write([]byte{pageserver.HeldByte})
-		}
-		l.held.Close()
 	})
 }
 

@@ -11,9 +11,8 @@
 // whose bytes hash elsewhere is never served ([ErrRefused]): the server
 // hangs up, lazy-pages fails, and the daemon, which holds the unit's
 // userfaultfds, freezes and kills the unit before any thread reads a page
-// that did not come. No page is sent before the daemon says it holds them
-// ([Server.Hold]); one that says it could not makes a refusal keep the
-// connection instead of hanging up.
+// that did not come. The server hangs up only while the daemon says it
+// holds them ([Server.Hold]); otherwise a refusal keeps the connection.
 //
 // The server runs as a process of its own ([Command], [MaybeRun]): the
 // unit needs its pages even when the daemon stops.

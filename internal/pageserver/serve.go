@@ -6,11 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync/atomic"
 	"time"
-	"unsafe"
-
-	"github.com/runrecordd/runrecordd/pkg/record"
-	"golang.org/x/sys/unix"
 )
 
 // The page server's side of CRIU's page transfer protocol (criu 4.2,
@@ -73,11 +70,10 @@ type Server struct {
 	buf      []byte
 	stats    Stats
 
-	// held, when set, says (HeldByte, or its end) whether the unit's
-	// userfaultfds are held elsewhere; hangUp is whether a failed
-	// request may end the connection.
-	held   io.Reader
-	hangUp bool
+	// holds, when Hold was called, is the daemon's word on the unit's
+	// userfaultfds (watchHeld): whether a failed request may end the
+	// connection.
+	holds *holds
 
 	// kept is the verified chunks some of whose pages are not sent yet,
 	// up to keepMax bytes: their other pages are sent from the bytes
@@ -94,28 +90,65 @@ type keptChunk struct {
 }
 
 // HeldByte, read from [Server.Hold]'s reader, says the unit's
-// userfaultfds are held.
+// userfaultfds are held; the reader's end after it, that they are not
+// any more.
 const HeldByte = 'h'
 
 // keepBytes bounds the verified chunks kept for their pages not yet sent;
 // past it, a chunk's later pages are read and verified again.
 const keepBytes = 64 << 20
 
-// Hold makes the server wait, before it answers the first request, for
-// word from held that the unit's userfaultfds are held by another
-// process (one HeldByte): then a fault on a page the server does not
-// send waits, even once lazy-pages has ended. Until that word no page is
-// sent, so no refusal can end lazy-pages first and leave the unit
-// reading zeros where its pages were. Should held end without it (the
-// daemon ended first), the server serves, but a request it cannot answer
-// then ends nothing: it stops answering and keeps the connection until
-// lazy-pages hangs up, the unit waiting on its fault until it is killed.
-func (s *Server) Hold(held io.Reader) { s.held = held }
+// Hold gives the server the daemon's word on the unit's userfaultfds:
+// one HeldByte once it holds copies of them, then the reader's end when
+// it lets them go (or ends itself). Pages are served at once; only a
+// request that fails waits for the word: while the copies are held, a
+// fault on a page the server does not send waits even once lazy-pages
+// has ended, so the server hangs up. Otherwise — the word not given, or
+// taken back — hanging up would end lazy-pages, close the last
+// userfaultfds, and let the kernel fill the unit's missing pages with
+// zeros: the server answers nothing more and keeps the connection until
+// lazy-pages hangs up (the unit killed). The word is waited for, not
+// required before the first page: CRIU's restore can fault on lazy pages
+// before it returns (the kernel writing a restored thread's rseq area),
+// and the daemon takes the copies only once it has returned.
+func (s *Server) Hold(held io.Reader) {
+	h := &holds{said: make(chan struct{})}
+	s.holds = h
+	go h.watch(held)
+}
+
+// holds is the daemon's word on the userfaultfds, as watch reads it.
+type holds struct {
+	said chan struct{} // closed once the first word (byte or end) came
+	held atomic.Bool   // the copies are held now
+}
+
+// watch reads held: HeldByte, then its end; or its end alone.
+func (h *holds) watch(held io.Reader) {
+	var b [1]byte
+	n, _ := io.ReadFull(held, b[:])
+	h.held.Store(n == 1 && b[0] == HeldByte)
+	close(h.said)
+	if h.held.Load() {
+		_, _ = io.Copy(io.Discard, held)
+		h.held.Store(false)
+	}
+}
+
+// mayHangUp is whether a failed serve may end the connection: without
+// Hold, yes; with it, once the word came, whether the copies are held.
+func (s *Server) mayHangUp() bool {
+	if s.holds == nil {
+		return true
+	}
+	<-s.holds.said
+	return s.holds.held.Load()
+}
 
 // New is a server of m, which must have passed its checks (Decode).
 func New(m *Manifest) *Server {
 	s := &Server{m: m, tasks: make(map[uint64]*Task, len(m.Tasks)), verified: map[*Extent]bool{}, ahead: newAhead(m),
-		hangUp: true, kept: map[*Extent]*keptChunk{}, keepMax: keepBytes}
+		kept: map[*Extent]*keptChunk{}, keepMax: keepBytes}
 	for i := range m.Tasks {
 		s.tasks[m.Tasks[i].ID] = &m.Tasks[i]
 	}
@@ -139,10 +172,6 @@ func (s *Server) Serve(conn io.ReadWriter) (err error) {
 		if r.readErr {
 			return fmt.Errorf("pageserver: lazy-pages hung up: %w", io.ErrUnexpectedEOF)
 		}
-		if s.held != nil {
-			s.hangUp = isHeld(s.held)
-			s.held = nil
-		}
 		switch c := r.cmd & cmdMask; {
 		case c == cmdClose || c == cmdForce:
 			var ok [4]byte // int32 0
@@ -154,8 +183,8 @@ func (s *Server) Serve(conn io.ReadWriter) (err error) {
 			err = s.get(conn, r)
 		}
 		if err != nil {
-			if !s.hangUp {
-				drain(reqs)
+			if !s.mayHangUp() {
+				drain(reqs, conn)
 			}
 			return err
 		}
@@ -163,17 +192,12 @@ func (s *Server) Serve(conn io.ReadWriter) (err error) {
 	return nil
 }
 
-// isHeld waits for word from held: true on HeldByte, false on its end.
-func isHeld(held io.Reader) bool {
-	var b [1]byte
-	n, _ := io.ReadFull(held, b[:])
-	return n == 1 && b[0] == HeldByte
-}
-
-// drain reads requests, answering none, until lazy-pages hangs up.
-func drain(reqs <-chan request) {
+// drain reads requests, answering none, until lazy-pages hangs up: what
+// the request reader left unread after a command that ended it, too.
+func drain(reqs <-chan request, conn io.Reader) {
 	for range reqs {
 	}
+	_, _ = io.Copy(io.Discard, conn)
 }
 
 // readRequests reads headers into reqs until the connection ends or a
@@ -314,69 +338,4 @@ func (s *Server) verifiedChunk(e *Extent) (*keptChunk, error) {
 		s.keptBytes += e.Size
 	}
 	return k, nil
-}
-
-// loadChunk reads verified extent e's file whole and checks it hashes to
-// its listed address. A chunk the page cache holds whole (a resume soon
-// after its park) is copied from it; any other is read with O_DIRECT
-// where the filesystem allows: a chunk is read once, and its pages go to
-// the unit, not to the page cache (cold, 512 MiB of chunk files cost
-// about a second of processor time through the page cache, on a machine
-// where lazy-pages needs the other processor; and O_DIRECT for every
-// chunk read a just-parked unit's cached chunks from the disk one by
-// one). Raw system calls: an os.File costs a netpoller registration and a
-// finalizer per chunk, 32,768 of them for a 512 MiB unit.
-func loadChunk(e *Extent) ([]byte, error) {
-	fd, err := unix.Open(e.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("pageserver: extent %#x: %s: %w", e.Vaddr, e.Path, err)
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("pageserver: extent %#x: %w", e.Vaddr, err)
-	}
-	if st.Size != int64(e.Size) || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, fmt.Errorf("%w: %s holds %d bytes, the chunk at %#x is %d", ErrRefused, e.Path, st.Size, e.Vaddr, e.Size)
-	}
-	whole := aligned(int(e.Size))
-	if !cached(fd, e.Size) {
-		// Where O_DIRECT cannot be set, the read goes through the cache.
-		_, _ = unix.FcntlInt(uintptr(fd), unix.F_SETFL, unix.O_RDONLY|unix.O_DIRECT)
-	}
-	for off := 0; off < len(whole); {
-		n, err := unix.Pread(fd, whole[off:], int64(off))
-		if err == unix.EINTR {
-			continue
-		}
-		if err == nil && n == 0 {
-			err = io.ErrUnexpectedEOF
-		}
-		if err != nil {
-			return nil, fmt.Errorf("pageserver: extent %#x: %s: %w", e.Vaddr, e.Path, err)
-		}
-		off += n
-	}
-	if got := record.Sum(whole); got != *e.Verify {
-		return nil, fmt.Errorf("%w: the chunk at %#x hashes to %s, listed as %s", ErrRefused, e.Vaddr, got, *e.Verify)
-	}
-	return whole, nil
-}
-
-// cached reports whether the page cache holds all size bytes of file fd
-// (cachestat, Linux 6.5; false where it fails).
-func cached(fd int, size uint64) bool {
-	var cs unix.Cachestat_t
-	r := unix.CachestatRange{Off: 0, Len: size}
-	return unix.Cachestat(uint(fd), &r, &cs, 0) == nil && cs.Cache*PageSize >= size
-}
-
-// aligned is n bytes starting at a page boundary, as O_DIRECT reads need.
-func aligned(n int) []byte {
-	b := make([]byte, n+PageSize)
-	off := int(uintptr(unsafe.Pointer(&b[0])) & (PageSize - 1))
-	if off != 0 {
-		off = PageSize - off
-	}
-	return b[off : off+n : off+n]
 }

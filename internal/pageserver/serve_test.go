@@ -282,7 +282,7 @@ func TestServeReadsChunksAhead(t *testing.T) {
 
 // serveHeld is serve with the server told whether the unit's
 // userfaultfds are held through the returned pipe's write end.
-func serveHeld(t *testing.T, m *Manifest) (client, <-chan error, *os.File) {
+func serveHeld(t *testing.T, m *Manifest) (client, <-chan error, *os.File, *Server) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -291,7 +291,7 @@ func serveHeld(t *testing.T, m *Manifest) (client, <-chan error, *os.File) {
 	s := New(m)
 	s.Hold(r)
 	c, done, _ := serveWith(t, s)
-	return c, done, w
+	return c, done, w, s
 }
 
 // silent reports whether nothing arrives on c, not even its end, within
@@ -303,30 +303,68 @@ func (c client) silent() bool {
 	return errors.Is(err, os.ErrDeadlineExceeded)
 }
 
-// No page goes out before the daemon says it holds the unit's
-// userfaultfds: were a chunk refused and the server to hang up before
-// then, lazy-pages would exit, and the unit read zeros where its pages
-// were.
-func TestServeWaitsForHeld(t *testing.T) {
+// Pages go out before the daemon's word (a restore can fault before it
+// returns, and the daemon takes the copies after), but a failure waits
+// for it: were the server to hang up before the copies are held,
+// lazy-pages would exit and the unit read zeros where its pages were.
+// Held, a refusal hangs up.
+func TestServeFailureWaitsForHeld(t *testing.T) {
 	f := newFixture(t)
-	c, done, held := serveHeld(t, f.m)
-	if _, err := c.conn.Write(header(cmdGet, 3, 0x20000, 7)); err != nil {
+	c, done, held, _ := serveHeld(t, f.m)
+	if got, err := c.get(3, 0x20000, 7); err != nil || !bytes.Equal(got, f.whole[PageSize:]) {
+		t.Fatalf("served %d bytes before the word, %v", len(got), err)
+	}
+	if _, err := c.conn.Write(header(cmdGet, 1, 0x13000, 7)); err != nil {
 		t.Fatal(err)
 	}
 	if !c.silent() {
-		t.Fatal("a reply before the userfaultfds were held")
+		t.Fatal("a reply, or a hang-up, to a failed request before the word")
 	}
 	if _, err := held.Write([]byte{HeldByte}); err != nil {
 		t.Fatal(err)
 	}
-	h := make([]byte, headerSize+3*PageSize)
-	if _, err := io.ReadFull(c.conn, h); err != nil || !bytes.Equal(h[headerSize:], f.whole[PageSize:]) {
-		t.Fatalf("reply once held: %v", err)
+	if err := <-done; !errors.Is(err, ErrRequest) {
+		t.Fatalf("serve: %v, want ErrRequest", err)
 	}
-	// Held: a refusal hangs up, as without Hold.
+}
+
+// The word taken back (the daemon let the copies go, or ended): a
+// refusal keeps the connection, as when it was never given.
+func TestServeHeldThenLetGo(t *testing.T) {
+	f := newFixture(t)
+	c, done, held, s := serveHeld(t, f.m)
+	if _, err := held.Write([]byte{HeldByte}); err != nil {
+		t.Fatal(err)
+	}
+	held.Close()
+	<-s.holds.said
+	for s.holds.held.Load() { // until the word's end is read
+		time.Sleep(time.Millisecond)
+	}
 	if _, err := c.conn.Write(header(cmdGet, 1, 0x13000, 7)); err != nil {
 		t.Fatal(err)
 	}
+	if !c.silent() {
+		t.Fatal("a hang-up after the copies were let go")
+	}
+	c.conn.Close()
+	if err := <-done; !errors.Is(err, ErrRequest) {
+		t.Fatalf("serve: %v, want ErrRequest", err)
+	}
+}
+
+// Not held, an unknown command (which ends the request reader) does not
+// hang up either.
+func TestServeUnheldUnknownCommand(t *testing.T) {
+	c, done, held, _ := serveHeld(t, newFixture(t).m)
+	held.Close()
+	if _, err := c.conn.Write(header(cmdAdd, 1, 0x10000, 7)); err != nil {
+		t.Fatal(err)
+	}
+	if !c.silent() {
+		t.Fatal("a hang-up after an unknown command, nobody holding the userfaultfds")
+	}
+	c.conn.Close()
 	if err := <-done; !errors.Is(err, ErrRequest) {
 		t.Fatalf("serve: %v, want ErrRequest", err)
 	}
@@ -346,7 +384,7 @@ func TestServeRefusalUnheld(t *testing.T) {
 	if err := os.WriteFile(f.chunk1Path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, done, held := serveHeld(t, f.m)
+	c, done, held, _ := serveHeld(t, f.m)
 	held.Close()
 	if got, err := c.get(1, 0x20000, 7); err != nil || !bytes.Equal(got, f.whole[PageSize:2*PageSize]) {
 		t.Fatalf("served %d bytes, %v", len(got), err)

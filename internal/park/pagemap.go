@@ -205,6 +205,15 @@ func (pm pagemap) task() (uint64, bool) {
 	return n, ok && err == nil && n > 0 && strconv.FormatUint(n, 10) == id
 }
 
+// hasLazy is whether any of pm's present pages is marked lazy.
+func (pm pagemap) hasLazy() bool {
+	var eager uint64
+	for _, r := range pm.eager {
+		eager += r.bytes
+	}
+	return eager < pm.bytes
+}
+
 // isTask is whether pm is a task's pagemap.
 func (pm pagemap) isTask() bool {
 	_, ok := pm.task()

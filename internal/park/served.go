@@ -323,6 +323,13 @@ func manifest(st *store.Store, es []store.Entry, pms []pagemap, chunked map[stri
 			}
 			sort.Slice(t.Extents, func(i, j int) bool { return t.Extents[i].Vaddr < t.Extents[j].Vaddr })
 		}
+		if !pm.hasLazy() {
+			// No page lazy-pages will ask for: its userfaultfd is
+			// closed during the restore, and the daemon's count of
+			// the ones to hold (executor.LazyPages.HoldUffds) is the
+			// manifest's tasks.
+			continue
+		}
 		m.Tasks = append(m.Tasks, t)
 	}
 	// The rules the server relies on (address order, no overlap, no task
