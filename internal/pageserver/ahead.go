@@ -97,9 +97,9 @@ func (a *ahead) take(e *Extent) ([]byte, error) {
 }
 
 // after queues the verified chunks of t from extent next on, up to t's
-// share of aheadBytes not yet served. Chunks below next that were read ahead and
-// passed over (lazy-pages dropped their range: the unit unmapped it) are
-// let go first.
+// share of aheadBytes not yet served. Chunks below next that were read
+// ahead and passed over (lazy-pages dropped their range: the unit
+// unmapped it) are let go first.
 func (a *ahead) after(t *Task, next int, verified map[*Extent]bool) {
 	if a.bytes[t] >= a.share && next < len(t.Extents) {
 		for e, sl := range a.slots {

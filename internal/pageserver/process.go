@@ -26,11 +26,11 @@ const (
 // Command is a page server process: this same binary again
 // (/proc/self/exe, which names it even after its file was replaced),
 // which [MaybeRun] turns into the server. It reads its manifest on stdin,
-// waits for word on held (its fd 4; [Server.Hold]) that the unit's
-// userfaultfds are held before it sends a page, serves lazy-pages on conn
-// (its fd 3), and writes what went wrong, and a last line of what it
-// served, to stderr. Write [HeldByte] to held's other end once the
-// userfaultfds are held, or close it. It runs in its own session: a
+// serves lazy-pages on conn (its fd 3), hanging up on a failure only
+// while held (its fd 4; [Server.Hold]) says the unit's userfaultfds are
+// held, and writes what went wrong, and a last line of what it served, to
+// stderr. Write [HeldByte] to held's other end once the userfaultfds are
+// held, and close it when they are let go. It runs in its own session: a
 // daemon that stops does not take it along, the unit needs its pages.
 func Command(conn, held *os.File) *exec.Cmd {
 	cmd := exec.Command("/proc/self/exe")

@@ -71,7 +71,7 @@ type Server struct {
 	stats    Stats
 
 	// holds, when Hold was called, is the daemon's word on the unit's
-	// userfaultfds (watchHeld): whether a failed request may end the
+	// userfaultfds (holds.watch): whether a failed request may end the
 	// connection.
 	holds *holds
 
@@ -289,9 +289,13 @@ func (s *Server) read(b []byte, e *Extent, off, n uint64) ([]byte, error) {
 			return b, err
 		}
 		b = append(b, k.b[off:off+n]...)
-		if k.sent += n; k.sent >= e.Size && s.kept[e] == k {
+		k.sent += n
+		switch {
+		case k.sent >= e.Size && s.kept[e] == k:
 			delete(s.kept, e)
 			s.keptBytes -= e.Size
+		case k.sent < e.Size && s.kept[e] == nil:
+			s.keep(e, k)
 		}
 		return b, nil
 	}
@@ -309,8 +313,7 @@ func (s *Server) read(b []byte, e *Extent, off, n uint64) ([]byte, error) {
 }
 
 // verifiedChunk is verified extent e's bytes: kept from an earlier
-// request, or read (ahead, or now) and hashed, then kept while there is
-// room (others let go to make it).
+// request, or read (ahead, or now) and hashed.
 func (s *Server) verifiedChunk(e *Extent) (*keptChunk, error) {
 	if k := s.kept[e]; k != nil {
 		return k, nil
@@ -325,7 +328,12 @@ func (s *Server) verifiedChunk(e *Extent) (*keptChunk, error) {
 		s.verified[e] = true
 		s.stats.Verified++
 	}
-	k := &keptChunk{b: whole}
+	return &keptChunk{b: whole}, nil
+}
+
+// keep keeps verified chunk e, some of whose pages are not sent yet,
+// while there is room (others let go to make it).
+func (s *Server) keep(e *Extent, k *keptChunk) {
 	for old := range s.kept {
 		if s.keptBytes+e.Size <= s.keepMax {
 			break
@@ -337,5 +345,4 @@ func (s *Server) verifiedChunk(e *Extent) (*keptChunk, error) {
 		s.kept[e] = k
 		s.keptBytes += e.Size
 	}
-	return k, nil
 }
