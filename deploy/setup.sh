@@ -34,6 +34,12 @@ readonly CRIU_CACHE=${CACHE_ROOT}/criu-${CRIU_VERSION}
 # name order); the build records their sha256 in CRIU_CACHE/criu.patches,
 # and an installed build with other patches is rebuilt.
 readonly CRIU_PATCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/criu
+# Where the CRIU this script builds keeps its kernel-feature cache
+# (criu.kdat; CRIU's RUNDIR, /run by default). CRIU keeps it only on a
+# tmpfs, and probes the kernel afresh, 50-75 ms, in every run without it:
+# where /run is not a tmpfs, every dump, restore and lazy-pages paid that.
+# A small tmpfs, root's alone, is mounted here (docs/setup.md).
+readonly CRIU_RUNDIR=/run/runrecordd-criu
 readonly DEBIAN_SOURCES=/etc/apt/sources.list.d/debian.sources
 readonly SID_SRC_LIST=/etc/apt/sources.list.d/runrecordd-sid-src.sources
 readonly ARCHIVE_KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
@@ -252,15 +258,31 @@ fetch_criu_orig() {
 	log "$CRIU_ORIG downloaded, sha256 ok"
 }
 
-# criu_patches_id : the sha256 of deploy/criu/*.patch, in name order.
+# criu_patches_id : the sha256 of deploy/criu/*.patch, in name order, and
+# of the build's settings.
 criu_patches_id() {
 	local p
 	{
 		for p in "$CRIU_PATCH_DIR"/*.patch; do
 			[[ -f $p ]] && cat "$p"
 		done
-		true
+		echo "RUNDIR=$CRIU_RUNDIR"
 	} | sha256sum | awk '{print $1}'
+}
+
+# ensure_criu_rundir : CRIU_RUNDIR a tmpfs only root can write, for the
+# installed build's kernel-feature cache. Without it CRIU still runs, only
+# probing the kernel each time.
+ensure_criu_rundir() {
+	if [[ -L $CRIU_RUNDIR || (-e $CRIU_RUNDIR && ! -d $CRIU_RUNDIR) ]]; then
+		die "$CRIU_RUNDIR is not a directory"
+	fi
+	install -d -m 0700 -o root -g root "$CRIU_RUNDIR"
+	if [[ $(stat -f -c %T "$CRIU_RUNDIR") != tmpfs ]]; then
+		mount -t tmpfs -o size=1m,mode=0700,nosuid,nodev,noexec runrecordd-criu "$CRIU_RUNDIR" ||
+			{ warn "could not mount a tmpfs on $CRIU_RUNDIR: CRIU will probe the kernel in every run"; return 0; }
+	fi
+	log "CRIU's kernel-feature cache: $CRIU_RUNDIR (tmpfs)"
 }
 
 # criu_current BIN : false if BIN is this script's installed build and was
@@ -293,7 +315,7 @@ build_criu() {
 		mv "$CRIU_CACHE/src.tmp" "$CRIU_CACHE/src"
 	fi
 	local t0=$SECONDS
-	if ! (cd "$src" && PATH=$SYS_PATH make -j2 criu </dev/null >"$log_file" 2>&1); then
+	if ! (cd "$src" && PATH=$SYS_PATH make -j2 RUNDIR="$CRIU_RUNDIR" criu </dev/null >"$log_file" 2>&1); then
 		tail -n 30 "$log_file" >&2 || true
 		die "make criu failed; full log: $log_file"
 	fi
@@ -740,6 +762,7 @@ ensure_pkgs "${RUNTIME_PKGS[@]}"
 
 # 2. CRIU
 drop_old_trixie_src
+ensure_criu_rundir
 ensure_criu
 installed_criu=$(PATH=$SYS_PATH command -v criu || true)
 if [[ -n $installed_criu && $installed_criu == "$CRIU_CHECKED" ]]; then

@@ -17,8 +17,12 @@ const (
 	// evenly by the tasks with verified extents: the chunks of a task
 	// that has exited are never asked for, and hold only its share.
 	aheadBytes = 32 << 20
-	// aheadWorkers read and hash them.
+	// aheadWorkers read and hash them, one chunk at a time, where the
+	// kernel has no AIO; where it has, aioReaders do, a batch at a time
+	// (aio.go): two, so that one opens and hashes while the other's
+	// reads are out.
 	aheadWorkers = 16
+	aioReaders   = 2
 )
 
 // ahead is the chunks read and verified ahead of their request.
@@ -26,6 +30,7 @@ type ahead struct {
 	jobs     chan *slot
 	wg       sync.WaitGroup
 	canceled atomic.Bool // the serve failed: queued reads are not done
+	dirs     dirs        // the chunk files' directories, open
 	// Owned by the serving goroutine:
 	slots map[*Extent]*slot
 	bytes map[*Task]uint64 // read ahead and not served, per task
@@ -53,21 +58,67 @@ func newAhead(m *Manifest) *ahead {
 	if n := verifiedTasks(m); n > 1 {
 		a.share = aheadBytes / uint64(n)
 	}
-	for range aheadWorkers {
+	workers, readers := aheadWorkers, []*aio(nil)
+	for range aioReaders {
+		r, err := newAIO()
+		if err != nil {
+			break // reads past the cache one at a time, on more workers
+		}
+		readers = append(readers, r)
+	}
+	if len(readers) == aioReaders {
+		workers = aioReaders
+	} else {
+		for _, r := range readers {
+			r.close()
+		}
+		readers = nil
+	}
+	for i := range workers {
+		var r *aio
+		if readers != nil {
+			r = readers[i]
+		}
 		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			for sl := range a.jobs {
-				if a.canceled.Load() {
-					sl.err = errCanceled
-				} else {
-					sl.b, sl.err = loadChunk(sl.e)
-				}
-				close(sl.done)
-			}
-		}()
+		go a.work(r)
 	}
 	return a
+}
+
+// work loads the chunks queued, in batches of up to aioBatch taken as
+// they are queued when r is not nil, else one by one.
+func (a *ahead) work(r *aio) {
+	defer a.wg.Done()
+	if r != nil {
+		defer r.close()
+	}
+	batch := make([]*slot, 0, aioBatch)
+	for sl := range a.jobs {
+		batch = append(batch[:0], sl)
+		for more := r != nil; more && len(batch) < aioBatch; {
+			select {
+			case sl, ok := <-a.jobs:
+				if more = ok; ok {
+					batch = append(batch, sl)
+				}
+			default:
+				more = false
+			}
+		}
+		switch {
+		case a.canceled.Load():
+			for _, sl := range batch {
+				sl.err = errCanceled
+			}
+		case r != nil:
+			loadChunks(batch, &a.dirs, r)
+		default:
+			sl.b, sl.err = loadChunk(sl.e, &a.dirs)
+		}
+		for _, sl := range batch {
+			close(sl.done)
+		}
+	}
 }
 
 // verifiedTasks is how many tasks of m have a verified extent.
@@ -88,7 +139,7 @@ func verifiedTasks(m *Manifest) int {
 func (a *ahead) take(e *Extent) ([]byte, error) {
 	sl := a.slots[e]
 	if sl == nil {
-		return loadChunk(e)
+		return loadChunk(e, &a.dirs)
 	}
 	<-sl.done
 	delete(a.slots, e)
@@ -107,6 +158,9 @@ func (a *ahead) after(t *Task, next int, verified map[*Extent]bool) {
 				<-sl.done
 				delete(a.slots, e)
 				a.bytes[t] -= e.Size
+				if sl.err == nil {
+					putBuf(sl.b)
+				}
 			}
 		}
 	}
@@ -130,4 +184,5 @@ func (a *ahead) stop(cancel bool) {
 	a.canceled.Store(cancel)
 	close(a.jobs)
 	a.wg.Wait()
+	a.dirs.close()
 }

@@ -291,11 +291,14 @@ func (s *Server) read(b []byte, e *Extent, off, n uint64) ([]byte, error) {
 		b = append(b, k.b[off:off+n]...)
 		k.sent += n
 		switch {
-		case k.sent >= e.Size && s.kept[e] == k:
-			delete(s.kept, e)
-			s.keptBytes -= e.Size
-		case k.sent < e.Size && s.kept[e] == nil:
-			s.keep(e, k)
+		case k.sent >= e.Size:
+			if s.kept[e] == k {
+				delete(s.kept, e)
+				s.keptBytes -= e.Size
+			}
+			putBuf(k.b)
+		case s.kept[e] == nil && !s.keep(e, k):
+			putBuf(k.b)
 		}
 		return b, nil
 	}
@@ -332,17 +335,21 @@ func (s *Server) verifiedChunk(e *Extent) (*keptChunk, error) {
 }
 
 // keep keeps verified chunk e, some of whose pages are not sent yet,
-// while there is room (others let go to make it).
-func (s *Server) keep(e *Extent, k *keptChunk) {
-	for old := range s.kept {
+// while there is room (others let go to make it), and reports whether it
+// did.
+func (s *Server) keep(e *Extent, k *keptChunk) bool {
+	for old, ok := range s.kept {
 		if s.keptBytes+e.Size <= s.keepMax {
 			break
 		}
 		s.keptBytes -= old.Size
 		delete(s.kept, old)
+		putBuf(ok.b)
 	}
-	if s.keptBytes+e.Size <= s.keepMax {
-		s.kept[e] = k
-		s.keptBytes += e.Size
+	if s.keptBytes+e.Size > s.keepMax {
+		return false
 	}
+	s.kept[e] = k
+	s.keptBytes += e.Size
+	return true
 }

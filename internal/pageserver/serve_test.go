@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"golang.org/x/sys/unix"
@@ -500,7 +502,9 @@ func TestLoadChunkCachedOrNot(t *testing.T) {
 			unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 			f.Close()
 		}
-		got, err := loadChunk(e)
+		d := &dirs{}
+		got, err := loadChunk(e, d)
+		d.close()
 		if err != nil || !bytes.Equal(got, b) {
 			t.Fatalf("cached %v: %d bytes, %v", cached, len(got), err)
 		}
@@ -508,7 +512,105 @@ func TestLoadChunkCachedOrNot(t *testing.T) {
 	bad := *e
 	z := record.Sum(nil)
 	bad.Verify = &z
-	if _, err := loadChunk(&bad); !errors.Is(err, ErrRefused) {
+	d := &dirs{}
+	defer d.close()
+	if _, err := loadChunk(&bad, d); !errors.Is(err, ErrRefused) {
 		t.Fatalf("a chunk listed under another address: %v", err)
+	}
+}
+
+// A batch of chunks is read as loadChunk reads one: those the page cache
+// does not hold past it, in one batch of asynchronous reads (they stay out
+// of the cache), the others from it; a chunk cut, missing or not the one
+// listed fails alone.
+func TestLoadChunksBatch(t *testing.T) {
+	r, err := newAIO()
+	if err != nil {
+		t.Fatalf("this kernel has AIO: %v", err)
+	}
+	defer r.close()
+	dir := t.TempDir()
+	var slots []*slot
+	var want [][]byte
+	for i := range 40 {
+		b := pages(4, byte(i))
+		p := filepath.Join(dir, fmt.Sprint(i))
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		a := record.Sum(b)
+		if i%7 != 0 {
+			uncache(t, p)
+		}
+		slots = append(slots, &slot{e: &Extent{Vaddr: uint64(i) << 20, Size: uint64(len(b)), Path: p, Verify: &a}})
+		want = append(want, b)
+	}
+	other := record.Sum(nil)
+	slots[3].e.Verify = &other  // not the one listed
+	slots[5].e.Path += ".gone"  // missing
+	slots[9].e.Size += PageSize // cut
+	d := &dirs{}
+	defer d.close()
+	loadChunks(slots, d, r)
+	for i, sl := range slots {
+		switch i {
+		case 3, 9:
+			if !errors.Is(sl.err, ErrRefused) {
+				t.Errorf("chunk %d: %v, want ErrRefused", i, sl.err)
+			}
+		case 5:
+			if !errors.Is(sl.err, os.ErrNotExist) {
+				t.Errorf("chunk %d: %v, want ErrNotExist", i, sl.err)
+			}
+		default:
+			if sl.err != nil || !bytes.Equal(sl.b, want[i]) {
+				t.Errorf("chunk %d: %d bytes, %v", i, len(sl.b), sl.err)
+			}
+			if i%7 != 0 && inCache(t, sl.e.Path) {
+				t.Errorf("chunk %d was read through the page cache", i)
+			}
+		}
+	}
+}
+
+// uncache writes file p back and drops it from the page cache.
+func uncache(t testing.TB, p string) {
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	if inCache(t, p) {
+		t.Fatalf("%s cannot be dropped from the page cache (a tmpfs? set TMPDIR to a disk)", p)
+	}
+}
+
+// inCache is whether the page cache holds any of file p.
+func inCache(t testing.TB, p string) bool {
+	fd, err := unix.Open(p, unix.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var cs unix.Cachestat_t
+	if err := unix.Cachestat(uint(fd), &unix.CachestatRange{}, &cs, 0); err != nil {
+		t.Fatal(err)
+	}
+	return cs.Cache > 0
+}
+
+// iocb and ioEvent have the kernel's sizes.
+func TestAIOLayout(t *testing.T) {
+	if n := unsafe.Sizeof(iocb{}); n != 64 {
+		t.Errorf("iocb is %d bytes, the kernel's 64", n)
+	}
+	if n := unsafe.Sizeof(ioEvent{}); n != 32 {
+		t.Errorf("ioEvent is %d bytes, the kernel's 32", n)
 	}
 }

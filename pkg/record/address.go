@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"lukechampine.com/blake3"
+	"lukechampine.com/blake3/guts"
 )
 
 // AddressPrefix starts the text form of every [Address].
@@ -23,7 +24,37 @@ var b64 = base64.RawURLEncoding.Strict()
 type Address [32]byte
 
 // Sum returns the address of b.
-func Sum(b []byte) Address { return Address(blake3.Sum256(b)) }
+func Sum(b []byte) Address {
+	if len(b) <= guts.ChunkSize || len(b) > simdBytes {
+		return Address(blake3.Sum256(b))
+	}
+	return sumSIMD(b)
+}
+
+// simdBytes is the most BLAKE3 compresses in one vectorised call: 16
+// chunks of 1 KiB, a store chunk's size.
+const simdBytes = guts.MaxSIMD * guts.ChunkSize
+
+// sumSIMD is the address of b, of more than one BLAKE3 chunk and at most
+// simdBytes: its chunks compressed side by side in one call, and the
+// root over them. blake3.Sum256 takes, for the same input, a Hasher
+// copied to the heap, one goroutine per power-of-two run of chunks and a
+// padded copy of each run: about 38 KB allocated and ten times the time
+// per 16 KiB chunk (BenchmarkSum), which the page server pays on every
+// chunk it serves and a park on every chunk it stores.
+func sumSIMD(b []byte) Address {
+	var buf [simdBytes]byte
+	p := &buf
+	if len(b) == simdBytes {
+		p = (*[simdBytes]byte)(b)
+	} else {
+		copy(buf[:], b)
+	}
+	n := guts.CompressBuffer(p, len(b), &guts.IV, 0, 0)
+	n.Flags |= guts.FlagRoot
+	out := guts.WordsToBytes(guts.CompressNode(n))
+	return Address(out[:32])
+}
 
 // IsZero reports whether a is the all-zero address, which no object has in
 // practice and which this package treats as "not set".

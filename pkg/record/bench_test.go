@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"testing"
+
+	"lukechampine.com/blake3"
 )
 
 const benchSegments = 1_000_000
@@ -73,4 +75,25 @@ func BenchmarkAppend(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(benchSegments)*float64(b.N)/b.Elapsed().Seconds(), "segments/s")
+}
+
+// BenchmarkSum is the address of a store chunk (16 KiB) by Sum and by
+// blake3.Sum256, side by side.
+func BenchmarkSum(b *testing.B) {
+	chunk := make([]byte, simdBytes)
+	for i := range chunk {
+		chunk[i] = byte(i * 7)
+	}
+	for name, sum := range map[string]func([]byte) Address{
+		"Sum":           Sum,
+		"blake3.Sum256": func(p []byte) Address { return Address(blake3.Sum256(p)) },
+	} {
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(chunk)))
+			b.ReportAllocs()
+			for b.Loop() {
+				sum(chunk)
+			}
+		})
+	}
 }
