@@ -278,7 +278,9 @@ ensure_criu_rundir() {
 		die "$CRIU_RUNDIR is not a directory"
 	fi
 	install -d -m 0700 -o root -g root "$CRIU_RUNDIR"
-	if [[ $(stat -f -c %T "$CRIU_RUNDIR") != tmpfs ]]; then
+	# Always a tmpfs of its own, mounted over the path: nothing that was
+	# in the directory before is read.
+	if ! mountpoint -q "$CRIU_RUNDIR"; then
 		mount -t tmpfs -o size=1m,mode=0700,nosuid,nodev,noexec runrecordd-criu "$CRIU_RUNDIR" ||
 			{ warn "could not mount a tmpfs on $CRIU_RUNDIR: CRIU will probe the kernel in every run"; return 0; }
 	fi

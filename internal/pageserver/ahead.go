@@ -2,6 +2,7 @@ package pageserver
 
 import (
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 )
@@ -19,11 +20,13 @@ const (
 	aheadBytes = 32 << 20
 	// aheadWorkers read and hash them, one chunk at a time, where the
 	// kernel has no AIO; where it has, aioReaders do, a batch at a time
-	// (aio.go): two, so that one opens and hashes while the other's
-	// reads are out.
+	// (aio.go).
 	aheadWorkers = 16
-	aioReaders   = 2
 )
+
+// aioReaders is one per processor, and at least two, so that one opens
+// and hashes while another's reads are out.
+var aioReaders = max(2, min(runtime.GOMAXPROCS(0), aheadWorkers))
 
 // ahead is the chunks read and verified ahead of their request.
 type ahead struct {
@@ -109,13 +112,12 @@ func (a *ahead) work(r *aio) {
 		case a.canceled.Load():
 			for _, sl := range batch {
 				sl.err = errCanceled
+				close(sl.done)
 			}
 		case r != nil:
-			loadChunks(batch, &a.dirs, r)
+			loadChunks(batch, &a.dirs, r) // closes each done
 		default:
 			sl.b, sl.err = loadChunk(sl.e, &a.dirs)
-		}
-		for _, sl := range batch {
 			close(sl.done)
 		}
 	}

@@ -3,6 +3,8 @@ package pageserver
 import (
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -68,24 +70,26 @@ func newAIO() (*aio, error) {
 }
 
 // read reads len(bufs[i]) bytes from the start of file fds[i] into
-// bufs[i], all at once, and returns each read's count, or its error (a
-// read the caller does again with pread). It returns only once every read
-// it handed to the kernel is done: no read writes into a buffer after it
-// returned.
-func (a *aio) read(fds []int, bufs [][]byte) ([]int, []error) {
+// bufs[i], all at once, and calls done(i, count, err) as each read ends,
+// in the order they end (err: a read the caller does again with pread).
+// It returns once every read has ended: no read it handed to the kernel
+// writes into a buffer after it returned, unless the context could not
+// be ended (then the buffers of the reads still out are kept from reuse
+// for good: stranded).
+func (a *aio) read(fds []int, bufs [][]byte, done func(i, count int, err error)) {
 	n := len(fds)
-	counts, errs := make([]int, n), make([]error, n)
 	if a.ctx == 0 {
-		for i := range errs {
-			errs[i] = errAIOGone
+		for i := range n {
+			done(i, 0, errAIOGone)
 		}
-		return counts, errs
+		return
 	}
 	for i := range n {
 		a.cbs[i] = iocb{data: uint64(i), opcode: iocbPread, fd: uint32(fds[i]),
 			buf: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(bufs[i])))), nbytes: uint64(len(bufs[i]))}
 	}
-	done := 0
+	out := make([]bool, n) // handed to the kernel and not ended
+	left := 0
 	for sent := 0; sent < n; {
 		r, _, e := unix.Syscall(unix.SYS_IO_SUBMIT, a.ctx, uintptr(n-sent), uintptr(unsafe.Pointer(&a.ptrs[sent])))
 		switch {
@@ -93,42 +97,65 @@ func (a *aio) read(fds []int, bufs [][]byte) ([]int, []error) {
 		case e != 0:
 			// The first read not taken failed as a whole: the others
 			// are handed over again after it.
-			errs[sent] = fmt.Errorf("pageserver: io_submit: %w", e)
+			done(sent, 0, fmt.Errorf("pageserver: io_submit: %w", e))
 			sent++
-			done++
 		default:
+			for i := sent; i < sent+int(r); i++ {
+				out[i] = true
+			}
 			sent += int(r)
+			left += int(r)
 		}
 	}
-	for done < n {
+	for left > 0 {
 		got, _, e := unix.Syscall6(unix.SYS_IO_GETEVENTS, a.ctx, 1, uintptr(len(a.evs)), uintptr(unsafe.Pointer(&a.evs[0])), 0, 0)
 		if e == unix.EINTR {
 			continue
 		}
 		if e != 0 {
-			// Not expected. io_destroy returns once the reads still
-			// out are done; they are done again with pread, and this
-			// context is not used again.
-			a.close()
-			for i := range errs {
-				if errs[i] == nil && counts[i] == 0 {
-					errs[i] = fmt.Errorf("%w: io_getevents: %w", errAIOGone, e)
-				}
-			}
-			return counts, errs
+			a.abandon(bufs, out, e, done)
+			break
 		}
 		for _, ev := range a.evs[:got] {
 			i := int(ev.data)
+			out[i] = false
+			left--
 			if ev.res < 0 {
-				errs[i] = fmt.Errorf("pageserver: asynchronous read: %w", unix.Errno(-ev.res))
+				done(i, 0, fmt.Errorf("pageserver: asynchronous read: %w", unix.Errno(-ev.res)))
 			} else {
-				counts[i] = int(ev.res)
+				done(i, int(ev.res), nil)
 			}
-			done++
 		}
 	}
-	return counts, errs
+	runtime.KeepAlive(bufs)
 }
+
+// abandon ends the context after io_getevents failed (e; not expected):
+// io_destroy returns once the reads still out have ended, and they are
+// done again with pread into other buffers. Should io_destroy fail too,
+// their buffers are stranded: never used again, nor freed.
+func (a *aio) abandon(bufs [][]byte, out []bool, e error, done func(i, count int, err error)) {
+	_, _, derr := unix.Syscall(unix.SYS_IO_DESTROY, a.ctx, 0, 0)
+	a.ctx = 0
+	for i, o := range out {
+		if !o {
+			continue
+		}
+		if derr != 0 {
+			strandedMu.Lock()
+			stranded = append(stranded, bufs[i])
+			strandedMu.Unlock()
+			bufs[i] = nil
+		}
+		done(i, 0, fmt.Errorf("%w: io_getevents: %w", errAIOGone, e))
+	}
+}
+
+// stranded are buffers the kernel may still write into (abandon).
+var (
+	strandedMu sync.Mutex
+	stranded   [][]byte
+)
 
 // close ends the context, once every read still out on it is done.
 func (a *aio) close() {

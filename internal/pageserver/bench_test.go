@@ -42,7 +42,7 @@ func BenchmarkLoadChunksCold(b *testing.B) {
 			for i := 0; i < len(es); i += aioBatch {
 				slots := make([]*slot, 0, aioBatch)
 				for _, e := range es[i:min(i+aioBatch, len(es))] {
-					slots = append(slots, &slot{e: e})
+					slots = append(slots, &slot{e: e, done: make(chan struct{})})
 				}
 				loadChunks(slots, d, r)
 				for _, sl := range slots {

@@ -93,44 +93,57 @@ func finishChunk(e *Extent, fd int, whole []byte, off int, direct bool) ([]byte,
 	return whole, nil
 }
 
-// loadChunks loads the chunks of slots as loadChunk does, but reads
-// those past the page cache in one batch of asynchronous reads on r: a
-// read the batch failed or cut short is done again, or finished, with
-// pread.
+// loadChunks loads the chunks of slots as loadChunk does, reading those
+// the page cache does not hold in one batch of asynchronous reads on r
+// (a read the batch failed or cut short is done again, or finished, with
+// pread), and closes each slot's done as soon as its chunk is loaded: a
+// fault waits for its own chunk, not for the batch.
 func loadChunks(slots []*slot, dirs *dirs, r *aio) {
 	type open struct {
 		fd     int
 		whole  []byte
 		direct bool
-		off    int
 	}
 	opened := make([]open, len(slots))
+	finish := func(i, off int) {
+		o, sl := opened[i], slots[i]
+		if o.whole == nil { // stranded (aio.abandon): read anew
+			o.whole, off = getBuf(int(sl.e.Size)), 0
+		}
+		sl.b, sl.err = finishChunk(sl.e, o.fd, o.whole, off, o.direct)
+		unix.Close(o.fd)
+		close(sl.done)
+	}
 	var fds, in []int
 	var bufs [][]byte
 	for i, sl := range slots {
 		fd, whole, direct, err := openChunk(sl.e, dirs)
-		if err != nil {
+		switch {
+		case err != nil:
 			sl.err = err
+			close(sl.done)
 			continue
+		case direct:
+			fds, bufs, in = append(fds, fd), append(bufs, whole), append(in, i)
 		}
 		opened[i] = open{fd: fd, whole: whole, direct: direct}
-		if direct {
-			fds, bufs, in = append(fds, fd), append(bufs, whole), append(in, i)
+	}
+	for i, o := range opened {
+		if o.whole != nil && !o.direct {
+			finish(i, 0) // from the page cache
 		}
 	}
 	if len(fds) > 0 {
-		counts, errs := r.read(fds, bufs)
-		for j, i := range in {
-			if errs[j] == nil {
-				opened[i].off = counts[j]
+		r.read(fds, bufs, func(j, count int, err error) {
+			i := in[j]
+			if bufs[j] == nil {
+				opened[i].whole = nil
 			}
-		}
-	}
-	for i, sl := range slots {
-		if o := opened[i]; o.whole != nil {
-			sl.b, sl.err = finishChunk(sl.e, o.fd, o.whole, o.off, o.direct)
-			unix.Close(o.fd)
-		}
+			if err != nil {
+				count = 0
+			}
+			finish(i, count)
+		})
 	}
 }
 

@@ -542,7 +542,7 @@ func TestLoadChunksBatch(t *testing.T) {
 		if i%7 != 0 {
 			uncache(t, p)
 		}
-		slots = append(slots, &slot{e: &Extent{Vaddr: uint64(i) << 20, Size: uint64(len(b)), Path: p, Verify: &a}})
+		slots = append(slots, &slot{e: &Extent{Vaddr: uint64(i) << 20, Size: uint64(len(b)), Path: p, Verify: &a}, done: make(chan struct{})})
 		want = append(want, b)
 	}
 	other := record.Sum(nil)
@@ -553,6 +553,11 @@ func TestLoadChunksBatch(t *testing.T) {
 	defer d.close()
 	loadChunks(slots, d, r)
 	for i, sl := range slots {
+		select {
+		case <-sl.done:
+		default:
+			t.Fatalf("chunk %d: loaded and not said", i)
+		}
 		switch i {
 		case 3, 9:
 			if !errors.Is(sl.err, ErrRefused) {
