@@ -13,12 +13,15 @@ all: build
 setup:
 	bash deploy/setup.sh
 
-# The binary and the demo units: static Go programs packed as OCI image
-# archives (bin/units/NAME.tar, image runrecordd.local/NAME:1).
+# The binary, the gate warm sandboxes start in (beside it, statically
+# linked: docs/warm-pool.md), and the demo units: static Go programs
+# packed as OCI image archives (bin/units/NAME.tar, image
+# runrecordd.local/NAME:1).
 UNITS := oracle ballast agent poller
 
 build:
 	$(GO) build -o $(BIN) ./cmd/runrecordd
+	CGO_ENABLED=0 $(GO) build -o bin/runrecordd-gate ./cmd/runrecordd-gate
 	@for u in $(UNITS); do \
 		$(GO) run ./cmd/mkunit -o bin/units/$$u.tar -name runrecordd.local/$$u:1 ./units/$$u >/dev/null || exit 1; \
 	done

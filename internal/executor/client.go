@@ -62,6 +62,12 @@ type Config struct {
 	// PATH when empty). runc finds its own CRIU on the daemon's PATH;
 	// [StartContainerd] makes the two agree.
 	CRIU string
+	// Gate is the runrecordd-gate binary (cmd/runrecordd-gate) a sandbox
+	// [Client.Create] makes starts in, so that [Sandbox.Begin] is a
+	// byte on a FIFO, not a runc start. Empty: [GateName] beside this
+	// executable, if it is there; "-": none (Create leaves the task
+	// created, and Begin starts it).
+	Gate string
 	// Logger receives the executor's events; slog.Default() when nil.
 	Logger *slog.Logger
 }
@@ -74,6 +80,7 @@ type Client struct {
 	cfg    Config
 	client *containerd.Client
 	log    *slog.Logger
+	gate   string // the gate's path (findGate); "" for none
 }
 
 // Connect connects to the containerd at cfg.Address.
@@ -96,6 +103,13 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	gate, err := findGate(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("executor: connect: %w", err)
+	}
+	if gate != "" {
+		cfg.Logger.Debug("warm sandboxes start in the gate", "gate", gate)
+	}
 	for _, d := range []string{cfg.StateDir, cfg.RuncRoot, filepath.Join(cfg.StateDir, "fifo"), filepath.Join(cfg.StateDir, "criu")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("executor: connect: %w", err)
@@ -112,7 +126,7 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		c.Close()
 		return nil, fmt.Errorf("executor: connect to containerd at %s: %w", cfg.Address, err)
 	}
-	return &Client{cfg: cfg, client: c, log: cfg.Logger.With("component", "executor", "namespace", cfg.Namespace)}, nil
+	return &Client{cfg: cfg, client: c, log: cfg.Logger.With("component", "executor", "namespace", cfg.Namespace), gate: gate}, nil
 }
 
 // criuConfig is the CRIU configuration file runc passes to CRIU at every

@@ -58,7 +58,7 @@ func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, r
 // before the container that names them; the container before its task.
 // When a step fails, what the steps before it made is undone, last
 // first, so that a failed create leaves nothing behind.
-func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs *restoreFrom, start bool) (_ *Sandbox, retErr error) {
+func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs *restoreFrom, start bool, more ...oci.SpecOpts) (_ *Sandbox, retErr error) {
 	ctx = c.ctx(ctx)
 	spec, err := c.checkSpec(id, spec)
 	if err != nil {
@@ -99,7 +99,7 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs
 		return nil, err
 	}
 	defer onFailure(&retErr, undo)
-	var extra []oci.SpecOpts
+	extra := more
 	if rs != nil && rs.criuConfig != "" {
 		extra = append(extra, oci.WithAnnotations(map[string]string{"org.criu.config": rs.criuConfig}))
 	}

@@ -23,6 +23,9 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	if rerr := removeTree(filepath.Join(s.c.cfg.StateDir, "criu", s.id)); err == nil {
 		err = rerr
 	}
+	if rerr := os.Remove(s.c.gateFIFO(s.id)); err == nil && !os.IsNotExist(rerr) {
+		err = rerr
+	}
 	if err != nil {
 		return fmt.Errorf("executor: destroy %s: %w", s.id, err)
 	}

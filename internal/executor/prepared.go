@@ -18,6 +18,9 @@ import (
 // (internal/warmpool, docs/warm-pool.md) is one, made ahead of a resume.
 // A sandbox created and never begun is removed by Destroy as any other.
 func (c *Client) Create(ctx context.Context, id string, spec Spec, out Output) (*Sandbox, error) {
+	if c.gate != "" {
+		return c.createGated(ctx, id, spec, out)
+	}
 	s, err := c.build(ctx, id, spec, out, nil, false)
 	if err != nil {
 		return nil, fmt.Errorf("executor: create %s: %w", id, err)
@@ -25,12 +28,39 @@ func (c *Client) Create(ctx context.Context, id string, spec Spec, out Output) (
 	return s, nil
 }
 
+// createGated is Create with a gate (gate.go): the task started, the gate
+// waiting for Begin's word before the unit's argv runs.
+func (c *Client) createGated(ctx context.Context, id string, spec Spec, out Output) (*Sandbox, error) {
+	if _, err := c.checkSpec(id, spec); err != nil {
+		return nil, fmt.Errorf("executor: create %s: %w", id, err)
+	}
+	opts, err := c.makeGate(id)
+	if err == nil {
+		var s *Sandbox
+		if s, err = c.build(ctx, id, spec, out, nil, true, opts...); err == nil {
+			s.gate = c.gateFIFO(id)
+			return s, nil
+		}
+		_ = os.Remove(c.gateFIFO(id))
+	}
+	return nil, fmt.Errorf("executor: create %s: %w", id, err)
+}
+
 // Begin starts the unit's process in a sandbox [Client.Create] made: what
-// Start does after the task's creation.
+// Start does after the task's creation, or, gated, the gate's word.
 func (s *Sandbox) Begin(ctx context.Context) error {
 	s.mu.Lock()
-	task := s.task
+	task, gate := s.task, s.gate
 	s.mu.Unlock()
+	if gate != "" {
+		if err := s.openGate(ctx, gate); err != nil {
+			return fmt.Errorf("executor: begin %s: %w", s.id, err)
+		}
+		s.mu.Lock()
+		s.gate = ""
+		s.mu.Unlock()
+		return nil
+	}
 	if task == nil {
 		return fmt.Errorf("executor: begin %s: %w", s.id, ErrNotFound)
 	}

@@ -4,9 +4,13 @@ package executor_test
 
 import (
 	"context"
+	"errors"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
 )
@@ -71,5 +75,100 @@ func TestCreatedRemoved(t *testing.T) {
 	}
 	if slices.Contains(ids, "warm-destroy") || slices.Contains(ids, "warm-remove") {
 		t.Fatalf("left: %v", ids)
+	}
+}
+
+// buildGate builds cmd/runrecordd-gate, statically linked, into dir.
+func buildGate(t *testing.T, dir string) string {
+	t.Helper()
+	p := filepath.Join(dir, executor.GateName)
+	cmd := exec.Command("go", "build", "-o", p, "./cmd/runrecordd-gate")
+	cmd.Dir = filepath.Join("..", "..")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/runrecordd-gate: %v\n%s", err, out)
+	}
+	return p
+}
+
+// A gated sandbox's task is started, its gate waiting: nothing of the
+// unit runs (no output) until Begin's word, and then the unit's process
+// runs as pid 1, as a started one does. Its FIFO goes with it.
+func TestCreateBeginGated(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	cfg := client.Config()
+	cfg.Gate = buildGate(t, t.TempDir())
+	gated, err := executor.Connect(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gated.Close() }) // after the sandbox's destroy
+	out := outputs(t, "gated")
+	s, err := gated.Create(ctx, "warm-gated", oracleSpec(), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroy(t, s) })
+	fifo := filepath.Join(cfg.StateDir, "gate", "warm-gated")
+	if st, err := s.Status(ctx); err != nil || st != "running" {
+		t.Fatalf("status %q, %v; want running (the gate)", st, err)
+	}
+	time.Sleep(200 * time.Millisecond) // room for a unit that was not held to write
+	if b, _ := os.ReadFile(out.Stdout); len(b) != 0 {
+		t.Fatalf("the unit wrote before it began: %q", b)
+	}
+	if err := s.Begin(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ls := waitLines(t, out.Stdout, "a line", func(ls []line) bool { return len(ls) >= 1 })
+	if ls[0].Pid != 1 || ls[0].Checksum == "" {
+		t.Fatalf("first line %+v", ls[0])
+	}
+	if _, err := os.Stat(fifo); !os.IsNotExist(err) {
+		t.Fatalf("the gate's FIFO after Begin: %v", err)
+	}
+}
+
+// A gate that is not a statically linked executable is refused: it would
+// not run in an image without a libc.
+func TestGateRefusedDynamic(t *testing.T) {
+	privileged(t)
+	cfg := client.Config()
+	cfg.Gate = "/bin/true"
+	c, err := executor.Connect(context.Background(), cfg)
+	if err == nil {
+		c.Close()
+	}
+	if !errors.Is(err, executor.ErrGate) {
+		t.Fatalf("connect with a dynamic gate: %v, want ErrGate", err)
+	}
+}
+
+// A gated sandbox discarded before Begin takes its FIFO with it, and its
+// unit never ran.
+func TestGatedDiscarded(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	cfg := client.Config()
+	cfg.Gate = buildGate(t, t.TempDir())
+	gated, err := executor.Connect(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gated.Close()
+	out := outputs(t, "gated")
+	s, err := gated.Create(ctx, "warm-gated-discard", oracleSpec(), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.StateDir, "gate", "warm-gated-discard")); !os.IsNotExist(err) {
+		t.Fatalf("the gate's FIFO after Destroy: %v", err)
+	}
+	if b, _ := os.ReadFile(out.Stdout); len(b) != 0 {
+		t.Fatalf("a discarded gated sandbox's unit wrote: %q", b)
 	}
 }

@@ -50,6 +50,9 @@ type Sandbox struct {
 
 	exited chan struct{}         // closed once the task's process has exited
 	status containerd.ExitStatus // the exit, readable after exited closes
+
+	// gate is the FIFO of a gated sandbox's gate until Begin (gate.go).
+	gate string
 }
 
 // watch records the task's exit from ch.

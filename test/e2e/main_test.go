@@ -165,14 +165,21 @@ func build(dir string) error {
 	return errors.Join(daemonErr, oracleErr, unitsErr)
 }
 
+// buildDaemon builds the daemon and, beside it, the gate its warm
+// sandboxes start in (statically linked).
 func buildDaemon(ctx context.Context, dir string) error {
 	bin := filepath.Join(dir, "runrecordd")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/runrecordd")
-	cmd.Dir = moduleRoot
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("go build ./cmd/runrecordd: %v\n%s", err, out.Bytes())
+	for _, b := range []struct{ out, pkg, cgo string }{{bin, "./cmd/runrecordd", ""}, {filepath.Join(dir, "runrecordd-gate"), "./cmd/runrecordd-gate", "0"}} {
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", b.out, b.pkg)
+		cmd.Dir = moduleRoot
+		if b.cgo != "" {
+			cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo)
+		}
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out.Bytes())
+		}
 	}
 	daemonBinary = bin
 	return nil

@@ -96,6 +96,29 @@ func warmSandboxLeft(d *daemon, sid string) []string {
 	return left
 }
 
+// warmGated checks that warm sandbox sid's one process is the gate
+// (docs/warm-pool.md), waiting: the daemon under test has the gate beside
+// it (buildDaemon).
+func warmGated(t *testing.T, sid string) {
+	t.Helper()
+	procs, _ := filepath.Glob("/sys/fs/cgroup/pids/runrecordd*/" + sid + "/cgroup.procs")
+	if len(procs) != 1 {
+		t.Fatalf("warm sandbox %s: cgroups %v", sid, procs)
+	}
+	b, err := os.ReadFile(procs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := strings.Fields(string(b))
+	if len(pids) != 1 {
+		t.Fatalf("warm sandbox %s holds processes %v, want the gate alone", sid, pids)
+	}
+	cmd, err := os.ReadFile("/proc/" + pids[0] + "/cmdline")
+	if err != nil || !strings.HasPrefix(string(cmd), "/.runrecordd-gate\x00") {
+		t.Fatalf("warm sandbox %s's process runs %q (%v), want the gate", sid, cmd, err)
+	}
+}
+
 func TestWarmResume(t *testing.T) {
 	privileged(t)
 	d := mustDaemon(t, "warm")
@@ -109,6 +132,7 @@ func TestWarmResume(t *testing.T) {
 		if left := warmSandboxLeft(d, sid); len(left) == 0 {
 			t.Fatalf("step %d: the pool says a sandbox is ready, and there is no cgroup or process of %s", n, sid)
 		}
+		warmGated(t, sid)
 		pr := trPost(t, d, id, fmt.Sprintf("call-%d", n), trResult(n))
 		in := pr.Resumed.Idle.Inputs
 		if in["warm_pool_sandboxes"] != "1" || in["warm_pool_uj"] == "" || in["warm_pool"] == "" || in["warm_pool_resident_bytes"] == "0" {
