@@ -8,10 +8,10 @@
 //
 // Usage: runrecordd-gate FIFO ARG0 [ARG...]
 //
-// ARG0 is looked up on the sandbox's PATH, as runc looks up a process's
-// first argument. The word is the byte 'g'; the FIFO's end without it (a
-// sandbox discarded) ends the gate with status 125, and nothing of the
-// unit runs.
+// ARG0 is looked up on the sandbox's PATH before the wait, as runc looks
+// up a process's first argument. The word is the byte 'g'; another byte,
+// or the FIFO's end without one, ends the gate with status 125, and
+// nothing of the unit runs. (A sandbox discarded is killed, gate and all.)
 package main
 
 import (
@@ -34,14 +34,19 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: runrecordd-gate FIFO ARG0 [ARG...]")
 		os.Exit(exitNoWord)
 	}
+	// Looked up before the wait, as runc looks it up before waiting on
+	// its exec FIFO: an argv that cannot run ends the gate at once, and
+	// the resume finds the sandbox gone and starts one as without it.
+	args := os.Args[2:]
+	path, err := exec.LookPath(args[0])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "runrecordd-gate: %s: %v\n", args[0], err)
+		os.Exit(exitNoExec)
+	}
 	if !wait(os.Args[1]) {
 		os.Exit(exitNoWord)
 	}
-	args := os.Args[2:]
-	path, err := exec.LookPath(args[0])
-	if err == nil {
-		err = syscall.Exec(path, args, os.Environ())
-	}
+	err = syscall.Exec(path, args, os.Environ())
 	fmt.Fprintf(os.Stderr, "runrecordd-gate: %s: %v\n", args[0], err)
 	os.Exit(exitNoExec)
 }

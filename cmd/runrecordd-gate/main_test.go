@@ -76,7 +76,6 @@ func TestGate(t *testing.T) {
 		{"word", []byte("g"), []string{"touch", mark + "1"}, 0, true},
 		{"other byte", []byte("x"), []string{"touch", mark + "2"}, exitNoWord, false},
 		{"no word", nil, []string{"touch", mark + "3"}, exitNoWord, false},
-		{"no such program", []byte("g"), []string{"runrecordd-no-such-program"}, exitNoExec, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			fifo, cmd := gate(t, bin, c.argv...)
@@ -96,5 +95,25 @@ func TestGate(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An argv that cannot run ends the gate before the wait, as runc refuses
+// it before waiting on its exec FIFO.
+func TestGateNoSuchProgram(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "gate")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	_, cmd := gate(t, bin, "runrecordd-no-such-program")
+	done := make(chan int, 1)
+	go func() { done <- status(t, cmd) }()
+	select {
+	case got := <-done:
+		if got != exitNoExec {
+			t.Fatalf("exit status %d, want %d", got, exitNoExec)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the gate waited for its word with an argv that cannot run")
 	}
 }

@@ -118,6 +118,11 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	if _, err := writeFileDurably(filepath.Join(cfg.StateDir, criuConfigName), strings.NewReader(criuConfig)); err != nil {
 		return nil, fmt.Errorf("executor: connect: %w", err)
 	}
+	if gate != "" {
+		if gate, err = installGate(cfg.StateDir, gate); err != nil {
+			return nil, fmt.Errorf("executor: connect: %w", err)
+		}
+	}
 	c, err := containerd.New(cfg.Address, containerd.WithDefaultNamespace(cfg.Namespace))
 	if err != nil {
 		return nil, fmt.Errorf("executor: connect to containerd at %s: %w", cfg.Address, err)

@@ -23,7 +23,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	if rerr := removeTree(filepath.Join(s.c.cfg.StateDir, "criu", s.id)); err == nil {
 		err = rerr
 	}
-	if rerr := os.Remove(s.c.gateFIFO(s.id)); err == nil && !os.IsNotExist(rerr) {
+	if rerr := removeFile(s.c.gateFIFO(s.id)); err == nil {
 		err = rerr
 	}
 	if err != nil {
@@ -166,7 +166,7 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 	ctx = c.ctx(ctx)
 	cont, err := c.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
-		err = errors.Join(removeNetns(c.netnsPath(id)), removeTree(filepath.Join(c.cfg.StateDir, "criu", id)), c.removeGrants(id))
+		err = errors.Join(removeNetns(c.netnsPath(id)), removeTree(filepath.Join(c.cfg.StateDir, "criu", id)), c.removeGrants(id), removeFile(c.gateFIFO(id)))
 		if err != nil {
 			return fmt.Errorf("executor: remove %s: %w", id, err)
 		}
@@ -201,7 +201,7 @@ func (c *Client) Prune(ctx context.Context) ([]string, error) {
 	}
 	var pruned []string
 	var errs []error
-	for _, dir := range []string{"netns", "criu", "grants"} {
+	for _, dir := range []string{"netns", "criu", "grants", "gate"} {
 		ents, err := os.ReadDir(filepath.Join(c.cfg.StateDir, dir))
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
@@ -222,4 +222,12 @@ func (c *Client) Prune(ctx context.Context) ([]string, error) {
 		}
 	}
 	return pruned, errors.Join(errs...)
+}
+
+// removeFile removes the file at p, if there is one.
+func removeFile(p string) error {
+	if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
 }

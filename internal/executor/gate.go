@@ -36,8 +36,14 @@ const (
 	gateFIFOTarget = "/.runrecordd-gate.fifo"
 )
 
-// gateWait bounds how long Begin waits for the gate to open its FIFO.
+// gateWait bounds how long Begin waits for the gate to open its FIFO and
+// take its word.
 const gateWait = 5 * time.Second
+
+// gateMinPids is the least pids limit a sandbox is gated with: the gate,
+// a Go program, runs a few threads while it waits, each counted against
+// the sandbox's limit. Below it, Create leaves the task created.
+const gateMinPids = 16
 
 // ErrGate is a gate that cannot be used: not found, not a statically
 // linked executable, or not waiting when Begin comes.
@@ -80,8 +86,9 @@ func checkGate(p string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrGate, err)
 	}
-	if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
-		return fmt.Errorf("%w: %s is not an executable file", ErrGate, p)
+	// Any unit's user runs it.
+	if !st.Mode().IsRegular() || st.Mode().Perm()&0o001 == 0 {
+		return fmt.Errorf("%w: %s is not a file every user may execute", ErrGate, p)
 	}
 	f, err := elf.Open(p)
 	if err != nil {
@@ -94,6 +101,46 @@ func checkGate(p string) error {
 		}
 	}
 	return nil
+}
+
+// installGate copies the gate at src, checked, to STATE/gate-bin, root's
+// and read-only: the file sandboxes mount is the one checked, whatever
+// becomes of src (a rebuild, an upgrade) while this client runs. A copy
+// another client of the same state directory mounts stays as it is: the
+// new one replaces its name only.
+func installGate(stateDir, src string) (string, error) {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrGate, err)
+	}
+	dir := filepath.Join(stateDir, "gate-bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	f, err := os.CreateTemp(dir, ".gate-*")
+	if err != nil {
+		return "", err
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, 0o555)
+	}
+	dst := filepath.Join(dir, GateName)
+	if err == nil {
+		err = checkGate(tmp)
+	}
+	if err == nil {
+		err = os.Rename(tmp, dst)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return "", err
+	}
+	return dst, nil
 }
 
 // gateFIFO is sandbox id's gate FIFO on the host.
@@ -116,6 +163,11 @@ func (c *Client) makeGate(id string) ([]oci.SpecOpts, error) {
 		if s.Process == nil || len(s.Process.Args) == 0 {
 			return fmt.Errorf("%w: the sandbox has no argv", ErrInvalid)
 		}
+		// The gate runs as the unit's user (the image's USER, resolved
+		// by now), and opens its FIFO as that user.
+		if err := os.Chown(fifo, int(s.Process.User.UID), int(s.Process.User.GID)); err != nil {
+			return fmt.Errorf("gate fifo: %w", err)
+		}
 		s.Process.Args = append([]string{gateTarget, gateFIFOTarget}, s.Process.Args...)
 		return nil
 	}
@@ -136,7 +188,7 @@ func (s *Sandbox) openGate(ctx context.Context, fifo string) error {
 		// Without a reader (the gate not yet in its open), ENXIO.
 		fd, err := unix.Open(fifo, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 		if err == nil {
-			err = sayWord(fd, deadline)
+			err = sayWord(ctx, fd, deadline)
 			unix.Close(fd)
 			if err != nil {
 				return fmt.Errorf("%w: %w", ErrGate, err)
@@ -161,26 +213,32 @@ func (s *Sandbox) openGate(ctx context.Context, fifo string) error {
 }
 
 // sayWord writes the word on fd, a gate FIFO's write end, and waits until
-// deadline for its reader to close (poll says POLLERR to a writer left
-// without readers).
-func sayWord(fd int, deadline time.Time) error {
+// deadline for the gate to take it: the FIFO empty again (FIONREAD). A
+// reader gone with the word unread (the gate died) is an error at once;
+// so is the word not taken by the deadline — the caller discards the
+// sandbox, killing whatever might take it later.
+func sayWord(ctx context.Context, fd int, deadline time.Time) error {
 	if _, err := unix.Write(fd, []byte{'g'}); err != nil {
 		return err
 	}
 	p := []unix.PollFd{{Fd: int32(fd)}}
 	for {
-		n, err := unix.Poll(p, int(max(time.Until(deadline).Milliseconds(), 0)))
+		unread, err := unix.IoctlGetInt(fd, unix.TIOCINQ) // FIONREAD
 		switch {
-		case err == unix.EINTR:
-			continue
 		case err != nil:
 			return err
-		case n == 0:
-			return fmt.Errorf("the gate did not take its word within %s", gateWait)
-		case p[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0:
+		case unread == 0:
 			return nil
-		default:
-			return fmt.Errorf("poll of the gate's FIFO: events %#x", p[0].Revents)
+		case p[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0:
+			return errors.New("the gate ended without taking its word")
+		case time.Now().After(deadline):
+			return fmt.Errorf("the gate did not take its word within %s", gateWait)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		// Wakes at once should the reader go; else looks again in 1 ms.
+		if _, err := unix.Poll(p, 1); err != nil && err != unix.EINTR {
+			return err
 		}
 	}
 }

@@ -18,7 +18,7 @@ import (
 // (internal/warmpool, docs/warm-pool.md) is one, made ahead of a resume.
 // A sandbox created and never begun is removed by Destroy as any other.
 func (c *Client) Create(ctx context.Context, id string, spec Spec, out Output) (*Sandbox, error) {
-	if c.gate != "" {
+	if c.gate != "" && spec.withDefaults().Pids >= gateMinPids {
 		return c.createGated(ctx, id, spec, out)
 	}
 	s, err := c.build(ctx, id, spec, out, nil, false)
@@ -33,6 +33,10 @@ func (c *Client) Create(ctx context.Context, id string, spec Spec, out Output) (
 func (c *Client) createGated(ctx context.Context, id string, spec Spec, out Output) (*Sandbox, error) {
 	if _, err := c.checkSpec(id, spec); err != nil {
 		return nil, fmt.Errorf("executor: create %s: %w", id, err)
+	}
+	// Before the FIFO is made anew: a live sandbox's is not to be touched.
+	if _, err := c.client.LoadContainer(c.ctx(ctx), id); err == nil {
+		return nil, fmt.Errorf("executor: create %s: %w: a container named %s", id, ErrExists, id)
 	}
 	opts, err := c.makeGate(id)
 	if err == nil {

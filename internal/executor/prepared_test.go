@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/ociarchive"
 )
 
 // A sandbox Create made holds its task created and not started: nothing
@@ -170,5 +171,49 @@ func TestGatedDiscarded(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(out.Stdout); len(b) != 0 {
 		t.Fatalf("a discarded gated sandbox's unit wrote: %q", b)
+	}
+}
+
+// A gated sandbox of an image whose USER is not root begins as one of
+// root: the gate, run as that user, can open its FIFO.
+func TestCreateBeginGatedUser(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	bin, err := ociarchive.GoBinary(ctx, "../..", "./units/oracle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "runrecordd.local/oracle-nobody:1"
+	img := ociarchive.Unit(name, bin)
+	img.User = "65534:65534"
+	path := filepath.Join(t.TempDir(), "nobody.tar")
+	if _, err := ociarchive.WriteFile(path, img); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.ImportFile(ctx, path, name); err != nil {
+		t.Fatal(err)
+	}
+	cfg := client.Config()
+	cfg.Gate = buildGate(t, t.TempDir())
+	gated, err := executor.Connect(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gated.Close() })
+	spec := oracleSpec()
+	spec.Image, spec.ImageDigest = name, ""
+	out := outputs(t, "gated-nobody")
+	s, err := gated.Create(ctx, "warm-gated-nobody", spec, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroy(t, s) })
+	if err := s.Begin(ctx); err != nil {
+		b, _ := os.ReadFile(out.Stderr)
+		t.Fatalf("begin: %v; stderr %q", err, b)
+	}
+	ls := waitLines(t, out.Stdout, "a line", func(ls []line) bool { return len(ls) >= 1 })
+	if ls[0].Pid != 1 {
+		t.Fatalf("first line %+v", ls[0])
 	}
 }

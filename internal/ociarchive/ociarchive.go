@@ -71,11 +71,12 @@ type Image struct {
 	Files []File
 	// Dirs are extra empty directories with their modes, e.g. "/tmp": 01777.
 	Dirs map[string]fs.FileMode
-	// Entrypoint, Cmd, Env and WorkingDir fill the image config.
+	// Entrypoint, Cmd, Env, WorkingDir and User fill the image config.
 	Entrypoint []string
 	Cmd        []string
 	Env        []string
 	WorkingDir string
+	User       string
 }
 
 // Digests names the blobs of a written archive.
@@ -176,6 +177,7 @@ func configOf(img Image, diffID digest.Digest) (blob, error) {
 			Cmd:        img.Cmd,
 			Env:        img.Env,
 			WorkingDir: img.WorkingDir,
+			User:       img.User,
 		},
 		RootFS: ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{diffID}},
 	}
