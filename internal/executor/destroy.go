@@ -20,6 +20,9 @@ import (
 // whose task has exited (after a checkpoint).
 func (s *Sandbox) Destroy(ctx context.Context) error {
 	err := s.destroy(s.c.ctx(ctx))
+	if err == nil {
+		s.c.killLazyLeftovers(s.id) // the unit is dead
+	}
 	if rerr := removeTree(filepath.Join(s.c.cfg.StateDir, "criu", s.id)); err == nil {
 		err = rerr
 	}
@@ -166,6 +169,7 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 	ctx = c.ctx(ctx)
 	cont, err := c.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
+		c.killLazyLeftovers(id) // no container, no unit
 		err = errors.Join(removeNetns(c.netnsPath(id)), removeTree(filepath.Join(c.cfg.StateDir, "criu", id)), c.removeGrants(id), removeFile(c.gateFIFO(id)))
 		if err != nil {
 			return fmt.Errorf("executor: remove %s: %w", id, err)

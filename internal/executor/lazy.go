@@ -326,7 +326,7 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 	if err != nil {
 		return nil, nil, RestoreStats{}, fmt.Errorf("%w: %w", ErrRestore, err)
 	}
-	if _, err := writeFileDurably(filepath.Join(c.cfg.StateDir, "criu", id, lazyPid), strings.NewReader(strconv.Itoa(l.Pid()))); err != nil {
+	if err := c.recordLazyPids(id, l); err != nil {
 		l.Kill()
 		return nil, nil, RestoreStats{}, err
 	}

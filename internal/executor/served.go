@@ -54,6 +54,8 @@ func (l *LazyPages) startServer(pages *pageserver.Manifest, work string) (*os.Fi
 	}
 	defer heldR.Close()
 	cmd := pageserver.Command(mine, heldR)
+	// Names the restore it serves, for killLazyLeftovers.
+	cmd.Env = append(cmd.Env, serverOf+"="+work)
 	cmd.Stderr = logf
 	in, err := cmd.StdinPipe()
 	if err == nil {

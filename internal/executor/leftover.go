@@ -1,0 +1,88 @@
+//go:build linux
+
+package executor
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// What a lazy restore leaves running outside the sandbox: its lazy-pages
+// and its page server, each in a session of its own so that a daemon that
+// stops does not take them along. They end once every page is resident;
+// a unit killed before that can leave them waiting for ever — a page
+// server that failed while nobody held the unit's userfaultfds answers
+// nothing more and keeps its connection (pageserver.Server.Hold), and
+// lazy-pages waits for its reply. A destroy kills them (killLazyLeftovers)
+// by the pids the restore recorded.
+
+// serverPid names the pid of a sandbox's page server, in STATE/criu/ID.
+const serverPid = "page-server.pid"
+
+// serverOf, in a page server's environment, names the work directory of
+// the restore it serves: what tells it apart from another process that
+// took its pid.
+const serverOf = "RUNRECORDD_PAGE_SERVER_OF"
+
+// recordLazyPids writes the pids of l's lazy-pages and page server into
+// sandbox id's CRIU directory (LazyRestoring, killLazyLeftovers).
+func (c *Client) recordLazyPids(id string, l *LazyPages) error {
+	dir := filepath.Join(c.cfg.StateDir, "criu", id)
+	if _, err := writeFileDurably(filepath.Join(dir, lazyPid), strings.NewReader(strconv.Itoa(l.Pid()))); err != nil {
+		return err
+	}
+	if l.server == nil {
+		return nil
+	}
+	_, err := writeFileDurably(filepath.Join(dir, serverPid), strings.NewReader(strconv.Itoa(l.server.Process.Pid)))
+	return err
+}
+
+// killLazyLeftovers kills the lazy-pages and the page server a lazy
+// restore of sandbox id left, if they still run: each found by its
+// recorded pid and checked, once a pidfd holds it, to be that process
+// still (lazy-pages by its command line, the server by its environment;
+// both naming the restore's work directory). Call it once the unit is
+// dead: its pages are of no use any more.
+func (c *Client) killLazyLeftovers(id string) {
+	dir := filepath.Join(c.cfg.StateDir, "criu", id)
+	work := filepath.Join(dir, "restore")
+	killRecorded(filepath.Join(dir, lazyPid), "cmdline", []string{"lazy-pages\x00", work + "\x00"})
+	killRecorded(filepath.Join(dir, serverPid), "environ", []string{serverOf + "=" + work + "\x00"})
+}
+
+// killRecorded SIGKILLs the process whose pid file pidFile holds when its
+// /proc file (cmdline or environ) holds every string of want.
+func killRecorded(pidFile, file string, want []string) bool {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return false
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	// Read once the pidfd holds the process: a pid reused before it
+	// fails the check, and one reused after cannot be signalled.
+	got, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file))
+	if err != nil {
+		return false
+	}
+	for _, w := range want {
+		if !bytes.Contains(got, []byte(w)) {
+			return false
+		}
+	}
+	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil
+}

@@ -1,0 +1,70 @@
+package executor
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A destroy's killLazyLeftovers kills the lazy-pages and page server the
+// sandbox's restore recorded, and nothing else: not a process that took a
+// recorded pid without being one of them.
+func TestKillLazyLeftovers(t *testing.T) {
+	c := &Client{cfg: Config{StateDir: t.TempDir()}}
+	dir := filepath.Join(c.cfg.StateDir, "criu", "sb")
+	work := filepath.Join(dir, "restore")
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	start := func(cmd *exec.Cmd) *exec.Cmd {
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd
+	}
+	// Stand-ins, named as the real ones are: lazy-pages by its command
+	// line, the server by its environment.
+	lazy := start(&exec.Cmd{Path: "/bin/sh", Args: []string{"sh", "-c", "sleep 100", "lazy-pages", work}})
+	server := exec.Command("sleep", "100")
+	server.Env = append(os.Environ(), serverOf+"="+work)
+	start(server)
+	record := func(name string, cmd *exec.Cmd) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// First as pids another sandbox's restore recorded: neither names
+	// this one's work directory.
+	other := &Client{cfg: Config{StateDir: t.TempDir()}}
+	odir := filepath.Join(other.cfg.StateDir, "criu", "sb")
+	if err := os.MkdirAll(odir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, cmd := range map[string]*exec.Cmd{lazyPid: lazy, serverPid: server} {
+		if err := os.WriteFile(filepath.Join(odir, name), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other.killLazyLeftovers("sb")
+	time.Sleep(50 * time.Millisecond)
+	for _, cmd := range []*exec.Cmd{lazy, server} {
+		if err := cmd.Process.Signal(syscall.Signal(0)); err != nil {
+			t.Fatalf("%s was killed for another sandbox: %v", cmd.Path, err)
+		}
+	}
+	record(lazyPid, lazy)
+	record(serverPid, server)
+	c.killLazyLeftovers("sb")
+	for _, cmd := range []*exec.Cmd{lazy, server} {
+		err := cmd.Wait()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Fatalf("%s: %v, want killed", cmd.Path, err)
+		}
+	}
+}
