@@ -34,16 +34,7 @@ func TestCreateBegin(t *testing.T) {
 	if n, shim, err := s.Resident(ctx); err != nil || n == 0 || !shim {
 		t.Fatalf("resident %d (shim %v), %v", n, shim, err)
 	}
-	if b, _ := os.ReadFile(out.Stdout); len(b) != 0 {
-		t.Fatalf("the unit wrote before it began: %q", b)
-	}
-	if err := s.Begin(ctx); err != nil {
-		t.Fatal(err)
-	}
-	ls := waitLines(t, out.Stdout, "a line", func(ls []line) bool { return len(ls) >= 1 })
-	if ls[0].Pid != 1 || ls[0].Checksum == "" {
-		t.Fatalf("first line %+v", ls[0])
-	}
+	begins(t, s, out)
 }
 
 // A sandbox created and never begun is removed whole: by its own Destroy
@@ -98,13 +89,7 @@ func buildGate(t *testing.T, dir string) string {
 func TestCreateBeginGated(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	cfg := client.Config()
-	cfg.Gate = buildGate(t, t.TempDir())
-	gated, err := executor.Connect(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gated.Close() }) // after the sandbox's destroy
+	gated, cfg := gatedClient(t)
 	out := outputs(t, "gated")
 	s, err := gated.Create(ctx, "warm-gated", oracleSpec(), out)
 	if err != nil {
@@ -116,16 +101,7 @@ func TestCreateBeginGated(t *testing.T) {
 		t.Fatalf("status %q, %v; want running (the gate)", st, err)
 	}
 	time.Sleep(200 * time.Millisecond) // room for a unit that was not held to write
-	if b, _ := os.ReadFile(out.Stdout); len(b) != 0 {
-		t.Fatalf("the unit wrote before it began: %q", b)
-	}
-	if err := s.Begin(ctx); err != nil {
-		t.Fatal(err)
-	}
-	ls := waitLines(t, out.Stdout, "a line", func(ls []line) bool { return len(ls) >= 1 })
-	if ls[0].Pid != 1 || ls[0].Checksum == "" {
-		t.Fatalf("first line %+v", ls[0])
-	}
+	begins(t, s, out)
 	if _, err := os.Stat(fifo); !os.IsNotExist(err) {
 		t.Fatalf("the gate's FIFO after Begin: %v", err)
 	}
@@ -151,13 +127,7 @@ func TestGateRefusedDynamic(t *testing.T) {
 func TestGatedDiscarded(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	cfg := client.Config()
-	cfg.Gate = buildGate(t, t.TempDir())
-	gated, err := executor.Connect(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gated.Close()
+	gated, cfg := gatedClient(t)
 	out := outputs(t, "gated")
 	s, err := gated.Create(ctx, "warm-gated-discard", oracleSpec(), out)
 	if err != nil {
@@ -193,13 +163,7 @@ func TestCreateBeginGatedUser(t *testing.T) {
 	if _, err := client.ImportFile(ctx, path, name); err != nil {
 		t.Fatal(err)
 	}
-	cfg := client.Config()
-	cfg.Gate = buildGate(t, t.TempDir())
-	gated, err := executor.Connect(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gated.Close() })
+	gated, _ := gatedClient(t)
 	spec := oracleSpec()
 	spec.Image, spec.ImageDigest = name, ""
 	out := outputs(t, "gated-nobody")
@@ -208,12 +172,36 @@ func TestCreateBeginGatedUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { destroy(t, s) })
-	if err := s.Begin(ctx); err != nil {
+	begins(t, s, out)
+}
+
+// begins checks that the oracle in s has written nothing, begins it, and
+// checks that it then runs, as pid 1.
+func begins(t *testing.T, s *executor.Sandbox, out executor.Output) {
+	t.Helper()
+	if b, _ := os.ReadFile(out.Stdout); len(b) != 0 {
+		t.Fatalf("the unit wrote before it began: %q", b)
+	}
+	if err := s.Begin(context.Background()); err != nil {
 		b, _ := os.ReadFile(out.Stderr)
 		t.Fatalf("begin: %v; stderr %q", err, b)
 	}
 	ls := waitLines(t, out.Stdout, "a line", func(ls []line) bool { return len(ls) >= 1 })
-	if ls[0].Pid != 1 {
+	if ls[0].Pid != 1 || ls[0].Checksum == "" {
 		t.Fatalf("first line %+v", ls[0])
 	}
+}
+
+// gatedClient is a client of the test's containerd with a gate built
+// for it, closed after the test's sandboxes are destroyed.
+func gatedClient(t *testing.T) (*executor.Client, executor.Config) {
+	t.Helper()
+	cfg := client.Config()
+	cfg.Gate = buildGate(t, t.TempDir())
+	gated, err := executor.Connect(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gated.Close() })
+	return gated, cfg
 }
