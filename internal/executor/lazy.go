@@ -166,10 +166,26 @@ func (l *LazyPages) HoldUffds() (n int, release func(), err error) {
 			release()
 			return 0, nil, fmt.Errorf("userfaultfd %d of criu lazy-pages: %w", n, err)
 		}
+		if !isUserfaultfd(fd) {
+			// The number was closed and reused since it was listed:
+			// not a copy to count (fewer than the tasks: not held).
+			unix.Close(fd)
+			continue
+		}
 		held = append(held, fd)
 	}
 	return len(held), release, nil
 }
+
+// isUserfaultfd reports whether this process's descriptor fd is a
+// userfaultfd.
+func isUserfaultfd(fd int) bool {
+	target, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+	return err == nil && target == uffdLink
+}
+
+// uffdLink is what /proc/PID/fd/N links to for a userfaultfd.
+const uffdLink = "anon_inode:[userfaultfd]"
 
 // uffdWait bounds HoldUffds' wait for a served lazy-pages to hold every
 // task's userfaultfd: CRIU's restore sends them as it restores the tasks
@@ -188,7 +204,7 @@ func uffdsOf(pid, want int) ([]int, error) {
 		var fds []int
 		for _, e := range ents {
 			target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
-			if err == nil && target == "anon_inode:[userfaultfd]" {
+			if err == nil && target == uffdLink {
 				n, _ := strconv.Atoi(e.Name())
 				fds = append(fds, n)
 			}

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // A destroy's killLazyLeftovers kills the lazy-pages and page server the
@@ -66,5 +68,27 @@ func TestKillLazyLeftovers(t *testing.T) {
 		if !ok || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 			t.Fatalf("%s: %v, want killed", cmd.Path, err)
 		}
+	}
+}
+
+// A copy HoldUffds takes counts only if it is a userfaultfd: the number
+// it listed may have been closed and reused in between.
+func TestIsUserfaultfd(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if isUserfaultfd(int(r.Fd())) {
+		t.Fatal("a pipe taken for a userfaultfd")
+	}
+	fd, _, errno := syscall.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
+	if errno != 0 {
+		t.Fatalf("userfaultfd: %v", errno)
+	}
+	defer unix.Close(int(fd))
+	if !isUserfaultfd(int(fd)) {
+		t.Fatal("a userfaultfd not taken for one")
 	}
 }
