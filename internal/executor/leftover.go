@@ -53,12 +53,15 @@ func (c *Client) recordLazyPids(id string, l *LazyPages) error {
 func (c *Client) killLazyLeftovers(id string) {
 	dir := filepath.Join(c.cfg.StateDir, "criu", id)
 	work := filepath.Join(dir, "restore")
-	killRecorded(filepath.Join(dir, lazyPid), "cmdline", []string{"lazy-pages\x00", work + "\x00"})
-	killRecorded(filepath.Join(dir, serverPid), "environ", []string{serverOf + "=" + work + "\x00"})
+	killRecorded(filepath.Join(dir, lazyPid), "cmdline", []string{"\x00lazy-pages\x00", "\x00" + work + "\x00"})
+	killRecorded(filepath.Join(dir, serverPid), "environ", []string{"\x00" + serverOf + "=" + work + "\x00"})
 }
 
-// killRecorded SIGKILLs the process whose pid file pidFile holds when its
-// /proc file (cmdline or environ) holds every string of want.
+// killRecorded SIGKILLs the process whose pid file pidFile holds when it
+// runs in this process's pid namespace (a unit's processes, whose command
+// line and environment the unit writes, run in their sandbox's) and its
+// /proc file (cmdline or environ, read with a NUL before it) holds every
+// string of want.
 func killRecorded(pidFile, file string, want []string) bool {
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
@@ -75,10 +78,18 @@ func killRecorded(pidFile, file string, want []string) bool {
 	defer unix.Close(fd)
 	// Read once the pidfd holds the process: a pid reused before it
 	// fails the check, and one reused after cannot be signalled.
+	own, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return false
+	}
+	if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err != nil || ns != own {
+		return false
+	}
 	got, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file))
 	if err != nil {
 		return false
 	}
+	got = append([]byte{0}, got...)
 	for _, w := range want {
 		if !bytes.Contains(got, []byte(w)) {
 			return false

@@ -1,10 +1,12 @@
 package executor
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -22,7 +24,17 @@ func TestKillLazyLeftovers(t *testing.T) {
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	// cat reading a pipe held open: a process that waits, forks nothing,
+	// and carries the arguments it is given.
 	start := func(cmd *exec.Cmd) *exec.Cmd {
+		if cmd.Stdin == nil {
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.Close(); w.Close() })
+			cmd.Stdin = r
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -31,7 +43,7 @@ func TestKillLazyLeftovers(t *testing.T) {
 	}
 	// Stand-ins, named as the real ones are: lazy-pages by its command
 	// line, the server by its environment.
-	lazy := start(&exec.Cmd{Path: "/bin/sh", Args: []string{"sh", "-c", "sleep 100", "lazy-pages", work}})
+	lazy := start(exec.Command("cat", "-", "lazy-pages", work))
 	server := exec.Command("sleep", "100")
 	server.Env = append(os.Environ(), serverOf+"="+work)
 	start(server)
@@ -58,6 +70,19 @@ func TestKillLazyLeftovers(t *testing.T) {
 		if err := cmd.Process.Signal(syscall.Signal(0)); err != nil {
 			t.Fatalf("%s was killed for another sandbox: %v", cmd.Path, err)
 		}
+	}
+	// Then as a process of another pid namespace (a unit's) named as
+	// lazy-pages is: left alone.
+	ns := start(exec.Command("unshare", "--pid", "--fork", "--kill-child", "--", "cat", "-", "lazy-pages", work))
+	inner := childOf(t, ns.Process.Pid)
+	t.Cleanup(func() { _ = syscall.Kill(inner, syscall.SIGKILL) })
+	if err := os.WriteFile(filepath.Join(dir, lazyPid), []byte(strconv.Itoa(inner)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.killLazyLeftovers("sb")
+	time.Sleep(50 * time.Millisecond)
+	if err := syscall.Kill(inner, 0); err != nil {
+		t.Fatalf("a process of another pid namespace was killed: %v", err)
 	}
 	record(lazyPid, lazy)
 	record(serverPid, server)
@@ -91,4 +116,19 @@ func TestIsUserfaultfd(t *testing.T) {
 	if !isUserfaultfd(int(fd)) {
 		t.Fatal("a userfaultfd not taken for one")
 	}
+}
+
+// childOf is the one child of process pid, waited for.
+func childOf(t *testing.T, pid int) int {
+	t.Helper()
+	for range 200 {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		if f := strings.Fields(string(b)); len(f) == 1 {
+			n, _ := strconv.Atoi(f[0])
+			return n
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("process %d has no child", pid)
+	return 0
 }
