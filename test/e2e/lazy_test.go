@@ -132,14 +132,45 @@ func lazyPages(d *daemon, id string) (pid, uffds int) {
 func stopLazyPages(d *daemon, id string, want int, found chan<- int) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
-		if pid, n := lazyPages(d, id); pid != 0 && n >= want {
-			_ = syscall.Kill(pid, syscall.SIGSTOP)
-			found <- pid
-			return
+		pid, _ := lazyPages(d, id)
+		if pid == 0 {
+			time.Sleep(time.Millisecond)
+			continue
 		}
-		time.Sleep(time.Millisecond)
+		// Found (it listens before the restore starts): from now on only
+		// its descriptors are looked at. A scan of every process each
+		// time, under the load of the whole suite, once missed the
+		// moment between its last userfaultfd and its last page.
+		for time.Now().Before(deadline) {
+			n, alive := uffdsHeld(pid)
+			if !alive {
+				break
+			}
+			if n >= want {
+				_ = syscall.Kill(pid, syscall.SIGSTOP)
+				found <- pid
+				return
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
 	}
 	found <- 0
+}
+
+// uffdsHeld is how many userfaultfds process pid holds, and whether it
+// is still there.
+func uffdsHeld(pid int) (n int, alive bool) {
+	dir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, false
+	}
+	for _, fd := range fds {
+		if l, _ := os.Readlink(filepath.Join(dir, fd.Name())); l == "anon_inode:[userfaultfd]" {
+			n++
+		}
+	}
+	return n, true
 }
 
 // startBigOracle starts the oracle with a 256 MiB buffer.
