@@ -58,8 +58,14 @@ func TestCloseLostRun(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if n := d.cgroupProcs(); n != 0 {
-		t.Fatalf("%d processes left in the daemon's cgroups after the close", n)
+	// The shim gone, the unit's last processes may still be leaving
+	// their cgroups (seen once under the suite's load): they must be
+	// gone within a few seconds.
+	for n := d.cgroupProcs(); n != 0; n = d.cgroupProcs() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d processes left in the daemon's cgroups after the close", n)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
