@@ -146,23 +146,26 @@ func installGate(stateDir, src string) (string, error) {
 // gateFIFO is sandbox id's gate FIFO on the host.
 func (c *Client) gateFIFO(id string) string { return filepath.Join(c.cfg.StateDir, "gate", id) }
 
-// makeGate makes sandbox id's gate FIFO and returns the spec options that
-// start the gate before the unit's argv.
-func (c *Client) makeGate(id string) ([]oci.SpecOpts, error) {
+// gateOpts are the spec options that start the gate before the unit's
+// argv. They make sandbox id's gate FIFO (and set *made) when the spec is
+// made: after build has checked id and found no container of that name,
+// so that a live sandbox's FIFO is never made anew.
+func (c *Client) gateOpts(id string, made *bool) []oci.SpecOpts {
 	fifo := c.gateFIFO(id)
-	if err := os.MkdirAll(filepath.Dir(fifo), 0o700); err != nil {
-		return nil, err
-	}
-	if err := os.Remove(fifo); err != nil && !os.IsNotExist(err) {
-		return nil, err
-	}
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
-		return nil, fmt.Errorf("gate fifo: %w", err)
-	}
 	gated := func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
 		if s.Process == nil || len(s.Process.Args) == 0 {
 			return fmt.Errorf("%w: the sandbox has no argv", ErrInvalid)
 		}
+		if err := os.MkdirAll(filepath.Dir(fifo), 0o700); err != nil {
+			return err
+		}
+		if err := os.Remove(fifo); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		if err := unix.Mkfifo(fifo, 0o600); err != nil {
+			return fmt.Errorf("gate fifo: %w", err)
+		}
+		*made = true
 		// The gate runs as the unit's user (the image's USER, resolved
 		// by now), and opens its FIFO as that user.
 		if err := os.Chown(fifo, int(s.Process.User.UID), int(s.Process.User.GID)); err != nil {
@@ -175,7 +178,7 @@ func (c *Client) makeGate(id string) ([]oci.SpecOpts, error) {
 		{Destination: gateTarget, Type: "bind", Source: c.gate, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		{Destination: gateFIFOTarget, Type: "bind", Source: fifo, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}},
 	})
-	return []oci.SpecOpts{mounts, gated}, nil
+	return []oci.SpecOpts{mounts, gated}
 }
 
 // openGate says the word to s's gate on FIFO fifo, and returns once the

@@ -43,21 +43,13 @@ const lazyLog = "lazy-pages.log"
 const lazyPid = "lazy-pages.pid"
 
 // LazyRestoring reports whether sandbox id's lazy restore is still
-// serving pages: its lazy-pages (by the pid it left, and its command line
-// naming the sandbox's restore directory, against a reused pid) is alive.
-// A restarted daemon asks it before a park of a unit it found.
+// serving pages: its lazy-pages (by the pid it left, checked against a
+// reused pid as killLazyLeftovers checks it) is alive. A restarted daemon
+// asks it before a park of a unit it found.
 func (c *Client) LazyRestoring(id string) bool {
-	b, err := os.ReadFile(filepath.Join(c.cfg.StateDir, "criu", id, lazyPid))
-	if err != nil {
-		return false
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 {
-		return false
-	}
-	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	work := filepath.Join(c.cfg.StateDir, "criu", id, "restore")
-	return err == nil && strings.Contains(string(cmd), "lazy-pages\x00") && strings.Contains(string(cmd), work+"\x00")
+	pidFile, file, want := c.lazyPagesRecord(id)
+	pid := readPid(pidFile)
+	return pid > 0 && isRecorded(pid, file, want)
 }
 
 // LazyPages is the `criu lazy-pages` daemon of one lazy restore. It serves

@@ -51,10 +51,17 @@ func (c *Client) recordLazyPids(id string, l *LazyPages) error {
 // both naming the restore's work directory). Call it once the unit is
 // dead: its pages are of no use any more.
 func (c *Client) killLazyLeftovers(id string) {
+	killRecorded(c.lazyPagesRecord(id))
 	dir := filepath.Join(c.cfg.StateDir, "criu", id)
-	work := filepath.Join(dir, "restore")
-	killRecorded(filepath.Join(dir, lazyPid), "cmdline", []string{"\x00lazy-pages\x00", "\x00" + work + "\x00"})
-	killRecorded(filepath.Join(dir, serverPid), "environ", []string{"\x00" + serverOf + "=" + work + "\x00"})
+	killRecorded(filepath.Join(dir, serverPid), "environ", []string{"\x00" + serverOf + "=" + filepath.Join(dir, "restore") + "\x00"})
+}
+
+// lazyPagesRecord is where sandbox id's restore records its lazy-pages'
+// pid, the /proc file that names it, and what that file holds: lazy-pages'
+// command and the restore's work directory, as whole arguments.
+func (c *Client) lazyPagesRecord(id string) (pidFile, file string, want []string) {
+	dir := filepath.Join(c.cfg.StateDir, "criu", id)
+	return filepath.Join(dir, lazyPid), "cmdline", []string{"\x00lazy-pages\x00", "\x00" + filepath.Join(dir, "restore") + "\x00"}
 }
 
 // killRecorded SIGKILLs the process whose pid file pidFile holds when it
@@ -63,12 +70,8 @@ func (c *Client) killLazyLeftovers(id string) {
 // /proc file (cmdline or environ, read with a NUL before it) holds every
 // string of want.
 func killRecorded(pidFile, file string, want []string) bool {
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		return false
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 {
+	pid := readPid(pidFile)
+	if pid <= 0 {
 		return false
 	}
 	fd, err := unix.PidfdOpen(pid, 0)
@@ -76,8 +79,28 @@ func killRecorded(pidFile, file string, want []string) bool {
 		return false
 	}
 	defer unix.Close(fd)
-	// Read once the pidfd holds the process: a pid reused before it
+	// Checked once the pidfd holds the process: a pid reused before it
 	// fails the check, and one reused after cannot be signalled.
+	return isRecorded(pid, file, want) && unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil
+}
+
+// readPid is the pid pid file pidFile holds; 0 without one.
+func readPid(pidFile string) int {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
+}
+
+// isRecorded reports whether process pid runs in this process's pid
+// namespace and its /proc file (read with a NUL before it) holds every
+// string of want.
+func isRecorded(pid int, file string, want []string) bool {
 	own, err := os.Readlink("/proc/self/ns/pid")
 	if err != nil {
 		return false
@@ -95,5 +118,5 @@ func killRecorded(pidFile, file string, want []string) bool {
 			return false
 		}
 	}
-	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil
+	return true
 }

@@ -31,23 +31,16 @@ func (c *Client) Create(ctx context.Context, id string, spec Spec, out Output) (
 // createGated is Create with a gate (gate.go): the task started, the gate
 // waiting for Begin's word before the unit's argv runs.
 func (c *Client) createGated(ctx context.Context, id string, spec Spec, out Output) (*Sandbox, error) {
-	if _, err := c.checkSpec(id, spec); err != nil {
+	made := false // the FIFO, made by the spec, once build has checked id and found no such container
+	s, err := c.build(ctx, id, spec, out, nil, true, c.gateOpts(id, &made)...)
+	if err != nil {
+		if made {
+			_ = os.Remove(c.gateFIFO(id))
+		}
 		return nil, fmt.Errorf("executor: create %s: %w", id, err)
 	}
-	// Before the FIFO is made anew: a live sandbox's is not to be touched.
-	if _, err := c.client.LoadContainer(c.ctx(ctx), id); err == nil {
-		return nil, fmt.Errorf("executor: create %s: %w: a container named %s", id, ErrExists, id)
-	}
-	opts, err := c.makeGate(id)
-	if err == nil {
-		var s *Sandbox
-		if s, err = c.build(ctx, id, spec, out, nil, true, opts...); err == nil {
-			s.gate = c.gateFIFO(id)
-			return s, nil
-		}
-		_ = os.Remove(c.gateFIFO(id))
-	}
-	return nil, fmt.Errorf("executor: create %s: %w", id, err)
+	s.gate = c.gateFIFO(id)
+	return s, nil
 }
 
 // Begin starts the unit's process in a sandbox [Client.Create] made: what

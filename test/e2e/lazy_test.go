@@ -113,12 +113,7 @@ func lazyPages(d *daemon, id string) (pid, uffds int) {
 			!bytes.Contains(cmd, []byte(d.root)) {
 			continue
 		}
-		fds, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "fd"))
-		for _, fd := range fds {
-			if l, _ := os.Readlink(filepath.Join("/proc", e.Name(), "fd", fd.Name())); l == "anon_inode:[userfaultfd]" {
-				uffds++
-			}
-		}
+		uffds, _ = uffdsHeld(n)
 		return n, uffds
 	}
 	return 0, 0
