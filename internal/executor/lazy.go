@@ -113,8 +113,9 @@ func (l *LazyPages) Kill() {
 }
 
 // HoldUffds takes a copy (pidfd_getfd) of every userfaultfd the daemon
-// holds, one per restored task, and returns how many and how to close
-// them. While a copy is open the kernel keeps the unit's lazy ranges
+// holds, one per restored task (the CRIU deploy/setup.sh builds keeps a
+// task's until every task's pages are in), and returns how many and how
+// to close them. While a copy is open the kernel keeps the unit's lazy ranges
 // registered: if the daemon dies, a fault on a page it had not served
 // waits (the faulting thread sleeps in handle_userfault until it is
 // killed) instead of being filled with zeros once the last copy closes.
@@ -155,8 +156,10 @@ func (l *LazyPages) HoldUffds() (n int, release func(), err error) {
 	for _, n := range fds {
 		fd, err := unix.PidfdGetfd(pidfd, n, 0)
 		if err != nil {
+			// lazy-pages may have exited since it was listed, its
+			// every page in.
 			release()
-			return 0, nil, fmt.Errorf("userfaultfd %d of criu lazy-pages: %w", n, err)
+			return l.gone(fmt.Errorf("userfaultfd %d of criu lazy-pages: %w", n, err))
 		}
 		if !isUserfaultfd(fd) {
 			// The number was closed and reused since it was listed:
