@@ -63,7 +63,7 @@ func main() {
 	n := flag.Int("n", 5, "rounds")
 	size := flag.Int("size", 512, "the unit's memory, MiB")
 	unitName := flag.String("unit", "ballast", "the unit: ballast, or oracle (two processes, a held TCP connection over loopback, files, pipes)")
-	modes := flag.String("modes", "eager,lazy", "modes, in the first round's order: eager, lazy, eager-cold, lazy-cold (no rehash), served (chunked images, lazy, each lazy chunk verified as the page server serves it), ctr (ctr c restore --live --rw)")
+	modes := flag.String("modes", "eager,lazy", "modes, in the first round's order: eager, lazy, eager-cold, lazy-cold (no rehash), served (chunked images, lazy, each lazy chunk verified as the page server serves it), any of them with -noprefetch (the restore's programs not read ahead: executor.Client.Prefetch), ctr (ctr c restore --live --rw)")
 	hold := flag.Bool("hold", false, "with -kill: hold copies of the daemon's userfaultfds across the kill")
 	verify := flag.Int("verify", 8, "the ballast's VERIFY_EVERY: a full read of its memory every this many 250 ms ticks (1: at once after a restore, the worst case for lazy pages)")
 	logs := flag.String("logs", "", "a directory to keep each lazy restore's CRIU logs in")
@@ -182,7 +182,7 @@ func (b *bench) report(n int, modes []string) {
 // start (the rehash included) and per round.
 func (b *bench) ratios(c time.Duration) {
 	fmt.Printf("ctr restore median %s ms (ctr c restore --live --rw, in this run)\n", ms(c))
-	for _, m := range []string{"eager", "lazy", "eager-cold", "lazy-cold", "served"} {
+	for _, m := range []string{"eager", "lazy", "eager-cold", "lazy-cold", "served", "served" + noPrefetch} {
 		resume, rehash, resident := b.results[m+" resume"], b.results[m+" rehash"], b.results[m+" resident"]
 		if len(resume) == 0 {
 			continue

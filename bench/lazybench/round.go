@@ -93,13 +93,21 @@ func settle() error {
 	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200)
 }
 
+// noPrefetch ends a mode whose resume does not prefetch the restore's
+// programs (executor.Client.Prefetch), to compare with one that does.
+const noPrefetch = "-noprefetch"
+
 // resumeTrees is the daemon's resume up to the restore: the snapshot's
 // identity (every stored byte rehashed), then the hard-linked layout.
 func (b *bench) resumeTrees(ctx context.Context, p *parked, mode string) (park.Trees, *pageserver.Manifest, string, error) {
 	t0 := time.Now()
+	kind, off := strings.CutSuffix(mode, noPrefetch)
+	if !off {
+		b.ex.Prefetch() // as forms.Admit does
+	}
 	offered := p.res.Snapshot
 	offer := park.Offered
-	if mode == "served" {
+	if kind == "served" {
 		offer = park.OfferedServed
 	}
 	if !strings.HasSuffix(mode, "-cold") { // a -cold mode measures the restore from a cold page cache
@@ -116,7 +124,7 @@ func (b *bench) resumeTrees(ctx context.Context, p *parked, mode string) (park.T
 	var trees park.Trees
 	var m *pageserver.Manifest
 	var err error
-	if mode == "served" {
+	if kind == "served" {
 		trees, m, err = park.LayoutServed(p.st, offered, dir)
 	} else {
 		trees, err = park.Layout(p.st, offered, dir)
@@ -131,7 +139,8 @@ func (b *bench) resumeTrees(ctx context.Context, p *parked, mode string) (park.T
 
 // round parks a fresh unit and resumes it in mode (eager or lazy).
 func (b *bench) round(ctx context.Context, r int, mode string) error {
-	p, err := b.park(ctx, fmt.Sprintf("lb-%s-%d", mode, r), mode == "served")
+	served := strings.TrimSuffix(mode, noPrefetch) == "served"
+	p, err := b.park(ctx, fmt.Sprintf("lb-%s-%d", mode, r), served)
 	if err != nil {
 		return err
 	}
@@ -150,7 +159,7 @@ func (b *bench) round(ctx context.Context, r int, mode string) error {
 	var sb *executor.Sandbox
 	var lp *executor.LazyPages
 	var rst executor.RestoreStats
-	if strings.HasPrefix(mode, "lazy") || mode == "served" {
+	if strings.HasPrefix(mode, "lazy") || served {
 		sb, lp, rst, err = b.ex.RestoreLazy(ctx, p.id, b.spec(), cp, p.out)
 	} else {
 		sb, rst, err = b.ex.Restore(ctx, p.id, b.spec(), cp, p.out)

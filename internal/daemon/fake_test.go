@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,7 +43,12 @@ type fakeExec struct {
 	pages chan *fakePages
 	// onPause, when set, runs as a sandbox is paused, before it is.
 	onPause func(id string)
+	// prefetches counts Prefetch calls (forms.Admit, image resumes).
+	prefetches atomic.Int32
 }
+
+// Prefetch is executor.Client.Prefetch: here, only counted.
+func (x *fakeExec) Prefetch() { x.prefetches.Add(1) }
 
 const (
 	fakeImage  = "example/unit:1"

@@ -191,6 +191,29 @@ func TestResumeRefusedLeavesRunParked(t *testing.T) {
 	}
 }
 
+// An image resume has the executor read the restore's programs in while
+// it rehashes the snapshot (executor.Client.Prefetch); a park does not.
+func TestImageResumePrefetches(t *testing.T) {
+	h := newFakeHost(t)
+	h.start(t, "r")
+	if _, err := h.d.Park(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	h.teardown(t, "r")
+	if n := h.ex.prefetches.Load(); n != 0 {
+		t.Fatalf("%d prefetches before the resume", n)
+	}
+	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.ex.prefetches.Load(); n != 1 {
+		t.Fatalf("%d prefetches for one image resume, want 1", n)
+	}
+	if _, err := h.d.Close(t.Context(), "r", ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A restore that fails records nothing; a Resumed segment the store
 // refuses destroys the restored sandbox. Either way the run stays parked.
 func TestResumeRefusedAtRestoreAndAtAppend(t *testing.T) {

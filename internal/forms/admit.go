@@ -57,6 +57,10 @@ func (a Admitted) Waking(teardown <-chan struct{}) Waking {
 	return Waking{Snapshot: a.Suspended.Snapshot, Retained: a.Retained, Teardown: teardown}
 }
 
+// prefetcher is a Sandboxes that can read an image restore's programs
+// into the page cache ahead of the restore (*executor.Client).
+type prefetcher interface{ Prefetch() }
+
 // Admit checks the three resume preconditions of the parked run r, in
 // order (internal/resume): the snapshot the store offers is the one
 // recorded, this host's manifest over the recorded keys hashes to the
@@ -85,6 +89,9 @@ func (h Host) Admit(ctx context.Context, r store.Run, mark func(step string)) (A
 		return Admitted{}, &resume.RecordError{Err: fmt.Errorf("%w: a %s unit parked in the other form", ErrFormMismatch, ok.Run.Spec.Mode)}
 	}
 	mark("read")
+	if p, isP := h.Sandboxes.(prefetcher); isP && !ok.Suspended.Snapshot.IsTranscript() {
+		p.Prefetch() // while the snapshot is rehashed
+	}
 	offer := park.Offered
 	if h.Lazy != nil && h.LazyServed {
 		// Pages served lazily are verified chunk by chunk as they are
