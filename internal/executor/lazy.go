@@ -66,9 +66,9 @@ type LazyPages struct {
 	server    *exec.Cmd
 	serverLog string
 	// held is the pipe that tells the page server whether the unit's
-	// userfaultfds are held (sayHeld, letGo); tasks is how many tasks it
-	// serves, each restored with a userfaultfd lazy-pages holds (0
-	// without a server).
+	// userfaultfds are held (sayHeld, letGo); tasks is how many
+	// userfaultfds lazy-pages holds once it has every task's: the
+	// manifest's Uffds, or its tasks if more (0 without a server).
 	held     *os.File
 	heldOnce sync.Once
 	tasks    int
@@ -248,7 +248,7 @@ func (c *Client) startLazyPages(images, work string, pages *pageserver.Manifest,
 			return nil, err
 		}
 		defer conn.Close()
-		l.tasks = len(pages.Tasks)
+		l.tasks = max(len(pages.Tasks), pages.Uffds)
 		cmd.Args = append(cmd.Args, "--page-server", "--ps-socket", "4")
 		cmd.ExtraFiles = append(cmd.ExtraFiles, conn)
 	}

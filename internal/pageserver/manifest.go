@@ -58,6 +58,12 @@ type Task struct {
 // Manifest is what a page server serves.
 type Manifest struct {
 	Tasks []Task
+	// Uffds is how many userfaultfds lazy-pages holds during the restore
+	// it serves: one per process with a pagemap, lazy pages or not (CRIU's
+	// restore sends one for every process but a zombie, and lazy-pages,
+	// patched, keeps them all until every page is in). Not encoded: it is
+	// the daemon's, for executor.LazyPages.HoldUffds.
+	Uffds int
 }
 
 // manifestMagic starts an encoded manifest.

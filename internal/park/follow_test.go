@@ -42,7 +42,7 @@ func content(seed uint64, n int) []byte {
 
 // appendSlowly writes b to a new file at p as CRIU writes an image: in
 // pieces of uneven sizes, appended, with pauses between them.
-func appendSlowly(t *testing.T, p string, b []byte, seed uint64) {
+func appendSlowly(t testing.TB, p string, b []byte, seed uint64) {
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		t.Error(err)

@@ -19,7 +19,7 @@ import (
 // and rw layer as the executor has CRIU write them: into the image
 // directory, each file appended in pieces with pauses.
 type producer struct {
-	t      *testing.T
+	t      testing.TB
 	images map[string][]byte
 	rootfs []byte
 	fail   error // returned after writing, as a dump that failed late

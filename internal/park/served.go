@@ -2,10 +2,12 @@ package park
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -36,12 +38,17 @@ func OfferedServed(ctx context.Context, st *store.Store, recorded record.Snapsho
 	if recorded.IsTranscript() || recorded.Memory == nil {
 		return Offered(ctx, st, recorded)
 	}
-	root, err := st.RehashDir(ctx, *recorded.Root)
-	if err != nil {
-		return record.Snapshot{}, fmt.Errorf("park: %w", err)
-	}
+	// The two trees at once: from a cold cache both wait on the disk.
+	var root record.Address
+	var rerr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		root, rerr = st.RehashDir(ctx, *recorded.Root)
+	}()
 	mem, err := offeredMemory(ctx, st, *recorded.Memory)
-	if err != nil {
+	<-done
+	if err = errors.Join(rerr, err); err != nil {
 		return record.Snapshot{}, fmt.Errorf("park: %w", err)
 	}
 	return record.ImageSnapshot(root, &mem), nil
@@ -76,10 +83,6 @@ func offeredMemory(ctx context.Context, st *store.Store, mem record.Address) (re
 	if err != nil {
 		return record.Address{}, fmt.Errorf("%w: %s: %w", store.ErrChunks, mem, err)
 	}
-	index := make(map[string]int, len(es))
-	for i, e := range es {
-		index[e.Name] = i
-	}
 	var eager []int
 	for _, cf := range cfs {
 		pm, err := pagemapOf(cf.Name, pms)
@@ -88,14 +91,21 @@ func offeredMemory(ctx context.Context, st *store.Store, mem record.Address) (re
 		}
 		for _, ch := range cf.Chunks {
 			if !pm.isTask() || pm.eagerIn(ch.Vaddr, ch.Size) {
-				eager = append(eager, index[ch.Name])
+				// A listing is in order of name: found, as
+				// ChunkedFiles took the chunk from it.
+				i, _ := slices.BinarySearchFunc(es, ch.Name, func(e store.Entry, n string) int { return strings.Compare(e.Name, n) })
+				eager = append(eager, i)
 			}
 		}
 	}
-	if changed, err = st.RehashEntries(ctx, mem, es, eager); err != nil || !changed {
-		return mem, err
+	if changed, err = st.RehashEntries(ctx, mem, es, eager); err != nil {
+		return record.Address{}, err
 	}
-	return store.ListingAddress(es)
+	if changed {
+		return store.ListingAddress(es)
+	}
+	checked.put(mem, checkedListing{es, cfs})
+	return mem, nil
 }
 
 // isChunk is whether a listing's entry is a chunk of a chunked file.
@@ -159,16 +169,24 @@ func layoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pa
 		return Trees{}, nil, err
 	}
 	ctx := context.Background() // nothing is hashed
-	keep := func(e store.Entry) bool { return !isChunk(e.Name) }
-	if err := st.MaterializeWhere(ctx, *snap.Memory, t.ImageDir, store.LinkRehashed, keep); err != nil {
-		return Trees{}, nil, err
+	l, ok := checked.take(*snap.Memory)
+	if !ok {
+		var err error
+		if l.es, err = st.Listing(*snap.Memory); err != nil {
+			return Trees{}, nil, err
+		}
+		if l.cfs, err = store.ChunkedFiles(l.es); err != nil {
+			return Trees{}, nil, err
+		}
 	}
-	es, err := st.Listing(*snap.Memory)
-	if err != nil {
-		return Trees{}, nil, err
+	es, cfs := l.es, l.cfs
+	var whole []store.Entry
+	for _, e := range es {
+		if !isChunk(e.Name) {
+			whole = append(whole, e)
+		}
 	}
-	cfs, err := store.ChunkedFiles(es)
-	if err != nil {
+	if err := st.MaterializeListed(ctx, *snap.Memory, whole, t.ImageDir, store.LinkRehashed); err != nil {
 		return Trees{}, nil, err
 	}
 	pms, err := readPagemaps(t.ImageDir)
@@ -281,9 +299,11 @@ func sparse(st *store.Store, dir string, cf store.ChunkedFile, eager []store.Chu
 // manifest, which names the file once per extent, many times the image's
 // size.
 func manifest(st *store.Store, es []store.Entry, pms []pagemap, chunked map[string]store.ChunkedFile) (*pageserver.Manifest, error) {
-	objects := make(map[string]store.Entry, len(es))
+	objects := map[string]store.Entry{} // a whole pages file's object
 	for _, e := range es {
-		objects[e.Name] = e
+		if !isChunk(e.Name) {
+			objects[e.Name] = e
+		}
 	}
 	named := make(map[string]string, len(pms))
 	for _, pm := range pms {
@@ -295,18 +315,22 @@ func manifest(st *store.Store, es []store.Entry, pms []pagemap, chunked map[stri
 	m := &pageserver.Manifest{}
 	for _, pm := range pms {
 		id, ok := pm.task()
+		if ok {
+			m.Uffds++
+		}
 		if !ok || pm.bytes == 0 {
 			continue
 		}
 		t := pageserver.Task{ID: id}
 		if cf, ok := chunked[pm.pages]; ok {
-			for _, ch := range cf.Chunks {
-				e := pageserver.Extent{Vaddr: ch.Vaddr, Size: ch.Size, Path: st.Path(ch.Address)}
+			t.Extents = make([]pageserver.Extent, len(cf.Chunks))
+			verify := make([]record.Address, len(cf.Chunks))
+			for i, ch := range cf.Chunks {
+				t.Extents[i] = pageserver.Extent{Vaddr: ch.Vaddr, Size: ch.Size, Path: st.Path(ch.Address)}
 				if !pm.eagerIn(ch.Vaddr, ch.Size) {
-					a := ch.Address
-					e.Verify = &a
+					verify[i] = ch.Address
+					t.Extents[i].Verify = &verify[i]
 				}
-				t.Extents = append(t.Extents, e)
 			}
 		} else {
 			e, ok := objects[pm.pages]
@@ -324,10 +348,8 @@ func manifest(st *store.Store, es []store.Entry, pms []pagemap, chunked map[stri
 			sort.Slice(t.Extents, func(i, j int) bool { return t.Extents[i].Vaddr < t.Extents[j].Vaddr })
 		}
 		if !pm.hasLazy() {
-			// No page lazy-pages will ask for: its userfaultfd is
-			// closed during the restore, and the daemon's count of
-			// the ones to hold (executor.LazyPages.HoldUffds) is the
-			// manifest's tasks.
+			// No page lazy-pages will ask for; its userfaultfd is
+			// still one lazy-pages holds (m.Uffds).
 			continue
 		}
 		m.Tasks = append(m.Tasks, t)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/pageserver"
@@ -390,4 +391,70 @@ func TestOfferedServedLazyChunkObject(t *testing.T) {
 			t.Fatalf("serving a chunk cut short: %v", err)
 		}
 	})
+}
+
+// LayoutServed takes the listing OfferedServed found intact, once: with
+// the listing's object gone from the store after the check, the layout
+// of that resume still gives the same manifest as a layout that reads
+// it, and the next one, with nothing kept, finds it missing. At most
+// checkedMax are kept, the newest.
+func TestLayoutServedTakesTheChecked(t *testing.T) {
+	st, res := servedPark(t, content(63, 600*pageSize))
+	_, want, err := LayoutServed(st, res.Snapshot, filepath.Join(t.TempDir(), "read"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || !off.Equal(res.Snapshot) {
+		t.Fatalf("offered %s, %v", off, err)
+	}
+	listing := st.Path(*res.Snapshot.Memory)
+	moved := listing + ".moved"
+	if err := os.Rename(listing, moved); err != nil {
+		t.Fatal(err)
+	}
+	_, got, err := LayoutServed(st, res.Snapshot, filepath.Join(t.TempDir(), "kept"))
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("layout from the checked listing: %v; manifests equal: %v", err, reflect.DeepEqual(got, want))
+	}
+	if _, _, err := LayoutServed(st, res.Snapshot, filepath.Join(t.TempDir(), "again")); !errors.Is(err, store.ErrMissingObject) {
+		t.Fatalf("a second layout with the listing gone: %v", err)
+	}
+	if err := os.Rename(moved, listing); err != nil {
+		t.Fatal(err)
+	}
+
+	var c checkedListings
+	c.byAddr = map[record.Address]checkedListing{}
+	for i := range checkedMax + 1 {
+		c.put(record.Sum([]byte{byte(i)}), checkedListing{es: make([]store.Entry, i)})
+	}
+	if _, ok := c.take(record.Sum([]byte{0})); ok {
+		t.Fatal("the oldest is still kept")
+	}
+	for i := 1; i <= checkedMax; i++ {
+		if l, ok := c.take(record.Sum([]byte{byte(i)})); !ok || len(l.es) != i {
+			t.Fatalf("listing %d: kept %v", i, ok)
+		}
+	}
+	if len(c.byAddr) != 0 || len(c.order) != 0 {
+		t.Fatalf("left after taking all: %d, %d", len(c.byAddr), len(c.order))
+	}
+}
+
+// The manifest counts the userfaultfds lazy-pages holds: one per task
+// pagemap, with lazy pages or not; a pagemap that is not a task's
+// (shared memory) has none.
+func TestLayoutServedCountsUffds(t *testing.T) {
+	files := lazyImages(content(64, 600*pageSize))
+	files["pagemap-7.img"] = pagemapImage(7, run{0x400000, pageSize})
+	files["pages-7.img"] = content(65, pageSize)
+	files["pagemap-shmem-9.img"] = pagemapImage(9, run{0, pageSize})
+	files["pages-9.img"] = content(66, pageSize)
+	m, err := servedLayout(t, mustStore(t), files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Tasks) != 1 || m.Tasks[0].ID != 1 || m.Uffds != 2 {
+		t.Fatalf("tasks %d, userfaultfds %d; want task 1 served, 2 held", len(m.Tasks), m.Uffds)
+	}
 }

@@ -104,3 +104,49 @@ func benchIngest(b *testing.B, written bool) {
 	}
 	b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 }
+
+// BenchmarkListing is a served resume's reading of a 512 MiB memory
+// image's listing: 32,768 chunk entries (2.4 MB). Decode is the listing's
+// decode and check alone; Rehash its rehash and decode from the store
+// (RehashListing), as a resume's first step; Listing its verified read
+// and decode (Listing).
+func BenchmarkListing(b *testing.B) {
+	st := mustStore(b)
+	es := make([]Entry, 32768)
+	for i := range es {
+		es[i] = Entry{Name: fmt.Sprintf("pages-1.img%s/%08x", ChunkSuffix, i), Mode: 0o600, Size: 16384,
+			Address: record.Sum(fmt.Appendf(nil, "chunk %d", i))}
+	}
+	enc, err := EncodeListing(es)
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := st.PutBytes(enc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("Decode", func(b *testing.B) {
+		b.SetBytes(int64(len(enc)))
+		for b.Loop() {
+			if got, err := DecodeListing(enc); err != nil || len(got) != len(es) {
+				b.Fatal(len(got), err)
+			}
+		}
+	})
+	b.Run("Rehash", func(b *testing.B) {
+		b.SetBytes(int64(len(enc)))
+		for b.Loop() {
+			if got, at, err := st.RehashListing(b.Context(), a); err != nil || at != a || len(got) != len(es) {
+				b.Fatal(len(got), at, err)
+			}
+		}
+	})
+	b.Run("Listing", func(b *testing.B) {
+		b.SetBytes(int64(len(enc)))
+		for b.Loop() {
+			if got, err := st.Listing(a); err != nil || len(got) != len(es) {
+				b.Fatal(len(got), err)
+			}
+		}
+	})
+}

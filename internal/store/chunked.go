@@ -64,9 +64,9 @@ func ChunkName(name string, vaddr uint64) string {
 // wraps [ErrChunks]. Entries of no chunked file are left alone.
 func ChunkedFiles(es []Entry) ([]ChunkedFile, error) {
 	var out []ChunkedFile
-	whole := make(map[string]bool, len(es))
+	whole := map[string]bool{}
 	seen := map[string]bool{}
-	for _, e := range es {
+	for i, e := range es {
 		dir, base, ok := strings.Cut(e.Name, "/")
 		if !ok || !strings.HasSuffix(dir, ChunkSuffix) {
 			whole[e.Name] = true
@@ -81,7 +81,7 @@ func ChunkedFiles(es []Entry) ([]ChunkedFile, error) {
 				return nil, fmt.Errorf("%w: %q: the chunks of %q are not listed together", ErrChunks, e.Name, name)
 			}
 			seen[name] = true
-			out = append(out, ChunkedFile{Name: name})
+			out = append(out, ChunkedFile{Name: name, Chunks: make([]Chunk, 0, chunksFrom(es[i:], dir))})
 		}
 		f := &out[len(out)-1]
 		if err := f.add(base, e); err != nil {
@@ -94,6 +94,16 @@ func ChunkedFiles(es []Entry) ([]ChunkedFile, error) {
 		}
 	}
 	return out, nil
+}
+
+// chunksFrom is how many entries from the start of es are in directory
+// dir: the chunks of one file, listed together.
+func chunksFrom(es []Entry, dir string) int {
+	n := 0
+	for n < len(es) && len(es[n].Name) > len(dir) && es[n].Name[len(dir)] == '/' && strings.HasPrefix(es[n].Name, dir) {
+		n++
+	}
+	return min(n, MaxChunks)
 }
 
 // add appends the chunk base names to f, after the chunks before it.

@@ -83,6 +83,12 @@ func (s *Store) MaterializeWhere(ctx context.Context, dir record.Address, dst st
 		}
 		entries = kept
 	}
+	return s.MaterializeListed(ctx, dir, entries, dst, how)
+}
+
+// MaterializeListed is [Store.Materialize] of entries of dir's listing
+// that the caller has read already ([Store.Listing], [Store.RehashListing]).
+func (s *Store) MaterializeListed(ctx context.Context, dir record.Address, entries []Entry, dst string, how Layout) error {
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return fmt.Errorf("store: materialize %s: %w", dir, err)
 	}
@@ -94,7 +100,7 @@ func (s *Store) MaterializeWhere(ctx context.Context, dir record.Address, dst st
 			}
 		}
 	}
-	err = parallel(ctx, len(entries), func(i int) error {
+	err := parallel(ctx, len(entries), func(i int) error {
 		e := entries[i]
 		p := filepath.Join(dst, filepath.FromSlash(e.Name))
 		if how == CopyFiles {

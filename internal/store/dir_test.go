@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -228,6 +229,8 @@ func TestEncodeListingRefuses(t *testing.T) {
 		"duplicate":     {{Name: "a"}, {Name: "a"}},
 		"file and dir":  {{Name: "a"}, {Name: "a/b"}},
 		"deep file/dir": {{Name: "a/b"}, {Name: "a/b/c/d"}, {Name: "a/b!"}},
+		"apart":         {{Name: "a"}, {Name: "a-b"}, {Name: "a/c"}},
+		"second dir":    {{Name: "a/b/c"}, {Name: "a/d/e"}, {Name: "a/d"}},
 		"beyond perm":   {{Name: "a", Mode: 0o4755}},
 	} {
 		if _, err := EncodeListing(es); !errors.Is(err, ErrListing) {
@@ -256,6 +259,37 @@ func TestEncodeListingRefuses(t *testing.T) {
 		if es, err := DecodeListing(b); err != nil || es[0].Name != n {
 			t.Errorf("decode %q: %v", n, err)
 		}
+	}
+}
+
+// checkName's own walk of the components refuses what the rule says: a
+// name path.Clean would change, empty, absolute or leaving the directory,
+// or holding a NUL. Every name of up to six bytes of "a", ".", "/" and
+// NUL, against the rule as path.Clean states it.
+func TestCheckNameRule(t *testing.T) {
+	rule := func(n string) bool {
+		return n != "" && n != "." && n != ".." && !strings.HasPrefix(n, "/") && !strings.HasPrefix(n, "../") &&
+			path.Clean(n) == n && !strings.Contains(n, "\x00")
+	}
+	level, names := []string{""}, []string{""}
+	for range 6 {
+		var next []string
+		for _, n := range level {
+			for _, c := range []string{"a", ".", "/", "\x00"} {
+				next = append(next, n+c)
+			}
+		}
+		names, level = append(names, next...), next
+	}
+	seen := map[string]bool{}
+	for _, n := range names {
+		seen[n] = true
+		if ok := checkName(n) == nil; ok != rule(n) {
+			t.Errorf("%q: checkName accepts it: %v, the rule: %v", n, ok, rule(n))
+		}
+	}
+	if len(seen) != 5461 {
+		t.Fatalf("only %d names tried", len(seen))
 	}
 }
 

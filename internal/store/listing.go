@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"path"
 	"slices"
 	"strings"
 
@@ -102,9 +101,13 @@ func listingSize(es []Entry) (int, error) {
 
 // checkEntries checks sorted entries: names clean and within the limits,
 // strictly increasing, modes within the permission bits, no file that is
-// also a directory.
+// also a directory. Entries are sorted, so a directory is looked up among
+// them by binary search, and each one once: the entries of one directory
+// sit together (a 512 MiB image's 32,768 chunks share two), and a map of
+// every name cost more than the rest of the decode.
 func checkEntries(es []Entry) error {
-	files := make(map[string]bool, len(es))
+	checked := map[string]bool{}
+	last := "."
 	for i, e := range es {
 		if err := checkName(e.Name); err != nil {
 			return fmt.Errorf("%w: entry %q: %v", ErrListing, e.Name, err)
@@ -115,16 +118,27 @@ func checkEntries(es []Entry) error {
 		if i > 0 && es[i-1].Name >= e.Name {
 			return fmt.Errorf("%w: entry %q: duplicate or out of order", ErrListing, e.Name)
 		}
-		files[e.Name] = true
-	}
-	for _, e := range es {
-		for d := path.Dir(e.Name); d != "."; d = path.Dir(d) {
-			if files[d] {
+		d := dirOf(e.Name)
+		if d == last {
+			continue
+		}
+		last = d
+		for ; d != "." && !checked[d]; d = dirOf(d) {
+			checked[d] = true
+			if _, file := slices.BinarySearchFunc(es, d, func(e Entry, d string) int { return strings.Compare(e.Name, d) }); file {
 				return fmt.Errorf("%w: entry %q: its directory %q is a file", ErrListing, e.Name, d)
 			}
 		}
 	}
 	return nil
+}
+
+// dirOf is path.Dir of a name checkName passed, without its Clean.
+func dirOf(n string) string {
+	if i := strings.LastIndexByte(n, '/'); i >= 0 {
+		return n[:i]
+	}
+	return "."
 }
 
 // checkName refuses a name that is not a clean relative path — empty, ".",
@@ -136,11 +150,13 @@ func checkName(n string) error {
 	if len(n) > MaxNameBytes {
 		return fmt.Errorf("a name of %d bytes, the limit is %d", len(n), MaxNameBytes)
 	}
-	if n == "" || n == "." || n == ".." || strings.HasPrefix(n, "/") || strings.HasPrefix(n, "../") ||
-		path.Clean(n) != n || strings.IndexByte(n, 0) >= 0 {
+	if strings.IndexByte(n, 0) >= 0 {
 		return errors.New("not a clean relative path")
 	}
 	for c := range strings.SplitSeq(n, "/") {
+		if c == "" || c == "." || c == ".." {
+			return errors.New("not a clean relative path")
+		}
 		if len(c) > MaxComponentBytes {
 			return fmt.Errorf("a component of %d bytes, the limit is %d", len(c), MaxComponentBytes)
 		}
@@ -172,6 +188,9 @@ func DecodeListing(b []byte) ([]Entry, error) {
 		return bad("%d entries in %d bytes", n, len(p))
 	}
 	out := make([]Entry, 0, n)
+	// The names are substrings of one copy of the listing: one allocation
+	// instead of one per entry.
+	all := string(b)
 	for range n {
 		if len(p) < 4 {
 			return bad("truncated")
@@ -183,7 +202,8 @@ func DecodeListing(b []byte) ([]Entry, error) {
 		if uint64(len(p)) < 4+l+44 {
 			return bad("truncated")
 		}
-		e := Entry{Name: string(p[4 : 4+l])}
+		at := len(b) - len(p) + 4
+		e := Entry{Name: all[at : at+int(l)]}
 		p = p[4+l:]
 		e.Mode = binary.BigEndian.Uint32(p)
 		e.Size = binary.BigEndian.Uint64(p[4:])

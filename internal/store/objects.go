@@ -3,12 +3,14 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"lukechampine.com/blake3"
@@ -22,9 +24,25 @@ import (
 // and <c> its first character. Reading the file directly is not verified;
 // it is for local hot paths that trust the disk.
 func (s *Store) Path(a record.Address) string {
-	t := a.String()[len(record.AddressPrefix):]
-	return filepath.Join(s.objects, t[:1], t)
+	// One allocation: a resume names every chunk of its image (32,768
+	// for 512 MiB), and filepath.Join's allocations and Clean were most
+	// of the time its page server's manifest took. s.objects is clean,
+	// and the text has no separator.
+	var t [pathTextLen]byte
+	base64.RawURLEncoding.Encode(t[:], a[:])
+	var b strings.Builder
+	b.Grow(len(s.objects) + 3 + len(t))
+	b.WriteString(s.objects)
+	b.WriteByte(filepath.Separator)
+	b.WriteByte(t[0])
+	b.WriteByte(filepath.Separator)
+	b.Write(t[:])
+	return b.String()
 }
+
+// pathTextLen is the length of an address's text without "b3:": 32
+// bytes in unpadded base64url.
+const pathTextLen = (32*8 + 5) / 6
 
 // Has reports whether the object is in the store. It does not read it.
 func (s *Store) Has(a record.Address) bool {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -189,5 +191,18 @@ func TestRefs(t *testing.T) {
 	}
 	if refs, err := s.Refs(receipt); err != nil || len(refs) != 0 {
 		t.Fatalf("refs of a leaf: %v %v", refs, err)
+	}
+}
+
+// Path is objects/<c>/<text>: the address's text without "b3:", under its
+// first character.
+func TestPathIsTheAddressText(t *testing.T) {
+	s := mustStore(t)
+	for i := range 1000 {
+		a := record.Sum(fmt.Appendf(nil, "object %d", i))
+		text := strings.TrimPrefix(a.String(), record.AddressPrefix)
+		if got, want := s.Path(a), filepath.Join(s.objects, text[:1], text); got != want {
+			t.Fatalf("%s: %q, want %q", a, got, want)
+		}
 	}
 }

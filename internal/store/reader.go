@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -91,17 +92,50 @@ func (r *Reader) Close() error { return r.f.Close() }
 // ReadAll returns an object's bytes, verified: for small objects
 // (attestations, manifests, listings).
 func (s *Store) ReadAll(a record.Address) ([]byte, error) {
-	r, err := s.Open(a)
+	b, p, err := s.readWhole(a, -1)
 	if err != nil {
 		return nil, err
 	}
-	defer r.Close()
-	var b bytes.Buffer
-	b.Grow(int(r.size) + 1)
-	if _, err := r.WriteTo(&b); err != nil {
-		return nil, err
+	if got := record.Sum(b); got != a {
+		return nil, &CorruptError{Address: a, Got: got, Path: p}
 	}
-	return b.Bytes(), nil
+	return b, nil
+}
+
+// errTooLarge is readWhole's refusal of an object over its limit.
+var errTooLarge = errors.New("object over the limit")
+
+// readWhole reads an object's bytes, unverified, in one buffer of the size
+// the file has, and names the file. An object of more than max bytes
+// (when max is not negative) is errTooLarge, read no further than that.
+func (s *Store) readWhole(a record.Address, max int64) ([]byte, string, error) {
+	p := s.Path(a)
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, p, notFound(a, err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, p, fmt.Errorf("object %s: %w", a, err)
+	}
+	size := info.Size()
+	var r io.Reader = f
+	if max >= 0 {
+		if size > max {
+			return nil, p, errTooLarge
+		}
+		r = io.LimitReader(f, max+1)
+	}
+	var b bytes.Buffer
+	b.Grow(int(size) + 1)
+	if _, err := b.ReadFrom(r); err != nil {
+		return nil, p, fmt.Errorf("object %s: %w", a, err)
+	}
+	if max >= 0 && int64(b.Len()) > max {
+		return nil, p, errTooLarge // it grew while read
+	}
+	return b.Bytes(), p, nil
 }
 
 // Verify rehashes an object against its address: nil, [ErrMissingObject]

@@ -16,7 +16,7 @@ import (
 // ErrMissingObject for an object that is gone.
 func TestRehash(t *testing.T) {
 	s := mustStore(t)
-	for _, n := range []int{0, 1, 1024, 1025, 3<<20 + 7} {
+	for _, n := range []int{0, 1, 1024, 1025, smallObject - 1, smallObject, smallObject + 1, 3<<20 + 7} {
 		b := []byte(strings.Repeat("r", n))
 		a := put(t, s, string(b))
 		if got, err := s.Rehash(t.Context(), a); err != nil || got != a {
