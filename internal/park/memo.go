@@ -14,11 +14,23 @@ import (
 // first touch of the memory it fills). A listing is named by its
 // address, so the one kept is the one the store holds under it: nothing
 // is trusted that a second read would have checked. Each is taken once,
-// and at most checkedMax are kept (the newest): a resume refused after
-// its check leaves one behind until later ones push it out.
-var checked = checkedListings{byAddr: map[record.Address]checkedListing{}}
+// by the same store, and at most checkedMax are kept (the newest), each
+// of a listing of at most checkedMaxBytes (its decoded names keep the
+// whole listing's bytes): a resume refused after its check leaves one
+// behind until later ones push it out.
+var checked = checkedListings{byKey: map[checkedKey]checkedListing{}}
 
-const checkedMax = 2
+const (
+	checkedMax = 2
+	// checkedMaxBytes is about the listing of a 3 GiB image in 16 KiB
+	// chunks; a larger one is read again by its layout.
+	checkedMaxBytes = 16 << 20
+)
+
+type checkedKey struct {
+	st  *store.Store
+	mem record.Address
+}
 
 type checkedListing struct {
 	es  []store.Entry
@@ -26,34 +38,43 @@ type checkedListing struct {
 }
 
 type checkedListings struct {
-	mu     sync.Mutex
-	byAddr map[record.Address]checkedListing
-	order  []record.Address // oldest first
+	mu    sync.Mutex
+	byKey map[checkedKey]checkedListing
+	order []checkedKey // oldest first
 }
 
-// put keeps mem's entries and chunked files, found intact.
-func (c *checkedListings) put(mem record.Address, l checkedListing) {
+// put keeps the entries and chunked files of st's memory image mem,
+// found intact, unless its listing is over checkedMaxBytes.
+func (c *checkedListings) put(st *store.Store, mem record.Address, l checkedListing) {
+	n := 0
+	for _, e := range l.es {
+		if n += len(e.Name) + 48; n > checkedMaxBytes {
+			return
+		}
+	}
+	k := checkedKey{st, mem}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.byAddr[mem]; !ok {
-		c.order = append(c.order, mem)
+	if _, ok := c.byKey[k]; !ok {
+		c.order = append(c.order, k)
 	}
-	c.byAddr[mem] = l
+	c.byKey[k] = l
 	for len(c.order) > checkedMax {
-		delete(c.byAddr, c.order[0])
+		delete(c.byKey, c.order[0])
 		c.order = c.order[1:]
 	}
 }
 
-// take returns and forgets what put kept for mem.
-func (c *checkedListings) take(mem record.Address) (checkedListing, bool) {
+// take returns and forgets what put kept for st's mem.
+func (c *checkedListings) take(st *store.Store, mem record.Address) (checkedListing, bool) {
+	k := checkedKey{st, mem}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l, ok := c.byAddr[mem]
+	l, ok := c.byKey[k]
 	if ok {
-		delete(c.byAddr, mem)
-		for i, a := range c.order {
-			if a == mem {
+		delete(c.byKey, k)
+		for i, o := range c.order {
+			if o == k {
 				c.order = append(c.order[:i], c.order[i+1:]...)
 				break
 			}

@@ -39,6 +39,8 @@ func OfferedServed(ctx context.Context, st *store.Store, recorded record.Snapsho
 		return Offered(ctx, st, recorded)
 	}
 	// The two trees at once: from a cold cache both wait on the disk.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var root record.Address
 	var rerr error
 	done := make(chan struct{})
@@ -47,6 +49,9 @@ func OfferedServed(ctx context.Context, st *store.Store, recorded record.Snapsho
 		root, rerr = st.RehashDir(ctx, *recorded.Root)
 	}()
 	mem, err := offeredMemory(ctx, st, *recorded.Memory)
+	if err != nil {
+		cancel() // the root's answer no longer matters
+	}
 	<-done
 	if err = errors.Join(rerr, err); err != nil {
 		return record.Snapshot{}, fmt.Errorf("park: %w", err)
@@ -104,7 +109,7 @@ func offeredMemory(ctx context.Context, st *store.Store, mem record.Address) (re
 	if changed {
 		return store.ListingAddress(es)
 	}
-	checked.put(mem, checkedListing{es, cfs})
+	checked.put(st, mem, checkedListing{es, cfs})
 	return mem, nil
 }
 
@@ -169,7 +174,7 @@ func layoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pa
 		return Trees{}, nil, err
 	}
 	ctx := context.Background() // nothing is hashed
-	l, ok := checked.take(*snap.Memory)
+	l, ok := checked.take(st, *snap.Memory)
 	if !ok {
 		var err error
 		if l.es, err = st.Listing(*snap.Memory); err != nil {

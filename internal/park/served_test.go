@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/pageserver"
@@ -423,21 +424,28 @@ func TestLayoutServedTakesTheChecked(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Kept by store and address; the newest checkedMax; none of a
+	// listing over checkedMaxBytes.
 	var c checkedListings
-	c.byAddr = map[record.Address]checkedListing{}
+	c.byKey = map[checkedKey]checkedListing{}
 	for i := range checkedMax + 1 {
-		c.put(record.Sum([]byte{byte(i)}), checkedListing{es: make([]store.Entry, i)})
+		c.put(st, record.Sum([]byte{byte(i)}), checkedListing{es: make([]store.Entry, i)})
 	}
-	if _, ok := c.take(record.Sum([]byte{0})); ok {
+	if _, ok := c.take(st, record.Sum([]byte{0})); ok {
 		t.Fatal("the oldest is still kept")
 	}
+	if _, ok := c.take(mustStore(t), record.Sum([]byte{1})); ok {
+		t.Fatal("another store took one")
+	}
 	for i := 1; i <= checkedMax; i++ {
-		if l, ok := c.take(record.Sum([]byte{byte(i)})); !ok || len(l.es) != i {
+		if l, ok := c.take(st, record.Sum([]byte{byte(i)})); !ok || len(l.es) != i {
 			t.Fatalf("listing %d: kept %v", i, ok)
 		}
 	}
-	if len(c.byAddr) != 0 || len(c.order) != 0 {
-		t.Fatalf("left after taking all: %d, %d", len(c.byAddr), len(c.order))
+	big := []store.Entry{{Name: strings.Repeat("n", checkedMaxBytes)}}
+	c.put(st, record.Sum([]byte("big")), checkedListing{es: big})
+	if len(c.byKey) != 0 || len(c.order) != 0 {
+		t.Fatalf("left after taking all, and one too big: %d, %d", len(c.byKey), len(c.order))
 	}
 }
 

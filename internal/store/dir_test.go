@@ -231,6 +231,7 @@ func TestEncodeListingRefuses(t *testing.T) {
 		"deep file/dir": {{Name: "a/b"}, {Name: "a/b/c/d"}, {Name: "a/b!"}},
 		"apart":         {{Name: "a"}, {Name: "a-b"}, {Name: "a/c"}},
 		"second dir":    {{Name: "a/b/c"}, {Name: "a/d/e"}, {Name: "a/d"}},
+		"under a chain": {{Name: "a"}, {Name: "a!"}, {Name: "a!!"}, {Name: "a/x"}},
 		"beyond perm":   {{Name: "a", Mode: 0o4755}},
 	} {
 		if _, err := EncodeListing(es); !errors.Is(err, ErrListing) {
@@ -248,6 +249,9 @@ func TestEncodeListingRefuses(t *testing.T) {
 	}
 	if _, err := EncodeListing([]Entry{{Name: "a"}, {Name: "a!"}, {Name: "a.b/c"}}); err != nil {
 		t.Errorf("prefix names that are not directories: %v", err)
+	}
+	if _, err := EncodeListing([]Entry{{Name: "a"}, {Name: "a!"}, {Name: "a!!"}, {Name: "a!!!/x"}, {Name: "b/x"}}); err != nil {
+		t.Errorf("a chain of prefix names: %v", err)
 	}
 	// Names are bytes: any but NUL, within the limits.
 	for _, n := range acceptedNames {
@@ -290,6 +294,30 @@ func TestCheckNameRule(t *testing.T) {
 	}
 	if len(seen) != 5461 {
 		t.Fatalf("only %d names tried", len(seen))
+	}
+}
+
+// Deep names do not make the decode's check allocate per directory: 1,000
+// entries of 1,000 levels each (a million distinct directories) decode
+// in a few times the listing's own bytes.
+func TestDecodeListingDeepNames(t *testing.T) {
+	es := make([]Entry, 1000)
+	for i := range es {
+		es[i].Name = fmt.Sprintf("%04d/", i) + strings.Repeat("a/", 999) + "f"
+	}
+	b, err := EncodeListing(es)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	got, err := DecodeListing(b)
+	runtime.ReadMemStats(&after)
+	if err != nil || len(got) != len(es) {
+		t.Fatalf("%d entries, %v", len(got), err)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 4*uint64(len(b)) {
+		t.Fatalf("decoding %d bytes allocated %d", len(b), n)
 	}
 }
 

@@ -101,13 +101,13 @@ func listingSize(es []Entry) (int, error) {
 
 // checkEntries checks sorted entries: names clean and within the limits,
 // strictly increasing, modes within the permission bits, no file that is
-// also a directory. Entries are sorted, so a directory is looked up among
-// them by binary search, and each one once: the entries of one directory
-// sit together (a 512 MiB image's 32,768 chunks share two), and a map of
-// every name cost more than the rest of the decode.
+// also a directory. The last is found in one pass, with no map of names:
+// in a sorted listing every entry between a file X and an entry X/… has
+// X as a prefix, so a stack of the entries that are prefixes of the
+// current name, each one's next byte after the one below it not a '/',
+// has on top the only one that can be the current name's directory.
 func checkEntries(es []Entry) error {
-	checked := map[string]bool{}
-	last := "."
+	var stack []string
 	for i, e := range es {
 		if err := checkName(e.Name); err != nil {
 			return fmt.Errorf("%w: entry %q: %v", ErrListing, e.Name, err)
@@ -118,27 +118,15 @@ func checkEntries(es []Entry) error {
 		if i > 0 && es[i-1].Name >= e.Name {
 			return fmt.Errorf("%w: entry %q: duplicate or out of order", ErrListing, e.Name)
 		}
-		d := dirOf(e.Name)
-		if d == last {
-			continue
+		for len(stack) > 0 && !strings.HasPrefix(e.Name, stack[len(stack)-1]) {
+			stack = stack[:len(stack)-1]
 		}
-		last = d
-		for ; d != "." && !checked[d]; d = dirOf(d) {
-			checked[d] = true
-			if _, file := slices.BinarySearchFunc(es, d, func(e Entry, d string) int { return strings.Compare(e.Name, d) }); file {
-				return fmt.Errorf("%w: entry %q: its directory %q is a file", ErrListing, e.Name, d)
-			}
+		if n := len(stack); n > 0 && e.Name[len(stack[n-1])] == '/' {
+			return fmt.Errorf("%w: entry %q: its directory %q is a file", ErrListing, e.Name, stack[n-1])
 		}
+		stack = append(stack, e.Name)
 	}
 	return nil
-}
-
-// dirOf is path.Dir of a name checkName passed, without its Clean.
-func dirOf(n string) string {
-	if i := strings.LastIndexByte(n, '/'); i >= 0 {
-		return n[:i]
-	}
-	return "."
 }
 
 // checkName refuses a name that is not a clean relative path — empty, ".",

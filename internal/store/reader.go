@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -105,8 +104,8 @@ func (s *Store) ReadAll(a record.Address) ([]byte, error) {
 // errTooLarge is readWhole's refusal of an object over its limit.
 var errTooLarge = errors.New("object over the limit")
 
-// readWhole reads an object's bytes, unverified, in one buffer of the size
-// the file has, and names the file. An object of more than max bytes
+// readWhole reads an object's bytes, unverified, into a buffer of the
+// size the file has, and names the file. An object of more than max bytes
 // (when max is not negative) is errTooLarge, read no further than that.
 func (s *Store) readWhole(a record.Address, max int64) ([]byte, string, error) {
 	p := s.Path(a)
@@ -119,23 +118,32 @@ func (s *Store) readWhole(a record.Address, max int64) ([]byte, string, error) {
 	if err != nil {
 		return nil, p, fmt.Errorf("object %s: %w", a, err)
 	}
-	size := info.Size()
-	var r io.Reader = f
-	if max >= 0 {
-		if size > max {
-			return nil, p, errTooLarge
+	if max >= 0 && info.Size() > max {
+		return nil, p, errTooLarge
+	}
+	// One byte more than the size, to see the end in the first pass; a
+	// file that grew since the Stat grows the buffer as os.ReadFile's.
+	b := make([]byte, 0, info.Size()+1)
+	for {
+		if len(b) == cap(b) {
+			if max >= 0 && int64(len(b)) > max {
+				return nil, p, errTooLarge
+			}
+			b = append(b, 0)[:len(b)]
 		}
-		r = io.LimitReader(f, max+1)
+		n, err := f.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, p, fmt.Errorf("object %s: %w", a, err)
+		}
 	}
-	var b bytes.Buffer
-	b.Grow(int(size) + 1)
-	if _, err := b.ReadFrom(r); err != nil {
-		return nil, p, fmt.Errorf("object %s: %w", a, err)
+	if max >= 0 && int64(len(b)) > max {
+		return nil, p, errTooLarge
 	}
-	if max >= 0 && int64(b.Len()) > max {
-		return nil, p, errTooLarge // it grew while read
-	}
-	return b.Bytes(), p, nil
+	return b, p, nil
 }
 
 // Verify rehashes an object against its address: nil, [ErrMissingObject]

@@ -39,7 +39,8 @@ func (s *Store) Rehash(ctx context.Context, a record.Address) (record.Address, e
 		n, err := io.ReadFull(f, *bp)
 		switch {
 		case err == nil:
-			// It grew past smallObject since the Stat: hashed whole below.
+			// It grew past smallObject since the Stat: hashed below
+			// as a larger object is, up to the size the Stat gave.
 		case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
 			return record.Sum((*bp)[:n]), nil
 		default:
