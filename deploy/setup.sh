@@ -60,7 +60,7 @@ readonly CRIU_BUILD_PKGS=(
 	gcc make pkg-config
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
 	libnl-3-dev libnet1-dev libcap-dev libbsd-dev libgnutls28-dev
-	libnftables-dev uuid-dev patch
+	libnftables-dev uuid-dev zlib1g-dev patch
 )
 
 export DEBIAN_FRONTEND=noninteractive
