@@ -686,6 +686,13 @@ func TestProbeHangingCRIU(t *testing.T) {
 // by the destroy.
 func checkpointAway(t *testing.T, s *executor.Sandbox, out executor.Output) (executor.Checkpoint, line) {
 	t.Helper()
+	cp := parkAway(t, s)
+	return cp, last(output(t, out.Stdout))
+}
+
+// parkAway checkpoints s into a new directory and destroys it.
+func parkAway(t *testing.T, s *executor.Sandbox) executor.Checkpoint {
+	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
 	cp := executor.Checkpoint{ImageDir: filepath.Join(dir, "images"), Rootfs: filepath.Join(dir, "rootfs.tar")}
@@ -695,5 +702,5 @@ func checkpointAway(t *testing.T, s *executor.Sandbox, out executor.Output) (exe
 	if err := s.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return cp, last(output(t, out.Stdout))
+	return cp
 }

@@ -14,8 +14,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-
-	"github.com/runrecordd/runrecordd/internal/executor"
 )
 
 // TestRestoreTmpfs parks and restores a sandbox and finds its tmpfs mounts
@@ -48,14 +46,7 @@ func TestRestoreTmpfs(t *testing.T) {
 		}
 	}
 
-	dir := t.TempDir()
-	cp := executor.Checkpoint{ImageDir: filepath.Join(dir, "images"), Rootfs: filepath.Join(dir, "rootfs.tar")}
-	if _, err := s.Checkpoint(ctx, cp); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Destroy(ctx); err != nil {
-		t.Fatal(err)
-	}
+	cp := parkAway(t, s)
 	host := t.TempDir()
 	if err := os.Chmod(host, 0o700); err != nil {
 		t.Fatal(err)
