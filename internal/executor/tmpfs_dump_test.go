@@ -36,16 +36,7 @@ func TestDumpTmpfs(t *testing.T) {
 	out := outputs(t, "oracle")
 	spec := oracleSpec()
 	const id = "tmpfsd"
-	s := mustStart(t, id, spec, out)
-	root := fmt.Sprintf("/proc/%d/root", s.Pid())
-	fillRun(t, filepath.Join(root, "run"))
-	if err := os.WriteFile(filepath.Join(root, "dev/shm/kept"), []byte("kept"), 0o640); err != nil {
-		t.Fatal(err)
-	}
-	mounts := tmpfsDirs(t, s.Pid())
-	if !hasKey(mounts, "/dev") || !hasKey(mounts, "/dev/shm") || !hasKey(mounts, "/run") {
-		t.Fatalf("tmpfs mounts %v: want /dev, /dev/shm and /run among them", mounts)
-	}
+	s, root, mounts := tmpfsSandbox(t, id, spec, out, func(root string) { fillRun(t, filepath.Join(root, "run")) })
 	before := map[string]string{}
 	for m := range mounts {
 		before[m] = tmpfsListing(t, filepath.Join(root, m))
@@ -74,17 +65,7 @@ func TestDumpTmpfs(t *testing.T) {
 		}
 	}
 
-	s, _, err = client.Restore(ctx, id, spec, cp, out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { destroy(t, s) })
-	root = fmt.Sprintf("/proc/%d/root", s.Pid())
-	for m, want := range before {
-		if got := tmpfsListing(t, filepath.Join(root, m)); got != want {
-			t.Errorf("%s after the restore:\n%s\nwas:\n%s", m, got, want)
-		}
-	}
+	restoreListings(t, ctx, id, spec, cp, out, before)
 }
 
 // fillRun puts into run an empty directory, a symbolic link and a

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/executor"
 )
 
 // TestRestoreTmpfs parks and restores a sandbox and finds its tmpfs mounts
@@ -30,15 +32,7 @@ func TestRestoreTmpfs(t *testing.T) {
 	out := outputs(t, "oracle")
 	spec := oracleSpec()
 	const id = "tmpfs"
-	s := mustStart(t, id, spec, out)
-	root := fmt.Sprintf("/proc/%d/root", s.Pid())
-	if err := os.WriteFile(filepath.Join(root, "dev/shm/kept"), []byte("kept"), 0o640); err != nil {
-		t.Fatal(err)
-	}
-	mounts := tmpfsDirs(t, s.Pid())
-	if !hasKey(mounts, "/dev") || !hasKey(mounts, "/dev/shm") || !hasKey(mounts, "/run") {
-		t.Fatalf("tmpfs mounts %v: want /dev, /dev/shm and /run among them", mounts)
-	}
+	s, root, mounts := tmpfsSandbox(t, id, spec, out, func(string) {})
 	before := map[string]string{}
 	for m := range mounts {
 		if m != "/run" {
@@ -63,17 +57,7 @@ func TestRestoreTmpfs(t *testing.T) {
 		{name: "./nul", typ: '3', mode: 0o640, uid: 9, gid: 10, mtime: mtime + 3, major: 1, minor: 3},
 	})
 
-	s, _, err := client.Restore(ctx, id, spec, cp, out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { destroy(t, s) })
-	root = fmt.Sprintf("/proc/%d/root", s.Pid())
-	for m, want := range before {
-		if got := tmpfsListing(t, filepath.Join(root, m)); got != want {
-			t.Errorf("%s after the restore:\n%s\nwas:\n%s", m, got, want)
-		}
-	}
+	root = restoreListings(t, ctx, id, spec, cp, out, before)
 	if b, err := os.ReadFile(filepath.Join(root, "dev/shm/kept")); err != nil || string(b) != "kept" {
 		t.Errorf("/dev/shm/kept after the restore: %q, %v", b, err)
 	}
@@ -97,6 +81,44 @@ func TestRestoreTmpfs(t *testing.T) {
 	if n, want := bytes.Count(log, []byte("restored without tar")), len(mounts)-1; n != want {
 		t.Errorf("restore.log: %d tmpfs mounts restored without tar, want %d (all %d but /dev/shm)", n, want, len(mounts))
 	}
+}
+
+// tmpfsSandbox starts the oracle as id, lets fill change its root (the
+// host's view, /proc/PID/root), puts a file into its /dev/shm (so that
+// one tmpfs always goes through tar), and returns the sandbox, that root
+// and its tmpfs mounts (tmpfsDirs), which must include /dev, /dev/shm
+// and /run.
+func tmpfsSandbox(t *testing.T, id string, spec executor.Spec, out executor.Output, fill func(root string)) (*executor.Sandbox, string, map[string]uint64) {
+	t.Helper()
+	s := mustStart(t, id, spec, out)
+	root := fmt.Sprintf("/proc/%d/root", s.Pid())
+	fill(root)
+	if err := os.WriteFile(filepath.Join(root, "dev/shm/kept"), []byte("kept"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	mounts := tmpfsDirs(t, s.Pid())
+	if !hasKey(mounts, "/dev") || !hasKey(mounts, "/dev/shm") || !hasKey(mounts, "/run") {
+		t.Fatalf("tmpfs mounts %v: want /dev, /dev/shm and /run among them", mounts)
+	}
+	return s, root, mounts
+}
+
+// restoreListings restores id from cp, finds every mount of before with
+// the listing it had (tmpfsListing), and returns the restored root.
+func restoreListings(t *testing.T, ctx context.Context, id string, spec executor.Spec, cp executor.Checkpoint, out executor.Output, before map[string]string) string {
+	t.Helper()
+	s, _, err := client.Restore(ctx, id, spec, cp, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroy(t, s) })
+	root := fmt.Sprintf("/proc/%d/root", s.Pid())
+	for m, want := range before {
+		if got := tmpfsListing(t, filepath.Join(root, m)); got != want {
+			t.Errorf("%s after the restore:\n%s\nwas:\n%s", m, got, want)
+		}
+	}
+	return root
 }
 
 func hasKey(m map[string]uint64, k string) bool { _, ok := m[k]; return ok }
