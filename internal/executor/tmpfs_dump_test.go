@@ -9,10 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -60,7 +61,7 @@ func TestDumpTmpfs(t *testing.T) {
 			continue
 		}
 		img := filepath.Join(cp.ImageDir, fmt.Sprintf("tmpfs-dev-%d.tar.gz.img", dev))
-		if got, want := tarHeaders(t, img), tarHeaders(t, tarAgain(t, img)); !equalHeaders(got, want) {
+		if got, want := tarHeaders(t, img), tarHeaders(t, tarAgain(t, img)); !maps.EqualFunc(got, want, bytes.Equal) {
 			t.Errorf("%s: CRIU's image has headers\n%s\nGNU tar writes for the same contents\n%s", m, dumpHeaders(got), dumpHeaders(want))
 		}
 	}
@@ -152,28 +153,11 @@ func tarHeaders(t *testing.T, path string) map[string][]byte {
 	return hs
 }
 
-func equalHeaders(a, b map[string][]byte) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if !bytes.Equal(v, b[k]) {
-			return false
-		}
-	}
-	return true
-}
-
 // dumpHeaders prints headers for a failure: each name, then its bytes
 // that are not NUL, by offset.
 func dumpHeaders(hs map[string][]byte) string {
-	var names []string
-	for k := range hs {
-		names = append(names, k)
-	}
-	sort.Strings(names)
 	var w bytes.Buffer
-	for _, k := range names {
+	for _, k := range slices.Sorted(maps.Keys(hs)) {
 		if k == "" {
 			fmt.Fprintf(&w, "  (end: %d bytes, zero: %v)\n", len(hs[k]), bytes.Count(hs[k], []byte{0}) == len(hs[k]))
 			continue
