@@ -15,6 +15,19 @@
 // it ([CloseShared]); a test that stops a member restarts it in its
 // cleanup ([Cluster.StopFor]).
 //
+// # Members in processes
+//
+// [Spawn] and [SharedSpawned] run each member as a process of the member
+// program (./internal/etcdtest/etcdmember, built with [Build]) instead of
+// inside the test process. The end-to-end tests do: there the test
+// process is built with -race and runs beside other packages' tests on
+// two cores, and three members inside it stalled together, once for 6-9 s
+// (a change of leader among it), long enough to fail a daemon's 5 s etcd
+// request (docs/fleet.md, "The test cluster").
+// A member process stops when its standard input ends: [Cluster.Stop]
+// closes it, and so does the kernel when the test process exits, however
+// it exits.
+//
 // # Caveats
 //
 //   - Ports are found by listening on port 0 and closing the listener, so
@@ -56,8 +69,9 @@ const startTimeout = 30 * time.Second
 // Cluster is a running test cluster.
 type Cluster struct {
 	token   string
+	binary  string // the member program; "" runs members in this process
 	members []*member
-	mu      sync.Mutex // guards every member's etcd
+	mu      sync.Mutex // guards every member's run
 }
 
 type member struct {
@@ -66,7 +80,17 @@ type member struct {
 	peerURL url.URL
 	client  url.URL
 	initial string
-	etcd    *embed.Etcd
+	run     instance // nil while stopped
+}
+
+// instance is a running member: an embedded server of this process, or a
+// process of the member program ([Spawn]).
+type instance interface {
+	// leads reports whether the member is the cluster's leader, as far as
+	// it can tell at once.
+	leads() bool
+	// close stops the member and waits until it no longer serves.
+	close()
 }
 
 // Start runs a cluster of [Members] members and waits until it has a
@@ -84,10 +108,17 @@ func Start(t testing.TB) *Cluster {
 // Run is Start outside a test (deploy/fleet-demo.sh's cluster): each
 // member's data goes in a directory dir makes; the caller closes the
 // cluster.
-func Run(dir func() string) (*Cluster, error) {
+func Run(dir func() string) (*Cluster, error) { return Spawn("", dir) }
+
+// Spawn is Run with each member a process of binary, the member program
+// ([Build], [Serve]); with binary "" it is Run. A member process shares
+// nothing with the caller's: not its scheduler, its garbage collector nor
+// its race detector, so a busy test process does not stall the cluster
+// (see "Members in processes" in the package doc).
+func Spawn(binary string, dir func() string) (*Cluster, error) {
 	var last error
 	for attempt := 0; attempt < 3; attempt++ {
-		c, err := start(dir, attempt)
+		c, err := start(binary, dir, attempt)
 		if err == nil {
 			return c, nil
 		}
@@ -99,12 +130,12 @@ func Run(dir func() string) (*Cluster, error) {
 	return nil, last
 }
 
-func start(tempDir func() string, attempt int) (*Cluster, error) {
+func start(binary string, tempDir func() string, attempt int) (*Cluster, error) {
 	ports, err := freePorts(2 * Members)
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{token: fmt.Sprintf("etcdtest-%d-%d", time.Now().UnixNano(), attempt)}
+	c := &Cluster{token: fmt.Sprintf("etcdtest-%d-%d", time.Now().UnixNano(), attempt), binary: binary}
 	var initial []string
 	for i := 0; i < Members; i++ {
 		m := &member{
@@ -139,6 +170,29 @@ func start(tempDir func() string, attempt int) (*Cluster, error) {
 
 // run starts m on its data directory and waits until it serves.
 func (c *Cluster) run(m *member) error {
+	var (
+		r   instance
+		err error
+	)
+	if c.binary == "" {
+		var e *embed.Etcd
+		e, err = serve(m, c.token)
+		r = embedded{e}
+	} else {
+		r, err = spawn(c.binary, m, c.token)
+	}
+	if err != nil {
+		return fmt.Errorf("member %s: %w", m.name, err)
+	}
+	c.mu.Lock()
+	m.run = r
+	c.mu.Unlock()
+	return nil
+}
+
+// serve starts m as an embedded server of this process, in cluster token,
+// and waits until it serves.
+func serve(m *member, token string) (*embed.Etcd, error) {
 	cfg := embed.NewConfig()
 	cfg.Name = m.name
 	cfg.Dir = m.dir
@@ -147,7 +201,7 @@ func (c *Cluster) run(m *member) error {
 	cfg.ListenClientUrls = []url.URL{m.client}
 	cfg.AdvertiseClientUrls = []url.URL{m.client}
 	cfg.InitialCluster = m.initial
-	cfg.InitialClusterToken = c.token
+	cfg.InitialClusterToken = token
 	cfg.ClusterState = embed.ClusterStateFlagNew
 	cfg.TickMs = 100      // etcd's default
 	cfg.ElectionMs = 1000 // etcd's default: shorter ones elected anew under a loaded test machine
@@ -156,22 +210,29 @@ func (c *Cluster) run(m *member) error {
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		return fmt.Errorf("member %s: %w", m.name, err)
+		return nil, err
 	}
 	select {
 	case <-e.Server.ReadyNotify():
+		return e, nil
 	case err := <-e.Err():
 		e.Close()
-		return fmt.Errorf("member %s: %w", m.name, err)
+		return nil, err
 	case <-time.After(startTimeout):
 		e.Close()
-		return fmt.Errorf("member %s: not ready after %s", m.name, startTimeout)
+		return nil, fmt.Errorf("not ready after %s", startTimeout)
 	}
-	c.mu.Lock()
-	m.etcd = e
-	c.mu.Unlock()
-	return nil
 }
+
+// embedded is a member served by this process.
+type embedded struct{ e *embed.Etcd }
+
+func (r embedded) leads() bool {
+	s := r.e.Server
+	return s.Lead() == uint64(s.MemberID())
+}
+
+func (r embedded) close() { r.e.Close() }
 
 // Endpoints returns every member's client URL, stopped members included.
 func (c *Cluster) Endpoints() []string {
@@ -211,11 +272,11 @@ func NewClient(t testing.TB, endpoints ...string) *clientv3.Client {
 // quorum while at most one of three is stopped.
 func (c *Cluster) Stop(i int) {
 	c.mu.Lock()
-	e := c.members[i].etcd
-	c.members[i].etcd = nil
+	r := c.members[i].run
+	c.members[i].run = nil
 	c.mu.Unlock()
-	if e != nil {
-		e.Close()
+	if r != nil {
+		r.close()
 	}
 }
 
@@ -223,9 +284,7 @@ func (c *Cluster) Stop(i int) {
 // until it serves.
 func (c *Cluster) Restart(t testing.TB, i int) {
 	t.Helper()
-	c.mu.Lock()
-	running := c.members[i].etcd != nil
-	c.mu.Unlock()
+	running := c.Running(i)
 	if running {
 		t.Fatalf("etcdtest: member %d is running", i)
 	}
@@ -238,7 +297,7 @@ func (c *Cluster) Restart(t testing.TB, i int) {
 func (c *Cluster) Running(i int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.members[i].etcd != nil
+	return c.members[i].run != nil
 }
 
 // Close stops every member. Calling it again does nothing.
@@ -249,17 +308,20 @@ func (c *Cluster) Running(i int) bool {
 func (c *Cluster) Close() {
 	var leaders, followers []int
 	c.mu.Lock()
+	runs := make([]instance, len(c.members))
 	for i, m := range c.members {
-		if m.etcd == nil {
-			continue
-		}
-		if s := m.etcd.Server; s.Lead() == uint64(s.MemberID()) {
+		runs[i] = m.run
+	}
+	c.mu.Unlock()
+	for i, r := range runs {
+		switch {
+		case r == nil:
+		case r.leads():
 			leaders = append(leaders, i)
-		} else {
+		default:
 			followers = append(followers, i)
 		}
 	}
-	c.mu.Unlock()
 	for _, group := range [][]int{followers, leaders} {
 		var wg sync.WaitGroup
 		for _, i := range group {

@@ -13,9 +13,10 @@ import (
 // the process that asks for it.
 var shared struct {
 	sync.Mutex
-	c   *Cluster
-	dir string // the members' data: os.MkdirTemp("", "etcdtest-")
-	err error  // why it did not start
+	c      *Cluster
+	binary string // the member program its members run; "" in this process
+	dir    string // the members' data: os.MkdirTemp("", "etcdtest-")
+	err    error  // why it did not start
 }
 
 // Shared returns one cluster for every test of the process that asks for
@@ -31,10 +32,22 @@ var shared struct {
 // that stops members.
 func Shared(t testing.TB) *Cluster {
 	t.Helper()
+	return SharedSpawned(t, "")
+}
+
+// SharedSpawned is [Shared] with each member a process of binary, the
+// member program ([Spawn]). Every test of the process must ask for the
+// same binary.
+func SharedSpawned(t testing.TB, binary string) *Cluster {
+	t.Helper()
 	shared.Lock()
 	defer shared.Unlock()
 	if shared.c == nil && shared.err == nil {
-		shared.c, shared.dir, shared.err = runShared()
+		shared.c, shared.dir, shared.err = runShared(binary)
+		shared.binary = binary
+	}
+	if shared.err == nil && shared.binary != binary {
+		t.Fatalf("etcdtest: %v: %q, not %q", errNotSpawned, shared.binary, binary)
 	}
 	if shared.err != nil {
 		t.Fatalf("etcdtest: the shared %d-member cluster: %v", Members, shared.err)
@@ -52,13 +65,13 @@ func Shared(t testing.TB) *Cluster {
 	return c
 }
 
-func runShared() (*Cluster, string, error) {
+func runShared(binary string) (*Cluster, string, error) {
 	root, err := os.MkdirTemp("", "etcdtest-")
 	if err != nil {
 		return nil, "", err
 	}
 	var mkErr error
-	c, err := Run(func() string {
+	c, err := Spawn(binary, func() string {
 		d, err := os.MkdirTemp(root, "member-")
 		mkErr = errors.Join(mkErr, err)
 		return d
@@ -84,7 +97,7 @@ func CloseShared() {
 	if shared.dir != "" {
 		_ = os.RemoveAll(shared.dir)
 	}
-	shared.c, shared.dir, shared.err = nil, "", nil
+	shared.c, shared.binary, shared.dir, shared.err = nil, "", "", nil
 }
 
 // StopFor stops member i for the rest of t: t's cleanup starts it again

@@ -16,9 +16,11 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// The fleet tests share one 3-member etcd cluster (etcdtest.Shared),
+// The fleet tests share one 3-member etcd cluster (etcdtest.SharedSpawned),
 // started by the first of them and closed by TestMain: starting and
-// closing a cluster costs 3-4 s, which each test paid before. Each test
+// closing a cluster costs 3-4 s, which each test paid before. Its members
+// run as processes of their own (etcdMember), not in this -race test
+// process, where they stalled for seconds under load. Each test
 // has a key prefix of its own (--etcd-prefix /e2e/TestName/), so no test
 // sees another's hosts, runs or orphans. A test that stops a member
 // restarts it in its cleanup (etcdtest.Cluster.StopFor), and every test
@@ -38,7 +40,7 @@ type fleetEnv struct {
 func fleetCluster(t *testing.T) *fleetEnv {
 	t.Helper()
 	parallelFleet(t)
-	c := etcdtest.Shared(t)
+	c := etcdtest.SharedSpawned(t, etcdMember)
 	return &fleetEnv{c: c, endpoints: strings.Join(c.Endpoints(), ","), prefix: "/e2e/" + t.Name() + "/"}
 }
 

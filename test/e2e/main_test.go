@@ -42,6 +42,7 @@ var (
 	skipReason string // set when RUNRECORDD_SKIP_PRIVILEGED=1
 
 	daemonBinary string // the runrecordd binary under test
+	etcdMember   string // the etcd member program (etcdtest.Build)
 
 	// oracleArchive is the oracle's OCI archive; variantArchive the same
 	// program in an image with one more environment entry.
@@ -82,7 +83,7 @@ func mainTest(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "e2e: built runrecordd and the oracle in %v\n", time.Since(t0).Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "e2e: built runrecordd, the units and etcd's member program in %v\n", time.Since(t0).Round(time.Millisecond))
 	code := m.Run()
 	etcdtest.CloseShared() // the fleet tests' cluster
 	if sharedDaemon != nil {
@@ -157,12 +158,18 @@ func build(dir string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var wg sync.WaitGroup
-	var daemonErr, oracleErr, unitsErr error
+	var daemonErr, oracleErr, unitsErr, etcdErr error
 	wg.Go(func() { daemonErr = buildDaemon(ctx, dir) })
 	wg.Go(func() { oracleErr = buildOracle(ctx, dir) })
 	wg.Go(func() { unitsErr = trBuildUnits(ctx, dir) }) // transcript_test.go
+	wg.Go(func() {
+		// The fleet tests' etcd members run as processes of their own
+		// (fleetenv_test.go).
+		etcdMember = filepath.Join(dir, "etcdmember")
+		etcdErr = etcdtest.Build(ctx, etcdMember)
+	})
 	wg.Wait()
-	return errors.Join(daemonErr, oracleErr, unitsErr)
+	return errors.Join(daemonErr, oracleErr, unitsErr, etcdErr)
 }
 
 // buildDaemon builds the daemon and, beside it, the gate its warm

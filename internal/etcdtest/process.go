@@ -1,0 +1,195 @@
+package etcdtest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Package is the member program's import path, for go build ([Build]).
+const Package = "github.com/runrecordd/runrecordd/internal/etcdtest/etcdmember"
+
+// ready is the line the member program prints once its member serves.
+const ready = "ready"
+
+// stopTimeout bounds how long a member process may take to stop once its
+// standard input is closed; it is killed after that.
+const stopTimeout = 30 * time.Second
+
+// Build builds the member program into out, with the go command of PATH
+// run in the current directory (any directory of this module).
+func Build(ctx context.Context, out string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, Package)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %v\n%s", Package, err, b)
+	}
+	return nil
+}
+
+// Serve is the member program: it runs the one member args describe (the
+// flags spawn passes), prints "ready" on stdout once the member serves,
+// and stops it when stdin ends — closed by [Cluster.Stop], or by the
+// kernel when the process that started it exits, however it exits, so a
+// member never outlives its test.
+func Serve(args []string, stdin io.Reader, stdout io.Writer) error {
+	fs := flag.NewFlagSet("etcdmember", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // the error is returned, and printed by the program
+	var m member
+	var token, peer, client string
+	fs.StringVar(&m.name, "name", "", "the member's name")
+	fs.StringVar(&m.dir, "dir", "", "the member's data directory")
+	fs.StringVar(&peer, "peer", "", "the member's peer URL")
+	fs.StringVar(&client, "client", "", "the member's client URL")
+	fs.StringVar(&m.initial, "initial-cluster", "", "every member's name=peer URL, comma-separated")
+	fs.StringVar(&token, "token", "", "the cluster's token")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	for _, u := range []struct {
+		text string
+		into *url.URL
+	}{{peer, &m.peerURL}, {client, &m.client}} {
+		p, err := url.Parse(u.text)
+		if err != nil || p.Host == "" {
+			return fmt.Errorf("etcdmember: URL %q: %v", u.text, err)
+		}
+		*u.into = *p
+	}
+	e, err := serve(&m, token)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if _, err := fmt.Fprintln(stdout, ready); err != nil {
+		return err
+	}
+	eof := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, stdin)
+		close(eof)
+	}()
+	select {
+	case <-eof:
+		return nil
+	case err := <-e.Err():
+		return err
+	}
+}
+
+// process is a member running as a process of the member program.
+type process struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	client string
+	stderr tail
+	exited chan struct{} // closed once cmd.Wait returned
+	err    error         // cmd.Wait's, once exited is closed
+}
+
+// spawn starts m as a process of binary, in cluster token, and waits until
+// it serves.
+func spawn(binary string, m *member, token string) (*process, error) {
+	cmd := exec.Command(binary, "-name", m.name, "-dir", m.dir,
+		"-peer", m.peerURL.String(), "-client", m.client.String(),
+		"-initial-cluster", m.initial, "-token", token)
+	p := &process{cmd: cmd, client: m.client.String(), exited: make(chan struct{})}
+	cmd.Stderr = &p.stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p.stdin = stdin
+	first := make(chan string, 1)
+	go func() {
+		r := bufio.NewReader(stdout)
+		line, _ := r.ReadString('\n')
+		first <- strings.TrimSpace(line)
+		_, _ = io.Copy(io.Discard, r)
+		p.err = cmd.Wait() // after every read of stdout, as Wait wants
+		close(p.exited)
+	}()
+	select {
+	case line := <-first:
+		if line == ready {
+			return p, nil
+		}
+		<-p.exited
+		return nil, fmt.Errorf("%s: %v: %s", binary, p.err, p.stderr.String())
+	case <-time.After(startTimeout):
+		p.close()
+		return nil, fmt.Errorf("%s: not ready after %s: %s", binary, startTimeout, p.stderr.String())
+	}
+}
+
+// leads asks the member itself.
+func (p *process) leads() bool {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.client}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return false
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s, err := cli.Status(ctx, p.client)
+	return err == nil && s.Leader != 0 && s.Leader == s.Header.MemberId
+}
+
+// close ends the member's stdin, so it stops as etcd stops a member
+// (handing its leadership on), and kills it if it has not exited after
+// stopTimeout.
+func (p *process) close() {
+	_ = p.stdin.Close()
+	select {
+	case <-p.exited:
+	case <-time.After(stopTimeout):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+// tail keeps the last 4 KiB written to it: a member's standard error, for
+// the error when it fails to start.
+type tail struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+const tailSize = 4 << 10
+
+func (t *tail) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, b...)
+	if len(t.buf) > tailSize {
+		t.buf = append(t.buf[:0], t.buf[len(t.buf)-tailSize:]...)
+	}
+	return len(b), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.buf))
+}
+
+// errNotSpawned is the error of [SharedSpawned] called with another
+// binary than the shared cluster's members run.
+var errNotSpawned = errors.New("the shared cluster's members run another program")
