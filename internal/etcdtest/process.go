@@ -61,8 +61,11 @@ func Serve(args []string, stdin io.Reader, stdout io.Writer) error {
 		into *url.URL
 	}{{peer, &m.peerURL}, {client, &m.client}} {
 		p, err := url.Parse(u.text)
-		if err != nil || p.Host == "" {
-			return fmt.Errorf("etcdmember: URL %q: %v", u.text, err)
+		if err == nil && p.Host == "" {
+			err = errors.New("no host")
+		}
+		if err != nil {
+			return fmt.Errorf("URL %q: %w", u.text, err)
 		}
 		*u.into = *p
 	}
@@ -131,7 +134,7 @@ func spawn(binary string, m *member, token string) (*process, error) {
 		if line == ready {
 			return p, nil
 		}
-		<-p.exited
+		p.close() // exiting already, unless binary is not the member program
 		return nil, fmt.Errorf("%s: %v: %s", binary, p.err, p.stderr.String())
 	case <-time.After(startTimeout):
 		p.close()
