@@ -284,8 +284,7 @@ func (c *Cluster) Stop(i int) {
 // until it serves.
 func (c *Cluster) Restart(t testing.TB, i int) {
 	t.Helper()
-	running := c.Running(i)
-	if running {
+	if c.Running(i) {
 		t.Fatalf("etcdtest: member %d is running", i)
 	}
 	if err := c.run(c.members[i]); err != nil {

@@ -2,6 +2,7 @@ package etcdtest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -10,7 +11,6 @@ import (
 	"net/url"
 	"os/exec"
 	"strings"
-	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -95,7 +95,7 @@ type process struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	client string
-	stderr tail
+	stderr bytes.Buffer  // read once exited is closed: Wait has copied it all
 	exited chan struct{} // closed once cmd.Wait returned
 	err    error         // cmd.Wait's, once exited is closed
 }
@@ -167,32 +167,3 @@ func (p *process) close() {
 		<-p.exited
 	}
 }
-
-// tail keeps the last 4 KiB written to it: a member's standard error, for
-// the error when it fails to start.
-type tail struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-const tailSize = 4 << 10
-
-func (t *tail) Write(b []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, b...)
-	if len(t.buf) > tailSize {
-		t.buf = append(t.buf[:0], t.buf[len(t.buf)-tailSize:]...)
-	}
-	return len(b), nil
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return strings.TrimSpace(string(t.buf))
-}
-
-// errNotSpawned is the error of [SharedSpawned] called with another
-// binary than the shared cluster's members run.
-var errNotSpawned = errors.New("the shared cluster's members run another program")

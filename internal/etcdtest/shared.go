@@ -47,7 +47,7 @@ func SharedSpawned(t testing.TB, binary string) *Cluster {
 		shared.binary = binary
 	}
 	if shared.err == nil && shared.binary != binary {
-		t.Fatalf("etcdtest: %v: %q, not %q", errNotSpawned, shared.binary, binary)
+		t.Fatalf("etcdtest: the shared cluster's members run %q, not %q", shared.binary, binary)
 	}
 	if shared.err != nil {
 		t.Fatalf("etcdtest: the shared %d-member cluster: %v", Members, shared.err)
