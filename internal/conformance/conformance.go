@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -131,6 +132,9 @@ func LoadFS(fsys fs.FS, dir string) ([]Class, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := keysOnce(b); err != nil {
+			return nil, fmt.Errorf("conformance: %s: %w", f, err)
+		}
 		var c Class
 		d := json.NewDecoder(bytes.NewReader(b))
 		d.DisallowUnknownFields()
@@ -147,6 +151,53 @@ func LoadFS(fsys fs.FS, dir string) ([]Class, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return classOrder(out[i].Class) < classOrder(out[j].Class) })
 	return out, nil
+}
+
+// keysOnce refuses a vector file with a key twice in one object, or a key
+// with an upper-case letter: encoding/json would keep the last of two and
+// fold "Name" to "name", and every key of the format is lower case.
+func keysOnce(b []byte) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	type frame struct {
+		keys  map[string]bool
+		isKey bool // the next token in this object is a key
+	}
+	var stack []*frame
+	for {
+		t, err := d.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if k, ok := t.(string); ok && top != nil && top.isKey {
+			if top.keys[k] || strings.ToLower(k) != k {
+				return fmt.Errorf("the key %q twice in one object, or not in lower case", k)
+			}
+			top.keys[k] = true
+			top.isKey = false
+			continue
+		}
+		switch t {
+		case json.Delim('{'):
+			stack = append(stack, &frame{keys: map[string]bool{}, isKey: true})
+			continue
+		case json.Delim('['):
+			stack = append(stack, &frame{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+		// A value ended: the object around it expects a key next.
+		if len(stack) > 0 && stack[len(stack)-1].keys != nil {
+			stack[len(stack)-1].isKey = true
+		}
+	}
 }
 
 func classOrder(c string) int {

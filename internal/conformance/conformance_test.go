@@ -115,6 +115,8 @@ func TestLoadIsStrict(t *testing.T) {
 		{"unknown key", `"expect": "ok"`, `"expect": "ok", "note": 1`},
 		{"class name", `"class": "C15"`, `"class": "C15a"`},
 		{"trailing data", "}\n", "}\n{}"},
+		{"key twice", `"expect": "ok"`, `"expect": "Closed", "expect": "ok"`},
+		{"key in another case", `"expect": "ok"`, `"Expect": "ok"`},
 	} {
 		if !bytes.Contains(b, []byte(e.old)) {
 			t.Fatalf("%s: %q not in c15.json", e.name, e.old)

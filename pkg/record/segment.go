@@ -87,7 +87,24 @@ type Segment struct {
 
 	// Closed.
 	Reason string
+
+	// stray marks the keys of other kinds a segment's wire form stated,
+	// whatever their values: each is a stray field, even "reason":"".
+	stray strayKeys
 }
+
+// strayKeys is a set of wire-form keys a segment's kind does not have.
+type strayKeys uint8
+
+const (
+	strayAttestation strayKeys = 1 << iota
+	strayCalls
+	straySnapshot
+	strayManifest
+	strayIdleUJ
+	strayProvenance
+	strayReason
+)
 
 // Execution returns an Executed segment. calls may be nil (not accounted).
 func Execution(attestation Address, calls *CallAccount) Segment {
@@ -162,20 +179,21 @@ func (s *Segment) validate() error {
 			return malformed("reason must be UTF-8 of at most %d bytes", MaxReasonLen)
 		}
 	}
-	// 4. Fields of other kinds, in this order.
+	// 4. Fields of other kinds, in this order: set, or stated by the
+	// wire form whatever their values.
 	stray := func(name string) error { return malformed("with %s set", name) }
 	switch {
-	case s.Kind != Executed && !s.Attestation.IsZero():
+	case s.Kind != Executed && (!s.Attestation.IsZero() || s.stray&strayAttestation != 0):
 		return stray("attestation")
-	case s.Kind != Executed && s.Calls != nil:
+	case s.Kind != Executed && (s.Calls != nil || s.stray&strayCalls != 0):
 		return stray("call account")
-	case !parks && !s.Snapshot.isEmpty():
+	case !parks && (!s.Snapshot.isEmpty() || s.stray&straySnapshot != 0):
 		return stray("snapshot")
-	case s.Kind != Suspended && !s.Manifest.IsZero():
+	case s.Kind != Suspended && (!s.Manifest.IsZero() || s.stray&strayManifest != 0):
 		return stray("manifest")
-	case s.Kind != Resumed && (s.IdleUJ != 0 || s.Provenance != 0):
+	case s.Kind != Resumed && (s.IdleUJ != 0 || s.Provenance != 0 || s.stray&(strayIdleUJ|strayProvenance) != 0):
 		return stray("idle energy")
-	case s.Kind != Closed && s.Reason != "":
+	case s.Kind != Closed && (s.Reason != "" || s.stray&strayReason != 0):
 		return stray("reason")
 	}
 	return nil

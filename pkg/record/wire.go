@@ -2,8 +2,11 @@ package record
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"io"
+	"slices"
 )
 
 // The wire form is JSON, addresses as "b3:" text. It states every head, and
@@ -38,44 +41,42 @@ type wireCalls struct {
 	Resolved   *[]string `json:"resolved"`
 }
 
-// wireRecordIn is what DecodeWire reads: each segment is decoded on its
-// own, so a fault in one is reported with its index.
-type wireRecordIn struct {
-	Format   *string           `json:"format"`
-	Unit     *Address          `json:"unit_id"`
-	Grants   *Address          `json:"grants_id"`
-	Genesis  *Address          `json:"genesis"`
-	Segments []json.RawMessage `json:"segments"`
-	Head     *Address          `json:"head"`
-}
-
 type wireSnapshot struct {
 	Root       *Address `json:"root,omitempty"`
 	Memory     *Address `json:"memory,omitempty"`
 	Transcript *Address `json:"transcript,omitempty"`
 }
 
+// toWire writes s's kind and the fields of its kind, and any field of
+// another kind that is set or that s's own wire form stated (a segment
+// that never validates, as a vector may write down).
 func toWire(s *Segment) wireSegment {
 	w := wireSegment{Kind: s.Kind.String()}
-	switch s.Kind {
-	case Executed:
+	own := func(k Kind, bit strayKeys) bool { return s.Kind == k || s.stray&bit != 0 }
+	parks := s.Kind == Suspended || s.Kind == Resumed
+	if own(Executed, strayAttestation) || !s.Attestation.IsZero() {
 		a := s.Attestation
 		w.Attestation = &a
-		if s.Calls != nil {
-			d, r := nonNil(s.Calls.Dispatched), nonNil(s.Calls.Resolved)
-			w.Calls = &wireCalls{Dispatched: &d, Resolved: &r}
-		}
-	case Suspended, Resumed:
+	}
+	if s.Calls != nil {
+		d, r := nonNil(s.Calls.Dispatched), nonNil(s.Calls.Resolved)
+		w.Calls = &wireCalls{Dispatched: &d, Resolved: &r}
+	}
+	if parks || s.stray&straySnapshot != 0 || !s.Snapshot.isEmpty() {
 		w.Snapshot = &wireSnapshot{Root: s.Snapshot.Root, Memory: s.Snapshot.Memory, Transcript: s.Snapshot.Transcript}
-		if s.Kind == Suspended {
-			m := s.Manifest
-			w.Manifest = &m
-		} else {
-			idle := s.IdleUJ
-			w.IdleUJ = &idle
-			w.Provenance = s.Provenance.String()
-		}
-	case Closed:
+	}
+	if own(Suspended, strayManifest) || !s.Manifest.IsZero() {
+		m := s.Manifest
+		w.Manifest = &m
+	}
+	if own(Resumed, strayIdleUJ) || s.IdleUJ != 0 {
+		idle := s.IdleUJ
+		w.IdleUJ = &idle
+	}
+	if own(Resumed, strayProvenance) || s.Provenance != 0 {
+		w.Provenance = s.Provenance.String()
+	}
+	if own(Closed, strayReason) || s.Reason != "" {
 		r := s.Reason
 		w.Reason = &r
 	}
@@ -89,80 +90,195 @@ func nonNil(ids []string) []string {
 	return ids
 }
 
-// fromWire reads a decoded wire segment. Every key of its kind must be
-// present (a call account's two lists included: an empty list is [], never
-// absent or null), so a vector or a wire form says each field it hashes;
-// a key of another kind is read, and refused by [Segment.Validate] as a
-// stray field.
-func fromWire(w *wireSegment) (Segment, error) {
-	var s Segment
-	missing := func(key string) (Segment, error) {
-		return Segment{}, fmt.Errorf("%w: %s segment without its %q key", ErrCanonical, w.Kind, key)
+// Keys of the wire form, and the segment kinds each belongs to.
+var (
+	recordKeys   = []string{"format", "unit_id", "grants_id", "genesis", "segments", "head"}
+	snapshotKeys = []string{"root", "memory", "transcript"}
+	callsKeys    = []string{"dispatched", "resolved"}
+	segmentKeys  = []string{"kind", "attestation", "calls", "snapshot", "manifest", "idle_uj", "provenance", "reason", "head"}
+	// keyKinds: the kinds a key belongs to, and the stray bit it sets
+	// on a segment of another kind.
+	keyKinds = map[string]struct {
+		kinds []Kind
+		bit   strayKeys
+	}{
+		"attestation": {[]Kind{Executed}, strayAttestation},
+		"calls":       {[]Kind{Executed}, strayCalls},
+		"snapshot":    {[]Kind{Suspended, Resumed}, straySnapshot},
+		"manifest":    {[]Kind{Suspended}, strayManifest},
+		"idle_uj":     {[]Kind{Resumed}, strayIdleUJ},
+		"provenance":  {[]Kind{Resumed}, strayProvenance},
+		"reason":      {[]Kind{Closed}, strayReason},
 	}
-	switch w.Kind {
+	kindKeys = map[Kind][]string{
+		Executed:  {"attestation"},
+		Suspended: {"snapshot", "manifest"},
+		Resumed:   {"snapshot", "idle_uj", "provenance"},
+		Closed:    {"reason"},
+	}
+)
+
+// members reads one JSON object, keeping what encoding/json would let by:
+// a key twice, a key other than keys (compared exactly, where encoding/json
+// folds case), and a null value are all [ErrCanonical].
+func members(b []byte, what string, keys []string) (map[string]json.RawMessage, error) {
+	d := json.NewDecoder(bytes.NewReader(b))
+	if t, err := d.Token(); err != nil || t != json.Delim('{') {
+		return nil, fmt.Errorf("%w: %s is not a JSON object", ErrCanonical, what)
+	}
+	out := map[string]json.RawMessage{}
+	for d.More() {
+		t, err := d.Token()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrCanonical, what, err)
+		}
+		k, _ := t.(string)
+		if !slices.Contains(keys, k) {
+			return nil, fmt.Errorf("%w: %s has an unknown key %q", ErrCanonical, what, k)
+		}
+		if _, twice := out[k]; twice {
+			return nil, fmt.Errorf("%w: %s has the key %q twice", ErrCanonical, what, k)
+		}
+		var v json.RawMessage
+		if err := d.Decode(&v); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrCanonical, what, err)
+		}
+		if string(v) == "null" {
+			return nil, fmt.Errorf("%w: %s has %q null", ErrCanonical, what, k)
+		}
+		out[k] = v
+	}
+	if _, err := d.Token(); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrCanonical, what, err)
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return nil, fmt.Errorf("%w: trailing data after %s", ErrCanonical, what)
+	}
+	return out, nil
+}
+
+// value decodes the member key of m, if present, into v.
+func value(m map[string]json.RawMessage, key string, v any) (bool, error) {
+	raw, ok := m[key]
+	if !ok {
+		return false, nil
+	}
+	if err := strictUnmarshal(raw, v); err != nil {
+		return true, fmt.Errorf("%w: %q", err, key)
+	}
+	return true, nil
+}
+
+// decodeSegment reads a segment's wire form: its keys exactly (see
+// [members]), its kind known, every key of its kind present (a call
+// account's two lists included: an empty list is [], never absent), and a
+// provenance known. A key of another kind is kept as a stray key whatever
+// its value, and refused by [Segment.Validate] in its place among the
+// stray fields. head is the segment's stated head when withHead.
+func decodeSegment(b []byte, withHead bool) (s Segment, head *Address, err error) {
+	m, err := members(b, "a segment", segmentKeys)
+	if err != nil {
+		return Segment{}, nil, err
+	}
+	var kind string
+	if ok, err := value(m, "kind", &kind); !ok || err != nil {
+		return Segment{}, nil, cmp.Or(err, fmt.Errorf("%w: a segment without its \"kind\" key", ErrCanonical))
+	}
+	switch kind {
 	case "executed":
 		s.Kind = Executed
-		if w.Attestation == nil {
-			return missing("attestation")
-		}
 	case "suspended":
 		s.Kind = Suspended
-		if w.Snapshot == nil {
-			return missing("snapshot")
-		}
-		if w.Manifest == nil {
-			return missing("manifest")
-		}
 	case "resumed":
 		s.Kind = Resumed
-		if w.Snapshot == nil {
-			return missing("snapshot")
-		}
-		if w.IdleUJ == nil {
-			return missing("idle_uj")
-		}
-		if w.Provenance == "" {
-			return missing("provenance")
-		}
 	case "closed":
 		s.Kind = Closed
-		if w.Reason == nil {
-			return missing("reason")
-		}
 	default:
-		return s, fmt.Errorf("%w: unknown segment kind %q", ErrMalformedSegment, w.Kind)
+		return Segment{}, nil, fmt.Errorf("%w: unknown segment kind %q", ErrMalformedSegment, kind)
 	}
-	if w.Attestation != nil {
-		s.Attestation = *w.Attestation
-	}
-	if w.Calls != nil {
-		if w.Calls.Dispatched == nil || w.Calls.Resolved == nil {
-			return Segment{}, fmt.Errorf("%w: a call account states both lists, \"dispatched\" and \"resolved\" ([] when empty)", ErrCanonical)
+	for _, k := range kindKeys[s.Kind] {
+		if _, ok := m[k]; !ok {
+			return Segment{}, nil, fmt.Errorf("%w: %s segment without its %q key", ErrCanonical, kind, k)
 		}
-		s.Calls = &CallAccount{Dispatched: *w.Calls.Dispatched, Resolved: *w.Calls.Resolved}
 	}
-	if w.Snapshot != nil {
-		s.Snapshot = Snapshot{Root: w.Snapshot.Root, Memory: w.Snapshot.Memory, Transcript: w.Snapshot.Transcript}
+	for k := range m {
+		if kk, ok := keyKinds[k]; ok && !slices.Contains(kk.kinds, s.Kind) {
+			s.stray |= kk.bit
+		}
 	}
-	if w.Manifest != nil {
-		s.Manifest = *w.Manifest
+	if err := decodeFields(m, &s); err != nil {
+		return Segment{}, nil, err
 	}
-	if w.IdleUJ != nil {
-		s.IdleUJ = *w.IdleUJ
+	if _, ok := m["head"]; ok && !withHead {
+		return Segment{}, nil, fmt.Errorf("%w: a lone segment carries no head", ErrMalformedSegment)
 	}
-	switch w.Provenance {
-	case "":
-	case "measured":
-		s.Provenance = Measured
-	case "estimated":
-		s.Provenance = Estimated
-	default:
-		return s, fmt.Errorf("%w: unknown provenance %q", ErrMalformedSegment, w.Provenance)
+	if withHead {
+		head = new(Address)
+		if ok, err := value(m, "head", head); !ok || err != nil {
+			return Segment{}, nil, cmp.Or(err, fmt.Errorf("%w: a segment of a record without its \"head\" key", ErrCanonical))
+		}
 	}
-	if w.Reason != nil {
-		s.Reason = *w.Reason
+	return s, head, nil
+}
+
+// decodeFields decodes the members of m other than kind and head into s.
+func decodeFields(m map[string]json.RawMessage, s *Segment) error {
+	if _, err := value(m, "attestation", &s.Attestation); err != nil {
+		return err
 	}
-	return s, nil
+	if raw, ok := m["calls"]; ok {
+		c, err := members(raw, "a call account", callsKeys)
+		if err != nil {
+			return err
+		}
+		s.Calls = &CallAccount{}
+		ok1, err1 := value(c, "dispatched", &s.Calls.Dispatched)
+		ok2, err2 := value(c, "resolved", &s.Calls.Resolved)
+		if err := cmp.Or(err1, err2); err != nil {
+			return err
+		}
+		if !ok1 || !ok2 {
+			return fmt.Errorf("%w: a call account states both lists, \"dispatched\" and \"resolved\" ([] when empty)", ErrCanonical)
+		}
+	}
+	if raw, ok := m["snapshot"]; ok {
+		sm, err := members(raw, "a snapshot", snapshotKeys)
+		if err != nil {
+			return err
+		}
+		for _, f := range []struct {
+			key string
+			p   **Address
+		}{{"root", &s.Snapshot.Root}, {"memory", &s.Snapshot.Memory}, {"transcript", &s.Snapshot.Transcript}} {
+			var a Address
+			if ok, err := value(sm, f.key, &a); err != nil {
+				return err
+			} else if ok {
+				*f.p = &a
+			}
+		}
+	}
+	if _, err := value(m, "manifest", &s.Manifest); err != nil {
+		return err
+	}
+	if _, err := value(m, "idle_uj", &s.IdleUJ); err != nil {
+		return err
+	}
+	var prov string
+	if ok, err := value(m, "provenance", &prov); err != nil {
+		return err
+	} else if ok {
+		switch prov {
+		case "measured":
+			s.Provenance = Measured
+		case "estimated":
+			s.Provenance = Estimated
+		default:
+			return fmt.Errorf("%w: unknown provenance %q", ErrMalformedSegment, prov)
+		}
+	}
+	_, err := value(m, "reason", &s.Reason)
+	return err
 }
 
 // MarshalJSON writes a segment's kind and the fields of its kind in the
@@ -177,14 +293,7 @@ func (s Segment) MarshalJSON() ([]byte, error) {
 // structure but not the segment's rules: a malformed snapshot decodes, and
 // is refused by [Segment.Validate] or [Record.Append] before it is hashed.
 func (s *Segment) UnmarshalJSON(b []byte) error {
-	var w wireSegment
-	if err := strictUnmarshal(b, &w); err != nil {
-		return err
-	}
-	if w.Head != nil {
-		return fmt.Errorf("%w: a lone segment carries no head", ErrMalformedSegment)
-	}
-	seg, err := fromWire(&w)
+	seg, _, err := decodeSegment(b, false)
 	if err != nil {
 		return err
 	}
@@ -222,35 +331,40 @@ func (r *Record) EncodeWire() []byte {
 // naming it; bytes that verify but are not the canonical wire form wrap
 // [ErrCanonical]. docs/record-format.md lists the checks in order.
 func DecodeWire(b []byte) (*Record, error) {
-	var w wireRecordIn
-	if err := strictUnmarshal(b, &w); err != nil {
+	m, err := members(b, "the record", recordKeys)
+	if err != nil {
 		return nil, err
 	}
-	for _, k := range []struct {
+	for _, k := range recordKeys {
+		if _, ok := m[k]; !ok {
+			return nil, fmt.Errorf("%w: the record has no %q key", ErrCanonical, k)
+		}
+	}
+	var (
+		format                        string
+		unit, grants, genesis, stated Address
+		segs                          []json.RawMessage
+	)
+	for _, f := range []struct {
 		key string
-		ok  bool
-	}{{"format", w.Format != nil}, {"unit_id", w.Unit != nil}, {"grants_id", w.Grants != nil},
-		{"genesis", w.Genesis != nil}, {"segments", w.Segments != nil}, {"head", w.Head != nil}} {
-		if !k.ok {
-			return nil, fmt.Errorf("%w: the record has no %q key (or it is null)", ErrCanonical, k.key)
+		v   any
+	}{{"format", &format}, {"unit_id", &unit}, {"grants_id", &grants}, {"genesis", &genesis}, {"segments", &segs}, {"head", &stated}} {
+		if _, err := value(m, f.key, f.v); err != nil {
+			return nil, err
 		}
 	}
-	if *w.Format != Domain {
-		return nil, fmt.Errorf("%w: format %q, want %q", ErrCanonical, *w.Format, Domain)
+	if format != Domain {
+		return nil, fmt.Errorf("%w: format %q, want %q", ErrCanonical, format, Domain)
 	}
-	if err := checkIDs(*w.Unit, *w.Grants); err != nil {
+	if err := checkIDs(unit, grants); err != nil {
 		return nil, err
 	}
-	r := New(*w.Unit, *w.Grants)
-	if *w.Genesis != r.genesis {
-		return nil, fmt.Errorf("%w: stated genesis %s, recomputed %s", ErrHeadMismatch, *w.Genesis, r.genesis)
+	r := New(unit, grants)
+	if genesis != r.genesis {
+		return nil, fmt.Errorf("%w: stated genesis %s, recomputed %s", ErrHeadMismatch, genesis, r.genesis)
 	}
-	for i, raw := range w.Segments {
-		var ws wireSegment
-		if err := strictUnmarshal(raw, &ws); err != nil {
-			return nil, &SegmentError{Index: i, Err: err}
-		}
-		seg, err := fromWire(&ws)
+	for i, raw := range segs {
+		seg, head, err := decodeSegment(raw, true)
 		if err != nil {
 			return nil, &SegmentError{Index: i, Err: err}
 		}
@@ -258,16 +372,16 @@ func DecodeWire(b []byte) (*Record, error) {
 		if err != nil {
 			return nil, err
 		}
-		if ws.Head == nil || *ws.Head != h {
-			return nil, &SegmentError{Index: i, Err: fmt.Errorf("%w: stated %v, recomputed %s", ErrHeadMismatch, ws.Head, h)}
+		if *head != h {
+			return nil, &SegmentError{Index: i, Err: fmt.Errorf("%w: stated %s, recomputed %s", ErrHeadMismatch, *head, h)}
 		}
 	}
-	if *w.Head != r.Head() {
-		return nil, fmt.Errorf("%w: stated record head %s, recomputed %s", ErrHeadMismatch, *w.Head, r.Head())
+	if stated != r.Head() {
+		return nil, fmt.Errorf("%w: stated record head %s, recomputed %s", ErrHeadMismatch, stated, r.Head())
 	}
 	if !bytes.Equal(r.EncodeWire(), b) {
 		// Name the first segment written otherwise, if one is.
-		for i, raw := range w.Segments {
+		for i, raw := range segs {
 			ws := toWire(r.at(i))
 			h := r.headAt(i)
 			ws.Head = &h

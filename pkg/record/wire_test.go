@@ -184,3 +184,89 @@ func TestWireEditedSegmentNamed(t *testing.T) {
 		}
 	}
 }
+
+// A key of another kind is a stray field whatever its value: a zero value
+// is stated as surely as any other, so it is refused as one
+// (docs/record-format.md, "Keys"), in a lone segment and in a record.
+func TestStrayKeyRefusedWhateverItsValue(t *testing.T) {
+	att, man := `"attestation":"`+fill(0xaa).String()+`"`, `"manifest":"`+fill(0xdd).String()+`"`
+	snap := `"snapshot":{"transcript":"` + fill(0xee).String() + `"}`
+	zero := Address{}.String()
+	for _, c := range []struct{ name, seg string }{
+		{"executed, empty snapshot", `{"kind":"executed",` + att + `,"snapshot":{}}`},
+		{"executed, empty reason", `{"kind":"executed",` + att + `,"reason":""}`},
+		{"executed, zero idle_uj", `{"kind":"executed",` + att + `,"idle_uj":0}`},
+		{"suspended, empty reason", `{"kind":"suspended",` + snap + `,` + man + `,"reason":""}`},
+		{"closed, zero attestation", `{"kind":"closed","attestation":"` + zero + `","reason":"x"}`},
+		{"closed, zero manifest", `{"kind":"closed","manifest":"` + zero + `","reason":"x"}`},
+	} {
+		var s Segment
+		if err := json.Unmarshal([]byte(c.seg), &s); err != nil {
+			t.Errorf("%s: does not decode: %v", c.name, err)
+			continue
+		}
+		if err := s.Validate(); !errors.Is(err, ErrMalformedSegment) {
+			t.Errorf("%s: Validate = %v, want ErrMalformedSegment", c.name, err)
+		}
+		if _, err := New(fill(1), fill(2)).Append(s); !errors.Is(err, ErrMalformedSegment) {
+			t.Errorf("%s: Append = %v, want ErrMalformedSegment", c.name, err)
+		}
+	}
+	// In a record's wire form, the stray key names its segment.
+	b := sampleRecord(t).EncodeWire()
+	for _, c := range []struct {
+		name, old, new string
+		seg            int
+	}{
+		{"executed, empty reason", `"calls":{"dispatched":["build-1"],"resolved":[]}`, `"calls":{"dispatched":["build-1"],"resolved":[]},"reason":""`, 0},
+		{"resumed, empty reason", `"provenance":"estimated"`, `"provenance":"estimated","reason":""`, 2},
+		{"closed, zero manifest", `{"kind":"closed",`, `{"kind":"closed","manifest":"` + zero + `",`, 5},
+	} {
+		_, err := DecodeWire(bytes.Replace(b, []byte(c.old), []byte(c.new), 1))
+		var se *SegmentError
+		if !errors.Is(err, ErrMalformedSegment) || !errors.As(err, &se) || se.Index != c.seg {
+			t.Errorf("%s: err = %v, want ErrMalformedSegment at segment %d", c.name, err, c.seg)
+		}
+	}
+}
+
+// A key twice in one object, a key spelled in another case, and a null
+// value are refused as not canonical: encoding/json would keep the last
+// of two, fold "Kind" to "kind", and read null as absent.
+func TestWireKeysExact(t *testing.T) {
+	b := sampleRecord(t).EncodeWire()
+	for _, c := range []struct {
+		name, old, new string
+		seg            int // -1: the record's own keys
+	}{
+		{"reason twice", `"reason":"abandoned <&>"`, `"reason":"x","reason":"abandoned <&>"`, 5},
+		{"kind twice", `{"kind":"closed",`, `{"kind":"closed","kind":"closed",`, 5},
+		{"root twice", `"snapshot":{"root":"`, `"snapshot":{"root":"` + fill(9).String() + `","root":"`, 1},
+		{"resolved twice", `"resolved":[]`, `"resolved":["z"],"resolved":[]`, 0},
+		{"Kind", `{"kind":"closed",`, `{"Kind":"closed",`, 5},
+		{"null memory", `"snapshot":{"transcript"`, `"snapshot":{"memory":null,"transcript"`, 4},
+		{"null manifest on closed", `{"kind":"closed",`, `{"kind":"closed","manifest":null,`, 5},
+		{"format twice", `{"format":"sandbox.runrecord/1",`, `{"format":"sandbox.runrecord/1","format":"sandbox.runrecord/1",`, -1},
+		{"Head", `],"head":`, `],"Head":`, -1},
+	} {
+		if !bytes.Contains(b, []byte(c.old)) {
+			t.Fatalf("%s: %q not in the wire form", c.name, c.old)
+		}
+		_, err := DecodeWire(bytes.Replace(b, []byte(c.old), []byte(c.new), 1))
+		var se *SegmentError
+		named := errors.As(err, &se)
+		if !errors.Is(err, ErrCanonical) || named != (c.seg >= 0) || (named && se.Index != c.seg) {
+			t.Errorf("%s: err = %v, want ErrCanonical at segment %d", c.name, err, c.seg)
+		}
+	}
+	var s Segment
+	for name, seg := range map[string]string{
+		"reason twice": `{"kind":"closed","reason":"a","reason":"b"}`,
+		"Reason":       `{"kind":"closed","Reason":"a"}`,
+		"null reason":  `{"kind":"closed","reason":null}`,
+	} {
+		if err := json.Unmarshal([]byte(seg), &s); !errors.Is(err, ErrCanonical) {
+			t.Errorf("lone segment, %s: %v, want ErrCanonical", name, err)
+		}
+	}
+}

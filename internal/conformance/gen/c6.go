@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"log"
 	"math"
 	"strings"
@@ -16,7 +17,7 @@ func c6() conformance.Class {
 	c := conformance.Class{Class: "C6", Description: "chain advance and verification across execute → suspend → resume → execute; forked snapshots refused; execution while parked refused; idle energy accumulates; a modified recorded snapshot fails verification through the wire form; appends after close refused"}
 	for _, step := range []func() []conformance.Case{
 		c6Lifecycle, c6ParkedRefusals, c6TamperedWire, c6SequenceRefusals,
-		c6ValueRefusals, c6EditedWire, c6EmptyRecord,
+		c6ValueRefusals, c6StrayKeys, c6EditedWire, c6EmptyRecord,
 	} {
 		c.Cases = append(c.Cases, step()...)
 	}
@@ -173,6 +174,33 @@ func c6ValueRefusals() []conformance.Case {
 	return cases
 }
 
+// c6StrayKeys: a key of another kind is a stray field whatever its
+// value, a zero one included.
+func c6StrayKeys() []conformance.Case {
+	var zero record.Address
+	att := `"attestation":"` + addr("attestation:s").String() + `"`
+	return []conformance.Case{newCase("c6-stray-keys").
+		ok(exec(1)).
+		refuse(wireSegment(`{"kind":"executed",`+att+`,"snapshot":{}}`), "MalformedSegment").
+		refuse(wireSegment(`{"kind":"executed",`+att+`,"reason":""}`), "MalformedSegment").
+		refuse(wireSegment(`{"kind":"executed",`+att+`,"idle_uj":0}`), "MalformedSegment").
+		refuse(wireSegment(`{"kind":"suspended","snapshot":{"transcript":"`+addr("transcript:s").String()+`"},"manifest":"`+addr("manifest:s").String()+`","reason":""}`), "MalformedSegment").
+		refuse(wireSegment(`{"kind":"closed","attestation":"`+zero.String()+`","reason":""}`), "MalformedSegment").
+		refuse(wireSegment(`{"kind":"closed","manifest":"`+zero.String()+`","reason":""}`), "MalformedSegment").
+		ok(record.Closure("")).
+		done()}
+}
+
+// wireSegment reads a segment written by hand in the wire form: a segment
+// the record's constructors cannot make, such as one with a stray key.
+func wireSegment(js string) record.Segment {
+	var s record.Segment
+	if err := json.Unmarshal([]byte(js), &s); err != nil {
+		log.Fatalf("%s: %v", js, err)
+	}
+	return s
+}
+
 // c6EditedWire: wire forms edited so they no longer decode.
 func c6EditedWire() []conformance.Case {
 	var cases []conformance.Case
@@ -193,6 +221,13 @@ func c6EditedWire() []conformance.Case {
 		{"malformed-address", `"manifest":"b3:`, `"manifest":"b3:!`, "Canonical", 1},
 		{"missing-list", `,"resolved":[]`, ``, "Canonical", 0},
 		{"zero-root", `"root":"` + addr("root:e").String(), `"root":"` + zero.String(), "MalformedSnapshot", 1},
+		{"stray-empty-reason", `"provenance":"estimated"`, `"provenance":"estimated","reason":""`, "MalformedSegment", 2},
+		{"stray-zero-idle", `"resolved":[]}`, `"resolved":[]},"idle_uj":0`, "MalformedSegment", 0},
+		{"stray-zero-attestation", `"kind":"suspended",`, `"kind":"suspended","attestation":"` + zero.String() + `",`, "MalformedSegment", 1},
+		{"duplicate-key", `"idle_uj":7,`, `"idle_uj":7,"idle_uj":7,`, "Canonical", 2},
+		{"duplicate-nested-key", `"snapshot":{"root":"`, `"snapshot":{"root":"` + addr("root:x").String() + `","root":"`, "Canonical", 1},
+		{"key-case", `{"kind":"resumed",`, `{"Kind":"resumed",`, "Canonical", 2},
+		{"null-value", `"kind":"suspended",`, `"kind":"suspended","reason":null,`, "Canonical", 1},
 	} {
 		if !strings.Contains(edWire, e.old) {
 			log.Fatalf("c6-edited-wire-%s: %q not in the wire form", e.name, e.old)
