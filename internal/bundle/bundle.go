@@ -1,9 +1,11 @@
 package bundle
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -104,23 +106,57 @@ type Options struct {
 	Granted func(genesis record.Address) bool
 }
 
-// headerKeys are bundle.json's fields, spelled exactly.
-var headerKeys = map[string]bool{"format": true, "run": true, "objects": true, "bytes": true, "copy": true}
+// headerKeys are bundle.json's fields, spelled exactly; all but copy are
+// required.
+var headerKeys = map[string]bool{"format": true, "run": true, "objects": true, "bytes": true, "copy": false}
 
-// decodeHeader decodes bundle.json, refusing a field it does not have
-// (encoding/json alone would ignore one, and match "Run" as "run").
+// decodeHeader decodes bundle.json: one JSON object with each required
+// field, no other (encoding/json alone would ignore one, and match "Run"
+// as "run"), none twice (it would keep the last) and none null (it would
+// read a default), and a run id that is not empty.
 func decodeHeader(b []byte, h *Header) error {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(b, &fields); err != nil {
+	d := json.NewDecoder(bytes.NewReader(b))
+	if t, err := d.Token(); err != nil || t != json.Delim('{') {
+		return fmt.Errorf("%w: bundle.json is not a JSON object", ErrMalformed)
+	}
+	seen := map[string]bool{}
+	for d.More() {
+		t, err := d.Token()
+		if err != nil {
+			return fmt.Errorf("%w: bundle.json: %w", ErrMalformed, err)
+		}
+		k, _ := t.(string)
+		if _, ok := headerKeys[k]; !ok {
+			return fmt.Errorf("%w: bundle.json has a field %q", ErrMalformed, k)
+		}
+		if seen[k] {
+			return fmt.Errorf("%w: bundle.json has the field %q twice", ErrMalformed, k)
+		}
+		seen[k] = true
+		var v json.RawMessage
+		if err := d.Decode(&v); err != nil {
+			return fmt.Errorf("%w: bundle.json: %w", ErrMalformed, err)
+		}
+		if string(v) == "null" {
+			return fmt.Errorf("%w: bundle.json's %q is null", ErrMalformed, k)
+		}
+	}
+	if _, err := d.Token(); err != nil {
 		return fmt.Errorf("%w: bundle.json: %w", ErrMalformed, err)
 	}
-	for k := range fields {
-		if !headerKeys[k] {
-			return fmt.Errorf("%w: bundle.json has a field %q", ErrMalformed, k)
+	if _, err := d.Token(); err != io.EOF {
+		return fmt.Errorf("%w: bundle.json: data after the object", ErrMalformed)
+	}
+	for _, k := range []string{"format", "run", "objects", "bytes"} {
+		if !seen[k] {
+			return fmt.Errorf("%w: bundle.json has no %q", ErrMalformed, k)
 		}
 	}
 	if err := json.Unmarshal(b, h); err != nil {
 		return fmt.Errorf("%w: bundle.json: %w", ErrMalformed, err)
+	}
+	if h.Run == "" {
+		return fmt.Errorf("%w: bundle.json's run is empty", ErrMalformed)
 	}
 	return nil
 }

@@ -246,6 +246,44 @@ func TestStageRefuses(t *testing.T) {
 	}
 }
 
+// bundle.json states each of its fields once, and every one but copy:
+// a header that leaves one out, states one twice or states null is
+// refused, never read as a default.
+func TestStageRefusesHeaderFields(t *testing.T) {
+	b := forge(t, nil)
+	full := fmt.Sprintf(`{"format":%q,"run":"forged","objects":%d,"bytes":%d}`, bundle.Format, len(b.Objects), bytesOf(b))
+	for name, h := range map[string]string{
+		"without run":     strings.Replace(full, `"run":"forged",`, ``, 1),
+		"empty run":       strings.Replace(full, `"run":"forged"`, `"run":""`, 1),
+		"without objects": strings.Replace(full, fmt.Sprintf(`"objects":%d,`, len(b.Objects)), ``, 1),
+		"without bytes":   strings.Replace(full, fmt.Sprintf(`,"bytes":%d`, bytesOf(b)), ``, 1),
+		"without format":  strings.Replace(full, fmt.Sprintf(`"format":%q,`, bundle.Format), ``, 1),
+		"run twice":       strings.Replace(full, `"run":"forged"`, `"run":"other","run":"forged"`, 1),
+		"copy twice":      strings.Replace(full, `}`, `,"copy":true,"copy":false}`, 1),
+		"null run":        strings.Replace(full, `"run":"forged"`, `"run":null`, 1),
+		"null copy":       strings.Replace(full, `}`, `,"copy":null}`, 1),
+		"not an object":   `[` + full + `]`,
+	} {
+		if h == full {
+			t.Fatalf("%s: the edit did nothing", name)
+		}
+		st, dir := mustStore(t)
+		_, err := bundle.Stage(context.Background(), st, bytes.NewReader(tarWith(b, []byte(h))), opts())
+		if !errors.Is(err, bundle.ErrMalformed) {
+			t.Errorf("%s: got %v, want ErrMalformed", name, err)
+		}
+		if n, _ := objects(t, dir); n != 0 {
+			t.Errorf("%s: refused bundle left %d objects", name, n)
+		}
+	}
+	st, _ := mustStore(t)
+	sb, err := bundle.Stage(context.Background(), st, bytes.NewReader(tarWith(b, []byte(full))), opts())
+	if err != nil {
+		t.Fatalf("the full header: %v", err)
+	}
+	sb.Close()
+}
+
 // bytesOf is what bundle.json declares as b's bytes: its objects' sizes.
 func bytesOf(b *bundletest.Bundle) (n int64) {
 	for _, o := range b.Objects {
