@@ -395,11 +395,15 @@ func DecodeWire(b []byte) (*Record, error) {
 	return r, nil
 }
 
+// strictUnmarshal decodes one JSON value into v. Its refusal is
+// [ErrCanonical] alone: an address's text that does not parse is the wire
+// form not written canonically, and is not also [ErrAddress], so that one
+// refusal has one name.
 func strictUnmarshal(b []byte, v any) error {
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
 	if err := d.Decode(v); err != nil {
-		return fmt.Errorf("%w: %w", ErrCanonical, err)
+		return fmt.Errorf("%w: %v", ErrCanonical, err)
 	}
 	if d.More() {
 		return fmt.Errorf("%w: trailing data after the JSON value", ErrCanonical)

@@ -270,3 +270,25 @@ func TestWireKeysExact(t *testing.T) {
 		}
 	}
 }
+
+// An address text that does not parse inside a wire form is Canonical and
+// only that: one refusal, one name (docs/record-format.md, "Names at the
+// edges"). Address is a zero unit or grant-set id, and ParseAddress's.
+func TestWireMalformedAddressOneName(t *testing.T) {
+	b := sampleRecord(t).EncodeWire()
+	for name, c := range map[string]struct{ old, new string }{
+		"in a segment":      {`"manifest":"b3:`, `"manifest":"b3:x`},
+		"the record's head": {`],"head":"b3:`, `],"head":"b3:x`},
+		"the unit id":       {`"unit_id":"b3:`, `"unit_id":"b4:`},
+		"in a snapshot":     {`"snapshot":{"root":"b3:`, `"snapshot":{"root":"b3:=`},
+	} {
+		_, err := DecodeWire(bytes.Replace(b, []byte(c.old), []byte(c.new), 1))
+		if !errors.Is(err, ErrCanonical) || errors.Is(err, ErrAddress) {
+			t.Errorf("%s: err = %v, want ErrCanonical alone", name, err)
+		}
+	}
+	zero := strings.Replace(string(b), `"unit_id":"`+fill(1).String(), `"unit_id":"`+Address{}.String(), 1)
+	if _, err := DecodeWire([]byte(zero)); !errors.Is(err, ErrAddress) || errors.Is(err, ErrCanonical) {
+		t.Errorf("zero unit id: err = %v, want ErrAddress alone", err)
+	}
+}

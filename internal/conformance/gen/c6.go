@@ -241,6 +241,10 @@ func c6EditedWire() []conformance.Case {
 	zeroUnit.Name = "c6-edited-wire-zero-unit"
 	zeroUnit.Wire, zeroUnit.WireExpect = strings.Replace(edWire, `"unit_id":"`+edCase.Unit.String(), `"unit_id":"`+zero.String(), 1), "Address"
 	cases = append(cases, zeroUnit)
+	badUnit := edCase
+	badUnit.Name = "c6-edited-wire-malformed-unit-id"
+	badUnit.Wire, badUnit.WireExpect = strings.Replace(edWire, `"unit_id":"b3:`, `"unit_id":"b3:!`, 1), "Canonical"
+	cases = append(cases, badUnit)
 	return cases
 }
 
