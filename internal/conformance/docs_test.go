@@ -1,0 +1,147 @@
+package conformance
+
+import (
+	"bytes"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// The worked examples docs/ spells out in hex are the encoders' output,
+// byte for byte: a block marked <!-- bytes: NAME --> is checked against
+// NAME's encoder, and the address after → against the bytes' BLAKE3. Each
+// example also decodes, as a second implementation's bytes would.
+func TestDocBytes(t *testing.T) {
+	digest := "sha256:" + strings.Repeat("0", 64)
+	examples := map[string]func() ([]byte, error){
+		"unit-spec": func() ([]byte, error) {
+			s := unit.Spec{Image: "busybox", ImageDigest: digest, Args: []string{"sleep", "60"}, Env: []string{"A=1"},
+				Mode: unit.TranscriptMode, Nonce: "00112233445566778899aabbccddeeff"}
+			return s.Canonical()
+		},
+		"grants": func() ([]byte, error) {
+			g := unit.Grants{MilliCPU: 500, Network: unit.Loopback, ReadOnly: []unit.Mount{{Source: "/srv/data", Target: "/data"}}}
+			return g.Canonical()
+		},
+		"grants-limits": func() ([]byte, error) {
+			g := unit.Grants{MemoryBytes: 64 << 20, Network: unit.NoNetwork, Limits: unit.Limits{Pids: 64, TranscriptBytes: 1 << 20}}
+			return g.Canonical()
+		},
+		"manifest": func() ([]byte, error) {
+			return manifest.Manifest{manifest.Arch: "amd64", manifest.ImageDigest: digest, manifest.Protocol: "runrecordd.unit/1"}.Canonical()
+		},
+	}
+	decoders := map[string]func([]byte) error{
+		"unit-spec":     func(b []byte) error { _, err := unit.DecodeSpec(b); return err },
+		"grants":        func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
+		"grants-limits": func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
+		"manifest":      func(b []byte) error { _, err := manifest.Decode(b); return err },
+	}
+	found := docBlocks(t, "../../docs")
+	for name, encode := range examples {
+		blk, ok := found[name]
+		if !ok {
+			t.Errorf("%s: no <!-- bytes: %s --> block in docs/", name, name)
+			continue
+		}
+		want, err := encode()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !bytes.Equal(blk.bytes, want) {
+			t.Errorf("%s (%s): the doc's bytes\n%x\nthe encoder's\n%x", name, blk.doc, blk.bytes, want)
+		}
+		if got := record.Sum(blk.bytes); blk.addr == "" || got.String() != blk.addr {
+			t.Errorf("%s (%s): the doc's address %q, the bytes hash to %s", name, blk.doc, blk.addr, got)
+		}
+		if err := decoders[name](blk.bytes); err != nil {
+			t.Errorf("%s (%s): the doc's bytes do not decode: %v", name, blk.doc, err)
+		}
+	}
+	for name, blk := range found {
+		if examples[name] == nil {
+			t.Errorf("%s: a block of bytes no test checks", blk.doc)
+		}
+	}
+}
+
+type docBlock struct {
+	doc   string // file:line of the marker
+	bytes []byte
+	addr  string // the address after →, if any
+}
+
+var marker = regexp.MustCompile(`^<!-- bytes: ([a-z0-9-]+) -->$`)
+
+// docBlocks reads every marked block of the docs in dir. A block's line is
+// hex, then two or more spaces and a comment; hex is groups of hex digits
+// separated by single spaces, and a group XX×N stands for N bytes XX. A
+// line of comment alone starts with spaces; "→ ADDRESS" states the
+// address of the bytes.
+func docBlocks(t *testing.T, dir string) map[string]docBlock {
+	files, err := filepath.Glob(filepath.Join(dir, "*.md"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("docs in %s: %v", dir, err)
+	}
+	out := map[string]docBlock{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(string(b), "\n")
+		for i := 0; i < len(lines); i++ {
+			m := marker.FindStringSubmatch(lines[i])
+			if m == nil {
+				continue
+			}
+			blk := docBlock{doc: filepath.Base(f) + ":" + strconv.Itoa(i+1)}
+			if _, dup := out[m[1]]; dup {
+				t.Fatalf("%s: a second block %s", blk.doc, m[1])
+			}
+			if i+1 >= len(lines) || lines[i+1] != "```" {
+				t.Fatalf("%s: the marker is not followed by a ``` block", blk.doc)
+			}
+			for i += 2; i < len(lines) && lines[i] != "```"; i++ {
+				blk.parse(t, lines[i])
+			}
+			out[m[1]] = blk
+		}
+	}
+	return out
+}
+
+func (blk *docBlock) parse(t *testing.T, line string) {
+	if a, ok := strings.CutPrefix(line, "→ "); ok {
+		blk.addr = a
+		return
+	}
+	hexPart, _, _ := strings.Cut(line, "  ")
+	for _, g := range strings.Split(hexPart, " ") {
+		if g == "" {
+			continue
+		}
+		if x, n, ok := strings.Cut(g, "×"); ok {
+			v, err1 := hex.DecodeString(x)
+			c, err2 := strconv.Atoi(n)
+			if err1 != nil || err2 != nil || len(v) != 1 {
+				t.Fatalf("%s: %q is not XX×N", blk.doc, g)
+			}
+			blk.bytes = append(blk.bytes, bytes.Repeat(v, c)...)
+			continue
+		}
+		v, err := hex.DecodeString(g)
+		if err != nil {
+			t.Fatalf("%s: %q is not hex: %v", blk.doc, g, err)
+		}
+		blk.bytes = append(blk.bytes, v...)
+	}
+}
