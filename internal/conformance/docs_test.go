@@ -3,6 +3,7 @@ package conformance
 import (
 	"bytes"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -38,12 +40,32 @@ func TestDocBytes(t *testing.T) {
 		"manifest": func() ([]byte, error) {
 			return manifest.Manifest{manifest.Arch: "amd64", manifest.ImageDigest: digest, manifest.Protocol: "runrecordd.unit/1"}.Canonical()
 		},
+		"listing": func() ([]byte, error) {
+			return store.EncodeListing([]store.Entry{{Name: "core-1.img", Mode: 0o600, Size: 4, Address: record.Sum([]byte("core"))}})
+		},
+		"listing-nested": func() ([]byte, error) {
+			return store.EncodeListing([]store.Entry{
+				{Name: "a/b", Mode: 0o755, Size: 1, Address: record.Sum([]byte("b"))},
+				{Name: "a.txt", Mode: 0o644, Size: 4, Address: record.Sum([]byte("core"))},
+			})
+		},
+		"listing-chunks": func() ([]byte, error) {
+			es := []store.Entry{{Name: "core-1.img", Mode: 0o600, Size: 4, Address: record.Sum([]byte("core"))}}
+			for _, c := range []struct{ vaddr, pages uint64 }{{0x400000, 1}, {0x7f0000003000, 1}, {0x7f0000004000, 4}} {
+				b := bytes.Repeat([]byte{byte(c.vaddr / store.ChunkPage)}, int(c.pages*store.ChunkPage))
+				es = append(es, store.Entry{Name: store.ChunkName("pages-1.img", c.vaddr), Mode: 0o600, Size: uint64(len(b)), Address: record.Sum(b)})
+			}
+			return store.EncodeListing(es)
+		},
 	}
 	decoders := map[string]func([]byte) error{
-		"unit-spec":     func(b []byte) error { _, err := unit.DecodeSpec(b); return err },
-		"grants":        func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
-		"grants-limits": func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
-		"manifest":      func(b []byte) error { _, err := manifest.Decode(b); return err },
+		"unit-spec":      func(b []byte) error { _, err := unit.DecodeSpec(b); return err },
+		"grants":         func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
+		"grants-limits":  func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
+		"manifest":       func(b []byte) error { _, err := manifest.Decode(b); return err },
+		"listing":        decodeListing(0),
+		"listing-nested": decodeListing(0),
+		"listing-chunks": decodeListing(1),
 	}
 	found := docBlocks(t, "../../docs")
 	for name, encode := range examples {
@@ -73,6 +95,22 @@ func TestDocBytes(t *testing.T) {
 	}
 }
 
+// decodeListing decodes a listing and reads its chunked files, of which
+// it must hold chunked.
+func decodeListing(chunked int) func([]byte) error {
+	return func(b []byte) error {
+		es, err := store.DecodeListing(b)
+		if err != nil {
+			return err
+		}
+		cfs, err := store.ChunkedFiles(es)
+		if err == nil && len(cfs) != chunked {
+			err = fmt.Errorf("%d chunked files, want %d", len(cfs), chunked)
+		}
+		return err
+	}
+}
+
 type docBlock struct {
 	doc   string // file:line of the marker
 	bytes []byte
@@ -83,7 +121,8 @@ var marker = regexp.MustCompile(`^<!-- bytes: ([a-z0-9-]+) -->$`)
 
 // docBlocks reads every marked block of the docs in dir. A block's line is
 // hex, then two or more spaces and a comment; hex is groups of hex digits
-// separated by single spaces, and a group XX×N stands for N bytes XX. A
+// separated by single spaces; a group XX×N stands for N bytes XX, and a
+// group "TEXT" (no space inside) for TEXT's bytes. A
 // line of comment alone starts with spaces; "→ ADDRESS" states the
 // address of the bytes.
 func docBlocks(t *testing.T, dir string) map[string]docBlock {
@@ -127,6 +166,10 @@ func (blk *docBlock) parse(t *testing.T, line string) {
 	hexPart, _, _ := strings.Cut(line, "  ")
 	for _, g := range strings.Split(hexPart, " ") {
 		if g == "" {
+			continue
+		}
+		if q, ok := strings.CutPrefix(g, `"`); ok && strings.HasSuffix(q, `"`) {
+			blk.bytes = append(blk.bytes, strings.TrimSuffix(q, `"`)...)
 			continue
 		}
 		if x, n, ok := strings.Cut(g, "×"); ok {

@@ -61,7 +61,11 @@ func ChunkName(name string, vaddr uint64) string {
 
 // ChunkedFiles returns the files es (a listing's entries, in its order)
 // holds in the chunked form, checking every rule of the form: a refusal
-// wraps [ErrChunks]. Entries of no chunked file are left alone.
+// wraps [ErrChunks]. An entry is a chunk when its first name component is
+// NAME.chunks, and then NAME must be a file's name (not empty, "." or
+// ".."): chunked files are at a listing's top level, as CRIU's image
+// directory is flat. Other entries, a deeper NAME.chunks/ included, are
+// ordinary files and left alone.
 func ChunkedFiles(es []Entry) ([]ChunkedFile, error) {
 	var out []ChunkedFile
 	whole := map[string]bool{}
@@ -73,7 +77,7 @@ func ChunkedFiles(es []Entry) ([]ChunkedFile, error) {
 			continue
 		}
 		name := strings.TrimSuffix(dir, ChunkSuffix)
-		if name == "" {
+		if name == "" || name == "." || name == ".." {
 			return nil, fmt.Errorf("%w: %q: a chunk directory names no file", ErrChunks, e.Name)
 		}
 		if len(out) == 0 || out[len(out)-1].Name != name {

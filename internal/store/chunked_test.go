@@ -228,3 +228,45 @@ func FuzzChunkedFiles(f *testing.F) {
 		}
 	})
 }
+
+// Which entries are chunks (docs/store.md, "Chunked files"): exactly those
+// whose first name component is NAME.chunks, NAME a file name (not empty,
+// ".", ".."); each must then be a chunk by every rule. A deeper name
+// ending in .chunks/ is an ordinary file, listed whole.
+func TestWhichEntriesAreChunks(t *testing.T) {
+	page := bytes.Repeat([]byte{1}, ChunkPage)
+	entry := func(name string) Entry {
+		return Entry{Name: name, Mode: 0o600, Size: ChunkPage, Address: record.Sum(page)}
+	}
+	for _, c := range []struct {
+		name    string
+		chunked string // the chunked file's NAME; "" for an ordinary file
+		refused bool
+	}{
+		{"pages-1.img.chunks/0000000000400000", "pages-1.img", false},
+		{"img/pages-1.img.chunks/0000000000400000", "", false},
+		{"img/pages-1.img.chunks/zz", "", false},
+		{"a.chunks", "", false},
+		{"a.chunksx/zz", "", false},
+		{"pages-1.img.chunks/zz", "", true},
+		{"pages-1.img.chunks/0000000000400000/x", "", true},
+		{"pages-1.img.chunks/0000000000400000.x", "", true},
+		{".chunks/0000000000400000", "", true},
+		{"..chunks/0000000000400000", "", true},
+		{"...chunks/0000000000400000", "", true},
+	} {
+		cfs, err := ChunkedFiles([]Entry{entry(c.name)})
+		switch {
+		case c.refused:
+			if !errors.Is(err, ErrChunks) {
+				t.Errorf("%q: err = %v, want ErrChunks", c.name, err)
+			}
+		case err != nil:
+			t.Errorf("%q: %v", c.name, err)
+		case c.chunked == "" && len(cfs) != 0:
+			t.Errorf("%q: read as a chunk of %q, want an ordinary file", c.name, cfs[0].Name)
+		case c.chunked != "" && (len(cfs) != 1 || cfs[0].Name != c.chunked):
+			t.Errorf("%q: chunked files %v, want %q", c.name, cfs, c.chunked)
+		}
+	}
+}
