@@ -87,15 +87,21 @@ func Stage(ctx context.Context, st Staging, r io.Reader, opt Options) (_ *Staged
 }
 
 // readHeader reads bundle.json, the first member (at most 64 KiB), and
-// checks what it declares: this format, no negative count, and the
-// objects' count and bytes within the limits. It comes first because its
-// counts bound every object member after it.
+// checks it (parseHeader). It comes first because its counts bound every
+// object member after it.
 func readHeader(tr *tar.Reader, lim Limits) (Header, error) {
-	var h Header
 	hb, err := readJSON(tr, "bundle.json", min(lim.JSON, 64<<10))
 	if err != nil {
-		return h, err
+		return Header{}, err
 	}
+	return parseHeader(hb, lim)
+}
+
+// parseHeader decodes bundle.json (decodeHeader) and checks what it
+// declares: this format, no negative count, and the objects' count and
+// bytes within the limits.
+func parseHeader(hb []byte, lim Limits) (Header, error) {
+	var h Header
 	if err := decodeHeader(hb, &h); err != nil {
 		return h, err
 	}
