@@ -9,7 +9,9 @@ import (
 // [*SegmentError] wrapping one of these, so callers test with errors.Is and
 // read the segment index with errors.As.
 var (
-	// ErrAddress: text that is not an address's one text form.
+	// ErrAddress: text that is not an address's one text form
+	// ([ParseAddress]), or a zero unit or grant-set id. Inside a wire form
+	// a malformed address is [ErrCanonical] alone.
 	ErrAddress = errors.New("malformed address")
 	// ErrMalformedSnapshot: a snapshot reference naming neither form, both,
 	// or a transcript beside a memory image. Refused before hashing.
