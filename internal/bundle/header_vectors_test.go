@@ -35,7 +35,7 @@ func TestHeaderVectors(t *testing.T) {
 		t.Fatalf("vectors: %v (format %q, %d cases)", err, v.Format, len(v.Cases))
 	}
 	names := map[string]error{"Malformed": ErrMalformed, "Limit": ErrLimit}
-	seen := map[string]bool{}
+	seen, exporter := map[string]bool{}, false
 	for _, c := range v.Cases {
 		if seen[c.Name] || (c.Expect == "ok") != (c.Header != nil) || (c.Expect != "ok" && names[c.Expect] == nil) {
 			t.Fatalf("%s: a repeated name, an unknown outcome, or a header with a refusal", c.Name)
@@ -50,5 +50,15 @@ func TestHeaderVectors(t *testing.T) {
 		case c.Expect != "ok" && !errors.Is(err, names[c.Expect]):
 			t.Errorf("%s: %v, want %s", c.Name, err, c.Expect)
 		}
+		// The exporter's form is what Export writes for that header.
+		if c.Name == "exporter-form" {
+			exporter = true
+			if b, _ := json.MarshalIndent(c.Header, "", "  "); string(b) != c.JSON {
+				t.Errorf("%s: Export writes\n%s", c.Name, b)
+			}
+		}
+	}
+	if !exporter {
+		t.Error("no exporter-form case")
 	}
 }
