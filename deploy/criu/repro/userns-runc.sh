@@ -8,7 +8,8 @@
 #   plain-eager   no user namespace, eager restore (the baseline)
 #   plain-lazy    no user namespace, lazy restore (criu lazy-pages)
 #   userns-eager  uid/gid 0 -> HOSTID (65536 ids), network namespace made
-#                 inside the user namespace, idmapped rootfs
+#                 inside the user namespace (configured again on restore by
+#                 a createRuntime hook), idmapped rootfs
 #   userns-lazy   the same, lazy: fails without patch 5 ("Unable to open an
 #                 userfaultfd descriptor: Operation not permitted")
 #   userns-cgns   the same with a cgroup namespace and 65534 ids mapped:
@@ -63,6 +64,18 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 gcc -O2 -Wall -o "$W/idmapmount" "$HERE/idmapmount.c" || exit 2
+# runc checkpoints and restores with --empty-ns net: the restored network
+# namespace is new and empty (lo down, MPTCP back on). runc runs the
+# spec's createRuntime hooks when it makes the container and again at
+# CRIU's setup-namespaces, before any socket is restored: this one sets
+# lo up and MPTCP off in the container's network namespace both times.
+cat >"$W/netns-hook" <<'HOOK'
+#!/bin/sh
+pid=$(tr -d '\n' | sed -n 's/.*"pid": *\([0-9]*\).*/\1/p')
+[ -n "$pid" ] || exit 1
+exec nsenter -t "$pid" -n sh -c 'ip link set lo up && if [ -e /proc/sys/net/mptcp/enabled ]; then echo 0 >/proc/sys/net/mptcp/enabled; fi'
+HOOK
+chmod 755 "$W/netns-hook"
 mkdir -p "$W/bin"
 ln -s "$CRIU" "$W/bin/criu" # runc 1.2+ runs the criu on PATH
 RUNC_CRIU=()
@@ -106,6 +119,7 @@ spec() {
 			},
 			"root": {"path": "rootfs", "readonly": false},
 			"hostname": "$CASE_ID",
+			"hooks": {"createRuntime": [{"path": "$W/netns-hook"}]},
 			"mounts": [
 				{"destination": "/proc", "type": "proc", "source": "proc"},
 				{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=1024k"]},
@@ -248,6 +262,11 @@ run_case() {
 	c1=$(counter "$pid1")
 	[[ -n $c0 && -n $c1 && $c1 -gt $c0 ]] || { fail "the counter did not go on ($c0 -> $c1)"; return; }
 	cat "/proc/$pid1/net/tcp" "/proc/$pid1/net/tcp6" 2>/dev/null | grep -q ':1B58 0*:0000 0A' || { fail "the TCP listener is gone"; return; }
+	nsenter -t "$pid1" -n ip -o link show lo | grep -q '[<,]UP[,>]' || { fail "lo is down in the restored network namespace"; return; }
+	if [[ -e /proc/sys/net/mptcp/enabled && $(nsenter -t "$pid1" -n cat /proc/sys/net/mptcp/enabled) != 0 ]]; then
+		fail "MPTCP is on in the restored network namespace"
+		return
+	fi
 	if [[ $userns == 1 ]]; then
 		want="0 $rhost $nids"
 		[[ $(tr -s ' ' <"/proc/$pid1/uid_map" | sed 's/^ //') == "$want" ]] || { fail "uid_map is '$(tr -s ' ' <"/proc/$pid1/uid_map")', not '$want'"; return; }
