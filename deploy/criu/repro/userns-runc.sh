@@ -16,6 +16,9 @@
 #                 fails without patch 6 ("couldn't set cgns prefix")
 #   userns-remap  checkpoint under HOSTID, restore under HOSTID+100000
 #                 (rootfs, spec and the userns image remapped)
+#   userns-overlay  userns-eager on an overlay rootfs made of idmapped
+#                 lower and upper layers (ovlmount.c): the unit's writes
+#                 land in the upper layer with in-namespace ids
 # Environment: CRIU (default: criu on PATH), RUNC (default: runc on PATH;
 # 1.1 and 1.2+ both work, the rootfs is idmapped here, not by runc),
 # HOSTID (default 100000), REPEAT (default 1: each case N times, for
@@ -50,6 +53,8 @@ cleanup_case() {
 	fi
 	"$RUNC" --root "$CASE_DIR/runc" delete -f "$CASE_ID" >/dev/null 2>&1
 	umount -l "$CASE_DIR/bundle/rootfs" 2>/dev/null
+	umount -l "$CASE_DIR/ml" 2>/dev/null
+	umount -l "$CASE_DIR/mu" 2>/dev/null
 	local c
 	for c in /sys/fs/cgroup/*/"$CASE_ID" /sys/fs/cgroup/"$CASE_ID"; do
 		if [[ -d $c ]]; then rmdir "$c" 2>/dev/null; fi
@@ -64,6 +69,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 gcc -O2 -Wall -o "$W/idmapmount" "$HERE/idmapmount.c" || exit 2
+gcc -O2 -Wall -o "$W/ovlmount" "$HERE/ovlmount.c" || exit 2
 # runc checkpoints and restores with --empty-ns net: the restored network
 # namespace is new and empty (lo down, MPTCP back on). runc runs the
 # spec's createRuntime hooks when it makes the container and again at
@@ -197,7 +203,7 @@ fail() {
 
 # run_case NAME N
 run_case() {
-	local name=$1 n=$2 userns=0 lazy=0 cgns=0 nids=$IDS host=$HOSTID rhost=$HOSTID
+	local name=$1 n=$2 userns=0 lazy=0 cgns=0 nids=$IDS host=$HOSTID rhost=$HOSTID ovl=0
 	case $name in
 	plain-eager) ;;
 	plain-lazy) lazy=1 ;;
@@ -205,6 +211,7 @@ run_case() {
 	userns-lazy) userns=1 lazy=1 ;;
 	userns-cgns) userns=1 cgns=1 nids=65534 ;;
 	userns-remap) userns=1 rhost=$((HOSTID + 100000)) ;;
+	userns-overlay) userns=1 ovl=1 ;;
 	*) echo "unknown case $name" >&2; return 2 ;;
 	esac
 	CASE_ID=userns-repro-$$-$name-$n
@@ -212,7 +219,20 @@ run_case() {
 	mkdir -p "$CASE_DIR"/{bundle/rootfs,img,work,runc}
 	chmod 755 "$CASE_DIR" "$CASE_DIR/bundle"
 	rootfs "$CASE_DIR/lower"
-	if [[ $userns == 1 ]]; then
+	local written=$CASE_DIR/lower/tmp/n
+	if [[ $ovl == 1 ]]; then
+		# Both layers idmapped, the overlay mounted with the range's
+		# root as its mounter (its upper-layer changes go through the
+		# upper layer's idmap), the layer mounts then detached: overlayfs
+		# holds its own clones of them.
+		mkdir -p "$CASE_DIR"/{ml,mu,u/upper,u/work}
+		written=$CASE_DIR/u/upper/tmp/n
+		"$W/idmapmount" "$CASE_DIR/lower" "$CASE_DIR/ml" "$host" "$nids" &&
+			"$W/idmapmount" "$CASE_DIR/u" "$CASE_DIR/mu" "$host" "$nids" &&
+			"$W/ovlmount" "$host" "lowerdir=$CASE_DIR/ml,upperdir=$CASE_DIR/mu/upper,workdir=$CASE_DIR/mu/work" \
+				"$CASE_DIR/bundle/rootfs" || { fail "idmapped overlay"; return; }
+		umount "$CASE_DIR/ml" "$CASE_DIR/mu"
+	elif [[ $userns == 1 ]]; then
 		"$W/idmapmount" "$CASE_DIR/lower" "$CASE_DIR/bundle/rootfs" "$host" "$nids" || { fail "idmapped mount"; return; }
 	else
 		mount --bind "$CASE_DIR/lower" "$CASE_DIR/bundle/rootfs"
@@ -271,7 +291,11 @@ run_case() {
 		want="0 $rhost $nids"
 		[[ $(tr -s ' ' <"/proc/$pid1/uid_map" | sed 's/^ //') == "$want" ]] || { fail "uid_map is '$(tr -s ' ' <"/proc/$pid1/uid_map")', not '$want'"; return; }
 		[[ $(awk '/^Uid:/ {print $2}' "/proc/$pid1/status") == "$rhost" ]] || { fail "the init is not host uid $rhost"; return; }
-		[[ $(stat -c %u "$CASE_DIR/lower/tmp/n") == 0 ]] || { fail "the rootfs got host ids on disk"; return; }
+		[[ $(stat -c %u "$written") == 0 ]] || { fail "the rootfs got host ids on disk"; return; }
+		if [[ $ovl == 1 && -e $CASE_DIR/lower/tmp/n ]]; then
+			fail "the unit wrote in the lower layer"
+			return
+		fi
 	fi
 	if [[ $cgns == 1 ]]; then
 		[[ $(nsenter -t "$pid1" --cgroup cat "/proc/$pid1/cgroup" | grep -c ':/$') -gt 0 ]] || { fail "the cgroup namespace's root is not the container's cgroup"; return; }
@@ -280,7 +304,7 @@ run_case() {
 }
 
 CASES=("$@")
-[[ ${#CASES[@]} -gt 0 ]] || CASES=(plain-eager plain-lazy userns-eager userns-lazy userns-cgns userns-remap)
+[[ ${#CASES[@]} -gt 0 ]] || CASES=(plain-eager plain-lazy userns-eager userns-lazy userns-cgns userns-remap userns-overlay)
 echo "criu: $CRIU ($("$CRIU" --version | head -n1)); runc: $RUNC ($("$RUNC" --version | head -n1)); kernel $(uname -r)"
 for ((n = 1; n <= REPEAT; n++)); do
 	for c in "${CASES[@]}"; do
