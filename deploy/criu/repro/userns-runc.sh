@@ -19,6 +19,7 @@
 #   userns-overlay  userns-eager on an overlay rootfs made of idmapped
 #                 lower and upper layers (ovlmount.c): the unit's writes
 #                 land in the upper layer with in-namespace ids
+#   userns-overlay-lazy  the same, restored lazily (patch 5)
 # Environment: CRIU (default: criu on PATH), RUNC (default: runc on PATH;
 # 1.1 and 1.2+ both work, the rootfs is idmapped here, not by runc),
 # HOSTID (default 100000), REPEAT (default 1: each case N times, for
@@ -212,6 +213,7 @@ run_case() {
 	userns-cgns) userns=1 cgns=1 nids=65534 ;;
 	userns-remap) userns=1 rhost=$((HOSTID + 100000)) ;;
 	userns-overlay) userns=1 ovl=1 ;;
+	userns-overlay-lazy) userns=1 ovl=1 lazy=1 ;;
 	*) echo "unknown case $name" >&2; return 2 ;;
 	esac
 	CASE_ID=userns-repro-$$-$name-$n
@@ -304,7 +306,7 @@ run_case() {
 }
 
 CASES=("$@")
-[[ ${#CASES[@]} -gt 0 ]] || CASES=(plain-eager plain-lazy userns-eager userns-lazy userns-cgns userns-remap userns-overlay)
+[[ ${#CASES[@]} -gt 0 ]] || CASES=(plain-eager plain-lazy userns-eager userns-lazy userns-cgns userns-remap userns-overlay userns-overlay-lazy)
 echo "criu: $CRIU ($("$CRIU" --version | head -n1)); runc: $RUNC ($("$RUNC" --version | head -n1)); kernel $(uname -r)"
 for ((n = 1; n <= REPEAT; n++)); do
 	for c in "${CASES[@]}"; do
