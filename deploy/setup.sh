@@ -94,6 +94,7 @@ export DEBIAN_FRONTEND=noninteractive
 readonly SYS_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 START_TS=$(date +%s)
+readonly CALLER_PATH=$PATH
 
 log() { printf 'setup: %s\n' "$*"; }
 warn() { printf 'setup: WARNING: %s\n' "$*" >&2; }
@@ -797,7 +798,7 @@ probe_image_parks() {
 	PROBE_SHOW=()
 	PROBE_OUT=""
 	PROBE_MS=""
-	# runc runs the criu first on its PATH (it has no --criu flag since 1.3).
+	# runc runs the criu first on its PATH (it has had no --criu flag since 1.4).
 	PROBE_RUNC=(env "PATH=${PROBE_CRIU%/*}:$PATH" "$RUNTIME_PREFIX/runc"
 		--root "$PROBE_DIR/runc" --log "$PROBE_DIR/runc.log")
 	if [[ -n ${RUNRECORDD_CRIU:-} ]]; then
@@ -927,14 +928,11 @@ run_probe
 
 # 5. summary
 for b in containerd ctr runc; do
-	found=$(PATH=$RUNTIME_PREFIX:$SYS_PATH command -v "$b" || true)
-	log "$b: $found ($(first_line "$found" --version))"
+	log "$b: $RUNTIME_PREFIX/$b ($(first_line "$RUNTIME_PREFIX/$b" --version))"
+	found=$(PATH=$CALLER_PATH command -v "$b" || true)
 	if [[ $found != "$RUNTIME_PREFIX/$b" ]]; then
-		warn "$b on PATH is $found, not the one this script installed in $RUNTIME_PREFIX"
+		warn "$b on your PATH is ${found:-none}, not $RUNTIME_PREFIX/$b; put $RUNTIME_PREFIX first"
 	fi
 done
-if [[ $RUNTIME_PREFIX != /usr/local/bin ]]; then
-	log "the runtime is in $RUNTIME_PREFIX: run runrecordd with PATH=$RUNTIME_PREFIX:\$PATH"
-fi
 log "criu: $(command -v criu) $(criu --version 2>&1 | head -n1)"
 log "done in $(($(date +%s) - START_TS))s"
