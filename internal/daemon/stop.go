@@ -100,14 +100,17 @@ func (d *Daemon) parkListed(ctx context.Context, id string) (answers.Each[answer
 	return e, true
 }
 
-// ComeBack resumes, parallel at a time, each run a stop or `park --all`
-// listed (internal/comeback), once the image-park probe is done: a run
+// ComeBack waits for the image-park probe, then resumes, parallel at a
+// time, each run a stop or `park --all` listed (internal/comeback): a run
 // still parked at the head its park left, not handed off, and in a fleet
 // still this host's in the directory. A listed run that moved on since,
 // or that another host owns, leaves the list untouched; one whose resume
 // is refused stays parked and listed, for the next start (or a resume by
 // hand) to take it.
 func (d *Daemon) ComeBack(ctx context.Context, parallel int) []answers.Each[answers.Resumed] {
+	// The start is done once the probe is: an image run's resume waits
+	// for it anyway.
+	_ = d.probe.Ready(ctx)
 	list := d.comeback()
 	entries, err := list.Entries()
 	if err != nil {
@@ -117,9 +120,6 @@ func (d *Daemon) ComeBack(ctx context.Context, parallel int) []answers.Each[answ
 	if len(entries) == 0 {
 		return nil
 	}
-	// An image run's resume waits for the probe anyway; waiting here
-	// first keeps the resumes from timing out behind it.
-	_ = d.probe.Ready(ctx)
 	if parallel < 1 {
 		parallel = DefaultParkAllParallel
 	}
