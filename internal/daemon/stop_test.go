@@ -3,10 +3,14 @@ package daemon
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/comeback"
+	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -122,6 +126,54 @@ func TestStopParkRefused(t *testing.T) {
 		t.Fatalf("the next start's resumes %+v", back)
 	}
 	if _, err := h.d.Close(t.Context(), "r", ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// In a fleet the start resumes only the listed runs the directory still
+// says are this host's: one another host claimed while this one was down
+// is left parked here, its entry dropped, the directory as it was.
+func TestFleetComeBackOnlyOwnRuns(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/comeback/", 5*time.Second)
+	a, b := joinFleet(t, dir, "a"), joinFleet(t, dir, "b")
+	h := newFakeHost(t)
+	inFleet(h.d, a, nil)
+	h.start(t, "own")
+	taken := h.start(t, "taken")
+	if runs, err := h.d.ParkForStop(t.Context(), 0); err != nil || len(runs) != 2 {
+		t.Fatalf("the stop's parks %+v, %v", runs, err)
+	}
+	h.teardown(t, "own")
+	h.teardown(t, "taken")
+	h.d.stopping.Store(false)
+
+	g := record.Genesis(taken.Unit, taken.Grants)
+	head, _ := h.d.st.Head("taken")
+	if _, err := a.Transfer(t.Context(), g, b.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Claim(t.Context(), g, "taken", head, record.Parked); err != nil {
+		t.Fatal(err)
+	}
+	before, err := dir.Run(t.Context(), g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := h.d.ComeBack(t.Context(), 0)
+	if len(back) != 1 || back[0].Run != "own" || back[0].Err != nil || back[0].Answer == nil {
+		t.Fatalf("the start's resumes %+v, want own alone", back)
+	}
+	if r, err := h.d.Run("taken"); err != nil || r.Status != answers.ParkedImage || h.ex.sandbox("taken") != nil {
+		t.Fatalf("taken: %s, %v (sandbox %v); want it parked, no sandbox", r.Status, err, h.ex.sandbox("taken") != nil)
+	}
+	if e, err := dir.Run(t.Context(), g); err != nil || e.Rev != before.Rev || e.Owner != b.Key() {
+		t.Fatalf("the directory moved: %+v, %v; was %+v", e, err, before)
+	}
+	if es, err := comeback.Open(h.d.cfg.StateDir).Entries(); err != nil || len(es) != 0 {
+		t.Fatalf("the list holds %v, %v", es, err)
+	}
+	if _, err := h.d.Close(t.Context(), "own", ""); err != nil {
 		t.Fatal(err)
 	}
 }
