@@ -93,11 +93,22 @@ func (d *Daemon) parkListed(ctx context.Context, id string) (answers.Each[answer
 		return e, true
 	}
 	e.Answer = &p
-	if err := d.comeback().Add(id, p.Run.Head); err != nil {
-		e.Err = fmt.Errorf("run %s parked, but not listed for the next start to resume: %w", id, err)
-		d.log.Error("park all", "run", id, "err", e.Err)
-	}
+	e.Err = d.listForStart(id)
 	return e, true
+}
+
+// listForStart lists parked run id, at its head now, for the next start
+// to resume. The caller holds the run's lock.
+func (d *Daemon) listForStart(id string) error {
+	head, err := d.st.Head(id)
+	if err == nil {
+		err = d.comeback().Add(id, head)
+	}
+	if err != nil {
+		err = fmt.Errorf("run %s parked, but not listed for the next start to resume: %w", id, err)
+		d.log.Error("stop", "run", id, "err", err)
+	}
+	return err
 }
 
 // ComeBack waits for the image-park probe, then resumes, parallel at a

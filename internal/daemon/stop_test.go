@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/comeback"
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/executor"
@@ -174,6 +175,47 @@ func TestFleetComeBackOnlyOwnRuns(t *testing.T) {
 		t.Fatalf("the list holds %v, %v", es, err)
 	}
 	if _, err := h.d.Close(t.Context(), "own", ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A transcript run parked on its await as the daemon stops, every awaited
+// result already posted: its resume is refused (the daemon stops), and it
+// is listed instead, so the next start resumes it with its results.
+func TestStopDuringAwaitParkListsRun(t *testing.T) {
+	h := newFakeHost(t)
+	h.startTranscript(t, "r")
+	h.d.seam = func(step string) {
+		switch step {
+		case "park.checkpointed":
+			if err := calls.Post(h.d.st, "r", "c1", []byte(`{"ok":true}`)); err != nil {
+				t.Error(err)
+			}
+		case "park.appended":
+			h.d.stopping.Store(true)
+		}
+	}
+	h.awaitOne(t, "r", "c1")
+	list := comeback.Open(h.d.cfg.StateDir)
+	deadline := time.Now().Add(30 * time.Second)
+	for es, _ := list.Entries(); len(es) == 0; es, _ = list.Entries() {
+		if time.Now().After(deadline) {
+			t.Fatal("the run parked on its await as the daemon stopped was not listed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r := h.d.lock("r")
+	r.mu.Unlock()
+	h.d.seam = nil
+	h.teardown(t, "r")
+	h.d.stopping.Store(false)
+	if back := h.d.ComeBack(t.Context(), 0); len(back) != 1 || back[0].Run != "r" || back[0].Err != nil {
+		t.Fatalf("the start's resumes %+v, want r", back)
+	}
+	if got := h.kinds(t, "r"); got != "executed suspended resumed" {
+		t.Fatalf("segments %s", got)
+	}
+	if _, err := h.d.Close(t.Context(), "r", ""); err != nil {
 		t.Fatal(err)
 	}
 }
