@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/comeback"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -28,7 +31,7 @@ const DefaultParkAllParallel = 4
 var ErrStopping = errors.New("the daemon is stopping")
 
 // ParkAll parks every run executing on this host, parallel at a time, and
-// lists each for the next start to resume. A run it cannot park goes on
+// lists each for the next start to resume; the outcome is in run id order. A run it cannot park goes on
 // executing, and its outcome says why. Runs another host of the fleet
 // owns, and runs that stop executing meanwhile, are not in the outcome.
 func (d *Daemon) ParkAll(ctx context.Context, parallel int) ([]answers.Each[answers.Parked], error) {
@@ -62,6 +65,7 @@ func (d *Daemon) ParkAll(ctx context.Context, parallel int) ([]answers.Each[answ
 		}()
 	}
 	wg.Wait()
+	slices.SortFunc(out, func(a, b answers.Each[answers.Parked]) int { return strings.Compare(a.Run, b.Run) })
 	return out, nil
 }
 
@@ -114,10 +118,10 @@ func (d *Daemon) listForStart(id string) error {
 // ComeBack waits for the image-park probe, then resumes, parallel at a
 // time, each run a stop or `park --all` listed (internal/comeback): a run
 // still parked at the head its park left, not handed off, and in a fleet
-// still this host's in the directory. A listed run that moved on since,
-// or that another host owns, leaves the list untouched; one whose resume
-// is refused stays parked and listed, for the next start (or a resume by
-// hand) to take it.
+// still this host's in the directory. A listed run that is gone, moved on
+// since or another host's leaves the list, and is left as it is; one
+// whose resume is refused stays parked and listed, for the next start (or
+// a resume by hand) to take it.
 func (d *Daemon) ComeBack(ctx context.Context, parallel int) []answers.Each[answers.Resumed] {
 	// The start is done once the probe is: an image run's resume waits
 	// for it anyway.
@@ -158,6 +162,7 @@ func (d *Daemon) ComeBack(ctx context.Context, parallel int) []answers.Each[answ
 		}()
 	}
 	wg.Wait()
+	slices.SortFunc(out, func(a, b answers.Each[answers.Resumed]) int { return strings.Compare(a.Run, b.Run) })
 	if err := list.Remove(done...); err != nil {
 		d.log.Error("start: the runs resumed stay listed", "err", err)
 	}
@@ -168,9 +173,13 @@ func (d *Daemon) ComeBack(ctx context.Context, parallel int) []answers.Each[answ
 func (d *Daemon) comeBack(ctx context.Context, en comeback.Entry) (e answers.Each[answers.Resumed], drop bool) {
 	e.Run = en.Run
 	r, err := d.lockRun(en.Run)
-	if err != nil {
-		d.log.Warn("start: a run the last stop parked is gone", "run", en.Run, "err", err)
+	if errors.Is(err, store.ErrNoRun) {
+		d.log.Warn("start: a run the last stop parked is gone", "run", en.Run)
 		return e, true
+	}
+	if err != nil {
+		e.Err = err
+		return e, false
 	}
 	defer r.mu.Unlock()
 	st, err := d.st.Run(en.Run)

@@ -87,11 +87,6 @@ func (n *Notifier) Ready() error { return n.Send("READY=1", "STATUS=serving") }
 // Stopping says the service has begun to stop.
 func (n *Notifier) Stopping() error { return n.Send("STOPPING=1", "STATUS=stopping") }
 
-// Status sets the service's status line.
-func (n *Notifier) Status(text string) error {
-	return n.Send("STATUS=" + strings.ReplaceAll(text, "\n", " "))
-}
-
 // ExtendTimeout asks for d more from now before the start or stop under
 // way times out.
 func (n *Notifier) ExtendTimeout(d time.Duration) error {

@@ -113,6 +113,13 @@ func TestNotifyProtocol(t *testing.T) {
 		}
 	}
 	await(t, got, pid, "EXTEND_TIMEOUT_USEC=30000000", time.Second)
+	// The rest of what the stopped daemon sent (its watchdog pings go on
+	// through the stop) is in: all of it from its pid.
+	for len(got) > 0 {
+		if m := <-got; m.pid != int32(pid) {
+			t.Fatalf("notification %q from pid %d, not the daemon's %d", m.text, m.pid, pid)
+		}
+	}
 
 	// The stop parked the run (the policy is park under systemd); the
 	// next start resumes it.

@@ -160,3 +160,50 @@ func rebootHost(t *testing.T, d *daemon) {
 	d.unmount()
 	t.Logf("reboot: %d processes killed, the mounts under %s gone", killed, d.root)
 }
+
+// TestParkAllThenRestart: `park --all` parks every executing run (and
+// only those) and reports each; the daemon, stopped under the leave
+// policy (not under systemd) and started again, resumes the runs it
+// parked, each one process from its start, and leaves a run parked by
+// hand parked.
+func TestParkAllThenRestart(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	d := mustDaemon(t, "park-all")
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	const a, b, byHand = "pa-a", "pa-b", "pa-by-hand"
+	startOracle(t, d, a, oracleImage)
+	startOracle(t, d, b, oracleImage)
+	startOracle(t, d, byHand, oracleImage)
+	park(t, d, byHand)
+	p, err := d.c.ParkAll(ctx, api.ParkAllRequest{Parallel: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, r := range p.Runs {
+		if r.Error != nil || r.Park == nil || r.Park.Run.Status != "parked (image)" {
+			t.Fatalf("park --all: %s: %+v (error %+v)", r.Run, r.Park, r.Error)
+		}
+		got[r.Run] = true
+	}
+	if p.Parked != 2 || p.Left != 0 || len(p.Runs) != 2 || !got[a] || !got[b] {
+		t.Fatalf("park --all: %+v, want %s and %s parked", p, a, b)
+	}
+	atPark := map[string]line{a: last(output(t, d.stdout(a))), b: last(output(t, d.stdout(b)))}
+	mustStop(t, d)
+	mustStart(t, d)
+	for _, id := range []string{a, b} {
+		r := trWait(t, d, id, "resumed by the start", func(r api.Run) bool { return r.Phase == "executing" })
+		if r.Status != "running" || r.Segments != 3 {
+			t.Fatalf("%s after the restart: %+v, want running with 3 segments", id, r)
+		}
+		ls := waitLines(t, d.stdout(id), "a line verified after the restart", func(ls []line) bool {
+			return len(ls) > 0 && last(ls).VerifiedAt > atPark[id].Counter
+		})
+		checkOneProcess(t, ls)
+	}
+	if r, err := d.run(ctx, byHand); err != nil || r.Phase != "parked" || r.Segments != 2 {
+		t.Fatalf("%s after the restart: %+v, %v; want it parked as it was", byHand, r, err)
+	}
+}
