@@ -48,9 +48,12 @@ func TestReboot(t *testing.T) {
 	trStart(t, d, thinking, trAgentImage, "STEPS=1", "WORK_ITERS=2000000000")
 	waitSaidText(t, d, thinking, "step 1: thinking")
 
+	stopping := time.Now()
 	mustStop(t, d)
+	t.Logf("stop, parking the 2 executing runs: %v", time.Since(stopping).Round(time.Millisecond))
 	atStop := last(output(t, d.stdout(executing)))
 	rebootHost(t, d)
+	starting := time.Now()
 	mustStart(t, d)
 
 	t.Run("ExecutingImageRun", func(t *testing.T) {
@@ -58,6 +61,7 @@ func TestReboot(t *testing.T) {
 		if r.Status != "running" || r.Segments != 3 {
 			t.Fatalf("after the reboot: %+v, want running with 3 segments (parked by the stop, resumed by the start)", r)
 		}
+		t.Logf("from the start to the run resumed: %v", time.Since(starting).Round(time.Millisecond))
 		ls := waitLines(t, d.stdout(executing), "a line verified after the reboot", func(ls []line) bool {
 			return len(ls) > 0 && last(ls).VerifiedAt > atStop.Counter
 		})
