@@ -11,12 +11,20 @@ import (
 
 func cmdPark(args []string, stdout io.Writer) error {
 	v := newVerb("park")
-	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
-		p, err := c.Park(cx, id)
+	all := v.fs.Bool("all", false, "park every run executing on the host; the daemon's next start resumes them (docs/daemon.md, \"Stop and start\")")
+	parallel := v.fs.Int("parallel", 0, "with --all: how many runs to park at once (default 4)")
+	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
+		switch {
+		case *all && len(pos) == 0:
+			return parkAll(stdout, v.cf, c, cx, *parallel)
+		case *all || len(pos) != 1:
+			return usagef("usage: runrecordd park RUN | park --all [--parallel N]")
+		}
+		p, err := c.Park(cx, pos[0])
 		if err != nil {
 			return err
 		}
-		return parkTable(stdout, v.cf, id, p)
+		return parkTable(stdout, v.cf, pos[0], p)
 	})
 }
 

@@ -45,7 +45,7 @@ func commands() []command {
 		{"run", "start a run: run [--id ID] [--mode image|transcript] [--cpu M] [--memory SIZE] [--network none|loopback] [--env K=V] IMAGE [ARGS...]", cmdRun},
 		{"list", "list runs: list [--phase executing|parked|closed]", cmdList},
 		{"show", "a run's segments, evidence, energy and wait proof: show RUN", cmdShow},
-		{"park", "park a running run: park RUN", cmdPark},
+		{"park", "park a running run, or every one: park RUN | park --all [--parallel N]", cmdPark},
 		{"resume", "resume a parked run on this host: resume RUN", cmdResume},
 		{"close", "close a run in any phase: close RUN [--reason TEXT]", cmdClose},
 		{"migrate", "move a run to another host of the fleet, parking it first if it runs: migrate RUN --to KEY", cmdMigrate},

@@ -22,6 +22,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/notify"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/retention"
 	"github.com/runrecordd/runrecordd/internal/server"
@@ -45,6 +46,7 @@ type serveFlags struct {
 	lazyResume, lazyServed                    bool
 	warmPool                                  int
 	warmAge                                   time.Duration
+	onStop                                    string
 }
 
 // register declares serve's flags on fs.
@@ -69,6 +71,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.lazyServed, "lazy-served", false, "with --lazy-resume: a page server verifies each chunk of a chunked image as its pages are first served, instead of the resume rehashing every stored byte before the restore (docs/lazy-resume.md)")
 	fs.IntVar(&f.warmPool, "warm-pool", warmpool.DefaultMax, "how many warm sandboxes to keep at once for parked transcript runs awaiting results (0: none; docs/warm-pool.md)")
 	fs.DurationVar(&f.warmAge, "warm-pool-age", warmpool.DefaultMaxAge, "how long a warm sandbox waits for its run's resume before it is discarded")
+	fs.StringVar(&f.onStop, "on-stop", "", "what a stop (SIGTERM) does with executing runs: park (the next start resumes them) or leave (running in their shims; the next start reattaches); default park under systemd, leave otherwise (docs/daemon.md)")
 	f.etcd.register(fs)
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", fleet.DefaultTTL, "in a fleet: the time to live of this host's lease, which its ownership of runs rides on")
 	fs.StringVar(&f.peerListen, "peer-listen", "", "in a fleet: serve the fleet on this host:port over mutual TLS (the API to admitted platform keys, runs and objects to admitted hosts); other hosts reach this host there, so give an address they can")
@@ -106,6 +109,9 @@ func (f *serveFlags) check() (slog.Level, error) {
 	}
 	if f.leaseTTL <= 0 {
 		return lv, usagef("--lease-ttl must be positive")
+	}
+	if f.onStop != "" && f.onStop != onStopPark && f.onStop != onStopLeave {
+		return lv, usagef("--on-stop %s: want park or leave", f.onStop)
 	}
 	if f.gcEvery == 0 || f.retention == 0 {
 		return lv, usagef("--gc-interval and --snapshot-retention must not be zero (negative: never)")
@@ -148,6 +154,9 @@ func cmdServe(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// Read (and hidden from containerd and the units) before anything
+	// starts.
+	sd := notify.FromEnv()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
 	cfg, err := f.config(log)
 	if err != nil {
@@ -196,34 +205,42 @@ func cmdServe(args []string, stdout io.Writer) error {
 		go func() { _ = peers.Serve(pl) }()
 		log.Info("serving the fleet's platforms", "peer-listen", pl.Addr().String())
 	}
-	return serveAPI(ctx, d, l, socket, log, stdout, peers)
+	svc := &service{d: d, notify: sd, onStop: onStopPolicy(f.onStop, sd), socket: socket, log: log}
+	return serveAPI(ctx, svc, l, stdout, peers)
 }
 
-// serveAPI serves d's API on l until ctx is done (SIGTERM, SIGINT) or the
-// HTTP server fails, then shuts down the server and the daemon, each
+// serveAPI serves the daemon's API on l until ctx is done (SIGTERM,
+// SIGINT) or the HTTP server fails, then shuts down the server, applies
+// the stop policy (service.stopRuns) and shuts down the daemon, each
 // within 30 s, and returns what failed.
 //
 // peers, when not nil, is the API on the fleet's mutual-TLS listener,
 // already serving: it is shut down with the socket's, before the daemon.
-func serveAPI(ctx context.Context, d *daemon.Daemon, l net.Listener, socket string, log *slog.Logger, stdout io.Writer, peers *http.Server) error {
-	srv := &http.Server{Handler: server.New(d, log), ReadHeaderTimeout: 10 * time.Second}
+func serveAPI(ctx context.Context, svc *service, l net.Listener, stdout io.Writer, peers *http.Server) error {
+	d, socket, log := svc.d, svc.socket, svc.log
+	srv := &http.Server{Handler: server.Root(d, log), ReadHeaderTimeout: 10 * time.Second}
 	srv.RegisterOnShutdown(d.StopEvents) // event streams never end by themselves
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	log.Info("serving", "socket", socket, "state", d.Host().StateDir)
 	fmt.Fprintf(stdout, "runrecordd serving on %s\n", socket)
+	// The runs the last stop parked come back, then systemd hears READY=1.
+	stopPings := svc.started(ctx)
+	defer stopPings()
 	var err error
 	select {
 	case <-ctx.Done():
-		log.Info("shutting down")
+		log.Info("shutting down", "on-stop", svc.onStop)
 	case err = <-errc:
 	}
+	svc.beginStop()
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	serr := srv.Shutdown(sctx)
 	if peers != nil {
 		serr = errors.Join(serr, peers.Shutdown(sctx))
 	}
+	svc.stopRuns()
 	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer dcancel()
 	derr := d.Shutdown(dctx)

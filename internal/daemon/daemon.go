@@ -22,9 +22,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/comeback"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/evidence"
 	"github.com/runrecordd/runrecordd/internal/executor"
@@ -100,6 +102,13 @@ type Daemon struct {
 	metrics metrics.Metrics
 	events  events.Hub
 	probe   *imageparks.Gate
+
+	// stopping is set once the daemon parks its runs to stop
+	// (ParkForStop): no run starts or resumes after it.
+	stopping atomic.Bool
+	// comebackList is the runs to resume at the next start (comeback).
+	comebackOnce sync.Once
+	comebackList *comeback.List
 
 	// seam, set by unit tests only, runs at each step an operation
 	// reaches (reach).

@@ -54,7 +54,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 	}
 	d.reach("park.appended")
 	d.tearDownParked(r, lv)
-	if !d.fleet.Draining() { // a draining host's runs leave it
+	if !d.fleet.Draining() && !d.stopping.Load() { // a draining or stopping host's runs leave it
 		d.forms().WarmUp(id, taken.Snapshot, func() bool {
 			st, err := d.st.Run(id)
 			return err == nil && st.Phase == record.Parked && d.notHandedOff(id) == nil

@@ -29,6 +29,9 @@ func (d *Daemon) Resume(ctx context.Context, id string) (answers.Resumed, error)
 }
 
 func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed, error) {
+	if d.stopping.Load() {
+		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, ErrStopping)
+	}
 	clock := answers.NewClock()
 	ok, err := d.judgeResume(ctx, id, clock)
 	if err != nil {

@@ -25,6 +25,9 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	if d.fleet.Draining() {
 		return answers.Summary{}, fmt.Errorf("run: %w: it takes no new runs until it restarts", member.ErrDraining)
 	}
+	if d.stopping.Load() {
+		return answers.Summary{}, fmt.Errorf("run: %w", ErrStopping)
+	}
 	if id == "" {
 		var b [6]byte
 		_, _ = rand.Read(b[:])

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
@@ -57,6 +58,11 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 		return true, err
 	}
 	if _, err := d.resume(ctx, id, r); err != nil {
+		if errors.Is(err, ErrStopping) {
+			// Its results are all here: the next start resumes it.
+			d.listForStart(id)
+			return true, nil
+		}
 		d.log.Error("resume after park: every awaited result was posted before the park", "run", id, "err", err)
 	}
 	return true, nil

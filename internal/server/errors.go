@@ -101,6 +101,7 @@ var codes = []struct {
 	{api.CodeForbidden, is(fleet.ErrNotAdmitted), nil},
 	{api.CodeUnavailable, is(member.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive), nil},
 	{api.CodeDraining, is(member.ErrDraining), nil},
+	{api.CodeUnavailable, is(daemon.ErrStopping), nil},
 	{api.CodeBadRequest, is(daemon.ErrInvalid, bundle.ErrMalformed, unit.ErrInvalid, executor.ErrInvalid, executor.ErrImageMismatch,
 		store.ErrRunID, manifest.ErrMalformed, record.ErrMalformedSegment, record.ErrMalformedSnapshot, record.ErrAddress,
 		store.ErrKeyName, calls.ErrTranscript, calls.ErrNotJSON, trust.ErrKey), nil},

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -139,8 +140,14 @@ func (d *daemon) start() error {
 	fmt.Fprintf(logf, "=== e2e: starting %s daemon at %s\n", d.name, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(daemonBinary, append([]string{"serve", "--state-dir", d.state, "--log-level", "debug"}, d.flags...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// The stop policy follows systemd's variables (docs/daemon.md): a
+	// test run under a systemd service must not pass them on.
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return slices.Contains([]string{"NOTIFY_SOCKET", "INVOCATION_ID", "WATCHDOG_USEC", "WATCHDOG_PID"}, name)
+	})
 	if d.env != nil {
-		cmd.Env = append(os.Environ(), d.env...)
+		cmd.Env = append(cmd.Env, d.env...)
 		fmt.Fprintf(logf, "=== e2e: with %s\n", strings.Join(d.env, " "))
 	}
 	if err := cmd.Start(); err != nil {

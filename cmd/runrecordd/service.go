@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/notify"
+	"github.com/runrecordd/runrecordd/pkg/api"
+)
+
+// The stop policies (serve --on-stop; docs/daemon.md, "Stop and start").
+const (
+	// onStopPark parks every executing run before the daemon exits; the
+	// next start resumes them. The default under systemd.
+	onStopPark = "park"
+	// onStopLeave leaves the units running in their shims; the next
+	// start reattaches to them. The default otherwise.
+	onStopLeave = "leave"
+)
+
+// stopBound bounds the stop's parks; each CRIU dump has its own deadline
+// within it.
+const stopBound = 15 * time.Minute
+
+// extendEvery is how often a long start or stop asks systemd for more
+// time (three times this, each time).
+const extendEvery = 10 * time.Second
+
+// onStopPolicy is --on-stop as given, or its default: park when systemd
+// started the daemon, leave otherwise.
+func onStopPolicy(flag string, n *notify.Notifier) string {
+	if flag != "" {
+		return flag
+	}
+	if n.Managed() {
+		return onStopPark
+	}
+	return onStopLeave
+}
+
+// service is serve's part around the daemon: what it tells systemd, and
+// what the daemon's start and stop do with its runs.
+type service struct {
+	d      *daemon.Daemon
+	notify *notify.Notifier
+	onStop string
+	socket string
+	log    *slog.Logger
+	// stopping is set once the stop began: the watchdog is fed through
+	// it, the API being shut down.
+	stopping atomic.Bool
+}
+
+// started runs once the socket serves: the runs the last stop parked are
+// resumed, after the image-park probe (daemon.ComeBack), and then systemd
+// hears READY=1. The returned function ends the watchdog's pings.
+func (s *service) started(ctx context.Context) (stop func()) {
+	extending := s.notify.Extending(extendEvery)
+	for _, e := range s.d.ComeBack(ctx, daemon.DefaultParkAllParallel) {
+		if e.Answer != nil {
+			s.log.Info("start: resumed a run the last stop parked", "run", e.Run)
+		}
+	}
+	extending()
+	if err := s.notify.Ready(); err != nil {
+		s.log.Warn("telling systemd the daemon is ready", "err", err)
+	}
+	return s.notify.KeepAlive(s.healthy)
+}
+
+// healthy says whether the daemon answers on its socket (the watchdog's
+// test), or is stopping.
+func (s *service) healthy() bool {
+	if s.stopping.Load() {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(s.notify.Watchdog()/4, time.Second))
+	defer cancel()
+	_, err := api.NewClient(s.socket).Host(ctx)
+	return err == nil
+}
+
+// beginStop tells systemd the daemon stops.
+func (s *service) beginStop() {
+	s.stopping.Store(true)
+	if err := s.notify.Stopping(); err != nil {
+		s.log.Warn("telling systemd the daemon stops", "err", err)
+	}
+}
+
+// stopRuns applies the stop policy, the API already shut down: with park,
+// every executing run is parked, asking systemd for more time while the
+// parks go on.
+func (s *service) stopRuns() {
+	if s.onStop != onStopPark {
+		return
+	}
+	defer s.notify.Extending(extendEvery)()
+	ctx, cancel := context.WithTimeout(context.Background(), stopBound)
+	defer cancel()
+	start := time.Now()
+	runs, err := s.d.ParkForStop(ctx, daemon.DefaultParkAllParallel)
+	if err != nil {
+		s.log.Error("stop: executing runs not parked; they are left running", "err", err)
+		return
+	}
+	parked := 0
+	for _, e := range runs {
+		if e.Answer != nil {
+			parked++
+		}
+	}
+	s.log.Info("stop: parked the executing runs", "parked", parked, "not_parked", len(runs)-parked, "took", time.Since(start))
+}

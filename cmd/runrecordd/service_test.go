@@ -1,0 +1,27 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/notify"
+)
+
+// The stop policy: --on-stop as given, or park when systemd started the
+// daemon (NOTIFY_SOCKET or INVOCATION_ID set), leave otherwise.
+func TestOnStopPolicy(t *testing.T) {
+	for _, c := range []struct {
+		flag, socket, invocation, want string
+	}{
+		{"", "", "", onStopLeave},
+		{"", "/run/systemd/notify", "", onStopPark},
+		{"", "", "0123abcd", onStopPark},
+		{onStopLeave, "/run/systemd/notify", "0123abcd", onStopLeave},
+		{onStopPark, "", "", onStopPark},
+	} {
+		t.Setenv("NOTIFY_SOCKET", c.socket)
+		t.Setenv("INVOCATION_ID", c.invocation)
+		if got := onStopPolicy(c.flag, notify.FromEnv()); got != c.want {
+			t.Errorf("--on-stop=%q, NOTIFY_SOCKET=%q, INVOCATION_ID=%q: %s, want %s", c.flag, c.socket, c.invocation, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,213 @@
+//go:build linux
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/api"
+)
+
+// TestReboot reboots a host as a shutdown does (docs/operations.md). The
+// daemon runs as a systemd service would (INVOCATION_ID set: the stop
+// policy is park) and holds an executing image run, a parked image run, a
+// transcript run parked on an await and a transcript run executing (in
+// its thinking). It is stopped with SIGTERM; then every process of its
+// state directory (shims, containerd) and every unit in its cgroups is
+// killed, and what is mounted under the state directory goes, as a power
+// cycle leaves a host. Started again on the same state directory:
+//
+//   - the executing image run is executing again, one process from its
+//     start: the stop parked it and the start resumed it;
+//   - the parked image run is still parked, and resumes with its process
+//     state;
+//   - the executing transcript run is executing again, its wait proof
+//     still proved (the stop parked it with its call account);
+//   - the transcript run parked on its await takes its posted result.
+func TestReboot(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	d := mustDaemon(t, "reboot", func(d *daemon) { d.env = []string{"INVOCATION_ID=e2e-reboot"} })
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
+	const executing, parked, awaiting, thinking = "rb-executing", "rb-parked", "rb-awaiting", "rb-thinking"
+	startOracle(t, d, executing, oracleImage)
+	startOracle(t, d, parked, oracleImage)
+	_, atPark := park(t, d, parked)
+	trStart(t, d, awaiting, trAgentImage, "STEPS=2")
+	trParked(t, d, awaiting, 2)
+	// Its thinking outlasts the test: it is executing at the stop.
+	trStart(t, d, thinking, trAgentImage, "STEPS=1", "WORK_ITERS=2000000000")
+	waitSaidText(t, d, thinking, "step 1: thinking")
+
+	stopping := time.Now()
+	mustStop(t, d)
+	t.Logf("stop, parking the 2 executing runs: %v", time.Since(stopping).Round(time.Millisecond))
+	atStop := last(output(t, d.stdout(executing)))
+	rebootHost(t, d)
+	starting := time.Now()
+	mustStart(t, d)
+
+	t.Run("ExecutingImageRun", func(t *testing.T) {
+		r := trWait(t, d, executing, "resumed by the start", func(r api.Run) bool { return r.Phase == "executing" && r.Segments >= 3 })
+		if r.Status != "running" || r.Segments != 3 {
+			t.Fatalf("after the reboot: %+v, want running with 3 segments (parked by the stop, resumed by the start)", r)
+		}
+		t.Logf("from the start to the run resumed: %v", time.Since(starting).Round(time.Millisecond))
+		ls := waitLines(t, d.stdout(executing), "a line verified after the reboot", func(ls []line) bool {
+			return len(ls) > 0 && last(ls).VerifiedAt > atStop.Counter
+		})
+		checkOneProcess(t, ls)
+		if got, want := kinds(mustShow(t, d, executing).Segments), "executed suspended resumed"; got != want {
+			t.Fatalf("segments %s, want %s", got, want)
+		}
+	})
+	t.Run("ParkedImageRun", func(t *testing.T) {
+		r, err := d.run(ctx, parked)
+		if err != nil || r.Phase != "parked" || r.Segments != 2 {
+			t.Fatalf("after the reboot: %+v, %v; want it parked as it was (2 segments)", r, err)
+		}
+		resume(t, d, parked, nil, atPark)
+	})
+	t.Run("ExecutingTranscriptRun", func(t *testing.T) {
+		r := trWait(t, d, thinking, "resumed by the start", func(r api.Run) bool { return r.Phase == "executing" && r.Segments >= 3 })
+		if r.Status != "running" || r.Segments != 3 {
+			t.Fatalf("after the reboot: %+v, want running with 3 segments (parked by the stop, resumed by the start)", r)
+		}
+		wp, err := d.c.WaitProof(ctx, thinking)
+		if err != nil || wp.Verdict != "NonBlocking" {
+			t.Fatalf("wait proof %+v, %v; want NonBlocking (the stop's park kept the interval's call account)", wp, err)
+		}
+		t.Logf("wait proof: %s: %s", wp.Verdict, wp.Reason)
+	})
+	t.Run("TranscriptRunOnAwait", func(t *testing.T) {
+		r, err := d.run(ctx, awaiting)
+		if err != nil || r.Phase != "parked" || r.Segments != 2 {
+			t.Fatalf("after the reboot: %+v, %v; want it parked on its await as it was", r, err)
+		}
+		trPost(t, d, awaiting, "call-1", trResult(1))
+		trParked(t, d, awaiting, 5)
+		wp, err := d.c.WaitProof(ctx, awaiting)
+		if err != nil || wp.Verdict != "NonBlocking" {
+			t.Fatalf("wait proof %+v, %v; want NonBlocking", wp, err)
+		}
+	})
+}
+
+// waitSaidText waits until transcript run id's unit output holds an
+// "append" of text.
+func waitSaidText(t *testing.T, d *daemon, id, text string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, _ := os.ReadFile(d.stdout(id))
+		if strings.Contains(string(b), `"text":"`+text+`"`) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s: its unit did not say %q: %s", id, text, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// rebootHost does to d's stopped daemon's host what a power cycle does:
+// every unit in its cgroups and every process of its state directory
+// (shims, containerd) killed, then what is mounted under it unmounted.
+func rebootHost(t *testing.T, d *daemon) {
+	t.Helper()
+	if d.running() {
+		t.Fatal("reboot: the daemon is running")
+	}
+	killed := 0
+	for range 50 {
+		var pids []int
+		for _, dir := range d.cgroupDirs() {
+			_ = filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+				if err == nil && e.Name() == "cgroup.procs" {
+					b, _ := os.ReadFile(p)
+					for _, f := range strings.Fields(string(b)) {
+						if pid, err := strconv.Atoi(f); err == nil {
+							pids = append(pids, pid)
+						}
+					}
+				}
+				return nil
+			})
+		}
+		for _, p := range d.processes() {
+			if pid, err := strconv.Atoi(strings.SplitN(p, ":", 2)[0]); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		if len(pids) == 0 {
+			break
+		}
+		for _, pid := range pids {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err == nil || !errors.Is(err, syscall.ESRCH) {
+				killed++
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if left := d.processes(); len(left) > 0 || d.cgroupProcs() > 0 {
+		t.Fatalf("reboot: still running after SIGKILL: %s; %d in the cgroups", strings.Join(left, "; "), d.cgroupProcs())
+	}
+	d.unmount()
+	t.Logf("reboot: %d processes killed, the mounts under %s gone", killed, d.root)
+}
+
+// TestParkAllThenRestart: `park --all` parks every executing run (and
+// only those) and reports each; the daemon, stopped under the leave
+// policy (not under systemd) and started again, resumes the runs it
+// parked, each one process from its start, and leaves a run parked by
+// hand parked.
+func TestParkAllThenRestart(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	d := mustDaemon(t, "park-all")
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	const a, b, byHand = "pa-a", "pa-b", "pa-by-hand"
+	startOracle(t, d, a, oracleImage)
+	startOracle(t, d, b, oracleImage)
+	startOracle(t, d, byHand, oracleImage)
+	park(t, d, byHand)
+	p, err := d.c.ParkAll(ctx, api.ParkAllRequest{Parallel: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, r := range p.Runs {
+		if r.Error != nil || r.Park == nil || r.Park.Run.Status != "parked (image)" {
+			t.Fatalf("park --all: %s: %+v (error %+v)", r.Run, r.Park, r.Error)
+		}
+		got[r.Run] = true
+	}
+	if p.Parked != 2 || p.Left != 0 || len(p.Runs) != 2 || !got[a] || !got[b] {
+		t.Fatalf("park --all: %+v, want %s and %s parked", p, a, b)
+	}
+	atPark := map[string]line{a: last(output(t, d.stdout(a))), b: last(output(t, d.stdout(b)))}
+	mustStop(t, d)
+	mustStart(t, d)
+	for _, id := range []string{a, b} {
+		r := trWait(t, d, id, "resumed by the start", func(r api.Run) bool { return r.Phase == "executing" })
+		if r.Status != "running" || r.Segments != 3 {
+			t.Fatalf("%s after the restart: %+v, want running with 3 segments", id, r)
+		}
+		ls := waitLines(t, d.stdout(id), "a line verified after the restart", func(ls []line) bool {
+			return len(ls) > 0 && last(ls).VerifiedAt > atPark[id].Counter
+		})
+		checkOneProcess(t, ls)
+	}
+	if r, err := d.run(ctx, byHand); err != nil || r.Phase != "parked" || r.Segments != 2 {
+		t.Fatalf("%s after the restart: %+v, %v; want it parked as it was", byHand, r, err)
+	}
+}
