@@ -71,7 +71,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.lazyServed, "lazy-served", false, "with --lazy-resume: a page server verifies each chunk of a chunked image as its pages are first served, instead of the resume rehashing every stored byte before the restore (docs/lazy-resume.md)")
 	fs.IntVar(&f.warmPool, "warm-pool", warmpool.DefaultMax, "how many warm sandboxes to keep at once for parked transcript runs awaiting results (0: none; docs/warm-pool.md)")
 	fs.DurationVar(&f.warmAge, "warm-pool-age", warmpool.DefaultMaxAge, "how long a warm sandbox waits for its run's resume before it is discarded")
-	fs.StringVar(&f.onStop, "on-stop", "", "what a stop (SIGTERM) does with executing runs: park (the next start resumes them) or leave (running in their shims; the next start reattaches); default park under systemd, leave otherwise (docs/daemon.md)")
+	fs.StringVar(&f.onStop, "on-stop", "", "what a stop (SIGTERM) does with executing runs: park (the next start resumes them) or leave (running in their shims; the next start reattaches); default park (docs/daemon.md)")
 	f.etcd.register(fs)
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", fleet.DefaultTTL, "in a fleet: the time to live of this host's lease, which its ownership of runs rides on")
 	fs.StringVar(&f.peerListen, "peer-listen", "", "in a fleet: serve the fleet on this host:port over mutual TLS (the API to admitted platform keys, runs and objects to admitted hosts); other hosts reach this host there, so give an address they can")
@@ -205,7 +205,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 		go func() { _ = peers.Serve(pl) }()
 		log.Info("serving the fleet's platforms", "peer-listen", pl.Addr().String())
 	}
-	svc := &service{d: d, notify: sd, onStop: onStopPolicy(f.onStop, sd), socket: socket, log: log}
+	svc := &service{d: d, notify: sd, onStop: onStopPolicy(f.onStop), socket: socket, log: log}
 	return serveAPI(ctx, svc, l, stdout, peers)
 }
 

@@ -14,10 +14,10 @@ import (
 // The stop policies (serve --on-stop; docs/daemon.md, "Stop and start").
 const (
 	// onStopPark parks every executing run before the daemon exits; the
-	// next start resumes them. The default under systemd.
+	// next start resumes them. The default.
 	onStopPark = "park"
 	// onStopLeave leaves the units running in their shims; the next
-	// start reattaches to them. The default otherwise.
+	// start reattaches to them: for a restart of the daemon alone.
 	onStopLeave = "leave"
 )
 
@@ -29,16 +29,13 @@ const stopBound = 15 * time.Minute
 // time (three times this, each time).
 const extendEvery = 10 * time.Second
 
-// onStopPolicy is --on-stop as given, or its default: park when systemd
-// started the daemon, leave otherwise.
-func onStopPolicy(flag string, n *notify.Notifier) string {
+// onStopPolicy is --on-stop as given, or its default, park: a stop
+// that leaves runs executing loses them if the host then goes down.
+func onStopPolicy(flag string) string {
 	if flag != "" {
 		return flag
 	}
-	if n.Managed() {
-		return onStopPark
-	}
-	return onStopLeave
+	return onStopPark
 }
 
 // service is serve's part around the daemon: what it tells systemd, and

@@ -2,17 +2,15 @@ package main
 
 import (
 	"testing"
-
-	"github.com/runrecordd/runrecordd/internal/notify"
 )
 
-// The stop policy: --on-stop as given, or park when systemd started the
-// daemon (NOTIFY_SOCKET or INVOCATION_ID set), leave otherwise.
+// The stop policy: --on-stop as given, park otherwise, whether or not
+// systemd started the daemon (NOTIFY_SOCKET or INVOCATION_ID set).
 func TestOnStopPolicy(t *testing.T) {
 	for _, c := range []struct {
 		flag, socket, invocation, want string
 	}{
-		{"", "", "", onStopLeave},
+		{"", "", "", onStopPark},
 		{"", "/run/systemd/notify", "", onStopPark},
 		{"", "", "0123abcd", onStopPark},
 		{onStopLeave, "/run/systemd/notify", "0123abcd", onStopLeave},
@@ -20,7 +18,7 @@ func TestOnStopPolicy(t *testing.T) {
 	} {
 		t.Setenv("NOTIFY_SOCKET", c.socket)
 		t.Setenv("INVOCATION_ID", c.invocation)
-		if got := onStopPolicy(c.flag, notify.FromEnv()); got != c.want {
+		if got := onStopPolicy(c.flag); got != c.want {
 			t.Errorf("--on-stop=%q, NOTIFY_SOCKET=%q, INVOCATION_ID=%q: %s, want %s", c.flag, c.socket, c.invocation, got, c.want)
 		}
 	}

@@ -37,6 +37,10 @@ type daemon struct {
 	env []string
 	// flags are added to `serve` at every start.
 	flags []string
+	// stopDefault: the daemon stops under its default policy (park).
+	// Unset, every start adds --on-stop=leave (unless flags name a
+	// policy), for the tests that stop a daemon to see it reattach.
+	stopDefault bool
 	// fleet: the daemon serves in a fleet, where a run it holds parked
 	// may be another host's to close (its close is refused not_owner).
 	fleet bool
@@ -138,7 +142,11 @@ func (d *daemon) start() error {
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "=== e2e: starting %s daemon at %s\n", d.name, time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(daemonBinary, append([]string{"serve", "--state-dir", d.state, "--log-level", "debug"}, d.flags...)...)
+	args := append([]string{"serve", "--state-dir", d.state, "--log-level", "debug"}, d.flags...)
+	if !d.stopDefault && !slices.ContainsFunc(d.flags, func(f string) bool { return strings.HasPrefix(f, "--on-stop") }) {
+		args = append(args, "--on-stop=leave")
+	}
+	cmd := exec.Command(daemonBinary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The stop policy follows systemd's variables (docs/daemon.md): a
 	// test run under a systemd service must not pass them on.

@@ -93,6 +93,7 @@ func TestNotifyProtocol(t *testing.T) {
 	path, got := notifySocket(t)
 	d := mustDaemon(t, "notify", func(d *daemon) {
 		d.env = []string{"NOTIFY_SOCKET=" + path, "WATCHDOG_USEC=2000000"}
+		d.stopDefault = true
 	})
 	pid := d.cmd.Process.Pid
 	await(t, got, pid, "READY=1", 2*time.Minute)
@@ -121,7 +122,7 @@ func TestNotifyProtocol(t *testing.T) {
 		}
 	}
 
-	// The stop parked the run (the policy is park under systemd); the
+	// The stop parked the run (the default policy, park); the
 	// next start resumes it.
 	mustStart(t, d)
 	await(t, got, d.cmd.Process.Pid, "READY=1", 2*time.Minute)

@@ -17,8 +17,8 @@ import (
 )
 
 // TestReboot reboots a host as a shutdown does (docs/operations.md). The
-// daemon runs as a systemd service would (INVOCATION_ID set: the stop
-// policy is park) and holds an executing image run, a parked image run, a
+// daemon runs under its default stop policy (park), as under systemd or
+// from a shell, and holds an executing image run, a parked image run, a
 // transcript run parked on an await and a transcript run executing (in
 // its thinking). It is stopped with SIGTERM; then every process of its
 // state directory (shims, containerd) and every unit in its cgroups is
@@ -35,7 +35,7 @@ import (
 func TestReboot(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	d := mustDaemon(t, "reboot", func(d *daemon) { d.env = []string{"INVOCATION_ID=e2e-reboot"} })
+	d := mustDaemon(t, "reboot", func(d *daemon) { d.stopDefault = true })
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
 	const executing, parked, awaiting, thinking = "rb-executing", "rb-parked", "rb-awaiting", "rb-thinking"
