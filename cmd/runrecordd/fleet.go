@@ -212,8 +212,9 @@ func fleetStatus(ctx context.Context, e etcdFlags, stdout io.Writer) error {
 
 // peerServer serves, on the fleet's mutual-TLS listener (internal/peer;
 // docs/fleet.md, "Peer listener and keys"), this host's objects to admitted
-// host keys and the client API to admitted platform keys: each role gets
-// nothing of the other's routes, and a key nobody admitted nothing at all.
+// host keys and, by api (server.NewPlatform), the platform keys' route table
+// to admitted platform keys: each role gets nothing of the other's routes,
+// and a key nobody admitted nothing at all.
 func peerServer(state, addr string, dir *fleet.Dir, api, peers http.Handler, log *slog.Logger) (*http.Server, net.Listener, error) {
 	key, err := attest.LoadOrCreateKey(filepath.Join(state, "host.key"))
 	if err != nil {
@@ -227,7 +228,7 @@ func peerServer(state, addr string, dir *fleet.Dir, api, peers http.Handler, log
 	for _, p := range server.PeerRoutes {
 		mux.Handle(p, peer.Require(fleet.RoleHost, peers))
 	}
-	mux.Handle("/", peer.Require(fleet.RolePlatform, api))
+	mux.Handle("/", api) // server.NewPlatform: platform keys only
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	return srv, l, nil

@@ -23,6 +23,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/park"
+	"github.com/runrecordd/runrecordd/internal/platform"
 	"github.com/runrecordd/runrecordd/internal/retention"
 	"github.com/runrecordd/runrecordd/internal/server"
 	"github.com/runrecordd/runrecordd/internal/warmpool"
@@ -45,6 +46,8 @@ type serveFlags struct {
 	lazyResume, lazyServed                    bool
 	warmPool                                  int
 	warmAge                                   time.Duration
+	platform                                  platform.Limits
+	platformMounts                            listFlag
 }
 
 // register declares serve's flags on fs.
@@ -71,6 +74,9 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.warmAge, "warm-pool-age", warmpool.DefaultMaxAge, "how long a warm sandbox waits for its run's resume before it is discarded")
 	f.etcd.register(fs)
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", fleet.DefaultTTL, "in a fleet: the time to live of this host's lease, which its ownership of runs rides on")
+	fs.IntVar(&f.platform.Runs, "platform-runs", platform.DefaultRuns, "in a fleet: how many runs each platform key may have on this host at once (not closed, not handed off)")
+	fs.Int64Var(&f.platform.StoreBytes, "platform-store-bytes", platform.DefaultStoreBytes, "in a fleet: how many bytes of this host's store each platform key's runs may reach before it may start no more")
+	fs.Var(&f.platformMounts, "platform-mount-allow", "in a fleet: a host path under which a platform key's runs may mount read-only (repeat for more; default none: docs/fleet.md)")
 	fs.StringVar(&f.peerListen, "peer-listen", "", "in a fleet: serve the fleet on this host:port over mutual TLS (the API to admitted platform keys, runs and objects to admitted hosts); other hosts reach this host there, so give an address they can")
 }
 
@@ -85,6 +91,15 @@ func (f *serveFlags) check() (slog.Level, error) {
 		if !filepath.IsAbs(m) {
 			return lv, usagef("--bundle-mount-allow %s: not an absolute path", m)
 		}
+	}
+	for _, m := range f.platformMounts {
+		if !filepath.IsAbs(m) {
+			return lv, usagef("--platform-mount-allow %s: not an absolute path", m)
+		}
+	}
+	f.platform.Mounts = f.platformMounts
+	if f.platform.Runs <= 0 || f.platform.StoreBytes <= 0 {
+		return lv, usagef("--platform-runs and --platform-store-bytes must be positive")
 	}
 	if err := lv.UnmarshalText([]byte(f.level)); err != nil {
 		return lv, usagef("--log-level: %v", err)
@@ -189,7 +204,12 @@ func cmdServe(args []string, stdout io.Writer) error {
 	var peers *http.Server
 	if f.peerListen != "" {
 		var pl net.Listener
-		if peers, pl, err = peerServer(f.state, f.peerListen, dir, server.New(d, log), server.Peer(d, log), log); err != nil {
+		books, err := platform.Open(platform.Dir(f.state))
+		if err == nil {
+			platforms := server.NewPlatform(d, server.Tenancy{Books: books, Limits: f.platform}, log)
+			peers, pl, err = peerServer(f.state, f.peerListen, dir, platforms, server.Peer(d, log), log)
+		}
+		if err != nil {
 			l.Close()
 			return errors.Join(err, d.Shutdown(context.Background()))
 		}
