@@ -188,3 +188,41 @@ func TestFleetPlatformRoles(t *testing.T) {
 		t.Fatalf("the operator's gc: %v", err)
 	}
 }
+
+// adopt on the host that exported a run refuses it (handed_off): the
+// bundle holds the run now, and the handoff stays, so a result posted or
+// a resume there runs nothing. The very bundle taken back with
+// import --reclaim makes it resumable there again.
+func TestFleetAdoptExported(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, keyA := f.host(t, "exporter")
+	const id = "exported"
+	startOracle(t, a, id, oracleImage)
+	park(t, a, id)
+	var bundle bytes.Buffer
+	if err := a.c.Export(ctx, id, &bundle); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.c.Adopt(ctx, id)
+	apiError(t, err, api.CodeHandedOff)
+	r, err := a.run(ctx, id)
+	if err != nil || !r.HandedOff {
+		t.Fatalf("after the refused adopt: %+v, %v; want the run still handed off", r, err)
+	}
+	_, err = a.c.Resume(ctx, id)
+	apiError(t, err, api.CodeHandedOff)
+	if e, err := f.dir(t).Run(ctx, genesisOf(t, r)); err != nil || e.Owner.String() != keyA || e.Head.String() != r.Head {
+		t.Fatalf("the directory after the refused adopt: %+v, %v", e, err)
+	}
+	if _, err := a.c.ImportWith(ctx, bytes.NewReader(bundle.Bytes()), id, true); err != nil {
+		t.Fatalf("import --reclaim of the exported bundle: %v", err)
+	}
+	if r, err := a.run(ctx, id); err != nil || r.HandedOff || r.Phase != "parked" {
+		t.Fatalf("after import --reclaim: %+v, %v; want it parked here", r, err)
+	}
+	if _, err := a.c.Resume(ctx, id); err != nil {
+		t.Fatalf("resume after import --reclaim: %v", err)
+	}
+}
