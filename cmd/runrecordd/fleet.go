@@ -109,10 +109,10 @@ func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration
 	}, nil
 }
 
-// cmdFleet is `fleet key`, `fleet admit` and `fleet status`: the
+// cmdFleet is `fleet key`, `fleet admit`, `fleet revoke` and `fleet status`: the
 // operator's side of a fleet, against its etcd (docs/fleet.md).
 func cmdFleet(args []string, stdout io.Writer) error {
-	const use = "usage: runrecordd fleet key [--state-dir DIR] | fleet admit KEY --name NAME [--role host|platform] --etcd ENDPOINTS | fleet status --etcd ENDPOINTS"
+	const use = "usage: runrecordd fleet key [--state-dir DIR] | fleet admit KEY --name NAME [--role host|platform] --etcd ENDPOINTS | fleet revoke KEY --etcd ENDPOINTS | fleet status --etcd ENDPOINTS"
 	if len(args) == 0 {
 		return usagef(use)
 	}
@@ -127,7 +127,7 @@ func cmdFleet(args []string, stdout io.Writer) error {
 		e.register(fs)
 		fs.StringVar(&name, "name", "", "the host's or platform's name")
 		fs.StringVar(&role, "role", role, "host (a peer that owns runs) or platform (a client of the API)")
-	case "status":
+	case "status", "revoke":
 		e.register(fs)
 	default:
 		return usagef(use)
@@ -147,6 +147,8 @@ func cmdFleet(args []string, stdout io.Writer) error {
 		return err
 	case sub == "admit" && len(pos) == 1:
 		return fleetAdmit(ctx, e, pos[0], name, fleet.Role(role), stdout)
+	case sub == "revoke" && len(pos) == 1:
+		return fleetRevoke(ctx, e, pos[0], stdout)
 	case sub == "status" && len(pos) == 0:
 		return fleetStatus(ctx, e, stdout)
 	}

@@ -213,6 +213,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 			l.Close()
 			return errors.Join(err, d.Shutdown(context.Background()))
 		}
+		cutRevoked(ctx, dir, peers, log)
 		go func() { _ = peers.Serve(pl) }()
 		log.Info("serving the fleet's platforms", "peer-listen", pl.Addr().String())
 	}

@@ -8,6 +8,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -225,4 +226,80 @@ func TestFleetAdoptExported(t *testing.T) {
 	if _, err := a.c.Resume(ctx, id); err != nil {
 		t.Fatalf("resume after import --reclaim: %v", err)
 	}
+}
+
+// `fleet revoke` cuts a platform key's live connection (an event stream)
+// within 5 s, and its next handshake is refused; a revoked host's lease is
+// gone, so its fence refuses a new run (not_owner), and it does not join
+// again.
+func TestFleetRevoke(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, keyA := f.hostWithout(t, "revoke-a")
+	b, keyB := f.host(t, "revoke-b")
+	p := newKeyClient(t, f, a, keyA, "platform")
+
+	resp, err := p.c.Get(p.base + "/v1/events")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the platform's event stream: %v, %v", resp, err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		ended <- err
+	}()
+	select {
+	case err := <-ended:
+		t.Fatalf("the event stream ended before any revocation: %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	revokedAt := time.Now()
+	out := f.cli(t, "fleet", "revoke", p.key)
+	if !strings.Contains(out, "revoked "+p.key) {
+		t.Fatalf("fleet revoke: %s", out)
+	}
+	select {
+	case <-ended:
+		t.Logf("the revoked key's stream was cut %v after the revocation", time.Since(revokedAt).Round(time.Millisecond))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the revoked platform key's connection was still open 5 s after its revocation")
+	}
+	if _, _, err := p.do("GET", "/v1/runs", nil); err == nil {
+		t.Fatal("a revoked platform key got through a new handshake")
+	}
+
+	out = f.cli(t, "fleet", "revoke", keyB)
+	if !strings.Contains(out, "lease") || !strings.Contains(out, "revoked") {
+		t.Fatalf("fleet revoke of a host: %s", out)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := b.c.Start(ctx, api.RunRequest{ID: "after-revoke", Unit: unit.Spec{Image: oracleImage, Env: oracleEnv},
+			Grants: unit.Grants{MilliCPU: 1000, MemoryBytes: 256 << 20, Network: unit.NoNetwork}})
+		if err == nil {
+			t.Fatal("a revoked host started a run")
+		}
+		var ae *api.Error
+		if errors.As(err, &ae) && ae.Code == api.CodeNotOwner {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a revoked host's start: %v, want not_owner", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if m, err := f.dir(t).Member(ctx, mustKey(t, keyB)); err == nil || m.Lease != 0 {
+		t.Fatalf("the revoked host in the directory: %+v, %v", m, err)
+	}
+}
+
+func mustKey(t *testing.T, text string) record.Address {
+	t.Helper()
+	k, err := record.ParseAddress(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }
