@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -36,12 +37,49 @@ const maxEtcdTimeout = time.Minute
 type etcdFlags struct {
 	endpoints, prefix string
 	timeout           time.Duration // each request's bound
+	// Client TLS (each a PEM file) and etcd's authentication.
+	cacert, cert, key  string
+	user, passwordFile string
 }
 
 func (e *etcdFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.endpoints, "etcd", "", "the fleet's etcd endpoints, comma-separated (none: this host runs alone)")
 	fs.StringVar(&e.prefix, "etcd-prefix", fleet.DefaultPrefix, "the fleet's key prefix in etcd")
 	fs.DurationVar(&e.timeout, "etcd-timeout", fleet.DefaultTimeout, "how long each request to etcd may take before the host acts as if it was not applied")
+	fs.StringVar(&e.cacert, "etcd-cacert", "", "verify etcd's serving certificate with this CA bundle (PEM): the endpoints are https")
+	fs.StringVar(&e.cert, "etcd-cert", "", "present this client certificate (PEM) to etcd; with --etcd-key")
+	fs.StringVar(&e.key, "etcd-key", "", "the client certificate's private key (PEM)")
+	fs.StringVar(&e.user, "etcd-user", "", "authenticate to etcd as this user; with --etcd-password-file")
+	fs.StringVar(&e.passwordFile, "etcd-password-file", "", "a file holding the etcd user's password (its first line)")
+}
+
+// config is the etcd client's configuration from the flags: the one place
+// they meet the client (TLS, authentication).
+func (e *etcdFlags) config() (clientv3.Config, error) {
+	cfg := clientv3.Config{Endpoints: strings.Split(e.endpoints, ","), DialTimeout: e.timeout, Logger: zap.NewNop()}
+	if (e.cert == "") != (e.key == "") {
+		return cfg, usagef("--etcd-cert and --etcd-key go together")
+	}
+	if e.cacert != "" || e.cert != "" {
+		info := transport.TLSInfo{CertFile: e.cert, KeyFile: e.key, TrustedCAFile: e.cacert}
+		tc, err := info.ClientConfig()
+		if err != nil {
+			return cfg, fmt.Errorf("etcd client TLS: %w", err)
+		}
+		cfg.TLS = tc
+	}
+	if (e.user == "") != (e.passwordFile == "") {
+		return cfg, usagef("--etcd-user and --etcd-password-file go together")
+	}
+	if e.user != "" {
+		b, err := os.ReadFile(e.passwordFile)
+		if err != nil {
+			return cfg, fmt.Errorf("--etcd-password-file: %w", err)
+		}
+		pw, _, _ := strings.Cut(string(b), "\n")
+		cfg.Username, cfg.Password = e.user, strings.TrimSuffix(pw, "\r")
+	}
+	return cfg, nil
 }
 
 // dir connects to the fleet's directory; the caller closes it.
@@ -52,7 +90,11 @@ func (e *etcdFlags) dir() (*fleet.Dir, io.Closer, error) {
 	if e.timeout <= 0 || e.timeout > maxEtcdTimeout {
 		return nil, nil, usagef("--etcd-timeout %v: give one over 0 and at most %v", e.timeout, maxEtcdTimeout)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(e.endpoints, ","), DialTimeout: e.timeout, Logger: zap.NewNop()})
+	cfg, err := e.config()
+	if err != nil {
+		return nil, nil, err
+	}
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("etcd %s: %w", e.endpoints, err)
 	}

@@ -12,12 +12,14 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/peer"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -302,4 +304,71 @@ func mustKey(t *testing.T, text string) record.Address {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// The fleet over an etcd cluster of three member processes serving
+// clients only over TLS, with a client certificate required and
+// authentication on: the hosts and the fleet verbs reach it with
+// --etcd-cacert, --etcd-cert, --etcd-key, --etcd-user and
+// --etcd-password-file, as a user whose role reads and writes the fleet's
+// prefix only. Two hosts join, a running oracle migrates from one to the
+// other, and the directory names the second. Without the password, or
+// without the client certificate, the fleet verbs are refused.
+func TestFleetSecureEtcd(t *testing.T) {
+	privileged(t)
+	parallelFleet(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	s, err := etcdtest.NewSecure(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := etcdtest.SpawnSecure(etcdMember, t.TempDir, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	const prefix = "/secure-fleet/"
+	if err := c.Grant(ctx, "runrecordd", "host-password", prefix); err != nil {
+		t.Fatal(err)
+	}
+	pw := filepath.Join(dir, "etcd-password")
+	if err := os.WriteFile(pw, []byte("host-password\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tlsFlags := []string{"--etcd-cacert", s.Path(etcdtest.CAFile), "--etcd-cert", s.Path(etcdtest.ClientCertFile),
+		"--etcd-key", s.Path(etcdtest.ClientKeyFile)}
+	f := &fleetEnv{c: c, endpoints: strings.Join(c.Endpoints(), ","), prefix: prefix,
+		etcd: append(slices.Clone(tlsFlags), "--etcd-user", "runrecordd", "--etcd-password-file", pw)}
+
+	// Refused: the certificate without the password; the password without
+	// the certificate.
+	base := []string{"fleet", "status", "--etcd", f.endpoints, "--etcd-prefix", prefix, "--etcd-timeout", "3s"}
+	for name, extra := range map[string][]string{
+		"no password":    tlsFlags,
+		"no certificate": {"--etcd-cacert", s.Path(etcdtest.CAFile), "--etcd-user", "runrecordd", "--etcd-password-file", pw},
+	} {
+		if out, err := exec.Command(daemonBinary, append(slices.Clone(base), extra...)...).CombinedOutput(); err == nil {
+			t.Fatalf("fleet status with %s: it answered\n%s", name, out)
+		}
+	}
+
+	a, _ := f.host(t, "secure-a")
+	b, keyB := f.host(t, "secure-b")
+	const id = "secure-mover"
+	started := startOracle(t, a, id, oracleImage)
+	if _, err := a.c.Migrate(ctx, id, keyB); err != nil {
+		t.Fatalf("migrate over the secure etcd: %v\n%s", err, a.logTail())
+	}
+	r, err := b.run(ctx, id)
+	if err != nil || r.Phase != "executing" || r.Status != "running" {
+		t.Fatalf("on the second host: %+v, %v", r, err)
+	}
+	e, err := f.dir(t).Run(ctx, mustKey(t, started.Head))
+	if err != nil || e.Owner.String() != keyB || e.Head.String() != r.Head {
+		t.Fatalf("directory %+v (%v), want owned by %s at %s", e, err, keyB, r.Head)
+	}
+	if out := f.cli(t, "fleet", "status"); !strings.Contains(out, "secure-b") || !strings.Contains(out, "orphaned runs: 0") {
+		t.Fatalf("fleet status over the secure etcd:\n%s", out)
+	}
 }
