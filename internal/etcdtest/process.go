@@ -96,7 +96,7 @@ type process struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	client string
-	tls    string // a Secure's directory, when the member serves clients over TLS
+	tls    string        // a Secure's directory, when the member serves clients over TLS
 	stderr bytes.Buffer  // read once exited is closed: Wait has copied it all
 	exited chan struct{} // closed once cmd.Wait returned
 	err    error         // cmd.Wait's, once exited is closed
