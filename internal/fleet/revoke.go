@@ -11,8 +11,8 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// Revoke removes key's membership (ErrNotAdmitted when it has none) and
-// revokes the lease of its live session, if any: its alive/ and
+// Revoke removes key's membership and revokes the lease of its live
+// session, if any (ErrNotAdmitted when it has neither): its alive/ and
 // draining/ keys go with the lease, so its fence refuses every further
 // append (each compares the writer's alive/ key with its lease), it cannot
 // join again (it is not admitted), and the runs it owned are orphans,
@@ -26,19 +26,23 @@ func (d *Dir) Revoke(ctx context.Context, key record.Address) (Member, error) {
 	ctx, cancel := d.bounded(ctx)
 	defer cancel()
 	hk := d.hostKey(key)
-	r, err := d.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(hk), ">", 0)).
-		Then(clientv3.OpGet(hk), clientv3.OpGet(d.aliveKey(key)), clientv3.OpDelete(hk)).Commit()
+	r, err := d.cli.Txn(ctx).Then(clientv3.OpGet(hk), clientv3.OpGet(d.aliveKey(key)), clientv3.OpDelete(hk)).Commit()
 	if err != nil {
 		return Member{}, unavailable("revoke "+key.String(), err)
 	}
-	if !r.Succeeded {
+	hosts, alive := r.Responses[0].GetResponseRange().Kvs, r.Responses[1].GetResponseRange().Kvs
+	if len(hosts) == 0 && len(alive) == 0 {
 		return Member{}, fmt.Errorf("host %s: %w", key, ErrNotAdmitted)
 	}
-	m, err := decodeMember(key, r.Responses[0].GetResponseRange().Kvs[0].Value)
-	if err != nil {
-		m = Member{Key: key} // removed all the same; its value said nothing
+	m := Member{Key: key}
+	if len(hosts) == 1 {
+		if dm, err := decodeMember(key, hosts[0].Value); err == nil {
+			m = dm // else removed all the same; its value said nothing
+		}
 	}
-	if alive := r.Responses[1].GetResponseRange().Kvs; len(alive) == 1 && alive[0].Lease != 0 {
+	// A session left by an earlier revocation whose lease revoke failed is
+	// revoked now: revoking again finishes the job.
+	if len(alive) == 1 && alive[0].Lease != 0 {
 		m.Lease = alive[0].Lease
 		if _, err := d.cli.Revoke(ctx, clientv3.LeaseID(m.Lease)); err != nil {
 			return m, unavailable(fmt.Sprintf("revoke %s: membership removed, but its lease %x", key, m.Lease), err)
