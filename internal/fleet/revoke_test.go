@@ -15,9 +15,7 @@ import (
 // run is an orphan that another host adopts; a platform key (no session)
 // is removed too; a key not admitted is ErrNotAdmitted. Admitting a key
 // again is heard as such.
-func TestRevoke(t *testing.T) {
-	c := etcdtest.Shared(t)
-	d := New(c.Client(t), "/revoke/", 3*time.Second)
+func testRevoke(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	ctx := ctxFor(t)
 	a, b := mustJoin(t, d, "a", 10*time.Second), mustJoin(t, d, "b", 10*time.Second)
 	if err := d.Admit(ctx, key("p"), "platform", RolePlatform); err != nil {
