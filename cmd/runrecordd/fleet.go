@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -36,12 +37,49 @@ const maxEtcdTimeout = time.Minute
 type etcdFlags struct {
 	endpoints, prefix string
 	timeout           time.Duration // each request's bound
+	// Client TLS (each a PEM file) and etcd's authentication.
+	cacert, cert, key  string
+	user, passwordFile string
 }
 
 func (e *etcdFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.endpoints, "etcd", "", "the fleet's etcd endpoints, comma-separated (none: this host runs alone)")
 	fs.StringVar(&e.prefix, "etcd-prefix", fleet.DefaultPrefix, "the fleet's key prefix in etcd")
 	fs.DurationVar(&e.timeout, "etcd-timeout", fleet.DefaultTimeout, "how long each request to etcd may take before the host acts as if it was not applied")
+	fs.StringVar(&e.cacert, "etcd-cacert", "", "verify etcd's serving certificate with this CA bundle (PEM): the endpoints are https")
+	fs.StringVar(&e.cert, "etcd-cert", "", "present this client certificate (PEM) to etcd; with --etcd-key")
+	fs.StringVar(&e.key, "etcd-key", "", "the client certificate's private key (PEM)")
+	fs.StringVar(&e.user, "etcd-user", "", "authenticate to etcd as this user; with --etcd-password-file")
+	fs.StringVar(&e.passwordFile, "etcd-password-file", "", "a file holding the etcd user's password (its first line)")
+}
+
+// config is the etcd client's configuration from the flags: the one place
+// they meet the client (TLS, authentication).
+func (e *etcdFlags) config() (clientv3.Config, error) {
+	cfg := clientv3.Config{Endpoints: strings.Split(e.endpoints, ","), DialTimeout: e.timeout, Logger: zap.NewNop()}
+	if (e.cert == "") != (e.key == "") {
+		return cfg, usagef("--etcd-cert and --etcd-key go together")
+	}
+	if e.cacert != "" || e.cert != "" {
+		info := transport.TLSInfo{CertFile: e.cert, KeyFile: e.key, TrustedCAFile: e.cacert}
+		tc, err := info.ClientConfig()
+		if err != nil {
+			return cfg, fmt.Errorf("etcd client TLS: %w", err)
+		}
+		cfg.TLS = tc
+	}
+	if (e.user == "") != (e.passwordFile == "") {
+		return cfg, usagef("--etcd-user and --etcd-password-file go together")
+	}
+	if e.user != "" {
+		b, err := os.ReadFile(e.passwordFile)
+		if err != nil {
+			return cfg, fmt.Errorf("--etcd-password-file: %w", err)
+		}
+		pw, _, _ := strings.Cut(string(b), "\n")
+		cfg.Username, cfg.Password = e.user, strings.TrimSuffix(pw, "\r")
+	}
+	return cfg, nil
 }
 
 // dir connects to the fleet's directory; the caller closes it.
@@ -52,7 +90,11 @@ func (e *etcdFlags) dir() (*fleet.Dir, io.Closer, error) {
 	if e.timeout <= 0 || e.timeout > maxEtcdTimeout {
 		return nil, nil, usagef("--etcd-timeout %v: give one over 0 and at most %v", e.timeout, maxEtcdTimeout)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(e.endpoints, ","), DialTimeout: e.timeout, Logger: zap.NewNop()})
+	cfg, err := e.config()
+	if err != nil {
+		return nil, nil, err
+	}
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("etcd %s: %w", e.endpoints, err)
 	}
@@ -109,10 +151,10 @@ func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration
 	}, nil
 }
 
-// cmdFleet is `fleet key`, `fleet admit` and `fleet status`: the
+// cmdFleet is `fleet key`, `fleet admit`, `fleet revoke` and `fleet status`: the
 // operator's side of a fleet, against its etcd (docs/fleet.md).
 func cmdFleet(args []string, stdout io.Writer) error {
-	const use = "usage: runrecordd fleet key [--state-dir DIR] | fleet admit KEY --name NAME [--role host|platform] --etcd ENDPOINTS | fleet status --etcd ENDPOINTS"
+	const use = "usage: runrecordd fleet key [--state-dir DIR] | fleet admit KEY --name NAME [--role host|platform] --etcd ENDPOINTS | fleet revoke KEY --etcd ENDPOINTS | fleet status --etcd ENDPOINTS"
 	if len(args) == 0 {
 		return usagef(use)
 	}
@@ -127,7 +169,7 @@ func cmdFleet(args []string, stdout io.Writer) error {
 		e.register(fs)
 		fs.StringVar(&name, "name", "", "the host's or platform's name")
 		fs.StringVar(&role, "role", role, "host (a peer that owns runs) or platform (a client of the API)")
-	case "status":
+	case "status", "revoke":
 		e.register(fs)
 	default:
 		return usagef(use)
@@ -147,6 +189,8 @@ func cmdFleet(args []string, stdout io.Writer) error {
 		return err
 	case sub == "admit" && len(pos) == 1:
 		return fleetAdmit(ctx, e, pos[0], name, fleet.Role(role), stdout)
+	case sub == "revoke" && len(pos) == 1:
+		return fleetRevoke(ctx, e, pos[0], stdout)
 	case sub == "status" && len(pos) == 0:
 		return fleetStatus(ctx, e, stdout)
 	}
@@ -212,8 +256,9 @@ func fleetStatus(ctx context.Context, e etcdFlags, stdout io.Writer) error {
 
 // peerServer serves, on the fleet's mutual-TLS listener (internal/peer;
 // docs/fleet.md, "Peer listener and keys"), this host's objects to admitted
-// host keys and the client API to admitted platform keys: each role gets
-// nothing of the other's routes, and a key nobody admitted nothing at all.
+// host keys and, by api (server.NewPlatform), the platform keys' route table
+// to admitted platform keys: each role gets nothing of the other's routes,
+// and a key nobody admitted nothing at all.
 func peerServer(state, addr string, dir *fleet.Dir, api, peers http.Handler, log *slog.Logger) (*http.Server, net.Listener, error) {
 	key, err := attest.LoadOrCreateKey(filepath.Join(state, "host.key"))
 	if err != nil {
@@ -227,7 +272,7 @@ func peerServer(state, addr string, dir *fleet.Dir, api, peers http.Handler, log
 	for _, p := range server.PeerRoutes {
 		mux.Handle(p, peer.Require(fleet.RoleHost, peers))
 	}
-	mux.Handle("/", peer.Require(fleet.RolePlatform, api))
+	mux.Handle("/", api) // server.NewPlatform: platform keys only
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	return srv, l, nil

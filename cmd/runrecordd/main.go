@@ -60,7 +60,7 @@ func commands() []command {
 		{"import", "import a bundle: import [--id ID] BUNDLE", cmdImport},
 		{"trust", "host keys whose bundles this daemon imports: trust add KEY [--name NAME] | trust list | trust remove KEY", cmdTrust},
 		{"host", "this daemon's host key, manifest facts and meter", cmdHost},
-		{"fleet", "a fleet on etcd: fleet key [--state-dir DIR] | fleet admit KEY --name NAME [--role host|platform] --etcd E | fleet status --etcd E", cmdFleet},
+		{"fleet", "a fleet on etcd: fleet key [--state-dir DIR] | fleet admit KEY --name NAME [--role host|platform] --etcd E | fleet revoke KEY --etcd E | fleet status --etcd E", cmdFleet},
 		{"gc", "collect the store: release closed runs' image snapshots past retention, remove what no record reaches: gc [--retention D]", cmdGC},
 		{"pin", "keep a run's snapshots whatever the retention time: pin RUN", cmdPin},
 		{"unpin", "let a pinned run's snapshots go with the retention time: unpin RUN", cmdUnpin},

@@ -24,6 +24,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/notify"
 	"github.com/runrecordd/runrecordd/internal/park"
+	"github.com/runrecordd/runrecordd/internal/platform"
 	"github.com/runrecordd/runrecordd/internal/retention"
 	"github.com/runrecordd/runrecordd/internal/server"
 	"github.com/runrecordd/runrecordd/internal/warmpool"
@@ -47,6 +48,8 @@ type serveFlags struct {
 	warmPool                                  int
 	warmAge                                   time.Duration
 	onStop                                    string
+	platform                                  platform.Limits
+	platformMounts                            listFlag
 }
 
 // register declares serve's flags on fs.
@@ -74,6 +77,9 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.onStop, "on-stop", "", "what a stop (SIGTERM) does with executing runs: park (the next start resumes them) or leave (running in their shims; the next start reattaches); default park (docs/daemon.md)")
 	f.etcd.register(fs)
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", fleet.DefaultTTL, "in a fleet: the time to live of this host's lease, which its ownership of runs rides on")
+	fs.IntVar(&f.platform.Runs, "platform-runs", platform.DefaultRuns, "in a fleet: how many runs each platform key may have on this host at once (not closed, not handed off)")
+	fs.Int64Var(&f.platform.StoreBytes, "platform-store-bytes", platform.DefaultStoreBytes, "in a fleet: how many bytes of this host's store each platform key's runs may reach before it may start no more")
+	fs.Var(&f.platformMounts, "platform-mount-allow", "in a fleet: a host path under which a platform key's runs may mount read-only (repeat for more; default none: docs/fleet.md)")
 	fs.StringVar(&f.peerListen, "peer-listen", "", "in a fleet: serve the fleet on this host:port over mutual TLS (the API to admitted platform keys, runs and objects to admitted hosts); other hosts reach this host there, so give an address they can")
 }
 
@@ -88,6 +94,15 @@ func (f *serveFlags) check() (slog.Level, error) {
 		if !filepath.IsAbs(m) {
 			return lv, usagef("--bundle-mount-allow %s: not an absolute path", m)
 		}
+	}
+	for _, m := range f.platformMounts {
+		if !filepath.IsAbs(m) {
+			return lv, usagef("--platform-mount-allow %s: not an absolute path", m)
+		}
+	}
+	f.platform.Mounts = f.platformMounts
+	if f.platform.Runs <= 0 || f.platform.StoreBytes <= 0 {
+		return lv, usagef("--platform-runs and --platform-store-bytes must be positive")
 	}
 	if err := lv.UnmarshalText([]byte(f.level)); err != nil {
 		return lv, usagef("--log-level: %v", err)
@@ -198,10 +213,16 @@ func cmdServe(args []string, stdout io.Writer) error {
 	var peers *http.Server
 	if f.peerListen != "" {
 		var pl net.Listener
-		if peers, pl, err = peerServer(f.state, f.peerListen, dir, server.New(d, log), server.Peer(d, log), log); err != nil {
+		books, err := platform.Open(platform.Dir(f.state))
+		if err == nil {
+			platforms := server.NewPlatform(d, server.Tenancy{Books: books, Limits: f.platform}, log)
+			peers, pl, err = peerServer(f.state, f.peerListen, dir, platforms, server.Peer(d, log), log)
+		}
+		if err != nil {
 			l.Close()
 			return errors.Join(err, d.Shutdown(context.Background()))
 		}
+		cutRevoked(ctx, dir, peers, log)
 		go func() { _ = peers.Serve(pl) }()
 		log.Info("serving the fleet's platforms", "peer-listen", pl.Addr().String())
 	}
@@ -218,7 +239,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 // already serving: it is shut down with the socket's, before the daemon.
 func serveAPI(ctx context.Context, svc *service, l net.Listener, stdout io.Writer, peers *http.Server) error {
 	d, socket, log := svc.d, svc.socket, svc.log
-	srv := &http.Server{Handler: server.Root(d, log), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: server.New(d, log), ReadHeaderTimeout: 10 * time.Second}
 	srv.RegisterOnShutdown(d.StopEvents) // event streams never end by themselves
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()

@@ -69,7 +69,8 @@ const startTimeout = 30 * time.Second
 // Cluster is a running test cluster.
 type Cluster struct {
 	token   string
-	binary  string // the member program; "" runs members in this process
+	binary  string  // the member program; "" runs members in this process
+	secure  *Secure // client TLS and authentication; nil: neither
 	members []*member
 	mu      sync.Mutex // guards every member's run
 }
@@ -77,6 +78,7 @@ type Cluster struct {
 type member struct {
 	name    string
 	dir     string
+	tls     string // the directory of a Secure's files: clients over TLS
 	peerURL url.URL
 	client  url.URL
 	initial string
@@ -115,10 +117,13 @@ func Run(dir func() string) (*Cluster, error) { return Spawn("", dir) }
 // nothing with the caller's: not its scheduler, its garbage collector nor
 // its race detector, so a busy test process does not stall the cluster
 // (see "Members in processes" in the package doc).
-func Spawn(binary string, dir func() string) (*Cluster, error) {
+func Spawn(binary string, dir func() string) (*Cluster, error) { return spawnWith(binary, dir, nil) }
+
+// spawnWith is Spawn, with client TLS when s is not nil.
+func spawnWith(binary string, dir func() string, s *Secure) (*Cluster, error) {
 	var last error
 	for attempt := 0; attempt < 3; attempt++ {
-		c, err := start(binary, dir, attempt)
+		c, err := start(binary, dir, attempt, s)
 		if err == nil {
 			return c, nil
 		}
@@ -130,19 +135,24 @@ func Spawn(binary string, dir func() string) (*Cluster, error) {
 	return nil, last
 }
 
-func start(binary string, tempDir func() string, attempt int) (*Cluster, error) {
+func start(binary string, tempDir func() string, attempt int, s *Secure) (*Cluster, error) {
 	ports, err := freePorts(2 * Members)
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{token: fmt.Sprintf("etcdtest-%d-%d", time.Now().UnixNano(), attempt), binary: binary}
+	c := &Cluster{token: fmt.Sprintf("etcdtest-%d-%d", time.Now().UnixNano(), attempt), binary: binary, secure: s}
+	scheme, tlsDir := "http", ""
+	if s != nil {
+		scheme, tlsDir = "https", s.Dir
+	}
 	var initial []string
 	for i := 0; i < Members; i++ {
 		m := &member{
 			name:    fmt.Sprintf("m%d", i),
 			dir:     tempDir(),
+			tls:     tlsDir,
 			peerURL: url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i])},
-			client:  url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i+1])},
+			client:  url.URL{Scheme: scheme, Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i+1])},
 		}
 		initial = append(initial, m.name+"="+m.peerURL.String())
 		c.members = append(c.members, m)
@@ -208,6 +218,9 @@ func serve(m *member, token string) (*embed.Etcd, error) {
 	cfg.UnsafeNoFsync = true
 	cfg.EnableGRPCGateway = false
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	if m.tls != "" {
+		cfg.ClientTLSInfo = (&Secure{Dir: m.tls}).serverTLS()
+	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, err
@@ -246,10 +259,19 @@ func (c *Cluster) Endpoints() []string {
 // Endpoint returns member i's client URL.
 func (c *Cluster) Endpoint(i int) string { return c.members[i].client.String() }
 
-// Client returns a client of every member, closed when t ends.
+// Client returns a client of every member, closed when t ends: as root,
+// over TLS, on a cluster with both.
 func (c *Cluster) Client(t testing.TB) *clientv3.Client {
 	t.Helper()
-	return NewClient(t, c.Endpoints()...)
+	if c.secure == nil {
+		return NewClient(t, c.Endpoints()...)
+	}
+	cli, err := c.rootClient()
+	if err != nil {
+		t.Fatalf("etcdtest: root client: %v", err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
 }
 
 // NewClient returns a client of endpoints with a short dial timeout,
@@ -344,6 +366,16 @@ func (c *Cluster) WaitHealthy(ctx context.Context, t testing.TB) {
 			continue
 		}
 		cli := NewClient(t, m.client.String())
+		if c.secure != nil {
+			cfg, err := c.secure.ClientConfig([]string{m.client.String()}, "root", c.secure.RootPassword)
+			if err == nil {
+				_ = cli.Close()
+				cli, err = clientv3.New(cfg)
+			}
+			if err != nil {
+				t.Fatalf("etcdtest: member %d: %v", i, err)
+			}
+		}
 		for {
 			rctx, cancel := context.WithTimeout(ctx, time.Second)
 			_, err := cli.Get(rctx, "etcdtest-health")

@@ -53,6 +53,7 @@ func Serve(args []string, stdin io.Reader, stdout io.Writer) error {
 	fs.StringVar(&client, "client", "", "the member's client URL")
 	fs.StringVar(&m.initial, "initial-cluster", "", "every member's name=peer URL, comma-separated")
 	fs.StringVar(&token, "token", "", "the cluster's token")
+	fs.StringVar(&m.tls, "tls-dir", "", "serve clients over TLS with the Secure files of this directory")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -95,6 +96,7 @@ type process struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	client string
+	tls    string        // a Secure's directory, when the member serves clients over TLS
 	stderr bytes.Buffer  // read once exited is closed: Wait has copied it all
 	exited chan struct{} // closed once cmd.Wait returned
 	err    error         // cmd.Wait's, once exited is closed
@@ -105,8 +107,8 @@ type process struct {
 func spawn(binary string, m *member, token string) (*process, error) {
 	cmd := exec.Command(binary, "-name", m.name, "-dir", m.dir,
 		"-peer", m.peerURL.String(), "-client", m.client.String(),
-		"-initial-cluster", m.initial, "-token", token)
-	p := &process{cmd: cmd, client: m.client.String(), exited: make(chan struct{})}
+		"-initial-cluster", m.initial, "-token", token, "-tls-dir", m.tls)
+	p := &process{cmd: cmd, client: m.client.String(), tls: m.tls, exited: make(chan struct{})}
 	cmd.Stderr = &p.stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -144,7 +146,14 @@ func spawn(binary string, m *member, token string) (*process, error) {
 
 // leads asks the member itself.
 func (p *process) leads() bool {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.client}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	cfg := clientv3.Config{Endpoints: []string{p.client}, DialTimeout: time.Second, Logger: zap.NewNop()}
+	if p.tls != "" {
+		var err error
+		if cfg, err = (&Secure{Dir: p.tls}).ClientConfig(cfg.Endpoints, "", ""); err != nil {
+			return false
+		}
+	}
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		return false
 	}

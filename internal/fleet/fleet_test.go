@@ -34,6 +34,7 @@ func TestFleet(t *testing.T) {
 		{"MemberStopped", testMemberStopped},
 		{"NoQuorum", testNoQuorum},
 		{"DrainMark", testDrainMark},
+		{"Revoke", testRevoke},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := New(c.Client(t), "/t/"+tc.name+"/", 3*time.Second)

@@ -17,6 +17,7 @@
 //	  runs/<id>/        a run's unit output on this host (stdout, stderr)
 //	  ch/<id>/, spool/<id>  a transcript run's channel and journal spool (internal/calls)
 //	  restore/<id>/     trees a restore reads, linked from the store, removed after
+//	  platform/<id>     the platform key that started the run (internal/platform)
 package host
 
 import (

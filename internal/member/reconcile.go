@@ -43,7 +43,19 @@ func (m *Member) Reconcile(ctx context.Context) (elsewhere map[string]bool, err 
 		}
 		local := &fleet.Local{Head: st.Head, Phase: st.Phase}
 		switch a := fleet.Reconcile(f.Key(), local, entry); a {
-		case fleet.Reclaim, fleet.Register:
+		case fleet.Register:
+			// A copy, or a run this host handed off, is not live here: it
+			// is never made this host's by being held (issue 33, L1).
+			if _, held, err := m.cfg.Store.HandedOff(id); err != nil || held {
+				if err != nil {
+					m.cfg.Log.Error("fleet: whether the run is held handed off is unknown; not registered", "run", id, "err", err)
+				}
+				continue
+			}
+			if _, err := f.Claim(ctx, genesis, id, st.Head, st.Phase); err != nil {
+				m.cfg.Log.Error("fleet: the run is not this host's until claimed", "run", id, "action", a, "err", err)
+			}
+		case fleet.Reclaim:
 			if _, err := f.Claim(ctx, genesis, id, st.Head, st.Phase); err != nil {
 				m.cfg.Log.Error("fleet: the run is not this host's until claimed", "run", id, "action", a, "err", err)
 			}

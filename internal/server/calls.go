@@ -5,20 +5,20 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 )
 
-// routeCalls adds the platform's side of outward calls: the pending calls,
-// posting a result, and the stream of transitions.
-func routeCalls(mux *http.ServeMux, h *handler) {
-	mux.HandleFunc("GET /v1/calls", h.calls)
-	mux.HandleFunc("POST /v1/runs/{id}/calls/{call}/result", h.postResult)
-	mux.HandleFunc("GET /v1/events", h.events)
-}
+// The platform's side of outward calls: the pending calls, posting a
+// result, and the stream of transitions.
 
 func (h *handler) calls(w http.ResponseWriter, r *http.Request) {
 	cs, err := h.d.Calls(r.Context())
+	if keep := h.keepOf(r); keep != nil {
+		cs = slices.DeleteFunc(cs, func(c calls.Listed) bool { return !keep(c.Run) })
+	}
 	h.reply(w, r, callsOf(cs), err)
 }
 
@@ -32,8 +32,10 @@ func (h *handler) postResult(w http.ResponseWriter, r *http.Request) {
 	h.reply(w, r, postedOf(res), err)
 }
 
-// events streams transitions as JSON lines until the client goes away.
+// events streams transitions as JSON lines until the client goes away: a
+// platform key only those of the runs it started.
 func (h *handler) events(w http.ResponseWriter, r *http.Request) {
+	keep := h.keepOf(r)
 	ch, done := h.d.Subscribe()
 	defer done()
 	w.Header().Set("Content-Type", "application/x-ndjson")
@@ -52,6 +54,9 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 		case e, ok := <-ch:
 			if !ok {
 				return // the daemon is stopping
+			}
+			if keep != nil && (e.Run == "" || !keep(e.Run)) {
+				continue
 			}
 			if enc.Encode(eventOf(e)) != nil {
 				return

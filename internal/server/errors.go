@@ -18,6 +18,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/park"
+	"github.com/runrecordd/runrecordd/internal/platform"
 	"github.com/runrecordd/runrecordd/internal/resume"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/trust"
@@ -102,6 +103,7 @@ var codes = []struct {
 	{api.CodeUnavailable, is(member.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive), nil},
 	{api.CodeDraining, is(member.ErrDraining), nil},
 	{api.CodeUnavailable, is(daemon.ErrStopping), nil},
+	{api.CodeQuota, is(platform.ErrQuota), nil},
 	{api.CodeBadRequest, is(daemon.ErrInvalid, bundle.ErrMalformed, unit.ErrInvalid, executor.ErrInvalid, executor.ErrImageMismatch,
 		store.ErrRunID, manifest.ErrMalformed, record.ErrMalformedSegment, record.ErrMalformedSnapshot, record.ErrAddress,
 		store.ErrKeyName, calls.ErrTranscript, calls.ErrNotJSON, trust.ErrKey), nil},
@@ -153,7 +155,7 @@ func Status(code string) int {
 		return http.StatusGatewayTimeout
 	case api.CodeNoSpace:
 		return http.StatusInsufficientStorage
-	case api.CodeUntrustedSigner, api.CodeGrantRefused, api.CodeForbidden:
+	case api.CodeUntrustedSigner, api.CodeGrantRefused, api.CodeForbidden, api.CodeQuota:
 		return http.StatusForbidden
 	case api.CodeBundleLimit:
 		return http.StatusRequestEntityTooLarge

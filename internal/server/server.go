@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/trust"
@@ -17,44 +20,14 @@ import (
 // maxJSON bounds a JSON request body.
 const maxJSON = 1 << 20
 
-// New returns the daemon's API handler: /v1 (pkg/api documents the bodies)
-// and /metrics.
-func New(d *daemon.Daemon, log *slog.Logger) http.Handler {
-	if log == nil {
-		log = slog.Default()
-	}
-	h := &handler{d: d, log: log}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/host", h.host)
-	mux.HandleFunc("POST /v1/images", h.importImage)
-	mux.HandleFunc("POST /v1/runs", h.start)
-	mux.HandleFunc("GET /v1/runs", h.list)
-	mux.HandleFunc("GET /v1/runs/{id}", h.show)
-	mux.HandleFunc("POST /v1/runs/{id}/park", h.park)
-	mux.HandleFunc("POST /v1/runs/{id}/resume", h.resume)
-	mux.HandleFunc("POST /v1/runs/{id}/close", h.close)
-	mux.HandleFunc("POST /v1/runs/{id}/migrate", h.migrate)
-	mux.HandleFunc("POST /v1/drain", h.drain)
-	mux.HandleFunc("POST /v1/runs/{id}/adopt", h.adopt)
-	mux.HandleFunc("GET /v1/runs/{id}/verify", h.verify)
-	mux.HandleFunc("GET /v1/runs/{id}/wait-proof", h.waitProof)
-	mux.HandleFunc("GET /v1/runs/{id}/record", h.record)
-	mux.HandleFunc("GET /v1/runs/{id}/export", h.export)
-	mux.HandleFunc("POST /v1/import", h.importBundle)
-	mux.HandleFunc("POST /v1/gc", h.gc)
-	mux.HandleFunc("POST /v1/runs/{id}/pin", h.pin)
-	mux.HandleFunc("DELETE /v1/runs/{id}/pin", h.pin)
-	mux.HandleFunc("GET /v1/trust", h.trustList)
-	mux.HandleFunc("POST /v1/trust", h.trustAdd)
-	mux.HandleFunc("DELETE /v1/trust/{key}", h.trustRemove)
-	routeCalls(mux, h)
-	mux.Handle("GET /metrics", d.Metrics())
-	return h.logged(mux)
-}
-
 type handler struct {
-	d   *daemon.Daemon
-	log *slog.Logger
+	d        *daemon.Daemon
+	log      *slog.Logger
+	metricsH http.Handler // the daemon's /metrics
+	// tenancy and policy hold platform keys (NewPlatform); nil on the
+	// operator's socket.
+	tenancy *Tenancy
+	policy  *bundle.Policy
 }
 
 func (h *handler) logged(next http.Handler) http.Handler {
@@ -123,6 +96,10 @@ func (h *handler) start(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	if key, ok := platformOf(r); ok {
+		h.platformStart(w, r, key, req)
+		return
+	}
 	run, err := h.d.Start(r.Context(), req.ID, req.Unit, req.Grants)
 	h.reply(w, r, runOf(run), err)
 }
@@ -142,6 +119,9 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	runs, err := h.d.List(phase)
+	if keep := h.keepOf(r); keep != nil {
+		runs = slices.DeleteFunc(runs, func(s answers.Summary) bool { return !keep(s.ID) })
+	}
 	h.reply(w, r, runsOf(runs), err)
 }
 

@@ -34,6 +34,7 @@ func TestStatus(t *testing.T) {
 		api.CodeUntrustedSigner:   http.StatusForbidden,
 		api.CodeGrantRefused:      http.StatusForbidden,
 		api.CodeForbidden:         http.StatusForbidden,
+		api.CodeQuota:             http.StatusForbidden,
 		api.CodeNotOwner:          http.StatusConflict,
 		api.CodeDraining:          http.StatusServiceUnavailable,
 		api.CodePagesLost:         http.StatusServiceUnavailable,

@@ -50,6 +50,7 @@ const (
 	CodeNotOwner          = "not_owner"               // in a fleet: another host owns the run, or this host's ownership cannot be confirmed (docs/fleet.md)
 	CodeDraining          = "draining"                // a new run on a host being drained
 	CodeForbidden         = "forbidden"               // on the fleet's mTLS listener: a key whose role may not use this route (a platform on a peer route, a peer on the API)
+	CodeQuota             = "quota"                   // a platform key at one of its quotas on this host: runs at once, or store bytes (docs/fleet.md, "Roles")
 )
 
 // Error is the body of every failed request.

@@ -32,6 +32,7 @@ type fleetEnv struct {
 	c         *etcdtest.Cluster
 	endpoints string // every member's client URL, comma-separated
 	prefix    string
+	etcd      []string // more flags reaching etcd (TLS, authentication)
 }
 
 // fleetCluster returns the shared cluster, settled, with a prefix of t's
@@ -57,7 +58,7 @@ func (f *fleetEnv) flags(endpoints ...string) []string {
 	if len(endpoints) > 0 {
 		e = strings.Join(endpoints, ",")
 	}
-	return []string{"--etcd", e, "--etcd-prefix", f.prefix}
+	return append([]string{"--etcd", e, "--etcd-prefix", f.prefix}, f.etcd...)
 }
 
 // cli runs a fleet command (`fleet admit`, `fleet status`) against t's

@@ -2,27 +2,12 @@ package server
 
 import (
 	"fmt"
-	"log/slog"
 	"net/http"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/pkg/api"
 )
-
-// Root is the API on the daemon's own socket, whose callers control the
-// host: [New]'s routes, and the host-wide operations no platform key is
-// given over the fleet's listener — POST /v1/park-all.
-func Root(d *daemon.Daemon, log *slog.Logger) http.Handler {
-	if log == nil {
-		log = slog.Default()
-	}
-	h := &handler{d: d, log: log}
-	mux := http.NewServeMux()
-	mux.Handle("POST /v1/park-all", h.logged(http.HandlerFunc(h.parkAll)))
-	mux.Handle("/", New(d, log))
-	return mux
-}
 
 func (h *handler) parkAll(w http.ResponseWriter, r *http.Request) {
 	var req api.ParkAllRequest

@@ -1,0 +1,76 @@
+package platform
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// Books kept are read back by the next process; a damaged book stops the
+// host rather than hand a run to nobody.
+func TestBooks(t *testing.T) {
+	dir := t.TempDir()
+	a, b := record.Sum([]byte("a")), record.Sum([]byte("b"))
+	books, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for run, key := range map[string]record.Address{"r1": a, "r2": b, "r3": a} {
+		if err := books.Keep(run, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, bad := range []string{"", "../x", ".hidden", "a/b"} {
+		if err := books.Keep(bad, a); err == nil {
+			t.Errorf("Keep(%q) booked", bad)
+		}
+	}
+	again, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := again.Runs(a); len(got) != 2 || got[0] != "r1" || got[1] != "r3" {
+		t.Errorf("Runs(a) = %v", got)
+	}
+	if !again.Owns(b, "r2") || again.Owns(a, "r2") || again.Owns(a, "r9") {
+		t.Error("Owns disagrees with the books")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "r4"), []byte("not a key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir); err == nil {
+		t.Error("a damaged book was read")
+	}
+}
+
+// A platform run's grants are judged as a bundle's over the platform's
+// allow-list (empty: no mount at all), then its quotas.
+func TestCheck(t *testing.T) {
+	allowed := t.TempDir()
+	l := Limits{Runs: 2, StoreBytes: 100}
+	mount := unit.Grants{ReadOnly: []unit.Mount{{Source: allowed, Target: "/data"}}}
+	if err := l.Check(l.Policy("/var/lib/runrecordd"), mount, Held{}); !errors.Is(err, bundle.ErrPolicy) {
+		t.Errorf("a mount with no allow-list: %v, want ErrPolicy", err)
+	}
+	l.Mounts = []string{allowed}
+	p := l.Policy("/var/lib/runrecordd")
+	if err := l.Check(p, mount, Held{}); err != nil {
+		t.Errorf("an allowed mount: %v", err)
+	}
+	if err := l.Check(p, unit.Grants{ReadOnly: []unit.Mount{{Source: "/etc", Target: "/etc"}}}, Held{}); !errors.Is(err, bundle.ErrPolicy) {
+		t.Errorf("a mount outside the allow-list: %v", err)
+	}
+	for _, held := range []Held{{Runs: 2}, {StoreBytes: 100}} {
+		if err := l.Check(p, unit.Grants{}, held); !errors.Is(err, ErrQuota) {
+			t.Errorf("held %+v: %v, want ErrQuota", held, err)
+		}
+	}
+	if err := l.Check(p, unit.Grants{}, Held{Runs: 1, StoreBytes: 99}); err != nil {
+		t.Errorf("under both quotas: %v", err)
+	}
+}
