@@ -237,9 +237,9 @@ type Images struct {
 	Mounts     map[uint32][]*mnt.MntEntry // mountpoints-NSID.img
 	Files      []*fdinfo.FileEntry        // files.img
 	FDs        map[uint32][]*fdinfo.FdinfoEntry
-	RegFiles   []*regfile.RegFileEntry  // reg-files.img (older images)
-	UnixSks    []*skunix.UnixSkEntry    // unixsk.img (older images)
-	NSFiles    []*ns.NsFileEntry        // ns-files.img
+	RegFiles   []*regfile.RegFileEntry // reg-files.img (older images)
+	UnixSks    []*skunix.UnixSkEntry   // unixsk.img (older images)
+	NSFiles    []*ns.NsFileEntry       // ns-files.img
 	Ghosts     map[string]*ghostfile.GhostFileEntry
 	Tmpfs      map[string][]*tar.Header // tmpfs-*.tar.gz.img members
 	Cgroups    []*cgroup.CgroupEntry
