@@ -91,7 +91,7 @@ type kind struct {
 var kinds = []kind{
 	{"inventory", 0, ".img", 0x58313116, checked, "decoded: the root task's namespace ids"},
 	{"pstree", 0, ".img", 0x50273030, checked, "the tasks and threads whose images are judged"},
-	{"core-", 'd', ".img", 0x55053847, checked, "credentials, capabilities, securebits, no_new_privs, seccomp mode of every thread"},
+	{"core-", 'd', ".img", 0x55053847, checked, "every thread's credentials, capability sets, securebits, no_new_privs, LSM profile; every task's seccomp mode"},
 	{"ids-", 'd', ".img", 0x54432030, checked, "every task in the root task's namespaces"},
 	{"mm-", 'd', ".img", 0x57492820, checked, "the executable's file, judged as an open file"},
 	{"fs-", 'd', ".img", 0x51403912, checked, "the root and working directory, judged as open files"},
@@ -139,7 +139,7 @@ var kinds = []kind{
 	{"ipcns-msg-", 'd', ".img", 0x55453737, harmless, "as ipcns-var"},
 	{"ipcns-sem-", 'd', ".img", 0x59573019, harmless, "as ipcns-var"},
 	{"timens-", 'd', ".img", 0x43114433, harmless, "clock offsets the unit alone sees"},
-	{"netns-", 'd', ".img", 0x55933752, harmless, "the external network namespace's key: runc joins the sandbox's, made by this host"},
+	{"netns-", 'd', ".img", 0x55933752, harmless, "the network namespace's settings: it is the sandbox's own, made by this host, which runc has CRIU join"},
 	{"cpuinfo", 0, ".img", 0x61404013, harmless, "CPU features a restore checks"},
 	{"stats-dump", 0, "", 0x57093306, harmless, "CRIU's statistics"},
 	{"stats-restore", 0, "", 0x57093306, harmless, "CRIU's statistics"},
@@ -574,4 +574,17 @@ func readTar(b []byte) ([]*tar.Header, error) {
 		}
 		out = append(out, h)
 	}
+}
+
+// docName is a kind's file name as docs/trust.md writes it: core-N.img,
+// ghost-file-X.img.
+func docName(k kind) string {
+	arg := ""
+	switch k.arg {
+	case 'd':
+		arg = "N"
+	case 'x':
+		arg = "X"
+	}
+	return k.prefix + arg + k.suffix
 }

@@ -173,6 +173,12 @@ func TestJudgeRefuses(t *testing.T) {
 				rewrite(t, dir, n, &criucore.TaskKobjIdsEntry{}, func(m *criucore.TaskKobjIdsEntry) { m.NetNsId = proto.Uint32(2) })
 			}
 		}, 1, "net_ns_id"},
+		{"OwnTimeNamespace", func(t *testing.T, dir string) {
+			for _, n := range []string{"ids-1.img", "ids-12.img"} {
+				rewrite(t, dir, n, &criucore.TaskKobjIdsEntry{}, func(m *criucore.TaskKobjIdsEntry) { m.TimeNsId = proto.Uint32(14) })
+			}
+			rewrite(t, dir, "ids-12.img", &criucore.TaskKobjIdsEntry{}, func(m *criucore.TaskKobjIdsEntry) { m.TimeNsId = proto.Uint32(15) })
+		}, 12, "time_ns_id"},
 		{"MountOfTheHostDisk", func(t *testing.T, dir string) {
 			rewriteEach(t, dir, "mountpoints-13.img", func() *mnt.MntEntry { return &mnt.MntEntry{} }, func(m *mnt.MntEntry) {
 				if m.GetMountpoint() == "/run" {
@@ -351,5 +357,21 @@ func TestKindOf(t *testing.T) {
 	}
 	if !strings.HasPrefix(kinds[0].prefix, "inventory") {
 		t.Fatal("the table starts with the inventory")
+	}
+}
+
+// TestTrustDocTable: docs/trust.md has a row for every kind of image,
+// with its verdict.
+func TestTrustDocTable(t *testing.T) {
+	b, err := os.ReadFile("../../docs/trust.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := map[verdict]string{refused: "refused", harmless: "harmless", checked: "checked", unread: "not read"}
+	for _, k := range kinds {
+		row := "| `" + docName(k) + "` | " + v[k.verdict] + " | " + k.why + " |"
+		if !strings.Contains(string(b), row) {
+			t.Errorf("docs/trust.md lacks the row %s", row)
+		}
 	}
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"testing"
 
+	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
 )
 
 // sandboxSpec is the OCI spec containerd's defaults make, with what the
@@ -43,6 +45,18 @@ func TestOracleImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := im.Judge(mustPolicy(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOwnTimeNamespace: a unit parked after a resume is in a time
+// namespace of its own (CRIU makes one at every restore); it passes.
+func TestOwnTimeNamespace(t *testing.T) {
+	dir := oracle(t)
+	for _, n := range []string{"ids-1.img", "ids-12.img"} {
+		rewrite(t, dir, n, &criucore.TaskKobjIdsEntry{}, func(m *criucore.TaskKobjIdsEntry) { m.TimeNsId = proto.Uint32(14) })
+	}
+	if err := check(t, dir); err != nil {
 		t.Fatal(err)
 	}
 }
