@@ -15,6 +15,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fs"
+	ghostfile "github.com/checkpoint-restore/go-criu/v7/crit/images/ghost-file"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mnt"
 	skopts "github.com/checkpoint-restore/go-criu/v7/crit/images/sk-opts"
 	skunix "github.com/checkpoint-restore/go-criu/v7/crit/images/sk-unix"
@@ -143,117 +144,142 @@ func TestJudgeRefuses(t *testing.T) {
 		change func(*testing.T, string)
 		task   uint32
 		field  string
+		policy func(*Policy)
 	}{
-		{"CapEff", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapEff = full }), 1, "creds.cap_eff"},
-		{"CapPrm", creds("12", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapPrm = full }), 12, "creds.cap_prm"},
-		{"CapInh", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapInh = []uint32{1 << 21, 0} }), 1, "creds.cap_inh"},
-		{"CapBnd", creds("7", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapBnd = full }), 1, "creds.cap_bnd"},
-		{"CapBndPast64", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapBnd = []uint32{0, 0, 1} }), 1, "creds.cap_bnd"},
-		{"CapAmb", creds("1", func(c *criucore.CoreEntry) { unknownCreds(c, 1, 1<<21, 0) }), 1, "creds.cap_amb"},
-		{"NoNewPrivsOff", creds("12", func(c *criucore.CoreEntry) { unknownCreds(c, 0, 0, 0) }), 12, "creds.no_new_privs"},
-		{"NoNewPrivsAbsent", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.ProtoReflect().SetUnknown(nil) }), 1, "creds.no_new_privs"},
-		{"Securebits", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Secbits = proto.Uint32(0x2f) }), 1, "creds.secbits"},
-		{"Uid", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Uid = proto.Uint32(1000) }), 1, "creds.uid"},
-		{"Euid", creds("8", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Euid = proto.Uint32(65534) }), 1, "creds.euid"},
-		{"Fsgid", creds("12", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Fsgid = proto.Uint32(5) }), 12, "creds.fsgid"},
-		{"Groups", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Groups = []uint32{0, 6} }), 1, "creds.groups"},
-		{"LSMProfile", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.LsmProfile = proto.String("unconfined") }), 1, "creds.lsm_profile"},
-		{"SeccompOff", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.SeccompMode = nil }), 1, "thread_core.seccomp_mode"},
+		{"CapEff", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapEff = full }), 1, "creds.cap_eff", nil},
+		{"CapPrm", creds("12", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapPrm = full }), 12, "creds.cap_prm", nil},
+		{"CapInh", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapInh = []uint32{1 << 21, 0} }), 1, "creds.cap_inh", nil},
+		{"CapBnd", creds("7", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapBnd = full }), 1, "creds.cap_bnd", nil},
+		{"CapBndPast64", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapBnd = []uint32{0, 0, 1} }), 1, "creds.cap_bnd", nil},
+		{"CapAmb", creds("1", func(c *criucore.CoreEntry) { unknownCreds(c, 1, 1<<21, 0) }), 1, "creds.cap_amb", nil},
+		{"NoNewPrivsOff", creds("12", func(c *criucore.CoreEntry) { unknownCreds(c, 0, 0, 0) }), 12, "creds.no_new_privs", nil},
+		{"NoNewPrivsAbsent", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.ProtoReflect().SetUnknown(nil) }), 1, "creds.no_new_privs", nil},
+		{"Securebits", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Secbits = proto.Uint32(0x2f) }), 1, "creds.secbits", nil},
+		{"Uid", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Uid = proto.Uint32(1000) }), 1, "creds.uid", nil},
+		{"Euid", creds("8", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Euid = proto.Uint32(65534) }), 1, "creds.euid", nil},
+		{"Fsgid", creds("12", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Fsgid = proto.Uint32(5) }), 12, "creds.fsgid", nil},
+		{"Groups", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Groups = []uint32{0, 6} }), 1, "creds.groups", nil},
+		{"LSMProfile", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.Creds.LsmProfile = proto.String("unconfined") }), 1, "creds.lsm_profile", nil},
+		{"SeccompOff", creds("1", func(c *criucore.CoreEntry) { c.ThreadCore.SeccompMode = nil }), 1, "thread_core.seccomp_mode", nil},
 		{"SeccompOffChild", creds("12", func(c *criucore.CoreEntry) {
 			c.ThreadCore.SeccompMode = criucore.SeccompMode_disabled.Enum()
-		}), 12, "thread_core.seccomp_mode"},
+		}), 12, "thread_core.seccomp_mode", nil},
 		{"PidNamespace", func(t *testing.T, dir string) {
 			rewrite(t, dir, "ids-12.img", &criucore.TaskKobjIdsEntry{}, func(m *criucore.TaskKobjIdsEntry) { m.PidNsId = proto.Uint32(1) })
-		}, 12, "pid_ns_id"},
+		}, 12, "pid_ns_id", nil},
 		{"UserNamespace", func(t *testing.T, dir string) {
 			rewrite(t, dir, "ids-1.img", &criucore.TaskKobjIdsEntry{}, func(m *criucore.TaskKobjIdsEntry) { m.UserNsId = proto.Uint32(99) })
-		}, 1, "user_ns_id"},
+		}, 1, "user_ns_id", nil},
 		{"HostNetwork", func(t *testing.T, dir string) {
 			for _, n := range []string{"ids-1.img", "ids-12.img"} {
 				rewrite(t, dir, n, &criucore.TaskKobjIdsEntry{}, func(m *criucore.TaskKobjIdsEntry) { m.NetNsId = proto.Uint32(2) })
 			}
-		}, 1, "net_ns_id"},
+		}, 1, "net_ns_id", nil},
 		{"OwnTimeNamespace", func(t *testing.T, dir string) {
 			for _, n := range []string{"ids-1.img", "ids-12.img"} {
 				rewrite(t, dir, n, &criucore.TaskKobjIdsEntry{}, func(m *criucore.TaskKobjIdsEntry) { m.TimeNsId = proto.Uint32(14) })
 			}
 			rewrite(t, dir, "ids-12.img", &criucore.TaskKobjIdsEntry{}, func(m *criucore.TaskKobjIdsEntry) { m.TimeNsId = proto.Uint32(15) })
-		}, 12, "time_ns_id"},
+		}, 12, "time_ns_id", nil},
 		{"MountOfTheHostDisk", func(t *testing.T, dir string) {
 			rewriteEach(t, dir, "mountpoints-13.img", func() *mnt.MntEntry { return &mnt.MntEntry{} }, func(m *mnt.MntEntry) {
 				if m.GetMountpoint() == "/run" {
 					m.Mountpoint, m.Fstype, m.Source = proto.String("/host"), proto.Uint32(0), proto.String("/dev/sda1")
 				}
 			})
-		}, 0, "mnt_entry.mountpoint"},
+		}, 0, "mnt_entry.mountpoint", nil},
 		{"SysWritable", func(t *testing.T, dir string) {
 			rewriteEach(t, dir, "mountpoints-13.img", func() *mnt.MntEntry { return &mnt.MntEntry{} }, func(m *mnt.MntEntry) {
 				if m.GetMountpoint() == "/sys" {
 					m.Flags, m.SbFlags = proto.Uint32(m.GetFlags()&^msRdonly), proto.Uint32(0)
 				}
 			})
-		}, 0, "mnt_entry.flags"},
+		}, 0, "mnt_entry.flags", nil},
 		{"TmpfsBecomesBind", func(t *testing.T, dir string) {
 			rewriteEach(t, dir, "mountpoints-13.img", func() *mnt.MntEntry { return &mnt.MntEntry{} }, func(m *mnt.MntEntry) {
 				if m.GetMountpoint() == "/run" {
 					m.ExtKey = proto.String("/run")
 				}
 			})
-		}, 0, "mnt_entry.root"},
+		}, 0, "mnt_entry.root", nil},
 		{"ProcSysFromElsewhere", func(t *testing.T, dir string) {
 			rewriteEach(t, dir, "mountpoints-13.img", func() *mnt.MntEntry { return &mnt.MntEntry{} }, func(m *mnt.MntEntry) {
 				if m.GetMountpoint() == "/proc/sys" {
 					m.Root = proto.String("/")
 				}
 			})
-		}, 0, "mnt_entry.root"},
+		}, 0, "mnt_entry.root", nil},
 		{"FileByRelativePath", files(func(f *fdinfo.FileEntry) {
 			if f.GetReg().GetName() == "/tmp/oracle.dat" {
 				f.Reg.Name = proto.String("../../../etc/shadow")
 			}
-		}), 0, "reg.name"},
+		}), 0, "reg.name", nil},
 		{"FileOfAKindNoSandboxOpens", files(func(f *fdinfo.FileEntry) {
 			if f.GetId() == 7 {
 				f.Type, f.Efd = fdinfo.FdTypes_TUNF.Enum(), nil
 			}
-		}), 0, "type"},
+		}), 0, "type", nil},
 		{"UnixSocketToTheHost", func(t *testing.T, dir string) {
 			addFile(t, dir, &fdinfo.FileEntry{Type: fdinfo.FdTypes_UNIXSK.Enum(), Id: proto.Uint32(100), Usk: unixSocket(100, 5000, 4000, "")})
-		}, 0, "usk.peer"},
+		}, 0, "usk.peer", nil},
 		{"UnixSocketByRelativeName", func(t *testing.T, dir string) {
 			addFile(t, dir, &fdinfo.FileEntry{Type: fdinfo.FdTypes_UNIXSK.Enum(), Id: proto.Uint32(100), Usk: unixSocket(100, 5000, 0, "../run/containerd.sock")})
-		}, 0, "name"},
+		}, 0, "name", nil},
 		{"CwdNotAFile", func(t *testing.T, dir string) {
 			rewrite(t, dir, "fs-12.img", &fs.FsEntry{}, func(m *fs.FsEntry) { m.CwdId = proto.Uint32(999) })
-		}, 12, "cwd_id"},
-		{"UnknownImage", func(t *testing.T, dir string) { write(t, dir, "evil.img", []byte("x")) }, 0, ""},
-		{"ImageNamedNonCanonically", func(t *testing.T, dir string) { rename(t, dir, "core-7.img", "core-07.img") }, 0, ""},
-		{"UserNamespaceMaps", func(t *testing.T, dir string) { write(t, dir, "userns-7.img", image(0x55474906)) }, 0, ""},
-		{"NetworkDevice", func(t *testing.T, dir string) { write(t, dir, "netdev-10.img", image(0x57373951)) }, 0, ""},
-		{"Inotify", func(t *testing.T, dir string) { write(t, dir, "inotify-wd.img", image(0x54562009)) }, 0, ""},
+		}, 12, "cwd_id", nil},
+		{"UnknownImage", func(t *testing.T, dir string) { write(t, dir, "evil.img", []byte("x")) }, 0, "", nil},
+		{"ImageNamedNonCanonically", func(t *testing.T, dir string) { rename(t, dir, "core-7.img", "core-07.img") }, 0, "", nil},
+		{"UserNamespaceMaps", func(t *testing.T, dir string) { write(t, dir, "userns-7.img", image(0x55474906)) }, 0, "", nil},
+		{"NetworkDevice", func(t *testing.T, dir string) { write(t, dir, "netdev-10.img", image(0x57373951)) }, 0, "", nil},
+		{"Inotify", func(t *testing.T, dir string) { write(t, dir, "inotify-wd.img", image(0x54562009)) }, 0, "", nil},
 		{"Truncated", func(t *testing.T, dir string) {
 			b, _ := os.ReadFile(filepath.Join(dir, "core-1.img"))
 			write(t, dir, "core-1.img", b[:len(b)-1])
-		}, 0, ""},
-		{"WrongMagic", func(t *testing.T, dir string) { write(t, dir, "fs-1.img", image(0x57492820, []byte{8, 1, 16, 2})) }, 0, ""},
+		}, 0, "", nil},
+		{"WrongMagic", func(t *testing.T, dir string) { write(t, dir, "fs-1.img", image(0x57492820, []byte{8, 1, 16, 2})) }, 0, "", nil},
 		{"CoreOfNoTask", func(t *testing.T, dir string) {
 			b, _ := os.ReadFile(filepath.Join(dir, "core-7.img"))
 			write(t, dir, "core-99.img", b)
-		}, 99, ""},
-		{"DeviceInDev", func(t *testing.T, dir string) {
+		}, 99, "", nil},
+		{"DeviceWithoutMknod", func(t *testing.T, dir string) {
 			write(t, dir, "tmpfs-dev-45.tar.gz.img", tgz(t, &tar.Header{Name: "./sda", Typeflag: tar.TypeBlock, Devmajor: 8, Mode: 0o666}))
-		}, 0, "typeflag"},
+		}, 0, "mode", without(capMknod)},
 		{"CharDeviceNotTheSandboxs", func(t *testing.T, dir string) {
 			write(t, dir, "tmpfs-dev-45.tar.gz.img", tgz(t, &tar.Header{Name: "./mem", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 1, Mode: 0o666}))
-		}, 0, "devmajor"},
-		{"SetuidInDev", func(t *testing.T, dir string) {
-			write(t, dir, "tmpfs-dev-45.tar.gz.img", tgz(t, &tar.Header{Name: "./sh", Typeflag: tar.TypeReg, Mode: 0o4755}))
-		}, 0, "mode"},
+		}, 0, "mode", without(capMknod)},
+		{"OwnerWithoutChown", func(t *testing.T, dir string) {
+			write(t, dir, "tmpfs-dev-45.tar.gz.img", tgz(t, &tar.Header{Name: "./f", Typeflag: tar.TypeReg, Uid: 1000, Mode: 0o644}))
+		}, 0, "uid", without(capChown)},
+		{"SetgidWithoutFsetid", func(t *testing.T, dir string) {
+			write(t, dir, "tmpfs-dev-45.tar.gz.img", tgz(t, &tar.Header{Name: "./sh", Typeflag: tar.TypeReg, Gid: 5, Mode: 0o2755}))
+		}, 0, "mode", without(capFsetid)},
+		{"TarThroughItsSymlink", func(t *testing.T, dir string) {
+			write(t, dir, "tmpfs-dev-45.tar.gz.img", tgz(t, &tar.Header{Name: "./etc", Typeflag: tar.TypeSymlink, Linkname: "/etc"},
+				&tar.Header{Name: "./etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644}))
+		}, 0, "name", nil},
+		{"TarAbsolute", func(t *testing.T, dir string) {
+			write(t, dir, "tmpfs-dev-45.tar.gz.img", tgz(t, &tar.Header{Name: "/etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644}))
+		}, 0, "name", nil},
+		{"TarHardLinkOut", func(t *testing.T, dir string) {
+			write(t, dir, "tmpfs-dev-45.tar.gz.img", tgz(t, &tar.Header{Name: "./shadow", Typeflag: tar.TypeLink, Linkname: "../../etc/shadow"}))
+		}, 0, "linkname", nil},
+		{"GhostDeviceWithoutMknod", func(t *testing.T, dir string) {
+			g, err := proto.Marshal(&ghostfile.GhostFileEntry{Uid: proto.Uint32(0), Gid: proto.Uint32(0), Mode: proto.Uint32(0o060660), Rdev: proto.Uint32(8 << 8)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			write(t, dir, "ghost-file-1f.img", image(ghostMagic, g))
+		}, 0, "mode", without(capMknod)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := oracle(t)
 			c.change(t, dir)
-			err := check(t, dir)
+			p := mustPolicy(t)
+			if c.policy != nil {
+				c.policy(&p)
+			}
+			err := checkUnder(dir, p)
 			var re *RefusedError
 			if !errors.Is(err, ErrRefused) || !errors.As(err, &re) || re.Task != c.task || re.Field != c.field {
 				t.Fatalf("%v (%+v); want task %d, field %q refused", err, re, c.task, c.field)
@@ -296,12 +322,19 @@ func unixSocket(id, ino, peer uint32, name string) *skunix.UnixSkEntry {
 }
 
 // check reads and judges dir under the sandbox's policy.
-func check(t testing.TB, dir string) error {
+func check(t testing.TB, dir string) error { return checkUnder(dir, mustPolicy(t)) }
+
+func checkUnder(dir string, p Policy) error {
 	im, err := Read(dir)
 	if err != nil {
 		return err
 	}
-	return im.Judge(mustPolicy(t))
+	return im.Judge(p)
+}
+
+// without is a policy change: capability c not granted.
+func without(c uint) func(*Policy) {
+	return func(p *Policy) { p.Effective &^= 1 << c }
 }
 
 func write(t *testing.T, dir, name string, b []byte) {

@@ -181,6 +181,18 @@ func (im *Images) Judge(p Policy) error {
 	if len(im.Tasks) == 0 {
 		return refuse(0, "pstree.img", "", "no task")
 	}
+	// The files a restore remakes first: each is judged by what the
+	// spec's capabilities let the unit make itself.
+	for name, g := range im.Ghosts {
+		if err := judgeGhost(name, g.GetMode(), g.GetUid(), g.GetGid(), g.GetRdev(), p); err != nil {
+			return err
+		}
+	}
+	for name, hs := range im.Tmpfs {
+		if err := judgeTar(name, hs, p); err != nil {
+			return err
+		}
+	}
 	root := im.Tasks[0].GetPid()
 	rootIDs, err := im.taskIDs(root)
 	if err != nil {
@@ -246,16 +258,6 @@ func (im *Images) Judge(p Policy) error {
 			return refuse(0, fmt.Sprintf("mountpoints-%d.img", nsid), "", "the mounts of a mount namespace no task is in")
 		}
 		if err := judgeMounts(fmt.Sprintf("mountpoints-%d.img", nsid), ms, p); err != nil {
-			return err
-		}
-	}
-	for name, g := range im.Ghosts {
-		if err := judgeMode(name, "mode", g.GetMode(), g.GetUid(), g.GetGid(), p); err != nil {
-			return err
-		}
-	}
-	for name, hs := range im.Tmpfs {
-		if err := judgeTar(name, hs, p); err != nil {
 			return err
 		}
 	}
@@ -642,49 +644,104 @@ var fstypes = map[string]mnt.Fstype{
 	"mqueue": mnt.Fstype_MQUEUE, "cgroup": mnt.Fstype_CGROUP, "cgroup2": mnt.Fstype_CGROUP2,
 }
 
-// judgeMode refuses a file remade with a device node's or a set-id mode,
-// or owned outside the run's ids.
-func judgeMode(image, field string, mode, uid, gid uint32, p Policy) error {
-	const sIFMT, sIFCHR, sIFBLK, sISUID, sISGID = 0o170000, 0o020000, 0o060000, 0o4000, 0o2000
+// Capabilities whose grant lets a unit make a file of its own that a
+// restore remakes (linux/capability.h).
+const (
+	capChown  = 0
+	capFowner = 3
+	capFsetid = 4
+	capMknod  = 27
+)
+
+// has says whether the spec gives the unit capability c.
+func (p Policy) has(c uint) bool { return p.Effective&(1<<c) != 0 }
+
+// file is a file a restore remakes in the unit's filesystem: a deleted
+// file (ghost) or a tmpfs's member.
+type file struct {
+	name         string
+	kind         byte // 'r' regular, 'd' directory, 'l' symbolic link, 'p' FIFO, 'c' or 'b' device, 'h' hard link
+	perm         uint32
+	uid, gid     uint32
+	major, minor uint32
+}
+
+// judgeFile refuses a file the unit could not have made itself under the
+// spec: a device node without CAP_MKNOD (but the sandbox's own character
+// devices), an owner outside the run's ids without CAP_CHOWN, a set-uid
+// bit on another's file without CAP_FOWNER, a set-gid bit for another
+// group without CAP_FSETID. (Within the sandbox, the devices cgroup says
+// which device a node opens, and no_new_privs that no set-id bit raises
+// a task.)
+func judgeFile(image string, f file, p Policy) error {
+	switch f.kind {
+	case 'r', 'd', 'l', 'p', 'h':
+	case 'c', 'b':
+		if !p.has(capMknod) && (f.kind != 'c' || !p.Devices[uint64(f.major)<<32|uint64(f.minor)]) {
+			return refuse(0, image, "mode", "%s: device %d:%d is not one of the sandbox's", f.name, f.major, f.minor)
+		}
+	default:
+		return refuse(0, image, "mode", "%s: not a kind of file a sandbox here makes", f.name)
+	}
 	switch {
-	case mode&sIFMT == sIFCHR || mode&sIFMT == sIFBLK:
-		return refuse(0, image, field, "%#o: a device node", mode)
-	case mode&(sISUID|sISGID) != 0:
-		return refuse(0, image, field, "%#o: set-id", mode)
-	case !p.UIDs.Has(uid):
-		return refuse(0, image, "uid", "%d is outside the run's ids", uid)
-	case !p.GIDs.Has(gid):
-		return refuse(0, image, "gid", "%d is outside the run's ids", gid)
+	case !p.has(capChown) && (!p.UIDs.Has(f.uid) || !p.GIDs.Has(f.gid)):
+		return refuse(0, image, "uid", "%s: owned by %d:%d, outside the run's ids", f.name, f.uid, f.gid)
+	case f.perm&0o4000 != 0 && !p.has(capFowner) && !p.UIDs.Has(f.uid):
+		return refuse(0, image, "mode", "%s: set-uid %d", f.name, f.uid)
+	case f.perm&0o2000 != 0 && !p.has(capFsetid) && !p.GIDs.Has(f.gid):
+		return refuse(0, image, "mode", "%s: set-gid %d", f.name, f.gid)
 	}
 	return nil
 }
 
-// judgeTar refuses a tmpfs tarball with a member that is not a directory,
-// regular file, symbolic link or one of the sandbox's character devices;
-// that is set-id, a hard link, or named outside the tmpfs.
+// judgeGhost judges a deleted file CRIU remakes.
+func judgeGhost(image string, mode, uid, gid, rdev uint32, p Policy) error {
+	kinds := map[uint32]byte{0o100000: 'r', 0o040000: 'd', 0o120000: 'l', 0o010000: 'p', 0o020000: 'c', 0o060000: 'b'}
+	k := kinds[mode&0o170000]
+	// CRIU keeps rdev in the kernel's old encoding (major<<8 | minor).
+	return judgeFile(image, file{name: image, kind: k, perm: mode & 0o7777, uid: uid, gid: gid, major: rdev >> 8 & 0xfff, minor: rdev&0xff | rdev>>12&0xfff00}, p)
+}
+
+// judgeTar refuses a tmpfs tarball with a member named outside the tmpfs
+// (absolute, "..", or through a symbolic link the tarball makes: the tar
+// that extracts it would follow it), a hard link to outside it, or a file
+// the unit could not have made (judgeFile).
 func judgeTar(image string, hs []*tar.Header, p Policy) error {
+	links := map[string]bool{}
+	kinds := map[byte]byte{tar.TypeReg: 'r', tar.TypeDir: 'd', tar.TypeSymlink: 'l', tar.TypeFifo: 'p', tar.TypeChar: 'c', tar.TypeBlock: 'b', tar.TypeLink: 'h'}
 	for _, h := range hs {
-		name := path.Clean("/" + h.Name)
-		if strings.Contains(h.Name, "..") || len(h.Name) > 4096 {
+		if !within(h.Name) {
 			return refuse(0, image, "name", "%q: outside the tmpfs", h.Name)
 		}
-		switch h.Typeflag {
-		case tar.TypeDir, tar.TypeReg, tar.TypeSymlink:
-		case tar.TypeChar:
-			if !p.Devices[uint64(h.Devmajor)<<32|uint64(h.Devminor)] {
-				return refuse(0, image, "devmajor", "%s: device %d:%d is not one of the sandbox's", name, h.Devmajor, h.Devminor)
+		name := path.Clean("./" + h.Name)
+		for dir := path.Dir(name); dir != "."; dir = path.Dir(dir) {
+			if links[dir] {
+				return refuse(0, image, "name", "%q: through the symbolic link %q", h.Name, dir)
 			}
-		default:
-			return refuse(0, image, "typeflag", "%s: a member of type %q", name, h.Typeflag)
 		}
-		if h.Mode&0o6000 != 0 {
-			return refuse(0, image, "mode", "%s: %#o is set-id", name, h.Mode)
+		if h.Typeflag == tar.TypeSymlink {
+			links[name] = true
 		}
-		if h.Uid < 0 || h.Gid < 0 || !p.UIDs.Has(uint32(h.Uid)) || !p.GIDs.Has(uint32(h.Gid)) {
-			return refuse(0, image, "uid", "%s: owned by %d:%d, outside the run's ids", name, h.Uid, h.Gid)
+		if h.Typeflag == tar.TypeLink && !within(h.Linkname) {
+			return refuse(0, image, "linkname", "%q: a hard link to %q, outside the tmpfs", h.Name, h.Linkname)
+		}
+		if h.Uid < 0 || h.Gid < 0 || h.Uid > 1<<32-1 || h.Gid > 1<<32-1 || h.Devmajor < 0 || h.Devminor < 0 ||
+			h.Devmajor > 1<<32-1 || h.Devminor > 1<<32-1 {
+			return refuse(0, image, "uid", "%q: ids out of range", h.Name)
+		}
+		f := file{name: "/" + name, kind: kinds[h.Typeflag], perm: uint32(h.Mode & 0o7777), uid: uint32(h.Uid), gid: uint32(h.Gid),
+			major: uint32(h.Devmajor), minor: uint32(h.Devminor)}
+		if err := judgeFile(image, f, p); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// within says whether a tar member's name stays within the directory it
+// is extracted into: relative, and no ".." component.
+func within(name string) bool {
+	return len(name) <= 4096 && !strings.HasPrefix(name, "/") && !slices.Contains(strings.Split(name, "/"), "..")
 }
 
 // judgeCgroups refuses a cgroup directory named outside the sandbox's
