@@ -164,6 +164,9 @@ func TestJudgeRefuses(t *testing.T) {
 		{"SeccompOffChild", creds("12", func(c *criucore.CoreEntry) {
 			c.ThreadCore.SeccompMode = criucore.SeccompMode_disabled.Enum()
 		}), 12, "thread_core.seccomp_mode", nil},
+		{"Rlimit", creds("12", func(c *criucore.CoreEntry) {
+			c.Tc.Rlimits.Rlimits[7].Cur, c.Tc.Rlimits.Rlimits[7].Max = proto.Uint64(1<<20), proto.Uint64(1<<20)
+		}), 12, "tc.rlimits", nil},
 		{"PidNamespace", func(t *testing.T, dir string) {
 			rewrite(t, dir, "ids-12.img", &criucore.TaskKobjIdsEntry{}, func(m *criucore.TaskKobjIdsEntry) { m.PidNsId = proto.Uint32(1) })
 		}, 12, "pid_ns_id", nil},

@@ -38,6 +38,10 @@ type Policy struct {
 	Namespaces map[specs.LinuxNamespaceType]bool
 	// Mounts are the mounts the sandbox has, by mount point.
 	Mounts map[string]Mount
+	// Rlimits are the hard limits the spec sets, by resource number
+	// (RLIMIT_NOFILE: 7); a task may hold one no higher. The others are
+	// the runtime's, which the spec does not say.
+	Rlimits map[int]uint64
 	// Devices are the device nodes (major<<32|minor, character devices)
 	// a tmpfs of the sandbox may hold.
 	Devices map[uint64]bool
@@ -77,7 +81,7 @@ const (
 // its restore is given: the capabilities, user, no_new_privs, seccomp,
 // namespaces and mounts runc applies to a unit it starts.
 func PolicyOf(s *specs.Spec) (Policy, error) {
-	p := Policy{Namespaces: map[specs.LinuxNamespaceType]bool{}, Mounts: map[string]Mount{}, Devices: map[uint64]bool{}}
+	p := Policy{Namespaces: map[specs.LinuxNamespaceType]bool{}, Mounts: map[string]Mount{}, Devices: map[uint64]bool{}, Rlimits: map[int]uint64{}}
 	if s.Process == nil || s.Linux == nil || s.Root == nil {
 		return p, fmt.Errorf("criu: an OCI spec without a process, root or linux section")
 	}
@@ -96,6 +100,13 @@ func PolicyOf(s *specs.Spec) (Policy, error) {
 	u := s.Process.User
 	p.UIDs = IDRange{Lo: u.UID, Hi: u.UID}
 	p.GIDs = IDRange{Lo: u.GID, Hi: u.GID, Also: u.AdditionalGids}
+	for _, r := range s.Process.Rlimits {
+		n := slices.Index(strings.Fields(rlimitNames), strings.TrimPrefix(r.Type, "RLIMIT_"))
+		if n < 0 {
+			return p, fmt.Errorf("criu: an OCI spec with the unknown rlimit %q", r.Type)
+		}
+		p.Rlimits[n] = r.Hard
+	}
 	p.NoNewPrivs = s.Process.NoNewPrivileges
 	p.Seccomp = s.Linux.Seccomp != nil
 	for _, n := range s.Linux.Namespaces {
@@ -162,6 +173,14 @@ var capByName = func() map[string]int {
 	}
 	return out
 }()
+
+// rlimitNames are the resource limits in the order of their numbers
+// (asm-generic/resource.h).
+const rlimitNames = `CPU FSIZE DATA STACK CORE RSS NPROC NOFILE MEMLOCK AS LOCKS SIGPENDING
+MSGQUEUE NICE RTPRIO RTTIME`
+
+// capSysResource lets a task raise a hard limit.
+const capSysResource = 24
 
 // capNames are the capabilities in the order of their numbers.
 const capNames = `CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID
@@ -407,6 +426,17 @@ func (im *Images) judgeThread(pid, tid uint32, p Policy) error {
 	}
 	if lsm := cr.GetLsmProfile(); lsm != "" || cr.GetLsmSockcreate() != "" || len(cr.GetApparmorData()) > 0 {
 		return refuse(pid, name, "creds.lsm_profile", "an LSM profile (%q): the sandbox names none", lsm)
+	}
+	if tid == pid {
+		rl := c.GetTc().GetRlimits().GetRlimits()
+		if len(rl) > 64 {
+			return refuse(pid, name, "tc.rlimits", "%d limits", len(rl))
+		}
+		for n, max := range p.Rlimits {
+			if n < len(rl) && rl[n].GetMax() > max && !p.has(capSysResource) {
+				return refuse(pid, name, "tc.rlimits", "RLIMIT_%s %d, above the spec's %d", strings.Fields(rlimitNames)[n], rl[n].GetMax(), max)
+			}
+		}
 	}
 	// Seccomp: the task itself must be in filter mode. CRIU 4.2 dumps
 	// a task's other threads with no mode at all (the oracle's Go
