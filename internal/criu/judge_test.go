@@ -37,8 +37,10 @@ func mustPolicy(t testing.TB) Policy {
 	return p
 }
 
-// TestOracleImages: the images of a real park (the e2e oracle, CRIU
-// 4.2.1, pages left out) pass under the policy of the spec it ran under.
+// TestOracleImages: the images of a real park pass under the policy of
+// the spec it ran under. testdata/oracle is the memory image of a park of
+// test/e2e's oracle (startOracle, park, export; CRIU 4.2.1), every file
+// of its listing but the pages.
 func TestOracleImages(t *testing.T) {
 	im, err := Read("testdata/oracle")
 	if err != nil {
