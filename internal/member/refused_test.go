@@ -162,6 +162,9 @@ func TestReceiveUnsolicited(t *testing.T) {
 			if !errors.Is(err, ErrUnsolicited) || p.fetched.Load() != tc.fetches {
 				t.Fatalf("receive: %v (%d fetches)", err, p.fetched.Load())
 			}
+			if errors.Is(err, fleet.ErrNoRun) || errors.Is(err, fleet.ErrNotOwner) {
+				t.Fatalf("the refusal wraps the directory's error (the API would answer not_owner): %v", err)
+			}
 			unchanged(t, st)
 		})
 	}

@@ -156,7 +156,9 @@ func (m *Member) solicited(ctx context.Context, from record.Address, h Handed) e
 	}
 	e, lease, err := m.Session().Transferred(ctx, h.Genesis)
 	if errors.Is(err, fleet.ErrNoRun) {
-		return fmt.Errorf("%w: %w", ErrUnsolicited, err)
+		// Said, not wrapped: the refusal is the caller's (forbidden), not
+		// a run this host lost (not_owner).
+		return fmt.Errorf("%w: %v", ErrUnsolicited, err)
 	}
 	if err != nil {
 		return err
