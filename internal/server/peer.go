@@ -172,7 +172,9 @@ func (e *RemoteError) Error() string {
 	return fmt.Sprintf("host %s: %s (%s)", e.Host, e.Answer.Message, e.Answer.Code)
 }
 
-// client is an HTTP client to host's peer listener and its base URL.
+// client is an HTTP client to host's peer listener and its base URL, for
+// one call: the caller closes its idle connections when done (a peer
+// listener holds 64 connections from one address, docs/fleet.md).
 func (p Peers) client(ctx context.Context, host record.Address) (*http.Client, string, error) {
 	m, err := p.Dir.Member(ctx, host)
 	if err != nil {
@@ -193,6 +195,7 @@ func (p Peers) Hand(ctx context.Context, host record.Address, h member.Handed) e
 	if err != nil {
 		return err
 	}
+	defer c.CloseIdleConnections()
 	body, _ := json.Marshal(migration{Run: h.Run, Genesis: h.Genesis, Head: h.Head, Resume: h.Resume})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/migrations", bytes.NewReader(body))
 	if err != nil {
@@ -209,6 +212,7 @@ func (p Peers) Record(ctx context.Context, host record.Address, run string, limi
 	if err != nil {
 		return nil, err
 	}
+	defer c.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/records/"+url.PathEscape(run), nil)
 	if err != nil {
 		return nil, err
@@ -231,6 +235,7 @@ func (p Peers) Objects(ctx context.Context, host record.Address, rec *record.Rec
 	if err != nil {
 		return nil, err
 	}
+	defer c.CloseIdleConnections()
 	st := opt.Store
 	free := func() (uint64, error) { return park.Free(st, opt.MinFree) }
 	f, _, err := transfer.Stage(ctx, c, base, st, rec, transfer.Options{Limits: opt.Limits, Free: free})
@@ -248,6 +253,7 @@ func (p Peers) Offer(ctx context.Context, host record.Address, images []string) 
 	if err != nil {
 		return drain.Offer{}, err
 	}
+	defer c.CloseIdleConnections()
 	var out drain.Offer
 	for first := true; first || len(images) > 0; first = false {
 		batch := images[:min(len(images), maxOfferImages)]
