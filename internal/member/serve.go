@@ -154,7 +154,7 @@ func (m *Member) solicited(ctx context.Context, from record.Address, h Handed) e
 	if h.Genesis.IsZero() || h.Head.IsZero() {
 		return fmt.Errorf("%w: the hand-over names no genesis and head", ErrUnsolicited)
 	}
-	e, lease, err := m.Session().Transferred(ctx, h.Genesis)
+	e, lease, err := m.Session().Transferred(ctx, h.Genesis, from)
 	if errors.Is(err, fleet.ErrNoRun) {
 		// Said, not wrapped: the refusal is the caller's (forbidden), not
 		// a run this host lost (not_owner).
