@@ -39,13 +39,12 @@ type Peers interface {
 	// fetches, imports and claims the run, and resumes it when the run
 	// was executing here.
 	Hand(ctx context.Context, host record.Address, h Handed) error
-	// Record brings run's record from host, at most limit bytes of it.
-	Record(ctx context.Context, host record.Address, run string, limit int64) (*record.Record, error)
-	// Objects brings from host every object rec reaches that the store
-	// lacks, each verified by its address, staged and held to opt; the
-	// caller judges them where they are and adopts them
-	// (transfer.Stage).
-	Objects(ctx context.Context, host record.Address, rec *record.Record, opt FetchOptions) (Arrival, error)
+	// Fetch brings run's record from host (at most opt.Limits.JSON bytes
+	// of it), has judge judge it, and only then brings every object it
+	// reaches that the store lacks, each verified by its address, staged
+	// and held to opt (transfer.Stage), over one connection; the caller
+	// judges the objects where they are and adopts them.
+	Fetch(ctx context.Context, host record.Address, run string, judge func(*record.Record) error, opt FetchOptions) (*record.Record, Arrival, error)
 	// Offer asks host what it can take now, naming the images the runs to
 	// place need.
 	Offer(ctx context.Context, host record.Address, images []string) (drain.Offer, error)

@@ -62,22 +62,25 @@ func (p *peers) Hand(_ context.Context, _ record.Address, h Handed) error {
 	return p.hand
 }
 
-func (p *peers) Record(_ context.Context, _ record.Address, _ string, _ int64) (*record.Record, error) {
+func (p *peers) Fetch(ctx context.Context, _ record.Address, _ string, judge func(*record.Record) error, opt FetchOptions) (*record.Record, Arrival, error) {
 	p.fetched.Add(1)
 	if p.from == nil {
-		return nil, errors.New("no fetch in these tests")
+		return nil, nil, errors.New("no fetch in these tests")
 	}
-	return p.from.Record(p.src)
-}
-
-func (p *peers) Objects(ctx context.Context, _ record.Address, rec *record.Record, opt FetchOptions) (Arrival, error) {
+	rec, err := p.from.Record(p.src)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := judge(rec); err != nil {
+		return nil, nil, err
+	}
 	srv := httptest.NewServer(transfer.Handler(p.from))
 	defer srv.Close()
 	f, _, err := transfer.Stage(ctx, srv.Client(), srv.URL, opt.Store, rec, transfer.Options{Limits: opt.Limits})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return f, nil
+	return rec, f, nil
 }
 
 func (p *peers) Offer(ctx context.Context, _ record.Address, _ []string) (drain.Offer, error) {

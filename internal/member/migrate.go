@@ -239,15 +239,14 @@ func (m *Member) receive(ctx context.Context, from record.Address, h Handed, hol
 // objects it reaches that this store lacks.
 func (m *Member) fetch(ctx context.Context, from record.Address, h Handed) (Arrival, *record.Record, error) {
 	lim := m.cfg.Import.Limits.Or(bundle.DefaultLimits)
-	rec, err := m.cfg.Peers.Record(ctx, from, h.Run, lim.JSON)
-	if err != nil {
-		return nil, nil, err
+	judge := func(rec *record.Record) error {
+		if rec.Genesis() != h.Genesis || rec.Head() != h.Head || rec.Phase() != record.Parked {
+			return fmt.Errorf("%w: the record sent is run %s at %s (%s), the transfer names %s at %s",
+				ErrUnsolicited, rec.Genesis(), rec.Head(), rec.Phase(), h.Genesis, h.Head)
+		}
+		return nil
 	}
-	if rec.Genesis() != h.Genesis || rec.Head() != h.Head || rec.Phase() != record.Parked {
-		return nil, nil, fmt.Errorf("%w: the record sent is run %s at %s (%s), the transfer names %s at %s",
-			ErrUnsolicited, rec.Genesis(), rec.Head(), rec.Phase(), h.Genesis, h.Head)
-	}
-	arr, err := m.cfg.Peers.Objects(ctx, from, rec, FetchOptions{Store: m.cfg.Store, Limits: lim, MinFree: m.cfg.MinFree})
+	rec, arr, err := m.cfg.Peers.Fetch(ctx, from, h.Run, judge, FetchOptions{Store: m.cfg.Store, Limits: lim, MinFree: m.cfg.MinFree})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -206,43 +206,37 @@ func (p Peers) Hand(ctx context.Context, host record.Address, h member.Handed) e
 	return err
 }
 
-// Record implements member.Peers.
-func (p Peers) Record(ctx context.Context, host record.Address, run string, limit int64) (*record.Record, error) {
+// Fetch implements member.Peers: the record, then transfer.Stage over
+// the same client, held to the store's room past its minimum free space
+// (park.Free).
+func (p Peers) Fetch(ctx context.Context, host record.Address, run string, judge func(*record.Record) error, opt member.FetchOptions) (*record.Record, member.Arrival, error) {
 	c, base, err := p.client(ctx, host)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer c.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/records/"+url.PathEscape(run), nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	b, err := call(c, host, req, limit)
+	b, err := call(c, host, req, opt.Limits.Or(bundle.DefaultLimits).JSON)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rec, err := record.DecodeWire(b)
 	if err != nil {
-		return nil, fmt.Errorf("host %s: run %s's record: %w", host, run, err)
+		return nil, nil, fmt.Errorf("host %s: run %s's record: %w", host, run, err)
 	}
-	return rec, nil
-}
-
-// Objects implements member.Peers: transfer.Stage, held to the store's
-// room past its minimum free space (park.Free).
-func (p Peers) Objects(ctx context.Context, host record.Address, rec *record.Record, opt member.FetchOptions) (member.Arrival, error) {
-	c, base, err := p.client(ctx, host)
-	if err != nil {
-		return nil, err
+	if err := judge(rec); err != nil {
+		return nil, nil, err
 	}
-	defer c.CloseIdleConnections()
 	st := opt.Store
 	free := func() (uint64, error) { return park.Free(st, opt.MinFree) }
 	f, _, err := transfer.Stage(ctx, c, base, st, rec, transfer.Options{Limits: opt.Limits, Free: free})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return f, nil
+	return rec, f, nil
 }
 
 // Offer implements member.Peers: the names are asked about
