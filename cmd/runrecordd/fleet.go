@@ -264,7 +264,7 @@ func peerServer(state, addr string, dir *fleet.Dir, api, peers http.Handler, log
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err := peer.Listen(addr, peer.ServerConfig(key, peer.Members(dir)))
+	l, err := peer.Listen(addr, peer.ServerConfig(key, peer.Members(dir)), peer.Limits{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--peer-listen %s: %w", addr, err)
 	}

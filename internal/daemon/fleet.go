@@ -22,7 +22,8 @@ func (d *Daemon) joinFleet() {
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.publish, Reach: d.reach,
 		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: forms.CheckID},
 		Exportable: d.Exportable, Runs: runTable{d},
-		Fits: func(ctx context.Context, id string) error { return d.placement().Fits(ctx, id) },
+		Fits:    func(ctx context.Context, id string) error { return d.placement().Fits(ctx, id) },
+		MinFree: d.cfg.MinFree,
 	})
 }
 

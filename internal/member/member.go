@@ -34,16 +34,46 @@ var ErrNoFleet = errors.New("this host is not in a fleet")
 // server reaches them on their mutual-TLS listeners (internal/peer), at
 // the address their session gives (fleet.Member.Peer), pinned to their key.
 type Peers interface {
-	// Hand asks host to take run from this host: the run is handed to it
-	// in the fleet, and it fetches, imports and claims it, and resumes it
-	// when resume (the run was executing here).
-	Hand(ctx context.Context, host record.Address, run string, resume bool) error
-	// Fetch brings run's record from host, and every object the record
-	// reaches that st lacks, each verified by its address.
-	Fetch(ctx context.Context, host record.Address, run string, st *store.Store, limits bundle.Limits) (*record.Record, error)
+	// Hand asks host to take the run this host handed to it in the
+	// fleet: it checks the directory names it the transfer's target,
+	// fetches, imports and claims the run, and resumes it when the run
+	// was executing here.
+	Hand(ctx context.Context, host record.Address, h Handed) error
+	// Fetch brings run's record from host (at most opt.Limits.JSON bytes
+	// of it), has judge judge it, and only then brings every object it
+	// reaches that the store lacks, each verified by its address, staged
+	// and held to opt (transfer.Stage), over one connection; the caller
+	// judges the objects where they are and adopts them.
+	Fetch(ctx context.Context, host record.Address, run string, judge func(*record.Record) error, opt FetchOptions) (*record.Record, Arrival, error)
 	// Offer asks host what it can take now, naming the images the runs to
 	// place need.
 	Offer(ctx context.Context, host record.Address, images []string) (drain.Offer, error)
+}
+
+// Handed is a migration as its source names it to the target: the run's
+// id there, the genesis and head of the directory's entry, and whether
+// the run was executing (the target resumes it).
+type Handed struct {
+	Run           string
+	Genesis, Head record.Address
+	Resume        bool
+}
+
+// FetchOptions are what a received run's objects are held to: the store
+// they go to, a bundle's limits, and the free space the store keeps
+// (serve --min-free; park.DefaultMinFree when 0).
+type FetchOptions struct {
+	Store   *store.Store
+	Limits  bundle.Limits
+	MinFree uint64
+}
+
+// Arrival is a received run's objects, staged (transfer.Fetched): judged
+// where they are by bundle.ImportStored, adopted as the run is stored,
+// and removed by Close when it is not.
+type Arrival interface {
+	bundle.Holding
+	Close() error
 }
 
 // Held is a run as one operation on this host holds it (the daemon's run
@@ -119,6 +149,12 @@ type Config struct {
 	// recorded environment manifest against this host's): a received run
 	// that does not fit is not taken. Nil takes every run.
 	Fits func(ctx context.Context, id string) error
+	// MinFree is the free space a received run leaves on the store's
+	// filesystem (serve --min-free; park.DefaultMinFree when 0).
+	MinFree uint64
+	// MaxReceives bounds the receives one host may have under way here at
+	// once ([DefaultMaxReceives] when 0).
+	MaxReceives int
 }
 
 // Member is a host's part in its fleet.
@@ -129,6 +165,10 @@ type Member struct {
 	// rejoined is the session that replaced cfg.Fleet's after its lease
 	// was lost.
 	rejoined atomic.Pointer[fleet.Host]
+	// serving are the transfers this host serves now (serve.go).
+	serving grants
+	// receiving counts the receives under way, by calling host.
+	receiving counter
 }
 
 // New makes a Member.

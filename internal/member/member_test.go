@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -38,8 +40,8 @@ func (c *counts) Drained(bool)      { c.drained.Add(1) }
 func (c *counts) OwnershipRefused() { c.refused.Add(1) }
 
 // peers are other hosts that answer as told. A fetch brings run src of
-// store from (the peer's), its objects put into the store each on its own,
-// declaring no refs, as internal/transfer leaves them.
+// store from (the peer's): its record, and its objects staged as
+// internal/transfer stages them, from the peer's transfer.Handler.
 type peers struct {
 	silent  bool // its Offer never answers
 	hand    error
@@ -48,39 +50,37 @@ type peers struct {
 	fetched atomic.Int32
 	from    *store.Store
 	src     string
+	last    Handed // the last hand-over asked
 }
 
-func (p *peers) Hand(context.Context, record.Address, string, bool) error {
+func (p *peers) Hand(_ context.Context, _ record.Address, h Handed) error {
 	p.handed.Add(1)
+	p.last = h
 	if p.onHand != nil {
 		p.onHand()
 	}
 	return p.hand
 }
 
-func (p *peers) Fetch(_ context.Context, _ record.Address, _ string, st *store.Store, _ bundle.Limits) (*record.Record, error) {
+func (p *peers) Fetch(ctx context.Context, _ record.Address, _ string, judge func(*record.Record) error, opt FetchOptions) (*record.Record, Arrival, error) {
 	p.fetched.Add(1)
 	if p.from == nil {
-		return nil, errors.New("no fetch in these tests")
+		return nil, nil, errors.New("no fetch in these tests")
 	}
 	rec, err := p.from.Record(p.src)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	objs, err := bundle.Reached(p.from, rec, true)
+	if err := judge(rec); err != nil {
+		return nil, nil, err
+	}
+	srv := httptest.NewServer(transfer.Handler(p.from))
+	defer srv.Close()
+	f, _, err := transfer.Stage(ctx, srv.Client(), srv.URL, opt.Store, rec, transfer.Options{Limits: opt.Limits})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	for _, a := range objs {
-		b, err := p.from.ReadAll(a)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := st.PutBytes(b); err != nil {
-			return nil, err
-		}
-	}
-	return rec, nil
+	return rec, f, nil
 }
 
 func (p *peers) Offer(ctx context.Context, _ record.Address, _ []string) (drain.Offer, error) {
@@ -179,9 +179,43 @@ func TestMigrate(t *testing.T) {
 		t.Fatal("after the refusal the run is handed off, or a migration counted")
 	}
 
-	m.cfg.Peers = &peers{}
+	// While the target takes the run, it — and no other host — may read
+	// the run's record and the objects it reaches; once the hand-over
+	// returns, no host may.
+	taking := &peers{}
+	m.cfg.Peers = taking
+	stranger := record.Sum([]byte("another host"))
+	reads := func(key record.Address) []error {
+		return []error{m.ServesRecord(key, "r"), m.ServesObject(key, rec.Unit()), m.Serves(key)}
+	}
+	taking.onHand = func() {
+		for i, err := range reads(b.Key()) {
+			if err != nil {
+				t.Errorf("read %d by the target during the hand-over: %v", i, err)
+			}
+		}
+		if err := m.ServesObject(b.Key(), record.Sum([]byte("not the run's"))); !errors.Is(err, ErrUnsolicited) {
+			t.Errorf("an object the run does not reach, to the target: %v", err)
+		}
+		if err := m.ServesRecord(b.Key(), "another"); !errors.Is(err, ErrUnsolicited) {
+			t.Errorf("another run's record, to the target: %v", err)
+		}
+		for i, err := range reads(stranger) {
+			if !errors.Is(err, ErrUnsolicited) {
+				t.Errorf("read %d by another host during the hand-over: %v", i, err)
+			}
+		}
+	}
 	if err := m.migrate(t.Context(), "r", b.Key(), hold, true); err != nil {
 		t.Fatal(err)
+	}
+	if h := taking.last; h.Run != "r" || h.Genesis != rec.Genesis() || h.Head != rec.Head() || h.Resume {
+		t.Fatalf("the hand-over named %+v", h)
+	}
+	for i, err := range reads(b.Key()) {
+		if !errors.Is(err, ErrUnsolicited) {
+			t.Errorf("read %d by the target after the hand-over: %v", i, err)
+		}
 	}
 	if e, _ := dir.Run(t.Context(), rec.Genesis()); e.To != b.Key() {
 		t.Fatalf("after the migration the directory says %+v", e)
@@ -201,13 +235,13 @@ func TestRefusals(t *testing.T) {
 	m, _, _, _ := room(t, a, p)
 	m.draining.Store(true)
 	never := func() (Held, func(), error) { t.Fatal("held"); return nil, nil, nil }
-	if err := m.receive(t.Context(), b.Key(), "r2", false, never); !errors.Is(err, ErrDraining) || p.fetched.Load() != 0 {
+	if err := m.receive(t.Context(), b.Key(), Handed{Run: "r2"}, never); !errors.Is(err, ErrDraining) || p.fetched.Load() != 0 {
 		t.Fatalf("receive while draining: %v (%d fetches)", err, p.fetched.Load())
 	}
 	alone := New(Config{Store: m.cfg.Store})
 	for name, err := range map[string]error{
 		"migrate": alone.migrate(t.Context(), "r", b.Key(), never, true),
-		"receive": alone.receive(t.Context(), b.Key(), "r", true, never),
+		"receive": alone.receive(t.Context(), b.Key(), Handed{Run: "r", Resume: true}, never),
 		"adopt":   alone.adopt(t.Context(), "r", never),
 	} {
 		if !errors.Is(err, ErrNoFleet) {

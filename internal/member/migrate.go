@@ -70,7 +70,8 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 		m.cfg.Metrics.Migrated(true, false, 0)
 		return fmt.Errorf("migrate %s: %w", id, err)
 	}
-	if err := m.cfg.Peers.Hand(ctx, to, id, executing); err != nil {
+	err = m.hand(ctx, to, id, Handed{Run: id, Genesis: genesis, Head: st.Head, Resume: executing})
+	if err != nil {
 		m.cfg.Metrics.Migrated(true, false, 0)
 		return fmt.Errorf("migrate %s to %s: %w", id, to, m.takeBack(ctx, id, genesis, st.Head, to, made, err))
 	}
@@ -78,6 +79,21 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 	m.cfg.Log.Info("run migrated", "run", id, "to", to)
 	m.cfg.Publish(events.Event{Kind: "run.migrated", Run: id, Detail: to.String()})
 	return nil
+}
+
+// hand hands run id over to host to (Peers.Hand), serving it the run's
+// record and objects while it takes them (grant), and no longer.
+func (m *Member) hand(ctx context.Context, to record.Address, id string, h Handed) error {
+	rec, err := m.cfg.Store.Record(id)
+	if err != nil {
+		return err
+	}
+	end, err := m.grant(to, id, rec)
+	if err != nil {
+		return err
+	}
+	defer end()
+	return m.cfg.Peers.Hand(ctx, to, h)
 }
 
 // offered asks host to, before anything changes here, whether it could
@@ -147,18 +163,25 @@ func (m *Member) takeBack(ctx context.Context, id string, genesis, head, to reco
 	return cause
 }
 
-// Receive takes run id from host from, which handed it to this host in
-// the fleet: its record and the objects this store lacks are fetched, the
-// run is judged as an import judges a bundle ([bundle.ImportStored]),
-// claimed in the fleet and stored; with resume (it was executing there) it
-// is resumed here, else it stays parked, as it was. hold holds the run
-// (not yet stored) from the import on.
-func (m *Member) Receive(ctx context.Context, from record.Address, id string, resume bool) error {
-	return m.receive(ctx, from, id, resume, m.fresh(id))
+// Receive takes the run that host from handed to this host in the fleet
+// (h): first the directory must name this host the target of from's
+// transfer of the run at h.Head (ErrUnsolicited otherwise, before a byte
+// is fetched), and from may have only Config.MaxReceives receives under
+// way here (ErrReceiving). Then its record is fetched, and must be the
+// run at h.Genesis and h.Head; the objects this store lacks are fetched
+// and staged, held to a bundle's limits and the store's minimum free
+// space; the run is judged as an import judges a bundle
+// ([bundle.ImportStored]) and stored, adopting what was staged, and
+// claimed in the fleet. With h.Resume (it was executing there) it is
+// resumed here, else it stays parked, as it was. A run refused before it
+// is stored leaves the store as it was.
+func (m *Member) Receive(ctx context.Context, from record.Address, h Handed) error {
+	return m.receive(ctx, from, h, m.fresh(h.Run))
 }
 
-// receive is Receive, holding the run by hold.
-func (m *Member) receive(ctx context.Context, from record.Address, id string, resume bool, hold Hold) error {
+// receive is Receive, holding the run by hold (from the import on).
+func (m *Member) receive(ctx context.Context, from record.Address, h Handed, hold Hold) error {
+	id := h.Run
 	if err := m.moving("receive", id); err != nil {
 		return err
 	}
@@ -168,12 +191,25 @@ func (m *Member) receive(ctx context.Context, from record.Address, id string, re
 	if m.Draining() {
 		return fmt.Errorf("receive %s: %w: it takes no runs until it restarts", id, ErrDraining)
 	}
-	rec, err := m.cfg.Peers.Fetch(ctx, from, id, m.cfg.Store, m.cfg.Import.Limits)
+	max := m.cfg.MaxReceives
+	if max <= 0 {
+		max = DefaultMaxReceives
+	}
+	done, ok := m.receiving.take(from, max)
+	if !ok {
+		return fmt.Errorf("receive %s from %s: %w (%d)", id, from, ErrReceiving, max)
+	}
+	defer done()
+	if err := m.solicited(ctx, from, h); err != nil {
+		return fmt.Errorf("receive %s from %s: %w", id, from, err)
+	}
+	arr, rec, err := m.fetch(ctx, from, h)
 	if err != nil {
 		return fmt.Errorf("receive %s from %s: %w", id, from, err)
 	}
+	defer arr.Close()
 	m.reach("receive.fetched")
-	h, release, err := hold()
+	held, release, err := hold()
 	if err != nil {
 		return err
 	}
@@ -182,7 +218,7 @@ func (m *Member) receive(ctx context.Context, from record.Address, id string, re
 		// A drain began while the run was fetched: it would miss it.
 		return fmt.Errorf("receive %s: %w: it takes no runs until it restarts", id, ErrDraining)
 	}
-	if err := m.importReceived(ctx, id, rec); err != nil {
+	if err := m.importReceived(ctx, id, rec, arr); err != nil {
 		m.cfg.Metrics.Migrated(false, false, 0)
 		return fmt.Errorf("receive %s from %s: %w", id, from, m.Err(err))
 	}
@@ -191,26 +227,46 @@ func (m *Member) receive(ctx context.Context, from record.Address, id string, re
 	if err := calls.Fill(m.cfg.Store, id); err != nil {
 		m.cfg.Log.Warn("call ledger: the received run's calls are listed without their payloads until the next start", "run", id, "err", err)
 	}
-	m.cfg.Log.Info("run received", "run", id, "from", from, "resume", resume)
-	if resume {
-		return h.Resume(ctx)
+	m.cfg.Log.Info("run received", "run", id, "from", from, "resume", h.Resume)
+	if h.Resume {
+		return held.Resume(ctx)
 	}
 	return nil
 }
 
+// fetch brings the run's record from host from, which must be the run the
+// directory's entry names (h.Genesis, at h.Head, parked), then stages the
+// objects it reaches that this store lacks.
+func (m *Member) fetch(ctx context.Context, from record.Address, h Handed) (Arrival, *record.Record, error) {
+	lim := m.cfg.Import.Limits.Or(bundle.DefaultLimits)
+	judge := func(rec *record.Record) error {
+		if rec.Genesis() != h.Genesis || rec.Head() != h.Head || rec.Phase() != record.Parked {
+			return fmt.Errorf("%w: the record sent is run %s at %s (%s), the transfer names %s at %s",
+				ErrUnsolicited, rec.Genesis(), rec.Head(), rec.Phase(), h.Genesis, h.Head)
+		}
+		return nil
+	}
+	rec, arr, err := m.cfg.Peers.Fetch(ctx, from, h.Run, judge, FetchOptions{Store: m.cfg.Store, Limits: lim, MinFree: m.cfg.MinFree})
+	if err != nil {
+		return nil, nil, err
+	}
+	return arr, rec, nil
+}
+
 // importReceived stores the fetched run, judged as an import judges a
-// bundle, then claims it in the fleet. Stored first: a parked run this host
-// does not own is inert here (the fence refuses its every advance), and a
-// crash between the two leaves it stored and transferred here, which the
-// next start claims (fleet.Reconcile: Reclaim); the other order would leave
-// this host owning a run it does not hold. A run this host could not
-// resume now (Config.Fits: its recorded manifest against this host) is not
-// claimed, and neither is one the source took back meanwhile: either is
-// left here handed off, and the source takes the run back.
-func (m *Member) importReceived(ctx context.Context, id string, rec *record.Record) error {
+// bundle over the staged objects (arr), then claims it in the fleet.
+// Stored first: a parked run this host does not own is inert here (the
+// fence refuses its every advance), and a crash between the two leaves it
+// stored and transferred here, which the next start claims
+// (fleet.Reconcile: Reclaim); the other order would leave this host owning
+// a run it does not hold. A run this host could not resume now
+// (Config.Fits: its recorded manifest against this host) is not claimed,
+// and neither is one the source took back meanwhile: either is left here
+// handed off, and the source takes the run back.
+func (m *Member) importReceived(ctx context.Context, id string, rec *record.Record, arr Arrival) error {
 	o := m.cfg.Import
 	o.ID = id
-	_, err := bundle.ImportStored(ctx, m.cfg.Store, rec, bundle.StoredOptions{Run: id, ImportOptions: o})
+	_, err := bundle.ImportStored(ctx, arr, rec, bundle.StoredOptions{Run: id, ImportOptions: o})
 	if err != nil {
 		return err
 	}

@@ -1,18 +1,24 @@
 package member
 
 import (
+	"bytes"
 	"context"
 	"errors"
-	"slices"
+	"io/fs"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/bundletest"
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // A migration whose park is refused moves nothing: the error is the
@@ -71,25 +77,22 @@ func receiver(t *testing.T, h *fleet.Host, p Peers) (*Member, *store.Store, *cou
 	return m, st, n
 }
 
-// A received run the store refuses to import (a peer sends, as "r2", the
-// run this host holds as "r": one timeline per run) is refused with the
-// store's error and counted as a failed migration in; the store is as it
-// was (its one run at its head, not handed off, nothing stored as "r2"),
-// the run is not claimed, and nothing is resumed.
+// A received run the import refuses (its signer is not trusted here) is
+// refused with the import's error and counted as a failed migration in;
+// the store is as it was — no run, no object adopted, nothing left
+// staged — the run is not claimed, and nothing is resumed.
 func TestReceiveImportRefused(t *testing.T) {
-	c := etcdtest.Shared(t)
-	dir := fleet.New(c.Client(t), "/receive-refused/", 5*time.Second)
-	a, b := join(t, dir, "a"), join(t, dir, "b")
-	p := &peers{}
-	m, st, n, rec := room(t, a, p)
-	p.from, p.src = st, "r"
-	before, _ := st.Run("r")
+	dir, a, b, src, rec := handedOver(t, "/receive-refused/")
+	p := &peers{from: src, src: "r"}
+	m, st, n := receiver(t, b, p)
+	m.cfg.Import.Trusted = func(record.Address) bool { return false }
 	run := &parked{}
 	released := false
 	hold := func() (Held, func(), error) { return run, func() { released = true }, nil }
-	err := m.receive(t.Context(), b.Key(), "r2", true, hold)
-	if !errors.Is(err, store.ErrGenesisHeld) || p.fetched.Load() != 1 {
-		t.Fatalf("receive of a run held under another id: %v (%d fetches)", err, p.fetched.Load())
+	err := m.receive(t.Context(), a.Key(), handed(rec, true), hold)
+	var untrusted *attest.UntrustedError
+	if !errors.As(err, &untrusted) || p.fetched.Load() != 1 {
+		t.Fatalf("receive of a run signed by an untrusted key: %v (%d fetches)", err, p.fetched.Load())
 	}
 	if n.failed.Load() != 1 || n.in.Load() != 0 || n.refused.Load() != 0 {
 		t.Fatalf("counted %d failed, %d in, %d ownership refusals", n.failed.Load(), n.in.Load(), n.refused.Load())
@@ -97,20 +100,131 @@ func TestReceiveImportRefused(t *testing.T) {
 	if run.resumes.Load() != 0 || !released {
 		t.Fatalf("%d resumes, released %v", run.resumes.Load(), released)
 	}
-	if ids, err := st.AllRuns(); err != nil || !slices.Equal(ids, []string{"r"}) {
+	if ids, err := st.AllRuns(); err != nil || len(ids) != 0 {
 		t.Fatalf("runs after the refusal: %v, %v", ids, err)
 	}
-	if after, _ := st.Run("r"); after.Head != before.Head || after.Len != before.Len || after.Phase != before.Phase {
-		t.Fatal("a refused receive changed the run held")
+	unchanged(t, st)
+	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || e.To != b.Key() {
+		t.Fatalf("after the refusal the directory says %+v, %v", e, err)
 	}
-	if _, off, _ := st.HandedOff("r"); off {
-		t.Fatal("a refused receive handed the run off")
+}
+
+// unchanged checks that st, empty before a refused receive, holds no
+// object and has nothing staged.
+func unchanged(t *testing.T, st *store.Store) {
+	t.Helper()
+	var n int
+	root := filepath.Join(st.Dir(), "objects")
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			n++
+		}
+		return nil
+	})
+	if err != nil || n != 0 {
+		t.Fatalf("a refused receive left %d files under objects/ (staging included): %v", n, err)
 	}
-	if _, err := st.Check(t.Context()); err != nil {
+}
+
+// A receive no transfer in the directory names is refused before anything
+// is fetched: the run has no entry, or one its owner did not transfer, or
+// transferred to another host; the caller is not its owner, or the owner's
+// session that claimed it is gone; the head named is not the entry's; the
+// hand-over names no genesis (an older source's). A record that is not
+// the transferred run's is refused before its objects are asked for. The
+// store is as it was each time.
+func TestReceiveUnsolicited(t *testing.T) {
+	dir, a, b, src, rec := handedOver(t, "/receive-unsolicited/")
+	c := join(t, dir, "c")
+	other := record.Sum([]byte("another run"))
+	for name, tc := range map[string]struct {
+		from    *fleet.Host
+		h       Handed
+		fetches int32
+	}{
+		"no entry":       {a, Handed{Run: "r", Genesis: other, Head: other}, 0},
+		"not the owner":  {c, handed(rec, false), 0},
+		"another head":   {a, Handed{Run: "r", Genesis: rec.Genesis(), Head: other}, 0},
+		"no genesis":     {a, Handed{Run: "r"}, 0},
+		"another record": {a, Handed{Run: "r", Genesis: rec.Genesis(), Head: rec.Head()}, 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := &peers{from: src, src: "r"}
+			if name == "another record" {
+				// The source sends another run's record under the id.
+				p.from, p.src = forged(t, "r")
+			}
+			m, st, _ := receiver(t, b, p)
+			err := m.receive(t.Context(), tc.from.Key(), tc.h, func() (Held, func(), error) { t.Fatal("held"); return nil, nil, nil })
+			if !errors.Is(err, ErrUnsolicited) || p.fetched.Load() != tc.fetches {
+				t.Fatalf("receive: %v (%d fetches)", err, p.fetched.Load())
+			}
+			if errors.Is(err, fleet.ErrNoRun) || errors.Is(err, fleet.ErrNotOwner) {
+				t.Fatalf("the refusal wraps the directory's error (the API would answer not_owner): %v", err)
+			}
+			unchanged(t, st)
+		})
+	}
+	// Not transferred to this host: c receives a's transfer to b; then a
+	// takes it back and b receives it.
+	for name, at := range map[string]*fleet.Host{"to another host": c, "taken back": b} {
+		t.Run(name, func(t *testing.T) {
+			if name == "taken back" {
+				if _, err := a.Transfer(t.Context(), rec.Genesis(), a.Key()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p := &peers{from: src, src: "r"}
+			m, st, _ := receiver(t, at, p)
+			err := m.receive(t.Context(), a.Key(), handed(rec, false), func() (Held, func(), error) { t.Fatal("held"); return nil, nil, nil })
+			if !errors.Is(err, ErrUnsolicited) || p.fetched.Load() != 0 {
+				t.Fatalf("receive: %v (%d fetches)", err, p.fetched.Load())
+			}
+			unchanged(t, st)
+		})
+	}
+}
+
+// A receive whose owner's session is gone is refused before anything is
+// fetched.
+func TestReceiveOwnerGone(t *testing.T) {
+	_, a, b, src, rec := handedOver(t, "/receive-owner-gone/")
+	if err := a.Close(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || e.Run != "r" || !e.To.IsZero() {
-		t.Fatalf("after the refusal the directory says %+v, %v", e, err)
+	p := &peers{from: src, src: "r"}
+	m, st, _ := receiver(t, b, p)
+	err := m.receive(t.Context(), a.Key(), handed(rec, false), func() (Held, func(), error) { t.Fatal("held"); return nil, nil, nil })
+	if !errors.Is(err, ErrUnsolicited) || p.fetched.Load() != 0 {
+		t.Fatalf("receive from a host whose session is gone: %v (%d fetches)", err, p.fetched.Load())
+	}
+	unchanged(t, st)
+}
+
+// One host may have MaxReceives receives under way at once: one more is
+// refused before the directory is asked.
+func TestReceivesBounded(t *testing.T) {
+	_, a, b, src, rec := handedOver(t, "/receive-bounded/")
+	p := &peers{from: src, src: "r"}
+	m, _, _ := receiver(t, b, p)
+	for range DefaultMaxReceives {
+		done, ok := m.receiving.take(a.Key(), DefaultMaxReceives)
+		if !ok {
+			t.Fatal("refused within the bound")
+		}
+		defer done()
+	}
+	err := m.receive(t.Context(), a.Key(), handed(rec, false), func() (Held, func(), error) { t.Fatal("held"); return nil, nil, nil })
+	if !errors.Is(err, ErrReceiving) || p.fetched.Load() != 0 {
+		t.Fatalf("a receive past the bound: %v", err)
+	}
+	if done, ok := m.receiving.take(b.Key(), DefaultMaxReceives); !ok {
+		t.Fatal("another host's receive refused")
+	} else {
+		done()
 	}
 }
 
@@ -124,7 +238,7 @@ func TestReceiveResumeRefused(t *testing.T) {
 	m, st, n := receiver(t, b, p)
 	refused := errors.New("restore refused")
 	run := &parked{resume: refused}
-	err := m.receive(t.Context(), a.Key(), "r", true, func() (Held, func(), error) { return run, func() {}, nil })
+	err := m.receive(t.Context(), a.Key(), handed(rec, true), func() (Held, func(), error) { return run, func() {}, nil })
 	if !errors.Is(err, refused) || run.resumes.Load() != 1 {
 		t.Fatalf("receive with a refused resume: %v (%d resumes)", err, run.resumes.Load())
 	}
@@ -156,7 +270,7 @@ func TestReceiveRefusedWhenItDoesNotFit(t *testing.T) {
 	unfit := errors.New("this host has no CRIU")
 	m.cfg.Fits = func(context.Context, string) error { return unfit }
 	run := &parked{}
-	err := m.receive(t.Context(), a.Key(), "r", true, func() (Held, func(), error) { return run, func() {}, nil })
+	err := m.receive(t.Context(), a.Key(), handed(rec, true), func() (Held, func(), error) { return run, func() {}, nil })
 	if !errors.Is(err, unfit) || run.resumes.Load() != 0 || n.failed.Load() != 1 || n.in.Load() != 0 {
 		t.Fatalf("receive of a run that does not fit: %v (%d resumes, %d failed, %d in)", err, run.resumes.Load(), n.failed.Load(), n.in.Load())
 	}
@@ -237,6 +351,11 @@ func TestMigrateTakeBackRefused(t *testing.T) {
 	}
 }
 
+// handed is the hand-over of run r at rec's head, as a's migrate asks it.
+func handed(rec *record.Record, resume bool) Handed {
+	return Handed{Run: "r", Genesis: rec.Genesis(), Head: rec.Head(), Resume: resume}
+}
+
 // handedOver is a fleet under prefix with hosts a and b, and a's run r in
 // src handed over to b as a's migrate does: transferred in the directory,
 // handed off in a's store.
@@ -252,4 +371,24 @@ func handedOver(t *testing.T, prefix string) (*fleet.Dir, *fleet.Host, *fleet.Ho
 		t.Fatal(err)
 	}
 	return dir, a, b, src, rec
+}
+
+// forged is a store holding another run than room's, parked, under id.
+func forged(t *testing.T, id string) (*store.Store, string) {
+	t.Helper()
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	b, err := bundletest.Run{Spec: unit.Spec{Image: "example/unit:1", ImageDigest: "sha256:" + strings.Repeat("a", 64), Mode: unit.TranscriptMode, Args: []string{"another"}},
+		Grants: unit.Grants{Network: unit.NoNetwork}, Key: key, Transcript: []byte("{\"t\":1}\n")}.Forge(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trusted := func(record.Address) bool { return true }
+	if _, err := bundle.Import(t.Context(), st, bytes.NewReader(b.Tar(nil)), bundle.ImportOptions{Options: bundle.Options{Trusted: trusted}}); err != nil {
+		t.Fatal(err)
+	}
+	return st, id
 }

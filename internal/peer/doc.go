@@ -8,14 +8,16 @@
 //
 // [ServerConfig] requires a client certificate and admits the client in
 // the handshake only if [Admitted] (in production [Members] of the
-// fleet's [fleet.Dir], one etcd read per handshake) names its key with a
-// role, host or platform. A key the fleet does not admit, a certificate
+// fleet's [fleet.Dir]: an etcd read per handshake, through a [Gate])
+// names its key with a role, host or platform. A key the fleet does not admit, a certificate
 // that is not one ed25519 certificate, and an admission etcd could not
 // confirm are refused with a [*RefusedError] (safety over liveness: an
 // unconfirmed key is refused, never admitted). [Require] then allows a
 // route to one role only, answering 403 with an api.Error of code
 // [CodeForbidden] otherwise; [KeyOf] gives a handler the key and role.
-// [Listen] serves a ServerConfig on a TCP address.
+// [Listen] serves a ServerConfig on a TCP address, within [Limits]:
+// connections in total and per source IP address, and a deadline on each
+// handshake, its admission included.
 //
 // # Client
 //
@@ -27,8 +29,10 @@
 //   - The admission is the handshake's: a connection admitted keeps its
 //     verdict until it closes. A key no longer admitted is refused at its
 //     next handshake; the server bounds how long connections live.
-//   - Refusals are not cached: every handshake of an unknown key costs
-//     one etcd read. The listener's connection limits bound that.
+//   - A [Gate] bounds the admission reads: one per key at a time, at most
+//     16 at once, and a key refused as not admitted is refused without a
+//     read for 30 s (a key admitted meanwhile waits that long). A key
+//     that is admitted is read afresh at every handshake.
 //   - Certificate dates, issuers and chains are not checked: the pinned
 //     or admitted key is the whole trust, and the TLS 1.3 handshake
 //     proves the peer holds it.

@@ -65,17 +65,27 @@ func serve(t *testing.T, key ed25519.PrivateKey, admitted Admitted) *peerServer 
 	t.Helper()
 	ps := &peerServer{key: idOf(key), closed: make(chan struct{}, 100)}
 	cfg := ServerConfig(key, admitted)
-	verify := cfg.VerifyConnection
-	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-		err := verify(cs)
+	// Each handshake verifies with the configuration GetConfigForClient
+	// makes for it (its admission bounded by the handshake's context).
+	get := cfg.GetConfigForClient
+	cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		c, err := get(hello)
 		if err != nil {
-			ps.mu.Lock()
-			ps.refused = append(ps.refused, err)
-			ps.mu.Unlock()
+			return nil, err
 		}
-		return err
+		verify := c.VerifyConnection
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			err := verify(cs)
+			if err != nil {
+				ps.mu.Lock()
+				ps.refused = append(ps.refused, err)
+				ps.mu.Unlock()
+			}
+			return err
+		}
+		return c, nil
 	}
-	ln, err := Listen("127.0.0.1:0", cfg)
+	ln, err := Listen("127.0.0.1:0", cfg, Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +296,7 @@ func TestCertificateRefused(t *testing.T) {
 func TestKeyOfOnlyAdmitted(t *testing.T) {
 	srvKey, client := newKey(t), newKey(t)
 	cfg := ServerConfig(srvKey, roles(nil))
-	cfg.VerifyConnection = nil // checked by nobody
+	cfg.VerifyConnection, cfg.GetConfigForClient = nil, nil // checked by nobody
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -312,12 +322,12 @@ func TestListenRefusesOtherConfigs(t *testing.T) {
 	} {
 		cfg := ServerConfig(k, roles(nil))
 		mod(cfg)
-		if ln, err := Listen("127.0.0.1:0", cfg); err == nil {
+		if ln, err := Listen("127.0.0.1:0", cfg, Limits{}); err == nil {
 			ln.Close()
 			t.Errorf("%s: served", name)
 		}
 	}
-	if _, err := Listen("127.0.0.1:0", nil); err == nil {
+	if _, err := Listen("127.0.0.1:0", nil, Limits{}); err == nil {
 		t.Error("nil config served")
 	}
 }
@@ -424,7 +434,7 @@ func TestStolenCertificate(t *testing.T) {
 // serveConfig serves 404s with cfg on 127.0.0.1 and returns the address.
 func serveConfig(t *testing.T, cfg *tls.Config) string {
 	t.Helper()
-	ln, err := Listen("127.0.0.1:0", cfg)
+	ln, err := Listen("127.0.0.1:0", cfg, Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"runtime"
 	"sync"
 	"time"
@@ -17,8 +16,9 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// AdmitTimeout bounds the admission check of one handshake. (A
-// [fleet.Dir] bounds its own requests too; the shorter wins.)
+// AdmitTimeout bounds the admission check of one handshake, its wait for
+// a read included. (A [fleet.Dir] bounds its own requests too, and the
+// listener the whole handshake, [Limits]; the shortest wins.)
 const AdmitTimeout = 5 * time.Second
 
 // Admitted answers whether the fleet admits a key, and with which role.
@@ -28,15 +28,17 @@ const AdmitTimeout = 5 * time.Second
 type Admitted func(ctx context.Context, key record.Address) (fleet.Role, error)
 
 // Members admits the keys admitted in the fleet's directory, with their
-// roles ([fleet.Dir.Member]: a linearizable read of etcd per handshake).
+// roles ([fleet.Dir.Member]: a linearizable read of etcd), through a
+// [Gate] with its defaults: one read per key at a time, a refusal
+// remembered for 30 s, 16 reads at once.
 func Members(d *fleet.Dir) Admitted {
-	return func(ctx context.Context, key record.Address) (fleet.Role, error) {
+	return Gate(func(ctx context.Context, key record.Address) (fleet.Role, error) {
 		m, err := d.Member(ctx, key)
 		if err != nil {
 			return "", err
 		}
 		return m.Role, nil
-	}
+	}, GateLimits{})
 }
 
 // ServerConfig is the peer listener's TLS configuration: it presents a
@@ -53,7 +55,7 @@ func ServerConfig(key ed25519.PrivateKey, admitted Admitted) *tls.Config {
 		panic("peer: ServerConfig without an admission check")
 	}
 	certs := newCertSource(key)
-	return &tls.Config{
+	cfg := &tls.Config{
 		MinVersion:             tls.VersionTLS13,
 		SessionTicketsDisabled: true,
 		ClientAuth:             tls.RequireAnyClientCert,
@@ -64,9 +66,20 @@ func ServerConfig(key ed25519.PrivateKey, admitted Admitted) *tls.Config {
 		// certificates (whose verdict KeyOf finds again) and would also
 		// run on a resumed session.
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			return admit(admitted, cs.PeerCertificates)
+			return admit(context.Background(), admitted, cs.PeerCertificates)
 		},
 	}
+	// Each handshake's admission is bounded by the handshake's context
+	// too (Listen's deadline): a client whose handshake is cut stops
+	// waiting for an admission read.
+	cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		c := cfg.Clone()
+		c.GetConfigForClient = nil
+		ctx := hello.Context()
+		c.VerifyConnection = func(cs tls.ConnectionState) error { return admit(ctx, admitted, cs.PeerCertificates) }
+		return c, nil
+	}
+	return cfg
 }
 
 // admit checks the client's certificates against admitted and keeps the
@@ -75,12 +88,12 @@ func ServerConfig(key ed25519.PrivateKey, admitted Admitted) *tls.Config {
 // that does not hold the key fails the handshake right after, and its
 // verdict, never reachable by a request, is collected with its
 // certificate.
-func admit(admitted Admitted, certs []*x509.Certificate) error {
+func admit(ctx context.Context, admitted Admitted, certs []*x509.Certificate) error {
 	key, err := keyOf(certs)
 	if err != nil {
 		return &RefusedError{Err: err}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), AdmitTimeout)
+	ctx, cancel := context.WithTimeout(ctx, AdmitTimeout)
 	defer cancel()
 	role, err := admitted(ctx, key)
 	switch {
@@ -121,19 +134,4 @@ func recall(leaf *x509.Certificate) (verdict, bool) {
 		return verdict{}, false
 	}
 	return v.(verdict), true
-}
-
-// Listen listens on addr (TCP) and serves TLS with cfg, which must
-// require and verify client certificates (a [ServerConfig]): a
-// configuration that does not is refused rather than served.
-func Listen(addr string, cfg *tls.Config) (net.Listener, error) {
-	if cfg == nil || cfg.ClientAuth != tls.RequireAnyClientCert || cfg.VerifyConnection == nil ||
-		len(cfg.Certificates) != 0 || cfg.GetCertificate == nil {
-		return nil, errors.New("peer: listen: not a peer.ServerConfig")
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("peer: %w", err)
-	}
-	return tls.NewListener(ln, cfg), nil
 }

@@ -10,14 +10,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/member"
+	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/peer"
-	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -26,14 +28,24 @@ import (
 // The fleet's peer routes, served to admitted host keys on the mutual-TLS
 // listener (docs/fleet.md, "Migration"), and the client side of them.
 //
-//	GET  /v1/objects/{addr}   an object's bytes (internal/transfer)
-//	POST /v1/objects/missing  which of a list this host lacks
-//	GET  /v1/records/{id}     a run's record, wire form
-//	POST /v1/migrations       {"run": ID, "resume": B}: take the run the
-//	                          calling host handed to this one (resumed
-//	                          when B); answers the run as held here
+//	GET  /v1/objects/{addr}   an object's bytes (internal/transfer), to a
+//	                          host this one is handing a run to that
+//	                          reaches the object (member.ServesObject)
+//	POST /v1/objects/missing  which of a list this host lacks, to a host
+//	                          this one is handing a run to
+//	GET  /v1/records/{id}     a run's record, wire form, to the host this
+//	                          one is handing the run to
+//	                          (member.ServesRecord)
+//	POST /v1/migrations       {"run": ID, "genesis": G, "head": H,
+//	                          "resume": B}: take the run the calling host
+//	                          handed to this one, once the directory says
+//	                          so (member.Receive; resumed when B); answers
+//	                          the run as held here
 //	POST /v1/placement        {"images": [NAME...]}: what this host can
 //	                          take now (daemon.Daemon.Offer), before a drain
+//
+// A refusal of the directory or of the transfers served is 403
+// (forbidden), as a key whose role may not use the route.
 
 // PeerRoutes are the patterns of the peer routes, which the mutual-TLS
 // listener serves to host keys only (everything else there is the client
@@ -48,11 +60,46 @@ func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	}
 	h := &handler{d: d, log: log}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/objects/", d.Objects())
-	mux.HandleFunc("GET /v1/records/{id}", h.record)
+	objects := d.Objects()
+	mux.HandleFunc("GET /v1/objects/{addr}", func(w http.ResponseWriter, r *http.Request) {
+		a, err := record.ParseAddress(r.PathValue("addr"))
+		if err == nil {
+			err = served(r, func(key record.Address) error { return d.Fleet().ServesObject(key, a) })
+		}
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		objects.ServeHTTP(w, r)
+	})
+	mux.HandleFunc("POST /v1/objects/missing", func(w http.ResponseWriter, r *http.Request) {
+		if err := served(r, d.Fleet().Serves); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		objects.ServeHTTP(w, r)
+	})
+	mux.HandleFunc("GET /v1/records/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if err := served(r, func(key record.Address) error { return d.Fleet().ServesRecord(key, id) }); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		h.record(w, r)
+	})
 	mux.HandleFunc("POST /v1/migrations", h.receive)
 	mux.HandleFunc("POST /v1/placement", h.offer)
 	return mux
+}
+
+// served asks serves whether the calling host (its verified key) may read
+// what it asks for.
+func served(r *http.Request, serves func(key record.Address) error) error {
+	key, _, ok := peer.KeyOf(r)
+	if !ok {
+		return fmt.Errorf("%w: no verified host key", member.ErrUnsolicited)
+	}
+	return serves(key)
 }
 
 // maxOfferImages bounds the image names one placement request asks about.
@@ -88,8 +135,10 @@ func (h *handler) offer(w http.ResponseWriter, r *http.Request) {
 // migration is POST /v1/migrations's body: the run, and whether to resume
 // it (it was executing on the host handing it over).
 type migration struct {
-	Run    string `json:"run"`
-	Resume bool   `json:"resume"`
+	Run     string         `json:"run"`
+	Genesis record.Address `json:"genesis"`
+	Head    record.Address `json:"head"`
+	Resume  bool           `json:"resume"`
 }
 
 func (h *handler) receive(w http.ResponseWriter, r *http.Request) {
@@ -103,7 +152,7 @@ func (h *handler) receive(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.moved(w, r, m.Run, h.d.Fleet().Receive(r.Context(), from, m.Run, m.Resume))
+	h.moved(w, r, m.Run, h.d.Fleet().Receive(r.Context(), from, member.Handed{Run: m.Run, Genesis: m.Genesis, Head: m.Head, Resume: m.Resume}))
 }
 
 // Peers reach the fleet's other hosts at the address their session gives,
@@ -123,7 +172,9 @@ func (e *RemoteError) Error() string {
 	return fmt.Sprintf("host %s: %s (%s)", e.Host, e.Answer.Message, e.Answer.Code)
 }
 
-// client is an HTTP client to host's peer listener and its base URL.
+// client is an HTTP client to host's peer listener and its base URL, for
+// one call: the caller closes its idle connections when done (a peer
+// listener holds 64 connections from one address, docs/fleet.md).
 func (p Peers) client(ctx context.Context, host record.Address) (*http.Client, string, error) {
 	m, err := p.Dir.Member(ctx, host)
 	if err != nil {
@@ -139,12 +190,13 @@ func (p Peers) client(ctx context.Context, host record.Address) (*http.Client, s
 }
 
 // Hand implements member.Peers.
-func (p Peers) Hand(ctx context.Context, host record.Address, run string, resume bool) error {
+func (p Peers) Hand(ctx context.Context, host record.Address, h member.Handed) error {
 	c, base, err := p.client(ctx, host)
 	if err != nil {
 		return err
 	}
-	body, _ := json.Marshal(migration{Run: run, Resume: resume})
+	defer c.CloseIdleConnections()
+	body, _ := json.Marshal(migration{Run: h.Run, Genesis: h.Genesis, Head: h.Head, Resume: h.Resume})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/migrations", bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -154,28 +206,37 @@ func (p Peers) Hand(ctx context.Context, host record.Address, run string, resume
 	return err
 }
 
-// Fetch implements member.Peers.
-func (p Peers) Fetch(ctx context.Context, host record.Address, run string, st *store.Store, limits bundle.Limits) (*record.Record, error) {
+// Fetch implements member.Peers: the record, then transfer.Stage over
+// the same client, held to the store's room past its minimum free space
+// (park.Free).
+func (p Peers) Fetch(ctx context.Context, host record.Address, run string, judge func(*record.Record) error, opt member.FetchOptions) (*record.Record, member.Arrival, error) {
 	c, base, err := p.client(ctx, host)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/records/"+run, nil)
+	defer c.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/records/"+url.PathEscape(run), nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	b, err := call(c, host, req, limits.Or(bundle.DefaultLimits).JSON)
+	b, err := call(c, host, req, opt.Limits.Or(bundle.DefaultLimits).JSON)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rec, err := record.DecodeWire(b)
 	if err != nil {
-		return nil, fmt.Errorf("host %s: run %s's record: %w", host, run, err)
+		return nil, nil, fmt.Errorf("host %s: run %s's record: %w", host, run, err)
 	}
-	if _, err := transfer.Fetch(ctx, c, base, st, rec, transfer.Options{Limits: limits}); err != nil {
-		return nil, err
+	if err := judge(rec); err != nil {
+		return nil, nil, err
 	}
-	return rec, nil
+	st := opt.Store
+	free := func() (uint64, error) { return park.Free(st, opt.MinFree) }
+	f, _, err := transfer.Stage(ctx, c, base, st, rec, transfer.Options{Limits: opt.Limits, Free: free})
+	if err != nil {
+		return nil, nil, err
+	}
+	return rec, f, nil
 }
 
 // Offer implements member.Peers: the names are asked about
@@ -186,6 +247,7 @@ func (p Peers) Offer(ctx context.Context, host record.Address, images []string) 
 	if err != nil {
 		return drain.Offer{}, err
 	}
+	defer c.CloseIdleConnections()
 	var out drain.Offer
 	for first := true; first || len(images) > 0; first = false {
 		batch := images[:min(len(images), maxOfferImages)]

@@ -157,3 +157,18 @@ func (s *Store) Verify(ctx context.Context, a record.Address) error {
 	_, err = r.writeTo(ctx, io.Discard)
 	return err
 }
+
+// OpenFile is [Store.Open] over the file at p, which is to hold object a:
+// a file staged and not adopted yet. It verifies as it reads.
+func OpenFile(p string, a record.Address) (*Reader, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, notFound(a, err)
+	}
+	info, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("object %s: %w", a, err)
+	}
+	return &Reader{f: f, h: blake3.New(32, nil), want: a, size: info.Size()}, nil
+}

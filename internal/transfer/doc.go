@@ -17,21 +17,30 @@
 // held to the Content-Length its peer declares, which must be within the
 // limits ([Options]) and, for a listed file, the size its listing gives;
 // its bytes are hashed as they arrive, and it is adopted into the store
-// ([store.Store.Adopt], which hashes it again as it makes it durable; an
-// attestation or listing, read whole to be decoded, through
-// [store.Store.PutBytes]) only if they are as many as declared and hash
-// to the address asked for — after its refs, and with them declared.
+// (staged; adopted by [store.Store.Adopt], which hashes it again as it
+// makes it durable) only if they are as many as declared and hash to the
+// address asked for — after its refs, and with them declared.
 //
-// # Partial progress
+// # Nothing kept of a refused fetch
 //
-// The first refusal ends a fetch and adopts nothing more. What was adopted
-// before it is whole and verified, with its refs; another fetch skips it.
-// Objects no record comes to reach are collected by the store's GC after
-// its grace period. A refused fetch leaves nothing in staging.
+// [Stage] stages every object it fetches and adopts none: the
+// [Fetched] it returns is judged in place (it is a bundle.Holding: an
+// import's checks read the staged objects and the store's alike) and its
+// objects are adopted only as the run is stored, each after its refs.
+// The first refusal ends a fetch; a refused fetch, or a run refused after
+// it, leaves the store as it was and nothing in staging. [Fetch] is Stage
+// and the adoption, for a caller that judges nothing.
+//
+// # Limits
+//
+// A fetch is held to what an import holds a bundle to ([bundle.Limits]):
+// one object, all bytes, a decoded document, and the count of objects the
+// record reaches, held ones included; and with Options.Free, the room the
+// store's filesystem has past its minimum free space (--min-free).
 //
 // # Errors
 //
-// A refusal wraps [ErrAbsent], [ErrTruncated], [ErrLimit], [ErrMalformed]
+// A refusal wraps [ErrAbsent], [ErrTruncated], [ErrLimit], [ErrNoSpace], [ErrMalformed]
 // or [ErrPeer], or is a [*store.CorruptError] (bytes that hash to another
 // address: [store.ErrCorrupt]). Errors of the connection itself are
 // returned as net/http gives them.

@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
+	"slices"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -22,8 +23,12 @@ var (
 	// ErrTruncated: a body that ended before the bytes it declared.
 	ErrTruncated = errors.New("object truncated")
 	// ErrLimit: an object, a decoded document or a fetch over its
-	// [bundle.Limits] cap.
-	ErrLimit = errors.New("over a transfer limit")
+	// [bundle.Limits] cap. It wraps bundle.ErrLimit: a fetch is refused
+	// as a bundle is.
+	ErrLimit = fmt.Errorf("over a transfer limit: %w", bundle.ErrLimit)
+	// ErrNoSpace: the fetch would leave the store's filesystem with less
+	// than its minimum free space (Options.Free). It wraps park.ErrNoSpace.
+	ErrNoSpace = fmt.Errorf("the fetch does not fit: %w", park.ErrNoSpace)
 	// ErrMalformed: an object whose bytes are not what the record says
 	// they are: an attestation that does not open, a listing that does not
 	// decode, a file of another size than its listing says.
@@ -35,16 +40,22 @@ var (
 
 // Options are what [Fetch] holds a peer to.
 type Options struct {
-	// Limits cap one object (Object), all bytes fetched (Total) and an
+	// Limits cap one object (Object), all bytes fetched (Total), an
 	// object read whole to be decoded, an attestation or a listing
-	// (JSON); zero fields are [bundle.DefaultLimits]'. An import holds a
-	// bundle to the same.
+	// (JSON), and the objects the record reaches, held or fetched
+	// (Objects); zero fields are [bundle.DefaultLimits]'. An import holds
+	// a bundle to the same.
 	Limits bundle.Limits
+	// Free, when not nil, says how many bytes the store's filesystem can
+	// still take beyond its minimum free space (park.Free, serve
+	// --min-free); it is asked once, and the fetch's bytes are held to it
+	// (ErrNoSpace).
+	Free func() (uint64, error)
 }
 
 // Stats count what a [Fetch] did.
 type Stats struct {
-	Objects int   // objects fetched and adopted
+	Objects int   // objects fetched
 	Bytes   int64 // their bytes
 	Skipped int   // objects the store held already
 }
@@ -58,52 +69,79 @@ const (
 	listing                 // refs: its files
 )
 
-// fetcher is one Fetch under way.
+// fetcher is one Stage under way.
 type fetcher struct {
 	ctx   context.Context
 	c     *http.Client
 	base  string
 	st    *store.Store
 	lim   bundle.Limits
-	dir   string                  // staging, removed at the end
+	room  int64                   // the bytes the store may take, or -1
 	done  map[record.Address]kind // objects dealt with, as what
 	taken int64                   // bytes the peer was asked for, held to the Total limit
 	buf   []byte                  // the copy buffer
+	out   *Fetched
 	stats Stats
 }
 
 // Fetch brings into st every object rec reaches that st lacks, from the
-// peer at base (its [Handler]): the objects [bundle.Reached] lists for an
-// export, in its order — each object after the objects it refers to — and
-// each adopted with the refs its own bytes give, as an import judges them:
-// an attestation's receipt and journal (attest.Open), a listing's files
-// ([store.DecodeListing], each of the size listed). An object st holds is
-// not fetched; an attestation or listing st holds is read (verified) for
-// its refs, which are fetched if st lacks them.
+// peer at base (its [Handler]): [Stage], then [Fetched.AdoptAll] once every
+// object is staged and verified. A refused fetch adopts nothing: st is as
+// it was.
 //
-// Every object is streamed into st's staging area with at most the bytes
-// its Content-Length declares and the limits allow, hashed on the way, and
-// adopted only if it hashes to the address asked for. The first refusal
-// ends the fetch: objects adopted before it are whole, verified, with
-// their refs; nothing after it is adopted, and staging is removed. GC
-// collects what no record comes to reach.
-//
-// Fetch does not judge the record: the caller imports it after, with the
-// checks of an import (trust, policy, manifests), which find every object
-// it reaches in st.
+// Fetch does not judge the record: [Stage] is for a caller that judges it
+// (bundle.ImportStored over the [Fetched]) before anything is adopted.
 func Fetch(ctx context.Context, c *http.Client, base string, st *store.Store, rec *record.Record, opt Options) (Stats, error) {
-	f := &fetcher{ctx: ctx, c: c, base: base, st: st, lim: opt.Limits.Or(bundle.DefaultLimits), done: map[record.Address]kind{}}
-	var err error
-	if f.dir, err = st.StagingDir("fetch"); err != nil {
-		return Stats{}, err
+	f, s, err := Stage(ctx, c, base, st, rec, opt)
+	if err != nil {
+		return s, err
 	}
-	defer os.RemoveAll(f.dir)
+	defer f.Close()
+	return s, f.AdoptAll(ctx)
+}
+
+// Stage brings into a staging directory of st every object rec reaches
+// that st lacks, from the peer at base (its [Handler]): the objects
+// [bundle.Reached] lists for an export, in its order — each object after
+// the objects it refers to — each with the refs its own bytes give, as an
+// import judges them: an attestation's receipt and journal (attest.Open),
+// a listing's files ([store.DecodeListing], each of the size listed). An
+// object st holds is not fetched; an attestation or listing st holds is
+// read (verified) for its refs, which are fetched if st lacks them.
+//
+// Every object is streamed into staging with at most the bytes its
+// Content-Length declares and the limits and the room allow, and hashed
+// on the way: kept only if it hashes to the address asked for. The
+// objects rec reaches, held or not, are at most Limits.Objects. Nothing is
+// adopted: the [Fetched] is the objects staged, which a caller judges
+// (it is a bundle.Holding) and adopts ([Fetched.AdoptAll]), or lets go
+// ([Fetched.Close]). On a refusal nothing is left staged and st is as it
+// was.
+func Stage(ctx context.Context, c *http.Client, base string, st *store.Store, rec *record.Record, opt Options) (_ *Fetched, _ Stats, err error) {
+	f := &fetcher{ctx: ctx, c: c, base: base, st: st, lim: opt.Limits.Or(bundle.DefaultLimits), room: -1, done: map[record.Address]kind{}}
+	if opt.Free != nil {
+		free, err := opt.Free()
+		if err != nil {
+			return nil, Stats{}, fmt.Errorf("transfer: %w", err)
+		}
+		f.room = int64(min(free, 1<<62))
+	}
+	dir, err := st.StagingDir("fetch")
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	f.out = &Fetched{Store: st, ctx: ctx, dir: dir, staged: map[record.Address]*staged{}}
+	defer func() {
+		if err != nil {
+			f.out.Close()
+		}
+	}()
 	for _, r := range roots(rec) {
 		if err := f.object(r.addr, r.kind, -1); err != nil {
-			return f.stats, err
+			return nil, f.stats, err
 		}
 	}
-	return f.stats, nil
+	return f.out, f.stats, nil
 }
 
 type root struct {
@@ -134,11 +172,15 @@ func roots(rec *record.Record) []root {
 	return out
 }
 
-// object makes sure st holds a as k, after its refs. size is the size a
-// listing gives a file, or -1.
+// object makes sure st holds a as k, or stages it, after its refs. size
+// is the size a listing gives a file, or -1.
 func (f *fetcher) object(a record.Address, k kind, size int64) error {
-	if prev, ok := f.done[a]; ok && (prev == k || k == plain) {
+	prev, ok := f.done[a]
+	if ok && (prev == k || k == plain) {
 		return nil
+	}
+	if !ok && len(f.done) >= f.lim.Objects {
+		return fmt.Errorf("transfer: %w: the record reaches more than %d objects", ErrLimit, f.lim.Objects)
 	}
 	f.done[a] = k
 	if k == plain {
@@ -152,16 +194,16 @@ func (f *fetcher) object(a record.Address, k kind, size int64) error {
 	if err != nil {
 		return err
 	}
-	if !held {
-		// Verified when fetched: PutBytes hashes it again.
-		if _, err := f.st.PutBytes(b, refs...); err != nil {
-			return err
-		}
-		f.stats.Objects++
-		f.stats.Bytes += int64(len(b))
+	if held {
+		return f.keepRefs(a, b, refs)
+	}
+	if s, ok := f.out.staged[a]; ok {
+		// Staged first as a plain object (a file that is also a
+		// listing): it declares refs now.
+		s.refs = refs
 		return nil
 	}
-	return f.keepRefs(a, b, refs)
+	return f.stageBytes(a, b, refs)
 }
 
 // refs reads what a's bytes refer to and brings each into st first.
@@ -196,21 +238,17 @@ func (f *fetcher) refs(a record.Address, k kind, b []byte) ([]record.Address, er
 	return refs, nil
 }
 
-// keepRefs makes sure an object st held declares refs: a put of its bytes
-// adds to its refs what they lack.
+// keepRefs makes sure an object st held declares refs when the fetch is
+// adopted: a put of its bytes then adds to its refs what they lack.
 func (f *fetcher) keepRefs(a record.Address, b []byte, refs []record.Address) error {
 	have, err := f.st.Refs(a)
 	if err != nil {
 		return err
 	}
-	in := make(map[record.Address]bool, len(have))
-	for _, r := range have {
-		in[r] = true
-	}
 	for _, r := range refs {
-		if !in[r] {
-			_, err := f.st.PutBytes(b, refs...)
-			return err
+		if !slices.Contains(have, r) {
+			f.out.declared = append(f.out.declared, declare{b: b, refs: refs})
+			return nil
 		}
 	}
 	return nil

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -112,8 +114,7 @@ func TestFetchHostile(t *testing.T) {
 				if !errors.Is(err, want) {
 					t.Fatalf("fetch: %v, want %v", err, want)
 				}
-				refs, _ := a.Refs(bad)
-				heldBefore(t, b, reached(t, a, rec), bad, refs)
+				noneAdopted(t, b, reached(t, a, rec), bad)
 			})
 		}
 	}
@@ -140,5 +141,42 @@ func TestFetchLimits(t *testing.T) {
 	b := mustStore(t)
 	if _, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, transfer.Options{Limits: limits(1<<20, 2<<20, 0)}); err != nil {
 		t.Fatalf("within the limits: %v", err)
+	}
+}
+
+// A fetch is held to what an import holds a bundle to: the count of the
+// objects the record reaches (held ones too), and the room the store's
+// filesystem has past its minimum free space. Refused, it leaves B as it
+// was.
+func TestFetchCountAndRoom(t *testing.T) {
+	a := mustStore(t)
+	rec := imageRun(t, a, "r1", map[string][]byte{"big": bytes.Repeat([]byte("b"), 1<<20)}, map[string][]byte{"m": []byte("m")})
+	objs := reached(t, a, rec)
+	srv := serve(t, a, nil)
+	for name, c := range map[string]struct {
+		opt  transfer.Options
+		want error
+	}{
+		"count": {transfer.Options{Limits: bundle.Limits{Objects: len(objs) - 1}}, transfer.ErrLimit},
+		"room":  {transfer.Options{Free: func() (uint64, error) { return 1 << 20, nil }}, transfer.ErrNoSpace},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := mustStore(t)
+			_, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, c.opt)
+			if !errors.Is(err, c.want) || !errors.Is(err, bundle.ErrLimit) && !errors.Is(err, park.ErrNoSpace) {
+				t.Fatalf("fetch: %v, want %v", err, c.want)
+			}
+			if n := stored(t, b); n != 0 {
+				t.Fatalf("B holds %d objects after a refused fetch", n)
+			}
+		})
+	}
+	b := mustStore(t)
+	opt := transfer.Options{Limits: bundle.Limits{Objects: len(objs)}, Free: func() (uint64, error) { return 2 << 20, nil }}
+	if _, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, opt); err != nil {
+		t.Fatalf("within the count and the room: %v", err)
+	}
+	if n := stored(t, b); n != len(objs) {
+		t.Fatalf("B holds %d objects, want the %d reached", n, len(objs))
 	}
 }

@@ -1,0 +1,174 @@
+package transfer
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// Fetched is what a [Stage] brought in: objects staged and verified, not
+// adopted. It is a store as bundle.ImportStored judges one — the objects
+// staged and those the store holds, read verified — and it adopts what it
+// staged only when the run is stored ([Fetched.ImportAs],
+// [Fetched.Extend]: each after its refs), once every check passed. Close
+// it: what was not adopted goes.
+type Fetched struct {
+	*store.Store
+	ctx    context.Context
+	dir    string
+	staged map[record.Address]*staged
+	order  []record.Address
+	// declared are refs to declare on objects the store held, kept until
+	// the staged objects they may name are adopted.
+	declared []declare
+	adopted  bool
+}
+
+type staged struct {
+	path string
+	size int64
+	refs []record.Address
+}
+
+type declare struct {
+	b    []byte
+	refs []record.Address
+}
+
+var _ bundle.Holding = (*Fetched)(nil)
+
+func (f *Fetched) add(a record.Address, p string, n int64, refs []record.Address) {
+	f.staged[a] = &staged{path: p, size: n, refs: refs}
+	f.order = append(f.order, a)
+}
+
+// Staged is how many objects are staged, and their bytes.
+func (f *Fetched) Staged() (int, int64) {
+	var n int64
+	for _, s := range f.staged {
+		n += s.size
+	}
+	return len(f.staged), n
+}
+
+// Has says whether a is staged or held.
+func (f *Fetched) Has(a record.Address) bool {
+	_, ok := f.staged[a]
+	return ok || f.Store.Has(a)
+}
+
+// Size is a staged object's size, or the store's.
+func (f *Fetched) Size(a record.Address) (int64, error) {
+	if s, ok := f.staged[a]; ok {
+		return s.size, nil
+	}
+	return f.Store.Size(a)
+}
+
+// Open reads a staged object, or the store's, verified.
+func (f *Fetched) Open(a record.Address) (*store.Reader, error) {
+	if s, ok := f.staged[a]; ok {
+		return store.OpenFile(s.path, a)
+	}
+	return f.Store.Open(a)
+}
+
+// Refs are a staged object's refs, or the store's.
+func (f *Fetched) Refs(a record.Address) ([]record.Address, error) {
+	if s, ok := f.staged[a]; ok {
+		return slices.Clone(s.refs), nil
+	}
+	return f.Store.Refs(a)
+}
+
+// PutBytes adds refs to an object staged or held, whose bytes are b: a
+// staged one's are kept for its adoption, a held one's declared after the
+// staged objects are adopted. Any other object is not the fetch's to
+// write.
+func (f *Fetched) PutBytes(b []byte, refs ...record.Address) (record.Address, error) {
+	a := record.Sum(b)
+	if s, ok := f.staged[a]; ok {
+		for _, r := range refs {
+			if !slices.Contains(s.refs, r) {
+				s.refs = append(s.refs, r)
+			}
+		}
+		return a, nil
+	}
+	if !f.Store.Has(a) {
+		return record.Address{}, fmt.Errorf("transfer: object %s: %w: neither staged nor held", a, store.ErrMissingObject)
+	}
+	f.declared = append(f.declared, declare{b: b, refs: refs})
+	return a, nil
+}
+
+// ImportAs adopts the staged objects, then stores the run.
+func (f *Fetched) ImportAs(id string, r *record.Record, copy bool) error {
+	if err := f.AdoptAll(f.ctx); err != nil {
+		return err
+	}
+	return f.Store.ImportAs(id, r, copy)
+}
+
+// Extend adopts the staged objects, then extends the run.
+func (f *Fetched) Extend(id string, r *record.Record, copy, reclaim bool) (record.Address, error) {
+	if err := f.AdoptAll(f.ctx); err != nil {
+		return record.Address{}, err
+	}
+	return f.Store.Extend(id, r, copy, reclaim)
+}
+
+// AdoptAll moves every staged object into the store, each after its refs,
+// then declares the refs kept for held objects. Once is enough: a second
+// call does nothing.
+func (f *Fetched) AdoptAll(ctx context.Context) error {
+	if f.adopted {
+		return nil
+	}
+	done := map[record.Address]bool{}
+	var adopt func(a record.Address) error
+	adopt = func(a record.Address) error {
+		s, ok := f.staged[a]
+		if !ok || done[a] {
+			return nil
+		}
+		done[a] = true
+		for _, r := range s.refs {
+			if err := adopt(r); err != nil {
+				return err
+			}
+		}
+		got, err := f.Store.Adopt(ctx, s.path, s.refs...)
+		if err != nil {
+			return err
+		}
+		if got != a {
+			// Staged bytes hashed to a: only a file changed under
+			// staging gets here.
+			return fmt.Errorf("transfer: %w", &store.CorruptError{Address: a, Got: got, Path: s.path})
+		}
+		return nil
+	}
+	for _, a := range f.order {
+		if err := adopt(a); err != nil {
+			return err
+		}
+	}
+	for _, d := range f.declared {
+		if _, err := f.Store.PutBytes(d.b, d.refs...); err != nil {
+			return err
+		}
+	}
+	f.adopted = true
+	return nil
+}
+
+// Close removes what was staged and not adopted.
+func (f *Fetched) Close() error {
+	return os.RemoveAll(f.dir)
+}
