@@ -19,7 +19,7 @@ import (
 func TestConnsCut(t *testing.T) {
 	server, a, b := newKey(t), newKey(t), newKey(t)
 	ln, err := Listen("127.0.0.1:0", ServerConfig(server, roles(map[record.Address]fleet.Role{
-		idOf(a): fleet.RolePlatform, idOf(b): fleet.RolePlatform})))
+		idOf(a): fleet.RolePlatform, idOf(b): fleet.RolePlatform})), Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
