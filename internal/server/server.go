@@ -40,6 +40,7 @@ func New(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/runs/{id}/wait-proof", h.waitProof)
 	mux.HandleFunc("GET /v1/runs/{id}/record", h.record)
 	mux.HandleFunc("GET /v1/runs/{id}/export", h.export)
+	mux.HandleFunc("GET /v1/runs/{id}/logs", h.logs)
 	mux.HandleFunc("POST /v1/import", h.importBundle)
 	mux.HandleFunc("POST /v1/gc", h.gc)
 	mux.HandleFunc("POST /v1/runs/{id}/pin", h.pin)
