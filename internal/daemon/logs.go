@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,25 +12,32 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
+// ErrStopping is a follow of a run's output ended by the daemon stopping.
+var ErrStopping = errors.New("the daemon is stopping")
+
 // Logs delivers run id's output to emit, across its intervals
 // (internal/runlog): its sealed intervals' from their journals, its open
 // interval's from its files here. A follow ends when the run is closed or
 // handed off, when ctx ends, or when the daemon stops its streams
-// (StopEvents). emit must not keep a chunk's data.
+// (StopEvents: ErrStopping). emit must not keep a chunk's data.
 func (d *Daemon) Logs(ctx context.Context, id string, opt runlog.Options, emit func(runlog.Chunk) error) error {
 	if _, err := d.st.Run(id); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	ch, done := d.Subscribe()
 	defer done()
 	go func() {
 		for range ch { // closed when the daemon stops its streams
 		}
-		cancel()
+		cancel(ErrStopping)
 	}()
-	return runlog.Read(ctx, logSource{d: d, id: id}, opt, emit)
+	err := runlog.Read(ctx, logSource{d: d, id: id}, opt, emit)
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrStopping) {
+		return fmt.Errorf("run %s: %w", id, ErrStopping)
+	}
+	return err
 }
 
 // logSource is a run's output on this host (runlog.Source).

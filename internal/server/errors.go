@@ -104,6 +104,7 @@ var codes = []struct {
 	{api.CodeBadRequest, is(daemon.ErrInvalid, bundle.ErrMalformed, unit.ErrInvalid, executor.ErrInvalid, executor.ErrImageMismatch,
 		store.ErrRunID, manifest.ErrMalformed, record.ErrMalformedSegment, record.ErrMalformedSnapshot, record.ErrAddress,
 		store.ErrKeyName, calls.ErrTranscript, calls.ErrNotJSON, trust.ErrKey), nil},
+	{api.CodeUnavailable, is(daemon.ErrStopping), nil},
 	{api.CodeUnavailable, func(err error) bool {
 		return is(executor.ErrMissing, manifest.ErrMissing, store.ErrLocked, context.DeadlineExceeded)(err) || errdefs.IsUnavailable(err)
 	}, nil},
