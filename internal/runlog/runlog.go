@@ -32,6 +32,10 @@ const MaxPiece = 64 << 10
 // DefaultPoll is how often a follow looks for new output.
 const DefaultPoll = 200 * time.Millisecond
 
+// maxOmitted bounds the bytes a mark in a journal (which may come from
+// another host's bundle) is taken to leave out, so that no sum overflows.
+const maxOmitted = 1 << 60
+
 // ErrBusy is a run whose state cannot be read now (an operation holds
 // it): a reader tries again at its next poll.
 var ErrBusy = errors.New("run busy")
@@ -275,7 +279,7 @@ func (r *reader) lifecycle(k int, atNS int64, data io.Reader, rel *[2]int64) err
 	var dis attest.OutputDiscarded
 	j := attest.Journal{Entries: []attest.Entry{{Kind: attest.Lifecycle, Data: b}}}
 	switch {
-	case j.Find(&om) && (om.Stream == attest.Stdout || om.Stream == attest.Stderr) && om.Bytes > 0:
+	case j.Find(&om) && (om.Stream == attest.Stdout || om.Stream == attest.Stderr) && om.Bytes > 0 && om.Bytes < maxOmitted:
 		i := int(om.Stream) - 1
 		end := rel[i] + om.Bytes
 		if n := end - max(r.pos[i], rel[i]); n > 0 {

@@ -253,3 +253,14 @@ func TestReadBadJournal(t *testing.T) {
 		t.Fatalf("err %v, want malformed", err)
 	}
 }
+
+// A journal's mark claiming more than any output is not taken: no sum
+// overflows, and the output after it still comes.
+func TestReadHostileMark(t *testing.T) {
+	src := &fakeRun{journals: [][]byte{journal(1, "a\n", "",
+		attest.LifecycleOf(1, attest.OutputOmitted{Stream: attest.Stdout, Bytes: 1<<63 - 1}),
+		attest.LifecycleOf(1, attest.OutputOmitted{Stream: attest.Stdout, Bytes: -5}))}}
+	if got, want := collect(t, src, Options{Tail: -1}), "1 stdout \"a\\n\"\n"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+}
