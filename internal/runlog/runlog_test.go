@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -262,5 +263,73 @@ func TestReadHostileMark(t *testing.T) {
 		attest.LifecycleOf(1, attest.OutputOmitted{Stream: attest.Stdout, Bytes: -5}))}}
 	if got, want := collect(t, src, Options{Tail: -1}), "1 stdout \"a\\n\"\n"; got != want {
 		t.Fatalf("got %s, want %s", got, want)
+	}
+}
+
+// bigJournal streams a journal of n copies of one stdout entry, made as
+// it is read: the test holds one entry, not the journal.
+type bigJournal struct {
+	n, i        int
+	head, entry []byte
+	buf         []byte
+}
+
+func (b *bigJournal) Read(p []byte) (int, error) {
+	if len(b.buf) == 0 {
+		switch {
+		case b.i == 0:
+			b.buf = b.head
+		case b.i <= b.n:
+			b.buf = b.entry
+		default:
+			return 0, io.EOF
+		}
+		b.i++
+	}
+	n := copy(p, b.buf)
+	b.buf = b.buf[n:]
+	return n, nil
+}
+
+type bigRun struct {
+	n           int
+	head, entry []byte
+}
+
+func (r bigRun) State() (State, error) { return State{Sealed: 1, Done: true}, nil }
+func (r bigRun) Journal(int) (io.ReadCloser, error) {
+	return io.NopCloser(&bigJournal{n: r.n, head: r.head, entry: r.entry}), nil
+}
+
+// Reading 256 MiB of output allocates a small fraction of it: no log is
+// held whole.
+func TestReadBoundedMemory(t *testing.T) {
+	const entries = 4096 // of 64 KiB: 256 MiB
+	head, err := io.ReadAll(attest.JournalReader(entries))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := bigRun{n: entries, head: head, entry: attest.AppendEntry(nil, attest.Stdout, 1, bytes.Repeat([]byte("0123456789abcde\n"), MaxPiece/16))}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	var lines, size int64
+	err = Read(context.Background(), src, Options{Tail: 10}, func(c Chunk) error {
+		lines++
+		size += int64(len(c.Data))
+		return nil
+	})
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines != 10 || size != 160 {
+		t.Fatalf("tail 10: %d lines, %d bytes", lines, size)
+	}
+	// Two passes over 256 MiB (the tail counts first).
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("2 × %d MiB of output read with %d KiB allocated", entries*MaxPiece>>20, alloc>>10)
+	if alloc > 32<<20 { // the race detector allocates about 2 KiB an entry
+		t.Fatalf("reading %d MiB of output allocated %d MiB", entries*MaxPiece>>20, alloc>>20)
 	}
 }
