@@ -38,9 +38,10 @@ step "images import $bin/units/oracle.tar"
 "$rr" images import "$bin/units/oracle.tar" --name runrecordd.local/oracle:1
 
 run=walk-$(date +%Y%m%d-%H%M%S)
-out=$state/runs/$run/stdout
+# last_line: the oracle's last line, as `logs` reads it back.
+last_line() { "$rr" logs --tail 1 "$run" 2>/dev/null; }
 # waitfor N: wait until the oracle has printed a line with counter >= N.
-last_counter() { tail -n 1 "$out" 2>/dev/null | sed -n 's/.*"counter":\([0-9]*\).*/\1/p'; }
+last_counter() { last_line | sed -n 's/.*"counter":\([0-9]*\).*/\1/p'; }
 waitfor() {
 	for _ in $(seq 1 200); do
 		c=$(last_counter)
@@ -54,7 +55,7 @@ waitfor() {
 step "run --id $run --network loopback runrecordd.local/oracle:1 (64 MiB of state, a counter, an open file, a pipe to a child, a TCP server and a connection to it)"
 "$rr" run --id "$run" --network loopback --env SIZE_MB=64 --env TCP_PORT=7777 runrecordd.local/oracle:1
 waitfor 15
-before=$(tail -n 1 "$out")
+before=$(last_line)
 echo "oracle before park: $before" | cut -c1-160
 
 step "park $run"
@@ -68,7 +69,7 @@ step "resume $run"
 "$rr" resume "$run"
 after_start=$(last_counter)
 waitfor $((after_start + 5))
-after=$(tail -n 1 "$out")
+after=$(last_line)
 echo "oracle after resume: $after" | cut -c1-160
 field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" <<<"$2"; }
 for f in checksum pid child_pid start_time tcp_held_port; do
@@ -92,6 +93,9 @@ if [ "$(field tcp_held "$after")" != "$(field counter "$after")" ] ||
 fi
 echo "same checksum, pids and start time; counter $(field counter "$before") -> $(field counter "$after"): the unit went on where it was"
 echo "its TCP connection (port $(field tcp_held_port "$after")) carried $(field tcp_held "$after") round trips, its server took $(field tcp_fresh_ok "$after") fresh connections"
+
+step "logs --label --tail 10 $run (the unit's output across the park, each line labelled with its interval)"
+"$rr" logs --label --tail 10 "$run" | cut -c1-60
 
 step "verify $run"
 "$rr" verify "$run"

@@ -12,9 +12,12 @@ import (
 
 func cmdExport(args []string, stdout io.Writer) error {
 	v := newVerb("export")
-	file := v.fs.String("f", "-", "write the bundle to this file (- for standard output)")
+	file := v.fs.String("f", "-", "write the bundle to this file (- for standard output, which must not be a terminal)")
 	handoff := v.fs.Bool("handoff", true, "hand the run off: this host will not resume or close it until a bundle extending it is imported back (false: export a copy, which no host resumes)")
 	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
+		if *file == "-" && isTerminal(stdout) {
+			return errTerminal
+		}
 		export := c.Export
 		if !*handoff {
 			export = c.ExportCopy

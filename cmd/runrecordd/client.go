@@ -134,7 +134,7 @@ func openInput(path string) (io.ReadCloser, error) {
 // exitCode is the exit status for a failed verb (see the usage text).
 func exitCode(err error) int {
 	var ue usageError
-	if errors.As(err, &ue) || errors.Is(err, flag.ErrHelp) {
+	if errors.As(err, &ue) || errors.Is(err, flag.ErrHelp) || errors.Is(err, errTerminal) {
 		return 2
 	}
 	var ae *api.Error

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -59,8 +61,8 @@ func cmdHost(args []string, stdout io.Writer) error {
 			for _, n := range ip.Notes {
 				fmt.Fprintf(w, "\t%s\n", n)
 			}
-			for k, v := range h.Manifest {
-				fmt.Fprintf(w, "%s:\t%s\n", k, v)
+			for _, k := range slices.Sorted(maps.Keys(h.Manifest)) {
+				fmt.Fprintf(w, "%s:\t%s\n", k, h.Manifest[k])
 			}
 		})
 	})

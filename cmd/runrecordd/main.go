@@ -52,6 +52,7 @@ func commands() []command {
 		{"adopt", "make a run of a lost host this host's, when it holds it parked at the fleet's head: adopt RUN", cmdAdopt},
 		{"drain", "move every run off this host to the fleet's others; new runs are refused: drain [--to KEY ...] [--parallel N]", cmdDrain},
 		{"verify", "verify a run (verify RUN), or a bundle or wire form (verify --file FILE)", cmdVerify},
+		{"logs", "a run's output across its parks and resumes: logs [-f] [--tail N] [--since T] [--label] RUN", cmdLogs},
 		{"wait-proof", "a run's wait-proof verdict: wait-proof RUN", cmdWaitProof},
 		{"calls", "outward calls awaiting results, with run and payload: calls", cmdCalls},
 		{"post", "post a call's result (resumes the run when it was the last awaited): post RUN CALL JSON", cmdPost},
@@ -74,6 +75,9 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 2 && args[0] == "help" {
+		return help(args[1], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)
 		if len(args) == 0 {
@@ -110,7 +114,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: runrecordd COMMAND [ARGS]\n\ncommands:")
+	fmt.Fprintln(w, "usage: runrecordd COMMAND [ARGS]\n       runrecordd help COMMAND   (a command's whole usage)\n\ncommands:")
 	defer fmt.Fprintln(w, "\nClient commands talk to the daemon on --socket (or RUNRECORDD_SOCKET; default "+api.DefaultSocket+")\nand print tables, or JSON with -o json.\n\nexit codes: 0 ok; 1 failed; 2 bad usage; 3 no daemon on the socket; 4 not found;\n5 refused by a rule (phase, resume precondition, damaged record or object)")
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)

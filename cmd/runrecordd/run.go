@@ -44,7 +44,7 @@ func cmdRun(args []string, stdout io.Writer) error {
 	id := fs.String("id", "", "the run's id (default: made up)")
 	mode := fs.String("mode", "image", "how the unit parks: image or transcript")
 	cpu := fs.Uint("cpu", 0, "CPU limit in thousandths of a core (0: unlimited)")
-	mem := fs.String("memory", "0", "memory limit, e.g. 512Mi (0: unlimited)")
+	mem := fs.String("memory", "0", "memory limit, e.g. 512Mi; 0 is the daemon's default, 1 GiB (there is no unlimited; docs/limits.md)")
 	network := fs.String("network", "none", "network: none or loopback")
 	var env, ro listFlag
 	fs.Var(&env, "env", "KEY=VALUE for the unit (repeatable)")

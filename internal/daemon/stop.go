@@ -27,7 +27,7 @@ import (
 const DefaultParkAllParallel = 4
 
 // ErrStopping is a run started or resumed while the daemon parks its
-// runs to stop.
+// runs to stop, or a follow of a run's output ended by the stop.
 var ErrStopping = errors.New("the daemon is stopping")
 
 // ParkAll parks every run executing on this host, parallel at a time, and

@@ -84,3 +84,10 @@ func replaceFile(path string, b []byte, durable bool) error {
 	}
 	return atomicfile.WriteNoSync(path, 0o600, write)
 }
+
+// Offsets is where iv's output begins in its run's output files: the
+// bytes before them belong to earlier intervals.
+func (iv *Interval) Offsets() (stdout, stderr int64) { return iv.outOff, iv.errOff }
+
+// Files are iv's run's output files on this host.
+func (iv *Interval) Files() Output { return iv.out }

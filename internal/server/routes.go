@@ -66,6 +66,7 @@ var routes = []route{
 	{"GET /v1/runs/{id}/wait-proof", (*handler).waitProof, owned},
 	{"GET /v1/runs/{id}/record", (*handler).record, refused},
 	{"GET /v1/runs/{id}/export", (*handler).export, refused},
+	{"GET /v1/runs/{id}/logs", (*handler).logs, owned},
 	{"POST /v1/import", (*handler).importBundle, refused},
 	{"POST /v1/gc", (*handler).gc, refused},
 	{"POST /v1/runs/{id}/pin", (*handler).pin, refused},
