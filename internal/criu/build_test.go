@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -208,4 +209,66 @@ func TestIdentify(t *testing.T) {
 			t.Error("a binary that is not there identified")
 		}
 	})
+}
+
+// TestSetupManifest runs deploy/setup.sh's install_criu_manifest (into a
+// temporary directory, over a binary made here) and reads what it wrote:
+// the manifest setup writes is one the daemon takes, listing every patch
+// of deploy/criu.
+func TestSetupManifest(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Fatalf("bash: %v", err)
+	}
+	setup, err := os.ReadFile("../../deploy/setup.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fns []string
+	for _, name := range []string{"sha256_of", "install_criu_manifest"} {
+		_, rest, ok := strings.Cut(string(setup), "\n"+name+"() {\n")
+		body, _, ok2 := strings.Cut(rest, "\n}\n")
+		if !ok || !ok2 {
+			t.Fatalf("deploy/setup.sh: no function %s", name)
+		}
+		fns = append(fns, name+"() {\n"+body+"\n}\n")
+	}
+	dir := t.TempDir()
+	bin, man := filepath.Join(dir, "criu"), filepath.Join(dir, "share", "criu.json")
+	if err := os.WriteFile(bin, []byte("\x7fELF criu "+TmpfsDump), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	patches, err := filepath.Abs("../../deploy/criu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := "set -Eeuo pipefail\ndie() { echo \"die: $*\" >&2; exit 1; }\nlog() { :; }\n" +
+		"CRIU_VERSION=4.2.1 CRIU_ORIG=criu_4.2.1.orig.tar.xz CRIU_SHA256=" + hash + " CRIU_RUNDIR=/run/runrecordd-criu\n" +
+		"CRIU_BIN=" + bin + " CRIU_PATCH_DIR=" + patches + " CRIU_MANIFEST=" + man + "\n" +
+		strings.Join(fns, "") + "install_criu_manifest\n"
+	if out, err := exec.Command("bash", "-c", script).CombinedOutput(); err != nil {
+		t.Fatalf("install_criu_manifest: %v: %s", err, out)
+	}
+	b, err := Identify(bin, man)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Manifest == nil {
+		t.Fatalf("setup's manifest not taken: %s", b.Unknown)
+	}
+	names, _ := filepath.Glob(filepath.Join(patches, "*.patch"))
+	if len(b.Manifest.Patches) != len(names) || len(names) == 0 {
+		t.Errorf("manifest lists %d patches, deploy/criu holds %d", len(b.Manifest.Patches), len(names))
+	}
+	for i, p := range b.Manifest.Patches {
+		data, err := os.ReadFile(names[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum := sha256.Sum256(data); p.Name != filepath.Base(names[i]) || p.SHA256 != hex.EncodeToString(sum[:]) {
+			t.Errorf("patch %d: %+v, want %s", i, p, names[i])
+		}
+	}
+	if !b.Has(KeepsUffds) || b.Has(TmpfsRestore) {
+		t.Errorf("capabilities %v: want keeps-uffds (listed) and not tmpfs-restore (no mark)", b.Capabilities())
+	}
 }
