@@ -8,11 +8,11 @@ import (
 )
 
 // startProbe starts the image-park gate's probe, each step under the
-// deadline of a small unit; a CRIU that did not tell its version
-// (criuErr) is not probed.
+// deadline of a small unit, its findings checked against the CRIU build's
+// record; a CRIU that did not tell its version (criuErr) is not probed.
 func (d *Daemon) startProbe(criuErr error) {
 	probe := func(ctx context.Context) executor.Probe {
-		return d.ex.Probe(ctx, imageparks.Deadline(d.cfg.CRIUDeadline, 0))
+		return imageparks.CheckBuild(d.ex.Probe(ctx, imageparks.Deadline(d.cfg.CRIUDeadline, 0)), d.base.CRIU)
 	}
 	d.probe = imageparks.Start(d.bgCtx, &d.bg, probe, criuErr, d.log)
 }
