@@ -45,6 +45,19 @@ func needsFastPath(t *testing.T, d *daemon, flag string) {
 	}
 }
 
+// hostOut is `runrecordd host` of d, each line's runs of blanks made one
+// space.
+func hostOut(t *testing.T, d *daemon) string {
+	t.Helper()
+	out := cli(t, "host", "--socket", d.socket)
+	t.Logf("runrecordd host of the %s daemon:\n%s", d.name, out)
+	lines := strings.Split(out, "\n")
+	for i, l := range lines {
+		lines[i] = strings.Join(strings.Fields(l), " ")
+	}
+	return "\n" + strings.Join(lines, "\n") + "\n"
+}
+
 // TestHostCRIU: `runrecordd host` and /metrics show the CRIU build the
 // daemon runs — each patch as internal/criu identifies it here, with its
 // sha256 when the build is known — and a daemon given a manifest of
@@ -58,9 +71,8 @@ func TestHostCRIU(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := mustDaemon(t, "criu-host", func(d *daemon) { d.flags = []string{"--criu-build", manifest} })
-	out := cli(t, "host", "--socket", d.socket)
-	t.Logf("runrecordd host:\n%s", out)
-	if !strings.Contains(out, "CRIU build:\t"+want.Binary+" ") {
+	out := hostOut(t, d)
+	if !strings.Contains(out, "\nCRIU build: "+want.Binary+" ") {
 		t.Errorf("runrecordd host does not show the CRIU build at %s", want.Binary)
 	}
 	if (want.Manifest != nil) != strings.Contains(out, "(deploy/setup.sh's build)") {
@@ -68,7 +80,7 @@ func TestHostCRIU(t *testing.T) {
 	}
 	var nums []string
 	for _, p := range want.Patches() {
-		line := "\tpatch " + p + " "
+		line := "\npatch " + p + " "
 		if m := want.Manifest; m != nil {
 			for _, f := range m.Patches {
 				if f.Name == p {
@@ -82,7 +94,7 @@ func TestHostCRIU(t *testing.T) {
 		n, _, _ := strings.Cut(p, "-")
 		nums = append(nums, n)
 	}
-	if got := strings.Count(out, "\tpatch "); got != len(want.Patches()) {
+	if got := strings.Count(out, "\npatch "); got != len(want.Patches()) {
 		t.Errorf("runrecordd host shows %d patches, want %d", got, len(want.Patches()))
 	}
 	info := warmMetrics(t, d, "runrecordd_criu_info")
@@ -119,9 +131,8 @@ func TestHostCRIU(t *testing.T) {
 	u := mustDaemon(t, "criu-unknown", func(d *daemon) {
 		d.flags = []string{"--criu-build", other, "--lazy-resume", "--lazy-served"}
 	})
-	out = cli(t, "host", "--socket", u.socket)
-	t.Logf("runrecordd host, another binary's manifest:\n%s", out)
-	for _, w := range []string{"not known: " + criu.ErrOtherBinary.Error(), "\toff: --lazy-served: the CRIU at " + path + " lacks deploy/criu/2-lazy-pages-keep-uffds.patch"} {
+	out = hostOut(t, u)
+	for _, w := range []string{"not known: " + criu.ErrOtherBinary.Error(), "\noff: --lazy-served: the CRIU at " + path + " lacks deploy/criu/2-lazy-pages-keep-uffds.patch"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("runrecordd host does not say %q", w)
 		}
