@@ -25,7 +25,8 @@ func (h *Host) identifyCRIU() {
 	}
 	h.CRIU = b
 	if b.Manifest == nil {
-		log.Warn("CRIU build not known: the fast paths that need a deploy/criu patch without a mark in the binary are off (deploy/setup.sh installs a known one)",
+		// Info: nothing is off until a flag asks for a fast path (below).
+		log.Info("CRIU build not known: the fast paths that need a deploy/criu patch without a mark in the binary are off (deploy/setup.sh installs a known one)",
 			"criu", b.Binary, "why", b.Unknown, "patches", b.Patches())
 	} else {
 		log.Info("CRIU build", "criu", b.Binary, "version", b.Manifest.Version, "patches", b.Patches())
