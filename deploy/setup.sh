@@ -5,7 +5,9 @@
 # runc) from the module deploy/runtime, whose go.mod and go.sum pin it, and
 # installs it; installs iptables, nftables, iproute2 and busybox-static from
 # Debian, and makes sure a CRIU >= 4.2.1 that passes `criu check` is on PATH
-# (building CRIU 4.2.1 from the Debian sid source tarball when needed). Then
+# (building CRIU 4.2.1 from the source tarball vendored in deploy/criu, with
+# the patches there, when needed, and recording the build in
+# /usr/local/share/runrecordd/criu.json for the daemon). Then
 # it probes that CRIU really can dump and restore here: a throwaway process,
 # and a throwaway runc container, each step under a deadline. Idempotent: a
 # rerun on a host that is already set up installs nothing, downloads nothing
@@ -39,6 +41,13 @@ readonly CRIU_CACHE=${CACHE_ROOT}/criu-${CRIU_VERSION}
 # name order); the build records their sha256 in CRIU_CACHE/criu.patches,
 # and an installed build with other patches is rebuilt.
 readonly CRIU_PATCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/criu
+# The source tarball, vendored beside the patches (pinned by CRIU_SHA256):
+# Debian's archive drops a version once no suite carries it. apt-get source
+# from sid is the fallback for a checkout without it.
+readonly CRIU_VENDORED=$CRIU_PATCH_DIR/$CRIU_ORIG
+# The manifest of the build installed at CRIU_BIN, read by the daemon
+# (internal/criu; docs/setup.md, "The CRIU build").
+readonly CRIU_MANIFEST=/usr/local/share/runrecordd/criu.json
 # Where the CRIU this script builds keeps its kernel-feature cache
 # (criu.kdat; CRIU's RUNDIR, /run by default). CRIU keeps it only on a
 # tmpfs, and probes the kernel afresh, 50-75 ms, in every run without it:
@@ -257,6 +266,14 @@ fetch_criu_orig() {
 		log "$CRIU_ORIG cached, sha256 ok"
 		return 0
 	fi
+	if sha256_ok "$CRIU_VENDORED"; then
+		install -m 0644 "$CRIU_VENDORED" "$tarball"
+		log "$CRIU_ORIG from $CRIU_VENDORED, sha256 ok"
+		return 0
+	elif [[ -e $CRIU_VENDORED ]]; then
+		die "$CRIU_VENDORED does not hash to $CRIU_SHA256"
+	fi
+	log "$CRIU_VENDORED is missing; falling back to Debian's sid source"
 	ensure_sid_src
 	rm -rf "$dl"
 	mkdir -p "$dl"
@@ -359,11 +376,47 @@ install_cached_criu() {
 	log "installed $CRIU_BIN ($(criu_version "$CRIU_BIN"))"
 }
 
+# sha256_of FILE -> its sha256 in hex
+sha256_of() {
+	sha256sum "$1" | awk '{print $1}'
+}
+
+# install_criu_manifest : record the build at CRIU_BIN in CRIU_MANIFEST
+# (JSON: version, source tarball, each patch in the order applied, the
+# binary; each by sha256). Called only once CRIU_BIN is known to be this
+# script's build with today's patches (criu_current).
+install_criu_manifest() {
+	local p name tmp=$CRIU_MANIFEST.tmp.$$ sep=""
+	install -d -m 0755 "$(dirname "$CRIU_MANIFEST")"
+	{
+		printf '{\n  "version": "%s",\n  "binary": "%s",\n  "binary_sha256": "%s",\n' \
+			"$CRIU_VERSION" "$CRIU_BIN" "$(sha256_of "$CRIU_BIN")"
+		printf '  "source": {"name": "%s", "sha256": "%s"},\n' "$CRIU_ORIG" "$CRIU_SHA256"
+		printf '  "rundir": "%s",\n  "patches": [' "$CRIU_RUNDIR"
+		for p in "$CRIU_PATCH_DIR"/*.patch; do
+			[[ -f $p ]] || continue
+			name=$(basename "$p")
+			[[ $name =~ ^[0-9]{1,3}-[A-Za-z0-9._-]+\.patch$ ]] || die "patch name $name: want N-name.patch"
+			printf '%s\n    {"name": "%s", "sha256": "%s"}' "$sep" "$name" "$(sha256_of "$p")"
+			sep=,
+		done
+		printf '\n  ]\n}\n'
+	} >"$tmp" || die "writing $CRIU_MANIFEST"
+	chmod 0644 "$tmp"
+	mv -f "$tmp" "$CRIU_MANIFEST"
+	log "recorded the CRIU build in $CRIU_MANIFEST"
+}
+
 ensure_criu() {
 	local cur ver
 	cur=$(PATH=$SYS_PATH command -v criu || true)
 	if [[ ${RUNRECORDD_CRIU_FORCE_BUILD:-0} != 1 && -n $cur ]] && criu_good "$cur" && criu_current "$cur"; then
 		log "criu $(criu_version "$cur") at $cur already passes criu check"
+		if [[ $cur == "$CRIU_BIN" ]]; then
+			install_criu_manifest
+		else
+			warn "criu at $cur is not this script's build: the daemon finds no build manifest for it and turns off the fast paths that need a deploy/criu patch (docs/setup.md, \"The CRIU build\"); RUNRECORDD_CRIU_FORCE_BUILD=1 builds and installs one at $CRIU_BIN"
+		fi
 		return 0
 	fi
 	if [[ -z $cur ]]; then
@@ -388,6 +441,7 @@ ensure_criu() {
 		build_criu
 	fi
 	install_cached_criu
+	install_criu_manifest
 }
 
 drop_old_trixie_src() {

@@ -61,9 +61,36 @@ func cmdHost(args []string, stdout io.Writer) error {
 			for _, n := range ip.Notes {
 				fmt.Fprintf(w, "\t%s\n", n)
 			}
+			printCRIU(w, h.CRIU)
 			for _, k := range slices.Sorted(maps.Keys(h.Manifest)) {
 				fmt.Fprintf(w, "%s:\t%s\n", k, h.Manifest[k])
 			}
 		})
 	})
+}
+
+// printCRIU prints the CRIU build: its version and source, each patch,
+// and each fast path off for want of one.
+func printCRIU(w io.Writer, b api.CRIUBuild) {
+	if b.Known {
+		fmt.Fprintf(w, "CRIU build:\t%s %s (deploy/setup.sh's build)\n", b.Binary, b.Version)
+		if b.Source != nil {
+			fmt.Fprintf(w, "\tsource %s sha256:%s\n", b.Source.Name, b.Source.SHA256)
+		}
+	} else {
+		fmt.Fprintf(w, "CRIU build:\t%s %s, not known: %s\n", b.Binary, b.Version, b.Unknown)
+	}
+	for _, p := range b.Patches {
+		if p.SHA256 != "" {
+			fmt.Fprintf(w, "\tpatch %s sha256:%s\n", p.Name, p.SHA256)
+		} else {
+			fmt.Fprintf(w, "\tpatch %s (its mark found in the binary)\n", p.Name)
+		}
+	}
+	if len(b.Patches) == 0 {
+		fmt.Fprintf(w, "\tno deploy/criu patch\n")
+	}
+	for _, o := range b.Off {
+		fmt.Fprintf(w, "\toff: %s\n", o)
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/forms"
@@ -50,6 +51,7 @@ type serveFlags struct {
 	onStop                                    string
 	platform                                  platform.Limits
 	platformMounts                            listFlag
+	criuBuild                                 string
 }
 
 // register declares serve's flags on fs.
@@ -73,6 +75,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.lazyResume, "lazy-resume", false, "resume image parks lazily: the unit runs before its memory is all back (needs criu check --feature uffd-noncoop; docs/lazy-resume.md)")
 	fs.BoolVar(&f.lazyServed, "lazy-served", false, "with --lazy-resume: a page server verifies each chunk of a chunked image as its pages are first served, instead of the resume rehashing every stored byte before the restore (docs/lazy-resume.md)")
 	fs.IntVar(&f.warmPool, "warm-pool", warmpool.DefaultMax, "how many warm sandboxes to keep at once for parked transcript runs awaiting results (0: none; docs/warm-pool.md)")
+	fs.StringVar(&f.criuBuild, "criu-build", criu.BuildFile, "the manifest of the CRIU build deploy/setup.sh installed: a fast path whose patch the build lacks is turned off (docs/setup.md)")
 	fs.DurationVar(&f.warmAge, "warm-pool-age", warmpool.DefaultMaxAge, "how long a warm sandbox waits for its run's resume before it is discarded")
 	fs.StringVar(&f.onStop, "on-stop", "", "what a stop (SIGTERM) does with executing runs: park (the next start resumes them) or leave (running in their shims; the next start reattaches); default park (docs/daemon.md)")
 	f.etcd.register(fs)
@@ -138,7 +141,7 @@ func (f *serveFlags) check() (slog.Level, error) {
 // coefficients file, if one is named, read and parsed.
 func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
 	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log, ChunkedImages: f.chunkedImages,
-		LazyResume: f.lazyResume, LazyServed: f.lazyServed, WarmPool: f.warmPool, WarmMaxAge: f.warmAge},
+		LazyResume: f.lazyResume, LazyServed: f.lazyServed, WarmPool: f.warmPool, WarmMaxAge: f.warmAge, CRIUBuild: f.criuBuild},
 		ParkLimits: forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
 		Policy:     retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
 		Intake:     bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax, Objects: f.objectsMax}, BundleMounts: f.mounts}}

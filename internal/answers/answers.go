@@ -11,6 +11,7 @@ package answers
 import (
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
@@ -144,4 +145,8 @@ type HostInfo struct {
 	Manifest   manifest.Manifest
 	Meter      idle.Snapshot
 	ImageParks imageparks.Status
+	// CRIU is the CRIU build the executor runs; CRIUOff says which fast
+	// paths are off for want of a patch, and why.
+	CRIU    criu.Build
+	CRIUOff []string
 }

@@ -3,16 +3,21 @@ package daemon
 import (
 	"context"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 )
 
 // startProbe starts the image-park gate's probe, each step under the
-// deadline of a small unit; a CRIU that did not tell its version
-// (criuErr) is not probed.
+// deadline of a small unit, its findings checked against the CRIU build's
+// record; a CRIU that did not tell its version (criuErr) is not probed.
 func (d *Daemon) startProbe(criuErr error) {
+	var build criu.Build // none without a host (unit tests)
+	if d.base != nil {
+		build = d.base.CRIU
+	}
 	probe := func(ctx context.Context) executor.Probe {
-		return d.ex.Probe(ctx, imageparks.Deadline(d.cfg.CRIUDeadline, 0))
+		return imageparks.CheckBuild(d.ex.Probe(ctx, imageparks.Deadline(d.cfg.CRIUDeadline, 0)), build)
 	}
 	d.probe = imageparks.Start(d.bgCtx, &d.bg, probe, criuErr, d.log)
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
 )
 
@@ -44,13 +45,19 @@ func TestRestoreLazy(t *testing.T) {
 	// whose pages are all in until every task's are
 	// (deploy/criu/2-lazy-pages-keep-uffds.patch); or none, when it had
 	// brought every page in and exited before the restore returned.
+	// Without the patch, a task's may be gone already: at most 2.
 	exited := false
 	select {
 	case <-lp.Done():
 		exited = true
 	default:
 	}
-	if n != 2 && (n != 0 || !exited) {
+	if why := criuBuild(t).Lacks(criu.KeepsUffds); why != "" {
+		t.Logf("not checked that every userfaultfd is held: %s", why)
+		if n > 2 {
+			t.Errorf("held %d userfaultfds, want at most 2", n)
+		}
+	} else if n != 2 && (n != 0 || !exited) {
 		t.Errorf("held %d userfaultfds (lazy-pages exited: %v), want 2, or 0 after its exit", n, exited)
 	}
 	<-lp.Done()

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/runrecordd/runrecordd/internal/criu"
 )
 
 // Probe is what a real checkpoint and restore on this host showed. `criu
@@ -32,6 +34,9 @@ type Probe struct {
 	Notes []string
 	// Took is the whole probe.
 	Took time.Duration
+	// Seen is what CRIU's logs showed the build doing that upstream CRIU
+	// does not (probe_criu.go).
+	Seen []criu.Capability
 }
 
 // breakpointsOff is what CRIU ≥ 4.2 logs when a machine's hardware
@@ -54,6 +59,7 @@ func (c *Client) Probe(ctx context.Context, deadline time.Duration) Probe {
 	if bytes.Contains(logs, []byte(breakpointsOff)) {
 		p.Notes = append(p.Notes, "CRIU works with hardware breakpoints off (they do not fire on this machine)")
 	}
+	p.Seen = seenInLogs(logs)
 	p.OK = err == nil
 	if err != nil {
 		p.Reason = err.Error()

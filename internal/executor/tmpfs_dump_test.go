@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
 )
 
@@ -33,6 +34,7 @@ import (
 // restore then brings every mount back as it was.
 func TestDumpTmpfs(t *testing.T) {
 	privileged(t)
+	needsPatch(t, criu.TmpfsDump)
 	ctx := context.Background()
 	out := outputs(t, "oracle")
 	spec := oracleSpec()

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
 )
 
@@ -28,6 +29,7 @@ import (
 // which must stay as it was) and device come back as the image says.
 func TestRestoreTmpfs(t *testing.T) {
 	privileged(t)
+	needsPatch(t, criu.TmpfsRestore)
 	ctx := context.Background()
 	out := outputs(t, "oracle")
 	spec := oracleSpec()

@@ -31,6 +31,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
@@ -82,6 +83,9 @@ type Config struct {
 	// long one waits (warmpool.DefaultMaxAge when 0).
 	WarmPool   int
 	WarmMaxAge time.Duration
+	// CRIUBuild is the manifest of the CRIU build deploy/setup.sh
+	// installed (criu.BuildFile when empty; internal/criu).
+	CRIUBuild string
 }
 
 // Host is a host's state directory and runtime, open.
@@ -100,6 +104,12 @@ type Host struct {
 	// CRIUErr is why CRIU did not answer, if it did not: no image parks
 	// here, but transcript runs.
 	CRIUErr error
+	// CRIU is the CRIU build the executor runs, as far as it is known,
+	// and what it can do; fast paths it cannot take are off in Config.
+	CRIU criu.Build
+	// CRIUOff names each fast path turned off for want of a patch, and
+	// why.
+	CRIUOff []string
 	// Warm is the host's warm sandboxes (internal/warmpool), opened last
 	// and closed first: its sandboxes are discarded at shutdown.
 	Warm *warmpool.Pool
@@ -142,6 +152,7 @@ func Open(ctx context.Context, cfg Config) (_ *Host, err error) {
 	if err := h.readFacts(ctx); err != nil {
 		return nil, err
 	}
+	h.identifyCRIU()
 	if cfg.LazyResume {
 		if err := h.Exec.CheckLazy(ctx); err != nil {
 			return nil, fmt.Errorf("daemon: lazy resume: %w", err)
@@ -263,7 +274,8 @@ func (h *Host) Close(ctx context.Context) error {
 // Info describes the host, with the state of its image parks (parks).
 func (h *Host) Info(parks imageparks.Status) answers.HostInfo {
 	out := answers.HostInfo{KeyID: h.Signer.KeyID(), StateDir: h.Config.StateDir, Embedded: h.Containerd != nil,
-		Containerd: h.Config.ContainerdAddress, Manifest: manifest.Manifest{}, Meter: h.Meter.Snapshot(), ImageParks: parks}
+		Containerd: h.Config.ContainerdAddress, Manifest: manifest.Manifest{}, Meter: h.Meter.Snapshot(), ImageParks: parks,
+		CRIU: h.CRIU, CRIUOff: h.CRIUOff}
 	if h.Containerd != nil {
 		out.Containerd = h.Containerd.Address()
 	}

@@ -10,7 +10,8 @@
 // CRIU's dumps and restores ([Deadline]). It never imports internal/daemon.
 //
 // Where to change what: how the probe itself works is internal/executor's
-// probe.go; when a failed probe is retried is [ReprobeAfter]; how long
+// probe.go; how its findings are set against the CRIU build's record is
+// [CheckBuild]; when a failed probe is retried is [ReprobeAfter]; how long
 // CRIU may take is [Deadline]; how the outcome is shown over the API is
 // the daemon's Host. docs/daemon.md, "Image parks on this host: the
 // probe", describes all of it to users.

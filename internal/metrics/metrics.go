@@ -65,6 +65,8 @@ type Metrics struct {
 	// transcript resumes, made [0] and warm [1].
 	warm        warmSource
 	warmResumes [2]atomic.Uint64
+	// criu is the CRIU build (CRIUFrom).
+	criu criuSource
 
 	once   sync.Once
 	parks  prometheus.Histogram
@@ -182,7 +184,7 @@ func (m *Metrics) Handler(src Source, log *slog.Logger) http.Handler {
 func (m *Metrics) Registry(src Source) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m.histograms()...)
-	reg.MustRegister(newCollector(m, src), newWarmCollector(m),
+	reg.MustRegister(newCollector(m, src), newWarmCollector(m), newCRIUCollector(m),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg

@@ -3,8 +3,10 @@ package server
 import (
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/retention"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -177,9 +179,31 @@ func hostOf(h answers.HostInfo) api.Host {
 	out := api.Host{KeyID: h.KeyID.String(), StateDir: h.StateDir, Containerd: h.Containerd, Embedded: h.Embedded,
 		Manifest: map[string]string{}, RAPL: h.Meter.Available, RAPLReason: h.Meter.Reasons,
 		ImageParks: api.ImageParks{Status: h.ImageParks.State.String(), Reason: h.ImageParks.Reason, Notes: h.ImageParks.Notes,
-			ProbeNS: int64(h.ImageParks.Took)}}
+			ProbeNS: int64(h.ImageParks.Took)},
+		CRIU: criuOf(h.CRIU, h.Manifest[manifest.CRIUVersion], h.CRIUOff)}
 	for k, v := range h.Manifest {
 		out.Manifest[k] = v
+	}
+	return out
+}
+
+// criuOf is the CRIU build as GET /v1/host shows it; version is the one
+// `criu --version` told.
+func criuOf(b criu.Build, version string, off []string) api.CRIUBuild {
+	out := api.CRIUBuild{Binary: b.Binary, Version: version, Known: b.Manifest != nil, Unknown: b.Unknown,
+		Patches: []api.CRIUFile{}, Capabilities: []string{}, Off: off}
+	if m := b.Manifest; m != nil {
+		out.Source = &api.CRIUFile{Name: m.Source.Name, SHA256: m.Source.SHA256}
+		for _, p := range m.Patches {
+			out.Patches = append(out.Patches, api.CRIUFile{Name: p.Name, SHA256: p.SHA256})
+		}
+	} else {
+		for _, p := range b.Patches() {
+			out.Patches = append(out.Patches, api.CRIUFile{Name: p})
+		}
+	}
+	for _, c := range b.Capabilities() {
+		out.Capabilities = append(out.Capabilities, string(c))
 	}
 	return out
 }

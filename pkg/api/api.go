@@ -281,6 +281,34 @@ type Host struct {
 	RAPL       bool              `json:"rapl"`
 	RAPLReason []string          `json:"rapl_reasons,omitempty"`
 	ImageParks ImageParks        `json:"image_parks"`
+	CRIU       CRIUBuild         `json:"criu"`
+}
+
+// CRIUBuild is the CRIU a daemon runs: the build deploy/setup.sh recorded
+// (docs/setup.md, "The CRIU build"), what it can do, and the fast paths
+// off for want of a patch.
+type CRIUBuild struct {
+	Binary  string `json:"binary,omitempty"`
+	Version string `json:"version"`
+	// Known is set when the binary is the one its build manifest
+	// describes; Unknown says why not otherwise.
+	Known   bool   `json:"known"`
+	Unknown string `json:"unknown,omitempty"`
+	// Source is the source tarball, when known.
+	Source *CRIUFile `json:"source,omitempty"`
+	// Patches are the deploy/criu patches the build carries: the
+	// manifest's, or (not known) those whose mark the binary holds, with
+	// no sha256.
+	Patches      []CRIUFile `json:"patches"`
+	Capabilities []string   `json:"capabilities"`
+	// Off names each fast path turned off for want of a patch, and why.
+	Off []string `json:"off,omitempty"`
+}
+
+// CRIUFile is a file of a CRIU build by name and sha256.
+type CRIUFile struct {
+	Name   string `json:"name"`
+	SHA256 string `json:"sha256,omitempty"`
 }
 
 // ImageParks says whether this host can image-park: what the daemon's
