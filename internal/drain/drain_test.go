@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -184,12 +185,18 @@ func TestDrainRefusedGivesRoomBack(t *testing.T) {
 // unit's image name; a draining host, or one without image parks for an
 // image run, takes nothing.
 func TestFit(t *testing.T) {
-	facts := manifest.Manifest{manifest.Arch: "x86_64", manifest.CPUFeatures: "avx2 sse4_2", manifest.Protocol: "1"}
+	facts := manifest.Manifest{manifest.Arch: "x86_64", manifest.CPUFeatures: "avx2 avx512f sse4_2", manifest.Protocol: "1",
+		manifest.CRIUImages: "criu-images/4.2", manifest.KernelRelease: "6.19.0"}
 	o := Offer{Facts: facts, Images: map[string]string{"oracle": "sha256:aa"}, ImageParks: true}
 	need := func(arch, digest string) Need {
 		return Need{Run: "r", Image: "oracle", ImagePark: true, Manifest: manifest.Manifest{
-			manifest.Arch: arch, manifest.CPUFeatures: "avx2 sse4_2", manifest.ImageDigest: digest, manifest.UnitID: "u1"}}
+			manifest.Arch: arch, manifest.CPUFeatures: "avx2 sse4_2", manifest.ImageDigest: digest, manifest.UnitID: "u1",
+			manifest.CRIUImages: "criu-images/4.2", manifest.KernelRelease: "6.18.0"}}
 	}
+	fewer := Offer{Facts: maps.Clone(facts), Images: o.Images, ImageParks: true}
+	fewer.Facts[manifest.CPUFeatures] = "avx2"
+	format := Offer{Facts: maps.Clone(facts), Images: o.Images, ImageParks: true}
+	format.Facts[manifest.CRIUImages] = "criu-images/4.3"
 	if err := Fit(need("x86_64", "sha256:aa"), o); err != nil {
 		t.Fatalf("a matching run: %v", err)
 	}
@@ -202,6 +209,8 @@ func TestFit(t *testing.T) {
 		"no image":    {need("x86_64", "sha256:aa"), Offer{Facts: facts, ImageParks: true}},
 		"draining":    {need("x86_64", "sha256:aa"), Offer{Facts: facts, Images: o.Images, ImageParks: true, Draining: true}},
 		"image parks": {need("x86_64", "sha256:aa"), Offer{Facts: facts, Images: o.Images}},
+		"cpu flags":   {need("x86_64", "sha256:aa"), fewer},
+		"criu format": {need("x86_64", "sha256:aa"), format},
 	} {
 		if err := Fit(c.n, c.o); !errors.Is(err, ErrUnfit) {
 			t.Errorf("%s: %v, want ErrUnfit", name, err)

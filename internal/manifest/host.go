@@ -6,17 +6,17 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // Host returns the facts this host can state by itself: kernel release,
 // architecture and CPU features, merged with extra (the runtime versions,
-// the image digest and the unit id, which the daemon supplies). cpuinfo is
+// the image digest and the unit id, which the daemon supplies), and the
+// CRIU image format of extra's criu.version ([CRIUFormat]). cpuinfo is
 // the path of /proc/cpuinfo, overridable for tests.
 func Host(cpuinfo string, extra Manifest) (Manifest, error) {
 	var u unix.Utsname
@@ -35,13 +35,44 @@ func Host(cpuinfo string, extra Manifest) (Manifest, error) {
 	for k, v := range extra {
 		m[k] = v
 	}
+	if v, ok := m[CRIUVersion]; ok {
+		m[CRIUImages] = CRIUFormat(v)
+	}
 	return m, nil
 }
 
-// CPUFeaturesOf returns the address of the sorted CPU feature flags of the
-// first processor in a cpuinfo file: CRIU refuses to restore an image onto
-// a CPU lacking features the dumped process could use, so a change in the
-// flags is a change in what a restore may rely on.
+// CRIUFormat is the image format a CRIU of version v (MAJOR.MINOR.SUBLEVEL)
+// writes, as the criu.images key records it: "criu-images/MAJOR.MINOR".
+// CRIU adds image kinds (each with its magic) and message fields in its
+// feature releases, MAJOR.MINOR; its SUBLEVEL releases fix bugs and write
+// what their feature release writes. The images version CRIU itself puts
+// in inventory.img has not changed since CRIU 1.x, so it cannot tell these
+// apart, and no CRIU states its list of magics. A version not of that
+// shape is its own format, named whole.
+func CRIUFormat(v string) string {
+	parts := strings.Split(v, ".")
+	if len(parts) < 2 || !digits(parts[0]) || !digits(parts[1]) {
+		return "criu-images/" + v
+	}
+	return "criu-images/" + parts[0] + "." + parts[1]
+}
+
+func digits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// CPUFeaturesOf returns the CPU feature flags of the first processor in a
+// cpuinfo file, sorted, each once, joined by single spaces: a process may
+// use any of them, and CRIU refuses to restore an image onto a CPU lacking
+// one it may use. A target must have every recorded flag ([Judge]).
 func CPUFeaturesOf(cpuinfo string) (string, error) {
 	b, err := os.ReadFile(cpuinfo)
 	if err != nil {
@@ -60,7 +91,7 @@ func CPUFeaturesOf(cpuinfo string) (string, error) {
 		}
 		flags := strings.Fields(val)
 		sort.Strings(flags)
-		return record.Sum([]byte(strings.Join(flags, " "))).String(), nil
+		return strings.Join(slices.Compact(flags), " "), nil
 	}
 	return "", fmt.Errorf("manifest: no CPU flags in %s", cpuinfo)
 }
