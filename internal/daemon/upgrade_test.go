@@ -27,7 +27,9 @@ func TestResumeAcrossUpgrades(t *testing.T) {
 	fewer := strings.Join(flags[1:], " ")
 	more := append(slices.Clone(flags), "zz_newer_cpu")
 	slices.Sort(more)
-	criu := func(v string) []string { return []string{manifest.CRIUVersion, v, manifest.CRIUImages, manifest.CRIUFormat(v)} }
+	criu := func(v string) []string {
+		return []string{manifest.CRIUVersion, v, manifest.CRIUImages, manifest.CRIUFormat(v)}
+	}
 	h.start(t, "r")
 	for _, c := range []struct {
 		name    string

@@ -66,7 +66,7 @@ func (e *ManifestError) Error() string {
 		e.Recorded, strings.Join(lines, "; "), hint)
 }
 
-// Keys returns the differing keys.
+// Keys returns the keys that fail: missing, then not satisfied.
 func (e *ManifestError) Keys() []string {
 	k := append([]string(nil), e.Missing...)
 	for _, d := range e.Diffs {
