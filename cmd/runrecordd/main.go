@@ -100,7 +100,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "runrecordd %s: %s\n", c.name, printableText(err.Error()))
 		var ae *api.Error
 		if errors.As(err, &ae) && len(ae.Keys) > 0 {
-			fmt.Fprintf(stderr, "failing keys: %s\n", printable(strings.Join(ae.Keys, ", ")))
+			fmt.Fprintf(stderr, "differing keys: %s\n", printable(strings.Join(ae.Keys, ", ")))
 		}
 		return exitCode(err)
 	}
