@@ -42,7 +42,7 @@ func TestDocBytes(t *testing.T) {
 			return manifest.Manifest{manifest.Arch: "amd64", manifest.ImageDigest: digest, manifest.Protocol: "runrecordd.unit/1"}.Canonical()
 		},
 		"manifest-image": func() ([]byte, error) {
-			return manifest.Manifest{manifest.Arch: "amd64", manifest.ContainerdVersion: "v2.3.7", manifest.CPUFeatures: "avx fpu sse",
+			return manifest.Manifest{manifest.Arch: "amd64", manifest.ContainerdVersion: "v2.3.7", manifest.CPUFlags: "avx fpu sse",
 				manifest.CRIUImages: "criu-images/4.2", manifest.CRIUVersion: "4.2.1", manifest.ImageDigest: digest,
 				manifest.KernelRelease: "6.18.0", manifest.RuncVersion: "1.5.3", manifest.UnitID: record.Sum([]byte("unit")).String()}.Canonical()
 		},

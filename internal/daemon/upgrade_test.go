@@ -20,9 +20,9 @@ import (
 func TestResumeAcrossUpgrades(t *testing.T) {
 	h := newFakeHost(t)
 	facts := h.d.host
-	flags := strings.Split(facts[manifest.CPUFeatures], " ")
+	flags := strings.Split(facts[manifest.CPUFlags], " ")
 	if len(flags) < 2 {
-		t.Fatalf("cpu features %q: too few flags for the test", facts[manifest.CPUFeatures])
+		t.Fatalf("cpu features %q: too few flags for the test", facts[manifest.CPUFlags])
 	}
 	fewer := strings.Join(flags[1:], " ")
 	more := append(slices.Clone(flags), "zz_newer_cpu")
@@ -38,11 +38,11 @@ func TestResumeAcrossUpgrades(t *testing.T) {
 	}{
 		{"kernel, runc, containerd and criu patch upgraded", append([]string{manifest.KernelRelease, "7.0.1-upgraded",
 			manifest.RuncVersion, "1.5.9", manifest.ContainerdVersion, "v2.3.99"}, criu("4.2.7")...), nil},
-		{"a newer cpu", []string{manifest.CPUFeatures, strings.Join(more, " ")}, nil},
-		{"a cpu lacking a recorded flag", []string{manifest.CPUFeatures, fewer}, []string{manifest.CPUFeatures}},
+		{"a newer cpu", []string{manifest.CPUFlags, strings.Join(more, " ")}, nil},
+		{"a cpu lacking a recorded flag", []string{manifest.CPUFlags, fewer}, []string{manifest.CPUFlags}},
 		{"a criu feature release", criu("4.3.0"), []string{manifest.CRIUImages}},
-		{"both", append([]string{manifest.CPUFeatures, fewer, manifest.KernelRelease, "7.0.1"}, criu("5.0.0")...),
-			[]string{manifest.CPUFeatures, manifest.CRIUImages}},
+		{"both", append([]string{manifest.CPUFlags, fewer, manifest.KernelRelease, "7.0.1"}, criu("5.0.0")...),
+			[]string{manifest.CPUFlags, manifest.CRIUImages}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if _, err := h.d.Park(t.Context(), "r"); err != nil {

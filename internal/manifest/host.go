@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // Host returns the facts this host can state by itself: kernel release,
@@ -23,7 +25,7 @@ func Host(cpuinfo string, extra Manifest) (Manifest, error) {
 	if err := unix.Uname(&u); err != nil {
 		return nil, fmt.Errorf("manifest: uname: %w", err)
 	}
-	feat, err := CPUFeaturesOf(cpuinfo)
+	flags, feat, err := CPUOf(cpuinfo)
 	if err != nil {
 		return nil, err
 	}
@@ -31,6 +33,7 @@ func Host(cpuinfo string, extra Manifest) (Manifest, error) {
 		KernelRelease: unix.ByteSliceToString(u.Release[:]),
 		Arch:          runtime.GOARCH,
 		CPUFeatures:   feat,
+		CPUFlags:      flags,
 	}
 	for k, v := range extra {
 		m[k] = v
@@ -69,14 +72,16 @@ func digits(s string) bool {
 	return true
 }
 
-// CPUFeaturesOf returns the CPU feature flags of the first processor in a
-// cpuinfo file, sorted, each once, joined by single spaces: a process may
-// use any of them, and CRIU refuses to restore an image onto a CPU lacking
-// one it may use. A target must have every recorded flag ([Judge]).
-func CPUFeaturesOf(cpuinfo string) (string, error) {
+// CPUOf returns the CPU feature flags of the first processor in a cpuinfo
+// file as both keys state them: cpu.flags, the flags sorted, each once,
+// joined by single spaces; and cpu.features, the address of the sorted
+// flags joined by spaces, as format-1 manifests recorded it. A process may
+// use any of the flags, and CRIU refuses to restore an image onto a CPU
+// lacking one it may use: a target must have every recorded flag ([Judge]).
+func CPUOf(cpuinfo string) (flags, features string, err error) {
 	b, err := os.ReadFile(cpuinfo)
 	if err != nil {
-		return "", fmt.Errorf("manifest: cpu features: %w", err)
+		return "", "", fmt.Errorf("manifest: cpu features: %w", err)
 	}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
@@ -89,9 +94,10 @@ func CPUFeaturesOf(cpuinfo string) (string, error) {
 		if key != "flags" && key != "Features" { // x86, arm64
 			continue
 		}
-		flags := strings.Fields(val)
-		sort.Strings(flags)
-		return strings.Join(slices.Compact(flags), " "), nil
+		f := strings.Fields(val)
+		sort.Strings(f)
+		features = record.Sum([]byte(strings.Join(f, " "))).String()
+		return strings.Join(slices.Compact(f), " "), features, nil
 	}
-	return "", fmt.Errorf("manifest: no CPU flags in %s", cpuinfo)
+	return "", "", fmt.Errorf("manifest: no CPU flags in %s", cpuinfo)
 }

@@ -3,8 +3,6 @@ package manifest
 import (
 	"fmt"
 	"strings"
-
-	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // Rule is how a resume judges one recorded key against this host.
@@ -41,9 +39,9 @@ func (r Rule) String() string {
 }
 
 // RuleOf is the rule for key in a manifest of the given format. Format 1
-// recorded cpu.features as a hash of the flags, which can only be
-// matched, and no criu.images, which its criu.version stands for. A key
-// this host does not know must match, which it cannot.
+// recorded no criu.images: its criu.version stands for it. cpu.features,
+// a hash of the flags (format 1), can only be matched. A key this host
+// does not know must match, which it cannot.
 func RuleOf(format int, key string) Rule {
 	switch key {
 	case KernelRelease, RuncVersion, ContainerdVersion:
@@ -53,10 +51,7 @@ func RuleOf(format int, key string) Rule {
 			return Format
 		}
 		return Probe
-	case CPUFeatures:
-		if format == Format1 {
-			return Match
-		}
+	case CPUFlags:
 		return Flags
 	}
 	return Match
@@ -108,8 +103,6 @@ func cut(s string) string {
 
 // Judge returns the keys of recorded that host does not satisfy, each by
 // its rule ([RuleOf]), sorted by key; none when host satisfies recorded.
-// A format-1 manifest's cpu.features is matched against the hash of
-// host's flags.
 func Judge(recorded, host Manifest) []Difference {
 	format := recorded.Version()
 	var out []Difference
@@ -123,8 +116,6 @@ func Judge(recorded, host Manifest) []Difference {
 		case d.Rule == Format:
 			d.Recorded = CRIUFormat(want)
 			got, ok = host[CRIUImages]
-		case format == Format1 && k == CPUFeatures && ok:
-			got = record.Sum([]byte(got)).String()
 		}
 		switch {
 		case !ok:
@@ -146,7 +137,7 @@ func Judge(recorded, host Manifest) []Difference {
 
 // lacking returns the flags of the list want that the list have lacks, or
 // why want is not a flag list: flags sorted, each once, joined by single
-// spaces, as [CPUFeaturesOf] writes them.
+// spaces, as [CPUOf] writes them.
 func lacking(want, have string) ([]string, string) {
 	if want == "" {
 		return nil, ""

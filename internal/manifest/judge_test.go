@@ -12,7 +12,7 @@ import (
 // host is a format-2 host: what a park here records over ImageKeys.
 func testHost() Manifest {
 	return Manifest{
-		KernelRelease: "6.18.0", Arch: "amd64", CPUFeatures: "avx avx2 fpu sse",
+		KernelRelease: "6.18.0", Arch: "amd64", CPUFlags: "avx avx2 fpu sse", CPUFeatures: record.Sum([]byte("avx avx2 fpu sse")).String(),
 		CRIUImages: "criu-images/4.2", CRIUVersion: "4.2.1", RuncVersion: "1.5.3", ContainerdVersion: "v2.3.7",
 		ImageDigest: "sha256:aa", UnitID: "b3:unit", Protocol: "runrecordd.unit/1",
 	}
@@ -39,8 +39,8 @@ func TestJudgeRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A format-1 park of the same host: cpu.features the hash of the
-	// flag list, no criu.images.
-	legacy := with(rec, CPUFeatures, record.Sum([]byte("avx avx2 fpu sse")).String(), CRIUImages, "<none>", CRIUVersion, "4.2.0")
+	// flags, no cpu.flags, no criu.images.
+	legacy := with(rec, CPUFeatures, testHost()[CPUFeatures], CPUFlags, "<none>", CRIUImages, "<none>", CRIUVersion, "4.2.0")
 	for _, c := range []struct {
 		name     string
 		recorded Manifest
@@ -66,19 +66,20 @@ func TestJudgeRules(t *testing.T) {
 			host: with(testHost(), Protocol, "runrecordd.unit/2"), fail: []string{Protocol}},
 		{name: "unknown key", recorded: with(rec, "gpu.model", "x"), host: testHost(), fail: []string{"gpu.model"}},
 		// flags: every recorded flag, more are fine
-		{name: "cpu superset", recorded: rec, host: with(testHost(), CPUFeatures, "avx avx2 avx512f fpu sse sse2")},
-		{name: "cpu lacks flags", recorded: rec, host: with(testHost(), CPUFeatures, "fpu sse"), fail: []string{CPUFeatures}, lacking: []string{"avx", "avx2"}},
-		{name: "cpu absent", recorded: rec, host: with(testHost(), CPUFeatures, "<none>"), fail: []string{CPUFeatures}},
-		{name: "cpu empty list recorded", recorded: with(rec, CPUFeatures, ""), host: with(testHost(), CPUFeatures, "fpu")},
-		{name: "cpu list unsorted", recorded: with(rec, CPUFeatures, "sse fpu"), host: testHost(), fail: []string{CPUFeatures}},
-		{name: "cpu list repeated", recorded: with(rec, CPUFeatures, "fpu fpu"), host: testHost(), fail: []string{CPUFeatures}},
-		{name: "cpu list double space", recorded: with(rec, CPUFeatures, "avx  fpu"), host: testHost(), fail: []string{CPUFeatures}},
-		{name: "cpu list tab", recorded: with(rec, CPUFeatures, "avx\tfpu"), host: testHost(), fail: []string{CPUFeatures}},
-		{name: "cpu hash in format 2", recorded: with(rec, CPUFeatures, legacy[CPUFeatures]), host: testHost(), fail: []string{CPUFeatures}},
+		{name: "cpu superset", recorded: rec, host: with(testHost(), CPUFlags, "avx avx2 avx512f fpu sse sse2")},
+		{name: "cpu lacks flags", recorded: rec, host: with(testHost(), CPUFlags, "fpu sse"), fail: []string{CPUFlags}, lacking: []string{"avx", "avx2"}},
+		{name: "cpu absent", recorded: rec, host: with(testHost(), CPUFlags, "<none>"), fail: []string{CPUFlags}},
+		{name: "cpu empty list recorded", recorded: with(rec, CPUFlags, ""), host: with(testHost(), CPUFlags, "fpu")},
+		{name: "cpu list unsorted", recorded: with(rec, CPUFlags, "sse fpu"), host: testHost(), fail: []string{CPUFlags}},
+		{name: "cpu list repeated", recorded: with(rec, CPUFlags, "fpu fpu"), host: testHost(), fail: []string{CPUFlags}},
+		{name: "cpu list double space", recorded: with(rec, CPUFlags, "avx  fpu"), host: testHost(), fail: []string{CPUFlags}},
+		{name: "cpu list tab", recorded: with(rec, CPUFlags, "avx\tfpu"), host: testHost(), fail: []string{CPUFlags}},
+		{name: "cpu hash as flags", recorded: with(rec, CPUFlags, legacy[CPUFeatures]), host: testHost(), fail: []string{CPUFlags}},
 		// format 1: cpu hash by equality, criu.version by its format
 		{name: "legacy same host", recorded: legacy, host: testHost()},
 		{name: "legacy probe upgrades", recorded: legacy, host: with(testHost(), KernelRelease, "7.0", RuncVersion, "2", CRIUVersion, "4.2.5")},
-		{name: "legacy cpu superset refused", recorded: legacy, host: with(testHost(), CPUFeatures, "avx avx2 avx512f fpu sse"), fail: []string{CPUFeatures}},
+		{name: "legacy cpu superset refused", recorded: legacy, host: with(testHost(), CPUFlags, "avx avx2 avx512f fpu sse",
+			CPUFeatures, record.Sum([]byte("avx avx2 avx512f fpu sse")).String()), fail: []string{CPUFeatures}},
 		{name: "legacy criu feature release", recorded: legacy, host: with(testHost(), CRIUImages, "criu-images/4.3"), fail: []string{CRIUVersion}},
 		{name: "legacy host without criu", recorded: legacy, host: with(testHost(), CRIUImages, "<none>"), fail: []string{CRIUVersion}},
 	} {
@@ -108,9 +109,9 @@ func TestRuleOf(t *testing.T) {
 		want   Rule
 	}{
 		{Format2, Arch, Match}, {Format2, ImageDigest, Match}, {Format2, UnitID, Match}, {Format2, Protocol, Match},
-		{Format2, CRIUImages, Match}, {Format2, CPUFeatures, Flags},
+		{Format2, CRIUImages, Match}, {Format2, CPUFlags, Flags}, {Format2, CPUFeatures, Match},
 		{Format2, KernelRelease, Probe}, {Format2, RuncVersion, Probe}, {Format2, ContainerdVersion, Probe}, {Format2, CRIUVersion, Probe},
-		{Format1, CPUFeatures, Match}, {Format1, CRIUVersion, Format}, {Format1, KernelRelease, Probe},
+		{Format1, CPUFeatures, Match}, {Format1, CPUFlags, Flags}, {Format1, CRIUVersion, Format}, {Format1, KernelRelease, Probe},
 		{Format2, "anything.else", Match},
 	} {
 		if got := RuleOf(c.format, c.key); got != c.want {
@@ -121,7 +122,7 @@ func TestRuleOf(t *testing.T) {
 
 func TestDifferenceQuotesLittle(t *testing.T) {
 	long := strings.Repeat("x", 10000)
-	for _, d := range Judge(Manifest{Arch: long, CRIUImages: "c", CPUFeatures: strings.Repeat("a ", 100) + "b"}, Manifest{Arch: "amd64", CRIUImages: "c", CPUFeatures: ""}) {
+	for _, d := range Judge(Manifest{Arch: long, CRIUImages: "c", CPUFlags: strings.Repeat("a ", 100) + "b"}, Manifest{Arch: "amd64", CRIUImages: "c", CPUFlags: ""}) {
 		if len(d.String()) > 400 {
 			t.Errorf("%s: %d bytes", d.Key, len(d.String()))
 		}
@@ -130,7 +131,7 @@ func TestDifferenceQuotesLittle(t *testing.T) {
 	for i := range flags {
 		flags[i] = string(rune('a'+i/26)) + string(rune('a'+i%26))
 	}
-	d := Judge(Manifest{CRIUImages: "c", CPUFeatures: strings.Join(flags, " ")}, Manifest{CRIUImages: "c", CPUFeatures: "fpu"})
+	d := Judge(Manifest{CRIUImages: "c", CPUFlags: strings.Join(flags, " ")}, Manifest{CRIUImages: "c", CPUFlags: "fpu"})
 	if len(d) != 1 || len(d[0].Lacking) != 40 || !strings.Contains(d[0].String(), "and 24 more") {
 		t.Fatalf("%v", d)
 	}
@@ -180,7 +181,7 @@ func TestFormats(t *testing.T) {
 	}
 	// Required keys follow the format: a format-1 image park lacks
 	// criu.images and is whole; a format-2 one must name it.
-	legacy := with(img, CRIUImages, "<none>")
+	legacy := with(img, CRIUImages, "<none>", CPUFlags, "<none>", CPUFeatures, "b3:x")
 	if miss := legacy.Missing(legacy.Required(false)); miss != nil {
 		t.Fatalf("format 1 lacks %v", miss)
 	}

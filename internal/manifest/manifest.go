@@ -29,9 +29,9 @@ import (
 const Domain = "runrecordd.manifest/"
 
 // The formats this host reads. Format 1 is the one before the per-key
-// rules: its cpu.features is a hash of the flags, and it has no
-// criu.images. A manifest is of format 2 exactly when it names
-// criu.images.
+// rules: it records the CPU as cpu.features, a hash of its flags, and has
+// no criu.images; format 2 records cpu.flags, the flags themselves. A
+// manifest is of format 2 exactly when it names criu.images.
 const (
 	Format1 = 1
 	Format2 = 2
@@ -43,6 +43,7 @@ const (
 	KernelRelease     = "kernel.release"
 	Arch              = "arch"
 	CPUFeatures       = "cpu.features"
+	CPUFlags          = "cpu.flags"
 	CRIUImages        = "criu.images"
 	CRIUVersion       = "criu.version"
 	RuncVersion       = "runc.version"
@@ -53,7 +54,7 @@ const (
 )
 
 // ImageKeys are the keys an image park records.
-var ImageKeys = []string{KernelRelease, Arch, CPUFeatures, CRIUImages, CRIUVersion, RuncVersion, ContainerdVersion, ImageDigest, UnitID}
+var ImageKeys = []string{KernelRelease, Arch, CPUFlags, CRIUImages, CRIUVersion, RuncVersion, ContainerdVersion, ImageDigest, UnitID}
 
 // imageKeys1 are the keys a format-1 image park recorded.
 var imageKeys1 = []string{KernelRelease, Arch, CPUFeatures, CRIUVersion, RuncVersion, ContainerdVersion, ImageDigest, UnitID}

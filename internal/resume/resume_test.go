@@ -35,7 +35,7 @@ func parked(t *testing.T, m manifest.Manifest) (Inputs, record.Snapshot) {
 }
 
 var host = manifest.Manifest{manifest.KernelRelease: "6.18.0", manifest.Arch: "amd64", manifest.CRIUVersion: "4.1.1", "other": "ignored",
-	manifest.CRIUImages: "criu-images/4.1", manifest.CPUFeatures: "f", manifest.RuncVersion: "1.3", manifest.ContainerdVersion: "2.1", manifest.ImageDigest: "sha256:x", manifest.UnitID: "u"}
+	manifest.CRIUImages: "criu-images/4.1", manifest.CPUFlags: "f", manifest.CPUFeatures: record.Sum([]byte("f")).String(), manifest.RuncVersion: "1.3", manifest.ContainerdVersion: "2.1", manifest.ImageDigest: "sha256:x", manifest.UnitID: "u"}
 
 // full is this host's image-park manifest with some values changed.
 func full(changed manifest.Manifest) manifest.Manifest {
@@ -91,21 +91,22 @@ func TestCheckJudgesByRule(t *testing.T) {
 	}{
 		{"probe keys differ", manifest.Manifest{manifest.KernelRelease: "6.12.0", manifest.RuncVersion: "1.1.5",
 			manifest.ContainerdVersion: "1.6.20", manifest.CRIUVersion: "4.1.0"}, nil},
-		{"fewer cpu flags recorded", manifest.Manifest{manifest.CPUFeatures: ""}, nil},
-		{"cpu flag lacking here", manifest.Manifest{manifest.CPUFeatures: "avx512f f"}, []string{manifest.CPUFeatures}},
-		{"image format and cpu", manifest.Manifest{manifest.CPUFeatures: "g", manifest.CRIUImages: "criu-images/4.2",
-			manifest.KernelRelease: "7.0"}, []string{manifest.CPUFeatures, manifest.CRIUImages}},
-		{"format 1, same host", manifest.Manifest{manifest.CRIUImages: "", manifest.CPUFeatures: record.Sum([]byte("f")).String(),
+		{"fewer cpu flags recorded", manifest.Manifest{manifest.CPUFlags: ""}, nil},
+		{"cpu flag lacking here", manifest.Manifest{manifest.CPUFlags: "avx512f f"}, []string{manifest.CPUFlags}},
+		{"image format and cpu", manifest.Manifest{manifest.CPUFlags: "g", manifest.CRIUImages: "criu-images/4.2",
+			manifest.KernelRelease: "7.0"}, []string{manifest.CPUFlags, manifest.CRIUImages}},
+		{"format 1, same host", manifest.Manifest{manifest.CRIUImages: "", manifest.CPUFlags: "", manifest.CPUFeatures: record.Sum([]byte("f")).String(),
 			manifest.KernelRelease: "6.1.0", manifest.CRIUVersion: "4.1.0"}, nil},
-		{"format 1, criu feature release", manifest.Manifest{manifest.CRIUImages: "", manifest.CPUFeatures: record.Sum([]byte("f")).String(),
+		{"format 1, criu feature release", manifest.Manifest{manifest.CRIUImages: "", manifest.CPUFlags: "", manifest.CPUFeatures: record.Sum([]byte("f")).String(),
 			manifest.CRIUVersion: "4.0.0"}, []string{manifest.CRIUVersion}},
-		{"format 1, cpu hash", manifest.Manifest{manifest.CRIUImages: "", manifest.CPUFeatures: record.Sum([]byte("")).String()},
+		{"format 1, cpu hash", manifest.Manifest{manifest.CRIUImages: "", manifest.CPUFlags: "", manifest.CPUFeatures: record.Sum([]byte("")).String()},
 			[]string{manifest.CPUFeatures}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			m := full(c.changed)
-			if v, ok := c.changed[manifest.CRIUImages]; ok && v == "" {
+			if v, ok := c.changed[manifest.CRIUImages]; ok && v == "" { // format 1
 				delete(m, manifest.CRIUImages)
+				delete(m, manifest.CPUFlags)
 			}
 			in, _ := parked(t, m)
 			err := Check(in)
