@@ -195,7 +195,7 @@ func (j *judging) manifests() error {
 		if err != nil {
 			return fmt.Errorf("%s: segment %d: %w", j.what, i, err)
 		}
-		if miss := m.Missing(manifest.KeysFor(seg.Snapshot.IsTranscript())); len(miss) > 0 {
+		if miss := m.Missing(m.Required(seg.Snapshot.IsTranscript())); len(miss) > 0 {
 			return fmt.Errorf("%w: %s: segment %d: manifest %s lacks keys its park form requires: %s",
 				ErrMalformed, j.what, i, seg.Manifest, strings.Join(miss, ", "))
 		}

@@ -41,6 +41,11 @@ func TestDocBytes(t *testing.T) {
 		"manifest": func() ([]byte, error) {
 			return manifest.Manifest{manifest.Arch: "amd64", manifest.ImageDigest: digest, manifest.Protocol: "runrecordd.unit/1"}.Canonical()
 		},
+		"manifest-image": func() ([]byte, error) {
+			return manifest.Manifest{manifest.Arch: "amd64", manifest.ContainerdVersion: "v2.3.7", manifest.CPUFlags: "avx fpu sse",
+				manifest.CRIUImages: "criu-images/4.2", manifest.CRIUVersion: "4.2.1", manifest.ImageDigest: digest,
+				manifest.KernelRelease: "6.18.0", manifest.RuncVersion: "1.5.3", manifest.UnitID: record.Sum([]byte("unit")).String()}.Canonical()
+		},
 		"listing": func() ([]byte, error) {
 			return store.EncodeListing([]store.Entry{{Name: "core-1.img", Mode: 0o600, Size: 4, Address: record.Sum([]byte("core"))}})
 		},
@@ -67,6 +72,7 @@ func TestDocBytes(t *testing.T) {
 		"grants":         func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
 		"grants-limits":  func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
 		"manifest":       func(b []byte) error { _, err := manifest.Decode(b); return err },
+		"manifest-image": func(b []byte) error { _, err := manifest.Decode(b); return err },
 		"listing":        decodeListing(0),
 		"listing-nested": decodeListing(0),
 		"listing-chunks": decodeListing(1),

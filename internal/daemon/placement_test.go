@@ -47,7 +47,7 @@ func TestPlacementNeedAndOffer(t *testing.T) {
 	for k, v := range o.Facts {
 		other.Facts[k] = v
 	}
-	other.Facts[manifest.CPUFeatures] = "none"
+	other.Facts[manifest.CPUFlags] = "none"
 	noImage, _ := h.d.Offer(ctx, []string{"another"})
 	p := h.d.placement()
 	p.Draining = func() bool { return true }

@@ -16,8 +16,8 @@ import (
 )
 
 // Resume resumes a parked run on this host after the three preconditions,
-// in order: the snapshot the store offers is the one recorded, this host's
-// manifest over the recorded keys hashes to the recorded address, and the
+// in order: the snapshot the store offers is the one recorded, this host
+// satisfies the recorded manifest key by key (manifest.Judge), and the
 // record verifies from genesis. A refusal changes nothing.
 func (d *Daemon) Resume(ctx context.Context, id string) (answers.Resumed, error) {
 	r, err := d.lockRun(id)

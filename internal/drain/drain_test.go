@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -184,12 +185,18 @@ func TestDrainRefusedGivesRoomBack(t *testing.T) {
 // unit's image name; a draining host, or one without image parks for an
 // image run, takes nothing.
 func TestFit(t *testing.T) {
-	facts := manifest.Manifest{manifest.Arch: "x86_64", manifest.CPUFeatures: "avx2 sse4_2", manifest.Protocol: "1"}
+	facts := manifest.Manifest{manifest.Arch: "x86_64", manifest.CPUFlags: "avx2 avx512f sse4_2", manifest.Protocol: "1",
+		manifest.CRIUImages: "criu-images/4.2", manifest.KernelRelease: "6.19.0"}
 	o := Offer{Facts: facts, Images: map[string]string{"oracle": "sha256:aa"}, ImageParks: true}
 	need := func(arch, digest string) Need {
 		return Need{Run: "r", Image: "oracle", ImagePark: true, Manifest: manifest.Manifest{
-			manifest.Arch: arch, manifest.CPUFeatures: "avx2 sse4_2", manifest.ImageDigest: digest, manifest.UnitID: "u1"}}
+			manifest.Arch: arch, manifest.CPUFlags: "avx2 sse4_2", manifest.ImageDigest: digest, manifest.UnitID: "u1",
+			manifest.CRIUImages: "criu-images/4.2", manifest.KernelRelease: "6.18.0"}}
 	}
+	fewer := Offer{Facts: maps.Clone(facts), Images: o.Images, ImageParks: true}
+	fewer.Facts[manifest.CPUFlags] = "avx2"
+	format := Offer{Facts: maps.Clone(facts), Images: o.Images, ImageParks: true}
+	format.Facts[manifest.CRIUImages] = "criu-images/4.3"
 	if err := Fit(need("x86_64", "sha256:aa"), o); err != nil {
 		t.Fatalf("a matching run: %v", err)
 	}
@@ -202,6 +209,8 @@ func TestFit(t *testing.T) {
 		"no image":    {need("x86_64", "sha256:aa"), Offer{Facts: facts, ImageParks: true}},
 		"draining":    {need("x86_64", "sha256:aa"), Offer{Facts: facts, Images: o.Images, ImageParks: true, Draining: true}},
 		"image parks": {need("x86_64", "sha256:aa"), Offer{Facts: facts, Images: o.Images}},
+		"cpu flags":   {need("x86_64", "sha256:aa"), fewer},
+		"criu format": {need("x86_64", "sha256:aa"), format},
 	} {
 		if err := Fit(c.n, c.o); !errors.Is(err, ErrUnfit) {
 			t.Errorf("%s: %v, want ErrUnfit", name, err)
@@ -221,5 +230,32 @@ func TestFitBounded(t *testing.T) {
 	err := Fit(n, Offer{Facts: manifest.Manifest{manifest.Arch: huge + "y", manifest.CPUFeatures: huge}})
 	if !errors.Is(err, ErrUnfit) || len(err.Error()) > 1024 {
 		t.Fatalf("%d bytes: %.200v", len(err.Error()), err)
+	}
+}
+
+// In a rolling upgrade: a format-1 need (an image run parked by a host
+// before the per-key rules) fits a newer host's offer, which states the
+// CPU both ways; a format-2 need does not fit an older host's offer, which
+// has neither cpu.flags nor criu.images, and the refusal names them.
+func TestFitAcrossVersions(t *testing.T) {
+	flags := "avx2 fpu sse4_2"
+	hash := record.Sum([]byte(flags)).String()
+	newer := Offer{Facts: manifest.Manifest{manifest.Arch: "amd64", manifest.CPUFlags: flags, manifest.CPUFeatures: hash,
+		manifest.CRIUImages: "criu-images/4.2", manifest.CRIUVersion: "4.2.1"}, Images: map[string]string{"u": "sha256:aa"}, ImageParks: true}
+	older := Offer{Facts: manifest.Manifest{manifest.Arch: "amd64", manifest.CPUFeatures: hash, manifest.CRIUVersion: "4.2.1"},
+		Images: map[string]string{"u": "sha256:aa"}, ImageParks: true}
+	format1 := Need{Run: "r", Image: "u", ImagePark: true, Manifest: manifest.Manifest{manifest.Arch: "amd64",
+		manifest.CPUFeatures: hash, manifest.CRIUVersion: "4.2.0", manifest.ImageDigest: "sha256:aa", manifest.UnitID: "u1"}}
+	format2 := Need{Run: "r", Image: "u", ImagePark: true, Manifest: manifest.Manifest{manifest.Arch: "amd64",
+		manifest.CPUFlags: flags, manifest.CRIUImages: "criu-images/4.2", manifest.CRIUVersion: "4.2.1", manifest.ImageDigest: "sha256:aa", manifest.UnitID: "u1"}}
+	if err := Fit(format1, newer); err != nil {
+		t.Fatalf("format 1 on a newer host: %v", err)
+	}
+	if err := Fit(format2, newer); err != nil {
+		t.Fatalf("format 2 on a newer host: %v", err)
+	}
+	err := Fit(format2, older)
+	if !errors.Is(err, ErrManifest) || !strings.Contains(err.Error(), manifest.CPUFlags+":") || !strings.Contains(err.Error(), manifest.CRIUImages+":") {
+		t.Fatalf("format 2 on an older host: %v", err)
 	}
 }

@@ -46,10 +46,9 @@ type Offer struct {
 
 // Fit says why the host that made o cannot take the run that needs n; nil
 // when it can (its room is weighed in the drain). The manifest is judged
-// as the resume there will judge it: every recorded key against the host's
-// value — the unit id is the run's own, the same everywhere; the image
-// digest is the one the host has under the unit's image name. A refusal
-// names the keys that differ, with their values cut short.
+// as the resume there will judge it (manifest.Judge): the unit id is the
+// run's own, the same everywhere; the image digest is the one the host has
+// under the unit's image name. A refusal names the keys that fail.
 func Fit(n Need, o Offer) error {
 	switch {
 	case o.Draining:
@@ -57,23 +56,24 @@ func Fit(n Need, o Offer) error {
 	case n.ImagePark && !o.ImageParks:
 		return fmt.Errorf("%w: image parks do not work there", ErrUnfit)
 	}
+	there := manifest.Manifest{}
+	for k, v := range o.Facts {
+		there[k] = v
+	}
+	delete(there, manifest.ImageDigest)
+	if d, ok := o.Images[n.Image]; ok {
+		there[manifest.ImageDigest] = d
+	}
+	if id, ok := n.Manifest[manifest.UnitID]; ok {
+		there[manifest.UnitID] = id
+	}
 	var diffs []string
-	for _, k := range n.Manifest.Keys() {
-		want := n.Manifest[k]
-		got, ok := o.Facts[k]
-		switch k {
-		case manifest.UnitID:
-			continue
-		case manifest.ImageDigest:
-			got, ok = o.Images[n.Image]
-		}
-		if !ok || got != want {
-			diffs = append(diffs, fmt.Sprintf("%s (recorded %q, there %q)", k, cut(want), cut(got)))
-		}
+	for _, d := range manifest.Judge(n.Manifest, there) {
 		if len(diffs) == maxDiffs {
 			diffs = append(diffs, "…")
 			break
 		}
+		diffs = append(diffs, d.String())
 	}
 	if len(diffs) == 0 {
 		return nil
@@ -81,19 +81,9 @@ func Fit(n Need, o Offer) error {
 	return fmt.Errorf("%w: %s", ErrManifest, strings.Join(diffs, "; "))
 }
 
-// maxDiffs and maxQuoted bound what a refusal quotes: a manifest and an
-// offer are other hosts' words, and a refusal is kept per run per host.
-const (
-	maxDiffs  = 8
-	maxQuoted = 64
-)
-
-func cut(s string) string {
-	if len(s) <= maxQuoted {
-		return s
-	}
-	return s[:maxQuoted] + "…"
-}
+// maxDiffs bounds what a refusal quotes: a manifest and an offer are
+// other hosts' words, and a refusal is kept per run per host.
+const maxDiffs = 8
 
 // HostOf is host key as a drain places runs on it, from its offer (or why
 // it made none).

@@ -63,8 +63,10 @@ type prefetcher interface{ Prefetch() }
 
 // Admit checks the three resume preconditions of the parked run r, in
 // order (internal/resume): the snapshot the store offers is the one
-// recorded, this host's manifest over the recorded keys hashes to the
-// recorded address, and the record verifies from genesis. It changes
+// recorded, this host satisfies the recorded manifest key by key
+// (manifest.Judge; an image resume's probe-judged keys are judged by the
+// image-park gate its wake waits on), and the record verifies from
+// genesis. It changes
 // nothing. mark, when set, ends each timed step (read, rehash,
 // preconditions, idle).
 func (h Host) Admit(ctx context.Context, r store.Run, mark func(step string)) (Admitted, error) {

@@ -1,13 +1,15 @@
 // Package manifest is the environment manifest: the host facts a resume
 // depends on, as a sealed object. A park records the manifest's address;
-// a resume recomputes this host's values over the keys the recorded
-// manifest names and must hash to the same address. When it does not,
-// [Diff] names the keys that differ.
+// a resume judges this host against the recorded manifest key by key
+// ([Judge]), each key by its rule ([RuleOf]): must match, must hold every
+// recorded CPU flag, or judged by the image-park probe. The failures name
+// the keys.
 //
-// Canonical bytes: the domain "runrecordd.manifest/1", a 4-byte entry
-// count, then the entries sorted by key, each a 4-byte key length, the key,
-// a 4-byte value length and the value. All integers big-endian. Keys are
-// unique; docs/manifest.md lists them.
+// Canonical bytes: the domain "runrecordd.manifest/N" (N the format, 1 or
+// 2: [Manifest.Version]), a 4-byte entry count, then the entries sorted by
+// key, each a 4-byte key length, the key, a 4-byte value length and the
+// value. All integers big-endian. Keys are unique; docs/manifest.md lists
+// them and their rules.
 package manifest
 
 import (
@@ -22,8 +24,18 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// Domain starts a manifest's canonical bytes.
-const Domain = "runrecordd.manifest/1"
+// Domain starts a manifest's canonical bytes, followed by its format's
+// digit: Domain+"1" or Domain+"2".
+const Domain = "runrecordd.manifest/"
+
+// The formats this host reads. Format 1 is the one before the per-key
+// rules: it records the CPU as cpu.features, a hash of its flags, and has
+// no criu.images; format 2 records cpu.flags, the flags themselves. A
+// manifest is of format 2 exactly when it names criu.images.
+const (
+	Format1 = 1
+	Format2 = 2
+)
 
 // The keys a manifest may name. Image parks name all but Protocol;
 // transcript parks name only Arch, ImageDigest and Protocol.
@@ -31,6 +43,8 @@ const (
 	KernelRelease     = "kernel.release"
 	Arch              = "arch"
 	CPUFeatures       = "cpu.features"
+	CPUFlags          = "cpu.flags"
+	CRIUImages        = "criu.images"
 	CRIUVersion       = "criu.version"
 	RuncVersion       = "runc.version"
 	ContainerdVersion = "containerd.version"
@@ -40,12 +54,15 @@ const (
 )
 
 // ImageKeys are the keys an image park records.
-var ImageKeys = []string{KernelRelease, Arch, CPUFeatures, CRIUVersion, RuncVersion, ContainerdVersion, ImageDigest, UnitID}
+var ImageKeys = []string{KernelRelease, Arch, CPUFlags, CRIUImages, CRIUVersion, RuncVersion, ContainerdVersion, ImageDigest, UnitID}
+
+// imageKeys1 are the keys a format-1 image park recorded.
+var imageKeys1 = []string{KernelRelease, Arch, CPUFeatures, CRIUVersion, RuncVersion, ContainerdVersion, ImageDigest, UnitID}
 
 // TranscriptKeys are the keys a transcript park records.
 var TranscriptKeys = []string{Arch, ImageDigest, Protocol}
 
-// KeysFor returns the keys a park of the given form must record: a
+// KeysFor returns the keys a park of the given form records now: a
 // manifest without all of them says nothing about a host the resume
 // relies on (an empty manifest matches every host).
 func KeysFor(transcript bool) []string {
@@ -53,6 +70,25 @@ func KeysFor(transcript bool) []string {
 		return TranscriptKeys
 	}
 	return ImageKeys
+}
+
+// Required returns the keys m must name to be judged as a park of the
+// given form: [KeysFor], or for a format-1 image park, the keys format 1
+// recorded.
+func (m Manifest) Required(transcript bool) []string {
+	if !transcript && m.Version() == Format1 {
+		return imageKeys1
+	}
+	return KeysFor(transcript)
+}
+
+// Version is m's format: 2 when it names criu.images, else 1. It is a
+// function of the keys, so that a manifest has one canonical encoding.
+func (m Manifest) Version() int {
+	if _, ok := m[CRIUImages]; ok {
+		return Format2
+	}
+	return Format1
 }
 
 // Missing returns the keys of keys that m does not name, in keys' order.
@@ -69,7 +105,10 @@ func (m Manifest) Missing(keys []string) []string {
 // Errors.
 var (
 	ErrMalformed = errors.New("malformed manifest")
-	ErrMissing   = errors.New("host cannot supply manifest key")
+	// ErrFormat is a manifest of a format this host does not read (one
+	// written by a newer runrecordd): it is refused, never guessed at.
+	ErrFormat  = fmt.Errorf("%w: a format this host does not read (it reads %s1 and %s2)", ErrMalformed, Domain, Domain)
+	ErrMissing = errors.New("host cannot supply manifest key")
 )
 
 // Manifest maps keys to values.
@@ -85,8 +124,8 @@ func (m Manifest) Canonical() ([]byte, error) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	b := append([]byte(Domain), 0, 0, 0, 0)
-	binary.BigEndian.PutUint32(b[len(Domain):], uint32(len(keys)))
+	b := fmt.Appendf(nil, "%s%d", Domain, m.Version())
+	b = binary.BigEndian.AppendUint32(b, uint32(len(keys)))
 	for _, k := range keys {
 		b = binary.BigEndian.AppendUint32(b, uint32(len(k)))
 		b = append(b, k...)
@@ -117,10 +156,16 @@ func (m Manifest) Keys() []string {
 
 // Decode parses canonical bytes, accepting only what Canonical writes.
 func Decode(b []byte) (Manifest, error) {
-	if !bytes.HasPrefix(b, []byte(Domain)) || len(b) < len(Domain)+4 {
+	if !bytes.HasPrefix(b, []byte(Domain)) {
 		return nil, fmt.Errorf("%w: missing %q header", ErrMalformed, Domain)
 	}
-	p := b[len(Domain):]
+	if len(b) > len(Domain) && b[len(Domain)] != '1' && b[len(Domain)] != '2' {
+		return nil, fmt.Errorf("%w: %q", ErrFormat, cutBytes(b, len(Domain)+8))
+	}
+	if len(b) < len(Domain)+5 {
+		return nil, fmt.Errorf("%w: truncated header", ErrMalformed)
+	}
+	p := b[len(Domain)+1:]
 	n := binary.BigEndian.Uint32(p)
 	p = p[4:]
 	str := func() (string, bool) {
@@ -178,32 +223,10 @@ func Over(keys []string, host Manifest) (Manifest, error) {
 	return out, nil
 }
 
-// Difference is one key whose recorded and current values differ.
-type Difference struct {
-	Key      string
-	Recorded string
-	Current  string // "" with Absent set when this host has no value
-	Absent   bool
-}
-
-func (d Difference) String() string {
-	if d.Absent {
-		return fmt.Sprintf("%s: recorded %q, this host has none", d.Key, d.Recorded)
+// cutBytes is b's first n bytes at most, for an error.
+func cutBytes(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[:n]
 	}
-	return fmt.Sprintf("%s: recorded %q, this host %q", d.Key, d.Recorded, d.Current)
-}
-
-// Diff returns the keys of recorded whose values on host differ, sorted.
-func Diff(recorded, host Manifest) []Difference {
-	var out []Difference
-	for _, k := range recorded.Keys() {
-		cur, ok := host[k]
-		switch {
-		case !ok:
-			out = append(out, Difference{Key: k, Recorded: recorded[k], Absent: true})
-		case cur != recorded[k]:
-			out = append(out, Difference{Key: k, Recorded: recorded[k], Current: cur})
-		}
-	}
-	return out
+	return b
 }

@@ -4,9 +4,9 @@
 //  1. the offered snapshot is content-identical, by address, to the one the
 //     record suspended ([*SnapshotError]);
 //  2. the recorded manifest names every key its park form requires
-//     ([manifest.KeysFor]), and this host's environment, computed over the
-//     keys it names, hashes to the recorded manifest address
-//     ([*ManifestError], listing the keys missing or differing);
+//     ([manifest.Manifest.Required]), and this host's environment
+//     satisfies it, key by key, each by its rule ([manifest.Judge])
+//     ([*ManifestError], listing the keys missing or failing);
 //  3. the record verifies from genesis ([*RecordError]).
 //
 // [Check] is pure: the caller hashes what is offered, reads the recorded
@@ -39,12 +39,12 @@ func (e *SnapshotError) Error() string {
 func (e *SnapshotError) Unwrap() error { return record.ErrSnapshotMismatch }
 
 // ManifestError is precondition 2 failing: the recorded manifest lacks
-// keys its park form requires (Missing), or this host's values differ
-// (Diffs).
+// keys its park form requires (Missing), or this host does not satisfy
+// some of its keys (Diffs).
 type ManifestError struct {
-	Recorded, Current record.Address
-	Diffs             []manifest.Difference
-	Missing           []string
+	Recorded record.Address
+	Diffs    []manifest.Difference
+	Missing  []string
 }
 
 func (e *ManifestError) Error() string {
@@ -56,17 +56,17 @@ func (e *ManifestError) Error() string {
 	for _, d := range e.Diffs {
 		lines = append(lines, d.String())
 	}
-	hint := "resume on a host whose environment matches"
+	hint := "resume on a host that satisfies it (docs/manifest.md)"
 	for _, d := range e.Diffs {
 		if d.Key == manifest.ImageDigest {
 			hint = "import the unit's image (the one with the recorded digest) with `runrecordd images import`, or " + hint
 		}
 	}
-	return fmt.Sprintf("environment manifest mismatch: recorded %s, this host %s; keys that differ: %s; %s",
-		e.Recorded, e.Current, strings.Join(lines, "; "), hint)
+	return fmt.Sprintf("environment manifest mismatch: this host does not satisfy the recorded manifest %s; keys that fail: %s; %s",
+		e.Recorded, strings.Join(lines, "; "), hint)
 }
 
-// Keys returns the differing keys.
+// Keys returns the keys that fail: missing, then not satisfied.
 func (e *ManifestError) Keys() []string {
 	k := append([]string(nil), e.Missing...)
 	for _, d := range e.Diffs {
@@ -99,7 +99,7 @@ type Inputs struct {
 	// RecordedManifest is the manifest object named by the Suspended
 	// segment, as read from the store.
 	RecordedManifest manifest.Manifest
-	// Host is this host's facts; only the recorded keys are consulted.
+	// Host is this host's facts; only the recorded keys are judged.
 	Host manifest.Manifest
 }
 
@@ -131,21 +131,11 @@ func Check(in Inputs) error {
 	if recAddr != susp.Manifest {
 		return fmt.Errorf("recorded manifest object hashes to %s, the record names %s: the store is damaged", recAddr, susp.Manifest)
 	}
-	if miss := in.RecordedManifest.Missing(manifest.KeysFor(susp.Snapshot.IsTranscript())); len(miss) > 0 {
+	if miss := in.RecordedManifest.Missing(in.RecordedManifest.Required(susp.Snapshot.IsTranscript())); len(miss) > 0 {
 		return &ManifestError{Recorded: susp.Manifest, Missing: miss}
 	}
-	cur := manifest.Manifest{}
-	for _, k := range in.RecordedManifest.Keys() {
-		if v, ok := in.Host[k]; ok {
-			cur[k] = v
-		}
-	}
-	curAddr, err := cur.Address()
-	if err != nil {
-		return fmt.Errorf("host manifest: %w", err)
-	}
-	if curAddr != susp.Manifest {
-		return &ManifestError{Recorded: susp.Manifest, Current: curAddr, Diffs: manifest.Diff(in.RecordedManifest, in.Host)}
+	if diffs := manifest.Judge(in.RecordedManifest, in.Host); len(diffs) > 0 {
+		return &ManifestError{Recorded: susp.Manifest, Diffs: diffs}
 	}
 
 	if err := record.Verify(in.Unit, in.Grants, in.Segments, in.Heads); err != nil {

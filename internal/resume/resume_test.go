@@ -35,7 +35,7 @@ func parked(t *testing.T, m manifest.Manifest) (Inputs, record.Snapshot) {
 }
 
 var host = manifest.Manifest{manifest.KernelRelease: "6.18.0", manifest.Arch: "amd64", manifest.CRIUVersion: "4.1.1", "other": "ignored",
-	manifest.CPUFeatures: "f", manifest.RuncVersion: "1.3", manifest.ContainerdVersion: "2.1", manifest.ImageDigest: "sha256:x", manifest.UnitID: "u"}
+	manifest.CRIUImages: "criu-images/4.1", manifest.CPUFlags: "f", manifest.CPUFeatures: record.Sum([]byte("f")).String(), manifest.RuncVersion: "1.3", manifest.ContainerdVersion: "2.1", manifest.ImageDigest: "sha256:x", manifest.UnitID: "u"}
 
 // full is this host's image-park manifest with some values changed.
 func full(changed manifest.Manifest) manifest.Manifest {
@@ -54,7 +54,7 @@ func TestCheckPasses(t *testing.T) {
 }
 
 func TestCheckOrderAndTypes(t *testing.T) {
-	in, _ := parked(t, full(manifest.Manifest{manifest.KernelRelease: "6.17.0"}))
+	in, _ := parked(t, full(manifest.Manifest{manifest.CRIUImages: "criu-images/4.0"}))
 	in.Segments[0].Attestation = addr("edited") // precondition 3 fails too
 	good := in
 	flipped := addr("memory, one byte flipped")
@@ -74,8 +74,50 @@ func TestCheckOrderAndTypes(t *testing.T) {
 	// Then the manifest, naming the key.
 	err = Check(good)
 	var me *ManifestError
-	if !errors.As(err, &me) || strings.Join(me.Keys(), ",") != manifest.KernelRelease || !strings.Contains(err.Error(), `recorded "6.17.0", this host "6.18.0"`) {
-		t.Fatalf("want manifest error naming kernel.release, got %v", err)
+	if !errors.As(err, &me) || strings.Join(me.Keys(), ",") != manifest.CRIUImages || !strings.Contains(err.Error(), `recorded "criu-images/4.0", this host "criu-images/4.1"`) {
+		t.Fatalf("want manifest error naming criu.images, got %v", err)
+	}
+}
+
+// The precondition is the recorded manifest's rules, not its address:
+// a park under other patch levels of the kernel and runtime resumes,
+// one under other CPU flags or another image format does not, naming
+// the keys; a format-1 manifest is judged by format 1's rules.
+func TestCheckJudgesByRule(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		changed manifest.Manifest
+		fail    []string
+	}{
+		{"probe keys differ", manifest.Manifest{manifest.KernelRelease: "6.12.0", manifest.RuncVersion: "1.1.5",
+			manifest.ContainerdVersion: "1.6.20", manifest.CRIUVersion: "4.1.0"}, nil},
+		{"fewer cpu flags recorded", manifest.Manifest{manifest.CPUFlags: ""}, nil},
+		{"cpu flag lacking here", manifest.Manifest{manifest.CPUFlags: "avx512f f"}, []string{manifest.CPUFlags}},
+		{"image format and cpu", manifest.Manifest{manifest.CPUFlags: "g", manifest.CRIUImages: "criu-images/4.2",
+			manifest.KernelRelease: "7.0"}, []string{manifest.CPUFlags, manifest.CRIUImages}},
+		{"format 1, same host", manifest.Manifest{manifest.CRIUImages: "", manifest.CPUFlags: "", manifest.CPUFeatures: record.Sum([]byte("f")).String(),
+			manifest.KernelRelease: "6.1.0", manifest.CRIUVersion: "4.1.0"}, nil},
+		{"format 1, criu feature release", manifest.Manifest{manifest.CRIUImages: "", manifest.CPUFlags: "", manifest.CPUFeatures: record.Sum([]byte("f")).String(),
+			manifest.CRIUVersion: "4.0.0"}, []string{manifest.CRIUVersion}},
+		{"format 1, cpu hash", manifest.Manifest{manifest.CRIUImages: "", manifest.CPUFlags: "", manifest.CPUFeatures: record.Sum([]byte("")).String()},
+			[]string{manifest.CPUFeatures}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := full(c.changed)
+			if v, ok := c.changed[manifest.CRIUImages]; ok && v == "" { // format 1
+				delete(m, manifest.CRIUImages)
+				delete(m, manifest.CPUFlags)
+			}
+			in, _ := parked(t, m)
+			err := Check(in)
+			var me *ManifestError
+			switch {
+			case c.fail == nil && err != nil:
+				t.Fatal(err)
+			case c.fail != nil && (!errors.As(err, &me) || !slices.Equal(me.Keys(), c.fail)):
+				t.Fatalf("want keys %v, got %v", c.fail, err)
+			}
+		})
 	}
 }
 

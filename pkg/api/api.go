@@ -58,7 +58,7 @@ const (
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"error"`
-	// Keys are the manifest keys that differ (manifest_mismatch).
+	// Keys are the manifest keys that fail (manifest_mismatch).
 	Keys []string `json:"keys,omitempty"`
 	// Segment is the index of the segment concerned (record_invalid,
 	// phase), when there is one.

@@ -1,0 +1,180 @@
+//go:build linux
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/manifest"
+)
+
+// TestUpgradeKeepsParkedRuns parks the oracle under one runc and CRIU
+// build and resumes it under another the image-park probe accepts: the
+// recorded manifest names the first build's versions, and the resume
+// judges them by the probe, not by equality. Then a park under this
+// host's CRIU is refused on a CRIU of the next feature release (another
+// image format), with manifest_mismatch naming criu.images, the run left
+// parked; back on this host's CRIU, it resumes as the same process.
+//
+// The other builds are the real runc and CRIU behind wrappers that
+// answer --version with another version and hand every other call to
+// them: the restores are real, only the versions the daemon reads differ.
+// A kernel upgrade is judged by the same rule as runc's (probe), which a
+// test cannot change under a running host; internal/daemon's
+// TestResumeAcrossUpgrades covers it, and CPU flags, over a fake executor.
+func TestUpgradeKeepsParkedRuns(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	runcVer, criuVer := realVersions(t)
+	// Another patch level of each: what a patch upgrade changes.
+	olderRunc, olderCRIU := otherPatch(t, runcVer), otherPatch(t, criuVer)
+	older := versionWrappers(t, olderRunc, olderCRIU)
+	d := mustDaemon(t, "upgrade", func(d *daemon) { d.env = older })
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	const id = "upgrade"
+	startOracle(t, d, id, oracleImage)
+
+	_, atPark := park(t, d, id)
+	rec := recordedManifest(t, d, id)
+	if rec[manifest.RuncVersion] != olderRunc || rec[manifest.CRIUVersion] != olderCRIU {
+		t.Fatalf("recorded runc %q, criu %q; want the wrapped %q, %q", rec[manifest.RuncVersion], rec[manifest.CRIUVersion], olderRunc, olderCRIU)
+	}
+	if _, hash := rec[manifest.CPUFeatures]; rec.Version() != manifest.Format2 || rec[manifest.CRIUImages] != manifest.CRIUFormat(criuVer) || rec[manifest.CPUFlags] == "" || hash {
+		t.Fatalf("recorded manifest %v: want format 2 with criu.images %s and the CPU's flags", rec, manifest.CRIUFormat(criuVer))
+	}
+	mustStop(t, d)
+	d.env = nil // the real runc and CRIU
+	mustStart(t, d)
+	resume(t, d, id, nil, atPark)
+
+	// Parked under this host's CRIU; resumed under the next feature
+	// release's: refused, naming the key, nothing changed.
+	_, atPark = park(t, d, id)
+	was, err := d.run(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustStop(t, d)
+	d.env = versionWrappers(t, runcVer, nextFeature(t, criuVer))
+	mustStart(t, d)
+	_, err = d.c.Resume(ctx, id)
+	ae := apiError(t, err, "manifest_mismatch")
+	if !slices.Equal(ae.Keys, []string{manifest.CRIUImages}) {
+		t.Fatalf("manifest mismatch keys %v, want [criu.images]: %v", ae.Keys, ae)
+	}
+	t.Logf("refused as it should be: %v", ae)
+	unchanged(t, d, id, was)
+	mustStop(t, d)
+	d.env = nil
+	mustStart(t, d)
+	resume(t, d, id, nil, atPark)
+}
+
+// recordedManifest is the manifest the last Suspended segment of run id
+// records, read from d's store.
+func recordedManifest(t *testing.T, d *daemon, id string) manifest.Manifest {
+	t.Helper()
+	s := mustShow(t, d, id)
+	for i := len(s.Segments) - 1; i >= 0; i-- {
+		if s.Segments[i].Kind == "suspended" {
+			m, err := manifest.Decode(d.object(t, s.Segments[i].Manifest))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}
+	}
+	t.Fatalf("run %s: no suspended segment in %s", id, fmtSegments(s.Segments))
+	return nil
+}
+
+// realVersions are the versions of the runc and CRIU on PATH, as the
+// daemon reads them.
+func realVersions(t *testing.T) (runc, criu string) {
+	t.Helper()
+	out, err := exec.Command("runc", "--version").Output()
+	if err != nil {
+		t.Fatalf("runc --version: %v", err)
+	}
+	first, _, _ := strings.Cut(string(out), "\n")
+	runc = strings.TrimSpace(strings.TrimPrefix(first, "runc version"))
+	out, err = exec.Command("criu", "--version").Output()
+	if err != nil {
+		t.Fatalf("criu --version: %v", err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "Version:"); ok {
+			criu = strings.TrimSpace(v)
+		}
+	}
+	if strings.Count(criu, ".") == 1 {
+		criu += ".0"
+	}
+	return runc, criu
+}
+
+// versionParts splits MAJOR.MINOR.PATCH, failing t on anything else.
+func versionParts(t *testing.T, v string) [3]int {
+	t.Helper()
+	var n [3]int
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) != 3 {
+		t.Fatalf("version %q is not MAJOR.MINOR.PATCH", v)
+	}
+	for i, p := range parts {
+		x, err := strconv.Atoi(p)
+		if err != nil {
+			t.Fatalf("version %q is not MAJOR.MINOR.PATCH", v)
+		}
+		n[i] = x
+	}
+	return n
+}
+
+// otherPatch is another patch level of the same feature release.
+func otherPatch(t *testing.T, v string) string {
+	n := versionParts(t, v)
+	if n[2] > 0 {
+		n[2]--
+	} else {
+		n[2]++
+	}
+	return fmt.Sprintf("%d.%d.%d", n[0], n[1], n[2])
+}
+
+// nextFeature is the next feature release's first version.
+func nextFeature(t *testing.T, v string) string {
+	n := versionParts(t, v)
+	return fmt.Sprintf("%d.%d.0", n[0], n[1]+1)
+}
+
+// versionWrappers writes runc and criu wrappers into a new directory
+// that answer --version with runcVer and criuVer and exec the real
+// binaries (found on PATH now) for every other call, and returns the
+// environment that puts them first on PATH.
+func versionWrappers(t *testing.T, runcVer, criuVer string) []string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, version := range map[string]string{
+		"runc": fmt.Sprintf("runc version %s\\ncommit: e2e-wrapper\\nspec: 1.2.1\\n", runcVer),
+		"criu": fmt.Sprintf("Version: %s\\n", criuVer),
+	} {
+		real, err := exec.LookPath(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		script := fmt.Sprintf("#!/bin/sh\nif [ \"$1\" = --version ]; then printf '%s'; exit 0; fi\nexec %s \"$@\"\n", version, real)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return []string{"PATH=" + dir + string(os.PathListSeparator) + os.Getenv("PATH")}
+}
