@@ -22,6 +22,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/metrics"
 	"github.com/runrecordd/runrecordd/internal/notify"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/platform"
@@ -50,6 +51,7 @@ type serveFlags struct {
 	onStop                                    string
 	platform                                  platform.Limits
 	platformMounts                            listFlag
+	metricsListen                             string
 }
 
 // register declares serve's flags on fs.
@@ -80,6 +82,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.platform.Runs, "platform-runs", platform.DefaultRuns, "in a fleet: how many runs each platform key may have on this host at once (not closed, not handed off)")
 	fs.Int64Var(&f.platform.StoreBytes, "platform-store-bytes", platform.DefaultStoreBytes, "in a fleet: how many bytes of this host's store each platform key's runs may reach before it may start no more")
 	fs.Var(&f.platformMounts, "platform-mount-allow", "in a fleet: a host path under which a platform key's runs may mount read-only (repeat for more; default none: docs/fleet.md)")
+	fs.StringVar(&f.metricsListen, "metrics-listen", "", "serve /metrics alone, over plain HTTP, on this host:port for a Prometheus scraper (no run ids in labels; default: /metrics only on the API socket)")
 	fs.StringVar(&f.peerListen, "peer-listen", "", "in a fleet: serve the fleet on this host:port over mutual TLS (the API to admitted platform keys, runs and objects to admitted hosts); other hosts reach this host there, so give an address they can")
 }
 
@@ -226,6 +229,14 @@ func cmdServe(args []string, stdout io.Writer) error {
 		go func() { _ = peers.Serve(pl) }()
 		log.Info("serving the fleet's platforms", "peer-listen", pl.Addr().String())
 	}
+	if f.metricsListen != "" {
+		ms, err := serveMetrics(f.metricsListen, d, log)
+		if err != nil {
+			l.Close()
+			return errors.Join(err, d.Shutdown(context.Background()))
+		}
+		defer ms.Close()
+	}
 	svc := &service{d: d, notify: sd, onStop: onStopPolicy(f.onStop), socket: socket, log: log}
 	return serveAPI(ctx, svc, l, stdout, peers)
 }
@@ -294,4 +305,17 @@ func (f *serveFlags) joinFleet(ctx context.Context, cfg *daemon.Config) (*fleet.
 		cfg.Peers = server.Peers{Dir: dir, Key: key}
 	}
 	return dir, leave, nil
+}
+
+// serveMetrics serves d's /metrics, and nothing else, over plain HTTP on
+// addr, until the returned server is closed.
+func serveMetrics(addr string, d *daemon.Daemon, log *slog.Logger) (*http.Server, error) {
+	ml, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-listen: %w", err)
+	}
+	ms := &http.Server{Handler: metrics.Listener(d.ScrapeMetrics()), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = ms.Serve(ml) }()
+	log.Info("serving metrics", "metrics-listen", ml.Addr().String())
+	return ms, nil
 }
