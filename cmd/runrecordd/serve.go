@@ -52,6 +52,7 @@ type serveFlags struct {
 	platform                                  platform.Limits
 	platformMounts                            listFlag
 	metricsListen                             string
+	logFormat                                 string
 }
 
 // register declares serve's flags on fs.
@@ -62,6 +63,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.coeffs, "coefficients", "", "JSON file of energy coefficients over the defaults (docs/energy.md)")
 	fs.StringVar(&f.sysfs, "sysfs", "", "sysfs root the meter reads RAPL zones under (default /sys)")
 	fs.StringVar(&f.level, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "text", "the log's format on standard error: text (key=value) or json (one object a line)")
 	fs.DurationVar(&f.gcEvery, "gc-interval", retention.DefaultInterval, "how often to collect the store (negative: never)")
 	fs.DurationVar(&f.retention, "snapshot-retention", retention.DefaultKeep, "how long a closed run keeps its image snapshots (negative: forever)")
 	fs.Uint64Var(&f.minFree, "min-free", park.DefaultMinFree, "bytes an image park must leave free on the store's filesystem")
@@ -109,6 +111,9 @@ func (f *serveFlags) check() (slog.Level, error) {
 	}
 	if err := lv.UnmarshalText([]byte(f.level)); err != nil {
 		return lv, usagef("--log-level: %v", err)
+	}
+	if f.logFormat != "text" && f.logFormat != "json" {
+		return lv, usagef("--log-format %s: want text or json", f.logFormat)
 	}
 	if f.criuDeadline < 0 {
 		return lv, usagef("--criu-deadline must not be negative")
@@ -175,7 +180,8 @@ func cmdServe(args []string, stdout io.Writer) error {
 	// Read (and hidden from containerd and the units) before anything
 	// starts.
 	sd := notify.FromEnv()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
+	log := newLogger(os.Stderr, f.logFormat, lv)
+	f.etcd.log = log
 	cfg, err := f.config(log)
 	if err != nil {
 		return err
@@ -318,4 +324,14 @@ func serveMetrics(addr string, d *daemon.Daemon, log *slog.Logger) (*http.Server
 	go func() { _ = ms.Serve(ml) }()
 	log.Info("serving metrics", "metrics-listen", ml.Addr().String())
 	return ms, nil
+}
+
+// newLogger is the daemon's log on w: format text or json (checked), from
+// level up.
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }

@@ -4,10 +4,12 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -21,11 +23,12 @@ import (
 // TestMetricsListen: serve --metrics-listen serves /metrics alone over
 // plain HTTP: the build and the runtime it drives, image parks'
 // availability, the store's bytes, failures by route and code, and no
-// label that names a run; every other path is 404.
+// label that names a run; every other path is 404. Its log is JSON
+// (--log-format json).
 func TestMetricsListen(t *testing.T) {
 	privileged(t)
 	addr := freeAddr(t)
-	d := mustDaemon(t, "metrics", func(d *daemon) { d.flags = []string{"--metrics-listen", addr} })
+	d := mustDaemon(t, "metrics", func(d *daemon) { d.flags = []string{"--metrics-listen", addr, "--log-format", "json"} })
 	const ghost = "no-such-run-7f3a"
 	var ae *api.Error
 	if _, err := d.c.Show(context.Background(), ghost); !errors.As(err, &ae) || ae.Code != api.CodeNotFound {
@@ -82,6 +85,21 @@ func TestMetricsListen(t *testing.T) {
 	}
 	if f := fams["runrecordd_store_free_bytes"]; f != nil && f.GetMetric()[0].GetGauge().GetValue() <= 0 {
 		t.Errorf("runrecordd_store_free_bytes %v", f.GetMetric()[0])
+	}
+
+	logged, err := os.ReadFile(d.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	said := false
+	for _, line := range strings.Split(string(logged), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == "serving metrics" && m["metrics-listen"] == addr {
+			said = true
+		}
+	}
+	if !said {
+		t.Errorf("no JSON line {\"msg\":\"serving metrics\",\"metrics-listen\":%q} in the daemon's log:\n%s", addr, logged)
 	}
 
 	for _, path := range []string{"/", "/v1/host", "/v1/runs", "/metrics/x", "/debug/pprof/"} {
