@@ -53,10 +53,12 @@ type serveFlags struct {
 	platformMounts                            listFlag
 	metricsListen                             string
 	logFormat                                 string
+	configFile                                string
 }
 
 // register declares serve's flags on fs.
 func (f *serveFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.configFile, configFlag, "", "read settings from this TOML file, keys named as these flags; flags given override it (default "+defaultConfigFile+" if it exists)")
 	fs.StringVar(&f.state, "state-dir", host.DefaultStateDir, "state directory: store, host key, embedded containerd")
 	fs.StringVar(&f.socket, "socket", "", "API socket (default STATE-DIR/runrecordd.sock)")
 	fs.StringVar(&f.ctrd, "containerd-address", "", "use this containerd instead of starting an embedded one")
@@ -86,6 +88,15 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.platformMounts, "platform-mount-allow", "in a fleet: a host path under which a platform key's runs may mount read-only (repeat for more; default none: docs/fleet.md)")
 	fs.StringVar(&f.metricsListen, "metrics-listen", "", "serve /metrics alone, over plain HTTP, on this host:port for a Prometheus scraper (no run ids in labels; default: /metrics only on the API socket)")
 	fs.StringVar(&f.peerListen, "peer-listen", "", "in a fleet: serve the fleet on this host:port over mutual TLS (the API to admitted platform keys, runs and objects to admitted hosts); other hosts reach this host there, so give an address they can")
+}
+
+// applyConfigFile applies --config's file, or the default one if it
+// exists, to the flags the command line did not set.
+func (f *serveFlags) applyConfigFile(fs *flag.FlagSet) error {
+	if f.configFile != "" {
+		return applyConfigFile(fs, f.configFile, true)
+	}
+	return applyConfigFile(fs, defaultConfigFile, false)
 }
 
 // check refuses, as usage errors, the flag values the daemon cannot run
@@ -172,6 +183,9 @@ func cmdServe(args []string, stdout io.Writer) error {
 	}
 	if fs.NArg() != 0 {
 		return usagef("serve takes no arguments")
+	}
+	if err := f.applyConfigFile(fs); err != nil {
+		return err
 	}
 	lv, err := f.check()
 	if err != nil {
