@@ -249,15 +249,13 @@ func cmdServe(args []string, stdout io.Writer) error {
 		go func() { _ = peers.Serve(pl) }()
 		log.Info("serving the fleet's platforms", "peer-listen", pl.Addr().String())
 	}
+	svc := &service{d: d, notify: sd, onStop: onStopPolicy(f.onStop), socket: socket, log: log}
 	if f.metricsListen != "" {
-		ms, err := serveMetrics(f.metricsListen, d, log)
-		if err != nil {
+		if svc.metrics, err = serveMetrics(f.metricsListen, d, log); err != nil {
 			l.Close()
 			return errors.Join(err, d.Shutdown(context.Background()))
 		}
-		defer ms.Close()
 	}
-	svc := &service{d: d, notify: sd, onStop: onStopPolicy(f.onStop), socket: socket, log: log}
 	return serveAPI(ctx, svc, l, stdout, peers)
 }
 
@@ -293,6 +291,9 @@ func serveAPI(ctx context.Context, svc *service, l net.Listener, stdout io.Write
 		serr = errors.Join(serr, peers.Shutdown(sctx))
 	}
 	svc.stopRuns()
+	if svc.metrics != nil {
+		serr = errors.Join(serr, svc.metrics.Close())
+	}
 	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer dcancel()
 	derr := d.Shutdown(dctx)

@@ -112,4 +112,20 @@ func TestMetricsListen(t *testing.T) {
 			t.Errorf("GET %s on the metrics listener: %s, want 404", path, resp.Status)
 		}
 	}
+
+	// The stop closes the listener; the next start serves it again.
+	mustStop(t, d)
+	if resp, err := http.Get("http://" + addr + "/metrics"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("GET /metrics of a stopped daemon: %s", resp.Status)
+	}
+	mustStart(t, d)
+	resp, err = http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics after a restart: %s", resp.Status)
+	}
 }
