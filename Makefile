@@ -4,7 +4,7 @@ GO      ?= go
 BIN     := bin/runrecordd
 PKGS    := ./...
 
-.PHONY: all setup build run test unit lint conformance fuzz bench clean
+.PHONY: all setup build binaries install run test unit lint conformance fuzz bench clean
 
 all: build
 
@@ -19,11 +19,37 @@ setup:
 # runrecordd.local/NAME:1).
 UNITS := oracle ballast agent poller
 
-build:
-	$(GO) build -o $(BIN) ./cmd/runrecordd
-	CGO_ENABLED=0 $(GO) build -o bin/runrecordd-gate ./cmd/runrecordd-gate
+build: binaries
 	@for u in $(UNITS); do \
 		$(GO) run ./cmd/mkunit -o bin/units/$$u.tar -name runrecordd.local/$$u:1 ./units/$$u >/dev/null || exit 1; \
+	done
+
+# The daemon's version: `runrecordd version`, runrecordd_build_info. Unset
+# (no git), the build info's module version stands.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+LDFLAGS := $(if $(VERSION),-X github.com/runrecordd/runrecordd/internal/version.version=$(VERSION))
+
+binaries:
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/runrecordd
+	CGO_ENABLED=0 $(GO) build -o bin/runrecordd-gate ./cmd/runrecordd-gate
+
+# The binaries, the systemd unit, its environment file and the config
+# where the unit expects them (docs/operations.md, "Install"): PREFIX/bin,
+# /etc/systemd/system, /etc/default/runrecordd, /etc/runrecordd, all under
+# DESTDIR. The unit's ExecStart follows PREFIX. An environment file or a
+# config already there is kept (the shipped one goes beside it, .new).
+PREFIX  ?= /usr/local
+DESTDIR ?=
+UNITDIR ?= /etc/systemd/system
+install: binaries
+	install -d -m 0755 $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)/etc/default $(DESTDIR)/etc/runrecordd
+	install -m 0755 $(BIN) bin/runrecordd-gate $(DESTDIR)$(PREFIX)/bin/
+	sed 's|/usr/local/bin/runrecordd|$(PREFIX)/bin/runrecordd|g' deploy/systemd/runrecordd.service > $(DESTDIR)$(UNITDIR)/runrecordd.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/runrecordd.service
+	@for f in deploy/systemd/runrecordd.env:/etc/default/runrecordd deploy/config.toml:/etc/runrecordd/config.toml; do \
+		src=$${f%%:*}; dst=$(DESTDIR)$${f#*:}; \
+		if [ -e "$$dst" ]; then echo "keeping $$dst; the shipped one is $$dst.new"; dst=$$dst.new; fi; \
+		install -m 0644 $$src $$dst || exit 1; \
 	done
 
 # Conformance, then the daemon on its embedded default walking one unit

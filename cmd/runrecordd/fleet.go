@@ -18,12 +18,14 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/peer"
 	"github.com/runrecordd/runrecordd/internal/server"
 	"github.com/runrecordd/runrecordd/internal/trust"
+	"github.com/runrecordd/runrecordd/internal/zapslog"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -40,6 +42,9 @@ type etcdFlags struct {
 	// Client TLS (each a PEM file) and etcd's authentication.
 	cacert, cert, key  string
 	user, passwordFile string
+	// log, when set (serve), gets the etcd client's warnings and errors;
+	// unset, the client logs nothing.
+	log *slog.Logger
 }
 
 func (e *etcdFlags) register(fs *flag.FlagSet) {
@@ -57,6 +62,9 @@ func (e *etcdFlags) register(fs *flag.FlagSet) {
 // they meet the client (TLS, authentication).
 func (e *etcdFlags) config() (clientv3.Config, error) {
 	cfg := clientv3.Config{Endpoints: strings.Split(e.endpoints, ","), DialTimeout: e.timeout, Logger: zap.NewNop()}
+	if e.log != nil {
+		cfg.Logger = zapslog.New(e.log.With("from", "etcd-client"), zapcore.WarnLevel)
+	}
 	if (e.cert == "") != (e.key == "") {
 		return cfg, usagef("--etcd-cert and --etcd-key go together")
 	}

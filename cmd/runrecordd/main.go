@@ -66,6 +66,7 @@ func commands() []command {
 		{"pin", "keep a run's snapshots whatever the retention time: pin RUN", cmdPin},
 		{"unpin", "let a pinned run's snapshots go with the retention time: unpin RUN", cmdUnpin},
 		{"conformance", "run the conformance pack: runrecordd conformance [DIR]", cmdConformance},
+		{"version", "this binary's version, revision and Go version: version [-o json]", cmdVersion},
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/metrics"
 	"github.com/runrecordd/runrecordd/internal/notify"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/platform"
@@ -52,16 +53,21 @@ type serveFlags struct {
 	platform                                  platform.Limits
 	platformMounts                            listFlag
 	criuBuild                                 string
+	metricsListen                             string
+	logFormat                                 string
+	configFile                                string
 }
 
 // register declares serve's flags on fs.
 func (f *serveFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.configFile, configFlag, "", "read settings from this TOML file, keys named as these flags; flags given override it (default "+defaultConfigFile+" if it exists)")
 	fs.StringVar(&f.state, "state-dir", host.DefaultStateDir, "state directory: store, host key, embedded containerd")
 	fs.StringVar(&f.socket, "socket", "", "API socket (default STATE-DIR/runrecordd.sock)")
 	fs.StringVar(&f.ctrd, "containerd-address", "", "use this containerd instead of starting an embedded one")
 	fs.StringVar(&f.coeffs, "coefficients", "", "JSON file of energy coefficients over the defaults (docs/energy.md)")
 	fs.StringVar(&f.sysfs, "sysfs", "", "sysfs root the meter reads RAPL zones under (default /sys)")
 	fs.StringVar(&f.level, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "text", "the log's format on standard error: text (key=value) or json (one object a line)")
 	fs.DurationVar(&f.gcEvery, "gc-interval", retention.DefaultInterval, "how often to collect the store (negative: never)")
 	fs.DurationVar(&f.retention, "snapshot-retention", retention.DefaultKeep, "how long a closed run keeps its image snapshots (negative: forever)")
 	fs.Uint64Var(&f.minFree, "min-free", park.DefaultMinFree, "bytes an image park must leave free on the store's filesystem")
@@ -83,7 +89,17 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.platform.Runs, "platform-runs", platform.DefaultRuns, "in a fleet: how many runs each platform key may have on this host at once (not closed, not handed off)")
 	fs.Int64Var(&f.platform.StoreBytes, "platform-store-bytes", platform.DefaultStoreBytes, "in a fleet: how many bytes of this host's store each platform key's runs may reach before it may start no more")
 	fs.Var(&f.platformMounts, "platform-mount-allow", "in a fleet: a host path under which a platform key's runs may mount read-only (repeat for more; default none: docs/fleet.md)")
+	fs.StringVar(&f.metricsListen, "metrics-listen", "", "serve /metrics alone, over plain HTTP, on this host:port for a Prometheus scraper (no run ids in labels; default: /metrics only on the API socket)")
 	fs.StringVar(&f.peerListen, "peer-listen", "", "in a fleet: serve the fleet on this host:port over mutual TLS (the API to admitted platform keys, runs and objects to admitted hosts); other hosts reach this host there, so give an address they can")
+}
+
+// applyConfigFile applies --config's file, or the default one if it
+// exists, to the flags the command line did not set.
+func (f *serveFlags) applyConfigFile(fs *flag.FlagSet) error {
+	if f.configFile != "" {
+		return applyConfigFile(fs, f.configFile, true)
+	}
+	return applyConfigFile(fs, defaultConfigFile, false)
 }
 
 // check refuses, as usage errors, the flag values the daemon cannot run
@@ -109,6 +125,9 @@ func (f *serveFlags) check() (slog.Level, error) {
 	}
 	if err := lv.UnmarshalText([]byte(f.level)); err != nil {
 		return lv, usagef("--log-level: %v", err)
+	}
+	if f.logFormat != "text" && f.logFormat != "json" {
+		return lv, usagef("--log-format %s: want text or json", f.logFormat)
 	}
 	if f.criuDeadline < 0 {
 		return lv, usagef("--criu-deadline must not be negative")
@@ -168,6 +187,9 @@ func cmdServe(args []string, stdout io.Writer) error {
 	if fs.NArg() != 0 {
 		return usagef("serve takes no arguments")
 	}
+	if err := f.applyConfigFile(fs); err != nil {
+		return err
+	}
 	lv, err := f.check()
 	if err != nil {
 		return err
@@ -175,7 +197,8 @@ func cmdServe(args []string, stdout io.Writer) error {
 	// Read (and hidden from containerd and the units) before anything
 	// starts.
 	sd := notify.FromEnv()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
+	log := newLogger(os.Stderr, f.logFormat, lv)
+	f.etcd.log = log
 	cfg, err := f.config(log)
 	if err != nil {
 		return err
@@ -230,6 +253,12 @@ func cmdServe(args []string, stdout io.Writer) error {
 		log.Info("serving the fleet's platforms", "peer-listen", pl.Addr().String())
 	}
 	svc := &service{d: d, notify: sd, onStop: onStopPolicy(f.onStop), socket: socket, log: log}
+	if f.metricsListen != "" {
+		if svc.metrics, err = serveMetrics(f.metricsListen, d, log); err != nil {
+			l.Close()
+			return errors.Join(err, d.Shutdown(context.Background()))
+		}
+	}
 	return serveAPI(ctx, svc, l, stdout, peers)
 }
 
@@ -265,6 +294,9 @@ func serveAPI(ctx context.Context, svc *service, l net.Listener, stdout io.Write
 		serr = errors.Join(serr, peers.Shutdown(sctx))
 	}
 	svc.stopRuns()
+	if svc.metrics != nil {
+		serr = errors.Join(serr, svc.metrics.Close())
+	}
 	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer dcancel()
 	derr := d.Shutdown(dctx)
@@ -297,4 +329,27 @@ func (f *serveFlags) joinFleet(ctx context.Context, cfg *daemon.Config) (*fleet.
 		cfg.Peers = server.Peers{Dir: dir, Key: key}
 	}
 	return dir, leave, nil
+}
+
+// serveMetrics serves d's /metrics, and nothing else, over plain HTTP on
+// addr, until the returned server is closed.
+func serveMetrics(addr string, d *daemon.Daemon, log *slog.Logger) (*http.Server, error) {
+	ml, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-listen: %w", err)
+	}
+	ms := &http.Server{Handler: metrics.Listener(d.ScrapeMetrics()), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = ms.Serve(ml) }()
+	log.Info("serving metrics", "metrics-listen", ml.Addr().String())
+	return ms, nil
+}
+
+// newLogger is the daemon's log on w: format text or json (checked), from
+// level up.
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }

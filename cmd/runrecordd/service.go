@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"sync/atomic"
 	"time"
 
@@ -46,6 +47,9 @@ type service struct {
 	onStop string
 	socket string
 	log    *slog.Logger
+	// metrics is --metrics-listen's server, if any: it serves through the
+	// stop's parks and is closed before the daemon shuts down.
+	metrics *http.Server
 	// stopping is set once the stop began: the watchdog is fed through
 	// it, the API being shut down.
 	stopping atomic.Bool

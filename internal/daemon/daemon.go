@@ -154,6 +154,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("daemon: reconcile: %w", err)
 	}
 	d.startProbe(h.CRIUErr)
+	d.serviceMetrics()
 	d.Collector = retention.NewCollector(d.st, d.cfg.Policy, d.log)
 	d.background(func() { d.Collector.Run(d.bgCtx) })
 	d.fleet.Watch(bg, &d.bg)

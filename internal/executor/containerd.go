@@ -28,7 +28,8 @@ import (
 // Layout under the directory:
 //
 //	config.toml       the daemon's configuration, rewritten at each start
-//	containerd.log    the daemon's stdout and stderr, appended
+//	containerd.log    the daemon's stdout and stderr, appended; rotated at
+//	                  16 MiB to containerd.log.1 (cappedLog)
 //	root/             --root: content store, snapshots, metadata.db
 //	state/            --state: shim bundles
 //	containerd.sock   gRPC API (containerd.sock.ttrpc beside it)
@@ -97,6 +98,7 @@ func StartContainerd(ctx context.Context, dir string, log *slog.Logger) (*Contai
 
 	ready := make(chan error, 1)
 	go d.supervise(bin, ready)
+	go d.capLog()
 	select {
 	case err := <-ready:
 		if err != nil {
@@ -233,7 +235,32 @@ type daemonRun struct {
 	err    error         // its Wait error, set before exited closes
 }
 
+// capLog rotates the daemon's log every containerdLogCheck until Stop.
+func (d *Containerd) capLog() {
+	l := d.logFile()
+	t := time.NewTicker(containerdLogCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+		}
+		if _, err := l.rotate(); err != nil {
+			d.log.Warn("containerd's log: could not rotate", "err", err)
+		}
+	}
+}
+
+// logFile is the daemon's log, capped.
+func (d *Containerd) logFile() cappedLog {
+	return cappedLog{path: filepath.Join(d.dir, "containerd.log"), max: containerdLogMax, keep: containerdLogKeep}
+}
+
 func (d *Containerd) spawn(bin string) (*daemonRun, error) {
+	if _, err := d.logFile().rotate(); err != nil {
+		d.log.Warn("containerd's log: could not rotate", "err", err)
+	}
 	logf, err := os.OpenFile(filepath.Join(d.dir, "containerd.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err

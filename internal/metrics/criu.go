@@ -42,14 +42,20 @@ func (c *criuCollector) Collect(ch chan<- prometheus.Metric) {
 	if info == nil {
 		return
 	}
-	nums := make([]string, 0, len(info.Patches))
-	for _, p := range info.Patches {
-		n, _, _ := strings.Cut(p, "-")
-		nums = append(nums, n)
-	}
 	known := "false"
 	if info.Known {
 		known = "true"
 	}
-	ch <- prometheus.MustNewConstMetric(c.info, prometheus.GaugeValue, 1, info.Version, known, strings.Join(nums, ","))
+	ch <- prometheus.MustNewConstMetric(c.info, prometheus.GaugeValue, 1, info.Version, known, PatchNumbers(info.Patches))
+}
+
+// PatchNumbers is the deploy/criu patches named (as "2-lazy-pages-...")
+// by their numbers, comma-separated, as the CRIU labels carry them.
+func PatchNumbers(patches []string) string {
+	nums := make([]string, 0, len(patches))
+	for _, p := range patches {
+		n, _, _ := strings.Cut(p, "-")
+		nums = append(nums, n)
+	}
+	return strings.Join(nums, ",")
 }

@@ -72,6 +72,8 @@ type Metrics struct {
 	parks  prometheus.Histogram
 	resums prometheus.Histogram
 	fleet  fleetMetrics
+
+	service serviceMetrics
 }
 
 // Indexes of metrics.energyUJ: the kind of energy, then its provenance.
@@ -125,13 +127,14 @@ func (m *Metrics) init() {
 			Buckets: durationBuckets(),
 		})
 		m.fleet = newFleetMetrics()
+		m.service.failures = newFailures()
 	})
 }
 
 // histograms returns the park and resume histograms, for a registry.
 func (m *Metrics) histograms() []prometheus.Collector {
 	m.init()
-	return append([]prometheus.Collector{m.parks, m.resums}, m.fleet.collectors()...)
+	return append([]prometheus.Collector{m.parks, m.resums, m.service.failures}, m.fleet.collectors()...)
 }
 
 // Receipt counts an executed interval's receipt (once it is recorded).
@@ -184,7 +187,7 @@ func (m *Metrics) Handler(src Source, log *slog.Logger) http.Handler {
 func (m *Metrics) Registry(src Source) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m.histograms()...)
-	reg.MustRegister(newCollector(m, src), newWarmCollector(m), newCRIUCollector(m),
+	reg.MustRegister(newCollector(m, src), newWarmCollector(m), newCRIUCollector(m), newServiceCollector(m),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg

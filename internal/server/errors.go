@@ -168,6 +168,9 @@ func Status(code string) int {
 
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	e := ErrorOf(err)
+	if h.d != nil {
+		h.d.Failed(r.Pattern, e.Code) // the route's pattern: no run id
+	}
 	if e.Code == api.CodeInternal {
 		h.log.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
 	}

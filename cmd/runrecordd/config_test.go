@@ -1,0 +1,151 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// serveFlagSet is serve's flags, as cmdServe declares them.
+func serveFlagSet(t *testing.T) (*serveFlags, *flag.FlagSet) {
+	t.Helper()
+	f := &serveFlags{}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(new(strings.Builder))
+	f.register(fs)
+	return f, fs
+}
+
+// configKeyLine is a key's line in deploy/config.toml, commented out.
+var configKeyLine = regexp.MustCompile(`^#([a-z][a-z0-9-]*) = `)
+
+// deploy/config.toml documents every serve flag but --config, and no
+// other key; with every key uncommented it parses, applies, and sets each
+// flag to its default (on-stop names the default "" means: park).
+func TestShippedConfig(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/config.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	var lines []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if m := configKeyLine.FindStringSubmatch(line); m != nil {
+			if slices.Contains(keys, m[1]) {
+				t.Errorf("key %s twice", m[1])
+			}
+			keys = append(keys, m[1])
+			line = strings.TrimPrefix(line, "#")
+		}
+		lines = append(lines, line)
+	}
+	_, fs := serveFlagSet(t)
+	var flags []string
+	fs.VisitAll(func(fl *flag.Flag) {
+		if fl.Name != configFlag {
+			flags = append(flags, fl.Name)
+		}
+	})
+	slices.Sort(keys)
+	for _, k := range keys {
+		if !slices.Contains(flags, k) {
+			t.Errorf("deploy/config.toml has key %s, which is no serve flag", k)
+		}
+	}
+	for _, fl := range flags {
+		if !slices.Contains(keys, fl) {
+			t.Errorf("serve --%s has no key in deploy/config.toml", fl)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, fs := serveFlagSet(t)
+	if err := applyConfigFile(fs, path, true); err != nil {
+		t.Fatal(err)
+	}
+	fs.VisitAll(func(fl *flag.Flag) {
+		want := fl.DefValue
+		if fl.Name == "on-stop" {
+			want = onStopPark
+		}
+		if got := fl.Value.String(); got != want {
+			t.Errorf("deploy/config.toml: %s = %q, but the flag's default is %q", fl.Name, got, want)
+		}
+	})
+	if _, err := f.check(); err != nil {
+		t.Errorf("the defaults, from the file: %v", err)
+	}
+}
+
+// Flags override the file; the file sets the rest; arrays repeat a flag.
+func TestConfigFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.toml")
+	const cfg = `
+log-level = "debug"
+warm-pool = 3
+lease-ttl = "30s"
+chunked-images = true
+bundle-mount-allow = ["/srv/a", "/srv/b"]
+min-free = 2048
+`
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, fs := serveFlagSet(t)
+	if err := fs.Parse([]string{"--config", path, "--warm-pool", "5"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.applyConfigFile(fs); err != nil {
+		t.Fatal(err)
+	}
+	if f.level != "debug" || f.warmPool != 5 || f.leaseTTL != 30*time.Second || !f.chunkedImages ||
+		!slices.Equal(f.mounts, []string{"/srv/a", "/srv/b"}) || f.minFree != 2048 {
+		t.Fatalf("applied: level %s warm-pool %d lease-ttl %v chunked %v mounts %v min-free %d",
+			f.level, f.warmPool, f.leaseTTL, f.chunkedImages, f.mounts, f.minFree)
+	}
+}
+
+// A bad file is a usage error naming the file and the key.
+func TestConfigFileRefused(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ body, want string }{
+		{`wram-pool = 3`, `unknown key "wram-pool"`},
+		{`config = "/etc/other.toml"`, `unknown key "config"`},
+		{"[etcd]\nendpoints = \"x\"", `etcd: a table`},
+		{"[fleet]\netcd = \"x\"", `unknown key "fleet"`},
+		{`chunked-images = "yes"`, `chunked-images: want true or false`},
+		{`warm-pool = true`, `warm-pool: not a boolean setting`},
+		{`warm-pool = "many"`, `warm-pool: parse error`},
+		{`bundle-mount-allow = "/srv"`, `bundle-mount-allow: want an array of strings`},
+		{`bundle-mount-allow = [1]`, `bundle-mount-allow: an array of strings, not of int64`},
+		{`log-level = ["debug"]`, `log-level: takes one value, not an array`},
+		{`gc-interval = 1.5`, `gc-interval: unsupported value of type float64`},
+		{`log-level = `, `toml: `},
+	} {
+		path := filepath.Join(dir, "c.toml")
+		if err := os.WriteFile(path, []byte(c.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, fs := serveFlagSet(t)
+		err := applyConfigFile(fs, path, true)
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), "config "+path+": ") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want a usage error with %q", c.body, err, c.want)
+		}
+	}
+	_, fs := serveFlagSet(t)
+	if err := applyConfigFile(fs, filepath.Join(dir, "none.toml"), false); err != nil {
+		t.Errorf("an absent default file: %v", err)
+	}
+	if err := applyConfigFile(fs, filepath.Join(dir, "none.toml"), true); err == nil {
+		t.Errorf("an absent --config file: no error")
+	}
+}
