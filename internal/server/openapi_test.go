@@ -9,8 +9,10 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -351,6 +353,60 @@ func TestOpenAPIServed(t *testing.T) {
 		m.ServeHTTP(w, httptest.NewRequest("GET", "/v1/openapi.json", nil))
 		if w.Code != http.StatusOK || !bytes.Equal(w.Body.Bytes(), api.OpenAPI()) || w.Header().Get("Content-Type") != "application/json" {
 			t.Errorf("%s: status %d, %d bytes, %q: want the document", name, w.Code, w.Body.Len(), w.Header().Get("Content-Type"))
+		}
+	}
+}
+
+// The TypeScript client (clients/typescript) and the document agree:
+// each interface of runrecordd.d.ts has exactly the properties of its
+// schema (Error is ApiError), every schema but the peer routes' has its
+// interface, and every route the client calls (its routes table) is in
+// the document, logs excepted until the daemon serves it.
+func TestTypeScriptClient(t *testing.T) {
+	doc := readOpenAPI(t)
+	dts, err := os.ReadFile("../../clients/typescript/runrecordd.d.ts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	iface := regexp.MustCompile(`(?m)^export interface (\w+) \{\n((?:  .*\n)*)\}`)
+	prop := regexp.MustCompile(`(?m)^  "?([\w-]+)"?\??: `)
+	seen := map[string]bool{}
+	for _, m := range iface.FindAllStringSubmatch(string(dts), -1) {
+		name := m[1]
+		if name == "ApiError" {
+			name = "Error"
+		}
+		s, ok := doc.Components.Schemas[name]
+		if !ok {
+			continue // the client's own (LogOptions)
+		}
+		seen[name] = true
+		var props, want []string
+		for _, p := range prop.FindAllStringSubmatch(m[2], -1) {
+			props = append(props, p[1])
+		}
+		for p := range s.Properties {
+			want = append(want, p)
+		}
+		sameSet(t, "runrecordd.d.ts "+m[1]+" (the code: the interface)", want, props)
+	}
+	for name := range doc.Components.Schemas {
+		if !seen[name] && !strings.HasPrefix(name, "Peer") {
+			t.Errorf("schema %s has no interface in runrecordd.d.ts", name)
+		}
+	}
+	js, err := os.ReadFile("../../clients/typescript/runrecordd.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := regexp.MustCompile(`"((?:GET|POST|DELETE) /v1/[^"]*)"`).FindAllStringSubmatch(string(js), -1)
+	if len(used) < 10 {
+		t.Fatalf("read %d routes from runrecordd.js: the reading is broken", len(used))
+	}
+	for _, u := range used {
+		method, path, _ := strings.Cut(u[1], " ")
+		if _, ok := doc.Paths[path][strings.ToLower(method)]; !ok && u[1] != "GET /v1/runs/{id}/logs" {
+			t.Errorf("runrecordd.js calls %s, which the document does not have", u[1])
 		}
 	}
 }
