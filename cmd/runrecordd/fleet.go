@@ -162,7 +162,7 @@ func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration
 // cmdFleet is `fleet key`, `fleet admit`, `fleet revoke` and `fleet status`: the
 // operator's side of a fleet, against its etcd (docs/fleet.md).
 func cmdFleet(args []string, stdout io.Writer) error {
-	const use = "usage: runrecordd fleet key [--state-dir DIR] | fleet admit KEY --name NAME [--role host|platform] --etcd ENDPOINTS | fleet revoke KEY --etcd ENDPOINTS | fleet status --etcd ENDPOINTS"
+	const use = "usage: runrecordd fleet key [--state-dir DIR] [--public] | fleet key --tls-out DIR | fleet admit KEY --name NAME [--role host|platform] --etcd ENDPOINTS | fleet revoke KEY --etcd ENDPOINTS | fleet status --etcd ENDPOINTS"
 	if len(args) == 0 {
 		return usagef(use)
 	}
@@ -170,9 +170,13 @@ func cmdFleet(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("fleet "+sub, flag.ContinueOnError)
 	var e etcdFlags
 	state, name, role := host.DefaultStateDir, "", string(fleet.RoleHost)
+	var public bool // fleet key
+	var tlsOut string
 	switch sub {
 	case "key":
 		fs.StringVar(&state, "state-dir", host.DefaultStateDir, "the daemon's state directory")
+		fs.BoolVar(&public, "public", false, "print the host key's raw ed25519 public key (hex), which clients without BLAKE3 pin")
+		fs.StringVar(&tlsOut, "tls-out", "", "make (or reuse) a platform key in DIR (key.pem) and write a long-lived certificate of it (cert.pem); print its key id")
 	case "admit":
 		e.register(fs)
 		fs.StringVar(&name, "name", "", "the host's or platform's name")
@@ -189,7 +193,15 @@ func cmdFleet(args []string, stdout io.Writer) error {
 	ctx, cancel := ctx()
 	defer cancel()
 	switch {
-	case sub == "key" && len(pos) == 0:
+	case sub == "key" && len(pos) == 0 && tlsOut != "" && !public:
+		return fleetTLSOut(tlsOut, stdout)
+	case sub == "key" && len(pos) == 0 && tlsOut == "" && public:
+		pub, err := hostPublicKey(state)
+		if err == nil {
+			fmt.Fprintln(stdout, pub)
+		}
+		return err
+	case sub == "key" && len(pos) == 0 && tlsOut == "":
 		key, err := hostKeyID(state)
 		if err == nil {
 			fmt.Fprintln(stdout, key)

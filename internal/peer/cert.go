@@ -2,17 +2,13 @@ package peer
 
 import (
 	"crypto/ed25519"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"fmt"
-	"math/big"
 	"sync"
 	"time"
 
-	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/tlskey"
 )
 
 // Certificate validity. Peers never check it (the pin is the trust, and
@@ -61,49 +57,11 @@ func (s *certSource) get() (*tls.Certificate, error) {
 	return c, nil
 }
 
-// selfSigned makes a certificate of key signed by key: its subject's
-// common name is the key id, it may authenticate servers and clients,
-// and it is valid from now-certBackdate to now+CertValidity.
+// selfSigned makes a certificate of key signed by key
+// (tlskey.Certificate), valid from now-certBackdate to now+CertValidity.
 func selfSigned(key ed25519.PrivateKey, now time.Time) (*tls.Certificate, error) {
-	if len(key) != ed25519.PrivateKeySize {
-		return nil, fmt.Errorf("peer: host key is not an ed25519 private key")
-	}
-	pub := key.Public().(ed25519.PublicKey)
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: attest.KeyID(pub).String()},
-		NotBefore:             now.Add(-certBackdate),
-		NotAfter:              now.Add(CertValidity),
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, pub, key)
-	if err != nil {
-		return nil, fmt.Errorf("peer: certificate: %w", err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, fmt.Errorf("peer: certificate: %w", err)
-	}
-	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+	return tlskey.Certificate(key, now.Add(-certBackdate), now.Add(CertValidity))
 }
 
-// keyOf returns the key id of a peer's certificates: there must be
-// exactly one, carrying an ed25519 public key. Its dates, issuer and
-// signature are not looked at: the handshake proved the peer holds the
-// key, and the key (by its id) is what is admitted or pinned.
-func keyOf(certs []*x509.Certificate) (record.Address, error) {
-	if len(certs) != 1 {
-		return record.Address{}, fmt.Errorf("%w: %d certificates", ErrCertificate, len(certs))
-	}
-	pub, ok := certs[0].PublicKey.(ed25519.PublicKey)
-	if !ok || len(pub) != ed25519.PublicKeySize {
-		return record.Address{}, fmt.Errorf("%w: a %T key", ErrCertificate, certs[0].PublicKey)
-	}
-	return attest.KeyID(pub), nil
-}
+// keyOf returns the key id of a peer's certificates (tlskey.KeyOf).
+func keyOf(certs []*x509.Certificate) (record.Address, error) { return tlskey.KeyOf(certs) }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/tlskey"
 )
 
 // The errors of the peer listener and its clients. A handshake the server
@@ -14,7 +15,7 @@ var (
 	// ErrCertificate: the peer did not present exactly one certificate
 	// carrying an ed25519 public key. A chain, an RSA or ECDSA key, or
 	// no certificate at all is refused: a peer is its host key.
-	ErrCertificate = errors.New("peer certificate is not one ed25519 certificate")
+	ErrCertificate = tlskey.ErrCertificate
 	// ErrNotAdmitted: the fleet does not admit the client's key (or
 	// admits it with a role this package does not know). It is
 	// fleet.ErrNotAdmitted.
@@ -26,7 +27,7 @@ var (
 	ErrUnconfirmed = errors.New("peer admission not confirmed")
 	// ErrPin: the server presented another key than the one the client
 	// pinned (ClientConfig).
-	ErrPin = errors.New("server key is not the pinned key")
+	ErrPin = tlskey.ErrPin
 )
 
 // RefusedError is a handshake the server refused: which key (zero when

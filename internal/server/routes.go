@@ -32,11 +32,12 @@ const (
 	owned                // the run {id} must be one the key started: else 404 not_found
 	starts               // a new run, under the key's quotas and mount policy, booked to it
 	filtered             // answers only what concerns the key's runs
+	allowed              // served as to the operator: it concerns no run (the API's description)
 )
 
 // String is the gate as docs/fleet.md's route table names it.
 func (g gate) String() string {
-	return [...]string{refused: "refused", owned: "its runs", starts: "new run", filtered: "its runs only"}[g]
+	return [...]string{refused: "refused", owned: "its runs", starts: "new run", filtered: "its runs only", allowed: "allowed"}[g]
 }
 
 // route is one route of the client API: every one serves the operator;
@@ -78,6 +79,7 @@ var routes = []route{
 	{"POST /v1/runs/{id}/calls/{call}/result", (*handler).postResult, owned},
 	{"GET /v1/events", (*handler).events, filtered},
 	{"GET /metrics", (*handler).metrics, refused},
+	{"GET /v1/openapi.json", (*handler).openAPI, allowed},
 }
 
 // Routes are the patterns role is served, in the table's order.

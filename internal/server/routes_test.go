@@ -105,7 +105,7 @@ func TestRouteTable(t *testing.T) {
 				if other.Code != http.StatusNotFound || code(other) != api.CodeNotFound || other.Header().Get("X-Reached") != "" {
 					t.Errorf("platform, another's run: status %d %q, want 404 not_found", other.Code, code(other))
 				}
-			case starts, filtered:
+			case starts, filtered, allowed:
 				if own.Header().Get("X-Reached") != rt.pattern || own.Header().Get("X-Key") != mine.String() {
 					t.Errorf("platform: not reached with its key (status %d)", own.Code)
 				}

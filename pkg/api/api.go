@@ -1,7 +1,9 @@
 // Package api is runrecordd's HTTP/JSON API: the request and response
-// bodies under /v1, the error body and its codes, and a [Client] that speaks
-// it over the daemon's unix socket. The daemon serves it (internal/server); the
-// command-line verbs and tests use the Client.
+// bodies under /v1, the error body and its codes, its description
+// ([OpenAPI]), and a [Client] that speaks it over the daemon's unix socket
+// or, as a platform key, over the fleet's mutual-TLS listener. The daemon
+// serves it (internal/server); the command-line verbs and tests use the
+// Client.
 //
 // # Errors
 //

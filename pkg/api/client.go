@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,15 +13,22 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/tlskey"
 )
 
 // DefaultSocket is where a daemon started with its defaults listens.
 const DefaultSocket = "/var/lib/runrecordd/runrecordd.sock"
 
-// Client calls a daemon's API over its unix socket.
+// Client calls a daemon's API: as the operator over its unix socket
+// (NewClient), or as a platform key over the fleet's mutual-TLS listener
+// (NewTLSClient), where only the routes docs/fleet.md's table gives
+// platform keys answer (the others are *Error forbidden).
 type Client struct {
-	socket string
-	hc     *http.Client
+	base  string // the URL paths are joined to
+	where string // the socket or address, for errors
+	hc    *http.Client
 }
 
 // NewClient returns a client of the daemon listening on socket.
@@ -32,7 +40,32 @@ func NewClient(socket string) *Client {
 		},
 		DisableCompression: true,
 	}
-	return &Client{socket: socket, hc: &http.Client{Transport: tr}}
+	return &Client{base: "http://runrecordd", where: socket, hc: &http.Client{Transport: tr}}
+}
+
+// TLS is how a platform key reaches a daemon's mutual-TLS listener (serve
+// --peer-listen; docs/clients.md).
+type TLS struct {
+	// Addr is the listener's host:port.
+	Addr string
+	// Certificate is the platform key's: one self-signed ed25519
+	// certificate (tlskey.Certificate), e.g. the PEM pair `runrecordd
+	// fleet key --tls-out DIR` writes, loaded with tls.LoadX509KeyPair.
+	// The fleet must admit its key (fleet admit KEY --role platform).
+	Certificate tls.Certificate
+	// Host is the key id (b3:…) of the daemon's host key: a server that
+	// does not hold that key is refused (tlskey.ErrPin).
+	Host record.Address
+}
+
+// NewTLSClient returns a platform key's client of the daemon at t.Addr.
+func NewTLSClient(t TLS) *Client {
+	cert := t.Certificate
+	tr := &http.Transport{
+		TLSClientConfig:    tlskey.ClientConfig(func() (*tls.Certificate, error) { return &cert, nil }, t.Host),
+		DisableCompression: true,
+	}
+	return &Client{base: "https://" + t.Addr, where: t.Addr, hc: &http.Client{Transport: tr}}
 }
 
 // Do sends a request with body in (JSON-encoded unless it is an
@@ -52,7 +85,7 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		}
 		body, ctype = bytes.NewReader(b), "application/json"
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://runrecordd"+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
 		return err
 	}
@@ -63,7 +96,11 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 	if err != nil {
 		var ne *net.OpError
 		if errors.As(err, &ne) && ne.Op == "dial" {
-			return &Error{Code: CodeDaemonUnreachable, Message: fmt.Sprintf("no daemon answers on %s (%v): start one with `runrecordd serve`, or point at it with --socket or RUNRECORDD_SOCKET", c.socket, ne.Err)}
+			hint := "start one with `runrecordd serve`, or point at it with --socket or RUNRECORDD_SOCKET"
+			if strings.HasPrefix(c.base, "https:") {
+				hint = "is the daemon serving --peer-listen there?"
+			}
+			return &Error{Code: CodeDaemonUnreachable, Message: fmt.Sprintf("no daemon answers on %s (%v): %s", c.where, ne.Err, hint)}
 		}
 		return err
 	}
