@@ -8,8 +8,8 @@ PKGS    := ./...
 
 all: build
 
-# Installs containerd, runc, iptables and a CRIU that passes `criu check`
-# (docs/setup.md). Idempotent; needs root.
+# Builds containerd and runc (deploy/runtime), installs iptables and a CRIU
+# that passes `criu check` (docs/setup.md). Idempotent; needs root.
 setup:
 	bash deploy/setup.sh
 

@@ -283,7 +283,7 @@ round_ctr() {
 	line=$(wait_line "$tmp/out/$id.restored" 0)
 	same_process "ctr restore" "${ready#* }" "$line"
 	ctr_remove "$id"
-	ctrx images rm "$ref" >/dev/null
+	ctrx images rm --sync "$ref" >/dev/null
 	rm -rf "$(dirname "$fifo")" "$tmp/out/$id".* "$cd_dir"/tmp/ctrd-checkpoint*
 	# The GC deletes the 0.5 GB blob in the background; let it finish before the next
 	# measurement.

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # deploy/setup.sh - prepare a Debian 12 host to run runrecordd.
 #
-# Installs containerd, runc, iptables, iproute2 and busybox-static from
+# Builds the container runtime (containerd 2.3 LTS, its runc shim, ctr and
+# runc) from the module deploy/runtime, whose go.mod and go.sum pin it, and
+# installs it; installs iptables, nftables, iproute2 and busybox-static from
 # Debian, and makes sure a CRIU >= 4.2.1 that passes `criu check` is on PATH
 # (building CRIU 4.2.1 from the Debian sid source tarball when needed). Then
 # it probes that CRIU really can dump and restore here: a throwaway process,
@@ -18,6 +20,9 @@
 #                          (default: warn and exit 0; transcript runs still work)
 #   RUNRECORDD_PROBE_TIMEOUT   deadline of each probe step in seconds (default 60)
 #   RUNRECORDD_CRIU        probe this criu binary instead of the installed one
+#   RUNRECORDD_RUNTIME_PREFIX   where containerd, containerd-shim-runc-v2,
+#                          ctr and runc are installed (default /usr/local/bin);
+#                          the probe and the summary use the ones there
 set -Eeuo pipefail
 
 readonly CRIU_VERSION=4.2.1
@@ -48,13 +53,33 @@ readonly OLD_TRIXIE_SRC_LIST=/etc/apt/sources.list.d/runrecordd-trixie-src.sourc
 readonly PROBE_TIMEOUT=${RUNRECORDD_PROBE_TIMEOUT:-60}
 readonly PROBE_LOGS=${CACHE_ROOT}/probe-logs
 
-# Runtime packages (Debian bookworm). containerd pulls runc in as a
-# dependency; list it anyway so it is explicit. CRIU runs `ip` (iproute2) and
-# iptables-restore to dump and restore a network namespace (and to unlock a
-# park dumped with its iptables network lock); the executor clears a killed
-# dump's nftables lock with `nft` (nftables); busybox-static is the whole
-# root filesystem of the probe's throwaway container.
-readonly RUNTIME_PKGS=(containerd runc iptables nftables iproute2 busybox-static xz-utils ca-certificates)
+# Packages (Debian bookworm) the runtime needs beside it. CRIU runs `ip`
+# (iproute2) and iptables-restore to dump and restore a network namespace
+# (and to unlock a park dumped with its iptables network lock); the executor
+# clears a killed dump's nftables lock with `nft` (nftables); busybox-static
+# is the whole root filesystem of the probe's throwaway container. libseccomp2
+# is what the runc built here links (it compiles the spec's seccomp filter).
+readonly RUNTIME_PKGS=(iptables nftables iproute2 busybox-static libseccomp2 xz-utils ca-certificates)
+
+# The container runtime: built from the Go module deploy/runtime, whose
+# go.mod and go.sum pin containerd (2.3, the LTS line), its runc shim, ctr and
+# runc; Debian 12's containerd 1.6 is past its end of life and its runc 1.1
+# has no idmapped mounts (docs/setup.md). The build is cached under
+# RUNTIME_CACHE by a hash of go.mod, go.sum, the build settings below and
+# the Go version, so a rerun builds nothing.
+readonly RUNTIME_MODULE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/runtime
+readonly RUNTIME_PREFIX=${RUNRECORDD_RUNTIME_PREFIX:-/usr/local/bin}
+readonly RUNTIME_CACHE=${CACHE_ROOT}/runtime
+readonly RUNTIME_BINS=(containerd containerd-shim-runc-v2 ctr runc)
+# runc needs cgo and libseccomp's headers (its `seccomp` build tag).
+readonly RUNTIME_BUILD_PKGS=(gcc libc6-dev pkg-config libseccomp-dev)
+# Build tags, as upstream's Makefiles set them, less what this host has no
+# use for: runc without `libpathrs` (a Rust library Debian 12 does not
+# ship; runc then uses its Go implementation); containerd without the btrfs
+# snapshotter (no_btrfs: no btrfs headers needed; the daemon runs overlayfs).
+readonly RUNC_TAGS="seccomp urfave_cli_no_docs"
+readonly CONTAINERD_TAGS="urfave_cli_no_docs no_btrfs"
+readonly SHIM_TAGS="urfave_cli_no_docs no_grpc"
 # Build dependencies for `make criu` (bookworm versions are fine).
 readonly CRIU_BUILD_PKGS=(
 	gcc make pkg-config
@@ -69,6 +94,7 @@ export DEBIAN_FRONTEND=noninteractive
 readonly SYS_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 START_TS=$(date +%s)
+readonly CALLER_PATH=$PATH
 
 log() { printf 'setup: %s\n' "$*"; }
 warn() { printf 'setup: WARNING: %s\n' "$*" >&2; }
@@ -371,6 +397,103 @@ drop_old_trixie_src() {
 	fi
 }
 
+# ---------------------------------------------------------------- runtime
+
+# first_line CMD... -> the first line CMD prints (stdout and stderr)
+first_line() {
+	"$@" 2>&1 </dev/null | sed -n 1p || true
+}
+
+# runtime_go -> the go command that builds the runtime (the caller's PATH,
+# then Go's default install directory)
+runtime_go() {
+	local g
+	g=$(command -v go || true)
+	if [[ -z $g && -x /usr/local/go/bin/go ]]; then g=/usr/local/go/bin/go; fi
+	[[ -n $g ]] || die "go not found on PATH (nor /usr/local/go/bin/go): the runtime is built from $RUNTIME_MODULE with Go >= $(sed -n 's/^go //p' "$RUNTIME_MODULE/go.mod")"
+	printf '%s\n' "$g"
+}
+
+# runtime_module_version GO MODULE -> the version go.mod pins, e.g. v2.3.7
+runtime_module_version() {
+	GOWORK=off GOFLAGS=-mod=readonly GOTOOLCHAIN=local "$1" -C "$RUNTIME_MODULE" list -m -f '{{.Version}}' "$2"
+}
+
+# runtime_build_id GO -> the sha256 of what decides the build: go.mod,
+# go.sum, the tags and flags runtime_build passes, and the Go version.
+runtime_build_id() {
+	{
+		cat "$RUNTIME_MODULE/go.mod" "$RUNTIME_MODULE/go.sum"
+		echo "runc=$RUNC_TAGS containerd=$CONTAINERD_TAGS shim=$SHIM_TAGS pie-runc cgo-containerd"
+		GOTOOLCHAIN=local "$1" version
+	} | sha256sum | awk '{print $1}'
+}
+
+# runtime_build GO DIR : build the four binaries into DIR.
+runtime_build() {
+	local g=$1 out=$2 log_file=$RUNTIME_CACHE/build.log t0=$SECONDS cv rv ld
+	log "building containerd, its shim, ctr and runc from $RUNTIME_MODULE (log: $log_file) ..."
+	ensure_pkgs --quiet "${RUNTIME_BUILD_PKGS[@]}"
+	cv=$(runtime_module_version "$g" github.com/containerd/containerd/v2) || die "go list in $RUNTIME_MODULE failed"
+	rv=$(runtime_module_version "$g" github.com/opencontainers/runc) || die "go list in $RUNTIME_MODULE failed"
+	# What upstream's Makefiles stamp: containerd's version (`containerd
+	# --version`, the Version API), runc's commit (its version is the
+	# VERSION file it embeds); here both the module's version.
+	ld="-X github.com/containerd/containerd/v2/version.Version=$cv"
+	rm -rf "$out"
+	mkdir -p "$out"
+	if ! (
+		cd "$RUNTIME_MODULE"
+		export GOWORK=off GOFLAGS=-mod=readonly GOTOOLCHAIN=local PATH=$SYS_PATH
+		set -x
+		CGO_ENABLED=1 "$g" build -trimpath -buildmode=pie -tags "$RUNC_TAGS" \
+			-ldflags "-X main.gitCommit=$rv" -o "$out/runc" github.com/opencontainers/runc
+		CGO_ENABLED=0 "$g" build -trimpath -tags "$SHIM_TAGS" -ldflags "$ld" \
+			-o "$out/containerd-shim-runc-v2" github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+		CGO_ENABLED=1 "$g" build -trimpath -tags "$CONTAINERD_TAGS" -ldflags "$ld" \
+			-o "$out/containerd" github.com/containerd/containerd/v2/cmd/containerd
+		CGO_ENABLED=0 "$g" build -trimpath -tags "$CONTAINERD_TAGS" -ldflags "$ld" \
+			-o "$out/ctr" github.com/containerd/containerd/v2/cmd/ctr
+	) </dev/null >"$log_file" 2>&1; then
+		tail -n 30 "$log_file" >&2 || true
+		die "building the runtime failed; full log: $log_file"
+	fi
+	log "built containerd $cv and runc $rv in $((SECONDS - t0))s"
+}
+
+# ensure_runtime : the runtime built (or found in the cache) and installed
+# in RUNTIME_PREFIX; other builds in the cache are removed.
+ensure_runtime() {
+	local g id dir b d
+	g=$(runtime_go)
+	id=$(runtime_build_id "$g")
+	dir=$RUNTIME_CACHE/$id
+	mkdir -p "$RUNTIME_CACHE"
+	if [[ -f $dir/.built ]]; then
+		log "runtime build $id cached ($dir)"
+	else
+		runtime_build "$g" "$dir.tmp"
+		touch "$dir.tmp/.built"
+		rm -rf "$dir"
+		mv "$dir.tmp" "$dir"
+	fi
+	for d in "$RUNTIME_CACHE"/*; do
+		if [[ -d $d && $d != "$dir" ]]; then rm -rf "$d"; fi
+	done
+	install -d -m 0755 "$RUNTIME_PREFIX"
+	for b in "${RUNTIME_BINS[@]}"; do
+		[[ -x $dir/$b ]] || die "the runtime build in $dir has no $b"
+		if cmp -s "$dir/$b" "$RUNTIME_PREFIX/$b"; then
+			continue
+		fi
+		# install writes a new file: a running containerd or shim keeps
+		# the old one.
+		install -m 0755 "$dir/$b" "$RUNTIME_PREFIX/$b"
+		log "installed $RUNTIME_PREFIX/$b"
+	done
+	log "runtime: $(first_line "$RUNTIME_PREFIX/containerd" --version); $(first_line "$RUNTIME_PREFIX/runc" --version)"
+}
+
 # ---------------------------------------------------------------- probe
 #
 # `criu check` passing does not mean a dump works (CRIU 4.1.1 passes it on
@@ -605,7 +728,7 @@ probe_container() {
 	fi
 	PROBE_SHOW=("$PROBE_DIR/runc.log")
 	probe_step "runc delete" "$d/delete.out" "${PROBE_RUNC[@]}" delete -f "$id" || return 1
-	log "probe: runc container: checkpointed and restored; pids inside it $ns1, init host pid $pid0 -> $pid1, TCP listener kept ($PROBE_MS)"
+	log "probe: runc container ($(first_line "$RUNTIME_PREFIX/runc" --version)): checkpointed and restored; pids inside it $ns1, init host pid $pid0 -> $pid1, TCP listener kept ($PROBE_MS)"
 }
 
 # probe_cgroup_cleanup : kill whatever is left in the container's cgroup and
@@ -654,7 +777,7 @@ probe_cleanup() {
 	if [[ -d $PROBE_DIR/runc ]]; then
 		for id in "$PROBE_DIR"/runc/*; do
 			if [[ -d $id ]]; then
-				timeout --kill-after=5 30 runc --root "$PROBE_DIR/runc" delete -f "${id##*/}" \
+				timeout --kill-after=5 30 "${PROBE_RUNC[@]}" delete -f "${id##*/}" \
 					</dev/null >/dev/null 2>&1 || true
 			fi
 		done
@@ -675,7 +798,9 @@ probe_image_parks() {
 	PROBE_SHOW=()
 	PROBE_OUT=""
 	PROBE_MS=""
-	PROBE_RUNC=(runc --root "$PROBE_DIR/runc" --log "$PROBE_DIR/runc.log" --criu "$PROBE_CRIU")
+	# runc runs the criu first on its PATH (it has had no --criu flag since 1.4).
+	PROBE_RUNC=(env "PATH=${PROBE_CRIU%/*}:$PATH" "$RUNTIME_PREFIX/runc"
+		--root "$PROBE_DIR/runc" --log "$PROBE_DIR/runc.log")
 	if [[ -n ${RUNRECORDD_CRIU:-} ]]; then
 		# Not the installed binary: check it first (under the deadline too).
 		PROBE_SHOW=("$PROBE_DIR/check.out")
@@ -759,8 +884,9 @@ else
 	log "systemd is not running (no services will be started)"
 fi
 
-# 1. runtime packages
+# 1. the runtime, and the packages beside it
 ensure_pkgs "${RUNTIME_PKGS[@]}"
+ensure_runtime
 
 # 2. CRIU
 drop_old_trixie_src
@@ -801,8 +927,12 @@ fi
 run_probe
 
 # 5. summary
-log "containerd: $(containerd --version 2>&1 | head -n1)"
-log "ctr: $(ctr --version 2>&1 | head -n1)"
-log "runc: $(runc --version 2>&1 | head -n1)"
+for b in containerd ctr runc; do
+	log "$b: $RUNTIME_PREFIX/$b ($(first_line "$RUNTIME_PREFIX/$b" --version))"
+	found=$(PATH=$CALLER_PATH command -v "$b" || true)
+	if [[ $found != "$RUNTIME_PREFIX/$b" ]]; then
+		warn "$b on your PATH is ${found:-none}, not $RUNTIME_PREFIX/$b; put $RUNTIME_PREFIX first"
+	fi
+done
 log "criu: $(command -v criu) $(criu --version 2>&1 | head -n1)"
 log "done in $(($(date +%s) - START_TS))s"

@@ -127,7 +127,11 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("executor: connect to containerd at %s: %w", cfg.Address, err)
 	}
-	if _, err := c.Version(namespaces.WithNamespace(ctx, cfg.Namespace)); err != nil {
+	v, err := c.Version(namespaces.WithNamespace(ctx, cfg.Namespace))
+	if err == nil {
+		err = atLeast("containerd", v.Version, MinContainerd)
+	}
+	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("executor: connect to containerd at %s: %w", cfg.Address, err)
 	}
@@ -136,22 +140,27 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 
 // criuConfig is the CRIU configuration file runc passes to CRIU at every
 // dump and restore of a sandbox (the org.criu.config annotation; CRIU reads
-// it over the options runc sends). It is a file rather than task
-// checkpoint options because containerd 1.6's shim passes none of those to
-// a restore, and a connection dumped with TCP repair must be restored
-// with it:
+// it over the options runc sends). Each line is here because no option of
+// containerd's task API reaches CRIU with it: the runc shim (2.3 as 1.6)
+// gives `runc restore` the image, work and parent paths and nothing else,
+// and a checkpoint's options (runc's CheckpointOptions) have no field for
+// the last two:
 //
 //   - tcp-established: established TCP connections are dumped and restored
-//     with TCP repair (runc checkpoint --tcp-established), so a unit's
-//     connections to itself go on after a resume;
+//     with TCP repair, so a unit's connections to itself go on after a
+//     resume. The dump has it from the checkpoint's OpenTcp too; a restore
+//     of an image holding such a connection fails without it ("Connected
+//     TCP socket in image"), and only this file gives it to the restore.
 //   - skip-in-flight: a connection still in its handshake is left out of
-//     the dump (its client retries the SYN) instead of failing it;
+//     the dump (its client retries the SYN) instead of failing it (runc's
+//     --tcp-skip-in-flight, which the shim never passes).
 //   - network-lock nftables: the sandbox's network is locked during a dump
 //     and unlocked at the end of a restore with one nftables table instead
 //     of iptables rules (CRIU's default), whose unlock forks
 //     iptables-restore several times: 50-60 ms of every restore here
-//     (docs/lazy-resume.md). The method is recorded in the images, so a park
-//     dumped with iptables still restores with it.
+//     (docs/lazy-resume.md). runc has no option for it. The method is
+//     recorded in the images, so a park dumped with iptables still
+//     restores with it.
 const criuConfig = "tcp-established\nskip-in-flight\nnetwork-lock nftables\n"
 
 const criuConfigName = "criu.conf"
@@ -266,7 +275,7 @@ func manifestDigest(ctx context.Context, cs content.Provider, desc ocispec.Descr
 
 // Versions are the runtime's versions, for an environment manifest.
 type Versions struct {
-	Containerd         string // the daemon's, e.g. "1.6.20~ds1"
+	Containerd         string // the daemon's, e.g. "v2.3.7"
 	ContainerdRevision string
 	Runc               string // first line of `runc --version`, version only
 	CRIU               string // e.g. "4.2.1"; empty when CRIU did not answer
@@ -290,10 +299,49 @@ func (c *Client) Versions(ctx context.Context) (Versions, error) {
 	}
 	first, _, _ := strings.Cut(string(runcOut), "\n")
 	out.Runc = strings.TrimSpace(strings.TrimPrefix(first, "runc version"))
+	if err := atLeast("runc", out.Runc, MinRunc); err != nil {
+		return Versions{}, fmt.Errorf("executor: %w", err)
+	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	out.CRIU, out.CRIUErr = criuVersion(cctx, c.cfg.CRIU)
 	return out, nil
+}
+
+// The oldest runtime the executor works with (docs/setup.md): containerd
+// 2.0, whose client API and task options the executor uses (the embedded
+// daemon's configuration needs 2.3), and runc 1.2, the first with idmapped
+// mounts.
+var (
+	MinContainerd = [2]int{2, 0}
+	MinRunc       = [2]int{1, 2}
+)
+
+// atLeast returns nil if version ("v2.3.7", "1.5.3", "2.3.7+unknown",
+// "1.6.20~ds1") is min[0].min[1] or later, and an error wrapping
+// [ErrMissing] naming what and version if it is older or unreadable.
+func atLeast(what, version string, min [2]int) error {
+	v := strings.TrimPrefix(strings.TrimSpace(version), "v")
+	var n [2]int
+	ok := true
+	for i := range n {
+		var part string
+		part, v, _ = strings.Cut(v, ".")
+		end := 0
+		for end < len(part) && part[end] >= '0' && part[end] <= '9' {
+			end++
+		}
+		x, err := strconv.Atoi(part[:end])
+		if err != nil || (i == 0 && end != len(part)) {
+			ok = false
+			break
+		}
+		n[i] = x
+	}
+	if ok && (n[0] > min[0] || n[0] == min[0] && n[1] >= min[1]) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s %q, need %d.%d or later (deploy/setup.sh installs it)", ErrMissing, what, version, min[0], min[1])
 }
 
 // criuVersion runs `bin --version` and returns its version as

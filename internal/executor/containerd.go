@@ -320,13 +320,15 @@ func daemonEnv() []string {
 	return append(out, "PATH="+criuDir+string(os.PathListSeparator)+path)
 }
 
-// daemonConfig is the configuration of an embedded daemon. The format is
-// version 2, which containerd 1.6/1.7 read natively and 2.x migrates on
-// load. It turns off what a runrecordd host does not use: the CRI server,
-// snapshotters other than overlayfs and native, tracing, NRI, the debug and
-// metrics listeners. (The v1 runtime stays: 1.6's tasks service will not
-// load without one registered.) The GC collects after every deletion, so
-// the blobs a checkpoint stages in the content store go promptly.
+// daemonConfig is the configuration of an embedded daemon, in the format
+// of the containerd deploy/setup.sh installs (2.3: version 4, where the
+// listeners are server plugins; 2.3 would migrate an older format at every
+// start, with a warning, and 2.0-2.2 refuse this one). It turns off what a
+// runrecordd host does not use: the CRI server, snapshotters other than
+// overlayfs and native, erofs, tracing, NRI; the debug and metrics
+// listeners stay off (they have no address). The GC collects after every
+// deletion, so the blobs a checkpoint stages in the content store go
+// promptly.
 func daemonConfig(dir, address string) string {
 	q := func(s string) string { return fmt.Sprintf("%q", s) }
 	disabled := []string{
@@ -340,6 +342,8 @@ func daemonConfig(dir, address string) string {
 		"io.containerd.snapshotter.v1.zfs",
 		"io.containerd.snapshotter.v1.blockfile",
 		"io.containerd.snapshotter.v1.erofs",
+		"io.containerd.differ.v1.erofs",
+		"io.containerd.mount-handler.v1.erofs",
 		"io.containerd.tracing.processor.v1.otlp",
 		"io.containerd.internal.v1.tracing",
 		"io.containerd.nri.v1.nri",
@@ -349,25 +353,23 @@ func daemonConfig(dir, address string) string {
 		quoted[i] = q(p)
 	}
 	return fmt.Sprintf(`# Written by runrecordd's executor; rewritten at every start.
-version = 2
+version = 4
 root = %s
 state = %s
 disabled_plugins = [%s]
 
-[grpc]
+[debug]
+  level = "info"
+
+[plugins."io.containerd.server.v1.grpc"]
   address = %s
   uid = 0
   gid = 0
 
-[ttrpc]
+[plugins."io.containerd.server.v1.ttrpc"]
   address = %s
-
-[debug]
-  address = ""
-  level = "info"
-
-[metrics]
-  address = ""
+  uid = 0
+  gid = 0
 
 [plugins."io.containerd.gc.v1.scheduler"]
   deletion_threshold = 1

@@ -11,7 +11,8 @@
 // binds a [Client] to any containerd — that one, or a system daemon — in one
 // namespace ([DefaultNamespace]) with a private runc root and cgroup parent.
 // The client is written against containerd's v2 Go client and is tested
-// against Debian's containerd 1.6 daemon.
+// against the containerd 2.3 and runc deploy/setup.sh builds; [Connect]
+// refuses a daemon older than [MinContainerd].
 //
 // # Sandboxes
 //

@@ -34,9 +34,10 @@ import (
 const skipEnv = "RUNRECORDD_SKIP_PRIVILEGED"
 
 var (
-	skipReason string           // set when RUNRECORDD_SKIP_PRIVILEGED=1
-	client     *executor.Client // the shared executor on a private containerd
-	oracle     executor.Image   // the oracle unit's image
+	skipReason string               // set when RUNRECORDD_SKIP_PRIVILEGED=1
+	client     *executor.Client     // the shared executor on a private containerd
+	daemon     *executor.Containerd // that containerd
+	oracle     executor.Image       // the oracle unit's image
 )
 
 func TestMain(m *testing.M) {
@@ -68,6 +69,7 @@ func mainTest(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	daemon = d
 	code := func() int {
 		cfg := d.Config()
 		cfg.Logger = log
@@ -252,6 +254,22 @@ func oracleSpec() executor.Spec {
 }
 
 func last(ls []line) line { return ls[len(ls)-1] }
+
+// The embedded daemon's configuration is in the format of the containerd
+// it runs: one it had to migrate (an older version) says so in its log at
+// every start, and one it could not read would not have started.
+func TestDaemonConfigCurrent(t *testing.T) {
+	privileged(t)
+	b, err := os.ReadFile(filepath.Join(daemon.Dir(), "containerd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "Configuration migrated") {
+			t.Errorf("containerd.log: %s", l)
+		}
+	}
+}
 
 func TestRunOracle(t *testing.T) {
 	privileged(t)

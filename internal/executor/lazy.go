@@ -314,7 +314,8 @@ func (l *LazyPages) wait() {
 // The sandbox's CRIU configuration is a file of its own (the
 // org.criu.config annotation), criuConfig plus lazy-pages during the
 // restore, rewritten to criuConfig once it is done, so that a later dump
-// of the sandbox is an ordinary one.
+// of the sandbox is an ordinary one. (runc restore has --lazy-pages, but
+// containerd's runc shim passes no CRIU option to a restore.)
 func (c *Client) RestoreLazy(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, *LazyPages, RestoreStats, error) {
 	s, l, st, err := c.restoreLazy(ctx, id, spec, cp, out)
 	if err != nil {
