@@ -150,7 +150,7 @@ func exitCode(err error) int {
 		return 4
 	case api.CodePhase, api.CodeConflict, api.CodeExists, api.CodeHandedOff, api.CodeGenesisHeld, api.CodeSnapshotMismatch, api.CodeManifestMismatch,
 		api.CodeRecordInvalid, api.CodeObjectCorrupt, api.CodeMissingObject, api.CodeCallRefused,
-		api.CodeUntrustedSigner, api.CodeGrantRefused, api.CodeBundleLimit, api.CodeForbidden, api.CodeNotOwner:
+		api.CodeUntrustedSigner, api.CodeGrantRefused, api.CodeImageRefused, api.CodeBundleLimit, api.CodeForbidden, api.CodeNotOwner:
 		return 5
 	}
 	return 1

@@ -108,6 +108,15 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs
 		return nil, err
 	}
 	defer onFailure(&retErr, func() { s.undoCreate(ctx, rs) })
+	if rs != nil {
+		// The images judged against the spec runc restores them under
+		// (criu.ErrRefused), before runc restores the task.
+		t0 := time.Now()
+		if err := s.judgeImages(ctx, rs.images); err != nil {
+			return nil, err
+		}
+		c.log.Debug("restore: images checked", "id", id, "took", time.Since(t0))
+	}
 	if err := s.startTask(ctx, out, rs, start); err != nil {
 		return nil, err
 	}

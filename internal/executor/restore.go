@@ -5,6 +5,7 @@ package executor
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +21,8 @@ import (
 	digest "github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/runrecordd/runrecordd/internal/criu"
 )
 
 // RestoreStats is what a restore cost.
@@ -63,6 +66,26 @@ func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 	return s, rs.stats(start), nil
 }
 
+// judgeImages refuses a restore's images (criu.Read, the image directory
+// dir) that grant more than the sandbox they are restored into
+// (criu.PolicyOf its container's OCI spec, the one runc restores it
+// under): a refusal wraps criu.ErrRefused and names the task and field.
+func (s *Sandbox) judgeImages(ctx context.Context, dir string) error {
+	spec, err := s.cont.Spec(ctx)
+	if err != nil {
+		return fmt.Errorf("the container's spec: %w", err)
+	}
+	p, err := criu.PolicyOf(spec)
+	if err != nil {
+		return err
+	}
+	im, err := criu.Read(dir)
+	if err != nil {
+		return err
+	}
+	return im.Judge(p)
+}
+
 // restoreWork checks that cp's image directory holds a CRIU image, and
 // makes the restore's work directory under the executor's state, empty.
 func (c *Client) restoreWork(id string, cp Checkpoint) (images, work string, err error) {
@@ -82,9 +105,13 @@ func (c *Client) restoreWork(id string, cp Checkpoint) (images, work string, err
 	return images, work, os.MkdirAll(work, 0o700)
 }
 
-// restoreFailed is a restore's error: its deadline's, or CRIU's with the
-// tail of its log.
+// restoreFailed is a restore's error: its deadline's, CRIU's with the
+// tail of its log, or the images' refusal (criu.ErrRefused: CRIU never
+// ran).
 func restoreFailed(rs *restoreFrom, err error) error {
+	if errors.Is(err, criu.ErrRefused) {
+		return err
+	}
 	if rs.timedOut {
 		return timeoutErr(ErrRestoreTimeout, rs.deadline, err)
 	}

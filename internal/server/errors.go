@@ -9,6 +9,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/executor"
@@ -71,6 +72,7 @@ var codes = []struct {
 	{api.CodeGrantRefused, is(bundle.ErrPolicy), nil},
 	{api.CodeBundleLimit, is(bundle.ErrLimit), nil},
 	{api.CodeSnapshotMismatch, as[*resume.SnapshotError], nil},
+	{api.CodeImageRefused, is(criu.ErrRefused), nil},
 	{api.CodeManifestMismatch, as[*resume.ManifestError], func(err error, e *api.Error) { e.Keys = asT[*resume.ManifestError](err).Keys() }},
 	{api.CodeManifestMismatch, is(drain.ErrManifest), nil},
 	{api.CodeUnavailable, is(drain.ErrUnfit), nil},
@@ -152,7 +154,7 @@ func Status(code string) int {
 		return http.StatusGatewayTimeout
 	case api.CodeNoSpace:
 		return http.StatusInsufficientStorage
-	case api.CodeUntrustedSigner, api.CodeGrantRefused, api.CodeForbidden:
+	case api.CodeUntrustedSigner, api.CodeGrantRefused, api.CodeImageRefused, api.CodeForbidden:
 		return http.StatusForbidden
 	case api.CodeBundleLimit:
 		return http.StatusRequestEntityTooLarge

@@ -3,10 +3,12 @@ package server
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/executor"
@@ -59,6 +61,18 @@ func TestErrorOfBundle(t *testing.T) {
 		if got := ErrorOf(err).Code; got != want {
 			t.Errorf("ErrorOf(%v) = %s, want %s", err, got, want)
 		}
+	}
+}
+
+// An image refusal is image_refused even as a failed restore: the
+// executor's, as the daemon returns it.
+func TestErrorOfImageRefused(t *testing.T) {
+	err := fmt.Errorf("resume r: executor: restore r: %w", &criu.RefusedError{Task: 1, Image: "core-1.img", Field: "creds.cap_eff", Why: "beyond"})
+	if e := ErrorOf(err); e.Code != api.CodeImageRefused || !strings.Contains(e.Message, "task 1: core-1.img: creds.cap_eff") {
+		t.Errorf("image refused: %+v", e)
+	}
+	if e := ErrorOf(fmt.Errorf("%w: %w", executor.ErrRestore, criu.ErrRefused)); e.Code != api.CodeImageRefused {
+		t.Errorf("image refused as a failed restore: %+v", e)
 	}
 }
 

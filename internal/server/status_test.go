@@ -33,6 +33,7 @@ func TestStatus(t *testing.T) {
 		api.CodeInternal:          http.StatusInternalServerError,
 		api.CodeUntrustedSigner:   http.StatusForbidden,
 		api.CodeGrantRefused:      http.StatusForbidden,
+		api.CodeImageRefused:      http.StatusForbidden,
 		api.CodeForbidden:         http.StatusForbidden,
 		api.CodeNotOwner:          http.StatusConflict,
 		api.CodeDraining:          http.StatusServiceUnavailable,

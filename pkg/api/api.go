@@ -46,6 +46,7 @@ const (
 	CodeGenesisHeld       = "genesis_held"            // a bundle of a run this host holds under another id, or one that does not extend the run it holds
 	CodeUntrustedSigner   = "untrusted_signer"        // a bundle with an attestation by a host key this host does not trust (Signer names it)
 	CodeGrantRefused      = "grant_refused"           // a bundle's grant set this host's policy refuses (a mount source outside the allow-list)
+	CodeImageRefused      = "image_refused"           // a snapshot's CRIU images grant more than the run's spec and grants (the message names the task and field); the run stays parked
 	CodeBundleLimit       = "bundle_too_large"        // a bundle, object or JSON member over this host's bundle limits
 	CodeNotOwner          = "not_owner"               // in a fleet: another host owns the run, or this host's ownership cannot be confirmed (docs/fleet.md)
 	CodeDraining          = "draining"                // a new run on a host being drained

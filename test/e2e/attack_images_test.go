@@ -1,0 +1,310 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/binary"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mnt"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/runrecordd/runrecordd/internal/bundletest"
+	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// TestAttackImages: a trusted signer rewrites a parked oracle's CRIU
+// images (docs/trust.md, "What a restore may grant"), one field at a
+// time, and re-signs the run with its own key, as host A can. Host B
+// trusts A and imports each bundle: its resume is refused with
+// image_refused naming the field, before anything runs (no output, the
+// run parked as it was); and the true park, imported beside them,
+// resumes and goes on as the same process.
+func TestAttackImages(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	a := shared(t)
+	b := mustDaemon(t, "images")
+	mustImportImage(t, b, oracleArchive, oracleImage, oracleDigest)
+	trustHost(t, a, b)
+	const id = "images"
+	startOracle(t, a, id, oracleImage)
+	_, atPark := park(t, a, id)
+	onA := output(t, a.stdout(id))
+	var buf bytes.Buffer
+	if err := a.c.Export(ctx, id, &buf); err != nil {
+		t.Fatalf("export: %v", err)
+	}
+	truth := readBundle(t, buf.Bytes())
+	seed, err := os.ReadFile(filepath.Join(a.state, "host.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := ed25519.NewKeyFromSeed(seed)
+
+	cores := func(change func(*criucore.CoreEntry)) func(t *testing.T, name string, img []byte) []byte {
+		return func(t *testing.T, name string, img []byte) []byte {
+			if name != "core-1.img" {
+				return nil
+			}
+			return eachMessage(t, img, func() *criucore.CoreEntry { return &criucore.CoreEntry{} }, change)
+		}
+	}
+	full := []uint32{0xffffffff, 0x1ff}
+	for _, c := range []struct {
+		name   string
+		field  string
+		change func(t *testing.T, name string, img []byte) []byte
+	}{
+		{"CapEff", "creds.cap_eff", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapEff = full })},
+		{"CapPrm", "creds.cap_prm", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapPrm = full })},
+		{"CapBnd", "creds.cap_bnd", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapBnd = full })},
+		{"CapInh", "creds.cap_inh", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapInh = full })},
+		{"CapAmb", "creds.cap_amb", cores(func(c *criucore.CoreEntry) { setCredsExtra(c, 1, 1<<21) })},
+		{"NoNewPrivs", "creds.no_new_privs", cores(func(c *criucore.CoreEntry) { setCredsExtra(c, 0, 0) })},
+		{"Securebits", "creds.secbits", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Secbits = proto.Uint32(0x2f) })},
+		{"Uid", "creds.uid", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Uid = proto.Uint32(1000) })},
+		{"Groups", "creds.groups", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Groups = []uint32{0, 4} })},
+		{"Seccomp", "thread_core.seccomp_mode", cores(func(c *criucore.CoreEntry) {
+			c.ThreadCore.SeccompMode, c.ThreadCore.SeccompFilter = criucore.SeccompMode_disabled.Enum(), nil
+		})},
+		{"Namespace", "net_ns_id", func(t *testing.T, name string, img []byte) []byte {
+			if !strings.HasPrefix(name, "ids-") {
+				return nil
+			}
+			return eachMessage(t, img, func() *criucore.TaskKobjIdsEntry { return &criucore.TaskKobjIdsEntry{} },
+				func(m *criucore.TaskKobjIdsEntry) { m.NetNsId = proto.Uint32(2) }) // the inventory's: CRIU's own
+		}},
+		{"Mount", "mnt_entry.mountpoint", func(t *testing.T, name string, img []byte) []byte {
+			if !strings.HasPrefix(name, "mountpoints-") {
+				return nil
+			}
+			return eachMessage(t, img, func() *mnt.MntEntry { return &mnt.MntEntry{} }, func(m *mnt.MntEntry) {
+				if m.GetMountpoint() == "/run" {
+					m.Mountpoint, m.Fstype, m.Source = proto.String("/host"), proto.Uint32(0), proto.String("/dev/sda1")
+				}
+			})
+		}},
+		{"FilePath", "reg.name", func(t *testing.T, name string, img []byte) []byte {
+			if name != "files.img" {
+				return nil
+			}
+			return eachMessage(t, img, func() *fdinfo.FileEntry { return &fdinfo.FileEntry{} }, func(f *fdinfo.FileEntry) {
+				if f.GetReg().GetName() == "/tmp/oracle.dat" {
+					f.Reg.Name = proto.String("../../../../etc/shadow")
+				}
+			})
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fid := "images-" + strings.ToLower(c.name)
+			raw := forgeImages(t, truth, key, fid, c.change)
+			if _, err := importRaw(b, raw, fid); err != nil {
+				t.Fatalf("import of the re-signed bundle: %v", err)
+			}
+			was, err := b.run(ctx, fid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = b.c.Resume(ctx, fid)
+			ae := apiError(t, err, api.CodeImageRefused)
+			if !strings.Contains(ae.Message, ": "+c.field+": ") {
+				t.Fatalf("refused, not naming %s: %v", c.field, ae)
+			}
+			t.Logf("refused: %s", ae.Message)
+			unchanged(t, b, fid, was)
+			if was.Status != "parked (image)" {
+				t.Fatalf("after the refusal: %+v", was)
+			}
+			if out, err := os.ReadFile(b.stdout(fid)); err == nil && len(out) > 0 {
+				t.Fatalf("the refused unit wrote %d bytes", len(out))
+			}
+		})
+	}
+
+	// The true park: imported as it was exported, it passes the check
+	// and goes on.
+	if _, err := importRaw(b, buf.Bytes(), ""); err != nil {
+		t.Fatalf("import of the true bundle: %v", err)
+	}
+	resume(t, b, id, onA, atPark)
+}
+
+// forgeImages is the bundle of run truth as a signer holding key would
+// forge it under run id: a unit of its own (its nonce drawn from id, so a
+// record of its own), its memory image with every image change returns
+// bytes for replaced, and the interval that parked it signed again over
+// the new park.
+func forgeImages(t *testing.T, truth *bundletest.Bundle, key ed25519.PrivateKey, id string,
+	change func(t *testing.T, name string, img []byte) []byte) []byte {
+	t.Helper()
+	rec := truth.Record
+	ex, susp := rec.Segment(rec.Len()-2), rec.Segment(rec.Len()-1)
+	if rec.Len() != 2 || ex.Kind != record.Executed || susp.Kind != record.Suspended || susp.Snapshot.Memory == nil {
+		t.Fatalf("not a run parked once: %d segments", rec.Len())
+	}
+	out := &bundletest.Bundle{Run: id}
+	drop := map[record.Address]bool{rec.Unit(): true, susp.Manifest: true, *susp.Snapshot.Memory: true, ex.Attestation: true}
+
+	spec, err := unit.DecodeSpec(truth.Object(rec.Unit()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := record.Sum([]byte(id))
+	spec.Nonce = hex.EncodeToString(sum[:16])
+	sb, err := spec.Canonical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unitID := out.Add(sb)
+
+	m, err := manifest.Decode(truth.Object(susp.Manifest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m[manifest.UnitID] = unitID.String()
+	mb, err := m.Canonical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	man := out.Add(mb)
+
+	es, err := store.DecodeListing(truth.Object(*susp.Snapshot.Memory))
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := 0
+	for i, e := range es {
+		if strings.HasPrefix(e.Name, "pages-") {
+			continue
+		}
+		img := change(t, e.Name, truth.Object(e.Address))
+		if img == nil {
+			continue
+		}
+		drop[e.Address] = true
+		es[i].Address, es[i].Size = out.Add(img), uint64(len(img))
+		changed++
+	}
+	if changed == 0 {
+		t.Fatal("no image changed")
+	}
+	lb, err := store.EncodeListing(es)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := record.ImageSnapshot(*susp.Snapshot.Root, ptrTo(out.Add(lb)))
+
+	forged := record.New(unitID, rec.Grants())
+	parked := record.Suspension(snap, man)
+	body, err := attest.Open(truth.Object(ex.Attestation), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := parked.Canonical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body.Genesis, body.PrevHead, body.Outcome.Suspends = forged.Genesis(), forged.Head(), record.Sum(pc)
+	signed, err := attest.Sign(body, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []record.Segment{record.Execution(out.Add(signed.Encode()), ex.Calls), parked} {
+		if _, err := forged.Append(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An object comes after those it refers to: truth's kept ones first.
+	var kept []bundletest.Object
+	for _, o := range truth.Objects {
+		if !drop[o.Addr] {
+			kept = append(kept, o)
+		}
+	}
+	out.Objects = append(kept, out.Objects...)
+	out.Record = forged
+	return out.Tar(nil)
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// eachMessage rewrites every message of a CRIU image (magics, then
+// messages each framed by its u32 little-endian length) with change.
+func eachMessage[M proto.Message](t *testing.T, img []byte, fresh func() M, change func(M)) []byte {
+	t.Helper()
+	if len(img) < 8 {
+		t.Fatalf("an image of %d bytes", len(img))
+	}
+	out := append([]byte(nil), img[:8]...)
+	for p := img[8:]; len(p) > 0; {
+		n := binary.LittleEndian.Uint32(p)
+		m := fresh()
+		if err := proto.Unmarshal(p[4:4+n], m); err != nil {
+			t.Fatal(err)
+		}
+		p = p[4+n:]
+		change(m)
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(b)))
+		out = append(out, b...)
+	}
+	return out
+}
+
+// setCredsExtra sets the creds fields CRIU 4.2 has and go-criu's protos
+// lack: no_new_privs (18) and cap_amb (19).
+func setCredsExtra(c *criucore.CoreEntry, nnp uint64, amb ...uint64) {
+	var b []byte
+	b = protowire.AppendTag(b, 18, protowire.VarintType)
+	b = protowire.AppendVarint(b, nnp)
+	for _, a := range amb {
+		b = protowire.AppendTag(b, 19, protowire.VarintType)
+		b = protowire.AppendVarint(b, a)
+	}
+	c.ThreadCore.Creds.ProtoReflect().SetUnknown(b)
+}
+
+// TestImageCheckGrants: a unit with a read-only grant (a bind mount the
+// images key by its place, which runc maps to the host path at each
+// restore) passes the image check, parked and resumed on its own host.
+func TestImageCheckGrants(t *testing.T) {
+	privileged(t)
+	d := shared(t)
+	const id = "images-grant"
+	data := t.TempDir()
+	if err := os.WriteFile(filepath.Join(data, "f"), []byte("granted\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.c.Start(context.Background(), api.RunRequest{ID: id,
+		Unit: unit.Spec{Image: oracleImage, Env: oracleEnv},
+		Grants: unit.Grants{MilliCPU: 1000, MemoryBytes: 256 << 20, Network: unit.NoNetwork,
+			ReadOnly: []unit.Mount{{Source: data, Target: "/data"}}}})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	closeAtEnd(t, d, id)
+	waitLines(t, d.stdout(id), "the oracle's first verified line", func(ls []line) bool {
+		return len(ls) > 0 && last(ls).VerifiedAt > 0
+	})
+	_, atPark := park(t, d, id)
+	resume(t, d, id, nil, atPark)
+}
