@@ -145,6 +145,17 @@ func PolicyOf(s *specs.Spec) (Policy, error) {
 		if d.Type == "c" {
 			p.Devices[uint64(d.Major)<<32|uint64(d.Minor)] = true
 		}
+		if p.Namespaces[specs.UserNamespace] {
+			p.Mounts[path.Clean(d.Path)] = Mount{Type: "bind", External: true}
+		}
+	}
+	if p.Namespaces[specs.UserNamespace] {
+		// In a user namespace runc cannot make device nodes: it binds
+		// the host's, its default devices' and the spec's, each an
+		// external mount keyed by its place.
+		for _, d := range []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random", "/dev/urandom"} {
+			p.Mounts[d] = Mount{Type: "bind", External: true}
+		}
 	}
 	// runc makes these in every container's /dev (libcontainer's
 	// default devices), whatever the spec lists.

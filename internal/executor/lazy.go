@@ -326,7 +326,7 @@ func (c *Client) RestoreLazy(ctx context.Context, id string, spec Spec, cp Check
 
 func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, *LazyPages, RestoreStats, error) {
 	start := time.Now()
-	images, work, err := c.restoreWork(id, cp)
+	images, work, err := c.restoreWork(id, cp, spec.UserNS)
 	if err != nil {
 		return nil, nil, RestoreStats{}, err
 	}
