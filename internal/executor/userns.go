@@ -110,13 +110,16 @@ func (s *Sandbox) userBase(ctx context.Context) (uint32, bool, error) {
 }
 
 // stageImages is the image directory a restore into r reads: a new
-// directory under work with a link to each file of images (a copy where
-// no link can be made), whose user namespace image gets r's range
-// (criu.Remap). images itself is never written: it may be sealed.
+// directory under work with a copy of each file of images owned by r's
+// base and readable by it alone, whose user namespace image gets r's
+// range (criu.Remap). images itself is never written: it may be sealed.
 //
-// The directory is searchable by all: CRIU opens images through it after
-// the restored task has taken the range's ids (an absent image's open
-// must fail with ENOENT, not EACCES). The directories above it stay
+// CRIU opens the images, the pages too, in the restored task after it
+// has taken the range's ids: the store's objects (root's, 0400) would
+// refuse it, so the files are copies (a cost per resume that follows the
+// image's size: docs/benchmarks.md; an idmapped mount of the directory
+// would avoid it). The directory is searchable by all (an absent image's
+// open must fail with ENOENT, not EACCES); the directories above it stay
 // closed: CRIU holds it open.
 func stageImages(images, work string, r idmap.Range) (string, error) {
 	dst := filepath.Join(work, "images")
@@ -138,26 +141,39 @@ func stageImages(images, work string, r idmap.Range) (string, error) {
 			return "", &criu.RefusedError{Image: de.Name(), Why: "not a regular file"}
 		}
 		from, to := filepath.Join(images, de.Name()), filepath.Join(dst, de.Name())
-		if err := os.Link(from, to); err != nil {
-			if err := copyFile(from, to); err != nil {
-				return "", err
-			}
+		// CRIU reads the time namespace's image in the new task before
+		// its ids are mapped (it is the overflow id then): readable by
+		// all. It holds clock offsets.
+		mode := os.FileMode(0o400)
+		if strings.HasPrefix(de.Name(), "timens-") {
+			mode = 0o444
+		}
+		if err := copyFile(from, to, r.Base, mode); err != nil {
+			return "", err
 		}
 	}
 	return dst, criu.Remap(dst, r.Base, idmap.Size)
 }
 
-func copyFile(from, to string) error {
+// copyFile copies the file from to the new file to, owned by uid and gid
+// owner, of mode.
+func copyFile(from, to string, owner uint32, mode os.FileMode) error {
 	in, err := os.Open(from)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
 	if err != nil {
 		return err
 	}
 	_, err = io.Copy(out, in)
+	if err == nil {
+		err = out.Chown(int(owner), int(owner))
+	}
+	if err == nil {
+		err = out.Chmod(mode)
+	}
 	return errors.Join(err, out.Close())
 }
 

@@ -16,6 +16,7 @@
 //	  runs/<id>/        a run's unit output on this host (stdout, stderr)
 //	  ch/<id>/, spool/<id>  a transcript run's channel and journal spool (internal/calls)
 //	  restore/<id>/     trees a restore reads, linked from the store, removed after
+//	  idmap/N           a user-namespace range held, and its holder (internal/idmap)
 package host
 
 import (
@@ -31,6 +32,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
@@ -80,6 +82,11 @@ type Config struct {
 	// long one waits (warmpool.DefaultMaxAge when 0).
 	WarmPool   int
 	WarmMaxAge time.Duration
+	// UserNS runs image units in a user namespace of their own, each
+	// run's ids 0..65535 mapped to a host range of its own (Ranges;
+	// serve --user-namespaces). Off by default: transcript units and
+	// grant mounts are not yet mapped (docs/trust.md).
+	UserNS bool
 }
 
 // Host is a host's state directory and runtime, open.
@@ -95,6 +102,9 @@ type Host struct {
 	// Facts are the host's own facts and runtime versions, for its
 	// environment manifests.
 	Facts manifest.Manifest
+	// Ranges are the host's user-namespace ranges (STATE/idmap), each
+	// held by one run.
+	Ranges *idmap.Ranges
 	// CRIUErr is why CRIU did not answer, if it did not: no image parks
 	// here, but transcript runs.
 	CRIUErr error
@@ -178,6 +188,19 @@ func (h *Host) openState() error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	h.Store.SetChunkedImages(h.Config.ChunkedImages)
+	if h.Ranges, err = idmap.Open(filepath.Join(dir, "idmap"), idmap.Config{}); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	if h.Config.UserNS {
+		// runc sets up a user-namespaced sandbox's rootfs as its
+		// range's root, through the state directory.
+		if err := reachable(dir); err != nil {
+			return fmt.Errorf("daemon: user namespaces: %w", err)
+		}
+		if err := executor.Searchable(dir); err != nil {
+			return fmt.Errorf("daemon: state directory: %w", err)
+		}
+	}
 	// The call state of a daemon before the call ledger (results/RUN
 	// files, and the calls and awaits in parked runs' journals) goes into
 	// the ledger, once: internal/calls.
@@ -269,4 +292,23 @@ func (h *Host) Info(parks imageparks.Status) answers.HostInfo {
 		out.Manifest[k] = v
 	}
 	return out
+}
+
+// reachable refuses a state directory that an unprivileged user cannot
+// reach: a directory above it that others may not search (runc sets up a
+// user-namespaced sandbox's rootfs, under the state directory, as its
+// range's root).
+func reachable(dir string) error {
+	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s (mode %v) above the state directory %s is not searchable by others: a sandbox's runc, as its range's root, cannot reach its rootfs", d, fi.Mode().Perm(), dir)
+		}
+		if d == "/" {
+			return nil
+		}
+	}
 }
