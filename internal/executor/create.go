@@ -74,6 +74,18 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs
 	}
 
 	snapshot := containerd.WithNewSnapshot(id, img)
+	if rs != nil || spec.UserNS != nil {
+		// The snapshot is made before its container; a lease until the
+		// container exists keeps the GC (which runs on every deletion)
+		// from taking it in between (a remapped snapshot's active
+		// "-remap" key too, before it is committed).
+		lctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+		if err != nil {
+			return nil, fmt.Errorf("lease: %w", err)
+		}
+		defer done(context.WithoutCancel(ctx))
+		ctx = lctx
+	}
 	if rs == nil && spec.UserNS != nil {
 		if err := c.remappedSnapshot(ctx, id, img, *spec.UserNS); err != nil {
 			return nil, fmt.Errorf("remapped snapshot: %w", err)
@@ -82,15 +94,6 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs
 		snapshot = containerd.WithSnapshot(id)
 	}
 	if rs != nil {
-		// The snapshot is made before its container; a lease until the
-		// container exists keeps the GC (which runs on every deletion)
-		// from taking it in between.
-		lctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
-		if err != nil {
-			return nil, fmt.Errorf("lease: %w", err)
-		}
-		defer done(context.WithoutCancel(ctx))
-		ctx = lctx
 		undo, err := c.restoreSnapshot(ctx, id, img, rs, spec.UserNS)
 		if err != nil {
 			return nil, err
