@@ -144,4 +144,7 @@ type HostInfo struct {
 	Manifest   manifest.Manifest
 	Meter      idle.Snapshot
 	ImageParks imageparks.Status
+	// UserNS is whether image units run in user namespaces
+	// (serve --user-namespaces).
+	UserNS bool
 }

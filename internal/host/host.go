@@ -284,7 +284,8 @@ func (h *Host) Close(ctx context.Context) error {
 // Info describes the host, with the state of its image parks (parks).
 func (h *Host) Info(parks imageparks.Status) answers.HostInfo {
 	out := answers.HostInfo{KeyID: h.Signer.KeyID(), StateDir: h.Config.StateDir, Embedded: h.Containerd != nil,
-		Containerd: h.Config.ContainerdAddress, Manifest: manifest.Manifest{}, Meter: h.Meter.Snapshot(), ImageParks: parks}
+		Containerd: h.Config.ContainerdAddress, Manifest: manifest.Manifest{}, Meter: h.Meter.Snapshot(), ImageParks: parks,
+		UserNS: h.Config.UserNS}
 	if h.Containerd != nil {
 		out.Containerd = h.Containerd.Address()
 	}

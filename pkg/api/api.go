@@ -280,6 +280,10 @@ type Host struct {
 	RAPL       bool              `json:"rapl"`
 	RAPLReason []string          `json:"rapl_reasons,omitempty"`
 	ImageParks ImageParks        `json:"image_parks"`
+	// UserNamespaces is whether image units run in user namespaces of
+	// their runs' own (serve --user-namespaces); otherwise as the
+	// host's root.
+	UserNamespaces bool `json:"user_namespaces"`
 }
 
 // ImageParks says whether this host can image-park: what the daemon's
