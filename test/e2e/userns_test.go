@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -134,5 +135,52 @@ func userNS(t *testing.T, flags ...string) func(*daemon) {
 			t.Fatal(err)
 		}
 		d.flags = append(append(d.flags, "--user-namespaces"), flags...)
+	}
+}
+
+// TestUserNamespaceOldPark: a park made by a host running units as its
+// root resumes on it once it runs them in user namespaces only if the
+// images have one: they do not, so the resume is refused with
+// image_refused naming userns, nothing runs, and the run stays parked;
+// back without the flag, it resumes as it was.
+func TestUserNamespaceOldPark(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	d := mustDaemon(t, "userns-old", func(d *daemon) {
+		if err := os.Chmod(d.root, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	})
+	mustImportImage(t, d, hostileArchive, hostileImage, hostileDigest)
+	const id = "userns-old"
+	startHostile(t, d, id, "privileges", nil, unit.Grants{MemoryBytes: 256 << 20})
+	waitSaid(t, d, id, "privileges", "uid_map=")
+	if _, err := d.c.Park(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	restartWith := func(flags ...string) {
+		t.Helper()
+		if err := d.stop(); err != nil {
+			t.Fatal(err)
+		}
+		d.flags = flags
+		if err := d.start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restartWith("--user-namespaces")
+	was, err := d.run(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.c.Resume(ctx, id)
+	ae := apiError(t, err, api.CodeImageRefused)
+	if !strings.Contains(ae.Message, "userns") {
+		t.Fatalf("refused, not naming userns: %v", ae)
+	}
+	unchanged(t, d, id, was)
+	restartWith()
+	if _, err := d.c.Resume(ctx, id); err != nil {
+		t.Fatalf("the park did not stay whole: %v", err)
 	}
 }
