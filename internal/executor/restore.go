@@ -61,6 +61,7 @@ func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 	}
 	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline}
 	s, err := c.create(ctx, id, spec, out, rs)
+	unstage(c, id, spec, images)
 	if err != nil {
 		return nil, RestoreStats{}, restoreFailed(rs, err)
 	}
@@ -220,4 +221,18 @@ func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mou
 	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: dg.Digest(), Size: n}
 	_, err = c.client.DiffService().Apply(ctx, desc, mounts)
 	return err
+}
+
+// unstage detaches the mounts of a staged image directory (stageImages)
+// once CRIU has read it: CRIU is done with the pages when the restore
+// returns (a lazy restore's daemon serves them from the image directory
+// itself). What is not detached now is by the next restore's or the
+// sandbox's removal of its work directory.
+func unstage(c *Client, id string, spec Spec, images string) {
+	if spec.UserNS == nil {
+		return
+	}
+	if err := unmountUnder(images); err != nil {
+		c.log.Warn("restore: detaching the staged images", "id", id, "err", err)
+	}
 }

@@ -110,17 +110,18 @@ func (s *Sandbox) userBase(ctx context.Context) (uint32, bool, error) {
 }
 
 // stageImages is the image directory a restore into r reads: a new
-// directory under work with a copy of each file of images owned by r's
-// base and readable by it alone, whose user namespace image gets r's
-// range (criu.Remap). images itself is never written: it may be sealed.
+// directory under work holding each file of images as the range's root
+// owns it, whose user namespace image gets r's range (criu.Remap).
+// images itself is never written: it may be sealed.
 //
 // CRIU opens the images, the pages too, in the restored task after it
 // has taken the range's ids: the store's objects (root's, 0400) would
-// refuse it, so the files are copies (a cost per resume that follows the
-// image's size: docs/benchmarks.md; an idmapped mount of the directory
-// would avoid it). The directory is searchable by all (an absent image's
-// open must fail with ENOENT, not EACCES); the directories above it stay
-// closed: CRIU holds it open.
+// refuse it. The pages, the bulk, are bound one by one through an
+// idmapped mount (root's files seen as the range's base's; unstage
+// detaches them); the other images, small, are copies owned by the base.
+// The directory is searchable by all (an absent image's open must fail
+// with ENOENT, not EACCES); the directories above it stay closed: CRIU
+// holds it open.
 func stageImages(images, work string, r idmap.Range) (string, error) {
 	dst := filepath.Join(work, "images")
 	if err := os.Mkdir(dst, 0o700); err != nil {
@@ -136,11 +137,33 @@ func stageImages(images, work string, r idmap.Range) (string, error) {
 	if len(des) > criu.MaxFiles {
 		return "", fmt.Errorf("%w: %d image files, the limit is %d", criu.ErrRefused, len(des), criu.MaxFiles)
 	}
+	var userns *os.File
+	defer func() {
+		if userns != nil {
+			userns.Close()
+		}
+	}()
 	for _, de := range des {
 		if !de.Type().IsRegular() {
 			return "", &criu.RefusedError{Image: de.Name(), Why: "not a regular file"}
 		}
 		from, to := filepath.Join(images, de.Name()), filepath.Join(dst, de.Name())
+		if strings.HasPrefix(de.Name(), "pages-") {
+			// The memory, the bulk: not copied but bound through an
+			// idmapped mount, where the range's root owns it.
+			if userns == nil {
+				if userns, err = rangeUserns(r); err != nil {
+					return "", err
+				}
+			}
+			if err := os.WriteFile(to, nil, 0o400); err != nil {
+				return "", err
+			}
+			if err := idmappedBind(from, to, userns); err != nil {
+				return "", err
+			}
+			continue
+		}
 		// CRIU reads the time namespace's image in the new task before
 		// its ids are mapped (it is the overflow id then): readable by
 		// all. It holds clock offsets.

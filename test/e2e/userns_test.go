@@ -5,10 +5,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -52,9 +54,7 @@ func TestUserNamespace(t *testing.T) {
 	if err := a.c.Export(ctx, id, &buf); err != nil {
 		t.Fatal(err)
 	}
-	if bytes.Contains(buf.Bytes(), []byte(strconv.Itoa(int(base)))) {
-		t.Logf("note: the bundle's bytes hold the decimal %d somewhere (not necessarily an id)", base)
-	}
+	bundleHostBase(t, buf.Bytes())
 	if _, err := b.c.Import(ctx, bytes.NewReader(buf.Bytes()), ""); err != nil {
 		t.Fatal(err)
 	}
@@ -182,5 +182,37 @@ func TestUserNamespaceOldPark(t *testing.T) {
 	restartWith()
 	if _, err := d.c.Resume(ctx, id); err != nil {
 		t.Fatalf("the park did not stay whole: %v", err)
+	}
+}
+
+// bundleHostBase checks that the bundle raw carries one user namespace
+// image, whose maps have host base 0: the range is this host's alone.
+func bundleHostBase(t *testing.T, raw []byte) {
+	t.Helper()
+	magic := []byte{0x19, 0x43, 0x56, 0x54, 0x06, 0x49, 0x47, 0x55} // CRIU's image set, then USERNS
+	n := 0
+	for _, o := range readBundle(t, raw).Objects {
+		if !bytes.HasPrefix(o.Bytes, magic) {
+			continue
+		}
+		n++
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "userns-1.img"), o.Bytes, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		im, err := criu.Read(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range im.Userns {
+			for _, e := range append(u.GetUidMap(), u.GetGidMap()...) {
+				if e.GetLowerFirst() != 0 || e.GetFirst() != 0 || e.GetCount() != 65536 {
+					t.Fatalf("the bundle's user namespace image maps %d %d %d, want host base 0", e.GetFirst(), e.GetLowerFirst(), e.GetCount())
+				}
+			}
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d user namespace images in the bundle, want 1", n)
 	}
 }
