@@ -147,6 +147,7 @@ export interface Host {
   rapl: boolean;
   rapl_reasons?: string[];
   state_dir: string;
+  user_namespaces: boolean;
 }
 
 export interface CRIUBuild {

@@ -62,6 +62,11 @@ func cmdHost(args []string, stdout io.Writer) error {
 				fmt.Fprintf(w, "\t%s\n", n)
 			}
 			printCRIU(w, h.CRIU)
+			if h.UserNamespaces {
+				fmt.Fprintf(w, "user namespaces:\ton: each image run's ids map to a host range of its own (serve --user-namespaces); transcript units run as the host's root\n")
+			} else {
+				fmt.Fprintf(w, "user namespaces:\toff: units run as the host's root (serve --user-namespaces maps image units)\n")
+			}
 			for _, k := range slices.Sorted(maps.Keys(h.Manifest)) {
 				fmt.Fprintf(w, "%s:\t%s\n", k, h.Manifest[k])
 			}

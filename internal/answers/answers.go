@@ -149,4 +149,7 @@ type HostInfo struct {
 	// paths are off for want of a patch, and why.
 	CRIU    criu.Build
 	CRIUOff []string
+	// UserNS is whether image units run in user namespaces
+	// (serve --user-namespaces).
+	UserNS bool
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/regfile"
 	skunix "github.com/checkpoint-restore/go-criu/v7/crit/images/sk-unix"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/userns"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -166,7 +167,7 @@ var kinds = []kind{
 	{"nftables-", 'd', ".img", rawMagic, refused, "as netdev"},
 	{"netns-ct-", 'd', ".img", 0x0, refused, "as netdev"},
 	{"netns-exp-", 'd', ".img", 0x0, refused, "as netdev"},
-	{"userns-", 'd', ".img", 0x55474906, refused, "user-namespace maps: no sandbox here has its own yet"},
+	{"userns-", 'd', ".img", 0x55474906, checked, "the uid and gid maps of the sandbox's own user namespace: exactly the run's range on this host, one extent each (rewritten to it before the restore)"},
 	{"pidns-", 'd', ".img", 0x61157326, refused, "a PID namespace other than the sandbox's"},
 	{"autofs-", 'd', ".img", rawMagic, refused, "an automounter: needs CAP_SYS_ADMIN"},
 	{"binfmt-misc", 0, ".img", 0x67343323, refused, "interpreters registered for the whole host"},
@@ -243,6 +244,9 @@ type Images struct {
 	Ghosts     map[string]*ghostfile.GhostFileEntry
 	Tmpfs      map[string][]*tar.Header // tmpfs-*.tar.gz.img members
 	Cgroups    []*cgroup.CgroupEntry
+	// Userns are the user namespaces' maps by namespace id
+	// (userns-NSID.img).
+	Userns map[uint32]*userns.UsernsEntry
 	// Descriptors is runc's descriptors.json.
 	Descriptors []string
 	// Names are every file's name, sorted.
@@ -321,6 +325,7 @@ func newImages() *Images {
 		IDs: map[uint32]*criucore.TaskKobjIdsEntry{}, MMs: map[uint32]*mm.MmEntry{}, FSs: map[uint32]*fs.FsEntry{},
 		Mounts: map[uint32][]*mnt.MntEntry{}, FDs: map[uint32][]*fdinfo.FdinfoEntry{},
 		Ghosts: map[string]*ghostfile.GhostFileEntry{}, Tmpfs: map[string][]*tar.Header{},
+		Userns: map[uint32]*userns.UsernsEntry{},
 	}
 }
 
@@ -432,6 +437,9 @@ func (im *Images) add(k *kind, n uint32, name string, b []byte) error {
 		}
 		im.Ghosts[name] = g
 		return nil
+	case "userns-":
+		im.Userns[n] = &userns.UsernsEntry{}
+		return one(im.Userns[n])
 	case "cgroup":
 		return each(func() proto.Message { c := &cgroup.CgroupEntry{}; im.Cgroups = append(im.Cgroups, c); return c })
 	}

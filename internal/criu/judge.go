@@ -25,9 +25,12 @@ type Policy struct {
 	Securebits uint32
 	// UIDs and GIDs are the ids a task may hold (real, effective,
 	// saved, filesystem; GIDs the supplementary groups too). Today the
-	// ids the spec's process runs as; a run's user-namespace range
-	// later.
+	// ids the spec's process runs as; in a user namespace, every id the
+	// namespace maps (in-namespace ids: the images hold no others).
 	UIDs, GIDs IDRange
+	// UIDMap and GIDMap are the user namespace's maps (one extent from
+	// 0 to the run's host range), when the sandbox has one.
+	UIDMap, GIDMap specs.LinuxIDMapping
 	// NoNewPrivs is whether every task must have no_new_privs set.
 	NoNewPrivs bool
 	// Seccomp is whether every task must be in seccomp filter mode.
@@ -112,6 +115,17 @@ func PolicyOf(s *specs.Spec) (Policy, error) {
 	for _, n := range s.Linux.Namespaces {
 		p.Namespaces[n.Type] = true
 	}
+	if p.Namespaces[specs.UserNamespace] {
+		var err error
+		if p.UIDMap, err = idMapOf("uid", s.Linux.UIDMappings); err != nil {
+			return p, err
+		}
+		if p.GIDMap, err = idMapOf("gid", s.Linux.GIDMappings); err != nil {
+			return p, err
+		}
+		p.UIDs = IDRange{Lo: 0, Hi: p.UIDMap.Size - 1}
+		p.GIDs = IDRange{Lo: 0, Hi: p.GIDMap.Size - 1}
+	}
 	p.Mounts["/"] = Mount{Type: "rootfs", ReadOnly: s.Root.Readonly, Root: true}
 	for _, m := range s.Mounts {
 		mt := Mount{Type: m.Type}
@@ -141,6 +155,17 @@ func PolicyOf(s *specs.Spec) (Policy, error) {
 	for _, d := range s.Linux.Devices {
 		if d.Type == "c" {
 			p.Devices[uint64(d.Major)<<32|uint64(d.Minor)] = true
+		}
+		if p.Namespaces[specs.UserNamespace] {
+			p.Mounts[path.Clean(d.Path)] = Mount{Type: "bind", External: true}
+		}
+	}
+	if p.Namespaces[specs.UserNamespace] {
+		// In a user namespace runc cannot make device nodes: it binds
+		// the host's, its default devices' and the spec's, each an
+		// external mount keyed by its place.
+		for _, d := range []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random", "/dev/urandom"} {
+			p.Mounts[d] = Mount{Type: "bind", External: true}
 		}
 	}
 	// runc makes these in every container's /dev (libcontainer's
@@ -215,6 +240,9 @@ func (im *Images) Judge(p Policy) error {
 	root := im.Tasks[0].GetPid()
 	rootIDs, err := im.taskIDs(root)
 	if err != nil {
+		return err
+	}
+	if err := im.judgeUserns(root, rootIDs.GetUserNsId(), p); err != nil {
 		return err
 	}
 	if err := judgeNamespaces(root, rootIDs, im.Inventory.GetRootIds(), p); err != nil {

@@ -2,11 +2,13 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -61,8 +63,46 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	// Whatever else of the run this host still has goes too: the sandbox
 	// of a run that was lost (its unit may be alive), or one a park left.
 	forms.RemoveRun(ctx, d.ex, id, d.log)
+	d.releaseRange(id)
 	r.live, r.park = nil, nil
 	d.log.Info("run closed", "run", id, "reason", reason)
 	d.publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
 	return d.summary(id, r)
+}
+
+// releaseRange frees the user-namespace range run id held here, once its
+// sandboxes are gone; one not released is logged (the range stays held).
+func (d *Daemon) releaseRange(id string) {
+	if d.base == nil {
+		return
+	}
+	if err := d.base.Ranges.Release(id); err != nil {
+		d.log.Error("user-namespace range not released", "run", id, "err", err)
+	}
+}
+
+// releaseRanges frees, at a start, the user-namespace ranges of runs that
+// no longer need one here and have no sandbox (owner, the sweep's): a
+// run closed or unknown, or handed to another host.
+func (d *Daemon) releaseRanges(owner map[string]string) {
+	if d.base == nil {
+		return
+	}
+	for _, id := range d.base.Ranges.Holders() {
+		if owner[id] != "" {
+			continue
+		}
+		st, err := d.st.Run(id)
+		gone := errors.Is(err, store.ErrNoRun) || (err == nil && st.Phase == record.Ended)
+		if err == nil && !gone {
+			_, gone, err = d.st.HandedOff(id)
+		}
+		if err != nil && !errors.Is(err, store.ErrNoRun) {
+			d.log.Warn("reconcile: user-namespace range of a run not read; kept", "run", id, "err", err)
+			continue
+		}
+		if gone {
+			d.releaseRange(id)
+		}
+	}
 }

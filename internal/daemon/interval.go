@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -46,7 +47,16 @@ func (d *Daemon) reattach(id string, u *forms.Unit) *live {
 func (d *Daemon) forms() forms.Host {
 	return forms.Host{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
 		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: d.output, Mark: d.markNow, Invalid: ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume), LazyServed: d.cfg.LazyServed,
-		Warm: d.warm(), Creates: d.creates()}
+		Warm: d.warm(), Creates: d.creates(), Ranges: d.ranges()}
+}
+
+// ranges are the host's user-namespace ranges where image units run in
+// user namespaces (forms.Host.Ranges); nil otherwise.
+func (d *Daemon) ranges() *idmap.Ranges {
+	if d.base == nil || !d.base.Config.UserNS {
+		return nil
+	}
+	return d.base.Ranges
 }
 
 // creates makes the warm pool's sandboxes (forms.Creates); nil without a

@@ -41,6 +41,7 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		return err
 	}
 	owner := plan.Owner
+	d.releaseRanges(owner)
 	active, err := d.st.Runs(record.Active)
 	if err != nil {
 		return err

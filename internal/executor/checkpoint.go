@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
+	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/pageserver"
 
 	"github.com/checkpoint-restore/go-criu/v7/stats"
@@ -108,6 +110,10 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 	if err != nil {
 		return st, err
 	}
+	_, userns, err := s.userBase(ctx)
+	if err != nil {
+		return st, err
+	}
 	// Freeze first, through runc: CRIU then finds the cgroup frozen and
 	// leaves it so. Its own freezer polls the cgroup state in 100 ms steps,
 	// runc's in microseconds, so this is the faster freeze; it is also the
@@ -130,6 +136,17 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 	}
 	if !cp.Keep {
 		if err := s.awaitDumpExit(ctx); err != nil {
+			return st, err
+		}
+	}
+	if userns {
+		// The range is this host's: the images keep host base 0, and
+		// a restore puts its own range in (stageImages).
+		if err := criu.Remap(dir, 0, idmap.Size); err != nil {
+			err = fmt.Errorf("%w: the user namespace's image: %w", ErrCheckpoint, err)
+			if cp.Keep {
+				err = errors.Join(err, s.settle(ctx, false))
+			}
 			return st, err
 		}
 	}

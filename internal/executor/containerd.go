@@ -79,6 +79,9 @@ func StartContainerd(ctx context.Context, dir string, log *slog.Logger) (*Contai
 			return nil, fmt.Errorf("executor: start containerd: %w", err)
 		}
 	}
+	if err := Searchable(dir); err != nil {
+		return nil, fmt.Errorf("executor: start containerd: %w", err)
+	}
 	d := &Containerd{
 		dir:     dir,
 		address: filepath.Join(dir, "containerd.sock"),

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 
+	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -73,28 +74,41 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs
 	}
 
 	snapshot := containerd.WithNewSnapshot(id, img)
-	if rs != nil {
+	if rs != nil || spec.UserNS != nil {
 		// The snapshot is made before its container; a lease until the
 		// container exists keeps the GC (which runs on every deletion)
-		// from taking it in between.
+		// from taking it in between (a remapped snapshot's active
+		// "-remap" key too, before it is committed).
 		lctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
 		if err != nil {
 			return nil, fmt.Errorf("lease: %w", err)
 		}
 		defer done(context.WithoutCancel(ctx))
 		ctx = lctx
-		undo, err := c.restoreSnapshot(ctx, id, img, rs)
+	}
+	if rs == nil && spec.UserNS != nil {
+		if err := c.remappedSnapshot(ctx, id, img, *spec.UserNS); err != nil {
+			return nil, fmt.Errorf("remapped snapshot: %w", err)
+		}
+		defer onFailure(&retErr, func() { _ = c.client.SnapshotService(Snapshotter).Remove(context.WithoutCancel(ctx), id) })
+		snapshot = containerd.WithSnapshot(id)
+	}
+	if rs != nil {
+		undo, err := c.restoreSnapshot(ctx, id, img, rs, spec.UserNS)
 		if err != nil {
 			return nil, err
 		}
 		defer onFailure(&retErr, undo)
 		snapshot = containerd.WithSnapshot(id)
 	}
-	undo, err := c.sandboxNetns(id, spec.Network)
-	if err != nil {
-		return nil, err
+	if spec.UserNS == nil { // with one, runc makes it (userns.go)
+		undo, err := c.sandboxNetns(id, spec.Network)
+		if err != nil {
+			return nil, err
+		}
+		defer onFailure(&retErr, undo)
 	}
-	defer onFailure(&retErr, undo)
+	var undo func()
 	if spec.Mounts, undo, err = c.sandboxGrants(id, spec.Mounts); err != nil {
 		return nil, err
 	}
@@ -185,9 +199,9 @@ func (c *Client) readyImage(ctx context.Context, spec Spec) (containerd.Image, e
 // checkpoint's rw layer applied (prepareRootfs), under the caller's lease,
 // and returns how to remove it. It comes before the container, which is
 // made over it.
-func (c *Client) restoreSnapshot(ctx context.Context, id string, img containerd.Image, rs *restoreFrom) (undo func(), _ error) {
+func (c *Client) restoreSnapshot(ctx context.Context, id string, img containerd.Image, rs *restoreFrom, r *idmap.Range) (undo func(), _ error) {
 	t0 := time.Now()
-	if err := c.prepareRootfs(ctx, id, img, rs.rootfs); err != nil {
+	if err := c.prepareRootfs(ctx, id, img, rs.rootfs, r); err != nil {
 		return nil, err
 	}
 	rs.rootfsTime = time.Since(t0)

@@ -24,7 +24,7 @@ func (c *Client) NamespacedForTest(ctx context.Context) context.Context { return
 // ApplyLayerForTest is the restore path's apply of a rw layer tar onto the
 // snapshot key, whose mounts are mounts.
 func (c *Client) ApplyLayerForTest(ctx context.Context, key, layer string, mounts []mount.Mount) error {
-	return c.applyLayer(c.ctx(ctx), key, layer, mounts)
+	return c.applyLayer(c.ctx(ctx), key, layer, mounts, nil)
 }
 
 // DiffServiceLayerForTest is the diff service's layer of the snapshot key

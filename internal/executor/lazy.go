@@ -326,7 +326,7 @@ func (c *Client) RestoreLazy(ctx context.Context, id string, spec Spec, cp Check
 
 func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, *LazyPages, RestoreStats, error) {
 	start := time.Now()
-	images, work, err := c.restoreWork(id, cp)
+	images, work, err := c.restoreWork(id, cp, spec.UserNS)
 	if err != nil {
 		return nil, nil, RestoreStats{}, err
 	}
@@ -334,7 +334,13 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 	if _, err := writeFileDurably(conf, strings.NewReader(criuConfig+"lazy-pages\n")); err != nil {
 		return nil, nil, RestoreStats{}, err
 	}
-	l, err := c.startLazyPages(images, work, cp.Pages, 10*time.Second)
+	// The image directory itself: a staged one's pages are detached
+	// once the restore returns (unstage).
+	orig, err := filepath.Abs(cp.ImageDir)
+	if err != nil {
+		return nil, nil, RestoreStats{}, err
+	}
+	l, err := c.startLazyPages(orig, work, cp.Pages, 10*time.Second)
 	if err != nil {
 		return nil, nil, RestoreStats{}, fmt.Errorf("%w: %w", ErrRestore, err)
 	}
@@ -344,6 +350,7 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 	}
 	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline, criuConfig: conf}
 	s, err := c.create(ctx, id, spec, out, rs)
+	unstage(c, id, spec, images)
 	if err == nil {
 		// Later dumps of this sandbox are eager ones.
 		_, err = writeFileDurably(conf, strings.NewReader(criuConfig))

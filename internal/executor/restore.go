@@ -23,6 +23,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
+	"github.com/runrecordd/runrecordd/internal/idmap"
 )
 
 // RestoreStats is what a restore cost.
@@ -54,12 +55,13 @@ func (c *Client) Restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 
 func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, RestoreStats, error) {
 	start := time.Now()
-	images, work, err := c.restoreWork(id, cp)
+	images, work, err := c.restoreWork(id, cp, spec.UserNS)
 	if err != nil {
 		return nil, RestoreStats{}, err
 	}
 	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline}
 	s, err := c.create(ctx, id, spec, out, rs)
+	unstage(c, id, spec, images)
 	if err != nil {
 		return nil, RestoreStats{}, restoreFailed(rs, err)
 	}
@@ -88,7 +90,10 @@ func (s *Sandbox) judgeImages(ctx context.Context, dir string) error {
 
 // restoreWork checks that cp's image directory holds a CRIU image, and
 // makes the restore's work directory under the executor's state, empty.
-func (c *Client) restoreWork(id string, cp Checkpoint) (images, work string, err error) {
+//
+// With r, the images CRIU reads are a staged copy of links with r's
+// range in their user namespace image (stageImages).
+func (c *Client) restoreWork(id string, cp Checkpoint, r *idmap.Range) (images, work string, err error) {
 	if cp.ImageDir == "" {
 		return "", "", fmt.Errorf("%w: no image directory", ErrInvalid)
 	}
@@ -102,7 +107,13 @@ func (c *Client) restoreWork(id string, cp Checkpoint) (images, work string, err
 	if err := removeTree(work); err != nil {
 		return "", "", err
 	}
-	return images, work, os.MkdirAll(work, 0o700)
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return "", "", err
+	}
+	if r != nil {
+		images, err = stageImages(images, work, *r)
+	}
+	return images, work, err
 }
 
 // restoreFailed is a restore's error: its deadline's, CRIU's with the
@@ -141,34 +152,53 @@ func readRestoreStats(work string, st *RestoreStats) {
 	}
 }
 
-// prepareRootfs makes snapshot key over the image's layers and applies the
-// rw layer tar (if any) to it through the diff service.
-func (c *Client) prepareRootfs(ctx context.Context, key string, img containerd.Image, layer string) error {
-	diffIDs, err := img.RootFS(ctx)
-	if err != nil {
-		return fmt.Errorf("image layers: %w", err)
-	}
+// prepareRootfs makes snapshot key over the image's layers (remapped into
+// r's range, with r) and applies the rw layer tar (if any) to it through
+// the diff service, its owners moved from in-namespace ids to r's.
+func (c *Client) prepareRootfs(ctx context.Context, key string, img containerd.Image, layer string, r *idmap.Range) error {
 	sn := c.client.SnapshotService(Snapshotter)
-	mounts, err := sn.Prepare(ctx, key, identity.ChainID(diffIDs).String())
-	if err != nil {
-		return fmt.Errorf("snapshot: %w", err)
+	var mounts []mount.Mount
+	if r != nil {
+		if err := c.remappedSnapshot(ctx, key, img, *r); err != nil {
+			return fmt.Errorf("remapped snapshot: %w", err)
+		}
+		m, err := sn.Mounts(ctx, key)
+		if err != nil {
+			_ = sn.Remove(ctx, key)
+			return fmt.Errorf("snapshot: %w", err)
+		}
+		mounts = m
+	} else {
+		diffIDs, err := img.RootFS(ctx)
+		if err != nil {
+			return fmt.Errorf("image layers: %w", err)
+		}
+		if mounts, err = sn.Prepare(ctx, key, identity.ChainID(diffIDs).String()); err != nil {
+			return fmt.Errorf("snapshot: %w", err)
+		}
 	}
 	if layer == "" {
 		return nil
 	}
-	if err := c.applyLayer(ctx, key, layer, mounts); err != nil {
+	if err := c.applyLayer(ctx, key, layer, mounts, r); err != nil {
 		_ = sn.Remove(ctx, key)
 		return fmt.Errorf("apply rw layer %s: %w", layer, err)
 	}
 	return nil
 }
 
-func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mount.Mount) error {
+func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mount.Mount, r *idmap.Range) error {
 	f, err := os.Open(layer)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	var src io.Reader = bufio.NewReaderSize(f, 1<<20)
+	if r != nil {
+		sh := shifted(src, 0, r.Base)
+		defer sh.Close()
+		src = sh
+	}
 	ctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
 	if err != nil {
 		return err
@@ -181,7 +211,7 @@ func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mou
 	}
 	defer w.Close()
 	dg := digest.Canonical.Digester()
-	n, err := io.Copy(io.MultiWriter(w, dg.Hash()), bufio.NewReaderSize(f, 1<<20))
+	n, err := io.Copy(io.MultiWriter(w, dg.Hash()), src)
 	if err != nil {
 		return err
 	}
@@ -191,4 +221,18 @@ func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mou
 	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: dg.Digest(), Size: n}
 	_, err = c.client.DiffService().Apply(ctx, desc, mounts)
 	return err
+}
+
+// unstage detaches the mounts of a staged image directory (stageImages)
+// once CRIU has read it: CRIU is done with the pages when the restore
+// returns (a lazy restore's daemon serves them from the image directory
+// itself). What is not detached now is by the next restore's or the
+// sandbox's removal of its work directory.
+func unstage(c *Client, id string, spec Spec, images string) {
+	if spec.UserNS == nil {
+		return
+	}
+	if err := unmountUnder(images); err != nil {
+		c.log.Warn("restore: detaching the staged images", "id", id, "err", err)
+	}
 }

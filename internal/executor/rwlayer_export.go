@@ -3,9 +3,11 @@
 package executor
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -36,7 +38,23 @@ func (s *Sandbox) rootfsMounts(ctx context.Context) (snapshotter, key string, _ 
 // byte over, and nothing left at path). From an overlayfs snapshot it is
 // read off the snapshot's upper directory (rwlayer.go): its cost follows
 // the change, not the image. Otherwise the diff service computes it.
+//
+// A sandbox with a user namespace has its rw layer in host ids: the tar
+// is rewritten with in-namespace ids (shiftFile), so none of this host's
+// leaves it.
 func (s *Sandbox) exportRootfs(ctx context.Context, path string, budget int64) (int64, error) {
+	base, userns, err := s.userBase(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.exportHostRootfs(ctx, path, budget)
+	if err != nil || !userns {
+		return n, err
+	}
+	return shiftFile(path, base, budget)
+}
+
+func (s *Sandbox) exportHostRootfs(ctx context.Context, path string, budget int64) (int64, error) {
 	// The task is frozen (Keep) or has exited, its root still mounted:
 	// the upper directory holds every change and none is being made.
 	snapshotter, key, mounts, err := s.rootfsMounts(ctx)
@@ -49,6 +67,19 @@ func (s *Sandbox) exportRootfs(ctx context.Context, path string, budget int64) (
 	}
 	s.c.log.Debug("rw layer through the diff service", "sandbox", s.id, "reason", err)
 	return s.c.diffServiceLayer(ctx, snapshotter, key, path, budget)
+}
+
+// shiftFile rewrites the layer tar at path with its owners moved from the
+// range at base to in-namespace ids (shiftTar), whole, within budget.
+func shiftFile(path string, base uint32, budget int64) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sh := shifted(bufio.NewReaderSize(f, 1<<20), base, 0)
+	defer sh.Close()
+	return writeFileWhole(path, budgeted(sh, budget), false)
 }
 
 // diffServiceLayer writes the diff of snapshot key (of snapshotter)

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -50,6 +51,10 @@ type Spec struct {
 	// Mounts are bind mounts, mounted in order. Their sources must pass
 	// the host-path policy (see [Mount]).
 	Mounts []Mount
+	// UserNS, when set, is the host range the sandbox's user namespace
+	// maps its ids 0 up to idmap.Size-1 to (userns.go); nil runs the
+	// unit without one, as the host's root.
+	UserNS *idmap.Range
 }
 
 // DefaultMemoryBytes is a sandbox's memory limit when its spec (its grant
@@ -193,10 +198,14 @@ func (c *Client) specOpts(img containerd.Image, id string, spec Spec) []oci.Spec
 		oci.WithImageConfig(img),
 		oci.WithHostname("unit"),
 		oci.WithCgroup(path.Join(c.cfg.CgroupParent, id)),
-		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: c.netnsPath(id)}),
 		// runc hands this file to CRIU at every dump and restore of the
 		// sandbox (see criuConfig).
 		oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
+	}
+	if spec.UserNS != nil {
+		opts = append(opts, usernsOpts(*spec.UserNS, spec.Network)...)
+	} else {
+		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: c.netnsPath(id)}))
 	}
 	if len(spec.Args) > 0 {
 		opts = append(opts, oci.WithProcessArgs(spec.Args...))

@@ -7,6 +7,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
@@ -48,6 +49,11 @@ type Host struct {
 	// keeps none.
 	Warm    *warmpool.Pool
 	Creates Creator
+	// Ranges, when set, runs image units in user namespaces: each run's
+	// sandboxes map its ids 0..65535 to the range it holds, taken at its
+	// first sandbox here and released when the run closes; nil runs them
+	// as the host's root.
+	Ranges *idmap.Ranges
 	// Calls is what a transcript unit's channel tells the daemon.
 	Calls calls.Host
 	// Output makes run's output files on this host; Mark is a mark at
@@ -213,4 +219,20 @@ func (u *Unit) Close() {
 	if u != nil && u.ch != nil {
 		u.ch.Close()
 	}
+}
+
+// imageSpec is the sandbox spec of an image unit of run: in the user
+// namespace of the range the run holds here (taken now if it holds
+// none), where the host runs image units in user namespaces.
+func (h Host) imageSpec(run Run) (executor.Spec, error) {
+	es := executor.SpecOf(run.Spec, run.Grants)
+	if h.Ranges == nil {
+		return es, nil
+	}
+	r, err := h.Ranges.Take(run.ID)
+	if err != nil {
+		return es, err
+	}
+	es.UserNS = &r
+	return es, nil
 }

@@ -36,8 +36,12 @@ func (f Image) Start(ctx context.Context, run Run) (Woken, error) {
 	out, err := f.h.Output(run.ID)
 	m := f.h.Mark(run.ID)
 	var sb Sandbox
+	var es executor.Spec
 	if err == nil {
-		sb, err = f.h.Sandboxes.Start(ctx, run.ID, executor.SpecOf(run.Spec, run.Grants), out)
+		es, err = f.h.imageSpec(run)
+	}
+	if err == nil {
+		sb, err = f.h.Sandboxes.Start(ctx, run.ID, es, out)
 	}
 	if err != nil {
 		return Woken{}, err
@@ -117,9 +121,13 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 	if err != nil {
 		return Woken{}, err
 	}
+	es, err := f.h.imageSpec(run)
+	if err != nil {
+		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
+	}
 	m := f.h.Mark(id)
 	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Deadline: deadline, Pages: served}
-	sb, rs, pg, err := f.restoreSandbox(ctx, id, executor.SpecOf(run.Spec, run.Grants), cp, out, t0, deadline)
+	sb, rs, pg, err := f.restoreSandbox(ctx, id, es, cp, out, t0, deadline)
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
 	}

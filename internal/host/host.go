@@ -18,6 +18,7 @@
 //	  ch/<id>/, spool/<id>  a transcript run's channel and journal spool (internal/calls)
 //	  restore/<id>/     trees a restore reads, linked from the store, removed after
 //	  platform/<id>     the platform key that started the run (internal/platform)
+//	  idmap/N           a user-namespace range held, and its holder (internal/idmap)
 package host
 
 import (
@@ -34,6 +35,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
@@ -86,6 +88,11 @@ type Config struct {
 	// CRIUBuild is the manifest of the CRIU build deploy/setup.sh
 	// installed (criu.BuildFile when empty; internal/criu).
 	CRIUBuild string
+	// UserNS runs image units in a user namespace of their own, each
+	// run's ids 0..65535 mapped to a host range of its own (Ranges;
+	// serve --user-namespaces). Off by default: transcript units and
+	// grant mounts are not yet mapped (docs/trust.md).
+	UserNS bool
 }
 
 // Host is a host's state directory and runtime, open.
@@ -101,6 +108,9 @@ type Host struct {
 	// Facts are the host's own facts and runtime versions, for its
 	// environment manifests.
 	Facts manifest.Manifest
+	// Ranges are the host's user-namespace ranges (STATE/idmap), each
+	// held by one run.
+	Ranges *idmap.Ranges
 	// CRIUErr is why CRIU did not answer, if it did not: no image parks
 	// here, but transcript runs.
 	CRIUErr error
@@ -191,6 +201,19 @@ func (h *Host) openState() error {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	h.Store.SetChunkedImages(h.Config.ChunkedImages)
+	if h.Ranges, err = idmap.Open(filepath.Join(dir, "idmap"), idmap.Config{}); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	if h.Config.UserNS {
+		// runc sets up a user-namespaced sandbox's rootfs as its
+		// range's root, through the state directory.
+		if err := reachable(dir); err != nil {
+			return fmt.Errorf("daemon: user namespaces: %w", err)
+		}
+		if err := executor.Searchable(dir); err != nil {
+			return fmt.Errorf("daemon: state directory: %w", err)
+		}
+	}
 	// The call state of a daemon before the call ledger (results/RUN
 	// files, and the calls and awaits in parked runs' journals) goes into
 	// the ledger, once: internal/calls.
@@ -275,7 +298,7 @@ func (h *Host) Close(ctx context.Context) error {
 func (h *Host) Info(parks imageparks.Status) answers.HostInfo {
 	out := answers.HostInfo{KeyID: h.Signer.KeyID(), StateDir: h.Config.StateDir, Embedded: h.Containerd != nil,
 		Containerd: h.Config.ContainerdAddress, Manifest: manifest.Manifest{}, Meter: h.Meter.Snapshot(), ImageParks: parks,
-		CRIU: h.CRIU, CRIUOff: h.CRIUOff}
+		CRIU: h.CRIU, CRIUOff: h.CRIUOff, UserNS: h.Config.UserNS}
 	if h.Containerd != nil {
 		out.Containerd = h.Containerd.Address()
 	}
@@ -283,4 +306,23 @@ func (h *Host) Info(parks imageparks.Status) answers.HostInfo {
 		out.Manifest[k] = v
 	}
 	return out
+}
+
+// reachable refuses a state directory that an unprivileged user cannot
+// reach: a directory above it that others may not search (runc sets up a
+// user-namespaced sandbox's rootfs, under the state directory, as its
+// range's root).
+func reachable(dir string) error {
+	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s (mode %v) above the state directory %s is not searchable by others: a sandbox's runc, as its range's root, cannot reach its rootfs", d, fi.Mode().Perm(), dir)
+		}
+		if d == "/" {
+			return nil
+		}
+	}
 }

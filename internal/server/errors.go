@@ -15,6 +15,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/member"
@@ -102,7 +103,7 @@ var codes = []struct {
 	{api.CodeNotOwner, is(fleet.ErrNotOwner, fleet.ErrLeaseLost, fleet.ErrNoRun), nil},
 	{api.CodeConflict, is(fleet.ErrHeadMoved, fleet.ErrNotParked), nil},
 	{api.CodeForbidden, is(fleet.ErrNotAdmitted, member.ErrUnsolicited), nil},
-	{api.CodeUnavailable, is(member.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive, member.ErrReceiving), nil},
+	{api.CodeUnavailable, is(member.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive, member.ErrReceiving, idmap.ErrExhausted), nil},
 	{api.CodeDraining, is(member.ErrDraining), nil},
 	{api.CodeUnavailable, is(daemon.ErrStopping), nil},
 	{api.CodeQuota, is(platform.ErrQuota), nil},

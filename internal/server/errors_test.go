@@ -14,6 +14,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/park"
@@ -149,5 +150,13 @@ func TestErrorOfForms(t *testing.T) {
 		if got := ErrorOf(err).Code; got != want {
 			t.Errorf("ErrorOf(%v) = %s, want %s", err, got, want)
 		}
+	}
+}
+
+// A host with no user-namespace range free is unavailable, not broken.
+func TestErrorOfNoRange(t *testing.T) {
+	err := fmt.Errorf("resume r: %w", idmap.ErrExhausted)
+	if e := ErrorOf(err); e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "range") {
+		t.Errorf("no range: %+v", e)
 	}
 }

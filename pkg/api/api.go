@@ -283,7 +283,11 @@ type Host struct {
 	RAPL       bool              `json:"rapl"`
 	RAPLReason []string          `json:"rapl_reasons,omitempty"`
 	ImageParks ImageParks        `json:"image_parks"`
-	CRIU       CRIUBuild         `json:"criu"`
+	// UserNamespaces is whether image units run in user namespaces of
+	// their runs' own (serve --user-namespaces); otherwise as the
+	// host's root.
+	UserNamespaces bool      `json:"user_namespaces"`
+	CRIU           CRIUBuild `json:"criu"`
 }
 
 // CRIUBuild is the CRIU a daemon runs: the build deploy/setup.sh recorded

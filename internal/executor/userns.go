@@ -1,0 +1,263 @@
+//go:build linux
+
+package executor
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/runrecordd/runrecordd/internal/criu"
+	"github.com/runrecordd/runrecordd/internal/idmap"
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// A sandbox with a user namespace ([Spec.UserNS]) maps its ids 0 up to
+// idmap.Size-1 to its run's host range; its unit is root only in there.
+//
+//   - runc makes the network namespace inside the user namespace (the
+//     spec's network namespace has no path): CRIU can dump and restore
+//     it. No pin of the executor's (netns_linux.go): runc's restore
+//     always gives CRIU --empty-ns net and restores it empty, so the
+//     namespace is configured by a createRuntime hook (netHook) that runc
+//     runs both when it makes the container and at CRIU's
+//     setup-namespaces, before any socket is restored.
+//   - The rootfs is a remapped snapshot: a copy of the image's layers
+//     chowned into the range (containerd's WithRemappedSnapshot), made
+//     once per image and range and shared by the range's sandboxes of
+//     that image. Its rw layer holds host ids; the checkpoint's layer
+//     tar is translated to in-namespace ids as it is written, and back
+//     to the range's as a restore applies it (shiftTar), so no host id
+//     leaves the host.
+//   - The images hold the range in userns-N.img only: a checkpoint
+//     rewrites it to host base 0 there, a restore to its own range in a
+//     copy of the image directory's links (stageImages), before the
+//     images are judged.
+//   - A lazy restore's usernsd opens /dev/userfaultfd (CRIU patch 5)
+//     from inside the sandbox's cgroup: the devices rule c 10:257 rw
+//     lets it. The unit gets no node of it and cannot make one.
+
+// netHook is the createRuntime hook of a sandbox with a user namespace:
+// it reads the container's pid from the OCI state on stdin and, in its
+// network namespace, sets loopback up or down ($1) and MPTCP off (CRIU
+// cannot dump an MPTCP socket).
+const netHook = `pid=$(tr -d '\n' | sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p')
+[ -n "$pid" ] || { echo "no pid in the OCI state" >&2; exit 1; }
+exec nsenter -t "$pid" -n sh -c 'ip link set lo "$1" && { [ ! -e /proc/sys/net/mptcp/enabled ] || echo 0 > /proc/sys/net/mptcp/enabled; }' netns "$1"`
+
+// usernsOpts are the OCI spec's parts of a sandbox whose user namespace
+// maps to r, its loopback as network says.
+func usernsOpts(r idmap.Range, network unit.Network) []oci.SpecOpts {
+	maps := []specs.LinuxIDMapping{{ContainerID: 0, HostID: r.Base, Size: idmap.Size}}
+	lo := "down"
+	if network == unit.Loopback {
+		lo = "up"
+	}
+	return []oci.SpecOpts{
+		oci.WithUserNamespace(maps, maps),
+		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace}),
+		func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+			if s.Hooks == nil {
+				s.Hooks = &specs.Hooks{}
+			}
+			s.Hooks.CreateRuntime = append(s.Hooks.CreateRuntime, specs.Hook{
+				Path: "/bin/sh", Args: []string{"sh", "-c", netHook, "netns-hook", lo},
+			})
+			if s.Linux.Resources == nil {
+				s.Linux.Resources = &specs.LinuxResources{}
+			}
+			major, minor := int64(10), int64(257) // /dev/userfaultfd
+			s.Linux.Resources.Devices = append(s.Linux.Resources.Devices, specs.LinuxDeviceCgroup{
+				Allow: true, Type: "c", Major: &major, Minor: &minor, Access: "rw",
+			})
+			return nil
+		},
+	}
+}
+
+// remappedSnapshot prepares snapshot id over img's layers chowned into
+// r (containerd's remapped snapshot, made once per image and range).
+func (c *Client) remappedSnapshot(ctx context.Context, id string, img containerd.Image, r idmap.Range) error {
+	return containerd.WithRemappedSnapshot(id, img, r.Base, r.Base)(ctx, c.client, &containers.Container{ID: id, Snapshotter: Snapshotter})
+}
+
+// userBase is the host base of the sandbox's user namespace, and whether
+// it has one, from its container's spec.
+func (s *Sandbox) userBase(ctx context.Context) (uint32, bool, error) {
+	spec, err := s.cont.Spec(ctx)
+	if err != nil {
+		return 0, false, fmt.Errorf("the container's spec: %w", err)
+	}
+	if spec.Linux == nil || len(spec.Linux.UIDMappings) == 0 {
+		return 0, false, nil
+	}
+	m := spec.Linux.UIDMappings
+	if len(m) != 1 || m[0].ContainerID != 0 || m[0].Size != idmap.Size {
+		return 0, false, fmt.Errorf("%w: the container's uid map %v is not a sandbox's", ErrInvalid, m)
+	}
+	return m[0].HostID, true, nil
+}
+
+// stageImages is the image directory a restore into r reads: a new
+// directory under work holding each file of images as the range's root
+// owns it, whose user namespace image gets r's range (criu.Remap).
+// images itself is never written: it may be sealed.
+//
+// CRIU opens the images, the pages too, in the restored task after it
+// has taken the range's ids: the store's objects (root's, 0400) would
+// refuse it. The pages, the bulk, are bound one by one through an
+// idmapped mount (root's files seen as the range's base's; unstage
+// detaches them); the other images, small, are copies owned by the base.
+// The directory is searchable by all (an absent image's open must fail
+// with ENOENT, not EACCES); the directories above it stay closed: CRIU
+// holds it open.
+func stageImages(images, work string, r idmap.Range) (string, error) {
+	dst := filepath.Join(work, "images")
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(dst, 0o711); err != nil {
+		return "", err
+	}
+	des, err := os.ReadDir(images)
+	if err != nil {
+		return "", err
+	}
+	if len(des) > criu.MaxFiles {
+		return "", fmt.Errorf("%w: %d image files, the limit is %d", criu.ErrRefused, len(des), criu.MaxFiles)
+	}
+	var userns *os.File
+	defer func() {
+		if userns != nil {
+			userns.Close()
+		}
+	}()
+	for _, de := range des {
+		if !de.Type().IsRegular() {
+			return "", &criu.RefusedError{Image: de.Name(), Why: "not a regular file"}
+		}
+		from, to := filepath.Join(images, de.Name()), filepath.Join(dst, de.Name())
+		if strings.HasPrefix(de.Name(), "pages-") {
+			// The memory, the bulk: not copied but bound through an
+			// idmapped mount, where the range's root owns it.
+			if userns == nil {
+				if userns, err = rangeUserns(r); err != nil {
+					return "", err
+				}
+			}
+			if err := os.WriteFile(to, nil, 0o400); err != nil {
+				return "", err
+			}
+			if err := idmappedBind(from, to, userns); err != nil {
+				return "", err
+			}
+			continue
+		}
+		// CRIU reads the time namespace's image in the new task before
+		// its ids are mapped (it is the overflow id then): readable by
+		// all. It holds clock offsets.
+		mode := os.FileMode(0o400)
+		if strings.HasPrefix(de.Name(), "timens-") {
+			mode = 0o444
+		}
+		if err := copyFile(from, to, r.Base, mode); err != nil {
+			return "", err
+		}
+	}
+	return dst, criu.Remap(dst, r.Base, idmap.Size)
+}
+
+// copyFile copies the file from to the new file to, owned by uid and gid
+// owner, of mode.
+func copyFile(from, to string, owner uint32, mode os.FileMode) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	if err == nil {
+		err = out.Chown(int(owner), int(owner))
+	}
+	if err == nil {
+		err = out.Chmod(mode)
+	}
+	return errors.Join(err, out.Close())
+}
+
+// errOwner is a rw layer entry whose owner is outside the range it is
+// translated from.
+var errOwner = errors.New("an owner outside the sandbox's range")
+
+// shiftTar copies the tar stream src to dst with every member's owner
+// (uid and gid) moved from the range at from to the range at to; an
+// owner outside [from, from+idmap.Size) is refused (errOwner).
+func shiftTar(dst io.Writer, src io.Reader, from, to uint32) error {
+	tr, tw := tar.NewReader(src), tar.NewWriter(dst)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return tw.Close()
+		}
+		if err != nil {
+			return err
+		}
+		// A whiteout's owner is the writer's, not the unit's: kept.
+		for _, id := range []*int{&h.Uid, &h.Gid} {
+			if strings.HasPrefix(path.Base(h.Name), ".wh.") {
+				break
+			}
+			if *id < int(from) || *id >= int(from)+idmap.Size {
+				return fmt.Errorf("rw layer: %s: %w: %d", h.Name, errOwner, *id)
+			}
+			*id = *id - int(from) + int(to)
+		}
+		h.Uname, h.Gname = "", ""
+		h.Format = tar.FormatUnknown // the writer picks one that holds the ids
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			return err
+		}
+	}
+}
+
+// shifted is src with shiftTar applied, read as it is made.
+func shifted(src io.Reader, from, to uint32) io.ReadCloser {
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(shiftTar(pw, src, from, to)) }()
+	return pr
+}
+
+// Searchable makes directory dir searchable by every user (o+x, g+x),
+// nothing more: runc sets up the rootfs of a sandbox with a user
+// namespace as the range's root, an unprivileged user of the host, which
+// must reach the bundle's rootfs through every directory above it. No
+// directory is made readable, so nothing is listed; what lies below keeps
+// its own modes.
+func Searchable(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm()&0o011 == 0o011 {
+		return nil
+	}
+	return os.Chmod(dir, fi.Mode().Perm()|0o011)
+}
