@@ -105,7 +105,7 @@ var kinds = []kind{
 	{"ghost-file-", 'x', ".img", 0x52583605, checked, "a deleted file remade: only one the unit could make itself under the spec's capabilities (device node, owner, set-id bits)"},
 	{"tmpfs-", 'd', ".tar.gz.img", rawMagic, checked, "a tmpfs's files: names within it and not through its own symbolic links, each judged as a ghost file"},
 	{"tmpfs-dev-", 'd', ".tar.gz.img", rawMagic, checked, "as tmpfs"},
-	{"cgroup", 0, ".img", 0x59383330, checked, "cgroup directories below the sandbox's own; the kernel holds a child's limits within its parent's"},
+	{"cgroup", 0, ".img", 0x59383330, checked, "one sandbox cgroup; directories, and the cgroups tasks are put in, below it (CRIU rewrites only paths under the dumped root); the kernel holds a child's limits within its parent's"},
 	{"descriptors", 0, ".json", rawMagic, checked, "runc's list of the stdio descriptors it reconnects: at most three names"},
 	{"pagemap-", 'd', ".img", 0x56084025, harmless, "where the unit's own pages go in its own address space"},
 	{"pagemap-shmem-", 'd', ".img", 0x56084025, harmless, "as pagemap, for shared memory"},

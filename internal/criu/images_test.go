@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/cgroup"
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
@@ -167,6 +168,11 @@ func TestJudgeRefuses(t *testing.T) {
 		{"Rlimit", creds("12", func(c *criucore.CoreEntry) {
 			c.Tc.Rlimits.Rlimits[7].Cur, c.Tc.Rlimits.Rlimits[7].Max = proto.Uint64(1<<20), proto.Uint64(1<<20)
 		}), 12, "tc.rlimits", nil},
+		{"CgroupSetHostRoot", cgroupSet(func(c *cgroup.CgroupEntry) { c.Sets[0].Ctls[3].Path = proto.String("/") }), 0, "sets.ctls.path", nil},
+		{"CgroupSetSibling", cgroupSet(func(c *cgroup.CgroupEntry) { c.Sets[0].Ctls[6].Path = proto.String("/runrecordd-e04f9c36/capX") }), 0, "sets.ctls.path", nil},
+		{"CgroupSetDotDot", cgroupSet(func(c *cgroup.CgroupEntry) { c.Sets[0].Ctls[7].Path = proto.String("/runrecordd-e04f9c36/cap/../..") }), 0, "sets.ctls.path", nil},
+		{"CgroupSetSlashes", cgroupSet(func(c *cgroup.CgroupEntry) { c.Sets[0].Ctls[0].Path = proto.String("/runrecordd-e04f9c36/cap//x") }), 0, "sets.ctls.path", nil},
+		{"CgroupTwoRoots", cgroupSet(func(c *cgroup.CgroupEntry) { c.Controllers[2].Dirs[0].DirName = proto.String("system.slice") }), 0, "dir_name", nil},
 		{"PidNamespace", func(t *testing.T, dir string) {
 			rewrite(t, dir, "ids-12.img", &criucore.TaskKobjIdsEntry{}, func(m *criucore.TaskKobjIdsEntry) { m.PidNsId = proto.Uint32(1) })
 		}, 12, "pid_ns_id", nil},
@@ -410,4 +416,9 @@ func TestTrustDocTable(t *testing.T) {
 			t.Errorf("docs/trust.md lacks the row %s", row)
 		}
 	}
+}
+
+// cgroupSet changes the oracle's cgroup.img.
+func cgroupSet(change func(*cgroup.CgroupEntry)) func(*testing.T, string) {
+	return func(t *testing.T, dir string) { rewrite(t, dir, "cgroup.img", &cgroup.CgroupEntry{}, change) }
 }

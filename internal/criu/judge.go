@@ -802,8 +802,14 @@ func within(name string) bool {
 	return len(name) <= 4096 && !strings.HasPrefix(name, "/") && !slices.Contains(strings.Split(name, "/"), "..")
 }
 
-// judgeCgroups refuses a cgroup directory named outside the sandbox's
-// cgroup: a name with "..", or not relative.
+// judgeCgroups refuses cgroups outside the sandbox's own. Every
+// controller names one top directory, the same for all: the sandbox's
+// cgroup as it was dumped, which the restore replaces with the new
+// sandbox's (runc's --cgroup-root). Directories below it are clean
+// relative names. Every cgroup set (where CRIU moves a task) names the
+// sandbox's cgroup or a directory below it: CRIU rewrites only paths
+// under the dumped root, and takes any other from the root of the host's
+// hierarchy.
 func judgeCgroups(c *cgroup.CgroupEntry) error {
 	var walk func(ds []*cgroup.CgroupDirEntry, depth int) error
 	walk = func(ds []*cgroup.CgroupDirEntry, depth int) error {
@@ -811,8 +817,7 @@ func judgeCgroups(c *cgroup.CgroupEntry) error {
 			return refuse(0, "cgroup.img", "dir_name", "directories nested past 64")
 		}
 		for _, d := range ds {
-			n := d.GetDirName()
-			if n == "" || strings.HasPrefix(n, "/") || slices.Contains(strings.Split(n, "/"), "..") {
+			if n := d.GetDirName(); !cleanRelative(n) {
 				return refuse(0, "cgroup.img", "dir_name", "%q is not below the sandbox's cgroup", n)
 			}
 			if err := walk(d.GetChildren(), depth+1); err != nil {
@@ -821,10 +826,41 @@ func judgeCgroups(c *cgroup.CgroupEntry) error {
 		}
 		return nil
 	}
+	top := ""
 	for _, ctl := range c.GetControllers() {
+		for _, d := range ctl.GetDirs() {
+			if n := d.GetDirName(); top == "" {
+				top = n
+			} else if n != top {
+				return refuse(0, "cgroup.img", "dir_name", "%q beside %q: one sandbox cgroup, not two", n, top)
+			}
+		}
 		if err := walk(ctl.GetDirs(), 0); err != nil {
 			return err
 		}
 	}
+	for _, set := range c.GetSets() {
+		for _, ctl := range set.GetCtls() {
+			p := ctl.GetPath()
+			rest, ok := strings.CutPrefix(p, "/"+top)
+			if top == "" || !ok || rest != "" && (!strings.HasPrefix(rest, "/") || !cleanRelative(rest[1:])) {
+				return refuse(0, "cgroup.img", "sets.ctls.path", "set %d: %q is not the sandbox's cgroup or below it", set.GetId(), p)
+			}
+		}
+	}
 	return nil
+}
+
+// cleanRelative says whether name is a relative path of non-empty
+// components, none of them "." or "..".
+func cleanRelative(name string) bool {
+	if name == "" || len(name) > 4096 {
+		return false
+	}
+	for _, c := range strings.Split(name, "/") {
+		if c == "" || c == "." || c == ".." {
+			return false
+		}
+	}
+	return true
 }
