@@ -439,7 +439,7 @@ func TestFleetAttackHandshakeFlood(t *testing.T) {
 	key, _ := f.hostileKey(t, fleet.RolePlatform)
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		resp, err := peerClient(key, tKey).Get("https://" + tAddr + "/v1/host")
+		resp, err := peerClient(key, tKey).Get("https://" + tAddr + "/v1/runs")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
