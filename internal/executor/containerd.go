@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -132,6 +133,25 @@ func (d *Containerd) Config() Config {
 		StateDir:     filepath.Join(d.dir, "executor"),
 		CgroupParent: "/" + DefaultNamespace + "-" + hex.EncodeToString(sum[:4]),
 	}
+}
+
+// RemoveCgroups removes the cgroup parent of this daemon's sandboxes
+// ([Containerd.Config]) in every hierarchy, once the daemon is stopped:
+// runc removes a sandbox's own cgroup, never the parent it was made
+// under. A parent that still holds a sandbox (a unit left running in
+// its shim) stays: rmdir refuses a cgroup that is not empty.
+func (d *Containerd) RemoveCgroups() error {
+	parent := strings.TrimPrefix(d.Config().CgroupParent, "/")
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", parent))
+	dirs = append(dirs, filepath.Join("/sys/fs/cgroup", parent))
+	var errs []error
+	for _, dir := range dirs {
+		err := syscall.Rmdir(dir)
+		if err != nil && !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.EBUSY) && !errors.Is(err, syscall.ENOTEMPTY) {
+			errs = append(errs, fmt.Errorf("executor: remove cgroup %s: %w", dir, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Pid is the daemon's current process id, 0 while it is down.

@@ -286,7 +286,7 @@ func (h *Host) Close(ctx context.Context) error {
 		errs = append(errs, h.Exec.Close())
 	}
 	if h.Containerd != nil {
-		errs = append(errs, h.Containerd.Stop(ctx))
+		errs = append(errs, h.Containerd.Stop(ctx), h.Containerd.RemoveCgroups())
 	}
 	if h.Store != nil {
 		errs = append(errs, h.Store.Close())

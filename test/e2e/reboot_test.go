@@ -211,3 +211,25 @@ func TestParkAllThenRestart(t *testing.T) {
 		t.Fatalf("%s after the restart: %+v, %v; want it parked as it was", byHand, r, err)
 	}
 }
+
+// TestStopLeavesNoCgroup: a daemon stopped under its default policy
+// parks its runs and leaves no cgroup of its sandboxes behind, in any
+// hierarchy: the parent it made them under goes with its last sandbox.
+func TestStopLeavesNoCgroup(t *testing.T) {
+	privileged(t)
+	d := mustDaemon(t, "stop-cgroup", func(d *daemon) { d.stopDefault = true })
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	startOracle(t, d, "sc-a", oracleImage)
+	if len(d.cgroupDirs()) == 0 {
+		t.Fatalf("no cgroup %s while a run executes", d.cgroup())
+	}
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if left := d.cgroupDirs(); len(left) > 0 {
+		t.Errorf("the stopped daemon left its sandboxes' cgroups: %s", strings.Join(left, " "))
+	}
+	if err := d.start(); err != nil {
+		t.Fatal(err)
+	}
+}
