@@ -23,7 +23,7 @@
 // process is built with -race and runs beside other packages' tests on
 // two cores, and three members inside it stalled together, once for 6-9 s
 // (a change of leader among it), long enough to fail a daemon's 5 s etcd
-// request (docs/fleet.md, "The test cluster").
+// request (docs/notes/fleet-test-cluster.md).
 // A member process stops when its standard input ends: [Cluster.Stop]
 // closes it, and so does the kernel when the test process exits, however
 // it exits.
