@@ -2,8 +2,10 @@ package bundle
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -32,6 +34,36 @@ type Policy struct {
 	MaxLimits      unit.Limits
 	MaxMemoryBytes uint64
 	MaxMilliCPU    uint32
+	// EgressAllow is the host's egress ceiling: the IPv4 prefixes an
+	// egress grant's prefixes must lie within. Empty: no egress grant is
+	// taken (CheckEgress).
+	EgressAllow []netip.Prefix
+}
+
+// CheckEgress refuses, with an error wrapping [ErrPolicy], a grant set with
+// network egress that asks beyond ceiling: any egress when ceiling is
+// empty, else a prefix not within one of ceiling's. A name is held to the
+// ceiling when it resolves, answer by answer.
+func CheckEgress(g unit.Grants, ceiling []netip.Prefix) error {
+	if g.Network != unit.Egress {
+		return nil
+	}
+	if len(ceiling) == 0 {
+		return fmt.Errorf("%w: network egress: this host grants no egress", ErrPolicy)
+	}
+	for _, d := range g.Egress {
+		if d.CIDR == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(d.CIDR)
+		if err != nil {
+			return fmt.Errorf("%w: egress destination %s: %v", ErrPolicy, d, err)
+		}
+		if !slices.ContainsFunc(ceiling, func(c netip.Prefix) bool { return c.Bits() <= p.Bits() && c.Contains(p.Addr()) }) {
+			return fmt.Errorf("%w: egress destination %s: outside this host's egress ceiling", ErrPolicy, d)
+		}
+	}
+	return nil
 }
 
 // DefaultMaxLimits are the largest limits a bundle may ask for: sixteen
@@ -82,6 +114,9 @@ func (p *Policy) Check(g unit.Grants) error {
 		if err := over(c.name, c.asked, c.max); err != nil {
 			return err
 		}
+	}
+	if err := CheckEgress(g, p.EgressAllow); err != nil {
+		return err
 	}
 	for _, m := range g.ReadOnly {
 		if err := p.mount(m.Source); err != nil {

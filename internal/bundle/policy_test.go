@@ -2,6 +2,7 @@ package bundle
 
 import (
 	"errors"
+	"net/netip"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -23,5 +24,34 @@ func TestPolicyCapsLimits(t *testing.T) {
 	}
 	if err := p.Check(unit.Grants{MemoryBytes: 1 << 30, MilliCPU: 1000, Limits: unit.Limits{Pids: 64, SnapshotBytes: 1 << 30}}); err != nil {
 		t.Fatalf("grants within the caps: %v", err)
+	}
+}
+
+func TestCheckEgress(t *testing.T) {
+	g := unit.Grants{Network: unit.Egress, Egress: []unit.Dest{
+		{CIDR: "203.0.113.0/24", Proto: "tcp", Ports: "443"},
+		{Name: "pypi.org", Proto: "tcp", Ports: "443"},
+	}}
+	ceiling := []netip.Prefix{netip.MustParsePrefix("203.0.0.0/8")}
+	if err := CheckEgress(g, ceiling); err != nil {
+		t.Fatalf("within the ceiling: %v", err)
+	}
+	if err := CheckEgress(g, nil); !errors.Is(err, ErrPolicy) {
+		t.Fatalf("no ceiling: %v, want ErrPolicy", err)
+	}
+	for _, c := range []string{"203.0.113.0/25", "10.0.0.0/8"} {
+		if err := CheckEgress(g, []netip.Prefix{netip.MustParsePrefix(c)}); !errors.Is(err, ErrPolicy) {
+			t.Errorf("ceiling %s: %v, want ErrPolicy", c, err)
+		}
+	}
+	if err := CheckEgress(unit.Grants{Network: unit.Loopback}, nil); err != nil {
+		t.Fatalf("loopback: %v", err)
+	}
+	p := Policy{EgressAllow: ceiling}
+	if err := p.Check(g); err != nil {
+		t.Fatalf("Policy.Check: %v", err)
+	}
+	if err := (&Policy{}).Check(g); !errors.Is(err, ErrPolicy) {
+		t.Fatalf("Policy.Check without a ceiling: %v", err)
 	}
 }

@@ -38,6 +38,13 @@ func TestDocBytes(t *testing.T) {
 			g := unit.Grants{MemoryBytes: 64 << 20, Network: unit.NoNetwork, Limits: unit.Limits{Pids: 64, TranscriptBytes: 1 << 20}}
 			return g.Canonical()
 		},
+		"grants-egress": func() ([]byte, error) {
+			g := unit.Grants{MemoryBytes: 256 << 20, Network: unit.Egress, Egress: []unit.Dest{
+				{CIDR: "203.0.113.0/24", Proto: "tcp", Ports: "443"},
+				{Name: "pypi.org", Proto: "tcp", Ports: "80-443"},
+			}}
+			return g.Canonical()
+		},
 		"manifest": func() ([]byte, error) {
 			return manifest.Manifest{manifest.Arch: "amd64", manifest.ImageDigest: digest, manifest.Protocol: "runrecordd.unit/1"}.Canonical()
 		},
@@ -71,6 +78,7 @@ func TestDocBytes(t *testing.T) {
 		"unit-spec":      func(b []byte) error { _, err := unit.DecodeSpec(b); return err },
 		"grants":         func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
 		"grants-limits":  func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
+		"grants-egress":  func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
 		"manifest":       func(b []byte) error { _, err := manifest.Decode(b); return err },
 		"manifest-image": func(b []byte) error { _, err := manifest.Decode(b); return err },
 		"listing":        decodeListing(0),

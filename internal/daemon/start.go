@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/member"
@@ -35,6 +36,11 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	}
 	if err := forms.CheckID(id); err != nil {
 		return answers.Summary{}, err
+	}
+	// No executor links a sandbox out yet: this host's egress ceiling is
+	// empty.
+	if err := bundle.CheckEgress(grants, nil); err != nil {
+		return answers.Summary{}, fmt.Errorf("run %s: %w", id, err)
 	}
 	p, err := d.forms().Prepare(ctx, id, spec, grants)
 	if err != nil {

@@ -72,6 +72,9 @@ func (g *Grants) Encode() []byte {
 		b = binary.BigEndian.AppendUint64(b, l.IntervalPayloadBytes)
 		b = binary.BigEndian.AppendUint64(b, l.SnapshotBytes)
 	}
+	if g.Network == Egress || len(g.Egress) > 0 {
+		b = encodeEgress(b, g.Egress)
+	}
 	return b
 }
 

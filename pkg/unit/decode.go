@@ -51,13 +51,17 @@ func DecodeGrants(b []byte) (*Grants, error) {
 	for range n {
 		g.ReadOnly = append(g.ReadOnly, Mount{Source: d.str(), Target: d.str()})
 	}
-	if d.err == nil && len(d.b) > 0 {
-		if tag := d.byte1(); tag != limitsTag {
-			d.fail("grants: limits block tag %#x, want %#x", tag, limitsTag)
-		}
+	if d.err == nil && len(d.b) > 0 && d.b[0] == limitsTag {
+		d.byte1()
 		g.Limits = Limits{Pids: d.u32(), LogBytes: d.u64(), TranscriptBytes: d.u64(),
 			ChannelConns: d.u32(), ChannelInflightBytes: d.u64(), IntervalCalls: d.u32(),
 			IntervalPayloadBytes: d.u64(), SnapshotBytes: d.u64()}
+	}
+	if d.err == nil && len(d.b) > 0 {
+		if tag := d.byte1(); tag != egressTag {
+			d.fail("grants: block tag %#x, want %#x (limits) or %#x (egress)", tag, limitsTag, egressTag)
+		}
+		g.Egress = d.egress()
 	}
 	if err := d.finish(); err != nil {
 		return nil, err
@@ -108,6 +112,13 @@ func (d *decoder) domain(dom string) {
 func (d *decoder) byte1() byte {
 	if b := d.take(1); b != nil {
 		return b[0]
+	}
+	return 0
+}
+
+func (d *decoder) u16() uint16 {
+	if b := d.take(2); b != nil {
+		return binary.BigEndian.Uint16(b)
 	}
 	return 0
 }

@@ -13,6 +13,7 @@ type Network uint8
 const (
 	NoNetwork Network = 1 // an empty network namespace, not even loopback up
 	Loopback  Network = 2 // a private namespace with loopback only
+	Egress    Network = 3 // loopback, and a link out to the destinations Grants.Egress allows
 )
 
 func (n Network) String() string {
@@ -21,6 +22,8 @@ func (n Network) String() string {
 		return "none"
 	case Loopback:
 		return "loopback"
+	case Egress:
+		return "egress"
 	}
 	return fmt.Sprintf("network(%d)", uint8(n))
 }
@@ -45,15 +48,17 @@ func (n *Network) UnmarshalText(b []byte) error {
 	return err
 }
 
-// ParseNetwork parses "none" or "loopback".
+// ParseNetwork parses "none", "loopback" or "egress".
 func ParseNetwork(s string) (Network, error) {
 	switch s {
 	case "none", "":
 		return NoNetwork, nil
 	case "loopback":
 		return Loopback, nil
+	case "egress":
+		return Egress, nil
 	}
-	return 0, fmt.Errorf("%w: network %q: want none or loopback", ErrInvalid, s)
+	return 0, fmt.Errorf("%w: network %q: want none, loopback or egress", ErrInvalid, s)
 }
 
 // Mount is a read-only bind mount of a host path.
@@ -67,13 +72,23 @@ type Grants struct {
 	MilliCPU    uint32  `json:"milli_cpu"`    // CPU limit in thousandths of a core; 0 = unlimited
 	MemoryBytes uint64  `json:"memory_bytes"` // memory limit; 0 = the daemon's default (docs/limits.md)
 	Network     Network `json:"network"`
-	ReadOnly    []Mount `json:"read_only"` // read-only bind mounts
-	Limits      Limits  `json:"limits"`    // caps; a zero field takes the daemon's default
+	ReadOnly    []Mount `json:"read_only"`        // read-only bind mounts
+	Limits      Limits  `json:"limits"`           // caps; a zero field takes the daemon's default
+	Egress      []Dest  `json:"egress,omitempty"` // with network egress: what it may reach, in SortDests order
 }
 
 // Validate reports whether g can be granted.
 func (g *Grants) Validate() error {
-	if g.Network != NoNetwork && g.Network != Loopback {
+	switch g.Network {
+	case NoNetwork, Loopback:
+		if len(g.Egress) > 0 {
+			return fmt.Errorf("%w: an egress list with network %s", ErrInvalid, g.Network)
+		}
+	case Egress:
+		if _, err := appendEgress(nil, g.Egress); err != nil {
+			return err
+		}
+	default:
 		return fmt.Errorf("%w: %s", ErrInvalid, g.Network)
 	}
 	if g.MemoryBytes != 0 && g.MemoryBytes < 4<<20 {

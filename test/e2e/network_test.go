@@ -151,3 +151,20 @@ func TestTCPStateSurvivesPark(t *testing.T) {
 	})
 	checkTCP(t, append(tcpA, tcpOutput(t, b.stdout(id))...), atPark.Counter+2)
 }
+
+// TestEgressRefused: this host links no sandbox out, so its egress ceiling
+// is empty and a run that asks for egress is refused (grant_refused)
+// before anything is made: no run is stored, no sandbox is left.
+func TestEgressRefused(t *testing.T) {
+	privileged(t)
+	d := shared(t)
+	ctx := context.Background()
+	const id = "egress-refused"
+	_, err := d.c.Start(ctx, api.RunRequest{ID: id,
+		Unit: unit.Spec{Image: oracleImage, Env: oracleEnv},
+		Grants: unit.Grants{MemoryBytes: 64 << 20, Network: unit.Egress,
+			Egress: []unit.Dest{{CIDR: "192.0.2.0/24", Proto: "tcp", Ports: "80"}}}})
+	apiError(t, err, api.CodeGrantRefused)
+	_, err = d.c.Show(ctx, id)
+	apiError(t, err, api.CodeNotFound)
+}
