@@ -74,6 +74,13 @@ export interface CloseRequest {
   reason: string;
 }
 
+export interface Dest {
+  cidr?: string;
+  name?: string;
+  ports: string;
+  proto: "tcp" | "udp";
+}
+
 export interface Drain {
   left: number;
   moved: number;
@@ -130,10 +137,11 @@ export interface GCRequest {
 }
 
 export interface Grants {
+  egress?: Dest[];
   limits: Limits;
   memory_bytes: number;
   milli_cpu: number;
-  network: "" | "none" | "loopback";
+  network: "" | "none" | "loopback" | "egress";
   read_only: Mount[];
 }
 
