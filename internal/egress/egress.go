@@ -93,6 +93,8 @@ var (
 	// ErrNames is an allow-list naming a host: enforcing a name needs the
 	// daemon's resolver, which does not exist yet.
 	ErrNames = errors.New("egress: destinations by name are not enforced yet")
+	// ErrClosed is a run closed already.
+	ErrClosed = errors.New("egress: run closed")
 )
 
 // Config is a host's egress set-up.
@@ -114,7 +116,7 @@ type Host struct {
 	connLimit uint32
 	ns        netns.NsHandle
 	nl        *netlink.Handle
-	mu        sync.Mutex // one nftables transaction at a time
+	mu        sync.Mutex // one change of links and rules at a time
 }
 
 // Open sets the host's namespace up for egress: IPv4 forwarding on, the
@@ -175,8 +177,6 @@ func (h *Host) Close() error {
 // nft runs f on a connection to the host namespace's nftables and commits
 // what f queued as one transaction.
 func (h *Host) nft(f func(c *nftables.Conn) error) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	c, err := nftables.New(nftables.WithNetNSFd(int(h.ns)))
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
@@ -213,10 +213,13 @@ func (h *Host) addr(slot int) netip.Addr {
 // Slots is how many runs the pool holds: slots 1 to Slots.
 func (h *Host) Slots() int { return 1<<(32-h.pool.Bits()) - 2 }
 
-// Run is one run's egress on a host.
+// Run is one run's egress on a host. Its methods and the Host's may be
+// called from any goroutine: changes are made one at a time.
 type Run struct {
-	h    *Host
-	slot int
+	h      *Host
+	slot   int
+	rules  []allowRule
+	closed bool // guarded by h.mu
 }
 
 // Allow installs the policy of the run holding slot: allow is its grant's
@@ -233,10 +236,12 @@ func (h *Host) Allow(slot int, allow []unit.Dest) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if err := h.nft(func(c *nftables.Conn) error { h.addRun(c, slot, rules); return nil }); err != nil {
 		return nil, fmt.Errorf("slot %d: %w", slot, err)
 	}
-	return &Run{h: h, slot: slot}, nil
+	return &Run{h: h, slot: slot, rules: rules}, nil
 }
 
 // Slot is the run's slot.
@@ -252,20 +257,29 @@ func (r *Run) Addr() netip.Addr { return r.h.addr(r.slot) }
 // /proc/PID/ns/net) to the host: eth0 there with [SandboxAddr]/30 and a
 // default route through [GatewayAddr], rrdeN here. A link the run had is
 // removed first (a namespace being torn down may still hold it). On error
-// nothing of the link is left.
+// nothing of the link is left. A closed run is refused (ErrClosed).
+//
+// The run's policy is installed again with the link's chains, in one
+// transaction, before the link is up: a link never carries traffic
+// without its run's rules, even if they were removed since Allow.
 func (r *Run) Attach(path string) (retErr error) {
 	h, name := r.h, r.Link()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r.closed {
+		return fmt.Errorf("slot %d: %w", r.slot, ErrClosed)
+	}
 	sb, err := netns.GetFromPath(path)
 	if err != nil {
 		return fmt.Errorf("sandbox network namespace: %w", err)
 	}
 	defer sb.Close()
-	if err := r.Detach(); err != nil {
+	if err := h.unlink(r.slot); err != nil {
 		return err
 	}
 	defer func() {
 		if retErr != nil {
-			retErr = errors.Join(retErr, r.Detach())
+			retErr = errors.Join(retErr, h.unlink(r.slot))
 		}
 	}()
 	la := netlink.NewLinkAttrs()
@@ -285,7 +299,12 @@ func (r *Run) Attach(path string) (retErr error) {
 	}
 	// The ingress and egress chains hook the link's device: added once
 	// it exists, before it is up.
-	if err := h.nft(func(c *nftables.Conn) error { h.addLinkChains(c, r.slot); return nil }); err != nil {
+	err = h.nft(func(c *nftables.Conn) error {
+		h.addRun(c, r.slot, r.rules)
+		h.addLinkChains(c, r.slot)
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("link %s: %w", name, err)
 	}
 	if err := h.nl.LinkSetUp(host); err != nil {
@@ -360,6 +379,8 @@ func waitActive(nl *netlink.Handle, name string) error {
 // its tracked connections: the outside's packets for the run are dropped
 // until the run has a link again. A run without a link is not an error.
 func (r *Run) Detach() error {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
 	return r.h.unlink(r.slot)
 }
 
@@ -398,6 +419,9 @@ func (h *Host) unlink(slot int) error {
 // Close removes everything of the run: its link, its chains and its
 // tracked connections.
 func (r *Run) Close() error {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	r.closed = true
 	return r.h.remove(r.slot)
 }
 
@@ -446,6 +470,8 @@ func u32(a netip.Addr) uint32 {
 // owned says no run holds: what a crash left. It is for the daemon's
 // start, before runs are attached.
 func (h *Host) Reconcile(owned func(slot int) bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	var errs []error
 	links, err := h.nl.LinkList()
 	if err != nil {
