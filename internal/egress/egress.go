@@ -55,6 +55,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -291,7 +292,12 @@ func (r *Run) Attach(path string) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("link %s: %w", name, err)
 	}
-	if err := inNetns(h.ns, func() error { return sysctl("net/ipv6/conf/"+name+"/disable_ipv6", "1") }); err != nil {
+	// No IPv6; ARP answers only for the link's own address, not every
+	// address of the host.
+	err = inNetns(h.ns, func() error {
+		return errors.Join(sysctl("net/ipv6/conf/"+name+"/disable_ipv6", "1"), sysctl("net/ipv4/conf/"+name+"/arp_ignore", "1"))
+	})
+	if err != nil {
 		return fmt.Errorf("link %s: %w", name, err)
 	}
 	if err := h.nl.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(GatewayAddr, 32))}); err != nil {
@@ -300,7 +306,15 @@ func (r *Run) Attach(path string) (retErr error) {
 	// The ingress and egress chains hook the link's device: added once
 	// it exists, before it is up.
 	err = h.nft(func(c *nftables.Conn) error {
-		h.addRun(c, r.slot, r.rules)
+		byslot, err := runChains(c)
+		if err != nil {
+			return err
+		}
+		// A chain in place keeps its connection count: replaced, it
+		// would start again from zero with the run's flows still there.
+		if !slices.ContainsFunc(byslot[r.slot], func(ch *nftables.Chain) bool { return ch.Name == fwdChain+strconv.Itoa(r.slot) }) {
+			h.addRun(c, r.slot, r.rules)
+		}
 		h.addLinkChains(c, r.slot)
 		return nil
 	})

@@ -674,3 +674,27 @@ func TestRawSocket(t *testing.T) {
 		t.Fatal("a raw ICMP echo from the sandbox was answered")
 	}
 }
+
+// A park and resume (detach, attach) keeps the run's connection count.
+func TestConnLimitAcrossAttach(t *testing.T) {
+	w := newWorld(t, Config{ConnLimit: 3})
+	serve(t, w.wns, worldIP+":8080")
+	r, s1 := w.sandbox(1, worldIP+"/32:8080")
+	for i := range 3 {
+		c, _, err := dial(s1, "", worldIP+":8080")
+		if err != nil {
+			t.Fatalf("connection %d of 3: %v", i+1, err)
+		}
+		defer c.Close()
+	}
+	if err := r.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Attach(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(s1))); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, err := dial(s1, "", worldIP+":8080"); err == nil {
+		c.Close()
+		t.Fatal("a fourth connection over a limit of 3 after the run was attached again")
+	}
+}
