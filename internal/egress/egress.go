@@ -1,0 +1,560 @@
+// Package egress links a sandbox to the host and lets out what its egress
+// grant allows, nothing else (docs/unit.md, the egress block).
+//
+// # The link
+//
+// A run holds a slot, a number the caller gives (1 up to the size of the
+// pool less two). Its link is a veth pair: rrdeN on the host, eth0 in the
+// sandbox's network namespace. Every sandbox sees the same addresses,
+// [SandboxAddr]/30 with the gateway [GatewayAddr], on every host, so a
+// parked unit's own view of the network is the same after a resume or a
+// migration. On the host each run has an address of its own in the pool
+// (10.254.0.0/16 unless configured; slot N is the pool's address N): the
+// ingress of rrdeN rewrites the sandbox's source to it and the egress of
+// rrdeN rewrites it back, statelessly, so the host's connection tracking,
+// routing and address translation see runs apart. Two runs with the same
+// flow from their sandboxes are two flows on the host.
+//
+// # The policy
+//
+// Per run, in nftables set up over netlink (the rules in rules.go):
+//   - from the sandbox, only IPv4 from [SandboxAddr] and ARP: a forged
+//     source or IPv6 is dropped at the link;
+//   - never the host's own addresses (nothing from a sandbox is delivered
+//     locally), 0/8, 127/8, 169.254/16 (cloud metadata), multicast,
+//     240/4, the sandbox /30 or the pool (other sandboxes);
+//   - new flows only to an allowed prefix, protocol and port range, and at
+//     most Config.ConnLimit of them tracked at once (4096 by default);
+//   - into the sandbox, replies only;
+//   - out, the host's address on the way out (masquerade).
+//
+// Deny is the default. A destination given by name is refused
+// ([ErrNames]): names need the daemon's resolver.
+//
+// # Lifetime
+//
+// [Host.Allow] installs a run's policy, [Run.Attach] makes its link into a
+// sandbox's namespace, [Run.Detach] removes the link and keeps the policy
+// and the run's tracked connections (a park: the outside's packets for the
+// run are dropped, not rejected, until a new link or the close), and
+// [Run.Close] removes all of it. [Host.Reconcile] removes every link,
+// chain and tracked connection of a slot no run owns: what a crash left.
+//
+// A conntrack zone per run is not used: the per-run address already keeps
+// runs apart in the one zone, and a zone set for both directions would
+// leave the replies arriving on the host's uplink unmatched (they carry
+// no sign of their run before their lookup); a zone for the original
+// direction only is not expressible through the nftables library used.
+package egress
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+var (
+	// SandboxAddr is every sandbox's address, on its eth0 (a /30).
+	SandboxAddr = netip.MustParseAddr("10.255.255.2")
+	// GatewayAddr is every sandbox's gateway: the host's side of its link.
+	GatewayAddr = netip.MustParseAddr("10.255.255.1")
+)
+
+// DefaultPool holds the runs' addresses on the host.
+var DefaultPool = netip.MustParsePrefix("10.254.0.0/16")
+
+// DefaultConnLimit bounds the connections a run has tracked at once.
+const DefaultConnLimit = 4096
+
+// linkPrefix begins the host side's name of every run's link.
+const linkPrefix = "rrde"
+
+// sandboxLink is the name of the sandbox's side of its link.
+const sandboxLink = "eth0"
+
+var (
+	// ErrInvalid is a slot, policy or configuration this package refuses.
+	ErrInvalid = errors.New("egress: invalid")
+	// ErrNames is an allow-list naming a host: enforcing a name needs the
+	// daemon's resolver, which does not exist yet.
+	ErrNames = errors.New("egress: destinations by name are not enforced yet")
+	// ErrClosed is a run closed already.
+	ErrClosed = errors.New("egress: run closed")
+)
+
+// Config is a host's egress set-up.
+type Config struct {
+	// HostNetns is the path of the network namespace the links' host
+	// sides live in; "" is the caller's own.
+	HostNetns string
+	// Pool holds the runs' addresses on the host (a /16 to a /30);
+	// DefaultPool when zero.
+	Pool netip.Prefix
+	// ConnLimit bounds a run's tracked connections; DefaultConnLimit
+	// when zero.
+	ConnLimit uint32
+}
+
+// Host links runs' sandboxes out of one host network namespace.
+type Host struct {
+	pool      netip.Prefix
+	connLimit uint32
+	ns        netns.NsHandle
+	nl        *netlink.Handle
+	mu        sync.Mutex // one change of links and rules at a time
+}
+
+// Open sets the host's namespace up for egress: IPv4 forwarding on, the
+// shared tables and chains, and a blackhole route for the pool (a parked
+// run's packets are dropped rather than routed elsewhere).
+func Open(cfg Config) (*Host, error) {
+	h := &Host{pool: cfg.Pool, connLimit: cfg.ConnLimit}
+	if !h.pool.IsValid() {
+		h.pool = DefaultPool
+	}
+	if h.connLimit == 0 {
+		h.connLimit = DefaultConnLimit
+	}
+	if !h.pool.Addr().Is4() || h.pool.Bits() < 16 || h.pool.Bits() > 30 || h.pool.Masked() != h.pool {
+		return nil, fmt.Errorf("%w: pool %s: want an IPv4 network from /16 to /30", ErrInvalid, h.pool)
+	}
+	var err error
+	if cfg.HostNetns == "" {
+		h.ns, err = threadNetns()
+	} else {
+		h.ns, err = netns.GetFromPath(cfg.HostNetns)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("host network namespace: %w", err)
+	}
+	if h.nl, err = netlink.NewHandleAt(h.ns); err != nil {
+		h.ns.Close()
+		return nil, fmt.Errorf("netlink in the host network namespace: %w", err)
+	}
+	if err := h.setUp(); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+func (h *Host) setUp() error {
+	if err := inNetns(h.ns, func() error { return sysctl("net/ipv4/ip_forward", "1") }); err != nil {
+		return fmt.Errorf("enable IPv4 forwarding: %w", err)
+	}
+	err := h.nl.RouteReplace(&netlink.Route{
+		Dst: prefixNet(h.pool), Type: unix.RTN_BLACKHOLE, Family: netlink.FAMILY_V4, Priority: 4294967295,
+	})
+	if err != nil {
+		return fmt.Errorf("blackhole route for %s: %w", h.pool, err)
+	}
+	return h.nft(func(c *nftables.Conn) error { h.hostTables(c); return nil })
+}
+
+// Close releases the host's handles. Links and rules stay: runs own them.
+func (h *Host) Close() error {
+	if h.nl != nil {
+		h.nl.Close()
+	}
+	return h.ns.Close()
+}
+
+// nft runs f on a connection to the host namespace's nftables and commits
+// what f queued as one transaction.
+func (h *Host) nft(f func(c *nftables.Conn) error) error {
+	c, err := nftables.New(nftables.WithNetNSFd(int(h.ns)))
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	defer c.CloseLasting()
+	if err := f(c); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	return nil
+}
+
+// linkName is the host side's name of run slot's link.
+func linkName(slot int) string { return linkPrefix + strconv.Itoa(slot) }
+
+// slotOf is the slot of a host-side link name, if it is one.
+func slotOf(name string) (int, bool) {
+	n, ok := strings.CutPrefix(name, linkPrefix)
+	if !ok {
+		return 0, false
+	}
+	slot, err := strconv.Atoi(n)
+	return slot, err == nil && strconv.Itoa(slot) == n
+}
+
+// addr is run slot's address on the host.
+func (h *Host) addr(slot int) netip.Addr {
+	v := u32(h.pool.Addr()) + uint32(slot)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// Slots is how many runs the pool holds: slots 1 to Slots.
+func (h *Host) Slots() int { return 1<<(32-h.pool.Bits()) - 2 }
+
+// Run is one run's egress on a host. Its methods and the Host's may be
+// called from any goroutine: changes are made one at a time.
+type Run struct {
+	h      *Host
+	slot   int
+	rules  []allowRule
+	closed bool // guarded by h.mu
+}
+
+// Allow installs the policy of the run holding slot: allow is its grant's
+// allow-list (names refused with ErrNames). A slot's earlier policy is
+// replaced. Nothing leaves until [Run.Attach].
+func (h *Host) Allow(slot int, allow []unit.Dest) (*Run, error) {
+	if slot < 1 || slot > h.Slots() {
+		return nil, fmt.Errorf("%w: slot %d: want 1 to %d", ErrInvalid, slot, h.Slots())
+	}
+	if len(allow) == 0 || len(allow) > unit.MaxEgressDests {
+		return nil, fmt.Errorf("%w: an allow-list of %d destinations", ErrInvalid, len(allow))
+	}
+	rules, err := allowRules(allow)
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.nft(func(c *nftables.Conn) error { h.addRun(c, slot, rules); return nil }); err != nil {
+		return nil, fmt.Errorf("slot %d: %w", slot, err)
+	}
+	return &Run{h: h, slot: slot, rules: rules}, nil
+}
+
+// Slot is the run's slot.
+func (r *Run) Slot() int { return r.slot }
+
+// Link is the host side's name of the run's link.
+func (r *Run) Link() string { return linkName(r.slot) }
+
+// Addr is the run's address on the host.
+func (r *Run) Addr() netip.Addr { return r.h.addr(r.slot) }
+
+// Attach links the sandbox whose network namespace is at path (a pin, or
+// /proc/PID/ns/net) to the host: eth0 there with [SandboxAddr]/30 and a
+// default route through [GatewayAddr], rrdeN here. A link the run had is
+// removed first (a namespace being torn down may still hold it). On error
+// nothing of the link is left. A closed run is refused (ErrClosed).
+//
+// The run's policy is installed again with the link's chains, in one
+// transaction, before the link is up: a link never carries traffic
+// without its run's rules, even if they were removed since Allow.
+func (r *Run) Attach(path string) (retErr error) {
+	h, name := r.h, r.Link()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r.closed {
+		return fmt.Errorf("slot %d: %w", r.slot, ErrClosed)
+	}
+	sb, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("sandbox network namespace: %w", err)
+	}
+	defer sb.Close()
+	if err := h.unlink(r.slot); err != nil {
+		return err
+	}
+	defer func() {
+		if retErr != nil {
+			retErr = errors.Join(retErr, h.unlink(r.slot))
+		}
+	}()
+	la := netlink.NewLinkAttrs()
+	la.Name = name
+	if err := h.nl.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: sandboxLink, PeerNamespace: netlink.NsFd(int(sb))}); err != nil {
+		return fmt.Errorf("add link %s: %w", name, err)
+	}
+	host, err := h.nl.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("link %s: %w", name, err)
+	}
+	// No IPv6; ARP answers only for the link's own address, not every
+	// address of the host.
+	err = inNetns(h.ns, func() error {
+		return errors.Join(sysctl("net/ipv6/conf/"+name+"/disable_ipv6", "1"), sysctl("net/ipv4/conf/"+name+"/arp_ignore", "1"))
+	})
+	if err != nil {
+		return fmt.Errorf("link %s: %w", name, err)
+	}
+	if err := h.nl.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(GatewayAddr, 32))}); err != nil {
+		return fmt.Errorf("link %s: address: %w", name, err)
+	}
+	// The ingress and egress chains hook the link's device: added once
+	// it exists, before it is up.
+	err = h.nft(func(c *nftables.Conn) error {
+		byslot, err := runChains(c)
+		if err != nil {
+			return err
+		}
+		// A chain in place keeps its connection count: replaced, it
+		// would start again from zero with the run's flows still there.
+		if !slices.ContainsFunc(byslot[r.slot], func(ch *nftables.Chain) bool { return ch.Name == fwdChain+strconv.Itoa(r.slot) }) {
+			h.addRun(c, r.slot, r.rules)
+		}
+		h.addLinkChains(c, r.slot)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("link %s: %w", name, err)
+	}
+	if err := h.nl.LinkSetUp(host); err != nil {
+		return fmt.Errorf("link %s up: %w", name, err)
+	}
+	err = h.nl.RouteReplace(&netlink.Route{
+		LinkIndex: host.Attrs().Index, Dst: prefixNet(netip.PrefixFrom(r.Addr(), 32)),
+		Gw: net.IP(SandboxAddr.AsSlice()), Flags: int(netlink.FLAG_ONLINK),
+	})
+	if err != nil {
+		return fmt.Errorf("route to %s: %w", r.Addr(), err)
+	}
+	return r.sandboxSide(sb)
+}
+
+// sandboxSide sets up the sandbox's side of the link.
+func (r *Run) sandboxSide(sb netns.NsHandle) error {
+	nl, err := netlink.NewHandleAt(sb)
+	if err != nil {
+		return fmt.Errorf("netlink in the sandbox: %w", err)
+	}
+	defer nl.Close()
+	l, err := nl.LinkByName(sandboxLink)
+	if err != nil {
+		return fmt.Errorf("sandbox link: %w", err)
+	}
+	if err := inNetns(sb, func() error { return sysctl("net/ipv6/conf/"+sandboxLink+"/disable_ipv6", "1") }); err != nil {
+		return fmt.Errorf("sandbox link: %w", err)
+	}
+	if err := nl.AddrAdd(l, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(SandboxAddr, 30))}); err != nil {
+		return fmt.Errorf("sandbox address: %w", err)
+	}
+	if err := nl.LinkSetUp(l); err != nil {
+		return fmt.Errorf("sandbox link up: %w", err)
+	}
+	if err := nl.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.IP(GatewayAddr.AsSlice())}); err != nil {
+		return fmt.Errorf("sandbox default route: %w", err)
+	}
+	return errors.Join(waitActive(r.h.nl, r.Link()), waitActive(nl, sandboxLink))
+}
+
+// waitActive waits until the link name sends: the side that was up
+// before its peer drops what it is given (its queueing discipline is
+// "noop") until the kernel's link watch has seen the carrier, a moment
+// later. A unit's first ARP reply lost there costs it a second.
+func waitActive(nl *netlink.Handle, name string) error {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		l, err := nl.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("link %s: %w", name, err)
+		}
+		qs, err := nl.QdiscList(l)
+		if err != nil {
+			return fmt.Errorf("link %s: queueing disciplines: %w", name, err)
+		}
+		noop := len(qs) == 0
+		for _, q := range qs {
+			noop = noop || q.Type() == "noop"
+		}
+		if l.Attrs().OperState == netlink.OperUp && !noop {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("link %s: not sending after 2 s (state %s)", name, l.Attrs().OperState)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// Detach removes the run's link and its chains, keeping its policy and
+// its tracked connections: the outside's packets for the run are dropped
+// until the run has a link again. A run without a link is not an error.
+func (r *Run) Detach() error {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	return r.h.unlink(r.slot)
+}
+
+func (h *Host) unlink(slot int) error {
+	err := h.nft(func(c *nftables.Conn) error {
+		byslot, err := runChains(c)
+		if err != nil {
+			return err
+		}
+		for _, ch := range byslot[slot] {
+			if ch.Table.Family == nftables.TableFamilyNetdev {
+				c.FlushChain(ch)
+				c.DelChain(ch)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("slot %d: %w", slot, err)
+	}
+	l, err := h.nl.LinkByName(linkName(slot))
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("link %s: %w", linkName(slot), err)
+	}
+	// Deleting one end of a veth pair deletes both.
+	if err := h.nl.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("delete link %s: %w", linkName(slot), err)
+	}
+	return nil
+}
+
+// Close removes everything of the run: its link, its chains and its
+// tracked connections.
+func (r *Run) Close() error {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	r.closed = true
+	return r.h.remove(r.slot)
+}
+
+func (h *Host) remove(slot int) error {
+	err := h.unlink(slot)
+	err = errors.Join(err, h.nft(func(c *nftables.Conn) error {
+		byslot, err := runChains(c)
+		if err != nil {
+			return err
+		}
+		for _, ch := range byslot[slot] {
+			c.FlushChain(ch)
+			c.DelChain(ch)
+		}
+		return nil
+	}))
+	_, cerr := h.nl.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, flowsOf(func(s int) bool { return s == slot }, h))
+	if cerr != nil {
+		err = errors.Join(err, fmt.Errorf("slot %d: tracked connections: %w", slot, cerr))
+	}
+	return err
+}
+
+// flowFilter matches the tracked connections of the slots some says.
+type flowFilter struct {
+	h    *Host
+	some func(slot int) bool
+}
+
+func flowsOf(some func(int) bool, h *Host) flowFilter { return flowFilter{h: h, some: some} }
+
+func (f flowFilter) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
+	a, ok := netip.AddrFromSlice(fl.Forward.SrcIP)
+	if !ok || !f.h.pool.Contains(a.Unmap()) {
+		return false
+	}
+	return f.some(int(u32(a.Unmap()) - u32(f.h.pool.Addr())))
+}
+
+func u32(a netip.Addr) uint32 {
+	b := a.As4()
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}
+
+// Reconcile removes every link, chain and tracked connection of a slot
+// owned says no run holds: what a crash left. It is for the daemon's
+// start, before runs are attached.
+func (h *Host) Reconcile(owned func(slot int) bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var errs []error
+	links, err := h.nl.LinkList()
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	stale := map[int]bool{}
+	for _, l := range links {
+		if slot, ok := slotOf(l.Attrs().Name); ok && !owned(slot) {
+			stale[slot] = true
+		}
+	}
+	err = h.nft(func(c *nftables.Conn) error {
+		byslot, err := runChains(c)
+		for slot := range byslot {
+			if !owned(slot) {
+				stale[slot] = true
+			}
+		}
+		return err
+	})
+	errs = append(errs, err)
+	for slot := range stale {
+		errs = append(errs, h.remove(slot))
+	}
+	_, err = h.nl.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, flowsOf(func(s int) bool { return !owned(s) }, h))
+	errs = append(errs, err)
+	return errors.Join(errs...)
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), 32)}
+}
+
+// sysctl writes a value under /proc/sys of the calling thread's network
+// namespace.
+func sysctl(name, value string) error {
+	return os.WriteFile(filepath.Join("/proc/sys", name), []byte(value+"\n"), 0)
+}
+
+// threadNetns is the calling thread's network namespace.
+func threadNetns() (netns.NsHandle, error) {
+	return netns.GetFromPath("/proc/thread-self/ns/net")
+}
+
+// inNetns runs f on a thread in namespace ns. If the thread cannot
+// return to its namespace it stays locked and dies with its goroutine.
+func inNetns(ns netns.NsHandle, f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		own, err := threadNetns()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer own.Close()
+		if err := netns.Set(ns); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter network namespace: %w", err)
+			return
+		}
+		err = f()
+		if serr := netns.Set(own); serr != nil {
+			errc <- errors.Join(err, fmt.Errorf("return to own network namespace: %w", serr))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- err
+	}()
+	return <-errc
+}

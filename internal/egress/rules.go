@@ -1,0 +1,311 @@
+package egress
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/runrecordd/runrecordd/pkg/unit"
+)
+
+// The nftables objects, all in tables named [tableName]:
+//
+//	table ip runrecordd_egress
+//	  chain input       filter, input, accept: iifname "rrde*" drop
+//	  chain postrouting nat, postrouting: ip saddr POOL masquerade
+//	  chain fwd-N       filter, forward, accept: run N's allow-list
+//	table netdev runrecordd_egress
+//	  chain in-N        ingress of rrdeN: source check and rewrite
+//	  chain out-N       egress of rrdeN: destination rewrite
+//
+// Every run's chain is a base chain of its own: removing a run is
+// removing its chains, with no rule handle to find in a shared chain. An
+// accept ends only the chain it is in; a drop in any chain drops.
+const tableName = "runrecordd_egress"
+
+// Chain name prefixes of a run's chains.
+const (
+	fwdChain = "fwd-"
+	inChain  = "in-"
+	outChain = "out-"
+)
+
+// denied are the destinations no grant reaches, whatever it allows:
+// this-network, loopback, link-local (the cloud metadata address among
+// them), multicast and the reserved block with the broadcast address,
+// and the sandbox side's own /30. The host's own addresses are local
+// deliveries, refused by the input chain; the pool of the runs'
+// addresses (other sandboxes) is added per host.
+var denied = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("224.0.0.0/4"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+	netip.MustParsePrefix("10.255.255.0/30"),
+}
+
+// ifname is an interface name as nftables compares it: NUL-padded.
+func ifname(n string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, n)
+	return b
+}
+
+func metaCmp(key expr.MetaKey, op expr.CmpOp, data []byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: op, Register: 1, Data: data},
+	}
+}
+
+// ipField loads the IPv4 source (offset 12) or destination (16).
+func ipField(offset uint32) *expr.Payload {
+	return &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4}
+}
+
+// inPrefix matches the address at offset inside p.
+func inPrefix(offset uint32, p netip.Prefix) []expr.Any {
+	mask := binary.BigEndian.AppendUint32(nil, ^uint32(0)<<(32-p.Bits()))
+	if p.Bits() == 0 {
+		mask = []byte{0, 0, 0, 0}
+	}
+	a := p.Addr().As4()
+	return []expr.Any{
+		ipField(offset),
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a[:]},
+	}
+}
+
+// rewrite sets the address at offset to a, mending the IP header's
+// checksum and the TCP or UDP one (the pseudo-header holds addresses).
+func rewrite(offset uint32, a netip.Addr) []expr.Any {
+	b := a.As4()
+	return []expr.Any{
+		&expr.Immediate{Register: 1, Data: b[:]},
+		&expr.Payload{
+			OperationType: expr.PayloadWrite, SourceRegister: 1,
+			Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4,
+			CsumType: expr.CsumTypeInet, CsumOffset: 10, CsumFlags: unix.NFT_PAYLOAD_L4CSUM_PSEUDOHDR,
+		},
+	}
+}
+
+func ctState(bits uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, bits), Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+	}
+}
+
+func verdict(k expr.VerdictKind) *expr.Verdict { return &expr.Verdict{Kind: k} }
+
+func join(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// allowRule is one allowed destination of an egress grant: its prefix,
+// protocol and ports. Names are not allowed here: they need the daemon's
+// resolver (ErrNames).
+type allowRule struct {
+	prefix netip.Prefix
+	proto  byte
+	lo, hi uint16
+}
+
+// allowRules reads a grant's allow-list.
+func allowRules(ds []unit.Dest) ([]allowRule, error) {
+	var out []allowRule
+	for _, d := range ds {
+		if d.Name != "" {
+			return nil, fmt.Errorf("%w: %s", ErrNames, d)
+		}
+		p, err := netip.ParsePrefix(d.CIDR)
+		if err != nil || !p.Addr().Is4() || p.Masked() != p {
+			return nil, fmt.Errorf("%w: destination %s: not an IPv4 network", ErrInvalid, d)
+		}
+		var proto byte
+		switch d.Proto {
+		case "tcp":
+			proto = unix.IPPROTO_TCP
+		case "udp":
+			proto = unix.IPPROTO_UDP
+		default:
+			return nil, fmt.Errorf("%w: destination %s: protocol %q", ErrInvalid, d, d.Proto)
+		}
+		a, b, isRange := strings.Cut(d.Ports, "-")
+		if !isRange {
+			b = a
+		}
+		lo, err1 := strconv.ParseUint(a, 10, 16)
+		hi, err2 := strconv.ParseUint(b, 10, 16)
+		if err1 != nil || err2 != nil || lo == 0 || hi < lo {
+			return nil, fmt.Errorf("%w: destination %s: ports %q", ErrInvalid, d, d.Ports)
+		}
+		out = append(out, allowRule{prefix: p, proto: proto, lo: uint16(lo), hi: uint16(hi)})
+	}
+	return out, nil
+}
+
+// forwardRules are run slot's forward chain: what leaves rrdeN, and what
+// comes back to it.
+func (h *Host) forwardRules(link string, addr netip.Addr, allow []allowRule) [][]expr.Any {
+	in := metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, ifname(link))
+	out := metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpEq, ifname(link))
+	var rs [][]expr.Any
+	for _, p := range append(denied[:len(denied):len(denied)], h.pool) {
+		rs = append(rs, join(in, inPrefix(16, p), []expr.Any{verdict(expr.VerdictDrop)}))
+	}
+	rs = append(rs,
+		join(in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), []expr.Any{verdict(expr.VerdictAccept)}),
+		join(in, ctState(expr.CtStateBitNEW), []expr.Any{
+			&expr.Connlimit{Count: h.connLimit, Flags: expr.NFT_CONNLIMIT_F_INV},
+			verdict(expr.VerdictDrop),
+		}),
+	)
+	for _, a := range allow {
+		rs = append(rs, join(in, inPrefix(16, a.prefix),
+			metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{a.proto}),
+			[]expr.Any{
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+				&expr.Range{Op: expr.CmpOpEq, Register: 1,
+					FromData: binary.BigEndian.AppendUint16(nil, a.lo), ToData: binary.BigEndian.AppendUint16(nil, a.hi)},
+				verdict(expr.VerdictAccept),
+			}))
+	}
+	a := addr.As4()
+	rs = append(rs,
+		join(in, []expr.Any{verdict(expr.VerdictDrop)}),
+		// Nothing new goes in: only replies.
+		join(out, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), []expr.Any{verdict(expr.VerdictAccept)}),
+		join(out, []expr.Any{verdict(expr.VerdictDrop)}),
+		// The run's flows while it has no link (parked): dropped, not
+		// rejected, whatever route they found.
+		join([]expr.Any{ipField(16), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a[:]}},
+			metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpNeq, ifname(link)),
+			[]expr.Any{verdict(expr.VerdictDrop)}),
+	)
+	return rs
+}
+
+var (
+	etherIP  = binary.BigEndian.AppendUint16(nil, unix.ETH_P_IP)
+	etherARP = binary.BigEndian.AppendUint16(nil, unix.ETH_P_ARP)
+)
+
+// ingressRules are rrdeN's ingress (from the sandbox): IPv4 from the
+// sandbox's address only, its source rewritten to the run's address;
+// ARP; nothing else (IPv6 among it).
+func ingressRules(addr netip.Addr) [][]expr.Any {
+	proto := metaCmp(expr.MetaKeyPROTOCOL, expr.CmpOpEq, etherIP)
+	sb := SandboxAddr.As4()
+	return [][]expr.Any{
+		join(proto, []expr.Any{ipField(12), &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: sb[:]}, verdict(expr.VerdictDrop)}),
+		join(proto, rewrite(12, addr), []expr.Any{verdict(expr.VerdictAccept)}),
+		join(metaCmp(expr.MetaKeyPROTOCOL, expr.CmpOpEq, etherARP), []expr.Any{verdict(expr.VerdictAccept)}),
+		{verdict(expr.VerdictDrop)},
+	}
+}
+
+// egressRules are rrdeN's egress (to the sandbox): IPv4 to the run's
+// address, rewritten to the sandbox's; ARP; nothing else.
+func egressRules(addr netip.Addr) [][]expr.Any {
+	proto := metaCmp(expr.MetaKeyPROTOCOL, expr.CmpOpEq, etherIP)
+	a := addr.As4()
+	return [][]expr.Any{
+		join(proto, []expr.Any{ipField(16), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a[:]}},
+			rewrite(16, SandboxAddr), []expr.Any{verdict(expr.VerdictAccept)}),
+		join(metaCmp(expr.MetaKeyPROTOCOL, expr.CmpOpEq, etherARP), []expr.Any{verdict(expr.VerdictAccept)}),
+		{verdict(expr.VerdictDrop)},
+	}
+}
+
+// hostTables adds the host's tables and shared chains (idempotent: an
+// add of what exists is not an error in nftables).
+func (h *Host) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
+	ip = c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: tableName})
+	netdev = c.AddTable(&nftables.Table{Family: nftables.TableFamilyNetdev, Name: tableName})
+	accept := nftables.ChainPolicyAccept
+	input := c.AddChain(&nftables.Chain{Name: "input", Table: ip, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: ip, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+	c.FlushChain(input)
+	c.FlushChain(post)
+	// The host's own addresses, its listeners among them: nothing from a
+	// sandbox is delivered to the host.
+	c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(
+		metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)), []expr.Any{verdict(expr.VerdictDrop)})})
+	c.AddRule(&nftables.Rule{Table: ip, Chain: post, Exprs: join(inPrefix(12, h.pool), []expr.Any{&expr.Masq{}})})
+	return ip, netdev
+}
+
+// addRun adds run slot's chains (replacing any of the same names).
+func (h *Host) addRun(c *nftables.Conn, slot int, allow []allowRule) {
+	ip, _ := h.hostTables(c)
+	accept := nftables.ChainPolicyAccept
+	fwd := c.AddChain(&nftables.Chain{Name: fwdChain + strconv.Itoa(slot), Table: ip, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	c.FlushChain(fwd)
+	for _, r := range h.forwardRules(linkName(slot), h.addr(slot), allow) {
+		c.AddRule(&nftables.Rule{Table: ip, Chain: fwd, Exprs: r})
+	}
+}
+
+// addLinkChains adds the ingress and egress chains of run slot's link,
+// which must exist.
+func (h *Host) addLinkChains(c *nftables.Conn, slot int) {
+	_, nd := h.hostTables(c)
+	accept := nftables.ChainPolicyAccept
+	prio := nftables.ChainPriorityRef(-500)
+	for _, ch := range []struct {
+		name  string
+		hook  *nftables.ChainHook
+		rules [][]expr.Any
+	}{
+		{inChain, nftables.ChainHookIngress, ingressRules(h.addr(slot))},
+		{outChain, nftables.ChainHookEgress, egressRules(h.addr(slot))},
+	} {
+		chain := c.AddChain(&nftables.Chain{Name: ch.name + strconv.Itoa(slot), Table: nd, Type: nftables.ChainTypeFilter,
+			Hooknum: ch.hook, Priority: prio, Policy: &accept, Device: linkName(slot)})
+		c.FlushChain(chain)
+		for _, r := range ch.rules {
+			c.AddRule(&nftables.Rule{Table: nd, Chain: chain, Exprs: r})
+		}
+	}
+}
+
+// runChains lists the chains of runs in the host's tables, by slot.
+func runChains(c *nftables.Conn) (map[int][]*nftables.Chain, error) {
+	chains, err := c.ListChains()
+	if err != nil {
+		return nil, fmt.Errorf("list nftables chains: %w", err)
+	}
+	out := map[int][]*nftables.Chain{}
+	for _, ch := range chains {
+		if ch.Table == nil || ch.Table.Name != tableName {
+			continue
+		}
+		for _, p := range []string{fwdChain, inChain, outChain} {
+			if n, ok := strings.CutPrefix(ch.Name, p); ok {
+				if slot, err := strconv.Atoi(n); err == nil {
+					out[slot] = append(out[slot], ch)
+				}
+			}
+		}
+	}
+	return out, nil
+}
