@@ -165,3 +165,83 @@ func buildPrevious(t *testing.T) string {
 	t.Logf("built runrecordd at %.12s in %v", previousVersion, time.Since(t0).Round(time.Millisecond))
 	return bin
 }
+
+// TestFleetKeyRotation rotates a fleet host's key as docs/operations.md
+// says ("Rotating a host key"), with the CLI: the host drained (its
+// transcript run goes to the other host), stopped, its host.key moved
+// aside, the new key admitted, the host started, the old key revoked. The
+// run carries an attestation of the old key: once the key is revoked, the
+// rotated host refuses the run back (untrusted_signer: no longer trusted
+// by membership), and the run stays on the other host, which finishes it
+// there; after `trust add OLD` on the rotated host, another such run
+// migrates to it and finishes there, its record signed by both keys.
+func TestFleetKeyRotation(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, oldKey := f.hostWithout(t, "rot-a")
+	b, _ := f.hostWithout(t, "rot-b")
+	for _, d := range []*daemon{a, b} {
+		mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
+	}
+	const refused, moved = "rot-refused", "rot-moved"
+	for _, id := range []string{refused, moved} {
+		trStart(t, a, id, trAgentImage, "STEPS=2")
+		trParked(t, a, id, 2)
+	}
+	if out, err := exec.Command(daemonBinary, "drain", "--socket", a.socket).CombinedOutput(); err != nil ||
+		!strings.Contains(string(out), "drained: 2 moved, 0 left here") {
+		t.Fatalf("drain: %v\n%s\n%s", err, out, a.logTail())
+	}
+
+	mustStop(t, a)
+	if err := os.Rename(filepath.Join(a.state, "host.key"), filepath.Join(a.root, "host.key.old")); err != nil {
+		t.Fatal(err)
+	}
+	newKey := cli(t, "fleet", "key", "--state-dir", a.state)
+	if newKey == oldKey {
+		t.Fatalf("the new key is the old one: %s", newKey)
+	}
+	f.cli(t, "fleet", "admit", newKey, "--name", "rot-a-rotated")
+	mustStart(t, a)
+	f.cli(t, "fleet", "revoke", oldKey)
+	if h, err := a.c.Host(ctx); err != nil || h.KeyID != newKey {
+		t.Fatalf("the rotated host: %+v, %v; want key %s", h, err, newKey)
+	}
+
+	// Each run goes on on the other host first: a run handed back to the
+	// host that handed it off must extend what that host holds.
+	for _, id := range []string{refused, moved} {
+		trParked(t, b, id, 2)
+		trPost(t, b, id, "call-1", trResult(1))
+		trParked(t, b, id, 5)
+	}
+	_, err := b.c.Migrate(ctx, refused, newKey)
+	ae := apiError(t, err, api.CodeUntrustedSigner)
+	if ae.Signer != oldKey {
+		t.Fatalf("untrusted signer %s, want the old key %s: %v", ae.Signer, oldKey, ae)
+	}
+	t.Logf("a run signed by the revoked key, to the rotated host: %v", ae)
+	trParked(t, b, refused, 5)
+	trPost(t, b, refused, "call-2", trResult(2))
+	trClosed(t, b, refused)
+
+	cli(t, "trust", "add", oldKey, "--name", "rot-a before rotation", "--socket", a.socket)
+	if _, err := b.c.Migrate(ctx, moved, newKey); err != nil {
+		t.Fatalf("migrate to the rotated host trusting its old key: %v\n%s", err, b.logTail())
+	}
+	trParked(t, a, moved, 5)
+	trPost(t, a, moved, "call-2", trResult(2))
+	trClosed(t, a, moved)
+	v, err := a.c.Verify(ctx, moved)
+	if err != nil || !v.OK || v.WaitProof.Verdict != "NonBlocking" {
+		t.Fatalf("verify on the rotated host: %+v, %v", v, err)
+	}
+	signers := map[string]bool{}
+	for _, s := range v.Signers {
+		signers[s.Key] = s.Trusted
+	}
+	if !signers[oldKey] || !signers[newKey] {
+		t.Fatalf("signers %+v: want the old key and the new one, both trusted", v.Signers)
+	}
+}
