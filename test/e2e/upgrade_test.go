@@ -13,13 +13,15 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/runrecordd/runrecordd/internal/manifest"
 )
 
-// TestUpgradeKeepsParkedRuns parks the oracle under one runc and CRIU
-// build and resumes it under another the image-park probe accepts: the
-// recorded manifest names the first build's versions, and the resume
-// judges them by the probe, not by equality. Then a park under this
+// TestUpgradeKeepsParkedRuns parks the oracle under one kernel release,
+// runc and CRIU build and resumes it under another the image-park probe
+// accepts: the recorded manifest names the first ones' versions, and the
+// resume judges them by the probe, not by equality. Then a park under this
 // host's CRIU is refused on a CRIU of the next feature release (another
 // image format), with manifest_mismatch naming criu.images, the run left
 // parked; back on this host's CRIU, it resumes as the same process.
@@ -27,9 +29,10 @@ import (
 // The other builds are the real runc and CRIU behind wrappers that
 // answer --version with another version and hand every other call to
 // them: the restores are real, only the versions the daemon reads differ.
-// A kernel upgrade is judged by the same rule as runc's (probe), which a
-// test cannot change under a running host; internal/daemon's
-// TestResumeAcrossUpgrades covers it, and CPU flags, over a fake executor.
+// The other kernel release is this kernel's under the UNAME26
+// personality (setarch --uname-2.6), which the park's daemon, containerd,
+// runc and CRIU run under: uname says 2.6.N. internal/daemon's
+// TestResumeAcrossUpgrades covers CPU flags, over a fake executor.
 func TestUpgradeKeepsParkedRuns(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
@@ -37,7 +40,7 @@ func TestUpgradeKeepsParkedRuns(t *testing.T) {
 	// Another patch level of each: what a patch upgrade changes.
 	olderRunc, olderCRIU := otherPatch(t, runcVer), otherPatch(t, criuVer)
 	older := versionWrappers(t, olderRunc, olderCRIU)
-	d := mustDaemon(t, "upgrade", func(d *daemon) { d.env = older })
+	d := mustDaemon(t, "upgrade", func(d *daemon) { d.env, d.bin = older, uname26(t) })
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	const id = "upgrade"
 	startOracle(t, d, id, oracleImage)
@@ -47,11 +50,18 @@ func TestUpgradeKeepsParkedRuns(t *testing.T) {
 	if rec[manifest.RuncVersion] != olderRunc || rec[manifest.CRIUVersion] != olderCRIU {
 		t.Fatalf("recorded runc %q, criu %q; want the wrapped %q, %q", rec[manifest.RuncVersion], rec[manifest.CRIUVersion], olderRunc, olderCRIU)
 	}
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	if kernel := unix.ByteSliceToString(u.Release[:]); !strings.HasPrefix(rec[manifest.KernelRelease], "2.6.") || rec[manifest.KernelRelease] == kernel {
+		t.Fatalf("recorded kernel.release %q; want the UNAME26 one (2.6.N), not this host's %q", rec[manifest.KernelRelease], kernel)
+	}
 	if _, hash := rec[manifest.CPUFeatures]; rec.Version() != manifest.Format2 || rec[manifest.CRIUImages] != manifest.CRIUFormat(criuVer) || rec[manifest.CPUFlags] == "" || hash {
 		t.Fatalf("recorded manifest %v: want format 2 with criu.images %s and the CPU's flags", rec, manifest.CRIUFormat(criuVer))
 	}
 	mustStop(t, d)
-	d.env = nil // the real runc and CRIU
+	d.env, d.bin = nil, "" // the real kernel release, runc and CRIU
 	mustStart(t, d)
 	resume(t, d, id, nil, atPark)
 
@@ -177,4 +187,22 @@ func versionWrappers(t *testing.T, runcVer, criuVer string) []string {
 		}
 	}
 	return []string{"PATH=" + dir + string(os.PathListSeparator) + os.Getenv("PATH")}
+}
+
+// uname26 writes a runrecordd wrapper into a new directory that runs the
+// binary under test under the UNAME26 personality (setarch --uname-2.6),
+// inherited by its containerd, runc, CRIU and units: uname reports this
+// kernel as 2.6.N, another kernel.release. It returns the wrapper's path.
+func uname26(t *testing.T) string {
+	t.Helper()
+	setarch, err := exec.LookPath("setarch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := filepath.Join(t.TempDir(), "runrecordd")
+	script := fmt.Sprintf("#!/bin/sh\nexec %s --uname-2.6 %s \"$@\"\n", setarch, daemonBinary)
+	if err := os.WriteFile(w, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
