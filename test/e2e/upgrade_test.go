@@ -31,8 +31,11 @@ import (
 // them: the restores are real, only the versions the daemon reads differ.
 // The other kernel release is this kernel's under the UNAME26
 // personality (setarch --uname-2.6), which the park's daemon, containerd,
-// runc and CRIU run under: uname says 2.6.N. internal/daemon's
-// TestResumeAcrossUpgrades covers CPU flags, over a fake executor.
+// runc and CRIU run under: uname says 2.6.N. The park's CPU has a flag
+// more than this one (a /proc/cpuinfo bound over the real one in the
+// daemon's mount namespace): on this host's own CPU the resume is refused
+// naming cpu.flags, then it resumes where the flag is back, under this
+// host's kernel release, runc and CRIU (otherHost).
 func TestUpgradeKeepsParkedRuns(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
@@ -40,7 +43,8 @@ func TestUpgradeKeepsParkedRuns(t *testing.T) {
 	// Another patch level of each: what a patch upgrade changes.
 	olderRunc, olderCRIU := otherPatch(t, runcVer), otherPatch(t, criuVer)
 	older := versionWrappers(t, olderRunc, olderCRIU)
-	d := mustDaemon(t, "upgrade", func(d *daemon) { d.env, d.bin = older, uname26(t) })
+	cpuinfo, flag := moreFlags(t)
+	d := mustDaemon(t, "upgrade", func(d *daemon) { d.env, d.bin = older, otherHost(t, cpuinfo, true) })
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	const id = "upgrade"
 	startOracle(t, d, id, oracleImage)
@@ -60,15 +64,34 @@ func TestUpgradeKeepsParkedRuns(t *testing.T) {
 	if _, hash := rec[manifest.CPUFeatures]; rec.Version() != manifest.Format2 || rec[manifest.CRIUImages] != manifest.CRIUFormat(criuVer) || rec[manifest.CPUFlags] == "" || hash {
 		t.Fatalf("recorded manifest %v: want format 2 with criu.images %s and the CPU's flags", rec, manifest.CRIUFormat(criuVer))
 	}
+	if !slices.Contains(strings.Fields(rec[manifest.CPUFlags]), flag) {
+		t.Fatalf("recorded cpu.flags %q lack the CPU's %s", rec[manifest.CPUFlags], flag)
+	}
+	// On this host's CPU, which lacks the flag: refused, naming cpu.flags.
+	was, err := d.run(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
 	mustStop(t, d)
-	d.env, d.bin = nil, "" // the real kernel release, runc and CRIU
+	d.env, d.bin = nil, ""
+	mustStart(t, d)
+	_, err = d.c.Resume(ctx, id)
+	if ae := apiError(t, err, "manifest_mismatch"); !slices.Equal(ae.Keys, []string{manifest.CPUFlags}) || !strings.Contains(ae.Message, flag) {
+		t.Fatalf("manifest mismatch keys %v, want [cpu.flags] naming %s: %v", ae.Keys, flag, ae)
+	} else {
+		t.Logf("on a CPU without %s, refused as it should be: %v", flag, ae)
+	}
+	unchanged(t, d, id, was)
+	// The real kernel release, runc and CRIU, on a CPU with every flag.
+	mustStop(t, d)
+	d.bin = otherHost(t, cpuinfo, false)
 	mustStart(t, d)
 	resume(t, d, id, nil, atPark)
 
 	// Parked under this host's CRIU; resumed under the next feature
 	// release's: refused, naming the key, nothing changed.
 	_, atPark = park(t, d, id)
-	was, err := d.run(ctx, id)
+	was, err = d.run(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,18 +212,55 @@ func versionWrappers(t *testing.T, runcVer, criuVer string) []string {
 	return []string{"PATH=" + dir + string(os.PathListSeparator) + os.Getenv("PATH")}
 }
 
-// uname26 writes a runrecordd wrapper into a new directory that runs the
-// binary under test under the UNAME26 personality (setarch --uname-2.6),
-// inherited by its containerd, runc, CRIU and units: uname reports this
-// kernel as 2.6.N, another kernel.release. It returns the wrapper's path.
-func uname26(t *testing.T) string {
+// moreFlags writes a copy of /proc/cpuinfo whose CPUs have one flag more
+// than this host's, and returns its path and the flag.
+func moreFlags(t *testing.T) (string, string) {
 	t.Helper()
-	setarch, err := exec.LookPath("setarch")
+	const flag = "e2e_upgrade_flag"
+	b, err := os.ReadFile("/proc/cpuinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
+	lines := strings.Split(string(b), "\n")
+	n := 0
+	for i, l := range lines {
+		if k, v, ok := strings.Cut(l, ":"); ok && (strings.TrimSpace(k) == "flags" || strings.TrimSpace(k) == "Features") {
+			lines[i], n = k+": "+flag+v, n+1
+		}
+	}
+	if n == 0 {
+		t.Fatal("no CPU flags in /proc/cpuinfo")
+	}
+	p := filepath.Join(t.TempDir(), "cpuinfo")
+	if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p, flag
+}
+
+// otherHost writes a runrecordd wrapper into a new directory that runs the
+// binary under test as on another host, and returns its path: in a mount
+// namespace of its own where cpuinfo is bound over /proc/cpuinfo (the CPU
+// flags the daemon reads; CRIU asks the CPU itself), and, with uname26,
+// under the UNAME26 personality (setarch --uname-2.6), which its
+// containerd, runc, CRIU and units inherit: uname says 2.6.N, another
+// kernel.release.
+func otherHost(t *testing.T, cpuinfo string, uname26 bool) string {
+	t.Helper()
+	var tools [2]string
+	for i, name := range []string{"unshare", "setarch"} {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tools[i] = p
+	}
+	run := daemonBinary
+	if uname26 {
+		run = tools[1] + " --uname-2.6 " + daemonBinary
+	}
+	script := fmt.Sprintf("#!/bin/sh\nexec %s -m --propagation slave /bin/sh -c 'mount --bind %s /proc/cpuinfo && exec %s \"$@\"' sh \"$@\"\n", tools[0], cpuinfo, run)
 	w := filepath.Join(t.TempDir(), "runrecordd")
-	script := fmt.Sprintf("#!/bin/sh\nexec %s --uname-2.6 %s \"$@\"\n", setarch, daemonBinary)
 	if err := os.WriteFile(w, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
