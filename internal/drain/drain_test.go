@@ -236,7 +236,8 @@ func TestFitBounded(t *testing.T) {
 // In a rolling upgrade: a format-1 need (an image run parked by a host
 // before the per-key rules) fits a newer host's offer, which states the
 // CPU both ways; a format-2 need does not fit an older host's offer, which
-// has neither cpu.flags nor criu.images, and the refusal names them.
+// has neither cpu.flags nor criu.images: refused with ErrFormat, naming
+// the format the run's park records and the one the host there reads.
 func TestFitAcrossVersions(t *testing.T) {
 	flags := "avx2 fpu sse4_2"
 	hash := record.Sum([]byte(flags)).String()
@@ -255,7 +256,14 @@ func TestFitAcrossVersions(t *testing.T) {
 		t.Fatalf("format 2 on a newer host: %v", err)
 	}
 	err := Fit(format2, older)
-	if !errors.Is(err, ErrManifest) || !strings.Contains(err.Error(), manifest.CPUFlags+":") || !strings.Contains(err.Error(), manifest.CRIUImages+":") {
+	if !errors.Is(err, ErrFormat) || !errors.Is(err, ErrManifest) ||
+		!strings.Contains(err.Error(), manifest.Domain+"2") || !strings.Contains(err.Error(), manifest.Domain+"1 only") {
 		t.Fatalf("format 2 on an older host: %v", err)
+	}
+	// A format-2 host that fails a key is not said to be older.
+	other := Offer{Facts: maps.Clone(newer.Facts), Images: newer.Images, ImageParks: true}
+	other.Facts[manifest.CRIUImages] = "criu-images/4.3"
+	if err := Fit(format2, other); !errors.Is(err, ErrManifest) || errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), manifest.CRIUImages+":") {
+		t.Fatalf("format 2 on a host of another CRIU format: %v", err)
 	}
 }

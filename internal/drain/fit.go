@@ -17,6 +17,11 @@ var ErrUnfit = errors.New("the host cannot take the run")
 // there would be refused (manifest_mismatch).
 var ErrManifest = fmt.Errorf("%w: its manifest differs", ErrUnfit)
 
+// ErrFormat is an ErrManifest for a host that does not read the format
+// of the run's manifest: a runrecordd older than the one that parked it
+// (docs/manifest.md, "Upgrading a host").
+var ErrFormat = fmt.Errorf("%w: it does not read the run's manifest format", ErrManifest)
+
 // Need is what a run asks of the host that takes it.
 type Need struct {
 	Run string
@@ -48,13 +53,22 @@ type Offer struct {
 // when it can (its room is weighed in the drain). The manifest is judged
 // as the resume there will judge it (manifest.Judge): the unit id is the
 // run's own, the same everywhere; the image digest is the one the host has
-// under the unit's image name. A refusal names the keys that fail.
+// under the unit's image name. A refusal names the keys that fail, or
+// ([ErrFormat]) the manifest format the host does not read.
 func Fit(n Need, o Offer) error {
 	switch {
 	case o.Draining:
 		return fmt.Errorf("%w: it is being drained", ErrUnfit)
 	case n.ImagePark && !o.ImageParks:
 		return fmt.Errorf("%w: image parks do not work there", ErrUnfit)
+	}
+	// A host that reads format 2 states cpu.flags among its facts
+	// (manifest.Host); one that states none reads format 1 only.
+	if v := n.Manifest.Version(); v > manifest.Format1 {
+		if _, ok := o.Facts[manifest.CPUFlags]; !ok {
+			return fmt.Errorf("%w: the run's park records %s%d, and the host there reads %s1 only (it states no %s): upgrade its runrecordd first",
+				ErrFormat, manifest.Domain, v, manifest.Domain, manifest.CPUFlags)
+		}
 	}
 	there := manifest.Manifest{}
 	for k, v := range o.Facts {

@@ -37,6 +37,9 @@ type daemon struct {
 	env []string
 	// flags are added to `serve` at every start.
 	flags []string
+	// bin is the runrecordd binary it runs (another version's); empty,
+	// the one under test.
+	bin string
 	// stopDefault: the daemon stops under its default policy (park).
 	// Unset, every start adds --on-stop=leave (unless flags name a
 	// policy), for the tests that stop a daemon to see it reattach.
@@ -146,7 +149,7 @@ func (d *daemon) start() error {
 	if !d.stopDefault && !slices.ContainsFunc(d.flags, func(f string) bool { return strings.HasPrefix(f, "--on-stop") }) {
 		args = append(args, "--on-stop=leave")
 	}
-	cmd := exec.Command(daemonBinary, args...)
+	cmd := exec.Command(d.binary(), args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The stop policy follows systemd's variables (docs/daemon.md): a
 	// test run under a systemd service must not pass them on.
@@ -184,6 +187,14 @@ func (d *daemon) start() error {
 }
 
 func (d *daemon) running() bool { return d.cmd != nil }
+
+// binary is the runrecordd binary d runs.
+func (d *daemon) binary() string {
+	if d.bin != "" {
+		return d.bin
+	}
+	return daemonBinary
+}
 
 // stopTimeout bounds a graceful stop: a daemon with nothing to do exits in
 // well under a second.

@@ -29,7 +29,13 @@ import (
 // output, failing t when it fails.
 func cli(t *testing.T, args ...string) string {
 	t.Helper()
-	out, err := exec.Command(daemonBinary, args...).CombinedOutput()
+	return cliOf(t, daemonBinary, args...)
+}
+
+// cliOf is cli with the runrecordd binary bin.
+func cliOf(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(bin, args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("runrecordd %s: %v\n%s", strings.Join(args, " "), err, out)
 	}

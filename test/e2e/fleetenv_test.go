@@ -94,12 +94,16 @@ func (f *fleetEnv) hostWithout(t *testing.T, name string, extra ...string) (*dae
 }
 
 // start starts a daemon in t's fleet with flags, its key admitted as name,
-// serving the fleet on a loopback address.
-func (f *fleetEnv) start(t *testing.T, name string, flags []string) (*daemon, string) {
+// serving the fleet on a loopback address. opts set the daemon up first
+// (its binary: the host makes its key with it).
+func (f *fleetEnv) start(t *testing.T, name string, flags []string, opts ...func(*daemon)) (*daemon, string) {
 	t.Helper()
 	var key string
 	d := mustDaemon(t, name, func(d *daemon) {
-		key = cli(t, "fleet", "key", "--state-dir", d.state)
+		for _, o := range opts {
+			o(d)
+		}
+		key = cliOf(t, d.binary(), "fleet", "key", "--state-dir", d.state)
 		f.cli(t, "fleet", "admit", key, "--name", name)
 		d.flags = append(flags, "--peer-listen", freeAddr(t))
 		d.fleet = true

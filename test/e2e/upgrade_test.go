@@ -13,13 +13,15 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/runrecordd/runrecordd/internal/manifest"
 )
 
-// TestUpgradeKeepsParkedRuns parks the oracle under one runc and CRIU
-// build and resumes it under another the image-park probe accepts: the
-// recorded manifest names the first build's versions, and the resume
-// judges them by the probe, not by equality. Then a park under this
+// TestUpgradeKeepsParkedRuns parks the oracle under one kernel release,
+// runc and CRIU build and resumes it under another the image-park probe
+// accepts: the recorded manifest names the first ones' versions, and the
+// resume judges them by the probe, not by equality. Then a park under this
 // host's CRIU is refused on a CRIU of the next feature release (another
 // image format), with manifest_mismatch naming criu.images, the run left
 // parked; back on this host's CRIU, it resumes as the same process.
@@ -27,9 +29,13 @@ import (
 // The other builds are the real runc and CRIU behind wrappers that
 // answer --version with another version and hand every other call to
 // them: the restores are real, only the versions the daemon reads differ.
-// A kernel upgrade is judged by the same rule as runc's (probe), which a
-// test cannot change under a running host; internal/daemon's
-// TestResumeAcrossUpgrades covers it, and CPU flags, over a fake executor.
+// The other kernel release is this kernel's under the UNAME26
+// personality (setarch --uname-2.6), which the park's daemon, containerd,
+// runc and CRIU run under: uname says 2.6.N. The park's CPU has a flag
+// more than this one (a /proc/cpuinfo bound over the real one in the
+// daemon's mount namespace): on this host's own CPU the resume is refused
+// naming cpu.flags, then it resumes where the flag is back, under this
+// host's kernel release, runc and CRIU (otherHost).
 func TestUpgradeKeepsParkedRuns(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
@@ -37,7 +43,8 @@ func TestUpgradeKeepsParkedRuns(t *testing.T) {
 	// Another patch level of each: what a patch upgrade changes.
 	olderRunc, olderCRIU := otherPatch(t, runcVer), otherPatch(t, criuVer)
 	older := versionWrappers(t, olderRunc, olderCRIU)
-	d := mustDaemon(t, "upgrade", func(d *daemon) { d.env = older })
+	cpuinfo, flag := moreFlags(t)
+	d := mustDaemon(t, "upgrade", func(d *daemon) { d.env, d.bin = older, otherHost(t, cpuinfo, true) })
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	const id = "upgrade"
 	startOracle(t, d, id, oracleImage)
@@ -47,18 +54,44 @@ func TestUpgradeKeepsParkedRuns(t *testing.T) {
 	if rec[manifest.RuncVersion] != olderRunc || rec[manifest.CRIUVersion] != olderCRIU {
 		t.Fatalf("recorded runc %q, criu %q; want the wrapped %q, %q", rec[manifest.RuncVersion], rec[manifest.CRIUVersion], olderRunc, olderCRIU)
 	}
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	if kernel := unix.ByteSliceToString(u.Release[:]); !strings.HasPrefix(rec[manifest.KernelRelease], "2.6.") || rec[manifest.KernelRelease] == kernel {
+		t.Fatalf("recorded kernel.release %q; want the UNAME26 one (2.6.N), not this host's %q", rec[manifest.KernelRelease], kernel)
+	}
 	if _, hash := rec[manifest.CPUFeatures]; rec.Version() != manifest.Format2 || rec[manifest.CRIUImages] != manifest.CRIUFormat(criuVer) || rec[manifest.CPUFlags] == "" || hash {
 		t.Fatalf("recorded manifest %v: want format 2 with criu.images %s and the CPU's flags", rec, manifest.CRIUFormat(criuVer))
 	}
+	if !slices.Contains(strings.Fields(rec[manifest.CPUFlags]), flag) {
+		t.Fatalf("recorded cpu.flags %q lack the CPU's %s", rec[manifest.CPUFlags], flag)
+	}
+	// On this host's CPU, which lacks the flag: refused, naming cpu.flags.
+	was, err := d.run(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
 	mustStop(t, d)
-	d.env = nil // the real runc and CRIU
+	d.env, d.bin = nil, ""
+	mustStart(t, d)
+	_, err = d.c.Resume(ctx, id)
+	if ae := apiError(t, err, "manifest_mismatch"); !slices.Equal(ae.Keys, []string{manifest.CPUFlags}) || !strings.Contains(ae.Message, flag) {
+		t.Fatalf("manifest mismatch keys %v, want [cpu.flags] naming %s: %v", ae.Keys, flag, ae)
+	} else {
+		t.Logf("on a CPU without %s, refused as it should be: %v", flag, ae)
+	}
+	unchanged(t, d, id, was)
+	// The real kernel release, runc and CRIU, on a CPU with every flag.
+	mustStop(t, d)
+	d.bin = otherHost(t, cpuinfo, false)
 	mustStart(t, d)
 	resume(t, d, id, nil, atPark)
 
 	// Parked under this host's CRIU; resumed under the next feature
 	// release's: refused, naming the key, nothing changed.
 	_, atPark = park(t, d, id)
-	was, err := d.run(ctx, id)
+	was, err = d.run(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,4 +210,59 @@ func versionWrappers(t *testing.T, runcVer, criuVer string) []string {
 		}
 	}
 	return []string{"PATH=" + dir + string(os.PathListSeparator) + os.Getenv("PATH")}
+}
+
+// moreFlags writes a copy of /proc/cpuinfo whose CPUs have one flag more
+// than this host's, and returns its path and the flag.
+func moreFlags(t *testing.T) (string, string) {
+	t.Helper()
+	const flag = "e2e_upgrade_flag"
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	n := 0
+	for i, l := range lines {
+		if k, v, ok := strings.Cut(l, ":"); ok && (strings.TrimSpace(k) == "flags" || strings.TrimSpace(k) == "Features") {
+			lines[i], n = k+": "+flag+v, n+1
+		}
+	}
+	if n == 0 {
+		t.Fatal("no CPU flags in /proc/cpuinfo")
+	}
+	p := filepath.Join(t.TempDir(), "cpuinfo")
+	if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p, flag
+}
+
+// otherHost writes a runrecordd wrapper into a new directory that runs the
+// binary under test as on another host, and returns its path: in a mount
+// namespace of its own where cpuinfo is bound over /proc/cpuinfo (the CPU
+// flags the daemon reads; CRIU asks the CPU itself), and, with uname26,
+// under the UNAME26 personality (setarch --uname-2.6), which its
+// containerd, runc, CRIU and units inherit: uname says 2.6.N, another
+// kernel.release.
+func otherHost(t *testing.T, cpuinfo string, uname26 bool) string {
+	t.Helper()
+	var tools [2]string
+	for i, name := range []string{"unshare", "setarch"} {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tools[i] = p
+	}
+	run := daemonBinary
+	if uname26 {
+		run = tools[1] + " --uname-2.6 " + daemonBinary
+	}
+	script := fmt.Sprintf("#!/bin/sh\nexec %s -m --propagation slave /bin/sh -c 'mount --bind %s /proc/cpuinfo && exec %s \"$@\"' sh \"$@\"\n", tools[0], cpuinfo, run)
+	w := filepath.Join(t.TempDir(), "runrecordd")
+	if err := os.WriteFile(w, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
