@@ -19,7 +19,7 @@ import (
 
 func cmdConformance(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("conformance", flag.ContinueOnError)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	var classes []conformance.Class
