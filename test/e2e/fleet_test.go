@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -95,8 +98,32 @@ func TestFleetHost(t *testing.T) {
 	follows("resume")
 	peerRoutes(t, f, peerAddr, hostKey, started.Unit)
 	status := f.cli(t, "fleet", "status")
-	if !strings.Contains(status, "\th1\thost\tlease ") || !strings.Contains(status, "orphaned runs: 0") {
+	if !regexp.MustCompile(`(?m)^`+hostKey+` +h1 +host +lease [0-9a-f]+ +1 +-$`).MatchString(status) || !strings.Contains(status, "orphaned runs: 0") {
 		t.Fatalf("fleet status:\n%s", status)
+	}
+	// -o json: one object, the members and the orphans (docs/cli.md).
+	type member struct {
+		Key, Name, Role, Lease, Peer string
+		Runs                         int
+		Draining                     bool
+	}
+	var js struct {
+		Members []member
+		Orphans []json.RawMessage
+	}
+	if err := json.Unmarshal([]byte(f.cli(t, "fleet", "status", "-o", "json")), &js); err != nil {
+		t.Fatal(err)
+	}
+	// peerRoutes admitted a host and a platform key besides h1.
+	if len(js.Members) != 3 || js.Orphans == nil || len(js.Orphans) != 0 {
+		t.Fatalf("fleet status -o json: %+v", js)
+	}
+	i := slices.IndexFunc(js.Members, func(m member) bool { return m.Key == hostKey })
+	if i < 0 {
+		t.Fatalf("fleet status -o json: no member %s: %+v", hostKey, js)
+	}
+	if m := js.Members[i]; m.Name != "h1" || m.Role != "host" || m.Lease == "" || m.Peer != peerAddr || m.Runs != 1 || m.Draining {
+		t.Fatalf("fleet status -o json: member %+v", m)
 	}
 }
 
