@@ -16,7 +16,7 @@ func cmdExport(args []string, stdout io.Writer) error {
 	handoff := v.fs.Bool("handoff", true, "hand the run off: this host will not resume or close it until a bundle extending it is imported back (false: export a copy, which no host resumes)")
 	var pf progressFlag
 	pf.register(v.fs)
-	return v.runOne(args, func(id string, c *api.Client, cx context.Context) (err error) {
+	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
 		if *file == "-" && isTerminal(stdout) {
 			return errTerminal
 		}
@@ -24,15 +24,38 @@ func cmdExport(args []string, stdout io.Writer) error {
 		if !*handoff {
 			export = c.ExportCopy
 		}
+		if *file == "-" && v.cf.output == "json" {
+			return usagef("-o json needs -f FILE: standard output is the bundle")
+		}
 		p := startProgress(pf, "export "+printable(id), 0, true)
-		defer func() { p.Done(err) }()
 		if *file == "-" {
-			return export(cx, id, p.Writer(stdout))
+			err := export(cx, id, p.Writer(stdout))
+			p.Done(err)
+			return err
 		}
 		// Whole and durable, so a failed export leaves no half bundle
 		// under the name, and a finished one survives a crash.
-		return atomicfile.Write(*file, 0o600, func(f *os.File) error { return export(cx, id, p.Writer(f)) })
+		err := atomicfile.Write(*file, 0o600, func(f *os.File) error { return export(cx, id, p.Writer(f)) })
+		p.Done(err)
+		if err != nil {
+			return err
+		}
+		st, err := os.Stat(*file)
+		if err != nil {
+			return err
+		}
+		out := exported{Run: id, File: *file, Bytes: st.Size(), HandedOff: *handoff}
+		// The table form prints nothing: the bundle is the result.
+		return v.cf.print(stdout, out, func(io.Writer) {})
 	})
+}
+
+// exported is export's result with -o json: the bundle written.
+type exported struct {
+	Run       string `json:"run"`
+	File      string `json:"file"`
+	Bytes     int64  `json:"bytes"`
+	HandedOff bool   `json:"handed_off"`
 }
 
 func cmdImport(args []string, stdout io.Writer) error {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -89,5 +90,25 @@ func TestBashCompletion(t *testing.T) {
 	got = complete("runrecordd", "import", filepath.Join(dir, "run.b"))
 	if !slices.Equal(got, []string{filepath.Join(dir, "run.bundle")}) {
 		t.Errorf("import FILE<TAB>: %q", got)
+	}
+}
+
+// noJSON are the verbs that print no result a script would parse: the
+// daemon (its log has --log-format), and generated scripts and pages.
+var noJSON = []string{"serve", "completion", "man"}
+
+// Every other verb, and each sub-verb, takes -o (table or json).
+func TestEveryVerbTakesOutput(t *testing.T) {
+	table, err := verbTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range table {
+		for _, s := range v.subs {
+			has := slices.ContainsFunc(s.flags, func(f *flag.Flag) bool { return f.Name == "o" })
+			if has == slices.Contains(noJSON, v.name) {
+				t.Errorf("%s %s: -o %v", v.name, s.name, has)
+			}
+		}
 	}
 }
