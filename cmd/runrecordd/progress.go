@@ -44,8 +44,12 @@ func (p *progressFlag) register(fs *flag.FlagSet) {
 // a terminal by default: a quick one prints nothing more.
 const progressDelay = time.Second
 
-// progressEvery is how often progress is printed.
-const progressEvery = 500 * time.Millisecond
+// progressEvery is how often progress is rewritten on a terminal, and
+// progressLogEvery how often a line of it is printed elsewhere (a log).
+const (
+	progressEvery    = 500 * time.Millisecond
+	progressLogEvery = 5 * time.Second
+)
 
 // progress reports an operation's progress on w: bytes so far (Add, or a
 // reader or writer wrapped by it), of total when known, with the rate and
@@ -83,7 +87,11 @@ func startProgress(f progressFlag, label string, total int64, counts bool) *prog
 
 func (p *progress) loop() {
 	defer close(p.done)
-	t := time.NewTicker(progressEvery)
+	every := progressEvery
+	if !p.tty {
+		every = progressLogEvery
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
