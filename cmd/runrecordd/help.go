@@ -99,18 +99,20 @@ func help(name string, w, stderr io.Writer) int {
 	return 2
 }
 
-// verbTable is every verb with its sub-verbs and each one's flags: what
-// completion and the man page are generated from.
+// verbEntry is a verb of the verb table, with its sub-verbs.
 type verbEntry struct {
 	name, summary string
 	subs          []subEntry // one with name "" for a verb without sub-verbs
 }
 
+// subEntry is a sub-verb (or the verb itself) and its flags, by name.
 type subEntry struct {
 	name  string
 	flags []*flag.Flag
 }
 
+// verbTable is every verb with its sub-verbs and each one's flags: what
+// completion and the man page are generated from.
 func verbTable() ([]verbEntry, error) {
 	var out []verbEntry
 	for _, c := range commands() {
