@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -178,18 +179,28 @@ func cmdDrain(args []string, stdout io.Writer) error {
 		// Each run's outcome as it ends, from the event stream: on
 		// stdout beside the table, or with -o json on stderr as the
 		// events' JSON lines, stdout keeping its one object.
+		// The drain is asked for once the stream is subscribed, and the
+		// stream ends once every run's outcome came (or 2 s after the
+		// drain answered), so none is missed.
 		ectx, stop := context.WithCancel(cx)
 		defer stop()
-		progress := drainProgress{w: stdout, json: v.cf.output == "json"}
+		progress := &drainProgress{w: stdout, json: v.cf.output == "json", more: make(chan struct{}, 1)}
 		if progress.json {
 			progress.w = os.Stderr
 		}
-		streamed := make(chan struct{})
+		subscribed, streamed := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(streamed)
-			_ = c.Events(ectx, progress.event)
+			_ = c.Subscribe(ectx, func() { close(subscribed) }, progress.event)
 		}()
+		select {
+		case <-subscribed:
+		case <-streamed: // no stream: the drain goes ahead without it
+		}
 		d, err := c.Drain(cx, api.DrainRequest{To: to, Parallel: *parallel})
+		if err == nil {
+			progress.wait(len(d.Runs), 2*time.Second)
+		}
 		stop()
 		<-streamed
 		if err != nil {
@@ -217,9 +228,13 @@ func cmdDrain(args []string, stdout io.Writer) error {
 type drainProgress struct {
 	w    io.Writer
 	json bool
+	// printed counts the drain.run events printed; more, when not nil,
+	// has a token after each.
+	printed atomic.Int64
+	more    chan struct{}
 }
 
-func (p drainProgress) event(e api.Event) bool {
+func (p *drainProgress) event(e api.Event) bool {
 	if e.Kind != "drain.run" {
 		return true
 	}
@@ -228,5 +243,24 @@ func (p drainProgress) event(e api.Event) bool {
 	} else {
 		fmt.Fprintf(p.w, "%s\t%s\n", printable(e.Run), printable(e.Detail))
 	}
+	p.printed.Add(1)
+	if p.more != nil {
+		select {
+		case p.more <- struct{}{}:
+		default:
+		}
+	}
 	return true
+}
+
+// wait waits until n drain.run events were printed, or for at most d.
+func (p *drainProgress) wait(n int, d time.Duration) {
+	deadline := time.After(d)
+	for p.printed.Load() < int64(n) {
+		select {
+		case <-p.more:
+		case <-deadline:
+			return
+		}
+	}
 }

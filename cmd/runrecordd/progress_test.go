@@ -80,13 +80,29 @@ func TestProgressReport(t *testing.T) {
 func TestDrainProgress(t *testing.T) {
 	var js, tab bytes.Buffer
 	for _, e := range []api.Event{{Kind: "run.parked", Run: "a"}, {Kind: "drain.run", Run: "b", Detail: "moved to b3:x"}} {
-		drainProgress{w: &js, json: true}.event(e)
-		drainProgress{w: &tab}.event(e)
+		(&drainProgress{w: &js, json: true}).event(e)
+		(&drainProgress{w: &tab}).event(e)
 	}
 	if got := js.String(); !strings.Contains(got, `"kind":"drain.run"`) || !strings.Contains(got, `"run":"b"`) || strings.Count(got, "\n") != 1 {
 		t.Errorf("json: %q", got)
 	}
 	if got := tab.String(); got != "b\tmoved to b3:x\n" {
 		t.Errorf("table: %q", got)
+	}
+	// The drain waits for every run's line, and no longer than it says.
+	p := &drainProgress{w: io.Discard, more: make(chan struct{}, 1)}
+	go func() {
+		for range 3 {
+			p.event(api.Event{Kind: "drain.run", Run: "r"})
+		}
+	}()
+	p.wait(3, 10*time.Second)
+	if p.printed.Load() != 3 {
+		t.Errorf("waited for %d lines of 3", p.printed.Load())
+	}
+	start := time.Now()
+	p.wait(4, 100*time.Millisecond)
+	if time.Since(start) > 5*time.Second {
+		t.Error("wait outlived its bound")
 	}
 }

@@ -377,10 +377,28 @@ func TestFleetDrain(t *testing.T) {
 	// One of etcd's three members is down for the drain: the fleet goes on
 	// with the other two.
 	f.c.StopFor(t, 2)
-	out, err := exec.Command(daemonBinary, "drain", "--socket", a.socket).CombinedOutput()
-	t.Logf("drain:\n%s", out)
-	if err != nil || !strings.Contains(string(out), "drained: 3 moved, 0 left here") {
-		t.Fatalf("drain: %v\n%s", err, a.logTail())
+	// -o json: one object on stdout; each run's outcome, as it ends, a
+	// drain.run event's line on stderr.
+	var stdout, stderr bytes.Buffer
+	drain := exec.Command(daemonBinary, "drain", "--socket", a.socket, "-o", "json")
+	drain.Stdout, drain.Stderr = &stdout, &stderr
+	err := drain.Run()
+	t.Logf("drain:\n%s%s", stdout.Bytes(), stderr.Bytes())
+	var drained api.Drain
+	if err != nil || json.Unmarshal(stdout.Bytes(), &drained) != nil || drained.Moved != 3 || drained.Left != 0 {
+		t.Fatalf("drain: %v, %+v\n%s", err, drained, a.logTail())
+	}
+	var outcomes []string
+	for _, l := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var e api.Event
+		if err := json.Unmarshal([]byte(l), &e); err != nil || e.Kind != "drain.run" {
+			t.Fatalf("drain's stderr line %q: %v", l, err)
+		}
+		outcomes = append(outcomes, e.Run)
+	}
+	slices.Sort(outcomes)
+	if !slices.Equal(outcomes, []string{"d-agent1", "d-agent2", "d-oracle"}) {
+		t.Fatalf("drain's outcomes on stderr: %q", outcomes)
 	}
 	if _, err := a.c.Start(ctx, api.RunRequest{ID: "late", Unit: unit.Spec{Image: oracleImage}}); err == nil {
 		t.Fatal("a drained host took a new run")
