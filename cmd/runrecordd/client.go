@@ -30,15 +30,29 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 }
 
 func (c *clientFlags) client() (*api.Client, error) {
-	if c.output != "table" && c.output != "json" {
-		return nil, usagef("-o %s: use table or json", c.output)
+	if err := checkOutput(c.output); err != nil {
+		return nil, err
 	}
 	return api.NewClient(c.socket), nil
 }
 
 // print writes v as JSON with -o json, else calls table.
 func (c *clientFlags) print(w io.Writer, v any, table func(w io.Writer)) error {
-	if c.output == "json" {
+	return printAs(w, c.output, v, table)
+}
+
+// checkOutput refuses an -o other than table or json.
+func checkOutput(output string) error {
+	if output != "table" && output != "json" {
+		return usagef("-o %s: use table or json", output)
+	}
+	return nil
+}
+
+// printAs writes v as one indented JSON value when output is json, else
+// calls table with a tabwriter over w.
+func printAs(w io.Writer, output string, v any, table func(w io.Writer)) error {
+	if output == "json" {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
@@ -70,7 +84,15 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // parseFlags is fs.Parse with its errors as usage errors (exit 2); the
 // flag package has already printed the flag's usage.
+//
+// While flagSink is set (verbFlags), it is handed fs instead, and the verb
+// ends there with flag.ErrHelp: every verb's flags are declared before it
+// parses them, so this is how help, completion and the man page read them.
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	if flagSink != nil {
+		flagSink(fs)
+		return flag.ErrHelp
+	}
 	err := fs.Parse(args)
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		return usageError{msg: err.Error(), printed: true}

@@ -186,92 +186,173 @@ func cmdFleet(args []string, stdout io.Writer) error {
 	default:
 		return usagef(use)
 	}
+	output := fs.String("o", "table", "output: table or json")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
+	if err := checkOutput(*output); err != nil {
+		return err
+	}
 	ctx, cancel := ctx()
 	defer cancel()
+	var out fleetOutput
 	switch {
 	case sub == "key" && len(pos) == 0 && tlsOut != "" && !public:
-		return fleetTLSOut(tlsOut, stdout)
+		var k record.Address
+		k, err = fleetTLSOut(tlsOut)
+		out = fleetKey{Key: k.String()}
 	case sub == "key" && len(pos) == 0 && tlsOut == "" && public:
-		pub, err := hostPublicKey(state)
-		if err == nil {
-			fmt.Fprintln(stdout, pub)
-		}
-		return err
+		var pub string
+		pub, err = hostPublicKey(state)
+		out = fleetKey{PublicKey: pub}
 	case sub == "key" && len(pos) == 0 && tlsOut == "":
-		key, err := hostKeyID(state)
-		if err == nil {
-			fmt.Fprintln(stdout, key)
-		}
-		return err
+		var k record.Address
+		k, err = hostKeyID(state)
+		out = fleetKey{Key: k.String()}
 	case sub == "admit" && len(pos) == 1:
-		return fleetAdmit(ctx, e, pos[0], name, fleet.Role(role), stdout)
+		out, err = fleetAdmit(ctx, e, pos[0], name, fleet.Role(role))
 	case sub == "revoke" && len(pos) == 1:
-		return fleetRevoke(ctx, e, pos[0], stdout)
+		out, err = fleetRevoke(ctx, e, pos[0])
 	case sub == "status" && len(pos) == 0:
-		return fleetStatus(ctx, e, stdout)
+		out, err = fleetStatus(ctx, e)
+	default:
+		return usagef(use)
 	}
-	return usagef(use)
+	if err != nil {
+		return err
+	}
+	return printAs(stdout, *output, out, out.table)
 }
 
-func fleetAdmit(ctx context.Context, e etcdFlags, keyText, name string, role fleet.Role, stdout io.Writer) error {
+// fleetOutput is what a fleet sub-verb prints: a table, or itself as JSON
+// (-o json; docs/cli.md lists each one's fields).
+type fleetOutput interface {
+	table(w io.Writer)
+}
+
+// fleetKey is `fleet key`'s output: the key id, or with --public the raw
+// public key.
+type fleetKey struct {
+	Key       string `json:"key,omitempty"`
+	PublicKey string `json:"public_key,omitempty"`
+}
+
+func (k fleetKey) table(w io.Writer) {
+	if k.PublicKey != "" {
+		fmt.Fprintln(w, k.PublicKey)
+		return
+	}
+	fmt.Fprintln(w, k.Key)
+}
+
+// fleetMember is a member of the fleet as `fleet admit`, `fleet revoke`
+// and `fleet status` print it. Lease is the live session's etcd lease (hex),
+// empty when there is none.
+type fleetMember struct {
+	Key      string `json:"key"`
+	Name     string `json:"name"`
+	Role     string `json:"role"`
+	Lease    string `json:"lease,omitempty"`
+	Peer     string `json:"peer,omitempty"`
+	Runs     int    `json:"runs"`
+	Draining bool   `json:"draining"`
+}
+
+func memberOf(m fleet.Member) fleetMember {
+	fm := fleetMember{Key: m.Key.String(), Name: m.Name, Role: string(m.Role), Peer: m.Peer, Draining: m.Draining}
+	if m.Lease != 0 {
+		fm.Lease = fmt.Sprintf("%x", m.Lease)
+	}
+	return fm
+}
+
+type fleetAdmitted struct {
+	Admitted fleetMember `json:"admitted"`
+}
+
+func (a fleetAdmitted) table(w io.Writer) {
+	fmt.Fprintf(w, "admitted %s (%s) as %s\n", a.Admitted.Key, printable(a.Admitted.Name), a.Admitted.Role)
+}
+
+func fleetAdmit(ctx context.Context, e etcdFlags, keyText, name string, role fleet.Role) (fleetOutput, error) {
 	key, err := trust.ParseKey(keyText)
 	if err != nil {
-		return usagef("fleet admit: %v", err)
+		return nil, usagef("fleet admit: %v", err)
 	}
 	dir, cli, err := e.dir()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer cli.Close()
 	if err := dir.Admit(ctx, key, name, role); err != nil {
-		return err
+		return nil, err
 	}
-	fmt.Fprintf(stdout, "admitted %s (%s) as %s\n", key, printable(name), role)
-	return nil
+	return fleetAdmitted{fleetMember{Key: key.String(), Name: name, Role: string(role)}}, nil
 }
 
-// fleetStatus prints the fleet's members, each with whether its session
-// is alive, how many runs it owns and whether it is being drained, and the
-// orphaned runs.
-func fleetStatus(ctx context.Context, e etcdFlags, stdout io.Writer) error {
+// fleetStatusOut is `fleet status`: the fleet's members, each with
+// whether its session is alive, how many runs it owns and whether it is
+// being drained, and the orphaned runs.
+type fleetStatusOut struct {
+	Members []fleetMember `json:"members"`
+	Orphans []fleetOrphan `json:"orphans"`
+}
+
+// fleetOrphan is a run whose owner's session is gone.
+type fleetOrphan struct {
+	Genesis string `json:"genesis"`
+	Run     string `json:"run"`
+	Phase   string `json:"phase"`
+	Owner   string `json:"owner"`
+}
+
+func (s fleetStatusOut) table(w io.Writer) {
+	fmt.Fprintln(w, "KEY\tNAME\tROLE\tSESSION\tRUNS\tDRAIN")
+	for _, m := range s.Members {
+		session, drain := "none", "-"
+		if m.Lease != "" {
+			session = "lease " + m.Lease
+		}
+		if m.Draining {
+			drain = "draining"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", m.Key, printable(m.Name), m.Role, session, m.Runs, drain)
+	}
+	fmt.Fprintf(w, "orphaned runs: %d\n", len(s.Orphans))
+	for _, o := range s.Orphans {
+		fmt.Fprintf(w, "  %s\t%s\t%s\towner %s\n", o.Genesis, printable(o.Run), o.Phase, o.Owner)
+	}
+}
+
+func fleetStatus(ctx context.Context, e etcdFlags) (fleetOutput, error) {
 	dir, cli, err := e.dir()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer cli.Close()
 	hosts, err := dir.Hosts(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	fmt.Fprintln(stdout, "KEY\tNAME\tROLE\tSESSION\tRUNS\tDRAIN")
+	out := fleetStatusOut{Members: []fleetMember{}, Orphans: []fleetOrphan{}}
 	for _, h := range hosts {
-		session := "none"
-		if h.Lease != 0 {
-			session = fmt.Sprintf("lease %x", h.Lease)
-		}
 		owned, err := dir.Owned(ctx, h.Key)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		drain := "-"
-		if h.Draining {
-			drain = "draining"
-		}
-		fmt.Fprintf(stdout, "%s\t%s\t%s\t%s\t%d\t%s\n", h.Key, printable(h.Name), h.Role, session, len(owned), drain)
+		m := memberOf(h)
+		m.Runs = len(owned)
+		out.Members = append(out.Members, m)
 	}
 	orphans, err := dir.Orphans(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	fmt.Fprintf(stdout, "orphaned runs: %d\n", len(orphans))
 	for _, o := range orphans {
-		fmt.Fprintf(stdout, "  %s\t%s\t%s\towner %s\n", o.Genesis, printable(o.Run), o.Phase, o.Owner)
+		out.Orphans = append(out.Orphans, fleetOrphan{Genesis: o.Genesis.String(), Run: o.Run, Phase: o.Phase.String(), Owner: o.Owner.String()})
 	}
-	return nil
+	return out, nil
 }
 
 // peerServer serves, on the fleet's mutual-TLS listener (internal/peer;

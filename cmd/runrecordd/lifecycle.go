@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -13,6 +16,8 @@ func cmdPark(args []string, stdout io.Writer) error {
 	v := newVerb("park")
 	all := v.fs.Bool("all", false, "park every run executing on the host; the daemon's next start resumes them (docs/daemon.md, \"Stop and start\")")
 	parallel := v.fs.Int("parallel", 0, "with --all: how many runs to park at once (default 4)")
+	var pf progressFlag
+	pf.register(v.fs)
 	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
 		switch {
 		case *all && len(pos) == 0:
@@ -20,7 +25,9 @@ func cmdPark(args []string, stdout io.Writer) error {
 		case *all || len(pos) != 1:
 			return usagef("usage: runrecordd park RUN | park --all [--parallel N]")
 		}
+		pr := startProgress(pf, "park "+printable(pos[0]), 0, false)
 		p, err := c.Park(cx, pos[0])
+		pr.Done(err)
 		if err != nil {
 			return err
 		}
@@ -93,11 +100,15 @@ func cmdAdopt(args []string, stdout io.Writer) error {
 func cmdMigrate(args []string, stdout io.Writer) error {
 	v := newVerb("migrate")
 	to := v.fs.String("to", "", "the key id of the host to move the run to (`fleet status` lists them)")
+	var pf progressFlag
+	pf.register(v.fs)
 	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
 		if *to == "" {
 			return usagef("usage: runrecordd migrate RUN --to KEY")
 		}
+		p := startProgress(pf, "migrate "+printable(id), 0, false)
 		r, err := c.Migrate(cx, id, *to)
+		p.Done(err)
 		if err != nil {
 			return err
 		}
@@ -165,21 +176,33 @@ func cmdDrain(args []string, stdout io.Writer) error {
 		if len(pos) != 0 {
 			return usagef("usage: runrecordd drain [--to KEY ...] [--parallel N]")
 		}
-		// Each run's outcome as it ends, from the event stream.
+		// Each run's outcome as it ends, from the event stream: on
+		// stdout beside the table, or with -o json on stderr as the
+		// events' JSON lines, stdout keeping its one object.
+		// The drain is asked for once the stream is subscribed, and the
+		// stream ends once every run's outcome came (or 2 s after the
+		// drain answered), so none is missed.
 		ectx, stop := context.WithCancel(cx)
 		defer stop()
-		if v.cf.output != "json" {
-			go func() {
-				_ = c.Events(ectx, func(e api.Event) bool {
-					if e.Kind == "drain.run" {
-						fmt.Fprintf(stdout, "%s\t%s\n", printable(e.Run), printable(e.Detail))
-					}
-					return true
-				})
-			}()
+		progress := &drainProgress{w: stdout, json: v.cf.output == "json", more: make(chan struct{}, 1)}
+		if progress.json {
+			progress.w = os.Stderr
+		}
+		subscribed, streamed := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(streamed)
+			_ = c.Subscribe(ectx, func() { close(subscribed) }, progress.event)
+		}()
+		select {
+		case <-subscribed:
+		case <-streamed: // no stream: the drain goes ahead without it
 		}
 		d, err := c.Drain(cx, api.DrainRequest{To: to, Parallel: *parallel})
+		if err == nil {
+			progress.wait(len(d.Runs), 2*time.Second)
+		}
 		stop()
+		<-streamed
 		if err != nil {
 			return err
 		}
@@ -198,4 +221,46 @@ func cmdDrain(args []string, stdout io.Writer) error {
 		}
 		return nil
 	})
+}
+
+// drainProgress prints each run's outcome of a drain as its event
+// arrives: a table line, or the event as a JSON line.
+type drainProgress struct {
+	w    io.Writer
+	json bool
+	// printed counts the drain.run events printed; more, when not nil,
+	// has a token after each.
+	printed atomic.Int64
+	more    chan struct{}
+}
+
+func (p *drainProgress) event(e api.Event) bool {
+	if e.Kind != "drain.run" {
+		return true
+	}
+	if p.json {
+		_ = json.NewEncoder(p.w).Encode(e)
+	} else {
+		fmt.Fprintf(p.w, "%s\t%s\n", printable(e.Run), printable(e.Detail))
+	}
+	p.printed.Add(1)
+	if p.more != nil {
+		select {
+		case p.more <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// wait waits until n drain.run events were printed, or for at most d.
+func (p *drainProgress) wait(n int, d time.Duration) {
+	deadline := time.After(d)
+	for p.printed.Load() < int64(n) {
+		select {
+		case <-p.more:
+		case <-deadline:
+			return
+		}
+	}
 }

@@ -40,7 +40,7 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		{"serve", "run the daemon: serve [--state-dir DIR] [--socket PATH] [--containerd-address ADDR] [--criu-deadline D] [--warm-pool N]", cmdServe},
+		{"serve", "run the daemon: serve [--config FILE] [--state-dir DIR] [FLAGS] (runrecordd help serve lists every flag)", cmdServe},
 		{"images", "import an OCI or docker archive: images import FILE [--name NAME]", cmdImages},
 		{"run", "start a run: run [--id ID] [--mode image|transcript] [--cpu M] [--memory SIZE] [--network none|loopback] [--env K=V] IMAGE [ARGS...]", cmdRun},
 		{"list", "list runs: list [--phase executing|parked|closed]", cmdList},
@@ -67,6 +67,8 @@ func commands() []command {
 		{"unpin", "let a pinned run's snapshots go with the retention time: unpin RUN", cmdUnpin},
 		{"conformance", "run the conformance pack: runrecordd conformance [DIR]", cmdConformance},
 		{"version", "this binary's version, revision and Go version: version [-o json]", cmdVersion},
+		{"completion", "a shell completion script: completion bash|zsh|fish (bash: source <(runrecordd completion bash))", cmdCompletion},
+		{"man", "the manual page, runrecordd(1), in roff: man (read it with runrecordd man | man -l -)", cmdMan},
 	}
 }
 

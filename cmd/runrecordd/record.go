@@ -19,34 +19,54 @@ import (
 
 func cmdConformance(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("conformance", flag.ContinueOnError)
-	if err := fs.Parse(args); err != nil {
+	output := fs.String("o", "table", "output: table or json")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := checkOutput(*output); err != nil {
 		return err
 	}
 	var classes []conformance.Class
-	var err error
-	switch fs.NArg() {
+	switch len(pos) {
 	case 0:
 		classes, err = conformance.LoadFS(runrecordd.Conformance, "testdata/conformance")
 	case 1:
-		classes, err = conformance.Load(fs.Arg(0))
+		classes, err = conformance.Load(pos[0])
 	default:
-		return usagef("at most one directory, got %d arguments", fs.NArg())
+		return usagef("at most one directory, got %d arguments", len(pos))
 	}
 	if err != nil {
 		return err
 	}
+	type classResult struct {
+		Class  string   `json:"class"`
+		Cases  int      `json:"cases"`
+		Passed bool     `json:"passed"`
+		Failed []string `json:"failed"`
+	}
+	out := []classResult{}
 	failed := 0
 	for _, c := range classes {
 		res := conformance.Run(c)
-		if res.Passed() {
-			fmt.Fprintf(stdout, "%-4s passed (%d cases)\n", res.Class, res.Cases)
-			continue
+		if !res.Passed() {
+			failed++
 		}
-		failed++
-		fmt.Fprintf(stdout, "%-4s FAILED (%d of %d cases)\n", res.Class, len(res.Failed), res.Cases)
-		for _, f := range res.Failed {
-			fmt.Fprintf(stdout, "     %s\n", f)
+		out = append(out, classResult{res.Class, res.Cases, res.Passed(), append([]string{}, res.Failed...)})
+	}
+	if err := printAs(stdout, *output, out, func(w io.Writer) {
+		for _, r := range out {
+			if r.Passed {
+				fmt.Fprintf(w, "%-4s passed (%d cases)\n", r.Class, r.Cases)
+				continue
+			}
+			fmt.Fprintf(w, "%-4s FAILED (%d of %d cases)\n", r.Class, len(r.Failed), r.Cases)
+			for _, f := range r.Failed {
+				fmt.Fprintf(w, "     %s\n", f)
+			}
 		}
+	}); err != nil {
+		return err
 	}
 	if failed > 0 {
 		return fmt.Errorf("%d of %d classes failed", failed, len(classes))
@@ -86,9 +106,19 @@ func cmdVerify(args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%s does not verify: %w", *file, err)
 	}
-	fmt.Fprintf(stdout, "verified from genesis: %d segments, %s, head %s\n", r.Len(), r.Phase(), r.Head())
-	fmt.Fprintf(stdout, "wait proof: %s\n", r.WaitProof())
-	return nil
+	if err := checkOutput(cf.output); err != nil {
+		return err
+	}
+	out := struct {
+		Segments  int    `json:"segments"`
+		Phase     string `json:"phase"`
+		Head      string `json:"head"`
+		WaitProof string `json:"wait_proof"`
+	}{r.Len(), r.Phase().String(), r.Head().String(), r.WaitProof().String()}
+	return printAs(stdout, cf.output, out, func(w io.Writer) {
+		fmt.Fprintf(w, "verified from genesis: %d segments, %s, head %s\n", out.Segments, out.Phase, out.Head)
+		fmt.Fprintf(w, "wait proof: %s\n", out.WaitProof)
+	})
 }
 
 // verifyBundle is `verify --file BUNDLE`: the bundle is read and judged as

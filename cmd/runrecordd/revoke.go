@@ -16,26 +16,35 @@ import (
 
 // fleetRevoke is `fleet revoke KEY`: the key's membership removed and its
 // session's lease revoked (fleet.Dir.Revoke).
-func fleetRevoke(ctx context.Context, e etcdFlags, keyText string, stdout io.Writer) error {
+func fleetRevoke(ctx context.Context, e etcdFlags, keyText string) (fleetOutput, error) {
 	key, err := trust.ParseKey(keyText)
 	if err != nil {
-		return usagef("fleet revoke: %v", err)
+		return nil, usagef("fleet revoke: %v", err)
 	}
 	dir, cli, err := e.dir()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer cli.Close()
 	m, err := dir.Revoke(ctx, key)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	return fleetRevoked{memberOf(m)}, nil
+}
+
+// fleetRevoked is `fleet revoke`'s output: the member as it was; its
+// lease, when it had one, is revoked.
+type fleetRevoked struct {
+	Revoked fleetMember `json:"revoked"`
+}
+
+func (r fleetRevoked) table(w io.Writer) {
 	session := "no live session"
-	if m.Lease != 0 {
-		session = fmt.Sprintf("its session's lease %x revoked", m.Lease)
+	if r.Revoked.Lease != "" {
+		session = fmt.Sprintf("its session's lease %s revoked", r.Revoked.Lease)
 	}
-	fmt.Fprintf(stdout, "revoked %s (%s, %s): %s\n", key, printable(m.Name), m.Role, session)
-	return nil
+	fmt.Fprintf(w, "revoked %s (%s, %s): %s\n", r.Revoked.Key, printable(r.Revoked.Name), r.Revoked.Role, session)
 }
 
 // cutRevoked makes srv, the peer listener's server, track its connections

@@ -8,7 +8,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/atomicfile"
 	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/tlskey"
 )
 
@@ -37,29 +37,28 @@ const (
 )
 
 // fleetTLSOut makes the platform key in dir (or reuses the one there),
-// writes its certificate, and prints its key id, to admit with `fleet
+// writes its certificate, and returns its key id, to admit with `fleet
 // admit KEY --role platform`.
-func fleetTLSOut(dir string, stdout io.Writer) error {
+func fleetTLSOut(dir string) (record.Address, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+		return record.Address{}, err
 	}
 	key, err := loadOrCreatePEMKey(filepath.Join(dir, tlsOutKey))
 	if err != nil {
-		return err
+		return record.Address{}, err
 	}
 	now := time.Now()
 	cert, err := tlskey.Certificate(key, now.Add(-time.Hour), now.Add(tlsOutValidity))
 	if err != nil {
-		return err
+		return record.Address{}, err
 	}
 	err = atomicfile.Write(filepath.Join(dir, tlsOutCert), 0o644, func(f *os.File) error {
 		return pem.Encode(f, &pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]})
 	})
 	if err != nil {
-		return err
+		return record.Address{}, err
 	}
-	fmt.Fprintln(stdout, attest.KeyID(key.Public().(ed25519.PublicKey)))
-	return nil
+	return attest.KeyID(key.Public().(ed25519.PublicKey)), nil
 }
 
 // loadOrCreatePEMKey reads the ed25519 key at path (PKCS #8, PEM), or

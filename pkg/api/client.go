@@ -72,6 +72,25 @@ func NewTLSClient(t TLS) *Client {
 // io.Reader, sent as it is) and decodes a 2xx response into out (unless out
 // is an io.Writer, which receives the body). A non-2xx response is an *Error.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
+	resp, err := c.send(ctx, method, path, in)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	switch v := out.(type) {
+	case nil:
+		_, err = io.Copy(io.Discard, resp.Body)
+	case io.Writer:
+		_, err = io.Copy(v, resp.Body)
+	default:
+		err = json.NewDecoder(resp.Body).Decode(v)
+	}
+	return err
+}
+
+// send sends a request as Do does and returns its 2xx response, whose
+// body the caller closes; a non-2xx response is an *Error.
+func (c *Client) send(ctx context.Context, method, path string, in any) (*http.Response, error) {
 	var body io.Reader
 	ctype := ""
 	switch v := in.(type) {
@@ -81,13 +100,13 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 	default:
 		b, err := json.Marshal(v)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		body, ctype = bytes.NewReader(b), "application/json"
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
@@ -100,28 +119,20 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 			if strings.HasPrefix(c.base, "https:") {
 				hint = "is the daemon serving --peer-listen there?"
 			}
-			return &Error{Code: CodeDaemonUnreachable, Message: fmt.Sprintf("no daemon answers on %s (%v): %s", c.where, ne.Err, hint)}
+			return nil, &Error{Code: CodeDaemonUnreachable, Message: fmt.Sprintf("no daemon answers on %s (%v): %s", c.where, ne.Err, hint)}
 		}
-		return err
+		return nil, err
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
 		e := &Error{Status: resp.StatusCode}
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		if json.Unmarshal(b, e) != nil || e.Code == "" {
 			e.Code, e.Message = CodeInternal, fmt.Sprintf("daemon answered %s: %s", resp.Status, strings.TrimSpace(string(b)))
 		}
-		return e
+		return nil, e
 	}
-	switch v := out.(type) {
-	case nil:
-		_, err = io.Copy(io.Discard, resp.Body)
-	case io.Writer:
-		_, err = io.Copy(v, resp.Body)
-	default:
-		err = json.NewDecoder(resp.Body).Decode(v)
-	}
-	return err
+	return resp, nil
 }
 
 // RunPath is the path of a run's resource, with suffix (e.g. "/park").
@@ -323,28 +334,32 @@ func (c *Client) WaitProof(ctx context.Context, id string) (WaitProof, error) {
 // Events calls fn with every transition until ctx is done or fn returns
 // false.
 func (c *Client) Events(ctx context.Context, fn func(Event) bool) error {
-	pr, pw := io.Pipe()
-	errc := make(chan error, 1)
-	go func() {
-		err := c.Do(ctx, http.MethodGet, "/v1/events", nil, pw)
-		pw.CloseWithError(err)
-		errc <- err
-	}()
-	dec := json.NewDecoder(pr)
+	return c.Subscribe(ctx, nil, fn)
+}
+
+// Subscribe is Events that calls subscribed, when not nil, once the
+// daemon has subscribed the stream: every transition after that call
+// reaches fn. It returns io.EOF when the daemon ends the stream (it
+// stops), nil when ctx is done or fn returns false.
+func (c *Client) Subscribe(ctx context.Context, subscribed func(), fn func(Event) bool) error {
+	resp, err := c.send(ctx, http.MethodGet, "/v1/events", nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if subscribed != nil {
+		subscribed()
+	}
+	dec := json.NewDecoder(resp.Body)
 	for {
 		var e Event
 		if err := dec.Decode(&e); err != nil {
-			pr.Close()
 			if ctx.Err() != nil {
 				return nil
-			}
-			if werr := <-errc; werr != nil {
-				return werr
 			}
 			return err
 		}
 		if !fn(e) {
-			pr.Close()
 			return nil
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -101,8 +104,32 @@ func TestFleetHost(t *testing.T) {
 	follows("resume")
 	peerRoutes(t, f, peerAddr, hostKey, started.Unit)
 	status := f.cli(t, "fleet", "status")
-	if !strings.Contains(status, "\th1\thost\tlease ") || !strings.Contains(status, "orphaned runs: 0") {
+	if !regexp.MustCompile(`(?m)^`+hostKey+` +h1 +host +lease [0-9a-f]+ +1 +-$`).MatchString(status) || !strings.Contains(status, "orphaned runs: 0") {
 		t.Fatalf("fleet status:\n%s", status)
+	}
+	// -o json: one object, the members and the orphans (docs/cli.md).
+	type member struct {
+		Key, Name, Role, Lease, Peer string
+		Runs                         int
+		Draining                     bool
+	}
+	var js struct {
+		Members []member
+		Orphans []json.RawMessage
+	}
+	if err := json.Unmarshal([]byte(f.cli(t, "fleet", "status", "-o", "json")), &js); err != nil {
+		t.Fatal(err)
+	}
+	// peerRoutes admitted a host and a platform key besides h1.
+	if len(js.Members) != 3 || js.Orphans == nil || len(js.Orphans) != 0 {
+		t.Fatalf("fleet status -o json: %+v", js)
+	}
+	i := slices.IndexFunc(js.Members, func(m member) bool { return m.Key == hostKey })
+	if i < 0 {
+		t.Fatalf("fleet status -o json: no member %s: %+v", hostKey, js)
+	}
+	if m := js.Members[i]; m.Name != "h1" || m.Role != "host" || m.Lease == "" || m.Peer != peerAddr || m.Runs != 1 || m.Draining {
+		t.Fatalf("fleet status -o json: member %+v", m)
 	}
 }
 
@@ -356,10 +383,28 @@ func TestFleetDrain(t *testing.T) {
 	// One of etcd's three members is down for the drain: the fleet goes on
 	// with the other two.
 	f.c.StopFor(t, 2)
-	out, err := exec.Command(daemonBinary, "drain", "--socket", a.socket).CombinedOutput()
-	t.Logf("drain:\n%s", out)
-	if err != nil || !strings.Contains(string(out), "drained: 3 moved, 0 left here") {
-		t.Fatalf("drain: %v\n%s", err, a.logTail())
+	// -o json: one object on stdout; each run's outcome, as it ends, a
+	// drain.run event's line on stderr.
+	var stdout, stderr bytes.Buffer
+	drain := exec.Command(daemonBinary, "drain", "--socket", a.socket, "-o", "json")
+	drain.Stdout, drain.Stderr = &stdout, &stderr
+	err := drain.Run()
+	t.Logf("drain:\n%s%s", stdout.Bytes(), stderr.Bytes())
+	var drained api.Drain
+	if err != nil || json.Unmarshal(stdout.Bytes(), &drained) != nil || drained.Moved != 3 || drained.Left != 0 {
+		t.Fatalf("drain: %v, %+v\n%s", err, drained, a.logTail())
+	}
+	var outcomes []string
+	for _, l := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var e api.Event
+		if err := json.Unmarshal([]byte(l), &e); err != nil || e.Kind != "drain.run" {
+			t.Fatalf("drain's stderr line %q: %v", l, err)
+		}
+		outcomes = append(outcomes, e.Run)
+	}
+	slices.Sort(outcomes)
+	if !slices.Equal(outcomes, []string{"d-agent1", "d-agent2", "d-oracle"}) {
+		t.Fatalf("drain's outcomes on stderr: %q", outcomes)
 	}
 	if _, err := a.c.Start(ctx, api.RunRequest{ID: "late", Unit: unit.Spec{Image: oracleImage}}); err == nil {
 		t.Fatal("a drained host took a new run")
