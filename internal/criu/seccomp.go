@@ -1,6 +1,7 @@
 package criu
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -115,8 +116,9 @@ func (im *Images) walkSeccomp(pid uint32, name string, tid uint32) (uint32, int,
 // Judge has passed under a policy with a seccomp filter, so that every
 // thread of every task is restored in filter mode with host — the
 // spec's filters as this host's runtime compiles them, in the order they
-// are installed — installed before its own. Filters only narrow: the
-// images' own need no comparison with the spec's. No filter keeps TSYNC
+// are installed — installed before its own, unless its chain holds them
+// already, byte for byte (a chain restored here before). Filters only
+// narrow: the images' own need no other comparison with the spec's. No filter keeps TSYNC
 // (each thread is given its chain, and a synchronising install would
 // fail beside another's copy). It writes seccomp.img and every thread's
 // core-TID.img anew, with the owner and mode of the file it replaces.
@@ -165,6 +167,13 @@ func (im *Images) Stack(dir string, host []Filter) error {
 	slices.Sort(tids)
 	for _, tid := range tids {
 		first := firsts[tid]
+		if im.holds(first, host) {
+			// A chain restored here before holds the host's
+			// filters already: they are not stacked again, so that
+			// parks and resumes do not grow it.
+			stacked[tid] = first
+			continue
+		}
 		h, ok := front[first]
 		if !ok {
 			h = uint32(len(im.Seccomp.SeccompFilters))
@@ -191,6 +200,24 @@ func (im *Images) Stack(dir string, host []Filter) error {
 		}
 	}
 	return nil
+}
+
+// holds says whether the chain from filter first holds every filter of
+// host, byte for byte (where in it does not matter: filters only narrow,
+// and every one of a thread's is applied to each call).
+func (im *Images) holds(first uint32, host []Filter) bool {
+	fs := im.Seccomp.GetSeccompFilters()
+	var chain [][]byte
+	for i, more := first, true; more; { // walked by seccompChain: bounded
+		chain = append(chain, fs[i].GetFilter())
+		i, more = fs[i].GetPrev(), fs[i].Prev != nil
+	}
+	for _, h := range host {
+		if !slices.ContainsFunc(chain, func(f []byte) bool { return bytes.Equal(f, h.Insns) }) {
+			return false
+		}
+	}
+	return true
 }
 
 // rewriteImage replaces image name in dir with its header (the magics)

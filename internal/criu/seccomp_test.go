@@ -89,6 +89,35 @@ func TestStack(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(dir, "core-7.img")); err != nil || fi.Mode().Perm() != 0o400 {
 		t.Errorf("core-7.img: %v, %v: its mode not kept", fi.Mode(), err)
 	}
+	// Stacked again (a park of the restored unit, restored here), the
+	// chains hold the host's filters already: they do not grow.
+	if err := im.Stack(dir, host); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(again.Seccomp.GetSeccompFilters()); got != 6 {
+		t.Errorf("stacked twice: %d filters in seccomp.img, want 6", got)
+	}
+	for _, tk := range again.Tasks {
+		for _, tid := range tk.GetThreads() {
+			if c := chain(t, again, tid); len(c) != 3 {
+				t.Errorf("stacked twice: thread %d has %d filters", tid, len(c))
+			}
+		}
+	}
+	// Another host's filter (another runc) is stacked once more.
+	if err := again.Stack(dir, []Filter{hostFilter(7)}); err != nil {
+		t.Fatal(err)
+	}
+	if im, err = Read(dir); err != nil {
+		t.Fatal(err)
+	}
+	if c := chain(t, im, 7); len(c) != 4 || !bytes.Equal(c[0], hostFilter(7).Insns) {
+		t.Errorf("another host's filter: thread 7 has %d filters", len(c))
+	}
 }
 
 // TestStackOnThreadsOwnFilters: threads with filters of their own (no
