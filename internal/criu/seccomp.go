@@ -120,8 +120,9 @@ func (im *Images) walkSeccomp(pid uint32, name string, tid uint32) (uint32, int,
 // already, byte for byte (a chain restored here before). Filters only
 // narrow: the images' own need no other comparison with the spec's. No filter keeps TSYNC
 // (each thread is given its chain, and a synchronising install would
-// fail beside another's copy). It writes seccomp.img and every thread's
-// core-TID.img anew, with the owner and mode of the file it replaces.
+// fail beside another's copy). It writes seccomp.img and the cores
+// (core-TID.img) it changes anew, with the owner and mode of the file
+// each replaces.
 func (im *Images) Stack(dir string, host []Filter) error {
 	if len(host) == 0 {
 		return fmt.Errorf("criu: no filter to stack")
@@ -152,9 +153,10 @@ func (im *Images) Stack(dir string, host []Filter) error {
 	if im.Seccomp == nil {
 		im.Seccomp = &seccomp.SeccompEntry{}
 	}
+	changed := false // seccomp.img
 	for _, f := range im.Seccomp.GetSeccompFilters() {
-		if f.Flags != nil {
-			f.Flags = proto.Uint32(f.GetFlags() &^ seccompTsync)
+		if f.GetFlags()&seccompTsync != 0 {
+			f.Flags, changed = proto.Uint32(f.GetFlags()&^seccompTsync), true
 		}
 	}
 	// Each chain gets the host's filters in front, once.
@@ -185,15 +187,21 @@ func (im *Images) Stack(dir string, host []Filter) error {
 				im.Seccomp.SeccompFilters = append(im.Seccomp.SeccompFilters,
 					&seccomp.SeccompFilter{Filter: f.Insns, Prev: proto.Uint32(next), Flags: proto.Uint32(f.Flags &^ seccompTsync)})
 			}
-			front[first] = h
+			front[first], changed = h, true
 		}
 		stacked[tid] = h
 	}
-	if err := rewriteImage(dir, "seccomp.img", seccompMagic, im.Seccomp); err != nil {
-		return err
+	// Only what changes is written again.
+	if changed {
+		if err := rewriteImage(dir, "seccomp.img", seccompMagic, im.Seccomp); err != nil {
+			return err
+		}
 	}
 	for _, tid := range tids {
 		th := im.Cores[tid].GetThreadCore()
+		if th.GetSeccompMode() == criucore.SeccompMode_filter && th.SeccompFilter != nil && th.GetSeccompFilter() == stacked[tid] {
+			continue
+		}
 		th.SeccompMode, th.SeccompFilter = criucore.SeccompMode_filter.Enum(), proto.Uint32(stacked[tid])
 		if err := rewriteImage(dir, fmt.Sprintf("core-%d.img", tid), coreMagic, im.Cores[tid]); err != nil {
 			return err
