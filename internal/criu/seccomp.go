@@ -144,6 +144,9 @@ func (im *Images) Stack(dir string, host []Filter) error {
 			if err != nil {
 				return err
 			}
+			if im.Cores[tid].GetThreadCore() == nil { // Judge refuses it too (its creds)
+				return refuse(pid, fmt.Sprintf("core-%d.img", tid), "thread_core", "missing")
+			}
 			if n+hostInsns > maxPathInsns {
 				return refuse(pid, "seccomp.img", "seccomp_filters", "a chain of %d instructions, %d with the spec's: more than the kernel's %d", n, n+hostInsns, maxPathInsns)
 			}
