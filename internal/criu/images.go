@@ -25,6 +25,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/ns"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/regfile"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/seccomp"
 	skunix "github.com/checkpoint-restore/go-criu/v7/crit/images/sk-unix"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/userns"
 	"google.golang.org/protobuf/proto"
@@ -92,7 +93,7 @@ type kind struct {
 var kinds = []kind{
 	{"inventory", 0, ".img", 0x58313116, checked, "decoded: the root task's namespace ids"},
 	{"pstree", 0, ".img", 0x50273030, checked, "the tasks and threads whose images are judged"},
-	{"core-", 'd', ".img", 0x55053847, checked, "every thread's credentials, capability sets, securebits, no_new_privs, LSM profile; every task's seccomp mode and the hard limits the spec sets"},
+	{"core-", 'd', ".img", 0x55053847, checked, "every thread's credentials, capability sets, securebits, no_new_privs, LSM profile and seccomp mode; every task's oom_score_adj and the limits the spec sets"},
 	{"ids-", 'd', ".img", 0x54432030, checked, "every task in the root task's namespaces"},
 	{"mm-", 'd', ".img", 0x57492820, checked, "the executable's file, judged as an open file"},
 	{"fs-", 'd', ".img", 0x51403912, checked, "the root and working directory, judged as open files"},
@@ -110,7 +111,7 @@ var kinds = []kind{
 	{"pagemap-", 'd', ".img", 0x56084025, harmless, "where the unit's own pages go in its own address space"},
 	{"pagemap-shmem-", 'd', ".img", 0x56084025, harmless, "as pagemap, for shared memory"},
 	{"pages-", 'd', ".img", rawMagic, unread, "the unit's memory: never read"},
-	{"seccomp", 0, ".img", 0x64413049, harmless, "filters only narrow what a task may do; a task without one is refused (core)"},
+	{"seccomp", 0, ".img", 0x64413049, checked, "every thread's filters: within the kernel's bounds, flags TSYNC and LOG at most; the restore installs the spec's filter, as this host's runc compiles it, before them (filters only narrow, so theirs need no comparison)"},
 	{"pipes", 0, ".img", 0x56513555, harmless, "pipes between the unit's tasks"},
 	{"pipes-data", 0, ".img", 0x56453709, harmless, "bytes queued in them"},
 	{"fifo", 0, ".img", 0x58364939, harmless, "a FIFO's path is its files entry's, checked there"},
@@ -244,6 +245,8 @@ type Images struct {
 	Ghosts     map[string]*ghostfile.GhostFileEntry
 	Tmpfs      map[string][]*tar.Header // tmpfs-*.tar.gz.img members
 	Cgroups    []*cgroup.CgroupEntry
+	// Seccomp is seccomp.img: every thread's filters.
+	Seccomp *seccomp.SeccompEntry
 	// Userns are the user namespaces' maps by namespace id
 	// (userns-NSID.img).
 	Userns map[uint32]*userns.UsernsEntry
@@ -440,6 +443,12 @@ func (im *Images) add(k *kind, n uint32, name string, b []byte) error {
 	case "userns-":
 		im.Userns[n] = &userns.UsernsEntry{}
 		return one(im.Userns[n])
+	case "seccomp":
+		if len(entries) == 0 { // CRIU's image of no filter
+			return nil
+		}
+		im.Seccomp = &seccomp.SeccompEntry{}
+		return one(im.Seccomp)
 	case "cgroup":
 		return each(func() proto.Message { c := &cgroup.CgroupEntry{}; im.Cgroups = append(im.Cgroups, c); return c })
 	}

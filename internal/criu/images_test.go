@@ -18,6 +18,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fs"
 	ghostfile "github.com/checkpoint-restore/go-criu/v7/crit/images/ghost-file"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mnt"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/seccomp"
 	skopts "github.com/checkpoint-restore/go-criu/v7/crit/images/sk-opts"
 	skunix "github.com/checkpoint-restore/go-criu/v7/crit/images/sk-unix"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -165,6 +166,31 @@ func TestJudgeRefuses(t *testing.T) {
 		{"SeccompOffChild", creds("12", func(c *criucore.CoreEntry) {
 			c.ThreadCore.SeccompMode = criucore.SeccompMode_disabled.Enum()
 		}), 12, "thread_core.seccomp_mode", nil},
+		{"SeccompOffThread", func(t *testing.T, dir string) {
+			noTsync(t, dir)
+			rewrite(t, dir, "core-7.img", &criucore.CoreEntry{}, func(c *criucore.CoreEntry) {
+				c.ThreadCore.SeccompMode = criucore.SeccompMode_disabled.Enum()
+			})
+		}, 1, "thread_core.seccomp_mode", nil},
+		{"SeccompStrict", creds("12", func(c *criucore.CoreEntry) {
+			c.ThreadCore.SeccompMode = criucore.SeccompMode_strict.Enum()
+		}), 12, "thread_core.seccomp_mode", nil},
+		{"SeccompOldMode", creds("1", func(c *criucore.CoreEntry) {
+			c.Tc.OldSeccompMode = criucore.SeccompMode_disabled.Enum()
+		}), 1, "tc.old_seccomp_mode", nil},
+		{"SeccompFlags", seccompImage(func(e *seccomp.SeccompEntry) { e.SeccompFilters[0].Flags = proto.Uint32(4) }), 1, "seccomp_filters.flags", nil},
+		{"SeccompCycle", seccompImage(func(e *seccomp.SeccompEntry) { e.SeccompFilters[0].Prev = proto.Uint32(0) }), 1, "seccomp_filters.prev", nil},
+		{"SeccompIndex", creds("12", func(c *criucore.CoreEntry) { c.ThreadCore.SeccompFilter = proto.Uint32(2) }), 12, "seccomp_filters", nil},
+		{"SeccompFilterLength", seccompImage(func(e *seccomp.SeccompEntry) { e.SeccompFilters[1].Filter = []byte{1, 2, 3} }), 12, "seccomp_filters.filter", nil},
+		{"RlimitSoft", creds("1", func(c *criucore.CoreEntry) {
+			c.Tc.Rlimits.Rlimits[7].Cur = proto.Uint64(1 << 20)
+		}), 1, "tc.rlimits", nil},
+		{"RlimitMissing", creds("1", func(c *criucore.CoreEntry) { c.Tc.Rlimits.Rlimits = c.Tc.Rlimits.Rlimits[:7] }), 1, "tc.rlimits", nil},
+		{"RlimitUnset", creds("12", func(c *criucore.CoreEntry) {
+			c.Tc.Rlimits.Rlimits[14].Cur, c.Tc.Rlimits.Rlimits[14].Max = proto.Uint64(99), proto.Uint64(99)
+		}), 12, "tc.rlimits", func(p *Policy) { p.Rlimits[14] = 0 }},
+		{"OOMScoreAdj", creds("12", func(c *criucore.CoreEntry) { c.Tc.OomScoreAdj = proto.Int32(-1000) }), 12, "tc.oom_score_adj", oomScoreAdj(0)},
+		{"OOMScoreAdjMissing", creds("1", func(c *criucore.CoreEntry) { c.Tc.OomScoreAdj = nil }), 1, "tc.oom_score_adj", oomScoreAdj(0)},
 		{"Rlimit", creds("12", func(c *criucore.CoreEntry) {
 			c.Tc.Rlimits.Rlimits[7].Cur, c.Tc.Rlimits.Rlimits[7].Max = proto.Uint64(1<<20), proto.Uint64(1<<20)
 		}), 12, "tc.rlimits", nil},
@@ -296,6 +322,26 @@ func TestJudgeRefuses(t *testing.T) {
 			t.Log(err)
 		})
 	}
+}
+
+// seccompImage changes the oracle's seccomp.img.
+func seccompImage(change func(*seccomp.SeccompEntry)) func(*testing.T, string) {
+	return func(t *testing.T, dir string) { rewrite(t, dir, "seccomp.img", &seccomp.SeccompEntry{}, change) }
+}
+
+// noTsync takes TSYNC off the oracle's filters: its threads then have
+// filters of their own, and none.
+func noTsync(t *testing.T, dir string) {
+	seccompImage(func(e *seccomp.SeccompEntry) {
+		for _, f := range e.SeccompFilters {
+			f.Flags = proto.Uint32(f.GetFlags() &^ seccompTsync)
+		}
+	})(t, dir)
+}
+
+// oomScoreAdj is a policy change: the spec sets oom_score_adj v.
+func oomScoreAdj(v int) func(*Policy) {
+	return func(p *Policy) { p.OOMScoreAdj = &v }
 }
 
 // files changes each entry of files.img.

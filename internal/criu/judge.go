@@ -42,9 +42,12 @@ type Policy struct {
 	// Mounts are the mounts the sandbox has, by mount point.
 	Mounts map[string]Mount
 	// Rlimits are the hard limits the spec sets, by resource number
-	// (RLIMIT_NOFILE: 7); a task may hold one no higher. The others are
-	// the runtime's, which the spec does not say.
+	// (RLIMIT_NOFILE: 7); a task's soft and hard limits are no higher.
+	// The others are the runtime's, which the spec does not say.
 	Rlimits map[int]uint64
+	// OOMScoreAdj is the spec's oom_score_adj, when it sets one: a
+	// task's is no lower.
+	OOMScoreAdj *int
 	// Devices are the device nodes (major<<32|minor, character devices)
 	// a tmpfs of the sandbox may hold.
 	Devices map[uint64]bool
@@ -111,6 +114,10 @@ func PolicyOf(s *specs.Spec) (Policy, error) {
 		p.Rlimits[n] = r.Hard
 	}
 	p.NoNewPrivs = s.Process.NoNewPrivileges
+	if v := s.Process.OOMScoreAdj; v != nil {
+		adj := *v
+		p.OOMScoreAdj = &adj
+	}
 	p.Seccomp = s.Linux.Seccomp != nil
 	for _, n := range s.Linux.Namespaces {
 		p.Namespaces[n.Type] = true
@@ -455,28 +462,48 @@ func (im *Images) judgeThread(pid, tid uint32, p Policy) error {
 	if lsm := cr.GetLsmProfile(); lsm != "" || cr.GetLsmSockcreate() != "" || len(cr.GetApparmorData()) > 0 {
 		return refuse(pid, name, "creds.lsm_profile", "an LSM profile (%q): the sandbox names none", lsm)
 	}
-	if tid == pid {
-		rl := c.GetTc().GetRlimits().GetRlimits()
-		if len(rl) > 64 {
-			return refuse(pid, name, "tc.rlimits", "%d limits", len(rl))
+	// Seccomp: every thread in filter mode, or sharing its leader's
+	// filters (seccompChain).
+	if p.Seccomp {
+		if _, _, err := im.seccompChain(pid, tid); err != nil {
+			return err
 		}
+	}
+	if tid == pid {
+		return judgeTask(pid, name, c, p)
+	}
+	return nil
+}
+
+// judgeTask refuses a task (its leader's core, name) whose limits or
+// oom_score_adj are not what p gives: a soft or hard limit above the
+// spec's hard one (without CAP_SYS_RESOURCE, which raises them), an
+// oom_score_adj below the spec's (lowering it needs CAP_SYS_RESOURCE,
+// and CRIU sets it as root).
+func judgeTask(pid uint32, name string, c *criucore.CoreEntry, p Policy) error {
+	rl := c.GetTc().GetRlimits().GetRlimits()
+	if len(rl) > 64 {
+		return refuse(pid, name, "tc.rlimits", "%d limits", len(rl))
+	}
+	if !p.has(capSysResource) {
 		for n, max := range p.Rlimits {
-			if n < len(rl) && rl[n].GetMax() > max && !p.has(capSysResource) {
-				return refuse(pid, name, "tc.rlimits", "RLIMIT_%s %d, above the spec's %d", strings.Fields(rlimitNames)[n], rl[n].GetMax(), max)
+			if n >= len(rl) {
+				// CRIU would leave it as its own process has it:
+				// the host's.
+				return refuse(pid, name, "tc.rlimits", "RLIMIT_%s missing, the spec sets it", strings.Fields(rlimitNames)[n])
+			}
+			if cur, hard := rl[n].GetCur(), rl[n].GetMax(); cur > max || hard > max {
+				return refuse(pid, name, "tc.rlimits", "RLIMIT_%s %d/%d, above the spec's %d", strings.Fields(rlimitNames)[n], cur, hard, max)
 			}
 		}
 	}
-	// Seccomp: the task itself must be in filter mode. CRIU 4.2 dumps
-	// a task's other threads with no mode at all (the oracle's Go
-	// threads), so theirs is not judged: the restore is to stack the
-	// spec's filter on every thread.
-	if p.Seccomp && tid == pid {
-		mode := tc.GetSeccompMode()
-		if old := c.GetTc(); tc.SeccompMode == nil && old != nil && old.OldSeccompMode != nil {
-			mode = old.GetOldSeccompMode()
+	if p.OOMScoreAdj != nil && !p.has(capSysResource) {
+		tc := c.GetTc()
+		if tc == nil || tc.OomScoreAdj == nil {
+			return refuse(pid, name, "tc.oom_score_adj", "missing, the spec sets %d", *p.OOMScoreAdj)
 		}
-		if mode != criucore.SeccompMode_filter {
-			return refuse(pid, name, "thread_core.seccomp_mode", "%s, the sandbox has a seccomp filter", mode)
+		if v := tc.GetOomScoreAdj(); int(v) < *p.OOMScoreAdj {
+			return refuse(pid, name, "tc.oom_score_adj", "%d, below the spec's %d", v, *p.OOMScoreAdj)
 		}
 	}
 	return nil

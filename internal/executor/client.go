@@ -81,6 +81,9 @@ type Client struct {
 	client *containerd.Client
 	log    *slog.Logger
 	gate   string // the gate's path (findGate); "" for none
+	// filters are the seccomp filters runc compiles, by profile
+	// (seccomp.go).
+	filters seccompFilters
 }
 
 // Connect connects to the containerd at cfg.Address.

@@ -7,6 +7,8 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
+
+	"github.com/runrecordd/runrecordd/internal/criu"
 )
 
 var (
@@ -31,4 +33,19 @@ func (c *Client) ApplyLayerForTest(ctx context.Context, key, layer string, mount
 // of snapshotter, copied durably to path: the rw layer's fallback.
 func (c *Client) DiffServiceLayerForTest(ctx context.Context, snapshotter, key, path string) (int64, error) {
 	return c.diffServiceLayer(c.ctx(ctx), snapshotter, key, path, 1<<62)
+}
+
+// ReadFiltersForTest is process pid's seccomp filters, the first
+// installed first (readFilters).
+func ReadFiltersForTest(pid int) ([]criu.Filter, error) { return readFilters(pid) }
+
+// SpecFiltersForTest is the filters a restore into s stacks: its spec's
+// profile as runc compiles it (specFilters).
+func (s *Sandbox) SpecFiltersForTest(ctx context.Context) ([]criu.Filter, error) {
+	ctx = s.c.ctx(ctx)
+	spec, err := s.cont.Spec(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.c.specFilters(ctx, spec.Linux.Seccomp)
 }

@@ -13,7 +13,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/runrecordd/runrecordd/internal/criu"
 )
 
 // TestBudgeted: a layer of exactly its budget passes; one byte more fails
@@ -101,5 +107,43 @@ func TestCappedOutput(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(path); string(b) != want || strings.Count(string(b), "runrecordd:") != 1 {
 		t.Fatalf("reopened at its cap: file %q", b)
+	}
+}
+
+// TestUnitLimits: a unit's spec sets its oom_score_adj and every
+// resource limit, soft and hard, keeping one the spec already sets
+// (containerd's RLIMIT_NOFILE); the image judge then holds a restore to
+// them all.
+func TestUnitLimits(t *testing.T) {
+	ctx := namespaces.WithNamespace(context.Background(), "test")
+	s, err := oci.GenerateSpec(ctx, nil, &containers.Container{ID: "unit"},
+		oci.WithRlimit(&specs.POSIXRlimit{Type: "RLIMIT_NOFILE", Soft: 100, Hard: 200}), withUnitLimits(77))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Process.OOMScoreAdj == nil || *s.Process.OOMScoreAdj != UnitOOMScoreAdj {
+		t.Fatalf("oom_score_adj %v, want %d", s.Process.OOMScoreAdj, UnitOOMScoreAdj)
+	}
+	got := map[string]specs.POSIXRlimit{}
+	for _, r := range s.Process.Rlimits {
+		if _, ok := got[r.Type]; ok {
+			t.Fatalf("%s set twice", r.Type)
+		}
+		got[r.Type] = r
+	}
+	for name, want := range map[string][2]uint64{
+		"RLIMIT_NOFILE": {100, 200}, "RLIMIT_NPROC": {77, 77}, "RLIMIT_CORE": {0, 0}, "RLIMIT_NICE": {0, 0},
+		"RLIMIT_RTPRIO": {0, 0}, "RLIMIT_MEMLOCK": {8 << 20, 8 << 20}, "RLIMIT_STACK": {8 << 20, rlimInfinity},
+	} {
+		if r := got[name]; r.Soft != want[0] || r.Hard != want[1] {
+			t.Errorf("%s %d/%d, want %d/%d", name, r.Soft, r.Hard, want[0], want[1])
+		}
+	}
+	p, err := criu.PolicyOf(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Rlimits) != 16 || p.OOMScoreAdj == nil || *p.OOMScoreAdj != UnitOOMScoreAdj {
+		t.Fatalf("the judge's policy: %d limits, oom_score_adj %v", len(p.Rlimits), p.OOMScoreAdj)
 	}
 }

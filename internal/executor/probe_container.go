@@ -68,6 +68,15 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (lo
 	if err != nil {
 		return nil, fmt.Errorf("container probe: start: %w", err)
 	}
+	// runc start returns before its init has exec'd sleep: a dump
+	// then would meet runc's own memfd mapping, which CRIU refuses.
+	wctx, cancel := context.WithTimeout(ctx, deadline)
+	err = waitExec(wctx, int(task.Pid()), "sleep")
+	cancel()
+	if err != nil {
+		c.removeProbe(ctx, cont, task)
+		return nil, fmt.Errorf("container probe: %w", err)
+	}
 	if err := p.checkpoint(ctx, cont, task); err != nil {
 		return nil, err
 	}
@@ -97,6 +106,8 @@ type containerProbe struct {
 	// and restore CRIU's work directories; netns the pinned network
 	// namespace.
 	root, images, dump, restore, netns string
+	// extra are more options of the containers' spec.
+	extra []oci.SpecOpts
 }
 
 // makeRoot makes the containers' root: the mount points, and the
@@ -129,7 +140,7 @@ func (p *containerProbe) start(ctx context.Context, restoreFrom string) (contain
 	}
 	cont, err := c.client.NewContainer(ctx, p.id,
 		containerd.WithRuntime(Runtime, &options.Options{Root: c.cfg.RuncRoot}),
-		containerd.WithNewSpec(
+		containerd.WithNewSpec(append([]oci.SpecOpts{
 			oci.WithRootFSPath(p.root),
 			oci.WithProcessArgs("/bin/sleep", "600"),
 			oci.WithHostname("probe"),
@@ -137,7 +148,7 @@ func (p *containerProbe) start(ctx context.Context, restoreFrom string) (contain
 			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.netns}),
 			oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
 			oci.WithMounts([]specs.Mount{{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro"}}}),
-		))
+		}, p.extra...)...))
 	if err != nil {
 		return nil, nil, err
 	}

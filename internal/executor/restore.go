@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/stats"
@@ -68,10 +69,14 @@ func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 	return s, rs.stats(start), nil
 }
 
-// judgeImages refuses a restore's images (criu.Read, the image directory
-// dir) that grant more than the sandbox they are restored into
+// judgeImages refuses a restore's images (criu.Read, the staged image
+// directory dir) that grant more than the sandbox they are restored into
 // (criu.PolicyOf its container's OCI spec, the one runc restores it
 // under): a refusal wraps criu.ErrRefused and names the task and field.
+// Images it passes, under a spec with a seccomp profile, it rewrites so
+// that every thread is restored with the profile's filter, as this
+// host's runc compiles it (specFilters), installed before its own
+// (criu.Images.Stack).
 func (s *Sandbox) judgeImages(ctx context.Context, dir string) error {
 	spec, err := s.cont.Spec(ctx)
 	if err != nil {
@@ -85,14 +90,27 @@ func (s *Sandbox) judgeImages(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	return im.Judge(p)
+	if err := im.Judge(p); err != nil {
+		return err
+	}
+	if !p.Seccomp {
+		return nil
+	}
+	host, err := s.c.specFilters(ctx, spec.Linux.Seccomp)
+	if err != nil {
+		return err
+	}
+	return im.Stack(dir, host)
 }
 
-// restoreWork checks that cp's image directory holds a CRIU image, and
-// makes the restore's work directory under the executor's state, empty.
+// restoreWork checks that cp's image directory holds a CRIU image, makes
+// the restore's work directory under the executor's state, empty, and
+// stages the images CRIU reads there: cp's image directory is never
+// written (it may be sealed), and the check rewrites what it restores
+// (judgeImages).
 //
-// With r, the images CRIU reads are a staged copy of links with r's
-// range in their user namespace image (stageImages).
+// With r, the staged images are copies with r's range in their user
+// namespace image (stageImages); without, links (linkImages).
 func (c *Client) restoreWork(id string, cp Checkpoint, r *idmap.Range) (images, work string, err error) {
 	if cp.ImageDir == "" {
 		return "", "", fmt.Errorf("%w: no image directory", ErrInvalid)
@@ -112,8 +130,42 @@ func (c *Client) restoreWork(id string, cp Checkpoint, r *idmap.Range) (images, 
 	}
 	if r != nil {
 		images, err = stageImages(images, work, *r)
+	} else {
+		images, err = linkImages(images, work)
 	}
 	return images, work, err
+}
+
+// linkImages is the image directory a restore without a user namespace
+// reads: a new directory under work with a hard link to each file of
+// images (a copy where a link cannot be made: another filesystem). The
+// images the check rewrites replace their links there.
+func linkImages(images, work string) (string, error) {
+	dst := filepath.Join(work, "images")
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return "", err
+	}
+	des, err := os.ReadDir(images)
+	if err != nil {
+		return "", err
+	}
+	if len(des) > criu.MaxFiles {
+		return "", fmt.Errorf("%w: %d image files, the limit is %d", criu.ErrRefused, len(des), criu.MaxFiles)
+	}
+	for _, de := range des {
+		if !de.Type().IsRegular() {
+			return "", &criu.RefusedError{Image: de.Name(), Why: "not a regular file"}
+		}
+		from, to := filepath.Join(images, de.Name()), filepath.Join(dst, de.Name())
+		err := os.Link(from, to)
+		if errors.Is(err, syscall.EXDEV) {
+			err = copyFile(from, to, 0, 0o400)
+		}
+		if err != nil {
+			return "", err
+		}
+	}
+	return dst, nil
 }
 
 // restoreFailed is a restore's error: its deadline's, CRIU's with the
@@ -223,16 +275,21 @@ func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mou
 	return err
 }
 
-// unstage detaches the mounts of a staged image directory (stageImages)
-// once CRIU has read it: CRIU is done with the pages when the restore
-// returns (a lazy restore's daemon serves them from the image directory
-// itself). What is not detached now is by the next restore's or the
-// sandbox's removal of its work directory.
+// unstage removes a staged image directory once CRIU has read it: CRIU
+// is done with the pages when the restore returns (a lazy restore's
+// daemon serves them from the image directory itself). A user
+// namespace's staged pages are mounts: they are detached, the rest stays
+// until the next restore's or the sandbox's removal of its work
+// directory. Links (linkImages) are removed, so that they hold no object
+// the store removes.
 func unstage(c *Client, id string, spec Spec, images string) {
+	var err error
 	if spec.UserNS == nil {
-		return
+		err = os.RemoveAll(images)
+	} else {
+		err = unmountUnder(images)
 	}
-	if err := unmountUnder(images); err != nil {
-		c.log.Warn("restore: detaching the staged images", "id", id, "err", err)
+	if err != nil {
+		c.log.Warn("restore: unstaging the images", "id", id, "err", err)
 	}
 }

@@ -3,14 +3,17 @@
 package executor
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -235,7 +238,66 @@ func (c *Client) specOpts(img containerd.Image, id string, spec Spec) []oci.Spec
 	// WithNewSpec), which the profile follows: it allows what they
 	// allow. no_new_privs is containerd's default too; said here so
 	// that it stays.
-	return append(opts, oci.WithNoNewPrivileges, seccomp.WithDefaultProfile())
+	return append(opts, withUnitLimits(spec.Pids), oci.WithNoNewPrivileges, seccomp.WithDefaultProfile())
+}
+
+// UnitOOMScoreAdj is every unit's oom_score_adj: the OOM killer's first
+// choice on the host, before the daemon, containerd and the shims, which
+// a unit would otherwise inherit (-998 under the shipped systemd unit's
+// OOMScoreAdjust=-999). A unit cannot lower it (that needs
+// CAP_SYS_RESOURCE), and a restore is refused one lower (internal/criu).
+const UnitOOMScoreAdj = 1000
+
+// unitRlimits are the resource limits every unit runs under, soft and
+// hard, where the spec sets none of that resource (containerd's default
+// spec sets RLIMIT_NOFILE 1024): what a unit would otherwise inherit is
+// the daemon's (the shipped systemd unit's LimitNOFILE, LimitNPROC and
+// LimitCORE among them). RLIMIT_NPROC is the sandbox's pids limit.
+// Infinity is RLIM_INFINITY.
+var unitRlimits = []struct {
+	name       string
+	soft, hard uint64
+}{
+	{"RLIMIT_CPU", rlimInfinity, rlimInfinity},
+	{"RLIMIT_FSIZE", rlimInfinity, rlimInfinity},
+	{"RLIMIT_DATA", rlimInfinity, rlimInfinity},
+	{"RLIMIT_STACK", 8 << 20, rlimInfinity},
+	{"RLIMIT_CORE", 0, 0},
+	{"RLIMIT_RSS", rlimInfinity, rlimInfinity},
+	{"RLIMIT_NPROC", 0, 0}, // the pids limit
+	{"RLIMIT_NOFILE", 1024, 1024},
+	{"RLIMIT_MEMLOCK", 8 << 20, 8 << 20},
+	{"RLIMIT_AS", rlimInfinity, rlimInfinity},
+	{"RLIMIT_LOCKS", rlimInfinity, rlimInfinity},
+	{"RLIMIT_SIGPENDING", 1 << 16, 1 << 16},
+	{"RLIMIT_MSGQUEUE", 819200, 819200},
+	{"RLIMIT_NICE", 0, 0},
+	{"RLIMIT_RTPRIO", 0, 0},
+	{"RLIMIT_RTTIME", rlimInfinity, rlimInfinity},
+}
+
+const rlimInfinity = ^uint64(0)
+
+// withUnitLimits sets the unit's oom_score_adj (UnitOOMScoreAdj) and
+// the limits of unitRlimits the spec does not set, RLIMIT_NPROC to pids.
+func withUnitLimits(pids uint32) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Process == nil {
+			s.Process = &specs.Process{}
+		}
+		adj := UnitOOMScoreAdj
+		s.Process.OOMScoreAdj = &adj
+		for _, l := range unitRlimits {
+			if slices.ContainsFunc(s.Process.Rlimits, func(r specs.POSIXRlimit) bool { return r.Type == l.name }) {
+				continue
+			}
+			if l.name == "RLIMIT_NPROC" {
+				l.soft, l.hard = uint64(pids), uint64(pids)
+			}
+			s.Process.Rlimits = append(s.Process.Rlimits, specs.POSIXRlimit{Type: l.name, Soft: l.soft, Hard: l.hard})
+		}
+		return nil
+	}
 }
 
 // mountOptions are the OCI options of a bind mount. "ro" alone makes only
