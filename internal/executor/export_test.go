@@ -4,6 +4,7 @@ package executor
 
 import (
 	"context"
+	"strings"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
@@ -31,4 +32,12 @@ func (c *Client) ApplyLayerForTest(ctx context.Context, key, layer string, mount
 // of snapshotter, copied durably to path: the rw layer's fallback.
 func (c *Client) DiffServiceLayerForTest(ctx context.Context, snapshotter, key, path string) (int64, error) {
 	return c.diffServiceLayer(c.ctx(ctx), snapshotter, key, path, 1<<62)
+}
+
+// LeaveLazyConfigForTest writes sandbox id's CRIU configuration as a
+// daemon that crashed between a lazy restore and the configuration's
+// repair leaves it: with the lazy-pages line.
+func (c *Client) LeaveLazyConfigForTest(id string) error {
+	_, err := writeFileDurably(c.sandboxCRIUConfig(id), strings.NewReader(criuConfig+lazyConfigLine))
+	return err
 }

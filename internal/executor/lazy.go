@@ -330,8 +330,8 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 	if err != nil {
 		return nil, nil, RestoreStats{}, err
 	}
-	conf := filepath.Join(c.cfg.StateDir, "criu", id, criuConfigName)
-	if _, err := writeFileDurably(conf, strings.NewReader(criuConfig+"lazy-pages\n")); err != nil {
+	conf := c.sandboxCRIUConfig(id)
+	if _, err := writeFileDurably(conf, strings.NewReader(criuConfig+lazyConfigLine)); err != nil {
 		return nil, nil, RestoreStats{}, err
 	}
 	// The image directory itself: a staged one's pages are detached
@@ -363,6 +363,38 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 		return nil, nil, RestoreStats{}, restoreFailed(rs, err)
 	}
 	return s, l, rs.stats(start), nil
+}
+
+// lazyConfigLine is what a lazy restore adds to the sandbox's CRIU
+// configuration.
+const lazyConfigLine = "lazy-pages\n"
+
+// sandboxCRIUConfig is sandbox id's own CRIU configuration file, which a
+// lazily restored container's org.criu.config annotation names.
+func (c *Client) sandboxCRIUConfig(id string) string {
+	return filepath.Join(c.cfg.StateDir, "criu", id, criuConfigName)
+}
+
+// repairCRIUConfig makes sandbox id's own CRIU configuration, if it has
+// one (a lazily restored sandbox's), the ordinary one: a dump that read
+// the lazy-pages line would leave the lazy pages out of the images and
+// wait for a page server to take them, until its deadline. The lazy
+// restore rewrites the file once it returns; a daemon that crashed before
+// that left the line, and every dump repairs it first.
+func (c *Client) repairCRIUConfig(id string) error {
+	conf := c.sandboxCRIUConfig(id)
+	b, err := os.ReadFile(conf)
+	if errors.Is(err, os.ErrNotExist) || err == nil && string(b) == criuConfig {
+		return nil
+	}
+	if err == nil {
+		_, err = writeFileDurably(conf, strings.NewReader(criuConfig))
+	}
+	if err != nil {
+		return fmt.Errorf("%w: the sandbox's CRIU configuration: %w", ErrCheckpoint, err)
+	}
+	c.log.Warn("repaired a sandbox's CRIU configuration left as a lazy restore's", "sandbox", id)
+	return nil
 }
 
 // gone answers HoldUffds for a lazy-pages that could not be looked at
