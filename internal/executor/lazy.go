@@ -52,6 +52,17 @@ func (c *Client) LazyRestoring(id string) bool {
 	return pid > 0 && isRecorded(pid, file, want)
 }
 
+// LazyUnfinished reports whether sandbox id was restored lazily and its
+// lazy-pages was not seen to bring every page in: the restore recorded
+// its pid, and only a clean exit that a daemon saw removes it. A
+// restarted daemon that finds it parks the run back at its snapshot: it
+// cannot tell what the unit read while no daemon watched its pages.
+func (c *Client) LazyUnfinished(id string) bool {
+	pidFile, _, _ := c.lazyPagesRecord(id)
+	_, err := os.Lstat(pidFile)
+	return err == nil
+}
+
 // LazyPages is the `criu lazy-pages` daemon of one lazy restore. It serves
 // the unit's lazy pages (anonymous private memory) from the image
 // directory as the unit faults on them, pushes the rest in the background
@@ -72,6 +83,9 @@ type LazyPages struct {
 	held     *os.File
 	heldOnce sync.Once
 	tasks    int
+	// recorded is the sandbox's CRIU directory where its pids are
+	// recorded (recordLazyPids): a clean exit removes them there.
+	recorded string
 
 	mu       sync.Mutex
 	err      error         // set before done closes
@@ -300,6 +314,11 @@ func (l *LazyPages) wait() {
 		l.err = fmt.Errorf("%w: %w (criu lazy-pages: %v)%s", ErrPagesLost, serr, err, logTail(l.log))
 	case err != nil:
 		l.err = fmt.Errorf("%w: criu lazy-pages: %w%s", ErrPagesLost, err, logTail(l.log))
+	default:
+		// Every page resident, and seen to be: the restore is finished
+		// for a restarted daemon too (LazyUnfinished). Not removed, the
+		// pids cost only a park back should the daemon restart first.
+		_ = unrecordLazyPids(l.recorded)
 	}
 	l.mu.Unlock()
 	close(l.done)

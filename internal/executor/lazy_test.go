@@ -62,8 +62,8 @@ func TestRestoreLazy(t *testing.T) {
 	}
 	<-lp.Done()
 	release()
-	if client.LazyRestoring(id) {
-		t.Error("LazyRestoring after lazy-pages exited")
+	if client.LazyRestoring(id) || client.LazyUnfinished(id) {
+		t.Error("LazyRestoring or LazyUnfinished after lazy-pages exited, every page in")
 	}
 	resident, err := lp.Result()
 	if err != nil {

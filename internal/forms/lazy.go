@@ -12,6 +12,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // The image form's lazy resume (docs/lazy-resume.md): the unit runs as
@@ -144,8 +145,23 @@ func (u *Unit) JournalPages(iv *interval.Interval) error {
 }
 
 // lazyRestoring is whether a sandbox's lazy restore is still serving
-// pages (*executor.Client), whoever started it.
-type lazyRestoring interface{ LazyRestoring(id string) bool }
+// pages (*executor.Client), whoever started it; and whether one was not
+// seen to bring every page in.
+type lazyRestoring interface {
+	LazyRestoring(id string) bool
+	LazyUnfinished(id string) bool
+}
+
+// LazyUnfinished reports whether u, an image unit a restarted daemon
+// found, was restored lazily by an earlier daemon process that did not
+// see its every page resident (executor.Client.LazyUnfinished). Nothing
+// here held its userfaultfds while no daemon ran, so what the unit read
+// then is not known: the daemon parks it back at the snapshot it resumed
+// from.
+func (h Host) LazyUnfinished(u *Unit) bool {
+	l, ok := h.Sandboxes.(lazyRestoring)
+	return ok && u.Spec.Mode != unit.TranscriptMode && l.LazyUnfinished(u.Sandbox.ID())
+}
 
 // awaitPages waits until every page of a lazily restored unit is
 // resident: CRIU dumps only the pages a process has, so a park before
@@ -153,12 +169,18 @@ type lazyRestoring interface{ LazyRestoring(id string) bool }
 // lost (the park is refused; the daemon parks the run back at the
 // snapshot it resumed from). A unit an earlier daemon process restored
 // lazily, whose lazy-pages still runs, is refused (ErrPagesArriving):
-// this process holds nothing to wait on.
+// this process holds nothing to wait on; once that lazy-pages is gone,
+// unseen, the unit's pages are lost (ErrPagesLost).
 func (f Image) awaitPages(ctx context.Context, u *Unit) error {
 	p := u.pages
 	if p == nil {
-		if l, ok := f.h.Sandboxes.(lazyRestoring); ok && l.LazyRestoring(u.ID) {
+		l, ok := f.h.Sandboxes.(lazyRestoring)
+		switch {
+		case !ok:
+		case l.LazyRestoring(u.ID):
 			return executor.ErrPagesArriving
+		case l.LazyUnfinished(u.ID):
+			return fmt.Errorf("%w: %s", executor.ErrPagesLost, RestartedReason)
 		}
 		return nil
 	}
@@ -171,6 +193,10 @@ func (f Image) awaitPages(ctx context.Context, u *Unit) error {
 	defer p.mu.Unlock()
 	return p.lost
 }
+
+// RestartedReason is why the pages of a lazy restore that a restarted
+// daemon found unfinished are lost (LazyUnfinished).
+const RestartedReason = "the daemon restarted before every page of the lazy restore was resident"
 
 // restoreSandbox restores id's sandbox, lazily when the host says so.
 // A lazy restore's pages are watched from here on: deadline bounds the

@@ -322,21 +322,24 @@ func TestLazyUnitGone(t *testing.T) {
 }
 
 // restoringBox is the fake box with a lazy-pages an earlier daemon
-// process started still running for the sandboxes in restoring.
+// process started still running for the sandboxes in restoring, and a
+// lazy restore not seen to finish for those in unfinished.
 type restoringBox struct {
 	*fakeBox
-	restoring map[string]bool
+	restoring, unfinished map[string]bool
 }
 
-func (b restoringBox) LazyRestoring(id string) bool { return b.restoring[id] }
+func (b restoringBox) LazyRestoring(id string) bool  { return b.restoring[id] }
+func (b restoringBox) LazyUnfinished(id string) bool { return b.unfinished[id] }
 
 // A unit restored lazily by an earlier daemon process, whose lazy-pages
 // still runs, is not parked (ErrPagesArriving): nothing here can wait
-// for its pages, and a dump now would leave them out. Once lazy-pages
-// is gone, it parks.
+// for its pages, and a dump now would leave them out. Once lazy-pages is
+// gone without a daemon seeing every page in, its pages are lost
+// (ErrPagesLost: it may have read zeros). Seen to finish, it parks.
 func TestLazyPagesArrivingRefused(t *testing.T) {
 	h, box := testHost(t, nil)
-	rb := restoringBox{box, map[string]bool{"r": true}}
+	rb := restoringBox{box, map[string]bool{"r": true}, map[string]bool{"r": true}}
 	h.Sandboxes = rb
 	f := h.For(unit.ImageMode)
 	w, err := f.Start(t.Context(), stored(t, h, imageRun("r")))
@@ -344,11 +347,18 @@ func TestLazyPagesArrivingRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	found := Orphan(w.Unit.Run, w.Unit.Sandbox)
+	if !h.LazyUnfinished(found) {
+		t.Fatal("LazyUnfinished: false")
+	}
 	if _, err := f.Snapshot(t.Context(), found); !errors.Is(err, executor.ErrPagesArriving) || box.n != 0 {
 		t.Fatalf("a park while another process's lazy-pages runs: %v, %d checkpoints", err, box.n)
 	}
 	rb.restoring["r"] = false
+	if _, err := f.Snapshot(t.Context(), found); !errors.Is(err, executor.ErrPagesLost) || box.n != 0 {
+		t.Fatalf("a park once it is gone, unseen: %v, %d checkpoints", err, box.n)
+	}
+	rb.unfinished["r"] = false
 	if _, err := f.Snapshot(t.Context(), found); err != nil || box.n != 1 {
-		t.Fatalf("a park once it is gone: %v, %d checkpoints", err, box.n)
+		t.Fatalf("a park once it is seen finished: %v, %d checkpoints", err, box.n)
 	}
 }
