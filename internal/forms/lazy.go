@@ -121,6 +121,23 @@ func (u *Unit) PagesDone() <-chan struct{} {
 	return u.pages.done
 }
 
+// PagesLost reports whether a lazily restored unit's pages were lost (a
+// unit killed then did not exit by itself: the daemon parks it back).
+func (u *Unit) PagesLost() bool {
+	p := u.pages
+	if p == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+	default:
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lost != nil
+}
+
 // JournalPages, for a lazily restored unit whose pages are all in or
 // lost, journals which into iv — once: a later call journals nothing —
 // and returns the loss (wrapping executor.ErrPagesLost), nil when every
@@ -229,8 +246,9 @@ const freezeWait = 30 * time.Second
 
 // watchPages waits for lp to bring every page in, within deadline. Then
 // it releases the held userfaultfds. When lp fails, or the deadline
-// passes, it freezes the unit (best effort: a thread waiting on a page
-// that never comes may not freeze; it cannot run either), ends lp, and
+// passes, it freezes the unit (a thread waiting on a page that never
+// comes may not freeze; where the freeze fails the unit is destroyed
+// first, for the processes it forked since the restore), ends lp, and
 // says the pages were lost; the copies stay held until the unit is gone
 // (the daemon destroys it), so no thread ever reads a page that did not
 // come as zeros. A unit gone first (closed, or exited) needs no more
@@ -267,11 +285,19 @@ func watchPages(sb Sandbox, lp Pages, release func(), p *pages, deadline time.Du
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), freezeWait)
+	defer cancel()
 	perr := sb.Pause(ctx)
-	cancel()
+	var derr error
+	if perr != nil {
+		// A thread the freeze did not stop may be a process forked
+		// after the restore, whose userfaultfd only lazy-pages holds
+		// (the copies are of the tasks the restore made): the unit dies
+		// before lazy-pages does, so that it reads no zero page.
+		derr = sb.Destroy(context.WithoutCancel(ctx))
+	}
 	lp.Kill()
 	if log != nil {
-		log.Warn("lazy restore: pages lost", "run", sb.ID(), "err", lost, "freeze", perr)
+		log.Warn("lazy restore: pages lost", "run", sb.ID(), "err", lost, "freeze", perr, "destroy", derr)
 	}
 	p.finish(time.Now(), lost, true)
 	<-gone

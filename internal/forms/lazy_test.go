@@ -242,6 +242,29 @@ func TestLazyPagesLost(t *testing.T) {
 	}
 }
 
+// A unit whose freeze fails after its pages were lost (a thread waiting
+// on a missing page) may hold a process forked after the restore, whose
+// userfaultfd only lazy-pages holds: the unit is destroyed before
+// lazy-pages is ended, so that child never reads a zero page; the copies
+// are released after both. PagesLost says so to the exit watcher.
+func TestLazyPagesLostFreezeFails(t *testing.T) {
+	_, l, w := lazyWoken(t, time.Hour)
+	l.box.pauseErr = errors.New("unable to freeze")
+	l.pages.exit(fmt.Errorf("%w: criu lazy-pages: signal: killed", executor.ErrPagesLost))
+	<-w.Unit.PagesDone()
+	select {
+	case <-l.pages.released:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the copies still held 10 s after the loss: %q", l.notes())
+	}
+	if got := l.notes(); !slices.Equal(got, []string{"freeze", "destroy", "kill lazy-pages", "release"}) {
+		t.Fatalf("order %q: the unit must die before lazy-pages", got)
+	}
+	if !w.Unit.PagesLost() {
+		t.Fatal("PagesLost: false")
+	}
+}
+
 // Pages not all in within the deadline are lost: lazy-pages is ended, and
 // the error says both.
 func TestLazyPagesDeadline(t *testing.T) {
