@@ -202,6 +202,33 @@ func TestLazyParkWaitsForEveryPage(t *testing.T) {
 	}
 }
 
+// A served lazy resume says so in its restored entry; a lazy one whose
+// every byte was rehashed first does not.
+func TestLazyServedJournaled(t *testing.T) {
+	_, _, w := lazyWoken(t, time.Hour)
+	if w.Restored == nil || w.Restored.Served {
+		t.Fatalf("a lazy resume, not served: restored %+v", w.Restored)
+	}
+	h, box := testHost(t, nil)
+	h.Lazy, h.LazyServed, h.CRIUDeadline = newFakeLazy(box), true, time.Hour
+	f := h.For(unit.ImageMode)
+	sw, err := f.Start(t.Context(), stored(t, h, imageRun("r")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken, err := f.Snapshot(t.Context(), sw.Unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	woke, err := f.Wake(t.Context(), imageRun("r"), Waking{Snapshot: taken.Snapshot, Retained: taken.Retained})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if woke.Restored == nil || !woke.Restored.Lazy || !woke.Restored.Served {
+		t.Fatalf("a served lazy resume: restored %+v", woke.Restored)
+	}
+}
+
 // lazy-pages dying mid-way: the unit is frozen before anything else, the
 // loss is a typed error a park is refused with (no checkpoint of a unit
 // with holes), the journal gets one pages-lost entry, and the held
