@@ -360,8 +360,10 @@ func TestLazyRestartParksBack(t *testing.T) {
 	_ = d.cmd.Process.Kill()
 	<-d.done
 	d.cmd = nil
+	restarting := time.Now()
 	mustStart(t, d)
 	s := waitParked(t, d, id)
+	t.Logf("parked back %v after the restart began", time.Since(restarting))
 	if got, want := kinds(s.Segments), "executed suspended resumed executed suspended"; got != want || s.Segments[4].Snapshot != p.Snapshot {
 		t.Fatalf("segments %s, want %s back at %s", got, want, p.Snapshot)
 	}
