@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/failpoint"
 	"github.com/runrecordd/runrecordd/internal/pageserver"
 	"golang.org/x/sys/unix"
 )
@@ -371,6 +372,7 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 	s, err := c.create(ctx, id, spec, out, rs)
 	unstage(c, id, spec, images)
 	if err == nil {
+		failpoint.Fire("lazy.restored")
 		// Later dumps of this sandbox are eager ones.
 		_, err = writeFileDurably(conf, strings.NewReader(criuConfig))
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/failpoint"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -398,5 +399,71 @@ func TestLazyRestartParksBack(t *testing.T) {
 	})
 	if after := ls[before]; after.Counter != atPark.Counter+1 || after.StartTime != atPark.StartTime || after.Pid != atPark.Pid {
 		t.Fatalf("first line after the resume %+v; last before the park %+v", after, atPark)
+	}
+}
+
+// TestLazyCrashAtEachStep arms each failpoint of a lazy restore
+// (failpoint.LazySteps) on a daemon that resumes lazily, and resumes the
+// parked oracle there: the daemon dies at the step (at "lazy.restored"
+// the unit runs and its sandbox's criu.conf still says lazy-pages). The
+// daemon started again finds the run parked (Resumed was not durable),
+// no sandbox and no lazy-pages of it; the next resume goes on from the
+// park as the same process, and its next park is an ordinary dump that
+// does not wait for a page server.
+func TestLazyCrashAtEachStep(t *testing.T) {
+	privileged(t)
+	parallelFleet(t) // beside the crash tests (parallel_test.go)
+	ctx := context.Background()
+	for _, step := range failpoint.LazySteps {
+		id := "lazy-crash-" + strings.ReplaceAll(step, ".", "-")
+		// Armed from its start: nothing before the lazy restore reaches
+		// the step.
+		d := mustDaemon(t, id, func(d *daemon) {
+			d.flags = []string{"--lazy-resume"}
+			d.env = []string{failpoint.Env + "=" + step}
+		})
+		mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+		startOracle(t, d, id, oracleImage)
+		_, atPark := park(t, d, id)
+		if _, err := d.c.Resume(ctx, id); err == nil {
+			t.Fatalf("the resume armed at %s answered", step)
+		}
+		crashKilled(t, d, step)
+		d.env = nil
+		mustStart(t, d)
+		run, err := d.run(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run.Phase != "parked" {
+			t.Fatalf("after the crash at %s: %+v, want parked", step, run)
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if pid, _ := lazyPages(d, id); pid == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after the crash at %s: lazy-pages still there", step)
+			}
+		}
+		// The stdout file may hold lines of the restore the crash
+		// discarded (it ran until the restart destroyed it).
+		before := output(t, d.stdout(id))
+		r, err := d.c.Resume(ctx, id)
+		if err != nil || r.Restore == nil || !r.Restore.Lazy {
+			t.Fatalf("resume after the crash at %s: %v, restore %+v", step, err, r.Restore)
+		}
+		ls := waitLines(t, d.stdout(id), "a line verified after the resume", func(ls []line) bool {
+			return len(ls) > len(before) && last(ls).VerifiedAt > atPark.Counter
+		})
+		checkOneProcess(t, append(ls[:atPark.Counter:atPark.Counter], ls[len(before):]...))
+		start := time.Now()
+		park(t, d, id)
+		if took := time.Since(start); took > 30*time.Second {
+			t.Fatalf("the park after the crash at %s took %v", step, took)
+		}
+		if err := verifyRun(ctx, d, id); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
