@@ -41,8 +41,10 @@ type fakeExec struct {
 	restores      []string // what each restore read from the image directory
 	// pages gets each lazy restore's pages (RestoreLazy, lazy_test.go).
 	pages chan *fakePages
-	// onPause, when set, runs as a sandbox is paused, before it is.
-	onPause func(id string)
+	// onPause, when set, runs as a sandbox is paused, before it is;
+	// pauseErr, when set, is every pause's error (the unit unfrozen).
+	onPause  func(id string)
+	pauseErr error
 	// prefetches counts Prefetch calls (forms.Admit, image resumes).
 	prefetches atomic.Int32
 }
@@ -192,10 +194,13 @@ func (s *fakeSB) set(status string) error {
 
 func (s *fakeSB) Pause(context.Context) error {
 	s.ex.mu.Lock()
-	hook := s.ex.onPause
+	hook, perr := s.ex.onPause, s.ex.pauseErr
 	s.ex.mu.Unlock()
 	if hook != nil {
 		hook(s.id)
+	}
+	if perr != nil {
+		return perr
 	}
 	return s.set("paused")
 }

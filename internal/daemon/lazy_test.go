@@ -152,6 +152,35 @@ func TestLazyPagesLostParksBack(t *testing.T) {
 	}
 }
 
+// Pages lost, and the unit's freeze fails (a thread waiting on a page
+// that never comes): the form destroys the unit before it ends
+// lazy-pages. That exit is not the unit's own: the run is not closed, but
+// parked back at the snapshot it resumed from.
+func TestLazyPagesLostFreezeFails(t *testing.T) {
+	h, p, snap, errs := lazyHost(t)
+	h.ex.mu.Lock()
+	h.ex.pauseErr = errors.New("unable to freeze")
+	h.ex.mu.Unlock()
+	events, cancel := h.d.Subscribe()
+	defer cancel()
+	p.end(fmt.Errorf("%w: lazy-pages killed", executor.ErrPagesLost))
+	for e := range events {
+		if e.Kind == "run.pages-lost" || e.Kind == "run.closed" {
+			break
+		}
+	}
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	st, _ := h.d.st.Run("r")
+	if got := h.kinds(t, "r"); got != "executed suspended resumed executed suspended" || st.Phase != record.Parked || st.Parked.String() != snap {
+		t.Fatalf("segments %s, phase %s at %v; want parked back at %s", got, st.Phase, st.Parked, snap)
+	}
+	h.teardown(t, "r")
+}
+
 // Pages lost, and the park back refused at its append (another writer
 // closed the run): the record stays as the other writer left it, and the
 // unit stays frozen in a new interval (a close ends it), its

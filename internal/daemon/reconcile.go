@@ -99,6 +99,13 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	defer r.mu.Unlock()
 	lv := d.reattach(id, u)
 	r.live = lv
+	if d.forms().LazyUnfinished(u) && d.parkBackUnfinished(id, r, lv) {
+		if r.live == nil {
+			return nil // parked back
+		}
+		d.watch(id, r, lv) // the park back's append refused: a close ends it
+		return nil
+	}
 	d.saveMark(id, lv)
 	d.watch(id, r, lv)
 	d.log.Info("reconcile: reattached", "run", id)

@@ -1,12 +1,15 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/manifest"
@@ -142,21 +145,75 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 			d.publish(events.Event{Kind: "run.resident", Run: id})
 			return
 		}
-		st, err := d.st.Run(id)
-		if err == nil {
-			_, _, err = d.recordTaken(context.Background(), lv, st.Unit, forms.Taken{Snapshot: snap, Keys: manifest.ImageKeys}, lv.unit.Account(), "", nil)
-		}
-		if err != nil {
-			if lv.iv.Ended() { // the unit stays frozen, in a new interval a close ends
-				d.restartInterval(id, lv, attest.EventParkRefused)
-			}
-			d.log.Error("recording a lazy restore's lost pages", "run", id, "lost", lost, "err", err)
-			return
-		}
-		d.tearDownParked(r, lv)
-		d.log.Warn("run parked back at the snapshot it resumed from: its lazy pages were lost", "run", id, "err", lost)
-		d.publish(events.Event{Kind: "run.pages-lost", Run: id, Detail: snap.String()})
+		d.parkBack(id, r, lv, snap, lost)
 	})
+}
+
+// parkBack ends lv's interval, whose lazy pages were lost (its journal
+// says so already), as a park back at snap, the snapshot the run resumed
+// from, and tears the sandbox down. The caller holds r's lock and has
+// frozen the unit. An append refused leaves the unit frozen in a new
+// interval (park-refused) that a close ends.
+func (d *Daemon) parkBack(id string, r *run, lv *live, snap record.Snapshot, lost error) {
+	st, err := d.st.Run(id)
+	if err == nil {
+		_, _, err = d.recordTaken(context.Background(), lv, st.Unit, forms.Taken{Snapshot: snap, Keys: manifest.ImageKeys}, lv.unit.Account(), "", nil)
+	}
+	if err != nil {
+		if lv.iv.Ended() { // the unit stays frozen, in a new interval a close ends
+			d.restartInterval(id, lv, attest.EventParkRefused)
+		}
+		d.log.Error("recording a lazy restore's lost pages", "run", id, "lost", lost, "err", err)
+		return
+	}
+	d.tearDownParked(r, lv)
+	d.log.Warn("run parked back at the snapshot it resumed from: its lazy pages were lost", "run", id, "err", lost)
+	d.publish(events.Event{Kind: "run.pages-lost", Run: id, Detail: snap.String()})
+}
+
+// parkBackUnfinished parks back a run a restarted daemon found executing
+// whose lazy restore no daemon saw finish (forms.Host.LazyUnfinished):
+// the unit is frozen, its interval journals pages-lost, and it ends as a
+// park back at the snapshot the run resumed from (parkBack). It reports
+// whether the run's record names such a snapshot (the last Suspended
+// segment before its Resumed one); without it, nothing is done. The
+// caller holds r's lock.
+func (d *Daemon) parkBackUnfinished(id string, r *run, lv *live) bool {
+	raw, err := d.st.Raw(id)
+	if err != nil {
+		d.log.Error("reconcile: reading the record of a run whose lazy restore did not finish", "run", id, "err", err)
+		return false
+	}
+	segs := raw.Segments
+	if len(segs) < 2 || segs[len(segs)-1].Kind != record.Resumed || segs[len(segs)-2].Kind != record.Suspended {
+		return false
+	}
+	snap := segs[len(segs)-2].Snapshot
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	perr := lv.sb.Pause(ctx)
+	cancel()
+	now := time.Now()
+	lv.iv.Journal(attest.LifecycleOf(now.UnixNano(), attest.PagesLost{AfterNS: restoreAge(lv.iv.Events(), now), Reason: forms.RestartedReason}))
+	lost := fmt.Errorf("%w: %s (freeze: %v)", executor.ErrPagesLost, forms.RestartedReason, perr)
+	d.parkBack(id, r, lv, snap, lost)
+	return true
+}
+
+// restoreAge is how long before now the restore that began the interval
+// whose journal so far is es started (its restored entry's time less its
+// total), 0 without one.
+func restoreAge(es []attest.Entry, now time.Time) int64 {
+	j := attest.Journal{Entries: es}
+	var rs attest.Restored
+	if !j.Find(&rs) {
+		return 0
+	}
+	for _, e := range es {
+		if e.Kind == attest.Lifecycle && bytes.HasPrefix(e.Data, []byte(attest.EventRestored+" ")) {
+			return now.UnixNano() - (e.AtNS - rs.TotalNS)
+		}
+	}
+	return 0
 }
 
 // OpenJournal is the journal so far of run id's open interval on this

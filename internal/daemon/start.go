@@ -116,6 +116,18 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 		if d.bgCtx.Err() != nil {
 			return // the daemon is stopping; the unit goes on without it
 		}
+		if done := lv.unit.PagesDone(); err == nil && done != nil {
+			// A unit killed because its lazy pages were lost did not
+			// exit by itself: watchPages parks it back.
+			select {
+			case <-done:
+			case <-d.bgCtx.Done():
+				return
+			}
+			if lv.unit.PagesLost() {
+				return
+			}
+		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if r.live != lv || lv.stopping {

@@ -184,6 +184,9 @@ func (s *Sandbox) dumpDirs(cp Checkpoint) (dir, work string, _ error) {
 			return "", "", fmt.Errorf("%w: no directory for the rw layer %s", ErrInvalid, cp.Rootfs)
 		}
 	}
+	if err := s.c.repairCRIUConfig(s.id); err != nil {
+		return "", "", err
+	}
 	work = filepath.Join(s.c.cfg.StateDir, "criu", s.id, "dump")
 	if err := removeTree(work); err != nil {
 		return "", "", err

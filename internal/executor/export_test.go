@@ -4,6 +4,7 @@ package executor
 
 import (
 	"context"
+	"strings"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
@@ -48,4 +49,12 @@ func (s *Sandbox) SpecFiltersForTest(ctx context.Context) ([]criu.Filter, error)
 		return nil, err
 	}
 	return s.c.specFilters(ctx, spec.Linux.Seccomp)
+}
+
+// LeaveLazyConfigForTest writes sandbox id's CRIU configuration as a
+// daemon that crashed between a lazy restore and the configuration's
+// repair leaves it: with the lazy-pages line.
+func (c *Client) LeaveLazyConfigForTest(id string) error {
+	_, err := writeFileDurably(c.sandboxCRIUConfig(id), strings.NewReader(criuConfig+lazyConfigLine))
+	return err
 }

@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/failpoint"
 	"github.com/runrecordd/runrecordd/internal/pageserver"
 	"golang.org/x/sys/unix"
 )
@@ -52,6 +53,17 @@ func (c *Client) LazyRestoring(id string) bool {
 	return pid > 0 && isRecorded(pid, file, want)
 }
 
+// LazyUnfinished reports whether sandbox id was restored lazily and its
+// lazy-pages was not seen to bring every page in: the restore recorded
+// its pid, and only a clean exit that a daemon saw removes it. A
+// restarted daemon that finds it parks the run back at its snapshot: it
+// cannot tell what the unit read while no daemon watched its pages.
+func (c *Client) LazyUnfinished(id string) bool {
+	pidFile, _, _ := c.lazyPagesRecord(id)
+	_, err := os.Lstat(pidFile)
+	return err == nil
+}
+
 // LazyPages is the `criu lazy-pages` daemon of one lazy restore. It serves
 // the unit's lazy pages (anonymous private memory) from the image
 // directory as the unit faults on them, pushes the rest in the background
@@ -72,6 +84,9 @@ type LazyPages struct {
 	held     *os.File
 	heldOnce sync.Once
 	tasks    int
+	// recorded is the sandbox's CRIU directory where its pids are
+	// recorded (recordLazyPids): a clean exit removes them there.
+	recorded string
 
 	mu       sync.Mutex
 	err      error         // set before done closes
@@ -300,6 +315,11 @@ func (l *LazyPages) wait() {
 		l.err = fmt.Errorf("%w: %w (criu lazy-pages: %v)%s", ErrPagesLost, serr, err, logTail(l.log))
 	case err != nil:
 		l.err = fmt.Errorf("%w: criu lazy-pages: %w%s", ErrPagesLost, err, logTail(l.log))
+	default:
+		// Every page resident, and seen to be: the restore is finished
+		// for a restarted daemon too (LazyUnfinished). Not removed, the
+		// pids cost only a park back should the daemon restart first.
+		_ = unrecordLazyPids(l.recorded)
 	}
 	l.mu.Unlock()
 	close(l.done)
@@ -330,8 +350,8 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 	if err != nil {
 		return nil, nil, RestoreStats{}, err
 	}
-	conf := filepath.Join(c.cfg.StateDir, "criu", id, criuConfigName)
-	if _, err := writeFileDurably(conf, strings.NewReader(criuConfig+"lazy-pages\n")); err != nil {
+	conf := c.sandboxCRIUConfig(id)
+	if _, err := writeFileDurably(conf, strings.NewReader(criuConfig+lazyConfigLine)); err != nil {
 		return nil, nil, RestoreStats{}, err
 	}
 	// The image directory itself: a staged one's pages are detached
@@ -352,6 +372,7 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 	s, err := c.create(ctx, id, spec, out, rs)
 	unstage(c, id, spec, images)
 	if err == nil {
+		failpoint.Fire("lazy.restored")
 		// Later dumps of this sandbox are eager ones.
 		_, err = writeFileDurably(conf, strings.NewReader(criuConfig))
 		if err != nil {
@@ -363,6 +384,38 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 		return nil, nil, RestoreStats{}, restoreFailed(rs, err)
 	}
 	return s, l, rs.stats(start), nil
+}
+
+// lazyConfigLine is what a lazy restore adds to the sandbox's CRIU
+// configuration.
+const lazyConfigLine = "lazy-pages\n"
+
+// sandboxCRIUConfig is sandbox id's own CRIU configuration file, which a
+// lazily restored container's org.criu.config annotation names.
+func (c *Client) sandboxCRIUConfig(id string) string {
+	return filepath.Join(c.cfg.StateDir, "criu", id, criuConfigName)
+}
+
+// repairCRIUConfig makes sandbox id's own CRIU configuration, if it has
+// one (a lazily restored sandbox's), the ordinary one: a dump that read
+// the lazy-pages line would leave the lazy pages out of the images and
+// wait for a page server to take them, until its deadline. The lazy
+// restore rewrites the file once it returns; a daemon that crashed before
+// that left the line, and every dump repairs it first.
+func (c *Client) repairCRIUConfig(id string) error {
+	conf := c.sandboxCRIUConfig(id)
+	b, err := os.ReadFile(conf)
+	if errors.Is(err, os.ErrNotExist) || err == nil && string(b) == criuConfig {
+		return nil
+	}
+	if err == nil {
+		_, err = writeFileDurably(conf, strings.NewReader(criuConfig))
+	}
+	if err != nil {
+		return fmt.Errorf("%w: the sandbox's CRIU configuration: %w", ErrCheckpoint, err)
+	}
+	c.log.Warn("repaired a sandbox's CRIU configuration left as a lazy restore's", "sandbox", id)
+	return nil
 }
 
 // gone answers HoldUffds for a lazy-pages that could not be looked at

@@ -4,6 +4,7 @@ package executor
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -34,6 +35,7 @@ const serverOf = "RUNRECORDD_PAGE_SERVER_OF"
 // sandbox id's CRIU directory (LazyRestoring, killLazyLeftovers).
 func (c *Client) recordLazyPids(id string, l *LazyPages) error {
 	dir := filepath.Join(c.cfg.StateDir, "criu", id)
+	l.recorded = dir
 	if _, err := writeFileDurably(filepath.Join(dir, lazyPid), strings.NewReader(strconv.Itoa(l.Pid()))); err != nil {
 		return err
 	}
@@ -42,6 +44,26 @@ func (c *Client) recordLazyPids(id string, l *LazyPages) error {
 	}
 	_, err := writeFileDurably(filepath.Join(dir, serverPid), strings.NewReader(strconv.Itoa(l.server.Process.Pid)))
 	return err
+}
+
+// unrecordLazyPids removes, durably, the pids recordLazyPids wrote into
+// dir: the processes have exited, every page in. Nothing when dir is
+// empty (nothing was recorded).
+func unrecordLazyPids(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	for _, name := range []string{serverPid, lazyPid} {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // killLazyLeftovers kills the lazy-pages and the page server a lazy

@@ -39,6 +39,12 @@ var MigrationSteps = []string{
 	"receive.claimed",     // target: claimed in etcd, not resumed
 }
 
+// LazySteps are the steps of a lazy resume (serve --lazy-resume) inside
+// the executor, in order (test/e2e's TestLazyCrashAtEachStep arms each).
+var LazySteps = []string{
+	"lazy.restored", // the unit runs, its sandbox's criu.conf still says lazy-pages
+}
+
 var armed = os.Getenv(Env)
 
 // Fire kills this process here if step is armed.

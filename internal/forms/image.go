@@ -132,7 +132,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	st := &attest.Restored{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
-		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored, Lazy: pg != nil}
+		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored, Lazy: pg != nil, Served: pg != nil && served != nil}
 	return Woken{Unit: &Unit{Run: run, Sandbox: sb, pages: pg}, Event: attest.EventRestored, Mark: m,
 		Details: []attest.Detail{*st}, Restored: st}, nil
 }

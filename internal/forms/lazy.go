@@ -12,6 +12,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // The image form's lazy resume (docs/lazy-resume.md): the unit runs as
@@ -120,6 +121,23 @@ func (u *Unit) PagesDone() <-chan struct{} {
 	return u.pages.done
 }
 
+// PagesLost reports whether a lazily restored unit's pages were lost (a
+// unit killed then did not exit by itself: the daemon parks it back).
+func (u *Unit) PagesLost() bool {
+	p := u.pages
+	if p == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+	default:
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lost != nil
+}
+
 // JournalPages, for a lazily restored unit whose pages are all in or
 // lost, journals which into iv — once: a later call journals nothing —
 // and returns the loss (wrapping executor.ErrPagesLost), nil when every
@@ -144,8 +162,23 @@ func (u *Unit) JournalPages(iv *interval.Interval) error {
 }
 
 // lazyRestoring is whether a sandbox's lazy restore is still serving
-// pages (*executor.Client), whoever started it.
-type lazyRestoring interface{ LazyRestoring(id string) bool }
+// pages (*executor.Client), whoever started it; and whether one was not
+// seen to bring every page in.
+type lazyRestoring interface {
+	LazyRestoring(id string) bool
+	LazyUnfinished(id string) bool
+}
+
+// LazyUnfinished reports whether u, an image unit a restarted daemon
+// found, was restored lazily by an earlier daemon process that did not
+// see its every page resident (executor.Client.LazyUnfinished). Nothing
+// here held its userfaultfds while no daemon ran, so what the unit read
+// then is not known: the daemon parks it back at the snapshot it resumed
+// from.
+func (h Host) LazyUnfinished(u *Unit) bool {
+	l, ok := h.Sandboxes.(lazyRestoring)
+	return ok && u.Spec.Mode != unit.TranscriptMode && l.LazyUnfinished(u.Sandbox.ID())
+}
 
 // awaitPages waits until every page of a lazily restored unit is
 // resident: CRIU dumps only the pages a process has, so a park before
@@ -153,12 +186,18 @@ type lazyRestoring interface{ LazyRestoring(id string) bool }
 // lost (the park is refused; the daemon parks the run back at the
 // snapshot it resumed from). A unit an earlier daemon process restored
 // lazily, whose lazy-pages still runs, is refused (ErrPagesArriving):
-// this process holds nothing to wait on.
+// this process holds nothing to wait on; once that lazy-pages is gone,
+// unseen, the unit's pages are lost (ErrPagesLost).
 func (f Image) awaitPages(ctx context.Context, u *Unit) error {
 	p := u.pages
 	if p == nil {
-		if l, ok := f.h.Sandboxes.(lazyRestoring); ok && l.LazyRestoring(u.ID) {
+		l, ok := f.h.Sandboxes.(lazyRestoring)
+		switch {
+		case !ok:
+		case l.LazyRestoring(u.ID):
 			return executor.ErrPagesArriving
+		case l.LazyUnfinished(u.ID):
+			return fmt.Errorf("%w: %s", executor.ErrPagesLost, RestartedReason)
 		}
 		return nil
 	}
@@ -171,6 +210,10 @@ func (f Image) awaitPages(ctx context.Context, u *Unit) error {
 	defer p.mu.Unlock()
 	return p.lost
 }
+
+// RestartedReason is why the pages of a lazy restore that a restarted
+// daemon found unfinished are lost (LazyUnfinished).
+const RestartedReason = "the daemon restarted before every page of the lazy restore was resident"
 
 // restoreSandbox restores id's sandbox, lazily when the host says so.
 // A lazy restore's pages are watched from here on: deadline bounds the
@@ -203,8 +246,9 @@ const freezeWait = 30 * time.Second
 
 // watchPages waits for lp to bring every page in, within deadline. Then
 // it releases the held userfaultfds. When lp fails, or the deadline
-// passes, it freezes the unit (best effort: a thread waiting on a page
-// that never comes may not freeze; it cannot run either), ends lp, and
+// passes, it freezes the unit (a thread waiting on a page that never
+// comes may not freeze; where the freeze fails the unit is destroyed
+// first, for the processes it forked since the restore), ends lp, and
 // says the pages were lost; the copies stay held until the unit is gone
 // (the daemon destroys it), so no thread ever reads a page that did not
 // come as zeros. A unit gone first (closed, or exited) needs no more
@@ -241,11 +285,19 @@ func watchPages(sb Sandbox, lp Pages, release func(), p *pages, deadline time.Du
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), freezeWait)
+	defer cancel()
 	perr := sb.Pause(ctx)
-	cancel()
+	var derr error
+	if perr != nil {
+		// A thread the freeze did not stop may be a process forked
+		// after the restore, whose userfaultfd only lazy-pages holds
+		// (the copies are of the tasks the restore made): the unit dies
+		// before lazy-pages does, so that it reads no zero page.
+		derr = sb.Destroy(context.WithoutCancel(ctx))
+	}
 	lp.Kill()
 	if log != nil {
-		log.Warn("lazy restore: pages lost", "run", sb.ID(), "err", lost, "freeze", perr)
+		log.Warn("lazy restore: pages lost", "run", sb.ID(), "err", lost, "freeze", perr, "destroy", derr)
 	}
 	p.finish(time.Now(), lost, true)
 	<-gone

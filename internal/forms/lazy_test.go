@@ -202,6 +202,33 @@ func TestLazyParkWaitsForEveryPage(t *testing.T) {
 	}
 }
 
+// A served lazy resume says so in its restored entry; a lazy one whose
+// every byte was rehashed first does not.
+func TestLazyServedJournaled(t *testing.T) {
+	_, _, w := lazyWoken(t, time.Hour)
+	if w.Restored == nil || w.Restored.Served {
+		t.Fatalf("a lazy resume, not served: restored %+v", w.Restored)
+	}
+	h, box := testHost(t, nil)
+	h.Lazy, h.LazyServed, h.CRIUDeadline = newFakeLazy(box), true, time.Hour
+	f := h.For(unit.ImageMode)
+	sw, err := f.Start(t.Context(), stored(t, h, imageRun("r")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken, err := f.Snapshot(t.Context(), sw.Unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	woke, err := f.Wake(t.Context(), imageRun("r"), Waking{Snapshot: taken.Snapshot, Retained: taken.Retained})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if woke.Restored == nil || !woke.Restored.Lazy || !woke.Restored.Served {
+		t.Fatalf("a served lazy resume: restored %+v", woke.Restored)
+	}
+}
+
 // lazy-pages dying mid-way: the unit is frozen before anything else, the
 // loss is a typed error a park is refused with (no checkpoint of a unit
 // with holes), the journal gets one pages-lost entry, and the held
@@ -239,6 +266,29 @@ func TestLazyPagesLost(t *testing.T) {
 	<-l.pages.released
 	if got := l.notes(); !slices.Equal(got, []string{"freeze", "kill lazy-pages", "destroy", "release"}) {
 		t.Fatalf("order %q: the copies must outlive the unit", got)
+	}
+}
+
+// A unit whose freeze fails after its pages were lost (a thread waiting
+// on a missing page) may hold a process forked after the restore, whose
+// userfaultfd only lazy-pages holds: the unit is destroyed before
+// lazy-pages is ended, so that child never reads a zero page; the copies
+// are released after both. PagesLost says so to the exit watcher.
+func TestLazyPagesLostFreezeFails(t *testing.T) {
+	_, l, w := lazyWoken(t, time.Hour)
+	l.box.pauseErr = errors.New("unable to freeze")
+	l.pages.exit(fmt.Errorf("%w: criu lazy-pages: signal: killed", executor.ErrPagesLost))
+	<-w.Unit.PagesDone()
+	select {
+	case <-l.pages.released:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the copies still held 10 s after the loss: %q", l.notes())
+	}
+	if got := l.notes(); !slices.Equal(got, []string{"freeze", "destroy", "kill lazy-pages", "release"}) {
+		t.Fatalf("order %q: the unit must die before lazy-pages", got)
+	}
+	if !w.Unit.PagesLost() {
+		t.Fatal("PagesLost: false")
 	}
 }
 
@@ -322,21 +372,24 @@ func TestLazyUnitGone(t *testing.T) {
 }
 
 // restoringBox is the fake box with a lazy-pages an earlier daemon
-// process started still running for the sandboxes in restoring.
+// process started still running for the sandboxes in restoring, and a
+// lazy restore not seen to finish for those in unfinished.
 type restoringBox struct {
 	*fakeBox
-	restoring map[string]bool
+	restoring, unfinished map[string]bool
 }
 
-func (b restoringBox) LazyRestoring(id string) bool { return b.restoring[id] }
+func (b restoringBox) LazyRestoring(id string) bool  { return b.restoring[id] }
+func (b restoringBox) LazyUnfinished(id string) bool { return b.unfinished[id] }
 
 // A unit restored lazily by an earlier daemon process, whose lazy-pages
 // still runs, is not parked (ErrPagesArriving): nothing here can wait
-// for its pages, and a dump now would leave them out. Once lazy-pages
-// is gone, it parks.
+// for its pages, and a dump now would leave them out. Once lazy-pages is
+// gone without a daemon seeing every page in, its pages are lost
+// (ErrPagesLost: it may have read zeros). Seen to finish, it parks.
 func TestLazyPagesArrivingRefused(t *testing.T) {
 	h, box := testHost(t, nil)
-	rb := restoringBox{box, map[string]bool{"r": true}}
+	rb := restoringBox{box, map[string]bool{"r": true}, map[string]bool{"r": true}}
 	h.Sandboxes = rb
 	f := h.For(unit.ImageMode)
 	w, err := f.Start(t.Context(), stored(t, h, imageRun("r")))
@@ -344,11 +397,18 @@ func TestLazyPagesArrivingRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	found := Orphan(w.Unit.Run, w.Unit.Sandbox)
+	if !h.LazyUnfinished(found) {
+		t.Fatal("LazyUnfinished: false")
+	}
 	if _, err := f.Snapshot(t.Context(), found); !errors.Is(err, executor.ErrPagesArriving) || box.n != 0 {
 		t.Fatalf("a park while another process's lazy-pages runs: %v, %d checkpoints", err, box.n)
 	}
 	rb.restoring["r"] = false
+	if _, err := f.Snapshot(t.Context(), found); !errors.Is(err, executor.ErrPagesLost) || box.n != 0 {
+		t.Fatalf("a park once it is gone, unseen: %v, %d checkpoints", err, box.n)
+	}
+	rb.unfinished["r"] = false
 	if _, err := f.Snapshot(t.Context(), found); err != nil || box.n != 1 {
-		t.Fatalf("a park once it is gone: %v, %d checkpoints", err, box.n)
+		t.Fatalf("a park once it is seen finished: %v, %d checkpoints", err, box.n)
 	}
 }

@@ -174,6 +174,19 @@ func TestOfferedServedDamage(t *testing.T) {
 			t.Fatalf("offered %s, %v, over a damaged core image", off, err)
 		}
 	})
+	for _, which := range []string{"memory", "root"} {
+		t.Run("the "+which+" listing", func(t *testing.T) {
+			st, res := servedPark(t, pages)
+			l := *res.Snapshot.Memory
+			if which == "root" {
+				l = *res.Snapshot.Root
+			}
+			damage(t, st, l)
+			if off, err := OfferedServed(t.Context(), st, res.Snapshot); err == nil && off.Equal(res.Snapshot) {
+				t.Fatalf("offered %s over a damaged %s listing", off, which)
+			}
+		})
+	}
 	t.Run("the root tree", func(t *testing.T) {
 		st, res := servedPark(t, pages)
 		es, _ := st.Listing(*res.Snapshot.Root)

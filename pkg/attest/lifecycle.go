@@ -64,6 +64,11 @@ type Restored struct {
 	// time to running, and the rest of the unit's memory arrives after
 	// it (a Resident or a PagesLost entry follows). Absent when eager.
 	Lazy bool `json:"lazy,omitempty"`
+	// Served is a lazy restore whose lazy pages a page server sends,
+	// each chunk verified against its listed address before its first
+	// page (docs/lazy-resume.md, "The page server"), instead of every
+	// byte rehashed before the restore. Absent otherwise.
+	Served bool `json:"served,omitempty"`
 }
 
 // Event implements Detail.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/attest"
 )
 
 // flipObjectByte flips (and, called again, flips back) one byte in the
@@ -126,6 +127,10 @@ func TestLazyServed(t *testing.T) {
 		t.Fatalf("the lost interval's restore %+v", ex.Restore)
 	}
 	t.Logf("pages lost: %s", ex.Restore.PagesLost)
+	var restored attest.Restored
+	if _, j := d.journal(t, ex); !j.Find(&restored) || !restored.Lazy || !restored.Served {
+		t.Fatalf("the lost interval's restored entry %+v (found: %v), want it lazy and served", restored, j.Find(&restored))
+	}
 	ls := output(t, d.stdout(id))
 	for i, l := range ls {
 		if l.Checksum != ls[0].Checksum || l.Verify != ls[0].Checksum || l.StartTime != ls[0].StartTime {

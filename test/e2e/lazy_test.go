@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/failpoint"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -339,38 +340,130 @@ func TestLazyPagesLost(t *testing.T) {
 	}
 }
 
-// TestLazyRestartRefusesPark restarts the daemon while a lazily resumed
-// unit's pages are still arriving (its lazy-pages stopped): the restarted
-// daemon, which holds nothing to wait on, refuses to park it (conflict:
-// a dump now would leave the missing pages out) rather than store a
-// snapshot with holes; the run can still be closed, and verifies.
-func TestLazyRestartRefusesPark(t *testing.T) {
+// TestLazyRestartParksBack kills the daemon (SIGKILL) while a lazily
+// resumed unit's pages are still arriving (its lazy-pages stopped: it
+// holds the userfaultfds, so nothing reads a zero page). The restarted
+// daemon cannot know what lazy-pages will do — it holds nothing to watch
+// it by — so it finds the unfinished lazy restore and parks the run back
+// at the snapshot it resumed from: the lost interval recorded, its journal
+// saying pages-lost, the unit and lazy-pages gone, not one line computed
+// on a missing page; the record verifies, and the next resume goes on from
+// the park as the same process.
+func TestLazyRestartParksBack(t *testing.T) {
 	privileged(t)
 	parallelFleet(t) // beside the crash tests (parallel_test.go)
 	d := lazyDaemon(t, "lazy-restart")
 	ctx := context.Background()
 	const id = "lazy-restart"
 	startBigOracle(t, d, id)
-	park(t, d, id)
+	p, atPark := park(t, d, id)
 	pid := resumeStopped(t, d, id)
-	mustStop(t, d)
+	_ = d.cmd.Process.Kill()
+	<-d.done
+	d.cmd = nil
+	restarting := time.Now()
 	mustStart(t, d)
-	was, err := d.run(ctx, id)
-	if err != nil {
-		t.Fatal(err)
+	s := waitParked(t, d, id)
+	t.Logf("parked back %v after the restart began", time.Since(restarting))
+	if got, want := kinds(s.Segments), "executed suspended resumed executed suspended"; got != want || s.Segments[4].Snapshot != p.Snapshot {
+		t.Fatalf("segments %s, want %s back at %s", got, want, p.Snapshot)
 	}
-	_, err = d.c.Park(ctx, id)
-	if ae := apiError(t, err, api.CodeConflict); !strings.Contains(ae.Message, "pages are still arriving") {
-		t.Fatalf("park after a restart: %v", ae)
+	ex := s.Segments[3]
+	if rs := ex.Restore; ex.Outcome != "parked" || rs == nil || !rs.Lazy || !strings.Contains(rs.PagesLost, "restarted") {
+		t.Fatalf("the lost interval %+v, its restore %+v", ex, ex.Restore)
 	}
-	unchanged(t, d, id, was)
-	if _, err := d.c.Close(ctx, id, "e2e: pages still arriving after a restart"); err != nil {
-		t.Fatal(err)
+	if _, j := d.journal(t, ex); lifecycleEntry(j, "checkpointed", nil) || !lifecycleEntry(j, "pages-lost", nil) {
+		t.Fatalf("the lost interval's journal: %s", crashEvents(j))
 	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	// The sandbox is torn down behind the park back, lazy-pages with it.
+	for deadline := time.Now().Add(30 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("lazy-pages %d still there 30 s after the park back", pid)
+		}
 	}
 	if err := verifyRun(ctx, d, id); err != nil {
 		t.Fatal(err)
+	}
+	ls := output(t, d.stdout(id))
+	for i, l := range ls {
+		if l.Checksum != ls[0].Checksum || l.Verify != ls[0].Checksum || l.StartTime != ls[0].StartTime {
+			t.Fatalf("line %d %+v; first %+v", i, l, ls[0])
+		}
+	}
+	before := len(ls)
+	if _, err := d.c.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	ls = waitLines(t, d.stdout(id), "a line verified after the resume", func(ls []line) bool {
+		return len(ls) > before && last(ls).VerifiedAt > atPark.Counter
+	})
+	if after := ls[before]; after.Counter != atPark.Counter+1 || after.StartTime != atPark.StartTime || after.Pid != atPark.Pid {
+		t.Fatalf("first line after the resume %+v; last before the park %+v", after, atPark)
+	}
+}
+
+// TestLazyCrashAtEachStep arms each failpoint of a lazy restore
+// (failpoint.LazySteps) on a daemon that resumes lazily, and resumes the
+// parked oracle there: the daemon dies at the step (at "lazy.restored"
+// the unit runs and its sandbox's criu.conf still says lazy-pages). The
+// daemon started again finds the run parked (Resumed was not durable),
+// no sandbox and no lazy-pages of it; the next resume goes on from the
+// park as the same process, and its next park is an ordinary dump that
+// does not wait for a page server.
+func TestLazyCrashAtEachStep(t *testing.T) {
+	privileged(t)
+	parallelFleet(t) // beside the crash tests (parallel_test.go)
+	ctx := context.Background()
+	for _, step := range failpoint.LazySteps {
+		id := "lazy-crash-" + strings.ReplaceAll(step, ".", "-")
+		// Armed from its start: nothing before the lazy restore reaches
+		// the step.
+		d := mustDaemon(t, id, func(d *daemon) {
+			d.flags = []string{"--lazy-resume"}
+			d.env = []string{failpoint.Env + "=" + step}
+		})
+		mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+		startOracle(t, d, id, oracleImage)
+		_, atPark := park(t, d, id)
+		if _, err := d.c.Resume(ctx, id); err == nil {
+			t.Fatalf("the resume armed at %s answered", step)
+		}
+		crashKilled(t, d, step)
+		d.env = nil
+		mustStart(t, d)
+		run, err := d.run(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run.Phase != "parked" {
+			t.Fatalf("after the crash at %s: %+v, want parked", step, run)
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if pid, _ := lazyPages(d, id); pid == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after the crash at %s: lazy-pages still there", step)
+			}
+		}
+		// The stdout file may hold lines of the restore the crash
+		// discarded (it ran until the restart destroyed it).
+		before := output(t, d.stdout(id))
+		r, err := d.c.Resume(ctx, id)
+		if err != nil || r.Restore == nil || !r.Restore.Lazy {
+			t.Fatalf("resume after the crash at %s: %v, restore %+v", step, err, r.Restore)
+		}
+		ls := waitLines(t, d.stdout(id), "a line verified after the resume", func(ls []line) bool {
+			return len(ls) > len(before) && last(ls).VerifiedAt > atPark.Counter
+		})
+		checkOneProcess(t, append(ls[:atPark.Counter:atPark.Counter], ls[len(before):]...))
+		start := time.Now()
+		park(t, d, id)
+		if took := time.Since(start); took > 30*time.Second {
+			t.Fatalf("the park after the crash at %s took %v", step, took)
+		}
+		if err := verifyRun(ctx, d, id); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
