@@ -68,7 +68,9 @@ readonly PROBE_LOGS=${CACHE_ROOT}/probe-logs
 # clears a killed dump's nftables lock with `nft` (nftables); busybox-static
 # is the whole root filesystem of the probe's throwaway container. libseccomp2
 # is what the runc built here links (it compiles the spec's seccomp filter).
-readonly RUNTIME_PKGS=(iptables nftables iproute2 busybox-static libseccomp2 xz-utils ca-certificates)
+# systemd: its systemd-analyze verifies the shipped unit file (e2e TestSystemdUnit);
+# the daemon needs no systemd as PID 1.
+readonly RUNTIME_PKGS=(iptables nftables iproute2 busybox-static libseccomp2 xz-utils ca-certificates systemd)
 
 # The container runtime: built from the Go module deploy/runtime, whose
 # go.mod and go.sum pin containerd (2.3, the LTS line), its runc shim, ctr and
