@@ -141,6 +141,7 @@ export interface Host {
   containerd: string;
   criu: CRIUBuild;
   embedded: boolean;
+  host_root_images: boolean;
   image_parks: ImageParks;
   key_id: string;
   manifest: Record<string, string>;
@@ -187,6 +188,7 @@ export interface ImageParks {
   probe_ns?: number;
   reason?: string;
   status: string;
+  user_namespaces?: boolean;
 }
 
 export interface Import {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -21,6 +22,9 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/runrecordd/runrecordd/internal/idmap"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // probeNamespace is the containerd namespace the container probe uses, so
@@ -32,12 +36,16 @@ func (c *Client) probeNamespace() string { return c.cfg.Namespace + "-probe" }
 // with an image path, and restores it in a new container from the images,
 // as a park and a resume do. It returns CRIU's logs.
 //
+// With r, the containers are in a user namespace mapped to r, as a
+// sandbox with one is (usernsOpts), and the restore reads staged images
+// (stageImages).
+//
 // Its steps follow a park and a resume: a root to run in, a start, the
 // dump (which ends the first container), a restore from its images, and a
 // look at the restored task. Everything it made is removed however it
 // ends, its directory last, as a CRIU killed mid-restore leaves mounts
 // there.
-func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (logs []byte, err error) {
+func (c *Client) probeContainer(ctx context.Context, deadline time.Duration, r *idmap.Range) (logs []byte, err error) {
 	ns := c.probeNamespace()
 	ctx = namespaces.WithNamespace(ctx, ns)
 	c.sweepProbes(ctx)
@@ -56,10 +64,30 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (lo
 		c: c, ns: ns, id: id, deadline: deadline,
 		root: filepath.Join(dir, "rootfs"), images: filepath.Join(dir, "images"),
 		dump: filepath.Join(dir, "dump"), restore: filepath.Join(dir, "restore"),
-		netns: filepath.Join(c.cfg.StateDir, "netns-probe", id),
+		netns: filepath.Join(c.cfg.StateDir, "netns-probe", id), userns: r,
+	}
+	if r != nil {
+		// runc sets the root up as the range's root: it reaches it, and
+		// owns it.
+		for _, d := range []string{c.cfg.StateDir, filepath.Dir(dir), dir} {
+			if err := Searchable(d); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err := p.makeRoot(); err != nil {
 		return nil, err
+	}
+	if r != nil {
+		err := filepath.WalkDir(p.root, func(path string, _ fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(path, int(r.Base), int(r.Base))
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	defer func() { logs = readLogs(filepath.Join(p.dump, "dump.log"), filepath.Join(p.restore, "restore.log")) }()
 	defer removeNetns(p.netns)
@@ -71,7 +99,16 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (lo
 	if err := p.checkpoint(ctx, cont, task); err != nil {
 		return nil, err
 	}
-	cont, task, err = p.start(ctx, p.images)
+	images := p.images
+	if r != nil {
+		if err := os.Mkdir(p.restore, 0o700); err != nil {
+			return nil, err
+		}
+		if images, err = stageImages(p.images, p.restore, *r); err != nil {
+			return nil, fmt.Errorf("container probe: staging the images: %w", err)
+		}
+	}
+	cont, task, err = p.start(ctx, images)
 	if err != nil {
 		return nil, fmt.Errorf("container probe: restore: %w", err)
 	}
@@ -95,8 +132,10 @@ type containerProbe struct {
 	deadline time.Duration
 	// root is the containers' root; images CRIU's image directory; dump
 	// and restore CRIU's work directories; netns the pinned network
-	// namespace.
+	// namespace (none with userns, the range of the containers' user
+	// namespace).
 	root, images, dump, restore, netns string
+	userns                             *idmap.Range
 }
 
 // makeRoot makes the containers' root: the mount points, and the
@@ -121,23 +160,28 @@ func (p *containerProbe) makeRoot() error {
 // On an error nothing of the container is left.
 func (p *containerProbe) start(ctx context.Context, restoreFrom string) (containerd.Container, containerd.Task, error) {
 	c := p.c
-	if err := removeNetns(p.netns); err != nil {
-		return nil, nil, err
+	sopts := []oci.SpecOpts{
+		oci.WithRootFSPath(p.root),
+		oci.WithProcessArgs("/bin/sleep", "600"),
+		oci.WithHostname("probe"),
+		oci.WithCgroup(path.Join(c.cfg.CgroupParent, p.id)),
+		oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
+		oci.WithMounts([]specs.Mount{{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro"}}}),
 	}
-	if err := makeNetns(p.netns, true); err != nil {
-		return nil, nil, err
+	if p.userns != nil {
+		sopts = append(sopts, usernsOpts(*p.userns, unit.NoNetwork)...)
+	} else {
+		if err := removeNetns(p.netns); err != nil {
+			return nil, nil, err
+		}
+		if err := makeNetns(p.netns, true); err != nil {
+			return nil, nil, err
+		}
+		sopts = append(sopts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.netns}))
 	}
 	cont, err := c.client.NewContainer(ctx, p.id,
 		containerd.WithRuntime(Runtime, &options.Options{Root: c.cfg.RuncRoot}),
-		containerd.WithNewSpec(
-			oci.WithRootFSPath(p.root),
-			oci.WithProcessArgs("/bin/sleep", "600"),
-			oci.WithHostname("probe"),
-			oci.WithCgroup(path.Join(c.cfg.CgroupParent, p.id)),
-			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.netns}),
-			oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
-			oci.WithMounts([]specs.Mount{{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro"}}}),
-		))
+		containerd.WithNewSpec(sopts...))
 	if err != nil {
 		return nil, nil, err
 	}

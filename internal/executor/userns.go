@@ -261,3 +261,11 @@ func Searchable(dir string) error {
 	}
 	return os.Chmod(dir, fi.Mode().Perm()|0o011)
 }
+
+// ImagesUserNS reports whether the CRIU image directory dir holds a user
+// namespace's image: a park made in a sandbox with a user namespace. (The
+// images are judged all the same before a restore reads them.)
+func ImagesUserNS(dir string) bool {
+	m, _ := filepath.Glob(filepath.Join(dir, "userns-*.img"))
+	return len(m) > 0
+}

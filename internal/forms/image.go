@@ -38,7 +38,7 @@ func (f Image) Start(ctx context.Context, run Run) (Woken, error) {
 	var sb Sandbox
 	var es executor.Spec
 	if err == nil {
-		es, err = f.h.imageSpec(run)
+		es, err = f.h.unitSpec(run, f.h.Gate.UserNS())
 	}
 	if err == nil {
 		sb, err = f.h.Sandboxes.Start(ctx, run.ID, es, out)
@@ -121,7 +121,11 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 	if err != nil {
 		return Woken{}, err
 	}
-	es, err := f.h.imageSpec(run)
+	// A park made without a user namespace resumes as the host's root,
+	// only where the host accepts it; elsewhere the judge refuses it
+	// (image_refused, naming userns).
+	userns := f.h.Gate.UserNS() && !(f.h.HostRootImages && !executor.ImagesUserNS(trees.ImageDir))
+	es, err := f.h.unitSpec(run, userns)
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
 	}
