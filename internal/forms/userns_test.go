@@ -1,6 +1,8 @@
 package forms
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/idmap"
@@ -61,5 +63,29 @@ func TestTranscriptSpecRange(t *testing.T) {
 	}
 	if n := len(es.Mounts); n != 1 || !es.Mounts[0].Own {
 		t.Fatalf("mounts %+v", es.Mounts)
+	}
+}
+
+// TestResumeUserNS: a park made in a user namespace resumes in one; one
+// made without resumes without only where the host accepts host-root
+// image units, and otherwise in one (for the judge to refuse).
+func TestResumeUserNS(t *testing.T) {
+	with, without := t.TempDir(), t.TempDir()
+	for _, f := range []string{"core-1.img", "userns-11.img"} {
+		if err := os.WriteFile(filepath.Join(with, f), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(without, "core-1.img"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		dir      string
+		hostRoot bool
+		want     bool
+	}{{with, false, true}, {with, true, true}, {without, false, true}, {without, true, false}} {
+		if got := (Host{HostRootImages: c.hostRoot}).resumeUserNS(c.dir); got != c.want {
+			t.Errorf("images with a user namespace %v, host-root accepted %v: %v, want %v", c.dir == with, c.hostRoot, got, c.want)
+		}
 	}
 }
