@@ -10,6 +10,8 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -207,6 +209,12 @@ func (p *containerProbe) start(ctx context.Context, restoreFrom string) (contain
 	if err == nil && timedOut {
 		err = errors.New("returned as its deadline passed")
 	}
+	if err == nil && restoreFrom == "" {
+		// runc start returns as runc init is told to exec the task,
+		// not once it has: a dump before that finds runc init (its
+		// binary, a mount of runc's own, is no mount CRIU knows).
+		err = execed(int(task.Pid()), "/bin/sleep", p.deadline)
+	}
 	if err != nil {
 		c.removeProbe(ctx, cont, task)
 		if timedOut {
@@ -330,4 +338,23 @@ func (c *Client) sweepProbes(ctx context.Context) {
 		_ = removeNetns(p)
 	}
 	_ = removeTree(filepath.Join(c.cfg.StateDir, "probe"))
+}
+
+// execed waits until host pid runs argv0 (its cmdline's first word), for
+// at most d.
+func execed(pid int, argv0 string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if err != nil {
+			return fmt.Errorf("the started task: %w", err)
+		}
+		if first, _, _ := strings.Cut(string(b), "\x00"); first == argv0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the started task did not exec %s within %v", argv0, d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
