@@ -303,7 +303,9 @@ func (c *Client) removeProbe(ctx context.Context, cont containerd.Container, tas
 		c.log.Warn("probe: delete container", "id", cont.ID(), "err", err)
 	}
 	// A restore killed mid-way leaves runc's criu-root mounted in its
-	// state directory; and the shim must not outlive the probe.
+	// state directory, and what it had restored in its cgroup; and the
+	// shim must not outlive the probe.
+	c.killCgroup(cont.ID(), 2*time.Second)
 	if ns, err := namespaces.NamespaceRequired(ctx); err == nil {
 		c.reapShim(ns, cont.ID(), 2*time.Second)
 		if err := unmountUnder(filepath.Join(c.cfg.RuncRoot, ns, cont.ID())); err != nil {
@@ -356,5 +358,36 @@ func execed(pid int, argv0 string, d time.Duration) error {
 			return fmt.Errorf("the started task did not exec %s within %v", argv0, d)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// killCgroup kills every process in sandbox id's cgroup (thawed first: a
+// frozen task takes no signal), for at most d, until none is left.
+func (c *Client) killCgroup(id string, d time.Duration) {
+	rel := path.Join(c.cfg.CgroupParent, id)
+	procs := ""
+	for _, f := range []string{filepath.Join("/sys/fs/cgroup/pids", rel, "cgroup.procs"), filepath.Join("/sys/fs/cgroup", rel, "cgroup.procs")} {
+		if _, err := os.Stat(f); err == nil {
+			procs = f
+			break
+		}
+	}
+	if procs == "" {
+		return
+	}
+	_ = c.setFreezer(id, false)
+	deadline := time.Now().Add(d)
+	for {
+		b, err := os.ReadFile(procs)
+		pids := strings.Fields(string(b))
+		if err != nil || len(pids) == 0 || time.Now().After(deadline) {
+			return
+		}
+		for _, p := range pids {
+			if pid, err := strconv.Atoi(p); err == nil && pid > 1 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
