@@ -149,6 +149,7 @@ export interface Host {
   containerd: string;
   criu: CRIUBuild;
   embedded: boolean;
+  host_root_images: boolean;
   image_parks: ImageParks;
   key_id: string;
   manifest: Record<string, string>;
@@ -195,6 +196,7 @@ export interface ImageParks {
   probe_ns?: number;
   reason?: string;
   status: string;
+  user_namespaces?: boolean;
 }
 
 export interface Import {

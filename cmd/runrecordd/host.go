@@ -66,11 +66,7 @@ func cmdHost(args []string, stdout io.Writer) error {
 				fmt.Fprintf(w, "\t%s\n", n)
 			}
 			printCRIU(w, h.CRIU)
-			if h.UserNamespaces {
-				fmt.Fprintf(w, "user namespaces:\ton: each image run's ids map to a host range of its own (serve --user-namespaces); transcript units run as the host's root\n")
-			} else {
-				fmt.Fprintf(w, "user namespaces:\toff: units run as the host's root (serve --user-namespaces maps image units)\n")
-			}
+			fmt.Fprintf(w, "user namespaces:\t%s\n", userNamespaces(h))
 			for _, k := range slices.Sorted(maps.Keys(h.Manifest)) {
 				fmt.Fprintf(w, "%s:\t%s\n", k, h.Manifest[k])
 			}
@@ -101,5 +97,26 @@ func printCRIU(w io.Writer, b api.CRIUBuild) {
 	}
 	for _, o := range b.Off {
 		fmt.Fprintf(w, "\toff: %s\n", o)
+	}
+}
+
+// userNamespaces says in words whether h's units run in user namespaces,
+// and why image units do or do not.
+func userNamespaces(h api.Host) string {
+	if !h.UserNamespaces {
+		return "off: every unit runs as the host's root (serve --user-namespaces=false --allow-host-root-images)"
+	}
+	const on = "on: each run's ids map to a host range of its own; "
+	switch {
+	case h.ImageParks.UserNamespaces:
+		return on + "image units too (a dump and restore in a user namespace passed)"
+	case h.ImageParks.Status == "probing":
+		return on + "image units wait for the probe's dump and restore in one"
+	case h.ImageParks.Status == "available" && h.HostRootImages:
+		return on + "image units run as the host's root (--allow-host-root-images): a dump and restore in a user namespace failed (see image parks)"
+	case h.HostRootImages:
+		return on + "image units would run as the host's root (--allow-host-root-images); image parks are unavailable"
+	default:
+		return on + "image units are refused: no dump and restore in a user namespace passed, and --allow-host-root-images is off"
 	}
 }

@@ -47,7 +47,7 @@ type serveFlags struct {
 	peerListen                                string
 	chunkedImages                             bool
 	lazyResume, lazyServed                    bool
-	userNS                                    bool
+	userNS, hostRootImages                    bool
 	warmPool                                  int
 	warmAge                                   time.Duration
 	onStop                                    string
@@ -79,7 +79,8 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.bundleMax, "bundle-max", bundle.DefaultLimits.Total, "the most object bytes an imported bundle may carry")
 	fs.Int64Var(&f.jsonMax, "bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
 	fs.IntVar(&f.objectsMax, "bundle-objects-max", bundle.DefaultLimits.Objects, "the most objects an imported bundle may carry (each costs a staged file however small)")
-	fs.BoolVar(&f.userNS, "user-namespaces", false, "run image units in user namespaces: each run's ids 0-65535 mapped to a host range of its own (docs/trust.md; transcript units not yet)")
+	fs.BoolVar(&f.userNS, "user-namespaces", true, "run units in user namespaces: each run's ids 0-65535 mapped to a host range of its own (docs/trust.md); false runs every unit as the host's root and needs --allow-host-root-images")
+	fs.BoolVar(&f.hostRootImages, "allow-host-root-images", false, "accept image units that run as the host's root: where a dump and restore in a user namespace fails here, for parks made without one, and with --user-namespaces=false (docs/trust.md)")
 	fs.BoolVar(&f.lazyResume, "lazy-resume", false, "resume image parks lazily: the unit runs before its memory is all back (needs criu check --feature uffd-noncoop; docs/lazy-resume.md)")
 	fs.BoolVar(&f.lazyServed, "lazy-served", false, "with --lazy-resume: a page server verifies each chunk of a chunked image as its pages are first served, instead of the resume rehashing every stored byte before the restore (docs/lazy-resume.md)")
 	fs.IntVar(&f.warmPool, "warm-pool", warmpool.DefaultMax, "how many warm sandboxes to keep at once for parked transcript runs awaiting results (0: none; docs/warm-pool.md)")
@@ -134,6 +135,9 @@ func (f *serveFlags) check() (slog.Level, error) {
 	if f.criuDeadline < 0 {
 		return lv, usagef("--criu-deadline must not be negative")
 	}
+	if !f.userNS && !f.hostRootImages {
+		return lv, usagef("--user-namespaces=false runs every unit as the host's root: say so with --allow-host-root-images too")
+	}
 	if f.minFree == 0 {
 		return lv, usagef("--min-free must be at least 1 byte")
 	}
@@ -163,7 +167,7 @@ func (f *serveFlags) check() (slog.Level, error) {
 func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
 	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log, ChunkedImages: f.chunkedImages,
 		LazyResume: f.lazyResume, LazyServed: f.lazyServed, WarmPool: f.warmPool, WarmMaxAge: f.warmAge, CRIUBuild: f.criuBuild,
-		UserNS: f.userNS},
+		UserNS: f.userNS, HostRootImages: f.hostRootImages},
 		ParkLimits: forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
 		Policy:     retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
 		Intake:     bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax, Objects: f.objectsMax}, BundleMounts: f.mounts}}

@@ -149,7 +149,10 @@ type HostInfo struct {
 	// paths are off for want of a patch, and why.
 	CRIU    criu.Build
 	CRIUOff []string
-	// UserNS is whether image units run in user namespaces
-	// (serve --user-namespaces).
+	// UserNS is whether units run in user namespaces (serve
+	// --user-namespaces); image units only where ImageParks.UserNS.
 	UserNS bool
+	// HostRootImages: image units may run as the host's root (serve
+	// --allow-host-root-images).
+	HostRootImages bool
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -83,13 +84,14 @@ func (d *Daemon) releaseRange(id string) {
 
 // releaseRanges frees, at a start, the user-namespace ranges of runs that
 // no longer need one here and have no sandbox (owner, the sweep's): a
-// run closed or unknown, or handed to another host.
+// run closed or unknown, or handed to another host. The probe's range
+// stays held.
 func (d *Daemon) releaseRanges(owner map[string]string) {
 	if d.base == nil {
 		return
 	}
 	for _, id := range d.base.Ranges.Holders() {
-		if owner[id] != "" {
+		if owner[id] != "" || id == executor.ProbeHolder {
 			continue
 		}
 		st, err := d.st.Run(id)

@@ -47,11 +47,11 @@ func (d *Daemon) reattach(id string, u *forms.Unit) *live {
 func (d *Daemon) forms() forms.Host {
 	return forms.Host{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
 		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: d.output, Mark: d.markNow, Invalid: ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume), LazyServed: d.cfg.LazyServed,
-		Warm: d.warm(), Creates: d.creates(), Ranges: d.ranges()}
+		Warm: d.warm(), Creates: d.creates(), Ranges: d.ranges(), HostRootImages: d.cfg.HostRootImages}
 }
 
-// ranges are the host's user-namespace ranges where image units run in
-// user namespaces (forms.Host.Ranges); nil otherwise.
+// ranges are the host's user-namespace ranges where units run in user
+// namespaces (forms.Host.Ranges); nil otherwise.
 func (d *Daemon) ranges() *idmap.Ranges {
 	if d.base == nil || !d.base.Config.UserNS {
 		return nil

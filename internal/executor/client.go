@@ -24,6 +24,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/runrecordd/runrecordd/internal/idmap"
 )
 
 // DefaultNamespace is the containerd namespace sandboxes live in unless the
@@ -70,7 +72,16 @@ type Config struct {
 	Gate string
 	// Logger receives the executor's events; slog.Default() when nil.
 	Logger *slog.Logger
+	// ProbeUserNS, when set, is the range of the user namespace in which
+	// [Client.Probe] also dumps and restores a container (a range no
+	// run holds: [ProbeHolder]'s).
+	ProbeUserNS *idmap.Range
 }
+
+// ProbeHolder is the holder of the range the probe's container in a user
+// namespace maps to: no run id (internal/forms' CheckID refuses a
+// leading dot).
+const ProbeHolder = ".probe"
 
 // Client is an executor bound to one containerd and one namespace: it
 // imports images and starts, checkpoints, restores and destroys sandboxes.

@@ -109,7 +109,7 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs
 		defer onFailure(&retErr, undo)
 	}
 	var undo func()
-	if spec.Mounts, undo, err = c.sandboxGrants(id, spec.Mounts); err != nil {
+	if spec.Mounts, undo, err = c.sandboxGrants(id, spec.Mounts, spec.UserNS); err != nil {
 		return nil, err
 	}
 	defer onFailure(&retErr, undo)
@@ -230,13 +230,14 @@ func (c *Client) sandboxNetns(id string, network unit.Network) (undo func(), _ e
 
 // sandboxGrants replaces what an earlier sandbox of this id left of its
 // grants, then makes mounts' overlays: read-only grants of directories go
-// through overlays (grants.go). It returns the mounts to give the
+// through overlays, and with a user namespace's range r every mount is
+// idmapped to it (grants.go). It returns the mounts to give the
 // container and how to remove the overlays.
-func (c *Client) sandboxGrants(id string, mounts []Mount) (_ []Mount, undo func(), _ error) {
+func (c *Client) sandboxGrants(id string, mounts []Mount, r *idmap.Range) (_ []Mount, undo func(), _ error) {
 	if err := c.removeGrants(id); err != nil {
 		return nil, nil, err
 	}
-	mounts, err := c.overlayGrants(id, mounts)
+	mounts, err := c.overlayGrants(id, mounts, r)
 	if err != nil {
 		return nil, nil, err
 	}

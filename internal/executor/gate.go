@@ -143,6 +143,24 @@ func installGate(stateDir, src string) (string, error) {
 	return dst, nil
 }
 
+// hostID is the host's id of the sandbox's id (a gid with gid) under
+// the spec's user namespace maps; id itself without a user namespace.
+func hostID(l *specs.Linux, id uint32, gid bool) uint32 {
+	if l == nil {
+		return id
+	}
+	maps := l.UIDMappings
+	if gid {
+		maps = l.GIDMappings
+	}
+	for _, m := range maps {
+		if id >= m.ContainerID && id-m.ContainerID < m.Size {
+			return m.HostID + id - m.ContainerID
+		}
+	}
+	return id
+}
+
 // gateFIFO is sandbox id's gate FIFO on the host.
 func (c *Client) gateFIFO(id string) string { return filepath.Join(c.cfg.StateDir, "gate", id) }
 
@@ -159,6 +177,11 @@ func (c *Client) gateOpts(id string, made *bool) []oci.SpecOpts {
 		if err := os.MkdirAll(filepath.Dir(fifo), 0o700); err != nil {
 			return err
 		}
+		// With a user namespace runc binds the FIFO as the range's
+		// root: the directory must let it through.
+		if err := Searchable(filepath.Dir(fifo)); err != nil {
+			return err
+		}
 		if err := os.Remove(fifo); err != nil && !os.IsNotExist(err) {
 			return err
 		}
@@ -167,8 +190,10 @@ func (c *Client) gateOpts(id string, made *bool) []oci.SpecOpts {
 		}
 		*made = true
 		// The gate runs as the unit's user (the image's USER, resolved
-		// by now), and opens its FIFO as that user.
-		if err := os.Chown(fifo, int(s.Process.User.UID), int(s.Process.User.GID)); err != nil {
+		// by now), and opens its FIFO as that user: as the host sees
+		// it, through the user namespace's maps if there is one.
+		uid, gid := hostID(s.Linux, s.Process.User.UID, false), hostID(s.Linux, s.Process.User.GID, true)
+		if err := os.Chown(fifo, int(uid), int(gid)); err != nil {
 			return fmt.Errorf("gate fifo: %w", err)
 		}
 		s.Process.Args = append([]string{gateTarget, gateFIFOTarget}, s.Process.Args...)

@@ -157,12 +157,19 @@ func setLink(name string, up bool) error {
 // it, and the unit's connections stay cut. A unit cannot add rules of its
 // own (containerd's default capabilities leave out CAP_NET_ADMIN), so
 // every rule in the namespace is CRIU's: the whole nftables ruleset is
-// flushed, and the iptables filter tables are reset to empty.
-func (c *Client) unlockNetns(id string) error {
+// flushed, and the iptables filter tables are reset to empty. The
+// namespace is the executor's pin, or, in a sandbox with a user namespace
+// (runc made the network namespace: no pin), the one of the unit's init,
+// host pid unit.
+func (c *Client) unlockNetns(id string, unit int) error {
 	const empty = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"
+	ns := c.netnsPath(id)
+	if _, err := os.Lstat(ns); errors.Is(err, os.ErrNotExist) && unit > 0 {
+		ns = "/proc/" + strconv.Itoa(unit) + "/ns/net"
+	}
 	var errs []error
 	for _, tool := range [][]string{{"nft", "flush", "ruleset"}, {"iptables-restore"}, {"ip6tables-restore"}} {
-		cmd := exec.Command("nsenter", append([]string{"--net=" + c.netnsPath(id)}, tool...)...)
+		cmd := exec.Command("nsenter", append([]string{"--net=" + ns}, tool...)...)
 		if tool[0] != "nft" {
 			cmd.Stdin = strings.NewReader(empty)
 		}
@@ -179,7 +186,7 @@ func (c *Client) unlockNetns(id string) error {
 // to dump. A socket in repair mode refuses the unit's reads and writes
 // (EPERM), so a connection CRIU froze would stay dead though the unit runs.
 func (c *Client) releaseCRIU(id string, unit int) error {
-	return errors.Join(c.unlockNetns(id), repairOff(unit))
+	return errors.Join(c.unlockNetns(id, unit), repairOff(unit))
 }
 
 // repairOff takes every TCP socket of the process tree rooted at the host

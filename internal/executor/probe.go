@@ -37,6 +37,12 @@ type Probe struct {
 	// Seen is what CRIU's logs showed the build doing that upstream CRIU
 	// does not (probe_criu.go).
 	Seen []criu.Capability
+	// UserNSTried is set when the probe also dumped and restored a
+	// container in a user namespace ([Config.ProbeUserNS]), after the
+	// others passed; UserNS when that passed, UserNSReason why not.
+	UserNSTried  bool
+	UserNS       bool
+	UserNSReason string
 }
 
 // breakpointsOff is what CRIU ≥ 4.2 logs when a machine's hardware
@@ -53,8 +59,17 @@ func (c *Client) Probe(ctx context.Context, deadline time.Duration) Probe {
 	logs, err := c.probeProcess(ctx, deadline)
 	if err == nil {
 		var clogs []byte
-		clogs, err = c.probeContainer(ctx, deadline)
+		clogs, err = c.probeContainer(ctx, deadline, nil)
 		logs = append(logs, clogs...)
+	}
+	if err == nil && c.cfg.ProbeUserNS != nil {
+		// Its logs are not searched for the build's capabilities:
+		// those of the plain container say it.
+		_, uerr := c.probeContainer(ctx, deadline, c.cfg.ProbeUserNS)
+		p.UserNSTried, p.UserNS = true, uerr == nil
+		if uerr != nil {
+			p.UserNSReason = uerr.Error()
+		}
 	}
 	if bytes.Contains(logs, []byte(breakpointsOff)) {
 		p.Notes = append(p.Notes, "CRIU works with hardware breakpoints off (they do not fire on this machine)")

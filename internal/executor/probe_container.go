@@ -6,9 +6,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,6 +24,9 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/runrecordd/runrecordd/internal/idmap"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // probeNamespace is the containerd namespace the container probe uses, so
@@ -32,12 +38,16 @@ func (c *Client) probeNamespace() string { return c.cfg.Namespace + "-probe" }
 // with an image path, and restores it in a new container from the images,
 // as a park and a resume do. It returns CRIU's logs.
 //
+// With r, the containers are in a user namespace mapped to r, as a
+// sandbox with one is (usernsOpts), and the restore reads staged images
+// (stageImages).
+//
 // Its steps follow a park and a resume: a root to run in, a start, the
 // dump (which ends the first container), a restore from its images, and a
 // look at the restored task. Everything it made is removed however it
 // ends, its directory last, as a CRIU killed mid-restore leaves mounts
 // there.
-func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (logs []byte, err error) {
+func (c *Client) probeContainer(ctx context.Context, deadline time.Duration, r *idmap.Range) (logs []byte, err error) {
 	ns := c.probeNamespace()
 	ctx = namespaces.WithNamespace(ctx, ns)
 	c.sweepProbes(ctx)
@@ -56,10 +66,30 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (lo
 		c: c, ns: ns, id: id, deadline: deadline,
 		root: filepath.Join(dir, "rootfs"), images: filepath.Join(dir, "images"),
 		dump: filepath.Join(dir, "dump"), restore: filepath.Join(dir, "restore"),
-		netns: filepath.Join(c.cfg.StateDir, "netns-probe", id),
+		netns: filepath.Join(c.cfg.StateDir, "netns-probe", id), userns: r,
+	}
+	if r != nil {
+		// runc sets the root up as the range's root: it reaches it, and
+		// owns it.
+		for _, d := range []string{c.cfg.StateDir, filepath.Dir(dir), dir} {
+			if err := Searchable(d); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err := p.makeRoot(); err != nil {
 		return nil, err
+	}
+	if r != nil {
+		err := filepath.WalkDir(p.root, func(path string, _ fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(path, int(r.Base), int(r.Base))
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	defer func() { logs = readLogs(filepath.Join(p.dump, "dump.log"), filepath.Join(p.restore, "restore.log")) }()
 	defer removeNetns(p.netns)
@@ -80,7 +110,16 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration) (lo
 	if err := p.checkpoint(ctx, cont, task); err != nil {
 		return nil, err
 	}
-	cont, task, err = p.start(ctx, p.images)
+	images := p.images
+	if r != nil {
+		if err := os.Mkdir(p.restore, 0o700); err != nil {
+			return nil, err
+		}
+		if images, err = stageImages(p.images, p.restore, *r); err != nil {
+			return nil, fmt.Errorf("container probe: staging the images: %w", err)
+		}
+	}
+	cont, task, err = p.start(ctx, images)
 	if err != nil {
 		return nil, fmt.Errorf("container probe: restore: %w", err)
 	}
@@ -104,8 +143,10 @@ type containerProbe struct {
 	deadline time.Duration
 	// root is the containers' root; images CRIU's image directory; dump
 	// and restore CRIU's work directories; netns the pinned network
-	// namespace.
+	// namespace (none with userns, the range of the containers' user
+	// namespace).
 	root, images, dump, restore, netns string
+	userns                             *idmap.Range
 	// extra are more options of the containers' spec.
 	extra []oci.SpecOpts
 }
@@ -132,23 +173,28 @@ func (p *containerProbe) makeRoot() error {
 // On an error nothing of the container is left.
 func (p *containerProbe) start(ctx context.Context, restoreFrom string) (containerd.Container, containerd.Task, error) {
 	c := p.c
-	if err := removeNetns(p.netns); err != nil {
-		return nil, nil, err
+	sopts := []oci.SpecOpts{
+		oci.WithRootFSPath(p.root),
+		oci.WithProcessArgs("/bin/sleep", "600"),
+		oci.WithHostname("probe"),
+		oci.WithCgroup(path.Join(c.cfg.CgroupParent, p.id)),
+		oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
+		oci.WithMounts([]specs.Mount{{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro"}}}),
 	}
-	if err := makeNetns(p.netns, true); err != nil {
-		return nil, nil, err
+	if p.userns != nil {
+		sopts = append(sopts, usernsOpts(*p.userns, unit.NoNetwork)...)
+	} else {
+		if err := removeNetns(p.netns); err != nil {
+			return nil, nil, err
+		}
+		if err := makeNetns(p.netns, true); err != nil {
+			return nil, nil, err
+		}
+		sopts = append(sopts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.netns}))
 	}
 	cont, err := c.client.NewContainer(ctx, p.id,
 		containerd.WithRuntime(Runtime, &options.Options{Root: c.cfg.RuncRoot}),
-		containerd.WithNewSpec(append([]oci.SpecOpts{
-			oci.WithRootFSPath(p.root),
-			oci.WithProcessArgs("/bin/sleep", "600"),
-			oci.WithHostname("probe"),
-			oci.WithCgroup(path.Join(c.cfg.CgroupParent, p.id)),
-			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: p.netns}),
-			oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
-			oci.WithMounts([]specs.Mount{{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro"}}}),
-		}, p.extra...)...))
+		containerd.WithNewSpec(append(sopts, p.extra...)...))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -173,6 +219,12 @@ func (p *containerProbe) start(ctx context.Context, restoreFrom string) (contain
 	}
 	if err == nil && timedOut {
 		err = errors.New("returned as its deadline passed")
+	}
+	if err == nil && restoreFrom == "" {
+		// runc start returns as runc init is told to exec the task,
+		// not once it has: a dump before that finds runc init (its
+		// binary, a mount of runc's own, is no mount CRIU knows).
+		err = execed(int(task.Pid()), "/bin/sleep", p.deadline)
 	}
 	if err != nil {
 		c.removeProbe(ctx, cont, task)
@@ -262,7 +314,9 @@ func (c *Client) removeProbe(ctx context.Context, cont containerd.Container, tas
 		c.log.Warn("probe: delete container", "id", cont.ID(), "err", err)
 	}
 	// A restore killed mid-way leaves runc's criu-root mounted in its
-	// state directory; and the shim must not outlive the probe.
+	// state directory, and what it had restored in its cgroup; and the
+	// shim must not outlive the probe.
+	c.killCgroup(cont.ID(), 2*time.Second)
 	if ns, err := namespaces.NamespaceRequired(ctx); err == nil {
 		c.reapShim(ns, cont.ID(), 2*time.Second)
 		if err := unmountUnder(filepath.Join(c.cfg.RuncRoot, ns, cont.ID())); err != nil {
@@ -297,4 +351,54 @@ func (c *Client) sweepProbes(ctx context.Context) {
 		_ = removeNetns(p)
 	}
 	_ = removeTree(filepath.Join(c.cfg.StateDir, "probe"))
+}
+
+// execed waits until host pid runs argv0 (its cmdline's first word), for
+// at most d.
+func execed(pid int, argv0 string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if err != nil {
+			return fmt.Errorf("the started task: %w", err)
+		}
+		if first, _, _ := strings.Cut(string(b), "\x00"); first == argv0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the started task did not exec %s within %v", argv0, d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// killCgroup kills every process in sandbox id's cgroup (thawed first: a
+// frozen task takes no signal), for at most d, until none is left.
+func (c *Client) killCgroup(id string, d time.Duration) {
+	rel := path.Join(c.cfg.CgroupParent, id)
+	procs := ""
+	for _, f := range []string{filepath.Join("/sys/fs/cgroup/pids", rel, "cgroup.procs"), filepath.Join("/sys/fs/cgroup", rel, "cgroup.procs")} {
+		if _, err := os.Stat(f); err == nil {
+			procs = f
+			break
+		}
+	}
+	if procs == "" {
+		return
+	}
+	_ = c.setFreezer(id, false)
+	deadline := time.Now().Add(d)
+	for {
+		b, err := os.ReadFile(procs)
+		pids := strings.Fields(string(b))
+		if err != nil || len(pids) == 0 || time.Now().After(deadline) {
+			return
+		}
+		for _, p := range pids {
+			if pid, err := strconv.Atoi(p); err == nil && pid > 1 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -11,11 +11,13 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/opencontainers/image-spec/identity"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
@@ -86,10 +88,27 @@ func usernsOpts(r idmap.Range, network unit.Network) []oci.SpecOpts {
 	}
 }
 
-// remappedSnapshot prepares snapshot id over img's layers chowned into
-// r (containerd's remapped snapshot, made once per image and range).
+// remappedSnapshot prepares snapshot id over img's layers seen in r's
+// ids: where the snapshotter idmaps its layers (capability remap-ids),
+// the image's own layers, labelled with r's maps, which its mounts then
+// carry (the lower layers idmapped, the upper directory owned by r's
+// base: nothing is copied); otherwise containerd's remapped snapshot, a
+// copy of the layers chowned into r, made once per image and range.
 func (c *Client) remappedSnapshot(ctx context.Context, id string, img containerd.Image, r idmap.Range) error {
-	return containerd.WithRemappedSnapshot(id, img, r.Base, r.Base)(ctx, c.client, &containers.Container{ID: id, Snapshotter: Snapshotter})
+	caps, err := c.client.GetSnapshotterCapabilities(ctx, Snapshotter)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(caps, "remap-ids") {
+		return containerd.WithRemappedSnapshot(id, img, r.Base, r.Base)(ctx, c.client, &containers.Container{ID: id, Snapshotter: Snapshotter})
+	}
+	diffIDs, err := img.RootFS(ctx)
+	if err != nil {
+		return fmt.Errorf("image layers: %w", err)
+	}
+	_, err = c.client.SnapshotService(Snapshotter).Prepare(ctx, id, identity.ChainID(diffIDs).String(),
+		containerd.WithRemapperLabels(0, r.Base, 0, r.Base, idmap.Size))
+	return err
 }
 
 // userBase is the host base of the sandbox's user namespace, and whether
@@ -260,4 +279,12 @@ func Searchable(dir string) error {
 		return nil
 	}
 	return os.Chmod(dir, fi.Mode().Perm()|0o011)
+}
+
+// ImagesUserNS reports whether the CRIU image directory dir holds a user
+// namespace's image: a park made in a sandbox with a user namespace. (The
+// images are judged all the same before a restore reads them.)
+func ImagesUserNS(dir string) bool {
+	m, _ := filepath.Glob(filepath.Join(dir, "userns-*.img"))
+	return len(m) > 0
 }

@@ -19,7 +19,9 @@ import (
 // (checkpoint, destroy) and resumed (eager restore, until its next line)
 // without and with a user namespace, alternating in each iteration; with
 // one, each iteration is a new run in a new range (its remapped snapshot
-// made at the start). Medians in ms: start-, park- and resume-off/on.
+// made at the start). Medians in ms: start-, park- and resume-off/on, and
+// of the resume: rootfs- (the rw layer's apply), task- (runc restore and
+// CRIU) and criu- (CRIU's own).
 func BenchmarkUserNamespace(b *testing.B) {
 	if skipReason != "" {
 		b.Skip(skipReason)
@@ -58,10 +60,13 @@ func BenchmarkUserNamespace(b *testing.B) {
 			times["park-"+mode] = append(times["park-"+mode], time.Since(t0))
 			seen := benchLines(out.Stdout)
 			t0 = time.Now()
-			s, _, err = client.Restore(ctx, id, spec, cp, out)
+			s, rs, err := client.Restore(ctx, id, spec, cp, out)
 			if err != nil {
 				b.Fatal(err)
 			}
+			times["rootfs-"+mode] = append(times["rootfs-"+mode], rs.Rootfs)
+			times["task-"+mode] = append(times["task-"+mode], rs.Task)
+			times["criu-"+mode] = append(times["criu-"+mode], rs.Forking+rs.Restore)
 			benchWait(b, out.Stdout, seen+1)
 			times["resume-"+mode] = append(times["resume-"+mode], time.Since(t0))
 			if err := s.Destroy(ctx); err != nil {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
@@ -186,4 +187,23 @@ func wantInNamespace(t *testing.T, path string) {
 	if n == 0 {
 		t.Fatal("an empty rw layer: the oracle writes files")
 	}
+}
+
+// TestProbeUserNS: with a range to probe in, the probe also dumps and
+// restores a container in a user namespace mapped to it, as a sandbox
+// with one is, and says that it passed.
+func TestProbeUserNS(t *testing.T) {
+	privileged(t)
+	cfg := client.Config()
+	cfg.ProbeUserNS = &idmap.Range{Base: 1<<20 + 41*idmap.Size}
+	c, err := executor.Connect(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p := c.Probe(context.Background(), time.Minute)
+	if !p.OK || !p.UserNSTried || !p.UserNS || p.UserNSReason != "" {
+		t.Fatalf("probe %+v", p)
+	}
+	t.Logf("probe took %v", p.Took)
 }

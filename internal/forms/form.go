@@ -49,11 +49,16 @@ type Host struct {
 	// keeps none.
 	Warm    *warmpool.Pool
 	Creates Creator
-	// Ranges, when set, runs image units in user namespaces: each run's
+	// Ranges, when set, runs units in user namespaces: each run's
 	// sandboxes map its ids 0..65535 to the range it holds, taken at its
-	// first sandbox here and released when the run closes; nil runs them
-	// as the host's root.
+	// first sandbox here (a warm one's too) and released when the run
+	// closes; nil runs them as the host's root. An image unit runs in one
+	// only where the gate's probe dumped and restored in one (Gate.UserNS).
 	Ranges *idmap.Ranges
+	// HostRootImages accepts image units as the host's root (serve
+	// --allow-host-root-images): where the probe's dump and restore in a
+	// user namespace failed, and for a park made without one.
+	HostRootImages bool
 	// Calls is what a transcript unit's channel tells the daemon.
 	Calls calls.Host
 	// Output makes run's output files on this host; Mark is a mark at
@@ -221,12 +226,12 @@ func (u *Unit) Close() {
 	}
 }
 
-// imageSpec is the sandbox spec of an image unit of run: in the user
-// namespace of the range the run holds here (taken now if it holds
-// none), where the host runs image units in user namespaces.
-func (h Host) imageSpec(run Run) (executor.Spec, error) {
+// unitSpec is the sandbox spec of a unit of run: with userns, in the
+// user namespace of the range the run holds here (taken now if it holds
+// none), where the host runs units in user namespaces.
+func (h Host) unitSpec(run Run, userns bool) (executor.Spec, error) {
 	es := executor.SpecOf(run.Spec, run.Grants)
-	if h.Ranges == nil {
+	if h.Ranges == nil || !userns {
 		return es, nil
 	}
 	r, err := h.Ranges.Take(run.ID)

@@ -38,7 +38,7 @@ func (f Image) Start(ctx context.Context, run Run) (Woken, error) {
 	var sb Sandbox
 	var es executor.Spec
 	if err == nil {
-		es, err = f.h.imageSpec(run)
+		es, err = f.h.unitSpec(run, f.h.Gate.UserNS())
 	}
 	if err == nil {
 		sb, err = f.h.Sandboxes.Start(ctx, run.ID, es, out)
@@ -121,7 +121,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 	if err != nil {
 		return Woken{}, err
 	}
-	es, err := f.h.imageSpec(run)
+	es, err := f.h.unitSpec(run, f.h.resumeUserNS(trees.ImageDir))
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
 	}
@@ -167,4 +167,14 @@ func (f Image) Reattached(ctx context.Context, u *Unit, status string) (bool, er
 // Recover is never asked of an image unit (Reattached says so).
 func (f Image) Recover(context.Context, *Unit) (Taken, error) {
 	return Taken{}, fmt.Errorf("an image unit is not recovered from disk")
+}
+
+// resumeUserNS says whether the park whose CRIU images are in dir resumes
+// in a user namespace (where the host runs units in them): as it was
+// made, in one if it was made in one; a park made without one resumes as
+// the host's root only where the host accepts it (HostRootImages), and
+// elsewhere in one, where the judge refuses it (image_refused, naming
+// userns).
+func (h Host) resumeUserNS(dir string) bool {
+	return executor.ImagesUserNS(dir) || !h.HostRootImages
 }

@@ -53,8 +53,11 @@ func (f Transcript) start(ctx context.Context, run Run, restored *record.Address
 	if err != nil {
 		return Woken{}, err
 	}
-	es := sandboxSpec(run, ch.Dir())
-	out, err := f.h.Output(id)
+	es, err := f.h.sandboxSpec(run, ch.Dir())
+	var out executor.Output
+	if err == nil {
+		out, err = f.h.Output(id)
+	}
 	m := f.h.Mark(id)
 	var sb Sandbox
 	if err == nil {
@@ -72,15 +75,20 @@ func (f Transcript) start(ctx context.Context, run Run, restored *record.Address
 }
 
 // sandboxSpec is the spec of a sandbox of run with its channel directory
-// dir mounted: Wake's and a warm sandbox's (Prepare) alike.
-func sandboxSpec(run Run, dir string) executor.Spec {
-	es := executor.SpecOf(run.Spec, run.Grants)
+// dir mounted: Wake's and a warm sandbox's (Prepare) alike, in the user
+// namespace of the run's range where units run in user namespaces (a
+// transcript unit needs no probe: it is never checkpointed).
+func (h Host) sandboxSpec(run Run, dir string) (executor.Spec, error) {
+	es, err := h.unitSpec(run, true)
+	if err != nil {
+		return es, err
+	}
 	// Read-only: the unit reads its transcript and connects to the
 	// socket (connecting writes nothing to the file system); it cannot
 	// replace, add or remove anything the daemon reads. Own: the daemon's
 	// own directory, under its state dir, noexec.
 	es.Mounts = append(es.Mounts, executor.Mount{Source: dir, Target: protocol.Dir, Own: true})
-	return es
+	return es, nil
 }
 
 // open makes run id's channel directory (STATE/ch/RUN) and spool

@@ -144,8 +144,13 @@ func (f Transcript) Prepare(ctx context.Context, run Run, snap record.Snapshot, 
 	if err != nil {
 		return nil, err
 	}
-	es := sandboxSpec(run, ch.Dir())
-	out, err := f.h.Output(run.ID)
+	// The range is the run's (taken now if it holds none): the warm
+	// sandbox is made for this run alone, and its resume claims it.
+	es, err := f.h.sandboxSpec(run, ch.Dir())
+	var out executor.Output
+	if err == nil {
+		out, err = f.h.Output(run.ID)
+	}
 	var sb Created
 	if err == nil {
 		sb, err = cr.Create(ctx, SandboxID(run.ID, ch.Interval()), es, out)
@@ -199,7 +204,12 @@ func (f Transcript) fits(run Run, w Waking) error {
 		return fmt.Errorf("%w: it was made for another run, unit or grant set", errStale)
 	case w.Snapshot.Transcript == nil || *w.Snapshot.Transcript != wm.snap:
 		return fmt.Errorf("%w: it holds transcript %s", errStale, wm.snap)
-	case wm.ch.Dir() != dir || !reflect.DeepEqual(sandboxSpec(run, dir), wm.spec):
+	}
+	es, err := f.h.sandboxSpec(run, dir)
+	if err != nil {
+		return err
+	}
+	if wm.ch.Dir() != dir || !reflect.DeepEqual(es, wm.spec) {
 		return fmt.Errorf("%w: its spec differs", errStale)
 	}
 	return nil

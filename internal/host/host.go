@@ -88,11 +88,16 @@ type Config struct {
 	// CRIUBuild is the manifest of the CRIU build deploy/setup.sh
 	// installed (criu.BuildFile when empty; internal/criu).
 	CRIUBuild string
-	// UserNS runs image units in a user namespace of their own, each
-	// run's ids 0..65535 mapped to a host range of its own (Ranges;
-	// serve --user-namespaces). Off by default: transcript units and
-	// grant mounts are not yet mapped (docs/trust.md).
+	// UserNS runs units in a user namespace of their own, each run's
+	// ids 0..65535 mapped to a host range of its own (Ranges; serve
+	// --user-namespaces, on by default), image units where the probe
+	// dumped and restored in one (docs/trust.md).
 	UserNS bool
+	// HostRootImages accepts image units that run as the host's root
+	// (serve --allow-host-root-images): without UserNS, where the
+	// probe's dump and restore in a user namespace failed, and a park
+	// made without one.
+	HostRootImages bool
 }
 
 // Host is a host's state directory and runtime, open.
@@ -242,6 +247,15 @@ func (h *Host) connect(ctx context.Context) error {
 	// a system containerd's root (every unit's root filesystem, when the
 	// daemon uses an external containerd: docs/trust.md).
 	ecfg.Protected = []string{cfg.StateDir, "/var/lib/containerd"}
+	if cfg.UserNS {
+		// The probe dumps and restores in a user namespace of a range
+		// of its own, held as long as the host runs them.
+		r, err := h.Ranges.Take(executor.ProbeHolder)
+		if err != nil {
+			return fmt.Errorf("daemon: the probe's user-namespace range: %w", err)
+		}
+		ecfg.ProbeUserNS = &r
+	}
 	var err error
 	if h.Exec, err = executor.Connect(ctx, ecfg); err != nil {
 		return fmt.Errorf("daemon: %w", err)
@@ -298,7 +312,7 @@ func (h *Host) Close(ctx context.Context) error {
 func (h *Host) Info(parks imageparks.Status) answers.HostInfo {
 	out := answers.HostInfo{KeyID: h.Signer.KeyID(), StateDir: h.Config.StateDir, Embedded: h.Containerd != nil,
 		Containerd: h.Config.ContainerdAddress, Manifest: manifest.Manifest{}, Meter: h.Meter.Snapshot(), ImageParks: parks,
-		CRIU: h.CRIU, CRIUOff: h.CRIUOff, UserNS: h.Config.UserNS}
+		CRIU: h.CRIU, CRIUOff: h.CRIUOff, UserNS: h.Config.UserNS, HostRootImages: h.Config.HostRootImages}
 	if h.Containerd != nil {
 		out.Containerd = h.Containerd.Address()
 	}

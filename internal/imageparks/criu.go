@@ -43,3 +43,25 @@ func CheckBuild(p executor.Probe, b Build) executor.Probe {
 	}
 	return p
 }
+
+// UserNS applies the host's policy to a probe that also tried a dump and
+// restore in a user namespace (executor.Probe.UserNSTried): passed, image
+// units run in user namespaces; failed, they run as the host's root only
+// where the operator accepts it (hostRoot: serve --allow-host-root-images),
+// and otherwise image parks are unavailable, the reason saying so.
+func UserNS(p executor.Probe, hostRoot bool) executor.Probe {
+	if !p.OK || !p.UserNSTried {
+		return p
+	}
+	p.Notes = slices.Clone(p.Notes)
+	switch {
+	case p.UserNS:
+		p.Notes = append(p.Notes, "image units run in user namespaces: a dump and restore in one passed")
+	case hostRoot:
+		p.Notes = append(p.Notes, "image units run as the host's root (serve --allow-host-root-images): a dump and restore in a user namespace failed: "+p.UserNSReason)
+	default:
+		p.OK = false
+		p.Reason = "a dump and restore in a user namespace failed, and image units do not run as the host's root unless serve --allow-host-root-images accepts it: " + p.UserNSReason
+	}
+	return p
+}

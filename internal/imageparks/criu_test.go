@@ -49,3 +49,26 @@ func TestCheckBuild(t *testing.T) {
 		t.Errorf("a failed probe got notes %q", p.Notes)
 	}
 }
+
+// TestUserNS: a probe whose dump and restore in a user namespace passed
+// runs image units in them; failed, it closes the gate unless the host
+// accepts host-root image units; a probe that did not try is left alone.
+func TestUserNS(t *testing.T) {
+	passed := executor.Probe{OK: true, UserNSTried: true, UserNS: true}
+	failed := executor.Probe{OK: true, UserNSTried: true, UserNSReason: "runc said no"}
+	if p := UserNS(passed, false); !p.OK || len(p.Notes) != 1 || !strings.Contains(p.Notes[0], "run in user namespaces") {
+		t.Errorf("passed: %+v", p)
+	}
+	if p := UserNS(failed, false); p.OK || !strings.Contains(p.Reason, "--allow-host-root-images") || !strings.Contains(p.Reason, "runc said no") {
+		t.Errorf("failed, host root not accepted: %+v", p)
+	}
+	if p := UserNS(failed, true); !p.OK || len(p.Notes) != 1 || !strings.Contains(p.Notes[0], "as the host's root") || !strings.Contains(p.Notes[0], "runc said no") {
+		t.Errorf("failed, host root accepted: %+v", p)
+	}
+	if p := UserNS(executor.Probe{OK: true}, false); !p.OK || len(p.Notes) != 0 {
+		t.Errorf("not tried: %+v", p)
+	}
+	if p := UserNS(executor.Probe{Reason: "no CRIU", UserNSTried: true}, false); p.OK || p.Reason != "no CRIU" {
+		t.Errorf("a failed probe: %+v", p)
+	}
+}

@@ -157,6 +157,16 @@ func (g *Gate) Ready(ctx context.Context) error {
 	return nil
 }
 
+// UserNS reports whether image units run in user namespaces: the latest
+// probe passed, a dump and restore in a user namespace too. False on a
+// nil gate.
+func (g *Gate) UserNS() bool {
+	if g == nil {
+		return false
+	}
+	return g.Status().UserNS
+}
+
 // State is where the gate stands.
 type State int
 
@@ -187,6 +197,9 @@ type Status struct {
 	Reason string
 	Notes  []string
 	Took   time.Duration
+	// UserNS: image units run in user namespaces (the probe dumped and
+	// restored in one).
+	UserNS bool
 }
 
 // Status is the latest probe's outcome, or Probing while the first probe,
@@ -200,7 +213,7 @@ func (g *Gate) Status() Status {
 		return Status{State: Probing}
 	}
 	p := g.p
-	out := Status{State: Available, Notes: p.Notes, Took: p.Took}
+	out := Status{State: Available, Notes: p.Notes, Took: p.Took, UserNS: p.OK && p.UserNS}
 	if !p.OK {
 		out.State, out.Reason = Unavailable, p.Reason
 	}

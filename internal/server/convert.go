@@ -179,7 +179,7 @@ func hostOf(h answers.HostInfo) api.Host {
 	out := api.Host{KeyID: h.KeyID.String(), StateDir: h.StateDir, Containerd: h.Containerd, Embedded: h.Embedded,
 		Manifest: map[string]string{}, RAPL: h.Meter.Available, RAPLReason: h.Meter.Reasons,
 		ImageParks: api.ImageParks{Status: h.ImageParks.State.String(), Reason: h.ImageParks.Reason, Notes: h.ImageParks.Notes,
-			ProbeNS: int64(h.ImageParks.Took)}, UserNamespaces: h.UserNS,
+			ProbeNS: int64(h.ImageParks.Took), UserNamespaces: h.ImageParks.UserNS}, UserNamespaces: h.UserNS, HostRootImages: h.HostRootImages,
 		CRIU: criuOf(h.CRIU, h.Manifest[manifest.CRIUVersion], h.CRIUOff)}
 	for k, v := range h.Manifest {
 		out.Manifest[k] = v

@@ -283,10 +283,13 @@ type Host struct {
 	RAPL       bool              `json:"rapl"`
 	RAPLReason []string          `json:"rapl_reasons,omitempty"`
 	ImageParks ImageParks        `json:"image_parks"`
-	// UserNamespaces is whether image units run in user namespaces of
-	// their runs' own (serve --user-namespaces); otherwise as the
-	// host's root.
-	UserNamespaces bool      `json:"user_namespaces"`
+	// UserNamespaces is whether units run in user namespaces of their
+	// runs' own (serve --user-namespaces, on by default); otherwise as
+	// the host's root. Image units do where ImageParks.UserNamespaces.
+	UserNamespaces bool `json:"user_namespaces"`
+	// HostRootImages: image units may run as the host's root (serve
+	// --allow-host-root-images).
+	HostRootImages bool      `json:"host_root_images"`
 	CRIU           CRIUBuild `json:"criu"`
 }
 
@@ -328,6 +331,9 @@ type ImageParks struct {
 	// Notes say how they work here, e.g. with hardware breakpoints off.
 	Notes   []string `json:"notes,omitempty"`
 	ProbeNS int64    `json:"probe_ns,omitempty"`
+	// UserNamespaces: image units run in user namespaces (the probe
+	// dumped and restored in one).
+	UserNamespaces bool `json:"user_namespaces,omitempty"`
 }
 
 // Call is an outward call a run dispatched and has not resolved: GET

@@ -78,8 +78,10 @@ func TestAttackImages(t *testing.T) {
 		{"CapAmb", "creds.cap_amb", cores(func(c *criucore.CoreEntry) { setCredsExtra(c, 1, 1<<21) })},
 		{"NoNewPrivs", "creds.no_new_privs", cores(func(c *criucore.CoreEntry) { setCredsExtra(c, 0, 0) })},
 		{"Securebits", "creds.secbits", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Secbits = proto.Uint32(0x2f) })},
-		{"Uid", "creds.uid", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Uid = proto.Uint32(1000) })},
-		{"Groups", "creds.groups", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Groups = []uint32{0, 4} })},
+		// Ids past the run's range (a sandbox maps 0-65535 in its user
+		// namespace): ids that no task of its could hold.
+		{"Uid", "creds.uid", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Uid = proto.Uint32(65536) })},
+		{"Groups", "creds.groups", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Groups = []uint32{0, 65536} })},
 		{"Rlimit", "tc.rlimits", cores(func(c *criucore.CoreEntry) {
 			c.Tc.Rlimits.Rlimits[7].Cur, c.Tc.Rlimits.Rlimits[7].Max = proto.Uint64(1<<20), proto.Uint64(1<<20) // RLIMIT_NOFILE
 		})},

@@ -67,6 +67,11 @@ func newDaemon(name string, opts ...func(*daemon)) (*daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Searchable, not listable: runc sets a sandbox's rootfs up, below
+	// the state directory, as its run's user-namespace range's root.
+	if err := os.Chmod(root, 0o711); err != nil {
+		return nil, err
+	}
 	d := &daemon{name: name, root: root, state: filepath.Join(root, "state"), log: filepath.Join(root, "daemon.log")}
 	d.socket = filepath.Join(d.state, "runrecordd.sock")
 	d.c = api.NewClient(d.socket)

@@ -15,7 +15,7 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
-// TestUserNamespace (serve --user-namespaces): a hostile unit reads its
+// TestUserNamespace (serve --user-namespaces, the default): a hostile unit reads its
 // /proc/self/uid_map and status: uid 0 in the sandbox is a host range's
 // base, not the host's root. Seen from the host, every task of the
 // sandbox is that unprivileged user, with containerd's default
@@ -25,8 +25,8 @@ import (
 func TestUserNamespace(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	a := mustDaemon(t, "userns-a", userNS(t))
-	b := mustDaemon(t, "userns-b", userNS(t, "--lazy-resume"))
+	a := mustDaemon(t, "userns-a")
+	b := mustDaemon(t, "userns-b", func(d *daemon) { d.flags = append(d.flags, "--lazy-resume") })
 	for _, d := range []*daemon{a, b} {
 		mustImportImage(t, d, hostileArchive, hostileImage, hostileDigest)
 	}
@@ -127,29 +127,18 @@ func unprivileged(t *testing.T, d *daemon, id string) uint32 {
 	return base
 }
 
-// userNS starts a daemon with --user-namespaces (and flags), its state
-// directory's parent searchable by the sandboxes' ranges.
-func userNS(t *testing.T, flags ...string) func(*daemon) {
-	return func(d *daemon) {
-		if err := os.Chmod(d.root, 0o711); err != nil {
-			t.Fatal(err)
-		}
-		d.flags = append(append(d.flags, "--user-namespaces"), flags...)
-	}
-}
-
 // TestUserNamespaceOldPark: a park made by a host running units as its
-// root resumes on it once it runs them in user namespaces only if the
-// images have one: they do not, so the resume is refused with
-// image_refused naming userns, nothing runs, and the run stays parked;
-// back without the flag, it resumes as it was.
+// root (it needs host-root units: --user-namespaces=false
+// --allow-host-root-images) resumes on it once it runs them in user
+// namespaces only if the images have one: they do not, so the resume is
+// refused with image_refused naming userns, nothing runs, and the run
+// stays parked; under --allow-host-root-images it resumes as it was, as
+// the host's root.
 func TestUserNamespaceOldPark(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
 	d := mustDaemon(t, "userns-old", func(d *daemon) {
-		if err := os.Chmod(d.root, 0o711); err != nil {
-			t.Fatal(err)
-		}
+		d.flags = []string{"--user-namespaces=false", "--allow-host-root-images"}
 	})
 	mustImportImage(t, d, hostileArchive, hostileImage, hostileDigest)
 	const id = "userns-old"
@@ -168,7 +157,7 @@ func TestUserNamespaceOldPark(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	restartWith("--user-namespaces")
+	restartWith()
 	was, err := d.run(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -179,9 +168,18 @@ func TestUserNamespaceOldPark(t *testing.T) {
 		t.Fatalf("refused, not naming userns: %v", ae)
 	}
 	unchanged(t, d, id, was)
-	restartWith()
+	restartWith("--allow-host-root-images")
 	if _, err := d.c.Resume(ctx, id); err != nil {
 		t.Fatalf("the park did not stay whole: %v", err)
+	}
+	for _, pid := range strings.Fields(sandboxCgroupFile(t, d, "pids", id, "cgroup.procs")) {
+		m, err := os.ReadFile("/proc/" + pid + "/uid_map")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := strings.Fields(string(m)); len(f) != 3 || f[1] != "0" || f[2] != "4294967295" {
+			t.Fatalf("resumed under --allow-host-root-images, task %s has uid_map %q, want the host's", pid, m)
+		}
 	}
 }
 
