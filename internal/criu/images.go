@@ -28,6 +28,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/seccomp"
 	skunix "github.com/checkpoint-restore/go-criu/v7/crit/images/sk-unix"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/userns"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -455,11 +456,46 @@ func (im *Images) add(k *kind, n uint32, name string, b []byte) error {
 	return nil // harmless: framing checked
 }
 
+// Images whose entries carry data after them (CRIU's image.c and the
+// dumps that write them): in dataAfterEach every entry is followed by as
+// many bytes as its field 2 says (a pipe's or FIFO's queued bytes, a
+// socket's queued packet); in dataAfterFirst the one entry is followed by
+// data to the file's end (a ghost file's bytes, a TCP connection's queues,
+// a System V segment's or queue's contents), never split.
+var (
+	dataAfterEach  = map[uint32]bool{0x56453709: true, 0x59333054: true, 0x56264026: true}                   // pipes-data, fifo-data, sk-queues
+	dataAfterFirst = map[uint32]bool{ghostMagic: true, 0x51465506: true, 0x46283044: true, 0x55453737: true} // ghost-file, tcp-stream, ipcns-shm, ipcns-msg
+)
+
+// dataLength is field 2 of entry e, a varint: how many bytes of data
+// follow the entry.
+func dataLength(e []byte) (uint64, error) {
+	for len(e) > 0 {
+		num, typ, n := protowire.ConsumeTag(e)
+		if n < 0 {
+			return 0, protowire.ParseError(n)
+		}
+		e = e[n:]
+		if num == 2 && typ == protowire.VarintType {
+			v, m := protowire.ConsumeVarint(e)
+			if m < 0 {
+				return 0, protowire.ParseError(m)
+			}
+			return v, nil
+		}
+		m := protowire.ConsumeFieldValue(num, typ, e)
+		if m < 0 {
+			return 0, protowire.ParseError(m)
+		}
+		e = e[m:]
+	}
+	return 0, errors.New("no length of its data")
+}
+
 // frames splits an image into its entries: the magics, then entries of a
-// u32 little-endian length and that many bytes. A raw image (magic 0) is
-// not framed, and has no entries here. A ghost file's bytes and a
-// pagemap's are framed alike up to their first entry; what follows them
-// is not CRIU's framing and is not split.
+// u32 little-endian length and that many bytes, passing over the data
+// some kinds carry after an entry (above). A raw image (magic 0) is not
+// framed, and has no entries here.
 func frames(b []byte, magic uint32) ([][]byte, error) {
 	if magic == rawMagic {
 		return nil, nil
@@ -488,16 +524,24 @@ func frames(b []byte, magic uint32) ([][]byte, error) {
 			return nil, fmt.Errorf("more than %d entries", MaxEntries)
 		}
 		if len(b) < 4 || uint64(binary.LittleEndian.Uint32(b)) > uint64(len(b)-4) {
-			if magic == ghostMagic && len(out) > 0 { // a ghost file's bytes follow its entry
-				return out, nil
-			}
 			return nil, errors.New("truncated entry")
 		}
 		n := binary.LittleEndian.Uint32(b)
-		out = append(out, b[4:4+n])
+		e := b[4 : 4+n]
+		out = append(out, e)
 		b = b[4+n:]
-		if magic == ghostMagic { // the rest is the file's bytes, raw or chunked
+		if dataAfterFirst[magic] { // the rest is data: a file's bytes, a queue's
 			return out, nil
+		}
+		if dataAfterEach[magic] {
+			d, err := dataLength(e)
+			if err != nil {
+				return nil, fmt.Errorf("entry %d: %w", len(out)-1, err)
+			}
+			if d > uint64(len(b)) {
+				return nil, fmt.Errorf("entry %d: %d bytes of data, %d left", len(out)-1, d, len(b))
+			}
+			b = b[d:]
 		}
 	}
 	return out, nil

@@ -468,3 +468,43 @@ func TestTrustDocTable(t *testing.T) {
 func cgroupSet(change func(*cgroup.CgroupEntry)) func(*testing.T, string) {
 	return func(t *testing.T, dir string) { rewrite(t, dir, "cgroup.img", &cgroup.CgroupEntry{}, change) }
 }
+
+// An image whose entries are each followed by data (a pipe's queued bytes,
+// a socket's queued packet) is split at its entries, the data passed
+// over; one whose data outruns the file is refused. A TCP connection's
+// and a shared memory segment's data follow their one entry to the end.
+func TestFramesWithData(t *testing.T) {
+	entry := func(field2 uint64) []byte {
+		e := protowire.AppendTag(nil, 1, protowire.VarintType)
+		e = protowire.AppendVarint(e, 7)
+		e = protowire.AppendTag(e, 2, protowire.VarintType)
+		return protowire.AppendVarint(e, field2)
+	}
+	framed := func(magic uint32, parts ...[]byte) []byte {
+		b := binary.LittleEndian.AppendUint32(nil, imgCommon)
+		b = binary.LittleEndian.AppendUint32(b, magic)
+		for _, p := range parts {
+			b = append(b, p...)
+		}
+		return b
+	}
+	withLen := func(e []byte) []byte { return append(binary.LittleEndian.AppendUint32(nil, uint32(len(e))), e...) }
+	for _, name := range []string{"pipes-data.img", "fifo-data.img", "sk-queues.img"} {
+		k, _, _ := kindOf(name)
+		b := framed(k.magic, withLen(entry(5)), []byte("hello"), withLen(entry(0)), withLen(entry(3)), []byte{0xff, 0xff, 0xff})
+		es, err := frames(b, k.magic)
+		if err != nil || len(es) != 3 {
+			t.Errorf("%s: %d entries, %v; want 3", name, len(es), err)
+		}
+		if _, err := frames(framed(k.magic, withLen(entry(6)), []byte("hello")), k.magic); err == nil {
+			t.Errorf("%s: data past the file's end taken", name)
+		}
+	}
+	for _, name := range []string{"tcp-stream-3f.img", "ipcns-shm-9.img"} {
+		k, _, _ := kindOf(name)
+		es, err := frames(framed(k.magic, withLen(entry(2)), []byte{0xff, 0xff, 0xff, 0xff, 1}), k.magic)
+		if err != nil || len(es) != 1 {
+			t.Errorf("%s: %d entries, %v; want 1", name, len(es), err)
+		}
+	}
+}
