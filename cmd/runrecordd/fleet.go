@@ -21,8 +21,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/internal/host"
-	"github.com/runrecordd/runrecordd/internal/peer"
 	"github.com/runrecordd/runrecordd/internal/server"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/internal/zapslog"

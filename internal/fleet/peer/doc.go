@@ -22,7 +22,10 @@
 // # Client
 //
 // [ClientConfig] presents our certificate and pins the server's key id:
-// a server that does not hold that key is refused ([ErrPin]).
+// a server that does not hold that key is refused ([ErrPin]). [Hosts] is
+// the client of the peer routes (internal/server serves them, with this
+// package's wire types): a migration handed over, a received run's record
+// and objects fetched (internal/fleet/transfer), a host's offer asked.
 //
 // # Caveats
 //
