@@ -16,7 +16,7 @@
 // route to one role only, answering 403 with an api.Error of code
 // [CodeForbidden] otherwise; [KeyOf] gives a handler the key and role.
 // [Listen] serves a ServerConfig on a TCP address, within [Limits]:
-// connections in total and per source IP address, and a deadline on each
+// connections in total and per source (an IPv4 address, an IPv6 /64), and a deadline on each
 // handshake, its admission included.
 //
 // # Client
