@@ -129,8 +129,8 @@ func (b *Books) Runs(key record.Address) []string {
 // Keep books run as key's, durably. run is a run id the daemon took
 // (forms.CheckID), so a file name.
 func (b *Books) Keep(run string, key record.Address) error {
-	if run == "" || strings.ContainsAny(run, "/\x00") || strings.HasPrefix(run, ".") {
-		return fmt.Errorf("platform: run id %q", run)
+	if err := checkRun(run); err != nil {
+		return err
 	}
 	if err := atomicfile.Write(filepath.Join(b.dir, run), 0o600, func(f *os.File) error {
 		_, err := f.WriteString(key.String() + "\n")
@@ -141,6 +141,28 @@ func (b *Books) Keep(run string, key record.Address) error {
 	b.mu.Lock()
 	b.owner[run] = key
 	b.mu.Unlock()
+	return nil
+}
+
+// checkRun refuses a run id that is not a file name of the books.
+func checkRun(run string) error {
+	if run == "" || strings.ContainsAny(run, "/\x00") || strings.HasPrefix(run, ".") {
+		return fmt.Errorf("platform: run id %q", run)
+	}
+	return nil
+}
+
+// Drop takes run's book back: a start booked and then refused.
+func (b *Books) Drop(run string) error {
+	if err := checkRun(run); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	delete(b.owner, run)
+	b.mu.Unlock()
+	if err := os.Remove(filepath.Join(b.dir, run)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("platform: %w", err)
+	}
 	return nil
 }
 
