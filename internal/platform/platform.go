@@ -166,6 +166,26 @@ func (b *Books) Drop(run string) error {
 	return nil
 }
 
+// Prune drops every book whose run does not exist (exists says), as a
+// crash between a start's book and its genesis leaves: such a book must
+// not hand a later run of that id to its key. A book is forgotten here
+// even when its file cannot be removed (the error says which).
+func (b *Books) Prune(exists func(run string) bool) error {
+	b.mu.Lock()
+	var gone []string
+	for run := range b.owner {
+		if !exists(run) {
+			gone = append(gone, run)
+		}
+	}
+	b.mu.Unlock()
+	var errs []error
+	for _, run := range gone {
+		errs = append(errs, b.Drop(run))
+	}
+	return errors.Join(errs...)
+}
+
 // Starting holds key's starts one at a time, so that two starts cannot
 // both pass a quota only one of them fits; the caller calls the returned
 // function once its start is booked or refused.

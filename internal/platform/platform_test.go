@@ -53,6 +53,13 @@ func TestBooks(t *testing.T) {
 	if reopened, err := Open(dir); err != nil || reopened.Owns(a, "r3") || !reopened.Owns(a, "r1") {
 		t.Fatalf("the books after a drop: %v", err)
 	}
+	// Books of runs that do not exist are pruned; the others stay.
+	if err := again.Prune(func(run string) bool { return run == "r1" }); err != nil {
+		t.Fatal(err)
+	}
+	if reopened, err := Open(dir); err != nil || !reopened.Owns(a, "r1") || reopened.Owns(b, "r2") {
+		t.Fatalf("the books after a prune: r1 %v, r2 %v, %v", reopened.Owns(a, "r1"), reopened.Owns(b, "r2"), err)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "r4"), []byte("not a key\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
