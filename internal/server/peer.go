@@ -1,13 +1,17 @@
 package server
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/fleet/peer"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -20,7 +24,8 @@ import (
 //	                          to a host this one is handing a run to that
 //	                          reaches the object (member.ServesObject)
 //	POST /v1/objects/missing  which of a list this host lacks, to a host
-//	                          this one is handing a run to
+//	                          this one is handing a run to, for objects
+//	                          of that run only
 //	GET  /v1/records/{id}     a run's record, wire form, to the host this
 //	                          one is handing the run to
 //	                          (member.ServesRecord)
@@ -60,7 +65,7 @@ func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
 		objects.ServeHTTP(w, r)
 	})
 	mux.HandleFunc("POST /v1/objects/missing", func(w http.ResponseWriter, r *http.Request) {
-		if err := served(r, d.Fleet().Serves); err != nil {
+		if err := servedMissing(r, d.Fleet()); err != nil {
 			h.fail(w, r, err)
 			return
 		}
@@ -77,6 +82,32 @@ func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/migrations", h.receive)
 	mux.HandleFunc("POST /v1/placement", h.offer)
 	return mux
+}
+
+// servedMissing checks a POST /v1/objects/missing before it is answered:
+// the calling host has a transfer served to it, and every address it asks
+// about is an object of one (member.ServesObject), so that the answer
+// tells nothing of any other object. The body is read, bounded, and given
+// back to r for the objects' handler, which judges its form.
+func servedMissing(r *http.Request, f *member.Member) error {
+	if err := served(r, f.Serves); err != nil {
+		return err
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, transfer.MaxMissingBody+1))
+	if err != nil {
+		return fmt.Errorf("%w: %w", daemon.ErrInvalid, err)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	var q transfer.MissingRequest
+	if json.Unmarshal(b, &q) != nil {
+		return nil // malformed or too long: refused by the handler
+	}
+	for _, a := range q.Objects {
+		if err := served(r, func(key record.Address) error { return f.ServesObject(key, a) }); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // served asks serves whether the calling host (its verified key) may read
