@@ -274,7 +274,7 @@ func fleetStatus(ctx context.Context, e etcdFlags, stdout io.Writer) error {
 	return nil
 }
 
-// peerServer serves, on the fleet's mutual-TLS listener (internal/peer;
+// peerServer serves, on the fleet's mutual-TLS listener (internal/fleet/peer;
 // docs/fleet.md, "Peer listener and keys"), this host's objects to admitted
 // host keys and, by api (server.NewPlatform), the platform keys' route table
 // to admitted platform keys: each role gets nothing of the other's routes,

@@ -63,7 +63,7 @@ type Config struct {
 	// Each room's settings, where the room documents them: a park's
 	// limits (internal/forms), the store's retention (internal/retention),
 	// what a bundle may bring (internal/bundle), and the fleet this host
-	// joins (internal/member).
+	// joins (internal/fleet/member).
 	forms.ParkLimits
 	retention.Policy
 	bundle.Intake
@@ -93,7 +93,7 @@ type Daemon struct {
 
 	mu   sync.Mutex
 	runs map[string]*run
-	// fleet is the daemon's part in a fleet (internal/member); alone, it
+	// fleet is the daemon's part in a fleet (internal/fleet/member); alone, it
 	// appends to the store directly.
 	fleet *member.Member
 	// exports keeps the books of this process's exports (bundle.Exports).

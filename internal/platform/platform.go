@@ -3,7 +3,7 @@
 // beside the record and never in it), the quotas it is held to, and the
 // mount policy of the runs it asks for (docs/fleet.md, "Roles"). A
 // platform key reaches a host over the fleet's mutual-TLS listener
-// (internal/peer); the operator's unix socket is never held to any of it.
+// (internal/fleet/peer); the operator's unix socket is never held to any of it.
 package platform
 
 import (

@@ -41,7 +41,7 @@ func (c *counts) OwnershipRefused() { c.refused.Add(1) }
 
 // peers are other hosts that answer as told. A fetch brings run src of
 // store from (the peer's): its record, and its objects staged as
-// internal/transfer stages them, from the peer's transfer.Handler.
+// internal/fleet/transfer stages them, from the peer's transfer.Handler.
 type peers struct {
 	silent  bool // its Offer never answers
 	hand    error

@@ -45,7 +45,7 @@ type MissingResponse struct {
 //     [MissingResponse] out; at most [MaxMissing] addresses (413 beyond).
 //
 // It does not judge who asks: the caller wraps it in its own
-// authentication (internal/peer admits only host keys).
+// authentication (internal/fleet/peer admits only host keys).
 func Handler(st *store.Store) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/objects/{addr}", func(w http.ResponseWriter, r *http.Request) { serveObject(st, w, r) })
