@@ -21,8 +21,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/internal/host"
-	"github.com/runrecordd/runrecordd/internal/peer"
 	"github.com/runrecordd/runrecordd/internal/server"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/internal/zapslog"
@@ -355,7 +355,7 @@ func fleetStatus(ctx context.Context, e etcdFlags) (fleetOutput, error) {
 	return out, nil
 }
 
-// peerServer serves, on the fleet's mutual-TLS listener (internal/peer;
+// peerServer serves, on the fleet's mutual-TLS listener (internal/fleet/peer;
 // docs/fleet.md, "Peer listener and keys"), this host's objects to admitted
 // host keys and, by api (server.NewPlatform), the platform keys' route table
 // to admitted platform keys: each role gets nothing of the other's routes,

@@ -9,7 +9,7 @@ import (
 	"net/http"
 
 	"github.com/runrecordd/runrecordd/internal/fleet"
-	"github.com/runrecordd/runrecordd/internal/peer"
+	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )

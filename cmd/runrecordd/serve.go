@@ -20,6 +20,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
@@ -333,7 +334,7 @@ func (f *serveFlags) joinFleet(ctx context.Context, cfg *daemon.Config) (*fleet.
 			leave()
 			return nil, nil, err
 		}
-		cfg.Peers = server.Peers{Dir: dir, Key: key}
+		cfg.Peers = peer.Hosts{Dir: dir, Key: key}
 	}
 	return dir, leave, nil
 }

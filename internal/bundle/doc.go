@@ -50,7 +50,7 @@
 // # Importing from the store
 //
 // [ImportStored] imports a record whose objects are already in the store
-// (internal/transfer's Fetch put them there): the same checks as [Stage]'s
+// (internal/fleet/transfer's Fetch put them there): the same checks as [Stage]'s
 // judge, run by the same code over the store's verified objects instead
 // of staged members, every object the record reaches rehashed, then the
 // same timeline and storing as [Import]. A bundle header's run id and

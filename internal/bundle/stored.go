@@ -36,7 +36,7 @@ type StoredOptions struct {
 }
 
 // ImportStored stores the run of rec, whose objects are already in st (as
-// internal/transfer's Fetch leaves them), with the decision [Import] makes
+// internal/fleet/transfer's Fetch leaves them), with the decision [Import] makes
 // of a bundle of the same run, in the same order and with the same
 // errors: rec verifies from genesis and is parked; its unit spec and grant
 // set decode, validate and pass this host's policy; every manifest

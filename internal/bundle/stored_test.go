@@ -16,8 +16,8 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/bundletest"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/store"
-	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -295,7 +295,7 @@ func TestImportStoredID(t *testing.T) {
 }
 
 // fetchImport fetches rec's objects from the store from serves into to
-// (internal/transfer, over HTTP) and imports rec from them.
+// (internal/fleet/transfer, over HTTP) and imports rec from them.
 func fetchImport(t testing.TB, from, to *store.Store, rec *record.Record, o bundle.StoredOptions) bundle.Imported {
 	t.Helper()
 	srv := httptest.NewServer(transfer.Handler(from))

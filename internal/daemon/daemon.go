@@ -30,13 +30,13 @@ import (
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/evidence"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
-	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/metrics"
 	"github.com/runrecordd/runrecordd/internal/retention"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -63,7 +63,7 @@ type Config struct {
 	// Each room's settings, where the room documents them: a park's
 	// limits (internal/forms), the store's retention (internal/retention),
 	// what a bundle may bring (internal/bundle), and the fleet this host
-	// joins (internal/member).
+	// joins (internal/fleet/member).
 	forms.ParkLimits
 	retention.Policy
 	bundle.Intake
@@ -93,7 +93,7 @@ type Daemon struct {
 
 	mu   sync.Mutex
 	runs map[string]*run
-	// fleet is the daemon's part in a fleet (internal/member); alone, it
+	// fleet is the daemon's part in a fleet (internal/fleet/member); alone, it
 	// appends to the store directly.
 	fleet *member.Member
 	// exports keeps the books of this process's exports (bundle.Exports).

@@ -37,6 +37,7 @@ type fakeExec struct {
 	// Failures to inject.
 	checkpointErr error
 	restoreErr    error
+	startErr      error
 	starts        int
 	restores      []string // what each restore read from the image directory
 	// pages gets each lazy restore's pages (RestoreLazy, lazy_test.go).
@@ -93,7 +94,11 @@ func (x *fakeExec) sandbox(id string) *fakeSB {
 func (x *fakeExec) Start(_ context.Context, id string, _ executor.Spec, _ executor.Output) (Sandbox, error) {
 	x.mu.Lock()
 	x.starts++
+	err := x.startErr
 	x.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
 	return x.add(id)
 }
 

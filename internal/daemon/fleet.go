@@ -4,12 +4,12 @@ import (
 	"context"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
-	"github.com/runrecordd/runrecordd/internal/drain"
+	"github.com/runrecordd/runrecordd/internal/fleet/drain"
+	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/forms"
-	"github.com/runrecordd/runrecordd/internal/member"
 )
 
-// The daemon's part in a fleet is the member room (internal/member): the
+// The daemon's part in a fleet is the member room (internal/fleet/member): the
 // session, the fence every append goes through, reconciling with the
 // directory, migrations, adoption, drains and the lease's guard. The
 // daemon gives it its run table (runTable) and its runs as its operations
@@ -34,7 +34,7 @@ func (d *Daemon) bundleOptions() bundle.Options {
 }
 
 // Fleet is the daemon's part in a fleet: its migrations, adoptions and
-// drains (internal/member), over the daemon's run table (runTable).
+// drains (internal/fleet/member), over the daemon's run table (runTable).
 func (d *Daemon) Fleet() *member.Member { return d.fleet }
 
 // runTable is the daemon's run table as the member room holds its runs.

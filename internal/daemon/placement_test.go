@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/runrecordd/runrecordd/internal/drain"
+	"github.com/runrecordd/runrecordd/internal/fleet/drain"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )

@@ -10,8 +10,8 @@ import (
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/forms"
-	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -23,6 +23,23 @@ import (
 // daemon reconciles) rather than a run with nothing behind it. An empty
 // id draws one.
 func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (answers.Summary, error) {
+	return d.StartBooked(ctx, id, spec, grants, nil)
+}
+
+// Booking is whom a run is started for (a platform key's books), made
+// before the run exists: whoever it names sees the run's every event,
+// its run.started included.
+type Booking interface {
+	// Book books run durably; an error refuses the start.
+	Book(run string) error
+	// Unbook takes back a booking whose start was then refused.
+	Unbook(run string) error
+}
+
+// StartBooked is Start, with the run booked by b (when not nil) under the
+// run's lock once its id is known to be free here, before its claim, its
+// sandbox or its genesis; a start that then leaves no run is unbooked.
+func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, b Booking) (answers.Summary, error) {
 	if d.fleet.Draining() {
 		return answers.Summary{}, fmt.Errorf("run: %w: it takes no new runs until it restarts", member.ErrDraining)
 	}
@@ -50,6 +67,19 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	defer r.mu.Unlock()
 	if _, err := d.st.Run(id); err == nil {
 		return answers.Summary{}, fmt.Errorf("run %s: %w", id, store.ErrRunExists)
+	}
+	if b != nil {
+		if err := b.Book(id); err != nil {
+			return answers.Summary{}, fmt.Errorf("run %s: %w", id, err)
+		}
+		defer func() {
+			if _, serr := d.st.Run(id); serr == nil {
+				return // the run exists: its booking stays
+			}
+			if uerr := b.Unbook(id); uerr != nil {
+				d.log.Error("a refused start's booking stays", "run", id, "err", uerr)
+			}
+		}()
 	}
 	unitID, err := d.st.PutBytes(p.SpecBytes)
 	if err != nil {

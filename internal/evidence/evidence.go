@@ -13,9 +13,9 @@ import (
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/store"
-	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -57,7 +57,7 @@ func (e Reader) Unit(id string) (unit.Spec, unit.Grants, error) {
 func (e Reader) Object(a record.Address) ([]byte, error) { return e.st.ReadAll(a) }
 
 // Objects serves the host's objects by address to the fleet's other
-// hosts (internal/transfer; the peer listener admits host keys only).
+// hosts (internal/fleet/transfer; the peer listener admits host keys only).
 func (e Reader) Objects() http.Handler { return transfer.Handler(e.st) }
 
 // Stdout is where run id's unit output goes on this host.

@@ -20,7 +20,7 @@ func (h *Host) Adopt(ctx context.Context, genesis record.Address, run string, he
 	if err := checkName(run); err != nil {
 		return Entry{}, err
 	}
-	return h.update(ctx, "adopt", genesis, func(cur Entry, exists bool, ownerLease int64) (Entry, error) {
+	return h.update(ctx, "adopt", genesis, nil, func(cur Entry, exists bool, ownerLease int64) (Entry, error) {
 		switch {
 		case !exists:
 			return Entry{}, fmt.Errorf("run %s: %w: no lost host owned it", genesis, ErrNoRun)

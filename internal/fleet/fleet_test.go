@@ -25,6 +25,7 @@ func TestFleet(t *testing.T) {
 		{"ConcurrentClaim", testConcurrentClaim},
 		{"StaleHead", testStaleHead},
 		{"Transfer", testTransfer},
+		{"ClaimSeen", testClaimSeen},
 		{"RevertAndReclaim", testRevertAndReclaim},
 		{"MalformedEntry", testMalformedEntry},
 		{"Fence", testFence},
@@ -207,6 +208,64 @@ func testStaleHead(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	}
 	if before.Head != h1 || before.Prev != g || before.Phase != record.Parked || before.PrevPhase != record.Active {
 		t.Fatalf("entry after advance: %+v", before)
+	}
+}
+
+// testClaimSeen: a claim judged on what Transferred read takes the run
+// when nothing changed since; when the entry changed (the transfer taken
+// back, then made again), it reads afresh and judges what it finds; and a
+// transfer taken back is refused, nothing written.
+func testClaimSeen(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
+	a, b := mustJoin(t, d, "a", 0), mustJoin(t, d, "b", 0)
+	ctx := ctxFor(t)
+	transferred := func(g record.Address) Seen {
+		t.Helper()
+		if _, err := a.Claim(ctx, g, "r", g, record.Parked); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Transfer(ctx, g, b.Key()); err != nil {
+			t.Fatal(err)
+		}
+		seen, err := b.Transferred(ctx, g, a.Key())
+		if err != nil || seen.Entry().To != b.Key() || seen.OwnerLease() != a.Lease() {
+			t.Fatalf("transferred: %+v, %v", seen, err)
+		}
+		return seen
+	}
+
+	g1 := key("seen 1")
+	if e, err := b.ClaimSeen(ctx, transferred(g1), "r1", g1, record.Parked); err != nil || e.Owner != b.Key() || e.Run != "r1" || !e.To.IsZero() {
+		t.Fatalf("claim as seen: %+v, %v", e, err)
+	}
+	if e := mustEntry(t, d, g1); e.Owner != b.Key() || e.Lease != b.Lease() {
+		t.Fatalf("the entry after the claim: %+v", e)
+	}
+
+	// Taken back and transferred again after the read: the entry's
+	// revision moved, so the claim reads it again and takes it.
+	g2 := key("seen 2")
+	seen := transferred(g2)
+	for _, to := range []*Host{a, b} {
+		if _, err := a.Transfer(ctx, g2, to.Key()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e, err := b.ClaimSeen(ctx, seen, "r2", g2, record.Parked); err != nil || e.Owner != b.Key() {
+		t.Fatalf("claim after the entry moved: %+v, %v", e, err)
+	}
+
+	// Taken back for good: refused, the entry as the owner left it.
+	g3 := key("seen 3")
+	seen = transferred(g3)
+	if _, err := a.Transfer(ctx, g3, a.Key()); err != nil {
+		t.Fatal(err)
+	}
+	before := mustEntry(t, d, g3)
+	if _, err := b.ClaimSeen(ctx, seen, "r3", g3, record.Parked); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("claim of a transfer taken back: %v, want ErrNotOwner", err)
+	}
+	if after := mustEntry(t, d, g3); after.Owner != a.Key() || after.Rev != before.Rev {
+		t.Fatalf("the entry after a refused claim: %+v, was %+v", after, before)
 	}
 }
 

@@ -35,7 +35,24 @@ func (h *Host) Claim(ctx context.Context, genesis record.Address, run string, he
 	if err := checkName(run); err != nil {
 		return Entry{}, err
 	}
-	return h.update(ctx, "claim", genesis, func(cur Entry, exists bool, ownerLease int64) (Entry, error) {
+	return h.update(ctx, "claim", genesis, nil, h.claim(genesis, run, head, phase))
+}
+
+// ClaimSeen is Claim judged first on seen, what Dir.Transferred read of
+// the run before it was fetched: when the entry and its owner's session
+// are still as seen, the claim is one request (the transaction compares
+// both, as after a read); otherwise it reads afresh, as Claim does.
+func (h *Host) ClaimSeen(ctx context.Context, seen Seen, run string, head record.Address, phase record.Phase) (Entry, error) {
+	if err := checkName(run); err != nil {
+		return Entry{}, err
+	}
+	genesis := seen.entry.Genesis
+	return h.update(ctx, "claim", genesis, &seen, h.claim(genesis, run, head, phase))
+}
+
+// claim is Claim's judgement of the entry.
+func (h *Host) claim(genesis record.Address, run string, head record.Address, phase record.Phase) func(Entry, bool, int64) (Entry, error) {
+	return func(cur Entry, exists bool, ownerLease int64) (Entry, error) {
 		if !exists {
 			return Entry{Genesis: genesis, Run: run, Owner: h.key, Lease: int64(h.lease), Head: head, Phase: phase}, nil
 		}
@@ -58,7 +75,7 @@ func (h *Host) Claim(ctx context.Context, genesis record.Address, run string, he
 			return Entry{}, moved(cur, head, phase)
 		}
 		return next, nil
-	})
+	}
 }
 
 // Advance moves the run's head from prev to next, now in phase, as one
@@ -71,7 +88,7 @@ func (h *Host) Claim(ctx context.Context, genesis record.Address, run string, he
 // (docs/fleet.md): an advance is a reservation that [Host.Revert] takes
 // back when the append is refused.
 func (h *Host) Advance(ctx context.Context, genesis, prev, next record.Address, phase record.Phase) (Entry, error) {
-	return h.update(ctx, "advance", genesis, func(cur Entry, exists bool, _ int64) (Entry, error) {
+	return h.update(ctx, "advance", genesis, nil, func(cur Entry, exists bool, _ int64) (Entry, error) {
 		if err := h.owns(cur, exists); err != nil {
 			return Entry{}, err
 		}
@@ -89,7 +106,7 @@ func (h *Host) Advance(ctx context.Context, genesis, prev, next record.Address, 
 // made) after its advance; the run must be this session's, at reserved,
 // with a previous head (ErrHeadMoved otherwise).
 func (h *Host) Revert(ctx context.Context, genesis, reserved record.Address) (Entry, error) {
-	return h.update(ctx, "revert", genesis, func(cur Entry, exists bool, _ int64) (Entry, error) {
+	return h.update(ctx, "revert", genesis, nil, func(cur Entry, exists bool, _ int64) (Entry, error) {
 		if err := h.owns(cur, exists); err != nil {
 			return Entry{}, err
 		}
@@ -116,7 +133,7 @@ func (h *Host) Transfer(ctx context.Context, genesis, to record.Address) (Entry,
 			return Entry{}, fmt.Errorf("host %s: %w: admitted as %s", to, ErrNotAdmitted, m.Role)
 		}
 	}
-	return h.update(ctx, "transfer", genesis, func(cur Entry, exists bool, _ int64) (Entry, error) {
+	return h.update(ctx, "transfer", genesis, nil, func(cur Entry, exists bool, _ int64) (Entry, error) {
 		if !exists {
 			return Entry{}, fmt.Errorf("run %s: %w", genesis, ErrNoRun)
 		}
@@ -142,7 +159,7 @@ func (h *Host) Transfer(ctx context.Context, genesis, to record.Address) (Entry,
 // ErrHeadMoved: a run that was advanced keeps its entry, so no host can
 // create it afresh.
 func (h *Host) Remove(ctx context.Context, genesis record.Address) error {
-	_, err := h.update(ctx, "remove", genesis, func(cur Entry, exists bool, _ int64) (Entry, error) {
+	_, err := h.update(ctx, "remove", genesis, nil, func(cur Entry, exists bool, _ int64) (Entry, error) {
 		if err := h.owns(cur, exists); err != nil {
 			return Entry{}, err
 		}
@@ -183,7 +200,10 @@ var (
 // in a transaction that compares everything read: the entry's revision,
 // the owner's session, and this host's session being this one. A lost race
 // reads again; etcd not answering is ErrUnavailable.
-func (h *Host) update(ctx context.Context, op string, genesis record.Address,
+//
+// A first attempt judged on seen (not nil) skips its read: the
+// transaction's comparisons hold it to what a read would have seen.
+func (h *Host) update(ctx context.Context, op string, genesis record.Address, seen *Seen,
 	decide func(cur Entry, exists bool, ownerLease int64) (Entry, error)) (Entry, error) {
 	ctx, cancel := h.bounded(ctx)
 	defer cancel()
@@ -192,10 +212,11 @@ func (h *Host) update(ctx context.Context, op string, genesis record.Address,
 		if err := h.live(); err != nil {
 			return Entry{}, fmt.Errorf("%s run %s: %w", op, genesis, err)
 		}
-		cur, exists, ownerLease, err := h.read(ctx, op, genesis)
+		cur, exists, ownerLease, err := h.read(ctx, op, genesis, seen)
 		if err != nil {
 			return Entry{}, err
 		}
+		seen = nil
 		next, err := decide(cur, exists, ownerLease)
 		write := clientv3.OpPut(rk, string(next.encode()))
 		switch {
@@ -228,7 +249,16 @@ func (h *Host) update(ctx context.Context, op string, genesis record.Address,
 // read returns the run's entry (Rev 0 when it has none), the lease of its
 // owner's live session (0 when none), and fails when this host's session
 // is not live in etcd, all at one revision.
-func (h *Host) read(ctx context.Context, op string, genesis record.Address) (Entry, bool, int64, error) {
+//
+// With seen (not nil, of this genesis), read returns it without a request.
+func (h *Host) read(ctx context.Context, op string, genesis record.Address, seen *Seen) (Entry, bool, int64, error) {
+	if seen != nil && seen.entry.Genesis == genesis && seen.entry.Rev != 0 {
+		lease := seen.ownerLease
+		if seen.entry.Owner == h.key {
+			lease = int64(h.lease)
+		}
+		return seen.entry, true, lease, nil
+	}
 	ops := []clientv3.Op{clientv3.OpGet(h.runKey(genesis)), clientv3.OpGet(h.aliveKey(h.key))}
 	r, err := h.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {

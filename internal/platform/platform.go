@@ -3,7 +3,7 @@
 // beside the record and never in it), the quotas it is held to, and the
 // mount policy of the runs it asks for (docs/fleet.md, "Roles"). A
 // platform key reaches a host over the fleet's mutual-TLS listener
-// (internal/peer); the operator's unix socket is never held to any of it.
+// (internal/fleet/peer); the operator's unix socket is never held to any of it.
 package platform
 
 import (
@@ -129,8 +129,8 @@ func (b *Books) Runs(key record.Address) []string {
 // Keep books run as key's, durably. run is a run id the daemon took
 // (forms.CheckID), so a file name.
 func (b *Books) Keep(run string, key record.Address) error {
-	if run == "" || strings.ContainsAny(run, "/\x00") || strings.HasPrefix(run, ".") {
-		return fmt.Errorf("platform: run id %q", run)
+	if err := checkRun(run); err != nil {
+		return err
 	}
 	if err := atomicfile.Write(filepath.Join(b.dir, run), 0o600, func(f *os.File) error {
 		_, err := f.WriteString(key.String() + "\n")
@@ -142,6 +142,48 @@ func (b *Books) Keep(run string, key record.Address) error {
 	b.owner[run] = key
 	b.mu.Unlock()
 	return nil
+}
+
+// checkRun refuses a run id that is not a file name of the books.
+func checkRun(run string) error {
+	if run == "" || strings.ContainsAny(run, "/\x00") || strings.HasPrefix(run, ".") {
+		return fmt.Errorf("platform: run id %q", run)
+	}
+	return nil
+}
+
+// Drop takes run's book back: a start booked and then refused.
+func (b *Books) Drop(run string) error {
+	if err := checkRun(run); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	delete(b.owner, run)
+	b.mu.Unlock()
+	if err := os.Remove(filepath.Join(b.dir, run)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("platform: %w", err)
+	}
+	return nil
+}
+
+// Prune drops every book whose run does not exist (exists says), as a
+// crash between a start's book and its genesis leaves: such a book must
+// not hand a later run of that id to its key. A book is forgotten here
+// even when its file cannot be removed (the error says which).
+func (b *Books) Prune(exists func(run string) bool) error {
+	b.mu.Lock()
+	var gone []string
+	for run := range b.owner {
+		if !exists(run) {
+			gone = append(gone, run)
+		}
+	}
+	b.mu.Unlock()
+	var errs []error
+	for _, run := range gone {
+		errs = append(errs, b.Drop(run))
+	}
+	return errors.Join(errs...)
 }
 
 // Starting holds key's starts one at a time, so that two starts cannot

@@ -40,6 +40,26 @@ func TestBooks(t *testing.T) {
 	if !again.Owns(b, "r2") || again.Owns(a, "r2") || again.Owns(a, "r9") {
 		t.Error("Owns disagrees with the books")
 	}
+	// A dropped book is gone, here and at the next open.
+	if err := again.Drop("r3"); err != nil || again.Owns(a, "r3") {
+		t.Fatalf("Drop(r3): %v; owned after: %v", err, again.Owns(a, "r3"))
+	}
+	if err := again.Drop("never-booked"); err != nil {
+		t.Errorf("Drop of no book: %v", err)
+	}
+	if err := again.Drop("../x"); err == nil {
+		t.Error("Drop(../x) took a path outside the books")
+	}
+	if reopened, err := Open(dir); err != nil || reopened.Owns(a, "r3") || !reopened.Owns(a, "r1") {
+		t.Fatalf("the books after a drop: %v", err)
+	}
+	// Books of runs that do not exist are pruned; the others stay.
+	if err := again.Prune(func(run string) bool { return run == "r1" }); err != nil {
+		t.Fatal(err)
+	}
+	if reopened, err := Open(dir); err != nil || !reopened.Owns(a, "r1") || reopened.Owns(b, "r2") {
+		t.Fatalf("the books after a prune: r1 %v, r2 %v, %v", reopened.Owns(a, "r1"), reopened.Owns(b, "r2"), err)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "r4"), []byte("not a key\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -11,14 +11,15 @@ import (
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/daemon"
-	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/fleet/drain"
+	"github.com/runrecordd/runrecordd/internal/fleet/member"
+	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
-	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/platform"
 	"github.com/runrecordd/runrecordd/internal/resume"
@@ -62,8 +63,8 @@ var codes = []struct {
 	fill  func(error, *api.Error) // the fields a caller acts on
 }{
 	// Another host's refusal keeps its code and fields.
-	{api.CodeInternal, as[*RemoteError], func(err error, e *api.Error) {
-		re := asT[*RemoteError](err)
+	{api.CodeInternal, as[*peer.RemoteError], func(err error, e *api.Error) {
+		re := asT[*peer.RemoteError](err)
 		e.Code, e.Keys, e.Segment, e.Signer = re.Answer.Code, re.Answer.Keys, re.Answer.Segment, re.Answer.Signer
 	}},
 	{api.CodeUntrustedSigner, as[*attest.UntrustedError], func(err error, e *api.Error) {

@@ -19,8 +19,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/fleet/peer"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/platform"
-	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -61,8 +62,8 @@ var routeTypes = map[string][2]any{
 	"GET /v1/objects/{addr}":                 {nil, nil},
 	"POST /v1/objects/missing":               {transfer.MissingRequest{}, transfer.MissingResponse{}},
 	"GET /v1/records/{id}":                   {nil, nil},
-	"POST /v1/migrations":                    {migration{}, api.Run{}},
-	"POST /v1/placement":                     {offerRequest{}, offerAnswer{}},
+	"POST /v1/migrations":                    {peer.Migration{}, api.Run{}},
+	"POST /v1/placement":                     {peer.OfferRequest{}, peer.OfferAnswer{}},
 }
 
 // openAPIDoc is the part of the document the test reads.

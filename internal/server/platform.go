@@ -21,7 +21,7 @@ const fleetPlatform = fleet.RolePlatform
 var errNoRun = store.ErrNoRun
 
 // platformStart starts a run for key: its grants judged by the platform's
-// policy, its quotas counted, then the run started and booked to key —
+// policy, its quotas counted, then the run booked to key and started —
 // one start of a key at a time, so that two cannot pass one quota.
 func (h *handler) platformStart(w http.ResponseWriter, r *http.Request, key record.Address, req api.RunRequest) {
 	done := h.tenancy.Books.Starting(key)
@@ -34,20 +34,19 @@ func (h *handler) platformStart(w http.ResponseWriter, r *http.Request, key reco
 		h.fail(w, r, fmt.Errorf("run: platform key %s: %w", key, err))
 		return
 	}
-	run, err := h.d.Start(r.Context(), req.ID, req.Unit, req.Grants)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	if err := h.tenancy.Books.Keep(run.ID, key); err != nil {
-		// Not booked, the run is the operator's: the platform never sees
-		// it, so it must not run on the platform's behalf either.
-		_, cerr := h.d.Close(r.Context(), run.ID, "its platform key could not be booked")
-		h.fail(w, r, errors.Join(err, cerr))
-		return
-	}
-	h.reply(w, r, runOf(run), nil)
+	run, err := h.d.StartBooked(r.Context(), req.ID, req.Unit, req.Grants, booking{h.tenancy.Books, key})
+	h.reply(w, r, runOf(run), err)
 }
+
+// booking books a run to key before it starts (daemon.Booking), so that
+// key's event stream tells it the run's run.started.
+type booking struct {
+	books *platform.Books
+	key   record.Address
+}
+
+func (b booking) Book(run string) error   { return b.books.Keep(run, b.key) }
+func (b booking) Unbook(run string) error { return b.books.Drop(run) }
 
 // held is what key's runs hold here now, as its quotas count it.
 func (h *handler) held(key record.Address) (platform.Held, error) {

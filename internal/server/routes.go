@@ -2,13 +2,15 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 
 	"github.com/runrecordd/runrecordd/internal/daemon"
-	"github.com/runrecordd/runrecordd/internal/peer"
+	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/internal/platform"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -113,8 +115,15 @@ type Tenancy struct {
 // table gives them, each held to its gate; every other route answers 403
 // forbidden. The key is the one its connection's handshake established
 // (peer.KeyOf), as a platform.
+//
+// A book whose run does not exist (a crash between a start's book and its
+// genesis) is dropped first, so it never hands a later run of that id to
+// its key.
 func NewPlatform(d *daemon.Daemon, t Tenancy, log *slog.Logger) http.Handler {
 	h := newHandler(d, log)
+	if err := t.Books.Prune(func(run string) bool { _, err := d.Run(run); return !errors.Is(err, store.ErrNoRun) }); err != nil {
+		h.log.Error("platform books of runs that do not exist", "err", err)
+	}
 	h.tenancy = &t
 	h.policy = t.Limits.Policy(d.Host().StateDir)
 	return h.logged(peer.Require(fleetPlatform, h.mux(Platform, routes, platformKey)))

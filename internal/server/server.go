@@ -11,7 +11,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/daemon"
-	"github.com/runrecordd/runrecordd/internal/member"
+	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"

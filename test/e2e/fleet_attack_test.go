@@ -26,7 +26,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/runrecordd/runrecordd/internal/fleet"
-	"github.com/runrecordd/runrecordd/internal/peer"
+	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -482,5 +482,96 @@ func TestFleetHandshakeFloodLong(t *testing.T) {
 		if g > 10*time.Second/3+500*time.Millisecond {
 			t.Errorf("host %s: %v between lease renewals", h, g)
 		}
+	}
+}
+
+// A host that a run is being handed to asks the source which objects it
+// lacks: answered for the objects of that run, refused (403) for an object
+// of another run, whose presence the answer would otherwise tell. The
+// target is the test's: a session joined under an admitted host key, its
+// placement answered as host B (a real host) answers it, and the hand-over
+// refused once it has asked, so the run stays A's.
+func TestFleetAttackMissingOutsideTransfer(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, keyA := f.host(t, "fleet-missing-a")
+	b, keyB := f.host(t, "fleet-missing-b")
+	for _, d := range []*daemon{a, b} {
+		mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
+	}
+	trStart(t, a, "moved", trAgentImage, "STEPS=2")
+	trStart(t, a, "other", trAgentImage, "STEPS=2")
+	moved, other := trParked(t, a, "moved", 2), trParked(t, a, "other", 2)
+	aKey, aAddr := f.peerOf(t, keyA)
+	bKey, bAddr := f.peerOf(t, keyB)
+
+	key, id := f.hostileKey(t, fleet.RoleHost)
+	missing := func(addr string) (int, string) {
+		body, _ := json.Marshal(map[string]any{"objects": []string{addr}})
+		resp, err := peerClient(key, aKey).Post("https://"+aAddr+"/v1/objects/missing", "application/json", bytes.NewReader(body))
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		rb, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(rb)
+	}
+	type answer struct {
+		status int
+		body   string
+	}
+	var mine, theirs answer
+	asked := make(chan struct{}, 1)
+	l, err := tls.Listen("tcp", "127.0.0.1:0", peer.ServerConfig(key, func(context.Context, record.Address) (fleet.Role, error) {
+		return fleet.RoleHost, nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/placement", func(w http.ResponseWriter, r *http.Request) {
+		resp, err := peerClient(key, bKey).Post("https://"+bAddr+"/v1/placement", "application/json", r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	})
+	mux.HandleFunc("POST /v1/migrations", func(w http.ResponseWriter, r *http.Request) {
+		mine.status, mine.body = missing(moved.Unit)
+		theirs.status, theirs.body = missing(other.Unit)
+		asked <- struct{}{}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		_ = json.NewEncoder(w).Encode(api.Error{Code: api.CodeForbidden, Message: "the test's target takes nothing"})
+	})
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	session, err := f.dir(t).JoinAt(ctx, id, 10*time.Second, l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = session.Close(context.Background()) })
+
+	if _, err := a.c.Migrate(ctx, "moved", id.String()); err == nil {
+		t.Fatal("a migration the target refused succeeded")
+	}
+	select {
+	case <-asked:
+	default:
+		t.Fatal("the hand-over never reached the test's target")
+	}
+	if mine.status != http.StatusOK || !strings.Contains(mine.body, `"missing":[]`) {
+		t.Errorf("missing, the handed run's unit: %d %s; want 200, none missing", mine.status, mine.body)
+	}
+	if theirs.status != http.StatusForbidden || !strings.Contains(theirs.body, api.CodeForbidden) {
+		t.Errorf("missing, another run's unit: %d %s; want 403 forbidden", theirs.status, theirs.body)
+	}
+	if r, err := a.run(ctx, "moved"); err != nil || r.HandedOff || r.Phase != "parked" {
+		t.Fatalf("the run after the refused hand-over: %+v, %v; want it parked on A", r, err)
 	}
 }

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
-	"github.com/runrecordd/runrecordd/internal/peer"
+	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -370,5 +370,94 @@ func TestFleetSecureEtcd(t *testing.T) {
 	}
 	if out := f.cli(t, "fleet", "status"); !strings.Contains(out, "secure-b") || !strings.Contains(out, "orphaned runs: 0") {
 		t.Fatalf("fleet status over the secure etcd:\n%s", out)
+	}
+}
+
+// events opens p's event stream and returns its events as they come;
+// the stream ends with the test.
+func (p *platformClient) events() <-chan api.Event {
+	p.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	p.t.Cleanup(cancel)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.base+"/v1/events", nil)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	c := &http.Client{Transport: p.c.Transport} // no timeout: the stream lasts the test
+	resp, err := c.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		p.t.Fatalf("%s's event stream: %v, %v", p.key, resp, err)
+	}
+	out := make(chan api.Event, 64)
+	go func() {
+		defer resp.Body.Close()
+		defer close(out)
+		dec := json.NewDecoder(resp.Body)
+		for {
+			var e api.Event
+			if dec.Decode(&e) != nil {
+				return
+			}
+			out <- e
+		}
+	}()
+	return out
+}
+
+// next is the next event of ch for which want holds, failing t when
+// none comes within 20 s; every event passed over is given to seen.
+func next(t *testing.T, ch <-chan api.Event, want func(api.Event) bool, seen func(api.Event)) api.Event {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case e, ok := <-ch:
+			if !ok {
+				t.Fatal("the event stream ended")
+			}
+			if want(e) {
+				return e
+			}
+			seen(e)
+		case <-deadline:
+			t.Fatal("no such event within 20 s")
+		}
+	}
+}
+
+// A platform key's event stream tells it every transition of the runs it
+// starts, from their run.started on, and nothing of anyone else's runs.
+func TestFleetPlatformEvents(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, keyA := f.host(t, "events-a")
+	p := newKeyClient(t, f, a, keyA, "platform")
+	other := newKeyClient(t, f, a, keyA, "platform")
+	mine, theirs := p.events(), other.events()
+
+	grants := unit.Grants{MilliCPU: 1000, MemoryBytes: 256 << 20, Network: unit.NoNetwork}
+	startOracle(t, a, "ev-op", oracleImage)
+	closeAtEnd(t, a, "ev-op")
+	p.want("POST", "/v1/runs", api.RunRequest{ID: "ev-p", Unit: unit.Spec{Image: oracleImage, Env: oracleEnv}, Grants: grants},
+		http.StatusOK, "")
+	closeAtEnd(t, a, "ev-p")
+	foreign := func(e api.Event) { t.Errorf("the platform key was told of %s %s", e.Kind, e.Run) }
+	is := func(kind, run string) func(api.Event) bool {
+		return func(e api.Event) bool { return e.Kind == kind && e.Run == run }
+	}
+	next(t, mine, is("run.started", "ev-p"), foreign)
+	if _, err := a.c.Park(ctx, "ev-op"); err != nil {
+		t.Fatal(err)
+	}
+	p.want("POST", "/v1/runs/ev-p/park", nil, http.StatusOK, "")
+	next(t, mine, is("run.parked", "ev-p"), foreign)
+
+	// The other key's stream, by now, has had every event it will be told
+	// of the two runs: none.
+	select {
+	case e := <-theirs:
+		t.Errorf("another platform key was told of %s %s", e.Kind, e.Run)
+	case <-time.After(time.Second):
 	}
 }

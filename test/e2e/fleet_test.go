@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/failpoint"
-	"github.com/runrecordd/runrecordd/internal/peer"
+	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"

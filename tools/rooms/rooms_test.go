@@ -40,8 +40,8 @@ func TestRulesCatchBreaks(t *testing.T) {
 	good := []string{
 		"cmd/runrecordd internal/server internal/fleet go.etcd.io/etcd/client/v3",
 		"internal/server internal/daemon",
-		"internal/daemon internal/store internal/member",
-		"internal/member internal/fleet go.etcd.io/etcd/client/v3",
+		"internal/daemon internal/store internal/fleet/member",
+		"internal/fleet/member internal/fleet go.etcd.io/etcd/client/v3",
 		"internal/fleet/peer go.etcd.io/etcd/api/v3",
 		"internal/fleet pkg/record go.etcd.io/etcd/client/v3",
 		"internal/etcdtest go.etcd.io/etcd/server/v3/embed",
@@ -61,6 +61,7 @@ func TestRulesCatchBreaks(t *testing.T) {
 		{"pkg imports internal", "pkg/attest pkg/record internal/atomicfile", 1},
 		{"store imports etcd", "internal/store pkg/record go.etcd.io/etcd/client/v3", 2},
 		{"a package outside the wing imports etcd", "internal/drainer go.etcd.io/etcd/client/v3", 2},
+		{"a package beside the wing imports etcd", "internal/fleetish go.etcd.io/etcd/client/v3", 2},
 		{"daemon imports server", "internal/daemon internal/store internal/server", 3},
 		{"a room below the daemon imports server", "internal/store pkg/record internal/server", 3},
 	} {

@@ -24,7 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/peer"
+	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 

@@ -149,30 +149,32 @@ func (c *counter) take(key record.Address, max int) (func(), bool) {
 // solicited checks, before anything of the run is fetched, that the
 // directory names this host the target of a transfer of it by from: the
 // run has an entry, its To is this host, its owner is from under the
-// session that claimed it (alive), and its head is the one from names.
-func (m *Member) solicited(ctx context.Context, from record.Address, h Handed) error {
+// session that claimed it (alive), and its head is the one from names. It
+// returns what it read, for the claim (fleet.Host.ClaimSeen).
+func (m *Member) solicited(ctx context.Context, from record.Address, h Handed) (fleet.Seen, error) {
 	if h.Genesis.IsZero() || h.Head.IsZero() {
-		return fmt.Errorf("%w: the hand-over names no genesis and head", ErrUnsolicited)
+		return fleet.Seen{}, fmt.Errorf("%w: the hand-over names no genesis and head", ErrUnsolicited)
 	}
-	e, lease, err := m.Session().Transferred(ctx, h.Genesis, from)
+	seen, err := m.Session().Transferred(ctx, h.Genesis, from)
 	if errors.Is(err, fleet.ErrNoRun) {
 		// Said, not wrapped: the refusal is the caller's (forbidden), not
 		// a run this host lost (not_owner).
-		return fmt.Errorf("%w: %v", ErrUnsolicited, err)
+		return fleet.Seen{}, fmt.Errorf("%w: %v", ErrUnsolicited, err)
 	}
 	if err != nil {
-		return err
+		return fleet.Seen{}, err
 	}
+	e, lease := seen.Entry(), seen.OwnerLease()
 	me := m.Session().Key()
 	switch {
 	case e.To != me:
-		return fmt.Errorf("run %s: %w: its transfer names %q, not this host", h.Genesis, ErrUnsolicited, e.To)
+		return fleet.Seen{}, fmt.Errorf("run %s: %w: its transfer names %q, not this host", h.Genesis, ErrUnsolicited, e.To)
 	case e.Owner != from:
-		return fmt.Errorf("run %s: %w: owned by %s, not the calling host %s", h.Genesis, ErrUnsolicited, e.Owner, from)
+		return fleet.Seen{}, fmt.Errorf("run %s: %w: owned by %s, not the calling host %s", h.Genesis, ErrUnsolicited, e.Owner, from)
 	case lease == 0 || lease != e.Lease:
-		return fmt.Errorf("run %s: %w: its owner's session that claimed it (lease %x) is gone", h.Genesis, ErrUnsolicited, e.Lease)
+		return fleet.Seen{}, fmt.Errorf("run %s: %w: its owner's session that claimed it (lease %x) is gone", h.Genesis, ErrUnsolicited, e.Lease)
 	case e.Head != h.Head:
-		return fmt.Errorf("run %s: %w: the directory holds head %s, the caller names %s", h.Genesis, ErrUnsolicited, e.Head, h.Head)
+		return fleet.Seen{}, fmt.Errorf("run %s: %w: the directory holds head %s, the caller names %s", h.Genesis, ErrUnsolicited, e.Head, h.Head)
 	}
-	return nil
+	return seen, nil
 }

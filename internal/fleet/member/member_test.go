@@ -13,13 +13,13 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/bundletest"
-	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/fleet/drain"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/store"
-	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -41,7 +41,7 @@ func (c *counts) OwnershipRefused() { c.refused.Add(1) }
 
 // peers are other hosts that answer as told. A fetch brings run src of
 // store from (the peer's): its record, and its objects staged as
-// internal/transfer stages them, from the peer's transfer.Handler.
+// internal/fleet/transfer stages them, from the peer's transfer.Handler.
 type peers struct {
 	silent  bool // its Offer never answers
 	hand    error

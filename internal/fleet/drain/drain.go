@@ -1,8 +1,9 @@
 // Package drain moves every run off a host (docs/fleet.md, "Drain"): which
 // runs go first, to which host each goes, how many move at once, and what
-// each run's outcome is. The moving itself — a migration — is the
-// caller's, and so is asking the hosts what they can take; this package
-// never imports the daemon.
+// each run's outcome is; and this host's side of a placement ([Local]: its
+// offer, a run's need, whether a received run fits). The moving itself — a
+// migration — is the caller's, and so is asking other hosts for their
+// offers; this package never imports the daemon.
 package drain
 
 import (

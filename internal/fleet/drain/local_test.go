@@ -1,4 +1,4 @@
-package placement
+package drain
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 // retains; a recorded manifest larger than MaxManifest is not read.
 func TestRecorded(t *testing.T) {
 	h := testhost.New(t, "")
-	p := Host{Store: h.Store}
+	p := Local{Store: h.Store}
 	m := manifest.Manifest{manifest.CPUFeatures: "sse2", manifest.UnitID: "u"}
 	canon, err := m.Canonical()
 	if err != nil {
@@ -54,7 +54,7 @@ func TestOffer(t *testing.T) {
 		}
 		return "", errors.New("no such image")
 	}
-	p := Host{Store: h.Store, Facts: manifest.Manifest{manifest.CPUFeatures: "sse2"}, Digest: digest,
+	p := Local{Store: h.Store, Facts: manifest.Manifest{manifest.CPUFeatures: "sse2"}, Digest: digest,
 		Draining: func() bool { return true }, ImageParks: func() bool { return false }}
 	o, err := p.Offer(t.Context(), []string{"have", "lack"})
 	if err != nil {

@@ -15,7 +15,8 @@ const (
 	// DefaultConns is how many connections the listener holds at once, in
 	// total, handshakes under way included.
 	DefaultConns = 512
-	// DefaultPerSource is how many of them one source IP address may hold.
+	// DefaultPerSource is how many of them one source may hold: an IPv4
+	// address, or an IPv6 /64.
 	DefaultPerSource = 64
 	// DefaultHandshake is a TLS handshake's deadline, from the accept to
 	// its end, the admission check included.
@@ -80,7 +81,7 @@ type listener struct {
 	mu  sync.Mutex
 	err error // why loop ended
 	n   int
-	by  map[string]int // connections by source IP
+	by  map[string]int // connections by source (sourceOf)
 	end context.CancelFunc
 }
 
@@ -186,12 +187,19 @@ func (l *listener) release(src string) {
 	}
 }
 
-// sourceOf is c's remote IP address.
+// sourceOf is the source c's remote address counts against: an IPv4
+// address (IPv4-mapped IPv6 included) as itself, an IPv6 address by its
+// /64, since one host is commonly given a whole /64 and could otherwise
+// take a slot of its own per address.
 func sourceOf(c net.Conn) string {
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		return a.IP.String()
+	a, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return c.RemoteAddr().String()
 	}
-	return c.RemoteAddr().String()
+	if v4 := a.IP.To4(); v4 != nil {
+		return v4.String()
+	}
+	return (&net.IPNet{IP: a.IP.Mask(net.CIDRMask(64, 128)), Mask: net.CIDRMask(64, 128)}).String()
 }
 
 // counted is a connection the listener counts until it is closed.

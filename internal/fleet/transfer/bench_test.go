@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/runrecordd/runrecordd/internal/transfer"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 )
 
 // BenchmarkFetch moves a 64 MiB image run (16 files of 4 MiB) over

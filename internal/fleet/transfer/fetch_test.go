@@ -12,8 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/store"
-	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 

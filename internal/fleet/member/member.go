@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
-	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/fleet/drain"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -31,7 +31,7 @@ import (
 var ErrNoFleet = errors.New("this host is not in a fleet")
 
 // Peers are the fleet's other hosts as this host uses them: internal/
-// server reaches them on their mutual-TLS listeners (internal/peer), at
+// server reaches them on their mutual-TLS listeners (internal/fleet/peer), at
 // the address their session gives (fleet.Member.Peer), pinned to their key.
 type Peers interface {
 	// Hand asks host to take the run this host handed to it in the

@@ -6,9 +6,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/fleet/drain"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -74,7 +74,7 @@ func (m *Member) need(ctx context.Context, id string) (drain.Need, error) {
 // drainRuns moves runs (with what each needs of the host that takes it) to
 // the fleet's other hosts by migrate: to, or every other host whose live
 // session serves the fleet. Before anything moves each host says what it
-// can take (Peers.Offer), and internal/drain places each run on a host it
+// can take (Peers.Offer), and internal/fleet/drain places each run on a host it
 // fits (docs/fleet.md, "Drain"). Each run's outcome is a "drain.run" event
 // as it ends.
 func (m *Member) drainRuns(ctx context.Context, to []record.Address, parallel int, runs []drain.Run, needs []drain.Need, migrate drain.Migrate) ([]drain.Outcome, error) {

@@ -59,7 +59,7 @@ func missing(ctx context.Context, c *http.Client, base string, batch []record.Ad
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("transfer: missing: %w: %s: %s", ErrPeer, resp.Status, peerMessage(resp.Body))
 	}
-	dec := json.NewDecoder(io.LimitReader(resp.Body, maxMissingBody))
+	dec := json.NewDecoder(io.LimitReader(resp.Body, MaxMissingBody))
 	dec.DisallowUnknownFields()
 	var r MissingResponse
 	if err := dec.Decode(&r); err != nil {

@@ -16,13 +16,16 @@
 // route to one role only, answering 403 with an api.Error of code
 // [CodeForbidden] otherwise; [KeyOf] gives a handler the key and role.
 // [Listen] serves a ServerConfig on a TCP address, within [Limits]:
-// connections in total and per source IP address, and a deadline on each
+// connections in total and per source (an IPv4 address, an IPv6 /64), and a deadline on each
 // handshake, its admission included.
 //
 // # Client
 //
 // [ClientConfig] presents our certificate and pins the server's key id:
-// a server that does not hold that key is refused ([ErrPin]).
+// a server that does not hold that key is refused ([ErrPin]). [Hosts] is
+// the client of the peer routes (internal/server serves them, with this
+// package's wire types): a migration handed over, a received run's record
+// and objects fetched (internal/fleet/transfer), a host's offer asked.
 //
 // # Caveats
 //

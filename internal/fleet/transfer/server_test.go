@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/runrecordd/runrecordd/internal/transfer"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )

@@ -8,8 +8,9 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
-	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/fleet/drain"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -200,7 +201,8 @@ func (m *Member) receive(ctx context.Context, from record.Address, h Handed, hol
 		return fmt.Errorf("receive %s from %s: %w (%d)", id, from, ErrReceiving, max)
 	}
 	defer done()
-	if err := m.solicited(ctx, from, h); err != nil {
+	seen, err := m.solicited(ctx, from, h)
+	if err != nil {
 		return fmt.Errorf("receive %s from %s: %w", id, from, err)
 	}
 	arr, rec, err := m.fetch(ctx, from, h)
@@ -218,7 +220,7 @@ func (m *Member) receive(ctx context.Context, from record.Address, h Handed, hol
 		// A drain began while the run was fetched: it would miss it.
 		return fmt.Errorf("receive %s: %w: it takes no runs until it restarts", id, ErrDraining)
 	}
-	if err := m.importReceived(ctx, id, rec, arr); err != nil {
+	if err := m.importReceived(ctx, id, rec, arr, seen); err != nil {
 		m.cfg.Metrics.Migrated(false, false, 0)
 		return fmt.Errorf("receive %s from %s: %w", id, from, m.Err(err))
 	}
@@ -262,8 +264,10 @@ func (m *Member) fetch(ctx context.Context, from record.Address, h Handed) (Arri
 // a run it does not hold. A run this host could not resume now
 // (Config.Fits: its recorded manifest against this host) is not claimed,
 // and neither is one the source took back meanwhile: either is left here
-// handed off, and the source takes the run back.
-func (m *Member) importReceived(ctx context.Context, id string, rec *record.Record, arr Arrival) error {
+// handed off, and the source takes the run back. The claim is judged
+// first on the directory as the receive saw it (seen), in one request
+// when nothing changed since.
+func (m *Member) importReceived(ctx context.Context, id string, rec *record.Record, arr Arrival, seen fleet.Seen) error {
 	o := m.cfg.Import
 	o.ID = id
 	_, err := bundle.ImportStored(ctx, arr, rec, bundle.StoredOptions{Run: id, ImportOptions: o})
@@ -276,7 +280,7 @@ func (m *Member) importReceived(ctx context.Context, id string, rec *record.Reco
 		err = m.cfg.Fits(ctx, id)
 	}
 	if err == nil {
-		_, err = m.Session().Claim(ctx, rec.Genesis(), id, rec.Head(), rec.Phase())
+		_, err = m.Session().ClaimSeen(ctx, seen, id, rec.Head(), rec.Phase())
 	}
 	if err != nil {
 		if herr := m.cfg.Store.HandOff(id, rec.Head()); herr != nil {

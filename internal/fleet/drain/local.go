@@ -1,16 +1,15 @@
-// Package placement is a host's side of a drain's placement
-// (docs/fleet.md, "Drain"): what the host can take now (its Offer), what a
-// parked run stored here needs of the host that takes it (Recorded), and
-// whether this host could resume a parked run it stores (Fits). The judge
-// is internal/drain; this package reads the store and asks the executor
+// This host's side of a drain's placement (docs/fleet.md, "Drain"): what
+// the host can take now (its Offer), what a parked run stored here needs of
+// the host that takes it (Recorded), and whether this host could resume a
+// parked run it stores (Fits). It reads the store and asks the executor
 // for image digests, and never imports the daemon.
-package placement
+
+package drain
 
 import (
 	"context"
 	"fmt"
 
-	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/park"
@@ -21,8 +20,9 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
-// Host is what a host's offer is made of.
-type Host struct {
+// Local is this host, as its side of a drain's placement sees it: what
+// its offer is made of.
+type Local struct {
 	Store *store.Store
 	// Facts are the host's own facts as its manifests record them.
 	Facts manifest.Manifest
@@ -44,18 +44,18 @@ type Host struct {
 // recorded manifest and the bytes its snapshot retains; executing in sb
 // (not nil) on this host, the manifest its park here will record and, for
 // an image unit, its memory (its image's size).
-func (h Host) Need(ctx context.Context, id string, sb forms.Sandbox) (drain.Need, error) {
+func (h Local) Need(ctx context.Context, id string, sb forms.Sandbox) (Need, error) {
 	st, err := h.Store.Run(id)
 	if err != nil {
-		return drain.Need{}, err
+		return Need{}, err
 	}
 	run, err := forms.ReadRun(h.Store, st)
 	if err != nil {
-		return drain.Need{}, err
+		return Need{}, err
 	}
 	spec := run.Spec
 	transcript := spec.Mode == unit.TranscriptMode
-	n := drain.Need{Run: id, Image: spec.Image, ImagePark: !transcript}
+	n := Need{Run: id, Image: spec.Image, ImagePark: !transcript}
 	switch {
 	case st.Phase == record.Parked:
 		n.Manifest, n.Bytes, err = h.Recorded(id)
@@ -71,8 +71,8 @@ func (h Host) Need(ctx context.Context, id string, sb forms.Sandbox) (drain.Need
 // Offer is what the host can take now: its facts, the digests of the
 // images among images it has imported, the room its store has left, and
 // whether it takes runs at all.
-func (h Host) Offer(ctx context.Context, images []string) (drain.Offer, error) {
-	o := drain.Offer{Facts: manifest.Manifest{manifest.Protocol: protocol.Version}, Images: map[string]string{},
+func (h Local) Offer(ctx context.Context, images []string) (Offer, error) {
+	o := Offer{Facts: manifest.Manifest{manifest.Protocol: protocol.Version}, Images: map[string]string{},
 		Draining: h.Draining(), ImageParks: h.ImageParks()}
 	for k, v := range h.Facts {
 		o.Facts[k] = v
@@ -84,7 +84,7 @@ func (h Host) Offer(ctx context.Context, images []string) (drain.Offer, error) {
 	}
 	free, err := park.Free(h.Store, h.MinFree)
 	if err != nil {
-		return drain.Offer{}, fmt.Errorf("placement: %w", err)
+		return Offer{}, fmt.Errorf("placement: %w", err)
 	}
 	o.Free = free
 	return o, nil
@@ -92,9 +92,9 @@ func (h Host) Offer(ctx context.Context, images []string) (drain.Offer, error) {
 
 // Fits says why this host could not resume parked run id, stored here,
 // now: its recorded manifest judged against the host's offer as a drain
-// judges it (drain.Fit), whether or not the host is draining — before a
+// judges it (Fit), whether or not the host is draining — before a
 // received run is claimed, under the run's lock.
-func (h Host) Fits(ctx context.Context, id string) error {
+func (h Local) Fits(ctx context.Context, id string) error {
 	st, err := h.Store.Run(id)
 	if err != nil {
 		return err
@@ -112,7 +112,7 @@ func (h Host) Fits(ctx context.Context, id string) error {
 		return err
 	}
 	o.Draining = false
-	return drain.Fit(drain.Need{Run: id, Image: run.Spec.Image, Manifest: m, ImagePark: run.Spec.Mode != unit.TranscriptMode}, o)
+	return Fit(Need{Run: id, Image: run.Spec.Image, Manifest: m, ImagePark: run.Spec.Mode != unit.TranscriptMode}, o)
 }
 
 // MaxManifest is the largest recorded manifest placement reads to judge a
@@ -121,7 +121,7 @@ const MaxManifest = 64 << 10
 
 // Recorded is parked run id's recorded manifest and the bytes its
 // snapshot holds.
-func (h Host) Recorded(id string) (manifest.Manifest, uint64, error) {
+func (h Local) Recorded(id string) (manifest.Manifest, uint64, error) {
 	raw, err := h.Store.Raw(id)
 	if err != nil {
 		return nil, 0, err

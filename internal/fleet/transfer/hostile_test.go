@@ -9,9 +9,9 @@ import (
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/store"
-	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 

@@ -17,10 +17,10 @@ import (
 // about. [Missing] asks in batches of it.
 const MaxMissing = 1 << 16
 
-// maxMissingBody bounds the request body of POST /v1/objects/missing: an
+// MaxMissingBody bounds the request body of POST /v1/objects/missing: an
 // address is 46 characters, quoted and separated by a comma (49 bytes),
 // and a little room for the object around them.
-const maxMissingBody = MaxMissing*50 + 1024
+const MaxMissingBody = MaxMissing*50 + 1024
 
 // MissingRequest is the body of POST /v1/objects/missing.
 type MissingRequest struct {
@@ -45,7 +45,7 @@ type MissingResponse struct {
 //     [MissingResponse] out; at most [MaxMissing] addresses (413 beyond).
 //
 // It does not judge who asks: the caller wraps it in its own
-// authentication (internal/peer admits only host keys).
+// authentication (internal/fleet/peer admits only host keys).
 func Handler(st *store.Store) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/objects/{addr}", func(w http.ResponseWriter, r *http.Request) { serveObject(st, w, r) })
@@ -81,7 +81,7 @@ func serveObject(st *store.Store, w http.ResponseWriter, r *http.Request) {
 }
 
 func serveMissing(st *store.Store, w http.ResponseWriter, r *http.Request) {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxMissingBody))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxMissingBody))
 	dec.DisallowUnknownFields()
 	var req MissingRequest
 	err := dec.Decode(&req)

@@ -1,0 +1,232 @@
+package peer
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/fleet/drain"
+	"github.com/runrecordd/runrecordd/internal/fleet/member"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
+	"github.com/runrecordd/runrecordd/internal/park"
+	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/record"
+)
+
+// The peer routes' bodies (internal/server serves the routes).
+
+// MaxOfferImages bounds the image names one placement request asks about.
+const MaxOfferImages = 1024
+
+// maxAnswer bounds a peer route's JSON answer, as the server bounds a
+// JSON body.
+const maxAnswer = 1 << 20
+
+// OfferRequest and OfferAnswer are POST /v1/placement's body and answer.
+type OfferRequest struct {
+	Images []string `json:"images"`
+}
+
+// OfferAnswer is a host's drain.Offer on the wire.
+type OfferAnswer struct {
+	Facts      map[string]string `json:"facts"`
+	Images     map[string]string `json:"images"`
+	Free       uint64            `json:"free"`
+	Draining   bool              `json:"draining"`
+	ImageParks bool              `json:"image_parks"`
+}
+
+// Migration is POST /v1/migrations's body: the run, and whether to resume
+// it (it was executing on the host handing it over).
+type Migration struct {
+	Run     string         `json:"run"`
+	Genesis record.Address `json:"genesis"`
+	Head    record.Address `json:"head"`
+	Resume  bool           `json:"resume"`
+}
+
+// Hosts reach the fleet's other hosts at the address their session gives,
+// over mutual TLS pinned to their key: the client of the peer routes
+// (member.Peers).
+type Hosts struct {
+	Dir *fleet.Dir
+	Key ed25519.PrivateKey // this host's
+}
+
+// RemoteError is another host's refusal, as its API said it.
+type RemoteError struct {
+	Host   record.Address
+	Answer api.Error
+}
+
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("host %s: %s (%s)", e.Host, e.Answer.Message, e.Answer.Code)
+}
+
+// client is an HTTP client to host's peer listener and its base URL, for
+// one call: the caller closes its idle connections when done (a peer
+// listener holds 64 connections from one address, docs/fleet.md).
+func (p Hosts) client(ctx context.Context, host record.Address) (*http.Client, string, error) {
+	m, err := p.Dir.Member(ctx, host)
+	if err != nil {
+		return nil, "", err
+	}
+	if m.Role != fleet.RoleHost || m.Peer == "" {
+		return nil, "", fmt.Errorf("host %s: %w: no live session serving the fleet", host, fleet.ErrNotAdmitted)
+	}
+	dialer := &net.Dialer{Timeout: 10 * time.Second}
+	tr := &http.Transport{TLSClientConfig: ClientConfig(p.Key, host), DialContext: dialer.DialContext,
+		TLSHandshakeTimeout: 10 * time.Second, ResponseHeaderTimeout: 10 * time.Minute}
+	return &http.Client{Transport: tr}, "https://" + m.Peer, nil
+}
+
+// Hand implements member.Peers.
+func (p Hosts) Hand(ctx context.Context, host record.Address, h member.Handed) error {
+	c, base, err := p.client(ctx, host)
+	if err != nil {
+		return err
+	}
+	defer c.CloseIdleConnections()
+	body, _ := json.Marshal(Migration{Run: h.Run, Genesis: h.Genesis, Head: h.Head, Resume: h.Resume})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/migrations", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	_, err = call(c, host, req, maxAnswer)
+	return err
+}
+
+// Fetch implements member.Peers: the record, then transfer.Stage over
+// the same client, held to the store's room past its minimum free space
+// (park.Free).
+func (p Hosts) Fetch(ctx context.Context, host record.Address, run string, judge func(*record.Record) error, opt member.FetchOptions) (*record.Record, member.Arrival, error) {
+	c, base, err := p.client(ctx, host)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer c.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/records/"+url.PathEscape(run), nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := call(c, host, req, opt.Limits.Or(bundle.DefaultLimits).JSON)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, err := record.DecodeWire(b)
+	if err != nil {
+		return nil, nil, fmt.Errorf("host %s: run %s's record: %w", host, run, err)
+	}
+	if err := judge(rec); err != nil {
+		return nil, nil, err
+	}
+	st := opt.Store
+	free := func() (uint64, error) { return park.Free(st, opt.MinFree) }
+	f, _, err := transfer.Stage(ctx, c, base, st, rec, transfer.Options{Limits: opt.Limits, Free: free})
+	if err != nil {
+		return nil, nil, err
+	}
+	return rec, f, nil
+}
+
+// Offer implements member.Peers: the names are asked about
+// MaxOfferImages at a time, and an answer is taken only within bounds
+// (checkOffer) — it is another host's word, kept for a whole drain.
+func (p Hosts) Offer(ctx context.Context, host record.Address, images []string) (drain.Offer, error) {
+	c, base, err := p.client(ctx, host)
+	if err != nil {
+		return drain.Offer{}, err
+	}
+	defer c.CloseIdleConnections()
+	var out drain.Offer
+	for first := true; first || len(images) > 0; first = false {
+		batch := images[:min(len(images), MaxOfferImages)]
+		images = images[len(batch):]
+		a, err := offerFrom(ctx, c, base, host, batch)
+		if err != nil {
+			return drain.Offer{}, err
+		}
+		if first {
+			out = drain.Offer{Facts: a.Facts, Images: map[string]string{}, Free: a.Free, Draining: a.Draining, ImageParks: a.ImageParks}
+		}
+		for _, name := range batch {
+			if d, ok := a.Images[name]; ok {
+				out.Images[name] = d
+			}
+		}
+	}
+	return out, nil
+}
+
+// offerFrom asks host for its offer over names.
+func offerFrom(ctx context.Context, c *http.Client, base string, host record.Address, names []string) (OfferAnswer, error) {
+	body, _ := json.Marshal(OfferRequest{Images: names})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/placement", bytes.NewReader(body))
+	if err != nil {
+		return OfferAnswer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	b, err := call(c, host, req, maxAnswer)
+	if err != nil {
+		return OfferAnswer{}, err
+	}
+	var a OfferAnswer
+	if err := json.Unmarshal(b, &a); err != nil {
+		return OfferAnswer{}, fmt.Errorf("host %s: placement: %w", host, err)
+	}
+	return a, checkOffer(host, a)
+}
+
+// Bounds on another host's offer: a host's facts are a dozen short
+// strings (the CPU's features the longest, about 2 KiB).
+const (
+	maxOfferFacts = 64
+	maxOfferValue = 8 << 10
+)
+
+func checkOffer(host record.Address, a OfferAnswer) error {
+	if len(a.Facts) > maxOfferFacts || len(a.Images) > MaxOfferImages {
+		return fmt.Errorf("host %s: placement: %w: %d facts, %d images", host, bundle.ErrLimit, len(a.Facts), len(a.Images))
+	}
+	for k, v := range a.Facts {
+		if len(k) > maxOfferValue || len(v) > maxOfferValue {
+			return fmt.Errorf("host %s: placement: %w: a fact over %d bytes", host, bundle.ErrLimit, maxOfferValue)
+		}
+	}
+	return nil
+}
+
+// call sends req and reads an answer of at most limit bytes: the body of a
+// 200, or the other host's refusal as a RemoteError.
+func call(c *http.Client, host record.Address, req *http.Request, limit int64) ([]byte, error) {
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("host %s: %w", host, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("host %s: %w", host, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("host %s: %w: an answer over %d bytes", host, bundle.ErrLimit, limit)
+	}
+	if resp.StatusCode != http.StatusOK {
+		e := &RemoteError{Host: host}
+		if json.Unmarshal(b, &e.Answer) != nil || e.Answer.Code == "" {
+			e.Answer.Code, e.Answer.Message = api.CodeUnavailable, fmt.Sprintf("status %d", resp.StatusCode)
+		}
+		return nil, e
+	}
+	return b, nil
+}
