@@ -121,7 +121,9 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 // journaled from now, after the end of the last one could not be recorded.
 // Only the interval is replaced: the exit watcher reads lv's sandbox.
 func (d *Daemon) restartInterval(id string, lv *live, event string) {
-	lv.iv = d.begin(id, lv.unit, event, d.markNow(id)).iv
+	m := d.markNow(id)
+	m.Discarded[0], m.Discarded[1] = lv.sb.Omitted()
+	lv.iv = d.begin(id, lv.unit, event, m).iv
 	d.saveMark(id, lv)
 }
 

@@ -86,7 +86,7 @@ func Begin(cfg Config, sb Sandbox, meter Meter, m Mark, event string) *Interval 
 		iv.meter, iv.meterErr = nil, err
 	}
 	iv.events.Entries = append(iv.events.Entries, attest.Event(time.Now().UnixNano(), event))
-	iv.discarded[0], iv.discarded[1] = sb.Omitted()
+	iv.discarded = m.Discarded
 	return iv
 }
 

@@ -382,7 +382,9 @@ func TestEndUnmeteredAndDiscarded(t *testing.T) {
 	h := newHost(t)
 	cfg := h.run(t, "r")
 	sb := &fakeSandbox{out: 10}
-	iv := Begin(cfg, sb, fakeMeter{noCgroup: errors.New("no cgroup")}, MarkAt(time.Now().UnixNano(), cfg.Output), "started")
+	m := MarkAt(time.Now().UnixNano(), cfg.Output)
+	m.Discarded = [2]uint64{10, 0} // a sandbox that had an interval before
+	iv := Begin(cfg, sb, fakeMeter{noCgroup: errors.New("no cgroup")}, m, "started")
 	sb.out, sb.err = 110, 5
 	sealed, err := iv.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Running}, nil, nil)
 	if err != nil {
@@ -565,5 +567,46 @@ func TestEndRefusedBeforeTheAppend(t *testing.T) {
 				t.Fatal("a second end recorded something")
 			}
 		})
+	}
+}
+
+// The first interval of a new sandbox holds everything the sandbox
+// discarded, from before Begin too (a unit that floods its output at once
+// overruns its log limit before the interval opens); an interval begun on
+// a sandbox that had one before counts from its mark's baseline.
+func TestDiscardedFromTheSandboxStart(t *testing.T) {
+	h := newHost(t)
+	cfg := h.run(t, "r")
+	sb := &fakeSandbox{err: 3 << 20}
+	iv := Begin(cfg, sb, fakeMeter{noCgroup: errors.New("no cgroup")}, MarkAt(time.Now().UnixNano(), cfg.Output), "started")
+	sb.err += 5
+	sealed, err := iv.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Running}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`output-discarded {"stdout_bytes":0,"stderr_bytes":%d,"limit_bytes":1048576}`, 3<<20+5)
+	found := false
+	for _, e := range h.journal(t, h.body(t, sealed.Attestation).Journal).Entries {
+		found = found || string(e.Data) == want
+	}
+	if !found {
+		t.Fatalf("the journal does not hold %s", want)
+	}
+
+	m := MarkAt(time.Now().UnixNano(), cfg.Output)
+	m.Discarded = [2]uint64{sb.out, sb.err}
+	iv = Begin(cfg, sb, fakeMeter{noCgroup: errors.New("no cgroup")}, m, "restarted")
+	sb.out += 7
+	sealed, err = iv.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Running}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = `output-discarded {"stdout_bytes":7,"stderr_bytes":0,"limit_bytes":1048576}`
+	found = false
+	for _, e := range h.journal(t, h.body(t, sealed.Attestation).Journal).Entries {
+		found = found || string(e.Data) == want
+	}
+	if !found {
+		t.Fatalf("the second interval's journal does not hold %s", want)
 	}
 }

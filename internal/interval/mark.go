@@ -22,6 +22,10 @@ type Mark struct {
 	CPUNS   uint64         `json:"cpu_ns"`
 	Metered bool           `json:"metered"`
 	Events  []attest.Entry `json:"events"`
+	// Discarded is what the sandbox had discarded of stdout and stderr
+	// when the interval began: zero for a new sandbox's first interval,
+	// which holds all it discarded.
+	Discarded [2]uint64 `json:"discarded,omitzero"`
 }
 
 // Output names a unit's output files on this host.
