@@ -80,9 +80,6 @@ func TestAttackImages(t *testing.T) {
 		{"Securebits", "creds.secbits", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Secbits = proto.Uint32(0x2f) })},
 		{"Uid", "creds.uid", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Uid = proto.Uint32(1000) })},
 		{"Groups", "creds.groups", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Groups = []uint32{0, 4} })},
-		{"Rlimit", "tc.rlimits", cores(func(c *criucore.CoreEntry) {
-			c.Tc.Rlimits.Rlimits[7].Cur, c.Tc.Rlimits.Rlimits[7].Max = proto.Uint64(1<<20), proto.Uint64(1<<20) // RLIMIT_NOFILE
-		})},
 		{"Seccomp", "thread_core.seccomp_mode", cores(func(c *criucore.CoreEntry) {
 			c.ThreadCore.SeccompMode, c.ThreadCore.SeccompFilter = criucore.SeccompMode_disabled.Enum(), nil
 		})},
