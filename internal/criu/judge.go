@@ -232,7 +232,10 @@ MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ
 PERFMON BPF CHECKPOINT_RESTORE`
 
 // Judge refuses images that grant more than p: it returns a
-// [*RefusedError] naming the task and the field, or nil.
+// [*RefusedError] naming the task and the field, or nil. Limits and
+// oom_score_adj beyond p it passes, where [Images.Narrow] brings them
+// within p, and seccomp filters other than the spec's, which
+// [Images.Stack] covers: a restore runs both on what Judge passes.
 func (im *Images) Judge(p Policy) error {
 	if im.Inventory == nil {
 		return refuse(0, "inventory.img", "", "missing")
