@@ -9,7 +9,10 @@
 // and refuses, with a [*RefusedError] wrapping [ErrRefused], any that
 // grant more than the sandbox it restores into ([Images.Judge] under
 // [PolicyOf] that sandbox's OCI spec): docs/trust.md, "What a restore
-// may grant".
+// may grant". What only narrows the unit the executor rewrites, in its
+// staged copy of the images, instead of refusing: the spec's limits and
+// oom_score_adj ([Images.Narrow]), the spec's seccomp filter stacked on
+// every thread ([Images.Stack]).
 //
 // # Reading
 //

@@ -10,7 +10,7 @@ import (
 // FuzzDecodeImages decodes and judges the oracle's image directory with
 // one image (the which-th, by name) replaced by the fuzzer's bytes,
 // seeded with each real image: it never panics, and what it refuses
-// wraps ErrRefused.
+// wraps ErrRefused. What it passes is narrowed under a unit's limits.
 func FuzzDecodeImages(f *testing.F) {
 	des, err := os.ReadDir("testdata/oracle")
 	if err != nil {
@@ -26,6 +26,8 @@ func FuzzDecodeImages(f *testing.F) {
 		f.Add(uint8(i), oracle[i])
 	}
 	p := mustPolicy(f)
+	unit := mustPolicy(f)
+	unitLimits(&unit)
 	f.Fuzz(func(t *testing.T, which uint8, b []byte) {
 		w := int(which) % len(names)
 		im := newImages()
@@ -41,6 +43,9 @@ func FuzzDecodeImages(f *testing.F) {
 		}
 		if err == nil {
 			err = im.Judge(p)
+		}
+		if err == nil {
+			err = im.Narrow(t.TempDir(), unit)
 		}
 		if err != nil && !errors.Is(err, ErrRefused) {
 			t.Fatalf("%s: %v does not wrap ErrRefused", names[w], err)

@@ -94,7 +94,7 @@ type kind struct {
 var kinds = []kind{
 	{"inventory", 0, ".img", 0x58313116, checked, "decoded: the root task's namespace ids"},
 	{"pstree", 0, ".img", 0x50273030, checked, "the tasks and threads whose images are judged"},
-	{"core-", 'd', ".img", 0x55053847, checked, "every thread's credentials, capability sets, securebits, no_new_privs, LSM profile and seccomp mode; every task's oom_score_adj and the limits the spec sets"},
+	{"core-", 'd', ".img", 0x55053847, checked, "every thread's credentials, capability sets, securebits, no_new_privs, LSM profile and seccomp mode (its filter stacked); every task's limits and oom_score_adj narrowed to the spec's"},
 	{"ids-", 'd', ".img", 0x54432030, checked, "every task in the root task's namespaces"},
 	{"mm-", 'd', ".img", 0x57492820, checked, "the executable's file, judged as an open file"},
 	{"fs-", 'd', ".img", 0x51403912, checked, "the root and working directory, judged as open files"},

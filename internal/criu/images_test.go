@@ -182,18 +182,13 @@ func TestJudgeRefuses(t *testing.T) {
 		{"SeccompCycle", seccompImage(func(e *seccomp.SeccompEntry) { e.SeccompFilters[0].Prev = proto.Uint32(0) }), 1, "seccomp_filters.prev", nil},
 		{"SeccompIndex", creds("12", func(c *criucore.CoreEntry) { c.ThreadCore.SeccompFilter = proto.Uint32(2) }), 12, "seccomp_filters", nil},
 		{"SeccompFilterLength", seccompImage(func(e *seccomp.SeccompEntry) { e.SeccompFilters[1].Filter = []byte{1, 2, 3} }), 12, "seccomp_filters.filter", nil},
-		{"RlimitSoft", creds("1", func(c *criucore.CoreEntry) {
-			c.Tc.Rlimits.Rlimits[7].Cur = proto.Uint64(1 << 20)
+		{"TaskCoreMissing", creds("1", func(c *criucore.CoreEntry) { c.Tc = nil }), 1, "tc", nil},
+		{"RlimitGap", creds("12", func(c *criucore.CoreEntry) { c.Tc.Rlimits.Rlimits = c.Tc.Rlimits.Rlimits[:4] }), 12, "tc.rlimits", nil},
+		{"RlimitsPast64", creds("1", func(c *criucore.CoreEntry) {
+			for range 49 {
+				c.Tc.Rlimits.Rlimits = append(c.Tc.Rlimits.Rlimits, c.Tc.Rlimits.Rlimits[0])
+			}
 		}), 1, "tc.rlimits", nil},
-		{"RlimitMissing", creds("1", func(c *criucore.CoreEntry) { c.Tc.Rlimits.Rlimits = c.Tc.Rlimits.Rlimits[:7] }), 1, "tc.rlimits", nil},
-		{"RlimitUnset", creds("12", func(c *criucore.CoreEntry) {
-			c.Tc.Rlimits.Rlimits[14].Cur, c.Tc.Rlimits.Rlimits[14].Max = proto.Uint64(99), proto.Uint64(99)
-		}), 12, "tc.rlimits", func(p *Policy) { p.Rlimits[14] = 0 }},
-		{"OOMScoreAdj", creds("12", func(c *criucore.CoreEntry) { c.Tc.OomScoreAdj = proto.Int32(-1000) }), 12, "tc.oom_score_adj", oomScoreAdj(0)},
-		{"OOMScoreAdjMissing", creds("1", func(c *criucore.CoreEntry) { c.Tc.OomScoreAdj = nil }), 1, "tc.oom_score_adj", oomScoreAdj(0)},
-		{"Rlimit", creds("12", func(c *criucore.CoreEntry) {
-			c.Tc.Rlimits.Rlimits[7].Cur, c.Tc.Rlimits.Rlimits[7].Max = proto.Uint64(1<<20), proto.Uint64(1<<20)
-		}), 12, "tc.rlimits", nil},
 		{"CgroupSetHostRoot", cgroupSet(func(c *cgroup.CgroupEntry) { c.Sets[0].Ctls[3].Path = proto.String("/") }), 0, "sets.ctls.path", nil},
 		{"CgroupSetSibling", cgroupSet(func(c *cgroup.CgroupEntry) { c.Sets[0].Ctls[6].Path = proto.String("/runrecordd-e04f9c36/capX") }), 0, "sets.ctls.path", nil},
 		{"CgroupSetDotDot", cgroupSet(func(c *cgroup.CgroupEntry) { c.Sets[0].Ctls[7].Path = proto.String("/runrecordd-e04f9c36/cap/../..") }), 0, "sets.ctls.path", nil},

@@ -13,6 +13,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mnt"
 	skunix "github.com/checkpoint-restore/go-criu/v7/crit/images/sk-unix"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
 )
 
 // Policy is what a restore here may grant a unit: what this host itself
@@ -41,16 +42,23 @@ type Policy struct {
 	Namespaces map[specs.LinuxNamespaceType]bool
 	// Mounts are the mounts the sandbox has, by mount point.
 	Mounts map[string]Mount
-	// Rlimits are the hard limits the spec sets, by resource number
-	// (RLIMIT_NOFILE: 7); a task's soft and hard limits are no higher.
-	// The others are the runtime's, which the spec does not say.
-	Rlimits map[int]uint64
+	// Rlimits are the limits the spec sets, by resource number
+	// (RLIMIT_NOFILE: 7): a restore lowers a task's soft and hard limits
+	// to the spec's hard one, and sets one the images lack to the
+	// spec's ([Images.Narrow]). The others are the runtime's, which the
+	// spec does not say.
+	Rlimits map[int]Rlimit
 	// OOMScoreAdj is the spec's oom_score_adj, when it sets one: a
-	// task's is no lower.
+	// restore raises a task's lower one to it.
 	OOMScoreAdj *int
 	// Devices are the device nodes (major<<32|minor, character devices)
 	// a tmpfs of the sandbox may hold.
 	Devices map[uint64]bool
+}
+
+// Rlimit is a resource limit: soft and hard, RLIM_INFINITY ^uint64(0).
+type Rlimit struct {
+	Soft, Hard uint64
 }
 
 // IDRange is a set of uids and gids: IDs Lo up to Hi, both included, and
@@ -87,7 +95,7 @@ const (
 // its restore is given: the capabilities, user, no_new_privs, seccomp,
 // namespaces and mounts runc applies to a unit it starts.
 func PolicyOf(s *specs.Spec) (Policy, error) {
-	p := Policy{Namespaces: map[specs.LinuxNamespaceType]bool{}, Mounts: map[string]Mount{}, Devices: map[uint64]bool{}, Rlimits: map[int]uint64{}}
+	p := Policy{Namespaces: map[specs.LinuxNamespaceType]bool{}, Mounts: map[string]Mount{}, Devices: map[uint64]bool{}, Rlimits: map[int]Rlimit{}}
 	if s.Process == nil || s.Linux == nil || s.Root == nil {
 		return p, fmt.Errorf("criu: an OCI spec without a process, root or linux section")
 	}
@@ -111,7 +119,7 @@ func PolicyOf(s *specs.Spec) (Policy, error) {
 		if n < 0 {
 			return p, fmt.Errorf("criu: an OCI spec with the unknown rlimit %q", r.Type)
 		}
-		p.Rlimits[n] = r.Hard
+		p.Rlimits[n] = Rlimit{Soft: r.Soft, Hard: r.Hard}
 	}
 	p.NoNewPrivs = s.Process.NoNewPrivileges
 	if v := s.Process.OOMScoreAdj; v != nil {
@@ -224,7 +232,10 @@ MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ
 PERFMON BPF CHECKPOINT_RESTORE`
 
 // Judge refuses images that grant more than p: it returns a
-// [*RefusedError] naming the task and the field, or nil.
+// [*RefusedError] naming the task and the field, or nil. Limits and
+// oom_score_adj beyond p it passes, where [Images.Narrow] brings them
+// within p, and seccomp filters other than the spec's, which
+// [Images.Stack] covers: a restore runs both on what Judge passes.
 func (im *Images) Judge(p Policy) error {
 	if im.Inventory == nil {
 		return refuse(0, "inventory.img", "", "missing")
@@ -476,37 +487,11 @@ func (im *Images) judgeThread(pid, tid uint32, p Policy) error {
 }
 
 // judgeTask refuses a task (its leader's core, name) whose limits or
-// oom_score_adj are not what p gives: a soft or hard limit above the
-// spec's hard one (without CAP_SYS_RESOURCE, which raises them), an
-// oom_score_adj below the spec's (lowering it needs CAP_SYS_RESOURCE,
-// and CRIU sets it as root).
+// oom_score_adj p sets and [Images.Narrow] cannot bring within p: see
+// narrowTask.
 func judgeTask(pid uint32, name string, c *criucore.CoreEntry, p Policy) error {
-	rl := c.GetTc().GetRlimits().GetRlimits()
-	if len(rl) > 64 {
-		return refuse(pid, name, "tc.rlimits", "%d limits", len(rl))
-	}
-	if !p.has(capSysResource) {
-		for n, max := range p.Rlimits {
-			if n >= len(rl) {
-				// CRIU would leave it as its own process has it:
-				// the host's.
-				return refuse(pid, name, "tc.rlimits", "RLIMIT_%s missing, the spec sets it", strings.Fields(rlimitNames)[n])
-			}
-			if cur, hard := rl[n].GetCur(), rl[n].GetMax(); cur > max || hard > max {
-				return refuse(pid, name, "tc.rlimits", "RLIMIT_%s %d/%d, above the spec's %d", strings.Fields(rlimitNames)[n], cur, hard, max)
-			}
-		}
-	}
-	if p.OOMScoreAdj != nil && !p.has(capSysResource) {
-		tc := c.GetTc()
-		if tc == nil || tc.OomScoreAdj == nil {
-			return refuse(pid, name, "tc.oom_score_adj", "missing, the spec sets %d", *p.OOMScoreAdj)
-		}
-		if v := tc.GetOomScoreAdj(); int(v) < *p.OOMScoreAdj {
-			return refuse(pid, name, "tc.oom_score_adj", "%d, below the spec's %d", v, *p.OOMScoreAdj)
-		}
-	}
-	return nil
+	_, err := narrowTask(pid, name, proto.Clone(c).(*criucore.CoreEntry), p)
+	return err
 }
 
 // judgeFiles refuses open files of a kind no sandbox here grants, and

@@ -73,9 +73,10 @@ func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 // directory dir) that grant more than the sandbox they are restored into
 // (criu.PolicyOf its container's OCI spec, the one runc restores it
 // under): a refusal wraps criu.ErrRefused and names the task and field.
-// Images it passes, under a spec with a seccomp profile, it rewrites so
-// that every thread is restored with the profile's filter, as this
-// host's runc compiles it (specFilters), installed before its own
+// Images it passes it rewrites so that every task is restored within the
+// spec's limits and oom_score_adj (criu.Images.Narrow) and, under a spec
+// with a seccomp profile, every thread with the profile's filter, as
+// this host's runc compiles it (specFilters), installed before its own
 // (criu.Images.Stack).
 func (s *Sandbox) judgeImages(ctx context.Context, dir string) error {
 	spec, err := s.cont.Spec(ctx)
@@ -91,6 +92,9 @@ func (s *Sandbox) judgeImages(ctx context.Context, dir string) error {
 		return err
 	}
 	if err := im.Judge(p); err != nil {
+		return err
+	}
+	if err := im.Narrow(dir, p); err != nil {
 		return err
 	}
 	if !p.Seccomp {

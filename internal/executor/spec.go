@@ -245,7 +245,8 @@ func (c *Client) specOpts(img containerd.Image, id string, spec Spec) []oci.Spec
 // choice on the host, before the daemon, containerd and the shims, which
 // a unit would otherwise inherit (-998 under the shipped systemd unit's
 // OOMScoreAdjust=-999). A unit cannot lower it (that needs
-// CAP_SYS_RESOURCE), and a restore is refused one lower (internal/criu).
+// CAP_SYS_RESOURCE), and a restore raises one lower to it
+// (criu.Images.Narrow).
 const UnitOOMScoreAdj = 1000
 
 // unitRlimits are the resource limits every unit runs under, soft and

@@ -82,9 +82,6 @@ func TestAttackImages(t *testing.T) {
 		// namespace): ids that no task of its could hold.
 		{"Uid", "creds.uid", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Uid = proto.Uint32(65536) })},
 		{"Groups", "creds.groups", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Groups = []uint32{0, 65536} })},
-		{"Rlimit", "tc.rlimits", cores(func(c *criucore.CoreEntry) {
-			c.Tc.Rlimits.Rlimits[7].Cur, c.Tc.Rlimits.Rlimits[7].Max = proto.Uint64(1<<20), proto.Uint64(1<<20) // RLIMIT_NOFILE
-		})},
 		{"Seccomp", "thread_core.seccomp_mode", cores(func(c *criucore.CoreEntry) {
 			c.ThreadCore.SeccompMode, c.ThreadCore.SeccompFilter = criucore.SeccompMode_disabled.Enum(), nil
 		})},

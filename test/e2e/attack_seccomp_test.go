@@ -26,14 +26,15 @@ import (
 // TestAttackImagesSeccomp: the restored unit's authority (docs/trust.md,
 // "What a restore may grant"). The hostile unit ("authority") reports
 // each thread's seccomp mode, whether add_key (refused by the spec's
-// profile, allowed to the host's root) works, its oom_score_adj and
-// RLIMIT_CORE. Parked on A and exported, its images are rewritten by a
-// trusted signer (A's key) and imported by B: an allow-all seccomp.img
-// resumes, and the unit is still refused add_key on every thread (B
-// stacks the spec's filter); threads with no filter of their own (TSYNC
-// taken off their leader's), a lower oom_score_adj or a core limit are
-// refused before anything runs. The true park resumes on B under the
-// same authority as on A.
+// profile, allowed to the host's root) works, its oom_score_adj,
+// RLIMIT_CORE and every limit of /proc/self/limits. Parked on A and
+// exported, its images are rewritten by a trusted signer (A's key) and
+// imported by B: an allow-all seccomp.img resumes, and the unit is still
+// refused add_key on every thread (B stacks the spec's filter); a lower
+// oom_score_adj, higher or missing limits resume with the spec's (B
+// narrows them); threads with no filter of their own (TSYNC taken off
+// their leader's) are refused before anything runs. The true park
+// resumes on B under the same authority as on A.
 func TestAttackImagesSeccomp(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
@@ -47,7 +48,11 @@ func TestAttackImagesSeccomp(t *testing.T) {
 	startHostile(t, a, id, "authority", nil, unit.Grants{})
 	onA := authorityReport(t, a, id, 0)
 	t.Logf("on A: %+v", onA)
-	onA.confined(t, "on A")
+	onA.confined(t, "on A", onA.limits)
+	// The spec's limits, as runc set them: a few of them known.
+	if l := strings.Split(onA.limits, ","); len(l) != 16 || l[4] != "0/0" || l[7] != "1024/1024" || l[11] != "65536/65536" || l[13] != "0/0" {
+		t.Fatalf("on A: limits %s, not the spec's", onA.limits)
+	}
 	if _, err := a.c.Park(ctx, id); err != nil {
 		t.Fatalf("park: %v", err)
 	}
@@ -95,15 +100,43 @@ func TestAttackImagesSeccomp(t *testing.T) {
 	closeAtEnd(t, b, open)
 	got := authorityReport(t, b, open, onA.n)
 	t.Logf("allow-all images resumed on B: %+v", got)
-	got.confined(t, "allow-all images resumed")
+	got.confined(t, "allow-all images resumed", onA.limits)
+
+	// A lower oom_score_adj, higher limits (the host's, as an earlier
+	// runrecordd's park has them), none: resumed with the spec's.
+	for _, c := range []struct {
+		name   string
+		change func(t *testing.T, name string, img []byte) []byte
+	}{
+		{"OOMScoreAdj", leader(func(c *criucore.CoreEntry) { c.Tc.OomScoreAdj = proto.Int32(-1000) })},
+		{"Limits", leader(func(c *criucore.CoreEntry) {
+			rl := c.Tc.Rlimits.Rlimits
+			rl[4].Max = proto.Uint64(^uint64(0))                            // RLIMIT_CORE
+			rl[6].Cur, rl[6].Max = proto.Uint64(96367), proto.Uint64(96367) // RLIMIT_NPROC
+			rl[7].Cur, rl[7].Max = proto.Uint64(1<<20), proto.Uint64(1<<20) // RLIMIT_NOFILE
+		})},
+		{"NoLimits", leader(func(c *criucore.CoreEntry) { c.Tc.Rlimits, c.Tc.OomScoreAdj = nil, nil })},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fid := "authority-" + strings.ToLower(c.name)
+			if _, err := importRaw(b, forgeImages(t, truth, key, fid, c.change), fid); err != nil {
+				t.Fatalf("import: %v", err)
+			}
+			if _, err := b.c.Resume(ctx, fid); err != nil {
+				t.Fatalf("resume: %v", err)
+			}
+			closeAtEnd(t, b, fid)
+			got := authorityReport(t, b, fid, onA.n)
+			t.Logf("resumed on B: %+v", got)
+			got.confined(t, "resumed", onA.limits)
+		})
+	}
 
 	for _, c := range []struct {
 		name, field string
 		change      func(t *testing.T, name string, img []byte) []byte
 	}{
 		{"ThreadsWithoutFilter", "thread_core.seccomp_mode", filters(func(f *seccomp.SeccompFilter) { f.Flags = proto.Uint32(f.GetFlags() &^ 1) })},
-		{"OOMScoreAdj", "tc.oom_score_adj", leader(func(c *criucore.CoreEntry) { c.Tc.OomScoreAdj = proto.Int32(-1000) })},
-		{"CoreLimit", "tc.rlimits", leader(func(c *criucore.CoreEntry) { c.Tc.Rlimits.Rlimits[4].Max = proto.Uint64(^uint64(0)) })},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			fid := "authority-" + strings.ToLower(c.name)
@@ -137,16 +170,16 @@ func TestAttackImagesSeccomp(t *testing.T) {
 	closeAtEnd(t, b, id)
 	got = authorityReport(t, b, id, onA.n)
 	t.Logf("true park resumed on B: %+v", got)
-	got.confined(t, "true park resumed")
+	got.confined(t, "true park resumed", onA.limits)
 }
 
 // report is one report of the "authority" attack.
 type report struct {
-	n                          int
-	seccomp, addKey, oom, core string
+	n                                  int
+	seccomp, addKey, oom, core, limits string
 }
 
-var reportRE = regexp.MustCompile(`^hostile: authority: report (\d+) seccomp=(\S*) add_key=(\S+) oom_score_adj=(\S+) core=(\S+)$`)
+var reportRE = regexp.MustCompile(`^hostile: authority: report (\d+) seccomp=(\S*) add_key=(\S+) oom_score_adj=(\S+) core=(\S+) limits=(\S+)$`)
 
 // authorityReport waits for a report of run id on d numbered past after
 // (a restored unit goes on counting) and returns the last one.
@@ -163,7 +196,7 @@ func authorityReport(t *testing.T, d *daemon, id string, after int) report {
 			}
 			n, _ := strconv.Atoi(m[1])
 			if n > after {
-				last = &report{n: n, seccomp: m[2], addKey: m[3], oom: m[4], core: m[5]}
+				last = &report{n: n, seccomp: m[2], addKey: m[3], oom: m[4], core: m[5], limits: m[6]}
 			}
 		}
 		if last != nil {
@@ -177,9 +210,9 @@ func authorityReport(t *testing.T, d *daemon, id string, after int) report {
 }
 
 // confined checks that every thread is in seccomp filter mode, add_key
-// is refused (EPERM, the profile's answer), oom_score_adj is the units'
-// and core dumps are off.
-func (r report) confined(t *testing.T, when string) {
+// is refused (EPERM, the profile's answer), oom_score_adj is the units',
+// core dumps are off and every limit (/proc/self/limits) is limits.
+func (r report) confined(t *testing.T, when, limits string) {
 	t.Helper()
 	if r.seccomp == "" {
 		t.Fatalf("%s: no thread's seccomp mode read", when)
@@ -197,5 +230,8 @@ func (r report) confined(t *testing.T, when string) {
 	}
 	if r.core != "0/0" {
 		t.Errorf("%s: RLIMIT_CORE %s, want 0/0", when, r.core)
+	}
+	if r.limits != limits {
+		t.Errorf("%s: limits %s, want %s", when, r.limits, limits)
 	}
 }

@@ -20,10 +20,11 @@ func init() {
 // authority is attack "authority": every 200 ms it reports, numbered,
 // the seccomp mode of each of its threads (/proc/self/task/*/status),
 // what add_key answers (a call the default seccomp profile refuses and
-// the host's root may make), its oom_score_adj and its RLIMIT_CORE.
+// the host's root may make), its oom_score_adj, its RLIMIT_CORE and
+// every limit /proc/self/limits shows.
 func authority() {
 	for n := 1; ; n++ {
-		say("report %d seccomp=%s add_key=%s oom_score_adj=%s core=%s", n, threadModes(), addKey(), oomScoreAdj(), coreLimit())
+		say("report %d seccomp=%s add_key=%s oom_score_adj=%s core=%s limits=%s", n, threadModes(), addKey(), oomScoreAdj(), coreLimit(), limits())
 		time.Sleep(200 * time.Millisecond)
 	}
 }
@@ -73,4 +74,24 @@ func coreLimit() string {
 		return "?"
 	}
 	return fmt.Sprintf("%d/%d", r.Cur, r.Max)
+}
+
+// limits is each row of /proc/self/limits, soft/hard ("unlimited" as
+// inf), comma-separated in the kernel's order (the resources' numbers).
+func limits() string {
+	b, err := os.ReadFile("/proc/self/limits")
+	if err != nil {
+		return "?"
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n")[1:] {
+		if len(l) < 68 {
+			continue // the last, empty
+		}
+		// Columns: the name (25 and a space), soft and hard (20 and a
+		// space each), units.
+		v := func(f string) string { return strings.Replace(strings.TrimSpace(f), "unlimited", "inf", 1) }
+		out = append(out, v(l[26:47])+"/"+v(l[47:68]))
+	}
+	return strings.Join(out, ",")
 }
