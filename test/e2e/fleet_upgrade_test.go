@@ -28,7 +28,8 @@ const previousVersion = "44ddfb20409931c5ea55ec5e726067d354383dae"
 //
 //   - An image run migrates from the old host to the new one, with the
 //     old host's CLI, and resumes there as the same process: the new host
-//     judges the format-1 manifest the old one recorded.
+//     judges the format-1 manifest the old one recorded, and takes the
+//     park made without a user namespace under --allow-host-root-images.
 //   - Migrated back, it is refused before anything moves, the unit still
 //     running: its park here would record format 2, which the old host
 //     does not read (manifest_mismatch, drain.ErrFormat, the formats
@@ -44,7 +45,11 @@ func TestFleetRollingUpgrade(t *testing.T) {
 	f := fleetCluster(t)
 	prev := buildPrevious(t)
 	old, keyOld := f.start(t, "roll-old", append(f.flags(), "--lease-ttl", "10s"), func(d *daemon) { d.bin = prev })
-	cur, keyCur := f.host(t, "roll-new")
+	// The old host runs units as the host's root: the new one resumes its
+	// parks only under --allow-host-root-images (docs/operations.md,
+	// "Upgrading a fleet").
+	cur, keyCur := f.start(t, "roll-new", append(f.flags(), "--lease-ttl", "10s", "--allow-host-root-images"))
+	mustImportImage(t, cur, oracleArchive, oracleImage, oracleDigest)
 	mustImportImage(t, old, oracleArchive, oracleImage, oracleDigest)
 	for _, d := range []*daemon{old, cur} {
 		mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)

@@ -259,7 +259,14 @@ func otherHost(t *testing.T, cpuinfo string, uname26 bool) string {
 	if uname26 {
 		run = tools[1] + " --uname-2.6 " + daemonBinary
 	}
-	script := fmt.Sprintf("#!/bin/sh\nexec %s -m --propagation slave /bin/sh -c 'mount --bind %s /proc/cpuinfo && exec %s \"$@\"' sh \"$@\"\n", tools[0], cpuinfo, run)
+	// A user namespace's runc may mount proc only where a proc mount is
+	// fully visible (the kernel's mount_too_revealing): the one bound
+	// over is not, so a whole one is mounted beside it first.
+	whole := filepath.Join(t.TempDir(), "proc")
+	if err := os.Mkdir(whole, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := fmt.Sprintf("#!/bin/sh\nexec %s -m --propagation slave /bin/sh -c 'mount -t proc proc %s && mount --bind %s /proc/cpuinfo && exec %s \"$@\"' sh \"$@\"\n", tools[0], whole, cpuinfo, run)
 	w := filepath.Join(t.TempDir(), "runrecordd")
 	if err := os.WriteFile(w, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
