@@ -141,11 +141,17 @@ func (s *Sandbox) userBase(ctx context.Context) (uint32, bool, error) {
 // The directory is searchable by all (an absent image's open must fail
 // with ENOENT, not EACCES); the directories above it stay closed: CRIU
 // holds it open.
-func stageImages(images, work string, r idmap.Range) (string, error) {
+func stageImages(images, work string, r idmap.Range) (_ string, err error) {
 	dst := filepath.Join(work, "images")
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return "", err
 	}
+	// A staging refused after pages were bound leaves no mount behind.
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, unmountUnder(dst))
+		}
+	}()
 	if err := os.Chmod(dst, 0o711); err != nil {
 		return "", err
 	}
@@ -194,7 +200,10 @@ func stageImages(images, work string, r idmap.Range) (string, error) {
 			return "", err
 		}
 	}
-	return dst, criu.Remap(dst, r.Base, idmap.Size)
+	if err := criu.Remap(dst, r.Base, idmap.Size); err != nil {
+		return "", err
+	}
+	return dst, nil
 }
 
 // copyFile copies the file from to the new file to, owned by uid and gid
