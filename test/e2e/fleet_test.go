@@ -649,3 +649,66 @@ func TestFleetEtcdUnreachable(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetComeBackOnlyOwned: a host resumes at its start only the runs
+// its last `park --all` (or stop) parked that the directory still says
+// it owns. Host A parks its run with park --all and is killed; while it
+// is down, B adopts the run from a copy; A, started again, leaves the run
+// to B (handed off here, not resumed), and B resumes it from that park.
+func TestFleetComeBackOnlyOwned(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, _ := f.hostAt(t, "back-a", "5s")
+	b, _ := f.host(t, "back-b")
+	const id = "back-owned"
+	startOracle(t, a, id, oracleImage)
+	p, err := a.c.ParkAll(ctx, api.ParkAllRequest{Parallel: 1})
+	if err != nil || p.Parked != 1 {
+		t.Fatalf("park --all: %+v, %v", p, err)
+	}
+	onA := output(t, a.stdout(id))
+	atPark := last(onA)
+	var bundle bytes.Buffer
+	if err := a.c.ExportCopy(ctx, id, &bundle); err != nil {
+		t.Fatal(err)
+	}
+	trustHost(t, a, b)
+	if _, err := b.c.Import(ctx, bytes.NewReader(bundle.Bytes()), ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-a.done
+	a.cmd = nil
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(f.cli(t, "fleet", "status"), "orphaned runs: 1") {
+		if time.Now().After(deadline) {
+			t.Fatal("the killed host's run was never listed orphaned")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if r, err := b.c.Adopt(ctx, id); err != nil || r.Phase != "parked" {
+		t.Fatalf("adopt: %+v, %v", r, err)
+	}
+	bHead, err := b.run(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	mustStart(t, a)
+	// The start's resumes are done once the probe is; give them the time
+	// a resume of this oracle takes, then look.
+	time.Sleep(3 * time.Second)
+	if r, err := a.run(ctx, id); err != nil || r.Phase == "executing" {
+		t.Fatalf("on the restarted host: %+v, %v; want the run left to its owner", r, err)
+	}
+	if _, err := a.c.Resume(ctx, id); err == nil {
+		t.Fatal("the restarted host resumed a run another host owns")
+	}
+	if r, err := b.run(ctx, id); err != nil || r.Head != bHead.Head || r.Phase != "parked" {
+		t.Fatalf("the owner's run after the other's start: %+v, %v; want it as adopted", r, err)
+	}
+	resume(t, b, id, onA, atPark)
+}
