@@ -70,10 +70,11 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	if err != nil {
 		return err
 	}
-	run, err := forms.ReadRun(d.st, st)
+	spec, grants, err := d.st.ReadRun(st)
 	if err != nil {
 		return err
 	}
+	run := forms.Run{ID: id, Spec: spec, Grants: grants}
 	sb, err := d.ex.Load(ctx, sid)
 	if err != nil {
 		return err

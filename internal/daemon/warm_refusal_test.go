@@ -59,10 +59,11 @@ func TestResumeReservationRefusedDiscardsWarm(t *testing.T) {
 	// pending has it do (forms.Host.WarmUp).
 	var warmID string
 	made := pool.Prepare("r", func(ctx context.Context) (warmpool.Entry, error) {
-		run, err := forms.ReadRun(h.d.st, st)
+		spec, grants, err := h.d.st.ReadRun(st)
 		if err != nil {
 			return nil, err
 		}
+		run := forms.Run{ID: st.ID, Spec: spec, Grants: grants}
 		w, err := h.d.forms().Transcript().Prepare(ctx, run, st.Parked, fakeCreator{h.ex})
 		if err == nil {
 			warmID = w.Sandbox()

@@ -13,7 +13,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
-	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/transfer"
 	"github.com/runrecordd/runrecordd/internal/trust"
@@ -48,8 +47,7 @@ func (e Reader) Unit(id string) (unit.Spec, unit.Grants, error) {
 	if err != nil {
 		return unit.Spec{}, unit.Grants{}, err
 	}
-	r, err := forms.ReadRun(e.st, st)
-	return r.Spec, r.Grants, err
+	return e.st.ReadRun(st)
 }
 
 // Object is the bytes of an object a record reaches (an attestation, a

@@ -22,27 +22,6 @@ import (
 // resume is refused (record_invalid), nothing changed.
 var ErrFormMismatch = errors.New("the park's form is not the unit's")
 
-// ReadRun reads a stored run's unit spec and grant set from their objects.
-func ReadRun(st *store.Store, r store.Run) (Run, error) {
-	sb, err := st.ReadAll(r.Unit)
-	if err != nil {
-		return Run{}, fmt.Errorf("run %s: unit spec: %w", r.ID, err)
-	}
-	spec, err := unit.DecodeSpec(sb)
-	if err != nil {
-		return Run{}, fmt.Errorf("run %s: unit spec: %w", r.ID, err)
-	}
-	gb, err := st.ReadAll(r.Grants)
-	if err != nil {
-		return Run{}, fmt.Errorf("run %s: grant set: %w", r.ID, err)
-	}
-	grants, err := unit.DecodeGrants(gb)
-	if err != nil {
-		return Run{}, fmt.Errorf("run %s: grant set: %w", r.ID, err)
-	}
-	return Run{ID: r.ID, Spec: *spec, Grants: *grants}, nil
-}
-
 // Admitted is a parked run that passed the resume preconditions: what
 // its form wakes it from, and what its park owes.
 type Admitted struct {
@@ -81,7 +60,8 @@ func (h Host) Admit(ctx context.Context, r store.Run, mark func(step string)) (A
 	if ok.Suspended, err = resume.Suspension(raw.Segments); err != nil {
 		return Admitted{}, err
 	}
-	if ok.Run, err = ReadRun(h.Store, r); err != nil {
+	ok.Run.ID = r.ID
+	if ok.Run.Spec, ok.Run.Grants, err = h.Store.ReadRun(r); err != nil {
 		return Admitted{}, err
 	}
 	if ok.Suspended.Snapshot.IsTranscript() != (ok.Run.Spec.Mode == unit.TranscriptMode) {

@@ -90,11 +90,11 @@ func (h Host) WarmUp(id string, snap record.Snapshot, keep func() bool) {
 		if err != nil {
 			return nil, err
 		}
-		run, err := ReadRun(h.Store, st) // as the resume's admission reads it
+		spec, grants, err := h.Store.ReadRun(st) // as the resume's admission reads it
 		if err != nil {
 			return nil, err
 		}
-		return h.Transcript().Prepare(ctx, run, snap, h.Creates)
+		return h.Transcript().Prepare(ctx, Run{ID: id, Spec: spec, Grants: grants}, snap, h.Creates)
 	}
 	h.Warm.Prepare(id, build, keep)
 }

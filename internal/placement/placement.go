@@ -49,11 +49,10 @@ func (h Host) Need(ctx context.Context, id string, sb forms.Sandbox) (drain.Need
 	if err != nil {
 		return drain.Need{}, err
 	}
-	run, err := forms.ReadRun(h.Store, st)
+	spec, _, err := h.Store.ReadRun(st)
 	if err != nil {
 		return drain.Need{}, err
 	}
-	spec := run.Spec
 	transcript := spec.Mode == unit.TranscriptMode
 	n := drain.Need{Run: id, Image: spec.Image, ImagePark: !transcript}
 	switch {
@@ -99,7 +98,7 @@ func (h Host) Fits(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	run, err := forms.ReadRun(h.Store, st)
+	spec, _, err := h.Store.ReadRun(st)
 	if err != nil {
 		return err
 	}
@@ -107,12 +106,12 @@ func (h Host) Fits(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	o, err := h.Offer(ctx, []string{run.Spec.Image})
+	o, err := h.Offer(ctx, []string{spec.Image})
 	if err != nil {
 		return err
 	}
 	o.Draining = false
-	return drain.Fit(drain.Need{Run: id, Image: run.Spec.Image, Manifest: m, ImagePark: run.Spec.Mode != unit.TranscriptMode}, o)
+	return drain.Fit(drain.Need{Run: id, Image: spec.Image, Manifest: m, ImagePark: spec.Mode != unit.TranscriptMode}, o)
 }
 
 // MaxManifest is the largest recorded manifest placement reads to judge a
