@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
@@ -138,7 +139,7 @@ func testHost(t *testing.T, criuErr error) (Host, *fakeBox) {
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	log := slog.New(slog.DiscardHandler)
-	gate := imageparks.Start(ctx, &wg, func(context.Context) executor.Probe { return executor.Probe{OK: true} }, criuErr, log)
+	gate := imageparks.Start(ctx, &wg, func(context.Context) criu.Probe { return criu.Probe{OK: true} }, criuErr, log)
 	box := &fakeBox{started: map[string]executor.Spec{}}
 	dir := t.TempDir()
 	ih := interval.Host{StateDir: dir}

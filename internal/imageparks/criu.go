@@ -4,7 +4,6 @@ import (
 	"slices"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
-	"github.com/runrecordd/runrecordd/internal/executor"
 )
 
 // Build is what the gate asks of the CRIU build the daemon runs
@@ -23,7 +22,7 @@ var seeable = []criu.Capability{criu.TmpfsDump, criu.TmpfsRestore}
 // where the build's record and the probe disagree, that the probe is
 // believed (a note; these capabilities gate no fast path, only how long
 // a park and a resume take).
-func CheckBuild(p executor.Probe, b Build) executor.Probe {
+func CheckBuild(p criu.Probe, b Build) criu.Probe {
 	if !p.OK {
 		return p
 	}

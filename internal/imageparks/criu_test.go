@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
-	"github.com/runrecordd/runrecordd/internal/executor"
 )
 
 // fakeBuild is a CRIU build that can do what it lists.
@@ -34,7 +33,7 @@ func TestCheckBuild(t *testing.T) {
 		{"seen, not recorded", both[:1], nil, []string{"tmpfs-dump: seen at work, though", "tmpfs-restore: off"}},
 	}
 	for _, tc := range cases {
-		p := CheckBuild(executor.Probe{OK: true, Notes: []string{"first"}, Seen: tc.seen}, tc.build)
+		p := CheckBuild(criu.Probe{OK: true, Notes: []string{"first"}, Seen: tc.seen}, tc.build)
 		if len(p.Notes) != 1+len(tc.want) || p.Notes[0] != "first" {
 			t.Errorf("%s: notes %q", tc.name, p.Notes)
 			continue
@@ -45,7 +44,7 @@ func TestCheckBuild(t *testing.T) {
 			}
 		}
 	}
-	if p := CheckBuild(executor.Probe{Reason: "no"}, fakeBuild(nil)); len(p.Notes) != 0 {
+	if p := CheckBuild(criu.Probe{Reason: "no"}, fakeBuild(nil)); len(p.Notes) != 0 {
 		t.Errorf("a failed probe got notes %q", p.Notes)
 	}
 }
