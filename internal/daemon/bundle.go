@@ -22,7 +22,7 @@ func (d *Daemon) exporter() bundle.Exporter {
 		return r.mu.Unlock, nil
 	}
 	return bundle.Exporter{Store: d.st, Books: &d.exports, Lock: lock, Held: func(id string) ([]string, error) { return calls.Held(d.st, id) },
-		Log: d.log, HandedOff: func(id string) { d.publish(events.Event{Kind: "run.handed_off", Run: id}) }}
+		Log: d.log, HandedOff: func(id string) { d.events.Publish(events.Event{Kind: "run.handed_off", Run: id}) }}
 }
 
 // Exportable says whether run id can be exported now
@@ -67,7 +67,7 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 		return answers.Imported{}, err
 	}
 	d.log.Info("run imported", "run", im.Run, "from", im.Header.Run, "objects", im.Objects, "bytes", im.Bytes, "copy", im.Header.Copy)
-	return answers.Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: im.Grants, Signers: d.Signers(im.Signers), Unclaimed: unclaimed}, nil
+	return answers.Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: im.Grants, Signers: d.keys.Names(im.Signers), Unclaimed: unclaimed}, nil
 }
 
 // notHandedOff refuses an operation on a run an export handed to another

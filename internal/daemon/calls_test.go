@@ -41,7 +41,7 @@ func TestLegacyResultsBroughtIn(t *testing.T) {
 	if _, err := os.Stat(filepath.Dir(dir)); !os.IsNotExist(err) {
 		t.Fatalf("results/ after the start: %v", err)
 	}
-	cs, err := h.d.Calls(t.Context())
+	cs, err := calls.List(h.d.st)
 	if err != nil || len(cs) != 2 || cs[0].ID != "c1" || !cs[0].ResultPosted || cs[1].ResultPosted || cs[0].Phase != record.Parked {
 		t.Fatalf("calls %+v %v", cs, err)
 	}

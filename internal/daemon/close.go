@@ -66,7 +66,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	d.releaseRange(id)
 	r.live, r.park = nil, nil
 	d.log.Info("run closed", "run", id, "reason", reason)
-	d.publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
+	d.events.Publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
 	return d.summary(id, r)
 }
 

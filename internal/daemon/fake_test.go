@@ -313,6 +313,7 @@ func newFakeHost(t *testing.T, set ...func(*Daemon)) *fakeHost {
 	}
 	d.bgCtx, d.stop = context.WithCancel(context.Background())
 	d.startProbe(nil) // the fake's probe passes
+	d.wire()
 	t.Cleanup(func() {
 		d.stop()
 		d.bg.Wait()

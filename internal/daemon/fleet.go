@@ -19,7 +19,7 @@ import (
 func (d *Daemon) joinFleet() {
 	d.fleet = member.New(member.Config{
 		Join:  d.cfg.Join,
-		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.publish, Reach: d.reach,
+		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.events.Publish, Reach: d.reach,
 		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: forms.CheckID},
 		Exportable: d.Exportable, Runs: runTable{d},
 		Fits:    func(ctx context.Context, id string) error { return d.placement().Fits(ctx, id) },
@@ -30,7 +30,7 @@ func (d *Daemon) joinFleet() {
 // bundleOptions are how this host judges a bundle, or a run received
 // from a peer: its limits, its trusted signers, its mount policy.
 func (d *Daemon) bundleOptions() bundle.Options {
-	return bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.Trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
+	return bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.keys.Trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
 }
 
 // Fleet is the daemon's part in a fleet: its migrations, adoptions and

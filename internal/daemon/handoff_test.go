@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -75,16 +76,16 @@ func TestCallsOfHandedOffRunNotListed(t *testing.T) {
 	att := h.Put(t, []byte("attestation"))
 	h.Append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"pay-1"}}),
 		record.Suspension(h.TranscriptPark(t, 16), h.Put(t, []byte("manifest"))))
-	calls, err := h.d.Calls(t.Context())
-	if err != nil || len(calls) != 1 || calls[0].ID != "pay-1" {
-		t.Fatalf("calls before the handoff: %+v, %v", calls, err)
+	listed, err := calls.List(h.d.st)
+	if err != nil || len(listed) != 1 || listed[0].ID != "pay-1" {
+		t.Fatalf("calls before the handoff: %+v, %v", listed, err)
 	}
 	head, _ := h.d.st.Head("r")
 	if err := h.d.st.HandOff("r", head); err != nil {
 		t.Fatal(err)
 	}
-	if calls, err = h.d.Calls(t.Context()); err != nil || len(calls) != 0 {
-		t.Fatalf("calls of a handed-off run listed: %+v, %v", calls, err)
+	if listed, err = calls.List(h.d.st); err != nil || len(listed) != 0 {
+		t.Fatalf("calls of a handed-off run listed: %+v, %v", listed, err)
 	}
 }
 

@@ -20,6 +20,6 @@ func mustMetricsHost(t *testing.T, raplCase string, c ...idle.Coefficients) metr
 	h := testhost.New(t, raplCase, c...)
 	d := &Daemon{log: testhost.Log(t), st: h.Store, meter: h.Meter}
 	d.joinFleet() // alone, until a test puts it in a fleet (inFleet)
-	d.openEvidence()
+	d.wire()
 	return metricsHost{d: d, Host: h}
 }

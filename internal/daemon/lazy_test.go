@@ -119,7 +119,7 @@ func lazyHost(t *testing.T) (*fakeHost, *fakePages, string, chan error) {
 // resumes again.
 func TestLazyPagesLostParksBack(t *testing.T) {
 	h, p, snap, errs := lazyHost(t)
-	events, cancel := h.d.Subscribe()
+	events, cancel := h.d.events.Subscribe()
 	defer cancel()
 	p.end(fmt.Errorf("%w: lazy-pages killed", executor.ErrPagesLost))
 	for e := range events {

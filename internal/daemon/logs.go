@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/runlog"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -16,23 +17,23 @@ import (
 // (internal/runlog): its sealed intervals' from their journals, its open
 // interval's from its files here. A follow ends when the run is closed or
 // handed off, when ctx ends, or when the daemon stops its streams
-// (StopEvents: ErrStopping). emit must not keep a chunk's data.
+// (the events hub stopped: answers.ErrStopping). emit must not keep a chunk's data.
 func (d *Daemon) Logs(ctx context.Context, id string, opt runlog.Options, emit func(runlog.Chunk) error) error {
 	if _, err := d.st.Run(id); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	ch, done := d.Subscribe()
+	ch, done := d.events.Subscribe()
 	defer done()
 	go func() {
 		for range ch { // closed when the daemon stops its streams
 		}
-		cancel(ErrStopping)
+		cancel(answers.ErrStopping)
 	}()
 	err := runlog.Read(ctx, logSource{d: d, id: id}, opt, emit)
-	if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrStopping) {
-		return fmt.Errorf("run %s: %w", id, ErrStopping)
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, answers.ErrStopping) {
+		return fmt.Errorf("run %s: %w", id, answers.ErrStopping)
 	}
 	return err
 }
@@ -90,7 +91,7 @@ func (s logSource) Journal(k int) (io.ReadCloser, error) {
 	if k < 1 || k > len(ex) {
 		return nil, fmt.Errorf("run %s: no interval %d", s.id, k)
 	}
-	b, err := s.d.Object(ex[k-1].Attestation)
+	b, err := s.d.st.ReadAll(ex[k-1].Attestation)
 	if err != nil {
 		return nil, err
 	}

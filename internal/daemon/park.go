@@ -37,7 +37,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 	}
 	lv := r.live
 	if lv == nil {
-		return answers.Parked{}, fmt.Errorf("run %s: %w", id, ErrNoSandbox)
+		return answers.Parked{}, fmt.Errorf("run %s: %w", id, answers.ErrNoSandbox)
 	}
 	// Hold the channel: nothing reaches the transcript or the account
 	// until the park is recorded (or refused, and the unit goes on).
@@ -65,7 +65,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 	if err != nil {
 		return answers.Parked{}, err
 	}
-	d.publish(events.Event{Kind: "run.parked", Run: id, Detail: taken.Snapshot.String()})
+	d.events.Publish(events.Event{Kind: "run.parked", Run: id, Detail: taken.Snapshot.String()})
 	d.log.Info("run parked", "run", id, "snapshot", taken.Snapshot.String(), "retained", taken.Retained, "took", clock.Total())
 	return answers.Parked{Run: sum, Snapshot: taken.Snapshot, Manifest: manAddr, Retained: taken.Retained, Receipt: ev.Receipt,
 		Checkpoint: taken.Checkpoint, Took: clock.Total(), Steps: clock.Steps}, nil

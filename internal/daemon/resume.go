@@ -30,7 +30,7 @@ func (d *Daemon) Resume(ctx context.Context, id string) (answers.Resumed, error)
 
 func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed, error) {
 	if d.stopping.Load() {
-		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, ErrStopping)
+		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, answers.ErrStopping)
 	}
 	clock := answers.NewClock()
 	ok, err := d.judgeResume(ctx, id, clock)
@@ -91,7 +91,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 	if w.Warm {
 		detail += " warm"
 	}
-	d.publish(events.Event{Kind: "run.resumed", Run: id, Detail: detail})
+	d.events.Publish(events.Event{Kind: "run.resumed", Run: id, Detail: detail})
 	lv.unit.Serve(d.background)
 	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "warm", w.Warm, "took", clock.Total())
 	return answers.Resumed{Run: sum, Idle: owed, Restore: w.Restored, Took: clock.Total(), Steps: clock.Steps}, nil
@@ -139,7 +139,7 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 		lost := lv.unit.JournalPages(lv.iv)
 		if lost == nil {
 			d.saveMark(id, lv)
-			d.publish(events.Event{Kind: "run.resident", Run: id})
+			d.events.Publish(events.Event{Kind: "run.resident", Run: id})
 			return
 		}
 		st, err := d.st.Run(id)
@@ -155,7 +155,7 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 		}
 		d.tearDownParked(r, lv)
 		d.log.Warn("run parked back at the snapshot it resumed from: its lazy pages were lost", "run", id, "err", lost)
-		d.publish(events.Event{Kind: "run.pages-lost", Run: id, Detail: snap.String()})
+		d.events.Publish(events.Event{Kind: "run.pages-lost", Run: id, Detail: snap.String()})
 	})
 }
 

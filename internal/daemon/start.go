@@ -26,7 +26,7 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 		return answers.Summary{}, fmt.Errorf("run: %w: it takes no new runs until it restarts", member.ErrDraining)
 	}
 	if d.stopping.Load() {
-		return answers.Summary{}, fmt.Errorf("run: %w", ErrStopping)
+		return answers.Summary{}, fmt.Errorf("run: %w", answers.ErrStopping)
 	}
 	if id == "" {
 		var b [6]byte
@@ -76,7 +76,7 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	r.live = lv
 	d.watch(id, r, lv)
 	d.log.Info("run started", "run", id, "image", p.Spec.Image, "mode", p.Spec.Mode)
-	d.publish(events.Event{Kind: "run.started", Run: id, Detail: p.Spec.Mode.String()})
+	d.events.Publish(events.Event{Kind: "run.started", Run: id, Detail: p.Spec.Mode.String()})
 	lv.unit.Serve(d.background)
 	return d.summary(id, r)
 }
@@ -131,6 +131,6 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 		d.destroy(lv)
 		r.live = nil
 		d.log.Info("run closed", "run", id, "reason", reason)
-		d.publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
+		d.events.Publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
 	})
 }

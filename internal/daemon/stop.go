@@ -26,10 +26,6 @@ import (
 // at once, and the start resumes at once.
 const DefaultParkAllParallel = 4
 
-// ErrStopping is a run started or resumed while the daemon parks its
-// runs to stop, or a follow of a run's output ended by the stop.
-var ErrStopping = errors.New("the daemon is stopping")
-
 // ParkAll parks every run executing on this host, parallel at a time, and
 // lists each for the next start to resume; the outcome is in run id order. A run it cannot park goes on
 // executing, and its outcome says why. Runs another host of the fleet
@@ -70,7 +66,7 @@ func (d *Daemon) ParkAll(ctx context.Context, parallel int) ([]answers.Each[answ
 }
 
 // ParkForStop is ParkAll for the daemon's stop: from now on no run starts
-// or resumes here (ErrStopping), and a transcript run's park makes it no
+// or resumes here (answers.ErrStopping), and a transcript run's park makes it no
 // warm sandbox.
 func (d *Daemon) ParkForStop(ctx context.Context, parallel int) ([]answers.Each[answers.Parked], error) {
 	d.stopping.Store(true)

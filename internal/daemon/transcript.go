@@ -20,7 +20,7 @@ import (
 type callHost struct{ d *Daemon }
 
 func (h callHost) Dispatched(run string, c protocol.Call) {
-	h.d.publish(events.Event{Kind: "call.dispatched", Run: run, Call: c.ID, CallKind: c.Kind})
+	h.d.events.Publish(events.Event{Kind: "call.dispatched", Run: run, Call: c.ID, CallKind: c.Kind})
 }
 
 func (h callHost) Awaiting(run string, ch *calls.Channel) {
@@ -32,7 +32,7 @@ func (h callHost) Awaiting(run string, ch *calls.Channel) {
 			// The unit waits on; the platform sees why, and parks or
 			// closes it by hand.
 			d.log.Error("park on await", "run", run, "err", err)
-			d.publish(events.Event{Kind: "run.park_failed", Run: run, Detail: err.Error()})
+			d.events.Publish(events.Event{Kind: "run.park_failed", Run: run, Detail: err.Error()})
 		}
 	})
 }
@@ -58,7 +58,7 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 		return true, err
 	}
 	if _, err := d.resume(ctx, id, r); err != nil {
-		if errors.Is(err, ErrStopping) {
+		if errors.Is(err, answers.ErrStopping) {
 			// Its results are all here: the next start resumes it.
 			d.listForStart(id)
 			return true, nil
@@ -97,7 +97,7 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	if err := calls.Post(d.st, run, call, payload); err != nil {
 		return answers.Posted{}, err
 	}
-	d.publish(events.Event{Kind: "call.result", Run: run, Call: call})
+	d.events.Publish(events.Event{Kind: "call.result", Run: run, Call: call})
 	out := answers.Posted{Run: run, Call: call}
 	var wake bool
 	if out.Awaiting, wake, err = d.forms().Awaited(st); err != nil || !wake {

@@ -193,7 +193,7 @@ func TestParkOnAwaitRefused(t *testing.T) {
 	h := newFakeHost(t)
 	errs := loggedErrors(h.d)
 	h.startTranscript(t, "r")
-	es, cancel := h.d.Subscribe()
+	es, cancel := h.d.events.Subscribe()
 	defer cancel()
 	h.d.seam = func(step string) {
 		if step == "park.attested" {
@@ -257,7 +257,7 @@ func TestResumeAfterAwaitParkRefused(t *testing.T) {
 	if st, _ := h.d.st.Run("r"); st.Phase != record.Parked {
 		t.Fatalf("phase %s", st.Phase)
 	}
-	if cs, err := h.d.Calls(t.Context()); err != nil || len(cs) != 1 || !cs[0].ResultPosted {
+	if cs, err := calls.List(h.d.st); err != nil || len(cs) != 1 || !cs[0].ResultPosted {
 		t.Fatalf("calls %+v %v, want the result kept", cs, err)
 	}
 	h.teardown(t, "r")
@@ -278,7 +278,7 @@ func TestResumeAfterAwaitParkRefused(t *testing.T) {
 func TestPostResultResumeRefused(t *testing.T) {
 	h := newFakeHost(t)
 	h.startTranscript(t, "r")
-	es, cancel := h.d.Subscribe()
+	es, cancel := h.d.events.Subscribe()
 	defer cancel()
 	h.awaitOne(t, "r", "c1")
 	waitEvent(t, es, "run.parked")
@@ -295,7 +295,7 @@ func TestPostResultResumeRefused(t *testing.T) {
 	if got := h.kinds(t, "r"); got != "executed suspended" {
 		t.Fatalf("segments %s", got)
 	}
-	if cs, err := h.d.Calls(t.Context()); err != nil || len(cs) != 1 || !cs[0].ResultPosted {
+	if cs, err := calls.List(h.d.st); err != nil || len(cs) != 1 || !cs[0].ResultPosted {
 		t.Fatalf("calls %+v %v, want the result kept", cs, err)
 	}
 	h.d.host = facts

@@ -13,8 +13,8 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
-	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/member"
@@ -54,17 +54,14 @@ var PeerRoutes = []string{"/v1/objects/", "/v1/records/", "/v1/migrations", "/v1
 
 // Peer is the peer routes' handler; the caller admits host keys only
 // (peer.Require), and the calling host is the one its key names.
-func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
-	if log == nil {
-		log = slog.Default()
-	}
-	h := &handler{d: d, log: log}
+func Peer(deps Deps, log *slog.Logger) http.Handler {
+	h := newHandler(deps, log)
 	mux := http.NewServeMux()
-	objects := d.Objects()
+	objects := deps.Objects
 	mux.HandleFunc("GET /v1/objects/{addr}", func(w http.ResponseWriter, r *http.Request) {
 		a, err := record.ParseAddress(r.PathValue("addr"))
 		if err == nil {
-			err = served(r, func(key record.Address) error { return d.Fleet().ServesObject(key, a) })
+			err = served(r, func(key record.Address) error { return h.Fleet.ServesObject(key, a) })
 		}
 		if err != nil {
 			h.fail(w, r, err)
@@ -73,7 +70,7 @@ func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
 		objects.ServeHTTP(w, r)
 	})
 	mux.HandleFunc("POST /v1/objects/missing", func(w http.ResponseWriter, r *http.Request) {
-		if err := served(r, d.Fleet().Serves); err != nil {
+		if err := served(r, h.Fleet.Serves); err != nil {
 			h.fail(w, r, err)
 			return
 		}
@@ -81,7 +78,7 @@ func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	})
 	mux.HandleFunc("GET /v1/records/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
-		if err := served(r, func(key record.Address) error { return d.Fleet().ServesRecord(key, id) }); err != nil {
+		if err := served(r, func(key record.Address) error { return h.Fleet.ServesRecord(key, id) }); err != nil {
 			h.fail(w, r, err)
 			return
 		}
@@ -125,7 +122,7 @@ func (h *handler) offer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(q.Images) > maxOfferImages {
-		h.fail(w, r, fmt.Errorf("%w: %d image names, at most %d", daemon.ErrInvalid, len(q.Images), maxOfferImages))
+		h.fail(w, r, fmt.Errorf("%w: %d image names, at most %d", answers.ErrInvalid, len(q.Images), maxOfferImages))
 		return
 	}
 	o, err := h.d.Offer(r.Context(), q.Images)
@@ -152,7 +149,7 @@ func (h *handler) receive(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.moved(w, r, m.Run, h.d.Fleet().Receive(r.Context(), from, member.Handed{Run: m.Run, Genesis: m.Genesis, Head: m.Head, Resume: m.Resume}))
+	h.moved(w, r, m.Run, h.Fleet.Receive(r.Context(), from, member.Handed{Run: m.Run, Genesis: m.Genesis, Head: m.Head, Resume: m.Resume}))
 }
 
 // Peers reach the fleet's other hosts at the address their session gives,

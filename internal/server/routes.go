@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/peer"
 	"github.com/runrecordd/runrecordd/internal/platform"
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -96,8 +95,8 @@ func Routes(role Role) []string {
 // New returns the operator's API handler, every route of the table: /v1
 // (pkg/api documents the bodies) and /metrics. It is served on the root
 // unix socket only.
-func New(d *daemon.Daemon, log *slog.Logger) http.Handler {
-	h := newHandler(d, log)
+func New(deps Deps, log *slog.Logger) http.Handler {
+	h := newHandler(deps, log)
 	return h.logged(h.mux(Operator, routes, nil))
 }
 
@@ -113,10 +112,10 @@ type Tenancy struct {
 // table gives them, each held to its gate; every other route answers 403
 // forbidden. The key is the one its connection's handshake established
 // (peer.KeyOf), as a platform.
-func NewPlatform(d *daemon.Daemon, t Tenancy, log *slog.Logger) http.Handler {
-	h := newHandler(d, log)
+func NewPlatform(deps Deps, t Tenancy, log *slog.Logger) http.Handler {
+	h := newHandler(deps, log)
 	h.tenancy = &t
-	h.policy = t.Limits.Policy(d.Host().StateDir)
+	h.policy = t.Limits.Policy(deps.Daemon.Host().StateDir)
 	return h.logged(peer.Require(fleetPlatform, h.mux(Platform, routes, platformKey)))
 }
 
@@ -126,15 +125,11 @@ func platformKey(r *http.Request) (record.Address, bool) {
 	return key, ok && role == fleetPlatform
 }
 
-func newHandler(d *daemon.Daemon, log *slog.Logger) *handler {
+func newHandler(deps Deps, log *slog.Logger) *handler {
 	if log == nil {
 		log = slog.Default()
 	}
-	h := &handler{d: d, log: log}
-	if d != nil {
-		h.metricsH = d.Metrics()
-	}
-	return h
+	return &handler{Deps: deps, d: deps.Daemon, log: log}
 }
 
 // mux serves role the routes of table (routes; tests give their own);
@@ -198,4 +193,4 @@ func forbidden(w http.ResponseWriter, r *http.Request) {
 		Message: fmt.Sprintf("%s %s is not served to platform keys (docs/fleet.md, \"Roles\")", r.Method, r.URL.Path)})
 }
 
-func (h *handler) metrics(w http.ResponseWriter, r *http.Request) { h.metricsH.ServeHTTP(w, r) }
+func (h *handler) metrics(w http.ResponseWriter, r *http.Request) { h.Metrics.ServeHTTP(w, r) }
