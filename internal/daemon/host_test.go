@@ -12,7 +12,7 @@ import (
 // sandbox; fake_test.go adds the rest.
 type metricsHost struct {
 	d *Daemon
-	*testhost.Host
+	*testhost.Fixture
 }
 
 func mustMetricsHost(t *testing.T, raplCase string, c ...idle.Coefficients) metricsHost {
@@ -21,5 +21,5 @@ func mustMetricsHost(t *testing.T, raplCase string, c ...idle.Coefficients) metr
 	d := &Daemon{log: testhost.Log(t), st: h.Store, meter: h.Meter}
 	d.joinFleet() // alone, until a test puts it in a fleet (inFleet)
 	d.wire()
-	return metricsHost{d: d, Host: h}
+	return metricsHost{d: d, Fixture: h}
 }

@@ -25,8 +25,8 @@ type live struct {
 // intervals is this host's side of every interval (internal/interval),
 // made from the daemon's state directory, store, signer and meter at each
 // use.
-func (d *Daemon) intervals() interval.Host {
-	return interval.Host{StateDir: d.cfg.StateDir, Store: d.fleet.Records(), Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log}
+func (d *Daemon) intervals() interval.Recorder {
+	return interval.Recorder{StateDir: d.cfg.StateDir, Store: d.fleet.Records(), Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log}
 }
 
 // markNow is a mark at this instant for run id's output.
@@ -45,14 +45,14 @@ func (d *Daemon) reattach(id string, u *forms.Unit) *live {
 
 // forms is this host's side of both forms (internal/forms), made from the
 // daemon's state at each use.
-func (d *Daemon) forms() forms.Host {
-	return forms.Host{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
+func (d *Daemon) forms() forms.Env {
+	return forms.Env{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
 		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: d.output, Mark: d.markNow, Invalid: answers.ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume), LazyServed: d.cfg.LazyServed,
 		Warm: d.warm(), Creates: d.creates(), Ranges: d.ranges()}
 }
 
 // ranges are the host's user-namespace ranges where image units run in
-// user namespaces (forms.Host.Ranges); nil otherwise.
+// user namespaces (forms.Env.Ranges); nil otherwise.
 func (d *Daemon) ranges() *idmap.Ranges {
 	if d.base == nil || !d.base.Config.UserNS {
 		return nil

@@ -99,7 +99,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 
 // judgeResume admits parked run id for a resume, changing nothing: it is
 // parked and held here, and passes the three preconditions, in order
-// (forms.Host.Admit).
+// (forms.Env.Admit).
 func (d *Daemon) judgeResume(ctx context.Context, id string, clock *answers.Clock) (forms.Admitted, error) {
 	st, err := d.st.Run(id)
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 // listing, and the recovery of a transcript whose channel died with the
 // last daemon. Call state lives in the store's call ledger.
 
-// callHost is the daemon as a channel's calls.Host.
+// callHost is the daemon as a channel's calls.Daemon.
 type callHost struct{ d *Daemon }
 
 func (h callHost) Dispatched(run string, c protocol.Call) {

@@ -56,7 +56,7 @@ func TestResumeReservationRefusedDiscardsWarm(t *testing.T) {
 	st, _ := h.d.st.Run("r")
 	genesis := record.Genesis(st.Unit, st.Grants)
 	// The pool makes the run's next sandbox, as a park with a call
-	// pending has it do (forms.Host.WarmUp).
+	// pending has it do (forms.Env.WarmUp).
 	var warmID string
 	made := pool.Prepare("r", func(ctx context.Context) (warmpool.Entry, error) {
 		spec, grants, err := h.d.st.ReadRun(st)

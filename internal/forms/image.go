@@ -20,7 +20,7 @@ import (
 // tree and its rw layer (internal/park), restored under the same sandbox
 // id. Every image park and resume waits on the image-park gate and runs
 // under CRIU's deadline.
-type Image struct{ h Host }
+type Image struct{ h Env }
 
 // Ready waits on the image-park gate: where image parks do not work, an
 // image unit is refused.

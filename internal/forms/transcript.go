@@ -21,7 +21,7 @@ import (
 // keeps through its channel (internal/calls), woken in a new sandbox over
 // it. Each interval has its own channel and sandbox (SandboxID), so the
 // next interval's sandbox starts while the last one is torn down.
-type Transcript struct{ h Host }
+type Transcript struct{ h Env }
 
 // Ready admits every transcript unit: it needs no CRIU.
 func (f Transcript) Ready(context.Context, string) error { return nil }
@@ -159,7 +159,7 @@ func (f Transcript) Recover(ctx context.Context, u *Unit) (Taken, error) {
 // Awaited is what run r awaits of the platform's results, and whether a
 // post wakes it now: a run parked in its transcript wakes once every
 // result its await named is posted; any other awaits nothing.
-func (h Host) Awaited(r store.Run) (waiting []string, wake bool, err error) {
+func (h Env) Awaited(r store.Run) (waiting []string, wake bool, err error) {
 	if r.Phase != record.Parked || !r.Parked.IsTranscript() {
 		return nil, false, nil
 	}

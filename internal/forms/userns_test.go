@@ -12,7 +12,7 @@ import (
 // first; two runs hold two ranges; without ranges, no user namespace.
 func TestImageSpecRange(t *testing.T) {
 	run := Run{ID: "run-a", Spec: unit.Spec{Image: "img"}}
-	es, err := Host{}.imageSpec(run)
+	es, err := Env{}.imageSpec(run)
 	if err != nil || es.UserNS != nil {
 		t.Fatalf("without ranges: %+v, %v", es.UserNS, err)
 	}
@@ -20,7 +20,7 @@ func TestImageSpecRange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := Host{Ranges: rs}
+	h := Env{Ranges: rs}
 	a, err := h.imageSpec(run)
 	if err != nil || a.UserNS == nil {
 		t.Fatalf("with ranges: %+v, %v", a.UserNS, err)

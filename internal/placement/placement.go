@@ -37,7 +37,7 @@ type Host struct {
 	ImageParks func() bool
 	// Forms is the host's side of the forms: the manifest a park here
 	// would record.
-	Forms forms.Host
+	Forms forms.Env
 }
 
 // Need is what stored run id asks of the host that takes it: parked, its
