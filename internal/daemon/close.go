@@ -51,8 +51,8 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 		return answers.Summary{}, fmt.Errorf("close %s: %w", id, err)
 	}
 	d.reach("close.appended")
-	d.warm().Discard(ctx, id, true)
-	d.dropMark(id)
+	d.forms.Warm.Discard(ctx, id, true)
+	d.intervals.DropMark(id)
 	if lv != nil {
 		lv.stopping = true
 		d.destroy(lv)

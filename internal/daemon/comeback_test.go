@@ -23,8 +23,8 @@ func TestOwnRunWithAMountComesBack(t *testing.T) {
 	h.d.runs = map[string]*run{}
 	key := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{1}, 32))
 	h.d.keyID = attest.KeyID(key.Public().(ed25519.PublicKey))
-	h.d.wire()
 	h.d.cfg.StateDir = t.TempDir()
+	h.d.wire()
 	data := t.TempDir()
 	r := bundletest.Run{Spec: unit.Spec{Image: "example/unit:1", ImageDigest: "sha256:" + strings.Repeat("a", 64), Mode: unit.TranscriptMode, Args: []string{"a"}},
 		Grants: unit.Grants{Network: unit.NoNetwork, ReadOnly: []unit.Mount{{Source: data, Target: "/data"}}}, Key: key, Transcript: []byte("{\"t\":1}\n"),

@@ -29,7 +29,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/comeback"
 	"github.com/runrecordd/runrecordd/internal/events"
-	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
@@ -72,9 +71,13 @@ type Daemon struct {
 	keys   trust.Keys        // the host keys trusted here (admitted to the fleet too)
 	signer *interval.Signer  // the host key and its audit chain
 	host   manifest.Manifest // the host's own facts and runtime versions
-	stop   context.CancelFunc
-	bgCtx  context.Context // done once the daemon stops
-	bg     sync.WaitGroup
+	// intervals and forms are this host's side of every interval and of
+	// both forms, wired once (wireForms).
+	intervals interval.Recorder
+	forms     forms.Env
+	stop      context.CancelFunc
+	bgCtx     context.Context // done once the daemon stops
+	bg        sync.WaitGroup
 
 	mu   sync.Mutex
 	runs map[string]*run
@@ -164,6 +167,7 @@ type Rooms struct {
 // wire makes the rooms the daemon holds from its store, key, meter,
 // configuration and fleet, once (New; the unit tests' harness).
 func (d *Daemon) wire() {
+	d.wireForms()
 	d.keys = trust.Keys{Store: d.st, Self: d.keyID, Log: d.log, Admitted: func(k record.Address) bool { return d.fleet.Admitted(k) }}
 	src := metrics.HostSource(d.st, d.meter)
 	d.rooms = Rooms{Store: d.st, Keys: d.keys, Collector: retention.NewCollector(d.st, d.cfg.Policy, d.log), Events: &d.events,
@@ -226,16 +230,6 @@ func (d *Daemon) lock(id string) *run {
 	d.mu.Unlock()
 	r.mu.Lock()
 	return r
-}
-
-// output returns a run's output files on this host, making their directory.
-func (d *Daemon) output(id string) (executor.Output, error) {
-	out, err := d.intervals().MakeOutput(id)
-	return executor.Output(out), err
-}
-
-func (d *Daemon) outputOf(id string) executor.Output {
-	return executor.Output(d.intervals().Output(id))
 }
 
 func nowNS() int64 { return time.Now().UnixNano() }

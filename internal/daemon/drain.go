@@ -21,7 +21,7 @@ func (d *Daemon) placement() placement.Host {
 		return img.Digest, err
 	}
 	return placement.Host{Store: d.st, Facts: d.host, Digest: digest, MinFree: d.cfg.MinFree, Draining: func() bool { return d.fleet.Draining() },
-		ImageParks: func() bool { return d.probe.Status().State != imageparks.Unavailable }, Forms: d.forms()}
+		ImageParks: func() bool { return d.probe.Status().State != imageparks.Unavailable }, Forms: d.forms}
 }
 
 // Offer is what this host can take now ([placement.Host.Offer]).

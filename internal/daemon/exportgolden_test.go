@@ -19,6 +19,7 @@ func TestExportGolden(t *testing.T) {
 	h := mustMetricsHost(t, "")
 	h.d.runs = map[string]*run{}
 	h.d.cfg.StateDir = t.TempDir()
+	h.d.wire()
 	if err := bundletest.Pinned(t.Context(), h.d.st); err != nil {
 		t.Fatal(err)
 	}

@@ -95,6 +95,7 @@ func TestExportRefusedWithResultsHeld(t *testing.T) {
 	h := mustMetricsHost(t, "")
 	h.d.runs = map[string]*run{}
 	h.d.cfg.StateDir = t.TempDir()
+	h.d.wire()
 	h.Start(t, "r")
 	att := h.Put(t, []byte("attestation"))
 	h.Append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"c1", "c2"}}),

@@ -19,4 +19,5 @@ func (d *Daemon) startProbe(criuErr error) {
 		return imageparks.CheckBuild(d.ex.Probe(ctx, imageparks.Deadline(d.cfg.CRIUDeadline, 0)), build)
 	}
 	d.probe = imageparks.Start(d.bgCtx, &d.bg, probe, criuErr, d.log)
+	d.forms.Gate = d.probe
 }

@@ -144,6 +144,7 @@ func TestLazyPagesLostParksBack(t *testing.T) {
 		t.Fatal("the unit or its lazy-pages outlived the park back")
 	}
 	h.d.cfg.LazyResume = false
+	h.d.wire()
 	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}

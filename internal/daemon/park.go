@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/runrecordd/runrecordd/internal/warmpool"
-
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
@@ -42,7 +40,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 	// Hold the channel: nothing reaches the transcript or the account
 	// until the park is recorded (or refused, and the unit goes on).
 	defer lv.unit.Hold()()
-	taken, err := d.form(lv).Snapshot(ctx, lv.unit)
+	taken, err := d.forms.For(lv.unit.Spec.Mode).Snapshot(ctx, lv.unit)
 	if err != nil {
 		return answers.Parked{}, err
 	}
@@ -55,7 +53,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 	d.reach("park.appended")
 	d.tearDownParked(r, lv)
 	if !d.fleet.Draining() && !d.stopping.Load() { // a draining or stopping host's runs leave it
-		d.forms().WarmUp(id, taken.Snapshot, func() bool {
+		d.forms.WarmUp(id, taken.Snapshot, func() bool {
 			st, err := d.st.Run(id)
 			return err == nil && st.Phase == record.Parked && d.notHandedOff(id) == nil
 		})
@@ -79,7 +77,7 @@ func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID rec
 	if err == nil {
 		return ev, manAddr, nil
 	}
-	if rerr := d.form(lv).Thaw(ctx, lv.unit); rerr != nil {
+	if rerr := d.forms.For(lv.unit.Spec.Mode).Thaw(ctx, lv.unit); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
 	if lv.iv.Ended() {
@@ -94,7 +92,7 @@ func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID rec
 // sealing and the append. clock, when set, times the manifest and the
 // record.
 func (d *Daemon) recordTaken(ctx context.Context, lv *live, unitID record.Address, t forms.Taken, account *record.CallAccount, step string, clock *answers.Clock) (interval.Sealed, record.Address, error) {
-	manAddr, err := d.forms().Manifest(ctx, t.Keys, lv.unit.Spec, unitID)
+	manAddr, err := d.forms.Manifest(ctx, t.Keys, lv.unit.Spec, unitID)
 	clock.Mark("manifest")
 	var susp record.Segment
 	var outcome attest.Outcome
@@ -123,13 +121,4 @@ func (d *Daemon) tearDownParked(r *run, lv *live) {
 	})
 	r.live = nil
 	r.park = d.meter.BeginPark()
-}
-
-// warm is this host's warm pool (internal/warmpool, docs/warm-pool.md);
-// nil without a host (the daemon's unit tests).
-func (d *Daemon) warm() *warmpool.Pool {
-	if d.base == nil {
-		return nil
-	}
-	return d.base.Warm
 }

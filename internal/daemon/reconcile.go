@@ -84,7 +84,7 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	// A unit the last daemon's park may have left frozen is settled; one
 	// whose channel went with that daemon is parked from what it left on
 	// disk, unaccounted (its form says which).
-	orphaned, err := d.forms().For(run.Spec.Mode).Reattached(ctx, u, status)
+	orphaned, err := d.forms.For(run.Spec.Mode).Reattached(ctx, u, status)
 	if err != nil {
 		return err
 	}
@@ -100,7 +100,7 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	defer r.mu.Unlock()
 	lv := d.reattach(id, u)
 	r.live = lv
-	d.saveMark(id, lv)
+	d.intervals.SaveMark(lv.iv)
 	d.watch(id, r, lv)
 	d.log.Info("reconcile: reattached", "run", id)
 	return nil

@@ -45,7 +45,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 	// park's (docs/warm-pool.md).
 	waking := ok.Waking(r.teardown)
 	var residency idle.Residency
-	waking.Warm, residency = d.forms().TakeWarm(id, ok.Spec.Mode)
+	waking.Warm, residency = d.forms.TakeWarm(id, ok.Spec.Mode)
 	owed, prov := idle.OwedWith(r.park, ok.Retained, ok.ParkedFor, d.meter.Coefficients(), residency)
 	res, err := d.fleet.Reserve(ctx, id, record.Resumption(ok.Suspended.Snapshot, owed.UJ, prov))
 	if err != nil {
@@ -54,7 +54,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 		}
 		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
-	w, err := d.forms().For(ok.Spec.Mode).Wake(ctx, ok.Run, waking)
+	w, err := d.forms.For(ok.Spec.Mode).Wake(ctx, ok.Run, waking)
 	if err != nil {
 		res.Cancel(ctx)
 		return answers.Resumed{}, err
@@ -66,10 +66,10 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 	// Saved before the append: a daemon restarted after it attests the
 	// interval from its start. (A crash before the append leaves a mark
 	// the next resume overwrites.)
-	d.saveMark(id, lv)
+	d.intervals.SaveMark(lv.iv)
 	d.reach("resume.restored")
 	if err := res.Append(ctx); err != nil {
-		d.dropMark(id)
+		d.intervals.DropMark(id)
 		lv.stopping = true
 		d.destroy(lv)
 		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, err)
@@ -80,7 +80,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 	d.watch(id, r, lv)
 	d.watchPages(id, r, lv, ok.Suspended.Snapshot)
 	d.metrics.Resumed(clock.Total(), owed.UJ, prov)
-	if ok.Spec.Mode == unit.TranscriptMode && d.warm() != nil {
+	if ok.Spec.Mode == unit.TranscriptMode && d.forms.Warm != nil {
 		d.metrics.WarmResumed(w.Warm)
 	}
 	sum, err := d.summary(id, r)
@@ -111,7 +111,7 @@ func (d *Daemon) judgeResume(ctx context.Context, id string, clock *answers.Cloc
 	if err := d.notHandedOff(id); err != nil {
 		return forms.Admitted{}, err
 	}
-	return d.forms().Admit(ctx, st, clock.Mark)
+	return d.forms.Admit(ctx, st, clock.Mark)
 }
 
 // watchPages follows a lazily restored unit's memory (docs/lazy-resume.md,
@@ -138,7 +138,7 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 		}
 		lost := lv.unit.JournalPages(lv.iv)
 		if lost == nil {
-			d.saveMark(id, lv)
+			d.intervals.SaveMark(lv.iv)
 			d.events.Publish(events.Event{Kind: "run.resident", Run: id})
 			return
 		}

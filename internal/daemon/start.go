@@ -36,7 +36,7 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	if err := forms.CheckID(id); err != nil {
 		return answers.Summary{}, err
 	}
-	p, err := d.forms().Prepare(ctx, id, spec, grants)
+	p, err := d.forms.Prepare(ctx, id, spec, grants)
 	if err != nil {
 		return answers.Summary{}, err
 	}
@@ -58,16 +58,16 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	if err := d.fleet.Claim(ctx, id, genesis); err != nil {
 		return answers.Summary{}, fmt.Errorf("run %s: %w", id, err)
 	}
-	w, err := d.forms().For(p.Spec.Mode).Start(ctx, forms.Run{ID: id, Spec: p.Spec, Grants: p.Grants})
+	w, err := d.forms.For(p.Spec.Mode).Start(ctx, forms.Run{ID: id, Spec: p.Spec, Grants: p.Grants})
 	if err != nil {
 		d.fleet.Unclaim(ctx, id, genesis)
 		return answers.Summary{}, err
 	}
 	lv := d.begin(id, w.Unit, w.Event, w.Mark)
-	d.saveMark(id, lv)
+	d.intervals.SaveMark(lv.iv)
 	d.reach("start.sandboxed")
 	if _, err := d.st.Create(id, unitID, grantsID); err != nil {
-		d.dropMark(id)
+		d.intervals.DropMark(id)
 		lv.stopping = true
 		d.destroy(lv)
 		d.fleet.Unclaim(ctx, id, genesis)
@@ -85,8 +85,8 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 // journaled from now, after the end of the last one could not be recorded.
 // Only the interval is replaced: the exit watcher reads lv's sandbox.
 func (d *Daemon) restartInterval(id string, lv *live, event string) {
-	lv.iv = d.begin(id, lv.unit, event, d.markNow(id)).iv
-	d.saveMark(id, lv)
+	lv.iv = d.begin(id, lv.unit, event, d.intervals.MarkNow(id)).iv
+	d.intervals.SaveMark(lv.iv)
 }
 
 // destroy removes a sandbox the daemon is done with. The caller holds the

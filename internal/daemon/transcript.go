@@ -100,7 +100,7 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	d.events.Publish(events.Event{Kind: "call.result", Run: run, Call: call})
 	out := answers.Posted{Run: run, Call: call}
 	var wake bool
-	if out.Awaiting, wake, err = d.forms().Awaited(st); err != nil || !wake {
+	if out.Awaiting, wake, err = d.forms.Awaited(st); err != nil || !wake {
 		return out, err
 	}
 	res, err := d.resume(ctx, run, r)
@@ -125,7 +125,7 @@ func (d *Daemon) recoverUnit(ctx context.Context, id string, lv *live) error {
 	if err != nil {
 		return err
 	}
-	t, err := d.form(lv).Recover(ctx, lv.unit)
+	t, err := d.forms.For(lv.unit.Spec.Mode).Recover(ctx, lv.unit)
 	if err != nil {
 		return err
 	}

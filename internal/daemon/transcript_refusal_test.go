@@ -240,7 +240,7 @@ func TestResumeAfterAwaitParkRefused(t *testing.T) {
 				t.Error(err)
 			}
 		case "park.appended":
-			h.d.host = withoutFact(facts, manifest.Arch)
+			h.d.forms.Facts = withoutFact(facts, manifest.Arch)
 		}
 	}
 	h.awaitOne(t, "r", "c1")
@@ -261,7 +261,7 @@ func TestResumeAfterAwaitParkRefused(t *testing.T) {
 		t.Fatalf("calls %+v %v, want the result kept", cs, err)
 	}
 	h.teardown(t, "r")
-	h.d.host = facts
+	h.d.forms.Facts = facts
 	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +286,7 @@ func TestPostResultResumeRefused(t *testing.T) {
 	r.mu.Unlock()
 	h.teardown(t, "r")
 	facts := h.d.host
-	h.d.host = withoutFact(facts, manifest.Arch)
+	h.d.forms.Facts = withoutFact(facts, manifest.Arch)
 	out, err := h.d.PostResult(t.Context(), "r", "c1", []byte(`{"ok":true}`))
 	var me *resume.ManifestError
 	if err != nil || !errors.As(out.ResumeErr, &me) || out.Resumed != nil {
@@ -298,7 +298,7 @@ func TestPostResultResumeRefused(t *testing.T) {
 	if cs, err := calls.List(h.d.st); err != nil || len(cs) != 1 || !cs[0].ResultPosted {
 		t.Fatalf("calls %+v %v, want the result kept", cs, err)
 	}
-	h.d.host = facts
+	h.d.forms.Facts = facts
 	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}

@@ -28,4 +28,4 @@ func (d *Daemon) Verify(ctx context.Context, id string) (answers.Verification, e
 }
 
 // Stdout is where run id's unit output goes on this host.
-func (d *Daemon) Stdout(id string) string { return d.outputOf(id).Stdout }
+func (d *Daemon) Stdout(id string) string { return d.intervals.Output(id).Stdout }

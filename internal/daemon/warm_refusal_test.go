@@ -64,7 +64,7 @@ func TestResumeReservationRefusedDiscardsWarm(t *testing.T) {
 			return nil, err
 		}
 		run := forms.Run{ID: st.ID, Spec: spec, Grants: grants}
-		w, err := h.d.forms().Transcript().Prepare(ctx, run, st.Parked, fakeCreator{h.ex})
+		w, err := h.d.forms.Transcript().Prepare(ctx, run, st.Parked, fakeCreator{h.ex})
 		if err == nil {
 			warmID = w.Sandbox()
 		}
