@@ -1,0 +1,44 @@
+package main
+
+// The breaches known when their rules were added (issue 34), each owned
+// by work under way: the fleet wing's move (internal/fleet), the command's
+// packages, and the functions still to take an options struct.
+func init() {
+	for _, b := range []string{
+		"no production package under 200 lines is imported by one package only: internal/comeback <- internal/daemon",
+		"no production package under 200 lines is imported by one package only: internal/notify <- cmd/runrecordd",
+		"no production package under 200 lines is imported by one package only: internal/placement <- internal/daemon",
+		"no production package under 200 lines is imported by one package only: internal/zapslog <- cmd/runrecordd",
+		"no non-test function takes more than 5 parameters besides its receiver: bench/chunkbench/chunk.go cutPoint (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: bench/chunkbench/dump.go dump (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: bench/chunkbench/dump.go dumps (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: bench/lazybench/main.go run (8)",
+		"no non-test function takes more than 5 parameters besides its receiver: bench/transcriptbench/main.go newPlain (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: cmd/runrecordd/fleet.go fleetAdmit (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: cmd/runrecordd/fleet.go peerServer (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/bundle/export.go writeObjects (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/bundle/pack.go stagePack (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/bundle/stage.go stageMember (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/criu/judge.go judgeGhost (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/daemon/interval.go endAt (7)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/daemon/park.go recordPark (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/daemon/park.go recordTaken (7)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/drain/drain.go Drain (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/create.go build (7)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/create.go newContainer (7)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/deadline.go underDeadlineIn (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/forms/lazy.go restoreSandbox (7)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/forms/lazy.go watchPages (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/interval/interval.go End (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/interval/recorder.go End (7)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/member/drain.go drainRuns (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/member/migrate.go takeBack (7)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/member/reconcile.go takeBackMigration (7)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/park/room.go Room (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/park/room.go room (7)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/transfer/fetch.go Fetch (6)",
+		"no non-test function takes more than 5 parameters besides its receiver: internal/transfer/fetch.go Stage (6)",
+	} {
+		Pending[b] = true
+	}
+}
