@@ -21,9 +21,9 @@
 // program (./internal/etcdtest/etcdmember, built with [Build]) instead of
 // inside the test process. The end-to-end tests do: there the test
 // process is built with -race and runs beside other packages' tests on
-// two cores, and three members inside it stalled together, once for 6-9 s
-// (a change of leader among it), long enough to fail a daemon's 5 s etcd
-// request (docs/fleet.md, "The test cluster").
+// few cores, and three members inside it can stall together (a change of
+// leader among it) for longer than a daemon's etcd request may take
+// (docs/fleet.md, "The test cluster").
 // A member process stops when its standard input ends: [Cluster.Stop]
 // closes it, and so does the kernel when the test process exits, however
 // it exits.
