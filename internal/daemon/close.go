@@ -8,6 +8,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -40,7 +41,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 		// As a park does: nothing reaches the account between its
 		// sealing and the close.
 		defer lv.unit.Hold()()
-		_, err = d.endAt(ctx, lv, "close.sealed", attest.Outcome{Kind: attest.Killed}, lv.unit.Account(), []record.Segment{closed})
+		_, err = d.endAt(ctx, lv, "close.sealed", interval.Ending{Outcome: attest.Outcome{Kind: attest.Killed}, Calls: lv.unit.Account(), Then: []record.Segment{closed}})
 	} else {
 		err = d.fleet.Append(id, closed)
 	}

@@ -9,8 +9,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/warmpool"
-	"github.com/runrecordd/runrecordd/pkg/attest"
-	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // live is a run's sandbox on this host and its open interval
@@ -82,11 +80,11 @@ func (d *Daemon) background(fn func()) {
 	}()
 }
 
-// endAt ends lv's interval and records it: the Executed segment with
-// calls, then the segments in then, in one transaction
+// endAt ends lv's interval with e and records it: the Executed segment
+// with e.Calls, then e.Then, in one transaction
 // (internal/interval), with a failpoint armed at step (when not empty)
 // between the sealing and the append. On success the receipt is counted.
-func (d *Daemon) endAt(ctx context.Context, lv *live, step string, outcome attest.Outcome, calls *record.CallAccount, then []record.Segment, extra ...attest.Entry) (interval.Sealed, error) {
+func (d *Daemon) endAt(ctx context.Context, lv *live, step string, e interval.Ending) (interval.Sealed, error) {
 	lv.unit.Spool(lv.iv)
 	var sealed func()
 	if step != "" {
@@ -94,7 +92,7 @@ func (d *Daemon) endAt(ctx context.Context, lv *live, step string, outcome attes
 	}
 	rec := d.intervals
 	rec.Store = d.fleet.Records() // a rejoin replaces the fence
-	s, err := rec.End(ctx, lv.iv, sealed, outcome, calls, then, extra...)
+	s, err := rec.End(ctx, lv.iv, sealed, e)
 	if err != nil {
 		return interval.Sealed{}, d.fleet.Err(err)
 	}

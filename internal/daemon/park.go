@@ -46,7 +46,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 	}
 	clock.Mark("snapshot")
 	d.reach("park.checkpointed")
-	ev, manAddr, err := d.recordPark(ctx, id, lv, st.Unit, taken, clock)
+	ev, manAddr, err := d.recordPark(ctx, id, lv, taking{Taken: taken, unitID: st.Unit, account: lv.unit.Account(), step: "park.attested", clock: clock})
 	if err != nil {
 		return answers.Parked{}, err
 	}
@@ -72,8 +72,8 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 // recordPark records the park: the manifest, then the interval's end with
 // the Suspended segment (internal/interval). Refused, nothing is recorded
 // and the unit goes on, thawed by its form, in a new interval.
-func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID record.Address, t forms.Taken, clock *answers.Clock) (interval.Sealed, record.Address, error) {
-	ev, manAddr, err := d.recordTaken(ctx, lv, unitID, t, lv.unit.Account(), "park.attested", clock)
+func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, tk taking) (interval.Sealed, record.Address, error) {
+	ev, manAddr, err := d.recordTaken(ctx, lv, tk)
 	if err == nil {
 		return ev, manAddr, nil
 	}
@@ -86,13 +86,21 @@ func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID rec
 	return interval.Sealed{}, record.Address{}, fmt.Errorf("park %s: %w", id, err)
 }
 
+// taking is a snapshot taken of a live unit, as recordTaken records it.
+type taking struct {
+	forms.Taken
+	unitID  record.Address      // the run's unit id, which its manifest binds
+	account *record.CallAccount // the interval's call account (nil: not accounted)
+	step    string              // the failpoint armed between the sealing and the append
+	clock   *answers.Clock      // times the manifest and the record, when set
+}
+
 // recordTaken records a snapshot taken of lv: this host's manifest over
-// the form's keys, then the interval's end (with account, and the form's
-// lifecycle entries) and the Suspended segment, step armed between the
-// sealing and the append. clock, when set, times the manifest and the
-// record.
-func (d *Daemon) recordTaken(ctx context.Context, lv *live, unitID record.Address, t forms.Taken, account *record.CallAccount, step string, clock *answers.Clock) (interval.Sealed, record.Address, error) {
-	manAddr, err := d.forms.Manifest(ctx, t.Keys, lv.unit.Spec, unitID)
+// the form's keys, then the interval's end (with the account, and the
+// form's lifecycle entries) and the Suspended segment.
+func (d *Daemon) recordTaken(ctx context.Context, lv *live, tk taking) (interval.Sealed, record.Address, error) {
+	t, clock := tk.Taken, tk.clock
+	manAddr, err := d.forms.Manifest(ctx, t.Keys, lv.unit.Spec, tk.unitID)
 	clock.Mark("manifest")
 	var susp record.Segment
 	var outcome attest.Outcome
@@ -101,7 +109,7 @@ func (d *Daemon) recordTaken(ctx context.Context, lv *live, unitID record.Addres
 	}
 	var ev interval.Sealed
 	if err == nil {
-		ev, err = d.endAt(ctx, lv, step, outcome, account, []record.Segment{susp}, attest.LifecyclesOf(nowNS(), t.Details)...)
+		ev, err = d.endAt(ctx, lv, tk.step, interval.Ending{Outcome: outcome, Calls: tk.account, Then: []record.Segment{susp}, Extra: attest.LifecyclesOf(nowNS(), t.Details)})
 	}
 	clock.Mark("record")
 	return ev, manAddr, err

@@ -7,6 +7,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -112,7 +113,7 @@ func (h *fakeHost) otherInterval(t *testing.T, id string, u *forms.Unit) {
 	iv := h.d.intervals.Begin(id, u.Sandbox, u.Grants.Limits, "another writer", h.d.intervals.MarkNow(id))
 	rec := h.d.intervals
 	rec.Store = h.d.fleet.Records()
-	if _, err := rec.End(t.Context(), iv, nil, attest.Outcome{Kind: attest.Killed}, nil, nil); err != nil {
+	if _, err := rec.End(t.Context(), iv, nil, interval.Ending{Outcome: attest.Outcome{Kind: attest.Killed}}); err != nil {
 		t.Error(err)
 	}
 }

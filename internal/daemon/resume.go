@@ -144,7 +144,7 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 		}
 		st, err := d.st.Run(id)
 		if err == nil {
-			_, _, err = d.recordTaken(context.Background(), lv, st.Unit, forms.Taken{Snapshot: snap, Keys: manifest.ImageKeys}, lv.unit.Account(), "", nil)
+			_, _, err = d.recordTaken(context.Background(), lv, taking{Taken: forms.Taken{Snapshot: snap, Keys: manifest.ImageKeys}, unitID: st.Unit, account: lv.unit.Account()})
 		}
 		if err != nil {
 			if lv.iv.Ended() { // the unit stays frozen, in a new interval a close ends

@@ -10,6 +10,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/member"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -120,8 +121,7 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 			return
 		}
 		reason := fmt.Sprintf("unit exited with code %d", code)
-		_, err = d.endAt(context.Background(), lv, "exit.sealed", attest.Outcome{Kind: attest.Exited, Code: int32(code)}, lv.unit.Account(),
-			[]record.Segment{record.Closure(reason)})
+		_, err = d.endAt(context.Background(), lv, "exit.sealed", interval.Ending{Outcome: attest.Outcome{Kind: attest.Exited, Code: int32(code)}, Calls: lv.unit.Account(), Then: []record.Segment{record.Closure(reason)}})
 		if err != nil { // the run stays executing in its record: a close records it, in a new interval
 			d.log.Error("recording the unit's exit", "run", id, "err", err)
 			d.restartInterval(id, lv, attest.EventExitRefused)

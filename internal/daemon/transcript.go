@@ -131,7 +131,7 @@ func (d *Daemon) recoverUnit(ctx context.Context, id string, lv *live) error {
 	}
 	// No account (nil): the channel that kept it died with the daemon.
 	// The channel's spool is not read either: the unit has no channel.
-	if _, _, err := d.recordTaken(ctx, lv, st.Unit, t, nil, "", nil); err != nil {
+	if _, _, err := d.recordTaken(ctx, lv, taking{Taken: t, unitID: st.Unit}); err != nil {
 		return err
 	}
 	lv.stopping = true

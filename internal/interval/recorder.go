@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/runrecordd/runrecordd/pkg/attest"
-	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -83,11 +81,11 @@ func (h Recorder) SaveMark(iv *Interval) {
 // DropMark removes run's saved mark.
 func (h Recorder) DropMark(run string) { DropMark(h.MarkPath(run)) }
 
-// End ends iv with outcome and records it into the host's store under its
+// End ends iv with e and records it into the host's store under its
 // signer ([Interval.End]); sealed, when set, runs between the sealing and
 // the append.
-func (h Recorder) End(ctx context.Context, iv *Interval, sealed func(), outcome attest.Outcome, calls *record.CallAccount, then []record.Segment, extra ...attest.Entry) (Sealed, error) {
-	return iv.End(ctx, Env{Store: h.Store, Signer: h.Signer, Sealed: sealed}, outcome, calls, then, extra...)
+func (h Recorder) End(ctx context.Context, iv *Interval, sealed func(), e Ending) (Sealed, error) {
+	return iv.End(ctx, Env{Store: h.Store, Signer: h.Signer, Sealed: sealed}, e)
 }
 
 func (h Recorder) log() *slog.Logger {

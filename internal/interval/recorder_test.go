@@ -124,7 +124,7 @@ func TestHostBeginSaveReattachEnd(t *testing.T) {
 		if err != nil || len(raw.Segments) != 0 || h.Signer.Head() == nil {
 			t.Errorf("at the hook: %d segments, audit head %v, %v; want none yet, and a head", len(raw.Segments), h.Signer.Head(), err)
 		}
-	}, attest.Outcome{Kind: attest.Running}, &record.CallAccount{}, nil)
+	}, Ending{Outcome: attest.Outcome{Kind: attest.Running}, Calls: &record.CallAccount{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestHostBeginUnmetered(t *testing.T) {
 		if s := log.String(); !strings.Contains(s, "level=WARN") || !strings.Contains(s, `msg="interval not metered from its start" run=r`) {
 			t.Fatalf("pid %d: log: %s", pid, s)
 		}
-		sealed, err := h.End(t.Context(), iv, nil, attest.Outcome{Kind: attest.Killed}, nil, nil)
+		sealed, err := h.End(t.Context(), iv, nil, Ending{Outcome: attest.Outcome{Kind: attest.Killed}})
 		if err != nil {
 			t.Fatal(err)
 		}
