@@ -67,7 +67,7 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 	if err != nil {
 		return Taken{}, err
 	}
-	room, err := park.Room(f.h.Store, id, u.Grants, mem, raw.Segments, f.h.MinFree)
+	room, err := park.Room(f.h.Store, park.Sizing{Run: id, Grants: u.Grants, Memory: mem, Segments: raw.Segments, MinFree: f.h.MinFree})
 	if err != nil {
 		return Taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
