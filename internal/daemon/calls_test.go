@@ -46,7 +46,7 @@ func TestLegacyResultsBroughtIn(t *testing.T) {
 	if err != nil || len(cs) != 2 || cs[0].ID != "c1" || !cs[0].ResultPosted || cs[1].ResultPosted || cs[0].Phase != record.Parked {
 		t.Fatalf("calls %+v %v", cs, err)
 	}
-	if err := h.d.Exportable("r"); !errors.Is(err, bundle.ErrResultsHeld) {
+	if err := h.d.exporter.Exportable("r"); !errors.Is(err, bundle.ErrResultsHeld) {
 		t.Fatalf("export with the result brought in: %v", err)
 	}
 	if _, err := h.d.PostResult(t.Context(), "r", "c1", []byte(`{}`)); !errors.Is(err, calls.ErrRefused) {

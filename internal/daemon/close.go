@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/interval"
@@ -32,7 +33,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	if st.Phase == record.Ended {
 		return answers.Summary{}, fmt.Errorf("run %s: %w", id, record.ErrClosed)
 	}
-	if err := d.notHandedOff(id); err != nil {
+	if err := bundle.HeldHere(d.st, id); err != nil {
 		return answers.Summary{}, err
 	}
 	closed := record.Closure(reason)

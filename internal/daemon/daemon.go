@@ -84,8 +84,10 @@ type Daemon struct {
 	// fleet is the daemon's part in a fleet (internal/member); alone, it
 	// appends to the store directly.
 	fleet *member.Member
-	// exports keeps the books of this process's exports (bundle.Exports).
-	exports bundle.Exports
+	// exports keeps the books of this process's exports (bundle.Exports);
+	// exporter makes them (wireExports).
+	exports  bundle.Exports
+	exporter bundle.Exporter
 
 	metrics metrics.Metrics
 	events  events.Hub
@@ -151,8 +153,9 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	return d, nil
 }
 
-// Rooms are the rooms the daemon wires once, in New, that answer without
-// a run's lock: internal/server and serve read them directly.
+// Rooms are the rooms the daemon wires once, in New, that internal/server
+// and serve use directly: all but the exporter answer without a run's
+// lock.
 type Rooms struct {
 	Store     *store.Store        // records, objects, units, the call ledger
 	Keys      trust.Keys          // the host keys trusted here
@@ -162,16 +165,18 @@ type Rooms struct {
 	Metrics   http.Handler        // /metrics (internal/metrics)
 	Scrape    http.Handler        // serve --metrics-listen's /metrics: no label names a run
 	Objects   http.Handler        // the host's objects by address, to its fleet's hosts (internal/transfer)
+	Exporter  bundle.Exporter     // exports, each under its run's lock while judged and handed off
 }
 
 // wire makes the rooms the daemon holds from its store, key, meter,
 // configuration and fleet, once (New; the unit tests' harness).
 func (d *Daemon) wire() {
 	d.wireForms()
+	d.exporter = d.wireExports()
 	d.keys = trust.Keys{Store: d.st, Self: d.keyID, Log: d.log, Admitted: func(k record.Address) bool { return d.fleet.Admitted(k) }}
 	src := metrics.HostSource(d.st, d.meter)
 	d.rooms = Rooms{Store: d.st, Keys: d.keys, Collector: retention.NewCollector(d.st, d.cfg.Policy, d.log), Events: &d.events,
-		Counts: &d.metrics, Metrics: d.metrics.Handler(src, d.log), Scrape: d.metrics.ScrapeHandler(src, d.log), Objects: transfer.Handler(d.st)}
+		Counts: &d.metrics, Metrics: d.metrics.Handler(src, d.log), Scrape: d.metrics.ScrapeHandler(src, d.log), Objects: transfer.Handler(d.st), Exporter: d.exporter}
 }
 
 // Rooms returns the rooms the daemon wired at New.

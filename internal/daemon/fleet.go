@@ -21,7 +21,7 @@ func (d *Daemon) joinFleet() {
 		Join:  d.cfg.Join,
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.events.Publish, Reach: d.reach,
 		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: forms.CheckID},
-		Exportable: d.Exportable, Runs: runTable{d},
+		Exportable: func(id string) error { return d.exporter.Exportable(id) }, Runs: runTable{d},
 		Fits:    func(ctx context.Context, id string) error { return d.placement().Fits(ctx, id) },
 		MinFree: d.cfg.MinFree,
 	})

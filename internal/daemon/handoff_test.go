@@ -38,10 +38,10 @@ func TestFailedExportKeepsAnotherExportsHandoff(t *testing.T) {
 	h.Park(t, "r", h.TranscriptPark(t, 4096))
 	w1 := &stallThenFail{n: 1, stalled: make(chan struct{}), fail: make(chan struct{})}
 	done := make(chan error)
-	go func() { done <- h.d.Export(t.Context(), "r", w1, true) }()
+	go func() { done <- h.d.exporter.Export(t.Context(), "r", w1, true) }()
 	<-w1.stalled
 	var b2 bytes.Buffer
-	if err := h.d.Export(t.Context(), "r", &b2, true); err != nil {
+	if err := h.d.exporter.Export(t.Context(), "r", &b2, true); err != nil {
 		t.Fatal(err)
 	}
 	close(w1.fail)
@@ -58,7 +58,7 @@ func TestFailedExportKeepsAnotherExportsHandoff(t *testing.T) {
 	g.Park(t, "s", g.TranscriptPark(t, 4096))
 	w := &stallThenFail{n: 1, stalled: make(chan struct{}), fail: make(chan struct{})}
 	close(w.fail)
-	if err := g.d.Export(t.Context(), "s", w, true); err == nil {
+	if err := g.d.exporter.Export(t.Context(), "s", w, true); err == nil {
 		t.Fatal("the export did not fail")
 	}
 	if _, off, _ := g.d.st.HandedOff("s"); off {
@@ -100,14 +100,14 @@ func TestExportRefusedWithResultsHeld(t *testing.T) {
 	att := h.Put(t, []byte("attestation"))
 	h.Append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"c1", "c2"}}),
 		record.Suspension(h.TranscriptPark(t, 16), h.Put(t, []byte("manifest"))))
-	if err := h.d.Exportable("r"); err != nil {
+	if err := h.d.exporter.Exportable("r"); err != nil {
 		t.Fatalf("no result posted: %v", err)
 	}
 	if pr, err := h.d.PostResult(t.Context(), "r", "c1", []byte(`"ok"`)); err != nil || pr.Resumed != nil || len(pr.Awaiting) != 1 {
 		t.Fatalf("post: %+v %v", pr, err)
 	}
 	var b bytes.Buffer
-	if err := h.d.Export(t.Context(), "r", &b, true); !errors.Is(err, bundle.ErrResultsHeld) || b.Len() != 0 {
+	if err := h.d.exporter.Export(t.Context(), "r", &b, true); !errors.Is(err, bundle.ErrResultsHeld) || b.Len() != 0 {
 		t.Fatalf("export with a result held: %v (%d bytes written)", err, b.Len())
 	}
 	if _, off, _ := h.d.st.HandedOff("r"); off {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/interval"
@@ -55,7 +56,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 	if !d.fleet.Draining() && !d.stopping.Load() { // a draining or stopping host's runs leave it
 		d.forms.WarmUp(id, taken.Snapshot, func() bool {
 			st, err := d.st.Run(id)
-			return err == nil && st.Phase == record.Parked && d.notHandedOff(id) == nil
+			return err == nil && st.Phase == record.Parked && bundle.HeldHere(d.st, id) == nil
 		})
 	}
 	d.metrics.Parked(clock.Total())

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idle"
@@ -108,7 +109,7 @@ func (d *Daemon) judgeResume(ctx context.Context, id string, clock *answers.Cloc
 	if err := phaseErr(id, st.Phase, record.Parked); err != nil {
 		return forms.Admitted{}, err
 	}
-	if err := d.notHandedOff(id); err != nil {
+	if err := bundle.HeldHere(d.st, id); err != nil {
 		return forms.Admitted{}, err
 	}
 	return d.forms.Admit(ctx, st, clock.Mark)

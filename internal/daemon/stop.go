@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/comeback"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -187,7 +188,7 @@ func (d *Daemon) comeBack(ctx context.Context, en comeback.Entry) (e answers.Eac
 		d.log.Info("start: a run the last stop parked moved on since; left as it is", "run", en.Run, "phase", st.Phase)
 		return e, true
 	}
-	if err := d.notHandedOff(en.Run); err != nil {
+	if err := bundle.HeldHere(d.st, en.Run); err != nil {
 		return e, true
 	}
 	if err := d.fleet.Elsewhere(en.Run); err != nil {

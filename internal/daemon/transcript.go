@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
@@ -88,7 +89,7 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	// host owns (a post appends nothing, so no fence refuses it); the
 	// ledger refuses the rest (calls.Post): a closed run, a payload that is
 	// not JSON, a call the run cannot take.
-	if err := d.notHandedOff(run); err != nil {
+	if err := bundle.HeldHere(d.st, run); err != nil {
 		return answers.Posted{}, err
 	}
 	if err := d.fleet.Elsewhere(run); err != nil {

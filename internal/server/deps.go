@@ -33,6 +33,7 @@ type Deps struct {
 	Events    Events       // *events.Hub
 	Counts    Counts       // *metrics.Metrics
 	Fleet     Fleet        // *member.Member
+	Exporter  Exporter     // bundle.Exporter
 	Metrics   http.Handler // /metrics
 	Objects   http.Handler // the peer route serving objects (internal/transfer)
 }
@@ -51,8 +52,6 @@ type Daemon interface {
 	ParkAll(ctx context.Context, parallel int) ([]answers.Each[answers.Parked], error)
 	Pin(id string, pin bool) (answers.Summary, error)
 	Verify(ctx context.Context, id string) (answers.Verification, error)
-	Exportable(id string) error
-	Export(ctx context.Context, id string, w io.Writer, handoff bool) error
 	ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (answers.Imported, error)
 	PostResult(ctx context.Context, run, call string, payload []byte) (answers.Posted, error)
 	Logs(ctx context.Context, id string, opt runlog.Options, emit func(runlog.Chunk) error) error
@@ -60,6 +59,12 @@ type Daemon interface {
 	OpenJournal(id string) *attest.Journal
 	StoredBytes(runs []answers.Summary) (int64, error)
 	Offer(ctx context.Context, images []string) (drain.Offer, error)
+}
+
+// Exporter is the host's exports (internal/bundle).
+type Exporter interface {
+	Exportable(id string) error
+	Export(ctx context.Context, id string, w io.Writer, handoff bool) error
 }
 
 // Store is the store as the server reads evidence from it: records

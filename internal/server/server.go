@@ -265,14 +265,14 @@ func (h *handler) export(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	// Check first, so that a run that cannot be exported gets an error
 	// body, not a truncated tar behind a 200.
-	if err := h.d.Exportable(id); err != nil {
+	if err := h.Exporter.Exportable(id); err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/x-tar")
 	// Every export hands the run off unless ?handoff=false asks for a copy.
 	handoff := r.URL.Query().Get("handoff") != "false"
-	if err := h.d.Export(r.Context(), id, w, handoff); err != nil {
+	if err := h.Exporter.Export(r.Context(), id, w, handoff); err != nil {
 		// The status is sent; the client sees a truncated bundle, which
 		// import refuses. Abort the connection so it cannot look whole.
 		h.log.Error("export", "run", id, "err", err)
