@@ -127,7 +127,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 	}
 	m := f.h.Mark(id)
 	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Deadline: deadline, Pages: served}
-	sb, rs, pg, err := f.restoreSandbox(ctx, id, es, cp, out, t0, deadline)
+	sb, rs, pg, err := f.restoreSandbox(ctx, restoring{id: id, spec: es, cp: cp, out: out, start: t0})
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
 	}

@@ -24,8 +24,6 @@ func init() {
 		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/create.go build (7)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/create.go newContainer (7)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/deadline.go underDeadlineIn (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/forms/lazy.go restoreSandbox (7)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/forms/lazy.go watchPages (6)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/member/drain.go drainRuns (6)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/member/migrate.go takeBack (7)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/member/reconcile.go takeBackMigration (7)",
