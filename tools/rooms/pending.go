@@ -19,7 +19,6 @@ func init() {
 		"no non-test function takes more than 5 parameters besides its receiver: internal/bundle/export.go writeObjects (6)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/bundle/pack.go stagePack (6)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/bundle/stage.go stageMember (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/criu/judge.go judgeGhost (6)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/drain/drain.go Drain (6)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/create.go build (7)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/create.go newContainer (7)",
