@@ -7,6 +7,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/drain"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/member"
+	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // The daemon's part in a fleet is the member room (internal/member): the
@@ -28,9 +29,10 @@ func (d *Daemon) joinFleet() {
 }
 
 // bundleOptions are how this host judges a bundle, or a run received
-// from a peer: its limits, its trusted signers, its mount policy.
+// from a peer: its limits, its trusted signers (the keys as wired when
+// asked: the member room takes these before wire), its mount policy.
 func (d *Daemon) bundleOptions() bundle.Options {
-	return bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.keys.Trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
+	return bundle.Options{Limits: d.cfg.BundleLimits, Trusted: func(k record.Address) bool { return d.keys.Trusted(k) }, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
 }
 
 // Fleet is the daemon's part in a fleet: its migrations, adoptions and
