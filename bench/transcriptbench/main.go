@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/host"
@@ -247,7 +248,7 @@ func transcriptRound(ctx context.Context, d *daemon.Daemon, id string, gap time.
 
 func waitCall(ctx context.Context, d *daemon.Daemon, id string) error {
 	for range 500 {
-		cs, err := d.Calls(ctx)
+		cs, err := calls.List(d.Rooms().Store)
 		if err != nil {
 			return err
 		}

@@ -30,7 +30,7 @@ func runWarm(archive string, n, pool int) error {
 		return err
 	}
 	defer done()
-	metrics := d.Metrics()
+	metrics := d.Rooms().Metrics
 	var create, warm []time.Duration
 	cold := 0
 	fmt.Printf("round  plain create+start  warm resume (post→running)\n")

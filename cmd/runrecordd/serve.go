@@ -249,8 +249,8 @@ func cmdServe(args []string, stdout io.Writer) error {
 		var pl net.Listener
 		books, err := platform.Open(platform.Dir(f.state))
 		if err == nil {
-			platforms := server.NewPlatform(d, server.Tenancy{Books: books, Limits: f.platform}, log)
-			peers, pl, err = peerServer(f.state, f.peerListen, dir, platforms, server.Peer(d, log), log)
+			platforms := server.NewPlatform(serverDeps(d), server.Tenancy{Books: books, Limits: f.platform}, log)
+			peers, pl, err = peerServer(f.state, f.peerListen, dir, platforms, server.Peer(serverDeps(d), log), log)
 		}
 		if err != nil {
 			l.Close()
@@ -279,8 +279,8 @@ func cmdServe(args []string, stdout io.Writer) error {
 // already serving: it is shut down with the socket's, before the daemon.
 func serveAPI(ctx context.Context, svc *service, l net.Listener, stdout io.Writer, peers *http.Server) error {
 	d, socket, log := svc.d, svc.socket, svc.log
-	srv := &http.Server{Handler: server.New(d, log), ReadHeaderTimeout: 10 * time.Second}
-	srv.RegisterOnShutdown(d.StopEvents) // event streams never end by themselves
+	srv := &http.Server{Handler: server.New(serverDeps(d), log), ReadHeaderTimeout: 10 * time.Second}
+	srv.RegisterOnShutdown(d.Rooms().Events.Stop) // event streams never end by themselves
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	log.Info("serving", "socket", socket, "state", d.Host().StateDir)
@@ -339,6 +339,14 @@ func (f *serveFlags) joinFleet(ctx context.Context, cfg *daemon.Config) (*fleet.
 	return dir, leave, nil
 }
 
+// serverDeps are what internal/server answers from: the daemon, and the
+// rooms it wired.
+func serverDeps(d *daemon.Daemon) server.Deps {
+	r := d.Rooms()
+	return server.Deps{Daemon: d, Store: r.Store, Keys: r.Keys, Collector: r.Collector, Events: r.Events,
+		Counts: r.Counts, Fleet: d.Fleet(), Metrics: r.Metrics, Objects: r.Objects, Exporter: r.Exporter}
+}
+
 // serveMetrics serves d's /metrics, and nothing else, over plain HTTP on
 // addr, until the returned server is closed.
 func serveMetrics(addr string, d *daemon.Daemon, log *slog.Logger) (*http.Server, error) {
@@ -346,7 +354,7 @@ func serveMetrics(addr string, d *daemon.Daemon, log *slog.Logger) (*http.Server
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-listen: %w", err)
 	}
-	ms := &http.Server{Handler: metrics.Listener(d.ScrapeMetrics()), ReadHeaderTimeout: 10 * time.Second}
+	ms := &http.Server{Handler: metrics.Listener(d.Rooms().Scrape), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = ms.Serve(ml) }()
 	log.Info("serving metrics", "metrics-listen", ml.Addr().String())
 	return ms, nil

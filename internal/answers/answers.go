@@ -1,11 +1,12 @@
 // Package answers is what the daemon answers, in the record's and the
 // evidence's own types: a run's Summary and Status, a Parked, a Resumed,
 // an Imported, a Posted, a Verification, the HostInfo, and the timed Steps
-// of an operation (Clock). It is the vocabulary between the daemon and its
-// service layer: internal/server turns these into the API's wire types,
-// and nothing here knows a JSON tag. [Summarize] reads a run's Summary
-// from the store: its status from its phase, its handoff and retention,
-// and whether it executes here.
+// of an operation (Clock); and whom a run is started for (Booking). It is
+// the vocabulary between the daemon and its service layer:
+// internal/server turns these into the API's wire types, and nothing here
+// knows a JSON tag. [Summarize] reads a run's Summary from the store: its
+// status from its phase, its handoff and retention, and whether it
+// executes here.
 package answers
 
 import (

@@ -1,7 +1,6 @@
 package answers
 
 import (
-	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -15,8 +14,8 @@ func Summarize(st *store.Store, id string, executing bool) (Summary, error) {
 		return Summary{}, err
 	}
 	out := Summary{ID: id, Phase: r.Phase, Segments: r.Len, Head: r.Head, Unit: r.Unit, Grants: r.Grants}
-	if u, err := forms.ReadRun(st, r); err == nil {
-		out.Spec = &u.Spec
+	if spec, _, err := st.ReadRun(r); err == nil {
+		out.Spec = &spec
 	}
 	held, off, err := st.HandedOff(id)
 	out.HandedOff = err == nil && off

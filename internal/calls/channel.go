@@ -22,8 +22,8 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
-// Host is what a channel tells the daemon that serves it.
-type Host interface {
+// Daemon is what a channel tells the daemon that serves it.
+type Daemon interface {
 	// Dispatched announces a call the unit dispatched.
 	Dispatched(run string, c protocol.Call)
 	// Awaiting asks for run to be parked: the unit awaits results not
@@ -62,7 +62,7 @@ type Channel struct {
 	run  string
 	dir  string
 	st   Store
-	host Host
+	host Daemon
 	ln   net.Listener
 	srv  *protocol.Server
 	lim  unit.Limits // defaults filled in
@@ -93,7 +93,7 @@ type Channel struct {
 // Open makes run's channel directory for its next interval, with the
 // transcript restored from its sealed object when the run resumes, and
 // listens on its socket; [Channel.Serve] serves it.
-func Open(cfg Config, st Store, host Host) (*Channel, error) {
+func Open(cfg Config, st Store, host Daemon) (*Channel, error) {
 	c := &Channel{run: cfg.Run, dir: cfg.Dir, st: st, host: host, lim: cfg.Limits.Or(unit.DefaultLimits), spoolPath: cfg.Spool}
 	if err := c.fromLedger(cfg.Restore != nil); err != nil {
 		return nil, err

@@ -4,7 +4,7 @@
 // platform does with calls — [Post] a result, [List] the calls awaiting
 // results, [Awaiting] the results a parked run still waits for. It does not
 // import the daemon: what it needs is the [Store] (internal/store's) and a
-// [Host] to announce dispatches and park on an await.
+// [Daemon] to announce dispatches and park on an await.
 //
 // # The ledger is the one home of call state
 //

@@ -40,7 +40,7 @@ func mustOpenStore(t *testing.T, dir string) *store.Store {
 	return st
 }
 
-// testHost is a calls.Host that records what the channel told it.
+// testHost is a calls.Daemon that records what the channel told it.
 type testHost struct {
 	mu         sync.Mutex
 	dispatched []string

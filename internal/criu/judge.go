@@ -10,6 +10,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/cgroup"
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	ghostfile "github.com/checkpoint-restore/go-criu/v7/crit/images/ghost-file"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mnt"
 	skunix "github.com/checkpoint-restore/go-criu/v7/crit/images/sk-unix"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -246,7 +247,7 @@ func (im *Images) Judge(p Policy) error {
 	// The files a restore remakes first: each is judged by what the
 	// spec's capabilities let the unit make itself.
 	for name, g := range im.Ghosts {
-		if err := judgeGhost(name, g.GetMode(), g.GetUid(), g.GetGid(), g.GetRdev(), p); err != nil {
+		if err := judgeGhost(name, g, p); err != nil {
 			return err
 		}
 	}
@@ -764,8 +765,9 @@ func judgeFile(image string, f file, p Policy) error {
 	return nil
 }
 
-// judgeGhost judges a deleted file CRIU remakes.
-func judgeGhost(image string, mode, uid, gid, rdev uint32, p Policy) error {
+// judgeGhost judges a deleted file CRIU remakes, as its image g says.
+func judgeGhost(image string, g *ghostfile.GhostFileEntry, p Policy) error {
+	mode, uid, gid, rdev := g.GetMode(), g.GetUid(), g.GetGid(), g.GetRdev()
 	kinds := map[uint32]byte{0o100000: 'r', 0o040000: 'd', 0o120000: 'l', 0o010000: 'p', 0o020000: 'c', 0o060000: 'b'}
 	k := kinds[mode&0o170000]
 	// CRIU keeps rdev in the kernel's old encoding (major<<8 | minor).

@@ -46,7 +46,7 @@ func (b *fakeBooking) String() string {
 func TestStartBooked(t *testing.T) {
 	h := newFakeHost(t)
 	spec := unit.Spec{Image: fakeImage, Args: []string{"/unit"}}
-	ch, done := h.d.Subscribe()
+	ch, done := h.d.events.Subscribe()
 	defer done()
 	b := &fakeBooking{}
 	if _, err := h.d.StartBooked(t.Context(), "r", spec, unit.Grants{}, b); err != nil {

@@ -11,9 +11,9 @@ import (
 	"github.com/runrecordd/runrecordd/internal/forms"
 )
 
-// exporter is this host's exports (bundle.Exporter): under the run's
-// lock, with the books of this process's exports.
-func (d *Daemon) exporter() bundle.Exporter {
+// wireExports makes this host's exports (bundle.Exporter): under the
+// run's lock, with the books of this process's exports (wire).
+func (d *Daemon) wireExports() bundle.Exporter {
 	lock := func(id string) (func(), error) {
 		r, err := d.lockRun(id)
 		if err != nil {
@@ -22,28 +22,14 @@ func (d *Daemon) exporter() bundle.Exporter {
 		return r.mu.Unlock, nil
 	}
 	return bundle.Exporter{Store: d.st, Books: &d.exports, Lock: lock, Held: func(id string) ([]string, error) { return calls.Held(d.st, id) },
-		Log: d.log, HandedOff: func(id string) { d.publish(events.Event{Kind: "run.handed_off", Run: id}) }}
+		Log: d.log, HandedOff: func(id string) { d.events.Publish(events.Event{Kind: "run.handed_off", Run: id}) }}
 }
 
-// Exportable says whether run id can be exported now
-// ([bundle.Exporter.Exportable]).
-func (d *Daemon) Exportable(id string) error { return d.exporter().Exportable(id) }
-
-// Export writes run id's bundle to w, handing the run off unless not
-// handoff ([bundle.Exporter.Export]).
-func (d *Daemon) Export(ctx context.Context, id string, w io.Writer, handoff bool) error {
-	return d.exporter().Export(ctx, id, w, handoff)
-}
-
-// Import reads a bundle and stores its run as id (the bundle's own id when
-// empty), accepting nothing until everything checks ([bundle.Import]).
-func (d *Daemon) Import(ctx context.Context, r io.Reader, id string) (answers.Imported, error) {
-	return d.ImportWith(ctx, r, id, false)
-}
-
-// ImportWith is Import; with reclaim, a bundle of a run this host handed
-// off that adds nothing to it (the very bundle exported) takes the run
-// back: the operator's word that no other host resumed from it.
+// ImportWith reads a bundle and stores its run as id (the bundle's own id
+// when empty), accepting nothing until everything checks
+// ([bundle.Import]); with reclaim, a bundle of a run this host handed off
+// that adds nothing to it (the very bundle exported) takes the run back:
+// the operator's word that no other host resumed from it.
 func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (answers.Imported, error) {
 	var rl *run
 	im, err := bundle.Import(ctx, d.st, r, bundle.ImportOptions{
@@ -67,9 +53,5 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 		return answers.Imported{}, err
 	}
 	d.log.Info("run imported", "run", im.Run, "from", im.Header.Run, "objects", im.Objects, "bytes", im.Bytes, "copy", im.Header.Copy)
-	return answers.Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: im.Grants, Signers: d.Signers(im.Signers), Unclaimed: unclaimed}, nil
+	return answers.Imported{Run: sum, Objects: im.Objects, Bytes: im.Bytes, Grants: im.Grants, Signers: d.keys.Names(im.Signers), Unclaimed: unclaimed}, nil
 }
-
-// notHandedOff refuses an operation on a run an export handed to another
-// host, or held here as a copy ([bundle.HeldHere]).
-func (d *Daemon) notHandedOff(id string) error { return bundle.HeldHere(d.st, id) }

@@ -24,6 +24,7 @@ func importHost(t *testing.T) metricsHost {
 	h.d.runs = map[string]*run{}
 	h.d.cfg.StateDir = t.TempDir()
 	h.d.keyID = attest.KeyID(ownKey.Public().(ed25519.PublicKey))
+	h.d.wire()
 	return h
 }
 

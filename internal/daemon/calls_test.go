@@ -22,6 +22,7 @@ func TestLegacyResultsBroughtIn(t *testing.T) {
 	h := mustMetricsHost(t, "")
 	h.d.runs = map[string]*run{}
 	h.d.cfg.StateDir = t.TempDir()
+	h.d.wire()
 	h.Start(t, "r")
 	att := h.Put(t, []byte("attestation"))
 	h.Append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"c1", "c2"}}),
@@ -41,11 +42,11 @@ func TestLegacyResultsBroughtIn(t *testing.T) {
 	if _, err := os.Stat(filepath.Dir(dir)); !os.IsNotExist(err) {
 		t.Fatalf("results/ after the start: %v", err)
 	}
-	cs, err := h.d.Calls(t.Context())
+	cs, err := calls.List(h.d.st)
 	if err != nil || len(cs) != 2 || cs[0].ID != "c1" || !cs[0].ResultPosted || cs[1].ResultPosted || cs[0].Phase != record.Parked {
 		t.Fatalf("calls %+v %v", cs, err)
 	}
-	if err := h.d.Exportable("r"); !errors.Is(err, bundle.ErrResultsHeld) {
+	if err := h.d.exporter.Exportable("r"); !errors.Is(err, bundle.ErrResultsHeld) {
 		t.Fatalf("export with the result brought in: %v", err)
 	}
 	if _, err := h.d.PostResult(t.Context(), "r", "c1", []byte(`{}`)); !errors.Is(err, calls.ErrRefused) {

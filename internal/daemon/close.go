@@ -6,9 +6,11 @@ import (
 	"fmt"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -32,7 +34,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	if st.Phase == record.Ended {
 		return answers.Summary{}, fmt.Errorf("run %s: %w", id, record.ErrClosed)
 	}
-	if err := d.notHandedOff(id); err != nil {
+	if err := bundle.HeldHere(d.st, id); err != nil {
 		return answers.Summary{}, err
 	}
 	closed := record.Closure(reason)
@@ -41,7 +43,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 		// As a park does: nothing reaches the account between its
 		// sealing and the close.
 		defer lv.unit.Hold()()
-		_, err = d.endAt(ctx, lv, "close.sealed", attest.Outcome{Kind: attest.Killed}, lv.unit.Account(), []record.Segment{closed})
+		_, err = d.endAt(ctx, lv, "close.sealed", interval.Ending{Outcome: attest.Outcome{Kind: attest.Killed}, Calls: lv.unit.Account(), Then: []record.Segment{closed}})
 	} else {
 		err = d.fleet.Append(id, closed)
 	}
@@ -52,8 +54,8 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 		return answers.Summary{}, fmt.Errorf("close %s: %w", id, err)
 	}
 	d.reach("close.appended")
-	d.warm().Discard(ctx, id, true)
-	d.dropMark(id)
+	d.forms.Warm.Discard(ctx, id, true)
+	d.intervals.DropMark(id)
 	if lv != nil {
 		lv.stopping = true
 		d.destroy(lv)
@@ -67,7 +69,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	d.releaseRange(id)
 	r.live, r.park = nil, nil
 	d.log.Info("run closed", "run", id, "reason", reason)
-	d.publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
+	d.events.Publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
 	return d.summary(id, r)
 }
 

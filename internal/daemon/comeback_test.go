@@ -24,6 +24,7 @@ func TestOwnRunWithAMountComesBack(t *testing.T) {
 	key := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{1}, 32))
 	h.d.keyID = attest.KeyID(key.Public().(ed25519.PublicKey))
 	h.d.cfg.StateDir = t.TempDir()
+	h.d.wire()
 	data := t.TempDir()
 	r := bundletest.Run{Spec: unit.Spec{Image: "example/unit:1", ImageDigest: "sha256:" + strings.Repeat("a", 64), Mode: unit.TranscriptMode, Args: []string{"a"}},
 		Grants: unit.Grants{Network: unit.NoNetwork, ReadOnly: []unit.Mount{{Source: data, Target: "/data"}}}, Key: key, Transcript: []byte("{\"t\":1}\n"),
@@ -59,6 +60,7 @@ func TestOwnRunWithAMountComesBack(t *testing.T) {
 	g.d.runs = map[string]*run{}
 	g.d.cfg.StateDir = t.TempDir()
 	g.d.keyID = h.d.keyID
+	g.d.wire()
 	if _, err := g.d.ImportWith(t.Context(), bytes.NewReader(b.Tar(nil)), "r", false); !errors.Is(err, bundle.ErrPolicy) {
 		t.Fatalf("a host that never granted the mount: %v, want the policy's refusal", err)
 	}

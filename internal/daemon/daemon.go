@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,9 +29,8 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/comeback"
 	"github.com/runrecordd/runrecordd/internal/events"
-	"github.com/runrecordd/runrecordd/internal/evidence"
-	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet/member"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
@@ -42,17 +42,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/record"
-)
-
-// Errors of the daemon's own. Refusals from the packages it joins pass
-// through wrapped: pkg/record's phase errors, internal/store's, internal/resume's
-// typed precondition errors, internal/executor's.
-var (
-	// ErrInvalid is a request that cannot be carried out as given.
-	ErrInvalid = errors.New("invalid request")
-	// ErrNoSandbox is a run executing in its record with no sandbox on
-	// this host (lost in a host restart, or imported while executing).
-	ErrNoSandbox = errors.New("run has no sandbox on this host")
 )
 
 // Config configures a Daemon.
@@ -72,12 +61,6 @@ type Config struct {
 
 // Daemon is one host's runrecordd.
 type Daemon struct {
-	// Reader answers the host's evidence: records, units, objects,
-	// verification and trusted keys (internal/evidence).
-	evidence.Reader
-	// Collector collects the store (internal/retention).
-	retention.Collector
-
 	cfg    Config
 	log    *slog.Logger
 	base   *host.Host // what it stands on (nil in unit tests of a fake)
@@ -85,23 +68,32 @@ type Daemon struct {
 	ex     Sandboxes // the executor (forms.Exec), a fake in unit tests
 	meter  *idle.Meter
 	keyID  record.Address
+	keys   trust.Keys        // the host keys trusted here (admitted to the fleet too)
 	signer *interval.Signer  // the host key and its audit chain
 	host   manifest.Manifest // the host's own facts and runtime versions
-	stop   context.CancelFunc
-	bgCtx  context.Context // done once the daemon stops
-	bg     sync.WaitGroup
+	// intervals and forms are this host's side of every interval and of
+	// both forms, wired once (wireForms).
+	intervals interval.Recorder
+	forms     forms.Env
+	stop      context.CancelFunc
+	bgCtx     context.Context // done once the daemon stops
+	bg        sync.WaitGroup
 
 	mu   sync.Mutex
 	runs map[string]*run
 	// fleet is the daemon's part in a fleet (internal/fleet/member); alone, it
 	// appends to the store directly.
 	fleet *member.Member
-	// exports keeps the books of this process's exports (bundle.Exports).
-	exports bundle.Exports
+	// exports keeps the books of this process's exports (bundle.Exports);
+	// exporter makes them (wireExports).
+	exports  bundle.Exports
+	exporter bundle.Exporter
 
 	metrics metrics.Metrics
 	events  events.Hub
 	probe   *imageparks.Gate
+	// rooms are the rooms that answer without a run's lock (Rooms).
+	rooms Rooms
 
 	// stopping is set once the daemon parks its runs to stop
 	// (ParkForStop): no run starts or resumes after it.
@@ -135,7 +127,6 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	cfg.Config = h.Config
 	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: map[string]*run{}, base: h, st: h.Store,
 		ex: forms.Exec{Client: h.Exec}, meter: h.Meter, signer: h.Signer, keyID: h.Signer.KeyID(), host: h.Facts}
-	d.openEvidence()
 	if h.Warm != nil {
 		d.metrics.WarmFrom(h.Warm.Stats)
 	}
@@ -147,6 +138,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		}
 	}()
 	d.joinFleet()
+	d.wire()
 	bg, stop := context.WithCancel(context.Background())
 	d.stop, d.bgCtx = stop, bg
 	d.background(func() { _ = d.meter.Run(bg) })
@@ -155,19 +147,40 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.startProbe(h.CRIUErr)
 	d.serviceMetrics()
-	d.Collector = retention.NewCollector(d.st, d.cfg.Policy, d.log)
-	d.background(func() { d.Collector.Run(d.bgCtx) })
+	d.background(func() { d.rooms.Collector.Run(d.bgCtx) })
 	d.fleet.Watch(bg, &d.bg)
 	ok = true
 	return d, nil
 }
 
-// openEvidence makes the daemon's evidence reader from its store, key and
-// fleet (internal/evidence).
-func (d *Daemon) openEvidence() {
-	d.Reader = evidence.New(d.st, func() trust.Keys { return trust.Keys{Store: d.st, Self: d.keyID, Log: d.log} },
-		func(k record.Address) bool { return d.fleet.Admitted(k) }, func(id string) string { return d.outputOf(id).Stdout })
+// Rooms are the rooms the daemon wires once, in New, that internal/server
+// and serve use directly: all but the exporter answer without a run's
+// lock.
+type Rooms struct {
+	Store     *store.Store        // records, objects, units, the call ledger
+	Keys      trust.Keys          // the host keys trusted here
+	Collector retention.Collector // the store's collection (GC on demand)
+	Events    *events.Hub         // the watchers' hub
+	Counts    *metrics.Metrics    // what the daemon counts (Failed)
+	Metrics   http.Handler        // /metrics (internal/metrics)
+	Scrape    http.Handler        // serve --metrics-listen's /metrics: no label names a run
+	Objects   http.Handler        // the host's objects by address, to its fleet's hosts (internal/fleet/transfer)
+	Exporter  bundle.Exporter     // exports, each under its run's lock while judged and handed off
 }
+
+// wire makes the rooms the daemon holds from its store, key, meter,
+// configuration and fleet, once (New; the unit tests' harness).
+func (d *Daemon) wire() {
+	d.wireForms()
+	d.exporter = d.wireExports()
+	d.keys = trust.Keys{Store: d.st, Self: d.keyID, Log: d.log, Admitted: func(k record.Address) bool { return d.fleet.Admitted(k) }}
+	src := metrics.HostSource(d.st, d.meter)
+	d.rooms = Rooms{Store: d.st, Keys: d.keys, Collector: retention.NewCollector(d.st, d.cfg.Policy, d.log), Events: &d.events,
+		Counts: &d.metrics, Metrics: d.metrics.Handler(src, d.log), Scrape: d.metrics.ScrapeHandler(src, d.log), Objects: transfer.Handler(d.st), Exporter: d.exporter}
+}
+
+// Rooms returns the rooms the daemon wired at New.
+func (d *Daemon) Rooms() Rooms { return d.rooms }
 
 // Shutdown stops the daemon's own work, then closes what it stands on
 // (host.Host.Close). Sandboxes keep running (a restarted daemon reattaches
@@ -177,7 +190,7 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	if d.stop != nil {
 		d.stop()
 	}
-	d.StopEvents()
+	d.events.Stop()
 	// Transcript units lose their channels with this process; the next
 	// start parks them from the transcripts left on disk.
 	d.mu.Lock()
@@ -222,16 +235,6 @@ func (d *Daemon) lock(id string) *run {
 	d.mu.Unlock()
 	r.mu.Lock()
 	return r
-}
-
-// output returns a run's output files on this host, making their directory.
-func (d *Daemon) output(id string) (executor.Output, error) {
-	out, err := d.intervals().MakeOutput(id)
-	return executor.Output(out), err
-}
-
-func (d *Daemon) outputOf(id string) executor.Output {
-	return executor.Output(d.intervals().Output(id))
 }
 
 func nowNS() int64 { return time.Now().UnixNano() }

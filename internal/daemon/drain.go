@@ -20,7 +20,7 @@ func (d *Daemon) placement() drain.Local {
 		return img.Digest, err
 	}
 	return drain.Local{Store: d.st, Facts: d.host, Digest: digest, MinFree: d.cfg.MinFree, Draining: func() bool { return d.fleet.Draining() },
-		ImageParks: func() bool { return d.probe.Status().State != imageparks.Unavailable }, Forms: d.forms()}
+		ImageParks: func() bool { return d.probe.Status().State != imageparks.Unavailable }, Forms: d.forms}
 }
 
 // Offer is what this host can take now ([drain.Local.Offer]).

@@ -19,6 +19,7 @@ func TestExportGolden(t *testing.T) {
 	h := mustMetricsHost(t, "")
 	h.d.runs = map[string]*run{}
 	h.d.cfg.StateDir = t.TempDir()
+	h.d.wire()
 	if err := bundletest.Pinned(t.Context(), h.d.st); err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +29,7 @@ func TestExportGolden(t *testing.T) {
 		file    string
 	}{{"t", true, "transcript.bundle"}, {"i", false, "image-copy.bundle"}} {
 		var b bytes.Buffer
-		if err := h.d.Export(t.Context(), c.run, &b, c.handoff); err != nil {
+		if err := h.d.exporter.Export(t.Context(), c.run, &b, c.handoff); err != nil {
 			t.Fatal(err)
 		}
 		want, err := os.ReadFile(filepath.Join("..", "bundle", "testdata", "export", c.file))

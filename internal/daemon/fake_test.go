@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
@@ -166,8 +167,8 @@ func (x *fakeExec) Versions(context.Context) (executor.Versions, error) {
 	return executor.Versions{Containerd: "1.6.20~ds1", Runc: "1.1.5", CRIU: "4.2.1"}, nil
 }
 
-func (x *fakeExec) Probe(context.Context, time.Duration) executor.Probe {
-	return executor.Probe{OK: true}
+func (x *fakeExec) Probe(context.Context, time.Duration) criu.Probe {
+	return criu.Probe{OK: true}
 }
 
 func (x *fakeExec) SweepProbes(context.Context) {}
@@ -322,6 +323,7 @@ func newFakeHost(t *testing.T, set ...func(*Daemon)) *fakeHost {
 	}
 	d.bgCtx, d.stop = context.WithCancel(context.Background())
 	d.startProbe(nil) // the fake's probe passes
+	d.wire()
 	t.Cleanup(func() {
 		d.stop()
 		d.bg.Wait()

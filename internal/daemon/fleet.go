@@ -7,6 +7,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
 	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // The daemon's part in a fleet is the member room (internal/fleet/member): the
@@ -19,18 +20,19 @@ import (
 func (d *Daemon) joinFleet() {
 	d.fleet = member.New(member.Config{
 		Join:  d.cfg.Join,
-		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.publish, Reach: d.reach,
+		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.events.Publish, Reach: d.reach,
 		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: forms.CheckID},
-		Exportable: d.Exportable, Runs: runTable{d},
+		Exportable: func(id string) error { return d.exporter.Exportable(id) }, Runs: runTable{d},
 		Fits:    func(ctx context.Context, id string) error { return d.placement().Fits(ctx, id) },
 		MinFree: d.cfg.MinFree,
 	})
 }
 
 // bundleOptions are how this host judges a bundle, or a run received
-// from a peer: its limits, its trusted signers, its mount policy.
+// from a peer: its limits, its trusted signers (the keys as wired when
+// asked: the member room takes these before wire), its mount policy.
 func (d *Daemon) bundleOptions() bundle.Options {
-	return bundle.Options{Limits: d.cfg.BundleLimits, Trusted: d.Trusted, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
+	return bundle.Options{Limits: d.cfg.BundleLimits, Trusted: func(k record.Address) bool { return d.keys.Trusted(k) }, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
 }
 
 // Fleet is the daemon's part in a fleet: its migrations, adoptions and

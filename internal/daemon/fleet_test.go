@@ -19,6 +19,7 @@ import (
 func inFleet(d *Daemon, h *fleet.Host, rejoin func(context.Context) (*fleet.Host, error)) {
 	d.cfg.Fleet, d.cfg.Rejoin = h, rejoin
 	d.joinFleet()
+	d.wire()
 }
 
 // joinFleet admits name as a host of dir and joins it.

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -37,10 +38,10 @@ func TestFailedExportKeepsAnotherExportsHandoff(t *testing.T) {
 	h.Park(t, "r", h.TranscriptPark(t, 4096))
 	w1 := &stallThenFail{n: 1, stalled: make(chan struct{}), fail: make(chan struct{})}
 	done := make(chan error)
-	go func() { done <- h.d.Export(t.Context(), "r", w1, true) }()
+	go func() { done <- h.d.exporter.Export(t.Context(), "r", w1, true) }()
 	<-w1.stalled
 	var b2 bytes.Buffer
-	if err := h.d.Export(t.Context(), "r", &b2, true); err != nil {
+	if err := h.d.exporter.Export(t.Context(), "r", &b2, true); err != nil {
 		t.Fatal(err)
 	}
 	close(w1.fail)
@@ -57,7 +58,7 @@ func TestFailedExportKeepsAnotherExportsHandoff(t *testing.T) {
 	g.Park(t, "s", g.TranscriptPark(t, 4096))
 	w := &stallThenFail{n: 1, stalled: make(chan struct{}), fail: make(chan struct{})}
 	close(w.fail)
-	if err := g.d.Export(t.Context(), "s", w, true); err == nil {
+	if err := g.d.exporter.Export(t.Context(), "s", w, true); err == nil {
 		t.Fatal("the export did not fail")
 	}
 	if _, off, _ := g.d.st.HandedOff("s"); off {
@@ -75,16 +76,16 @@ func TestCallsOfHandedOffRunNotListed(t *testing.T) {
 	att := h.Put(t, []byte("attestation"))
 	h.Append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"pay-1"}}),
 		record.Suspension(h.TranscriptPark(t, 16), h.Put(t, []byte("manifest"))))
-	calls, err := h.d.Calls(t.Context())
-	if err != nil || len(calls) != 1 || calls[0].ID != "pay-1" {
-		t.Fatalf("calls before the handoff: %+v, %v", calls, err)
+	listed, err := calls.List(h.d.st)
+	if err != nil || len(listed) != 1 || listed[0].ID != "pay-1" {
+		t.Fatalf("calls before the handoff: %+v, %v", listed, err)
 	}
 	head, _ := h.d.st.Head("r")
 	if err := h.d.st.HandOff("r", head); err != nil {
 		t.Fatal(err)
 	}
-	if calls, err = h.d.Calls(t.Context()); err != nil || len(calls) != 0 {
-		t.Fatalf("calls of a handed-off run listed: %+v, %v", calls, err)
+	if listed, err = calls.List(h.d.st); err != nil || len(listed) != 0 {
+		t.Fatalf("calls of a handed-off run listed: %+v, %v", listed, err)
 	}
 }
 
@@ -94,18 +95,19 @@ func TestExportRefusedWithResultsHeld(t *testing.T) {
 	h := mustMetricsHost(t, "")
 	h.d.runs = map[string]*run{}
 	h.d.cfg.StateDir = t.TempDir()
+	h.d.wire()
 	h.Start(t, "r")
 	att := h.Put(t, []byte("attestation"))
 	h.Append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"c1", "c2"}}),
 		record.Suspension(h.TranscriptPark(t, 16), h.Put(t, []byte("manifest"))))
-	if err := h.d.Exportable("r"); err != nil {
+	if err := h.d.exporter.Exportable("r"); err != nil {
 		t.Fatalf("no result posted: %v", err)
 	}
 	if pr, err := h.d.PostResult(t.Context(), "r", "c1", []byte(`"ok"`)); err != nil || pr.Resumed != nil || len(pr.Awaiting) != 1 {
 		t.Fatalf("post: %+v %v", pr, err)
 	}
 	var b bytes.Buffer
-	if err := h.d.Export(t.Context(), "r", &b, true); !errors.Is(err, bundle.ErrResultsHeld) || b.Len() != 0 {
+	if err := h.d.exporter.Export(t.Context(), "r", &b, true); !errors.Is(err, bundle.ErrResultsHeld) || b.Len() != 0 {
 		t.Fatalf("export with a result held: %v (%d bytes written)", err, b.Len())
 	}
 	if _, off, _ := h.d.st.HandedOff("r"); off {

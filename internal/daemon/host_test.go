@@ -12,7 +12,7 @@ import (
 // sandbox; fake_test.go adds the rest.
 type metricsHost struct {
 	d *Daemon
-	*testhost.Host
+	*testhost.Fixture
 }
 
 func mustMetricsHost(t *testing.T, raplCase string, c ...idle.Coefficients) metricsHost {
@@ -20,6 +20,6 @@ func mustMetricsHost(t *testing.T, raplCase string, c ...idle.Coefficients) metr
 	h := testhost.New(t, raplCase, c...)
 	d := &Daemon{log: testhost.Log(t), st: h.Store, meter: h.Meter}
 	d.joinFleet() // alone, until a test puts it in a fleet (inFleet)
-	d.openEvidence()
-	return metricsHost{d: d, Host: h}
+	d.wire()
+	return metricsHost{d: d, Fixture: h}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
-	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 )
 
@@ -17,9 +16,10 @@ func (d *Daemon) startProbe(criuErr error) {
 	if d.base != nil {
 		build = d.base.CRIU
 	}
-	probe := func(ctx context.Context) executor.Probe {
+	probe := func(ctx context.Context) criu.Probe {
 		p := imageparks.CheckBuild(d.ex.Probe(ctx, imageparks.Deadline(d.cfg.CRIUDeadline, 0)), build)
 		return imageparks.UserNS(p, d.cfg.HostRootImages)
 	}
 	d.probe = imageparks.Start(d.bgCtx, &d.bg, probe, criuErr, d.log)
+	d.forms.Gate = d.probe
 }

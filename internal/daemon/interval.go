@@ -3,11 +3,12 @@ package daemon
 import (
 	"context"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/interval"
-	"github.com/runrecordd/runrecordd/pkg/attest"
-	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/internal/warmpool"
 )
 
 // live is a run's sandbox on this host and its open interval
@@ -21,37 +22,39 @@ type live struct {
 	stopping bool
 }
 
-// intervals is this host's side of every interval (internal/interval),
-// made from the daemon's state directory, store, signer and meter at each
-// use.
-func (d *Daemon) intervals() interval.Host {
-	return interval.Host{StateDir: d.cfg.StateDir, Store: d.fleet.Records(), Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log}
+// wireForms makes this host's side of every interval (internal/interval)
+// from the daemon's state directory, signer and meter (the store it ends
+// intervals in is the fleet's fence as it is at each end: endAt), and its side of both forms (internal/forms) over it:
+// once, at New (wire). The image-park gate joins the forms when its probe
+// starts (startProbe).
+func (d *Daemon) wireForms() {
+	d.intervals = interval.Recorder{StateDir: d.cfg.StateDir, Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log}
+	output := func(id string) (executor.Output, error) {
+		out, err := d.intervals.MakeOutput(id)
+		return executor.Output(out), err
+	}
+	var warm *warmpool.Pool // none without a host (the daemon's unit tests)
+	if d.base != nil {
+		warm = d.base.Warm
+	}
+	d.forms = forms.Env{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
+		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: output, Mark: d.intervals.MarkNow, Invalid: answers.ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume), LazyServed: d.cfg.LazyServed,
+		Warm: warm, Creates: d.creates(), Ranges: d.ranges(), HostRootImages: d.cfg.HostRootImages}
 }
-
-// markNow is a mark at this instant for run id's output.
-func (d *Daemon) markNow(id string) interval.Mark { return d.intervals().MarkNow(id) }
 
 // begin starts an interval on u from m.
 func (d *Daemon) begin(id string, u *forms.Unit, event string, m interval.Mark) *live {
-	return &live{sb: u.Sandbox, unit: u, iv: d.intervals().Begin(id, u.Sandbox, u.Grants.Limits, event, m)}
+	return &live{sb: u.Sandbox, unit: u, iv: d.intervals.Begin(id, u.Sandbox, u.Grants.Limits, event, m)}
 }
 
 // reattach goes on with the interval an earlier daemon process began on
 // u, from the mark it saved (or from now, without one).
 func (d *Daemon) reattach(id string, u *forms.Unit) *live {
-	return &live{sb: u.Sandbox, unit: u, iv: d.intervals().Reattach(id, u.Sandbox, u.Grants.Limits)}
-}
-
-// forms is this host's side of both forms (internal/forms), made from the
-// daemon's state at each use.
-func (d *Daemon) forms() forms.Host {
-	return forms.Host{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
-		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: d.output, Mark: d.markNow, Invalid: ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume), LazyServed: d.cfg.LazyServed,
-		Warm: d.warm(), Creates: d.creates(), Ranges: d.ranges(), HostRootImages: d.cfg.HostRootImages}
+	return &live{sb: u.Sandbox, unit: u, iv: d.intervals.Reattach(id, u.Sandbox, u.Grants.Limits)}
 }
 
 // ranges are the host's user-namespace ranges where units run in user
-// namespaces (forms.Host.Ranges); nil otherwise.
+// namespaces (forms.Env.Ranges); nil otherwise.
 func (d *Daemon) ranges() *idmap.Ranges {
 	if d.base == nil || !d.base.Config.UserNS {
 		return nil
@@ -68,9 +71,6 @@ func (d *Daemon) creates() forms.Creator {
 	return forms.Creates(d.base.Exec)
 }
 
-// form is the form of lv's unit, over the daemon as it is now.
-func (d *Daemon) form(lv *live) forms.Form { return d.forms().For(lv.unit.Spec.Mode) }
-
 // background runs fn in the daemon's background.
 func (d *Daemon) background(fn func()) {
 	d.bg.Add(1)
@@ -80,22 +80,19 @@ func (d *Daemon) background(fn func()) {
 	}()
 }
 
-// saveMark keeps lv's start for a restarted daemon.
-func (d *Daemon) saveMark(_ string, lv *live) { d.intervals().SaveMark(lv.iv) }
-
-func (d *Daemon) dropMark(id string) { d.intervals().DropMark(id) }
-
-// endAt ends lv's interval and records it: the Executed segment with
-// calls, then the segments in then, in one transaction
+// endAt ends lv's interval with e and records it: the Executed segment
+// with e.Calls, then e.Then, in one transaction
 // (internal/interval), with a failpoint armed at step (when not empty)
 // between the sealing and the append. On success the receipt is counted.
-func (d *Daemon) endAt(ctx context.Context, lv *live, step string, outcome attest.Outcome, calls *record.CallAccount, then []record.Segment, extra ...attest.Entry) (interval.Sealed, error) {
+func (d *Daemon) endAt(ctx context.Context, lv *live, step string, e interval.Ending) (interval.Sealed, error) {
 	lv.unit.Spool(lv.iv)
 	var sealed func()
 	if step != "" {
 		sealed = func() { d.reach(step) }
 	}
-	s, err := d.intervals().End(ctx, lv.iv, sealed, outcome, calls, then, extra...)
+	rec := d.intervals
+	rec.Store = d.fleet.Records() // a rejoin replaces the fence
+	s, err := rec.End(ctx, lv.iv, sealed, e)
 	if err != nil {
 		return interval.Sealed{}, d.fleet.Err(err)
 	}

@@ -119,7 +119,7 @@ func lazyHost(t *testing.T) (*fakeHost, *fakePages, string, chan error) {
 // resumes again.
 func TestLazyPagesLostParksBack(t *testing.T) {
 	h, p, snap, errs := lazyHost(t)
-	events, cancel := h.d.Subscribe()
+	events, cancel := h.d.events.Subscribe()
 	defer cancel()
 	p.end(fmt.Errorf("%w: lazy-pages killed", executor.ErrPagesLost))
 	for e := range events {
@@ -144,6 +144,7 @@ func TestLazyPagesLostParksBack(t *testing.T) {
 		t.Fatal("the unit or its lazy-pages outlived the park back")
 	}
 	h.d.cfg.LazyResume = false
+	h.d.wire()
 	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +162,7 @@ func TestLazyPagesLostFreezeFails(t *testing.T) {
 	h.ex.mu.Lock()
 	h.ex.pauseErr = errors.New("unable to freeze")
 	h.ex.mu.Unlock()
-	events, cancel := h.d.Subscribe()
+	events, cancel := h.d.events.Subscribe()
 	defer cancel()
 	p.end(fmt.Errorf("%w: lazy-pages killed", executor.ErrPagesLost))
 	for e := range events {

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/runlog"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -16,23 +18,23 @@ import (
 // (internal/runlog): its sealed intervals' from their journals, its open
 // interval's from its files here. A follow ends when the run is closed or
 // handed off, when ctx ends, or when the daemon stops its streams
-// (StopEvents: ErrStopping). emit must not keep a chunk's data.
+// (the events hub stopped: answers.ErrStopping). emit must not keep a chunk's data.
 func (d *Daemon) Logs(ctx context.Context, id string, opt runlog.Options, emit func(runlog.Chunk) error) error {
 	if _, err := d.st.Run(id); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	ch, done := d.Subscribe()
+	ch, done := d.events.Subscribe()
 	defer done()
 	go func() {
 		for range ch { // closed when the daemon stops its streams
 		}
-		cancel(ErrStopping)
+		cancel(answers.ErrStopping)
 	}()
 	err := runlog.Read(ctx, logSource{d: d, id: id}, opt, emit)
-	if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrStopping) {
-		return fmt.Errorf("run %s: %w", id, ErrStopping)
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, answers.ErrStopping) {
+		return fmt.Errorf("run %s: %w", id, answers.ErrStopping)
 	}
 	return err
 }
@@ -64,7 +66,7 @@ func (s logSource) State() (runlog.State, error) {
 	if err != nil {
 		return runlog.State{}, err
 	}
-	st := runlog.State{Sealed: len(executed(raw.Segments)), Done: sum.Phase == record.Ended || d.notHandedOff(s.id) != nil}
+	st := runlog.State{Sealed: len(executed(raw.Segments)), Done: sum.Phase == record.Ended || bundle.HeldHere(d.st, s.id) != nil}
 	if r != nil && r.live != nil && !r.live.iv.Ended() {
 		o := &runlog.Open{Files: r.live.iv.Files()}
 		o.From[0], o.From[1] = r.live.iv.Offsets()
@@ -90,7 +92,7 @@ func (s logSource) Journal(k int) (io.ReadCloser, error) {
 	if k < 1 || k > len(ex) {
 		return nil, fmt.Errorf("run %s: no interval %d", s.id, k)
 	}
-	b, err := s.d.Object(ex[k-1].Attestation)
+	b, err := s.d.st.ReadAll(ex[k-1].Attestation)
 	if err != nil {
 		return nil, err
 	}

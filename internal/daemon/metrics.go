@@ -1,28 +1,11 @@
 package daemon
 
 import (
-	"net/http"
-
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/metrics"
 	"github.com/runrecordd/runrecordd/internal/version"
 )
-
-// Metrics is the /metrics handler (internal/metrics).
-func (d *Daemon) Metrics() http.Handler {
-	return d.metrics.Handler(metrics.HostSource(d.st, d.meter), d.log)
-}
-
-// ScrapeMetrics is the /metrics handler of serve --metrics-listen: no
-// label names a run (internal/metrics, ScrapeHandler).
-func (d *Daemon) ScrapeMetrics() http.Handler {
-	return d.metrics.ScrapeHandler(metrics.HostSource(d.st, d.meter), d.log)
-}
-
-// Failed counts an API request that failed with code; op is its route's
-// pattern.
-func (d *Daemon) Failed(op, code string) { d.metrics.Failed(op, code) }
 
 // serviceMetrics sets what the service's metrics read: the build and the
 // runtime from the host's facts, the image-park gate, the store.

@@ -127,7 +127,7 @@ func TestParkRefusedAtAppend(t *testing.T) {
 	if lv == nil || lv.iv.Ended() || !hasEvent(lv.iv.Events(), "park-refused") {
 		t.Fatal("no new interval after the refused append")
 	}
-	if _, err := os.Stat(h.d.intervals().MarkPath("r")); err != nil {
+	if _, err := os.Stat(h.d.intervals.MarkPath("r")); err != nil {
 		t.Fatalf("the new interval's mark is not saved: %v", err)
 	}
 	forms.RemoveRun(t.Context(), h.d.ex, "r", h.d.log)
@@ -244,7 +244,7 @@ func TestResumeRefusedAtRestoreAndAtAppend(t *testing.T) {
 	if h.ex.sandbox("r") != nil {
 		t.Fatal("the restored sandbox outlived the refused append")
 	}
-	if _, err := os.Stat(h.d.intervals().MarkPath("r")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(h.d.intervals.MarkPath("r")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a refused resume left its interval's mark: %v", err)
 	}
 	if got := h.kinds(t, "r"); got != "executed suspended closed" {
@@ -394,7 +394,7 @@ func TestStartRefusedAtGenesis(t *testing.T) {
 	if sb := h.ex.sandbox("r"); sb != nil {
 		t.Fatalf("the refused run's sandbox is left, %s", sb.status)
 	}
-	if _, err := os.Stat(h.d.intervals().MarkPath("r")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(h.d.intervals.MarkPath("r")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the refused run's mark is left: %v", err)
 	}
 }

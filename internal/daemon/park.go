@@ -5,9 +5,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/runrecordd/runrecordd/internal/warmpool"
-
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/interval"
@@ -37,27 +36,27 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 	}
 	lv := r.live
 	if lv == nil {
-		return answers.Parked{}, fmt.Errorf("run %s: %w", id, ErrNoSandbox)
+		return answers.Parked{}, fmt.Errorf("run %s: %w", id, answers.ErrNoSandbox)
 	}
 	// Hold the channel: nothing reaches the transcript or the account
 	// until the park is recorded (or refused, and the unit goes on).
 	defer lv.unit.Hold()()
-	taken, err := d.form(lv).Snapshot(ctx, lv.unit)
+	taken, err := d.forms.For(lv.unit.Spec.Mode).Snapshot(ctx, lv.unit)
 	if err != nil {
 		return answers.Parked{}, err
 	}
 	clock.Mark("snapshot")
 	d.reach("park.checkpointed")
-	ev, manAddr, err := d.recordPark(ctx, id, lv, st.Unit, taken, clock)
+	ev, manAddr, err := d.recordPark(ctx, id, lv, taking{Taken: taken, unitID: st.Unit, account: lv.unit.Account(), step: "park.attested", clock: clock})
 	if err != nil {
 		return answers.Parked{}, err
 	}
 	d.reach("park.appended")
 	d.tearDownParked(r, lv)
 	if !d.fleet.Draining() && !d.stopping.Load() { // a draining or stopping host's runs leave it
-		d.forms().WarmUp(id, taken.Snapshot, func() bool {
+		d.forms.WarmUp(id, taken.Snapshot, func() bool {
 			st, err := d.st.Run(id)
-			return err == nil && st.Phase == record.Parked && d.notHandedOff(id) == nil
+			return err == nil && st.Phase == record.Parked && bundle.HeldHere(d.st, id) == nil
 		})
 	}
 	d.metrics.Parked(clock.Total())
@@ -65,7 +64,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 	if err != nil {
 		return answers.Parked{}, err
 	}
-	d.publish(events.Event{Kind: "run.parked", Run: id, Detail: taken.Snapshot.String()})
+	d.events.Publish(events.Event{Kind: "run.parked", Run: id, Detail: taken.Snapshot.String()})
 	d.log.Info("run parked", "run", id, "snapshot", taken.Snapshot.String(), "retained", taken.Retained, "took", clock.Total())
 	return answers.Parked{Run: sum, Snapshot: taken.Snapshot, Manifest: manAddr, Retained: taken.Retained, Receipt: ev.Receipt,
 		Checkpoint: taken.Checkpoint, Took: clock.Total(), Steps: clock.Steps}, nil
@@ -74,12 +73,12 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 // recordPark records the park: the manifest, then the interval's end with
 // the Suspended segment (internal/interval). Refused, nothing is recorded
 // and the unit goes on, thawed by its form, in a new interval.
-func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID record.Address, t forms.Taken, clock *answers.Clock) (interval.Sealed, record.Address, error) {
-	ev, manAddr, err := d.recordTaken(ctx, lv, unitID, t, lv.unit.Account(), "park.attested", clock)
+func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, tk taking) (interval.Sealed, record.Address, error) {
+	ev, manAddr, err := d.recordTaken(ctx, lv, tk)
 	if err == nil {
 		return ev, manAddr, nil
 	}
-	if rerr := d.form(lv).Thaw(ctx, lv.unit); rerr != nil {
+	if rerr := d.forms.For(lv.unit.Spec.Mode).Thaw(ctx, lv.unit); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
 	if lv.iv.Ended() {
@@ -88,13 +87,21 @@ func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, unitID rec
 	return interval.Sealed{}, record.Address{}, fmt.Errorf("park %s: %w", id, err)
 }
 
+// taking is a snapshot taken of a live unit, as recordTaken records it.
+type taking struct {
+	forms.Taken
+	unitID  record.Address      // the run's unit id, which its manifest binds
+	account *record.CallAccount // the interval's call account (nil: not accounted)
+	step    string              // the failpoint armed between the sealing and the append
+	clock   *answers.Clock      // times the manifest and the record, when set
+}
+
 // recordTaken records a snapshot taken of lv: this host's manifest over
-// the form's keys, then the interval's end (with account, and the form's
-// lifecycle entries) and the Suspended segment, step armed between the
-// sealing and the append. clock, when set, times the manifest and the
-// record.
-func (d *Daemon) recordTaken(ctx context.Context, lv *live, unitID record.Address, t forms.Taken, account *record.CallAccount, step string, clock *answers.Clock) (interval.Sealed, record.Address, error) {
-	manAddr, err := d.forms().Manifest(ctx, t.Keys, lv.unit.Spec, unitID)
+// the form's keys, then the interval's end (with the account, and the
+// form's lifecycle entries) and the Suspended segment.
+func (d *Daemon) recordTaken(ctx context.Context, lv *live, tk taking) (interval.Sealed, record.Address, error) {
+	t, clock := tk.Taken, tk.clock
+	manAddr, err := d.forms.Manifest(ctx, t.Keys, lv.unit.Spec, tk.unitID)
 	clock.Mark("manifest")
 	var susp record.Segment
 	var outcome attest.Outcome
@@ -103,7 +110,7 @@ func (d *Daemon) recordTaken(ctx context.Context, lv *live, unitID record.Addres
 	}
 	var ev interval.Sealed
 	if err == nil {
-		ev, err = d.endAt(ctx, lv, step, outcome, account, []record.Segment{susp}, attest.LifecyclesOf(nowNS(), t.Details)...)
+		ev, err = d.endAt(ctx, lv, tk.step, interval.Ending{Outcome: outcome, Calls: tk.account, Then: []record.Segment{susp}, Extra: attest.LifecyclesOf(nowNS(), t.Details)})
 	}
 	clock.Mark("record")
 	return ev, manAddr, err
@@ -123,13 +130,4 @@ func (d *Daemon) tearDownParked(r *run, lv *live) {
 	})
 	r.live = nil
 	r.park = d.meter.BeginPark()
-}
-
-// warm is this host's warm pool (internal/warmpool, docs/warm-pool.md);
-// nil without a host (the daemon's unit tests).
-func (d *Daemon) warm() *warmpool.Pool {
-	if d.base == nil {
-		return nil
-	}
-	return d.base.Warm
 }

@@ -70,10 +70,11 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	if err != nil {
 		return err
 	}
-	run, err := forms.ReadRun(d.st, st)
+	spec, grants, err := d.st.ReadRun(st)
 	if err != nil {
 		return err
 	}
+	run := forms.Run{ID: id, Spec: spec, Grants: grants}
 	sb, err := d.ex.Load(ctx, sid)
 	if err != nil {
 		return err
@@ -83,7 +84,7 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	// A unit the last daemon's park may have left frozen is settled; one
 	// whose channel went with that daemon is parked from what it left on
 	// disk, unaccounted (its form says which).
-	orphaned, err := d.forms().For(run.Spec.Mode).Reattached(ctx, u, status)
+	orphaned, err := d.forms.For(run.Spec.Mode).Reattached(ctx, u, status)
 	if err != nil {
 		return err
 	}
@@ -99,14 +100,14 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	defer r.mu.Unlock()
 	lv := d.reattach(id, u)
 	r.live = lv
-	if d.forms().LazyUnfinished(u) && d.parkBackUnfinished(id, r, lv) {
+	if d.forms.LazyUnfinished(u) && d.parkBackUnfinished(id, r, lv) {
 		if r.live == nil {
 			return nil // parked back
 		}
 		d.watch(id, r, lv) // the park back's append refused: a close ends it
 		return nil
 	}
-	d.saveMark(id, lv)
+	d.intervals.SaveMark(lv.iv)
 	d.watch(id, r, lv)
 	d.log.Info("reconcile: reattached", "run", id)
 	return nil

@@ -7,6 +7,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -58,7 +59,7 @@ func TestParkRefusedThawFails(t *testing.T) {
 	if lv == nil || lv.iv.Ended() || !hasEvent(lv.iv.Events(), attest.EventParkRefused) {
 		t.Fatal("no new interval after the refused append")
 	}
-	if _, err := os.Stat(h.d.intervals().MarkPath("r")); err != nil {
+	if _, err := os.Stat(h.d.intervals.MarkPath("r")); err != nil {
 		t.Fatalf("the new interval's mark is not saved: %v", err)
 	}
 	forms.RemoveRun(t.Context(), h.d.ex, "r", h.d.log)
@@ -73,7 +74,7 @@ func TestParkRefusedBeforeEnd(t *testing.T) {
 	h.start(t, "r")
 	before := h.liveOf("r").iv
 	facts := h.d.host
-	h.d.host = manifest.Manifest{}
+	h.d.forms.Facts = manifest.Manifest{}
 	for k, v := range facts {
 		if k != manifest.CRIUVersion {
 			h.d.host[k] = v
@@ -94,7 +95,7 @@ func TestParkRefusedBeforeEnd(t *testing.T) {
 	if lv == nil || lv.iv != before || lv.iv.Ended() || hasEvent(lv.iv.Events(), attest.EventParkRefused) {
 		t.Fatal("the interval did not go on as it was")
 	}
-	h.d.host = facts
+	h.d.forms.Facts = facts
 	if _, err := h.d.Park(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
@@ -109,8 +110,10 @@ func TestParkRefusedBeforeEnd(t *testing.T) {
 // moves on and stays active.
 func (h *fakeHost) otherInterval(t *testing.T, id string, u *forms.Unit) {
 	t.Helper()
-	iv := h.d.intervals().Begin(id, u.Sandbox, u.Grants.Limits, "another writer", h.d.markNow(id))
-	if _, err := h.d.intervals().End(t.Context(), iv, nil, attest.Outcome{Kind: attest.Killed}, nil, nil); err != nil {
+	iv := h.d.intervals.Begin(id, u.Sandbox, u.Grants.Limits, "another writer", h.d.intervals.MarkNow(id))
+	rec := h.d.intervals
+	rec.Store = h.d.fleet.Records()
+	if _, err := rec.End(t.Context(), iv, nil, interval.Ending{Outcome: attest.Outcome{Kind: attest.Killed}}); err != nil {
 		t.Error(err)
 	}
 }

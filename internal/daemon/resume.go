@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
@@ -33,7 +34,7 @@ func (d *Daemon) Resume(ctx context.Context, id string) (answers.Resumed, error)
 
 func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed, error) {
 	if d.stopping.Load() {
-		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, ErrStopping)
+		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, answers.ErrStopping)
 	}
 	clock := answers.NewClock()
 	ok, err := d.judgeResume(ctx, id, clock)
@@ -48,7 +49,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 	// park's (docs/warm-pool.md).
 	waking := ok.Waking(r.teardown)
 	var residency idle.Residency
-	waking.Warm, residency = d.forms().TakeWarm(id, ok.Spec.Mode)
+	waking.Warm, residency = d.forms.TakeWarm(id, ok.Spec.Mode)
 	owed, prov := idle.OwedWith(r.park, ok.Retained, ok.ParkedFor, d.meter.Coefficients(), residency)
 	res, err := d.fleet.Reserve(ctx, id, record.Resumption(ok.Suspended.Snapshot, owed.UJ, prov))
 	if err != nil {
@@ -57,7 +58,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 		}
 		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
-	w, err := d.forms().For(ok.Spec.Mode).Wake(ctx, ok.Run, waking)
+	w, err := d.forms.For(ok.Spec.Mode).Wake(ctx, ok.Run, waking)
 	if err != nil {
 		res.Cancel(ctx)
 		return answers.Resumed{}, err
@@ -69,10 +70,10 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 	// Saved before the append: a daemon restarted after it attests the
 	// interval from its start. (A crash before the append leaves a mark
 	// the next resume overwrites.)
-	d.saveMark(id, lv)
+	d.intervals.SaveMark(lv.iv)
 	d.reach("resume.restored")
 	if err := res.Append(ctx); err != nil {
-		d.dropMark(id)
+		d.intervals.DropMark(id)
 		lv.stopping = true
 		d.destroy(lv)
 		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, err)
@@ -83,7 +84,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 	d.watch(id, r, lv)
 	d.watchPages(id, r, lv, ok.Suspended.Snapshot)
 	d.metrics.Resumed(clock.Total(), owed.UJ, prov)
-	if ok.Spec.Mode == unit.TranscriptMode && d.warm() != nil {
+	if ok.Spec.Mode == unit.TranscriptMode && d.forms.Warm != nil {
 		d.metrics.WarmResumed(w.Warm)
 	}
 	sum, err := d.summary(id, r)
@@ -94,7 +95,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 	if w.Warm {
 		detail += " warm"
 	}
-	d.publish(events.Event{Kind: "run.resumed", Run: id, Detail: detail})
+	d.events.Publish(events.Event{Kind: "run.resumed", Run: id, Detail: detail})
 	lv.unit.Serve(d.background)
 	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "warm", w.Warm, "took", clock.Total())
 	return answers.Resumed{Run: sum, Idle: owed, Restore: w.Restored, Took: clock.Total(), Steps: clock.Steps}, nil
@@ -102,7 +103,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 
 // judgeResume admits parked run id for a resume, changing nothing: it is
 // parked and held here, and passes the three preconditions, in order
-// (forms.Host.Admit).
+// (forms.Env.Admit).
 func (d *Daemon) judgeResume(ctx context.Context, id string, clock *answers.Clock) (forms.Admitted, error) {
 	st, err := d.st.Run(id)
 	if err != nil {
@@ -111,10 +112,10 @@ func (d *Daemon) judgeResume(ctx context.Context, id string, clock *answers.Cloc
 	if err := phaseErr(id, st.Phase, record.Parked); err != nil {
 		return forms.Admitted{}, err
 	}
-	if err := d.notHandedOff(id); err != nil {
+	if err := bundle.HeldHere(d.st, id); err != nil {
 		return forms.Admitted{}, err
 	}
-	return d.forms().Admit(ctx, st, clock.Mark)
+	return d.forms.Admit(ctx, st, clock.Mark)
 }
 
 // watchPages follows a lazily restored unit's memory (docs/lazy-resume.md,
@@ -141,8 +142,8 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 		}
 		lost := lv.unit.JournalPages(lv.iv)
 		if lost == nil {
-			d.saveMark(id, lv)
-			d.publish(events.Event{Kind: "run.resident", Run: id})
+			d.intervals.SaveMark(lv.iv)
+			d.events.Publish(events.Event{Kind: "run.resident", Run: id})
 			return
 		}
 		d.parkBack(id, r, lv, snap, lost)
@@ -157,7 +158,7 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 func (d *Daemon) parkBack(id string, r *run, lv *live, snap record.Snapshot, lost error) {
 	st, err := d.st.Run(id)
 	if err == nil {
-		_, _, err = d.recordTaken(context.Background(), lv, st.Unit, forms.Taken{Snapshot: snap, Keys: manifest.ImageKeys}, lv.unit.Account(), "", nil)
+		_, _, err = d.recordTaken(context.Background(), lv, taking{Taken: forms.Taken{Snapshot: snap, Keys: manifest.ImageKeys}, unitID: st.Unit, account: lv.unit.Account()})
 	}
 	if err != nil {
 		if lv.iv.Ended() { // the unit stays frozen, in a new interval a close ends
@@ -168,11 +169,11 @@ func (d *Daemon) parkBack(id string, r *run, lv *live, snap record.Snapshot, los
 	}
 	d.tearDownParked(r, lv)
 	d.log.Warn("run parked back at the snapshot it resumed from: its lazy pages were lost", "run", id, "err", lost)
-	d.publish(events.Event{Kind: "run.pages-lost", Run: id, Detail: snap.String()})
+	d.events.Publish(events.Event{Kind: "run.pages-lost", Run: id, Detail: snap.String()})
 }
 
 // parkBackUnfinished parks back a run a restarted daemon found executing
-// whose lazy restore no daemon saw finish (forms.Host.LazyUnfinished):
+// whose lazy restore no daemon saw finish (forms.Env.LazyUnfinished):
 // the unit is frozen, its interval journals pages-lost, and it ends as a
 // park back at the snapshot the run resumed from (parkBack). It reports
 // whether the run's record names such a snapshot (the last Suspended

@@ -5,6 +5,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
 )
@@ -20,7 +21,7 @@ type Sandboxes interface {
 	forms.Sweeper
 	Load(ctx context.Context, id string) (Sandbox, error)
 	Import(ctx context.Context, r io.Reader, name string) (executor.Image, error)
-	Probe(ctx context.Context, deadline time.Duration) executor.Probe
+	Probe(ctx context.Context, deadline time.Duration) criu.Probe
 }
 
 // Sandbox is one unit's sandbox as the daemon and its forms consume it

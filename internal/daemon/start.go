@@ -12,6 +12,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -26,25 +27,15 @@ func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants un
 	return d.StartBooked(ctx, id, spec, grants, nil)
 }
 
-// Booking is whom a run is started for (a platform key's books), made
-// before the run exists: whoever it names sees the run's every event,
-// its run.started included.
-type Booking interface {
-	// Book books run durably; an error refuses the start.
-	Book(run string) error
-	// Unbook takes back a booking whose start was then refused.
-	Unbook(run string) error
-}
-
 // StartBooked is Start, with the run booked by b (when not nil) under the
 // run's lock once its id is known to be free here, before its claim, its
 // sandbox or its genesis; a start that then leaves no run is unbooked.
-func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, b Booking) (answers.Summary, error) {
+func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, b answers.Booking) (answers.Summary, error) {
 	if d.fleet.Draining() {
 		return answers.Summary{}, fmt.Errorf("run: %w: it takes no new runs until it restarts", member.ErrDraining)
 	}
 	if d.stopping.Load() {
-		return answers.Summary{}, fmt.Errorf("run: %w", ErrStopping)
+		return answers.Summary{}, fmt.Errorf("run: %w", answers.ErrStopping)
 	}
 	if id == "" {
 		var b [6]byte
@@ -59,7 +50,7 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 	if err := bundle.CheckEgress(grants, nil); err != nil {
 		return answers.Summary{}, fmt.Errorf("run %s: %w", id, err)
 	}
-	p, err := d.forms().Prepare(ctx, id, spec, grants)
+	p, err := d.forms.Prepare(ctx, id, spec, grants)
 	if err != nil {
 		return answers.Summary{}, err
 	}
@@ -94,16 +85,16 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 	if err := d.fleet.Claim(ctx, id, genesis); err != nil {
 		return answers.Summary{}, fmt.Errorf("run %s: %w", id, err)
 	}
-	w, err := d.forms().For(p.Spec.Mode).Start(ctx, forms.Run{ID: id, Spec: p.Spec, Grants: p.Grants})
+	w, err := d.forms.For(p.Spec.Mode).Start(ctx, forms.Run{ID: id, Spec: p.Spec, Grants: p.Grants})
 	if err != nil {
 		d.fleet.Unclaim(ctx, id, genesis)
 		return answers.Summary{}, err
 	}
 	lv := d.begin(id, w.Unit, w.Event, w.Mark)
-	d.saveMark(id, lv)
+	d.intervals.SaveMark(lv.iv)
 	d.reach("start.sandboxed")
 	if _, err := d.st.Create(id, unitID, grantsID); err != nil {
-		d.dropMark(id)
+		d.intervals.DropMark(id)
 		lv.stopping = true
 		d.destroy(lv)
 		d.fleet.Unclaim(ctx, id, genesis)
@@ -112,7 +103,7 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 	r.live = lv
 	d.watch(id, r, lv)
 	d.log.Info("run started", "run", id, "image", p.Spec.Image, "mode", p.Spec.Mode)
-	d.publish(events.Event{Kind: "run.started", Run: id, Detail: p.Spec.Mode.String()})
+	d.events.Publish(events.Event{Kind: "run.started", Run: id, Detail: p.Spec.Mode.String()})
 	lv.unit.Serve(d.background)
 	return d.summary(id, r)
 }
@@ -121,10 +112,10 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 // journaled from now, after the end of the last one could not be recorded.
 // Only the interval is replaced: the exit watcher reads lv's sandbox.
 func (d *Daemon) restartInterval(id string, lv *live, event string) {
-	m := d.markNow(id)
+	m := d.intervals.MarkNow(id)
 	m.Discarded[0], m.Discarded[1] = lv.sb.Omitted()
 	lv.iv = d.begin(id, lv.unit, event, m).iv
-	d.saveMark(id, lv)
+	d.intervals.SaveMark(lv.iv)
 }
 
 // destroy removes a sandbox the daemon is done with. The caller holds the
@@ -170,8 +161,7 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 			return
 		}
 		reason := fmt.Sprintf("unit exited with code %d", code)
-		_, err = d.endAt(context.Background(), lv, "exit.sealed", attest.Outcome{Kind: attest.Exited, Code: int32(code)}, lv.unit.Account(),
-			[]record.Segment{record.Closure(reason)})
+		_, err = d.endAt(context.Background(), lv, "exit.sealed", interval.Ending{Outcome: attest.Outcome{Kind: attest.Exited, Code: int32(code)}, Calls: lv.unit.Account(), Then: []record.Segment{record.Closure(reason)}})
 		if err != nil { // the run stays executing in its record: a close records it, in a new interval
 			d.log.Error("recording the unit's exit", "run", id, "err", err)
 			d.restartInterval(id, lv, attest.EventExitRefused)
@@ -181,6 +171,6 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 		d.destroy(lv)
 		r.live = nil
 		d.log.Info("run closed", "run", id, "reason", reason)
-		d.publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
+		d.events.Publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
 	})
 }

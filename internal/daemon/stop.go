@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/comeback"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -25,10 +26,6 @@ import (
 // DefaultParkAllParallel is how many runs `park --all` and the stop park
 // at once, and the start resumes at once.
 const DefaultParkAllParallel = 4
-
-// ErrStopping is a run started or resumed while the daemon parks its
-// runs to stop, or a follow of a run's output ended by the stop.
-var ErrStopping = errors.New("the daemon is stopping")
 
 // ParkAll parks every run executing on this host, parallel at a time, and
 // lists each for the next start to resume; the outcome is in run id order. A run it cannot park goes on
@@ -70,7 +67,7 @@ func (d *Daemon) ParkAll(ctx context.Context, parallel int) ([]answers.Each[answ
 }
 
 // ParkForStop is ParkAll for the daemon's stop: from now on no run starts
-// or resumes here (ErrStopping), and a transcript run's park makes it no
+// or resumes here (answers.ErrStopping), and a transcript run's park makes it no
 // warm sandbox.
 func (d *Daemon) ParkForStop(ctx context.Context, parallel int) ([]answers.Each[answers.Parked], error) {
 	d.stopping.Store(true)
@@ -191,7 +188,7 @@ func (d *Daemon) comeBack(ctx context.Context, en comeback.Entry) (e answers.Eac
 		d.log.Info("start: a run the last stop parked moved on since; left as it is", "run", en.Run, "phase", st.Phase)
 		return e, true
 	}
-	if err := d.notHandedOff(en.Run); err != nil {
+	if err := bundle.HeldHere(d.st, en.Run); err != nil {
 		return e, true
 	}
 	if err := d.fleet.Elsewhere(en.Run); err != nil {

@@ -42,11 +42,11 @@ func TestStopParksStartResumes(t *testing.T) {
 	if len(parked) != 4 || parked["byhand"] {
 		t.Fatalf("the stop parked %v, want a, b, moved and closed", parked)
 	}
-	if _, err := h.d.Start(t.Context(), "new", unit.Spec{Image: fakeImage, Args: []string{"/unit"}}, unit.Grants{}); !errors.Is(err, ErrStopping) {
-		t.Fatalf("a start while stopping: %v, want ErrStopping", err)
+	if _, err := h.d.Start(t.Context(), "new", unit.Spec{Image: fakeImage, Args: []string{"/unit"}}, unit.Grants{}); !errors.Is(err, answers.ErrStopping) {
+		t.Fatalf("a start while stopping: %v, want answers.ErrStopping", err)
 	}
-	if _, err := h.d.Resume(t.Context(), "a"); !errors.Is(err, ErrStopping) {
-		t.Fatalf("a resume while stopping: %v, want ErrStopping", err)
+	if _, err := h.d.Resume(t.Context(), "a"); !errors.Is(err, answers.ErrStopping) {
+		t.Fatalf("a resume while stopping: %v, want answers.ErrStopping", err)
 	}
 	for _, id := range []string{"a", "b", "moved", "closed", "byhand"} {
 		h.teardown(t, id)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
@@ -16,11 +17,11 @@ import (
 // listing, and the recovery of a transcript whose channel died with the
 // last daemon. Call state lives in the store's call ledger.
 
-// callHost is the daemon as a channel's calls.Host.
+// callHost is the daemon as a channel's calls.Daemon.
 type callHost struct{ d *Daemon }
 
 func (h callHost) Dispatched(run string, c protocol.Call) {
-	h.d.publish(events.Event{Kind: "call.dispatched", Run: run, Call: c.ID, CallKind: c.Kind})
+	h.d.events.Publish(events.Event{Kind: "call.dispatched", Run: run, Call: c.ID, CallKind: c.Kind})
 }
 
 func (h callHost) Awaiting(run string, ch *calls.Channel) {
@@ -32,7 +33,7 @@ func (h callHost) Awaiting(run string, ch *calls.Channel) {
 			// The unit waits on; the platform sees why, and parks or
 			// closes it by hand.
 			d.log.Error("park on await", "run", run, "err", err)
-			d.publish(events.Event{Kind: "run.park_failed", Run: run, Detail: err.Error()})
+			d.events.Publish(events.Event{Kind: "run.park_failed", Run: run, Detail: err.Error()})
 		}
 	})
 }
@@ -58,7 +59,7 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 		return true, err
 	}
 	if _, err := d.resume(ctx, id, r); err != nil {
-		if errors.Is(err, ErrStopping) {
+		if errors.Is(err, answers.ErrStopping) {
 			// Its results are all here: the next start resumes it.
 			d.listForStart(id)
 			return true, nil
@@ -88,7 +89,7 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	// host owns (a post appends nothing, so no fence refuses it); the
 	// ledger refuses the rest (calls.Post): a closed run, a payload that is
 	// not JSON, a call the run cannot take.
-	if err := d.notHandedOff(run); err != nil {
+	if err := bundle.HeldHere(d.st, run); err != nil {
 		return answers.Posted{}, err
 	}
 	if err := d.fleet.Elsewhere(run); err != nil {
@@ -97,10 +98,10 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	if err := calls.Post(d.st, run, call, payload); err != nil {
 		return answers.Posted{}, err
 	}
-	d.publish(events.Event{Kind: "call.result", Run: run, Call: call})
+	d.events.Publish(events.Event{Kind: "call.result", Run: run, Call: call})
 	out := answers.Posted{Run: run, Call: call}
 	var wake bool
-	if out.Awaiting, wake, err = d.forms().Awaited(st); err != nil || !wake {
+	if out.Awaiting, wake, err = d.forms.Awaited(st); err != nil || !wake {
 		return out, err
 	}
 	res, err := d.resume(ctx, run, r)
@@ -125,13 +126,13 @@ func (d *Daemon) recoverUnit(ctx context.Context, id string, lv *live) error {
 	if err != nil {
 		return err
 	}
-	t, err := d.form(lv).Recover(ctx, lv.unit)
+	t, err := d.forms.For(lv.unit.Spec.Mode).Recover(ctx, lv.unit)
 	if err != nil {
 		return err
 	}
 	// No account (nil): the channel that kept it died with the daemon.
 	// The channel's spool is not read either: the unit has no channel.
-	if _, _, err := d.recordTaken(ctx, lv, st.Unit, t, nil, "", nil); err != nil {
+	if _, _, err := d.recordTaken(ctx, lv, taking{Taken: t, unitID: st.Unit}); err != nil {
 		return err
 	}
 	lv.stopping = true

@@ -193,7 +193,7 @@ func TestParkOnAwaitRefused(t *testing.T) {
 	h := newFakeHost(t)
 	errs := loggedErrors(h.d)
 	h.startTranscript(t, "r")
-	es, cancel := h.d.Subscribe()
+	es, cancel := h.d.events.Subscribe()
 	defer cancel()
 	h.d.seam = func(step string) {
 		if step == "park.attested" {
@@ -240,7 +240,7 @@ func TestResumeAfterAwaitParkRefused(t *testing.T) {
 				t.Error(err)
 			}
 		case "park.appended":
-			h.d.host = withoutFact(facts, manifest.Arch)
+			h.d.forms.Facts = withoutFact(facts, manifest.Arch)
 		}
 	}
 	h.awaitOne(t, "r", "c1")
@@ -257,11 +257,11 @@ func TestResumeAfterAwaitParkRefused(t *testing.T) {
 	if st, _ := h.d.st.Run("r"); st.Phase != record.Parked {
 		t.Fatalf("phase %s", st.Phase)
 	}
-	if cs, err := h.d.Calls(t.Context()); err != nil || len(cs) != 1 || !cs[0].ResultPosted {
+	if cs, err := calls.List(h.d.st); err != nil || len(cs) != 1 || !cs[0].ResultPosted {
 		t.Fatalf("calls %+v %v, want the result kept", cs, err)
 	}
 	h.teardown(t, "r")
-	h.d.host = facts
+	h.d.forms.Facts = facts
 	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +278,7 @@ func TestResumeAfterAwaitParkRefused(t *testing.T) {
 func TestPostResultResumeRefused(t *testing.T) {
 	h := newFakeHost(t)
 	h.startTranscript(t, "r")
-	es, cancel := h.d.Subscribe()
+	es, cancel := h.d.events.Subscribe()
 	defer cancel()
 	h.awaitOne(t, "r", "c1")
 	waitEvent(t, es, "run.parked")
@@ -286,7 +286,7 @@ func TestPostResultResumeRefused(t *testing.T) {
 	r.mu.Unlock()
 	h.teardown(t, "r")
 	facts := h.d.host
-	h.d.host = withoutFact(facts, manifest.Arch)
+	h.d.forms.Facts = withoutFact(facts, manifest.Arch)
 	out, err := h.d.PostResult(t.Context(), "r", "c1", []byte(`{"ok":true}`))
 	var me *resume.ManifestError
 	if err != nil || !errors.As(out.ResumeErr, &me) || out.Resumed != nil {
@@ -295,10 +295,10 @@ func TestPostResultResumeRefused(t *testing.T) {
 	if got := h.kinds(t, "r"); got != "executed suspended" {
 		t.Fatalf("segments %s", got)
 	}
-	if cs, err := h.d.Calls(t.Context()); err != nil || len(cs) != 1 || !cs[0].ResultPosted {
+	if cs, err := calls.List(h.d.st); err != nil || len(cs) != 1 || !cs[0].ResultPosted {
 		t.Fatalf("calls %+v %v, want the result kept", cs, err)
 	}
-	h.d.host = facts
+	h.d.forms.Facts = facts
 	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}

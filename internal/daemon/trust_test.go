@@ -15,14 +15,15 @@ import (
 func TestTrustRefusals(t *testing.T) {
 	h := mustMetricsHost(t, "")
 	h.d.keyID = record.Sum([]byte("this host"))
-	_, errMalformed := h.d.Trust("b3:nope", "x")
+	h.d.wire()
+	_, errMalformed := h.d.keys.Add("b3:nope", "x")
 	for err, want := range map[error]struct {
 		is  error
 		msg string
 	}{
-		h.d.Untrust(h.d.keyID.String()):               {trust.ErrKey, "invalid request: this host's own key is always trusted"},
-		errMalformed:                                  {trust.ErrKey, `invalid request: host key "b3:nope": malformed address: "b3:nope": 7 characters, want 46`},
-		h.d.Untrust(record.Sum([]byte("a")).String()): {store.ErrNotTrusted, ""},
+		h.d.keys.Remove(h.d.keyID.String()):               {trust.ErrKey, "invalid request: this host's own key is always trusted"},
+		errMalformed:                                      {trust.ErrKey, `invalid request: host key "b3:nope": malformed address: "b3:nope": 7 characters, want 46`},
+		h.d.keys.Remove(record.Sum([]byte("a")).String()): {store.ErrNotTrusted, ""},
 	} {
 		if !errors.Is(err, want.is) || (want.msg != "" && err.Error() != want.msg) {
 			t.Errorf("%v, want %v %q", err, want.is, want.msg)

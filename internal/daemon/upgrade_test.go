@@ -54,8 +54,8 @@ func TestResumeAcrossUpgrades(t *testing.T) {
 			for i := 0; i < len(c.changed); i += 2 {
 				upgraded[c.changed[i]] = c.changed[i+1]
 			}
-			h.d.host = upgraded
-			defer func() { h.d.host = facts }()
+			h.d.forms.Facts = upgraded
+			defer func() { h.d.forms.Facts = facts }()
 			_, err := h.d.Resume(t.Context(), "r")
 			if c.fail == nil {
 				if err != nil {
@@ -73,7 +73,7 @@ func TestResumeAcrossUpgrades(t *testing.T) {
 			if st, _ := h.d.st.Run("r"); st.Phase != record.Parked {
 				t.Fatalf("phase %s after the refusal", st.Phase)
 			}
-			h.d.host = facts
+			h.d.forms.Facts = facts
 			if _, err := h.d.Resume(t.Context(), "r"); err != nil {
 				t.Fatalf("resume on the host as parked: %v", err)
 			}

@@ -56,14 +56,15 @@ func TestResumeReservationRefusedDiscardsWarm(t *testing.T) {
 	st, _ := h.d.st.Run("r")
 	genesis := record.Genesis(st.Unit, st.Grants)
 	// The pool makes the run's next sandbox, as a park with a call
-	// pending has it do (forms.Host.WarmUp).
+	// pending has it do (forms.Env.WarmUp).
 	var warmID string
 	made := pool.Prepare("r", func(ctx context.Context) (warmpool.Entry, error) {
-		run, err := forms.ReadRun(h.d.st, st)
+		spec, grants, err := h.d.st.ReadRun(st)
 		if err != nil {
 			return nil, err
 		}
-		w, err := h.d.forms().Transcript().Prepare(ctx, run, st.Parked, fakeCreator{h.ex})
+		run := forms.Run{ID: st.ID, Spec: spec, Grants: grants}
+		w, err := h.d.forms.Transcript().Prepare(ctx, run, st.Parked, fakeCreator{h.ex})
 		if err == nil {
 			warmID = w.Sandbox()
 		}

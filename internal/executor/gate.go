@@ -21,8 +21,7 @@ import (
 // first process the gate (cmd/runrecordd-gate, bind-mounted read-only
 // into the container), which waits for one byte on a FIFO and then
 // execs the unit's own argv. Begin writes that byte: no `runc start`
-// (on this project's AMD machines a runc start costs 25-35 ms, most of a
-// warm resume; docs/warm-pool.md). Nothing of the unit runs before the
+// (which would be most of a warm resume; docs/warm-pool.md). Nothing of the unit runs before the
 // byte: the gate is the daemon's own program, run with the unit's user,
 // capabilities, seccomp filter and limits, as runc would run the unit.
 

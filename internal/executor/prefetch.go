@@ -15,9 +15,8 @@ import (
 // An image resume runs CRIU (lazy-pages, then the restore runc starts),
 // runc, a containerd shim and, when pages are served, this binary again.
 // After hours parked their files may be out of the page cache, and a
-// restore then waits on the disk for them: on the AMD machine, from a
-// dropped page cache, 71 ms of a served resume's 404 ms restore
-// (docs/benchmarks.md). Prefetch asks the kernel to read them in while
+// restore then waits on the disk for them (from a dropped page cache, a
+// sizeable part of a served resume's restore: docs/benchmarks.md). Prefetch asks the kernel to read them in while
 // the resume is still rehashing the snapshot.
 
 // restorePrograms are the programs an image restore runs besides CRIU,

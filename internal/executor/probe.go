@@ -20,31 +20,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/criu"
 )
 
-// Probe is what a real checkpoint and restore on this host showed. `criu
-// check` is not enough: CRIU 4.1.1 passes it on machines where every dump
-// then hangs.
-type Probe struct {
-	// OK is set when both a plain process and a container were dumped and
-	// restored, each within the deadline, and came back running.
-	OK bool
-	// Reason says why image parks are unavailable, when not OK.
-	Reason string
-	// Notes are what CRIU reported about this host on the way, in words
-	// (for example that it works with hardware breakpoints off).
-	Notes []string
-	// Took is the whole probe.
-	Took time.Duration
-	// Seen is what CRIU's logs showed the build doing that upstream CRIU
-	// does not (probe_criu.go).
-	Seen []criu.Capability
-	// UserNSTried is set when the probe also dumped and restored a
-	// container in a user namespace ([Config.ProbeUserNS]), after the
-	// others passed; UserNS when that passed, UserNSReason why not.
-	UserNSTried  bool
-	UserNS       bool
-	UserNSReason string
-}
-
 // breakpointsOff is what CRIU ≥ 4.2 logs when a machine's hardware
 // breakpoints do not fire (some virtual machines); it then goes on without
 // them, where 4.1 waited forever.
@@ -53,9 +28,9 @@ const breakpointsOff = "Hardware breakpoints don't seem to work"
 // Probe dumps and restores a throwaway process with the criu binary, then
 // a throwaway container through containerd (runc and CRIU, as a park and a
 // resume do), each step under deadline. Everything it makes is removed.
-func (c *Client) Probe(ctx context.Context, deadline time.Duration) Probe {
+func (c *Client) Probe(ctx context.Context, deadline time.Duration) criu.Probe {
 	start := time.Now()
-	var p Probe
+	var p criu.Probe
 	logs, err := c.probeProcess(ctx, deadline)
 	if err == nil {
 		var clogs []byte

@@ -22,27 +22,6 @@ import (
 // resume is refused (record_invalid), nothing changed.
 var ErrFormMismatch = errors.New("the park's form is not the unit's")
 
-// ReadRun reads a stored run's unit spec and grant set from their objects.
-func ReadRun(st *store.Store, r store.Run) (Run, error) {
-	sb, err := st.ReadAll(r.Unit)
-	if err != nil {
-		return Run{}, fmt.Errorf("run %s: unit spec: %w", r.ID, err)
-	}
-	spec, err := unit.DecodeSpec(sb)
-	if err != nil {
-		return Run{}, fmt.Errorf("run %s: unit spec: %w", r.ID, err)
-	}
-	gb, err := st.ReadAll(r.Grants)
-	if err != nil {
-		return Run{}, fmt.Errorf("run %s: grant set: %w", r.ID, err)
-	}
-	grants, err := unit.DecodeGrants(gb)
-	if err != nil {
-		return Run{}, fmt.Errorf("run %s: grant set: %w", r.ID, err)
-	}
-	return Run{ID: r.ID, Spec: *spec, Grants: *grants}, nil
-}
-
 // Admitted is a parked run that passed the resume preconditions: what
 // its form wakes it from, and what its park owes.
 type Admitted struct {
@@ -69,7 +48,7 @@ type prefetcher interface{ Prefetch() }
 // genesis. It changes
 // nothing. mark, when set, ends each timed step (read, rehash,
 // preconditions, idle).
-func (h Host) Admit(ctx context.Context, r store.Run, mark func(step string)) (Admitted, error) {
+func (h Env) Admit(ctx context.Context, r store.Run, mark func(step string)) (Admitted, error) {
 	if mark == nil {
 		mark = func(string) {}
 	}
@@ -81,7 +60,8 @@ func (h Host) Admit(ctx context.Context, r store.Run, mark func(step string)) (A
 	if ok.Suspended, err = resume.Suspension(raw.Segments); err != nil {
 		return Admitted{}, err
 	}
-	if ok.Run, err = ReadRun(h.Store, r); err != nil {
+	ok.Run.ID = r.ID
+	if ok.Run.Spec, ok.Run.Grants, err = h.Store.ReadRun(r); err != nil {
 		return Admitted{}, err
 	}
 	if ok.Suspended.Snapshot.IsTranscript() != (ok.Run.Spec.Mode == unit.TranscriptMode) {
@@ -136,7 +116,7 @@ func (h Host) Admit(ctx context.Context, r store.Run, mark func(step string)) (A
 // from before the run's record arrived here in a bundle. The end time of
 // an imported run is another host's clock, and what this host meters is
 // the idle draw of what it retained itself.
-func (h Host) parkedFor(id string, segs []record.Segment) (time.Duration, error) {
+func (h Env) parkedFor(id string, segs []record.Segment) (time.Duration, error) {
 	for i := len(segs) - 1; i >= 0; i-- {
 		if segs[i].Kind != record.Executed {
 			continue
@@ -167,7 +147,7 @@ func (h Host) parkedFor(id string, segs []record.Segment) (time.Duration, error)
 
 // Manifest is this host's environment manifest over keys for a unit,
 // stored; its address is what a park records.
-func (h Host) Manifest(ctx context.Context, keys []string, spec unit.Spec, unitID record.Address) (record.Address, error) {
+func (h Env) Manifest(ctx context.Context, keys []string, spec unit.Spec, unitID record.Address) (record.Address, error) {
 	m, err := h.Over(ctx, keys, spec, unitID)
 	if err != nil {
 		return record.Address{}, err
@@ -181,13 +161,13 @@ func (h Host) Manifest(ctx context.Context, keys []string, spec unit.Spec, unitI
 
 // Over is this host's environment manifest over keys for a unit, as a park
 // here would record it (Manifest), not stored.
-func (h Host) Over(ctx context.Context, keys []string, spec unit.Spec, unitID record.Address) (manifest.Manifest, error) {
+func (h Env) Over(ctx context.Context, keys []string, spec unit.Spec, unitID record.Address) (manifest.Manifest, error) {
 	return manifest.Over(keys, h.facts(ctx, spec, unitID))
 }
 
 // facts are the host's facts for a unit: its own, and the digest under
 // which the unit's image is imported here now (absent when it is not).
-func (h Host) facts(ctx context.Context, spec unit.Spec, unitID record.Address) manifest.Manifest {
+func (h Env) facts(ctx context.Context, spec unit.Spec, unitID record.Address) manifest.Manifest {
 	m := manifest.Manifest{}
 	for k, v := range h.Facts {
 		m[k] = v
@@ -203,7 +183,7 @@ func (h Host) facts(ctx context.Context, spec unit.Spec, unitID record.Address) 
 // Prepare makes a run request's unit ready to run ([unit.Prepare]): its
 // image pinned to the digest imported here, and refused where its form
 // cannot park it (Form.Ready).
-func (h Host) Prepare(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (unit.Prepared, error) {
+func (h Env) Prepare(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (unit.Prepared, error) {
 	p, err := unit.Prepare(spec, grants, func(s unit.Spec) (string, error) {
 		img, err := h.Sandboxes.Image(ctx, s.Image)
 		if err != nil {

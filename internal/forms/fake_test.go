@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/calls"
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
@@ -125,9 +126,9 @@ func (u *fakeUnit) Checkpoint(_ context.Context, cp executor.Checkpoint) (execut
 	return executor.CheckpointStats{PagesWritten: 1}, os.WriteFile(cp.Rootfs, []byte(core+" (rw layer)"), 0o600)
 }
 
-// testHost is a Host over a real store, the fake box and a gate whose
+// testHost is an Env over a real store, the fake box and a gate whose
 // probe passes unless criuErr is set.
-func testHost(t *testing.T, criuErr error) (Host, *fakeBox) {
+func testHost(t *testing.T, criuErr error) (Env, *fakeBox) {
 	t.Helper()
 	st, err := store.Open(filepath.Join(t.TempDir(), "store"))
 	if err != nil {
@@ -138,11 +139,11 @@ func testHost(t *testing.T, criuErr error) (Host, *fakeBox) {
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	log := slog.New(slog.DiscardHandler)
-	gate := imageparks.Start(ctx, &wg, func(context.Context) executor.Probe { return executor.Probe{OK: true} }, criuErr, log)
+	gate := imageparks.Start(ctx, &wg, func(context.Context) criu.Probe { return criu.Probe{OK: true} }, criuErr, log)
 	box := &fakeBox{started: map[string]executor.Spec{}}
 	dir := t.TempDir()
-	ih := interval.Host{StateDir: dir}
-	h := Host{Store: st, Sandboxes: box, StateDir: dir, Gate: gate, Calls: nopCalls{}, Invalid: errInvalid, Log: log,
+	ih := interval.Recorder{StateDir: dir}
+	h := Env{Store: st, Sandboxes: box, StateDir: dir, Gate: gate, Calls: nopCalls{}, Invalid: errInvalid, Log: log,
 		Output: func(run string) (executor.Output, error) { return executor.Output(ih.Output(run)), nil },
 		Mark:   ih.MarkNow}
 	return h, box
@@ -156,7 +157,7 @@ func (nopCalls) Dispatched(string, protocol.Call) {}
 func (nopCalls) Awaiting(string, *calls.Channel)  {}
 
 // stored stores run r's genesis, as a run's start does.
-func stored(t *testing.T, h Host, r Run) Run {
+func stored(t *testing.T, h Env, r Run) Run {
 	t.Helper()
 	u, err := h.Store.PutBytes([]byte(r.ID + " unit"))
 	if err != nil {

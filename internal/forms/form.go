@@ -18,13 +18,13 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
-// Host is this host's side of both forms: the store, the sandboxes, the
+// Env is this host's side of both forms: the store, the sandboxes, the
 // image-park gate and CRIU's deadline, the room an image park must leave,
 // and where a run's channel and output go. It holds no state of its own:
 // a value is cheap to make, and the daemon makes one at each use (a unit
 // reattached at start outlives the host it was found with: the gate is
 // set after the reconcile).
-type Host struct {
+type Env struct {
 	Store     *store.Store
 	Sandboxes Sandboxes
 	StateDir  string
@@ -60,7 +60,7 @@ type Host struct {
 	// user namespace failed, and for a park made without one.
 	HostRootImages bool
 	// Calls is what a transcript unit's channel tells the daemon.
-	Calls calls.Host
+	Calls calls.Daemon
 	// Output makes run's output files on this host; Mark is a mark at
 	// this instant for them. An interval begins at the mark.
 	Output func(run string) (executor.Output, error)
@@ -72,7 +72,7 @@ type Host struct {
 }
 
 // For is the form of units of mode m.
-func (h Host) For(m unit.Mode) Form {
+func (h Env) For(m unit.Mode) Form {
 	if m == unit.TranscriptMode {
 		return Transcript{h}
 	}
@@ -156,7 +156,7 @@ type Woken struct {
 }
 
 // Unit is one sandbox of a run. It keeps no form: the daemon asks the
-// form of its mode at each use (Host.For), over the host as it is then.
+// form of its mode at each use (Env.For), over the host as it is then.
 type Unit struct {
 	Run
 	Sandbox Sandbox
@@ -229,7 +229,7 @@ func (u *Unit) Close() {
 // unitSpec is the sandbox spec of a unit of run: with userns, in the
 // user namespace of the range the run holds here (taken now if it holds
 // none), where the host runs units in user namespaces.
-func (h Host) unitSpec(run Run, userns bool) (executor.Spec, error) {
+func (h Env) unitSpec(run Run, userns bool) (executor.Spec, error) {
 	es := executor.SpecOf(run.Spec, run.Grants)
 	if h.Ranges == nil || !userns {
 		return es, nil

@@ -20,7 +20,7 @@ import (
 // tree and its rw layer (internal/park), restored under the same sandbox
 // id. Every image park and resume waits on the image-park gate and runs
 // under CRIU's deadline.
-type Image struct{ h Host }
+type Image struct{ h Env }
 
 // Ready waits on the image-park gate: where image parks do not work, an
 // image unit is refused.
@@ -67,7 +67,7 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 	if err != nil {
 		return Taken{}, err
 	}
-	room, err := park.Room(f.h.Store, id, u.Grants, mem, raw.Segments, f.h.MinFree)
+	room, err := park.Room(f.h.Store, park.Sizing{Run: id, Grants: u.Grants, Memory: mem, Segments: raw.Segments, MinFree: f.h.MinFree})
 	if err != nil {
 		return Taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
@@ -127,7 +127,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 	}
 	m := f.h.Mark(id)
 	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Deadline: deadline, Pages: served}
-	sb, rs, pg, err := f.restoreSandbox(ctx, id, es, cp, out, t0, deadline)
+	sb, rs, pg, err := f.restoreSandbox(ctx, restoring{id: id, spec: es, cp: cp, out: out, start: t0})
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
 	}
@@ -175,6 +175,6 @@ func (f Image) Recover(context.Context, *Unit) (Taken, error) {
 // the host's root only where the host accepts it (HostRootImages), and
 // elsewhere in one, where the judge refuses it (image_refused, naming
 // userns).
-func (h Host) resumeUserNS(dir string) bool {
+func (h Env) resumeUserNS(dir string) bool {
 	return executor.ImagesUserNS(dir) || !h.HostRootImages
 }

@@ -175,7 +175,7 @@ type lazyRestoring interface {
 // here held its userfaultfds while no daemon ran, so what the unit read
 // then is not known: the daemon parks it back at the snapshot it resumed
 // from.
-func (h Host) LazyUnfinished(u *Unit) bool {
+func (h Env) LazyUnfinished(u *Unit) bool {
 	l, ok := h.Sandboxes.(lazyRestoring)
 	return ok && u.Spec.Mode != unit.TranscriptMode && l.LazyUnfinished(u.Sandbox.ID())
 }
@@ -215,10 +215,23 @@ func (f Image) awaitPages(ctx context.Context, u *Unit) error {
 // daemon found unfinished are lost (LazyUnfinished).
 const RestartedReason = "the daemon restarted before every page of the lazy restore was resident"
 
-// restoreSandbox restores id's sandbox, lazily when the host says so.
-// A lazy restore's pages are watched from here on: deadline bounds the
-// time to all resident, counted from the restore's return.
-func (f Image) restoreSandbox(ctx context.Context, id string, spec executor.Spec, cp executor.Checkpoint, out executor.Output, start time.Time, deadline time.Duration) (Sandbox, executor.RestoreStats, *pages, error) {
+// restoring is what a wake restores: the run's sandbox id and spec, the
+// checkpoint (its Deadline too bounds a lazy restore's pages), the
+// output files, and when the wake began.
+type restoring struct {
+	id    string
+	spec  executor.Spec
+	cp    executor.Checkpoint
+	out   executor.Output
+	start time.Time
+}
+
+// restoreSandbox restores r's sandbox, lazily when the host says so.
+// A lazy restore's pages are watched from here on: the checkpoint's
+// deadline bounds the time to all resident, counted from the restore's
+// return.
+func (f Image) restoreSandbox(ctx context.Context, r restoring) (Sandbox, executor.RestoreStats, *pages, error) {
+	id, spec, cp, out := r.id, r.spec, r.cp, r.out
 	if f.h.Lazy == nil {
 		sb, rs, err := f.h.Sandboxes.Restore(ctx, id, spec, cp, out)
 		return sb, rs, nil, err
@@ -236,15 +249,15 @@ func (f Image) restoreSandbox(ctx context.Context, id string, spec executor.Spec
 		lp.Kill()
 		return nil, rs, nil, errors.Join(fmt.Errorf("%w: holding the unit's userfaultfds: %w", executor.ErrRestore, err), derr)
 	}
-	p := &pages{start: start, done: make(chan struct{})}
-	go watchPages(sb, lp, release, p, deadline, f.h.Log)
+	p := &pages{start: r.start, done: make(chan struct{})}
+	go p.watch(sb, lp, release, cp.Deadline, f.h.Log)
 	return sb, rs, p, nil
 }
 
 // freezeWait bounds the freeze of a unit whose pages were lost.
 const freezeWait = 30 * time.Second
 
-// watchPages waits for lp to bring every page in, within deadline. Then
+// watch waits for lp to bring every page in, within deadline. Then
 // it releases the held userfaultfds. When lp fails, or the deadline
 // passes, it freezes the unit (a thread waiting on a page that never
 // comes may not freeze; where the freeze fails the unit is destroyed
@@ -253,7 +266,7 @@ const freezeWait = 30 * time.Second
 // (the daemon destroys it), so no thread ever reads a page that did not
 // come as zeros. A unit gone first (closed, or exited) needs no more
 // pages: lp is ended, and nothing is said.
-func watchPages(sb Sandbox, lp Pages, release func(), p *pages, deadline time.Duration, log *slog.Logger) {
+func (p *pages) watch(sb Sandbox, lp Pages, release func(), deadline time.Duration, log *slog.Logger) {
 	timer := time.NewTimer(deadline)
 	defer timer.Stop()
 	wctx, stop := context.WithCancel(context.Background())

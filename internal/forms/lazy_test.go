@@ -131,7 +131,7 @@ func (noMeter) Reattach(string, time.Time, uint64) (interval.Metering, error) {
 }
 
 // lazyWoken parks run r on a host that resumes lazily and wakes it.
-func lazyWoken(t *testing.T, deadline time.Duration) (Host, *fakeLazy, Woken) {
+func lazyWoken(t *testing.T, deadline time.Duration) (Env, *fakeLazy, Woken) {
 	t.Helper()
 	h, box := testHost(t, nil)
 	l := newFakeLazy(box)
@@ -152,8 +152,8 @@ func lazyWoken(t *testing.T, deadline time.Duration) (Host, *fakeLazy, Woken) {
 	return h, l, woke
 }
 
-func openInterval(h Host, u *Unit) *interval.Interval {
-	ih := interval.Host{StateDir: h.StateDir, Meter: noMeter{}}
+func openInterval(h Env, u *Unit) *interval.Interval {
+	ih := interval.Recorder{StateDir: h.StateDir, Meter: noMeter{}}
 	return ih.Begin(u.ID, u.Sandbox, unit.Limits{}, attest.EventRestored, ih.MarkNow(u.ID))
 }
 

@@ -21,7 +21,7 @@ import (
 // keeps through its channel (internal/calls), woken in a new sandbox over
 // it. Each interval has its own channel and sandbox (SandboxID), so the
 // next interval's sandbox starts while the last one is torn down.
-type Transcript struct{ h Host }
+type Transcript struct{ h Env }
 
 // Ready admits every transcript unit: it needs no CRIU.
 func (f Transcript) Ready(context.Context, string) error { return nil }
@@ -78,7 +78,7 @@ func (f Transcript) start(ctx context.Context, run Run, restored *record.Address
 // dir mounted: Wake's and a warm sandbox's (Prepare) alike, in the user
 // namespace of the run's range where units run in user namespaces (a
 // transcript unit needs no probe: it is never checkpointed).
-func (h Host) sandboxSpec(run Run, dir string) (executor.Spec, error) {
+func (h Env) sandboxSpec(run Run, dir string) (executor.Spec, error) {
 	es, err := h.unitSpec(run, true)
 	if err != nil {
 		return es, err
@@ -167,7 +167,7 @@ func (f Transcript) Recover(ctx context.Context, u *Unit) (Taken, error) {
 // Awaited is what run r awaits of the platform's results, and whether a
 // post wakes it now: a run parked in its transcript wakes once every
 // result its await named is posted; any other awaits nothing.
-func (h Host) Awaited(r store.Run) (waiting []string, wake bool, err error) {
+func (h Env) Awaited(r store.Run) (waiting []string, wake bool, err error) {
 	if r.Phase != record.Parked || !r.Parked.IsTranscript() {
 		return nil, false, nil
 	}

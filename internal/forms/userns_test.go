@@ -15,7 +15,7 @@ import (
 // root, no user namespace.
 func TestUnitSpecRange(t *testing.T) {
 	run := Run{ID: "run-a", Spec: unit.Spec{Image: "img"}}
-	es, err := Host{}.unitSpec(run, true)
+	es, err := Env{}.unitSpec(run, true)
 	if err != nil || es.UserNS != nil {
 		t.Fatalf("without ranges: %+v, %v", es.UserNS, err)
 	}
@@ -23,7 +23,7 @@ func TestUnitSpecRange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := Host{Ranges: rs}
+	h := Env{Ranges: rs}
 	if es, err := h.unitSpec(run, false); err != nil || es.UserNS != nil {
 		t.Fatalf("as the host's root: %+v, %v", es.UserNS, err)
 	}
@@ -52,7 +52,7 @@ func TestTranscriptSpecRange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := Host{Ranges: rs}
+	h := Env{Ranges: rs}
 	run := Run{ID: "run-t", Spec: unit.Spec{Image: "img", Mode: unit.TranscriptMode}}
 	es, err := h.sandboxSpec(run, "/state/ch/run-t")
 	if err != nil || es.UserNS == nil {
@@ -84,7 +84,7 @@ func TestResumeUserNS(t *testing.T) {
 		hostRoot bool
 		want     bool
 	}{{with, false, true}, {with, true, true}, {without, false, true}, {without, true, false}} {
-		if got := (Host{HostRootImages: c.hostRoot}).resumeUserNS(c.dir); got != c.want {
+		if got := (Env{HostRootImages: c.hostRoot}).resumeUserNS(c.dir); got != c.want {
 			t.Errorf("images with a user namespace %v, host-root accepted %v: %v, want %v", c.dir == with, c.hostRoot, got, c.want)
 		}
 	}

@@ -81,7 +81,7 @@ func (w *Warm) Discard(ctx context.Context) error {
 // snap is a transcript and a posted result can wake the run (Pending);
 // keep says, at each of the pool's sweeps, whether the run is still
 // parked and held here (not closed, handed off or migrated).
-func (h Host) WarmUp(id string, snap record.Snapshot, keep func() bool) {
+func (h Env) WarmUp(id string, snap record.Snapshot, keep func() bool) {
 	if !h.Warm.Enabled() || !snap.IsTranscript() || !h.Pending(id) {
 		return
 	}
@@ -90,11 +90,11 @@ func (h Host) WarmUp(id string, snap record.Snapshot, keep func() bool) {
 		if err != nil {
 			return nil, err
 		}
-		run, err := ReadRun(h.Store, st) // as the resume's admission reads it
+		spec, grants, err := h.Store.ReadRun(st) // as the resume's admission reads it
 		if err != nil {
 			return nil, err
 		}
-		return h.Transcript().Prepare(ctx, run, snap, h.Creates)
+		return h.Transcript().Prepare(ctx, Run{ID: id, Spec: spec, Grants: grants}, snap, h.Creates)
 	}
 	h.Warm.Prepare(id, build, keep)
 }
@@ -103,7 +103,7 @@ func (h Host) WarmUp(id string, snap record.Snapshot, keep func() bool) {
 // one (a transcript unit's only), and what the pool held for the run
 // meanwhile: its warm-pool residency, which the resume owes with the
 // park's. It is taken only once the resume is admitted.
-func (h Host) TakeWarm(id string, mode unit.Mode) (*Warm, idle.Residency) {
+func (h Env) TakeWarm(id string, mode unit.Mode) (*Warm, idle.Residency) {
 	if mode != unit.TranscriptMode {
 		return nil, idle.Residency{}
 	}
@@ -113,12 +113,12 @@ func (h Host) TakeWarm(id string, mode unit.Mode) (*Warm, idle.Residency) {
 }
 
 // Transcript is the transcript form of h.
-func (h Host) Transcript() Transcript { return Transcript{h} }
+func (h Env) Transcript() Transcript { return Transcript{h} }
 
 // Pending reports whether parked run id has calls a posted result can
 // resolve (outstanding, or with a result posted and not yet delivered):
 // a run whose next interval a warm sandbox may serve.
-func (h Host) Pending(id string) bool {
+func (h Env) Pending(id string) bool {
 	l, err := h.Store.Calls(id)
 	if err != nil {
 		return false

@@ -44,7 +44,7 @@ func (u *fakeCreated) Resident(context.Context) (uint64, bool, error) { return 4
 
 // parkedTranscript starts run r, takes its snapshot and closes its
 // channel, as a recorded park leaves it.
-func parkedTranscript(t *testing.T, h Host, r Run) record.Snapshot {
+func parkedTranscript(t *testing.T, h Env, r Run) record.Snapshot {
 	t.Helper()
 	f := h.Transcript()
 	w, err := f.Start(t.Context(), stored(t, h, r))

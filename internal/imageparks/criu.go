@@ -4,7 +4,6 @@ import (
 	"slices"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
-	"github.com/runrecordd/runrecordd/internal/executor"
 )
 
 // Build is what the gate asks of the CRIU build the daemon runs
@@ -23,7 +22,7 @@ var seeable = []criu.Capability{criu.TmpfsDump, criu.TmpfsRestore}
 // where the build's record and the probe disagree, that the probe is
 // believed (a note; these capabilities gate no fast path, only how long
 // a park and a resume take).
-func CheckBuild(p executor.Probe, b Build) executor.Probe {
+func CheckBuild(p criu.Probe, b Build) criu.Probe {
 	if !p.OK {
 		return p
 	}
@@ -45,11 +44,11 @@ func CheckBuild(p executor.Probe, b Build) executor.Probe {
 }
 
 // UserNS applies the host's policy to a probe that also tried a dump and
-// restore in a user namespace (executor.Probe.UserNSTried): passed, image
+// restore in a user namespace (criu.Probe.UserNSTried): passed, image
 // units run in user namespaces; failed, they run as the host's root only
 // where the operator accepts it (hostRoot: serve --allow-host-root-images),
 // and otherwise image parks are unavailable, the reason saying so.
-func UserNS(p executor.Probe, hostRoot bool) executor.Probe {
+func UserNS(p criu.Probe, hostRoot bool) criu.Probe {
 	if !p.OK || !p.UserNSTried {
 		return p
 	}

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
-	"github.com/runrecordd/runrecordd/internal/executor"
 )
 
 // fakeBuild is a CRIU build that can do what it lists.
@@ -34,7 +33,7 @@ func TestCheckBuild(t *testing.T) {
 		{"seen, not recorded", both[:1], nil, []string{"tmpfs-dump: seen at work, though", "tmpfs-restore: off"}},
 	}
 	for _, tc := range cases {
-		p := CheckBuild(executor.Probe{OK: true, Notes: []string{"first"}, Seen: tc.seen}, tc.build)
+		p := CheckBuild(criu.Probe{OK: true, Notes: []string{"first"}, Seen: tc.seen}, tc.build)
 		if len(p.Notes) != 1+len(tc.want) || p.Notes[0] != "first" {
 			t.Errorf("%s: notes %q", tc.name, p.Notes)
 			continue
@@ -45,7 +44,7 @@ func TestCheckBuild(t *testing.T) {
 			}
 		}
 	}
-	if p := CheckBuild(executor.Probe{Reason: "no"}, fakeBuild(nil)); len(p.Notes) != 0 {
+	if p := CheckBuild(criu.Probe{Reason: "no"}, fakeBuild(nil)); len(p.Notes) != 0 {
 		t.Errorf("a failed probe got notes %q", p.Notes)
 	}
 }
@@ -54,8 +53,8 @@ func TestCheckBuild(t *testing.T) {
 // runs image units in them; failed, it closes the gate unless the host
 // accepts host-root image units; a probe that did not try is left alone.
 func TestUserNS(t *testing.T) {
-	passed := executor.Probe{OK: true, UserNSTried: true, UserNS: true}
-	failed := executor.Probe{OK: true, UserNSTried: true, UserNSReason: "runc said no"}
+	passed := criu.Probe{OK: true, UserNSTried: true, UserNS: true}
+	failed := criu.Probe{OK: true, UserNSTried: true, UserNSReason: "runc said no"}
 	if p := UserNS(passed, false); !p.OK || len(p.Notes) != 1 || !strings.Contains(p.Notes[0], "run in user namespaces") {
 		t.Errorf("passed: %+v", p)
 	}
@@ -65,10 +64,10 @@ func TestUserNS(t *testing.T) {
 	if p := UserNS(failed, true); !p.OK || len(p.Notes) != 1 || !strings.Contains(p.Notes[0], "as the host's root") || !strings.Contains(p.Notes[0], "runc said no") {
 		t.Errorf("failed, host root accepted: %+v", p)
 	}
-	if p := UserNS(executor.Probe{OK: true}, false); !p.OK || len(p.Notes) != 0 {
+	if p := UserNS(criu.Probe{OK: true}, false); !p.OK || len(p.Notes) != 0 {
 		t.Errorf("not tried: %+v", p)
 	}
-	if p := UserNS(executor.Probe{Reason: "no CRIU", UserNSTried: true}, false); p.OK || p.Reason != "no CRIU" {
+	if p := UserNS(criu.Probe{Reason: "no CRIU", UserNSTried: true}, false); p.OK || p.Reason != "no CRIU" {
 		t.Errorf("a failed probe: %+v", p)
 	}
 }

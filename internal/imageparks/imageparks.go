@@ -26,7 +26,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/criu"
 )
 
 // ErrUnavailable is an image-mode run, park or resume on a host where image
@@ -57,7 +57,7 @@ func Deadline(cfg time.Duration, memBytes uint64) time.Duration {
 const ReprobeAfter = time.Minute
 
 // Prober runs one probe; the caller bounds each of its steps.
-type Prober func(ctx context.Context) executor.Probe
+type Prober func(ctx context.Context) criu.Probe
 
 // Gate is the outcome of the latest probe, and the probe under way.
 type Gate struct {
@@ -71,7 +71,7 @@ type Gate struct {
 
 	mu       sync.Mutex
 	done     chan struct{} // closed once p is set
-	p        executor.Probe
+	p        criu.Probe
 	finished time.Time
 }
 
@@ -111,8 +111,8 @@ func (g *Gate) reprobeLocked() {
 }
 
 // run probes (or, without a CRIU, finds why not) and logs the outcome.
-func (g *Gate) run() executor.Probe {
-	var p executor.Probe
+func (g *Gate) run() criu.Probe {
+	var p criu.Probe
 	if g.criuErr != nil {
 		p.Reason = g.criuErr.Error()
 	} else {

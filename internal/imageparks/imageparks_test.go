@@ -9,25 +9,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/testhost"
 )
 
 // prober is a scripted Prober: each probe takes the next outcome from
 // outcomes, after release lets it go (when release is not nil).
 type prober struct {
-	outcomes chan executor.Probe
+	outcomes chan criu.Probe
 	release  chan struct{}
 	calls    atomic.Int32
 }
 
-func (p *prober) probe(ctx context.Context) executor.Probe {
+func (p *prober) probe(ctx context.Context) criu.Probe {
 	p.calls.Add(1)
 	if p.release != nil {
 		select {
 		case <-p.release:
 		case <-ctx.Done():
-			return executor.Probe{Reason: "stopped"}
+			return criu.Probe{Reason: "stopped"}
 		}
 	}
 	return <-p.outcomes
@@ -68,8 +68,8 @@ func mustGate(t *testing.T, p *prober, criuErr error) (*Gate, *clock) {
 	return g, c
 }
 
-func outcomes(ps ...executor.Probe) chan executor.Probe {
-	ch := make(chan executor.Probe, len(ps))
+func outcomes(ps ...criu.Probe) chan criu.Probe {
+	ch := make(chan criu.Probe, len(ps))
 	for _, p := range ps {
 		ch <- p
 	}
@@ -78,7 +78,7 @@ func outcomes(ps ...executor.Probe) chan executor.Probe {
 
 // A probe that dumps and restores opens the gate, with its notes.
 func TestReadyProbeOK(t *testing.T) {
-	p := &prober{outcomes: outcomes(executor.Probe{OK: true, Notes: []string{"hw breakpoints off"}, Took: time.Second})}
+	p := &prober{outcomes: outcomes(criu.Probe{OK: true, Notes: []string{"hw breakpoints off"}, Took: time.Second})}
 	g, _ := mustGate(t, p, nil)
 	if err := g.Ready(t.Context()); err != nil {
 		t.Fatal(err)
@@ -96,7 +96,7 @@ func TestReadyProbeOK(t *testing.T) {
 // ReprobeAfter does not probe again, one after it does, and a fixed host
 // gets image parks back without a restart.
 func TestReadyReprobesAfterInterval(t *testing.T) {
-	p := &prober{outcomes: outcomes(executor.Probe{Reason: "criu: dump failed"}, executor.Probe{OK: true})}
+	p := &prober{outcomes: outcomes(criu.Probe{Reason: "criu: dump failed"}, criu.Probe{OK: true})}
 	g, c := mustGate(t, p, nil)
 	err := g.Ready(t.Context())
 	if !errors.Is(err, ErrUnavailable) || err.Error() != "image parks are unavailable on this host: criu: dump failed" {
@@ -130,7 +130,7 @@ func TestReadyReprobesAfterInterval(t *testing.T) {
 // not ErrUnavailable; Status says probing meanwhile; the probe goes on and
 // the next request gets its outcome.
 func TestReadyCancelWhileProbing(t *testing.T) {
-	p := &prober{outcomes: outcomes(executor.Probe{OK: true}), release: make(chan struct{})}
+	p := &prober{outcomes: outcomes(criu.Probe{OK: true}), release: make(chan struct{})}
 	g, _ := mustGate(t, p, nil)
 	if s := g.Status(); s.State != Probing || s.State.String() != "probing" || s.Reason != "" || s.Notes != nil {
 		t.Fatalf("status while probing: %+v", s)
@@ -169,7 +169,7 @@ func TestReadyCRIUErrNeverProbes(t *testing.T) {
 
 // A daemon stopping does not start a reprobe.
 func TestReadyNoReprobeWhenStopping(t *testing.T) {
-	p := &prober{outcomes: outcomes(executor.Probe{Reason: "broken"})}
+	p := &prober{outcomes: outcomes(criu.Probe{Reason: "broken"})}
 	bg, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	c := &clock{t: time.Unix(1_700_000_000, 0)}

@@ -4,7 +4,7 @@
 // the meter's CPU reading, the lifecycle entries so far) and what meters
 // it; [Interval.End] is the one place an interval ends.
 //
-// A [Host] is this host's side of every interval: where a run keeps its
+// A [Recorder] is this host's side of every interval: where a run keeps its
 // output and its saved mark (StateDir/runs/<id>/stdout, stderr,
 // interval.json), the meter ([IdleMeter] over internal/idle), and the store and
 // [Signer] an interval ends into. The daemon begins, reattaches, saves,

@@ -159,6 +159,16 @@ type Env struct {
 	Sealed func()
 }
 
+// Ending is what an interval ends with: its outcome, the Executed
+// segment's call account (nil: not accounted), the segments appended with
+// it in one transaction, and entries for the journal's end.
+type Ending struct {
+	Outcome attest.Outcome
+	Calls   *record.CallAccount
+	Then    []record.Segment
+	Extra   []attest.Entry
+}
+
 // Sealed is a recorded interval.
 type Sealed struct {
 	Segment     record.Segment // the Executed segment
@@ -171,11 +181,11 @@ type Sealed struct {
 // appended); a refused append is the store's or pkg/record's error.
 var ErrSeal = errors.New("sealing the interval")
 
-// End ends the interval with outcome and records it: the Executed segment
-// carrying calls (nil: not accounted), then the segments in then, in one
-// transaction (see the package doc for the order). extra entries go at the
-// journal's end.
-func (iv *Interval) End(ctx context.Context, env Env, outcome attest.Outcome, calls *record.CallAccount, then []record.Segment, extra ...attest.Entry) (Sealed, error) {
+// End ends the interval with e's outcome and records it: the Executed
+// segment carrying e.Calls, then e.Then, in one transaction (see the
+// package doc for the order). e.Extra goes at the journal's end.
+func (iv *Interval) End(ctx context.Context, env Env, e Ending) (Sealed, error) {
+	outcome, calls, then, extra := e.Outcome, e.Calls, e.Then, e.Extra
 	if iv.ended {
 		return Sealed{}, fmt.Errorf("%w: run %s: the interval has already ended", ErrSeal, iv.run)
 	}

@@ -226,7 +226,7 @@ func TestEndRecordsWholeIntervals(t *testing.T) {
 		t.Fatal(err)
 	}
 	appendFile(t, cfg.Output.Stdout, "during\n")
-	first, err := iv.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Running}, &record.CallAccount{}, nil)
+	first, err := iv.End(t.Context(), h.env(), Ending{Outcome: attest.Outcome{Kind: attest.Running}, Calls: &record.CallAccount{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func TestEndRecordsWholeIntervals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := iv.End(t.Context(), h.env(), outcome, nil, []record.Segment{susp})
+	second, err := iv.End(t.Context(), h.env(), Ending{Outcome: outcome, Then: []record.Segment{susp}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +302,7 @@ func TestEndRefusedAppendRecordsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, _ := h.st.Run("r")
-	_, err := iv.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Killed}, nil, []record.Segment{record.Closure("again")})
+	_, err := iv.End(t.Context(), h.env(), Ending{Outcome: attest.Outcome{Kind: attest.Killed}, Then: []record.Segment{record.Closure("again")}})
 	if !errors.Is(err, record.ErrClosed) || errors.Is(err, ErrSeal) {
 		t.Fatalf("end after close: %v, want the record's refusal", err)
 	}
@@ -320,7 +320,7 @@ func TestEndRefusedAppendRecordsNothing(t *testing.T) {
 	if head == nil || !h.st.Has(*head) {
 		t.Fatal("the signed attestation is not kept")
 	}
-	if _, err := iv.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Killed}, nil, nil); !errors.Is(err, ErrSeal) {
+	if _, err := iv.End(t.Context(), h.env(), Ending{Outcome: attest.Outcome{Kind: attest.Killed}}); !errors.Is(err, ErrSeal) {
 		t.Fatalf("a second end: %v", err)
 	}
 }
@@ -336,11 +336,11 @@ func TestEndRefusedWhenTheHeadMoved(t *testing.T) {
 	env.Sealed = func() {
 		// Another writer ends an interval of the same run first.
 		other := Begin(cfg, &fakeSandbox{}, fakeMeter{}, MarkAt(time.Now().UnixNano(), cfg.Output), "other")
-		if _, err := other.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Running}, nil, nil); err != nil {
+		if _, err := other.End(t.Context(), h.env(), Ending{Outcome: attest.Outcome{Kind: attest.Running}}); err != nil {
 			t.Error(err)
 		}
 	}
-	_, err := iv.End(t.Context(), env, attest.Outcome{Kind: attest.Running}, nil, nil)
+	_, err := iv.End(t.Context(), env, Ending{Outcome: attest.Outcome{Kind: attest.Running}})
 	if !errors.Is(err, store.ErrHeadMoved) {
 		t.Fatalf("end after the head moved: %v", err)
 	}
@@ -356,7 +356,7 @@ func TestEndSealFailureRecordsNothing(t *testing.T) {
 	cfg := h.run(t, "r")
 	iv := Begin(cfg, &fakeSandbox{}, fakeMeter{}, MarkAt(time.Now().UnixNano(), cfg.Output), "started")
 	full := errors.New("no space left on device")
-	_, err := iv.End(t.Context(), Env{Store: &faultyStore{Store: h.st, failPut: full}, Signer: h.signer}, attest.Outcome{Kind: attest.Running}, nil, nil)
+	_, err := iv.End(t.Context(), Env{Store: &faultyStore{Store: h.st, failPut: full}, Signer: h.signer}, Ending{Outcome: attest.Outcome{Kind: attest.Running}})
 	if !errors.Is(err, ErrSeal) || !errors.Is(err, full) {
 		t.Fatalf("end with a failing store: %v", err)
 	}
@@ -367,7 +367,7 @@ func TestEndSealFailureRecordsNothing(t *testing.T) {
 	// record did not.
 	iv = Begin(cfg, &fakeSandbox{}, fakeMeter{}, MarkAt(time.Now().UnixNano(), cfg.Output), "restarted")
 	broken := errors.New("disk gone")
-	_, err = iv.End(t.Context(), Env{Store: &faultyStore{Store: h.st, failAppend: broken}, Signer: h.signer}, attest.Outcome{Kind: attest.Running}, nil, nil)
+	_, err = iv.End(t.Context(), Env{Store: &faultyStore{Store: h.st, failAppend: broken}, Signer: h.signer}, Ending{Outcome: attest.Outcome{Kind: attest.Running}})
 	if !errors.Is(err, broken) || errors.Is(err, ErrSeal) {
 		t.Fatalf("end with a failing append: %v", err)
 	}
@@ -386,7 +386,7 @@ func TestEndUnmeteredAndDiscarded(t *testing.T) {
 	m.Discarded = [2]uint64{10, 0} // a sandbox that had an interval before
 	iv := Begin(cfg, sb, fakeMeter{noCgroup: errors.New("no cgroup")}, m, "started")
 	sb.out, sb.err = 110, 5
-	sealed, err := iv.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Running}, nil, nil)
+	sealed, err := iv.End(t.Context(), h.env(), Ending{Outcome: attest.Outcome{Kind: attest.Running}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +419,7 @@ func TestReattachFromTheSavedMark(t *testing.T) {
 	if ev := again.Events(); len(ev) != 2 || string(ev[0].Data) != "started" || string(ev[1].Data) != "reattached" {
 		t.Fatalf("entries %v", ev)
 	}
-	sealed, err := again.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Running}, nil, nil)
+	sealed, err := again.End(t.Context(), h.env(), Ending{Outcome: attest.Outcome{Kind: attest.Running}})
 	if err != nil || sealed.Receipt.CPUNS != 7 {
 		t.Fatalf("end: %+v %v", sealed.Receipt, err)
 	}
@@ -442,7 +442,7 @@ func TestConcurrentEndsKeepOneAuditChain(t *testing.T) {
 		wg.Go(func() {
 			for range each {
 				iv := Begin(cfg, &fakeSandbox{}, fakeMeter{}, MarkAt(time.Now().UnixNano(), cfg.Output), "started")
-				s, err := iv.End(context.Background(), h.env(), attest.Outcome{Kind: attest.Running}, &record.CallAccount{}, nil)
+				s, err := iv.End(context.Background(), h.env(), Ending{Outcome: attest.Outcome{Kind: attest.Running}, Calls: &record.CallAccount{}})
 				if err != nil {
 					t.Error(err)
 					return
@@ -538,7 +538,7 @@ func TestEndRefusedBeforeTheAppend(t *testing.T) {
 				t.Fatal(err)
 			}
 			before, _ := h.st.Run("r")
-			_, err := iv.End(t.Context(), env, attest.Outcome{Kind: attest.Running}, &record.CallAccount{}, nil)
+			_, err := iv.End(t.Context(), env, Ending{Outcome: attest.Outcome{Kind: attest.Running}, Calls: &record.CallAccount{}})
 			if !errors.Is(err, ErrSeal) || !errors.Is(err, cause) {
 				t.Fatalf("end: %v, want %v and %v", err, ErrSeal, cause)
 			}
@@ -560,7 +560,7 @@ func TestEndRefusedBeforeTheAppend(t *testing.T) {
 			if _, ok := LoadMark(cfg.MarkPath); !ok {
 				t.Fatal("a refused end dropped the mark")
 			}
-			if _, err := iv.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Running}, nil, nil); !errors.Is(err, ErrSeal) {
+			if _, err := iv.End(t.Context(), h.env(), Ending{Outcome: attest.Outcome{Kind: attest.Running}}); !errors.Is(err, ErrSeal) {
 				t.Fatalf("a second end: %v", err)
 			}
 			if after, _ := h.st.Run("r"); after.Len != before.Len {
@@ -580,7 +580,7 @@ func TestDiscardedFromTheSandboxStart(t *testing.T) {
 	sb := &fakeSandbox{err: 3 << 20}
 	iv := Begin(cfg, sb, fakeMeter{noCgroup: errors.New("no cgroup")}, MarkAt(time.Now().UnixNano(), cfg.Output), "started")
 	sb.err += 5
-	sealed, err := iv.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Running}, nil, nil)
+	sealed, err := iv.End(t.Context(), h.env(), Ending{Outcome: attest.Outcome{Kind: attest.Running}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -597,7 +597,7 @@ func TestDiscardedFromTheSandboxStart(t *testing.T) {
 	m.Discarded = [2]uint64{sb.out, sb.err}
 	iv = Begin(cfg, sb, fakeMeter{noCgroup: errors.New("no cgroup")}, m, "restarted")
 	sb.out += 7
-	sealed, err = iv.End(t.Context(), h.env(), attest.Outcome{Kind: attest.Running}, nil, nil)
+	sealed, err = iv.End(t.Context(), h.env(), Ending{Outcome: attest.Outcome{Kind: attest.Running}})
 	if err != nil {
 		t.Fatal(err)
 	}

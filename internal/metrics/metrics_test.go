@@ -27,18 +27,18 @@ import (
 // metricsHost is a store and a meter (internal/testhost) and the metrics
 // counted over them.
 type metricsHost struct {
-	*testhost.Host
+	*testhost.Fixture
 	m *Metrics
 	t *testing.T
 }
 
 func mustMetricsHost(t *testing.T, raplCase string, c ...idle.Coefficients) metricsHost {
 	t.Helper()
-	return metricsHost{Host: testhost.New(t, raplCase, c...), m: &Metrics{}, t: t}
+	return metricsHost{Fixture: testhost.New(t, raplCase, c...), m: &Metrics{}, t: t}
 }
 
 // source is the daemon's Source over the test host's store and meter.
-type source struct{ *testhost.Host }
+type source struct{ *testhost.Fixture }
 
 func (s source) Runs(p record.Phase) ([]string, error)        { return s.Store.Runs(p) }
 func (s source) Run(id string) (store.Run, error)             { return s.Store.Run(id) }
@@ -46,7 +46,7 @@ func (s source) Retained(snap record.Snapshot) (int64, error) { return park.Reta
 func (s source) Coefficients() idle.Coefficients              { return s.Meter.Coefficients() }
 func (s source) Snapshot() idle.Snapshot                      { return s.Meter.Snapshot() }
 
-func (h metricsHost) handler() http.Handler { return h.m.Handler(source{h.Host}, testhost.Log(h.t)) }
+func (h metricsHost) handler() http.Handler { return h.m.Handler(source{h.Fixture}, testhost.Log(h.t)) }
 
 // scrape GETs srv's /metrics and parses it.
 func scrape(t *testing.T, srv *httptest.Server) map[string]*dto.MetricFamily {
@@ -396,7 +396,7 @@ func TestMetricsLint(t *testing.T) {
 	h.m.Migrated(false, false, 0)
 	h.m.Drained(true)
 	h.m.OwnershipRefused()
-	fams, err := h.m.Registry(source{h.Host}).Gather()
+	fams, err := h.m.Registry(source{h.Fixture}).Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func TestScrapeListener(t *testing.T) {
 	h.m.Failed("POST /v1/runs/{id}/park", "phase")
 	h.m.Failed("", "bad_request")
 	h.m.Parked(1)
-	srv := httptest.NewServer(Listener(h.m.ScrapeHandler(source{h.Host}, testhost.Log(t))))
+	srv := httptest.NewServer(Listener(h.m.ScrapeHandler(source{h.Fixture}, testhost.Log(t))))
 	defer srv.Close()
 
 	scrapeMetrics := func() map[string]*dto.MetricFamily {

@@ -11,8 +11,8 @@ import (
 // waits for it, and its background transfer goes up in address, so after
 // a background request (more than one page) the server reads and verifies
 // the chunks that follow on a few workers while lazy-pages copies. Read on
-// the request path, one file after another from a cold page cache, a 512
-// MiB unit's chunks took 4.4 s to all arrive (docs/benchmarks.md).
+// the request path, one file after another from a cold page cache, a
+// large unit's chunks arrive slowly (docs/benchmarks.md).
 const (
 	// aheadBytes bounds the chunks read ahead and not yet served, shared
 	// evenly by the tasks with verified extents: the chunks of a task

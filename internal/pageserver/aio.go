@@ -11,13 +11,11 @@ import (
 )
 
 // Reading chunks past the page cache in batches, with Linux's native
-// asynchronous I/O. On this project's virtual machines each read from the
-// disk is a request to the host: 16 KiB read with O_DIRECT one at a time
-// cost about 30 µs of processor time each, and a cold 512 MiB unit has
-// 32,768 such chunks. io_submit hands a batch of reads over at once, and
-// io_getevents collects their completions together: opened, read and
-// hashed, a cold chunk took 0.41x the time and 0.46x the processor time
-// of one read at a time (BenchmarkLoadChunksCold, docs/benchmarks.md).
+// asynchronous I/O. On a virtual machine each read from the disk is a
+// request to the host, and a cold 512 MiB unit has 32,768 chunks of
+// 16 KiB. io_submit hands a batch of reads over at once, and io_getevents
+// collects their completions together, in less time and processor time
+// than one read at a time (BenchmarkLoadChunksCold, docs/benchmarks.md).
 
 // aioBatch is the most reads one io_submit hands over.
 const aioBatch = 64

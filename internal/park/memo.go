@@ -9,9 +9,9 @@ import (
 
 // checked hands a memory image's listing, as [OfferedServed] found it
 // intact, on to the [LayoutServed] of the same resume, which would
-// otherwise read and decode it again (2.4 MB and 32,768 entries for a
-// 512 MiB image: 5–30 ms of a resume on the AMD machine, most of it the
-// first touch of the memory it fills). A listing is named by its
+// otherwise read and decode it again (32,768 entries for a 512 MiB image;
+// its cost, most of it the first touch of the memory it fills, is in
+// docs/benchmarks.md). A listing is named by its
 // address, so the one kept is the one the store holds under it: nothing
 // is trusted that a second read would have checked. Each is taken once,
 // by the same store, and at most checkedMax are kept (the newest), each

@@ -25,15 +25,23 @@ const DefaultMinFree = 1 << 30
 // small rw layer.
 const margin = 16 << 20
 
-// Room checks, before an image park of run id (its record's segments segs)
-// whose unit uses mem bytes of memory, that the store's filesystem keeps
-// minFree (DefaultMinFree when 0) after the dump, and that the run's
-// snapshots, this one included and each counted once however many parks
-// name it, stay within its quota (grants' Limits.SnapshotBytes). It
-// returns the room left beyond the memory image: the budget of the park's
-// rw layer, for [Image]'s maxRootfs. A refusal wraps [ErrNoSpace].
-func Room(st *store.Store, id string, grants unit.Grants, mem uint64, segs []record.Segment, minFree uint64) (int64, error) {
-	return room(st, statfsFree, id, grants, mem, segs, minFree)
+// Sizing is what the room for an image park is judged from.
+type Sizing struct {
+	Run      string
+	Grants   unit.Grants      // the run's grants: its snapshot quota
+	Memory   uint64           // the bytes of memory its unit uses
+	Segments []record.Segment // the run's record: the snapshots it retains
+	MinFree  uint64           // the free space a park leaves (DefaultMinFree when 0)
+}
+
+// Room checks, before an image park, that the store's filesystem keeps
+// s.MinFree after the dump, and that the run's snapshots, this one
+// included and each counted once however many parks name it, stay within
+// its quota (its grants' Limits.SnapshotBytes). It returns the room left
+// beyond the memory image: the budget of the park's rw layer, for
+// [Image]'s maxRootfs. A refusal wraps [ErrNoSpace].
+func Room(st *store.Store, s Sizing) (int64, error) {
+	return room(st, statfsFree, s)
 }
 
 // statfsFree is the bytes an unprivileged writer may still use on dir's
@@ -47,7 +55,8 @@ func statfsFree(dir string) (uint64, error) {
 }
 
 // room is Room with the filesystem's free space told by free.
-func room(st *store.Store, free func(dir string) (uint64, error), id string, grants unit.Grants, mem uint64, segs []record.Segment, minFree uint64) (int64, error) {
+func room(st *store.Store, free func(dir string) (uint64, error), s Sizing) (int64, error) {
+	id, grants, mem, segs, minFree := s.Run, s.Grants, s.Memory, s.Segments, s.MinFree
 	need := mem + margin
 	avail, err := free(st.Dir())
 	if err != nil {

@@ -67,17 +67,17 @@ func TestRoomTooLittleFree(t *testing.T) {
 		{need + 999, 1000, 1000},
 		{need + DefaultMinFree - 1, 0, DefaultMinFree},
 	} {
-		_, err := room(st, freeOf(c.free), "r", quota(1<<40), mem, nil, c.minFree)
+		_, err := room(st, freeOf(c.free), Sizing{Run: "r", Grants: quota(1 << 40), Memory: mem, MinFree: c.minFree})
 		want := fmt.Sprintf("run r: no room for the park: the store's filesystem has %d bytes free; a park of this unit writes about %d and must leave %d (--min-free)", c.free, need, c.want)
 		if !errors.Is(err, ErrNoSpace) || err.Error() != want {
 			t.Errorf("free %d, min %d: %v", c.free, c.minFree, err)
 		}
 	}
-	if _, err := room(st, freeOf(need+1000), "r", quota(1<<40), mem, nil, 1000); err != nil {
+	if _, err := room(st, freeOf(need+1000), Sizing{Run: "r", Grants: quota(1 << 40), Memory: mem, MinFree: 1000}); err != nil {
 		t.Errorf("exactly the minimum left: %v", err)
 	}
 	// The real filesystem cannot keep 2^62 bytes free.
-	if _, err := Room(st, "r", quota(1<<40), mem, nil, 1<<62); !errors.Is(err, ErrNoSpace) {
+	if _, err := Room(st, Sizing{Run: "r", Grants: quota(1 << 40), Memory: mem, MinFree: 1 << 62}); !errors.Is(err, ErrNoSpace) {
 		t.Errorf("statfs: %v", err)
 	}
 }
@@ -85,7 +85,7 @@ func TestRoomTooLittleFree(t *testing.T) {
 // A filesystem that cannot be asked is an error, not a refusal for room.
 func TestRoomStatfsFails(t *testing.T) {
 	st := mustStore(t)
-	_, err := room(st, func(string) (uint64, error) { return 0, syscall.EIO }, "r", quota(1<<40), 0, nil, 1)
+	_, err := room(st, func(string) (uint64, error) { return 0, syscall.EIO }, Sizing{Run: "r", Grants: quota(1 << 40), Memory: 0, MinFree: 1})
 	if !errors.Is(err, syscall.EIO) || errors.Is(err, ErrNoSpace) || !strings.HasPrefix(err.Error(), "store filesystem: ") {
 		t.Fatalf("room: %v", err)
 	}
@@ -99,12 +99,12 @@ func TestRoomQuotaCountsEachSnapshotOnce(t *testing.T) {
 	segs, used := parkedSegs(t, st)
 	const mem = 1 << 20
 	need := uint64(mem + margin)
-	_, err := room(st, freeOf(1<<50), "r", quota(used+need-1), mem, segs, 1)
+	_, err := room(st, freeOf(1<<50), Sizing{Run: "r", Grants: quota(used + need - 1), Memory: mem, Segments: segs, MinFree: 1})
 	want := fmt.Sprintf("run r: no room for the park: its snapshots hold %d bytes, this park would add about %d, and its snapshot quota is %d bytes (limits.snapshot_bytes)", used, need, used+need-1)
 	if !errors.Is(err, ErrNoSpace) || err.Error() != want {
 		t.Fatalf("over quota: %v", err)
 	}
-	if n, err := room(st, freeOf(1<<50), "r", quota(used+need), mem, segs, 1); err != nil || n != margin {
+	if n, err := room(st, freeOf(1<<50), Sizing{Run: "r", Grants: quota(used + need), Memory: mem, Segments: segs, MinFree: 1}); err != nil || n != margin {
 		t.Fatalf("quota met exactly: room %d, %v", n, err)
 	}
 }
@@ -117,19 +117,19 @@ func TestRoomReturned(t *testing.T) {
 	const mem = 8 << 20
 	need := uint64(mem + margin)
 	// The quota binds.
-	if n, err := room(st, freeOf(1<<40), "r", quota(used+need+5000), mem, segs, 1<<20); err != nil || n != 5000+margin {
+	if n, err := room(st, freeOf(1<<40), Sizing{Run: "r", Grants: quota(used + need + 5000), Memory: mem, Segments: segs, MinFree: 1 << 20}); err != nil || n != 5000+margin {
 		t.Errorf("under the quota: room %d, %v", n, err)
 	}
 	// The free space binds.
-	if n, err := room(st, freeOf(need+(1<<20)+7000), "r", quota(1<<40), mem, segs, 1<<20); err != nil || n != 7000+margin {
+	if n, err := room(st, freeOf(need+(1<<20)+7000), Sizing{Run: "r", Grants: quota(1 << 40), Memory: mem, Segments: segs, MinFree: 1 << 20}); err != nil || n != 7000+margin {
 		t.Errorf("under the free space: room %d, %v", n, err)
 	}
 	// No limit binds: capped.
-	if n, err := room(st, freeOf(1<<63), "r", quota(1<<63), mem, nil, 1); err != nil || n != 1<<62 {
+	if n, err := room(st, freeOf(1<<63), Sizing{Run: "r", Grants: quota(1 << 63), Memory: mem, MinFree: 1}); err != nil || n != 1<<62 {
 		t.Errorf("unbounded: room %d, %v", n, err)
 	}
 	// No quota in the grants: the default's.
-	if n, err := room(st, freeOf(1<<50), "r", unit.Grants{}, mem, nil, 1); err != nil || n != int64(unit.DefaultLimits.SnapshotBytes-need+margin) {
+	if n, err := room(st, freeOf(1<<50), Sizing{Run: "r", Grants: unit.Grants{}, Memory: mem, MinFree: 1}); err != nil || n != int64(unit.DefaultLimits.SnapshotBytes-need+margin) {
 		t.Errorf("default quota: room %d, %v", n, err)
 	}
 }

@@ -28,10 +28,10 @@ import (
 // verified as served: it rehashes the root tree, the memory image's
 // listing, every file of it that is not a chunk, and every chunk with a
 // page its pagemap does not mark lazy; the other chunks are taken at the
-// address the listing gives them: not even looked at (a stat of each of a
-// 512 MiB image's 32,768 lazy chunks, from a cold cache, was 310 ms of a
-// 390 ms check on the AMD machine; the page server refuses a missing or
-// changed one as it would a damaged one). The snapshot is offered as itself only
+// address the listing gives them: not even looked at (a stat of each of
+// a large image's lazy chunks, from a cold cache, was most of the check:
+// docs/benchmarks.md; the page server refuses a missing or changed one as
+// it would a damaged one). The snapshot is offered as itself only
 // when all of that is intact. A transcript park, or an image without
 // chunked files, is rehashed whole, as Offered does.
 func OfferedServed(ctx context.Context, st *store.Store, recorded record.Snapshot) (record.Snapshot, error) {

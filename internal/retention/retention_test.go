@@ -15,7 +15,7 @@ import (
 
 // closedRun makes run id parked on an image snapshot, then resumed and
 // closed, and returns the snapshot's root.
-func closedRun(t *testing.T, h *testhost.Host, id string) record.Address {
+func closedRun(t *testing.T, h *testhost.Fixture, id string) record.Address {
 	t.Helper()
 	h.Start(t, id)
 	root, _ := h.DirObject(t, map[string]int{"rootfs.tar": 100 + len(id)})

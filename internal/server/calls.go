@@ -7,15 +7,15 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/calls"
-	"github.com/runrecordd/runrecordd/internal/daemon"
 )
 
 // The platform's side of outward calls: the pending calls, posting a
 // result, and the stream of transitions.
 
 func (h *handler) calls(w http.ResponseWriter, r *http.Request) {
-	cs, err := h.d.Calls(r.Context())
+	cs, err := calls.List(h.Store)
 	if keep := h.keepOf(r); keep != nil {
 		cs = slices.DeleteFunc(cs, func(c calls.Listed) bool { return !keep(c.Run) })
 	}
@@ -25,7 +25,7 @@ func (h *handler) calls(w http.ResponseWriter, r *http.Request) {
 func (h *handler) postResult(w http.ResponseWriter, r *http.Request) {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSON))
 	if err != nil {
-		h.fail(w, r, fmt.Errorf("%w: result body: %w", daemon.ErrInvalid, err))
+		h.fail(w, r, fmt.Errorf("%w: result body: %w", answers.ErrInvalid, err))
 		return
 	}
 	res, err := h.d.PostResult(r.Context(), r.PathValue("id"), r.PathValue("call"), b)
@@ -36,7 +36,7 @@ func (h *handler) postResult(w http.ResponseWriter, r *http.Request) {
 // platform key only those of the runs it started.
 func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 	keep := h.keepOf(r)
-	ch, done := h.d.Subscribe()
+	ch, done := h.Events.Subscribe()
 	defer done()
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)

@@ -7,10 +7,10 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/criu"
-	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
@@ -83,7 +83,7 @@ var codes = []struct {
 	{api.CodeObjectCorrupt, as[*store.CorruptError], nil},
 	{api.CodeMissingObject, is(store.ErrMissingObject), nil},
 	{api.CodePhase, is(record.ErrClosed, record.ErrParked, record.ErrNotParked, record.ErrAlternation,
-		resume.ErrNotParked, daemon.ErrNoSandbox, bundle.ErrResultsHeld, forms.ErrNoChannel), nil},
+		resume.ErrNotParked, answers.ErrNoSandbox, bundle.ErrResultsHeld, forms.ErrNoChannel), nil},
 	{api.CodeRecordInvalid, is(forms.ErrFormMismatch, record.ErrHeadMismatch, record.ErrCanonical, store.ErrDamaged, record.ErrOverflow,
 		attest.ErrSignature, attest.ErrMalformed), nil},
 	{api.CodeNotFound, func(err error) bool {
@@ -106,9 +106,9 @@ var codes = []struct {
 	{api.CodeForbidden, is(fleet.ErrNotAdmitted, member.ErrUnsolicited), nil},
 	{api.CodeUnavailable, is(member.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive, member.ErrReceiving, idmap.ErrExhausted), nil},
 	{api.CodeDraining, is(member.ErrDraining), nil},
-	{api.CodeUnavailable, is(daemon.ErrStopping), nil},
+	{api.CodeUnavailable, is(answers.ErrStopping), nil},
 	{api.CodeQuota, is(platform.ErrQuota), nil},
-	{api.CodeBadRequest, is(daemon.ErrInvalid, bundle.ErrMalformed, unit.ErrInvalid, executor.ErrInvalid, executor.ErrImageMismatch,
+	{api.CodeBadRequest, is(answers.ErrInvalid, bundle.ErrMalformed, unit.ErrInvalid, executor.ErrInvalid, executor.ErrImageMismatch,
 		store.ErrRunID, manifest.ErrMalformed, record.ErrMalformedSegment, record.ErrMalformedSnapshot, record.ErrAddress,
 		store.ErrKeyName, calls.ErrTranscript, calls.ErrNotJSON, trust.ErrKey), nil},
 	{api.CodeUnavailable, func(err error) bool {
@@ -170,8 +170,8 @@ func Status(code string) int {
 
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	e := ErrorOf(err)
-	if h.d != nil {
-		h.d.Failed(r.Pattern, e.Code) // the route's pattern: no run id
+	if h.Counts != nil {
+		h.Counts.Failed(r.Pattern, e.Code) // the route's pattern: no run id
 	}
 	if e.Code == api.CodeInternal {
 		h.log.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)

@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/criu"
-	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
@@ -81,12 +81,12 @@ func TestErrorOfImageRefused(t *testing.T) {
 // of their own.
 func TestErrorOfDaemon(t *testing.T) {
 	for err, want := range map[error]string{
-		fmt.Errorf("run r: %w", daemon.ErrNoSandbox):      api.CodePhase,
+		fmt.Errorf("run r: %w", answers.ErrNoSandbox):     api.CodePhase,
 		fmt.Errorf("post: %w", calls.ErrNotJSON):          api.CodeBadRequest,
 		fmt.Errorf("export r: %w", bundle.ErrResultsHeld): api.CodePhase,
 		fmt.Errorf("run r: %w", park.ErrNoSpace):          api.CodeNoSpace,
 		fmt.Errorf("post: %w", calls.ErrRefused):          api.CodeCallRefused,
-		fmt.Errorf("%w: run id", daemon.ErrInvalid):       api.CodeBadRequest,
+		fmt.Errorf("%w: run id", answers.ErrInvalid):      api.CodeBadRequest,
 		fmt.Errorf("%w: transcript", calls.ErrTranscript): api.CodeBadRequest,
 		fmt.Errorf("%w: tar", bundle.ErrMalformed):        api.CodeBadRequest,
 		fmt.Errorf("key: %w", store.ErrGenesisHeld):       api.CodeGenesisHeld,

@@ -8,7 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/runlog"
 	"github.com/runrecordd/runrecordd/pkg/api"
 )
@@ -52,21 +52,21 @@ func logOptions(r *http.Request) (runlog.Options, error) {
 	if v := q.Get("follow"); v != "" {
 		f, err := strconv.ParseBool(v)
 		if err != nil {
-			return opt, fmt.Errorf("%w: follow %q: use true or false", daemon.ErrInvalid, v)
+			return opt, fmt.Errorf("%w: follow %q: use true or false", answers.ErrInvalid, v)
 		}
 		opt.Follow = f
 	}
 	if v := q.Get("tail"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			return opt, fmt.Errorf("%w: tail %q: use a count of lines", daemon.ErrInvalid, v)
+			return opt, fmt.Errorf("%w: tail %q: use a count of lines", answers.ErrInvalid, v)
 		}
 		opt.Tail = n
 	}
 	if v := q.Get("since"); v != "" {
 		t, err := since(v, time.Now())
 		if err != nil {
-			return opt, fmt.Errorf("%w: since %q: use an RFC 3339 time or a duration such as 10m", daemon.ErrInvalid, v)
+			return opt, fmt.Errorf("%w: since %q: use an RFC 3339 time or a duration such as 10m", answers.ErrInvalid, v)
 		}
 		opt.Since = t
 	}

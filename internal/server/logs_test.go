@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/answers"
 )
 
 func TestLogOptions(t *testing.T) {
 	for _, q := range []string{"follow=maybe", "tail=-1", "tail=x", "since=yesterday", "since=-5m"} {
-		if _, err := logOptions(httptest.NewRequest("GET", "/v1/runs/r/logs?"+q, nil)); !errors.Is(err, daemon.ErrInvalid) {
+		if _, err := logOptions(httptest.NewRequest("GET", "/v1/runs/r/logs?"+q, nil)); !errors.Is(err, answers.ErrInvalid) {
 			t.Errorf("%s: err %v, want ErrInvalid", q, err)
 		}
 	}

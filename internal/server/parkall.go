@@ -5,7 +5,6 @@ import (
 	"net/http"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
-	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/pkg/api"
 )
 
@@ -18,7 +17,7 @@ func (h *handler) parkAll(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if req.Parallel < 0 || req.Parallel > 64 {
-		h.fail(w, r, fmt.Errorf("%w: parallel %d: use 1 to 64", daemon.ErrInvalid, req.Parallel))
+		h.fail(w, r, fmt.Errorf("%w: parallel %d: use 1 to 64", answers.ErrInvalid, req.Parallel))
 		return
 	}
 	runs, err := h.d.ParkAll(r.Context(), req.Parallel)

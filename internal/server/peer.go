@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
@@ -46,17 +46,14 @@ var PeerRoutes = []string{"/v1/objects/", "/v1/records/", "/v1/migrations", "/v1
 
 // Peer is the peer routes' handler; the caller admits host keys only
 // (peer.Require), and the calling host is the one its key names.
-func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
-	if log == nil {
-		log = slog.Default()
-	}
-	h := &handler{d: d, log: log}
+func Peer(deps Deps, log *slog.Logger) http.Handler {
+	h := newHandler(deps, log)
 	mux := http.NewServeMux()
-	objects := d.Objects()
+	objects := deps.Objects
 	mux.HandleFunc("GET /v1/objects/{addr}", func(w http.ResponseWriter, r *http.Request) {
 		a, err := record.ParseAddress(r.PathValue("addr"))
 		if err == nil {
-			err = served(r, func(key record.Address) error { return d.Fleet().ServesObject(key, a) })
+			err = served(r, func(key record.Address) error { return h.Fleet.ServesObject(key, a) })
 		}
 		if err != nil {
 			h.fail(w, r, err)
@@ -65,7 +62,7 @@ func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
 		objects.ServeHTTP(w, r)
 	})
 	mux.HandleFunc("POST /v1/objects/missing", func(w http.ResponseWriter, r *http.Request) {
-		if err := servedMissing(r, d.Fleet()); err != nil {
+		if err := servedMissing(r, h.Fleet); err != nil {
 			h.fail(w, r, err)
 			return
 		}
@@ -73,7 +70,7 @@ func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	})
 	mux.HandleFunc("GET /v1/records/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
-		if err := served(r, func(key record.Address) error { return d.Fleet().ServesRecord(key, id) }); err != nil {
+		if err := served(r, func(key record.Address) error { return h.Fleet.ServesRecord(key, id) }); err != nil {
 			h.fail(w, r, err)
 			return
 		}
@@ -89,13 +86,13 @@ func Peer(d *daemon.Daemon, log *slog.Logger) http.Handler {
 // about is an object of one (member.ServesObject), so that the answer
 // tells nothing of any other object. The body is read, bounded, and given
 // back to r for the objects' handler, which judges its form.
-func servedMissing(r *http.Request, f *member.Member) error {
+func servedMissing(r *http.Request, f Fleet) error {
 	if err := served(r, f.Serves); err != nil {
 		return err
 	}
 	b, err := io.ReadAll(io.LimitReader(r.Body, transfer.MaxMissingBody+1))
 	if err != nil {
-		return fmt.Errorf("%w: %w", daemon.ErrInvalid, err)
+		return fmt.Errorf("%w: %w", answers.ErrInvalid, err)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(b))
 	var q transfer.MissingRequest
@@ -127,7 +124,7 @@ func (h *handler) offer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(q.Images) > peer.MaxOfferImages {
-		h.fail(w, r, fmt.Errorf("%w: %d image names, at most %d", daemon.ErrInvalid, len(q.Images), peer.MaxOfferImages))
+		h.fail(w, r, fmt.Errorf("%w: %d image names, at most %d", answers.ErrInvalid, len(q.Images), peer.MaxOfferImages))
 		return
 	}
 	o, err := h.d.Offer(r.Context(), q.Images)
@@ -145,5 +142,5 @@ func (h *handler) receive(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.moved(w, r, m.Run, h.d.Fleet().Receive(r.Context(), from, member.Handed{Run: m.Run, Genesis: m.Genesis, Head: m.Head, Resume: m.Resume}))
+	h.moved(w, r, m.Run, h.Fleet.Receive(r.Context(), from, member.Handed{Run: m.Run, Genesis: m.Genesis, Head: m.Head, Resume: m.Resume}))
 }

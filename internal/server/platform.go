@@ -38,7 +38,7 @@ func (h *handler) platformStart(w http.ResponseWriter, r *http.Request, key reco
 	h.reply(w, r, runOf(run), err)
 }
 
-// booking books a run to key before it starts (daemon.Booking), so that
+// booking books a run to key before it starts (answers.Booking), so that
 // key's event stream tells it the run's run.started.
 type booking struct {
 	books *platform.Books

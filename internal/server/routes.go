@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/internal/platform"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -98,8 +97,8 @@ func Routes(role Role) []string {
 // New returns the operator's API handler, every route of the table: /v1
 // (pkg/api documents the bodies) and /metrics. It is served on the root
 // unix socket only.
-func New(d *daemon.Daemon, log *slog.Logger) http.Handler {
-	h := newHandler(d, log)
+func New(deps Deps, log *slog.Logger) http.Handler {
+	h := newHandler(deps, log)
 	return h.logged(h.mux(Operator, routes, nil))
 }
 
@@ -119,13 +118,13 @@ type Tenancy struct {
 // A book whose run does not exist (a crash between a start's book and its
 // genesis) is dropped first, so it never hands a later run of that id to
 // its key.
-func NewPlatform(d *daemon.Daemon, t Tenancy, log *slog.Logger) http.Handler {
-	h := newHandler(d, log)
-	if err := t.Books.Prune(func(run string) bool { _, err := d.Run(run); return !errors.Is(err, store.ErrNoRun) }); err != nil {
+func NewPlatform(deps Deps, t Tenancy, log *slog.Logger) http.Handler {
+	h := newHandler(deps, log)
+	if err := t.Books.Prune(func(run string) bool { _, err := deps.Daemon.Run(run); return !errors.Is(err, store.ErrNoRun) }); err != nil {
 		h.log.Error("platform books of runs that do not exist", "err", err)
 	}
 	h.tenancy = &t
-	h.policy = t.Limits.Policy(d.Host().StateDir)
+	h.policy = t.Limits.Policy(deps.Daemon.Host().StateDir)
 	return h.logged(peer.Require(fleetPlatform, h.mux(Platform, routes, platformKey)))
 }
 
@@ -135,15 +134,11 @@ func platformKey(r *http.Request) (record.Address, bool) {
 	return key, ok && role == fleetPlatform
 }
 
-func newHandler(d *daemon.Daemon, log *slog.Logger) *handler {
+func newHandler(deps Deps, log *slog.Logger) *handler {
 	if log == nil {
 		log = slog.Default()
 	}
-	h := &handler{d: d, log: log}
-	if d != nil {
-		h.metricsH = d.Metrics()
-	}
-	return h
+	return &handler{Deps: deps, d: deps.Daemon, log: log}
 }
 
 // mux serves role the routes of table (routes; tests give their own);
@@ -207,4 +202,4 @@ func forbidden(w http.ResponseWriter, r *http.Request) {
 		Message: fmt.Sprintf("%s %s is not served to platform keys (docs/fleet.md, \"Roles\")", r.Method, r.URL.Path)})
 }
 
-func (h *handler) metrics(w http.ResponseWriter, r *http.Request) { h.metricsH.ServeHTTP(w, r) }
+func (h *handler) metrics(w http.ResponseWriter, r *http.Request) { h.Metrics.ServeHTTP(w, r) }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
-	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -21,9 +20,9 @@ import (
 const maxJSON = 1 << 20
 
 type handler struct {
-	d        *daemon.Daemon
-	log      *slog.Logger
-	metricsH http.Handler // the daemon's /metrics
+	Deps
+	d   Daemon // Deps.Daemon
+	log *slog.Logger
 	// tenancy and policy hold platform keys (NewPlatform); nil on the
 	// operator's socket.
 	tenancy *Tenancy
@@ -76,7 +75,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSON))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: request body: %w", daemon.ErrInvalid, err)
+		return fmt.Errorf("%w: request body: %w", answers.ErrInvalid, err)
 	}
 	return nil
 }
@@ -115,7 +114,7 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	case "closed":
 		phase = ptr(record.Ended)
 	default:
-		h.fail(w, r, fmt.Errorf("%w: phase %q: use executing, parked or closed", daemon.ErrInvalid, p))
+		h.fail(w, r, fmt.Errorf("%w: phase %q: use executing, parked or closed", answers.ErrInvalid, p))
 		return
 	}
 	runs, err := h.d.List(phase)
@@ -126,7 +125,7 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) show(w http.ResponseWriter, r *http.Request) {
-	s, err := show(h.d, r.PathValue("id"))
+	s, err := show(h.d, h.Store, r.PathValue("id"))
 	h.reply(w, r, s, err)
 }
 
@@ -164,12 +163,12 @@ func (h *handler) migrate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	h.moved(w, r, id, h.d.Fleet().Migrate(r.Context(), id, to))
+	h.moved(w, r, id, h.Fleet.Migrate(r.Context(), id, to))
 }
 
 func (h *handler) adopt(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	h.moved(w, r, id, h.d.Fleet().Adopt(r.Context(), id))
+	h.moved(w, r, id, h.Fleet.Adopt(r.Context(), id))
 }
 
 // moved answers a migration, an adoption or a received run: the run as it
@@ -190,7 +189,7 @@ func (h *handler) drain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Parallel < 0 || req.Parallel > 64 {
-		h.fail(w, r, fmt.Errorf("%w: parallel %d: use 1 to 64", daemon.ErrInvalid, req.Parallel))
+		h.fail(w, r, fmt.Errorf("%w: parallel %d: use 1 to 64", answers.ErrInvalid, req.Parallel))
 		return
 	}
 	if req.Parallel == 0 {
@@ -205,7 +204,7 @@ func (h *handler) drain(w http.ResponseWriter, r *http.Request) {
 		}
 		to = append(to, a)
 	}
-	runs, err := h.d.Fleet().Drain(r.Context(), to, req.Parallel)
+	runs, err := h.Fleet.Drain(r.Context(), to, req.Parallel)
 	h.reply(w, r, drainOf(runs), err)
 }
 
@@ -229,7 +228,7 @@ func (h *handler) gc(w http.ResponseWriter, r *http.Request) {
 		g := time.Duration(*req.GraceNS)
 		grace = &g
 	}
-	out, err := h.d.GC(r.Context(), keep, grace)
+	out, err := h.Collector.GC(r.Context(), keep, grace)
 	h.reply(w, r, gcOf(out), err)
 }
 
@@ -244,12 +243,16 @@ func (h *handler) verify(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) waitProof(w http.ResponseWriter, r *http.Request) {
-	v, err := h.d.WaitProof(r.PathValue("id"))
-	h.reply(w, r, waitProofOf(v), err)
+	rec, err := h.Store.Record(r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.reply(w, r, waitProofOf(rec.WaitProof()), nil)
 }
 
 func (h *handler) record(w http.ResponseWriter, r *http.Request) {
-	rec, err := h.d.Record(r.PathValue("id"))
+	rec, err := h.Store.Record(r.PathValue("id"))
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -262,14 +265,14 @@ func (h *handler) export(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	// Check first, so that a run that cannot be exported gets an error
 	// body, not a truncated tar behind a 200.
-	if err := h.d.Exportable(id); err != nil {
+	if err := h.Exporter.Exportable(id); err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/x-tar")
 	// Every export hands the run off unless ?handoff=false asks for a copy.
 	handoff := r.URL.Query().Get("handoff") != "false"
-	if err := h.d.Export(r.Context(), id, w, handoff); err != nil {
+	if err := h.Exporter.Export(r.Context(), id, w, handoff); err != nil {
 		// The status is sent; the client sees a truncated bundle, which
 		// import refuses. Abort the connection so it cannot look whole.
 		h.log.Error("export", "run", id, "err", err)
@@ -283,7 +286,7 @@ func (h *handler) importBundle(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) trustList(w http.ResponseWriter, r *http.Request) {
-	keys, err := h.d.TrustedKeys()
+	keys, err := h.Keys.List()
 	h.reply(w, r, keysOf(keys), err)
 }
 
@@ -293,12 +296,12 @@ func (h *handler) trustAdd(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	k, err := h.d.Trust(req.Key, req.Name)
+	k, err := h.Keys.Add(req.Key, req.Name)
 	h.reply(w, r, keyOf(k), err)
 }
 
 func (h *handler) trustRemove(w http.ResponseWriter, r *http.Request) {
-	err := h.d.Untrust(r.PathValue("key"))
+	err := h.Keys.Remove(r.PathValue("key"))
 	h.reply(w, r, struct{}{}, err)
 }
 

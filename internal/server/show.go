@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/daemon"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -14,19 +13,21 @@ import (
 // evidence behind it, the run's energy and its wait proof. The record is
 // verified from genesis on the way; the evidence is read through the
 // daemon, rehashed.
-func show(d *daemon.Daemon, id string) (api.Show, error) {
+func show(d Daemon, st Store, id string) (api.Show, error) {
 	sum, err := d.Run(id)
 	if err != nil {
 		return api.Show{}, err
 	}
-	rec, err := d.Record(id)
+	rec, err := st.Record(id)
 	if err != nil {
 		return api.Show{}, err
 	}
 	out := api.Show{Run: runOf(sum), Segments: make([]api.Segment, 0, rec.Len()), WaitProof: waitProofOf(rec.WaitProof()),
 		Stdout: d.Stdout(id), Restore: restoreIn(d.OpenJournal(id))}
-	if spec, grants, err := d.Unit(id); err == nil {
-		out.Unit, out.Grants = &spec, &grants
+	if r, err := st.Run(id); err == nil {
+		if spec, grants, err := st.ReadRun(r); err == nil {
+			out.Unit, out.Grants = &spec, &grants
+		}
 	}
 	receipts := map[record.Address]attest.Receipt{}
 	for i := range rec.Len() {
@@ -34,7 +35,7 @@ func show(d *daemon.Daemon, id string) (api.Show, error) {
 		seg := api.Segment{Index: i, Kind: s.Kind.String(), Head: rec.HeadAt(i).String()}
 		switch s.Kind {
 		case record.Executed:
-			rc, err := executedSegment(d, &seg, s)
+			rc, err := executedSegment(st, &seg, s)
 			if err != nil {
 				return api.Show{}, fmt.Errorf("segment %d: %w", i, err)
 			}
@@ -63,12 +64,12 @@ func show(d *daemon.Daemon, id string) (api.Show, error) {
 // executedSegment fills in an Executed segment from its attestation, and
 // its receipt and journal when they read (nil receipt when not): a run
 // whose evidence was damaged still shows what is left.
-func executedSegment(d *daemon.Daemon, seg *api.Segment, s record.Segment) (*attest.Receipt, error) {
+func executedSegment(st Store, seg *api.Segment, s record.Segment) (*attest.Receipt, error) {
 	seg.Attestation = s.Attestation.String()
 	if s.Calls != nil {
 		seg.Calls = &api.CallAccount{Dispatched: nonNil(s.Calls.Dispatched), Resolved: nonNil(s.Calls.Resolved)}
 	}
-	b, err := d.Object(s.Attestation)
+	b, err := st.ReadAll(s.Attestation)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +81,7 @@ func executedSegment(d *daemon.Daemon, seg *api.Segment, s record.Segment) (*att
 	seg.Interval, seg.Start, seg.End = body.Interval, &start, &end
 	seg.Outcome = outcomeString(body.Outcome)
 	seg.Host = body.HostKey.String()
-	if b, err := d.Object(body.Journal); err == nil {
+	if b, err := st.ReadAll(body.Journal); err == nil {
 		if j, err := attest.DecodeJournal(b); err == nil {
 			var c attest.Checkpointed
 			if j.Find(&c) {
@@ -89,7 +90,7 @@ func executedSegment(d *daemon.Daemon, seg *api.Segment, s record.Segment) (*att
 			seg.Restore = restoreIn(j)
 		}
 	}
-	b, err = d.Object(body.Receipt)
+	b, err = st.ReadAll(body.Receipt)
 	if err != nil {
 		return nil, nil
 	}

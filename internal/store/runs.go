@@ -7,6 +7,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // MaxRunIDLen bounds a run id, in bytes.
@@ -171,4 +172,26 @@ func (s *Store) AllRuns() ([]string, error) {
 		})
 	})
 	return ids, err
+}
+
+// ReadRun reads a stored run's unit spec and grant set from the objects
+// its genesis binds, rehashed and decoded strictly (pkg/unit).
+func (s *Store) ReadRun(r Run) (unit.Spec, unit.Grants, error) {
+	sb, err := s.ReadAll(r.Unit)
+	if err != nil {
+		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: unit spec: %w", r.ID, err)
+	}
+	spec, err := unit.DecodeSpec(sb)
+	if err != nil {
+		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: unit spec: %w", r.ID, err)
+	}
+	gb, err := s.ReadAll(r.Grants)
+	if err != nil {
+		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: grant set: %w", r.ID, err)
+	}
+	grants, err := unit.DecodeGrants(gb)
+	if err != nil {
+		return unit.Spec{}, unit.Grants{}, fmt.Errorf("run %s: grant set: %w", r.ID, err)
+	}
+	return *spec, *grants, nil
 }

@@ -21,9 +21,9 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// Host is a store, a meter, and the root of the meter's host tree, where a
+// Fixture is a store, a meter, and the root of the meter's host tree, where a
 // test rewrites counters.
-type Host struct {
+type Fixture struct {
 	Store *store.Store
 	Meter *idle.Meter
 	Root  string
@@ -39,7 +39,7 @@ func idleTestdata() string {
 // host tree with the RAPL case raplCase (no RAPL at all when empty) and
 // coefficients c (the defaults when zero). Its cleanup checks that every
 // record verifies from genesis, and closes the store.
-func New(t testing.TB, raplCase string, c ...idle.Coefficients) *Host {
+func New(t testing.TB, raplCase string, c ...idle.Coefficients) *Fixture {
 	t.Helper()
 	root := t.TempDir()
 	extractTree(t, filepath.Join(idleTestdata(), "host.txtar"), root)
@@ -79,7 +79,7 @@ func New(t testing.TB, raplCase string, c ...idle.Coefficients) *Host {
 			t.Error(err)
 		}
 	})
-	return &Host{Store: st, Meter: m, Root: root}
+	return &Fixture{Store: st, Meter: m, Root: root}
 }
 
 // Log is a logger writing to the test's log.
@@ -110,7 +110,7 @@ func extractTree(t testing.TB, archive, root string) {
 }
 
 // Rewrite replaces a file in the host tree as sysfs and procfs do: whole.
-func (h *Host) Rewrite(t testing.TB, name, content string) {
+func (h *Fixture) Rewrite(t testing.TB, name, content string) {
 	t.Helper()
 	p := filepath.Join(h.Root, filepath.FromSlash(name))
 	if err := os.WriteFile(p+".tmp", []byte(content), 0o644); err != nil {
@@ -122,7 +122,7 @@ func (h *Host) Rewrite(t testing.TB, name, content string) {
 }
 
 // Put stores b.
-func (h *Host) Put(t testing.TB, b []byte) record.Address {
+func (h *Fixture) Put(t testing.TB, b []byte) record.Address {
 	t.Helper()
 	a, err := h.Store.PutBytes(b)
 	if err != nil {
@@ -132,7 +132,7 @@ func (h *Host) Put(t testing.TB, b []byte) record.Address {
 }
 
 // Append appends segs to run id at its head.
-func (h *Host) Append(t testing.TB, id string, segs ...record.Segment) {
+func (h *Fixture) Append(t testing.TB, id string, segs ...record.Segment) {
 	t.Helper()
 	head, err := h.Store.Head(id)
 	if err != nil {
@@ -144,7 +144,7 @@ func (h *Host) Append(t testing.TB, id string, segs ...record.Segment) {
 }
 
 // Start creates run id, executing.
-func (h *Host) Start(t testing.TB, id string) {
+func (h *Fixture) Start(t testing.TB, id string) {
 	t.Helper()
 	if _, err := h.Store.Create(id, h.Put(t, []byte("unit "+id)), h.Put(t, []byte("grants "+id))); err != nil {
 		t.Fatal(err)
@@ -152,7 +152,7 @@ func (h *Host) Start(t testing.TB, id string) {
 }
 
 // Park appends an interval and its park to run id, as a park does.
-func (h *Host) Park(t testing.TB, id string, snap record.Snapshot) {
+func (h *Fixture) Park(t testing.TB, id string, snap record.Snapshot) {
 	t.Helper()
 	att := h.Put(t, []byte("attestation of "+id+"'s interval "+time.Now().String()))
 	h.Append(t, id, record.Execution(att, nil), record.Suspension(snap, h.Put(t, []byte("manifest "+id))))
@@ -160,14 +160,14 @@ func (h *Host) Park(t testing.TB, id string, snap record.Snapshot) {
 
 // TranscriptPark stores size bytes as a transcript and returns its
 // snapshot; it retains exactly size bytes.
-func (h *Host) TranscriptPark(t testing.TB, size int) record.Snapshot {
+func (h *Fixture) TranscriptPark(t testing.TB, size int) record.Snapshot {
 	t.Helper()
 	return record.TranscriptSnapshot(h.Put(t, bytes.Repeat([]byte{'t'}, size)))
 }
 
 // DirObject ingests files (name → size) as a directory object and returns
 // its address and the bytes it retains: the files and the listing.
-func (h *Host) DirObject(t testing.TB, files map[string]int) (record.Address, int64) {
+func (h *Fixture) DirObject(t testing.TB, files map[string]int) (record.Address, int64) {
 	t.Helper()
 	dir, err := h.Store.StagingDir("testhost")
 	if err != nil {

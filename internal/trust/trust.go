@@ -35,11 +35,15 @@ type Store interface {
 }
 
 // Keys is the host's trusted-key set over its store. It holds no state of
-// its own: a value is cheap to make and never stale.
+// its own: a value is made once and never stale.
 type Keys struct {
 	Store Store
 	Self  record.Address // this host's key id
 	Log   *slog.Logger   // slog.Default() when nil
+	// Admitted, when not nil, says whether a key is admitted to the
+	// host's fleet as a host (docs/fleet.md): such a key is trusted too,
+	// though not in the set.
+	Admitted func(record.Address) bool
 }
 
 // Key is a trusted key and its name; Self marks this host's own.
@@ -56,10 +60,10 @@ type Signer struct {
 	Name string
 }
 
-// Trusted says whether key is trusted here: this host's own key, or one
-// in the set.
+// Trusted says whether key is trusted here: this host's own key, one in
+// the set, or one admitted to the host's fleet as a host.
 func (k Keys) Trusted(key record.Address) bool {
-	return key == k.Self || k.Store.IsTrusted(key)
+	return key == k.Self || k.Store.IsTrusted(key) || (k.Admitted != nil && k.Admitted(key))
 }
 
 // Add trusts the key whose id is key (its address text, b3:… or without

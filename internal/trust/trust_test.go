@@ -148,3 +148,17 @@ func TestNames(t *testing.T) {
 		t.Errorf("Names(nil) = %#v, want empty and not nil", got)
 	}
 }
+
+// A key admitted to the fleet as a host is trusted, though not listed;
+// one the fleet does not admit is not.
+func TestAdmittedTrusted(t *testing.T) {
+	k := keys(t)
+	fleetHost, stranger := record.Sum([]byte("fleet host")), record.Sum([]byte("stranger"))
+	k.Admitted = func(key record.Address) bool { return key == fleetHost }
+	if !k.Trusted(fleetHost) || k.Trusted(stranger) {
+		t.Fatalf("Trusted(admitted) = %v, Trusted(stranger) = %v; want true, false", k.Trusted(fleetHost), k.Trusted(stranger))
+	}
+	if list, err := k.List(); err != nil || len(list) != 1 {
+		t.Fatalf("List = %+v, %v; want this host only", list, err)
+	}
+}

@@ -10,6 +10,9 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"os"
 	"os/exec"
@@ -27,6 +30,46 @@ type Package struct {
 	Path    string   // import path, without the module's prefix ("pkg/record")
 	Imports []string // every import: the module's without its prefix, others in full
 	Lines   int      // lines of its non-test Go files
+	// Wide are its non-test functions (declared or literal) that take
+	// more than MaxParams parameters besides a receiver, each as
+	// "file name (n)".
+	Wide []string
+}
+
+// MaxParams is the most parameters a non-test function takes besides its
+// receiver; more go in a small options struct.
+const MaxParams = 5
+
+// wide returns the functions of a Go file that take more than MaxParams
+// parameters besides a receiver.
+func wide(path, name string) ([]string, error) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		var ft *ast.FuncType
+		fn := "a func literal"
+		switch x := n.(type) {
+		case *ast.FuncDecl:
+			ft, fn = x.Type, x.Name.Name
+		case *ast.FuncLit:
+			ft = x.Type
+		default:
+			return true
+		}
+		count := 0
+		for _, field := range ft.Params.List {
+			count += max(1, len(field.Names))
+		}
+		if count > MaxParams {
+			out = append(out, fmt.Sprintf("%s %s (%d)", name, fn, count))
+		}
+		return true
+	})
+	return out, nil
 }
 
 // Graph is the module's packages by Path.
@@ -59,6 +102,11 @@ func Load(dir string) (Graph, error) {
 				return nil, err
 			}
 			p.Lines += bytes.Count(b, []byte("\n"))
+			w, err := wide(filepath.Join(f[1], name), name)
+			if err != nil {
+				return nil, err
+			}
+			p.Wide = append(p.Wide, w...)
 		}
 		g[p.Path] = p
 	}
@@ -142,6 +190,42 @@ var Rules = []Rule{
 	}},
 }
 
+// MaxChain is the most packages a chain of imports between the module's
+// packages holds, counting both ends.
+const MaxChain = 8
+
+func init() {
+	Rules = append(Rules,
+		Rule{fmt.Sprintf("no chain of imports holds more than %d packages", MaxChain), func(g Graph) []string {
+			if c := LongestChain(g); len(c) > MaxChain {
+				return []string{fmt.Sprintf("%d packages: %s", len(c), strings.Join(c, " -> "))}
+			}
+			return nil
+		}},
+		Rule{fmt.Sprintf("no production package under %d lines is imported by one package only", SmallLines), func(g Graph) []string {
+			var out []string
+			for _, s := range SmallSingles(g) {
+				out = append(out, s.Path+" <- "+s.Importer)
+			}
+			return out
+		}},
+		Rule{fmt.Sprintf("no non-test function takes more than %d parameters besides its receiver", MaxParams), func(g Graph) []string {
+			var out []string
+			for _, p := range g.sorted() {
+				for _, w := range p.Wide {
+					out = append(out, p.Path+"/"+w)
+				}
+			}
+			return out
+		}},
+	)
+}
+
+// Pending are breaches known when a rule was added, each owned by work
+// under way: they are reported, not counted, and TestRulesHold fails once
+// one is mended and still listed here, so the list only shrinks.
+var Pending = map[string]bool{}
+
 // Check returns every breach of rules in g, each prefixed by its rule.
 func Check(g Graph, rules []Rule) []string {
 	var out []string
@@ -197,16 +281,19 @@ func (g Graph) deps(path string) []string {
 // both ends.
 func LongestChain(g Graph) []string {
 	memo := map[string][]string{}
+	onPath := map[string]bool{} // a synthetic graph may have a cycle; Go's never do
 	var from func(string) []string
 	from = func(p string) []string {
 		if c, ok := memo[p]; ok {
 			return c
 		}
+		onPath[p] = true
+		defer delete(onPath, p)
 		var best []string
 		imps := slices.Clone(g[p].imports())
 		slices.Sort(imps)
 		for _, imp := range imps {
-			if !g.ours(imp) {
+			if !g.ours(imp) || onPath[imp] {
 				continue
 			}
 			if c := from(imp); len(c) > len(best) {
@@ -269,15 +356,25 @@ func SmallSingles(g Graph) []Small {
 }
 
 // Report writes the rules' verdict and the measures to w, and returns the
-// breaches.
+// breaches that are not Pending.
 func Report(w io.Writer, g Graph) []string {
-	breaches := Check(g, Rules)
+	var breaches, pending []string
+	for _, b := range Check(g, Rules) {
+		if Pending[b] {
+			pending = append(pending, b)
+		} else {
+			breaches = append(breaches, b)
+		}
+	}
 	fmt.Fprintf(w, "packages: %d\n", len(g))
 	if len(breaches) == 0 {
-		fmt.Fprintf(w, "rules: all %d hold\n", len(Rules))
+		fmt.Fprintf(w, "rules: all %d hold (%d breaches pending)\n", len(Rules), len(pending))
 	}
 	for _, b := range breaches {
 		fmt.Fprintf(w, "rule broken: %s\n", b)
+	}
+	for _, b := range pending {
+		fmt.Fprintf(w, "pending: %s\n", b)
 	}
 	chain := LongestChain(g)
 	fmt.Fprintf(w, "longest import chain: %d packages\n  %s\n", len(chain), strings.Join(chain, " -> "))

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -67,7 +69,7 @@ func TestRulesCatchBreaks(t *testing.T) {
 	} {
 		g := graph(good...)
 		f := strings.Fields(c.add)
-		g[f[0]] = &Package{Path: f[0], Imports: f[1:]}
+		g[f[0]] = &Package{Path: f[0], Imports: f[1:], Lines: 500}
 		var broken []int
 		for i, r := range Rules {
 			if len(r.Check(g)) > 0 {
@@ -109,5 +111,91 @@ func TestMeasures(t *testing.T) {
 	g["internal/small"].Lines = 200
 	if got := SmallSingles(g); len(got) != 0 {
 		t.Errorf("a package of 200 lines counted: %v", got)
+	}
+}
+
+// Every pending breach is still a breach: one mended leaves the list.
+func TestPendingStillBreak(t *testing.T) {
+	g, err := Load("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := map[string]bool{}
+	for _, b := range Check(g, Rules) {
+		now[b] = true
+	}
+	for b := range Pending {
+		if !now[b] {
+			t.Errorf("mended, so no longer pending: remove it from pending.go: %s", b)
+		}
+	}
+}
+
+// The rules added with issue 34 each catch their breach on a synthetic
+// graph: a chain of 9 packages, a small package with one importer, a
+// function of 6 parameters.
+func TestShapeRulesCatchBreaks(t *testing.T) {
+	rule := func(prefix string) Rule {
+		for _, r := range Rules {
+			if strings.HasPrefix(r.Name, prefix) {
+				return r
+			}
+		}
+		t.Fatalf("no rule %q", prefix)
+		return Rule{}
+	}
+	chain, small, params := rule("no chain of imports"), rule("no production package"), rule("no non-test function")
+
+	eight := graph("p1 p2", "p2 p3", "p3 p4", "p4 p5", "p5 p6", "p6 p7", "p7 p8", "p8")
+	if b := chain.Check(eight); len(b) > 0 {
+		t.Errorf("a chain of 8 refused: %v", b)
+	}
+	nine := graph("p0 p1", "p1 p2", "p2 p3", "p3 p4", "p4 p5", "p5 p6", "p6 p7", "p7 p8", "p8")
+	if b := chain.Check(nine); len(b) != 1 || !strings.HasPrefix(b[0], "9 packages: p0 -> p1") {
+		t.Errorf("a chain of 9: %v", b)
+	}
+
+	g := graph("internal/a internal/frag", "internal/frag")
+	if b := small.Check(g); len(b) > 0 {
+		t.Errorf("a package of 500 lines counted: %v", b)
+	}
+	g["internal/frag"].Lines = 120
+	if b := small.Check(g); !slices.Equal(b, []string{"internal/frag <- internal/a"}) {
+		t.Errorf("a fragment of 120 lines: %v", b)
+	}
+
+	g = graph("internal/a")
+	if b := params.Check(g); len(b) > 0 {
+		t.Errorf("no wide function, yet: %v", b)
+	}
+	g["internal/a"].Wide = []string{"a.go f (6)"}
+	if b := params.Check(g); !slices.Equal(b, []string{"internal/a/a.go f (6)"}) {
+		t.Errorf("a function of 6 parameters: %v", b)
+	}
+}
+
+// wide finds functions declared or literal of more than MaxParams
+// parameters, counting each name of a grouped parameter and a variadic
+// one as one, and ignoring the receiver.
+func TestWide(t *testing.T) {
+	src := `package p
+
+type T struct{}
+
+func five(a, b, c int, d string, e ...int) {}
+func (T) fiveAndReceiver(a, b, c, d, e int) {}
+func six(a, b, c, d, e, f int) {}
+var lit = func(_ int, _ int, _ int, _ int, _ int, _ int) {}
+`
+	path := filepath.Join(t.TempDir(), "p.go")
+	if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := wide(path, "p.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"p.go six (6)", "p.go a func literal (6)"}; !slices.Equal(got, want) {
+		t.Errorf("wide = %q, want %q", got, want)
 	}
 }

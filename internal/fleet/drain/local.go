@@ -37,7 +37,7 @@ type Local struct {
 	ImageParks func() bool
 	// Forms is the host's side of the forms: the manifest a park here
 	// would record.
-	Forms forms.Host
+	Forms forms.Env
 }
 
 // Need is what stored run id asks of the host that takes it: parked, its
@@ -49,11 +49,10 @@ func (h Local) Need(ctx context.Context, id string, sb forms.Sandbox) (Need, err
 	if err != nil {
 		return Need{}, err
 	}
-	run, err := forms.ReadRun(h.Store, st)
+	spec, _, err := h.Store.ReadRun(st)
 	if err != nil {
 		return Need{}, err
 	}
-	spec := run.Spec
 	transcript := spec.Mode == unit.TranscriptMode
 	n := Need{Run: id, Image: spec.Image, ImagePark: !transcript}
 	switch {
@@ -99,7 +98,7 @@ func (h Local) Fits(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	run, err := forms.ReadRun(h.Store, st)
+	spec, _, err := h.Store.ReadRun(st)
 	if err != nil {
 		return err
 	}
@@ -107,12 +106,12 @@ func (h Local) Fits(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	o, err := h.Offer(ctx, []string{run.Spec.Image})
+	o, err := h.Offer(ctx, []string{spec.Image})
 	if err != nil {
 		return err
 	}
 	o.Draining = false
-	return Fit(Need{Run: id, Image: run.Spec.Image, Manifest: m, ImagePark: run.Spec.Mode != unit.TranscriptMode}, o)
+	return Fit(Need{Run: id, Image: spec.Image, Manifest: m, ImagePark: spec.Mode != unit.TranscriptMode}, o)
 }
 
 // MaxManifest is the largest recorded manifest placement reads to judge a

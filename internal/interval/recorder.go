@@ -8,16 +8,14 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/runrecordd/runrecordd/pkg/attest"
-	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
-// Host is this host's side of every interval: where a run keeps its
+// Recorder is this host's side of every interval: where a run keeps its
 // output and saved mark (StateDir/runs/<id>/), what meters it, and the
 // store and signer an interval ends into. It holds no state of its own: a
 // value is cheap to make.
-type Host struct {
+type Recorder struct {
 	StateDir string
 	Store    Store
 	Signer   *Signer
@@ -26,13 +24,13 @@ type Host struct {
 }
 
 // Output is run's output files on this host: runs/<id>/stdout and stderr.
-func (h Host) Output(run string) Output {
+func (h Recorder) Output(run string) Output {
 	dir := filepath.Join(h.StateDir, "runs", run)
 	return Output{Stdout: filepath.Join(dir, "stdout"), Stderr: filepath.Join(dir, "stderr")}
 }
 
 // MakeOutput is Output, its directory made.
-func (h Host) MakeOutput(run string) (Output, error) {
+func (h Recorder) MakeOutput(run string) (Output, error) {
 	out := h.Output(run)
 	if err := os.MkdirAll(filepath.Dir(out.Stdout), 0o700); err != nil {
 		return out, fmt.Errorf("output directory: %w", err)
@@ -41,23 +39,23 @@ func (h Host) MakeOutput(run string) (Output, error) {
 }
 
 // MarkPath is where run's open interval keeps its mark: runs/<id>/interval.json.
-func (h Host) MarkPath(run string) string {
+func (h Recorder) MarkPath(run string) string {
 	return filepath.Join(h.StateDir, "runs", run, "interval.json")
 }
 
 // config is where run keeps its interval's files; limits are the unit's
 // granted limits (an unset one takes its default).
-func (h Host) config(run string, limits unit.Limits) Config {
+func (h Recorder) config(run string, limits unit.Limits) Config {
 	return Config{Run: run, Output: h.Output(run), MarkPath: h.MarkPath(run), LogLimit: limits.Or(unit.DefaultLimits).LogBytes}
 }
 
 // MarkNow is a mark at this instant for run's output.
-func (h Host) MarkNow(run string) Mark { return MarkAt(time.Now().UnixNano(), h.Output(run)) }
+func (h Recorder) MarkNow(run string) Mark { return MarkAt(time.Now().UnixNano(), h.Output(run)) }
 
 // Begin opens run's interval on sb from m and journals event. An interval
 // the meter cannot meter is opened all the same (its receipt will be
 // estimated, and say why), with a warning.
-func (h Host) Begin(run string, sb Sandbox, limits unit.Limits, event string, m Mark) *Interval {
+func (h Recorder) Begin(run string, sb Sandbox, limits unit.Limits, event string, m Mark) *Interval {
 	iv := Begin(h.config(run, limits), sb, h.Meter, m, event)
 	if err := iv.MeterErr(); err != nil {
 		h.log().Warn("interval not metered from its start", "run", run, "err", err)
@@ -67,30 +65,30 @@ func (h Host) Begin(run string, sb Sandbox, limits unit.Limits, event string, m 
 
 // Reattach goes on with the interval an earlier daemon process began on
 // run's sb, from the mark it saved (from now, without one).
-func (h Host) Reattach(run string, sb Sandbox, limits unit.Limits) *Interval {
+func (h Recorder) Reattach(run string, sb Sandbox, limits unit.Limits) *Interval {
 	return Reattach(h.config(run, limits), sb, h.Meter)
 }
 
 // SaveMark keeps iv's start for a restarted daemon. A mark not saved is a
 // warning, not a failure: a daemon restarted mid-interval then attests the
 // interval from its restart.
-func (h Host) SaveMark(iv *Interval) {
+func (h Recorder) SaveMark(iv *Interval) {
 	if err := iv.Save(); err != nil {
 		h.log().Warn("interval start not saved; a restarted daemon attests it from the restart", "run", iv.run, "err", err)
 	}
 }
 
 // DropMark removes run's saved mark.
-func (h Host) DropMark(run string) { DropMark(h.MarkPath(run)) }
+func (h Recorder) DropMark(run string) { DropMark(h.MarkPath(run)) }
 
-// End ends iv with outcome and records it into the host's store under its
+// End ends iv with e and records it into the host's store under its
 // signer ([Interval.End]); sealed, when set, runs between the sealing and
 // the append.
-func (h Host) End(ctx context.Context, iv *Interval, sealed func(), outcome attest.Outcome, calls *record.CallAccount, then []record.Segment, extra ...attest.Entry) (Sealed, error) {
-	return iv.End(ctx, Env{Store: h.Store, Signer: h.Signer, Sealed: sealed}, outcome, calls, then, extra...)
+func (h Recorder) End(ctx context.Context, iv *Interval, sealed func(), e Ending) (Sealed, error) {
+	return iv.End(ctx, Env{Store: h.Store, Signer: h.Signer, Sealed: sealed}, e)
 }
 
-func (h Host) log() *slog.Logger {
+func (h Recorder) log() *slog.Logger {
 	if h.Log == nil {
 		return slog.Default()
 	}

@@ -42,10 +42,10 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-// newTestHost is a Host over a real store and a real meter on internal/idle's
+// newTestHost is a Recorder over a real store and a real meter on internal/idle's
 // host tree (internal/testhost), a signer, and a state directory; what it
 // logs is in the buffer.
-func newTestHost(t *testing.T) (Host, *testhost.Host, *syncBuffer) {
+func newTestHost(t *testing.T) (Recorder, *testhost.Fixture, *syncBuffer) {
 	t.Helper()
 	th := testhost.New(t, "")
 	dir := t.TempDir()
@@ -54,13 +54,13 @@ func newTestHost(t *testing.T) (Host, *testhost.Host, *syncBuffer) {
 		t.Fatal(err)
 	}
 	log := &syncBuffer{}
-	return Host{StateDir: dir, Store: th.Store, Signer: s, Meter: IdleMeter{M: th.Meter}, Log: slog.New(slog.NewTextHandler(log, nil))}, th, log
+	return Recorder{StateDir: dir, Store: th.Store, Signer: s, Meter: IdleMeter{M: th.Meter}, Log: slog.New(slog.NewTextHandler(log, nil))}, th, log
 }
 
 // A run keeps its output and its mark under runs/<id>/, and its
 // interval's log limit is the granted one, or the default when unset.
 func TestHostLayout(t *testing.T) {
-	h := Host{StateDir: "/state"}
+	h := Recorder{StateDir: "/state"}
 	if o := h.Output("r"); o != (Output{Stdout: "/state/runs/r/stdout", Stderr: "/state/runs/r/stderr"}) {
 		t.Errorf("Output = %+v", o)
 	}
@@ -77,7 +77,7 @@ func TestHostLayout(t *testing.T) {
 
 // MarkNow marks the run's output where it ends now.
 func TestHostMarkNow(t *testing.T) {
-	h := Host{StateDir: t.TempDir()}
+	h := Recorder{StateDir: t.TempDir()}
 	if m := h.MarkNow("r"); m.OutOff != 0 || m.ErrOff != 0 || m.StartNS == 0 {
 		t.Fatalf("mark with no output = %+v", m)
 	}
@@ -93,7 +93,7 @@ func TestHostMarkNow(t *testing.T) {
 }
 
 // An interval begun, saved, reattached by a restarted daemon and ended
-// through the Host: metered from its start, its mark kept until the end
+// through the Recorder: metered from its start, its mark kept until the end
 // and dropped by it, the hook run once between the sealing and the
 // append, and the record whole.
 func TestHostBeginSaveReattachEnd(t *testing.T) {
@@ -124,7 +124,7 @@ func TestHostBeginSaveReattachEnd(t *testing.T) {
 		if err != nil || len(raw.Segments) != 0 || h.Signer.Head() == nil {
 			t.Errorf("at the hook: %d segments, audit head %v, %v; want none yet, and a head", len(raw.Segments), h.Signer.Head(), err)
 		}
-	}, attest.Outcome{Kind: attest.Running}, &record.CallAccount{}, nil)
+	}, Ending{Outcome: attest.Outcome{Kind: attest.Running}, Calls: &record.CallAccount{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestHostBeginUnmetered(t *testing.T) {
 		if s := log.String(); !strings.Contains(s, "level=WARN") || !strings.Contains(s, `msg="interval not metered from its start" run=r`) {
 			t.Fatalf("pid %d: log: %s", pid, s)
 		}
-		sealed, err := h.End(t.Context(), iv, nil, attest.Outcome{Kind: attest.Killed}, nil, nil)
+		sealed, err := h.End(t.Context(), iv, nil, Ending{Outcome: attest.Outcome{Kind: attest.Killed}})
 		if err != nil {
 			t.Fatal(err)
 		}
