@@ -292,10 +292,12 @@ export interface Run {
   id: string;
   image?: string;
   mode?: string;
+  parked_at?: string;
   phase: "executing" | "parked" | "closed";
   pinned?: boolean;
   released?: boolean;
   segments: number;
+  started?: string;
   status: string;
   unit_id: string;
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -174,11 +175,36 @@ func cmdRun(args []string, stdout io.Writer) error {
 	return f.cf.print(stdout, run, func(w io.Writer) { runTable(w, []api.Run{run}) })
 }
 
-func runTable(w io.Writer, runs []api.Run) {
-	fmt.Fprintln(w, "RUN\tSTATUS\tSEGMENTS\tIMAGE\tHEAD")
+func runTable(w io.Writer, runs []api.Run) { runTableAt(w, runs, time.Now()) }
+
+// runTableAt prints runs as of now: AGE since each run started, PARKED
+// since its last park (empty while it is not parked, or unknown).
+func runTableAt(w io.Writer, runs []api.Run, now time.Time) {
+	fmt.Fprintln(w, "RUN\tSTATUS\tAGE\tPARKED\tSEGMENTS\tIMAGE\tHEAD")
 	for _, r := range runs {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", printable(r.ID), r.Status, r.Segments, printable(r.Image), r.Head)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", printable(r.ID), r.Status, since(r.Started, now), since(r.ParkedAt, now),
+			r.Segments, printable(r.Image), r.Head)
 	}
+}
+
+// since is the time from t to now in its two largest units (42s, 3m07s,
+// 5h02m, 12d04h); empty when t is unknown, 0s when t is after now (another
+// host's clock).
+func since(t *time.Time, now time.Time) string {
+	if t == nil {
+		return ""
+	}
+	d := max(now.Sub(*t), 0)
+	s := int64(d / time.Second)
+	switch {
+	case s < 60:
+		return fmt.Sprintf("%ds", s)
+	case s < 3600:
+		return fmt.Sprintf("%dm%02ds", s/60, s%60)
+	case s < 86400:
+		return fmt.Sprintf("%dh%02dm", s/3600, s%3600/60)
+	}
+	return fmt.Sprintf("%dd%02dh", s/86400, s%86400/3600)
 }
 
 func cmdList(args []string, stdout io.Writer) error {

@@ -3,8 +3,11 @@ package main
 import (
 	"flag"
 	"reflect"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -69,5 +72,27 @@ func TestRunLimits(t *testing.T) {
 		if _, err := runRequest(t, bad...); err == nil {
 			t.Errorf("%q: taken", bad)
 		}
+	}
+}
+
+func TestRunTableAgeParked(t *testing.T) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) *time.Time { t := now.Add(-d); return &t }
+	runs := []api.Run{
+		{ID: "exec", Status: "running", Started: at(42*time.Second + 900*time.Millisecond), Segments: 0, Image: "img", Head: "h1"},
+		{ID: "parked", Status: "parked (image)", Started: at(3*time.Hour + 4*time.Minute), ParkedAt: at(3*time.Minute + 7*time.Second),
+			Segments: 2, Image: "img", Head: "h2"},
+		{ID: "old", Status: "parked (transcript)", Started: at(12*24*time.Hour + 5*time.Hour), ParkedAt: at(-time.Minute), Segments: 2, Head: "h3"},
+		{ID: "lost", Status: "lost", Segments: 0, Head: "h4"},
+	}
+	var b strings.Builder
+	runTableAt(&b, runs, now)
+	want := "RUN\tSTATUS\tAGE\tPARKED\tSEGMENTS\tIMAGE\tHEAD\n" +
+		"exec\trunning\t42s\t\t0\timg\th1\n" +
+		"parked\tparked (image)\t3h04m\t3m07s\t2\timg\th2\n" +
+		"old\tparked (transcript)\t12d05h\t0s\t2\t\th3\n" +
+		"lost\tlost\t\t\t0\t\th4\n"
+	if got := b.String(); got != want {
+		t.Errorf("runTableAt:\n%q\nwant\n%q", got, want)
 	}
 }

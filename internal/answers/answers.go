@@ -64,6 +64,10 @@ type Summary struct {
 	HandedOff bool
 	Pinned    bool
 	Released  bool // its image snapshots were released by retention
+	// Started is when the run began executing, ParkedAt when its last
+	// interval ended while it is parked: from its record (Summarize);
+	// zero when unknown.
+	Started, ParkedAt time.Time
 }
 
 // Step is one timed step of an operation.

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -26,7 +27,11 @@ func phaseErr(id string, p record.Phase, want record.Phase) error {
 // summary is run id as this host holds it; r is its state here, nil when
 // it has none (answers.Summarize).
 func (d *Daemon) summary(id string, r *run) (answers.Summary, error) {
-	return answers.Summarize(d.st, id, r != nil && r.live != nil)
+	var opened time.Time
+	if r != nil && r.live != nil && r.live.iv != nil {
+		opened = r.live.iv.Start()
+	}
+	return answers.Summarize(d.st, id, r != nil && r.live != nil, opened)
 }
 
 // Run returns a run's summary.

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"time"
+
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/criu"
@@ -24,7 +26,17 @@ func runOf(s answers.Summary) api.Run {
 	if s.Spec != nil {
 		out.Image, out.Mode = s.Spec.Image, s.Spec.Mode.String()
 	}
+	out.Started, out.ParkedAt = timeOf(s.Started), timeOf(s.ParkedAt)
 	return out
+}
+
+// timeOf is t on the wire: absent when zero.
+func timeOf(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
 }
 
 func runsOf(ss []answers.Summary) []api.Run {

@@ -112,6 +112,13 @@ type Run struct {
 	// Released closed runs have had their image snapshots collected.
 	Pinned   bool `json:"pinned,omitempty"`
 	Released bool `json:"released,omitempty"`
+	// Started is when the run's first interval began; ParkedAt, while the
+	// run is parked, when its last interval ended. Both come from the
+	// record's attestations; Started of a run still in its first interval
+	// is the open interval's start on this host. Absent when unknown
+	// (docs/cli.md, "list").
+	Started  *time.Time `json:"started,omitempty"`
+	ParkedAt *time.Time `json:"parked_at,omitempty"`
 }
 
 // Checkpoint is what an image park's CRIU dump cost, as recorded in the

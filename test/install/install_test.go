@@ -3,8 +3,11 @@
 package install
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,6 +48,10 @@ func TestMakeInstall(t *testing.T) {
 		{filepath.Join(dest, "etc/systemd/system/runrecordd.service"), 0o644},
 		{filepath.Join(dest, "etc/default/runrecordd"), 0o644},
 		{filepath.Join(dest, "etc/runrecordd/config.toml"), 0o644},
+		{filepath.Join(dest, prefix, "share/man/man1/runrecordd.1.gz"), 0o644},
+		{filepath.Join(dest, prefix, "share/bash-completion/completions/runrecordd"), 0o644},
+		{filepath.Join(dest, prefix, "share/zsh/site-functions/_runrecordd"), 0o644},
+		{filepath.Join(dest, prefix, "share/fish/vendor_completions.d/runrecordd.fish"), 0o644},
 	} {
 		st, err := os.Stat(f.path)
 		if err != nil {
@@ -82,6 +89,30 @@ func TestMakeInstall(t *testing.T) {
 	if err != nil || json.Unmarshal(out, &v) != nil || v.Version == "" || v.Go == "" {
 		t.Fatalf("installed runrecordd version: %q, %v", out, err)
 	}
+	// The man page and the completions are the installed binary's own.
+	share := filepath.Join(dest, prefix, "share")
+	for _, f := range []struct {
+		path string
+		args []string
+	}{
+		{"man/man1/runrecordd.1.gz", []string{"man"}},
+		{"bash-completion/completions/runrecordd", []string{"completion", "bash"}},
+		{"zsh/site-functions/_runrecordd", []string{"completion", "zsh"}},
+		{"fish/vendor_completions.d/runrecordd.fish", []string{"completion", "fish"}},
+	} {
+		want, err := exec.Command(filepath.Join(bin, "runrecordd"), f.args...).Output()
+		if err != nil || len(want) == 0 {
+			t.Fatalf("runrecordd %s: %v", strings.Join(f.args, " "), err)
+		}
+		got, err := os.ReadFile(filepath.Join(share, f.path))
+		if err == nil && strings.HasSuffix(f.path, ".gz") {
+			got, err = gunzip(got)
+		}
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s is not `runrecordd %s` (%v)", f.path, strings.Join(f.args, " "), err)
+		}
+	}
+
 	cfg := filepath.Join(dest, "etc/runrecordd/config.toml")
 	body, _ := os.ReadFile(cfg)
 	var uncommented []string
@@ -114,5 +145,29 @@ func TestMakeInstall(t *testing.T) {
 		if _, err := os.Stat(f); err != nil {
 			t.Errorf("the shipped file is not beside the kept one: %v", err)
 		}
+	}
+}
+
+func gunzip(b []byte) ([]byte, error) {
+	r, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(r)
+}
+
+// TestMakeInstallUsr: with PREFIX=/usr, zsh's completion goes to Debian's
+// vendor-completions, the others under /usr/share as under any prefix.
+func TestMakeInstallUsr(t *testing.T) {
+	dest := t.TempDir()
+	makeInstall(t, dest, "/usr")
+	for _, f := range []string{"share/zsh/vendor-completions/_runrecordd", "share/man/man1/runrecordd.1.gz",
+		"share/bash-completion/completions/runrecordd", "share/fish/vendor_completions.d/runrecordd.fish"} {
+		if _, err := os.Stat(filepath.Join(dest, "usr", f)); err != nil {
+			t.Errorf("not installed: %v", err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dest, "usr/share/zsh/site-functions")); err == nil {
+		t.Errorf("PREFIX=/usr installed under zsh's site-functions, not vendor-completions")
 	}
 }
