@@ -31,6 +31,7 @@ for b in containerd runc criu jq go; do
 	command -v "$b" >/dev/null || { echo "bench/chunked.sh: $b not found; run deploy/setup.sh" >&2; exit 1; }
 done
 tmp=$(mktemp -d /tmp/rrchunked.XXXXXX) # short: socket paths under it stay < 108 bytes
+chmod 0711 "$tmp" # units run as their user namespace's root: runc must reach their rootfs below it
 rr_dir=$tmp/state
 rr_sock=$rr_dir/runrecordd.sock
 rr_pid='' id=''

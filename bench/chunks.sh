@@ -12,6 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d /tmp/rrchunks.XXXXXX)
+chmod 0711 "$tmp" # units run as their user namespace's root: runc must reach their rootfs below it
 go build -o "$tmp/chunkbench" ./bench/chunkbench
 if [[ ${1:-} == analyze ]]; then
 	shift

@@ -15,6 +15,7 @@ n=${1:-200} rounds=${2:-3} size=${3:-512}
 bin=bin
 rr=$(realpath "$bin/runrecordd")
 work=$(mktemp -d /tmp/rrfleet-XXXXXX)
+chmod 0711 "$work" # units run as their user namespace's root: runc must reach their rootfs below it
 source deploy/fleet-lib.sh
 trap fleet_cleanup EXIT
 ms() { echo $((($(date +%s%N) - $1) / 1000000)); }

@@ -20,6 +20,7 @@ command -v ctr >/dev/null || { echo "bench/lazy.sh: ctr not found; run deploy/se
 criu check --feature uffd-noncoop >/dev/null 2>&1 ||
 	{ echo "bench/lazy.sh: \`criu check --feature uffd-noncoop\` fails: no lazy pages on this host" >&2; exit 1; }
 tmp=$(mktemp -d /tmp/rrlazy.XXXXXX)
+chmod 0711 "$tmp" # units run as their user namespace's root: runc must reach their rootfs below it
 out=/tmp/runrecordd-bench-lazy.txt
 source bench/tmpdir-lib.sh
 bench_tmp_trap

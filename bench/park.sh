@@ -42,6 +42,7 @@ done
 criu check >/dev/null 2>&1 || { echo "bench/park.sh: \`criu check\` fails; run deploy/setup.sh" >&2; exit 1; }
 
 tmp=$(mktemp -d /tmp/rrpark.XXXXXX) # short: unix socket paths under it must stay < 108 bytes
+chmod 0711 "$tmp" # units run as their user namespace's root: runc must reach their rootfs below it
 tag=$(basename "$tmp" | tr -cd 'a-zA-Z0-9' | tr 'A-Z' 'a-z')
 ns=parkbench-$tag        # containerd namespace; also ctr's cgroup parent, /$ns/<id>
 cd_dir=$tmp/containerd   # the private containerd for ctr and runc

@@ -12,6 +12,7 @@ set -Eeuo pipefail
 bin=${1:-bin}
 rr=$(realpath "$bin/runrecordd")
 work=$(mktemp -d /tmp/rrfleet-XXXXXX)
+chmod 0711 "$work" # units run as their user namespace's root: runc must reach their rootfs below it
 source deploy/fleet-lib.sh
 
 step() { printf '\n== %s\n' "$*"; }
