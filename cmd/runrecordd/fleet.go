@@ -21,11 +21,11 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/server"
 	"github.com/runrecordd/runrecordd/internal/trust"
-	"github.com/runrecordd/runrecordd/internal/zapslog"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -63,7 +63,7 @@ func (e *etcdFlags) register(fs *flag.FlagSet) {
 func (e *etcdFlags) config() (clientv3.Config, error) {
 	cfg := clientv3.Config{Endpoints: strings.Split(e.endpoints, ","), DialTimeout: e.timeout, Logger: zap.NewNop()}
 	if e.log != nil {
-		cfg.Logger = zapslog.New(e.log.With("from", "etcd-client"), zapcore.WarnLevel)
+		cfg.Logger = zapToSlog(e.log.With("from", "etcd-client"), zapcore.WarnLevel)
 	}
 	if (e.cert == "") != (e.key == "") {
 		return cfg, usagef("--etcd-cert and --etcd-key go together")
@@ -377,4 +377,22 @@ func peerServer(state, addr string, dir *fleet.Dir, api, peers http.Handler, log
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	return srv, l, nil
+}
+
+// peers are the peer client (peer.Hosts) in the member room's role
+// (member.Peers).
+type peers struct{ peer.Hosts }
+
+var _ member.Peers = peers{}
+
+func (p peers) Hand(ctx context.Context, host record.Address, h member.Handed) error {
+	return p.Hosts.Hand(ctx, host, peer.Migration{Run: h.Run, Genesis: h.Genesis, Head: h.Head, Resume: h.Resume})
+}
+
+func (p peers) Fetch(ctx context.Context, host record.Address, run string, judge func(*record.Record) error, opt member.FetchOptions) (*record.Record, member.Arrival, error) {
+	rec, f, err := p.Hosts.Fetch(ctx, host, run, judge, peer.FetchOptions{Store: opt.Store, Limits: opt.Limits, MinFree: opt.MinFree})
+	if err != nil {
+		return nil, nil, err
+	}
+	return rec, f, nil
 }

@@ -25,7 +25,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/host"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/metrics"
-	"github.com/runrecordd/runrecordd/internal/notify"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/platform"
 	"github.com/runrecordd/runrecordd/internal/retention"
@@ -204,7 +203,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 	}
 	// Read (and hidden from containerd and the units) before anything
 	// starts.
-	sd := notify.FromEnv()
+	sd := notifierFromEnv()
 	log := newLogger(os.Stderr, f.logFormat, lv)
 	f.etcd.log = log
 	cfg, err := f.config(log)
@@ -334,7 +333,7 @@ func (f *serveFlags) joinFleet(ctx context.Context, cfg *daemon.Config) (*fleet.
 			leave()
 			return nil, nil, err
 		}
-		cfg.Peers = peer.Hosts{Dir: dir, Key: key}
+		cfg.Peers = peers{peer.Hosts{Dir: dir, Key: key}}
 	}
 	return dir, leave, nil
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/daemon"
-	"github.com/runrecordd/runrecordd/internal/notify"
 	"github.com/runrecordd/runrecordd/pkg/api"
 )
 
@@ -43,7 +42,7 @@ func onStopPolicy(flag string) string {
 // what the daemon's start and stop do with its runs.
 type service struct {
 	d      *daemon.Daemon
-	notify *notify.Notifier
+	notify *notifier
 	onStop string
 	socket string
 	log    *slog.Logger

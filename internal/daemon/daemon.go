@@ -27,7 +27,6 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
-	"github.com/runrecordd/runrecordd/internal/comeback"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
@@ -98,9 +97,9 @@ type Daemon struct {
 	// stopping is set once the daemon parks its runs to stop
 	// (ParkForStop): no run starts or resumes after it.
 	stopping atomic.Bool
-	// comebackList is the runs to resume at the next start (comeback).
+	// comebacks are the runs to resume at the next start (comebacklist.go).
 	comebackOnce sync.Once
-	comebackList *comeback.List
+	comebacks    *comebackList
 
 	// seam, set by unit tests only, runs at each step an operation
 	// reaches (reach).

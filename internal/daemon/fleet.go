@@ -65,11 +65,15 @@ type heldRun struct {
 func (h heldRun) Executing() bool { return h.r.live != nil }
 
 func (h heldRun) Need(ctx context.Context) (drain.Need, error) {
-	var sb Sandbox
+	var mem drain.Memory
 	if h.r.live != nil {
-		sb = h.r.live.sb
+		sb := h.r.live.sb
+		mem = func(ctx context.Context) (uint64, error) {
+			u, err := sb.Stats(ctx)
+			return u.MemoryBytes, err
+		}
 	}
-	return h.d.placement().Need(ctx, h.id, sb)
+	return h.d.placement().Need(ctx, h.id, mem)
 }
 
 func (h heldRun) Park(ctx context.Context) error {

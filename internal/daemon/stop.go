@@ -10,7 +10,6 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
-	"github.com/runrecordd/runrecordd/internal/comeback"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -19,7 +18,7 @@ import (
 // parked in its form before the daemon stops — an image run through
 // CRIU, a transcript run through its channel with the interval's call
 // account, so its wait proof stays proved — each listed with the head its
-// park left (internal/comeback); at the next start, after reconcile and
+// park left (comebacklist.go); at the next start, after reconcile and
 // the image-park probe, each listed run still parked at that head, still
 // this host's, is resumed.
 
@@ -113,7 +112,7 @@ func (d *Daemon) listForStart(id string) error {
 }
 
 // ComeBack waits for the image-park probe, then resumes, parallel at a
-// time, each run a stop or `park --all` listed (internal/comeback): a run
+// time, each run a stop or `park --all` listed (comebacklist.go): a run
 // still parked at the head its park left, not handed off, and in a fleet
 // still this host's in the directory. A listed run that is gone, moved on
 // since or another host's leaves the list, and is left as it is; one
@@ -167,7 +166,7 @@ func (d *Daemon) ComeBack(ctx context.Context, parallel int) []answers.Each[answ
 }
 
 // comeBack resumes one listed run; drop says its entry is done with.
-func (d *Daemon) comeBack(ctx context.Context, en comeback.Entry) (e answers.Each[answers.Resumed], drop bool) {
+func (d *Daemon) comeBack(ctx context.Context, en comebackEntry) (e answers.Each[answers.Resumed], drop bool) {
 	e.Run = en.Run
 	r, err := d.lockRun(en.Run)
 	if errors.Is(err, store.ErrNoRun) {
@@ -206,7 +205,7 @@ func (d *Daemon) comeBack(ctx context.Context, en comeback.Entry) (e answers.Eac
 }
 
 // comeback is the state directory's list of the runs to resume at start.
-func (d *Daemon) comeback() *comeback.List {
-	d.comebackOnce.Do(func() { d.comebackList = comeback.Open(d.cfg.StateDir) })
-	return d.comebackList
+func (d *Daemon) comeback() *comebackList {
+	d.comebackOnce.Do(func() { d.comebacks = openComeback(d.cfg.StateDir) })
+	return d.comebacks
 }

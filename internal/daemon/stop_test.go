@@ -7,7 +7,6 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/calls"
-	"github.com/runrecordd/runrecordd/internal/comeback"
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
@@ -81,7 +80,7 @@ func TestStopParksStartResumes(t *testing.T) {
 			t.Errorf("%s: %s (%v), want %s", id, r.Status, err, want)
 		}
 	}
-	if es, err := comeback.Open(h.d.cfg.StateDir).Entries(); err != nil || len(es) != 0 {
+	if es, err := openComeback(h.d.cfg.StateDir).Entries(); err != nil || len(es) != 0 {
 		t.Fatalf("after the start the list holds %v, %v", es, err)
 	}
 	for _, id := range []string{"a", "b", "moved", "byhand"} {
@@ -105,7 +104,7 @@ func TestStopParkRefused(t *testing.T) {
 	if r, err := h.d.Run("r"); err != nil || r.Status != answers.Running {
 		t.Fatalf("r: %s, %v; want it running", r.Status, err)
 	}
-	if es, _ := comeback.Open(h.d.cfg.StateDir).Entries(); len(es) != 0 {
+	if es, _ := openComeback(h.d.cfg.StateDir).Entries(); len(es) != 0 {
 		t.Fatalf("listed %v", es)
 	}
 
@@ -119,7 +118,7 @@ func TestStopParkRefused(t *testing.T) {
 	if back := h.d.ComeBack(t.Context(), 0); len(back) != 1 || !errors.Is(back[0].Err, executor.ErrRestore) {
 		t.Fatalf("the start's resumes %+v; want r refused by its restore", back)
 	}
-	if es, _ := comeback.Open(h.d.cfg.StateDir).Entries(); len(es) != 1 || es[0].Run != "r" {
+	if es, _ := openComeback(h.d.cfg.StateDir).Entries(); len(es) != 1 || es[0].Run != "r" {
 		t.Fatalf("after a refused resume the list holds %v, want r", es)
 	}
 	h.ex.restoreErr = nil
@@ -171,7 +170,7 @@ func TestFleetComeBackOnlyOwnRuns(t *testing.T) {
 	if e, err := dir.Run(t.Context(), g); err != nil || e.Rev != before.Rev || e.Owner != b.Key() {
 		t.Fatalf("the directory moved: %+v, %v; was %+v", e, err, before)
 	}
-	if es, err := comeback.Open(h.d.cfg.StateDir).Entries(); err != nil || len(es) != 0 {
+	if es, err := openComeback(h.d.cfg.StateDir).Entries(); err != nil || len(es) != 0 {
 		t.Fatalf("the list holds %v, %v", es, err)
 	}
 	if _, err := h.d.Close(t.Context(), "own", ""); err != nil {
@@ -196,7 +195,7 @@ func TestStopDuringAwaitParkListsRun(t *testing.T) {
 		}
 	}
 	h.awaitOne(t, "r", "c1")
-	list := comeback.Open(h.d.cfg.StateDir)
+	list := openComeback(h.d.cfg.StateDir)
 	deadline := time.Now().Add(30 * time.Second)
 	for es, _ := list.Entries(); len(es) == 0; es, _ = list.Entries() {
 		if time.Now().After(deadline) {

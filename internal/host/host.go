@@ -13,7 +13,7 @@
 //	  containerd/       the embedded containerd, when no address is given
 //	  host.key          the host's ed25519 key (pkg/attest)
 //	  audit-head        the host's last attestation: the next one's audit_prev
-//	  comeback.json     the runs a stop parked, for the next start (internal/comeback)
+//	  comeback.json     the runs a stop parked, for the next start (internal/daemon)
 //	  runs/<id>/        a run's unit output on this host (stdout, stderr)
 //	  ch/<id>/, spool/<id>  a transcript run's channel and journal spool (internal/calls)
 //	  restore/<id>/     trees a restore reads, linked from the store, removed after

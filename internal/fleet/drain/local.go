@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/resume"
@@ -37,14 +36,24 @@ type Local struct {
 	ImageParks func() bool
 	// Forms is the host's side of the forms: the manifest a park here
 	// would record.
-	Forms forms.Env
+	Forms Manifests
 }
 
+// Manifests is the host's side of the forms as placement reads it: the
+// manifest a park here of a unit would record (forms.Env).
+type Manifests interface {
+	Over(ctx context.Context, keys []string, spec unit.Spec, unitID record.Address) (manifest.Manifest, error)
+}
+
+// Memory reads an executing run's sandbox: the bytes of memory it holds
+// now.
+type Memory func(ctx context.Context) (uint64, error)
+
 // Need is what stored run id asks of the host that takes it: parked, its
-// recorded manifest and the bytes its snapshot retains; executing in sb
-// (not nil) on this host, the manifest its park here will record and, for
-// an image unit, its memory (its image's size).
-func (h Local) Need(ctx context.Context, id string, sb forms.Sandbox) (Need, error) {
+// recorded manifest and the bytes its snapshot retains; executing on this
+// host (mem not nil, reading its sandbox), the manifest its park here will
+// record and, for an image unit, its memory (its image's size).
+func (h Local) Need(ctx context.Context, id string, mem Memory) (Need, error) {
 	st, err := h.Store.Run(id)
 	if err != nil {
 		return Need{}, err
@@ -58,10 +67,10 @@ func (h Local) Need(ctx context.Context, id string, sb forms.Sandbox) (Need, err
 	switch {
 	case st.Phase == record.Parked:
 		n.Manifest, n.Bytes, err = h.Recorded(id)
-	case sb != nil:
+	case mem != nil:
 		n.Manifest, err = h.Forms.Over(ctx, manifest.KeysFor(transcript), spec, st.Unit)
-		if u, serr := sb.Stats(ctx); serr == nil && !transcript {
-			n.Bytes = u.MemoryBytes
+		if b, merr := mem(ctx); merr == nil && !transcript {
+			n.Bytes = b
 		}
 	}
 	return n, err

@@ -15,9 +15,9 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
-	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/park"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -56,7 +56,7 @@ type Migration struct {
 
 // Hosts reach the fleet's other hosts at the address their session gives,
 // over mutual TLS pinned to their key: the client of the peer routes
-// (member.Peers).
+// (cmd/runrecordd wires it as member.Peers).
 type Hosts struct {
 	Dir *fleet.Dir
 	Key ed25519.PrivateKey // this host's
@@ -89,14 +89,14 @@ func (p Hosts) client(ctx context.Context, host record.Address) (*http.Client, s
 	return &http.Client{Transport: tr}, "https://" + m.Peer, nil
 }
 
-// Hand implements member.Peers.
-func (p Hosts) Hand(ctx context.Context, host record.Address, h member.Handed) error {
+// Hand asks host to take the run m names (POST /v1/migrations).
+func (p Hosts) Hand(ctx context.Context, host record.Address, m Migration) error {
 	c, base, err := p.client(ctx, host)
 	if err != nil {
 		return err
 	}
 	defer c.CloseIdleConnections()
-	body, _ := json.Marshal(Migration{Run: h.Run, Genesis: h.Genesis, Head: h.Head, Resume: h.Resume})
+	body, _ := json.Marshal(m)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/migrations", bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -106,10 +106,19 @@ func (p Hosts) Hand(ctx context.Context, host record.Address, h member.Handed) e
 	return err
 }
 
-// Fetch implements member.Peers: the record, then transfer.Stage over
-// the same client, held to the store's room past its minimum free space
-// (park.Free).
-func (p Hosts) Fetch(ctx context.Context, host record.Address, run string, judge func(*record.Record) error, opt member.FetchOptions) (*record.Record, member.Arrival, error) {
+// FetchOptions are what a fetched run's objects are held to: the store
+// they are staged for, a bundle's limits, and the free space the store
+// keeps (park.Free).
+type FetchOptions struct {
+	Store   *store.Store
+	Limits  bundle.Limits
+	MinFree uint64
+}
+
+// Fetch brings run's record from host, has judge judge it, then stages
+// the objects it reaches (transfer.Stage) over the same client, held to
+// the store's room past its minimum free space (park.Free).
+func (p Hosts) Fetch(ctx context.Context, host record.Address, run string, judge func(*record.Record) error, opt FetchOptions) (*record.Record, *transfer.Fetched, error) {
 	c, base, err := p.client(ctx, host)
 	if err != nil {
 		return nil, nil, err
@@ -139,7 +148,7 @@ func (p Hosts) Fetch(ctx context.Context, host record.Address, run string, judge
 	return rec, f, nil
 }
 
-// Offer implements member.Peers: the names are asked about
+// Offer asks host what it can take now: the names are asked about
 // MaxOfferImages at a time, and an answer is taken only within bounds
 // (checkOffer) — it is another host's word, kept for a whole drain.
 func (p Hosts) Offer(ctx context.Context, host record.Address, images []string) (drain.Offer, error) {

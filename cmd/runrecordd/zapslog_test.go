@@ -1,4 +1,4 @@
-package zapslog
+package main
 
 import (
 	"bytes"
@@ -12,10 +12,10 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-func TestNew(t *testing.T) {
+func TestZapToSlog(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	z := New(log, zapcore.WarnLevel).Named("etcd-client").With(zap.String("endpoint", "10.0.0.1:2379"))
+	z := zapToSlog(log, zapcore.WarnLevel).Named("etcd-client").With(zap.String("endpoint", "10.0.0.1:2379"))
 	z.Info("dialing")
 	z.Debug("noise")
 	z.Warn("retrying of unary invoker failed", zap.Error(errors.New("context deadline exceeded")), zap.Int("attempt", 3))

@@ -1,4 +1,4 @@
-package notify
+package main
 
 import (
 	"net"
@@ -10,9 +10,9 @@ import (
 	"time"
 )
 
-// listen makes a unixgram socket at name (a path, or @name) and returns
+// listenNotify makes a unixgram socket at name (a path, or @name) and returns
 // what it receives, one datagram a string.
-func listen(t *testing.T, name string) <-chan string {
+func listenNotify(t *testing.T, name string) <-chan string {
 	t.Helper()
 	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: name, Net: "unixgram"})
 	if err != nil {
@@ -33,7 +33,7 @@ func listen(t *testing.T, name string) <-chan string {
 	return got
 }
 
-func next(t *testing.T, got <-chan string) string {
+func nextNotice(t *testing.T, got <-chan string) string {
 	t.Helper()
 	select {
 	case s := <-got:
@@ -44,15 +44,15 @@ func next(t *testing.T, got <-chan string) string {
 	}
 }
 
-func TestFromEnvSendsAndHidesTheSocket(t *testing.T) {
+func TestNotifierFromEnvSendsAndHidesTheSocket(t *testing.T) {
 	for _, name := range []string{filepath.Join(t.TempDir(), "notify"), "@runrecordd-notify-test-" + strconv.Itoa(os.Getpid())} {
 		t.Run(name[:1], func(t *testing.T) {
-			got := listen(t, name)
+			got := listenNotify(t, name)
 			t.Setenv("NOTIFY_SOCKET", name)
 			t.Setenv("INVOCATION_ID", "")
 			t.Setenv("WATCHDOG_USEC", "200000")
 			t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
-			n := FromEnv()
+			n := notifierFromEnv()
 			for _, v := range []string{"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"} {
 				if _, ok := os.LookupEnv(v); ok {
 					t.Errorf("%s is still in the environment: a child would inherit it", v)
@@ -64,13 +64,13 @@ func TestFromEnvSendsAndHidesTheSocket(t *testing.T) {
 			if err := n.Ready(); err != nil {
 				t.Fatal(err)
 			}
-			if s := next(t, got); s != "READY=1\nSTATUS=serving\n" {
+			if s := nextNotice(t, got); s != "READY=1\nSTATUS=serving\n" {
 				t.Fatalf("ready sent %q", s)
 			}
 			if err := n.ExtendTimeout(90 * time.Second); err != nil {
 				t.Fatal(err)
 			}
-			if s := next(t, got); s != "EXTEND_TIMEOUT_USEC=90000000\n" {
+			if s := nextNotice(t, got); s != "EXTEND_TIMEOUT_USEC=90000000\n" {
 				t.Fatalf("extend sent %q", s)
 			}
 		})
@@ -79,8 +79,8 @@ func TestFromEnvSendsAndHidesTheSocket(t *testing.T) {
 
 func TestWatchdogPingsWhileHealthy(t *testing.T) {
 	name := filepath.Join(t.TempDir(), "notify")
-	got := listen(t, name)
-	n := &Notifier{socket: name, watchdog: 40 * time.Millisecond}
+	got := listenNotify(t, name)
+	n := &notifier{socket: name, watchdog: 40 * time.Millisecond}
 	healthy := make(chan bool, 1)
 	healthy <- true
 	ok := true
@@ -91,7 +91,7 @@ func TestWatchdogPingsWhileHealthy(t *testing.T) {
 		}
 		return ok
 	})
-	if s := next(t, got); s != "WATCHDOG=1\n" {
+	if s := nextNotice(t, got); s != "WATCHDOG=1\n" {
 		t.Fatalf("sent %q", s)
 	}
 	healthy <- false
@@ -108,11 +108,11 @@ func TestWatchdogPingsWhileHealthy(t *testing.T) {
 
 func TestExtendingUntilStopped(t *testing.T) {
 	name := filepath.Join(t.TempDir(), "notify")
-	got := listen(t, name)
-	n := &Notifier{socket: name}
+	got := listenNotify(t, name)
+	n := &notifier{socket: name}
 	stop := n.Extending(20 * time.Millisecond)
 	for range 3 {
-		if s := next(t, got); s != "EXTEND_TIMEOUT_USEC=60000\n" {
+		if s := nextNotice(t, got); s != "EXTEND_TIMEOUT_USEC=60000\n" {
 			t.Fatalf("sent %q", s)
 		}
 	}
@@ -130,7 +130,7 @@ func TestWithoutSocketNothingIsSent(t *testing.T) {
 	t.Setenv("NOTIFY_SOCKET", "")
 	t.Setenv("INVOCATION_ID", "")
 	t.Setenv("WATCHDOG_USEC", "")
-	n := FromEnv()
+	n := notifierFromEnv()
 	if n.Managed() || n.Watchdog() != 0 {
 		t.Fatalf("managed %v, watchdog %v", n.Managed(), n.Watchdog())
 	}
@@ -139,14 +139,14 @@ func TestWithoutSocketNothingIsSent(t *testing.T) {
 	}
 	n.Extending(time.Millisecond)()
 	n.KeepAlive(func() bool { return true })()
-	var none *Notifier
+	var none *notifier
 	if err := none.Stopping(); err != nil || none.Managed() {
 		t.Fatal("a nil notifier sent or is managed")
 	}
 }
 
 func TestRelativeSocketRefused(t *testing.T) {
-	n := &Notifier{socket: "notify"}
+	n := &notifier{socket: "notify"}
 	if err := n.Ready(); err == nil || !strings.Contains(err.Error(), "absolute") {
 		t.Fatalf("err %v", err)
 	}
@@ -155,7 +155,7 @@ func TestRelativeSocketRefused(t *testing.T) {
 func TestWatchdogOfAnotherProcessIgnored(t *testing.T) {
 	t.Setenv("WATCHDOG_USEC", "1000000")
 	t.Setenv("WATCHDOG_PID", "1")
-	if n := FromEnv(); n.Watchdog() != 0 {
+	if n := notifierFromEnv(); n.Watchdog() != 0 {
 		t.Fatalf("watchdog %v for pid 1", n.Watchdog())
 	}
 }

@@ -1,4 +1,4 @@
-// Package notify speaks systemd's service notification protocol to the
+// The daemon speaks systemd's service notification protocol to the
 // service manager that started this process: one datagram of
 // newline-separated VAR=VALUE assignments, sent to the unix datagram
 // socket named by $NOTIFY_SOCKET (a path, or "@name" for the abstract
@@ -9,7 +9,8 @@
 //
 // Without $NOTIFY_SOCKET every send does nothing: the daemon runs the same
 // under systemd, under another supervisor, or from a shell.
-package notify
+
+package main
 
 import (
 	"fmt"
@@ -20,20 +21,20 @@ import (
 	"time"
 )
 
-// Notifier sends notifications to one service manager. The zero value,
+// notifier sends notifications to one service manager. The zero value,
 // and a nil one, send nothing.
-type Notifier struct {
+type notifier struct {
 	socket   string        // $NOTIFY_SOCKET
 	watchdog time.Duration // $WATCHDOG_USEC, when it is this process's
 	managed  bool          // started by systemd: $NOTIFY_SOCKET or $INVOCATION_ID
 }
 
-// FromEnv reads the service manager's variables and removes them from
+// notifierFromEnv reads the service manager's variables and removes them from
 // this process's environment, so that the processes it starts (containerd,
 // shims, units) neither inherit nor answer them: systemd hears this
 // process alone.
-func FromEnv() *Notifier {
-	n := &Notifier{socket: os.Getenv("NOTIFY_SOCKET")}
+func notifierFromEnv() *notifier {
+	n := &notifier{socket: os.Getenv("NOTIFY_SOCKET")}
 	n.managed = n.socket != "" || os.Getenv("INVOCATION_ID") != ""
 	if usec, err := strconv.ParseUint(os.Getenv("WATCHDOG_USEC"), 10, 63); err == nil && usec > 0 {
 		pid := os.Getenv("WATCHDOG_PID")
@@ -49,11 +50,11 @@ func FromEnv() *Notifier {
 
 // Managed says whether systemd started this process: $NOTIFY_SOCKET or
 // $INVOCATION_ID was set.
-func (n *Notifier) Managed() bool { return n != nil && n.managed }
+func (n *notifier) Managed() bool { return n != nil && n.managed }
 
 // Watchdog is the service's watchdog time ($WATCHDOG_USEC), zero when it
 // has none: WATCHDOG=1 must be sent more often than that.
-func (n *Notifier) Watchdog() time.Duration {
+func (n *notifier) Watchdog() time.Duration {
 	if n == nil {
 		return 0
 	}
@@ -62,7 +63,7 @@ func (n *Notifier) Watchdog() time.Duration {
 
 // Send sends the assignments, one datagram. Without a socket it does
 // nothing.
-func (n *Notifier) Send(assignments ...string) error {
+func (n *notifier) Send(assignments ...string) error {
 	if n == nil || n.socket == "" {
 		return nil
 	}
@@ -82,21 +83,21 @@ func (n *Notifier) Send(assignments ...string) error {
 }
 
 // Ready says the service is up.
-func (n *Notifier) Ready() error { return n.Send("READY=1", "STATUS=serving") }
+func (n *notifier) Ready() error { return n.Send("READY=1", "STATUS=serving") }
 
 // Stopping says the service has begun to stop.
-func (n *Notifier) Stopping() error { return n.Send("STOPPING=1", "STATUS=stopping") }
+func (n *notifier) Stopping() error { return n.Send("STOPPING=1", "STATUS=stopping") }
 
 // ExtendTimeout asks for d more from now before the start or stop under
 // way times out.
-func (n *Notifier) ExtendTimeout(d time.Duration) error {
+func (n *notifier) ExtendTimeout(d time.Duration) error {
 	return n.Send("EXTEND_TIMEOUT_USEC=" + strconv.FormatInt(d.Microseconds(), 10))
 }
 
 // Extending sends ExtendTimeout(3*every) now and every period until the
 // returned function is called: a start or stop that takes long keeps
 // systemd from killing it, and one that hangs still times out.
-func (n *Notifier) Extending(every time.Duration) (stop func()) {
+func (n *notifier) Extending(every time.Duration) (stop func()) {
 	if n == nil || n.socket == "" {
 		return func() {}
 	}
@@ -126,7 +127,7 @@ func (n *Notifier) Extending(every time.Duration) (stop func()) {
 // the service works, until the returned function is called: a service
 // that stops answering misses its pings, and systemd restarts it.
 // Without a watchdog it does nothing.
-func (n *Notifier) KeepAlive(healthy func() bool) (stop func()) {
+func (n *notifier) KeepAlive(healthy func() bool) (stop func()) {
 	if n.Watchdog() == 0 || n.socket == "" {
 		return func() {}
 	}

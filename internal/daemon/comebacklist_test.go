@@ -1,4 +1,4 @@
-package comeback
+package daemon
 
 import (
 	"errors"
@@ -9,26 +9,26 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-func addr(b byte) record.Address {
+func comebackAddr(b byte) record.Address {
 	var a record.Address
 	a[0] = b
 	return a
 }
 
-func TestAddReplaceRemove(t *testing.T) {
+func TestComebackAddReplaceRemove(t *testing.T) {
 	dir := t.TempDir()
-	l := Open(dir)
+	l := openComeback(dir)
 	if es, err := l.Entries(); err != nil || len(es) != 0 {
 		t.Fatalf("a new list: %v, %v", es, err)
 	}
-	for _, e := range []Entry{{"a", addr(1)}, {"b", addr(2)}, {"a", addr(3)}} {
+	for _, e := range []comebackEntry{{"a", comebackAddr(1)}, {"b", comebackAddr(2)}, {"a", comebackAddr(3)}} {
 		if err := l.Add(e.Run, e.Head); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// Read back by another List, as the next start does.
-	es, err := Open(dir).Entries()
-	if err != nil || len(es) != 2 || es[0] != (Entry{"b", addr(2)}) || es[1] != (Entry{"a", addr(3)}) {
+	// Read back by another comebackList, as the next start does.
+	es, err := openComeback(dir).Entries()
+	if err != nil || len(es) != 2 || es[0] != (comebackEntry{"b", comebackAddr(2)}) || es[1] != (comebackEntry{"a", comebackAddr(3)}) {
 		t.Fatalf("entries %v, %v", es, err)
 	}
 	if err := l.Remove("a"); err != nil {
@@ -40,12 +40,12 @@ func TestAddReplaceRemove(t *testing.T) {
 	if err := l.Remove("b"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, File)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(dir, comebackFile)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the emptied list's file is still there: %v", err)
 	}
 }
 
-func TestDamagedFile(t *testing.T) {
+func TestComebackDamagedFile(t *testing.T) {
 	for name, body := range map[string]string{
 		"not json":      "{",
 		"unknown field": `{"version":1,"runs":[],"extra":1}`,
@@ -56,15 +56,15 @@ func TestDamagedFile(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
-			if err := os.WriteFile(filepath.Join(dir, File), []byte(body), 0o600); err != nil {
+			if err := os.WriteFile(filepath.Join(dir, comebackFile), []byte(body), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			l := Open(dir)
-			if _, err := l.Entries(); !errors.Is(err, ErrDamaged) {
-				t.Fatalf("err %v, want ErrDamaged", err)
+			l := openComeback(dir)
+			if _, err := l.Entries(); !errors.Is(err, errComebackDamaged) {
+				t.Fatalf("err %v, want errComebackDamaged", err)
 			}
 			// An Add replaces a damaged list rather than failing forever.
-			if err := l.Add("a", addr(1)); err != nil {
+			if err := l.Add("a", comebackAddr(1)); err != nil {
 				t.Fatal(err)
 			}
 			if es, err := l.Entries(); err != nil || len(es) != 1 {
