@@ -190,11 +190,11 @@ func runTableAt(w io.Writer, runs []api.Run, now time.Time) {
 // since is the time from t to now in its two largest units (42s, 3m07s,
 // 5h02m, 12d04h); empty when t is unknown, 0s when t is after now (another
 // host's clock).
-func since(t *time.Time, now time.Time) string {
-	if t == nil {
+func since(t time.Time, now time.Time) string {
+	if t.IsZero() {
 		return ""
 	}
-	d := max(now.Sub(*t), 0)
+	d := max(now.Sub(t), 0)
 	s := int64(d / time.Second)
 	switch {
 	case s < 60:

@@ -77,7 +77,7 @@ func TestRunLimits(t *testing.T) {
 
 func TestRunTableAgeParked(t *testing.T) {
 	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
-	at := func(d time.Duration) *time.Time { t := now.Add(-d); return &t }
+	at := func(d time.Duration) time.Time { return now.Add(-d) }
 	runs := []api.Run{
 		{ID: "exec", Status: "running", Started: at(42*time.Second + 900*time.Millisecond), Segments: 0, Image: "img", Head: "h1"},
 		{ID: "parked", Status: "parked (image)", Started: at(3*time.Hour + 4*time.Minute), ParkedAt: at(3*time.Minute + 7*time.Second),

@@ -31,12 +31,11 @@ func runOf(s answers.Summary) api.Run {
 }
 
 // timeOf is t on the wire: absent when zero.
-func timeOf(t time.Time) *time.Time {
+func timeOf(t time.Time) time.Time {
 	if t.IsZero() {
-		return nil
+		return time.Time{}
 	}
-	t = t.UTC()
-	return &t
+	return t.UTC()
 }
 
 func runsOf(ss []answers.Summary) []api.Run {

@@ -117,8 +117,8 @@ type Run struct {
 	// record's attestations; Started of a run still in its first interval
 	// is the open interval's start on this host. Absent when unknown
 	// (docs/cli.md, "list").
-	Started  *time.Time `json:"started,omitempty"`
-	ParkedAt *time.Time `json:"parked_at,omitempty"`
+	Started  time.Time `json:"started,omitzero"`
+	ParkedAt time.Time `json:"parked_at,omitzero"`
 }
 
 // Checkpoint is what an image park's CRIU dump cost, as recorded in the

@@ -174,14 +174,23 @@ func testEditedSegment(t *testing.T) {
 	mustStop(t, d)
 	restore := editSegment(t, d, id, edited, func(s *record.Segment) { s.IdleUJ++ })
 	mustStart(t, d)
+	// As the edit left it: a record that does not verify vouches for no
+	// time (started, parked_at), the rest as it was.
+	asEdited, err := d.run(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if asEdited.Head != was.Head || asEdited.Segments != was.Segments || asEdited.Status != was.Status || !asEdited.Started.IsZero() {
+		t.Fatalf("the edited run lists as %+v; was %+v", asEdited, was)
+	}
 
-	_, err := d.c.Resume(ctx, id)
+	_, err = d.c.Resume(ctx, id)
 	ae := apiError(t, err, "record_invalid")
 	if ae.Segment == nil || *ae.Segment != edited {
 		t.Fatalf("record_invalid names segment %v, want %d: %v", ae.Segment, edited, ae)
 	}
 	t.Logf("refused as it should be: %v", ae)
-	unchanged(t, d, id, was)
+	unchanged(t, d, id, asEdited)
 	v, err := d.c.Verify(ctx, id)
 	if err != nil {
 		t.Fatal(err)
