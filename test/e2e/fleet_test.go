@@ -481,18 +481,7 @@ func TestFleetAdopt(t *testing.T) {
 	_, err := b.c.Adopt(ctx, id)
 	apiError(t, err, "not_owner")
 
-	if err := a.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	<-a.done
-	a.cmd = nil
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(f.cli(t, "fleet", "status"), "orphaned runs: 1") {
-		if time.Now().After(deadline) {
-			t.Fatal("the lost host's run was never listed orphaned")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	loseHost(t, f, a)
 	r, err := b.c.Adopt(ctx, id)
 	if err != nil || r.Phase != "parked" || r.HandedOff || r.Segments != 2 {
 		t.Fatalf("adopt: %+v, %v", r, err)
@@ -677,18 +666,7 @@ func TestFleetComeBackOnlyOwned(t *testing.T) {
 	if _, err := b.c.Import(ctx, bytes.NewReader(bundle.Bytes()), ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	<-a.done
-	a.cmd = nil
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(f.cli(t, "fleet", "status"), "orphaned runs: 1") {
-		if time.Now().After(deadline) {
-			t.Fatal("the killed host's run was never listed orphaned")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	loseHost(t, f, a)
 	if r, err := b.c.Adopt(ctx, id); err != nil || r.Phase != "parked" {
 		t.Fatalf("adopt: %+v, %v", r, err)
 	}
@@ -711,4 +689,22 @@ func TestFleetComeBackOnlyOwned(t *testing.T) {
 		t.Fatalf("the owner's run after the other's start: %+v, %v; want it as adopted", r, err)
 	}
 	resume(t, b, id, onA, atPark)
+}
+
+// loseHost kills host a with SIGKILL and waits until the fleet lists its
+// one run orphaned (its lease expired).
+func loseHost(t *testing.T, f *fleetEnv, a *daemon) {
+	t.Helper()
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-a.done
+	a.cmd = nil
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(f.cli(t, "fleet", "status"), "orphaned runs: 1") {
+		if time.Now().After(deadline) {
+			t.Fatal("the lost host's run was never listed orphaned")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
