@@ -249,7 +249,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 		books, err := platform.Open(platform.Dir(f.state))
 		if err == nil {
 			platforms := server.NewPlatform(serverDeps(d), server.Tenancy{Books: books, Limits: f.platform}, log)
-			peers, pl, err = peerServer(f.state, f.peerListen, dir, platforms, server.Peer(serverDeps(d), log), log)
+			peers, pl, err = peerServer(f.state, f.peerListen, dir, peerHandlers{platform: platforms, host: server.Peer(serverDeps(d), log)}, log)
 		}
 		if err != nil {
 			l.Close()
