@@ -30,7 +30,7 @@ const maxAttempts = 8
 // with one exception for the crash between an advance and the append it
 // reserved: a run whose owner is this host key (an earlier session) may be
 // claimed at the entry's previous head, which takes the reservation back
-// (docs/fleet.md, "Crashes between the two writes").
+// (docs/fleet.md, "The order of the two writes").
 func (h *Host) Claim(ctx context.Context, genesis record.Address, run string, head record.Address, phase record.Phase) (Entry, error) {
 	if err := checkName(run); err != nil {
 		return Entry{}, err
