@@ -326,7 +326,7 @@ func (f *serveFlags) joinFleet(ctx context.Context, cfg *daemon.Config) (*fleet.
 	}
 	cfg.Fleet = host
 	ttl, peerAddr := f.leaseTTL, f.peerListen
-	cfg.Rejoin = func(ctx context.Context) (*fleet.Host, error) { return dir.JoinAt(ctx, host.Key(), ttl, peerAddr) }
+	cfg.Rejoin = func(ctx context.Context) (*fleet.Session, error) { return dir.JoinAt(ctx, host.Key(), ttl, peerAddr) }
 	if f.peerListen != "" {
 		key, err := attest.LoadOrCreateKey(filepath.Join(f.state, "host.key"))
 		if err != nil {

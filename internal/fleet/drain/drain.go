@@ -25,9 +25,9 @@ type Run struct {
 	Bytes uint64
 }
 
-// Host is a host a drain may move runs to, as it answered before the
+// Target is a host a drain may move runs to, as it answered before the
 // drain began (placement).
-type Host struct {
+type Target struct {
 	Key record.Address
 	// Free is what its store can still take, beyond the room it keeps.
 	Free uint64
@@ -57,7 +57,7 @@ type Migrate func(ctx context.Context, id string, to record.Address) error
 // passed on to the next such host when one refuses it at the migration.
 // progress, when not nil, is told each outcome as it ends, with how many
 // have ended of how many. The outcomes are in the order moved.
-func Drain(ctx context.Context, runs []Run, hosts []Host, parallel int, migrate Migrate, progress func(o Outcome, done, total int)) []Outcome {
+func Drain(ctx context.Context, runs []Run, hosts []Target, parallel int, migrate Migrate, progress func(o Outcome, done, total int)) []Outcome {
 	ordered := order(runs)
 	p := newPlacement(hosts)
 	out := make([]Outcome, len(ordered))

@@ -17,10 +17,10 @@ import (
 func host(n string) record.Address { return record.Sum([]byte(n)) }
 
 // hosts are hosts with the same ample room, taking anything.
-func hosts(keys ...record.Address) []Host {
-	var out []Host
+func hosts(keys ...record.Address) []Target {
+	var out []Target
 	for _, k := range keys {
-		out = append(out, Host{Key: k, Free: 1 << 40})
+		out = append(out, Target{Key: k, Free: 1 << 40})
 	}
 	return out
 }
@@ -116,7 +116,7 @@ func TestDrainPlacement(t *testing.T) {
 	a, b, c := host("a"), host("b"), host("c")
 	mismatch := errors.New("manifest: cpu_features differ")
 	unreachable := errors.New("connection refused")
-	hs := []Host{
+	hs := []Target{
 		{Key: a, Free: 100, Refuses: map[string]error{"img-1": mismatch}},
 		{Key: b, Free: 60},
 		{Key: c, Err: unreachable},
@@ -173,7 +173,7 @@ func TestDrainRefusedGivesRoomBack(t *testing.T) {
 		}
 		return nil
 	}
-	hs := []Host{{Key: a, Free: 100}, {Key: b, Free: 90}}
+	hs := []Target{{Key: a, Free: 100}, {Key: b, Free: 90}}
 	out := Drain(t.Context(), []Run{{ID: "r1", Bytes: 80}, {ID: "r2", Bytes: 95}}, hs, 1, migrate, nil)
 	if out[0].To != b || out[1].To != a {
 		t.Fatalf("%+v", out)
@@ -216,7 +216,7 @@ func TestFit(t *testing.T) {
 			t.Errorf("%s: %v, want ErrUnfit", name, err)
 		}
 	}
-	h := HostOf(host("a"), o, nil, []Need{need("x86_64", "sha256:aa"), {Run: "other", Image: "oracle", Manifest: manifest.Manifest{manifest.Arch: "riscv64"}}})
+	h := TargetOf(host("a"), o, nil, []Need{need("x86_64", "sha256:aa"), {Run: "other", Image: "oracle", Manifest: manifest.Manifest{manifest.Arch: "riscv64"}}})
 	if h.Refuses["r"] != nil || h.Refuses["other"] == nil {
 		t.Fatalf("%+v", h.Refuses)
 	}

@@ -132,7 +132,7 @@ const maxImageName = 1024
 
 // hostsFor asks each of hosts for its offer, at once, and judges needs
 // against each.
-func (m *Member) hostsFor(ctx context.Context, hosts []record.Address, needs []drain.Need) []drain.Host {
+func (m *Member) hostsFor(ctx context.Context, hosts []record.Address, needs []drain.Need) []drain.Target {
 	seen := map[string]bool{}
 	var images []string
 	for _, n := range needs {
@@ -141,14 +141,14 @@ func (m *Member) hostsFor(ctx context.Context, hosts []record.Address, needs []d
 			images = append(images, n.Image)
 		}
 	}
-	out := make([]drain.Host, len(hosts))
+	out := make([]drain.Target, len(hosts))
 	var wg sync.WaitGroup
 	for i, h := range hosts {
 		wg.Go(func() {
 			octx, cancel := context.WithTimeout(ctx, OfferTimeout)
 			defer cancel()
 			o, err := m.cfg.Peers.Offer(octx, h, images)
-			out[i] = drain.HostOf(h, o, err, needs)
+			out[i] = drain.TargetOf(h, o, err, needs)
 		})
 	}
 	wg.Wait()

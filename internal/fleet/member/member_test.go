@@ -115,7 +115,7 @@ var key = ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, 32))
 
 // room is a member over a store holding run "r" parked (forged, imported),
 // in a fleet under session h, which has claimed the run.
-func room(t *testing.T, h *fleet.Host, p Peers) (*Member, *store.Store, *counts, *record.Record) {
+func room(t *testing.T, h *fleet.Session, p Peers) (*Member, *store.Store, *counts, *record.Record) {
 	t.Helper()
 	st, err := store.Open(t.TempDir())
 	if err != nil {
@@ -141,7 +141,7 @@ func room(t *testing.T, h *fleet.Host, p Peers) (*Member, *store.Store, *counts,
 	return m, st, c, b.Record
 }
 
-func join(t *testing.T, dir *fleet.Dir, name string) *fleet.Host {
+func join(t *testing.T, dir *fleet.Dir, name string) *fleet.Session {
 	t.Helper()
 	k := record.Sum([]byte("host " + name))
 	if err := dir.Admit(t.Context(), k, name, fleet.RoleHost); err != nil {

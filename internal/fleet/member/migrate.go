@@ -24,7 +24,7 @@ type Hold func() (h Held, release func(), err error)
 
 // Migrate moves run id to host to, in the fleet (docs/fleet.md,
 // "Migration"): parked here if it is executing, handed off in this store
-// (as an export does) and in the fleet (fleet.Host.Transfer), then adopted
+// (as an export does) and in the fleet (fleet.Session.Transfer), then adopted
 // by to — which fetches it, checks everything an import checks, claims it,
 // and resumes it if it was executing here (a parked run stays parked).
 // Until to has claimed it, a failure takes it back here, parked and
