@@ -20,8 +20,6 @@ func init() {
 		"no non-test function takes more than 5 parameters besides its receiver: internal/fleet/member/drain.go drainRuns (6)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/fleet/member/migrate.go takeBack (7)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/fleet/member/reconcile.go takeBackMigration (7)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/fleet/transfer/fetch.go Fetch (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/fleet/transfer/fetch.go Stage (6)",
 	} {
 		Pending[b] = true
 	}

@@ -76,7 +76,7 @@ func (p *peers) Fetch(ctx context.Context, _ record.Address, _ string, judge fun
 	}
 	srv := httptest.NewServer(transfer.Handler(p.from))
 	defer srv.Close()
-	f, _, err := transfer.Stage(ctx, srv.Client(), srv.URL, opt.Store, rec, transfer.Options{Limits: opt.Limits})
+	f, _, err := transfer.Stage(ctx, transfer.Source{Client: srv.Client(), Base: srv.URL}, opt.Store, rec, transfer.Options{Limits: opt.Limits})
 	if err != nil {
 		return nil, nil, err
 	}
