@@ -288,8 +288,8 @@ func TestDrainSilentHost(t *testing.T) {
 	defer func(d time.Duration) { OfferTimeout = d }(OfferTimeout)
 	OfferTimeout = 200 * time.Millisecond
 	moved := 0
-	out, err := m.drainRuns(t.Context(), []record.Address{b.Key(), b.Key()}, 2, []drain.Run{{ID: "r"}}, []drain.Need{{Run: "r"}},
-		func(context.Context, string, record.Address) error { moved++; return nil })
+	out, err := m.drainRuns(t.Context(), []record.Address{b.Key(), b.Key()}, []drain.Run{{ID: "r"}}, []drain.Need{{Run: "r"}},
+		drain.Options{Parallel: 2, Migrate: func(context.Context, string, record.Address) error { moved++; return nil }})
 	if err != nil || len(out) != 1 || !errors.Is(out[0].Err, context.DeadlineExceeded) || moved != 0 {
 		t.Fatalf("%+v, %v, %d moved", out, err, moved)
 	}
