@@ -15,7 +15,7 @@ import (
 // run's lock, with the books of this process's exports (wire).
 func (d *Daemon) wireExports() bundle.Exporter {
 	lock := func(id string) (func(), error) {
-		r, err := d.lockRun(id)
+		r, err := d.runs.lockRun(id)
 		if err != nil {
 			return nil, err
 		}
@@ -36,7 +36,7 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 		Options: d.bundleOptions(), ID: id, Reclaim: reclaim, CheckID: forms.CheckID,
 		// The run's lock is held past the import, until its summary for
 		// the reply is read.
-		Lock: func(id string) func() { rl = d.lock(id); return func() {} },
+		Lock: func(id string) func() { rl = d.runs.lock(id); return func() {} },
 	})
 	if rl != nil {
 		defer rl.mu.Unlock()
@@ -48,7 +48,7 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 		d.log.Warn("call ledger: the imported run's calls are listed without their payloads until the next start", "run", im.Run, "err", err)
 	}
 	unclaimed := d.fleet.ClaimImported(ctx, im)
-	sum, err := d.summary(im.Run, rl)
+	sum, err := d.runs.summary(im.Run, rl)
 	if err != nil {
 		return answers.Imported{}, err
 	}

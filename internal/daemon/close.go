@@ -22,7 +22,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	if reason == "" {
 		reason = "closed by request"
 	}
-	r, err := d.lockRun(id)
+	r, err := d.runs.lockRun(id)
 	if err != nil {
 		return answers.Summary{}, err
 	}
@@ -43,13 +43,13 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 		// As a park does: nothing reaches the account between its
 		// sealing and the close.
 		defer lv.unit.Hold()()
-		_, err = d.endAt(ctx, lv, "close.sealed", interval.Ending{Outcome: attest.Outcome{Kind: attest.Killed}, Calls: lv.unit.Account(), Then: []record.Segment{closed}})
+		_, err = d.intervals.end(ctx, lv, "close.sealed", interval.Ending{Outcome: attest.Outcome{Kind: attest.Killed}, Calls: lv.unit.Account(), Then: []record.Segment{closed}})
 	} else {
 		err = d.fleet.Append(id, closed)
 	}
 	if err != nil {
 		if lv != nil && lv.iv.Ended() {
-			d.restartInterval(id, lv, attest.EventCloseRefused)
+			d.intervals.restart(id, lv, attest.EventCloseRefused)
 		}
 		return answers.Summary{}, fmt.Errorf("close %s: %w", id, err)
 	}
@@ -58,7 +58,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	d.intervals.DropMark(id)
 	if lv != nil {
 		lv.stopping = true
-		d.destroy(lv)
+		lv.destroy(d.log)
 	}
 	if r.teardown != nil {
 		<-r.teardown
@@ -70,7 +70,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	r.live, r.park = nil, nil
 	d.log.Info("run closed", "run", id, "reason", reason)
 	d.events.Publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
-	return d.summary(id, r)
+	return d.runs.summary(id, r)
 }
 
 // releaseRange frees the user-namespace range run id held here, once its

@@ -72,14 +72,15 @@ type Daemon struct {
 	host   manifest.Manifest // the host's own facts and runtime versions
 	// intervals and forms are this host's side of every interval and of
 	// both forms, wired once (wireForms).
-	intervals interval.Recorder
+	intervals intervals
 	forms     forms.Env
 	stop      context.CancelFunc
 	bgCtx     context.Context // done once the daemon stops
 	bg        sync.WaitGroup
 
-	mu   sync.Mutex
-	runs map[string]*run
+	// runs are this host's runs beyond their records, each under its
+	// lock (runs.go).
+	runs *runTable
 	// fleet is the daemon's part in a fleet (internal/fleet/member); alone, it
 	// appends to the store directly.
 	fleet *member.Member
@@ -124,7 +125,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	cfg.Config = h.Config
-	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: map[string]*run{}, base: h, st: h.Store,
+	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: &runTable{st: h.Store}, base: h, st: h.Store,
 		ex: forms.Exec{Client: h.Exec}, meter: h.Meter, signer: h.Signer, keyID: h.Signer.KeyID(), host: h.Facts}
 	if h.Warm != nil {
 		d.metrics.WarmFrom(h.Warm.Stats)
@@ -192,15 +193,13 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	d.events.Stop()
 	// Transcript units lose their channels with this process; the next
 	// start parks them from the transcripts left on disk.
-	d.mu.Lock()
-	for _, r := range d.runs {
+	for _, r := range d.runs.all() {
 		r.mu.Lock()
 		if r.live != nil {
 			r.live.unit.Stop()
 		}
 		r.mu.Unlock()
 	}
-	d.mu.Unlock()
 	d.bg.Wait()
 	var errs []error
 	if d.fleet != nil {
@@ -210,30 +209,6 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 		errs = append(errs, d.base.Close(ctx))
 	}
 	return errors.Join(errs...)
-}
-
-// lockRun returns the state of run id, which must be stored, locked: a
-// request naming no run leaves nothing behind (d.runs holds only runs that
-// exist or are being created). The caller unlocks it.
-func (d *Daemon) lockRun(id string) (*run, error) {
-	if _, err := d.st.Run(id); err != nil {
-		return nil, err
-	}
-	return d.lock(id), nil
-}
-
-// lock returns run id's state, locked, making it for a run being created.
-// The caller unlocks it.
-func (d *Daemon) lock(id string) *run {
-	d.mu.Lock()
-	r := d.runs[id]
-	if r == nil {
-		r = &run{}
-		d.runs[id] = r
-	}
-	d.mu.Unlock()
-	r.mu.Lock()
-	return r
 }
 
 func nowNS() int64 { return time.Now().UnixNano() }

@@ -304,7 +304,7 @@ func newFakeHost(t *testing.T, set ...func(*Daemon)) *fakeHost {
 	h := mustMetricsHost(t, "")
 	d := h.d
 	d.cfg.StateDir = t.TempDir()
-	d.runs = map[string]*run{}
+	d.runs = &runTable{st: d.st}
 	key := ed25519.NewKeyFromSeed([]byte(strings.Repeat("k", 32)))
 	s, err := interval.NewSigner(key, filepath.Join(d.cfg.StateDir, "audit-head"))
 	if err != nil {
@@ -374,9 +374,7 @@ func (h *fakeHost) kinds(t *testing.T, id string) string {
 // teardown waits for the sandbox of run id's last park to be destroyed.
 func (h *fakeHost) teardown(t *testing.T, id string) {
 	t.Helper()
-	h.d.mu.Lock()
-	r := h.d.runs[id]
-	h.d.mu.Unlock()
+	r := h.d.runs.peek(id)
 	r.mu.Lock()
 	done := r.teardown
 	r.mu.Unlock()

@@ -13,7 +13,7 @@ import (
 // The daemon's part in a fleet is the member room (internal/fleet/member): the
 // session, the fence every append goes through, reconciling with the
 // directory, migrations, adoption, drains and the lease's guard. The
-// daemon gives it its run table (runTable) and its runs as its operations
+// daemon gives it its run table (fleetRuns) and its runs as its operations
 // hold them (heldRun).
 
 // joinFleet makes the daemon's member room from its configuration.
@@ -22,7 +22,7 @@ func (d *Daemon) joinFleet() {
 		Join:  d.cfg.Join,
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.events.Publish, Reach: d.reach,
 		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: forms.CheckID},
-		Exportable: func(id string) error { return d.exporter.Exportable(id) }, Runs: runTable{d},
+		Exportable: func(id string) error { return d.exporter.Exportable(id) }, Runs: fleetRuns{d},
 		Fits:    func(ctx context.Context, id string) error { return d.placement().Fits(ctx, id) },
 		MinFree: d.cfg.MinFree,
 	})
@@ -36,19 +36,19 @@ func (d *Daemon) bundleOptions() bundle.Options {
 }
 
 // Fleet is the daemon's part in a fleet: its migrations, adoptions and
-// drains (internal/fleet/member), over the daemon's run table (runTable).
+// drains (internal/fleet/member), over the daemon's run table (fleetRuns).
 func (d *Daemon) Fleet() *member.Member { return d.fleet }
 
-// runTable is the daemon's run table as the member room holds its runs.
-type runTable struct{ d *Daemon }
+// fleetRuns is the daemon's run table as the member room holds its runs.
+type fleetRuns struct{ d *Daemon }
 
-func (t runTable) Hold(id string, fresh bool) (member.Held, func(), error) {
+func (t fleetRuns) Hold(id string, fresh bool) (member.Held, func(), error) {
 	var r *run
 	if fresh {
-		r = t.d.lock(id)
+		r = t.d.runs.lock(id)
 	} else {
 		var err error
-		if r, err = t.d.lockRun(id); err != nil {
+		if r, err = t.d.runs.lockRun(id); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -88,8 +88,8 @@ func (h heldRun) Resume(ctx context.Context) error {
 
 // Idle holds every run in the table that no operation holds, one after
 // another.
-func (t runTable) Idle(fn func(id string, h member.Held)) {
-	for id, r := range t.d.table() {
+func (t fleetRuns) Idle(fn func(id string, h member.Held)) {
+	for id, r := range t.d.runs.all() {
 		if r.mu.TryLock() {
 			fn(id, heldRun{t.d, id, r})
 			r.mu.Unlock()
@@ -119,19 +119,8 @@ func (h heldRun) Freeze(ctx context.Context) (func(context.Context), error) {
 func (h heldRun) Drop() {
 	if lv := h.r.live; lv != nil {
 		lv.stopping = true
-		h.d.destroy(lv)
+		lv.destroy(h.d.log)
 		h.r.live = nil
 		h.d.log.Warn("fleet: another host took the run while this one was cut off; its sandbox here is gone, nothing appended", "run", h.id)
 	}
-}
-
-// table is a copy of the run table.
-func (d *Daemon) table() map[string]*run {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make(map[string]*run, len(d.runs))
-	for id, r := range d.runs {
-		out[id] = r
-	}
-	return out
 }

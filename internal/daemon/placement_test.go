@@ -87,7 +87,7 @@ func TestPlacementHeldOneBadRun(t *testing.T) {
 // asks it: held through the member room's run table.
 func need(t *testing.T, d *Daemon, id string) (drain.Need, error) {
 	t.Helper()
-	held, release, err := runTable{d}.Hold(id, false)
+	held, release, err := fleetRuns{d}.Hold(id, false)
 	if err != nil {
 		return drain.Need{}, err
 	}

@@ -77,7 +77,7 @@ func (d *Daemon) ParkForStop(ctx context.Context, parallel int) ([]answers.Each[
 // when it was not executing once its lock was held.
 func (d *Daemon) parkListed(ctx context.Context, id string) (answers.Each[answers.Parked], bool) {
 	e := answers.Each[answers.Parked]{Run: id}
-	r, err := d.lockRun(id)
+	r, err := d.runs.lockRun(id)
 	if err != nil {
 		e.Err = err
 		return e, true
@@ -168,7 +168,7 @@ func (d *Daemon) ComeBack(ctx context.Context, parallel int) []answers.Each[answ
 // comeBack resumes one listed run; drop says its entry is done with.
 func (d *Daemon) comeBack(ctx context.Context, en comebackEntry) (e answers.Each[answers.Resumed], drop bool) {
 	e.Run = en.Run
-	r, err := d.lockRun(en.Run)
+	r, err := d.runs.lockRun(en.Run)
 	if errors.Is(err, store.ErrNoRun) {
 		d.log.Warn("start: a run the last stop parked is gone", "run", en.Run)
 		return e, true

@@ -41,7 +41,7 @@ func (h callHost) Awaiting(run string, ch *calls.Channel) {
 // parkAwaiting parks run id for the await its channel ch received, unless
 // the run has moved on (closed, or another sandbox) in the meantime.
 func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel) (bool, error) {
-	r, err := d.lockRun(id)
+	r, err := d.runs.lockRun(id)
 	if err != nil {
 		return false, err
 	}
@@ -76,7 +76,7 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 // the run is parked and this was the last result its await named, the run
 // resumes here.
 func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byte) (answers.Posted, error) {
-	r, err := d.lockRun(run)
+	r, err := d.runs.lockRun(run)
 	if err != nil {
 		return answers.Posted{}, err
 	}
@@ -136,6 +136,6 @@ func (d *Daemon) recoverUnit(ctx context.Context, id string, lv *live) error {
 		return err
 	}
 	lv.stopping = true
-	d.destroy(lv)
+	lv.destroy(d.log)
 	return t.Cleanup()
 }
