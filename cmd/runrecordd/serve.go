@@ -343,7 +343,7 @@ func (f *serveFlags) joinFleet(ctx context.Context, cfg *daemon.Config) (*fleet.
 func serverDeps(d *daemon.Daemon) server.Deps {
 	r := d.Rooms()
 	return server.Deps{Daemon: d, Store: r.Store, Keys: r.Keys, Collector: r.Collector, Events: r.Events,
-		Counts: r.Counts, Fleet: d.Fleet(), Metrics: r.Metrics, Objects: r.Objects, Exporter: r.Exporter}
+		Counts: r.Counts, Fleet: r.Fleet, Placement: r.Placement, Metrics: r.Metrics, Objects: r.Objects, Exporter: r.Exporter}
 }
 
 // serveMetrics serves d's /metrics, and nothing else, over plain HTTP on

@@ -18,7 +18,6 @@ import (
 // a lost lease (never, when nil).
 func inFleet(d *Daemon, h *fleet.Session, rejoin func(context.Context) (*fleet.Session, error)) {
 	d.cfg.Fleet, d.cfg.Rejoin = h, rejoin
-	d.joinFleet()
 	d.wire()
 }
 

@@ -19,7 +19,7 @@ func mustMetricsHost(t *testing.T, raplCase string, c ...idle.Coefficients) metr
 	t.Helper()
 	h := testhost.New(t, raplCase, c...)
 	d := &Daemon{log: testhost.Log(t), st: h.Store, meter: h.Meter, runs: &runTable{st: h.Store}}
-	d.joinFleet() // alone, until a test puts it in a fleet (inFleet)
+	// alone, until a test puts it in a fleet (inFleet)
 	d.wire()
 	return metricsHost{d: d, Fixture: h}
 }

@@ -5,14 +5,10 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/answers"
-	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/forms"
-	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/metrics"
-	"github.com/runrecordd/runrecordd/internal/warmpool"
 )
 
 // live is a run's sandbox on this host and its open interval
@@ -38,54 +34,6 @@ func (lv *live) destroy(log *slog.Logger) {
 	if err := lv.sb.Destroy(ctx); err != nil {
 		log.Error("sandbox not destroyed; the next reconcile retries", "sandbox", lv.sb.ID(), "err", err)
 	}
-}
-
-// wireForms makes this host's side of every interval (internal/interval)
-// from the daemon's state directory, signer and meter (the store it ends
-// intervals in is the fleet's fence as it is at each end: intervals.end), and its side of both forms (internal/forms) over it:
-// once, at New (wire). The image-park gate joins the forms when its probe
-// starts (startProbe).
-func (d *Daemon) wireForms() {
-	d.intervals = intervals{Recorder: interval.Recorder{StateDir: d.cfg.StateDir, Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log},
-		fleet: d.fleet, metrics: &d.metrics, reach: d.reach}
-	output := func(id string) (executor.Output, error) {
-		out, err := d.intervals.MakeOutput(id)
-		return executor.Output(out), err
-	}
-	var warm *warmpool.Pool // none without a host (the daemon's unit tests)
-	if d.base != nil {
-		warm = d.base.Warm
-	}
-	d.forms = forms.Env{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
-		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: output, Mark: d.intervals.MarkNow, Invalid: answers.ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume), LazyServed: d.cfg.LazyServed,
-		Warm: warm, Creates: d.creates(), Ranges: d.ranges(), HostRootImages: d.cfg.HostRootImages}
-}
-
-// ranges are the host's user-namespace ranges where units run in user
-// namespaces (forms.Env.Ranges); nil otherwise.
-func (d *Daemon) ranges() *idmap.Ranges {
-	if d.base == nil || !d.base.Config.UserNS {
-		return nil
-	}
-	return d.base.Ranges
-}
-
-// creates makes the warm pool's sandboxes (forms.Creates); nil without a
-// host.
-func (d *Daemon) creates() forms.Creator {
-	if d.base == nil {
-		return nil
-	}
-	return forms.Creates(d.base.Exec)
-}
-
-// background runs fn in the daemon's background.
-func (d *Daemon) background(fn func()) {
-	d.bg.Add(1)
-	go func() {
-		defer d.bg.Done()
-		fn()
-	}()
 }
 
 // intervals is this host's side of every interval: internal/interval's

@@ -291,7 +291,7 @@ func TestCloseInOrder(t *testing.T) {
 		t.Fatalf("segments %s; sandbox left: %v", got, h2.ex.sandbox("s") != nil)
 	}
 	raw, _ := h2.d.st.Raw("s")
-	b, err := h2.d.attestation(raw.Segments[0].Attestation)
+	b, err := openAttestation(h2.d.st, raw.Segments[0].Attestation)
 	if err != nil || b.Outcome.Kind != attest.Killed {
 		t.Fatalf("the closed interval's outcome: %+v %v", b, err)
 	}
@@ -311,7 +311,7 @@ func TestExitClosesRun(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	raw, _ := h.d.st.Raw("r")
-	b, err := h.d.attestation(raw.Segments[0].Attestation)
+	b, err := openAttestation(h.d.st, raw.Segments[0].Attestation)
 	if err != nil || b.Outcome.Kind != attest.Exited || b.Outcome.Code != 3 || raw.Segments[1].Reason != "unit exited with code 3" {
 		t.Fatalf("exit recorded as %+v (%v), %q", b.Outcome, err, raw.Segments[1].Reason)
 	}
@@ -495,7 +495,7 @@ func TestReattachedBeforeGateParks(t *testing.T) {
 	if err := d.reconcile(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	d.startProbe(nil)
+	startProbe(d)
 	if _, err := d.Park(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}

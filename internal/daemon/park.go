@@ -124,7 +124,7 @@ func (d *Daemon) tearDownParked(r *run, lv *live) {
 	lv.unit.Close()
 	done := make(chan struct{})
 	r.teardown = done
-	d.background(func() {
+	d.bg.Go(func() {
 		defer close(done)
 		lv.destroy(d.log)
 	})

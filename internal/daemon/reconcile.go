@@ -41,7 +41,9 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		return err
 	}
 	owner := plan.Owner
-	d.releaseRanges(owner)
+	if d.base != nil {
+		releaseRanges(d.base.Ranges, d.st, owner, d.log)
+	}
 	active, err := d.st.Runs(record.Active)
 	if err != nil {
 		return err

@@ -96,7 +96,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed
 		detail += " warm"
 	}
 	d.events.Publish(events.Event{Kind: "run.resumed", Run: id, Detail: detail})
-	lv.unit.Serve(d.background)
+	lv.unit.Serve(d.bg.Go)
 	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "warm", w.Warm, "took", clock.Total())
 	return answers.Resumed{Run: sum, Idle: owed, Restore: w.Restored, Took: clock.Total(), Steps: clock.Steps}, nil
 }
@@ -129,7 +129,7 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 	if done == nil {
 		return
 	}
-	d.background(func() {
+	d.bg.Go(func() {
 		select {
 		case <-done:
 		case <-d.bgCtx.Done():

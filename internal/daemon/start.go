@@ -103,13 +103,13 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 	d.watch(id, r, lv)
 	d.log.Info("run started", "run", id, "image", p.Spec.Image, "mode", p.Spec.Mode)
 	d.events.Publish(events.Event{Kind: "run.started", Run: id, Detail: p.Spec.Mode.String()})
-	lv.unit.Serve(d.background)
+	lv.unit.Serve(d.bg.Go)
 	return d.runs.summary(id, r)
 }
 
 // watch closes the run when its unit exits by itself.
 func (d *Daemon) watch(id string, r *run, lv *live) {
-	d.background(func() {
+	d.bg.Go(func() {
 		code, err := lv.sb.Wait(d.bgCtx)
 		if d.bgCtx.Err() != nil {
 			return // the daemon is stopping; the unit goes on without it

@@ -26,7 +26,7 @@ func (h callHost) Dispatched(run string, c protocol.Call) {
 
 func (h callHost) Awaiting(run string, ch *calls.Channel) {
 	d := h.d
-	d.background(func() {
+	d.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		if _, err := d.parkAwaiting(ctx, run, ch); err != nil {
@@ -61,7 +61,9 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 	if _, err := d.resume(ctx, id, r); err != nil {
 		if errors.Is(err, answers.ErrStopping) {
 			// Its results are all here: the next start resumes it.
-			d.listForStart(id)
+			if err := d.comebacks.AddHead(d.st, id); err != nil {
+				d.log.Error("stop", "run", id, "err", err)
+			}
 			return true, nil
 		}
 		d.log.Error("resume after park: every awaited result was posted before the park", "run", id, "err", err)

@@ -73,7 +73,7 @@ func TestReconcileRecoversOrphanedTranscript(t *testing.T) {
 		t.Fatalf("phase %s at %v, want parked in a transcript", st.Phase, st.Parked)
 	}
 	raw, _ := h.d.st.Raw("r")
-	b, err := h.d.attestation(raw.Segments[0].Attestation)
+	b, err := openAttestation(h.d.st, raw.Segments[0].Attestation)
 	if err != nil || b.Outcome.Kind != attest.Parked || raw.Segments[0].Calls != nil {
 		t.Fatalf("the recovered interval: %+v %v", b, err)
 	}
