@@ -128,7 +128,7 @@ func hostKeyID(state string) (record.Address, error) {
 //
 // peerAddr, when not empty, is where this host serves the fleet
 // (--peer-listen): the session says so, and the host takes and sends runs.
-func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration, peerAddr string) (*fleet.Dir, *fleet.Host, func(), error) {
+func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration, peerAddr string) (*fleet.Dir, *fleet.Session, func(), error) {
 	dir, cli, err := e.dir()
 	if err != nil {
 		return nil, nil, nil, err
@@ -143,7 +143,7 @@ func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration
 	if errors.Is(err, fleet.ErrNotAdmitted) {
 		err = fmt.Errorf("%w: admit this host first: runrecordd fleet admit %s --name NAME --etcd %s", err, key, e.endpoints)
 	}
-	var h *fleet.Host
+	var h *fleet.Session
 	if err == nil {
 		h, err = dir.JoinAt(ctx, key, ttl, peerAddr)
 	}
