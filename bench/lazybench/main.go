@@ -35,7 +35,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/pageserver"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 
 	"github.com/runrecordd/runrecordd/bench/benchhost"
 	"github.com/runrecordd/runrecordd/internal/executor"
