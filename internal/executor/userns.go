@@ -52,11 +52,24 @@ import (
 
 // netHook is the createRuntime hook of a sandbox with a user namespace:
 // it reads the container's pid from the OCI state on stdin and, in its
-// network namespace, sets loopback up or down ($1) and MPTCP off (CRIU
-// cannot dump an MPTCP socket).
-const netHook = `pid=$(tr -d '\n' | sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p')
-[ -n "$pid" ] || { echo "no pid in the OCI state" >&2; exit 1; }
-exec nsenter -t "$pid" -n sh -c 'ip link set lo "$1" && { [ ! -e /proc/sys/net/mptcp/enabled ] || echo 0 > /proc/sys/net/mptcp/enabled; }' netns "$1"`
+// network namespace, sets MPTCP off (CRIU cannot dump an MPTCP socket)
+// and, when $1 is "up", loopback up. Loopback "down" is left as a new
+// network namespace has it: runc makes one for the container, and CRIU
+// one for its restore. Shell builtins only up to nsenter, which execs the
+// shell (and that ip) in the namespace: runc runs the hook at every
+// create and restore, and each process made costs one more wait for the
+// CPU on a loaded host.
+const netHook = `s=
+while IFS= read -r l || [ -n "$l" ]; do s=$s$l; done
+pid=${s#*'"pid":'}
+pid=${pid#"${pid%%[! ]*}"}
+pid=${pid%%[!0-9]*}
+case $s in *'"pid":'*) [ -n "$pid" ] ;; *) false ;; esac || { echo "no pid in the OCI state" >&2; exit 1; }
+mptcp='[ ! -e /proc/sys/net/mptcp/enabled ] || echo 0 > /proc/sys/net/mptcp/enabled'
+case $1 in
+up) exec nsenter -t "$pid" -n sh -c "$mptcp && exec ip link set lo up" ;;
+*) exec nsenter -t "$pid" -n sh -c "$mptcp" ;;
+esac`
 
 // usernsOpts are the OCI spec's parts of a sandbox whose user namespace
 // maps to r, its loopback as network says.
