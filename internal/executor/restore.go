@@ -54,10 +54,10 @@ func (c *Client) Restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 	return s, st, nil
 }
 
-// The images are staged (restoreWork) while create makes the sandbox
-// they are restored into (the rw snapshot, the container: containerd's
-// work, mostly): the check, the first step that reads them, waits for
-// them (judgeImages), and so does unstage.
+// The images are staged (stage) while create makes the sandbox they are
+// restored into (the rw snapshot, the container: containerd's work,
+// mostly): the check, the first step that reads them, waits for them
+// (judgeImages), and so does unstage.
 func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, RestoreStats, error) {
 	start := time.Now()
 	src, work, err := c.restoreDirs(id, cp)
@@ -83,9 +83,10 @@ func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 }
 
 // judgeImages refuses a restore's images (criu.Read, the staged image
-// directory rs.images, once staged) that grant more than the sandbox they are restored into
-// (criu.PolicyOf its container's OCI spec, the one runc restores it
-// under): a refusal wraps criu.ErrRefused and names the task and field.
+// directory rs.images, once staged: a staging's error is the check's)
+// that grant more than the sandbox they are restored into (criu.PolicyOf
+// its container's OCI spec, the one runc restores it under): a refusal
+// wraps criu.ErrRefused and names the task and field.
 // Images it passes it rewrites so that every task is restored within the
 // spec's limits and oom_score_adj (criu.Images.Narrow) and, under a spec
 // with a seccomp profile, every thread with the profile's filter, as
