@@ -164,6 +164,9 @@ const (
 	// UsernsCgroupns: a cgroup namespace restored after the user
 	// namespace's credentials (patch 6).
 	UsernsCgroupns Capability = "userns-cgroupns"
+	// TmpfsUserns: patches 3 and 4's small tmpfs also in a user
+	// namespace, and with empty regular files (patch 7).
+	TmpfsUserns Capability = "tmpfs-userns"
 )
 
 // capabilityPatch is the patch of deploy/criu each capability comes from,
@@ -180,6 +183,7 @@ var capabilityPatch = []struct {
 	{TmpfsDump, "4-tmpfs-small-dump.patch", "dumped without tar (%d entries)"},
 	{UsernsUffd, "5-lazy-pages-userns-uffd.patch", "not permitted here, using /dev/userfaultfd"},
 	{UsernsCgroupns, "6-restore-cgns-after-userns-creds.patch", ""},
+	{TmpfsUserns, "7-tmpfs-small-userns.patch", "owners as its user namespace maps them"},
 }
 
 // Patch is the deploy/criu patch c comes from.
@@ -210,7 +214,7 @@ type Build struct {
 // manifest is taken only when its binary_sha256 is the binary's.
 //
 // What the build can do: a capability whose patch leaves a mark in the
-// binary (its own log message: patches 3, 4 and 5) is had only when the
+// binary (its own log message: patches 3, 4, 5 and 7) is had only when the
 // binary holds that mark — and, when the manifest is taken, the manifest
 // lists the patch too; a capability without a mark (patches 1, 2 and 6)
 // only when the manifest is taken and lists its patch. A CRIU that is not

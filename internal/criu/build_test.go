@@ -135,7 +135,7 @@ func fakeCRIU(t *testing.T, marks []Capability, patches []Capability) (bin, mani
 	return bin, manifest
 }
 
-var all = []Capability{LazyPagesWaits, KeepsUffds, TmpfsRestore, TmpfsDump, UsernsUffd, UsernsCgroupns}
+var all = []Capability{LazyPagesWaits, KeepsUffds, TmpfsRestore, TmpfsDump, UsernsUffd, UsernsCgroupns, TmpfsUserns}
 
 func TestIdentify(t *testing.T) {
 	t.Run("setup's build", func(t *testing.T) {
@@ -144,8 +144,8 @@ func TestIdentify(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b.Manifest == nil || !slices.Equal(b.Capabilities(), all) || len(b.Patches()) != 6 {
-			t.Errorf("build %+v, capabilities %v; want the manifest taken and all six", b, b.Capabilities())
+		if b.Manifest == nil || !slices.Equal(b.Capabilities(), all) || len(b.Patches()) != len(all) {
+			t.Errorf("build %+v, capabilities %v; want the manifest taken and all %d", b, b.Capabilities(), len(all))
 		}
 		if why := b.Lacks(KeepsUffds); why != "" {
 			t.Errorf("Lacks(KeepsUffds) = %q", why)
@@ -174,7 +174,7 @@ func TestIdentify(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := []Capability{TmpfsRestore, TmpfsDump, UsernsUffd}; b.Manifest != nil || !slices.Equal(b.Capabilities(), want) {
+		if want := []Capability{TmpfsRestore, TmpfsDump, UsernsUffd, TmpfsUserns}; b.Manifest != nil || !slices.Equal(b.Capabilities(), want) {
 			t.Errorf("capabilities %v, want only the marked %v", b.Capabilities(), want)
 		}
 		if why := b.Lacks(KeepsUffds); !strings.Contains(why, "2-lazy-pages-keep-uffds.patch") || !strings.Contains(why, "no build manifest") {

@@ -72,7 +72,10 @@ func (im *Images) judgeUserns(root uint32, user uint32, p Policy) error {
 // one gid extent, each of count ids from 0, get hostBase as their host
 // side. A directory without exactly one such image, or with other maps,
 // is refused (a [*RefusedError]). The image is replaced, never written
-// in place: a restore's tree links the store's objects.
+// in place: a restore's tree links the store's objects. It is not synced,
+// as CRIU does not sync the images it writes: the directory is a
+// checkpoint's, which its caller makes durable whole, or a restore's
+// scratch copy.
 func Remap(dir string, hostBase, count uint32) error {
 	des, err := os.ReadDir(dir)
 	if err != nil {
@@ -125,7 +128,7 @@ func Remap(dir string, hostBase, count uint32) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(path, 0o600, func(f *os.File) error {
+	return atomicfile.WriteNoSync(path, 0o600, func(f *os.File) error {
 		_, err := f.Write(frame(k.magic, out))
 		return err
 	})

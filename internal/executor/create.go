@@ -42,6 +42,10 @@ type restoreFrom struct {
 	// container's org.criu.config annotation names instead of the
 	// client's (a lazy restore's, lazy.go).
 	criuConfig string
+	// staged, when set, yields the staging's error once the images are
+	// staged (restore.go); awaitStaged takes it into stageErr.
+	staged   <-chan error
+	stageErr error
 
 	rootfsTime, taskTime, newTaskTime time.Duration // set by create
 	timedOut                          bool          // set by create: the deadline passed
@@ -126,7 +130,7 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs
 		// The images judged against the spec runc restores them under
 		// (criu.ErrRefused), before runc restores the task.
 		t0 := time.Now()
-		if err := s.judgeImages(ctx, rs.images); err != nil {
+		if err := s.judgeImages(ctx, rs); err != nil {
 			return nil, err
 		}
 		c.log.Debug("restore: images checked", "id", id, "took", time.Since(t0))

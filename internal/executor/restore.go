@@ -54,14 +54,27 @@ func (c *Client) Restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 	return s, st, nil
 }
 
+// The images are staged (stage) while create makes the sandbox they are
+// restored into (the rw snapshot, the container: containerd's work,
+// mostly): the check, the first step that reads them, waits for them
+// (judgeImages), and so does unstage.
 func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoint, out Output) (*Sandbox, RestoreStats, error) {
 	start := time.Now()
-	images, work, err := c.restoreWork(id, cp, spec.UserNS)
+	src, work, err := c.restoreDirs(id, cp)
 	if err != nil {
 		return nil, RestoreStats{}, err
 	}
-	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline}
+	images := filepath.Join(work, "images")
+	staged := make(chan error, 1)
+	go func() {
+		_, err := stage(src, work, spec.UserNS)
+		staged <- err
+	}()
+	rs := &restoreFrom{images: images, rootfs: cp.Rootfs, work: work, deadline: cp.Deadline, staged: staged}
 	s, err := c.create(ctx, id, spec, out, rs)
+	if serr := rs.awaitStaged(); err == nil {
+		err = serr
+	}
 	unstage(c, id, spec, images)
 	if err != nil {
 		return nil, RestoreStats{}, restoreFailed(rs, err)
@@ -70,15 +83,20 @@ func (c *Client) restore(ctx context.Context, id string, spec Spec, cp Checkpoin
 }
 
 // judgeImages refuses a restore's images (criu.Read, the staged image
-// directory dir) that grant more than the sandbox they are restored into
-// (criu.PolicyOf its container's OCI spec, the one runc restores it
-// under): a refusal wraps criu.ErrRefused and names the task and field.
+// directory rs.images, once staged: a staging's error is the check's)
+// that grant more than the sandbox they are restored into (criu.PolicyOf
+// its container's OCI spec, the one runc restores it under): a refusal
+// wraps criu.ErrRefused and names the task and field.
 // Images it passes it rewrites so that every task is restored within the
 // spec's limits and oom_score_adj (criu.Images.Narrow) and, under a spec
 // with a seccomp profile, every thread with the profile's filter, as
 // this host's runc compiles it (specFilters), installed before its own
 // (criu.Images.Stack).
-func (s *Sandbox) judgeImages(ctx context.Context, dir string) error {
+func (s *Sandbox) judgeImages(ctx context.Context, rs *restoreFrom) error {
+	if err := rs.awaitStaged(); err != nil {
+		return err
+	}
+	dir := rs.images
 	spec, err := s.cont.Spec(ctx)
 	if err != nil {
 		return fmt.Errorf("the container's spec: %w", err)
@@ -116,6 +134,17 @@ func (s *Sandbox) judgeImages(ctx context.Context, dir string) error {
 // With r, the staged images are copies with r's range in their user
 // namespace image (stageImages); without, links (linkImages).
 func (c *Client) restoreWork(id string, cp Checkpoint, r *idmap.Range) (images, work string, err error) {
+	src, work, err := c.restoreDirs(id, cp)
+	if err != nil {
+		return "", "", err
+	}
+	images, err = stage(src, work, r)
+	return images, work, err
+}
+
+// restoreDirs is restoreWork but the staging: cp's image directory
+// (absolute, checked) and the restore's work directory (made empty).
+func (c *Client) restoreDirs(id string, cp Checkpoint) (images, work string, err error) {
 	if cp.ImageDir == "" {
 		return "", "", fmt.Errorf("%w: no image directory", ErrInvalid)
 	}
@@ -132,12 +161,27 @@ func (c *Client) restoreWork(id string, cp Checkpoint, r *idmap.Range) (images, 
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return "", "", err
 	}
+	return images, work, nil
+}
+
+// stage stages the image directory images under work, for a restore
+// into r's range (stageImages) or, without r, into the host's ids
+// (linkImages): the directory work/images.
+func stage(images, work string, r *idmap.Range) (string, error) {
 	if r != nil {
-		images, err = stageImages(images, work, *r)
-	} else {
-		images, err = linkImages(images, work)
+		return stageImages(images, work, *r)
 	}
-	return images, work, err
+	return linkImages(images, work)
+}
+
+// awaitStaged waits for the images of a restore that staged them while
+// its sandbox was made (rs.staged), once: whether they were.
+func (rs *restoreFrom) awaitStaged() error {
+	if rs.staged != nil {
+		rs.stageErr = <-rs.staged
+		rs.staged = nil
+	}
+	return rs.stageErr
 }
 
 // linkImages is the image directory a restore without a user namespace

@@ -35,28 +35,40 @@ import (
 //     namespace is configured by a createRuntime hook (netHook) that runc
 //     runs both when it makes the container and at CRIU's
 //     setup-namespaces, before any socket is restored.
-//   - The rootfs is a remapped snapshot: a copy of the image's layers
-//     chowned into the range (containerd's WithRemappedSnapshot), made
-//     once per image and range and shared by the range's sandboxes of
-//     that image. Its rw layer holds host ids; the checkpoint's layer
-//     tar is translated to in-namespace ids as it is written, and back
-//     to the range's as a restore applies it (shiftTar), so no host id
-//     leaves the host.
+//   - The rootfs is the image's layers seen in the range's ids
+//     (remappedSnapshot): idmapped where the snapshotter can, else a
+//     chowned copy per image and range. Its rw layer holds host ids;
+//     the checkpoint's layer tar is translated to in-namespace ids as it
+//     is written, and back to the range's as a restore applies it
+//     (shiftTar), so no host id leaves the host.
 //   - The images hold the range in userns-N.img only: a checkpoint
-//     rewrites it to host base 0 there, a restore to its own range in a
-//     copy of the image directory's links (stageImages), before the
-//     images are judged.
+//     rewrites it to host base 0 there, a restore to its own range in
+//     its staged copy of the images (stageImages), before the images
+//     are judged.
 //   - A lazy restore's usernsd opens /dev/userfaultfd (CRIU patch 5)
 //     from inside the sandbox's cgroup: the devices rule c 10:257 rw
 //     lets it. The unit gets no node of it and cannot make one.
 
 // netHook is the createRuntime hook of a sandbox with a user namespace:
 // it reads the container's pid from the OCI state on stdin and, in its
-// network namespace, sets loopback up or down ($1) and MPTCP off (CRIU
-// cannot dump an MPTCP socket).
-const netHook = `pid=$(tr -d '\n' | sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p')
-[ -n "$pid" ] || { echo "no pid in the OCI state" >&2; exit 1; }
-exec nsenter -t "$pid" -n sh -c 'ip link set lo "$1" && { [ ! -e /proc/sys/net/mptcp/enabled ] || echo 0 > /proc/sys/net/mptcp/enabled; }' netns "$1"`
+// network namespace, sets MPTCP off (CRIU cannot dump an MPTCP socket)
+// and, when $1 is "up", loopback up. Loopback "down" is left as a new
+// network namespace has it: runc makes one for the container, and CRIU
+// one for its restore. Shell builtins only up to nsenter, which execs the
+// shell (and that ip) in the namespace: runc runs the hook at every
+// create and restore, and each process made costs one more wait for the
+// CPU on a loaded host.
+const netHook = `s=
+while IFS= read -r l || [ -n "$l" ]; do s=$s$l; done
+pid=${s#*'"pid":'}
+pid=${pid#"${pid%%[! ]*}"}
+pid=${pid%%[!0-9]*}
+case $s in *'"pid":'*) [ -n "$pid" ] ;; *) false ;; esac || { echo "no pid in the OCI state" >&2; exit 1; }
+mptcp='[ ! -e /proc/sys/net/mptcp/enabled ] || echo 0 > /proc/sys/net/mptcp/enabled'
+case $1 in
+up) exec nsenter -t "$pid" -n sh -c "$mptcp && exec ip link set lo up" ;;
+*) exec nsenter -t "$pid" -n sh -c "$mptcp" ;;
+esac`
 
 // usernsOpts are the OCI spec's parts of a sandbox whose user namespace
 // maps to r, its loopback as network says.
@@ -138,9 +150,10 @@ func (s *Sandbox) userBase(ctx context.Context) (uint32, bool, error) {
 // refuse it. The pages, the bulk, are bound one by one through an
 // idmapped mount (root's files seen as the range's base's; unstage
 // detaches them); the other images, small, are copies owned by the base.
-// The directory is searchable by all (an absent image's open must fail
-// with ENOENT, not EACCES); the directories above it stay closed: CRIU
-// holds it open.
+// The idmapped mount's user namespace (a child process, rangeUserns) is
+// made while they are copied. The directory is searchable by all (an
+// absent image's open must fail with ENOENT, not EACCES); the
+// directories above it stay closed: CRIU holds it open.
 func stageImages(images, work string, r idmap.Range) (_ string, err error) {
 	dst := filepath.Join(work, "images")
 	if err := os.Mkdir(dst, 0o700); err != nil {
@@ -162,31 +175,34 @@ func stageImages(images, work string, r idmap.Range) (_ string, err error) {
 	if len(des) > criu.MaxFiles {
 		return "", fmt.Errorf("%w: %d image files, the limit is %d", criu.ErrRefused, len(des), criu.MaxFiles)
 	}
-	var userns *os.File
-	defer func() {
-		if userns != nil {
-			userns.Close()
-		}
-	}()
+	var pages []string
 	for _, de := range des {
 		if !de.Type().IsRegular() {
 			return "", &criu.RefusedError{Image: de.Name(), Why: "not a regular file"}
 		}
-		from, to := filepath.Join(images, de.Name()), filepath.Join(dst, de.Name())
 		if strings.HasPrefix(de.Name(), "pages-") {
-			// The memory, the bulk: not copied but bound through an
-			// idmapped mount, where the range's root owns it.
-			if userns == nil {
-				if userns, err = rangeUserns(r); err != nil {
-					return "", err
-				}
+			pages = append(pages, de.Name())
+		}
+	}
+	userns := make(chan usernsFile, 1)
+	if len(pages) > 0 {
+		go func() {
+			f, err := rangeUserns(r)
+			userns <- usernsFile{f, err}
+		}()
+	} else {
+		userns <- usernsFile{}
+	}
+	got := false
+	defer func() {
+		if !got {
+			if u := <-userns; u.f != nil {
+				u.f.Close()
 			}
-			if err := os.WriteFile(to, nil, 0o400); err != nil {
-				return "", err
-			}
-			if err := idmappedBind(from, to, userns); err != nil {
-				return "", err
-			}
+		}
+	}()
+	for _, de := range des {
+		if strings.HasPrefix(de.Name(), "pages-") {
 			continue
 		}
 		// CRIU reads the time namespace's image in the new task before
@@ -196,7 +212,26 @@ func stageImages(images, work string, r idmap.Range) (_ string, err error) {
 		if strings.HasPrefix(de.Name(), "timens-") {
 			mode = 0o444
 		}
-		if err := copyFile(from, to, r.Base, mode); err != nil {
+		if err := copyFile(filepath.Join(images, de.Name()), filepath.Join(dst, de.Name()), r.Base, mode); err != nil {
+			return "", err
+		}
+	}
+	u := <-userns
+	got = true
+	if u.err != nil {
+		return "", u.err
+	}
+	if u.f != nil {
+		defer u.f.Close()
+	}
+	// The memory, the bulk: not copied but bound through an idmapped
+	// mount, where the range's root owns it.
+	for _, name := range pages {
+		to := filepath.Join(dst, name)
+		if err := os.WriteFile(to, nil, 0o400); err != nil {
+			return "", err
+		}
+		if err := idmappedBind(filepath.Join(images, name), to, u.f); err != nil {
 			return "", err
 		}
 	}
@@ -204,6 +239,12 @@ func stageImages(images, work string, r idmap.Range) (_ string, err error) {
 		return "", err
 	}
 	return dst, nil
+}
+
+// usernsFile is what rangeUserns returned.
+type usernsFile struct {
+	f   *os.File
+	err error
 }
 
 // copyFile copies the file from to the new file to, owned by uid and gid
