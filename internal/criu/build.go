@@ -17,32 +17,32 @@ import (
 	"strings"
 )
 
-// BuildFile is where deploy/setup.sh installs the manifest of the CRIU it
+// BuildFile is where deploy/setup.sh installs the record of the CRIU it
 // built (docs/setup.md, "The CRIU build").
 const BuildFile = "/usr/local/share/runrecordd/criu.json"
 
-// Bounds of what [ReadManifest] and [Identify] read.
+// Bounds of what [ReadBuildRecord] and [Identify] read.
 const (
-	maxManifest = 64 << 10  // bytes of a build manifest
-	maxPatches  = 64        // patches a manifest may list
+	maxBuildRecord = 64 << 10  // bytes of a build record
+	maxPatches  = 64        // patches a record may list
 	maxBinary   = 256 << 20 // bytes of a criu binary hashed
 )
 
 var (
-	// ErrNoManifest is a build manifest that is not there: a CRIU that
+	// ErrNoBuildRecord is a build record that is not there: a CRIU that
 	// deploy/setup.sh did not build (a distro's, one built by hand).
-	ErrNoManifest = errors.New("criu: no build manifest")
-	// ErrManifest is a build manifest that cannot be read or is not one.
-	ErrManifest = errors.New("criu: bad build manifest")
+	ErrNoBuildRecord = errors.New("criu: no build record")
+	// ErrBuildRecord is a build record that cannot be read or is not one.
+	ErrBuildRecord = errors.New("criu: bad build record")
 	// ErrOtherBinary is a criu binary whose bytes are not the ones the
-	// build manifest describes (replaced since setup ran).
-	ErrOtherBinary = errors.New("criu: the binary is not the build its manifest describes")
+	// build record describes (replaced since setup ran).
+	ErrOtherBinary = errors.New("criu: the binary is not the build its record describes")
 )
 
-// Manifest is what deploy/setup.sh records of the CRIU it built and
+// BuildRecord is what deploy/setup.sh records of the CRIU it built and
 // installed: the version, the source tarball, each patch applied (in the
 // order applied) and the installed binary, each by its sha256.
-type Manifest struct {
+type BuildRecord struct {
 	Version      string   `json:"version"`
 	Binary       string   `json:"binary"`
 	BinarySHA256 string   `json:"binary_sha256"`
@@ -64,57 +64,57 @@ var (
 	patchRE   = regexp.MustCompile(`^[0-9]{1,3}-[A-Za-z0-9._-]{1,120}\.patch$`)
 )
 
-// ReadManifest reads and checks the build manifest at path: at most 64
+// ReadBuildRecord reads and checks the build record at path: at most 64
 // KiB of JSON, no field it does not know, every name and hash well formed.
-// A file that is not there is [ErrNoManifest]; anything else wrong is
-// [ErrManifest].
-func ReadManifest(path string) (Manifest, error) {
+// A file that is not there is [ErrNoBuildRecord]; anything else wrong is
+// [ErrBuildRecord].
+func ReadBuildRecord(path string) (BuildRecord, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return Manifest{}, fmt.Errorf("%w at %s", ErrNoManifest, path)
+		return BuildRecord{}, fmt.Errorf("%w at %s", ErrNoBuildRecord, path)
 	}
 	if err != nil {
-		return Manifest{}, fmt.Errorf("%w: %w", ErrManifest, err)
+		return BuildRecord{}, fmt.Errorf("%w: %w", ErrBuildRecord, err)
 	}
 	defer f.Close()
 	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return Manifest{}, fmt.Errorf("%w: %s is not a regular file", ErrManifest, path)
+		return BuildRecord{}, fmt.Errorf("%w: %s is not a regular file", ErrBuildRecord, path)
 	}
-	b, err := io.ReadAll(io.LimitReader(f, maxManifest+1))
+	b, err := io.ReadAll(io.LimitReader(f, maxBuildRecord+1))
 	if err != nil {
-		return Manifest{}, fmt.Errorf("%w: %w", ErrManifest, err)
+		return BuildRecord{}, fmt.Errorf("%w: %w", ErrBuildRecord, err)
 	}
-	if len(b) > maxManifest {
-		return Manifest{}, fmt.Errorf("%w: %s is over %d bytes", ErrManifest, path, maxManifest)
+	if len(b) > maxBuildRecord {
+		return BuildRecord{}, fmt.Errorf("%w: %s is over %d bytes", ErrBuildRecord, path, maxBuildRecord)
 	}
-	m, err := DecodeManifest(b)
+	m, err := DecodeBuildRecord(b)
 	if err != nil {
-		return Manifest{}, fmt.Errorf("%w (%s)", err, path)
+		return BuildRecord{}, fmt.Errorf("%w (%s)", err, path)
 	}
 	return m, nil
 }
 
-// DecodeManifest decodes and checks a build manifest's bytes.
-func DecodeManifest(b []byte) (Manifest, error) {
-	if len(b) > maxManifest {
-		return Manifest{}, fmt.Errorf("%w: over %d bytes", ErrManifest, maxManifest)
+// DecodeBuildRecord decodes and checks a build record's bytes.
+func DecodeBuildRecord(b []byte) (BuildRecord, error) {
+	if len(b) > maxBuildRecord {
+		return BuildRecord{}, fmt.Errorf("%w: over %d bytes", ErrBuildRecord, maxBuildRecord)
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	var m Manifest
+	var m BuildRecord
 	if err := dec.Decode(&m); err != nil {
-		return Manifest{}, fmt.Errorf("%w: %w", ErrManifest, err)
+		return BuildRecord{}, fmt.Errorf("%w: %w", ErrBuildRecord, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return Manifest{}, fmt.Errorf("%w: data after the object", ErrManifest)
+		return BuildRecord{}, fmt.Errorf("%w: data after the object", ErrBuildRecord)
 	}
 	if err := m.check(); err != nil {
-		return Manifest{}, fmt.Errorf("%w: %w", ErrManifest, err)
+		return BuildRecord{}, fmt.Errorf("%w: %w", ErrBuildRecord, err)
 	}
 	return m, nil
 }
 
-func (m *Manifest) check() error {
+func (m *BuildRecord) check() error {
 	switch {
 	case !versionRE.MatchString(m.Version):
 		return fmt.Errorf("version %.40q", m.Version)
@@ -196,31 +196,31 @@ func Patch(c Capability) string {
 	return ""
 }
 
-// Build is the CRIU a daemon runs, as far as it is known: its manifest
-// when the binary is the one the manifest describes, and what it can do.
+// Build is the CRIU a daemon runs, as far as it is known: its record
+// when the binary is the one the record describes, and what it can do.
 type Build struct {
 	// Binary is the criu binary identified (its path).
 	Binary string
-	// Manifest is the binary's build manifest; nil when it has none, or
+	// Record is the binary's build record; nil when it has none, or
 	// one of another binary (Unknown says which).
-	Manifest *Manifest
-	// Unknown is why the build is not known, when Manifest is nil.
+	Record *BuildRecord
+	// Unknown is why the build is not known, when Record is nil.
 	Unknown string
 	caps    []Capability
 }
 
 // Identify finds the criu binary bin (a path, or a name looked up on
-// PATH), hashes it and reads the build manifest at manifestPath. The
-// manifest is taken only when its binary_sha256 is the binary's.
+// PATH), hashes it and reads the build record at recordPath. The
+// record is taken only when its binary_sha256 is the binary's.
 //
 // What the build can do: a capability whose patch leaves a mark in the
 // binary (its own log message: patches 3, 4, 5 and 7) is had only when the
-// binary holds that mark — and, when the manifest is taken, the manifest
+// binary holds that mark — and, when the record is taken, the record
 // lists the patch too; a capability without a mark (patches 1, 2 and 6)
-// only when the manifest is taken and lists its patch. A CRIU that is not
-// known (no manifest, or another binary) thus has none of 1, 2 and 6.
+// only when the record is taken and lists its patch. A CRIU that is not
+// known (no record, or another binary) thus has none of 1, 2 and 6.
 // The error is not nil only when the binary cannot be read.
-func Identify(bin, manifestPath string) (Build, error) {
+func Identify(bin, recordPath string) (Build, error) {
 	path, err := exec.LookPath(bin)
 	if err != nil {
 		return Build{}, fmt.Errorf("criu: %w", err)
@@ -230,18 +230,18 @@ func Identify(bin, manifestPath string) (Build, error) {
 	if err != nil {
 		return b, err
 	}
-	m, merr := ReadManifest(manifestPath)
+	m, merr := ReadBuildRecord(recordPath)
 	switch {
 	case merr != nil:
 		b.Unknown = merr.Error()
 	case m.BinarySHA256 != sum:
-		b.Unknown = fmt.Sprintf("%v: %s hashes to %s, %s names %s", ErrOtherBinary, path, sum, manifestPath, m.BinarySHA256)
+		b.Unknown = fmt.Sprintf("%v: %s hashes to %s, %s names %s", ErrOtherBinary, path, sum, recordPath, m.BinarySHA256)
 	default:
-		b.Manifest = &m
+		b.Record = &m
 	}
 	for _, cp := range capabilityPatch {
 		has := cp.signature == "" || bytes.Contains(data, []byte(cp.signature))
-		if b.Manifest != nil {
+		if b.Record != nil {
 			has = has && slices.ContainsFunc(m.Patches, func(p Hashed) bool { return p.Name == cp.patch })
 		} else if cp.signature == "" {
 			has = false
@@ -278,12 +278,12 @@ func (b Build) Has(c Capability) bool { return slices.Contains(b.caps, c) }
 // Capabilities is what the build can do, in patch order.
 func (b Build) Capabilities() []Capability { return slices.Clone(b.caps) }
 
-// Patches names the patches the build is known to carry: the manifest's
+// Patches names the patches the build is known to carry: the record's
 // when it is known, else the ones whose mark the binary holds.
 func (b Build) Patches() []string {
-	if b.Manifest != nil {
-		out := make([]string, len(b.Manifest.Patches))
-		for i, p := range b.Manifest.Patches {
+	if b.Record != nil {
+		out := make([]string, len(b.Record.Patches))
+		for i, p := range b.Record.Patches {
 			out[i] = p.Name
 		}
 		return out
@@ -304,7 +304,7 @@ func (b Build) Lacks(c Capability) string {
 		return ""
 	}
 	why := fmt.Sprintf("the CRIU at %s lacks deploy/criu/%s", b.Binary, Patch(c))
-	if b.Manifest == nil {
+	if b.Record == nil {
 		why += " (its build is not known: " + b.Unknown + ")"
 	}
 	return why

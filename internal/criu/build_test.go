@@ -15,14 +15,14 @@ import (
 
 const hash = "29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9"
 
-func goodManifest() Manifest {
-	return Manifest{Version: "4.2.1", Binary: "/usr/local/sbin/criu", BinarySHA256: hash,
+func goodRecord() BuildRecord {
+	return BuildRecord{Version: "4.2.1", Binary: "/usr/local/sbin/criu", BinarySHA256: hash,
 		Source:  Hashed{Name: "criu_4.2.1.orig.tar.xz", SHA256: hash},
 		Patches: []Hashed{{Name: "1-lazy-pages-wait.patch", SHA256: hash}, {Name: "2-lazy-pages-keep-uffds.patch", SHA256: hash}},
 		RunDir:  "/run/runrecordd-criu"}
 }
 
-func encode(t *testing.T, m Manifest) []byte {
+func encode(t *testing.T, m BuildRecord) []byte {
 	t.Helper()
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -31,8 +31,8 @@ func encode(t *testing.T, m Manifest) []byte {
 	return b
 }
 
-func TestDecodeManifest(t *testing.T) {
-	m, err := DecodeManifest(encode(t, goodManifest()))
+func TestDecodeBuildRecord(t *testing.T) {
+	m, err := DecodeBuildRecord(encode(t, goodRecord()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,15 +41,15 @@ func TestDecodeManifest(t *testing.T) {
 	}
 }
 
-func TestDecodeManifestRefuses(t *testing.T) {
-	many := goodManifest()
+func TestDecodeBuildRecordRefuses(t *testing.T) {
+	many := goodRecord()
 	many.Patches = nil
 	for i := range maxPatches + 1 {
 		many.Patches = append(many.Patches, Hashed{Name: strings.Repeat("x", i%5+1), SHA256: hash})
 		many.Patches[i].Name = "1-" + many.Patches[i].Name + string(rune('a'+i%26)) + strings.Repeat("y", i/26) + ".patch"
 	}
-	edit := func(f func(*Manifest)) []byte {
-		m := goodManifest()
+	edit := func(f func(*BuildRecord)) []byte {
+		m := goodRecord()
 		f(&m)
 		return encode(t, m)
 	}
@@ -58,58 +58,58 @@ func TestDecodeManifestRefuses(t *testing.T) {
 		"not json":        []byte("version=4.2.1"),
 		"array":           []byte("[]"),
 		"unknown field":   []byte(`{"version":"4.2.1","extra":1}`),
-		"trailing data":   append(encode(t, goodManifest()), []byte(` {}`)...),
-		"oversized":       append(encode(t, goodManifest()), make([]byte, maxManifest)...),
-		"no version":      edit(func(m *Manifest) { m.Version = "" }),
-		"bad version":     edit(func(m *Manifest) { m.Version = "4.2.1; rm -rf /" }),
-		"relative bin":    edit(func(m *Manifest) { m.Binary = "criu" }),
-		"unclean bin":     edit(func(m *Manifest) { m.Binary = "/usr/local/../sbin/criu" }),
-		"nul in bin":      edit(func(m *Manifest) { m.Binary = "/usr/sbin/cr\x00iu" }),
-		"short sha":       edit(func(m *Manifest) { m.BinarySHA256 = hash[:63] }),
-		"upper sha":       edit(func(m *Manifest) { m.BinarySHA256 = strings.ToUpper(hash) }),
-		"source name":     edit(func(m *Manifest) { m.Source.Name = "../criu.tar.xz" }),
-		"source sha":      edit(func(m *Manifest) { m.Source.SHA256 = "" }),
-		"patch name":      edit(func(m *Manifest) { m.Patches[0].Name = "../1-x.patch" }),
-		"patch no num":    edit(func(m *Manifest) { m.Patches[0].Name = "x.patch" }),
-		"patch sha":       edit(func(m *Manifest) { m.Patches[1].SHA256 = "b3:" + hash }),
-		"patch twice":     edit(func(m *Manifest) { m.Patches[1] = m.Patches[0] }),
+		"trailing data":   append(encode(t, goodRecord()), []byte(` {}`)...),
+		"oversized":       append(encode(t, goodRecord()), make([]byte, maxBuildRecord)...),
+		"no version":      edit(func(m *BuildRecord) { m.Version = "" }),
+		"bad version":     edit(func(m *BuildRecord) { m.Version = "4.2.1; rm -rf /" }),
+		"relative bin":    edit(func(m *BuildRecord) { m.Binary = "criu" }),
+		"unclean bin":     edit(func(m *BuildRecord) { m.Binary = "/usr/local/../sbin/criu" }),
+		"nul in bin":      edit(func(m *BuildRecord) { m.Binary = "/usr/sbin/cr\x00iu" }),
+		"short sha":       edit(func(m *BuildRecord) { m.BinarySHA256 = hash[:63] }),
+		"upper sha":       edit(func(m *BuildRecord) { m.BinarySHA256 = strings.ToUpper(hash) }),
+		"source name":     edit(func(m *BuildRecord) { m.Source.Name = "../criu.tar.xz" }),
+		"source sha":      edit(func(m *BuildRecord) { m.Source.SHA256 = "" }),
+		"patch name":      edit(func(m *BuildRecord) { m.Patches[0].Name = "../1-x.patch" }),
+		"patch no num":    edit(func(m *BuildRecord) { m.Patches[0].Name = "x.patch" }),
+		"patch sha":       edit(func(m *BuildRecord) { m.Patches[1].SHA256 = "b3:" + hash }),
+		"patch twice":     edit(func(m *BuildRecord) { m.Patches[1] = m.Patches[0] }),
 		"too many":        encode(t, many),
-		"relative rundir": edit(func(m *Manifest) { m.RunDir = "run" }),
+		"relative rundir": edit(func(m *BuildRecord) { m.RunDir = "run" }),
 	}
 	for name, b := range cases {
-		if _, err := DecodeManifest(b); !errors.Is(err, ErrManifest) {
-			t.Errorf("%s: %v, want ErrManifest", name, err)
+		if _, err := DecodeBuildRecord(b); !errors.Is(err, ErrBuildRecord) {
+			t.Errorf("%s: %v, want ErrBuildRecord", name, err)
 		}
 	}
 }
 
-func TestReadManifest(t *testing.T) {
+func TestReadBuildRecord(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := ReadManifest(filepath.Join(dir, "none.json")); !errors.Is(err, ErrNoManifest) {
-		t.Errorf("absent: %v, want ErrNoManifest", err)
+	if _, err := ReadBuildRecord(filepath.Join(dir, "none.json")); !errors.Is(err, ErrNoBuildRecord) {
+		t.Errorf("absent: %v, want ErrNoBuildRecord", err)
 	}
-	if _, err := ReadManifest(dir); !errors.Is(err, ErrManifest) {
-		t.Errorf("a directory: %v, want ErrManifest", err)
+	if _, err := ReadBuildRecord(dir); !errors.Is(err, ErrBuildRecord) {
+		t.Errorf("a directory: %v, want ErrBuildRecord", err)
 	}
 	big := filepath.Join(dir, "big.json")
-	if err := os.WriteFile(big, append(encode(t, goodManifest()), make([]byte, maxManifest)...), 0o644); err != nil {
+	if err := os.WriteFile(big, append(encode(t, goodRecord()), make([]byte, maxBuildRecord)...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReadManifest(big); !errors.Is(err, ErrManifest) || !strings.Contains(err.Error(), "over") {
-		t.Errorf("oversized: %v, want ErrManifest saying it is over the bound", err)
+	if _, err := ReadBuildRecord(big); !errors.Is(err, ErrBuildRecord) || !strings.Contains(err.Error(), "over") {
+		t.Errorf("oversized: %v, want ErrBuildRecord saying it is over the bound", err)
 	}
 	good := filepath.Join(dir, "criu.json")
-	if err := os.WriteFile(good, encode(t, goodManifest()), 0o644); err != nil {
+	if err := os.WriteFile(good, encode(t, goodRecord()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := ReadManifest(good); err != nil || m.Source.Name != "criu_4.2.1.orig.tar.xz" {
+	if m, err := ReadBuildRecord(good); err != nil || m.Source.Name != "criu_4.2.1.orig.tar.xz" {
 		t.Errorf("good: %+v, %v", m, err)
 	}
 }
 
 // fakeCRIU writes a "binary" holding the given patches' marks and a
-// manifest for it listing patches; it returns both paths.
-func fakeCRIU(t *testing.T, marks []Capability, patches []Capability) (bin, manifest string) {
+// record for it listing patches; it returns both paths.
+func fakeCRIU(t *testing.T, marks []Capability, patches []Capability) (bin, record string) {
 	t.Helper()
 	dir := t.TempDir()
 	data := []byte("\x7fELF criu 4.2.1 ")
@@ -123,16 +123,16 @@ func fakeCRIU(t *testing.T, marks []Capability, patches []Capability) (bin, mani
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(data)
-	m := goodManifest()
+	m := goodRecord()
 	m.Binary, m.BinarySHA256, m.Patches = bin, hex.EncodeToString(sum[:]), nil
 	for _, c := range patches {
 		m.Patches = append(m.Patches, Hashed{Name: Patch(c), SHA256: hash})
 	}
-	manifest = filepath.Join(dir, "criu.json")
-	if err := os.WriteFile(manifest, encode(t, m), 0o644); err != nil {
+	record = filepath.Join(dir, "criu.json")
+	if err := os.WriteFile(record, encode(t, m), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return bin, manifest
+	return bin, record
 }
 
 var all = []Capability{LazyPagesWaits, KeepsUffds, TmpfsRestore, TmpfsDump, UsernsUffd, UsernsCgroupns, TmpfsUserns}
@@ -144,8 +144,8 @@ func TestIdentify(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b.Manifest == nil || !slices.Equal(b.Capabilities(), all) || len(b.Patches()) != len(all) {
-			t.Errorf("build %+v, capabilities %v; want the manifest taken and all %d", b, b.Capabilities(), len(all))
+		if b.Record == nil || !slices.Equal(b.Capabilities(), all) || len(b.Patches()) != len(all) {
+			t.Errorf("build %+v, capabilities %v; want the record taken and all %d", b, b.Capabilities(), len(all))
 		}
 		if why := b.Lacks(KeepsUffds); why != "" {
 			t.Errorf("Lacks(KeepsUffds) = %q", why)
@@ -161,24 +161,24 @@ func TestIdentify(t *testing.T) {
 			t.Errorf("Lacks(UsernsUffd) = %q, want the patch named", why)
 		}
 	})
-	t.Run("manifest claims a mark the binary lacks", func(t *testing.T) {
+	t.Run("record claims a mark the binary lacks", func(t *testing.T) {
 		bin, man := fakeCRIU(t, []Capability{TmpfsRestore}, all)
 		b, _ := Identify(bin, man)
 		if b.Has(TmpfsDump) || b.Has(UsernsUffd) || !b.Has(TmpfsRestore) || !b.Has(KeepsUffds) {
 			t.Errorf("capabilities %v: want the marks' ones only where the binary holds them", b.Capabilities())
 		}
 	})
-	t.Run("no manifest", func(t *testing.T) {
+	t.Run("no record", func(t *testing.T) {
 		bin, _ := fakeCRIU(t, all, all)
 		b, err := Identify(bin, filepath.Join(t.TempDir(), "criu.json"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := []Capability{TmpfsRestore, TmpfsDump, UsernsUffd, TmpfsUserns}; b.Manifest != nil || !slices.Equal(b.Capabilities(), want) {
+		if want := []Capability{TmpfsRestore, TmpfsDump, UsernsUffd, TmpfsUserns}; b.Record != nil || !slices.Equal(b.Capabilities(), want) {
 			t.Errorf("capabilities %v, want only the marked %v", b.Capabilities(), want)
 		}
-		if why := b.Lacks(KeepsUffds); !strings.Contains(why, "2-lazy-pages-keep-uffds.patch") || !strings.Contains(why, "no build manifest") {
-			t.Errorf("Lacks(KeepsUffds) = %q, want the patch and the missing manifest", why)
+		if why := b.Lacks(KeepsUffds); !strings.Contains(why, "2-lazy-pages-keep-uffds.patch") || !strings.Contains(why, "no build record") {
+			t.Errorf("Lacks(KeepsUffds) = %q, want the patch and the missing record", why)
 		}
 	})
 	t.Run("another binary", func(t *testing.T) {
@@ -190,18 +190,18 @@ func TestIdentify(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b.Manifest != nil || len(b.Capabilities()) != 0 || !strings.Contains(b.Unknown, ErrOtherBinary.Error()) {
-			t.Errorf("build %+v: want the manifest refused and no capability", b)
+		if b.Record != nil || len(b.Capabilities()) != 0 || !strings.Contains(b.Unknown, ErrOtherBinary.Error()) {
+			t.Errorf("build %+v: want the record refused and no capability", b)
 		}
 	})
-	t.Run("bad manifest", func(t *testing.T) {
+	t.Run("bad record", func(t *testing.T) {
 		bin, man := fakeCRIU(t, all, all)
 		if err := os.WriteFile(man, []byte(`{"version":`), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		b, _ := Identify(bin, man)
-		if b.Manifest != nil || b.Has(KeepsUffds) || !strings.Contains(b.Unknown, ErrManifest.Error()) {
-			t.Errorf("build %+v: want the manifest refused", b)
+		if b.Record != nil || b.Has(KeepsUffds) || !strings.Contains(b.Unknown, ErrBuildRecord.Error()) {
+			t.Errorf("build %+v: want the record refused", b)
 		}
 	})
 	t.Run("no binary", func(t *testing.T) {
@@ -213,7 +213,7 @@ func TestIdentify(t *testing.T) {
 
 // TestSetupManifest runs deploy/setup.sh's install_criu_manifest (into a
 // temporary directory, over a binary made here) and reads what it wrote:
-// the manifest setup writes is one the daemon takes, listing every patch
+// the record setup writes is one the daemon takes, listing every patch
 // of deploy/criu.
 func TestSetupManifest(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
@@ -252,14 +252,14 @@ func TestSetupManifest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Manifest == nil {
-		t.Fatalf("setup's manifest not taken: %s", b.Unknown)
+	if b.Record == nil {
+		t.Fatalf("setup's record not taken: %s", b.Unknown)
 	}
 	names, _ := filepath.Glob(filepath.Join(patches, "*.patch"))
-	if len(b.Manifest.Patches) != len(names) || len(names) == 0 {
-		t.Errorf("manifest lists %d patches, deploy/criu holds %d", len(b.Manifest.Patches), len(names))
+	if len(b.Record.Patches) != len(names) || len(names) == 0 {
+		t.Errorf("record lists %d patches, deploy/criu holds %d", len(b.Record.Patches), len(names))
 	}
-	for i, p := range b.Manifest.Patches {
+	for i, p := range b.Record.Patches {
 		data, err := os.ReadFile(names[i])
 		if err != nil {
 			t.Fatal(err)

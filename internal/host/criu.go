@@ -24,12 +24,12 @@ func (h *Host) identifyCRIU() {
 		log.Warn("CRIU build: the binary could not be read; every fast path that needs a patch is off", "err", err)
 	}
 	h.CRIU = b
-	if b.Manifest == nil {
+	if b.Record == nil {
 		// Info: nothing is off until a flag asks for a fast path (below).
 		log.Info("CRIU build not known: the fast paths that need a deploy/criu patch without a mark in the binary are off (deploy/setup.sh installs a known one)",
 			"criu", b.Binary, "why", b.Unknown, "patches", b.Patches())
 	} else {
-		log.Info("CRIU build", "criu", b.Binary, "version", b.Manifest.Version, "patches", b.Patches())
+		log.Info("CRIU build", "criu", b.Binary, "version", b.Record.Version, "patches", b.Patches())
 	}
 	if h.Config.LazyServed && !b.Has(criu.KeepsUffds) {
 		h.Config.LazyServed = false

@@ -201,9 +201,9 @@ func hostOf(h answers.HostInfo) api.Host {
 // criuOf is the CRIU build as GET /v1/host shows it; version is the one
 // `criu --version` told.
 func criuOf(b criu.Build, version string, off []string) api.CRIUBuild {
-	out := api.CRIUBuild{Binary: b.Binary, Version: version, Known: b.Manifest != nil, Unknown: b.Unknown,
+	out := api.CRIUBuild{Binary: b.Binary, Version: version, Known: b.Record != nil, Unknown: b.Unknown,
 		Patches: []api.CRIUFile{}, Capabilities: []string{}, Off: off}
-	if m := b.Manifest; m != nil {
+	if m := b.Record; m != nil {
 		out.Source = &api.CRIUFile{Name: m.Source.Name, SHA256: m.Source.SHA256}
 		for _, p := range m.Patches {
 			out.Patches = append(out.Patches, api.CRIUFile{Name: p.Name, SHA256: p.SHA256})

@@ -75,13 +75,13 @@ func TestHostCRIU(t *testing.T) {
 	if !strings.Contains(out, "\nCRIU build: "+want.Binary+" ") {
 		t.Errorf("runrecordd host does not show the CRIU build at %s", want.Binary)
 	}
-	if (want.Manifest != nil) != strings.Contains(out, "(deploy/setup.sh's build)") {
-		t.Errorf("runrecordd host: known %v expected (%s)", want.Manifest != nil, want.Unknown)
+	if (want.Record != nil) != strings.Contains(out, "(deploy/setup.sh's build)") {
+		t.Errorf("runrecordd host: known %v expected (%s)", want.Record != nil, want.Unknown)
 	}
 	var nums []string
 	for _, p := range want.Patches() {
 		line := "\npatch " + p + " "
-		if m := want.Manifest; m != nil {
+		if m := want.Record; m != nil {
 			for _, f := range m.Patches {
 				if f.Name == p {
 					line += "sha256:" + f.SHA256
@@ -118,7 +118,7 @@ func TestHostCRIU(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(append(bin, 0))
-	m := criu.Manifest{Version: "4.2.1", Binary: path, BinarySHA256: hex.EncodeToString(sum[:]),
+	m := criu.BuildRecord{Version: "4.2.1", Binary: path, BinarySHA256: hex.EncodeToString(sum[:]),
 		Source:  criu.Hashed{Name: "criu_4.2.1.orig.tar.xz", SHA256: hex.EncodeToString(sum[:])},
 		Patches: []criu.Hashed{{Name: criu.Patch(criu.KeepsUffds), SHA256: hex.EncodeToString(sum[:])}}}
 	b, err := json.Marshal(m)
