@@ -112,3 +112,61 @@ func TestFleetMigrateForgedImages(t *testing.T) {
 	}
 	resume(t, b, id, onA, atPark)
 }
+
+// TestFleetMigrateRefusedResume: a migration whose target claims the run
+// and then refuses its resume (docs/fleet.md, "Migration"). Host A runs
+// units as the host's root (--user-namespaces=false
+// --allow-host-root-images); B runs them in user namespaces only. A
+// running oracle migrated from A to B is parked on A, fetched, judged and
+// claimed by B, whose resume refuses the images (image_refused naming
+// userns: made without a user namespace) before anything runs. B hands
+// the run back: the migration fails with B's refusal, and the run is A's
+// again — owned by A in the fleet, parked at the head it handed over, not
+// handed off there — and B holds its copy handed off, nothing run there.
+// A resumes it from its true snapshot as the same process, and its record
+// verifies.
+func TestFleetMigrateRefusedResume(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, keyA := f.start(t, "fleet-root-a", append(f.flags(), "--lease-ttl", "10s",
+		"--user-namespaces=false", "--allow-host-root-images"))
+	mustImportImage(t, a, oracleArchive, oracleImage, oracleDigest)
+	b, keyB := f.host(t, "fleet-userns-b")
+	kA, err := record.ParseAddress(keyA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = "refused-resume"
+	started := startOracle(t, a, id, oracleImage)
+	_, err = a.c.Migrate(ctx, id, keyB)
+	ae := apiError(t, err, api.CodeImageRefused)
+	if !strings.Contains(ae.Message, "userns") {
+		t.Fatalf("migrate to a host refusing the images: %v, want the target's refusal naming userns", ae)
+	}
+	t.Logf("migrate: %v", ae.Message)
+	onA := output(t, a.stdout(id))
+	atPark := last(onA)
+
+	r, err := a.run(ctx, id)
+	if err != nil || r.Phase != "parked" || r.Status != "parked (image)" || r.HandedOff {
+		t.Fatalf("on A: %+v, %v; want parked there, not handed off", r, err)
+	}
+	if rb, err := b.run(ctx, id); err != nil || !rb.HandedOff || rb.Head != r.Head || rb.Phase != "parked" {
+		t.Fatalf("on B: %+v, %v; want handed off at %s", rb, err, r.Head)
+	}
+	if out, err := os.ReadFile(b.stdout(id)); err == nil && len(out) > 0 {
+		t.Fatalf("the refused unit wrote %d bytes on B", len(out))
+	}
+	e, err := f.dir(t).Run(ctx, genesisOf(t, started))
+	if err != nil || e.Owner != kA || !e.To.IsZero() || e.Head.String() != r.Head || e.Phase != record.Parked {
+		t.Fatalf("directory %+v, %v; want parked at %s, owned by A", e, err, r.Head)
+	}
+	_, err = b.c.Resume(ctx, id)
+	apiError(t, err, "handed_off")
+
+	resume(t, a, id, nil, atPark)
+	if v, err := a.c.Verify(ctx, id); err != nil || !v.OK {
+		t.Fatalf("verify on A: %+v, %v", v, err)
+	}
+}
