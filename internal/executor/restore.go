@@ -295,7 +295,7 @@ func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mou
 	defer f.Close()
 	var src io.Reader = bufio.NewReaderSize(f, 1<<20)
 	if r != nil {
-		sh := shifted(src, 0, r.Base)
+		sh := shiftedIn(src, r.Base)
 		defer sh.Close()
 		src = sh
 	}

@@ -3,13 +3,11 @@
 package executor
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -267,51 +265,6 @@ func copyFile(from, to string, owner uint32, mode os.FileMode) error {
 		err = out.Chmod(mode)
 	}
 	return errors.Join(err, out.Close())
-}
-
-// errOwner is a rw layer entry whose owner is outside the range it is
-// translated from.
-var errOwner = errors.New("an owner outside the sandbox's range")
-
-// shiftTar copies the tar stream src to dst with every member's owner
-// (uid and gid) moved from the range at from to the range at to; an
-// owner outside [from, from+idmap.Size) is refused (errOwner).
-func shiftTar(dst io.Writer, src io.Reader, from, to uint32) error {
-	tr, tw := tar.NewReader(src), tar.NewWriter(dst)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return tw.Close()
-		}
-		if err != nil {
-			return err
-		}
-		// A whiteout's owner is the writer's, not the unit's: kept.
-		for _, id := range []*int{&h.Uid, &h.Gid} {
-			if strings.HasPrefix(path.Base(h.Name), ".wh.") {
-				break
-			}
-			if *id < int(from) || *id >= int(from)+idmap.Size {
-				return fmt.Errorf("rw layer: %s: %w: %d", h.Name, errOwner, *id)
-			}
-			*id = *id - int(from) + int(to)
-		}
-		h.Uname, h.Gname = "", ""
-		h.Format = tar.FormatUnknown // the writer picks one that holds the ids
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if _, err := io.Copy(tw, tr); err != nil {
-			return err
-		}
-	}
-}
-
-// shifted is src with shiftTar applied, read as it is made.
-func shifted(src io.Reader, from, to uint32) io.ReadCloser {
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(shiftTar(pw, src, from, to)) }()
-	return pr
 }
 
 // Searchable makes directory dir searchable by every user (o+x, g+x),

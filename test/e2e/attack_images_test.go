@@ -155,13 +155,28 @@ func TestAttackImages(t *testing.T) {
 func forgeImages(t *testing.T, truth *bundletest.Bundle, key ed25519.PrivateKey, id string,
 	change func(t *testing.T, name string, img []byte) []byte) []byte {
 	t.Helper()
+	return forgeSnapshot(t, truth, key, id, forgery{image: change})
+}
+
+// forgery is what forgeSnapshot changes of a park: image returns the
+// bytes of a CRIU image it replaces (nil: kept), rootfs the rw layer's tar
+// (nil: kept); a nil func keeps that tree whole.
+type forgery struct {
+	image  func(t *testing.T, name string, img []byte) []byte
+	rootfs func(t *testing.T, layer []byte) []byte
+}
+
+// forgeSnapshot is forgeImages with the rw layer (the root tree's
+// rootfs.tar) forged too, as f says.
+func forgeSnapshot(t *testing.T, truth *bundletest.Bundle, key ed25519.PrivateKey, id string, f forgery) []byte {
+	t.Helper()
 	rec := truth.Record
 	ex, susp := rec.Segment(rec.Len()-2), rec.Segment(rec.Len()-1)
-	if rec.Len() != 2 || ex.Kind != record.Executed || susp.Kind != record.Suspended || susp.Snapshot.Memory == nil {
+	if rec.Len() != 2 || ex.Kind != record.Executed || susp.Kind != record.Suspended || susp.Snapshot.Memory == nil || susp.Snapshot.Root == nil {
 		t.Fatalf("not a run parked once: %d segments", rec.Len())
 	}
 	out := &bundletest.Bundle{Run: id}
-	drop := map[record.Address]bool{rec.Unit(): true, susp.Manifest: true, *susp.Snapshot.Memory: true, ex.Attestation: true}
+	drop := map[record.Address]bool{rec.Unit(): true, susp.Manifest: true, ex.Attestation: true}
 
 	spec, err := unit.DecodeSpec(truth.Object(rec.Unit()))
 	if err != nil {
@@ -186,31 +201,25 @@ func forgeImages(t *testing.T, truth *bundletest.Bundle, key ed25519.PrivateKey,
 	}
 	man := out.Add(mb)
 
-	es, err := store.DecodeListing(truth.Object(*susp.Snapshot.Memory))
-	if err != nil {
-		t.Fatal(err)
+	memory, root := *susp.Snapshot.Memory, *susp.Snapshot.Root
+	lf := listingForger{t: t, truth: truth, out: out, drop: drop}
+	if f.image != nil {
+		memory = lf.forge(memory, func(name string, b []byte) []byte {
+			if strings.HasPrefix(name, "pages-") {
+				return nil
+			}
+			return f.image(t, name, b)
+		})
 	}
-	changed := 0
-	for i, e := range es {
-		if strings.HasPrefix(e.Name, "pages-") {
-			continue
-		}
-		img := change(t, e.Name, truth.Object(e.Address))
-		if img == nil {
-			continue
-		}
-		drop[e.Address] = true
-		es[i].Address, es[i].Size = out.Add(img), uint64(len(img))
-		changed++
+	if f.rootfs != nil {
+		root = lf.forge(root, func(name string, b []byte) []byte {
+			if name != "rootfs.tar" {
+				return nil
+			}
+			return f.rootfs(t, b)
+		})
 	}
-	if changed == 0 {
-		t.Fatal("no image changed")
-	}
-	lb, err := store.EncodeListing(es)
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap := record.ImageSnapshot(*susp.Snapshot.Root, ptrTo(out.Add(lb)))
+	snap := record.ImageSnapshot(root, &memory)
 
 	forged := record.New(unitID, rec.Grants())
 	parked := record.Suspension(snap, man)
@@ -244,7 +253,44 @@ func forgeImages(t *testing.T, truth *bundletest.Bundle, key ed25519.PrivateKey,
 	return out.Tar(nil)
 }
 
-func ptrTo[T any](v T) *T { return &v }
+// listingForger forges listings of truth's into out, and marks what
+// they replace in drop.
+type listingForger struct {
+	t          *testing.T
+	truth, out *bundletest.Bundle
+	drop       map[record.Address]bool
+}
+
+// forge is the address of the listing at addr with every file change
+// returns bytes for replaced, added to out; what it replaces is dropped.
+// No file changed fails the test.
+func (f listingForger) forge(addr record.Address, change func(name string, b []byte) []byte) record.Address {
+	t, truth, out, drop := f.t, f.truth, f.out, f.drop
+	t.Helper()
+	es, err := store.DecodeListing(truth.Object(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := 0
+	for i, e := range es {
+		b := change(e.Name, truth.Object(e.Address))
+		if b == nil {
+			continue
+		}
+		drop[e.Address] = true
+		es[i].Address, es[i].Size = out.Add(b), uint64(len(b))
+		changed++
+	}
+	if changed == 0 {
+		t.Fatalf("nothing of listing %s changed", addr)
+	}
+	lb, err := store.EncodeListing(es)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drop[addr] = true
+	return out.Add(lb)
+}
 
 // eachMessage rewrites every message of a CRIU image (magics, then
 // messages each framed by its u32 little-endian length) with change.

@@ -98,12 +98,19 @@ type parked struct {
 	manifest       manifest.Manifest // its need's
 	executing      bool
 	park, resume   error
+	onResume       func() // what happens while it resumes
 }
 
-func (p *parked) Executing() bool              { return p.executing }
-func (p *parked) Park(context.Context) error   { p.parks.Add(1); return p.park }
-func (p *parked) Resume(context.Context) error { p.resumes.Add(1); return p.resume }
-func (p *parked) Drop()                        {}
+func (p *parked) Executing() bool            { return p.executing }
+func (p *parked) Park(context.Context) error { p.parks.Add(1); return p.park }
+func (p *parked) Resume(context.Context) error {
+	p.resumes.Add(1)
+	if p.onResume != nil {
+		p.onResume()
+	}
+	return p.resume
+}
+func (p *parked) Drop() {}
 func (p *parked) Freeze(context.Context) (func(context.Context), error) {
 	return nil, nil
 }

@@ -28,7 +28,9 @@ type Hold func() (h Held, release func(), err error)
 // by to — which fetches it, checks everything an import checks, claims it,
 // and resumes it if it was executing here (a parked run stays parked).
 // Until to has claimed it, a failure takes it back here, parked and
-// resumable; after, the run is to's whatever this call returns.
+// resumable; so does a resume to fails while this call waits (to hands
+// the run back: Receive); otherwise, after the claim, the run is to's
+// whatever this call returns.
 func (m *Member) Migrate(ctx context.Context, id string, to record.Address) error {
 	return m.migrate(ctx, id, to, m.stored(id), true)
 }
@@ -155,12 +157,21 @@ type outbound struct {
 
 // takeBack undoes a hand-over of o whose adoption failed (cause): in the
 // fleet first (refused once o.to has claimed the run: then it is o.to's,
-// and stays handed off here), then in this store, if the hand-over made a
-// handoff there.
+// and stays handed off here, unless o.to handed it back, transferring it
+// here: Receive's giveBack; then it is claimed here), then in this store,
+// if the hand-over made a handoff there.
 func (m *Member) takeBack(ctx context.Context, o outbound, made bool, cause error) error {
-	if _, err := m.Session().Transfer(context.WithoutCancel(ctx), o.genesis, m.Session().Key()); err != nil {
-		m.cfg.Log.Error("migration failed after the target claimed the run: it is the target's", "run", o.id, "to", o.to, "err", err)
-		return errors.Join(cause, err)
+	ctx = context.WithoutCancel(ctx)
+	s := m.Session()
+	if _, err := s.Transfer(ctx, o.genesis, s.Key()); err != nil {
+		if e, rerr := s.Run(ctx, o.genesis); rerr != nil || e.To != s.Key() {
+			m.cfg.Log.Error("migration failed after the target claimed the run: it is the target's", "run", o.id, "to", o.to, "err", err)
+			return errors.Join(cause, err)
+		}
+		if _, err := s.Claim(ctx, o.genesis, o.id, o.head, record.Parked); err != nil {
+			m.cfg.Log.Error("migration failed; the target handed the run back, but it is not claimed here", "run", o.id, "to", o.to, "err", err)
+			return errors.Join(cause, err)
+		}
 	}
 	if !made {
 		return cause
@@ -182,8 +193,9 @@ func (m *Member) takeBack(ctx context.Context, o outbound, made bool, cause erro
 // space; the run is judged as an import judges a bundle
 // ([bundle.ImportStored]) and stored, adopting what was staged, and
 // claimed in the fleet. With h.Resume (it was executing there) it is
-// resumed here, else it stays parked, as it was. A run refused before it
-// is stored leaves the store as it was.
+// resumed here, and handed back to from if that fails (giveBack); else it
+// stays parked, as it was. A run refused before it is stored leaves the
+// store as it was.
 func (m *Member) Receive(ctx context.Context, from record.Address, h Handed) error {
 	return m.receive(ctx, from, h, m.fresh(h.Run))
 }
@@ -238,10 +250,41 @@ func (m *Member) receive(ctx context.Context, from record.Address, h Handed, hol
 		m.cfg.Log.Warn("call ledger: the received run's calls are listed without their payloads until the next start", "run", id, "err", err)
 	}
 	m.cfg.Log.Info("run received", "run", id, "from", from, "resume", h.Resume)
-	if h.Resume {
-		return held.Resume(ctx)
+	if !h.Resume {
+		return nil
+	}
+	if err := held.Resume(ctx); err != nil {
+		return m.giveBack(ctx, from, id, rec, err)
 	}
 	return nil
+}
+
+// giveBack hands run id, received from host from and claimed here, whose
+// resume failed (cause: an image refused, a restore that failed) back to
+// from while from still waits for the answer: transferred to it in the
+// fleet, then handed off in this store, as a migration's source does, so
+// that from's take-back claims it, parked at the head it handed over
+// (Migrate). A run the resume left elsewhere than that head, parked, or
+// whose source no longer waits (ctx done: its take-back is over), stays
+// here, this host's; so does one either step fails for, and the error
+// says both. A crash between the two steps leaves the transfer, which
+// this host's next start takes back unless from claimed the run first.
+func (m *Member) giveBack(ctx context.Context, from record.Address, id string, rec *record.Record, cause error) error {
+	if ctx.Err() != nil {
+		return cause
+	}
+	if st, err := m.cfg.Store.Run(id); err != nil || st.Head != rec.Head() || st.Phase != record.Parked {
+		return cause
+	}
+	ctx = context.WithoutCancel(ctx)
+	if _, err := m.Session().Transfer(ctx, rec.Genesis(), from); err != nil {
+		return errors.Join(cause, err)
+	}
+	if err := m.cfg.Store.HandOff(id, rec.Head()); err != nil {
+		return errors.Join(cause, err)
+	}
+	m.cfg.Log.Warn("receive: the resume failed; the run is handed back to its source, parked", "run", id, "to", from, "err", cause)
+	return cause
 }
 
 // fetch brings the run's record from host from, which must be the run the

@@ -228,35 +228,85 @@ func TestReceivesBounded(t *testing.T) {
 	}
 }
 
-// A received run whose resume fails is this host's all the same: stored,
-// not handed off, claimed in the directory (the source can no longer take
-// it back), counted as received; the error is the resume's, and the run
-// stays parked here at the head it came with.
+// A received run whose resume fails is handed back to its source, which
+// is waiting for the answer: stored here but handed off at the head it
+// came with, transferred back to the source in the directory (whose
+// take-back claims it), counted as received; the error is the resume's.
+// Once the source has stopped waiting (the request's context done), the
+// run stays here, this host's, parked.
 func TestReceiveResumeRefused(t *testing.T) {
-	dir, a, b, src, rec := handedOver(t, "/resume-refused/")
-	p := &peers{from: src, src: "r"}
-	m, st, n := receiver(t, b, p)
-	refused := errors.New("restore refused")
-	run := &parked{resume: refused}
-	err := m.receive(t.Context(), a.Key(), handed(rec, true), func() (Held, func(), error) { return run, func() {}, nil })
-	if !errors.Is(err, refused) || run.resumes.Load() != 1 {
-		t.Fatalf("receive with a refused resume: %v (%d resumes)", err, run.resumes.Load())
+	for _, gone := range []bool{false, true} {
+		t.Run(map[bool]string{false: "waiting", true: "gone"}[gone], func(t *testing.T) {
+			dir, a, b, src, rec := handedOver(t, "/resume-refused/"+map[bool]string{false: "waiting", true: "gone"}[gone]+"/")
+			p := &peers{from: src, src: "r"}
+			m, st, n := receiver(t, b, p)
+			refused := errors.New("restore refused")
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			run := &parked{resume: refused}
+			if gone {
+				run.onResume = cancel
+			}
+			err := m.receive(ctx, a.Key(), handed(rec, true), func() (Held, func(), error) { return run, func() {}, nil })
+			if !errors.Is(err, refused) || run.resumes.Load() != 1 {
+				t.Fatalf("receive with a refused resume: %v (%d resumes)", err, run.resumes.Load())
+			}
+			if n.in.Load() != 1 || n.failed.Load() != 0 {
+				t.Fatalf("counted %d in, %d failed", n.in.Load(), n.failed.Load())
+			}
+			got, err := st.Run("r")
+			if err != nil || got.Head != rec.Head() || got.Phase != record.Parked {
+				t.Fatalf("the received run: %+v, %v", got, err)
+			}
+			if _, err := st.Check(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			e, err := dir.Run(t.Context(), rec.Genesis())
+			if err != nil || e.Owner != b.Key() || e.Head != rec.Head() || e.Phase != record.Parked {
+				t.Fatalf("after the receive the directory says %+v, %v", e, err)
+			}
+			h, off, _ := st.HandedOff("r")
+			if gone {
+				if off || !e.To.IsZero() {
+					t.Fatalf("the source gone, the run is handed off (%v) or transferred (%s)", off, e.To)
+				}
+				return
+			}
+			if !off || h.Head != rec.Head() || e.To != a.Key() {
+				t.Fatalf("not handed back: handed off %v at %s, transferred to %s", off, h.Head, e.To)
+			}
+		})
 	}
-	if n.in.Load() != 1 || n.failed.Load() != 0 {
-		t.Fatalf("counted %d in, %d failed", n.in.Load(), n.failed.Load())
+}
+
+// A migration whose target claimed the run, failed its resume and handed
+// it back (Receive) ends with the run here, as before it moved: claimed
+// back in the directory, not handed off in the store; the error is the
+// target's.
+func TestMigrateTakesBackAHandedBackRun(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/handed-back/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	refused := errors.New("image refused")
+	p := &peers{hand: refused}
+	m, st, n, rec := room(t, a, p)
+	p.onHand = func() {
+		if _, err := b.Claim(t.Context(), rec.Genesis(), "r", rec.Head(), record.Parked); err != nil {
+			t.Error(err)
+		}
+		if _, err := b.Transfer(t.Context(), rec.Genesis(), a.Key()); err != nil {
+			t.Error(err)
+		}
 	}
-	got, err := st.Run("r")
-	if err != nil || got.Head != rec.Head() || got.Phase != record.Parked {
-		t.Fatalf("the received run: %+v, %v", got, err)
+	err := m.migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return &parked{executing: true}, func() {}, nil }, true)
+	if !errors.Is(err, refused) || errors.Is(err, fleet.ErrNotOwner) || n.failed.Load() != 1 {
+		t.Fatalf("migrate to a target that handed the run back: %v (%d failed)", err, n.failed.Load())
 	}
 	if _, off, _ := st.HandedOff("r"); off {
-		t.Fatal("the received run is handed off")
+		t.Fatal("the run handed back is still handed off here")
 	}
-	if _, err := st.Check(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != b.Key() || !e.To.IsZero() || e.Head != rec.Head() {
-		t.Fatalf("after the receive the directory says %+v, %v", e, err)
+	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || !e.To.IsZero() {
+		t.Fatalf("the directory says %+v, %v", e, err)
 	}
 }
 
