@@ -57,62 +57,7 @@ func TestAttackImages(t *testing.T) {
 	}
 	key := ed25519.NewKeyFromSeed(seed)
 
-	cores := func(change func(*criucore.CoreEntry)) func(t *testing.T, name string, img []byte) []byte {
-		return func(t *testing.T, name string, img []byte) []byte {
-			if name != "core-1.img" {
-				return nil
-			}
-			return eachMessage(t, img, func() *criucore.CoreEntry { return &criucore.CoreEntry{} }, change)
-		}
-	}
-	full := []uint32{0xffffffff, 0x1ff}
-	for _, c := range []struct {
-		name   string
-		field  string
-		change func(t *testing.T, name string, img []byte) []byte
-	}{
-		{"CapEff", "creds.cap_eff", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapEff = full })},
-		{"CapPrm", "creds.cap_prm", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapPrm = full })},
-		{"CapBnd", "creds.cap_bnd", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapBnd = full })},
-		{"CapInh", "creds.cap_inh", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapInh = full })},
-		{"CapAmb", "creds.cap_amb", cores(func(c *criucore.CoreEntry) { setCredsExtra(c, 1, 1<<21) })},
-		{"NoNewPrivs", "creds.no_new_privs", cores(func(c *criucore.CoreEntry) { setCredsExtra(c, 0, 0) })},
-		{"Securebits", "creds.secbits", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Secbits = proto.Uint32(0x2f) })},
-		// Ids past the run's range (a sandbox maps 0-65535 in its user
-		// namespace): ids that no task of its could hold.
-		{"Uid", "creds.uid", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Uid = proto.Uint32(65536) })},
-		{"Groups", "creds.groups", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Groups = []uint32{0, 65536} })},
-		{"Seccomp", "thread_core.seccomp_mode", cores(func(c *criucore.CoreEntry) {
-			c.ThreadCore.SeccompMode, c.ThreadCore.SeccompFilter = criucore.SeccompMode_disabled.Enum(), nil
-		})},
-		{"Namespace", "net_ns_id", func(t *testing.T, name string, img []byte) []byte {
-			if !strings.HasPrefix(name, "ids-") {
-				return nil
-			}
-			return eachMessage(t, img, func() *criucore.TaskKobjIdsEntry { return &criucore.TaskKobjIdsEntry{} },
-				func(m *criucore.TaskKobjIdsEntry) { m.NetNsId = proto.Uint32(2) }) // the inventory's: CRIU's own
-		}},
-		{"Mount", "mnt_entry.mountpoint", func(t *testing.T, name string, img []byte) []byte {
-			if !strings.HasPrefix(name, "mountpoints-") {
-				return nil
-			}
-			return eachMessage(t, img, func() *mnt.MntEntry { return &mnt.MntEntry{} }, func(m *mnt.MntEntry) {
-				if m.GetMountpoint() == "/run" {
-					m.Mountpoint, m.Fstype, m.Source = proto.String("/host"), proto.Uint32(0), proto.String("/dev/sda1")
-				}
-			})
-		}},
-		{"FilePath", "reg.name", func(t *testing.T, name string, img []byte) []byte {
-			if name != "files.img" {
-				return nil
-			}
-			return eachMessage(t, img, func() *fdinfo.FileEntry { return &fdinfo.FileEntry{} }, func(f *fdinfo.FileEntry) {
-				if f.GetReg().GetName() == "/tmp/oracle.dat" {
-					f.Reg.Name = proto.String("../../../../etc/shadow")
-				}
-			})
-		}},
-	} {
+	for _, c := range imageForgeries() {
 		t.Run(c.name, func(t *testing.T) {
 			fid := "images-" + strings.ToLower(c.name)
 			raw := forgeImages(t, truth, key, fid, c.change)
@@ -355,4 +300,69 @@ func TestImageCheckGrants(t *testing.T) {
 	})
 	_, atPark := park(t, d, id)
 	resume(t, d, id, nil, atPark)
+}
+
+// imageForgery is one field of a CRIU image rewritten: change returns the
+// bytes of an image it replaces (nil: kept), and the refusal must name
+// field.
+type imageForgery struct {
+	name, field string
+	change      func(t *testing.T, name string, img []byte) []byte
+}
+
+// imageForgeries are the image fields a forger rewrites, one per case
+// (docs/trust.md, "What a restore may grant"): each is refused.
+func imageForgeries() []imageForgery {
+	cores := func(change func(*criucore.CoreEntry)) func(t *testing.T, name string, img []byte) []byte {
+		return func(t *testing.T, name string, img []byte) []byte {
+			if name != "core-1.img" {
+				return nil
+			}
+			return eachMessage(t, img, func() *criucore.CoreEntry { return &criucore.CoreEntry{} }, change)
+		}
+	}
+	full := []uint32{0xffffffff, 0x1ff}
+	return []imageForgery{
+		{"CapEff", "creds.cap_eff", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapEff = full })},
+		{"CapPrm", "creds.cap_prm", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapPrm = full })},
+		{"CapBnd", "creds.cap_bnd", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapBnd = full })},
+		{"CapInh", "creds.cap_inh", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapInh = full })},
+		{"CapAmb", "creds.cap_amb", cores(func(c *criucore.CoreEntry) { setCredsExtra(c, 1, 1<<21) })},
+		{"NoNewPrivs", "creds.no_new_privs", cores(func(c *criucore.CoreEntry) { setCredsExtra(c, 0, 0) })},
+		{"Securebits", "creds.secbits", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Secbits = proto.Uint32(0x2f) })},
+		// Ids past the run's range (a sandbox maps 0-65535 in its user
+		// namespace): ids that no task of its could hold.
+		{"Uid", "creds.uid", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Uid = proto.Uint32(65536) })},
+		{"Groups", "creds.groups", cores(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Groups = []uint32{0, 65536} })},
+		{"Seccomp", "thread_core.seccomp_mode", cores(func(c *criucore.CoreEntry) {
+			c.ThreadCore.SeccompMode, c.ThreadCore.SeccompFilter = criucore.SeccompMode_disabled.Enum(), nil
+		})},
+		{"Namespace", "net_ns_id", func(t *testing.T, name string, img []byte) []byte {
+			if !strings.HasPrefix(name, "ids-") {
+				return nil
+			}
+			return eachMessage(t, img, func() *criucore.TaskKobjIdsEntry { return &criucore.TaskKobjIdsEntry{} },
+				func(m *criucore.TaskKobjIdsEntry) { m.NetNsId = proto.Uint32(2) }) // the inventory's: CRIU's own
+		}},
+		{"Mount", "mnt_entry.mountpoint", func(t *testing.T, name string, img []byte) []byte {
+			if !strings.HasPrefix(name, "mountpoints-") {
+				return nil
+			}
+			return eachMessage(t, img, func() *mnt.MntEntry { return &mnt.MntEntry{} }, func(m *mnt.MntEntry) {
+				if m.GetMountpoint() == "/run" {
+					m.Mountpoint, m.Fstype, m.Source = proto.String("/host"), proto.Uint32(0), proto.String("/dev/sda1")
+				}
+			})
+		}},
+		{"FilePath", "reg.name", func(t *testing.T, name string, img []byte) []byte {
+			if name != "files.img" {
+				return nil
+			}
+			return eachMessage(t, img, func() *fdinfo.FileEntry { return &fdinfo.FileEntry{} }, func(f *fdinfo.FileEntry) {
+				if f.GetReg().GetName() == "/tmp/oracle.dat" {
+					f.Reg.Name = proto.String("../../../../etc/shadow")
+				}
+			})
+		}},
+	}
 }

@@ -11,9 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
-	"google.golang.org/protobuf/proto"
-
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -21,8 +18,8 @@ import (
 // TestFleetMigrateForgedImages: an admitted host is a trusted signer of
 // the fleet, so a compromised one can rewrite the CRIU images of a run it
 // holds, sign the park again and migrate the run (docs/trust.md, "What a
-// restore may grant"). Host A does that for three fields (capabilities
-// raised, seccomp off, a uid past the range): each forged run is its own
+// restore may grant"). Host A does that for each field TestAttackImages
+// rewrites (imageForgeries): each forged run is its own
 // (forgeImages: a unit of its own), imported on A as A made it and
 // migrated, parked, to B. B takes each — its record is sound and A signed
 // it — and refuses its resume with image_refused naming the field, before
@@ -54,24 +51,7 @@ func TestFleetMigrateForgedImages(t *testing.T) {
 	}
 	key := ed25519.NewKeyFromSeed(seed)
 
-	core := func(change func(*criucore.CoreEntry)) func(t *testing.T, name string, img []byte) []byte {
-		return func(t *testing.T, name string, img []byte) []byte {
-			if name != "core-1.img" {
-				return nil
-			}
-			return eachMessage(t, img, func() *criucore.CoreEntry { return &criucore.CoreEntry{} }, change)
-		}
-	}
-	for _, c := range []struct {
-		name, field string
-		change      func(t *testing.T, name string, img []byte) []byte
-	}{
-		{"CapEff", "creds.cap_eff", core(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.CapEff = []uint32{0xffffffff, 0x1ff} })},
-		{"Seccomp", "thread_core.seccomp_mode", core(func(c *criucore.CoreEntry) {
-			c.ThreadCore.SeccompMode, c.ThreadCore.SeccompFilter = criucore.SeccompMode_disabled.Enum(), nil
-		})},
-		{"Uid", "creds.uid", core(func(c *criucore.CoreEntry) { c.ThreadCore.Creds.Uid = proto.Uint32(65536) })},
-	} {
+	for _, c := range imageForgeries() {
 		t.Run(c.name, func(t *testing.T) {
 			fid := "forge-" + strings.ToLower(c.name)
 			if _, err := importRaw(a, forgeImages(t, truth, key, fid, c.change), fid); err != nil {
