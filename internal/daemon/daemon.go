@@ -38,6 +38,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/metrics"
 	"github.com/runrecordd/runrecordd/internal/retention"
+	"github.com/runrecordd/runrecordd/internal/secrets"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -74,6 +75,7 @@ type Daemon struct {
 	// both forms, wired once (wireForms).
 	intervals interval.Recorder
 	forms     forms.Env
+	secrets   *secrets.Host // runs' secret values here (secrets.go)
 	stop      context.CancelFunc
 	bgCtx     context.Context // done once the daemon stops
 	bg        sync.WaitGroup

@@ -8,6 +8,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/interval"
+	"github.com/runrecordd/runrecordd/internal/secrets"
 	"github.com/runrecordd/runrecordd/internal/warmpool"
 )
 
@@ -28,6 +29,7 @@ type live struct {
 // once, at New (wire). The image-park gate joins the forms when its probe
 // starts (startProbe).
 func (d *Daemon) wireForms() {
+	d.secrets = secrets.New(d.cfg.StateDir)
 	d.intervals = interval.Recorder{StateDir: d.cfg.StateDir, Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log}
 	output := func(id string) (executor.Output, error) {
 		out, err := d.intervals.MakeOutput(id)
@@ -39,7 +41,7 @@ func (d *Daemon) wireForms() {
 	}
 	d.forms = forms.Env{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
 		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: output, Mark: d.intervals.MarkNow, Invalid: answers.ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume), LazyServed: d.cfg.LazyServed,
-		Warm: warm, Creates: d.creates(), Ranges: d.ranges(), HostRootImages: d.cfg.HostRootImages}
+		Warm: warm, Creates: d.creates(), Ranges: d.ranges(), HostRootImages: d.cfg.HostRootImages, Secrets: d.secrets}
 }
 
 // begin starts an interval on u from m.

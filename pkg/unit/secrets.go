@@ -20,7 +20,7 @@ const (
 // CheckSecretName reports whether s may name a secret.
 func CheckSecretName(s string) error {
 	if s == "" || len(s) > MaxSecretName || s == "." || s == ".." {
-		return fmt.Errorf("%w: secret name %q: want 1 to %d bytes, not . or ..", ErrInvalid, s, MaxSecretName)
+		return fmt.Errorf("%w: secret name %q: want 1 to %d bytes, not \".\" or \"..\"", ErrInvalid, s, MaxSecretName)
 	}
 	for _, c := range []byte(s) {
 		ok := c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-'
