@@ -167,3 +167,32 @@ func mustGrantsID(t *testing.T, g unit.Grants) string {
 	}
 	return id.String()
 }
+
+// A start's sweep removes the values of runs that no longer need them
+// here (unknown, closed) and keeps a parked run's.
+func TestSecretsSwept(t *testing.T) {
+	h := mustSecretsHost(t)
+	spec := unit.Spec{Image: fakeImage, Args: []string{"/unit"}}
+	for _, id := range []string{"parked", "closed"} {
+		if _, err := h.d.StartBooked(t.Context(), id, spec, unit.Grants{}, answers.Starting{Secrets: map[string]string{"K": "v"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := h.d.Park(t.Context(), "parked"); err != nil {
+		t.Fatal(err)
+	}
+	// A close that could not remove them (its daemon died first).
+	if _, err := h.d.Close(t.Context(), "closed", ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"closed", "ghost"} {
+		if err := h.d.secrets.Put(id, map[string]string{"K": "v"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.d.sweepSecrets()
+	runs, err := h.d.secrets.Runs()
+	if err != nil || !slices.Equal(runs, []string{"parked"}) {
+		t.Fatalf("after the sweep the values of %q are held (%v)", runs, err)
+	}
+}
