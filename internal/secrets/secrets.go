@@ -34,9 +34,10 @@ const Target = "/run/secrets"
 // MaxValue is the size of the longest value.
 const MaxValue = 64 << 10
 
-// tmpfsOptions size the tmpfs: every run's values together (a run holds
-// at most unit.MaxSecrets × MaxValue, 2 MiB).
-const tmpfsOptions = "mode=0700,size=64m"
+// tmpfsOptions cap the tmpfs, every run's values together, at 256 MiB
+// of memory, of which it uses what the files take: a page a value at
+// least, and at most a request body (1 MiB) a run.
+const tmpfsOptions = "mode=0700,size=256m"
 
 // ErrRequired is a run that names secrets whose values this host does
 // not hold and the request did not give: after a reboot, an import or a
