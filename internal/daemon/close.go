@@ -67,7 +67,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	// of a run that was lost (its unit may be alive), or one a park left.
 	forms.RemoveRun(ctx, d.ex, id, d.log)
 	d.releaseRange(id)
-	d.dropSecrets(id)
+	dropSecrets(d.secrets, id, d.log)
 	r.live, r.park = nil, nil
 	d.log.Info("run closed", "run", id, "reason", reason)
 	d.events.Publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})

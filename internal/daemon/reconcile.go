@@ -42,7 +42,7 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	}
 	owner := plan.Owner
 	d.releaseRanges(owner)
-	d.sweepSecrets()
+	sweepSecrets(d.secrets, d.st, d.log)
 	active, err := d.st.Runs(record.Active)
 	if err != nil {
 		return err

@@ -44,7 +44,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[stri
 	if err != nil {
 		return answers.Resumed{}, err
 	}
-	if err := d.secretsFor(id, ok.Grants.Secrets, secrets); err != nil {
+	if err := secretsFor(d.secrets, id, ok.Grants.Secrets, secrets); err != nil {
 		return answers.Resumed{}, err
 	}
 	// The idle energy the park owes ends where the restore begins; in a

@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -42,47 +43,48 @@ func secretNames(id string, grants unit.Grants, values map[string]string) (unit.
 // run id names before it resumes: values, when given, must be all of
 // them and replace what the host holds; without them the host must hold
 // each already, else secrets.ErrRequired. Nothing changes on a refusal.
-func (d *Daemon) secretsFor(id string, names []string, values map[string]string) error {
+func secretsFor(h *secrets.Host, id string, names []string, values map[string]string) error {
 	if len(values) > 0 {
 		if err := secrets.Names(names, values); err != nil {
 			return fmt.Errorf("resume %s: %w", id, err)
 		}
-		return d.secrets.Put(id, values)
+		return h.Put(id, values)
 	}
-	if missing := d.secrets.Missing(id, names); len(missing) > 0 {
+	if missing := h.Missing(id, names); len(missing) > 0 {
 		return fmt.Errorf("resume %s: %w: this host holds no value for %s; resume with --secret NAME=VALUE for each",
 			id, secrets.ErrRequired, strings.Join(missing, ", "))
 	}
 	return nil
 }
 
-// dropSecrets removes run id's values here: it closed or left.
-func (d *Daemon) dropSecrets(id string) {
-	if err := d.secrets.Remove(id); err != nil {
-		d.log.Error("secrets not removed; the next start retries", "run", id, "err", err)
+// dropSecrets removes run id's values from h: it closed or left.
+func dropSecrets(h *secrets.Host, id string, log *slog.Logger) {
+	if err := h.Remove(id); err != nil {
+		log.Error("secrets not removed; the next start retries", "run", id, "err", err)
 	}
 }
 
-// sweepSecrets removes, at a start, the values of runs that no longer
-// need them here: closed, unknown, or handed to another host.
-func (d *Daemon) sweepSecrets() {
-	runs, err := d.secrets.Runs()
+// sweepSecrets removes from h, at a start, the values of runs that no
+// longer need them here (st says): closed, unknown, or handed to another
+// host.
+func sweepSecrets(h *secrets.Host, st *store.Store, log *slog.Logger) {
+	runs, err := h.Runs()
 	if err != nil {
-		d.log.Warn("reconcile: the secrets held here not listed", "err", err)
+		log.Warn("reconcile: the secrets held here not listed", "err", err)
 		return
 	}
 	for _, id := range runs {
-		st, err := d.st.Run(id)
-		gone := errors.Is(err, store.ErrNoRun) || (err == nil && st.Phase == record.Ended)
+		r, err := st.Run(id)
+		gone := errors.Is(err, store.ErrNoRun) || (err == nil && r.Phase == record.Ended)
 		if err == nil && !gone {
-			_, gone, err = d.st.HandedOff(id)
+			_, gone, err = st.HandedOff(id)
 		}
 		if err != nil && !errors.Is(err, store.ErrNoRun) {
-			d.log.Warn("reconcile: the secrets of a run not read; kept", "run", id, "err", err)
+			log.Warn("reconcile: the secrets of a run not read; kept", "run", id, "err", err)
 			continue
 		}
 		if gone {
-			d.dropSecrets(id)
+			dropSecrets(h, id, log)
 		}
 	}
 }

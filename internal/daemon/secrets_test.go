@@ -190,7 +190,7 @@ func TestSecretsSwept(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	h.d.sweepSecrets()
+	sweepSecrets(h.d.secrets, h.d.st, h.d.log)
 	runs, err := h.d.secrets.Runs()
 	if err != nil || !slices.Equal(runs, []string{"parked"}) {
 		t.Fatalf("after the sweep the values of %q are held (%v)", runs, err)

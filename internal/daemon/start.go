@@ -83,7 +83,7 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 	if len(p.Grants.Secrets) > 0 {
 		defer func() {
 			if _, serr := d.st.Run(id); serr != nil {
-				d.dropSecrets(id) // no run: its values go
+				dropSecrets(d.secrets, id, d.log) // no run: its values go
 			}
 		}()
 		if err := d.secrets.Put(id, o.Secrets); err != nil {
@@ -188,7 +188,7 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 		lv.stopping = true
 		d.destroy(lv)
 		r.live = nil
-		d.dropSecrets(id)
+		dropSecrets(d.secrets, id, d.log)
 		d.log.Info("run closed", "run", id, "reason", reason)
 		d.events.Publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
 	})
