@@ -91,33 +91,40 @@ func cdc(p []byte, avg int) []span {
 	maskL := uint64(1)<<(lg-2) - 1 // easier: after avg
 	maskS <<= 64 - (lg + 2)        // FastCDC looks at the hash's high bits
 	maskL <<= 64 - (lg - 2)
-	minC, maxC := avg/4, avg*4
+	c := cdcCut{minC: avg / 4, avg: avg, maxC: avg * 4, maskS: maskS, maskL: maskL}
 	var s []span
 	for start := 0; start < len(p); {
-		n := cutPoint(p[start:], minC, avg, maxC, maskS, maskL)
+		n := c.point(p[start:])
 		s = append(s, span{int64(start), int64(n)})
 		start += n
 	}
 	return s
 }
 
-func cutPoint(p []byte, minC, avg, maxC int, maskS, maskL uint64) int {
-	if len(p) <= minC {
+// cdcCut is the chunker's bounds and masks for one average size.
+type cdcCut struct {
+	minC, avg, maxC int
+	maskS, maskL    uint64
+}
+
+// point is the length of p's first chunk.
+func (c cdcCut) point(p []byte) int {
+	if len(p) <= c.minC {
 		return len(p)
 	}
-	n := min(len(p), maxC)
-	normal := min(n, avg)
+	n := min(len(p), c.maxC)
+	normal := min(n, c.avg)
 	var h uint64
-	i := minC
+	i := c.minC
 	for ; i < normal; i++ {
 		h = h<<1 + gear[p[i]]
-		if h&maskS == 0 {
+		if h&c.maskS == 0 {
 			return i + 1
 		}
 	}
 	for ; i < n; i++ {
 		h = h<<1 + gear[p[i]]
-		if h&maskL == 0 {
+		if h&c.maskL == 0 {
 			return i + 1
 		}
 	}

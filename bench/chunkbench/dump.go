@@ -18,17 +18,27 @@ import (
 
 const cgroup = "/runrecordd-chunkbench"
 
-// dump takes n dumps of one unit into out/1 … out/n: the ballast, which
-// changes pct percent of its memory between two, or the oracle (two
-// processes, a held TCP connection over loopback), which changes only what
-// it changes on its own in the second between two.
-func dump(out, unitName string, n, size, pct int, mode string) error {
+// dumpPlan is what `chunkbench dump` takes: n dumps of the unit (ballast
+// or oracle) of size MiB into out/1 … out/n, the ballast changing pct
+// percent of its memory between two, as mode says.
+type dumpPlan struct {
+	out, unit    string
+	n, size, pct int
+	mode         string
+}
+
+// dump takes the plan's dumps: of the ballast, which changes pct percent
+// of its memory between two, or of the oracle (two processes, a held TCP
+// connection over loopback), which changes only what it changes on its own
+// in the second between two.
+func dump(p dumpPlan) error {
+	unitName, size := p.unit, p.size
 	if unitName != "ballast" && unitName != "oracle" {
 		return fmt.Errorf("no unit %q", unitName)
 	}
 	imageRef := "runrecordd.local/" + unitName + ":1"
 	ctx := context.Background()
-	if err := os.MkdirAll(out, 0o700); err != nil {
+	if err := os.MkdirAll(p.out, 0o700); err != nil {
 		return err
 	}
 	h, err := benchhost.Start(ctx, "rrcb-", cgroup)
@@ -41,17 +51,18 @@ func dump(out, unitName string, n, size, pct int, mode string) error {
 	}
 	spec := executor.Spec{Image: imageRef, Network: unit.NoNetwork, MemoryBytes: uint64(size+256) << 20,
 		Env: []string{"SIZE_MB=" + strconv.Itoa(size), "TICK_MS=1000", "VERIFY_EVERY=1000000", "FILL=random",
-			"CHANGE_PCT=" + strconv.Itoa(pct), "CHANGE_MODE=" + mode}}
+			"CHANGE_PCT=" + strconv.Itoa(p.pct), "CHANGE_MODE=" + p.mode}}
 	if unitName == "oracle" { // as bench/lazybench runs it
 		spec.Network, spec.Env = unit.Loopback, []string{"SIZE_MB=" + strconv.Itoa(size), "TCP_PORT=7000"}
 	}
-	return dumps(ctx, h.Exec, spec, h.Dir, out, n)
+	return dumps(ctx, h, spec, p)
 }
 
-// dumps starts the unit and takes the n dumps.
-func dumps(ctx context.Context, ex *executor.Client, spec executor.Spec, dir, out string, n int) error {
-	o := executor.Output{Stdout: filepath.Join(dir, "out"), Stderr: filepath.Join(dir, "err")}
-	sb, err := ex.Start(ctx, "cb", spec, o)
+// dumps starts the unit on h and takes the plan's dumps.
+func dumps(ctx context.Context, h *benchhost.Host, spec executor.Spec, p dumpPlan) error {
+	out, n := p.out, p.n
+	o := executor.Output{Stdout: filepath.Join(h.Dir, "out"), Stderr: filepath.Join(h.Dir, "err")}
+	sb, err := h.Exec.Start(ctx, "cb", spec, o)
 	if err != nil {
 		return err
 	}

@@ -50,7 +50,7 @@ func main() {
 		if *out == "" || *size > 512 || *n < 1 {
 			usage()
 		}
-		err = dump(*out, *unitName, *n, *size, *pct, *mode)
+		err = dump(dumpPlan{out: *out, unit: *unitName, n: *n, size: *size, pct: *pct, mode: *mode})
 	case "analyze":
 		fs := flag.NewFlagSet("analyze", flag.ExitOnError)
 		in := fs.String("ingest", "", "also time storing image 1 whole and as chunk files, and the next image's new chunks, in this new directory (on the store's filesystem; removed after)")

@@ -35,7 +35,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/pageserver"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 
 	"github.com/runrecordd/runrecordd/bench/benchhost"
 	"github.com/runrecordd/runrecordd/internal/executor"
@@ -69,13 +69,28 @@ func main() {
 	logs := flag.String("logs", "", "a directory to keep each lazy restore's CRIU logs in")
 	kill := flag.Duration("kill", 0, "instead of rounds: one lazy resume whose lazy-pages daemon is killed this long after the unit runs")
 	flag.Parse()
-	if err := run(*unitName, *n, *size, *verify, strings.Split(*modes, ","), *kill, *hold, *logs); err != nil {
+	c := config{unit: *unitName, n: *n, sizeMB: *size, verify: *verify, modes: strings.Split(*modes, ","), kill: *kill, hold: *hold, logs: *logs}
+	if err := run(c); err != nil {
 		fmt.Fprintln(os.Stderr, "lazybench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(unitName string, n, size, verify int, modes []string, kill time.Duration, hold bool, logs string) error {
+// config is what the flags ask for.
+type config struct {
+	unit   string // ballast or oracle
+	n      int    // rounds
+	sizeMB int
+	verify int      // the ballast's VERIFY_EVERY
+	modes  []string // in the first round's order
+	kill   time.Duration
+	hold   bool
+	logs   string
+}
+
+func run(c config) error {
+	unitName, n, size, verify, modes := c.unit, c.n, c.sizeMB, c.verify, c.modes
+	kill, hold, logs := c.kill, c.hold, c.logs
 	ctx := context.Background()
 	if unitName != "ballast" && unitName != "oracle" {
 		return fmt.Errorf("no unit %q", unitName)

@@ -14,8 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
-	"github.com/runrecordd/runrecordd/internal/pageserver"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -99,7 +99,7 @@ const noPrefetch = "-noprefetch"
 
 // resumeTrees is the daemon's resume up to the restore: the snapshot's
 // identity (every stored byte rehashed), then the hard-linked layout.
-func (b *bench) resumeTrees(ctx context.Context, p *parked, mode string) (park.Trees, *pageserver.Manifest, string, error) {
+func (b *bench) resumeTrees(ctx context.Context, p *parked, mode string) (park.Trees, *pageserver.Table, string, error) {
 	t0 := time.Now()
 	kind, off := strings.CutSuffix(mode, noPrefetch)
 	if !off {
@@ -122,7 +122,7 @@ func (b *bench) resumeTrees(ctx context.Context, p *parked, mode string) (park.T
 	t1 := time.Now()
 	dir := filepath.Join(b.dir, "restore-"+p.id)
 	var trees park.Trees
-	var m *pageserver.Manifest
+	var m *pageserver.Table
 	var err error
 	if kind == "served" {
 		trees, m, err = park.LayoutServed(p.st, offered, dir)

@@ -93,9 +93,14 @@ type plain struct {
 	out  executor.Output
 }
 
+// pollerImage is the poller unit's OCI archive and its image's digest.
+type pollerImage struct {
+	archive, digest string
+}
+
 // newPlain connects the plain client, imports the image into its
 // namespace and serves the channel its containers mount under dir.
-func newPlain(ctx context.Context, d *daemon.Daemon, dir, archive, digest string, log *slog.Logger) (*plain, error) {
+func newPlain(ctx context.Context, d *daemon.Daemon, dir string, img pollerImage, log *slog.Logger) (*plain, error) {
 	// A second client of the same containerd, in its own namespace, for
 	// the plain containers.
 	ex, err := executor.Connect(ctx, executor.Config{Address: d.Host().Containerd, Namespace: "bench-plain",
@@ -103,7 +108,7 @@ func newPlain(ctx context.Context, d *daemon.Daemon, dir, archive, digest string
 	if err != nil {
 		return nil, err
 	}
-	if _, err := ex.ImportFile(ctx, archive, imageName); err != nil {
+	if _, err := ex.ImportFile(ctx, img.archive, imageName); err != nil {
 		ex.Close()
 		return nil, err
 	}
@@ -126,7 +131,7 @@ func newPlain(ctx context.Context, d *daemon.Daemon, dir, archive, digest string
 	}
 	srv := protocol.NewServer(idleHandler{})
 	go srv.Serve(ln)
-	spec := executor.SpecOf(unit.Spec{Image: imageName, ImageDigest: digest}, unit.Grants{Network: unit.NoNetwork})
+	spec := executor.SpecOf(unit.Spec{Image: imageName, ImageDigest: img.digest}, unit.Grants{Network: unit.NoNetwork})
 	spec.Mounts = []executor.Mount{{Source: mnt, Target: protocol.Dir, Writable: true}}
 	// Its output goes to files, as a unit's does.
 	out := executor.Output{Stdout: filepath.Join(dir, "plain.out"), Stderr: filepath.Join(dir, "plain.err")}
@@ -342,7 +347,7 @@ func open(ctx context.Context, archive, prefix string, pool int) (_ *daemon.Daem
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	pl, err := newPlain(ctx, d, dir, archive, img.Digest, log)
+	pl, err := newPlain(ctx, d, dir, pollerImage{archive: archive, digest: img.Digest}, log)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -14,8 +14,7 @@ func cmdExport(args []string, stdout io.Writer) error {
 	v := newVerb("export")
 	file := v.fs.String("f", "-", "write the bundle to this file (- for standard output, which must not be a terminal)")
 	handoff := v.fs.Bool("handoff", true, "hand the run off: this host will not resume or close it until a bundle extending it is imported back (false: export a copy, which no host resumes)")
-	var pf progressFlag
-	pf.register(v.fs)
+	v.withProgress(stdout)
 	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
 		if *file == "-" && isTerminal(stdout) {
 			return errTerminal
@@ -24,10 +23,10 @@ func cmdExport(args []string, stdout io.Writer) error {
 		if !*handoff {
 			export = c.ExportCopy
 		}
-		if *file == "-" && v.cf.output == "json" {
-			return usagef("-o json needs -f FILE: standard output is the bundle")
+		if *file == "-" && v.cf.output != "table" {
+			return usagef("-o %s needs -f FILE: standard output is the bundle", v.cf.output)
 		}
-		p := startProgress(pf, "export "+printable(id), 0, true)
+		p := v.startProgress(progressEvent{Verb: "export", Run: id}, 0, true)
 		if *file == "-" {
 			err := export(cx, id, p.Writer(stdout))
 			p.Done(err)
@@ -62,8 +61,7 @@ func cmdImport(args []string, stdout io.Writer) error {
 	v := newVerb("import")
 	id := v.fs.String("id", "", "store the run under this id (default: the bundle's)")
 	reclaim := v.fs.Bool("reclaim", false, "take back a run this host handed off with the very bundle it exported (you vouch that no other host resumed from it)")
-	var pf progressFlag
-	pf.register(v.fs)
+	v.withProgress(stdout)
 	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
 		if len(pos) != 1 {
 			return usagef("usage: runrecordd import [--id ID] [--reclaim] BUNDLE (- reads standard input)")
@@ -73,7 +71,7 @@ func cmdImport(args []string, stdout io.Writer) error {
 			return err
 		}
 		defer r.Close()
-		p := startProgress(pf, "import "+printable(pos[0]), sizeOf(r), true)
+		p := v.startProgress(progressEvent{Verb: "import", File: pos[0]}, sizeOf(r), true)
 		im, err := c.ImportWith(cx, p.Reader(r), *id, *reclaim)
 		p.Done(err)
 		if err != nil {

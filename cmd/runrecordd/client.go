@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 
@@ -18,6 +19,9 @@ import (
 type clientFlags struct {
 	socket string
 	output string
+	// events, for a verb that streams (verb.streams), writes -o jsonl's
+	// lines on its standard output; nil, the verb refuses -o jsonl.
+	events *eventLines
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
@@ -30,15 +34,76 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 }
 
 func (c *clientFlags) client() (*api.Client, error) {
-	if err := checkOutput(c.output); err != nil {
-		return nil, err
+	switch {
+	case c.output == "jsonl" && c.events == nil:
+		return nil, usagef("-o jsonl: only %s stream events; use table or json", streamingVerbs)
+	case c.output == "jsonl":
+	case c.events != nil && c.output != "table" && c.output != "json":
+		return nil, usagef("-o %s: use table, json or jsonl", c.output)
+	default:
+		if err := checkOutput(c.output); err != nil {
+			return nil, err
+		}
 	}
 	return api.NewClient(c.socket), nil
 }
 
-// print writes v as JSON with -o json, else calls table.
+// streamingVerbs are the verbs that take -o jsonl (verb.streams).
+const streamingVerbs = "export, import, images import, park, migrate and drain"
+
+// print writes v as JSON with -o json, as a result event with -o jsonl,
+// else calls table.
 func (c *clientFlags) print(w io.Writer, v any, table func(w io.Writer)) error {
+	if c.output == "jsonl" {
+		return c.events.write(resultEvent{Event: "result", Result: v})
+	}
 	return printAs(w, c.output, v, table)
+}
+
+// resultEvent is -o jsonl's last line when the verb succeeded: what -o
+// json prints, as Result.
+type resultEvent struct {
+	Event  string `json:"event"` // "result"
+	Result any    `json:"result"`
+}
+
+// errorEvent is -o jsonl's last line when the verb failed: the API's error
+// body (its code absent for a failure on this side of the socket but bad
+// usage, bad_request), and the exit status.
+type errorEvent struct {
+	Event string `json:"event"` // "error"
+	*api.Error
+	Exit int `json:"exit"`
+}
+
+func newErrorEvent(err error) errorEvent {
+	e := errorEvent{Event: "error", Error: &api.Error{Message: err.Error()}, Exit: exitCode(err)}
+	var ae *api.Error
+	switch {
+	case errors.As(err, &ae):
+		e.Error = ae
+	case e.Exit == 2:
+		e.Error.Code = api.CodeBadRequest
+	}
+	return e
+}
+
+// eventLines writes -o jsonl's events: one JSON object a line, whole
+// lines whichever goroutine writes.
+type eventLines struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *eventLines) write(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, err = l.w.Write(append(b, '\n'))
+	return err
 }
 
 // checkOutput refuses an -o other than table or json.
@@ -111,6 +176,7 @@ type verb struct {
 	name string
 	fs   *flag.FlagSet
 	cf   clientFlags
+	pf   *progressFlags // withProgress
 }
 
 func newVerb(name string) *verb {
@@ -119,8 +185,22 @@ func newVerb(name string) *verb {
 	return v
 }
 
+// streams lets v take -o jsonl: its progress events, then its result or
+// error, one JSON object a line on out (its standard output).
+func (v *verb) streams(out io.Writer) {
+	v.cf.events = &eventLines{w: out}
+	v.fs.Lookup("o").Usage = "output: table, json, or jsonl (progress events, then the result or the error, one JSON object a line)"
+}
+
+// withProgress gives v --progress and --progress-every, and -o jsonl.
+func (v *verb) withProgress(out io.Writer) {
+	v.streams(out)
+	v.pf = &progressFlags{}
+	v.pf.register(v.fs)
+}
+
 // run parses args and calls fn with the positional arguments, a client and
-// a context.
+// a context. With -o jsonl, fn's error is written as an error event too.
 func (v *verb) run(args []string, fn func(pos []string, c *api.Client, cx context.Context) error) error {
 	pos, err := parse(v.fs, args)
 	if err != nil {
@@ -130,9 +210,18 @@ func (v *verb) run(args []string, fn func(pos []string, c *api.Client, cx contex
 	if err != nil {
 		return err
 	}
+	if v.pf != nil {
+		if err := v.pf.check(); err != nil {
+			return err
+		}
+	}
 	cx, cancel := ctx()
 	defer cancel()
-	return fn(pos, c, cx)
+	err = fn(pos, c, cx)
+	if err != nil && v.cf.output == "jsonl" {
+		_ = v.cf.events.write(newErrorEvent(err))
+	}
+	return err
 }
 
 // runOne is run for a verb that takes one run.

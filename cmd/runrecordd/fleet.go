@@ -128,7 +128,7 @@ func hostKeyID(state string) (record.Address, error) {
 //
 // peerAddr, when not empty, is where this host serves the fleet
 // (--peer-listen): the session says so, and the host takes and sends runs.
-func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration, peerAddr string) (*fleet.Dir, *fleet.Host, func(), error) {
+func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration, peerAddr string) (*fleet.Dir, *fleet.Session, func(), error) {
 	dir, cli, err := e.dir()
 	if err != nil {
 		return nil, nil, nil, err
@@ -143,7 +143,7 @@ func joinFleet(ctx context.Context, e etcdFlags, state string, ttl time.Duration
 	if errors.Is(err, fleet.ErrNotAdmitted) {
 		err = fmt.Errorf("%w: admit this host first: runrecordd fleet admit %s --name NAME --etcd %s", err, key, e.endpoints)
 	}
-	var h *fleet.Host
+	var h *fleet.Session
 	if err == nil {
 		h, err = dir.JoinAt(ctx, key, ttl, peerAddr)
 	}
@@ -355,12 +355,18 @@ func fleetStatus(ctx context.Context, e etcdFlags) (fleetOutput, error) {
 	return out, nil
 }
 
+// peerHandlers are the two route tables of the fleet's listener: the
+// platform keys' (server.NewPlatform) and the host keys' (server.Peer).
+type peerHandlers struct {
+	platform, host http.Handler
+}
+
 // peerServer serves, on the fleet's mutual-TLS listener (internal/fleet/peer;
 // docs/fleet.md, "Peer listener and keys"), this host's objects to admitted
-// host keys and, by api (server.NewPlatform), the platform keys' route table
-// to admitted platform keys: each role gets nothing of the other's routes,
-// and a key nobody admitted nothing at all.
-func peerServer(state, addr string, dir *fleet.Dir, api, peers http.Handler, log *slog.Logger) (*http.Server, net.Listener, error) {
+// host keys and the platform keys' route table to admitted platform keys:
+// each role gets nothing of the other's routes, and a key nobody admitted
+// nothing at all.
+func peerServer(state, addr string, dir *fleet.Dir, h peerHandlers, log *slog.Logger) (*http.Server, net.Listener, error) {
 	key, err := attest.LoadOrCreateKey(filepath.Join(state, "host.key"))
 	if err != nil {
 		return nil, nil, err
@@ -371,9 +377,9 @@ func peerServer(state, addr string, dir *fleet.Dir, api, peers http.Handler, log
 	}
 	mux := http.NewServeMux()
 	for _, p := range server.PeerRoutes {
-		mux.Handle(p, peer.Require(fleet.RoleHost, peers))
+		mux.Handle(p, peer.Require(fleet.RoleHost, h.host))
 	}
-	mux.Handle("/", api) // server.NewPlatform: platform keys only
+	mux.Handle("/", h.platform) // server.NewPlatform: platform keys only
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	return srv, l, nil

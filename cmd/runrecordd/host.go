@@ -18,8 +18,7 @@ func cmdImages(args []string, stdout io.Writer) error {
 	}
 	v := newVerb("images import")
 	name := v.fs.String("name", "", "name to give the image (default: the archive's own)")
-	var pf progressFlag
-	pf.register(v.fs)
+	v.withProgress(stdout)
 	return v.run(args[1:], func(pos []string, c *api.Client, cx context.Context) error {
 		if len(pos) != 1 {
 			return usagef("usage: runrecordd images import FILE [--name NAME] (FILE - reads standard input)")
@@ -29,7 +28,7 @@ func cmdImages(args []string, stdout io.Writer) error {
 			return err
 		}
 		defer r.Close()
-		p := startProgress(pf, "images import "+printable(pos[0]), sizeOf(r), true)
+		p := v.startProgress(progressEvent{Verb: "images import", File: pos[0]}, sizeOf(r), true)
 		img, err := c.ImportImage(cx, p.Reader(r), *name)
 		p.Done(err)
 		if err != nil {

@@ -16,8 +16,7 @@ func cmdPark(args []string, stdout io.Writer) error {
 	v := newVerb("park")
 	all := v.fs.Bool("all", false, "park every run executing on the host; the daemon's next start resumes them (docs/daemon.md, \"Stop and start\")")
 	parallel := v.fs.Int("parallel", 0, "with --all: how many runs to park at once (default 4)")
-	var pf progressFlag
-	pf.register(v.fs)
+	v.withProgress(stdout)
 	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
 		switch {
 		case *all && len(pos) == 0:
@@ -25,7 +24,7 @@ func cmdPark(args []string, stdout io.Writer) error {
 		case *all || len(pos) != 1:
 			return usagef("usage: runrecordd park RUN | park --all [--parallel N]")
 		}
-		pr := startProgress(pf, "park "+printable(pos[0]), 0, false)
+		pr := v.startProgress(progressEvent{Verb: "park", Run: pos[0]}, 0, false)
 		p, err := c.Park(cx, pos[0])
 		pr.Done(err)
 		if err != nil {
@@ -106,13 +105,12 @@ func cmdAdopt(args []string, stdout io.Writer) error {
 func cmdMigrate(args []string, stdout io.Writer) error {
 	v := newVerb("migrate")
 	to := v.fs.String("to", "", "the key id of the host to move the run to (`fleet status` lists them)")
-	var pf progressFlag
-	pf.register(v.fs)
+	v.withProgress(stdout)
 	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
 		if *to == "" {
 			return usagef("usage: runrecordd migrate RUN --to KEY")
 		}
-		p := startProgress(pf, "migrate "+printable(id), 0, false)
+		p := v.startProgress(progressEvent{Verb: "migrate", Run: id}, 0, false)
 		r, err := c.Migrate(cx, id, *to)
 		p.Done(err)
 		if err != nil {
@@ -178,21 +176,26 @@ func cmdDrain(args []string, stdout io.Writer) error {
 	var to listFlag
 	v.fs.Var(&to, "to", "a key id of a host to move runs to (repeat; default every other host of the fleet)")
 	parallel := v.fs.Int("parallel", 2, "how many runs to move at once")
+	v.streams(stdout)
 	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
 		if len(pos) != 0 {
 			return usagef("usage: runrecordd drain [--to KEY ...] [--parallel N]")
 		}
 		// Each run's outcome as it ends, from the event stream: on
-		// stdout beside the table, or with -o json on stderr as the
-		// events' JSON lines, stdout keeping its one object.
+		// stdout beside the table, with -o json on stderr as the
+		// events' JSON lines, stdout keeping its one object, or with
+		// -o jsonl as progress events before the result.
 		// The drain is asked for once the stream is subscribed, and the
 		// stream ends once every run's outcome came (or 2 s after the
 		// drain answered), so none is missed.
 		ectx, stop := context.WithCancel(cx)
 		defer stop()
-		progress := &drainProgress{w: stdout, json: v.cf.output == "json", more: make(chan struct{}, 1)}
-		if progress.json {
+		progress := &drainProgress{w: stdout, json: v.cf.output == "json", more: make(chan struct{}, 1), start: time.Now()}
+		switch v.cf.output {
+		case "json":
 			progress.w = os.Stderr
+		case "jsonl":
+			progress.events = v.cf.events
 		}
 		subscribed, streamed := make(chan struct{}), make(chan struct{})
 		go func() {
@@ -230,10 +233,13 @@ func cmdDrain(args []string, stdout io.Writer) error {
 }
 
 // drainProgress prints each run's outcome of a drain as its event
-// arrives: a table line, or the event as a JSON line.
+// arrives: a table line, the event as a JSON line, or with -o jsonl a
+// progress event.
 type drainProgress struct {
-	w    io.Writer
-	json bool
+	w      io.Writer
+	json   bool
+	events *eventLines
+	start  time.Time
 	// printed counts the drain.run events printed; more, when not nil,
 	// has a token after each.
 	printed atomic.Int64
@@ -244,9 +250,12 @@ func (p *drainProgress) event(e api.Event) bool {
 	if e.Kind != "drain.run" {
 		return true
 	}
-	if p.json {
+	switch {
+	case p.events != nil:
+		_ = p.events.write(progressEvent{Event: "progress", Verb: "drain", Run: e.Run, Detail: e.Detail, ElapsedNS: int64(time.Since(p.start))})
+	case p.json:
 		_ = json.NewEncoder(p.w).Encode(e)
-	} else {
+	default:
 		fmt.Fprintf(p.w, "%s\t%s\n", printable(e.Run), printable(e.Detail))
 	}
 	p.printed.Add(1)

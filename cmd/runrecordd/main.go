@@ -15,7 +15,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/runrecordd/runrecordd/internal/pageserver"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
 )

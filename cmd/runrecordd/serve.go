@@ -249,7 +249,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 		books, err := platform.Open(platform.Dir(f.state))
 		if err == nil {
 			platforms := server.NewPlatform(serverDeps(d), server.Tenancy{Books: books, Limits: f.platform}, log)
-			peers, pl, err = peerServer(f.state, f.peerListen, dir, platforms, server.Peer(serverDeps(d), log), log)
+			peers, pl, err = peerServer(f.state, f.peerListen, dir, peerHandlers{platform: platforms, host: server.Peer(serverDeps(d), log)}, log)
 		}
 		if err != nil {
 			l.Close()
@@ -326,7 +326,7 @@ func (f *serveFlags) joinFleet(ctx context.Context, cfg *daemon.Config) (*fleet.
 	}
 	cfg.Fleet = host
 	ttl, peerAddr := f.leaseTTL, f.peerListen
-	cfg.Rejoin = func(ctx context.Context) (*fleet.Host, error) { return dir.JoinAt(ctx, host.Key(), ttl, peerAddr) }
+	cfg.Rejoin = func(ctx context.Context) (*fleet.Session, error) { return dir.JoinAt(ctx, host.Key(), ttl, peerAddr) }
 	if f.peerListen != "" {
 		key, err := attest.LoadOrCreateKey(filepath.Join(f.state, "host.key"))
 		if err != nil {
@@ -343,7 +343,7 @@ func (f *serveFlags) joinFleet(ctx context.Context, cfg *daemon.Config) (*fleet.
 func serverDeps(d *daemon.Daemon) server.Deps {
 	r := d.Rooms()
 	return server.Deps{Daemon: d, Store: r.Store, Keys: r.Keys, Collector: r.Collector, Events: r.Events,
-		Counts: r.Counts, Fleet: d.Fleet(), Metrics: r.Metrics, Objects: r.Objects, Exporter: r.Exporter}
+		Counts: r.Counts, Fleet: r.Fleet, Placement: r.Placement, Metrics: r.Metrics, Objects: r.Objects, Exporter: r.Exporter}
 }
 
 // serveMetrics serves d's /metrics, and nothing else, over plain HTTP on

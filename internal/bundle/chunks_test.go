@@ -145,7 +145,7 @@ func TestFetchChunksTheTargetLacks(t *testing.T) {
 	}
 	srv := httptest.NewServer(transfer.Handler(from))
 	defer srv.Close()
-	st, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, to, b.Record, transfer.Options{})
+	st, err := transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, to, b.Record, transfer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

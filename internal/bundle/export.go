@@ -176,12 +176,13 @@ func Export(ctx context.Context, st Store, run string, w io.Writer, opts ExportO
 		return err
 	}
 	h := Header{Format: Format, Run: run, Objects: len(objs), Copy: opts.Copy}
-	sizes := make([]int64, len(objs))
+	sized := make([]sizedObject, len(objs))
 	for i, a := range objs {
-		if sizes[i], err = st.Size(a); err != nil {
+		sized[i].addr = a
+		if sized[i].size, err = st.Size(a); err != nil {
 			return err
 		}
-		h.Bytes += sizes[i]
+		h.Bytes += sized[i].size
 	}
 	tw := tar.NewWriter(w)
 	hb, _ := json.MarshalIndent(h, "", "  ")
@@ -191,36 +192,42 @@ func Export(ctx context.Context, st Store, run string, w io.Writer, opts ExportO
 	if err := writeMember(tw, "record.json", rec.EncodeWire()); err != nil {
 		return err
 	}
-	if err := writeObjects(ctx, tw, st, run, objs, sizes); err != nil {
+	if err := writeObjects(ctx, tw, st, run, sized); err != nil {
 		return err
 	}
 	return tw.Close()
 }
 
-// writeObjects writes objs, of sizes, in their order: each run of
-// consecutive objects of at most [PackObject] bytes as pack members of at
-// most [PackMax] bytes (pack/0, pack/1, ...), each larger object as a
-// member objects/<address>.
-func writeObjects(ctx context.Context, tw *tar.Writer, st Objects, run string, objs []record.Address, sizes []int64) error {
+// sizedObject is an object an export writes, with its size.
+type sizedObject struct {
+	addr record.Address
+	size int64
+}
+
+// writeObjects writes objs in their order: each run of consecutive
+// objects of at most [PackObject] bytes as pack members of at most
+// [PackMax] bytes (pack/0, pack/1, ...), each larger object as a member
+// objects/<address>.
+func writeObjects(ctx context.Context, tw *tar.Writer, st Objects, run string, objs []sizedObject) error {
 	packs := 0
 	for i := 0; i < len(objs); {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if !packed(sizes[i]) {
-			name := "objects/" + strings.TrimPrefix(objs[i].String(), record.AddressPrefix)
-			if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o444, Size: sizes[i], Typeflag: tar.TypeReg}); err != nil {
+		if !packed(objs[i].size) {
+			name := "objects/" + strings.TrimPrefix(objs[i].addr.String(), record.AddressPrefix)
+			if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o444, Size: objs[i].size, Typeflag: tar.TypeReg}); err != nil {
 				return err
 			}
-			if err := copyObject(tw, st, run, objs[i]); err != nil {
+			if err := copyObject(tw, st, run, objs[i].addr); err != nil {
 				return err
 			}
 			i++
 			continue
 		}
 		j, size := i, int64(0)
-		for ; j < len(objs) && packed(sizes[j]) && size+frame(sizes[j]) <= PackMax; j++ {
-			size += frame(sizes[j])
+		for ; j < len(objs) && packed(objs[j].size) && size+frame(objs[j].size) <= PackMax; j++ {
+			size += frame(objs[j].size)
 		}
 		if err := tw.WriteHeader(&tar.Header{Name: packName(packs), Mode: 0o444, Size: size, Typeflag: tar.TypeReg}); err != nil {
 			return err
@@ -229,10 +236,10 @@ func writeObjects(ctx context.Context, tw *tar.Writer, st Objects, run string, o
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if _, err := tw.Write(binary.AppendUvarint(nil, uint64(sizes[i]))); err != nil {
+			if _, err := tw.Write(binary.AppendUvarint(nil, uint64(objs[i].size))); err != nil {
 				return err
 			}
-			if err := copyObject(tw, st, run, objs[i]); err != nil {
+			if err := copyObject(tw, st, run, objs[i].addr); err != nil {
 				return err
 			}
 		}

@@ -150,11 +150,12 @@ func cut(err error) error {
 // object's length by [Staged.admitPacked] before its bytes are, and each
 // object is then hashed (its address), refused if the bundle carried it
 // already, and staged in the order it came.
-func (s *Staged) stagePack(ctx context.Context, tr *tar.Reader, hdr *tar.Header, lim Limits, raw *counter, before int64) error {
+func (s *Staged) stagePack(ctx context.Context, m entry, lim Limits) error {
+	hdr := m.hdr
 	if err := s.admitPack(hdr); err != nil {
 		return err
 	}
-	p := newPackReader(tr, hdr.Size, hdr.Name)
+	p := newPackReader(m.tr, hdr.Size, hdr.Name)
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -177,8 +178,8 @@ func (s *Staged) stagePack(ctx context.Context, tr *tar.Reader, hdr *tar.Header,
 			return err
 		}
 	}
-	if hdr.Size > raw.n-before {
-		return fmt.Errorf("%w: %s read as %d bytes from %d bytes of stream", ErrMalformed, hdr.Name, hdr.Size, raw.n-before)
+	if took := m.took(); hdr.Size > took {
+		return fmt.Errorf("%w: %s read as %d bytes from %d bytes of stream", ErrMalformed, hdr.Name, hdr.Size, took)
 	}
 	s.packs++
 	return nil

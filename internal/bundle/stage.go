@@ -155,10 +155,11 @@ func (s *Staged) stageObjects(ctx context.Context, tr *tar.Reader, raw *counter,
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrMalformed, err)
 		}
+		m := entry{tr: tr, hdr: hdr, raw: raw, before: before}
 		if s.Header.Format == Format2 && strings.HasPrefix(hdr.Name, "pack/") {
-			err = s.stagePack(ctx, tr, hdr, lim, raw, before)
+			err = s.stagePack(ctx, m, lim)
 		} else {
-			err = s.stageMember(ctx, tr, hdr, lim, raw, before)
+			err = s.stageMember(ctx, m, lim)
 		}
 		if err != nil {
 			return err
@@ -170,28 +171,43 @@ func (s *Staged) stageObjects(ctx context.Context, tr *tar.Reader, raw *counter,
 	return nil
 }
 
+// entry is a tar member as the stream gave it: its header, the reader
+// positioned at its bytes, and the stream's byte count (raw) as it was
+// when its header came (before), so that the member can be held to the
+// bytes it took of the stream.
+type entry struct {
+	tr     *tar.Reader
+	hdr    *tar.Header
+	raw    *counter
+	before int64
+}
+
+// took is how many bytes of the stream the member has taken so far.
+func (e entry) took() int64 { return e.raw.n - e.before }
+
 // stageMember stages one object member: [Staged.admit] checks its header
 // before a byte of it is read; its bytes are hashed as they are written;
 // and it is kept only if it read as its declared size, from no fewer
-// bytes of the stream (before is the count when its header came), and
-// hashes to the address it is named by.
-func (s *Staged) stageMember(ctx context.Context, tr *tar.Reader, hdr *tar.Header, lim Limits, raw *counter, before int64) error {
+// bytes of the stream (entry.took), and hashes to the address it is
+// named by.
+func (s *Staged) stageMember(ctx context.Context, m entry, lim Limits) error {
+	hdr := m.hdr
 	a, name, err := s.admit(hdr, lim)
 	if err != nil {
 		return err
 	}
 	p := filepath.Join(s.dir, name)
-	got, n, err := stageObject(ctx, tr, p, hdr.Size)
+	got, n, err := stageObject(ctx, m.tr, p, hdr.Size)
 	if err != nil {
 		return err
 	}
 	if n != hdr.Size {
 		return fmt.Errorf("%w: object %s: %d of its %d bytes", ErrMalformed, a, n, hdr.Size)
 	}
-	if n > raw.n-before {
+	if took := m.took(); n > took {
 		// A member that reads as more than the stream carried is no
 		// plain file, whatever its header says.
-		return fmt.Errorf("%w: object %s read as %d bytes from %d bytes of stream", ErrMalformed, a, n, raw.n-before)
+		return fmt.Errorf("%w: object %s read as %d bytes from %d bytes of stream", ErrMalformed, a, n, took)
 	}
 	if got != a {
 		return fmt.Errorf("bundle of %s: %w", s.Header.Run, &store.CorruptError{Address: a, Got: got, Path: hdr.Name})

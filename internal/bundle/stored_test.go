@@ -300,7 +300,7 @@ func fetchImport(t testing.TB, from, to *store.Store, rec *record.Record, o bund
 	t.Helper()
 	srv := httptest.NewServer(transfer.Handler(from))
 	defer srv.Close()
-	if _, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, to, rec, transfer.Options{}); err != nil {
+	if _, err := transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, to, rec, transfer.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	im, err := bundle.ImportStored(context.Background(), to, rec, o)

@@ -7,23 +7,8 @@ import (
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
-	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 )
-
-// wireExports makes this host's exports (bundle.Exporter): under the
-// run's lock, with the books of this process's exports (wire).
-func (d *Daemon) wireExports() bundle.Exporter {
-	lock := func(id string) (func(), error) {
-		r, err := d.lockRun(id)
-		if err != nil {
-			return nil, err
-		}
-		return r.mu.Unlock, nil
-	}
-	return bundle.Exporter{Store: d.st, Books: &d.exports, Lock: lock, Held: func(id string) ([]string, error) { return calls.Held(d.st, id) },
-		Log: d.log, HandedOff: func(id string) { d.events.Publish(events.Event{Kind: "run.handed_off", Run: id}) }}
-}
 
 // ImportWith reads a bundle and stores its run as id (the bundle's own id
 // when empty), accepting nothing until everything checks
@@ -33,10 +18,10 @@ func (d *Daemon) wireExports() bundle.Exporter {
 func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim bool) (answers.Imported, error) {
 	var rl *run
 	im, err := bundle.Import(ctx, d.st, r, bundle.ImportOptions{
-		Options: d.bundleOptions(), ID: id, Reclaim: reclaim, CheckID: forms.CheckID,
+		Options: d.bundles, ID: id, Reclaim: reclaim, CheckID: forms.CheckID,
 		// The run's lock is held past the import, until its summary for
 		// the reply is read.
-		Lock: func(id string) func() { rl = d.lock(id); return func() {} },
+		Lock: func(id string) func() { rl = d.runs.lock(id); return func() {} },
 	})
 	if rl != nil {
 		defer rl.mu.Unlock()
@@ -48,7 +33,7 @@ func (d *Daemon) ImportWith(ctx context.Context, r io.Reader, id string, reclaim
 		d.log.Warn("call ledger: the imported run's calls are listed without their payloads until the next start", "run", im.Run, "err", err)
 	}
 	unclaimed := d.fleet.ClaimImported(ctx, im)
-	sum, err := d.summary(im.Run, rl)
+	sum, err := d.runs.summary(im.Run, rl)
 	if err != nil {
 		return answers.Imported{}, err
 	}

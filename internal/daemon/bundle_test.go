@@ -21,7 +21,7 @@ import (
 func importHost(t *testing.T) metricsHost {
 	t.Helper()
 	h := mustMetricsHost(t, "")
-	h.d.runs = map[string]*run{}
+	h.d.runs = &runTable{st: h.d.st}
 	h.d.cfg.StateDir = t.TempDir()
 	h.d.keyID = attest.KeyID(ownKey.Public().(ed25519.PublicKey))
 	h.d.wire()

@@ -20,7 +20,7 @@ import (
 // held from an export — and results/ is gone.
 func TestLegacyResultsBroughtIn(t *testing.T) {
 	h := mustMetricsHost(t, "")
-	h.d.runs = map[string]*run{}
+	h.d.runs = &runTable{st: h.d.st}
 	h.d.cfg.StateDir = t.TempDir()
 	h.d.wire()
 	h.Start(t, "r")

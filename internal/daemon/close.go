@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -22,7 +24,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	if reason == "" {
 		reason = "closed by request"
 	}
-	r, err := d.lockRun(id)
+	r, err := d.runs.lockRun(id)
 	if err != nil {
 		return answers.Summary{}, err
 	}
@@ -43,13 +45,13 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 		// As a park does: nothing reaches the account between its
 		// sealing and the close.
 		defer lv.unit.Hold()()
-		_, err = d.endAt(ctx, lv, "close.sealed", interval.Ending{Outcome: attest.Outcome{Kind: attest.Killed}, Calls: lv.unit.Account(), Then: []record.Segment{closed}})
+		_, err = d.intervals.end(ctx, lv, "close.sealed", interval.Ending{Outcome: attest.Outcome{Kind: attest.Killed}, Calls: lv.unit.Account(), Then: []record.Segment{closed}})
 	} else {
 		err = d.fleet.Append(id, closed)
 	}
 	if err != nil {
 		if lv != nil && lv.iv.Ended() {
-			d.restartInterval(id, lv, attest.EventCloseRefused)
+			d.intervals.restart(id, lv, attest.EventCloseRefused)
 		}
 		return answers.Summary{}, fmt.Errorf("close %s: %w", id, err)
 	}
@@ -58,7 +60,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	d.intervals.DropMark(id)
 	if lv != nil {
 		lv.stopping = true
-		d.destroy(lv)
+		lv.destroy(d.log)
 	}
 	if r.teardown != nil {
 		<-r.teardown
@@ -66,48 +68,45 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	// Whatever else of the run this host still has goes too: the sandbox
 	// of a run that was lost (its unit may be alive), or one a park left.
 	forms.RemoveRun(ctx, d.ex, id, d.log)
-	d.releaseRange(id)
+	if d.base != nil {
+		releaseRange(d.base.Ranges, id, d.log)
+	}
 	dropSecrets(d.secrets, id, d.log)
 	r.live, r.park = nil, nil
 	d.log.Info("run closed", "run", id, "reason", reason)
 	d.events.Publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
-	return d.summary(id, r)
+	return d.runs.summary(id, r)
 }
 
-// releaseRange frees the user-namespace range run id held here, once its
-// sandboxes are gone; one not released is logged (the range stays held).
-func (d *Daemon) releaseRange(id string) {
-	if d.base == nil {
-		return
-	}
-	if err := d.base.Ranges.Release(id); err != nil {
-		d.log.Error("user-namespace range not released", "run", id, "err", err)
+// releaseRange frees the user-namespace range run id held in ranges, once
+// its sandboxes are gone; one not released is logged to log (the range
+// stays held).
+func releaseRange(ranges *idmap.Ranges, id string, log *slog.Logger) {
+	if err := ranges.Release(id); err != nil {
+		log.Error("user-namespace range not released", "run", id, "err", err)
 	}
 }
 
-// releaseRanges frees, at a start, the user-namespace ranges of runs that
-// no longer need one here and have no sandbox (owner, the sweep's): a
-// run closed or unknown, or handed to another host. The probe's range
-// stays held.
-func (d *Daemon) releaseRanges(owner map[string]string) {
-	if d.base == nil {
-		return
-	}
-	for _, id := range d.base.Ranges.Holders() {
+// releaseRanges frees, at a start, the user-namespace ranges in ranges of
+// runs that no longer need one here and have no sandbox (owner, the
+// sweep's): a run closed or unknown in st, or handed to another host. The
+// probe's range stays held.
+func releaseRanges(ranges *idmap.Ranges, st *store.Store, owner map[string]string, log *slog.Logger) {
+	for _, id := range ranges.Holders() {
 		if owner[id] != "" || id == executor.ProbeHolder {
 			continue
 		}
-		st, err := d.st.Run(id)
-		gone := errors.Is(err, store.ErrNoRun) || (err == nil && st.Phase == record.Ended)
+		run, err := st.Run(id)
+		gone := errors.Is(err, store.ErrNoRun) || (err == nil && run.Phase == record.Ended)
 		if err == nil && !gone {
-			_, gone, err = d.st.HandedOff(id)
+			_, gone, err = st.HandedOff(id)
 		}
 		if err != nil && !errors.Is(err, store.ErrNoRun) {
-			d.log.Warn("reconcile: user-namespace range of a run not read; kept", "run", id, "err", err)
+			log.Warn("reconcile: user-namespace range of a run not read; kept", "run", id, "err", err)
 			continue
 		}
 		if gone {
-			d.releaseRange(id)
+			releaseRange(ranges, id, log)
 		}
 	}
 }

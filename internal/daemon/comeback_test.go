@@ -20,7 +20,7 @@ import (
 // by default) is not applied to them again.
 func TestOwnRunWithAMountComesBack(t *testing.T) {
 	h := mustMetricsHost(t, "")
-	h.d.runs = map[string]*run{}
+	h.d.runs = &runTable{st: h.d.st}
 	key := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{1}, 32))
 	h.d.keyID = attest.KeyID(key.Public().(ed25519.PublicKey))
 	h.d.cfg.StateDir = t.TempDir()
@@ -57,7 +57,7 @@ func TestOwnRunWithAMountComesBack(t *testing.T) {
 	}
 	// Another host, holding nothing of it, applies its policy.
 	g := mustMetricsHost(t, "")
-	g.d.runs = map[string]*run{}
+	g.d.runs = &runTable{st: g.d.st}
 	g.d.cfg.StateDir = t.TempDir()
 	g.d.keyID = h.d.keyID
 	g.d.wire()

@@ -24,6 +24,7 @@ import (
 	"sync"
 
 	"github.com/runrecordd/runrecordd/internal/atomicfile"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -78,6 +79,19 @@ func (l *comebackList) Add(id string, head record.Address) error {
 	}
 	es = slices.DeleteFunc(es, func(e comebackEntry) bool { return e.Run == id })
 	return l.write(append(es, comebackEntry{Run: id, Head: head}))
+}
+
+// AddHead lists parked run id at its head in st now, for the next start
+// to resume. The caller holds the run's lock.
+func (l *comebackList) AddHead(st *store.Store, id string) error {
+	head, err := st.Head(id)
+	if err == nil {
+		err = l.Add(id, head)
+	}
+	if err != nil {
+		return fmt.Errorf("run %s parked, but not listed for the next start to resume: %w", id, err)
+	}
+	return nil
 }
 
 // Remove drops the runs named; the file goes with the last entry.

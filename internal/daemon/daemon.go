@@ -26,8 +26,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/failpoint"
+	"github.com/runrecordd/runrecordd/internal/fleet/drain"
 	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/forms"
@@ -72,23 +77,29 @@ type Daemon struct {
 	signer *interval.Signer  // the host key and its audit chain
 	host   manifest.Manifest // the host's own facts and runtime versions
 	// intervals and forms are this host's side of every interval and of
-	// both forms, wired once (wireForms).
-	intervals interval.Recorder
+	// both forms, wired once (wire).
+	intervals intervals
 	forms     forms.Env
 	secrets   *secrets.Host // runs' secret values here (secrets.go)
 	stop      context.CancelFunc
 	bgCtx     context.Context // done once the daemon stops
 	bg        sync.WaitGroup
 
-	mu   sync.Mutex
-	runs map[string]*run
+	// runs are this host's runs beyond their records, each under its
+	// lock (runs.go).
+	runs *runTable
 	// fleet is the daemon's part in a fleet (internal/fleet/member); alone, it
 	// appends to the store directly.
 	fleet *member.Member
+	// bundles are how this host judges a bundle, or a run received from a
+	// peer (wire).
+	bundles bundle.Options
 	// exports keeps the books of this process's exports (bundle.Exports);
-	// exporter makes them (wireExports).
+	// exporter makes them, under the run's lock (wire).
 	exports  bundle.Exports
 	exporter bundle.Exporter
+	// place is this host's side of a drain's placement (internal/fleet/drain).
+	place drain.Local
 
 	metrics metrics.Metrics
 	events  events.Hub
@@ -100,12 +111,14 @@ type Daemon struct {
 	// (ParkForStop): no run starts or resumes after it.
 	stopping atomic.Bool
 	// comebacks are the runs to resume at the next start (comebacklist.go).
-	comebackOnce sync.Once
-	comebacks    *comebackList
+	comebacks *comebackList
 
-	// seam, set by unit tests only, runs at each step an operation
-	// reaches (reach).
-	seam func(step string)
+	// reach marks a step of an operation: a failpoint armed for it fires,
+	// and a unit test's seam (set by unit tests only) runs there — a test
+	// of the daemon's refusal branches makes the store refuse at exactly
+	// that step.
+	reach func(step string)
+	seam  func(step string)
 }
 
 // run is a run's state on this host beyond its record.
@@ -126,7 +139,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	cfg.Config = h.Config
-	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: map[string]*run{}, base: h, st: h.Store,
+	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: &runTable{st: h.Store}, base: h, st: h.Store,
 		ex: forms.Exec{Client: h.Exec}, meter: h.Meter, signer: h.Signer, keyID: h.Signer.KeyID(), host: h.Facts}
 	if h.Warm != nil {
 		d.metrics.WarmFrom(h.Warm.Stats)
@@ -138,25 +151,26 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 			d.Shutdown(context.Background())
 		}
 	}()
-	d.joinFleet()
 	d.wire()
 	bg, stop := context.WithCancel(context.Background())
 	d.stop, d.bgCtx = stop, bg
-	d.background(func() { _ = d.meter.Run(bg) })
+	d.bg.Go(func() { _ = d.meter.Run(bg) })
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("daemon: reconcile: %w", err)
 	}
-	d.startProbe(h.CRIUErr)
-	d.serviceMetrics()
-	d.background(func() { d.rooms.Collector.Run(d.bgCtx) })
+	// The image-park gate joins the forms once its probe starts.
+	d.probe = imageparks.Start(bg, &d.bg, probeFor(d.ex, h.CRIU, cfg), h.CRIUErr, d.log)
+	d.forms.Gate = d.probe
+	serviceMetrics(&d.metrics, h, d.probe)
+	d.bg.Go(func() { d.rooms.Collector.Run(bg) })
 	d.fleet.Watch(bg, &d.bg)
 	ok = true
 	return d, nil
 }
 
 // Rooms are the rooms the daemon wires once, in New, that internal/server
-// and serve use directly: all but the exporter answer without a run's
-// lock.
+// and serve use directly: all but the exporter and the fleet answer
+// without a run's lock.
 type Rooms struct {
 	Store     *store.Store        // records, objects, units, the call ledger
 	Keys      trust.Keys          // the host keys trusted here
@@ -167,17 +181,65 @@ type Rooms struct {
 	Scrape    http.Handler        // serve --metrics-listen's /metrics: no label names a run
 	Objects   http.Handler        // the host's objects by address, to its fleet's hosts (internal/fleet/transfer)
 	Exporter  bundle.Exporter     // exports, each under its run's lock while judged and handed off
+	// Fleet is the daemon's part in a fleet: its migrations, adoptions
+	// and drains (internal/fleet/member), over the daemon's run table.
+	Fleet *member.Member
+	// Placement is what this host can take now, asked before a drain
+	// (drain.Local.Offer).
+	Placement *drain.Local
 }
 
 // wire makes the rooms the daemon holds from its store, key, meter,
-// configuration and fleet, once (New; the unit tests' harness).
+// configuration and fleet, once (New; the unit tests' harness, again
+// after each change it makes): the fleet's member room, this host's side
+// of every interval and of both forms, its exports, its placement and
+// the list of runs to resume at start. The image-park gate joins the
+// forms when its probe starts (New).
 func (d *Daemon) wire() {
-	d.wireForms()
-	d.exporter = d.wireExports()
-	d.keys = trust.Keys{Store: d.st, Self: d.keyID, Log: d.log, Admitted: func(k record.Address) bool { return d.fleet.Admitted(k) }}
+	d.reach = func(step string) {
+		failpoint.Fire(step)
+		if d.seam != nil {
+			d.seam(step)
+		}
+	}
+	// The trusted signers are the keys as wired when asked: the member
+	// room takes these before the keys are made.
+	d.bundles = bundle.Options{Limits: d.cfg.BundleLimits, Trusted: func(k record.Address) bool { return d.keys.Trusted(k) },
+		Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
+	d.fleet = member.New(member.Config{
+		Join:  d.cfg.Join,
+		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.events.Publish, Reach: d.reach,
+		Import:     bundle.ImportOptions{Options: d.bundles, CheckID: forms.CheckID},
+		Exportable: func(id string) error { return d.exporter.Exportable(id) }, Runs: fleetRuns{d},
+		Fits:    func(ctx context.Context, id string) error { return d.place.Fits(ctx, id) },
+		MinFree: d.cfg.MinFree,
+	})
+	d.intervals = intervals{Recorder: interval.Recorder{StateDir: d.cfg.StateDir, Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log},
+		fleet: d.fleet, metrics: &d.metrics, reach: d.reach}
+	output := func(id string) (executor.Output, error) {
+		out, err := d.intervals.MakeOutput(id)
+		return executor.Output(out), err
+	}
+	d.secrets = secrets.New(d.cfg.StateDir)
+	d.forms = forms.Env{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
+		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: output, Mark: d.intervals.MarkNow, Invalid: answers.ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume), LazyServed: d.cfg.LazyServed,
+		HostRootImages: d.cfg.HostRootImages, Secrets: d.secrets}
+	if d.base != nil { // none in the daemon's unit tests
+		d.forms.Warm, d.forms.Creates = d.base.Warm, forms.Creates(d.base.Exec)
+		if d.base.Config.UserNS {
+			d.forms.Ranges = d.base.Ranges
+		}
+	}
+	d.exporter = bundle.Exporter{Store: d.st, Books: &d.exports, Lock: func(id string) (func(), error) { return d.runs.locker(id) }, Held: func(id string) ([]string, error) { return calls.Held(d.st, id) },
+		Log: d.log, HandedOff: func(id string) { d.events.Publish(events.Event{Kind: "run.handed_off", Run: id}) }}
+	d.place = drain.Local{Store: d.st, Facts: d.host, Digest: digestOf(d.ex), MinFree: d.cfg.MinFree, Draining: d.fleet.Draining,
+		ImageParks: func() bool { return d.probe.Status().State != imageparks.Unavailable }, Forms: &d.forms}
+	d.comebacks = openComeback(d.cfg.StateDir)
+	d.keys = trust.Keys{Store: d.st, Self: d.keyID, Log: d.log, Admitted: d.fleet.Admitted}
 	src := metrics.HostSource(d.st, d.meter)
 	d.rooms = Rooms{Store: d.st, Keys: d.keys, Collector: retention.NewCollector(d.st, d.cfg.Policy, d.log), Events: &d.events,
-		Counts: &d.metrics, Metrics: d.metrics.Handler(src, d.log), Scrape: d.metrics.ScrapeHandler(src, d.log), Objects: transfer.Handler(d.st), Exporter: d.exporter}
+		Counts: &d.metrics, Metrics: d.metrics.Handler(src, d.log), Scrape: d.metrics.ScrapeHandler(src, d.log), Objects: transfer.Handler(d.st),
+		Exporter: d.exporter, Fleet: d.fleet, Placement: &d.place}
 }
 
 // Rooms returns the rooms the daemon wired at New.
@@ -194,15 +256,13 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	d.events.Stop()
 	// Transcript units lose their channels with this process; the next
 	// start parks them from the transcripts left on disk.
-	d.mu.Lock()
-	for _, r := range d.runs {
+	for _, r := range d.runs.all() {
 		r.mu.Lock()
 		if r.live != nil {
 			r.live.unit.Stop()
 		}
 		r.mu.Unlock()
 	}
-	d.mu.Unlock()
 	d.bg.Wait()
 	var errs []error
 	if d.fleet != nil {
@@ -212,30 +272,6 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 		errs = append(errs, d.base.Close(ctx))
 	}
 	return errors.Join(errs...)
-}
-
-// lockRun returns the state of run id, which must be stored, locked: a
-// request naming no run leaves nothing behind (d.runs holds only runs that
-// exist or are being created). The caller unlocks it.
-func (d *Daemon) lockRun(id string) (*run, error) {
-	if _, err := d.st.Run(id); err != nil {
-		return nil, err
-	}
-	return d.lock(id), nil
-}
-
-// lock returns run id's state, locked, making it for a run being created.
-// The caller unlocks it.
-func (d *Daemon) lock(id string) *run {
-	d.mu.Lock()
-	r := d.runs[id]
-	if r == nil {
-		r = &run{}
-		d.runs[id] = r
-	}
-	d.mu.Unlock()
-	r.mu.Lock()
-	return r
 }
 
 func nowNS() int64 { return time.Now().UnixNano() }

@@ -13,13 +13,13 @@ func TestLockRunUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	d := &Daemon{st: st, runs: map[string]*run{}}
+	runs := &runTable{st: st}
 	for _, id := range []string{"nosuch", string(make([]byte, 4096))} {
-		if _, err := d.lockRun(id); err == nil {
+		if _, err := runs.lockRun(id); err == nil {
 			t.Fatalf("lockRun(%.10q) found a run", id)
 		}
 	}
-	if len(d.runs) != 0 {
-		t.Fatalf("unknown ids left %d entries", len(d.runs))
+	if n := len(runs.all()); n != 0 {
+		t.Fatalf("unknown ids left %d entries", n)
 	}
 }

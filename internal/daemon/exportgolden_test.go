@@ -17,7 +17,7 @@ import (
 // internal/bundle's TestImportFormat1 imports them).
 func TestExportGolden(t *testing.T) {
 	h := mustMetricsHost(t, "")
-	h.d.runs = map[string]*run{}
+	h.d.runs = &runTable{st: h.d.st}
 	h.d.cfg.StateDir = t.TempDir()
 	h.d.wire()
 	if err := bundletest.Pinned(t.Context(), h.d.st); err != nil {

@@ -18,8 +18,10 @@ import (
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -307,7 +309,7 @@ func newFakeHost(t *testing.T, set ...func(*Daemon)) *fakeHost {
 	h := mustMetricsHost(t, "")
 	d := h.d
 	d.cfg.StateDir = t.TempDir()
-	d.runs = map[string]*run{}
+	d.runs = &runTable{st: d.st}
 	key := ed25519.NewKeyFromSeed([]byte(strings.Repeat("k", 32)))
 	s, err := interval.NewSigner(key, filepath.Join(d.cfg.StateDir, "audit-head"))
 	if err != nil {
@@ -325,7 +327,7 @@ func newFakeHost(t *testing.T, set ...func(*Daemon)) *fakeHost {
 		f(d)
 	}
 	d.bgCtx, d.stop = context.WithCancel(context.Background())
-	d.startProbe(nil) // the fake's probe passes
+	startProbe(d) // the fake's probe passes
 	d.wire()
 	t.Cleanup(func() {
 		d.stop()
@@ -377,9 +379,7 @@ func (h *fakeHost) kinds(t *testing.T, id string) string {
 // teardown waits for the sandbox of run id's last park to be destroyed.
 func (h *fakeHost) teardown(t *testing.T, id string) {
 	t.Helper()
-	h.d.mu.Lock()
-	r := h.d.runs[id]
-	h.d.mu.Unlock()
+	r := h.d.runs.peek(id)
 	r.mu.Lock()
 	done := r.teardown
 	r.mu.Unlock()
@@ -392,9 +392,16 @@ func contextWithCancel() (context.Context, context.CancelFunc) {
 	return context.WithCancel(context.Background())
 }
 
-// attestation opens the attestation at a.
-func (d *Daemon) attestation(a record.Address) (*attest.Body, error) {
-	b, err := d.st.ReadAll(a)
+// startProbe starts d's image-park gate over its executor, as New does,
+// without a CRIU build's record.
+func startProbe(d *Daemon) {
+	d.probe = imageparks.Start(d.bgCtx, &d.bg, probeFor(d.ex, criu.Build{}, d.cfg), nil, d.log)
+	d.forms.Gate = d.probe
+}
+
+// openAttestation opens the attestation at a in st.
+func openAttestation(st *store.Store, a record.Address) (*attest.Body, error) {
+	b, err := st.ReadAll(a)
 	if err != nil {
 		return nil, err
 	}

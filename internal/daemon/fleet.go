@@ -3,52 +3,42 @@ package daemon
 import (
 	"context"
 
-	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
 	"github.com/runrecordd/runrecordd/internal/fleet/member"
-	"github.com/runrecordd/runrecordd/internal/forms"
-	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // The daemon's part in a fleet is the member room (internal/fleet/member): the
 // session, the fence every append goes through, reconciling with the
 // directory, migrations, adoption, drains and the lease's guard. The
-// daemon gives it its run table (runTable) and its runs as its operations
+// daemon gives it its run table (fleetRuns) and its runs as its operations
 // hold them (heldRun).
 
-// joinFleet makes the daemon's member room from its configuration.
-func (d *Daemon) joinFleet() {
-	d.fleet = member.New(member.Config{
-		Join:  d.cfg.Join,
-		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.events.Publish, Reach: d.reach,
-		Import:     bundle.ImportOptions{Options: d.bundleOptions(), CheckID: forms.CheckID},
-		Exportable: func(id string) error { return d.exporter.Exportable(id) }, Runs: runTable{d},
-		Fits:    func(ctx context.Context, id string) error { return d.placement().Fits(ctx, id) },
-		MinFree: d.cfg.MinFree,
-	})
+// Placement: before a drain moves anything, each host it may move runs to
+// says what it can take (drain.Local.Offer, over the peer routes: the
+// daemon wires its drain.Local once, Rooms.Placement), and the drain
+// judges each run against each offer (drain.Fit) — so an image run is
+// never sent to a host whose manifest its resume would refuse, nor to one
+// without room for it (docs/fleet.md, "Drain"; internal/fleet/drain).
+
+// digestOf is the digest of the image ex imported under a name
+// (drain.Local.Digest).
+func digestOf(ex Sandboxes) func(ctx context.Context, name string) (string, error) {
+	return func(ctx context.Context, name string) (string, error) {
+		img, err := ex.Image(ctx, name)
+		return img.Digest, err
+	}
 }
 
-// bundleOptions are how this host judges a bundle, or a run received
-// from a peer: its limits, its trusted signers (the keys as wired when
-// asked: the member room takes these before wire), its mount policy.
-func (d *Daemon) bundleOptions() bundle.Options {
-	return bundle.Options{Limits: d.cfg.BundleLimits, Trusted: func(k record.Address) bool { return d.keys.Trusted(k) }, Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
-}
+// fleetRuns is the daemon's run table as the member room holds its runs.
+type fleetRuns struct{ d *Daemon }
 
-// Fleet is the daemon's part in a fleet: its migrations, adoptions and
-// drains (internal/fleet/member), over the daemon's run table (runTable).
-func (d *Daemon) Fleet() *member.Member { return d.fleet }
-
-// runTable is the daemon's run table as the member room holds its runs.
-type runTable struct{ d *Daemon }
-
-func (t runTable) Hold(id string, fresh bool) (member.Held, func(), error) {
+func (t fleetRuns) Hold(id string, fresh bool) (member.Held, func(), error) {
 	var r *run
 	if fresh {
-		r = t.d.lock(id)
+		r = t.d.runs.lock(id)
 	} else {
 		var err error
-		if r, err = t.d.lockRun(id); err != nil {
+		if r, err = t.d.runs.lockRun(id); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -73,7 +63,7 @@ func (h heldRun) Need(ctx context.Context) (drain.Need, error) {
 			return u.MemoryBytes, err
 		}
 	}
-	return h.d.placement().Need(ctx, h.id, mem)
+	return h.d.place.Need(ctx, h.id, mem)
 }
 
 func (h heldRun) Park(ctx context.Context) error {
@@ -88,8 +78,8 @@ func (h heldRun) Resume(ctx context.Context) error {
 
 // Idle holds every run in the table that no operation holds, one after
 // another.
-func (t runTable) Idle(fn func(id string, h member.Held)) {
-	for id, r := range t.d.table() {
+func (t fleetRuns) Idle(fn func(id string, h member.Held)) {
+	for id, r := range t.d.runs.all() {
 		if r.mu.TryLock() {
 			fn(id, heldRun{t.d, id, r})
 			r.mu.Unlock()
@@ -119,19 +109,8 @@ func (h heldRun) Freeze(ctx context.Context) (func(context.Context), error) {
 func (h heldRun) Drop() {
 	if lv := h.r.live; lv != nil {
 		lv.stopping = true
-		h.d.destroy(lv)
+		lv.destroy(h.d.log)
 		h.r.live = nil
 		h.d.log.Warn("fleet: another host took the run while this one was cut off; its sandbox here is gone, nothing appended", "run", h.id)
 	}
-}
-
-// table is a copy of the run table.
-func (d *Daemon) table() map[string]*run {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make(map[string]*run, len(d.runs))
-	for id, r := range d.runs {
-		out[id] = r
-	}
-	return out
 }

@@ -36,7 +36,7 @@ func (h warnsTo) Handle(ctx context.Context, r slog.Record) error {
 // heldElsewhere checks that run id, executing here and taken by another
 // host, lost its sandbox here and nothing was appended: the record at
 // head, the directory's entry other's.
-func (h *fakeHost) heldElsewhere(t *testing.T, dir *fleet.Dir, id string, head record.Address, other *fleet.Host) {
+func (h *fakeHost) heldElsewhere(t *testing.T, dir *fleet.Dir, id string, head record.Address, other *fleet.Session) {
 	t.Helper()
 	if h.ex.sandbox(id) != nil {
 		t.Fatal("the sandbox of a run another host took is left here")
@@ -99,7 +99,7 @@ func TestFleetRejoinDropsRunTakenElsewhere(t *testing.T) {
 	})
 	ctx := t.Context()
 	var taken sync.Once
-	inFleet(h.d, a, func(ctx context.Context) (*fleet.Host, error) {
+	inFleet(h.d, a, func(ctx context.Context) (*fleet.Session, error) {
 		// Before this host is first back, b takes the run its lease left.
 		taken.Do(func() {
 			run, err := h.d.st.Run("r")

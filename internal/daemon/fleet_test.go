@@ -16,14 +16,13 @@ import (
 
 // inFleet puts d in a fleet under session h, rejoining with rejoin after
 // a lost lease (never, when nil).
-func inFleet(d *Daemon, h *fleet.Host, rejoin func(context.Context) (*fleet.Host, error)) {
+func inFleet(d *Daemon, h *fleet.Session, rejoin func(context.Context) (*fleet.Session, error)) {
 	d.cfg.Fleet, d.cfg.Rejoin = h, rejoin
-	d.joinFleet()
 	d.wire()
 }
 
 // joinFleet admits name as a host of dir and joins it.
-func joinFleet(t *testing.T, dir *fleet.Dir, name string) *fleet.Host {
+func joinFleet(t *testing.T, dir *fleet.Dir, name string) *fleet.Session {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -134,7 +133,7 @@ func TestFleetReconcileAtStart(t *testing.T) {
 	}
 	head, _ := h.d.st.Head("reserved")
 	// The crash: etcd advanced, bbolt never appended.
-	fence := &fleet.Fence{Store: h.d.st, Host: a}
+	fence := &fleet.Fence{Store: h.d.st, Session: a}
 	if _, err := fence.Reserve(ctx, "reserved", head, record.Closure("never appended")); err != nil {
 		t.Fatal(err)
 	}
@@ -197,8 +196,8 @@ func TestFleetRejoin(t *testing.T) {
 	dir := fleet.New(cli, "/rejoin/", 5*time.Second)
 	a := joinFleet(t, dir, "a")
 	h := newFakeHost(t)
-	rejoins := make(chan *fleet.Host, 4)
-	inFleet(h.d, a, func(ctx context.Context) (*fleet.Host, error) {
+	rejoins := make(chan *fleet.Session, 4)
+	inFleet(h.d, a, func(ctx context.Context) (*fleet.Session, error) {
 		nh, err := dir.Join(ctx, a.Key(), 10*time.Second)
 		if err == nil {
 			t.Cleanup(func() { _ = nh.Close(context.Background()) })
@@ -213,7 +212,7 @@ func TestFleetRejoin(t *testing.T) {
 	if _, err := cli.Revoke(ctx, clientv3.LeaseID(a.Lease())); err != nil {
 		t.Fatal(err)
 	}
-	var nh *fleet.Host
+	var nh *fleet.Session
 	select {
 	case nh = <-rejoins:
 	case <-time.After(30 * time.Second):
@@ -260,7 +259,7 @@ func TestFleetLeaseGuard(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = a.Close(context.Background()) })
 	h := newFakeHost(t)
-	inFleet(h.d, a, func(ctx context.Context) (*fleet.Host, error) {
+	inFleet(h.d, a, func(ctx context.Context) (*fleet.Session, error) {
 		nh, err := dir.Join(ctx, key, 6*time.Second)
 		if err == nil {
 			t.Cleanup(func() { _ = nh.Close(context.Background()) })

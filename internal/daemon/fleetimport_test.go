@@ -26,14 +26,14 @@ func TestFleetImportClaims(t *testing.T) {
 	var last *Daemon
 	// postOn posts a result for the run's outstanding call on the host
 	// that imported it last: refused (not_owner) unless it owns the run.
-	postOn := func(*fleet.Host) error {
+	postOn := func(*fleet.Session) error {
 		_, err := last.PostResult(t.Context(), "r", "c1", []byte(`{}`))
 		if err != nil && !errors.Is(err, fleet.ErrNotOwner) {
 			t.Fatalf("post: %v", err)
 		}
 		return err
 	}
-	importOn := func(h *fleet.Host) answers.Imported {
+	importOn := func(h *fleet.Session) answers.Imported {
 		t.Helper()
 		m := importHost(t)
 		inFleet(m.d, h, nil)

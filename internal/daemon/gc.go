@@ -6,7 +6,7 @@ import "github.com/runrecordd/runrecordd/internal/answers"
 // them go with it again. Collection itself is internal/retention's
 // (retention.Collector: GC, and the periodic Run the daemon starts).
 func (d *Daemon) Pin(id string, pin bool) (answers.Summary, error) {
-	r, err := d.lockRun(id)
+	r, err := d.runs.lockRun(id)
 	if err != nil {
 		return answers.Summary{}, err
 	}
@@ -19,5 +19,5 @@ func (d *Daemon) Pin(id string, pin bool) (answers.Summary, error) {
 	if err != nil {
 		return answers.Summary{}, err
 	}
-	return d.summary(id, r)
+	return d.runs.summary(id, r)
 }

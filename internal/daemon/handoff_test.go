@@ -33,7 +33,7 @@ func (w *stallThenFail) Write(p []byte) (int, error) {
 // stand: a bundle is out.
 func TestFailedExportKeepsAnotherExportsHandoff(t *testing.T) {
 	h := mustMetricsHost(t, "")
-	h.d.runs = map[string]*run{}
+	h.d.runs = &runTable{st: h.d.st}
 	h.Start(t, "r")
 	h.Park(t, "r", h.TranscriptPark(t, 4096))
 	w1 := &stallThenFail{n: 1, stalled: make(chan struct{}), fail: make(chan struct{})}
@@ -53,7 +53,7 @@ func TestFailedExportKeepsAnotherExportsHandoff(t *testing.T) {
 	}
 	// Alone, a failed export takes its handoff back.
 	g := mustMetricsHost(t, "")
-	g.d.runs = map[string]*run{}
+	g.d.runs = &runTable{st: g.d.st}
 	g.Start(t, "s")
 	g.Park(t, "s", g.TranscriptPark(t, 4096))
 	w := &stallThenFail{n: 1, stalled: make(chan struct{}), fail: make(chan struct{})}
@@ -71,7 +71,7 @@ func TestFailedExportKeepsAnotherExportsHandoff(t *testing.T) {
 // hosts could carry out a side effect twice. Before the handoff it is.
 func TestCallsOfHandedOffRunNotListed(t *testing.T) {
 	h := mustMetricsHost(t, "")
-	h.d.runs = map[string]*run{}
+	h.d.runs = &runTable{st: h.d.st}
 	h.Start(t, "r")
 	att := h.Put(t, []byte("attestation"))
 	h.Append(t, "r", record.Execution(att, &record.CallAccount{Dispatched: []string{"pay-1"}}),
@@ -93,7 +93,7 @@ func TestCallsOfHandedOffRunNotListed(t *testing.T) {
 // is not exported: the bundle would not carry the result.
 func TestExportRefusedWithResultsHeld(t *testing.T) {
 	h := mustMetricsHost(t, "")
-	h.d.runs = map[string]*run{}
+	h.d.runs = &runTable{st: h.d.st}
 	h.d.cfg.StateDir = t.TempDir()
 	h.d.wire()
 	h.Start(t, "r")

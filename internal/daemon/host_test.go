@@ -18,8 +18,8 @@ type metricsHost struct {
 func mustMetricsHost(t *testing.T, raplCase string, c ...idle.Coefficients) metricsHost {
 	t.Helper()
 	h := testhost.New(t, raplCase, c...)
-	d := &Daemon{log: testhost.Log(t), st: h.Store, meter: h.Meter}
-	d.joinFleet() // alone, until a test puts it in a fleet (inFleet)
+	d := &Daemon{log: testhost.Log(t), st: h.Store, meter: h.Meter, runs: &runTable{st: h.Store}}
+	// alone, until a test puts it in a fleet (inFleet)
 	d.wire()
 	return metricsHost{d: d, Fixture: h}
 }

@@ -2,14 +2,13 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
+	"time"
 
-	"github.com/runrecordd/runrecordd/internal/answers"
-	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/forms"
-	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/interval"
-	"github.com/runrecordd/runrecordd/internal/secrets"
-	"github.com/runrecordd/runrecordd/internal/warmpool"
+	"github.com/runrecordd/runrecordd/internal/metrics"
 )
 
 // live is a run's sandbox on this host and its open interval
@@ -23,81 +22,68 @@ type live struct {
 	stopping bool
 }
 
-// wireForms makes this host's side of every interval (internal/interval)
-// from the daemon's state directory, signer and meter (the store it ends
-// intervals in is the fleet's fence as it is at each end: endAt), and its side of both forms (internal/forms) over it:
-// once, at New (wire). The image-park gate joins the forms when its probe
-// starts (startProbe).
-func (d *Daemon) wireForms() {
-	d.secrets = secrets.New(d.cfg.StateDir)
-	d.intervals = interval.Recorder{StateDir: d.cfg.StateDir, Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log}
-	output := func(id string) (executor.Output, error) {
-		out, err := d.intervals.MakeOutput(id)
-		return executor.Output(out), err
+// destroy removes a sandbox the daemon is done with, logging to log one
+// that is not. The caller holds the run's lock (or owns lv alone).
+//
+// The caller sets lv.stopping first, under the run's lock, when the exit
+// watcher may see lv.
+func (lv *live) destroy(log *slog.Logger) {
+	lv.unit.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := lv.sb.Destroy(ctx); err != nil {
+		log.Error("sandbox not destroyed; the next reconcile retries", "sandbox", lv.sb.ID(), "err", err)
 	}
-	var warm *warmpool.Pool // none without a host (the daemon's unit tests)
-	if d.base != nil {
-		warm = d.base.Warm
-	}
-	d.forms = forms.Env{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
-		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: output, Mark: d.intervals.MarkNow, Invalid: answers.ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume), LazyServed: d.cfg.LazyServed,
-		Warm: warm, Creates: d.creates(), Ranges: d.ranges(), HostRootImages: d.cfg.HostRootImages, Secrets: d.secrets}
+}
+
+// intervals is this host's side of every interval: internal/interval's
+// recorder over the daemon's state directory, signer and meter, ending
+// each interval in the store through the fleet's fence as it is at that
+// end, counting each receipt. Wired once (wire).
+type intervals struct {
+	interval.Recorder
+	fleet   *member.Member
+	metrics *metrics.Metrics
+	reach   func(step string) // the daemon's hook at each step (Daemon.reach)
 }
 
 // begin starts an interval on u from m.
-func (d *Daemon) begin(id string, u *forms.Unit, event string, m interval.Mark) *live {
-	return &live{sb: u.Sandbox, unit: u, iv: d.intervals.Begin(id, u.Sandbox, u.Grants.Limits, event, m)}
+func (r intervals) begin(id string, u *forms.Unit, event string, m interval.Mark) *live {
+	return &live{sb: u.Sandbox, unit: u, iv: r.Begin(id, u.Sandbox, u.Grants.Limits, event, m)}
 }
 
 // reattach goes on with the interval an earlier daemon process began on
 // u, from the mark it saved (or from now, without one).
-func (d *Daemon) reattach(id string, u *forms.Unit) *live {
-	return &live{sb: u.Sandbox, unit: u, iv: d.intervals.Reattach(id, u.Sandbox, u.Grants.Limits)}
+func (r intervals) reattach(id string, u *forms.Unit) *live {
+	return &live{sb: u.Sandbox, unit: u, iv: r.Reattach(id, u.Sandbox, u.Grants.Limits)}
 }
 
-// ranges are the host's user-namespace ranges where units run in user
-// namespaces (forms.Env.Ranges); nil otherwise.
-func (d *Daemon) ranges() *idmap.Ranges {
-	if d.base == nil || !d.base.Config.UserNS {
-		return nil
-	}
-	return d.base.Ranges
+// restart starts a new interval on lv's sandbox, metered and journaled
+// from now, after the end of the last one could not be recorded. Only
+// the interval is replaced: the exit watcher reads lv's sandbox.
+func (r intervals) restart(id string, lv *live, event string) {
+	m := r.MarkNow(id)
+	m.Discarded[0], m.Discarded[1] = lv.sb.Omitted()
+	lv.iv = r.begin(id, lv.unit, event, m).iv
+	r.SaveMark(lv.iv)
 }
 
-// creates makes the warm pool's sandboxes (forms.Creates); nil without a
-// host.
-func (d *Daemon) creates() forms.Creator {
-	if d.base == nil {
-		return nil
-	}
-	return forms.Creates(d.base.Exec)
-}
-
-// background runs fn in the daemon's background.
-func (d *Daemon) background(fn func()) {
-	d.bg.Add(1)
-	go func() {
-		defer d.bg.Done()
-		fn()
-	}()
-}
-
-// endAt ends lv's interval with e and records it: the Executed segment
-// with e.Calls, then e.Then, in one transaction
-// (internal/interval), with a failpoint armed at step (when not empty)
-// between the sealing and the append. On success the receipt is counted.
-func (d *Daemon) endAt(ctx context.Context, lv *live, step string, e interval.Ending) (interval.Sealed, error) {
+// end ends lv's interval with e and records it: the Executed segment
+// with e.Calls, then e.Then, in one transaction (internal/interval), with
+// a failpoint armed at step (when not empty) between the sealing and the
+// append. On success the receipt is counted.
+func (r intervals) end(ctx context.Context, lv *live, step string, e interval.Ending) (interval.Sealed, error) {
 	lv.unit.Spool(lv.iv)
 	var sealed func()
 	if step != "" {
-		sealed = func() { d.reach(step) }
+		sealed = func() { r.reach(step) }
 	}
-	rec := d.intervals
-	rec.Store = d.fleet.Records() // a rejoin replaces the fence
+	rec := r.Recorder
+	rec.Store = r.fleet.Records() // a rejoin replaces the fence
 	s, err := rec.End(ctx, lv.iv, sealed, e)
 	if err != nil {
-		return interval.Sealed{}, d.fleet.Err(err)
+		return interval.Sealed{}, r.fleet.Err(err)
 	}
-	d.metrics.Receipt(s.Receipt)
+	r.metrics.Receipt(s.Receipt)
 	return s, nil
 }

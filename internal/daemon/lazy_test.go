@@ -213,9 +213,7 @@ func TestLazyPagesLostRefusedAtAppend(t *testing.T) {
 	if released {
 		t.Fatal("the userfaultfds were released while the unit lives")
 	}
-	h.d.mu.Lock()
-	lv := h.d.runs["r"].live
-	h.d.mu.Unlock()
+	lv := h.d.runs.peek("r").live
 	if lv == nil || lv.iv.Ended() || !hasEvent(lv.iv.Events(), attest.EventParkRefused) {
 		t.Fatal("no new interval after the refused append")
 	}

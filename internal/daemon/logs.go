@@ -49,9 +49,7 @@ type logSource struct {
 // waiting for it: an operation in progress is runlog.ErrBusy.
 func (s logSource) State() (runlog.State, error) {
 	d := s.d
-	d.mu.Lock()
-	r := d.runs[s.id]
-	d.mu.Unlock()
+	r := d.runs.peek(s.id)
 	if r != nil {
 		if !r.mu.TryLock() {
 			return runlog.State{}, runlog.ErrBusy

@@ -121,9 +121,7 @@ func TestParkRefusedAtAppend(t *testing.T) {
 	if sb == nil || sb.status != "running" || sb.settles == 0 {
 		t.Fatal("the unit was not settled running after the refused append")
 	}
-	h.d.mu.Lock()
-	lv := h.d.runs["r"].live
-	h.d.mu.Unlock()
+	lv := h.d.runs.peek("r").live
 	if lv == nil || lv.iv.Ended() || !hasEvent(lv.iv.Events(), "park-refused") {
 		t.Fatal("no new interval after the refused append")
 	}
@@ -293,7 +291,7 @@ func TestCloseInOrder(t *testing.T) {
 		t.Fatalf("segments %s; sandbox left: %v", got, h2.ex.sandbox("s") != nil)
 	}
 	raw, _ := h2.d.st.Raw("s")
-	b, err := h2.d.attestation(raw.Segments[0].Attestation)
+	b, err := openAttestation(h2.d.st, raw.Segments[0].Attestation)
 	if err != nil || b.Outcome.Kind != attest.Killed {
 		t.Fatalf("the closed interval's outcome: %+v %v", b, err)
 	}
@@ -313,7 +311,7 @@ func TestExitClosesRun(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	raw, _ := h.d.st.Raw("r")
-	b, err := h.d.attestation(raw.Segments[0].Attestation)
+	b, err := openAttestation(h.d.st, raw.Segments[0].Attestation)
 	if err != nil || b.Outcome.Kind != attest.Exited || b.Outcome.Code != 3 || raw.Segments[1].Reason != "unit exited with code 3" {
 		t.Fatalf("exit recorded as %+v (%v), %q", b.Outcome, err, raw.Segments[1].Reason)
 	}
@@ -341,7 +339,7 @@ func TestReconcileAfterRestart(t *testing.T) {
 	h.ex.sandbox("kept").set("paused")
 	h.ex.sandbox("lost").Destroy(t.Context())
 	d := h.d
-	d.runs = map[string]*run{}
+	d.runs = &runTable{st: d.st}
 	d.bgCtx, d.stop = contextWithCancel()
 	if err := d.reconcile(t.Context()); err != nil {
 		t.Fatal(err)
@@ -440,7 +438,7 @@ func (h *fakeHost) exitRefused(t *testing.T, id string, refuse func()) {
 	}
 	// The watcher appends under the run's lock: once it is free, the
 	// exit's append has been refused.
-	r := h.d.lock(id)
+	r := h.d.runs.lock(id)
 	r.mu.Unlock()
 	h.d.seam = nil
 }
@@ -467,21 +465,17 @@ func TestTranscriptParkRefusedAtAppend(t *testing.T) {
 	if got := h.kinds(t, "r"); got != "closed" {
 		t.Fatalf("segments %s, want only the other writer's", got)
 	}
-	h.d.mu.Lock()
-	lv := h.d.runs["r"].live
-	h.d.mu.Unlock()
+	lv := h.d.runs.peek("r").live
 	if lv == nil || lv.iv.Ended() || !hasEvent(lv.iv.Events(), "park-refused") {
 		t.Fatal("no new interval after the refused append")
 	}
 	if sb := h.ex.sandbox(lv.sb.ID()); sb == nil || sb.status != "running" {
 		t.Fatal("the unit was not thawed after the refused append")
 	}
-	h.d.mu.Lock()
-	r := h.d.runs["r"]
-	h.d.mu.Unlock()
+	r := h.d.runs.peek("r")
 	r.mu.Lock()
 	lv.stopping = true
-	h.d.destroy(lv)
+	lv.destroy(h.d.log)
 	r.live = nil
 	r.mu.Unlock()
 }
@@ -495,13 +489,13 @@ func TestReattachedBeforeGateParks(t *testing.T) {
 	h.d.stop()
 	h.d.bg.Wait()
 	d := h.d
-	d.runs = map[string]*run{}
+	d.runs = &runTable{st: d.st}
 	d.bgCtx, d.stop = contextWithCancel()
 	d.probe = nil
 	if err := d.reconcile(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	d.startProbe(nil)
+	startProbe(d)
 	if _, err := d.Park(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}

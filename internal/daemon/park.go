@@ -17,7 +17,7 @@ import (
 // Park parks a running run in its form (internal/forms): an image park
 // for an image-mode unit, a transcript park for a transcript-mode one.
 func (d *Daemon) Park(ctx context.Context, id string) (answers.Parked, error) {
-	r, err := d.lockRun(id)
+	r, err := d.runs.lockRun(id)
 	if err != nil {
 		return answers.Parked{}, err
 	}
@@ -60,7 +60,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 		})
 	}
 	d.metrics.Parked(clock.Total())
-	sum, err := d.summary(id, r)
+	sum, err := d.runs.summary(id, r)
 	if err != nil {
 		return answers.Parked{}, err
 	}
@@ -82,7 +82,7 @@ func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, tk taking)
 		err = errors.Join(err, rerr)
 	}
 	if lv.iv.Ended() {
-		d.restartInterval(id, lv, attest.EventParkRefused)
+		d.intervals.restart(id, lv, attest.EventParkRefused)
 	}
 	return interval.Sealed{}, record.Address{}, fmt.Errorf("park %s: %w", id, err)
 }
@@ -110,7 +110,7 @@ func (d *Daemon) recordTaken(ctx context.Context, lv *live, tk taking) (interval
 	}
 	var ev interval.Sealed
 	if err == nil {
-		ev, err = d.endAt(ctx, lv, tk.step, interval.Ending{Outcome: outcome, Calls: tk.account, Then: []record.Segment{susp}, Extra: attest.LifecyclesOf(nowNS(), t.Details)})
+		ev, err = d.intervals.end(ctx, lv, tk.step, interval.Ending{Outcome: outcome, Calls: tk.account, Then: []record.Segment{susp}, Extra: attest.LifecyclesOf(nowNS(), t.Details)})
 	}
 	clock.Mark("record")
 	return ev, manAddr, err
@@ -124,9 +124,9 @@ func (d *Daemon) tearDownParked(r *run, lv *live) {
 	lv.unit.Close()
 	done := make(chan struct{})
 	r.teardown = done
-	d.background(func() {
+	d.bg.Go(func() {
 		defer close(done)
-		d.destroy(lv)
+		lv.destroy(d.log)
 	})
 	r.live = nil
 	r.park = d.meter.BeginPark()

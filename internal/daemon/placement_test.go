@@ -24,7 +24,7 @@ func TestPlacementNeedAndOffer(t *testing.T) {
 	if n.Bytes != 1<<20 || n.Manifest[manifest.ImageDigest] == "" || !n.ImagePark {
 		t.Fatalf("executing: %+v", n)
 	}
-	o, err := h.d.Offer(ctx, []string{n.Image})
+	o, err := h.d.place.Offer(ctx, []string{n.Image})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,8 +48,8 @@ func TestPlacementNeedAndOffer(t *testing.T) {
 		other.Facts[k] = v
 	}
 	other.Facts[manifest.CPUFlags] = "none"
-	noImage, _ := h.d.Offer(ctx, []string{"another"})
-	p := h.d.placement()
+	noImage, _ := h.d.place.Offer(ctx, []string{"another"})
+	p := &h.d.place
 	p.Draining = func() bool { return true }
 	draining, _ := p.Offer(ctx, []string{n.Image})
 	for name, o := range map[string]drain.Offer{"cpu": other, "no image": noImage, "draining": draining} {
@@ -70,7 +70,7 @@ func TestPlacementHeldOneBadRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	delete(h.ex.images, "other")
-	runs, needs, err := h.d.Fleet().Holding(t.Context())
+	runs, needs, err := h.d.fleet.Holding(t.Context())
 	if err != nil || len(runs) != 2 || len(needs) != 2 {
 		t.Fatalf("held %v %v: %v", runs, needs, err)
 	}
@@ -87,7 +87,7 @@ func TestPlacementHeldOneBadRun(t *testing.T) {
 // asks it: held through the member room's run table.
 func need(t *testing.T, d *Daemon, id string) (drain.Need, error) {
 	t.Helper()
-	held, release, err := runTable{d}.Hold(id, false)
+	held, release, err := fleetRuns{d}.Hold(id, false)
 	if err != nil {
 		return drain.Need{}, err
 	}

@@ -41,7 +41,9 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		return err
 	}
 	owner := plan.Owner
-	d.releaseRanges(owner)
+	if d.base != nil {
+		releaseRanges(d.base.Ranges, d.st, owner, d.log)
+	}
 	sweepSecrets(d.secrets, d.st, d.log)
 	active, err := d.st.Runs(record.Active)
 	if err != nil {
@@ -90,16 +92,16 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 		return err
 	}
 	if orphaned {
-		if err := d.recoverUnit(ctx, id, d.reattach(id, u)); err != nil {
-			d.destroy(&live{sb: sb})
+		if err := d.recoverUnit(ctx, id, d.intervals.reattach(id, u)); err != nil {
+			(&live{sb: sb}).destroy(d.log)
 			return err
 		}
 		d.log.Warn("reconcile: parked a transcript unit whose channel did not survive the restart (its interval is unaccounted)", "run", id)
 		return nil
 	}
-	r := d.lock(id)
+	r := d.runs.lock(id)
 	defer r.mu.Unlock()
-	lv := d.reattach(id, u)
+	lv := d.intervals.reattach(id, u)
 	r.live = lv
 	if d.forms.LazyUnfinished(u) && d.parkBackUnfinished(id, r, lv) {
 		if r.live == nil {

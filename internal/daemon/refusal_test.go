@@ -17,9 +17,7 @@ import (
 // liveOf is run id's sandbox on this host and its interval, read under
 // the run's lock.
 func (h *fakeHost) liveOf(id string) *live {
-	h.d.mu.Lock()
-	r := h.d.runs[id]
-	h.d.mu.Unlock()
+	r := h.d.runs.peek(id)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.live

@@ -27,7 +27,7 @@ import (
 // are all of them and replace what this host holds; without them the
 // host must hold each (secretsFor).
 func (d *Daemon) Resume(ctx context.Context, id string, secrets map[string]string) (answers.Resumed, error) {
-	r, err := d.lockRun(id)
+	r, err := d.runs.lockRun(id)
 	if err != nil {
 		return answers.Resumed{}, err
 	}
@@ -69,7 +69,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[stri
 		res.Cancel(ctx)
 		return answers.Resumed{}, err
 	}
-	lv := d.begin(id, w.Unit, w.Event, w.Mark)
+	lv := d.intervals.begin(id, w.Unit, w.Event, w.Mark)
 	clock.Mark("sandbox")
 	lv.iv.Journal(attest.LifecycleOf(nowNS(), owed))
 	lv.iv.Journal(attest.LifecyclesOf(nowNS(), w.Details)...)
@@ -81,7 +81,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[stri
 	if err := res.Append(ctx); err != nil {
 		d.intervals.DropMark(id)
 		lv.stopping = true
-		d.destroy(lv)
+		lv.destroy(d.log)
 		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	clock.Mark("append")
@@ -93,7 +93,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[stri
 	if ok.Spec.Mode == unit.TranscriptMode && d.forms.Warm != nil {
 		d.metrics.WarmResumed(w.Warm)
 	}
-	sum, err := d.summary(id, r)
+	sum, err := d.runs.summary(id, r)
 	if err != nil {
 		return answers.Resumed{}, err
 	}
@@ -102,7 +102,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[stri
 		detail += " warm"
 	}
 	d.events.Publish(events.Event{Kind: "run.resumed", Run: id, Detail: detail})
-	lv.unit.Serve(d.background)
+	lv.unit.Serve(d.bg.Go)
 	d.log.Info("run resumed", "run", id, "idle_uj", owed.UJ, "provenance", prov, "warm", w.Warm, "took", clock.Total())
 	return answers.Resumed{Run: sum, Idle: owed, Restore: w.Restored, Took: clock.Total(), Steps: clock.Steps}, nil
 }
@@ -135,7 +135,7 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 	if done == nil {
 		return
 	}
-	d.background(func() {
+	d.bg.Go(func() {
 		select {
 		case <-done:
 		case <-d.bgCtx.Done():
@@ -168,7 +168,7 @@ func (d *Daemon) parkBack(id string, r *run, lv *live, snap record.Snapshot, los
 	}
 	if err != nil {
 		if lv.iv.Ended() { // the unit stays frozen, in a new interval a close ends
-			d.restartInterval(id, lv, attest.EventParkRefused)
+			d.intervals.restart(id, lv, attest.EventParkRefused)
 		}
 		d.log.Error("recording a lazy restore's lost pages", "run", id, "lost", lost, "err", err)
 		return
@@ -227,9 +227,7 @@ func restoreAge(es []attest.Entry, now time.Time) int64 {
 // host (its lifecycle entries: show reads a lazy restore's times there),
 // nil when it has none or an operation holds the run.
 func (d *Daemon) OpenJournal(id string) *attest.Journal {
-	d.mu.Lock()
-	r := d.runs[id]
-	d.mu.Unlock()
+	r := d.runs.peek(id)
 	if r == nil || !r.mu.TryLock() {
 		return nil
 	}

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"time"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
@@ -62,7 +61,7 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 	if err != nil {
 		return answers.Summary{}, err
 	}
-	r := d.lock(id)
+	r := d.runs.lock(id)
 	defer r.mu.Unlock()
 	if _, err := d.st.Run(id); err == nil {
 		return answers.Summary{}, fmt.Errorf("run %s: %w", id, store.ErrRunExists)
@@ -108,13 +107,13 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 		d.fleet.Unclaim(ctx, id, genesis)
 		return answers.Summary{}, err
 	}
-	lv := d.begin(id, w.Unit, w.Event, w.Mark)
+	lv := d.intervals.begin(id, w.Unit, w.Event, w.Mark)
 	d.intervals.SaveMark(lv.iv)
 	d.reach("start.sandboxed")
 	if _, err := d.st.Create(id, unitID, grantsID); err != nil {
 		d.intervals.DropMark(id)
 		lv.stopping = true
-		d.destroy(lv)
+		lv.destroy(d.log)
 		d.fleet.Unclaim(ctx, id, genesis)
 		return answers.Summary{}, err
 	}
@@ -122,37 +121,13 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 	d.watch(id, r, lv)
 	d.log.Info("run started", "run", id, "image", p.Spec.Image, "mode", p.Spec.Mode)
 	d.events.Publish(events.Event{Kind: "run.started", Run: id, Detail: p.Spec.Mode.String()})
-	lv.unit.Serve(d.background)
-	return d.summary(id, r)
-}
-
-// restartInterval starts a new interval on lv's sandbox, metered and
-// journaled from now, after the end of the last one could not be recorded.
-// Only the interval is replaced: the exit watcher reads lv's sandbox.
-func (d *Daemon) restartInterval(id string, lv *live, event string) {
-	m := d.intervals.MarkNow(id)
-	m.Discarded[0], m.Discarded[1] = lv.sb.Omitted()
-	lv.iv = d.begin(id, lv.unit, event, m).iv
-	d.intervals.SaveMark(lv.iv)
-}
-
-// destroy removes a sandbox the daemon is done with. The caller holds the
-// run's lock (or owns lv alone).
-//
-// The caller sets lv.stopping first, under the run's lock, when the exit
-// watcher may see lv.
-func (d *Daemon) destroy(lv *live) {
-	lv.unit.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := lv.sb.Destroy(ctx); err != nil {
-		d.log.Error("sandbox not destroyed; the next reconcile retries", "sandbox", lv.sb.ID(), "err", err)
-	}
+	lv.unit.Serve(d.bg.Go)
+	return d.runs.summary(id, r)
 }
 
 // watch closes the run when its unit exits by itself.
 func (d *Daemon) watch(id string, r *run, lv *live) {
-	d.background(func() {
+	d.bg.Go(func() {
 		code, err := lv.sb.Wait(d.bgCtx)
 		if d.bgCtx.Err() != nil {
 			return // the daemon is stopping; the unit goes on without it
@@ -179,14 +154,14 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 			return
 		}
 		reason := fmt.Sprintf("unit exited with code %d", code)
-		_, err = d.endAt(context.Background(), lv, "exit.sealed", interval.Ending{Outcome: attest.Outcome{Kind: attest.Exited, Code: int32(code)}, Calls: lv.unit.Account(), Then: []record.Segment{record.Closure(reason)}})
+		_, err = d.intervals.end(context.Background(), lv, "exit.sealed", interval.Ending{Outcome: attest.Outcome{Kind: attest.Exited, Code: int32(code)}, Calls: lv.unit.Account(), Then: []record.Segment{record.Closure(reason)}})
 		if err != nil { // the run stays executing in its record: a close records it, in a new interval
 			d.log.Error("recording the unit's exit", "run", id, "err", err)
-			d.restartInterval(id, lv, attest.EventExitRefused)
+			d.intervals.restart(id, lv, attest.EventExitRefused)
 			return
 		}
 		lv.stopping = true
-		d.destroy(lv)
+		lv.destroy(d.log)
 		r.live = nil
 		dropSecrets(d.secrets, id, d.log)
 		d.log.Info("run closed", "run", id, "reason", reason)

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -78,7 +77,7 @@ func (d *Daemon) ParkForStop(ctx context.Context, parallel int) ([]answers.Each[
 // when it was not executing once its lock was held.
 func (d *Daemon) parkListed(ctx context.Context, id string) (answers.Each[answers.Parked], bool) {
 	e := answers.Each[answers.Parked]{Run: id}
-	r, err := d.lockRun(id)
+	r, err := d.runs.lockRun(id)
 	if err != nil {
 		e.Err = err
 		return e, true
@@ -94,22 +93,10 @@ func (d *Daemon) parkListed(ctx context.Context, id string) (answers.Each[answer
 		return e, true
 	}
 	e.Answer = &p
-	e.Err = d.listForStart(id)
+	if e.Err = d.comebacks.AddHead(d.st, id); e.Err != nil {
+		d.log.Error("stop", "run", id, "err", e.Err)
+	}
 	return e, true
-}
-
-// listForStart lists parked run id, at its head now, for the next start
-// to resume. The caller holds the run's lock.
-func (d *Daemon) listForStart(id string) error {
-	head, err := d.st.Head(id)
-	if err == nil {
-		err = d.comeback().Add(id, head)
-	}
-	if err != nil {
-		err = fmt.Errorf("run %s parked, but not listed for the next start to resume: %w", id, err)
-		d.log.Error("stop", "run", id, "err", err)
-	}
-	return err
 }
 
 // ComeBack waits for the image-park probe, then resumes, parallel at a
@@ -123,7 +110,7 @@ func (d *Daemon) ComeBack(ctx context.Context, parallel int) []answers.Each[answ
 	// The start is done once the probe is: an image run's resume waits
 	// for it anyway.
 	_ = d.probe.Ready(ctx)
-	list := d.comeback()
+	list := d.comebacks
 	entries, err := list.Entries()
 	if err != nil {
 		d.log.Error("start: the runs the last stop parked are not resumed; resume them by hand", "err", err)
@@ -169,7 +156,7 @@ func (d *Daemon) ComeBack(ctx context.Context, parallel int) []answers.Each[answ
 // comeBack resumes one listed run; drop says its entry is done with.
 func (d *Daemon) comeBack(ctx context.Context, en comebackEntry) (e answers.Each[answers.Resumed], drop bool) {
 	e.Run = en.Run
-	r, err := d.lockRun(en.Run)
+	r, err := d.runs.lockRun(en.Run)
 	if errors.Is(err, store.ErrNoRun) {
 		d.log.Warn("start: a run the last stop parked is gone", "run", en.Run)
 		return e, true
@@ -210,10 +197,4 @@ func (d *Daemon) comeBack(ctx context.Context, en comebackEntry) (e answers.Each
 	}
 	e.Answer = &res
 	return e, true
-}
-
-// comeback is the state directory's list of the runs to resume at start.
-func (d *Daemon) comeback() *comebackList {
-	d.comebackOnce.Do(func() { d.comebacks = openComeback(d.cfg.StateDir) })
-	return d.comebacks
 }

@@ -203,7 +203,7 @@ func TestStopDuringAwaitParkListsRun(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	r := h.d.lock("r")
+	r := h.d.runs.lock("r")
 	r.mu.Unlock()
 	h.d.seam = nil
 	h.teardown(t, "r")

@@ -26,7 +26,7 @@ func (h callHost) Dispatched(run string, c protocol.Call) {
 
 func (h callHost) Awaiting(run string, ch *calls.Channel) {
 	d := h.d
-	d.background(func() {
+	d.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		if _, err := d.parkAwaiting(ctx, run, ch); err != nil {
@@ -41,7 +41,7 @@ func (h callHost) Awaiting(run string, ch *calls.Channel) {
 // parkAwaiting parks run id for the await its channel ch received, unless
 // the run has moved on (closed, or another sandbox) in the meantime.
 func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel) (bool, error) {
-	r, err := d.lockRun(id)
+	r, err := d.runs.lockRun(id)
 	if err != nil {
 		return false, err
 	}
@@ -61,7 +61,9 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 	if _, err := d.resume(ctx, id, r, nil); err != nil {
 		if errors.Is(err, answers.ErrStopping) {
 			// Its results are all here: the next start resumes it.
-			d.listForStart(id)
+			if err := d.comebacks.AddHead(d.st, id); err != nil {
+				d.log.Error("stop", "run", id, "err", err)
+			}
 			return true, nil
 		}
 		d.log.Error("resume after park: every awaited result was posted before the park", "run", id, "err", err)
@@ -76,7 +78,7 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 // the run is parked and this was the last result its await named, the run
 // resumes here.
 func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byte) (answers.Posted, error) {
-	r, err := d.lockRun(run)
+	r, err := d.runs.lockRun(run)
 	if err != nil {
 		return answers.Posted{}, err
 	}
@@ -136,6 +138,6 @@ func (d *Daemon) recoverUnit(ctx context.Context, id string, lv *live) error {
 		return err
 	}
 	lv.stopping = true
-	d.destroy(lv)
+	lv.destroy(d.log)
 	return t.Cleanup()
 }

@@ -32,7 +32,7 @@ func (h *fakeHost) startTranscript(t *testing.T, id string) {
 // restarted process would: each transcript channel stops serving, its
 // directory left; containerd (the fake) stays as it was.
 func (h *fakeHost) restart() {
-	for _, r := range h.d.table() {
+	for _, r := range h.d.runs.all() {
 		r.mu.Lock()
 		if r.live != nil {
 			r.live.unit.Stop()
@@ -41,7 +41,7 @@ func (h *fakeHost) restart() {
 	}
 	h.d.stop()
 	h.d.bg.Wait()
-	h.d.runs = map[string]*run{}
+	h.d.runs = &runTable{st: h.d.st}
 	h.d.bgCtx, h.d.stop = contextWithCancel()
 }
 
@@ -73,7 +73,7 @@ func TestReconcileRecoversOrphanedTranscript(t *testing.T) {
 		t.Fatalf("phase %s at %v, want parked in a transcript", st.Phase, st.Parked)
 	}
 	raw, _ := h.d.st.Raw("r")
-	b, err := h.d.attestation(raw.Segments[0].Attestation)
+	b, err := openAttestation(h.d.st, raw.Segments[0].Attestation)
 	if err != nil || b.Outcome.Kind != attest.Parked || raw.Segments[0].Calls != nil {
 		t.Fatalf("the recovered interval: %+v %v", b, err)
 	}
@@ -176,11 +176,11 @@ func withoutFact(facts manifest.Manifest, key string) manifest.Manifest {
 
 // dropLive destroys run id's sandbox as a close would, leaving the record.
 func (h *fakeHost) dropLive(id string) {
-	r := h.d.lock(id)
+	r := h.d.runs.lock(id)
 	defer r.mu.Unlock()
 	if lv := r.live; lv != nil {
 		lv.stopping = true
-		h.d.destroy(lv)
+		lv.destroy(h.d.log)
 		r.live = nil
 	}
 }
@@ -248,7 +248,7 @@ func TestResumeAfterAwaitParkRefused(t *testing.T) {
 	if err := <-errs; !errors.As(err, &me) || !strings.Contains(err.Error(), "resume after park") {
 		t.Fatalf("logged %v, want the resume's refusal", err)
 	}
-	r := h.d.lock("r")
+	r := h.d.runs.lock("r")
 	r.mu.Unlock()
 	h.d.seam = nil
 	if got := h.kinds(t, "r"); got != "executed suspended" {
@@ -282,7 +282,7 @@ func TestPostResultResumeRefused(t *testing.T) {
 	defer cancel()
 	h.awaitOne(t, "r", "c1")
 	waitEvent(t, es, "run.parked")
-	r := h.d.lock("r") // the park on await is done with the run
+	r := h.d.runs.lock("r") // the park on await is done with the run
 	r.mu.Unlock()
 	h.teardown(t, "r")
 	facts := h.d.host

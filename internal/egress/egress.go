@@ -33,11 +33,11 @@
 //
 // # Lifetime
 //
-// [Host.Allow] installs a run's policy, [Run.Attach] makes its link into a
+// [Gateway.Allow] installs a run's policy, [Run.Attach] makes its link into a
 // sandbox's namespace, [Run.Detach] removes the link and keeps the policy
 // and the run's tracked connections (a park: the outside's packets for the
 // run are dropped, not rejected, until a new link or the close), and
-// [Run.Close] removes all of it. [Host.Reconcile] removes every link,
+// [Run.Close] removes all of it. [Gateway.Reconcile] removes every link,
 // chain and tracked connection of a slot no run owns: what a crash left.
 //
 // A conntrack zone per run is not used: the per-run address already keeps
@@ -111,8 +111,8 @@ type Config struct {
 	ConnLimit uint32
 }
 
-// Host links runs' sandboxes out of one host network namespace.
-type Host struct {
+// Gateway links runs' sandboxes out of one host network namespace.
+type Gateway struct {
 	pool      netip.Prefix
 	connLimit uint32
 	ns        netns.NsHandle
@@ -123,8 +123,8 @@ type Host struct {
 // Open sets the host's namespace up for egress: IPv4 forwarding on, the
 // shared tables and chains, and a blackhole route for the pool (a parked
 // run's packets are dropped rather than routed elsewhere).
-func Open(cfg Config) (*Host, error) {
-	h := &Host{pool: cfg.Pool, connLimit: cfg.ConnLimit}
+func Open(cfg Config) (*Gateway, error) {
+	h := &Gateway{pool: cfg.Pool, connLimit: cfg.ConnLimit}
 	if !h.pool.IsValid() {
 		h.pool = DefaultPool
 	}
@@ -154,7 +154,7 @@ func Open(cfg Config) (*Host, error) {
 	return h, nil
 }
 
-func (h *Host) setUp() error {
+func (h *Gateway) setUp() error {
 	if err := inNetns(h.ns, func() error { return sysctl("net/ipv4/ip_forward", "1") }); err != nil {
 		return fmt.Errorf("enable IPv4 forwarding: %w", err)
 	}
@@ -168,7 +168,7 @@ func (h *Host) setUp() error {
 }
 
 // Close releases the host's handles. Links and rules stay: runs own them.
-func (h *Host) Close() error {
+func (h *Gateway) Close() error {
 	if h.nl != nil {
 		h.nl.Close()
 	}
@@ -177,7 +177,7 @@ func (h *Host) Close() error {
 
 // nft runs f on a connection to the host namespace's nftables and commits
 // what f queued as one transaction.
-func (h *Host) nft(f func(c *nftables.Conn) error) error {
+func (h *Gateway) nft(f func(c *nftables.Conn) error) error {
 	c, err := nftables.New(nftables.WithNetNSFd(int(h.ns)))
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
@@ -206,18 +206,18 @@ func slotOf(name string) (int, bool) {
 }
 
 // addr is run slot's address on the host.
-func (h *Host) addr(slot int) netip.Addr {
+func (h *Gateway) addr(slot int) netip.Addr {
 	v := u32(h.pool.Addr()) + uint32(slot)
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
 
 // Slots is how many runs the pool holds: slots 1 to Slots.
-func (h *Host) Slots() int { return 1<<(32-h.pool.Bits()) - 2 }
+func (h *Gateway) Slots() int { return 1<<(32-h.pool.Bits()) - 2 }
 
-// Run is one run's egress on a host. Its methods and the Host's may be
+// Run is one run's egress on a host. Its methods and the Gateway's may be
 // called from any goroutine: changes are made one at a time.
 type Run struct {
-	h      *Host
+	h      *Gateway
 	slot   int
 	rules  []allowRule
 	closed bool // guarded by h.mu
@@ -226,7 +226,7 @@ type Run struct {
 // Allow installs the policy of the run holding slot: allow is its grant's
 // allow-list (names refused with ErrNames). A slot's earlier policy is
 // replaced. Nothing leaves until [Run.Attach].
-func (h *Host) Allow(slot int, allow []unit.Dest) (*Run, error) {
+func (h *Gateway) Allow(slot int, allow []unit.Dest) (*Run, error) {
 	if slot < 1 || slot > h.Slots() {
 		return nil, fmt.Errorf("%w: slot %d: want 1 to %d", ErrInvalid, slot, h.Slots())
 	}
@@ -398,7 +398,7 @@ func (r *Run) Detach() error {
 	return r.h.unlink(r.slot)
 }
 
-func (h *Host) unlink(slot int) error {
+func (h *Gateway) unlink(slot int) error {
 	err := h.nft(func(c *nftables.Conn) error {
 		byslot, err := runChains(c)
 		if err != nil {
@@ -439,7 +439,7 @@ func (r *Run) Close() error {
 	return r.h.remove(r.slot)
 }
 
-func (h *Host) remove(slot int) error {
+func (h *Gateway) remove(slot int) error {
 	err := h.unlink(slot)
 	err = errors.Join(err, h.nft(func(c *nftables.Conn) error {
 		byslot, err := runChains(c)
@@ -461,11 +461,11 @@ func (h *Host) remove(slot int) error {
 
 // flowFilter matches the tracked connections of the slots some says.
 type flowFilter struct {
-	h    *Host
+	h    *Gateway
 	some func(slot int) bool
 }
 
-func flowsOf(some func(int) bool, h *Host) flowFilter { return flowFilter{h: h, some: some} }
+func flowsOf(some func(int) bool, h *Gateway) flowFilter { return flowFilter{h: h, some: some} }
 
 func (f flowFilter) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
 	a, ok := netip.AddrFromSlice(fl.Forward.SrcIP)
@@ -483,7 +483,7 @@ func u32(a netip.Addr) uint32 {
 // Reconcile removes every link, chain and tracked connection of a slot
 // owned says no run holds: what a crash left. It is for the daemon's
 // start, before runs are attached.
-func (h *Host) Reconcile(owned func(slot int) bool) error {
+func (h *Gateway) Reconcile(owned func(slot int) bool) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var errs []error

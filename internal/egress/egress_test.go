@@ -85,7 +85,7 @@ func newNetns(t *testing.T) (netns.NsHandle, string) {
 
 type world struct {
 	t     *testing.T
-	host  *Host
+	host  *Gateway
 	hns   netns.NsHandle
 	hostP string
 	wns   netns.NsHandle

@@ -162,7 +162,7 @@ func allowRules(ds []unit.Dest) ([]allowRule, error) {
 
 // forwardRules are run slot's forward chain: what leaves rrdeN, and what
 // comes back to it.
-func (h *Host) forwardRules(link string, addr netip.Addr, allow []allowRule) [][]expr.Any {
+func (h *Gateway) forwardRules(link string, addr netip.Addr, allow []allowRule) [][]expr.Any {
 	in := metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, ifname(link))
 	out := metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpEq, ifname(link))
 	var rs [][]expr.Any
@@ -235,7 +235,7 @@ func egressRules(addr netip.Addr) [][]expr.Any {
 
 // hostTables adds the host's tables and shared chains (idempotent: an
 // add of what exists is not an error in nftables).
-func (h *Host) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
+func (h *Gateway) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
 	ip = c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: tableName})
 	netdev = c.AddTable(&nftables.Table{Family: nftables.TableFamilyNetdev, Name: tableName})
 	accept := nftables.ChainPolicyAccept
@@ -254,7 +254,7 @@ func (h *Host) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
 }
 
 // addRun adds run slot's chains (replacing any of the same names).
-func (h *Host) addRun(c *nftables.Conn, slot int, allow []allowRule) {
+func (h *Gateway) addRun(c *nftables.Conn, slot int, allow []allowRule) {
 	ip, _ := h.hostTables(c)
 	accept := nftables.ChainPolicyAccept
 	fwd := c.AddChain(&nftables.Chain{Name: fwdChain + strconv.Itoa(slot), Table: ip, Type: nftables.ChainTypeFilter,
@@ -267,7 +267,7 @@ func (h *Host) addRun(c *nftables.Conn, slot int, allow []allowRule) {
 
 // addLinkChains adds the ingress and egress chains of run slot's link,
 // which must exist.
-func (h *Host) addLinkChains(c *nftables.Conn, slot int) {
+func (h *Gateway) addLinkChains(c *nftables.Conn, slot int) {
 	_, nd := h.hostTables(c)
 	accept := nftables.ChainPolicyAccept
 	prio := nftables.ChainPriorityRef(-500)

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/idmap"
-	"github.com/runrecordd/runrecordd/internal/pageserver"
 
 	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"github.com/containerd/containerd/api/services/tasks/v1"
@@ -52,11 +52,11 @@ type Checkpoint struct {
 	// with [ErrRestoreTimeout] and nothing of it is left.
 	Deadline time.Duration
 	// Pages, on RestoreLazy, has the lazy pages served by a page server
-	// process (internal/pageserver) from the files it names, each chunk
+	// process (internal/criu/pageserver) from the files it names, each chunk
 	// verified before its first page goes, instead of read by lazy-pages
 	// from ImageDir's pages files (which then need hold only the eager
 	// pages). Nil: lazy-pages reads ImageDir.
-	Pages *pageserver.Manifest
+	Pages *pageserver.Table
 }
 
 // CheckpointStats is what a checkpoint cost.

@@ -20,8 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/failpoint"
-	"github.com/runrecordd/runrecordd/internal/pageserver"
 	"golang.org/x/sys/unix"
 )
 
@@ -80,7 +80,7 @@ type LazyPages struct {
 	// held is the pipe that tells the page server whether the unit's
 	// userfaultfds are held (sayHeld, letGo); tasks is how many
 	// userfaultfds lazy-pages holds once it has every task's: the
-	// manifest's Uffds, or its tasks if more (0 without a server).
+	// extent table's Uffds, or its tasks if more (0 without a server).
 	held     *os.File
 	heldOnce sync.Once
 	tasks    int
@@ -243,7 +243,7 @@ func (c *Client) CheckLazy(ctx context.Context) error {
 // sun_path limit), where CRIU's restore, whose working directory is the
 // same work directory, connects. It returns once the daemon says it is
 // listening (--status-fd), or an error within wait.
-func (c *Client) startLazyPages(images, work string, pages *pageserver.Manifest, wait time.Duration) (*LazyPages, error) {
+func (c *Client) startLazyPages(images, work string, pages *pageserver.Table, wait time.Duration) (*LazyPages, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err

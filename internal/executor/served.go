@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/pageserver"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,9 +28,9 @@ const sendBuffer = 8 << 20
 // serverLog is the page server's log, in the restore's work directory.
 const serverLog = "page-server.log"
 
-// startServer starts the page server of pages (internal/pageserver) on
+// startServer starts the page server of pages (internal/criu/pageserver) on
 // one end of a socket pair and returns the other, for lazy-pages.
-func (l *LazyPages) startServer(pages *pageserver.Manifest, work string) (*os.File, error) {
+func (l *LazyPages) startServer(pages *pageserver.Table, work string) (*os.File, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("page server socket: %w", err)
@@ -67,7 +67,7 @@ func (l *LazyPages) startServer(pages *pageserver.Manifest, work string) (*os.Fi
 		return nil, fmt.Errorf("page server: %w", err)
 	}
 	l.server, l.held = cmd, heldW
-	// The manifest goes in while lazy-pages starts; a server that has
+	// The extent table goes in while lazy-pages starts; a server that has
 	// not read it all yet only delays its first reply.
 	go func() {
 		_ = pages.Encode(in)

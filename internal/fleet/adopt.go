@@ -16,7 +16,7 @@ import (
 // (ErrNotOwner while it lives); its head and phase must be head and phase
 // (ErrHeadMoved: the lost host went on past them). Claim is the general
 // case; Adopt is the one an operator's `adopt` may make.
-func (h *Host) Adopt(ctx context.Context, genesis record.Address, run string, head record.Address, phase record.Phase) (Entry, error) {
+func (h *Session) Adopt(ctx context.Context, genesis record.Address, run string, head record.Address, phase record.Phase) (Entry, error) {
 	if err := checkName(run); err != nil {
 		return Entry{}, err
 	}

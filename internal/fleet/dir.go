@@ -19,7 +19,7 @@ const DefaultPrefix = "/runrecordd/"
 const DefaultTimeout = 5 * time.Second
 
 // Dir is a fleet's directory in etcd: admitted keys, live hosts and runs.
-// It reads and admits; owning runs needs a joined [Host].
+// It reads and admits; owning runs needs a joined [Session].
 type Dir struct {
 	cli     *clientv3.Client
 	prefix  string

@@ -21,19 +21,19 @@
 // A host joins ([Dir.Join]) with a lease that it keeps alive; its alive
 // key lives and dies with the lease. A run's entry names its owner's key
 // and the lease under which it was claimed; the owner owns the run while
-// that lease lives. Every write of an entry ([Host.Claim],
-// [Host.Advance], [Host.Revert], [Host.Transfer], [Host.Remove]) is one
+// that lease lives. Every write of an entry ([Session.Claim],
+// [Session.Advance], [Session.Revert], [Session.Transfer], [Session.Remove]) is one
 // transaction comparing the entry's revision as read, the writer's own
 // alive key's lease, and, for a takeover, the old owner's alive key's
 // lease: a write judged on a state that changed before it commits is not
 // applied. A run whose owner's lease is gone is an orphan ([Dir.Orphans]),
 // which another host may claim; a run the owner transferred
-// ([Host.Transfer]) may be claimed by the host it names, and its owner may
+// ([Session.Transfer]) may be claimed by the host it names, and its owner may
 // no longer advance it.
 //
 // Safety over liveness: a host that cannot get etcd's confirmation gets
 // [ErrUnavailable] and must not act; a host whose lease is lost gets
 // [ErrLeaseLost] (with [ErrNotOwner]) from then on, and must stop its runs
-// by [Host.ValidUntil]. The ordering of an advance and the bbolt append,
+// by [Session.ValidUntil]. The ordering of an advance and the bbolt append,
 // and what a crash between them leaves, are in docs/fleet.md.
 package fleet

@@ -10,14 +10,14 @@ import (
 )
 
 // Fence appends to a store's records only as far as the fleet lets this
-// host: every advance is reserved in etcd first ([Host.Advance]), then
-// made in bbolt, and taken back in etcd ([Host.Revert]) when bbolt does
+// host: every advance is reserved in etcd first ([Session.Advance]), then
+// made in bbolt, and taken back in etcd ([Session.Revert]) when bbolt does
 // not make it (docs/fleet.md, "The order of the two writes"). It is the
 // store the daemon and its interval room append through when the host is
 // in a fleet; every other store call passes through to Store.
 type Fence struct {
 	*store.Store
-	Host *Host
+	Session *Session
 }
 
 // Reservation is an advance etcd confirmed and the store has not made
@@ -53,7 +53,7 @@ func (f *Fence) Reserve(ctx context.Context, run string, head record.Address, se
 		}
 	}
 	r := &Reservation{f: f, run: run, genesis: record.Genesis(st.Unit, st.Grants), prev: head, next: next, segs: segs}
-	if _, err := f.Host.Advance(ctx, r.genesis, head, next, chain.State().Phase); err != nil {
+	if _, err := f.Session.Advance(ctx, r.genesis, head, next, chain.State().Phase); err != nil {
 		return nil, fmt.Errorf("run %s: %w", run, err)
 	}
 	return r, nil
@@ -74,7 +74,7 @@ func (r *Reservation) Append(ctx context.Context) (record.Address, error) {
 // Cancel takes the reservation back, as a resume whose restore failed
 // does.
 func (r *Reservation) Cancel(ctx context.Context) error {
-	if _, err := r.f.Host.Revert(ctx, r.genesis, r.next); err != nil {
+	if _, err := r.f.Session.Revert(ctx, r.genesis, r.next); err != nil {
 		return fmt.Errorf("run %s: taking back the advance to %s: %w", r.run, r.next, err)
 	}
 	return nil

@@ -14,7 +14,7 @@ import (
 // fenced is a host of the fleet with its own store, appending through a
 // Fence.
 type fenced struct {
-	host  *Host
+	host  *Session
 	st    *store.Store
 	fence *Fence
 }
@@ -27,7 +27,7 @@ func newFenced(t *testing.T, d *Dir, name string) fenced {
 	}
 	t.Cleanup(func() { st.Close() })
 	h := mustJoin(t, d, name, 10*time.Second)
-	return fenced{host: h, st: st, fence: &Fence{Store: st, Host: h}}
+	return fenced{host: h, st: st, fence: &Fence{Store: st, Session: h}}
 }
 
 // create stores run id (the same genesis on every host for one id) and,

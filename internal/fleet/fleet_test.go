@@ -53,7 +53,7 @@ func ctxFor(t *testing.T) context.Context {
 func key(name string) record.Address { return record.Sum([]byte("key " + name)) }
 
 // mustJoin admits name as a host and joins it with ttl.
-func mustJoin(t *testing.T, d *Dir, name string, ttl time.Duration) *Host {
+func mustJoin(t *testing.T, d *Dir, name string, ttl time.Duration) *Session {
 	t.Helper()
 	ctx := ctxFor(t)
 	if err := d.Admit(ctx, key(name), name, RoleHost); err != nil {
@@ -133,7 +133,7 @@ func testAdmitAndJoin(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 // testConcurrentClaim: two hosts claim the same runs at the same moment;
 // each run gets exactly one owner, and the other host ErrNotOwner.
 func testConcurrentClaim(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
-	hosts := []*Host{mustJoin(t, d, "a", 0), mustJoin(t, d, "b", 0)}
+	hosts := []*Session{mustJoin(t, d, "a", 0), mustJoin(t, d, "b", 0)}
 	ctx := ctxFor(t)
 	for i := range 8 {
 		g := record.Sum([]byte{byte(i)})
@@ -245,7 +245,7 @@ func testClaimSeen(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	// revision moved, so the claim reads it again and takes it.
 	g2 := key("seen 2")
 	seen := transferred(g2)
-	for _, to := range []*Host{a, b} {
+	for _, to := range []*Session{a, b} {
 		if _, err := a.Transfer(ctx, g2, to.Key()); err != nil {
 			t.Fatal(err)
 		}
@@ -294,7 +294,7 @@ func testTransfer(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 		t.Fatalf("transfer by a host that does not own it: %v, want ErrNotOwner", err)
 	}
 	// Transfer, take it back, transfer again.
-	for _, to := range []*Host{b, a, b} {
+	for _, to := range []*Session{b, a, b} {
 		if _, err := a.Transfer(ctx, g, to.Key()); err != nil {
 			t.Fatalf("transfer to %s: %v", to.Key(), err)
 		}

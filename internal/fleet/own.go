@@ -24,14 +24,14 @@ const maxAttempts = 8
 //     phase) — claiming is idempotent;
 //   - a run another host owns is taken over only when its owner's lease is
 //     gone (it is an orphan, [Dir.Orphans]) or the owner transferred it
-//     here ([Host.Transfer]); otherwise ErrNotOwner.
+//     here ([Session.Transfer]); otherwise ErrNotOwner.
 //
 // The directory's head and phase must be head and phase (ErrHeadMoved),
 // with one exception for the crash between an advance and the append it
 // reserved: a run whose owner is this host key (an earlier session) may be
 // claimed at the entry's previous head, which takes the reservation back
-// (docs/fleet.md, "Crashes between the two writes").
-func (h *Host) Claim(ctx context.Context, genesis record.Address, run string, head record.Address, phase record.Phase) (Entry, error) {
+// (docs/fleet.md, "The order of the two writes").
+func (h *Session) Claim(ctx context.Context, genesis record.Address, run string, head record.Address, phase record.Phase) (Entry, error) {
 	if err := checkName(run); err != nil {
 		return Entry{}, err
 	}
@@ -42,7 +42,7 @@ func (h *Host) Claim(ctx context.Context, genesis record.Address, run string, he
 // the run before it was fetched: when the entry and its owner's session
 // are still as seen, the claim is one request (the transaction compares
 // both, as after a read); otherwise it reads afresh, as Claim does.
-func (h *Host) ClaimSeen(ctx context.Context, seen Seen, run string, head record.Address, phase record.Phase) (Entry, error) {
+func (h *Session) ClaimSeen(ctx context.Context, seen Seen, run string, head record.Address, phase record.Phase) (Entry, error) {
 	if err := checkName(run); err != nil {
 		return Entry{}, err
 	}
@@ -51,7 +51,7 @@ func (h *Host) ClaimSeen(ctx context.Context, seen Seen, run string, head record
 }
 
 // claim is Claim's judgement of the entry.
-func (h *Host) claim(genesis record.Address, run string, head record.Address, phase record.Phase) func(Entry, bool, int64) (Entry, error) {
+func (h *Session) claim(genesis record.Address, run string, head record.Address, phase record.Phase) func(Entry, bool, int64) (Entry, error) {
 	return func(cur Entry, exists bool, ownerLease int64) (Entry, error) {
 		if !exists {
 			return Entry{Genesis: genesis, Run: run, Owner: h.key, Lease: int64(h.lease), Head: head, Phase: phase}, nil
@@ -85,9 +85,9 @@ func (h *Host) claim(genesis record.Address, run string, head record.Address, ph
 // (ErrHeadMoved). On success the entry keeps prev as its previous head.
 //
 // The daemon advances before it appends the segments that make next
-// (docs/fleet.md): an advance is a reservation that [Host.Revert] takes
+// (docs/fleet.md): an advance is a reservation that [Session.Revert] takes
 // back when the append is refused.
-func (h *Host) Advance(ctx context.Context, genesis, prev, next record.Address, phase record.Phase) (Entry, error) {
+func (h *Session) Advance(ctx context.Context, genesis, prev, next record.Address, phase record.Phase) (Entry, error) {
 	return h.update(ctx, "advance", genesis, nil, func(cur Entry, exists bool, _ int64) (Entry, error) {
 		if err := h.owns(cur, exists); err != nil {
 			return Entry{}, err
@@ -105,7 +105,7 @@ func (h *Host) Advance(ctx context.Context, genesis, prev, next record.Address, 
 // and phase become its previous ones. It is for an append refused (or not
 // made) after its advance; the run must be this session's, at reserved,
 // with a previous head (ErrHeadMoved otherwise).
-func (h *Host) Revert(ctx context.Context, genesis, reserved record.Address) (Entry, error) {
+func (h *Session) Revert(ctx context.Context, genesis, reserved record.Address) (Entry, error) {
 	return h.update(ctx, "revert", genesis, nil, func(cur Entry, exists bool, _ int64) (Entry, error) {
 		if err := h.owns(cur, exists); err != nil {
 			return Entry{}, err
@@ -123,7 +123,7 @@ func (h *Host) Revert(ctx context.Context, genesis, reserved record.Address) (En
 // must be admitted as a host (ErrNotAdmitted). From then on this host may
 // not advance it, and to may claim it at its head. Transferring to this
 // host itself takes back a transfer that to has not claimed.
-func (h *Host) Transfer(ctx context.Context, genesis, to record.Address) (Entry, error) {
+func (h *Session) Transfer(ctx context.Context, genesis, to record.Address) (Entry, error) {
 	if to != h.key {
 		m, err := h.Member(ctx, to)
 		if err != nil {
@@ -158,7 +158,7 @@ func (h *Host) Transfer(ctx context.Context, genesis, to record.Address) (Entry,
 // leaves (docs/fleet.md, "Reconciling at start"). Any other entry is
 // ErrHeadMoved: a run that was advanced keeps its entry, so no host can
 // create it afresh.
-func (h *Host) Remove(ctx context.Context, genesis record.Address) error {
+func (h *Session) Remove(ctx context.Context, genesis record.Address) error {
 	_, err := h.update(ctx, "remove", genesis, nil, func(cur Entry, exists bool, _ int64) (Entry, error) {
 		if err := h.owns(cur, exists); err != nil {
 			return Entry{}, err
@@ -172,7 +172,7 @@ func (h *Host) Remove(ctx context.Context, genesis record.Address) error {
 }
 
 // owns refuses an entry this session may not advance.
-func (h *Host) owns(cur Entry, exists bool) error {
+func (h *Session) owns(cur Entry, exists bool) error {
 	switch {
 	case !exists:
 		return fmt.Errorf("run %s: %w", cur.Genesis, ErrNoRun)
@@ -203,7 +203,7 @@ var (
 //
 // A first attempt judged on seen (not nil) skips its read: the
 // transaction's comparisons hold it to what a read would have seen.
-func (h *Host) update(ctx context.Context, op string, genesis record.Address, seen *Seen,
+func (h *Session) update(ctx context.Context, op string, genesis record.Address, seen *Seen,
 	decide func(cur Entry, exists bool, ownerLease int64) (Entry, error)) (Entry, error) {
 	ctx, cancel := h.bounded(ctx)
 	defer cancel()
@@ -251,7 +251,7 @@ func (h *Host) update(ctx context.Context, op string, genesis record.Address, se
 // is not live in etcd, all at one revision.
 //
 // With seen (not nil, of this genesis), read returns it without a request.
-func (h *Host) read(ctx context.Context, op string, genesis record.Address, seen *Seen) (Entry, bool, int64, error) {
+func (h *Session) read(ctx context.Context, op string, genesis record.Address, seen *Seen) (Entry, bool, int64, error) {
 	if seen != nil && seen.entry.Genesis == genesis && seen.entry.Rev != 0 {
 		lease := seen.ownerLease
 		if seen.entry.Owner == h.key {

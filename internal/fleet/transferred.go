@@ -10,7 +10,7 @@ import (
 )
 
 // Seen is a run's entry and the lease of its owner's live session (0 when
-// none), read at one revision (Dir.Transferred); Host.ClaimSeen claims on
+// none), read at one revision (Dir.Transferred); Session.ClaimSeen claims on
 // it.
 type Seen struct {
 	entry      Entry

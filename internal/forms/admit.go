@@ -77,7 +77,7 @@ func (h Env) Admit(ctx context.Context, r store.Run, mark func(step string)) (Ad
 	offer := park.Offered
 	if h.Lazy != nil && h.LazyServed {
 		// Pages served lazily are verified chunk by chunk as they are
-		// served (internal/pageserver); the rest is rehashed now.
+		// served (internal/criu/pageserver); the rest is rehashed now.
 		offer = park.OfferedServed
 	}
 	offered, err := offer(ctx, h.Store, ok.Suspended.Snapshot)

@@ -7,10 +7,10 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
-	"github.com/runrecordd/runrecordd/internal/pageserver"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -140,7 +140,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 // layout lays the snapshot's trees out under dir: for a lazy restore,
 // with the manifest its page server serves the pages by, each chunk
 // verified as it is served (Admit rehashed the rest: park.OfferedServed).
-func (f Image) layout(snap record.Snapshot, dir string) (park.Trees, *pageserver.Manifest, error) {
+func (f Image) layout(snap record.Snapshot, dir string) (park.Trees, *pageserver.Table, error) {
 	if f.h.Lazy != nil && f.h.LazyServed {
 		return park.LayoutServed(f.h.Store, snap, dir)
 	}

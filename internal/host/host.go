@@ -75,7 +75,7 @@ type Config struct {
 	// open with it.
 	LazyResume bool
 	// LazyServed, with LazyResume, verifies each lazily served chunk of a
-	// chunked image as its pages are first served (internal/pageserver)
+	// chunked image as its pages are first served (internal/criu/pageserver)
 	// instead of every stored byte before the restore (docs/lazy-resume.md,
 	// "The page server").
 	LazyServed bool

@@ -11,14 +11,14 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/runrecordd/runrecordd/internal/pageserver"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // A served lazy resume (docs/lazy-resume.md, "The page server"): the
 // pages of a chunked pages file that lazy-pages will serve are verified
-// chunk by chunk as they are served (internal/pageserver), not before
+// chunk by chunk as they are served (internal/criu/pageserver), not before
 // the restore. Before it, [OfferedServed] checks the memory image's
 // listing against the recorded address — it names every chunk by its
 // address — and rehashes every other file and every chunk holding an
@@ -152,11 +152,11 @@ func pagemapOf(name string, pms []pagemap) (*pagemap, error) {
 // [OfferedServed] found the snapshot intact: it lays the image out by
 // hard links except the chunks, writes each chunked pages file as a
 // sparse file of its size holding only its eager chunks (the pages CRIU's
-// restore reads itself; lazy-pages reads none), and returns the manifest
+// restore reads itself; lazy-pages reads none), and returns the extent table
 // the page server serves every task's pages by: a chunk's pages from the
 // chunk's object, verified as served unless it holds eager pages (checked
 // already); a whole pages file's from its object.
-func LayoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pageserver.Manifest, error) {
+func LayoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pageserver.Table, error) {
 	t, m, err := layoutServed(st, snap, dir)
 	if err != nil {
 		os.RemoveAll(dir)
@@ -165,7 +165,7 @@ func LayoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pa
 	return t, m, nil
 }
 
-func layoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pageserver.Manifest, error) {
+func layoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pageserver.Table, error) {
 	if snap.IsTranscript() || snap.Root == nil || snap.Memory == nil {
 		return Trees{}, nil, fmt.Errorf("%s is not an image park with a memory image", snap)
 	}
@@ -205,7 +205,7 @@ func layoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pa
 		}
 		chunked[cf.Name] = cf
 	}
-	m, err := manifest(st, es, pms, chunked)
+	m, err := extentTable(st, es, pms, chunked)
 	if err != nil {
 		return Trees{}, nil, fmt.Errorf("%s: %w", *snap.Memory, err)
 	}
@@ -295,15 +295,15 @@ func sparse(st *store.Store, dir string, cf store.ChunkedFile, eager []store.Chu
 	return out.Close()
 }
 
-// manifest is the page server's manifest of every task's pages: per task
+// extentTable is the page server's extent table of every task's pages: per task
 // pagemap with present pages, its chunks (a chunked pages file) or the
 // runs of its whole pages file, in address order. A pages file named by
 // more than one pagemap is refused (CRIU gives each pagemap a pages file
 // of its own), and so is a whole one of another size than its pagemap's
 // runs: else many pagemaps of many runs over one small file would make a
-// manifest, which names the file once per extent, many times the image's
+// table, which names the file once per extent, many times the image's
 // size.
-func manifest(st *store.Store, es []store.Entry, pms []pagemap, chunked map[string]store.ChunkedFile) (*pageserver.Manifest, error) {
+func extentTable(st *store.Store, es []store.Entry, pms []pagemap, chunked map[string]store.ChunkedFile) (*pageserver.Table, error) {
 	objects := map[string]store.Entry{} // a whole pages file's object
 	for _, e := range es {
 		if !isChunk(e.Name) {
@@ -317,7 +317,7 @@ func manifest(st *store.Store, es []store.Entry, pms []pagemap, chunked map[stri
 		}
 		named[pm.pages] = pm.name
 	}
-	m := &pageserver.Manifest{}
+	m := &pageserver.Table{}
 	for _, pm := range pms {
 		id, ok := pm.task()
 		if ok {

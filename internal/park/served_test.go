@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/runrecordd/runrecordd/internal/pageserver"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -46,7 +46,7 @@ func servedPark(t *testing.T, pages []byte) (*store.Store, Result) {
 
 // get asks a server of m for n pages at vaddr of task 1, as lazy-pages
 // does, and returns what it sent or the error it stopped with.
-func get(t *testing.T, m *pageserver.Manifest, vaddr, n uint64) ([]byte, error) {
+func get(t *testing.T, m *pageserver.Table, vaddr, n uint64) ([]byte, error) {
 	t.Helper()
 	a, b := net.Pipe()
 	defer a.Close()
@@ -256,7 +256,7 @@ func damage(t *testing.T, st *store.Store, a record.Address) {
 // servedLayout ingests a memory image of files (a name with a slash is a
 // chunk: its directory is made) beside a root tree, and lays it out for a
 // served resume; a refused layout must leave nothing behind.
-func servedLayout(t *testing.T, st *store.Store, files map[string][]byte) (*pageserver.Manifest, error) {
+func servedLayout(t *testing.T, st *store.Store, files map[string][]byte) (*pageserver.Table, error) {
 	t.Helper()
 	root := plainIngest(t, st, map[string][]byte{RootfsName: content(52, 100)})
 	stage, err := st.StagingDir("hostile")

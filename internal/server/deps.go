@@ -34,6 +34,7 @@ type Deps struct {
 	Counts    Counts       // *metrics.Metrics
 	Fleet     Fleet        // *member.Member
 	Exporter  Exporter     // bundle.Exporter
+	Placement Placement    // *drain.Local
 	Metrics   http.Handler // /metrics
 	Objects   http.Handler // the peer route serving objects (internal/fleet/transfer)
 }
@@ -58,6 +59,11 @@ type Daemon interface {
 	Stdout(id string) string
 	OpenJournal(id string) *attest.Journal
 	StoredBytes(runs []answers.Summary) (int64, error)
+}
+
+// Placement is what this host can take now, asked by a peer before a
+// drain (internal/fleet/drain).
+type Placement interface {
 	Offer(ctx context.Context, images []string) (drain.Offer, error)
 }
 

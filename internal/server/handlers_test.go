@@ -148,7 +148,7 @@ func operator(t *testing.T, f *fake) http.Handler {
 	if _, err := st.Create("r", ua, ga); err != nil {
 		t.Fatal(err)
 	}
-	return New(Deps{Daemon: f, Store: st, Keys: fakeKeys{f}, Collector: f, Events: f, Counts: f, Fleet: f, Exporter: f,
+	return New(Deps{Daemon: f, Store: st, Keys: fakeKeys{f}, Collector: f, Events: f, Counts: f, Fleet: f, Exporter: f, Placement: f,
 		Metrics: http.NotFoundHandler()}, testhost.Log(t))
 }
 

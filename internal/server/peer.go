@@ -34,7 +34,7 @@ import (
 //	                          so (member.Receive; resumed when asked);
 //	                          answers the run as held here
 //	POST /v1/placement        peer.OfferRequest: what this host can take
-//	                          now (daemon.Daemon.Offer), before a drain
+//	                          now (Deps.Placement), before a drain
 //
 // A refusal of the directory or of the transfers served is 403
 // (forbidden), as a key whose role may not use the route.
@@ -127,7 +127,7 @@ func (h *handler) offer(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, fmt.Errorf("%w: %d image names, at most %d", answers.ErrInvalid, len(q.Images), peer.MaxOfferImages))
 		return
 	}
-	o, err := h.d.Offer(r.Context(), q.Images)
+	o, err := h.Placement.Offer(r.Context(), q.Images)
 	h.reply(w, r, peer.OfferAnswer{Facts: o.Facts, Images: o.Images, Free: o.Free, Draining: o.Draining, ImageParks: o.ImageParks}, err)
 }
 

@@ -1,7 +1,7 @@
 // Command rooms checks the module's standing dependency rules and prints
 // its measures (docs/rooms.md, "Measures"): the longest chain of imports
-// between the module's packages, and the production packages under 200
-// lines that only one package imports. It reads the import graph with
+// between the module's packages, the daemon's methods, and the production
+// packages under 200 lines that only one package imports. It reads the import graph with
 // `go list -deps -f` and exits 1 when a rule is broken.
 //
 //	go run ./tools/rooms        # from the module's root
@@ -13,6 +13,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"go/types"
 	"io"
 	"os"
 	"os/exec"
@@ -34,6 +35,12 @@ type Package struct {
 	// more than MaxParams parameters besides a receiver, each as
 	// "file name (n)".
 	Wide []string
+	// Methods counts the methods its non-test files declare, by receiver
+	// type name (pointer receiver or not).
+	Methods map[string]int
+	// Embeds holds each struct type its non-test files declare, by name,
+	// with the types it embeds (none: an empty list).
+	Embeds map[string][]string
 }
 
 // MaxParams is the most parameters a non-test function takes besides its
@@ -72,6 +79,64 @@ func wide(path, name string) ([]string, error) {
 	return out, nil
 }
 
+// shape adds the methods and the struct types of a Go file to p.
+func (p *Package) shape(path string) error {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+	if err != nil {
+		return err
+	}
+	if p.Methods == nil {
+		p.Methods, p.Embeds = map[string]int{}, map[string][]string{}
+	}
+	for _, d := range f.Decls {
+		switch d := d.(type) {
+		case *ast.FuncDecl:
+			if d.Recv != nil && len(d.Recv.List) == 1 {
+				p.Methods[receiver(d.Recv.List[0].Type)]++
+			}
+		case *ast.GenDecl:
+			for _, spec := range d.Specs {
+				ts, ok := spec.(*ast.TypeSpec)
+				if !ok {
+					continue
+				}
+				st, ok := ts.Type.(*ast.StructType)
+				if !ok {
+					continue
+				}
+				embeds := []string{}
+				for _, field := range st.Fields.List {
+					if len(field.Names) == 0 {
+						embeds = append(embeds, types.ExprString(field.Type))
+					}
+				}
+				p.Embeds[ts.Name.Name] = embeds
+			}
+		}
+	}
+	return nil
+}
+
+// receiver is the type name of a method's receiver: T of T, *T, T[P]
+// and *T[P].
+func receiver(e ast.Expr) string {
+	for {
+		switch x := e.(type) {
+		case *ast.StarExpr:
+			e = x.X
+		case *ast.IndexExpr:
+			e = x.X
+		case *ast.IndexListExpr:
+			e = x.X
+		case *ast.Ident:
+			return x.Name
+		default:
+			return types.ExprString(e)
+		}
+	}
+}
+
 // Graph is the module's packages by Path.
 type Graph map[string]*Package
 
@@ -107,6 +172,9 @@ func Load(dir string) (Graph, error) {
 				return nil, err
 			}
 			p.Wide = append(p.Wide, w...)
+			if err := p.shape(filepath.Join(f[1], name)); err != nil {
+				return nil, err
+			}
 		}
 		g[p.Path] = p
 	}
@@ -219,6 +287,35 @@ func init() {
 			return out
 		}},
 	)
+}
+
+// Hub is the type that reads as the list of what a host does: its
+// methods are the host's verbs, at most MaxHubMethods of them, and none
+// comes from a type it embeds (the rooms it uses are fields, wired once).
+var Hub = struct{ Path, Type string }{"internal/daemon", "Daemon"}
+
+// MaxHubMethods is the most methods Hub's type declares.
+const MaxHubMethods = 40
+
+func init() {
+	Rules = append(Rules, Rule{fmt.Sprintf("%s's %s declares at most %d methods and embeds nothing", Hub.Path, Hub.Type, MaxHubMethods), func(g Graph) []string {
+		p, name := g[Hub.Path], Hub.Path+"."+Hub.Type
+		if p == nil {
+			return []string{"no package " + Hub.Path}
+		}
+		embeds, ok := p.Embeds[Hub.Type]
+		if !ok {
+			return []string{"no struct type " + name}
+		}
+		var out []string
+		if n := p.Methods[Hub.Type]; n > MaxHubMethods {
+			out = append(out, fmt.Sprintf("%s has %d methods", name, n))
+		}
+		for _, e := range embeds {
+			out = append(out, name+" embeds "+e)
+		}
+		return out
+	}})
 }
 
 // Pending are breaches known when a rule was added, each owned by work
@@ -378,6 +475,9 @@ func Report(w io.Writer, g Graph) []string {
 	}
 	chain := LongestChain(g)
 	fmt.Fprintf(w, "longest import chain: %d packages\n  %s\n", len(chain), strings.Join(chain, " -> "))
+	if p := g[Hub.Path]; p != nil {
+		fmt.Fprintf(w, "%s.%s methods: %d (at most %d)\n", Hub.Path, Hub.Type, p.Methods[Hub.Type], MaxHubMethods)
+	}
 	small := SmallSingles(g)
 	fmt.Fprintf(w, "production packages under %d lines imported by one package: %d\n", SmallLines, len(small))
 	for _, s := range small {

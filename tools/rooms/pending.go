@@ -4,24 +4,9 @@ package main
 // by work under way: the functions still to take an options struct.
 func init() {
 	for _, b := range []string{
-		"no non-test function takes more than 5 parameters besides its receiver: bench/chunkbench/chunk.go cutPoint (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: bench/chunkbench/dump.go dump (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: bench/chunkbench/dump.go dumps (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: bench/lazybench/main.go run (8)",
-		"no non-test function takes more than 5 parameters besides its receiver: bench/transcriptbench/main.go newPlain (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: cmd/runrecordd/fleet.go peerServer (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/bundle/export.go writeObjects (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/bundle/pack.go stagePack (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/bundle/stage.go stageMember (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/fleet/drain/drain.go Drain (6)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/create.go build (7)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/create.go newContainer (7)",
 		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/deadline.go underDeadlineIn (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/fleet/member/drain.go drainRuns (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/fleet/member/migrate.go takeBack (7)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/fleet/member/reconcile.go takeBackMigration (7)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/fleet/transfer/fetch.go Fetch (6)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/fleet/transfer/fetch.go Stage (6)",
 	} {
 		Pending[b] = true
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -32,6 +34,9 @@ func graph(lines ...string) Graph {
 	for _, l := range lines {
 		f := strings.Fields(l)
 		g[f[0]] = &Package{Path: f[0], Imports: f[1:], Lines: 500}
+	}
+	if p := g[Hub.Path]; p != nil {
+		p.Methods, p.Embeds = map[string]int{Hub.Type: MaxHubMethods}, map[string][]string{Hub.Type: {}}
 	}
 	return g
 }
@@ -68,8 +73,7 @@ func TestRulesCatchBreaks(t *testing.T) {
 		{"a room below the daemon imports server", "internal/store pkg/record internal/server", 3},
 	} {
 		g := graph(good...)
-		f := strings.Fields(c.add)
-		g[f[0]] = &Package{Path: f[0], Imports: f[1:], Lines: 500}
+		maps.Copy(g, graph(c.add))
 		var broken []int
 		for i, r := range Rules {
 			if len(r.Check(g)) > 0 {
@@ -197,5 +201,86 @@ var lit = func(_ int, _ int, _ int, _ int, _ int, _ int) {}
 	}
 	if want := []string{"p.go six (6)", "p.go a func literal (6)"}; !slices.Equal(got, want) {
 		t.Errorf("wide = %q, want %q", got, want)
+	}
+}
+
+// The hub rule refuses a Daemon of more than MaxHubMethods methods, one
+// that embeds a type, and a module without it, on a synthetic graph.
+func TestHubRuleCatchesBreaks(t *testing.T) {
+	var hub Rule
+	for _, r := range Rules {
+		if strings.HasPrefix(r.Name, Hub.Path+"'s "+Hub.Type) {
+			hub = r
+		}
+	}
+	if hub.Check == nil {
+		t.Fatal("no hub rule")
+	}
+	g := graph(Hub.Path + " internal/store")
+	if b := hub.Check(g); len(b) > 0 {
+		t.Errorf("%d methods refused: %v", MaxHubMethods, b)
+	}
+	g[Hub.Path].Methods[Hub.Type] = MaxHubMethods + 1
+	g[Hub.Path].Embeds[Hub.Type] = []string{"retention.Policy", "*evidence.Room"}
+	want := []string{
+		fmt.Sprintf("%s.%s has %d methods", Hub.Path, Hub.Type, MaxHubMethods+1),
+		Hub.Path + "." + Hub.Type + " embeds retention.Policy",
+		Hub.Path + "." + Hub.Type + " embeds *evidence.Room",
+	}
+	if b := hub.Check(g); !slices.Equal(b, want) {
+		t.Errorf("breaches %q, want %q", b, want)
+	}
+	delete(g[Hub.Path].Embeds, Hub.Type)
+	if b := hub.Check(g); len(b) != 1 || !strings.Contains(b[0], "no struct type") {
+		t.Errorf("a hub without its type: %v", b)
+	}
+	delete(g, Hub.Path)
+	if b := hub.Check(g); len(b) != 1 || !strings.Contains(b[0], "no package") {
+		t.Errorf("a module without the hub's package: %v", b)
+	}
+}
+
+// shape counts a file's methods by receiver type, pointer, value and
+// generic alike, and lists each struct type's embedded types.
+func TestShape(t *testing.T) {
+	src := `package p
+
+import "sync"
+
+type T struct {
+	sync.Mutex
+	*U
+	n int
+}
+type U struct{ a, b int }
+type G[K comparable] struct{ m map[K]int }
+type I interface{ M() }
+
+func (T) a()       {}
+func (*T) b()      {}
+func (t *T) c()    {}
+func (u U) d()     {}
+func (g *G[K]) e() {}
+func f()           {}
+`
+	path := filepath.Join(t.TempDir(), "p.go")
+	if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := &Package{}
+	if err := p.shape(path); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"T": 3, "U": 1, "G": 1}; !maps.Equal(p.Methods, want) {
+		t.Errorf("methods %v, want %v", p.Methods, want)
+	}
+	if got := p.Embeds["T"]; !slices.Equal(got, []string{"sync.Mutex", "*U"}) {
+		t.Errorf("T embeds %q", got)
+	}
+	if got, ok := p.Embeds["U"]; !ok || len(got) != 0 {
+		t.Errorf("U embeds %q (listed: %v)", got, ok)
+	}
+	if _, ok := p.Embeds["I"]; ok {
+		t.Error("an interface listed as a struct")
 	}
 }

@@ -25,9 +25,9 @@ type Run struct {
 	Bytes uint64
 }
 
-// Host is a host a drain may move runs to, as it answered before the
+// Target is a host a drain may move runs to, as it answered before the
 // drain began (placement).
-type Host struct {
+type Target struct {
 	Key record.Address
 	// Free is what its store can still take, beyond the room it keeps.
 	Free uint64
@@ -51,13 +51,22 @@ type Outcome struct {
 // Migrate moves run id to host to.
 type Migrate func(ctx context.Context, id string, to record.Address) error
 
-// Drain moves runs to hosts, parallel at a time: transcript runs first;
-// each to the host whose manifest matches the run and that has the most
-// room left once what this drain already sent it is counted (placement),
-// passed on to the next such host when one refuses it at the migration.
-// progress, when not nil, is told each outcome as it ends, with how many
-// have ended of how many. The outcomes are in the order moved.
-func Drain(ctx context.Context, runs []Run, hosts []Host, parallel int, migrate Migrate, progress func(o Outcome, done, total int)) []Outcome {
+// Options are how a drain moves its runs.
+type Options struct {
+	Parallel int     // how many runs move at once (at least 1)
+	Migrate  Migrate // moves one run to one host
+	// Progress, when not nil, is told each outcome as it ends, with how
+	// many have ended of how many.
+	Progress func(o Outcome, done, total int)
+}
+
+// Drain moves runs to hosts, opt.Parallel at a time: transcript runs
+// first; each to the host whose manifest matches the run and that has the
+// most room left once what this drain already sent it is counted
+// (placement), passed on to the next such host when one refuses it at the
+// migration. The outcomes are in the order moved.
+func Drain(ctx context.Context, runs []Run, hosts []Target, opt Options) []Outcome {
+	migrate, progress := opt.Migrate, opt.Progress
 	ordered := order(runs)
 	p := newPlacement(hosts)
 	out := make([]Outcome, len(ordered))
@@ -65,7 +74,7 @@ func Drain(ctx context.Context, runs []Run, hosts []Host, parallel int, migrate 
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	done := 0
-	for range max(parallel, 1) {
+	for range max(opt.Parallel, 1) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -17,10 +17,10 @@ import (
 func host(n string) record.Address { return record.Sum([]byte(n)) }
 
 // hosts are hosts with the same ample room, taking anything.
-func hosts(keys ...record.Address) []Host {
-	var out []Host
+func hosts(keys ...record.Address) []Target {
+	var out []Target
 	for _, k := range keys {
-		out = append(out, Host{Key: k, Free: 1 << 40})
+		out = append(out, Target{Key: k, Free: 1 << 40})
 	}
 	return out
 }
@@ -44,11 +44,11 @@ func TestDrain(t *testing.T) {
 	}
 	var seen atomic.Int32
 	runs := []Run{{ID: "img-1"}, {ID: "tr-1", Transcript: true}, {ID: "img-b-only"}, {ID: "tr-2", Transcript: true}, {ID: "img-stuck"}}
-	out := Drain(t.Context(), runs, hosts(a, b), 1, migrate, func(o Outcome, done, total int) {
+	out := Drain(t.Context(), runs, hosts(a, b), Options{Parallel: 1, Migrate: migrate, Progress: func(o Outcome, done, total int) {
 		if total != len(runs) || int(seen.Add(1)) != done {
 			t.Errorf("progress %d/%d after %d outcomes", done, total, seen.Load())
 		}
-	})
+	}})
 	if got := fmt.Sprint(moved[:2]); got != "[tr-1 tr-2]" {
 		t.Fatalf("moved first %s, want the transcript runs", got)
 	}
@@ -87,7 +87,7 @@ func TestDrainParallel(t *testing.T) {
 		runs[i] = Run{ID: fmt.Sprint(i)}
 	}
 	done := make(chan []Outcome)
-	go func() { done <- Drain(t.Context(), runs, hosts(host("a")), 2, migrate, nil) }()
+	go func() { done <- Drain(t.Context(), runs, hosts(host("a")), Options{Parallel: 2, Migrate: migrate}) }()
 	for range runs {
 		release <- struct{}{}
 	}
@@ -99,10 +99,10 @@ func TestDrainParallel(t *testing.T) {
 
 // With no host to offer it to, a run stays, saying so.
 func TestDrainNoHost(t *testing.T) {
-	out := Drain(t.Context(), []Run{{ID: "r"}}, nil, 2, func(context.Context, string, record.Address) error {
+	out := Drain(t.Context(), []Run{{ID: "r"}}, nil, Options{Parallel: 2, Migrate: func(context.Context, string, record.Address) error {
 		t.Fatal("migrated with no host")
 		return nil
-	}, nil)
+	}})
 	if len(out) != 1 || out[0].Err == nil {
 		t.Fatalf("%+v", out)
 	}
@@ -116,7 +116,7 @@ func TestDrainPlacement(t *testing.T) {
 	a, b, c := host("a"), host("b"), host("c")
 	mismatch := errors.New("manifest: cpu_features differ")
 	unreachable := errors.New("connection refused")
-	hs := []Host{
+	hs := []Target{
 		{Key: a, Free: 100, Refuses: map[string]error{"img-1": mismatch}},
 		{Key: b, Free: 60},
 		{Key: c, Err: unreachable},
@@ -138,7 +138,7 @@ func TestDrainPlacement(t *testing.T) {
 		{ID: "img-3", Bytes: 40}, // a has 30 left, b 10: none has room
 		{ID: "tr-1", Transcript: true, Bytes: 5},
 	}
-	out := Drain(t.Context(), runs, hs, 1, migrate, nil)
+	out := Drain(t.Context(), runs, hs, Options{Parallel: 1, Migrate: migrate})
 	byRun := map[string]Outcome{}
 	for _, o := range out {
 		byRun[o.Run] = o
@@ -173,8 +173,8 @@ func TestDrainRefusedGivesRoomBack(t *testing.T) {
 		}
 		return nil
 	}
-	hs := []Host{{Key: a, Free: 100}, {Key: b, Free: 90}}
-	out := Drain(t.Context(), []Run{{ID: "r1", Bytes: 80}, {ID: "r2", Bytes: 95}}, hs, 1, migrate, nil)
+	hs := []Target{{Key: a, Free: 100}, {Key: b, Free: 90}}
+	out := Drain(t.Context(), []Run{{ID: "r1", Bytes: 80}, {ID: "r2", Bytes: 95}}, hs, Options{Parallel: 1, Migrate: migrate})
 	if out[0].To != b || out[1].To != a {
 		t.Fatalf("%+v", out)
 	}
@@ -216,7 +216,7 @@ func TestFit(t *testing.T) {
 			t.Errorf("%s: %v, want ErrUnfit", name, err)
 		}
 	}
-	h := HostOf(host("a"), o, nil, []Need{need("x86_64", "sha256:aa"), {Run: "other", Image: "oracle", Manifest: manifest.Manifest{manifest.Arch: "riscv64"}}})
+	h := TargetOf(host("a"), o, nil, []Need{need("x86_64", "sha256:aa"), {Run: "other", Image: "oracle", Manifest: manifest.Manifest{manifest.Arch: "riscv64"}}})
 	if h.Refuses["r"] != nil || h.Refuses["other"] == nil {
 		t.Fatalf("%+v", h.Refuses)
 	}

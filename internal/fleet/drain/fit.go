@@ -99,10 +99,10 @@ func Fit(n Need, o Offer) error {
 // other hosts' words, and a refusal is kept per run per host.
 const maxDiffs = 8
 
-// HostOf is host key as a drain places runs on it, from its offer (or why
+// TargetOf is host key as a drain places runs on it, from its offer (or why
 // it made none).
-func HostOf(key record.Address, o Offer, err error, needs []Need) Host {
-	h := Host{Key: key, Err: err}
+func TargetOf(key record.Address, o Offer, err error, needs []Need) Target {
+	h := Target{Key: key, Err: err}
 	if err != nil {
 		return h
 	}

@@ -15,12 +15,12 @@ var ErrNoHost = errors.New("no host can take the run")
 // placement is the hosts' room as a drain spends it.
 type placement struct {
 	mu     sync.Mutex
-	hosts  []Host
+	hosts  []Target
 	placed []uint64 // bytes this drain sent (or is sending) to each host
 	count  []int    // runs this drain sent (or is sending) to each host
 }
 
-func newPlacement(hosts []Host) *placement {
+func newPlacement(hosts []Target) *placement {
 	return &placement{hosts: hosts, placed: make([]uint64, len(hosts)), count: make([]int, len(hosts))}
 }
 

@@ -16,7 +16,7 @@ import (
 // run imported while another host owned it — with everything its record
 // reaches (docs/fleet.md, "Lost hosts"). A run this host handed off
 // itself is refused (store.ErrHandedOff), and so is one this host's key
-// owns (fleet.Host.Adopt). The record is left as it is: it says nothing
+// owns (fleet.Session.Adopt). The record is left as it is: it says nothing
 // that did not happen. The run is checked first (its record from genesis,
 // every object it reaches rehashed), then adopted in the fleet (refused
 // unless its owner is another key whose lease is gone and the directory's

@@ -29,7 +29,7 @@ func (m *Member) Drain(ctx context.Context, to []record.Address, parallel int) (
 	if err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}
-	return m.drainRuns(ctx, to, parallel, runs, needs, m.MigratePlaced)
+	return m.drainRuns(ctx, to, runs, needs, drain.Options{Parallel: parallel, Migrate: m.MigratePlaced})
 }
 
 // Holding lists the runs this host holds — not closed, not handed off, not
@@ -72,12 +72,12 @@ func (m *Member) need(ctx context.Context, id string) (drain.Need, error) {
 }
 
 // drainRuns moves runs (with what each needs of the host that takes it) to
-// the fleet's other hosts by migrate: to, or every other host whose live
+// the fleet's other hosts as opt says: to, or every other host whose live
 // session serves the fleet. Before anything moves each host says what it
 // can take (Peers.Offer), and internal/fleet/drain places each run on a host it
 // fits (docs/fleet.md, "Drain"). Each run's outcome is a "drain.run" event
-// as it ends.
-func (m *Member) drainRuns(ctx context.Context, to []record.Address, parallel int, runs []drain.Run, needs []drain.Need, migrate drain.Migrate) ([]drain.Outcome, error) {
+// as it ends (opt.Progress is set here).
+func (m *Member) drainRuns(ctx context.Context, to []record.Address, runs []drain.Run, needs []drain.Need, opt drain.Options) ([]drain.Outcome, error) {
 	if err := m.moving("drain", "this host"); err != nil {
 		return nil, err
 	}
@@ -95,14 +95,15 @@ func (m *Member) drainRuns(ctx context.Context, to []record.Address, parallel in
 		return nil, fmt.Errorf("drain: %w: no other host serves the fleet", fleet.ErrNotAdmitted)
 	}
 	hosts := m.hostsFor(ctx, unique(to), needs)
-	return drain.Drain(ctx, runs, hosts, parallel, migrate, func(o drain.Outcome, done, total int) {
+	opt.Progress = func(o drain.Outcome, done, total int) {
 		m.cfg.Metrics.Drained(o.Err == nil)
 		detail := fmt.Sprintf("%d/%d moved to %s", done, total, o.To)
 		if o.Err != nil {
 			detail = fmt.Sprintf("%d/%d not moved: %v", done, total, o.Err)
 		}
 		m.cfg.Publish(events.Event{Kind: "drain.run", Run: o.Run, Detail: detail})
-	}), nil
+	}
+	return drain.Drain(ctx, runs, hosts, opt), nil
 }
 
 // otherHosts are the fleet's hosts, other than this one, whose live
@@ -132,7 +133,7 @@ const maxImageName = 1024
 
 // hostsFor asks each of hosts for its offer, at once, and judges needs
 // against each.
-func (m *Member) hostsFor(ctx context.Context, hosts []record.Address, needs []drain.Need) []drain.Host {
+func (m *Member) hostsFor(ctx context.Context, hosts []record.Address, needs []drain.Need) []drain.Target {
 	seen := map[string]bool{}
 	var images []string
 	for _, n := range needs {
@@ -141,14 +142,14 @@ func (m *Member) hostsFor(ctx context.Context, hosts []record.Address, needs []d
 			images = append(images, n.Image)
 		}
 	}
-	out := make([]drain.Host, len(hosts))
+	out := make([]drain.Target, len(hosts))
 	var wg sync.WaitGroup
 	for i, h := range hosts {
 		wg.Go(func() {
 			octx, cancel := context.WithTimeout(ctx, OfferTimeout)
 			defer cancel()
 			o, err := m.cfg.Peers.Offer(octx, h, images)
-			out[i] = drain.HostOf(h, o, err, needs)
+			out[i] = drain.TargetOf(h, o, err, needs)
 		})
 	}
 	wg.Wait()

@@ -40,7 +40,7 @@ func (m *Member) fence() *fleet.Fence {
 	if h == nil {
 		return nil
 	}
-	return &fleet.Fence{Store: m.cfg.Store, Host: h}
+	return &fleet.Fence{Store: m.cfg.Store, Session: h}
 }
 
 // Reservation is an advance of a run the fleet confirmed before the

@@ -61,7 +61,7 @@ func (m *Member) WatchLease(bg context.Context, wg *sync.WaitGroup) {
 
 // rejoin tries Config.Rejoin every second until it succeeds, or bg is
 // done (nil).
-func (m *Member) rejoin(bg context.Context) *fleet.Host {
+func (m *Member) rejoin(bg context.Context) *fleet.Session {
 	for {
 		ctx, cancel := context.WithTimeout(bg, 10*time.Second)
 		h, err := m.cfg.Rejoin(ctx)

@@ -119,11 +119,11 @@ type Join struct {
 	// claimed in etcd when it starts, and every advance of its record is
 	// reserved there before it is appended. Nil runs alone, as without
 	// --etcd.
-	Fleet *fleet.Host
+	Fleet *fleet.Session
 	// Rejoin starts a new session of this host in the fleet, after the
 	// last one's lease was lost (etcd out of reach for longer than the
 	// lease's time to live); nil, a lost lease is not replaced.
-	Rejoin func(ctx context.Context) (*fleet.Host, error)
+	Rejoin func(ctx context.Context) (*fleet.Session, error)
 	// Peers reach the fleet's other hosts for migrations and drains; nil,
 	// this host neither sends nor takes runs.
 	Peers Peers
@@ -164,7 +164,7 @@ type Member struct {
 	cfg      Config
 	// rejoined is the session that replaced cfg.Fleet's after its lease
 	// was lost.
-	rejoined atomic.Pointer[fleet.Host]
+	rejoined atomic.Pointer[fleet.Session]
 	// serving are the transfers this host serves now (serve.go).
 	serving grants
 	// receiving counts the receives under way, by calling host.
@@ -195,7 +195,7 @@ func (m *Member) fresh(id string) Hold {
 
 // Session is this host's current session in the fleet: Config.Fleet's, or
 // the one that replaced it after its lease was lost; nil alone.
-func (m *Member) Session() *fleet.Host {
+func (m *Member) Session() *fleet.Session {
 	if h := m.rejoined.Load(); h != nil {
 		return h
 	}

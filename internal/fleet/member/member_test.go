@@ -76,7 +76,7 @@ func (p *peers) Fetch(ctx context.Context, _ record.Address, _ string, judge fun
 	}
 	srv := httptest.NewServer(transfer.Handler(p.from))
 	defer srv.Close()
-	f, _, err := transfer.Stage(ctx, srv.Client(), srv.URL, opt.Store, rec, transfer.Options{Limits: opt.Limits})
+	f, _, err := transfer.Stage(ctx, transfer.Source{Client: srv.Client(), Base: srv.URL}, opt.Store, rec, transfer.Options{Limits: opt.Limits})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -115,7 +115,7 @@ var key = ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, 32))
 
 // room is a member over a store holding run "r" parked (forged, imported),
 // in a fleet under session h, which has claimed the run.
-func room(t *testing.T, h *fleet.Host, p Peers) (*Member, *store.Store, *counts, *record.Record) {
+func room(t *testing.T, h *fleet.Session, p Peers) (*Member, *store.Store, *counts, *record.Record) {
 	t.Helper()
 	st, err := store.Open(t.TempDir())
 	if err != nil {
@@ -141,7 +141,7 @@ func room(t *testing.T, h *fleet.Host, p Peers) (*Member, *store.Store, *counts,
 	return m, st, c, b.Record
 }
 
-func join(t *testing.T, dir *fleet.Dir, name string) *fleet.Host {
+func join(t *testing.T, dir *fleet.Dir, name string) *fleet.Session {
 	t.Helper()
 	k := record.Sum([]byte("host " + name))
 	if err := dir.Admit(t.Context(), k, name, fleet.RoleHost); err != nil {
@@ -288,8 +288,8 @@ func TestDrainSilentHost(t *testing.T) {
 	defer func(d time.Duration) { OfferTimeout = d }(OfferTimeout)
 	OfferTimeout = 200 * time.Millisecond
 	moved := 0
-	out, err := m.drainRuns(t.Context(), []record.Address{b.Key(), b.Key()}, 2, []drain.Run{{ID: "r"}}, []drain.Need{{Run: "r"}},
-		func(context.Context, string, record.Address) error { moved++; return nil })
+	out, err := m.drainRuns(t.Context(), []record.Address{b.Key(), b.Key()}, []drain.Run{{ID: "r"}}, []drain.Need{{Run: "r"}},
+		drain.Options{Parallel: 2, Migrate: func(context.Context, string, record.Address) error { moved++; return nil }})
 	if err != nil || len(out) != 1 || !errors.Is(out[0].Err, context.DeadlineExceeded) || moved != 0 {
 		t.Fatalf("%+v, %v, %d moved", out, err, moved)
 	}

@@ -24,7 +24,7 @@ type Hold func() (h Held, release func(), err error)
 
 // Migrate moves run id to host to, in the fleet (docs/fleet.md,
 // "Migration"): parked here if it is executing, handed off in this store
-// (as an export does) and in the fleet (fleet.Host.Transfer), then adopted
+// (as an export does) and in the fleet (fleet.Session.Transfer), then adopted
 // by to — which fetches it, checks everything an import checks, claims it,
 // and resumes it if it was executing here (a parked run stays parked).
 // Until to has claimed it, a failure takes it back here, parked and
@@ -74,7 +74,7 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 	err = m.hand(ctx, to, id, Handed{Run: id, Genesis: genesis, Head: st.Head, Resume: executing})
 	if err != nil {
 		m.cfg.Metrics.Migrated(true, false, 0)
-		return fmt.Errorf("migrate %s to %s: %w", id, to, m.takeBack(ctx, id, genesis, st.Head, to, made, err))
+		return fmt.Errorf("migrate %s to %s: %w", id, to, m.takeBack(ctx, outbound{id: id, genesis: genesis, head: st.Head, to: to}, made, err))
 	}
 	m.cfg.Metrics.Migrated(true, true, time.Since(began))
 	m.cfg.Log.Info("run migrated", "run", id, "to", to)
@@ -146,21 +146,29 @@ func (m *Member) handOver(ctx context.Context, id string, genesis, to record.Add
 	return made, nil
 }
 
-// takeBack undoes a hand-over whose adoption failed: in the fleet first
-// (refused once to has claimed the run: then it is to's, and stays handed
-// off here), then in this store.
-func (m *Member) takeBack(ctx context.Context, id string, genesis, head, to record.Address, made bool, cause error) error {
-	if _, err := m.Session().Transfer(context.WithoutCancel(ctx), genesis, m.Session().Key()); err != nil {
-		m.cfg.Log.Error("migration failed after the target claimed the run: it is the target's", "run", id, "to", to, "err", err)
+// outbound is a run this host hands over to another host: its id and
+// genesis, the head it is handed over at, and the host it goes to.
+type outbound struct {
+	id                string
+	genesis, head, to record.Address
+}
+
+// takeBack undoes a hand-over of o whose adoption failed (cause): in the
+// fleet first (refused once o.to has claimed the run: then it is o.to's,
+// and stays handed off here), then in this store, if the hand-over made a
+// handoff there.
+func (m *Member) takeBack(ctx context.Context, o outbound, made bool, cause error) error {
+	if _, err := m.Session().Transfer(context.WithoutCancel(ctx), o.genesis, m.Session().Key()); err != nil {
+		m.cfg.Log.Error("migration failed after the target claimed the run: it is the target's", "run", o.id, "to", o.to, "err", err)
 		return errors.Join(cause, err)
 	}
 	if !made {
 		return cause
 	}
-	if err := m.cfg.Store.Reclaim(id, head); err != nil {
+	if err := m.cfg.Store.Reclaim(o.id, o.head); err != nil {
 		return errors.Join(cause, err)
 	}
-	m.cfg.Log.Warn("migration failed: the run is back here, parked", "run", id, "to", to, "err", cause)
+	m.cfg.Log.Warn("migration failed: the run is back here, parked", "run", o.id, "to", o.to, "err", cause)
 	return cause
 }
 

@@ -38,7 +38,7 @@ func (m *Member) Reconcile(ctx context.Context) (elsewhere map[string]bool, err 
 			return nil, fmt.Errorf("run %s: %w", id, err)
 		}
 		if entry != nil && entry.Owner == f.Key() && !entry.To.IsZero() && entry.To != f.Key() && entry.Head == st.Head {
-			m.takeBackMigration(ctx, id, genesis, st.Head, st.Phase, entry.To, elsewhere)
+			m.takeBackMigration(ctx, outbound{id: id, genesis: genesis, head: st.Head, to: entry.To}, st.Phase, elsewhere)
 			continue
 		}
 		local := &fleet.Local{Head: st.Head, Phase: st.Phase}
@@ -69,21 +69,22 @@ func (m *Member) Reconcile(ctx context.Context) (elsewhere map[string]bool, err 
 	return elsewhere, m.removeLeftovers(ctx, held)
 }
 
-// takeBackMigration ends a migration out that this host's last process did
-// not finish (the run is transferred to another host, which has not
-// claimed it): the claim under this session takes the transfer back, and
-// the migration's handoff in the store goes with it. If the other host
-// claimed it first, the run is its, held here handed off.
-func (m *Member) takeBackMigration(ctx context.Context, id string, genesis, head record.Address, phase record.Phase, to record.Address, elsewhere map[string]bool) {
-	if _, err := m.Session().Claim(ctx, genesis, id, head, phase); err != nil {
-		m.cfg.Log.Warn("fleet: a migration this host began was completed by its target", "run", id, "to", to, "err", err)
-		m.holdElsewhere(id, head, phase, elsewhere)
+// takeBackMigration ends a migration out (o, the run in phase) that this
+// host's last process did not finish (the run is transferred to o.to,
+// which has not claimed it): the claim under this session takes the
+// transfer back, and the migration's handoff in the store goes with it.
+// If the other host claimed it first, the run is its, held here handed
+// off.
+func (m *Member) takeBackMigration(ctx context.Context, o outbound, phase record.Phase, elsewhere map[string]bool) {
+	if _, err := m.Session().Claim(ctx, o.genesis, o.id, o.head, phase); err != nil {
+		m.cfg.Log.Warn("fleet: a migration this host began was completed by its target", "run", o.id, "to", o.to, "err", err)
+		m.holdElsewhere(o.id, o.head, phase, elsewhere)
 		return
 	}
-	if err := m.cfg.Store.Reclaim(id, head); err != nil {
-		m.cfg.Log.Error("fleet: a migration taken back, but not its handoff in the store", "run", id, "err", err)
+	if err := m.cfg.Store.Reclaim(o.id, o.head); err != nil {
+		m.cfg.Log.Error("fleet: a migration taken back, but not its handoff in the store", "run", o.id, "err", err)
 	}
-	m.cfg.Log.Warn("fleet: took back a migration the last process did not finish; the run is here, parked", "run", id, "to", to)
+	m.cfg.Log.Warn("fleet: took back a migration the last process did not finish; the run is here, parked", "run", o.id, "to", o.to)
 }
 
 // holdElsewhere holds a run another host has: handed off here when it is

@@ -63,7 +63,7 @@ func TestMigrateParkRefused(t *testing.T) {
 
 // receiver is a member under session h over an empty store, trusting
 // every signer, that receives runs from p.
-func receiver(t *testing.T, h *fleet.Host, p Peers) (*Member, *store.Store, *counts) {
+func receiver(t *testing.T, h *fleet.Session, p Peers) (*Member, *store.Store, *counts) {
 	t.Helper()
 	st, err := store.Open(t.TempDir())
 	if err != nil {
@@ -141,7 +141,7 @@ func TestReceiveUnsolicited(t *testing.T) {
 	c := join(t, dir, "c")
 	other := record.Sum([]byte("another run"))
 	for name, tc := range map[string]struct {
-		from    *fleet.Host
+		from    *fleet.Session
 		h       Handed
 		fetches int32
 	}{
@@ -170,7 +170,7 @@ func TestReceiveUnsolicited(t *testing.T) {
 	}
 	// Not transferred to this host: c receives a's transfer to b; then a
 	// takes it back and b receives it.
-	for name, at := range map[string]*fleet.Host{"to another host": c, "taken back": b} {
+	for name, at := range map[string]*fleet.Session{"to another host": c, "taken back": b} {
 		t.Run(name, func(t *testing.T) {
 			if name == "taken back" {
 				if _, err := a.Transfer(t.Context(), rec.Genesis(), a.Key()); err != nil {
@@ -359,7 +359,7 @@ func handed(rec *record.Record, resume bool) Handed {
 // handedOver is a fleet under prefix with hosts a and b, and a's run r in
 // src handed over to b as a's migrate does: transferred in the directory,
 // handed off in a's store.
-func handedOver(t *testing.T, prefix string) (*fleet.Dir, *fleet.Host, *fleet.Host, *store.Store, *record.Record) {
+func handedOver(t *testing.T, prefix string) (*fleet.Dir, *fleet.Session, *fleet.Session, *store.Store, *record.Record) {
 	t.Helper()
 	dir := fleet.New(etcdtest.Shared(t).Client(t), prefix, 5*time.Second)
 	a, b := join(t, dir, "a"), join(t, dir, "b")

@@ -150,7 +150,7 @@ func (c *counter) take(key record.Address, max int) (func(), bool) {
 // directory names this host the target of a transfer of it by from: the
 // run has an entry, its To is this host, its owner is from under the
 // session that claimed it (alive), and its head is the one from names. It
-// returns what it read, for the claim (fleet.Host.ClaimSeen).
+// returns what it read, for the claim (fleet.Session.ClaimSeen).
 func (m *Member) solicited(ctx context.Context, from record.Address, h Handed) (fleet.Seen, error) {
 	if h.Genesis.IsZero() || h.Head.IsZero() {
 		return fleet.Seen{}, fmt.Errorf("%w: the hand-over names no genesis and head", ErrUnsolicited)

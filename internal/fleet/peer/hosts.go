@@ -141,7 +141,7 @@ func (p Hosts) Fetch(ctx context.Context, host record.Address, run string, judge
 	}
 	st := opt.Store
 	free := func() (uint64, error) { return park.Free(st, opt.MinFree) }
-	f, _, err := transfer.Stage(ctx, c, base, st, rec, transfer.Options{Limits: opt.Limits, Free: free})
+	f, _, err := transfer.Stage(ctx, transfer.Source{Client: c, Base: base}, st, rec, transfer.Options{Limits: opt.Limits, Free: free})
 	if err != nil {
 		return nil, nil, err
 	}

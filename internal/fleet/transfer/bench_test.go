@@ -28,7 +28,7 @@ func BenchmarkFetch(b *testing.B) {
 		b.StopTimer()
 		dst := mustStore(b)
 		b.StartTimer()
-		s, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, dst, rec, transfer.Options{})
+		s, err := transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, dst, rec, transfer.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}

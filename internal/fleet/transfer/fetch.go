@@ -53,6 +53,13 @@ type Options struct {
 	Free func() (uint64, error)
 }
 
+// Source is the peer a fetch reads objects from: its [Handler] at Base,
+// asked through Client.
+type Source struct {
+	Client *http.Client
+	Base   string
+}
+
 // Stats count what a [Fetch] did.
 type Stats struct {
 	Objects int   // objects fetched
@@ -85,14 +92,14 @@ type fetcher struct {
 }
 
 // Fetch brings into st every object rec reaches that st lacks, from the
-// peer at base (its [Handler]): [Stage], then [Fetched.AdoptAll] once every
+// peer at from: [Stage], then [Fetched.AdoptAll] once every
 // object is staged and verified. A refused fetch adopts nothing: st is as
 // it was.
 //
 // Fetch does not judge the record: [Stage] is for a caller that judges it
 // (bundle.ImportStored over the [Fetched]) before anything is adopted.
-func Fetch(ctx context.Context, c *http.Client, base string, st *store.Store, rec *record.Record, opt Options) (Stats, error) {
-	f, s, err := Stage(ctx, c, base, st, rec, opt)
+func Fetch(ctx context.Context, from Source, st *store.Store, rec *record.Record, opt Options) (Stats, error) {
+	f, s, err := Stage(ctx, from, st, rec, opt)
 	if err != nil {
 		return s, err
 	}
@@ -101,7 +108,7 @@ func Fetch(ctx context.Context, c *http.Client, base string, st *store.Store, re
 }
 
 // Stage brings into a staging directory of st every object rec reaches
-// that st lacks, from the peer at base (its [Handler]): the objects
+// that st lacks, from the peer at from: the objects
 // [bundle.Reached] lists for an export, in its order — each object after
 // the objects it refers to — each with the refs its own bytes give, as an
 // import judges them: an attestation's receipt and journal (attest.Open),
@@ -117,8 +124,8 @@ func Fetch(ctx context.Context, c *http.Client, base string, st *store.Store, re
 // (it is a bundle.Holding) and adopts ([Fetched.AdoptAll]), or lets go
 // ([Fetched.Close]). On a refusal nothing is left staged and st is as it
 // was.
-func Stage(ctx context.Context, c *http.Client, base string, st *store.Store, rec *record.Record, opt Options) (_ *Fetched, _ Stats, err error) {
-	f := &fetcher{ctx: ctx, c: c, base: base, st: st, lim: opt.Limits.Or(bundle.DefaultLimits), room: -1, done: map[record.Address]kind{}}
+func Stage(ctx context.Context, from Source, st *store.Store, rec *record.Record, opt Options) (_ *Fetched, _ Stats, err error) {
+	f := &fetcher{ctx: ctx, c: from.Client, base: from.Base, st: st, lim: opt.Limits.Or(bundle.DefaultLimits), room: -1, done: map[record.Address]kind{}}
 	if opt.Free != nil {
 		free, err := opt.Free()
 		if err != nil {

@@ -21,7 +21,7 @@ import (
 // counted against want (objects and bytes fetched, skipped).
 func fetchAll(t *testing.T, srv string, st *store.Store, rec *record.Record, want transfer.Stats) {
 	t.Helper()
-	got, err := transfer.Fetch(context.Background(), http.DefaultClient, srv, st, rec, transfer.Options{})
+	got, err := transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv}, st, rec, transfer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestFetchHeldWithoutRefs(t *testing.T) {
 	}
 	mustPut(t, b, lb)
 	srv := serve(t, a, nil)
-	if _, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, transfer.Options{}); err != nil {
+	if _, err := transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, b, rec, transfer.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	ra, _ := a.Refs(root)
@@ -174,7 +174,7 @@ func TestFetchAbsent(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := serve(t, a, nil)
-	_, err = transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, transfer.Options{})
+	_, err = transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, b, rec, transfer.Options{})
 	if !errors.Is(err, transfer.ErrAbsent) {
 		t.Fatalf("fetch: %v, want ErrAbsent", err)
 	}
@@ -184,7 +184,7 @@ func TestFetchAbsent(t *testing.T) {
 	}
 	// Put back, the fetch completes.
 	mustPut(t, a, []byte("pages"))
-	if _, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, transfer.Options{}); err != nil {
+	if _, err := transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, b, rec, transfer.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Import("r1", rec); err != nil {
@@ -207,7 +207,7 @@ func TestFetchMalformed(t *testing.T) {
 		mem := ingest(t, a, map[string][]byte{"m": []byte("m")})
 		rec := parkedImage(t, a, "r1", mustPut(t, a, []byte("unit")), mustPut(t, a, []byte("grants")), root, mem)
 		srv := serve(t, a, nil)
-		_, err = transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, transfer.Options{})
+		_, err = transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, b, rec, transfer.Options{})
 		if !errors.Is(err, transfer.ErrMalformed) {
 			t.Fatalf("fetch: %v, want ErrMalformed", err)
 		}
@@ -221,7 +221,7 @@ func TestFetchMalformed(t *testing.T) {
 			t.Fatal(err)
 		}
 		srv := serve(t, a, nil)
-		_, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, transfer.Options{})
+		_, err := transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, b, rec, transfer.Options{})
 		if !errors.Is(err, transfer.ErrMalformed) {
 			t.Fatalf("fetch: %v, want ErrMalformed", err)
 		}
@@ -248,7 +248,7 @@ func TestFetchOneConnection(t *testing.T) {
 	t.Cleanup(srv.Close)
 	c := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(c.CloseIdleConnections)
-	s, err := transfer.Fetch(context.Background(), c, srv.URL, b, rec, transfer.Options{})
+	s, err := transfer.Fetch(context.Background(), transfer.Source{Client: c, Base: srv.URL}, b, rec, transfer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ func TestFetchCanceled(t *testing.T) {
 			h.ServeHTTP(w, r)
 		})
 	})
-	_, err := transfer.Fetch(ctx, http.DefaultClient, srv.URL, b, rec, transfer.Options{})
+	_, err := transfer.Fetch(ctx, transfer.Source{Client: http.DefaultClient, Base: srv.URL}, b, rec, transfer.Options{})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("fetch: %v, want context.Canceled", err)
 	}

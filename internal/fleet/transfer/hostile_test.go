@@ -103,7 +103,7 @@ func TestFetchHostile(t *testing.T) {
 				rec := imageRun(t, a, "r1", files, map[string][]byte{"m": []byte("m")})
 				bad := target(rec, a)
 				srv := serve(t, a, hostile(a, bad, at.answer))
-				_, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, transfer.Options{})
+				_, err := transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, b, rec, transfer.Options{})
 				want := at.is
 				if want == nil { // another length: a listing says what a file's is
 					want = store.ErrCorrupt
@@ -132,14 +132,14 @@ func TestFetchLimits(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			b := mustStore(t)
-			_, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, lim)
+			_, err := transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, b, rec, lim)
 			if !errors.Is(err, transfer.ErrLimit) {
 				t.Fatalf("fetch: %v, want ErrLimit", err)
 			}
 		})
 	}
 	b := mustStore(t)
-	if _, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, transfer.Options{Limits: limits(1<<20, 2<<20, 0)}); err != nil {
+	if _, err := transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, b, rec, transfer.Options{Limits: limits(1<<20, 2<<20, 0)}); err != nil {
 		t.Fatalf("within the limits: %v", err)
 	}
 }
@@ -162,7 +162,7 @@ func TestFetchCountAndRoom(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			b := mustStore(t)
-			_, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, c.opt)
+			_, err := transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, b, rec, c.opt)
 			if !errors.Is(err, c.want) || !errors.Is(err, bundle.ErrLimit) && !errors.Is(err, park.ErrNoSpace) {
 				t.Fatalf("fetch: %v, want %v", err, c.want)
 			}
@@ -173,7 +173,7 @@ func TestFetchCountAndRoom(t *testing.T) {
 	}
 	b := mustStore(t)
 	opt := transfer.Options{Limits: bundle.Limits{Objects: len(objs)}, Free: func() (uint64, error) { return 2 << 20, nil }}
-	if _, err := transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, opt); err != nil {
+	if _, err := transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, b, rec, opt); err != nil {
 		t.Fatalf("within the count and the room: %v", err)
 	}
 	if n := stored(t, b); n != len(objs) {

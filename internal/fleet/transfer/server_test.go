@@ -84,7 +84,7 @@ func TestHandlerCorrupt(t *testing.T) {
 	}
 	t.Cleanup(func() { os.WriteFile(p, old, 0o400) }) // for A's own Check
 	srv := serve(t, a, nil)
-	_, err = transfer.Fetch(context.Background(), http.DefaultClient, srv.URL, b, rec, transfer.Options{})
+	_, err = transfer.Fetch(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, b, rec, transfer.Options{})
 	// Cut off before its headers were sent (a small object is buffered
 	// whole) or after: either way an error, and nothing adopted.
 	if err == nil {

@@ -14,12 +14,12 @@ import (
 // PageSize is the unit of every extent's address and size.
 const PageSize = 4096
 
-// Limits of a manifest, which bound what the server holds.
+// Limits of a extent table, which bound what the server holds.
 const (
 	// MaxExtentSize is the largest extent a verified one is read whole
 	// to hash: a stored chunk is at most 1 MiB.
 	MaxExtentSize = 1 << 20
-	// MaxExtents is the most extents of a manifest: 64 GiB of memory in
+	// MaxExtents is the most extents of a extent table: 64 GiB of memory in
 	// 16 KiB chunks, or that many runs of whole pages files.
 	MaxExtents = 1 << 22
 	// maxPath bounds one extent's file name.
@@ -28,10 +28,10 @@ const (
 	maxTasks = 1 << 16
 )
 
-// ErrManifest is a manifest that does not decode, or breaks its rules:
+// ErrTable is a extent table that does not decode, or breaks its rules:
 // extents out of address order or overlapping, not whole pages, or past a
 // limit.
-var ErrManifest = errors.New("pageserver: manifest refused")
+var ErrTable = errors.New("pageserver: extent table refused")
 
 // Extent is a run of a task's pages at consecutive virtual addresses,
 // stored at Offset of the file Path.
@@ -55,8 +55,8 @@ type Task struct {
 	Extents []Extent
 }
 
-// Manifest is what a page server serves.
-type Manifest struct {
+// Table is what a page server serves.
+type Table struct {
 	Tasks []Task
 	// Uffds is how many userfaultfds lazy-pages holds during the restore
 	// it serves: one per process with a pagemap, lazy pages or not (CRIU's
@@ -66,20 +66,20 @@ type Manifest struct {
 	Uffds int
 }
 
-// manifestMagic starts an encoded manifest.
-const manifestMagic = "rr-pageserver-1\n"
+// tableMagic starts an encoded extent table.
+const tableMagic = "rr-pageserver-1\n"
 
 // Encode writes m (docs/lazy-resume.md, "The page server"): the magic,
 // then u32 tasks; per task u64 id, u32 extents; per extent u64 vaddr, u64
 // size, u64 offset, u8 verified (0 or 1) and then its 32-byte address when
 // 1, u16 path length and the path. Integers are big-endian.
-func (m *Manifest) Encode(w io.Writer) error {
+func (m *Table) Encode(w io.Writer) error {
 	if err := m.Check(); err != nil {
 		return err
 	}
 	bw := bufio.NewWriterSize(w, 1<<16)
-	b := append([]byte(manifestMagic), 0, 0, 0, 0)
-	binary.BigEndian.PutUint32(b[len(manifestMagic):], uint32(len(m.Tasks)))
+	b := append([]byte(tableMagic), 0, 0, 0, 0)
+	binary.BigEndian.PutUint32(b[len(tableMagic):], uint32(len(m.Tasks)))
 	for _, t := range m.Tasks {
 		b = binary.BigEndian.AppendUint64(b, t.ID)
 		b = binary.BigEndian.AppendUint32(b, uint32(len(t.Extents)))
@@ -109,19 +109,19 @@ func (m *Manifest) Encode(w io.Writer) error {
 	return bw.Flush()
 }
 
-// Decode reads a manifest Encode wrote, checking its rules (a refusal
-// wraps [ErrManifest]).
-func Decode(r io.Reader) (*Manifest, error) {
+// Decode reads a extent table Encode wrote, checking its rules (a refusal
+// wraps [ErrTable]).
+func Decode(r io.Reader) (*Table, error) {
 	br := bufio.NewReaderSize(r, 1<<16)
 	d := decoder{r: br}
-	if string(d.bytes(len(manifestMagic))) != manifestMagic {
-		return nil, d.fail("not a page server manifest")
+	if string(d.bytes(len(tableMagic))) != tableMagic {
+		return nil, d.fail("not a page server extent table")
 	}
 	nt := d.u32()
 	if nt > maxTasks {
 		return nil, d.fail(fmt.Sprintf("%d tasks", nt))
 	}
-	m := &Manifest{Tasks: make([]Task, 0, min(nt, 64))}
+	m := &Table{Tasks: make([]Task, 0, min(nt, 64))}
 	total := 0
 	for range nt {
 		t := Task{ID: d.u64()}
@@ -165,34 +165,34 @@ func Decode(r io.Reader) (*Manifest, error) {
 	return m, nil
 }
 
-// Check checks the manifest's rules (a refusal wraps [ErrManifest]).
-func (m *Manifest) Check() error {
+// Check checks the extent table's rules (a refusal wraps [ErrTable]).
+func (m *Table) Check() error {
 	if len(m.Tasks) > maxTasks {
-		return fmt.Errorf("%w: %d tasks", ErrManifest, len(m.Tasks))
+		return fmt.Errorf("%w: %d tasks", ErrTable, len(m.Tasks))
 	}
 	ids := make(map[uint64]bool, len(m.Tasks))
 	total := 0
 	for _, t := range m.Tasks {
 		if ids[t.ID] {
-			return fmt.Errorf("%w: task %d listed twice", ErrManifest, t.ID)
+			return fmt.Errorf("%w: task %d listed twice", ErrTable, t.ID)
 		}
 		ids[t.ID] = true
 		if total += len(t.Extents); total > MaxExtents {
-			return fmt.Errorf("%w: more than %d extents", ErrManifest, MaxExtents)
+			return fmt.Errorf("%w: more than %d extents", ErrTable, MaxExtents)
 		}
 		var end uint64
 		for i, e := range t.Extents {
 			switch {
 			case e.Size == 0 || e.Size%PageSize != 0 || e.Vaddr%PageSize != 0:
-				return fmt.Errorf("%w: task %d: extent %#x+%d is not whole pages", ErrManifest, t.ID, e.Vaddr, e.Size)
+				return fmt.Errorf("%w: task %d: extent %#x+%d is not whole pages", ErrTable, t.ID, e.Vaddr, e.Size)
 			case e.Vaddr+e.Size < e.Vaddr || e.Offset+e.Size < e.Offset || e.Offset > 1<<62:
-				return fmt.Errorf("%w: task %d: extent %#x+%d overflows", ErrManifest, t.ID, e.Vaddr, e.Size)
+				return fmt.Errorf("%w: task %d: extent %#x+%d overflows", ErrTable, t.ID, e.Vaddr, e.Size)
 			case i > 0 && e.Vaddr < end:
-				return fmt.Errorf("%w: task %d: extent %#x is below the end of the one before it", ErrManifest, t.ID, e.Vaddr)
+				return fmt.Errorf("%w: task %d: extent %#x is below the end of the one before it", ErrTable, t.ID, e.Vaddr)
 			case e.Verify != nil && (e.Offset != 0 || e.Size > MaxExtentSize):
-				return fmt.Errorf("%w: task %d: a verified extent %#x+%d at offset %d is not a whole chunk", ErrManifest, t.ID, e.Vaddr, e.Size, e.Offset)
+				return fmt.Errorf("%w: task %d: a verified extent %#x+%d at offset %d is not a whole chunk", ErrTable, t.ID, e.Vaddr, e.Size, e.Offset)
 			case e.Path == "" || len(e.Path) > maxPath:
-				return fmt.Errorf("%w: task %d: extent %#x: a path of %d bytes", ErrManifest, t.ID, e.Vaddr, len(e.Path))
+				return fmt.Errorf("%w: task %d: extent %#x: a path of %d bytes", ErrTable, t.ID, e.Vaddr, len(e.Path))
 			}
 			end = e.Vaddr + e.Size
 		}
@@ -241,7 +241,7 @@ func (d *decoder) u64() uint64 { return binary.BigEndian.Uint64(d.fixed(8)) }
 
 func (d *decoder) fail(why string) error {
 	if d.err != nil && !errors.Is(d.err, io.EOF) && !errors.Is(d.err, io.ErrUnexpectedEOF) {
-		return fmt.Errorf("%w: %s: %w", ErrManifest, why, d.err)
+		return fmt.Errorf("%w: %s: %w", ErrTable, why, d.err)
 	}
-	return fmt.Errorf("%w: %s", ErrManifest, why)
+	return fmt.Errorf("%w: %s", ErrTable, why)
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-func encode(t testing.TB, m *Manifest) []byte {
+func encode(t testing.TB, m *Table) []byte {
 	var b bytes.Buffer
 	if err := m.Encode(&b); err != nil {
 		t.Fatal(err)
@@ -16,7 +16,7 @@ func encode(t testing.TB, m *Manifest) []byte {
 	return b.Bytes()
 }
 
-func TestManifestRoundTrip(t *testing.T) {
+func TestTableRoundTrip(t *testing.T) {
 	m := newFixture(t).m
 	b := encode(t, m)
 	got, err := Decode(bytes.NewReader(b))
@@ -24,18 +24,18 @@ func TestManifestRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(encode(t, got), b) {
-		t.Fatal("decoded manifest encodes to other bytes")
+		t.Fatal("decoded extent table encodes to other bytes")
 	}
 	if e := got.Tasks[0].Extents[1]; e.Vaddr != 0x12000 || e.Size != PageSize || e.Verify == nil || *e.Verify != *m.Tasks[0].Extents[1].Verify {
 		t.Fatalf("extent 1 decoded as %+v", e)
 	}
 }
 
-// TestManifestBytes pins the encoding of a one-extent manifest.
-func TestManifestBytes(t *testing.T) {
+// TestTableBytes pins the encoding of a one-extent extent table.
+func TestTableBytes(t *testing.T) {
 	a := record.Sum([]byte("x"))
-	m := &Manifest{Tasks: []Task{{ID: 1, Extents: []Extent{{Vaddr: 0x1000, Size: 0x2000, Path: "/p", Verify: &a}}}}}
-	want := manifestMagic + "\x00\x00\x00\x01" + // one task
+	m := &Table{Tasks: []Task{{ID: 1, Extents: []Extent{{Vaddr: 0x1000, Size: 0x2000, Path: "/p", Verify: &a}}}}}
+	want := tableMagic + "\x00\x00\x00\x01" + // one task
 		"\x00\x00\x00\x00\x00\x00\x00\x01" + "\x00\x00\x00\x01" + // id 1, one extent
 		"\x00\x00\x00\x00\x00\x00\x10\x00" + "\x00\x00\x00\x00\x00\x00\x20\x00" + "\x00\x00\x00\x00\x00\x00\x00\x00" + // vaddr, size, offset
 		"\x01" + string(a[:]) + "\x00\x02/p"
@@ -44,7 +44,7 @@ func TestManifestBytes(t *testing.T) {
 	}
 }
 
-func TestManifestRefused(t *testing.T) {
+func TestTableRefused(t *testing.T) {
 	a := record.Sum(nil)
 	ext := func(v, size, off uint64, verify bool) Extent {
 		e := Extent{Vaddr: v, Size: size, Offset: off, Path: "/p"}
@@ -53,7 +53,7 @@ func TestManifestRefused(t *testing.T) {
 		}
 		return e
 	}
-	for name, m := range map[string]*Manifest{
+	for name, m := range map[string]*Table{
 		"an empty extent":              {Tasks: []Task{{ID: 1, Extents: []Extent{ext(0x1000, 0, 0, false)}}}},
 		"part of a page":               {Tasks: []Task{{ID: 1, Extents: []Extent{ext(0x1000, 100, 0, false)}}}},
 		"an address inside a page":     {Tasks: []Task{{ID: 1, Extents: []Extent{ext(0x1010, PageSize, 0, false)}}}},
@@ -65,21 +65,21 @@ func TestManifestRefused(t *testing.T) {
 		"a task twice":                 {Tasks: []Task{{ID: 1}, {ID: 1}}},
 		"no path":                      {Tasks: []Task{{ID: 1, Extents: []Extent{{Vaddr: 0x1000, Size: PageSize}}}}},
 	} {
-		if err := m.Encode(&bytes.Buffer{}); !errors.Is(err, ErrManifest) {
+		if err := m.Encode(&bytes.Buffer{}); !errors.Is(err, ErrTable) {
 			t.Errorf("%s: encoded (%v)", name, err)
 		}
 	}
 	good := encode(t, newFixture(t).m)
 	for name, b := range map[string][]byte{
-		"no magic":         append([]byte("rr-pageserver-2\n"), good[len(manifestMagic):]...),
+		"no magic":         append([]byte("rr-pageserver-2\n"), good[len(tableMagic):]...),
 		"truncated":        good[:len(good)-1],
 		"a byte past":      append(append([]byte{}, good...), 0),
 		"a flag of 2":      bytes.Replace(good, []byte{0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, []byte{0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}, 1),
 		"empty":            nil,
-		"too many tasks":   append([]byte(manifestMagic), 0xff, 0xff, 0xff, 0xff),
-		"too many extents": append([]byte(manifestMagic), 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff),
+		"too many tasks":   append([]byte(tableMagic), 0xff, 0xff, 0xff, 0xff),
+		"too many extents": append([]byte(tableMagic), 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff),
 	} {
-		if _, err := Decode(bytes.NewReader(b)); !errors.Is(err, ErrManifest) {
+		if _, err := Decode(bytes.NewReader(b)); !errors.Is(err, ErrTable) {
 			t.Errorf("%s: decoded (%v)", name, err)
 		}
 	}
@@ -87,9 +87,9 @@ func TestManifestRefused(t *testing.T) {
 
 // FuzzDecode: whatever decodes encodes back to the same bytes.
 func FuzzDecode(f *testing.F) {
-	f.Add(encode(f, &Manifest{Tasks: []Task{{ID: 3, Extents: []Extent{{Vaddr: 0x1000, Size: PageSize, Path: "/x", Offset: 8192}}}}}))
+	f.Add(encode(f, &Table{Tasks: []Task{{ID: 3, Extents: []Extent{{Vaddr: 0x1000, Size: PageSize, Path: "/x", Offset: 8192}}}}}))
 	a := record.Sum(nil)
-	f.Add(encode(f, &Manifest{Tasks: []Task{{ID: 3, Extents: []Extent{{Vaddr: 0x1000, Size: PageSize, Path: "/x", Verify: &a}}}, {ID: 4}}}))
+	f.Add(encode(f, &Table{Tasks: []Task{{ID: 3, Extents: []Extent{{Vaddr: 0x1000, Size: PageSize, Path: "/x", Verify: &a}}}, {ID: 4}}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Decode(bytes.NewReader(b))
 		if err != nil {

@@ -55,7 +55,7 @@ type slot struct {
 // errCanceled is a read ahead not done: the serve had failed.
 var errCanceled = errors.New("pageserver: read ahead canceled")
 
-func newAhead(m *Manifest) *ahead {
+func newAhead(m *Table) *ahead {
 	a := &ahead{jobs: make(chan *slot, aheadBytes/PageSize), slots: map[*Extent]*slot{}, bytes: map[*Task]uint64{},
 		cursor: map[*Task]int{}, share: aheadBytes}
 	if n := verifiedTasks(m); n > 1 {
@@ -124,7 +124,7 @@ func (a *ahead) work(r *aio) {
 }
 
 // verifiedTasks is how many tasks of m have a verified extent.
-func verifiedTasks(m *Manifest) int {
+func verifiedTasks(m *Table) int {
 	n := 0
 	for _, t := range m.Tasks {
 		for _, e := range t.Extents {

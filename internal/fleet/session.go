@@ -19,15 +19,15 @@ const DefaultTTL = 10 * time.Second
 // retryEvery is how soon a keepalive that failed is tried again.
 const retryEvery = 200 * time.Millisecond
 
-// Host is one session of an admitted host in the fleet: its lease, kept
+// Session is one session of an admitted host in the fleet: its lease, kept
 // alive, under which it owns runs.
 //
 // The session ends when the lease is lost — expired, revoked, or not
-// confirmed before it would have expired — and never comes back: [Host.Done]
+// confirmed before it would have expired — and never comes back: [Session.Done]
 // is closed, every later call fails with ErrLeaseLost (wrapped with
 // ErrNotOwner), and the host joins again with a new [Dir.Join], after which
-// it re-claims its runs ([Host.Claim]).
-type Host struct {
+// it re-claims its runs ([Session.Claim]).
+type Session struct {
 	*Dir
 	key   record.Address
 	lease clientv3.LeaseID
@@ -47,14 +47,14 @@ type Host struct {
 // [RoleHost] (ErrNotAdmitted), and no other session of it may be live
 // (ErrHostActive). ttl is the lease's time to live ([DefaultTTL] when 0);
 // etcd raises a ttl under its minimum (1.5 election timeouts).
-func (d *Dir) Join(ctx context.Context, key record.Address, ttl time.Duration) (*Host, error) {
+func (d *Dir) Join(ctx context.Context, key record.Address, ttl time.Duration) (*Session, error) {
 	return d.JoinAt(ctx, key, ttl, "")
 }
 
 // JoinAt is Join for a host that serves the fleet on peer (host:port, its
 // mutual-TLS listener): the session says so, for the hosts that move runs
 // to or from it (Member.Peer).
-func (d *Dir) JoinAt(ctx context.Context, key record.Address, ttl time.Duration, peer string) (*Host, error) {
+func (d *Dir) JoinAt(ctx context.Context, key record.Address, ttl time.Duration, peer string) (*Session, error) {
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
@@ -87,7 +87,7 @@ func (d *Dir) JoinAt(ctx context.Context, key record.Address, ttl time.Duration,
 	if !r.Succeeded {
 		return nil, fmt.Errorf("host %s: %w", key, ErrHostActive)
 	}
-	h := &Host{Dir: d, key: key, lease: g.ID, ttl: time.Duration(g.TTL) * time.Second,
+	h := &Session{Dir: d, key: key, lease: g.ID, ttl: time.Duration(g.TTL) * time.Second,
 		valid: sent.Add(time.Duration(g.TTL) * time.Second), done: make(chan struct{}), stop: make(chan struct{})}
 	h.wg.Add(1)
 	go h.keepAlive()
@@ -98,7 +98,7 @@ func (d *Dir) JoinAt(ctx context.Context, key record.Address, ttl time.Duration,
 // hosts stop offering it runs. The mark is under the session's lease, so
 // it ends with the session — as a drained host takes runs again once it
 // restarts.
-func (h *Host) Drain(ctx context.Context) error {
+func (h *Session) Drain(ctx context.Context) error {
 	if err := h.live(); err != nil {
 		return err
 	}
@@ -116,19 +116,19 @@ func (h *Host) Drain(ctx context.Context) error {
 }
 
 // Key returns the host's key id.
-func (h *Host) Key() record.Address { return h.key }
+func (h *Session) Key() record.Address { return h.key }
 
 // TTL is the lease's time to live, as etcd granted it.
-func (h *Host) TTL() time.Duration { return h.ttl }
+func (h *Session) TTL() time.Duration { return h.ttl }
 
 // Lease returns the session's lease.
-func (h *Host) Lease() int64 { return int64(h.lease) }
+func (h *Session) Lease() int64 { return int64(h.lease) }
 
-// Done is closed when the session ends; [Host.Err] then says why.
-func (h *Host) Done() <-chan struct{} { return h.done }
+// Done is closed when the session ends; [Session.Err] then says why.
+func (h *Session) Done() <-chan struct{} { return h.done }
 
 // Err returns why the session ended (wrapping ErrLeaseLost), or nil.
-func (h *Host) Err() error {
+func (h *Session) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.lost
@@ -140,7 +140,7 @@ func (h *Host) Err() error {
 // this host's runs before then either. A host must have stopped executing
 // its runs by then when the lease is not confirmed again
 // (docs/fleet.md, "A host without its lease").
-func (h *Host) ValidUntil() time.Time {
+func (h *Session) ValidUntil() time.Time {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.valid
@@ -149,7 +149,7 @@ func (h *Host) ValidUntil() time.Time {
 // keepAlive renews the lease every third of its TTL, and ends the session
 // when etcd says the lease is gone or no renewal is confirmed before it
 // would have expired.
-func (h *Host) keepAlive() {
+func (h *Session) keepAlive() {
 	defer h.wg.Done()
 	wait := h.ttl / 3
 	for {
@@ -185,7 +185,7 @@ func (h *Host) keepAlive() {
 }
 
 // end ends the session with err, once.
-func (h *Host) end(err error) {
+func (h *Session) end(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.lost == nil {
@@ -196,7 +196,7 @@ func (h *Host) end(err error) {
 
 // live returns the error to fail an operation with when the session has
 // ended or its lease is past its confirmed life, or nil.
-func (h *Host) live() error {
+func (h *Session) live() error {
 	h.mu.Lock()
 	lost, valid := h.lost, h.valid
 	h.mu.Unlock()
@@ -212,7 +212,7 @@ func (h *Host) live() error {
 // Close ends the session and revokes its lease, so the host's runs are
 // orphans at once instead of after the TTL. A revoke etcd does not confirm
 // is ErrUnavailable; the lease then expires by itself.
-func (h *Host) Close(ctx context.Context) error {
+func (h *Session) Close(ctx context.Context) error {
 	h.stopOnce.Do(func() { close(h.stop) })
 	h.wg.Wait()
 	h.end(fmt.Errorf("host %s: %w: closed", h.key, ErrLeaseLost))

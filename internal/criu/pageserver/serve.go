@@ -38,7 +38,7 @@ var (
 	// ErrRefused is a verified extent whose file does not hash to its
 	// listed address: none of its pages is served.
 	ErrRefused = errors.New("pageserver: a chunk's bytes are not the ones listed")
-	// ErrRequest is a request the manifest cannot answer: an unknown
+	// ErrRequest is a request the extent table cannot answer: an unknown
 	// command or task, or pages it does not hold.
 	ErrRequest = errors.New("pageserver: request refused")
 )
@@ -61,9 +61,9 @@ type Stats struct {
 	Waited, Written time.Duration
 }
 
-// Server serves one manifest's pages.
+// Server serves one extent table's pages.
 type Server struct {
-	m        *Manifest
+	m        *Table
 	tasks    map[uint64]*Task
 	verified map[*Extent]bool
 	ahead    *ahead
@@ -146,7 +146,7 @@ func (s *Server) mayHangUp() bool {
 }
 
 // New is a server of m, which must have passed its checks (Decode).
-func New(m *Manifest) *Server {
+func New(m *Table) *Server {
 	s := &Server{m: m, tasks: make(map[uint64]*Task, len(m.Tasks)), verified: map[*Extent]bool{}, ahead: newAhead(m),
 		kept: map[*Extent]*keptChunk{}, keepMax: keepBytes}
 	for i := range m.Tasks {
@@ -229,7 +229,7 @@ func readRequests(conn io.Reader, reqs chan<- request) {
 func (s *Server) get(conn io.Writer, r request) error {
 	t := s.tasks[r.dst]
 	if t == nil {
-		return fmt.Errorf("%w: pages of task %d, which the manifest does not hold", ErrRequest, r.dst)
+		return fmt.Errorf("%w: pages of task %d, which the extent table does not hold", ErrRequest, r.dst)
 	}
 	if r.pages == 0 || r.vaddr%PageSize != 0 {
 		return fmt.Errorf("%w: task %d: %d pages at %#x", ErrRequest, r.dst, r.pages, r.vaddr)

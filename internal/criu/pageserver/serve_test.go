@@ -31,7 +31,7 @@ func pages(n int, seed byte) []byte {
 // (2 pages) and 0x12000 (1 page), a gap, then 3 pages of a whole file at
 // offset 4096 from 0x20000.
 type fixture struct {
-	m                  *Manifest
+	m                  *Table
 	chunk1, chunk2     []byte
 	whole              []byte
 	chunk1Path, wholeP string
@@ -49,7 +49,7 @@ func newFixture(t *testing.T) fixture {
 		}
 	}
 	a1, a2 := record.Sum(f.chunk1), record.Sum(f.chunk2)
-	f.m = &Manifest{Tasks: []Task{{ID: 7, Extents: []Extent{
+	f.m = &Table{Tasks: []Task{{ID: 7, Extents: []Extent{
 		{Vaddr: 0x10000, Size: 2 * PageSize, Path: f.chunk1Path, Verify: &a1},
 		{Vaddr: 0x12000, Size: PageSize, Path: c2, Verify: &a2},
 		{Vaddr: 0x20000, Size: 3 * PageSize, Path: f.wholeP, Offset: PageSize},
@@ -93,7 +93,7 @@ func (c client) get(n, vaddr, dst uint64) ([]byte, error) {
 
 // serve runs a server of m on one end of a pipe; the result arrives on
 // the channel once it returns (and its end is closed).
-func serve(t *testing.T, m *Manifest) (client, <-chan error, *Server) {
+func serve(t *testing.T, m *Table) (client, <-chan error, *Server) {
 	return serveWith(t, New(m))
 }
 
@@ -243,7 +243,7 @@ func TestServeReadsAhead(t *testing.T) {
 func TestServeReadsChunksAhead(t *testing.T) {
 	dir := t.TempDir()
 	const n = 40
-	m := &Manifest{Tasks: []Task{{ID: 1}}}
+	m := &Table{Tasks: []Task{{ID: 1}}}
 	var all []byte
 	for i := range n {
 		b := pages(1, byte(i))
@@ -284,7 +284,7 @@ func TestServeReadsChunksAhead(t *testing.T) {
 
 // serveHeld is serve with the server told whether the unit's
 // userfaultfds are held through the returned pipe's write end.
-func serveHeld(t *testing.T, m *Manifest) (client, <-chan error, *os.File, *Server) {
+func serveHeld(t *testing.T, m *Table) (client, <-chan error, *os.File, *Server) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -450,7 +450,7 @@ func TestServeSendsOnlyVerifiedBytes(t *testing.T) {
 // that is never asked again (it exited) leave the others theirs.
 func TestServeReadsAheadPerTask(t *testing.T) {
 	dir := t.TempDir()
-	m := &Manifest{}
+	m := &Table{}
 	for id := range uint64(2) {
 		task := Task{ID: id + 1}
 		for i := range 40 {

@@ -18,14 +18,14 @@ const (
 	// ExitRefused: a chunk did not hash to its listed address
 	// ([ErrRefused]).
 	ExitRefused = 3
-	// ExitFailed: any other failure (a request refused, a manifest that
+	// ExitFailed: any other failure (a request refused, a extent table that
 	// did not decode, a file that could not be read).
 	ExitFailed = 1
 )
 
 // Command is a page server process: this same binary again
 // (/proc/self/exe, which names it even after its file was replaced),
-// which [MaybeRun] turns into the server. It reads its manifest on stdin,
+// which [MaybeRun] turns into the server. It reads its extent table on stdin,
 // serves lazy-pages on conn (its fd 3), hanging up on a failure only
 // while held (its fd 4; [Server.Hold]) says the unit's userfaultfds are
 // held, and writes what went wrong, and a last line of what it served, to
