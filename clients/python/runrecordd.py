@@ -200,13 +200,17 @@ class Client:
 
     # -- runs
 
-    def run(self, unit, grants=None, run_id=None):
+    def run(self, unit, grants=None, run_id=None, secrets=None):
         """Start a run of unit ({"image", "args", "env", "mode"}) under
         grants ({"milli_cpu", "memory_bytes", "network", "read_only",
-        "limits"}); the daemon names it when run_id is None."""
+        "limits"}); the daemon names it when run_id is None. secrets
+        ({NAME: VALUE}) reach the unit as files /run/secrets/NAME and
+        never its record."""
         req = {"unit": unit, "grants": grants or {}}
         if run_id:
             req["id"] = run_id
+        if secrets:
+            req["secrets"] = secrets
         return self._call("POST", "/v1/runs", req)
 
     def list(self, phase=None):
@@ -221,8 +225,11 @@ class Client:
     def park(self, run_id):
         return self._call("POST", self._run(run_id, "/park"))
 
-    def resume(self, run_id):
-        return self._call("POST", self._run(run_id, "/resume"))
+    def resume(self, run_id, secrets=None):
+        """Resume a parked run; secrets ({NAME: VALUE}) give again the
+        values a host lacks (secrets_required)."""
+        body = {"secrets": secrets} if secrets else None
+        return self._call("POST", self._run(run_id, "/resume"), body)
 
     def close(self, run_id, reason=""):
         return self._call("POST", self._run(run_id, "/close"), {"reason": reason})

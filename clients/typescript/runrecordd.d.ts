@@ -24,11 +24,11 @@ export interface LogOptions {
 export declare class Client {
   static unix(socketPath?: string): Client;
   static tls(address: string, certPem: string | Buffer, keyPem: string | Buffer, hostPublicKey: string): Client;
-  run(unit: Partial<Spec> & { image: string }, grants?: Partial<Grants>, id?: string): Promise<Run>;
+  run(unit: Partial<Spec> & { image: string }, grants?: Partial<Grants>, id?: string, secrets?: Record<string, string>): Promise<Run>;
   list(phase?: "executing" | "parked" | "closed"): Promise<Run[]>;
   show(id: string): Promise<Show>;
   park(id: string): Promise<Park>;
-  resume(id: string): Promise<Resume>;
+  resume(id: string, secrets?: Record<string, string>): Promise<Resume>;
   close(id: string, reason?: string): Promise<Run>;
   verify(id: string): Promise<Verify>;
   waitProof(id: string): Promise<WaitProof>;
@@ -107,7 +107,7 @@ export interface Energy {
 }
 
 export interface ApiError {
-  code: "bad_request" | "not_found" | "exists" | "conflict" | "phase" | "snapshot_mismatch" | "manifest_mismatch" | "record_invalid" | "object_corrupt" | "missing_object" | "call_refused" | "unavailable" | "internal" | "checkpoint_failed" | "restore_failed" | "checkpoint_timeout" | "restore_timeout" | "pages_lost" | "image_parks_unavailable" | "daemon_unreachable" | "no_space" | "handed_off" | "genesis_held" | "untrusted_signer" | "grant_refused" | "image_refused" | "bundle_too_large" | "not_owner" | "draining" | "forbidden" | "quota";
+  code: "bad_request" | "not_found" | "exists" | "conflict" | "phase" | "snapshot_mismatch" | "manifest_mismatch" | "record_invalid" | "object_corrupt" | "missing_object" | "call_refused" | "unavailable" | "internal" | "checkpoint_failed" | "restore_failed" | "checkpoint_timeout" | "restore_timeout" | "pages_lost" | "image_parks_unavailable" | "daemon_unreachable" | "no_space" | "handed_off" | "genesis_held" | "untrusted_signer" | "grant_refused" | "image_refused" | "bundle_too_large" | "not_owner" | "draining" | "forbidden" | "quota" | "secrets_required";
   error: string;
   keys?: string[];
   segment?: number;
@@ -143,6 +143,7 @@ export interface Grants {
   milli_cpu: number;
   network: "" | "none" | "loopback" | "egress";
   read_only: Mount[];
+  secrets?: string[];
 }
 
 export interface Host {
@@ -285,6 +286,10 @@ export interface Resume {
   steps?: Step[];
 }
 
+export interface ResumeRequest {
+  secrets?: Record<string, string>;
+}
+
 export interface Run {
   grants_id: string;
   handed_off?: boolean;
@@ -305,6 +310,7 @@ export interface Run {
 export interface RunRequest {
   grants: Grants;
   id?: string;
+  secrets?: Record<string, string>;
   unit: Spec;
 }
 

@@ -177,8 +177,10 @@ export class Client {
     }
   }
 
-  run(unit, grants = {}, id) {
-    return this.call("POST", "/v1/runs", id ? { id, unit, grants } : { unit, grants });
+  run(unit, grants = {}, id, secrets) {
+    const req = id ? { id, unit, grants } : { unit, grants };
+    if (secrets && Object.keys(secrets).length) req.secrets = secrets;
+    return this.call("POST", "/v1/runs", req);
   }
   list(phase) {
     return this.call("GET", "/v1/runs" + (phase ? "?phase=" + encodeURIComponent(phase) : ""));
@@ -189,8 +191,9 @@ export class Client {
   park(id) {
     return this.call("POST", runPath(id, "/park"));
   }
-  resume(id) {
-    return this.call("POST", runPath(id, "/resume"));
+  resume(id, secrets) {
+    const body = secrets && Object.keys(secrets).length ? { secrets } : undefined;
+    return this.call("POST", runPath(id, "/resume"), body);
   }
   close(id, reason = "") {
     return this.call("POST", runPath(id, "/close"), { reason });

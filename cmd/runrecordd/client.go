@@ -260,7 +260,7 @@ func exitCode(err error) int {
 	case api.CodeNotFound:
 		return 4
 	case api.CodePhase, api.CodeConflict, api.CodeExists, api.CodeHandedOff, api.CodeGenesisHeld, api.CodeSnapshotMismatch, api.CodeManifestMismatch,
-		api.CodeRecordInvalid, api.CodeObjectCorrupt, api.CodeMissingObject, api.CodeCallRefused,
+		api.CodeRecordInvalid, api.CodeObjectCorrupt, api.CodeMissingObject, api.CodeCallRefused, api.CodeSecretsRequired,
 		api.CodeUntrustedSigner, api.CodeGrantRefused, api.CodeImageRefused, api.CodeBundleLimit, api.CodeForbidden, api.CodeQuota, api.CodeNotOwner:
 		return 5
 	}

@@ -50,8 +50,14 @@ func parkTable(stdout io.Writer, cf clientFlags, id string, p api.Park) error {
 
 func cmdResume(args []string, stdout io.Writer) error {
 	v := newVerb("resume")
+	var flags listFlag
+	v.fs.Var(&flags, "secret", secretUsage)
 	return v.runOne(args, func(id string, c *api.Client, cx context.Context) error {
-		r, err := c.Resume(cx, id)
+		secrets, err := parseSecrets(flags)
+		if err != nil {
+			return err
+		}
+		r, err := c.ResumeWith(cx, id, api.ResumeRequest{Secrets: secrets})
 		if err != nil {
 			return err
 		}

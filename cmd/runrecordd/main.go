@@ -46,7 +46,7 @@ func commands() []command {
 		{"list", "list runs: list [--phase executing|parked|closed]", cmdList},
 		{"show", "a run's segments, evidence, energy and wait proof: show RUN", cmdShow},
 		{"park", "park a running run, or every one: park RUN | park --all [--parallel N]", cmdPark},
-		{"resume", "resume a parked run on this host: resume RUN", cmdResume},
+		{"resume", "resume a parked run on this host: resume [--secret NAME=VALUE ...] RUN", cmdResume},
 		{"close", "close a run in any phase: close RUN [--reason TEXT]", cmdClose},
 		{"migrate", "move a run to another host of the fleet, parking it first if it runs: migrate RUN --to KEY", cmdMigrate},
 		{"adopt", "make a run of a lost host this host's, when it holds it parked at the fleet's head: adopt RUN", cmdAdopt},

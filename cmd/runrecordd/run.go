@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -59,7 +60,7 @@ type runFlags struct {
 	id, mode, network                                                     string
 	cpu                                                                   uint
 	cpus, mem                                                             string
-	env, ro                                                               listFlag
+	env, ro, secrets                                                      listFlag
 	pids, conns, calls                                                    uint
 	logBytes, transcriptBytes, inflightBytes, payloadBytes, snapshotBytes string
 }
@@ -75,6 +76,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.network, "network", "none", "network: none or loopback")
 	fs.Var(&f.env, "env", "KEY=VALUE for the unit (repeatable)")
 	fs.Var(&f.ro, "ro", "SRC:DST read-only bind mount (repeatable)")
+	fs.Var(&f.secrets, "secret", secretUsage)
 	fs.UintVar(&f.pids, "pids", 0, fmt.Sprintf("processes and threads in the sandbox (0: the default, %d)", d.Pids))
 	fs.StringVar(&f.logBytes, "log-bytes", "0", fmt.Sprintf("bytes of stdout, and of stderr, kept per interval (0: the default, %s)", bytesString(int64(d.LogBytes))))
 	fs.StringVar(&f.transcriptBytes, "transcript-bytes", "0", fmt.Sprintf("a transcript unit's transcript size (0: the default, %s)", bytesString(int64(d.TranscriptBytes))))
@@ -119,6 +121,9 @@ func (f *runFlags) request(pos []string) (api.RunRequest, error) {
 	req = api.RunRequest{ID: f.id,
 		Unit:   unit.Spec{Image: pos[0], Args: pos[1:], Env: f.env, Mode: m},
 		Grants: unit.Grants{MilliCPU: cpu, MemoryBytes: mb, Network: n}}
+	if req.Secrets, err = parseSecrets(f.secrets); err != nil {
+		return req, err
+	}
 	for _, r := range f.ro {
 		src, dst, ok := strings.Cut(r, ":")
 		if !ok {
@@ -148,6 +153,34 @@ func (f *runFlags) request(pos []string) (api.RunRequest, error) {
 		}
 	}
 	return req, nil
+}
+
+// secretUsage is --secret's help, run's and resume's.
+const secretUsage = "NAME=VALUE: a secret the unit reads as /run/secrets/NAME, never recorded; NAME alone takes the value from this environment's $NAME, off the command line (repeatable)"
+
+// parseSecrets reads --secret flags: NAME=VALUE, or NAME with the value
+// from the environment variable NAME.
+func parseSecrets(flags []string) (map[string]string, error) {
+	if len(flags) == 0 {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, s := range flags {
+		name, value, ok := strings.Cut(s, "=")
+		if !ok {
+			if value, ok = os.LookupEnv(name); !ok {
+				return nil, usagef("--secret %s: no =VALUE, and no environment variable %s", name, name)
+			}
+		}
+		if err := unit.CheckSecretName(name); err != nil {
+			return nil, usagef("--secret: %v", err)
+		}
+		if _, dup := out[name]; dup {
+			return nil, usagef("--secret %s: given twice", name)
+		}
+		out[name] = value
+	}
+	return out, nil
 }
 
 func cmdRun(args []string, stdout io.Writer) error {

@@ -9,3 +9,13 @@ type Booking interface {
 	// Unbook takes back a booking whose start was then refused.
 	Unbook(run string) error
 }
+
+// Starting is what a start request brings beside its unit and grant set
+// (daemon.StartBooked).
+type Starting struct {
+	// Booking, when set, books the run for whom it is started.
+	Booking Booking
+	// Secrets are the values of the secrets the run reads, by name; they
+	// go to the sandbox only (docs/trust.md#secrets).
+	Secrets map[string]string
+}

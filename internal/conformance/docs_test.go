@@ -45,6 +45,10 @@ func TestDocBytes(t *testing.T) {
 			}}
 			return g.Canonical()
 		},
+		"grants-secrets": func() ([]byte, error) {
+			g := unit.Grants{Network: unit.NoNetwork, Secrets: []string{"API_KEY", "db.token"}}
+			return g.Canonical()
+		},
 		"manifest": func() ([]byte, error) {
 			return manifest.Manifest{manifest.Arch: "amd64", manifest.ImageDigest: digest, manifest.Protocol: "runrecordd.unit/1"}.Canonical()
 		},
@@ -79,6 +83,7 @@ func TestDocBytes(t *testing.T) {
 		"grants":         func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
 		"grants-limits":  func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
 		"grants-egress":  func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
+		"grants-secrets": func(b []byte) error { _, err := unit.DecodeGrants(b); return err },
 		"manifest":       func(b []byte) error { _, err := manifest.Decode(b); return err },
 		"manifest-image": func(b []byte) error { _, err := manifest.Decode(b); return err },
 		"listing":        decodeListing(0),

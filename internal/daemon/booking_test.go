@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -49,7 +50,7 @@ func TestStartBooked(t *testing.T) {
 	ch, done := h.d.events.Subscribe()
 	defer done()
 	b := &fakeBooking{}
-	if _, err := h.d.StartBooked(t.Context(), "r", spec, unit.Grants{}, b); err != nil {
+	if _, err := h.d.StartBooked(t.Context(), "r", spec, unit.Grants{}, answers.Starting{Booking: b}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -63,7 +64,7 @@ func TestStartBooked(t *testing.T) {
 	}
 
 	refused := &fakeBooking{bookErr: errors.New("books full")}
-	if _, err := h.d.StartBooked(t.Context(), "s", spec, unit.Grants{}, refused); !errors.Is(err, refused.bookErr) {
+	if _, err := h.d.StartBooked(t.Context(), "s", spec, unit.Grants{}, answers.Starting{Booking: refused}); !errors.Is(err, refused.bookErr) {
 		t.Fatalf("a start its booking refused: %v", err)
 	}
 	if _, err := h.d.st.Run("s"); !errors.Is(err, store.ErrNoRun) || h.ex.sandbox("s") != nil {
@@ -74,7 +75,7 @@ func TestStartBooked(t *testing.T) {
 	h.ex.startErr = errors.New("no sandbox")
 	h.ex.mu.Unlock()
 	late := &fakeBooking{}
-	if _, err := h.d.StartBooked(t.Context(), "u", spec, unit.Grants{}, late); !errors.Is(err, h.ex.startErr) {
+	if _, err := h.d.StartBooked(t.Context(), "u", spec, unit.Grants{}, answers.Starting{Booking: late}); !errors.Is(err, h.ex.startErr) {
 		t.Fatalf("a start its sandbox refused: %v", err)
 	}
 	if got, want := late.String(), "book u; unbook u"; got != want {
@@ -82,7 +83,7 @@ func TestStartBooked(t *testing.T) {
 	}
 	// A run that exists is never booked again.
 	again := &fakeBooking{}
-	if _, err := h.d.StartBooked(t.Context(), "r", spec, unit.Grants{}, again); !errors.Is(err, store.ErrRunExists) || again.String() != "" {
+	if _, err := h.d.StartBooked(t.Context(), "r", spec, unit.Grants{}, answers.Starting{Booking: again}); !errors.Is(err, store.ErrRunExists) || again.String() != "" {
 		t.Fatalf("a start of a run that exists: %v, booking %q", err, again)
 	}
 }

@@ -43,6 +43,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/metrics"
 	"github.com/runrecordd/runrecordd/internal/retention"
+	"github.com/runrecordd/runrecordd/internal/secrets"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -79,6 +80,7 @@ type Daemon struct {
 	// both forms, wired once (wire).
 	intervals intervals
 	forms     forms.Env
+	secrets   *secrets.Host // runs' secret values here (secrets.go)
 	stop      context.CancelFunc
 	bgCtx     context.Context // done once the daemon stops
 	bg        sync.WaitGroup
@@ -218,9 +220,10 @@ func (d *Daemon) wire() {
 		out, err := d.intervals.MakeOutput(id)
 		return executor.Output(out), err
 	}
+	d.secrets = secrets.New(d.cfg.StateDir)
 	d.forms = forms.Env{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
 		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: output, Mark: d.intervals.MarkNow, Invalid: answers.ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume), LazyServed: d.cfg.LazyServed,
-		HostRootImages: d.cfg.HostRootImages}
+		HostRootImages: d.cfg.HostRootImages, Secrets: d.secrets}
 	if d.base != nil { // none in the daemon's unit tests
 		d.forms.Warm, d.forms.Creates = d.base.Warm, forms.Creates(d.base.Exec)
 		if d.base.Config.UserNS {

@@ -42,7 +42,8 @@ type fakeExec struct {
 	restoreErr    error
 	startErr      error
 	starts        int
-	restores      []string // what each restore read from the image directory
+	restores      []string        // what each restore read from the image directory
+	specs         []executor.Spec // each start's and restore's spec
 	// pages gets each lazy restore's pages (RestoreLazy, lazy_test.go).
 	pages chan *fakePages
 	// onPause, when set, runs as a sandbox is paused, before it is;
@@ -94,9 +95,10 @@ func (x *fakeExec) sandbox(id string) *fakeSB {
 	return x.sbs[id]
 }
 
-func (x *fakeExec) Start(_ context.Context, id string, _ executor.Spec, _ executor.Output) (Sandbox, error) {
+func (x *fakeExec) Start(_ context.Context, id string, spec executor.Spec, _ executor.Output) (Sandbox, error) {
 	x.mu.Lock()
 	x.starts++
+	x.specs = append(x.specs, spec)
 	err := x.startErr
 	x.mu.Unlock()
 	if err != nil {
@@ -105,8 +107,9 @@ func (x *fakeExec) Start(_ context.Context, id string, _ executor.Spec, _ execut
 	return x.add(id)
 }
 
-func (x *fakeExec) Restore(_ context.Context, id string, _ executor.Spec, cp executor.Checkpoint, _ executor.Output) (Sandbox, executor.RestoreStats, error) {
+func (x *fakeExec) Restore(_ context.Context, id string, spec executor.Spec, cp executor.Checkpoint, _ executor.Output) (Sandbox, executor.RestoreStats, error) {
 	x.mu.Lock()
+	x.specs = append(x.specs, spec)
 	err := x.restoreErr
 	x.mu.Unlock()
 	if err != nil {

@@ -72,7 +72,7 @@ func (h heldRun) Park(ctx context.Context) error {
 }
 
 func (h heldRun) Resume(ctx context.Context) error {
-	_, err := h.d.resume(ctx, h.id, h.r)
+	_, err := h.d.resume(ctx, h.id, h.r, nil)
 	return err
 }
 

@@ -72,7 +72,7 @@ func TestFleetOwnership(t *testing.T) {
 	}
 	follows("park", record.Parked)
 	h.teardown(t, "r")
-	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 		t.Fatal(err)
 	}
 	follows("resume", record.Active)
@@ -86,7 +86,7 @@ func TestFleetOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := entry()
-	if _, err := h.d.Resume(t.Context(), "r"); !errors.Is(err, fleet.ErrNotOwner) {
+	if _, err := h.d.Resume(t.Context(), "r", nil); !errors.Is(err, fleet.ErrNotOwner) {
 		t.Fatalf("resume of a run transferred away: %v, want ErrNotOwner", err)
 	}
 	if h.ex.sandbox("r") != nil {
@@ -167,7 +167,7 @@ func TestFleetReconcileAtStart(t *testing.T) {
 	if e, err := dir.Run(ctx, genesisOf("reserved")); err != nil || e.Head != head || e.Lease != a2.Lease() {
 		t.Fatalf("the unappended reservation: %+v, %v; want at %s under the new session", e, err, head)
 	}
-	if _, err := h.d.Resume(ctx, "reserved"); err != nil {
+	if _, err := h.d.Resume(ctx, "reserved", nil); err != nil {
 		t.Fatalf("resume after the reconcile: %v", err)
 	}
 	if _, err := dir.Run(ctx, leftover); !errors.Is(err, fleet.ErrNoRun) {
@@ -176,13 +176,13 @@ func TestFleetReconcileAtStart(t *testing.T) {
 	if _, off, _ := h.d.st.HandedOff("moved"); !off {
 		t.Fatal("a run transferred away is not held handed off")
 	}
-	if _, err := h.d.Resume(ctx, "moved"); !errors.Is(err, store.ErrHandedOff) {
+	if _, err := h.d.Resume(ctx, "moved", nil); !errors.Is(err, store.ErrHandedOff) {
 		t.Fatalf("resume of a run transferred away: %v", err)
 	}
 	if e, err := dir.Run(ctx, genesisOf("inflight")); err != nil || e.Owner != a2.Key() || !e.To.IsZero() {
 		t.Fatalf("a migration in flight: %+v, %v; want taken back", e, err)
 	}
-	if _, err := h.d.Resume(ctx, "inflight"); err != nil {
+	if _, err := h.d.Resume(ctx, "inflight", nil); err != nil {
 		t.Fatalf("resume of a migration taken back: %v", err)
 	}
 }

@@ -108,7 +108,7 @@ func lazyHost(t *testing.T) (*fakeHost, *fakePages, string, chan error) {
 	}
 	h.teardown(t, "r")
 	st, _ := h.d.st.Run("r")
-	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 		t.Fatal(err)
 	}
 	return h, <-pages, st.Parked.String(), errs
@@ -145,7 +145,7 @@ func TestLazyPagesLostParksBack(t *testing.T) {
 	}
 	h.d.cfg.LazyResume = false
 	h.d.wire()
-	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.d.Close(t.Context(), "r", ""); err != nil {

@@ -39,7 +39,7 @@ func TestImageWalkInOrder(t *testing.T) {
 	if h.ex.sandbox("r") != nil {
 		t.Fatal("the parked sandbox outlived its teardown")
 	}
-	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.ex.restores; len(got) != 1 || got[0] != "core of r, checkpoint 1" {
@@ -49,7 +49,7 @@ func TestImageWalkInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.teardown(t, "r")
-	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.ex.restores; len(got) != 2 || got[1] != "core of r, checkpoint 2" {
@@ -167,7 +167,7 @@ func TestResumeRefusedLeavesRunParked(t *testing.T) {
 	if err := os.WriteFile(p, []byte("core of another unit"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err = h.d.Resume(t.Context(), "r")
+	_, err = h.d.Resume(t.Context(), "r", nil)
 	var se *resume.SnapshotError
 	if !errors.As(err, &se) {
 		t.Fatalf("resume of an edited image: %v", err)
@@ -181,7 +181,7 @@ func TestResumeRefusedLeavesRunParked(t *testing.T) {
 	if err := os.WriteFile(p, orig, 0o400); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.d.Close(t.Context(), "r", ""); err != nil {
@@ -201,7 +201,7 @@ func TestImageResumePrefetches(t *testing.T) {
 	if n := h.ex.prefetches.Load(); n != 0 {
 		t.Fatalf("%d prefetches before the resume", n)
 	}
-	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 		t.Fatal(err)
 	}
 	if n := h.ex.prefetches.Load(); n != 1 {
@@ -222,7 +222,7 @@ func TestResumeRefusedAtRestoreAndAtAppend(t *testing.T) {
 	}
 	h.teardown(t, "r")
 	h.ex.restoreErr = executor.ErrRestore
-	if _, err := h.d.Resume(t.Context(), "r"); !errors.Is(err, executor.ErrRestore) {
+	if _, err := h.d.Resume(t.Context(), "r", nil); !errors.Is(err, executor.ErrRestore) {
 		t.Fatalf("resume with a failing restore: %v", err)
 	}
 	h.ex.restoreErr = nil
@@ -236,7 +236,7 @@ func TestResumeRefusedAtRestoreAndAtAppend(t *testing.T) {
 	}
 	// The Resumed segment is appended at the head it was judged (and, in
 	// a fleet, reserved) at: the record moved since, so the store refuses.
-	if _, err := h.d.Resume(t.Context(), "r"); !errors.Is(err, store.ErrHeadMoved) {
+	if _, err := h.d.Resume(t.Context(), "r", nil); !errors.Is(err, store.ErrHeadMoved) {
 		t.Fatalf("resume with a refused append: %v", err)
 	}
 	if h.ex.sandbox("r") != nil {

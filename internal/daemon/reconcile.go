@@ -44,6 +44,7 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	if d.base != nil {
 		releaseRanges(d.base.Ranges, d.st, owner, d.log)
 	}
+	sweepSecrets(d.secrets, d.st, d.log)
 	active, err := d.st.Runs(record.Active)
 	if err != nil {
 		return err

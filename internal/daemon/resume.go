@@ -22,23 +22,29 @@ import (
 // Resume resumes a parked run on this host after the three preconditions,
 // in order: the snapshot the store offers is the one recorded, this host
 // satisfies the recorded manifest key by key (manifest.Judge), and the
-// record verifies from genesis. A refusal changes nothing.
-func (d *Daemon) Resume(ctx context.Context, id string) (answers.Resumed, error) {
+// record verifies from genesis. A refusal changes nothing. A run whose
+// grant set names secrets needs their values here: secrets, when given,
+// are all of them and replace what this host holds; without them the
+// host must hold each (secretsFor).
+func (d *Daemon) Resume(ctx context.Context, id string, secrets map[string]string) (answers.Resumed, error) {
 	r, err := d.runs.lockRun(id)
 	if err != nil {
 		return answers.Resumed{}, err
 	}
 	defer r.mu.Unlock()
-	return d.resume(ctx, id, r)
+	return d.resume(ctx, id, r, secrets)
 }
 
-func (d *Daemon) resume(ctx context.Context, id string, r *run) (answers.Resumed, error) {
+func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[string]string) (answers.Resumed, error) {
 	if d.stopping.Load() {
 		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, answers.ErrStopping)
 	}
 	clock := answers.NewClock()
 	ok, err := d.judgeResume(ctx, id, clock)
 	if err != nil {
+		return answers.Resumed{}, err
+	}
+	if err := secretsFor(d.secrets, id, ok.Grants.Secrets, secrets); err != nil {
 		return answers.Resumed{}, err
 	}
 	// The idle energy the park owes ends where the restore begins; in a

@@ -23,13 +23,17 @@ import (
 // daemon reconciles) rather than a run with nothing behind it. An empty
 // id draws one.
 func (d *Daemon) Start(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (answers.Summary, error) {
-	return d.StartBooked(ctx, id, spec, grants, nil)
+	return d.StartBooked(ctx, id, spec, grants, answers.Starting{})
 }
 
-// StartBooked is Start, with the run booked by b (when not nil) under the
-// run's lock once its id is known to be free here, before its claim, its
-// sandbox or its genesis; a start that then leaves no run is unbooked.
-func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, b answers.Booking) (answers.Summary, error) {
+// StartBooked is Start, with what the request brings beside the unit
+// (answers.Starting): the run booked by its Booking (when not nil) under
+// the run's lock once its id is known to be free here, before its claim,
+// its sandbox or its genesis, a start that then leaves no run unbooked;
+// and its secrets' values, which the grant set names (secrets.go) and
+// this host keeps until the run closes or leaves.
+func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, o answers.Starting) (answers.Summary, error) {
+	b := o.Booking
 	if d.fleet.Draining() {
 		return answers.Summary{}, fmt.Errorf("run: %w: it takes no new runs until it restarts", member.ErrDraining)
 	}
@@ -48,6 +52,10 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 	// empty.
 	if err := bundle.CheckEgress(grants, nil); err != nil {
 		return answers.Summary{}, fmt.Errorf("run %s: %w", id, err)
+	}
+	grants, err := secretNames(id, grants, o.Secrets)
+	if err != nil {
+		return answers.Summary{}, err
 	}
 	p, err := d.forms.Prepare(ctx, id, spec, grants)
 	if err != nil {
@@ -70,6 +78,16 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 				d.log.Error("a refused start's booking stays", "run", id, "err", uerr)
 			}
 		}()
+	}
+	if len(p.Grants.Secrets) > 0 {
+		defer func() {
+			if _, serr := d.st.Run(id); serr != nil {
+				dropSecrets(d.secrets, id, d.log) // no run: its values go
+			}
+		}()
+		if err := d.secrets.Put(id, o.Secrets); err != nil {
+			return answers.Summary{}, fmt.Errorf("run %s: %w", id, err)
+		}
 	}
 	unitID, err := d.st.PutBytes(p.SpecBytes)
 	if err != nil {
@@ -145,6 +163,7 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 		lv.stopping = true
 		lv.destroy(d.log)
 		r.live = nil
+		dropSecrets(d.secrets, id, d.log)
 		d.log.Info("run closed", "run", id, "reason", reason)
 		d.events.Publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
 	})

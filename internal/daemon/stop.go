@@ -9,6 +9,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/secrets"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -181,7 +182,14 @@ func (d *Daemon) comeBack(ctx context.Context, en comebackEntry) (e answers.Each
 		d.log.Info("start: a run the last stop parked is another host's now; left to it", "run", en.Run, "err", err)
 		return e, true
 	}
-	res, err := d.resume(ctx, en.Run, r)
+	res, err := d.resume(ctx, en.Run, r, nil)
+	if errors.Is(err, secrets.ErrRequired) {
+		// Its values went with the host's tmpfs (a reboot): only a
+		// resume that gives them again takes it back.
+		e.Err = err
+		d.log.Warn("start: a run the last stop parked needs its secrets again; it stays parked until a resume gives them", "run", en.Run, "err", err)
+		return e, true
+	}
 	if err != nil {
 		e.Err = err
 		d.log.Error("start: a run the last stop parked is not resumed; it stays parked", "run", en.Run, "err", err)

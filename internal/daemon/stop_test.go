@@ -44,7 +44,7 @@ func TestStopParksStartResumes(t *testing.T) {
 	if _, err := h.d.Start(t.Context(), "new", unit.Spec{Image: fakeImage, Args: []string{"/unit"}}, unit.Grants{}); !errors.Is(err, answers.ErrStopping) {
 		t.Fatalf("a start while stopping: %v, want answers.ErrStopping", err)
 	}
-	if _, err := h.d.Resume(t.Context(), "a"); !errors.Is(err, answers.ErrStopping) {
+	if _, err := h.d.Resume(t.Context(), "a", nil); !errors.Is(err, answers.ErrStopping) {
 		t.Fatalf("a resume while stopping: %v, want answers.ErrStopping", err)
 	}
 	for _, id := range []string{"a", "b", "moved", "closed", "byhand"} {
@@ -53,7 +53,7 @@ func TestStopParksStartResumes(t *testing.T) {
 
 	// The restart, on the same state directory.
 	h.d.stopping.Store(false)
-	if _, err := h.d.Resume(t.Context(), "moved"); err != nil {
+	if _, err := h.d.Resume(t.Context(), "moved", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.d.Park(t.Context(), "moved"); err != nil {

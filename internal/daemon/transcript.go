@@ -58,7 +58,7 @@ func (d *Daemon) parkAwaiting(ctx context.Context, id string, ch *calls.Channel)
 	if waiting, err := calls.Awaiting(d.st, id); err != nil || len(waiting) > 0 {
 		return true, err
 	}
-	if _, err := d.resume(ctx, id, r); err != nil {
+	if _, err := d.resume(ctx, id, r, nil); err != nil {
 		if errors.Is(err, answers.ErrStopping) {
 			// Its results are all here: the next start resumes it.
 			if err := d.comebacks.AddHead(d.st, id); err != nil {
@@ -106,7 +106,7 @@ func (d *Daemon) PostResult(ctx context.Context, run, call string, payload []byt
 	if out.Awaiting, wake, err = d.forms.Awaited(st); err != nil || !wake {
 		return out, err
 	}
-	res, err := d.resume(ctx, run, r)
+	res, err := d.resume(ctx, run, r, nil)
 	if err != nil {
 		// The result is kept; the run stays parked and a later resume
 		// (or a retry of the post's resume) delivers it.

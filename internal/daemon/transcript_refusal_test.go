@@ -83,7 +83,7 @@ func TestReconcileRecoversOrphanedTranscript(t *testing.T) {
 	if _, err := os.Stat(calls.ChannelDir(h.d.cfg.StateDir, "r")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the dead channel's directory is left: %v", err)
 	}
-	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.d.Close(t.Context(), "r", ""); err != nil {
@@ -262,7 +262,7 @@ func TestResumeAfterAwaitParkRefused(t *testing.T) {
 	}
 	h.teardown(t, "r")
 	h.d.forms.Facts = facts
-	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.d.Close(t.Context(), "r", ""); err != nil {
@@ -299,7 +299,7 @@ func TestPostResultResumeRefused(t *testing.T) {
 		t.Fatalf("calls %+v %v, want the result kept", cs, err)
 	}
 	h.d.forms.Facts = facts
-	if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.d.Close(t.Context(), "r", ""); err != nil {

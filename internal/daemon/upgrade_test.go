@@ -56,7 +56,7 @@ func TestResumeAcrossUpgrades(t *testing.T) {
 			}
 			h.d.forms.Facts = upgraded
 			defer func() { h.d.forms.Facts = facts }()
-			_, err := h.d.Resume(t.Context(), "r")
+			_, err := h.d.Resume(t.Context(), "r", nil)
 			if c.fail == nil {
 				if err != nil {
 					t.Fatal(err)
@@ -74,7 +74,7 @@ func TestResumeAcrossUpgrades(t *testing.T) {
 				t.Fatalf("phase %s after the refusal", st.Phase)
 			}
 			h.d.forms.Facts = facts
-			if _, err := h.d.Resume(t.Context(), "r"); err != nil {
+			if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 				t.Fatalf("resume on the host as parked: %v", err)
 			}
 		})

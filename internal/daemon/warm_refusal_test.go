@@ -80,7 +80,7 @@ func TestResumeReservationRefusedDiscardsWarm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.d.Resume(ctx, "r"); !errors.Is(err, fleet.ErrNotOwner) {
+	if _, err := h.d.Resume(ctx, "r", nil); !errors.Is(err, fleet.ErrNotOwner) {
 		t.Fatalf("resume of a run transferred away: %v, want ErrNotOwner", err)
 	}
 	if warmID == "" || h.ex.sandbox(warmID) != nil {

@@ -2,6 +2,7 @@ package forms
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/secrets"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/warmpool"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -59,6 +61,10 @@ type Env struct {
 	// --allow-host-root-images): where the probe's dump and restore in a
 	// user namespace failed, and for a park made without one.
 	HostRootImages bool
+	// Secrets holds runs' secret values here: a run that names secrets
+	// has its directory of them mounted read-only at secrets.Target in
+	// every sandbox (docs/trust.md#secrets).
+	Secrets *secrets.Host
 	// Calls is what a transcript unit's channel tells the daemon.
 	Calls calls.Daemon
 	// Output makes run's output files on this host; Mark is a mark at
@@ -231,6 +237,19 @@ func (u *Unit) Close() {
 // none), where the host runs units in user namespaces.
 func (h Env) unitSpec(run Run, userns bool) (executor.Spec, error) {
 	es := executor.SpecOf(run.Spec, run.Grants)
+	if len(run.Grants.Secrets) > 0 {
+		if h.Secrets == nil {
+			return es, fmt.Errorf("run %s: %w: this host keeps no secrets", run.ID, secrets.ErrRequired)
+		}
+		dir, err := h.Secrets.Dir(run.ID)
+		if err != nil {
+			return es, err
+		}
+		// Own: the daemon's directory, under its state dir, noexec; an
+		// external bind mount to runc and CRIU, so no checkpoint holds
+		// a value.
+		es.Mounts = append(es.Mounts, executor.Mount{Source: dir, Target: secrets.Target, Own: true})
+	}
 	if h.Ranges == nil || !userns {
 		return es, nil
 	}

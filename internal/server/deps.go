@@ -44,12 +44,11 @@ type Deps struct {
 type Daemon interface {
 	Host() answers.HostInfo
 	ImportImage(ctx context.Context, r io.Reader, name string) (executor.Image, error)
-	Start(ctx context.Context, id string, spec unit.Spec, grants unit.Grants) (answers.Summary, error)
-	StartBooked(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, b answers.Booking) (answers.Summary, error)
+	StartBooked(ctx context.Context, id string, spec unit.Spec, grants unit.Grants, o answers.Starting) (answers.Summary, error)
 	List(phase *record.Phase) ([]answers.Summary, error)
 	Run(id string) (answers.Summary, error)
 	Park(ctx context.Context, id string) (answers.Parked, error)
-	Resume(ctx context.Context, id string) (answers.Resumed, error)
+	Resume(ctx context.Context, id string, secrets map[string]string) (answers.Resumed, error)
 	Close(ctx context.Context, id, reason string) (answers.Summary, error)
 	ParkAll(ctx context.Context, parallel int) ([]answers.Each[answers.Parked], error)
 	Pin(id string, pin bool) (answers.Summary, error)

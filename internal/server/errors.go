@@ -23,6 +23,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/platform"
 	"github.com/runrecordd/runrecordd/internal/resume"
+	"github.com/runrecordd/runrecordd/internal/secrets"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/trust"
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -108,6 +109,7 @@ var codes = []struct {
 	{api.CodeDraining, is(member.ErrDraining), nil},
 	{api.CodeUnavailable, is(answers.ErrStopping), nil},
 	{api.CodeQuota, is(platform.ErrQuota), nil},
+	{api.CodeSecretsRequired, is(secrets.ErrRequired), nil},
 	{api.CodeBadRequest, is(answers.ErrInvalid, bundle.ErrMalformed, unit.ErrInvalid, executor.ErrInvalid, executor.ErrImageMismatch,
 		store.ErrRunID, manifest.ErrMalformed, record.ErrMalformedSegment, record.ErrMalformedSnapshot, record.ErrAddress,
 		store.ErrKeyName, calls.ErrTranscript, calls.ErrNotJSON, trust.ErrKey), nil},
@@ -151,7 +153,7 @@ func Status(code string) int {
 	case api.CodeExists, api.CodeConflict, api.CodePhase, api.CodeHandedOff, api.CodeGenesisHeld, api.CodeNotOwner:
 		return http.StatusConflict
 	case api.CodeSnapshotMismatch, api.CodeManifestMismatch, api.CodeRecordInvalid, api.CodeObjectCorrupt,
-		api.CodeMissingObject, api.CodeCallRefused:
+		api.CodeMissingObject, api.CodeCallRefused, api.CodeSecretsRequired:
 		return http.StatusUnprocessableEntity
 	case api.CodeUnavailable, api.CodeCheckpointFailed, api.CodeRestoreFailed, api.CodeImageParks, api.CodeDraining, api.CodePagesLost:
 		return http.StatusServiceUnavailable

@@ -45,10 +45,7 @@ func (f *fake) Host() answers.HostInfo { f.calls = append(f.calls, "Host"); retu
 func (f *fake) ImportImage(context.Context, io.Reader, string) (executor.Image, error) {
 	return executor.Image{Name: "img"}, f.call("ImportImage")
 }
-func (f *fake) Start(_ context.Context, id string, _ unit.Spec, _ unit.Grants) (answers.Summary, error) {
-	return answers.Summary{ID: id}, f.call("Start")
-}
-func (f *fake) StartBooked(_ context.Context, id string, _ unit.Spec, _ unit.Grants, _ answers.Booking) (answers.Summary, error) {
+func (f *fake) StartBooked(_ context.Context, id string, _ unit.Spec, _ unit.Grants, _ answers.Starting) (answers.Summary, error) {
 	return answers.Summary{ID: id}, f.call("StartBooked")
 }
 func (f *fake) List(*record.Phase) ([]answers.Summary, error) { return nil, f.call("List") }
@@ -56,7 +53,7 @@ func (f *fake) Run(id string) (answers.Summary, error)        { return answers.S
 func (f *fake) Park(_ context.Context, id string) (answers.Parked, error) {
 	return answers.Parked{Run: answers.Summary{ID: id}}, f.call("Park")
 }
-func (f *fake) Resume(_ context.Context, id string) (answers.Resumed, error) {
+func (f *fake) Resume(_ context.Context, id string, _ map[string]string) (answers.Resumed, error) {
 	return answers.Resumed{Run: answers.Summary{ID: id}}, f.call("Resume")
 }
 func (f *fake) Close(_ context.Context, id, _ string) (answers.Summary, error) {
@@ -169,7 +166,7 @@ func TestHandlers(t *testing.T) {
 	routes := map[string]routeCase{
 		"host":        {"GET", "/v1/host", "", "Host"},
 		"image":       {"POST", "/v1/images?name=img", "tar", "ImportImage"},
-		"start":       {"POST", "/v1/runs", `{"id":"n","unit":{"image":"img"}}`, "Start"},
+		"start":       {"POST", "/v1/runs", `{"id":"n","unit":{"image":"img"}}`, "StartBooked"},
 		"list":        {"GET", "/v1/runs", "", "List"},
 		"show":        {"GET", "/v1/runs/r", "", "Run"},
 		"park":        {"POST", "/v1/runs/r/park", "", "Park"},

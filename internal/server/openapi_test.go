@@ -36,7 +36,7 @@ var routeTypes = map[string][2]any{
 	"GET /v1/runs":                           {nil, []api.Run{}},
 	"GET /v1/runs/{id}":                      {nil, api.Show{}},
 	"POST /v1/runs/{id}/park":                {nil, api.Park{}},
-	"POST /v1/runs/{id}/resume":              {nil, api.Resume{}},
+	"POST /v1/runs/{id}/resume":              {api.ResumeRequest{}, api.Resume{}},
 	"POST /v1/runs/{id}/close":               {api.CloseRequest{}, api.Run{}},
 	"POST /v1/runs/{id}/migrate":             {api.MigrateRequest{}, api.Run{}},
 	"POST /v1/drain":                         {api.DrainRequest{}, api.Drain{}},

@@ -34,7 +34,7 @@ func (h *handler) platformStart(w http.ResponseWriter, r *http.Request, key reco
 		h.fail(w, r, fmt.Errorf("run: platform key %s: %w", key, err))
 		return
 	}
-	run, err := h.d.StartBooked(r.Context(), req.ID, req.Unit, req.Grants, booking{h.tenancy.Books, key})
+	run, err := h.d.StartBooked(r.Context(), req.ID, req.Unit, req.Grants, answers.Starting{Booking: booking{h.tenancy.Books, key}, Secrets: req.Secrets})
 	h.reply(w, r, runOf(run), err)
 }
 

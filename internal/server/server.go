@@ -99,7 +99,7 @@ func (h *handler) start(w http.ResponseWriter, r *http.Request) {
 		h.platformStart(w, r, key, req)
 		return
 	}
-	run, err := h.d.Start(r.Context(), req.ID, req.Unit, req.Grants)
+	run, err := h.d.StartBooked(r.Context(), req.ID, req.Unit, req.Grants, answers.Starting{Secrets: req.Secrets})
 	h.reply(w, r, runOf(run), err)
 }
 
@@ -135,7 +135,14 @@ func (h *handler) park(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) resume(w http.ResponseWriter, r *http.Request) {
-	res, err := h.d.Resume(r.Context(), r.PathValue("id"))
+	var req api.ResumeRequest
+	if r.ContentLength != 0 {
+		if err := decode(w, r, &req); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	res, err := h.d.Resume(r.Context(), r.PathValue("id"), req.Secrets)
 	h.reply(w, r, resumeOf(res), err)
 }
 

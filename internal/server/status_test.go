@@ -24,6 +24,7 @@ func TestStatus(t *testing.T) {
 		api.CodeObjectCorrupt:     http.StatusUnprocessableEntity,
 		api.CodeMissingObject:     http.StatusUnprocessableEntity,
 		api.CodeCallRefused:       http.StatusUnprocessableEntity,
+		api.CodeSecretsRequired:   http.StatusUnprocessableEntity,
 		api.CodeUnavailable:       http.StatusServiceUnavailable,
 		api.CodeCheckpointFailed:  http.StatusServiceUnavailable,
 		api.CodeRestoreFailed:     http.StatusServiceUnavailable,

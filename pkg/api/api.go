@@ -54,6 +54,7 @@ const (
 	CodeDraining          = "draining"                // a new run on a host being drained
 	CodeForbidden         = "forbidden"               // on the fleet's mTLS listener: a key whose role may not use this route (a platform on a peer route, a peer on the API)
 	CodeQuota             = "quota"                   // a platform key at one of its quotas on this host: runs at once, or store bytes (docs/fleet.md, "Roles")
+	CodeSecretsRequired   = "secrets_required"        // a run whose grant set names secrets this host holds no value for (after a reboot, an import or a migration): give them with the request; nothing changed
 )
 
 // Error is the body of every failed request.
@@ -86,6 +87,11 @@ type RunRequest struct {
 	ID     string      `json:"id,omitempty"`
 	Unit   unit.Spec   `json:"unit"`
 	Grants unit.Grants `json:"grants"`
+	// Secrets are the values of the secrets the unit reads, by name: the
+	// grant set's secrets (its names are these when it names none). They
+	// reach the sandbox as files /run/secrets/NAME and nothing else
+	// (docs/trust.md, "Secrets").
+	Secrets map[string]string `json:"secrets,omitempty"`
 }
 
 // Run is a run's summary: GET /v1/runs and the result of most verbs.

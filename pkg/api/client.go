@@ -182,8 +182,17 @@ func (c *Client) Park(ctx context.Context, id string) (Park, error) {
 
 // Resume resumes a parked run.
 func (c *Client) Resume(ctx context.Context, id string) (Resume, error) {
+	return c.ResumeWith(ctx, id, ResumeRequest{})
+}
+
+// ResumeWith resumes a parked run with req's body (its secrets).
+func (c *Client) ResumeWith(ctx context.Context, id string, req ResumeRequest) (Resume, error) {
+	var body any
+	if len(req.Secrets) > 0 {
+		body = req
+	}
 	var r Resume
-	err := c.Do(ctx, http.MethodPost, RunPath(id, "/resume"), nil, &r)
+	err := c.Do(ctx, http.MethodPost, RunPath(id, "/resume"), body, &r)
 	return r, err
 }
 

@@ -23,6 +23,14 @@ type GCRequest struct {
 	GraceNS *int64 `json:"grace_ns,omitempty"`
 }
 
+// ResumeRequest is POST /v1/runs/{id}/resume's body, which may be
+// empty: Secrets, when given, are the values of every secret the run's
+// grant set names, replacing the ones this host holds; without them the
+// host must hold each (else secrets_required).
+type ResumeRequest struct {
+	Secrets map[string]string `json:"secrets,omitempty"`
+}
+
 // CloseRequest closes a run.
 type CloseRequest struct {
 	Reason string `json:"reason"`

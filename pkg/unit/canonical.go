@@ -75,6 +75,10 @@ func (g *Grants) Encode() []byte {
 	if g.Network == Egress || len(g.Egress) > 0 {
 		b = encodeEgress(b, g.Egress)
 	}
+	if len(g.Secrets) > 0 {
+		b = append(b, secretsTag)
+		b = appendList(b, g.Secrets)
+	}
 	return b
 }
 

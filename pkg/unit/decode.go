@@ -57,11 +57,15 @@ func DecodeGrants(b []byte) (*Grants, error) {
 			ChannelConns: d.u32(), ChannelInflightBytes: d.u64(), IntervalCalls: d.u32(),
 			IntervalPayloadBytes: d.u64(), SnapshotBytes: d.u64()}
 	}
-	if d.err == nil && len(d.b) > 0 {
-		if tag := d.byte1(); tag != egressTag {
-			d.fail("grants: block tag %#x, want %#x (limits) or %#x (egress)", tag, limitsTag, egressTag)
-		}
+	if d.err == nil && len(d.b) > 0 && d.b[0] == egressTag {
+		d.byte1()
 		g.Egress = d.egress()
+	}
+	if d.err == nil && len(d.b) > 0 {
+		if tag := d.byte1(); tag != secretsTag {
+			d.fail("grants: block tag %#x, want %#x (limits), %#x (egress) or %#x (secrets)", tag, limitsTag, egressTag, secretsTag)
+		}
+		g.Secrets = d.secrets()
 	}
 	if err := d.finish(); err != nil {
 		return nil, err

@@ -22,6 +22,7 @@ func pinnedGrants() []Grants {
 		{MilliCPU: 500, MemoryBytes: 64 << 20, Network: Loopback, ReadOnly: []Mount{{"/data", "/in"}}},
 		{Network: NoNetwork},
 		{MilliCPU: 1, MemoryBytes: 4 << 20, Network: NoNetwork, ReadOnly: []Mount{{"/a", "/x"}, {"/b/c", "/y/z"}}},
+		{Network: Loopback, Limits: Limits{Pids: 8}, Secrets: []string{"API_KEY", "token.v2"}},
 	}
 }
 

@@ -75,6 +75,10 @@ type Grants struct {
 	ReadOnly    []Mount `json:"read_only"`        // read-only bind mounts
 	Limits      Limits  `json:"limits"`           // caps; a zero field takes the daemon's default
 	Egress      []Dest  `json:"egress,omitempty"` // with network egress: what it may reach, in SortDests order
+	// Secrets are the names of the secrets the unit reads (files in
+	// /run/secrets), in SortSecrets order; never their values, which
+	// reach only the sandbox (docs/unit.md).
+	Secrets []string `json:"secrets,omitempty"`
 }
 
 // Validate reports whether g can be granted.
@@ -93,6 +97,9 @@ func (g *Grants) Validate() error {
 	}
 	if g.MemoryBytes != 0 && g.MemoryBytes < 4<<20 {
 		return fmt.Errorf("%w: memory limit %d bytes is below 4 MiB", ErrInvalid, g.MemoryBytes)
+	}
+	if err := checkSecrets(g.Secrets); err != nil {
+		return err
 	}
 	for _, m := range g.ReadOnly {
 		if !path.IsAbs(m.Source) || !path.IsAbs(m.Target) || path.Clean(m.Target) != m.Target || m.Target == "/" {

@@ -31,6 +31,8 @@ type line struct {
 	FileOK     bool   `json:"file_ok"`
 	PipeSeq    uint64 `json:"pipe_seq"`
 	LoUp       bool   `json:"lo_up"`
+	Secret     string `json:"secret"`
+	SecretErr  string `json:"secret_err"`
 	Pid        int    `json:"pid"`
 	ChildPid   int    `json:"child_pid"`
 	StartTime  int64  `json:"start_time"`

@@ -69,7 +69,8 @@ func driveClient(t *testing.T, argv []string, env ...string) map[string]any {
 }
 
 // clientChecked checks what the driver saw: the transitions want on the
-// events stream, and the agent's record past its park and resume.
+// events stream, the agent's record past its park and resume, and the
+// oracle's secret given at its start and again at its resume.
 func clientChecked(t *testing.T, got map[string]any, want ...string) {
 	t.Helper()
 	var kinds []string
@@ -80,6 +81,9 @@ func clientChecked(t *testing.T, got map[string]any, want ...string) {
 		if !slices.Contains(kinds, k) {
 			t.Errorf("the events stream had %v, not %s", kinds, k)
 		}
+	}
+	if got["secrets"] != "given" {
+		t.Errorf("the oracle's secret: %v, want given", got["secrets"])
 	}
 	if n, _ := got["agent_segments"].(float64); n < 3 {
 		t.Errorf("the agent's record has %v segments, want executed, suspended, resumed, ...", got["agent_segments"])

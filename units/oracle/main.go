@@ -20,6 +20,11 @@
 //     echoes it, the parent checks the echo ("pipe_seq");
 //   - the start time and the pids, which a resumed process keeps and a
 //     restarted one does not;
+//   - with SECRET_FILE set (a secret's file, /run/secrets/NAME), the
+//     file's FNV-1a 64 hash and length ("secret", "%016x:LEN"), re-read
+//     at every verification into one buffer that is cleared once hashed,
+//     so a test sees what the unit read and no dump of its memory holds
+//     it; a read that fails is reported in "secret_err";
 //   - whether loopback is up ("lo_up"), re-read at every verification, so
 //     a test sees the sandbox's network grant;
 //   - with TCP_PORT set (a sandbox with loopback up), TCP state: a server
@@ -66,6 +71,8 @@ type Line struct {
 	FileOK     bool   `json:"file_ok"`
 	PipeSeq    uint64 `json:"pipe_seq"`
 	LoUp       bool   `json:"lo_up"`
+	Secret     string `json:"secret,omitempty"`
+	SecretErr  string `json:"secret_err,omitempty"`
 	// TCP state, with TCP_PORT set.
 	TCPHeld      uint64 `json:"tcp_held,omitempty"`
 	TCPHeldPort  int    `json:"tcp_held_port,omitempty"`
@@ -290,6 +297,9 @@ func (o *oracle) fail(format string, args ...any) error {
 // reads the file back.
 func (o *oracle) verify() error {
 	o.line.LoUp = loUp()
+	if p := os.Getenv("SECRET_FILE"); p != "" {
+		o.line.Secret, o.line.SecretErr = readSecret(p)
+	}
 	o.line.Verify = sum(o.buf)
 	o.line.VerifiedAt = o.line.Counter
 	if o.line.Verify != o.checksum {
@@ -363,4 +373,36 @@ func checkFile(f *os.File, header []byte, n uint64) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// secretBuf is the one buffer a secret is read into (readSecret).
+var secretBuf [4096]byte
+
+// readSecret hashes the file at path (FNV-1a 64, in registers) and
+// clears the bytes it read: "%016x:LEN", or the error.
+func readSecret(path string) (string, string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err.Error()
+	}
+	defer f.Close()
+	n := 0
+	for n < len(secretBuf) {
+		m, err := f.Read(secretBuf[n:])
+		n += m
+		if err == io.EOF || m == 0 {
+			break
+		}
+		if err != nil {
+			clear(secretBuf[:n])
+			return "", err.Error()
+		}
+	}
+	h := uint64(14695981039346656037)
+	for _, c := range secretBuf[:n] {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	clear(secretBuf[:n])
+	return fmt.Sprintf("%016x:%d", h, n), ""
 }

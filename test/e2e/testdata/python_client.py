@@ -87,13 +87,22 @@ else:
         assert e.status in (403, 404), e.status
     out["logs"] = "not served"
 
-# An image-mode oracle: parked, resumed, closed by the client.
+# An image-mode oracle with a secret: parked, resumed (the secret given
+# again), closed by the client.
 oracle = prefix + "-oracle"
-c.run({"image": env["RR_ORACLE"], "env": ["SIZE_MB=64", "VERIFY_EVERY=5"]}, grants, run_id=oracle)
+c.run({"image": env["RR_ORACLE"], "env": ["SIZE_MB=64", "VERIFY_EVERY=5", "SECRET_FILE=/run/secrets/K"]}, grants,
+      run_id=oracle, secrets={"K": "py-value"})
+assert c.show(oracle)["grants"]["secrets"] == ["K"]
 p = c.park(oracle)
 assert p["run"]["phase"] == "parked" and p["snapshot"], p["run"]
-res = c.resume(oracle)
+try:
+    c.resume(oracle, secrets={"OTHER": "x"})
+    raise AssertionError("a resume with a secret the run does not name went ahead")
+except RunrecorddError as e:
+    assert (e.code, e.status) == ("secrets_required", 422), (e.code, e.status)
+res = c.resume(oracle, secrets={"K": "py-value"})
 assert res["run"]["phase"] == "executing", res["run"]
+out["secrets"] = "given"
 closed = c.close(oracle, "python client")
 assert closed["phase"] == "closed", closed
 assert c.verify(oracle)["ok"]

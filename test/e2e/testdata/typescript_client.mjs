@@ -82,11 +82,14 @@ if (hasLogs) {
 }
 
 const oracle = prefix + "-oracle";
-await c.run({ image: env.RR_ORACLE, env: ["SIZE_MB=64", "VERIFY_EVERY=5"] }, grants, oracle);
+await c.run({ image: env.RR_ORACLE, env: ["SIZE_MB=64", "VERIFY_EVERY=5", "SECRET_FILE=/run/secrets/K"] }, grants, oracle, { K: "ts-value" });
+assert.deepEqual((await c.show(oracle)).grants.secrets, ["K"]);
 const p = await c.park(oracle);
 assert.equal(p.run.phase, "parked");
 assert.ok(p.snapshot);
-assert.equal((await c.resume(oracle)).run.phase, "executing");
+await assert.rejects(c.resume(oracle, { OTHER: "x" }), (e) => e.code === "secrets_required" && e.status === 422);
+assert.equal((await c.resume(oracle, { K: "ts-value" })).run.phase, "executing");
+out.secrets = "given";
 assert.equal((await c.close(oracle, "typescript client")).phase, "closed");
 assert.ok((await c.verify(oracle)).ok);
 assert.ok((await c.list("closed")).some((x) => x.id === oracle));
