@@ -24,8 +24,8 @@ const BuildFile = "/usr/local/share/runrecordd/criu.json"
 // Bounds of what [ReadBuildRecord] and [Identify] read.
 const (
 	maxBuildRecord = 64 << 10  // bytes of a build record
-	maxPatches  = 64        // patches a record may list
-	maxBinary   = 256 << 20 // bytes of a criu binary hashed
+	maxPatches     = 64        // patches a record may list
+	maxBinary      = 256 << 20 // bytes of a criu binary hashed
 )
 
 var (
