@@ -3,19 +3,33 @@
 package e2e
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/ed25519"
 	"encoding/binary"
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/cgroup"
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fs"
+	ghostfile "github.com/checkpoint-restore/go-criu/v7/crit/images/ghost-file"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/inventory"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mnt"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/ns"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/regfile"
+	skopts "github.com/checkpoint-restore/go-criu/v7/crit/images/sk-opts"
+	skunix "github.com/checkpoint-restore/go-criu/v7/crit/images/sk-unix"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -149,15 +163,15 @@ func forgeSnapshot(t *testing.T, truth *bundletest.Bundle, key ed25519.PrivateKe
 	memory, root := *susp.Snapshot.Memory, *susp.Snapshot.Root
 	lf := listingForger{t: t, truth: truth, out: out, drop: drop}
 	if f.image != nil {
-		memory = lf.forge(memory, func(name string, b []byte) []byte {
-			if strings.HasPrefix(name, "pages-") {
+		memory = lf.forge(memory, absentImages, func(name string, b []byte) []byte {
+			if b != nil && strings.HasPrefix(name, "pages-") {
 				return nil
 			}
 			return f.image(t, name, b)
 		})
 	}
 	if f.rootfs != nil {
-		root = lf.forge(root, func(name string, b []byte) []byte {
+		root = lf.forge(root, nil, func(name string, b []byte) []byte {
 			if name != "rootfs.tar" {
 				return nil
 			}
@@ -208,8 +222,9 @@ type listingForger struct {
 
 // forge is the address of the listing at addr with every file change
 // returns bytes for replaced, added to out; what it replaces is dropped.
-// No file changed fails the test.
-func (f listingForger) forge(addr record.Address, change func(name string, b []byte) []byte) record.Address {
+// change is also asked about each name of absent the listing lacks, with
+// b nil: bytes it returns add that file. No file changed fails the test.
+func (f listingForger) forge(addr record.Address, absent []string, change func(name string, b []byte) []byte) record.Address {
 	t, truth, out, drop := f.t, f.truth, f.out, f.drop
 	t.Helper()
 	es, err := store.DecodeListing(truth.Object(addr))
@@ -226,6 +241,15 @@ func (f listingForger) forge(addr record.Address, change func(name string, b []b
 		es[i].Address, es[i].Size = out.Add(b), uint64(len(b))
 		changed++
 	}
+	for _, name := range absent {
+		if slices.ContainsFunc(es, func(e store.Entry) bool { return e.Name == name }) {
+			continue
+		}
+		if b := change(name, nil); b != nil {
+			es = append(es, store.Entry{Name: name, Mode: 0o600, Size: uint64(len(b)), Address: out.Add(b)})
+			changed++
+		}
+	}
 	if changed == 0 {
 		t.Fatalf("nothing of listing %s changed", addr)
 	}
@@ -238,14 +262,19 @@ func (f listingForger) forge(addr record.Address, change func(name string, b []b
 }
 
 // eachMessage rewrites every message of a CRIU image (magics, then
-// messages each framed by its u32 little-endian length) with change.
+// messages each framed by its u32 little-endian length) with change. The
+// inventory has one magic, its own; every other image two.
 func eachMessage[M proto.Message](t *testing.T, img []byte, fresh func() M, change func(M)) []byte {
 	t.Helper()
 	if len(img) < 8 {
 		t.Fatalf("an image of %d bytes", len(img))
 	}
-	out := append([]byte(nil), img[:8]...)
-	for p := img[8:]; len(p) > 0; {
+	magics := 8
+	if binary.LittleEndian.Uint32(img) == 0x58313116 { // the inventory's
+		magics = 4
+	}
+	out := append([]byte(nil), img[:magics]...)
+	for p := img[magics:]; len(p) > 0; {
 		n := binary.LittleEndian.Uint32(p)
 		m := fresh()
 		if err := proto.Unmarshal(p[4:4+n], m); err != nil {
@@ -310,8 +339,9 @@ type imageForgery struct {
 	change      func(t *testing.T, name string, img []byte) []byte
 }
 
-// imageForgeries are the image fields a forger rewrites, one per case
-// (docs/trust.md, "What a restore may grant"): each is refused.
+// imageForgeries are the image fields a forger rewrites, and the images
+// it adds, one per case (docs/trust.md, "What a restore may grant"):
+// each is refused.
 func imageForgeries() []imageForgery {
 	cores := func(change func(*criucore.CoreEntry)) func(t *testing.T, name string, img []byte) []byte {
 		return func(t *testing.T, name string, img []byte) []byte {
@@ -364,5 +394,178 @@ func imageForgeries() []imageForgery {
 				}
 			})
 		}},
+		{"FileKind", "type", func(t *testing.T, name string, img []byte) []byte {
+			if name != "files.img" {
+				return nil
+			}
+			return eachMessage(t, img, func() *fdinfo.FileEntry { return &fdinfo.FileEntry{} }, func(f *fdinfo.FileEntry) {
+				if f.GetReg().GetName() == "/tmp/oracle.dat" {
+					f.Type, f.Reg = fdinfo.FdTypes_TUNF.Enum(), nil
+				}
+			})
+		}},
+		// The inventory's root ids are CRIU's own namespaces: made the
+		// root task's (ids-1.img, which the listing's order gives first),
+		// the task's own namespaces read as the host's.
+		{"Inventory", "pid_ns_id", func() func(t *testing.T, name string, img []byte) []byte {
+			var root []byte
+			return func(t *testing.T, name string, img []byte) []byte {
+				switch name {
+				case "ids-1.img":
+					root = img
+				case "inventory.img":
+					if root == nil {
+						t.Fatal("the inventory before the root task's ids")
+					}
+					ids := &criucore.TaskKobjIdsEntry{}
+					eachMessage(t, root, func() *criucore.TaskKobjIdsEntry { return ids }, func(*criucore.TaskKobjIdsEntry) {})
+					return eachMessage(t, img, func() *inventory.InventoryEntry { return &inventory.InventoryEntry{} },
+						func(m *inventory.InventoryEntry) { m.RootIds = ids })
+				}
+				return nil
+			}
+		}()},
+		{"Pstree", "threads", func(t *testing.T, name string, img []byte) []byte {
+			if name != "pstree.img" {
+				return nil
+			}
+			return eachMessage(t, img, func() *pstree.PstreeEntry { return &pstree.PstreeEntry{} }, func(m *pstree.PstreeEntry) {
+				m.Threads = slices.DeleteFunc(m.Threads, func(tid uint32) bool { return tid == m.GetPid() })
+			})
+		}},
+		{"ExeFile", "exe_file_id", func(t *testing.T, name string, img []byte) []byte {
+			if !strings.HasPrefix(name, "mm-") {
+				return nil
+			}
+			return eachMessage(t, img, func() *mm.MmEntry { return &mm.MmEntry{} }, func(m *mm.MmEntry) { m.ExeFileId = proto.Uint32(99999) })
+		}},
+		{"Cwd", "cwd_id", func(t *testing.T, name string, img []byte) []byte {
+			if !strings.HasPrefix(name, "fs-") {
+				return nil
+			}
+			return eachMessage(t, img, func() *fs.FsEntry { return &fs.FsEntry{} }, func(m *fs.FsEntry) { m.CwdId = proto.Uint32(99999) })
+		}},
+		{"Descriptor", "id", func(t *testing.T, name string, img []byte) []byte {
+			if !strings.HasPrefix(name, "fdinfo-") {
+				return nil
+			}
+			return eachMessage(t, img, func() *fdinfo.FdinfoEntry { return &fdinfo.FdinfoEntry{} }, func(m *fdinfo.FdinfoEntry) { m.Id = proto.Uint32(99999) })
+		}},
+		{"Cgroup", "sets.ctls.path", func(t *testing.T, name string, img []byte) []byte {
+			if name != "cgroup.img" {
+				return nil
+			}
+			return eachMessage(t, img, func() *cgroup.CgroupEntry { return &cgroup.CgroupEntry{} }, func(m *cgroup.CgroupEntry) {
+				for _, set := range m.Sets {
+					for _, c := range set.Ctls {
+						c.Path = proto.String("/")
+					}
+				}
+			})
+		}},
+		{"Descriptors", "descriptors.json", func(t *testing.T, name string, img []byte) []byte {
+			if name != "descriptors.json" {
+				return nil
+			}
+			return []byte(`["/dev/null","pipe:[1]","pipe:[2]","/etc/shadow"]`)
+		}},
+		{"TmpfsThroughItsLink", "name", func(t *testing.T, name string, img []byte) []byte {
+			if !strings.HasPrefix(name, "tmpfs-dev-") {
+				return nil
+			}
+			return tgz(t, &tar.Header{Name: "./etc", Typeflag: tar.TypeSymlink, Linkname: "/etc"},
+				&tar.Header{Name: "./etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644})
+		}},
+		{"TmpfsHardLinkOut", "linkname", func(t *testing.T, name string, img []byte) []byte {
+			if !strings.HasPrefix(name, "tmpfs-dev-") {
+				return nil
+			}
+			return tgz(t, &tar.Header{Name: "./shadow", Typeflag: tar.TypeLink, Linkname: "../../etc/shadow"})
+		}},
+		// Images the park lacks (absentImages), added.
+		{"TmpfsAbsolute", "name", adding("tmpfs-99.tar.gz.img", func(t *testing.T) []byte {
+			return tgz(t, &tar.Header{Name: "/etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644})
+		})},
+		{"RegFile", "name", adding("reg-files.img", func(t *testing.T) []byte {
+			zero := proto.Uint32(0)
+			return newImage(t, 0x50363636, &regfile.RegFileEntry{Id: proto.Uint32(99999), Flags: zero, Pos: proto.Uint64(0),
+				Fown: fileOwner(), Name: proto.String("../../../../etc/shadow")})
+		})},
+		{"UnixSocket", "name", adding("unixsk.img", func(t *testing.T) []byte {
+			zero := proto.Uint32(0)
+			return newImage(t, 0x54373943, &skunix.UnixSkEntry{Id: proto.Uint32(99999), Ino: proto.Uint32(99999), Type: proto.Uint32(1),
+				State: proto.Uint32(1), Flags: zero, Uflags: zero, Backlog: zero, Peer: zero, Fown: fileOwner(),
+				Opts: &skopts.SkOptsEntry{SoSndbuf: zero, SoRcvbuf: zero, SoSndTmoSec: proto.Uint64(0), SoSndTmoUsec: proto.Uint64(0),
+					SoRcvTmoSec: proto.Uint64(0), SoRcvTmoUsec: proto.Uint64(0)},
+				Name: []byte("../../run/containerd/containerd.sock")})
+		})},
+		{"NamespaceFile", "ns_id", adding("ns-files.img", func(t *testing.T) []byte {
+			return newImage(t, 0x61394011, &ns.NsFileEntry{Id: proto.Uint32(99999), NsId: proto.Uint32(99999),
+				NsCflag: proto.Uint32(0x40000000), Flags: proto.Uint32(0)}) // CLONE_NEWNET
+		})},
+		// A deleted file remade as a socket: no kind a sandbox makes.
+		{"GhostFile", "mode", adding("ghost-file-1f.img", func(t *testing.T) []byte {
+			return newImage(t, 0x52583605, &ghostfile.GhostFileEntry{Uid: proto.Uint32(0), Gid: proto.Uint32(0), Mode: proto.Uint32(0o140644)})
+		})},
+		{"SharedMemory", "pages-shmem-1.img", adding("pages-shmem-1.img", func(*testing.T) []byte { return make([]byte, 4096) })},
+		{"NotAnImage", "evil.img", adding("evil.img", func(*testing.T) []byte { return []byte("x") })},
 	}
+}
+
+// absentImages are the images a forgery may add to a park that lacks
+// them (forgeImages asks its change about each, with img nil).
+var absentImages = []string{"tmpfs-99.tar.gz.img", "reg-files.img", "unixsk.img", "ns-files.img", "ghost-file-1f.img",
+	"pages-shmem-1.img", "evil.img"}
+
+// adding is the change that adds image name, of the bytes b returns, to
+// a park that lacks it.
+func adding(name string, b func(t *testing.T) []byte) func(t *testing.T, name string, img []byte) []byte {
+	return func(t *testing.T, n string, img []byte) []byte {
+		if n != name || img != nil {
+			return nil
+		}
+		return b(t)
+	}
+}
+
+// newImage is a CRIU image of magic holding ms.
+func newImage(t *testing.T, magic uint32, ms ...proto.Message) []byte {
+	t.Helper()
+	out := binary.LittleEndian.AppendUint32(nil, 0x54564319) // CRIU's image set
+	out = binary.LittleEndian.AppendUint32(out, magic)
+	for _, m := range ms {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(b)))
+		out = append(out, b...)
+	}
+	return out
+}
+
+// fileOwner is the owner of a file no task signals.
+func fileOwner() *fown.FownEntry {
+	zero := proto.Uint32(0)
+	return &fown.FownEntry{Uid: zero, Euid: zero, Signum: zero, PidType: zero, Pid: zero}
+}
+
+// tgz is a gzipped tar of the headers hs, with no file data.
+func tgz(t *testing.T, hs ...*tar.Header) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	tw := tar.NewWriter(zw)
+	for _, h := range hs {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
 }
