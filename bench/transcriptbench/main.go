@@ -273,7 +273,7 @@ func waitClosed(ctx context.Context, d *daemon.Daemon, id string) error {
 		if err != nil {
 			return err
 		}
-		if r.Phase == record.Ended {
+		if r.Phase == record.PhaseClosed {
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -17,13 +17,13 @@ func TestStatusOf(t *testing.T) {
 		off, isCopy, running bool
 		want                 Status
 	}{
-		{"closed, even handed off", store.Run{Phase: record.Ended}, true, false, false, Closed},
-		{"a copy", store.Run{Phase: record.Parked}, true, true, false, Copy},
-		{"handed off", store.Run{Phase: record.Parked}, true, false, false, HandedOff},
-		{"parked (transcript)", store.Run{Phase: record.Parked, Parked: tr}, false, false, false, ParkedTranscript},
-		{"parked (image)", store.Run{Phase: record.Parked, Parked: record.Snapshot{}}, false, false, false, ParkedImage},
-		{"running here", store.Run{Phase: record.Active}, false, false, true, Running},
-		{"lost", store.Run{Phase: record.Active}, false, false, false, Lost},
+		{"closed, even handed off", store.Run{Phase: record.PhaseClosed}, true, false, false, Closed},
+		{"a copy", store.Run{Phase: record.PhaseParked}, true, true, false, Copy},
+		{"handed off", store.Run{Phase: record.PhaseParked}, true, false, false, HandedOff},
+		{"parked (transcript)", store.Run{Phase: record.PhaseParked, Parked: tr}, false, false, false, ParkedTranscript},
+		{"parked (image)", store.Run{Phase: record.PhaseParked, Parked: record.Snapshot{}}, false, false, false, ParkedImage},
+		{"running here", store.Run{Phase: record.PhaseExecuting}, false, false, true, Running},
+		{"lost", store.Run{Phase: record.PhaseExecuting}, false, false, false, Lost},
 	} {
 		if got := statusOf(c.run, c.off, c.isCopy, c.running); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)

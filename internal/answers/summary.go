@@ -28,7 +28,7 @@ func Summarize(st *store.Store, id string, executing bool, opened time.Time) (Su
 	}
 	out.Status = statusOf(r, out.HandedOff, held.Copy, executing)
 	out.Started, out.ParkedAt = timesOf(st, id, r.Phase)
-	if out.Started.IsZero() && executing && !opened.IsZero() && r.Phase == record.Active {
+	if out.Started.IsZero() && executing && !opened.IsZero() && r.Phase == record.PhaseExecuting {
 		out.Started = opened
 	}
 	return out, nil
@@ -63,7 +63,7 @@ func timesOf(st *store.Store, id string, phase record.Phase) (started, parked ti
 			break
 		}
 	}
-	if phase != record.Parked {
+	if phase != record.PhaseParked {
 		return
 	}
 	for i := rec.Len() - 1; i >= 0; i-- {
@@ -81,15 +81,15 @@ func timesOf(st *store.Store, id string, phase record.Phase) (started, parked ti
 // its form, running here, or lost.
 func statusOf(r store.Run, handedOff, isCopy, executing bool) Status {
 	switch {
-	case r.Phase == record.Ended:
+	case r.Phase == record.PhaseClosed:
 		return Closed
 	case handedOff && isCopy:
 		return Copy
 	case handedOff:
 		return HandedOff
-	case r.Phase == record.Parked && r.Parked.IsTranscript():
+	case r.Phase == record.PhaseParked && r.Parked.IsTranscript():
 		return ParkedTranscript
-	case r.Phase == record.Parked:
+	case r.Phase == record.PhaseParked:
 		return ParkedImage
 	case executing:
 		return Running

@@ -27,7 +27,7 @@ type ExportOptions struct {
 // notParked is why a run in phase p is not exported.
 func notParked(run string, p record.Phase) error {
 	err := record.ErrNotParked
-	if p == record.Ended {
+	if p == record.PhaseClosed {
 		err = record.ErrClosed
 	}
 	return fmt.Errorf("export: run %s: %w: only a parked run can be exported (park it first)", run, err)
@@ -43,7 +43,7 @@ func Exportable(st Runs, run string) error {
 	if err != nil {
 		return err
 	}
-	if r.Phase != record.Parked {
+	if r.Phase != record.PhaseParked {
 		return notParked(run, r.Phase)
 	}
 	return nil
@@ -80,7 +80,7 @@ func Prepare(st Runs, run string, handoff bool) (_ ExportOptions, made bool, _ e
 	if err != nil {
 		return ExportOptions{}, false, err
 	}
-	if rec.Phase() != record.Parked {
+	if rec.Phase() != record.PhaseParked {
 		return ExportOptions{}, false, notParked(run, rec.Phase())
 	}
 	held, off, err := st.HandedOff(run)
@@ -168,7 +168,7 @@ func Export(ctx context.Context, st Store, run string, w io.Writer, opts ExportO
 			return err
 		}
 	}
-	if rec.Phase() != record.Parked {
+	if rec.Phase() != record.PhaseParked {
 		return notParked(run, rec.Phase())
 	}
 	objs, err := Reached(st, rec, true)

@@ -131,7 +131,7 @@ func readRecord(tr *tar.Reader, lim Limits, run string) (*record.Record, error) 
 	if err != nil {
 		return nil, fmt.Errorf("bundle of %s: %w", run, err)
 	}
-	if rec.Phase() != record.Parked {
+	if rec.Phase() != record.PhaseParked {
 		return nil, fmt.Errorf("%w: the run is %s: a bundle carries a parked run", ErrMalformed, rec.Phase())
 	}
 	return rec, nil

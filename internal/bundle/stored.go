@@ -65,7 +65,7 @@ func ImportStored(ctx context.Context, st Holding, rec *record.Record, opts Stor
 		if err := rec.Verify(); err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
-		if p := rec.Phase(); p != record.Parked {
+		if p := rec.Phase(); p != record.PhaseParked {
 			return nil, fmt.Errorf("%w: %s: the run is %s: only a parked run is imported", ErrMalformed, what, p)
 		}
 		h := &holding{ctx: ctx, st: st, verified: map[record.Address]bool{}}

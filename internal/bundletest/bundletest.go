@@ -159,7 +159,7 @@ func (b *Bundle) Extend(key ed25519.PrivateKey, transcript []byte) (*Bundle, err
 	if err != nil {
 		return nil, err
 	}
-	if rec.Phase() != record.Parked {
+	if rec.Phase() != record.PhaseParked {
 		return nil, fmt.Errorf("bundletest: extend a %s run", rec.Phase())
 	}
 	out := &Bundle{Run: b.Run, Objects: append([]Object(nil), b.Objects...)}

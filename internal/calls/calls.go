@@ -78,7 +78,7 @@ func Post(st Store, run, call string, payload []byte) error {
 	if !ok {
 		// A closed run has no ledger: say so rather than that the call
 		// is unknown.
-		if r, err := st.Run(run); err != nil || r.Phase == record.Ended {
+		if r, err := st.Run(run); err != nil || r.Phase == record.PhaseClosed {
 			return cmp.Or(err, fmt.Errorf("run %s: %w", run, record.ErrClosed))
 		}
 	}

@@ -50,7 +50,7 @@ func Fill(st Store, run string) error {
 		return err
 	}
 	var awaitIn uint64
-	if r.Phase == record.Parked && !l.AwaitKnown && l.Intervals > 0 && waiting {
+	if r.Phase == record.PhaseParked && !l.AwaitKnown && l.Intervals > 0 && waiting {
 		awaitIn = l.Intervals
 	}
 	if len(need) == 0 && awaitIn == 0 {
@@ -177,7 +177,7 @@ func Upgrade(st Store, dir string) error {
 			}
 		}
 	}
-	for _, p := range []record.Phase{record.Active, record.Parked} {
+	for _, p := range []record.Phase{record.PhaseExecuting, record.PhaseParked} {
 		ids, err := st.Runs(p)
 		if err != nil {
 			return errors.Join(append(errs, err)...)

@@ -43,7 +43,7 @@ func TestLegacyResultsBroughtIn(t *testing.T) {
 		t.Fatalf("results/ after the start: %v", err)
 	}
 	cs, err := calls.List(h.d.st)
-	if err != nil || len(cs) != 2 || cs[0].ID != "c1" || !cs[0].ResultPosted || cs[1].ResultPosted || cs[0].Phase != record.Parked {
+	if err != nil || len(cs) != 2 || cs[0].ID != "c1" || !cs[0].ResultPosted || cs[1].ResultPosted || cs[0].Phase != record.PhaseParked {
 		t.Fatalf("calls %+v %v", cs, err)
 	}
 	if err := h.d.exporter.Exportable("r"); !errors.Is(err, bundle.ErrResultsHeld) {

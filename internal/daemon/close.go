@@ -33,7 +33,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 	if err != nil {
 		return answers.Summary{}, err
 	}
-	if st.Phase == record.Ended {
+	if st.Phase == record.PhaseClosed {
 		return answers.Summary{}, fmt.Errorf("run %s: %w", id, record.ErrClosed)
 	}
 	if err := bundle.HeldHere(d.st, id); err != nil {
@@ -97,7 +97,7 @@ func releaseRanges(ranges *idmap.Ranges, st *store.Store, owner map[string]strin
 			continue
 		}
 		run, err := st.Run(id)
-		gone := errors.Is(err, store.ErrNoRun) || (err == nil && run.Phase == record.Ended)
+		gone := errors.Is(err, store.ErrNoRun) || (err == nil && run.Phase == record.PhaseClosed)
 		if err == nil && !gone {
 			_, gone, err = st.HandedOff(id)
 		}

@@ -42,7 +42,7 @@ func (h *fakeHost) heldElsewhere(t *testing.T, dir *fleet.Dir, id string, head r
 		t.Fatal("the sandbox of a run another host took is left here")
 	}
 	st, err := h.d.st.Run(id)
-	if err != nil || st.Head != head || st.Phase != record.Active {
+	if err != nil || st.Head != head || st.Phase != record.PhaseExecuting {
 		t.Fatalf("the record: %+v %v, want as it was at %s", st, err, head)
 	}
 	if e, err := dir.Run(t.Context(), record.Genesis(st.Unit, st.Grants)); err != nil || e.Owner != other.Key() || e.Head != head {
@@ -66,7 +66,7 @@ func TestFleetReconcileDropsRunTakenElsewhere(t *testing.T) {
 	if err := a.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Claim(ctx, record.Genesis(st.Unit, st.Grants), "r", st.Head, record.Active); err != nil {
+	if _, err := b.Claim(ctx, record.Genesis(st.Unit, st.Grants), "r", st.Head, record.PhaseExecuting); err != nil {
 		t.Fatal(err)
 	}
 	h.restart()
@@ -104,7 +104,7 @@ func TestFleetRejoinDropsRunTakenElsewhere(t *testing.T) {
 		taken.Do(func() {
 			run, err := h.d.st.Run("r")
 			if err == nil {
-				_, err = b.Claim(ctx, record.Genesis(run.Unit, run.Grants), "r", run.Head, record.Active)
+				_, err = b.Claim(ctx, record.Genesis(run.Unit, run.Grants), "r", run.Head, record.PhaseExecuting)
 			}
 			if err != nil {
 				t.Error(err)

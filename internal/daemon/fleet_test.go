@@ -66,21 +66,21 @@ func TestFleetOwnership(t *testing.T) {
 			t.Fatalf("after %s: directory %+v, record at %s", step, e, head)
 		}
 	}
-	follows("start", record.Active)
+	follows("start", record.PhaseExecuting)
 	if _, err := h.d.Park(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
-	follows("park", record.Parked)
+	follows("park", record.PhaseParked)
 	h.teardown(t, "r")
 	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 		t.Fatal(err)
 	}
-	follows("resume", record.Active)
+	follows("resume", record.PhaseExecuting)
 	if _, err := h.d.Park(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
 	h.teardown(t, "r")
-	follows("the second park", record.Parked)
+	follows("the second park", record.PhaseParked)
 
 	if _, err := a.Transfer(t.Context(), entry().Genesis, b.Key()); err != nil {
 		t.Fatal(err)
@@ -143,11 +143,11 @@ func TestFleetReconcileAtStart(t *testing.T) {
 		}
 	}
 	movedHead, _ := h.d.st.Head("moved")
-	if _, err := b.Claim(ctx, genesisOf("moved"), "moved", movedHead, record.Parked); err != nil {
+	if _, err := b.Claim(ctx, genesisOf("moved"), "moved", movedHead, record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
 	leftover := record.Sum([]byte("a run never created"))
-	if _, err := a.Claim(ctx, leftover, "ghost", leftover, record.Active); err != nil {
+	if _, err := a.Claim(ctx, leftover, "ghost", leftover, record.PhaseExecuting); err != nil {
 		t.Fatal(err)
 	}
 

@@ -136,7 +136,7 @@ func TestLazyPagesLostParksBack(t *testing.T) {
 		t.Fatalf("segments %s", got)
 	}
 	st, _ := h.d.st.Run("r")
-	if st.Phase != record.Parked || st.Parked.String() != snap {
+	if st.Phase != record.PhaseParked || st.Parked.String() != snap {
 		t.Fatalf("phase %s at %v, want parked at %s", st.Phase, st.Parked, snap)
 	}
 	h.teardown(t, "r")
@@ -176,7 +176,7 @@ func TestLazyPagesLostFreezeFails(t *testing.T) {
 	default:
 	}
 	st, _ := h.d.st.Run("r")
-	if got := h.kinds(t, "r"); got != "executed suspended resumed executed suspended" || st.Phase != record.Parked || st.Parked.String() != snap {
+	if got := h.kinds(t, "r"); got != "executed suspended resumed executed suspended" || st.Phase != record.PhaseParked || st.Parked.String() != snap {
 		t.Fatalf("segments %s, phase %s at %v; want parked back at %s", got, st.Phase, st.Parked, snap)
 	}
 	h.teardown(t, "r")

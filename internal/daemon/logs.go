@@ -64,7 +64,7 @@ func (s logSource) State() (runlog.State, error) {
 	if err != nil {
 		return runlog.State{}, err
 	}
-	st := runlog.State{Sealed: len(executed(raw.Segments)), Done: sum.Phase == record.Ended || bundle.HeldHere(d.st, s.id) != nil}
+	st := runlog.State{Sealed: len(executed(raw.Segments)), Done: sum.Phase == record.PhaseClosed || bundle.HeldHere(d.st, s.id) != nil}
 	if r != nil && r.live != nil && !r.live.iv.Ended() {
 		o := &runlog.Open{Files: r.live.iv.Files()}
 		o.From[0], o.From[1] = r.live.iv.Offsets()

@@ -175,7 +175,7 @@ func TestResumeRefusedLeavesRunParked(t *testing.T) {
 	if len(h.ex.restores) != 0 || h.ex.sandbox("r") != nil {
 		t.Fatal("a refused resume made a sandbox")
 	}
-	if r, _ := h.d.Run("r"); r.Phase != record.Parked {
+	if r, _ := h.d.Run("r"); r.Phase != record.PhaseParked {
 		t.Fatalf("phase %s after a refused resume", r.Phase)
 	}
 	if err := os.WriteFile(p, orig, 0o400); err != nil {

@@ -31,7 +31,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 	if err != nil {
 		return answers.Parked{}, err
 	}
-	if err := phaseErr(id, st.Phase, record.Active); err != nil {
+	if err := phaseErr(id, st.Phase, record.PhaseExecuting); err != nil {
 		return answers.Parked{}, err
 	}
 	lv := r.live
@@ -56,7 +56,7 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 	if !d.fleet.Draining() && !d.stopping.Load() { // a draining or stopping host's runs leave it
 		d.forms.WarmUp(id, taken.Snapshot, func() bool {
 			st, err := d.st.Run(id)
-			return err == nil && st.Phase == record.Parked && bundle.HeldHere(d.st, id) == nil
+			return err == nil && st.Phase == record.PhaseParked && bundle.HeldHere(d.st, id) == nil
 		})
 	}
 	d.metrics.Parked(clock.Total())

@@ -45,7 +45,7 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		releaseRanges(d.base.Ranges, d.st, owner, d.log)
 	}
 	sweepSecrets(d.secrets, d.st, d.log)
-	active, err := d.st.Runs(record.Active)
+	active, err := d.st.Runs(record.PhaseExecuting)
 	if err != nil {
 		return err
 	}

@@ -115,7 +115,7 @@ func (d *Daemon) judgeResume(ctx context.Context, id string, clock *answers.Cloc
 	if err != nil {
 		return forms.Admitted{}, err
 	}
-	if err := phaseErr(id, st.Phase, record.Parked); err != nil {
+	if err := phaseErr(id, st.Phase, record.PhaseParked); err != nil {
 		return forms.Admitted{}, err
 	}
 	if err := bundle.HeldHere(d.st, id); err != nil {

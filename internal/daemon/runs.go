@@ -88,9 +88,9 @@ func phaseErr(id string, p record.Phase, want record.Phase) error {
 		return nil
 	}
 	switch p {
-	case record.Ended:
+	case record.PhaseClosed:
 		return fmt.Errorf("run %s: %w", id, record.ErrClosed)
-	case record.Parked:
+	case record.PhaseParked:
 		return fmt.Errorf("run %s: %w", id, record.ErrParked)
 	default:
 		return fmt.Errorf("run %s: %w", id, record.ErrNotParked)

@@ -75,7 +75,7 @@ func sweepSecrets(h *secrets.Host, st *store.Store, log *slog.Logger) {
 	}
 	for _, id := range runs {
 		r, err := st.Run(id)
-		gone := errors.Is(err, store.ErrNoRun) || (err == nil && r.Phase == record.Ended)
+		gone := errors.Is(err, store.ErrNoRun) || (err == nil && r.Phase == record.PhaseClosed)
 		if err == nil && !gone {
 			_, gone, err = st.HandedOff(id)
 		}

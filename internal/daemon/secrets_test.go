@@ -79,7 +79,7 @@ func TestSecretsWalk(t *testing.T) {
 	if err := unix.Unmount(filepath.Dir(dir), 0); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ = h.d.st.Run("r"); st.Phase != record.Parked {
+	if st, _ = h.d.st.Run("r"); st.Phase != record.PhaseParked {
 		t.Fatal(st.Phase)
 	}
 	head := st.Head
@@ -95,7 +95,7 @@ func TestSecretsWalk(t *testing.T) {
 	if !errors.Is(err, unit.ErrInvalid) {
 		t.Fatalf("resume with a value the run does not name: %v", err)
 	}
-	if st, _ := h.d.st.Run("r"); st.Phase != record.Parked || st.Head != head {
+	if st, _ := h.d.st.Run("r"); st.Phase != record.PhaseParked || st.Head != head {
 		t.Fatalf("a refused resume moved the run: %s %s", st.Phase, st.Head)
 	}
 	if _, err := h.d.Resume(t.Context(), "r", map[string]string{"API_KEY": "rotated", "b.tok": "2"}); err != nil {

@@ -31,7 +31,7 @@ const DefaultParkAllParallel = 4
 // executing, and its outcome says why. Runs another host of the fleet
 // owns, and runs that stop executing meanwhile, are not in the outcome.
 func (d *Daemon) ParkAll(ctx context.Context, parallel int) ([]answers.Each[answers.Parked], error) {
-	ids, err := d.st.Runs(record.Active)
+	ids, err := d.st.Runs(record.PhaseExecuting)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +83,7 @@ func (d *Daemon) parkListed(ctx context.Context, id string) (answers.Each[answer
 		return e, true
 	}
 	defer r.mu.Unlock()
-	if st, err := d.st.Run(id); err != nil || st.Phase != record.Active {
+	if st, err := d.st.Run(id); err != nil || st.Phase != record.PhaseExecuting {
 		return e, false
 	}
 	p, err := d.park(ctx, id, r)
@@ -171,7 +171,7 @@ func (d *Daemon) comeBack(ctx context.Context, en comebackEntry) (e answers.Each
 	case err != nil:
 		e.Err = err
 		return e, false
-	case st.Phase != record.Parked || st.Head != en.Head:
+	case st.Phase != record.PhaseParked || st.Head != en.Head:
 		d.log.Info("start: a run the last stop parked moved on since; left as it is", "run", en.Run, "phase", st.Phase)
 		return e, true
 	}

@@ -153,7 +153,7 @@ func TestFleetComeBackOnlyOwnRuns(t *testing.T) {
 	if _, err := a.Transfer(t.Context(), g, b.Key()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Claim(t.Context(), g, "taken", head, record.Parked); err != nil {
+	if _, err := b.Claim(t.Context(), g, "taken", head, record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
 	before, err := dir.Run(t.Context(), g)

@@ -69,7 +69,7 @@ func TestReconcileRecoversOrphanedTranscript(t *testing.T) {
 		t.Fatalf("segments %s, want the recovered interval and its park", got)
 	}
 	st, _ := h.d.st.Run("r")
-	if st.Phase != record.Parked || !st.Parked.IsTranscript() {
+	if st.Phase != record.PhaseParked || !st.Parked.IsTranscript() {
 		t.Fatalf("phase %s at %v, want parked in a transcript", st.Phase, st.Parked)
 	}
 	raw, _ := h.d.st.Raw("r")
@@ -254,7 +254,7 @@ func TestResumeAfterAwaitParkRefused(t *testing.T) {
 	if got := h.kinds(t, "r"); got != "executed suspended" {
 		t.Fatalf("segments %s", got)
 	}
-	if st, _ := h.d.st.Run("r"); st.Phase != record.Parked {
+	if st, _ := h.d.st.Run("r"); st.Phase != record.PhaseParked {
 		t.Fatalf("phase %s", st.Phase)
 	}
 	if cs, err := calls.List(h.d.st); err != nil || len(cs) != 1 || !cs[0].ResultPosted {

@@ -70,7 +70,7 @@ func TestResumeAcrossUpgrades(t *testing.T) {
 			if got := h.kinds(t, "r"); got != parked {
 				t.Fatalf("segments %s after the refusal, were %s", got, parked)
 			}
-			if st, _ := h.d.st.Run("r"); st.Phase != record.Parked {
+			if st, _ := h.d.st.Run("r"); st.Phase != record.PhaseParked {
 				t.Fatalf("phase %s after the refusal", st.Phase)
 			}
 			h.d.forms.Facts = facts

@@ -191,7 +191,7 @@ func (d *Dir) Orphans(ctx context.Context) ([]Entry, error) {
 		if err != nil {
 			return nil, err
 		}
-		if e.Phase != record.Ended && alive[e.Owner].lease != e.Lease {
+		if e.Phase != record.PhaseClosed && alive[e.Owner].lease != e.Lease {
 			out = append(out, e)
 		}
 	}

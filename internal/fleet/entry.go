@@ -165,7 +165,7 @@ func strictJSON(v []byte, dst any) error {
 }
 
 func parsePhase(s string) (record.Phase, error) {
-	for _, p := range []record.Phase{record.Active, record.Parked, record.Ended} {
+	for _, p := range []record.Phase{record.PhaseExecuting, record.PhaseParked, record.PhaseClosed} {
 		if p.String() == s {
 			return p, nil
 		}

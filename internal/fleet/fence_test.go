@@ -47,7 +47,7 @@ func (f fenced) create(t *testing.T, id string, claim bool) (genesis record.Addr
 		t.Fatal(err)
 	}
 	if claim {
-		if _, err := f.host.Claim(ctxFor(t), head, id, head, record.Active); err != nil {
+		if _, err := f.host.Claim(ctxFor(t), head, id, head, record.PhaseExecuting); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -74,7 +74,7 @@ func testFence(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := mustEntry(t, d, g); e.Head != head || e.Phase != record.Ended || head != a.head(t, "done") {
+	if e := mustEntry(t, d, g); e.Head != head || e.Phase != record.PhaseClosed || head != a.head(t, "done") {
 		t.Fatalf("entry %+v, store at %s, append made %s", e, a.head(t, "done"), head)
 	}
 

@@ -116,7 +116,7 @@ func testAdmitAndJoin(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 		t.Fatal(err)
 	}
 	<-a.Done()
-	if _, err := a.Claim(ctx, key("g"), "r", key("g"), record.Active); !errors.Is(err, ErrLeaseLost) || !errors.Is(err, ErrNotOwner) {
+	if _, err := a.Claim(ctx, key("g"), "r", key("g"), record.PhaseExecuting); !errors.Is(err, ErrLeaseLost) || !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("claim after close: %v, want ErrLeaseLost and ErrNotOwner", err)
 	}
 	if m, err := d.Member(ctx, key("a")); err != nil || m.Lease != 0 {
@@ -145,7 +145,7 @@ func testConcurrentClaim(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 			go func() {
 				defer wg.Done()
 				<-start
-				_, errs[j] = h.Claim(ctx, g, "r", g, record.Active)
+				_, errs[j] = h.Claim(ctx, g, "r", g, record.PhaseExecuting)
 			}()
 		}
 		close(start)
@@ -169,10 +169,10 @@ func testConcurrentClaim(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 			t.Fatalf("run %d: entry %+v, want owner %s", i, e, hosts[won].Key())
 		}
 		// Claiming again is idempotent for the winner, refused for the loser.
-		if _, err := hosts[won].Claim(ctx, g, "r", g, record.Active); err != nil {
+		if _, err := hosts[won].Claim(ctx, g, "r", g, record.PhaseExecuting); err != nil {
 			t.Fatalf("run %d: claim again: %v", i, err)
 		}
-		if _, err := hosts[1-won].Claim(ctx, g, "r", g, record.Active); !errors.Is(err, ErrNotOwner) {
+		if _, err := hosts[1-won].Claim(ctx, g, "r", g, record.PhaseExecuting); !errors.Is(err, ErrNotOwner) {
 			t.Fatalf("run %d: loser claims again: %v", i, err)
 		}
 	}
@@ -184,29 +184,29 @@ func testStaleHead(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	a, b := mustJoin(t, d, "a", 0), mustJoin(t, d, "b", 0)
 	ctx := ctxFor(t)
 	g, h1, h2, h3 := key("g"), key("h1"), key("h2"), key("h3")
-	if _, err := a.Claim(ctx, g, "r", g, record.Active); err != nil {
+	if _, err := a.Claim(ctx, g, "r", g, record.PhaseExecuting); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Advance(ctx, g, g, h1, record.Parked); err != nil {
+	if _, err := a.Advance(ctx, g, g, h1, record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
 	before := mustEntry(t, d, g)
-	if _, err := a.Advance(ctx, g, g, h2, record.Parked); !errors.Is(err, ErrHeadMoved) {
+	if _, err := a.Advance(ctx, g, g, h2, record.PhaseParked); !errors.Is(err, ErrHeadMoved) {
 		t.Fatalf("stale advance: %v, want ErrHeadMoved", err)
 	}
-	if _, err := b.Advance(ctx, g, h1, h3, record.Active); !errors.Is(err, ErrNotOwner) {
+	if _, err := b.Advance(ctx, g, h1, h3, record.PhaseExecuting); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("advance by another host: %v, want ErrNotOwner", err)
 	}
-	if _, err := b.Claim(ctx, g, "r", h1, record.Parked); !errors.Is(err, ErrNotOwner) {
+	if _, err := b.Claim(ctx, g, "r", h1, record.PhaseParked); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("claim of a live host's run: %v, want ErrNotOwner", err)
 	}
-	if _, err := a.Advance(ctx, key("none"), g, h1, record.Parked); !errors.Is(err, ErrNoRun) {
+	if _, err := a.Advance(ctx, key("none"), g, h1, record.PhaseParked); !errors.Is(err, ErrNoRun) {
 		t.Fatalf("advance of no run: %v, want ErrNoRun", err)
 	}
 	if after := mustEntry(t, d, g); after != before {
 		t.Fatalf("refused advances changed the entry: %+v → %+v", before, after)
 	}
-	if before.Head != h1 || before.Prev != g || before.Phase != record.Parked || before.PrevPhase != record.Active {
+	if before.Head != h1 || before.Prev != g || before.Phase != record.PhaseParked || before.PrevPhase != record.PhaseExecuting {
 		t.Fatalf("entry after advance: %+v", before)
 	}
 }
@@ -220,7 +220,7 @@ func testClaimSeen(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	ctx := ctxFor(t)
 	transferred := func(g record.Address) Seen {
 		t.Helper()
-		if _, err := a.Claim(ctx, g, "r", g, record.Parked); err != nil {
+		if _, err := a.Claim(ctx, g, "r", g, record.PhaseParked); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := a.Transfer(ctx, g, b.Key()); err != nil {
@@ -234,7 +234,7 @@ func testClaimSeen(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	}
 
 	g1 := key("seen 1")
-	if e, err := b.ClaimSeen(ctx, transferred(g1), "r1", g1, record.Parked); err != nil || e.Owner != b.Key() || e.Run != "r1" || !e.To.IsZero() {
+	if e, err := b.ClaimSeen(ctx, transferred(g1), "r1", g1, record.PhaseParked); err != nil || e.Owner != b.Key() || e.Run != "r1" || !e.To.IsZero() {
 		t.Fatalf("claim as seen: %+v, %v", e, err)
 	}
 	if e := mustEntry(t, d, g1); e.Owner != b.Key() || e.Lease != b.Lease() {
@@ -250,7 +250,7 @@ func testClaimSeen(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 			t.Fatal(err)
 		}
 	}
-	if e, err := b.ClaimSeen(ctx, seen, "r2", g2, record.Parked); err != nil || e.Owner != b.Key() {
+	if e, err := b.ClaimSeen(ctx, seen, "r2", g2, record.PhaseParked); err != nil || e.Owner != b.Key() {
 		t.Fatalf("claim after the entry moved: %+v, %v", e, err)
 	}
 
@@ -261,7 +261,7 @@ func testClaimSeen(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 		t.Fatal(err)
 	}
 	before := mustEntry(t, d, g3)
-	if _, err := b.ClaimSeen(ctx, seen, "r3", g3, record.Parked); !errors.Is(err, ErrNotOwner) {
+	if _, err := b.ClaimSeen(ctx, seen, "r3", g3, record.PhaseParked); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("claim of a transfer taken back: %v, want ErrNotOwner", err)
 	}
 	if after := mustEntry(t, d, g3); after.Owner != a.Key() || after.Rev != before.Rev {
@@ -278,13 +278,13 @@ func testTransfer(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 		t.Fatal(err)
 	}
 	g, h1, h2 := key("g"), key("h1"), key("h2")
-	if _, err := a.Claim(ctx, g, "r", g, record.Active); err != nil {
+	if _, err := a.Claim(ctx, g, "r", g, record.PhaseExecuting); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Transfer(ctx, g, b.Key()); !errors.Is(err, ErrNotParked) {
 		t.Fatalf("transfer of an executing run: %v, want ErrNotParked", err)
 	}
-	if _, err := a.Advance(ctx, g, g, h1, record.Parked); err != nil {
+	if _, err := a.Advance(ctx, g, g, h1, record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Transfer(ctx, g, key("p")); !errors.Is(err, ErrNotAdmitted) {
@@ -299,16 +299,16 @@ func testTransfer(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 			t.Fatalf("transfer to %s: %v", to.Key(), err)
 		}
 	}
-	if _, err := a.Advance(ctx, g, h1, h2, record.Active); !errors.Is(err, ErrNotOwner) {
+	if _, err := a.Advance(ctx, g, h1, h2, record.PhaseExecuting); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("advance after transfer: %v, want ErrNotOwner", err)
 	}
-	if _, err := c.Claim(ctx, g, "r", h1, record.Parked); !errors.Is(err, ErrNotOwner) {
+	if _, err := c.Claim(ctx, g, "r", h1, record.PhaseParked); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("claim by a third host: %v, want ErrNotOwner", err)
 	}
-	if _, err := b.Claim(ctx, g, "r2", g, record.Active); !errors.Is(err, ErrHeadMoved) {
+	if _, err := b.Claim(ctx, g, "r2", g, record.PhaseExecuting); !errors.Is(err, ErrHeadMoved) {
 		t.Fatalf("claim at an old head: %v, want ErrHeadMoved", err)
 	}
-	e, err := b.Claim(ctx, g, "r2", h1, record.Parked)
+	e, err := b.Claim(ctx, g, "r2", h1, record.PhaseParked)
 	if err != nil {
 		t.Fatalf("target claims: %v", err)
 	}
@@ -318,7 +318,7 @@ func testTransfer(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	if _, err := a.Transfer(ctx, g, a.Key()); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("taking back a claimed transfer: %v, want ErrNotOwner", err)
 	}
-	if _, err := b.Advance(ctx, g, h1, h2, record.Active); err != nil {
+	if _, err := b.Advance(ctx, g, h1, h2, record.PhaseExecuting); err != nil {
 		t.Fatalf("new owner advances: %v", err)
 	}
 }
@@ -328,17 +328,17 @@ func testRevertAndReclaim(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	a, b := mustJoin(t, d, "a", 0), mustJoin(t, d, "b", 0)
 	ctx := ctxFor(t)
 	g, h1, h2 := key("g"), key("h1"), key("h2")
-	if _, err := a.Claim(ctx, g, "r", g, record.Active); err != nil {
+	if _, err := a.Claim(ctx, g, "r", g, record.PhaseExecuting); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Advance(ctx, g, g, h1, record.Parked); err != nil {
+	if _, err := a.Advance(ctx, g, g, h1, record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.Revert(ctx, g, h1); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("revert by another host: %v, want ErrNotOwner", err)
 	}
 	e, err := a.Revert(ctx, g, h1)
-	if err != nil || e.Head != g || e.Phase != record.Active || !e.Prev.IsZero() {
+	if err != nil || e.Head != g || e.Phase != record.PhaseExecuting || !e.Prev.IsZero() {
 		t.Fatalf("revert: %+v, %v", e, err)
 	}
 	if _, err := a.Revert(ctx, g, g); !errors.Is(err, ErrHeadMoved) {
@@ -346,7 +346,7 @@ func testRevertAndReclaim(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	}
 
 	// A reservation, then the host's session ends (a crash, then a start).
-	if _, err := a.Advance(ctx, g, g, h2, record.Parked); err != nil {
+	if _, err := a.Advance(ctx, g, g, h2, record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Close(ctx); err != nil {
@@ -354,7 +354,7 @@ func testRevertAndReclaim(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	}
 	// Another host holding the run at the reserved head's predecessor may
 	// not take it back: only the owner knows the advance was not appended.
-	if _, err := b.Claim(ctx, g, "r", g, record.Active); !errors.Is(err, ErrHeadMoved) {
+	if _, err := b.Claim(ctx, g, "r", g, record.PhaseExecuting); !errors.Is(err, ErrHeadMoved) {
 		t.Fatalf("another host claims at the previous head: %v, want ErrHeadMoved", err)
 	}
 	a2, err := d.Join(ctx, key("a"), 0)
@@ -366,8 +366,8 @@ func testRevertAndReclaim(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	if err != nil || len(owned) != 1 || owned[0].Genesis != g || owned[0].Head != h2 {
 		t.Fatalf("owned by a after its restart: %+v, %v", owned, err)
 	}
-	e, err = a2.Claim(ctx, g, "r", g, record.Active)
-	if err != nil || e.Head != g || e.Phase != record.Active || e.Lease != a2.Lease() || !e.Prev.IsZero() {
+	e, err = a2.Claim(ctx, g, "r", g, record.PhaseExecuting)
+	if err != nil || e.Head != g || e.Phase != record.PhaseExecuting || e.Lease != a2.Lease() || !e.Prev.IsZero() {
 		t.Fatalf("reclaim at the previous head: %+v, %v", e, err)
 	}
 
@@ -375,14 +375,14 @@ func testRevertAndReclaim(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	if err := b.Remove(ctx, g); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("remove by another host: %v, want ErrNotOwner", err)
 	}
-	if _, err := a2.Advance(ctx, g, g, h1, record.Parked); err != nil {
+	if _, err := a2.Advance(ctx, g, g, h1, record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
 	if err := a2.Remove(ctx, g); !errors.Is(err, ErrHeadMoved) {
 		t.Fatalf("remove of an advanced run: %v, want ErrHeadMoved", err)
 	}
 	left := key("left")
-	if _, err := a2.Claim(ctx, left, "new", left, record.Active); err != nil {
+	if _, err := a2.Claim(ctx, left, "new", left, record.PhaseExecuting); err != nil {
 		t.Fatal(err)
 	}
 	if err := a2.Remove(ctx, left); err != nil {
@@ -398,7 +398,7 @@ func testRevertAndReclaim(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 func testMalformedEntry(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	ctx := ctxFor(t)
 	a := mustJoin(t, d, "a", 0)
-	good := Entry{Run: "r", Owner: key("a"), Lease: 7, Head: key("h"), Phase: record.Parked}.encode()
+	good := Entry{Run: "r", Owner: key("a"), Lease: 7, Head: key("h"), Phase: record.PhaseParked}.encode()
 	for name, v := range map[string]string{
 		"garbage":  "not json",
 		"unknown":  `{"v":1,"run":"r","owner":"` + key("a").String() + `","lease":7,"head":"` + key("h").String() + `","phase":"parked","extra":1}`,
@@ -414,7 +414,7 @@ func testMalformedEntry(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 		if _, err := d.Run(ctx, g); !errors.Is(err, ErrEntry) {
 			t.Errorf("%s: %v, want ErrEntry", name, err)
 		}
-		if _, err := a.Claim(ctx, g, "r", g, record.Active); !errors.Is(err, ErrEntry) {
+		if _, err := a.Claim(ctx, g, "r", g, record.PhaseExecuting); !errors.Is(err, ErrEntry) {
 			t.Errorf("%s: claim: %v, want ErrEntry", name, err)
 		}
 	}
@@ -464,17 +464,17 @@ func testLeaseExpiry(t *testing.T, c *etcdtest.Cluster, d *Dir) {
 	}
 	t.Cleanup(func() { _ = a.Close(context.Background()) })
 	g, h1 := key("g"), key("h1")
-	if _, err := a.Claim(ctx, g, "r", g, record.Active); err != nil {
+	if _, err := a.Claim(ctx, g, "r", g, record.PhaseExecuting); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Advance(ctx, g, g, h1, record.Parked); err != nil {
+	if _, err := a.Advance(ctx, g, g, h1, record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
 	// A closed run needs no owner: never an orphan.
-	if _, err := a.Claim(ctx, key("g2"), "r2", key("g2"), record.Active); err != nil {
+	if _, err := a.Claim(ctx, key("g2"), "r2", key("g2"), record.PhaseExecuting); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Advance(ctx, key("g2"), key("g2"), key("c2"), record.Ended); err != nil {
+	if _, err := a.Advance(ctx, key("g2"), key("g2"), key("c2"), record.PhaseClosed); err != nil {
 		t.Fatal(err)
 	}
 	// Renewals keep the session past the life of its first grant: the
@@ -508,7 +508,7 @@ func testLeaseExpiry(t *testing.T, c *etcdtest.Cluster, d *Dir) {
 	if !errors.Is(a.Err(), ErrLeaseLost) {
 		t.Fatalf("a's session ended with %v", a.Err())
 	}
-	if _, err := a.Advance(ctx, g, h1, key("h2"), record.Active); !errors.Is(err, ErrNotOwner) || !errors.Is(err, ErrLeaseLost) {
+	if _, err := a.Advance(ctx, g, h1, key("h2"), record.PhaseExecuting); !errors.Is(err, ErrNotOwner) || !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("advance after the lease is lost: %v, want ErrNotOwner and ErrLeaseLost", err)
 	}
 	// etcd expires the lease no sooner than a stopped trusting it.
@@ -519,7 +519,7 @@ func testLeaseExpiry(t *testing.T, c *etcdtest.Cluster, d *Dir) {
 	if err != nil || len(o) != 1 || o[0].Genesis != g || o[0].Owner != key("a") || o[0].Head != h1 {
 		t.Fatalf("orphans = %+v, %v; want a's run", o, err)
 	}
-	e, err := b.Claim(ctx, g, "r", h1, record.Parked)
+	e, err := b.Claim(ctx, g, "r", h1, record.PhaseParked)
 	if err != nil || e.Owner != b.Key() {
 		t.Fatalf("b adopts the orphan: %+v, %v", e, err)
 	}
@@ -540,19 +540,19 @@ func testMemberStopped(t *testing.T, c *etcdtest.Cluster, d *Dir) {
 	a, b := mustJoin(t, d, "a", 0), mustJoin(t, d, "b", 0)
 	ctx := ctxFor(t)
 	g, h1, h2 := key("g"), key("h1"), key("h2")
-	if _, err := a.Claim(ctx, g, "r", g, record.Active); err != nil {
+	if _, err := a.Claim(ctx, g, "r", g, record.PhaseExecuting); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Advance(ctx, g, g, h1, record.Parked); err != nil {
+	if _, err := a.Advance(ctx, g, g, h1, record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Transfer(ctx, g, b.Key()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Claim(ctx, g, "r", h1, record.Parked); err != nil {
+	if _, err := b.Claim(ctx, g, "r", h1, record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Advance(ctx, g, h1, h2, record.Active); err != nil {
+	if _, err := b.Advance(ctx, g, h1, h2, record.PhaseExecuting); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.Orphans(ctx); err != nil {
@@ -574,7 +574,7 @@ func testNoQuorum(t *testing.T, c *etcdtest.Cluster, d *Dir) {
 	c.Stop(2)
 	d1 := New(d.cli, "/t/NoQuorum/", time.Second)
 	a.Dir = d1
-	if _, err := a.Claim(ctx, g, "r", g, record.Active); !errors.Is(err, ErrUnavailable) {
+	if _, err := a.Claim(ctx, g, "r", g, record.PhaseExecuting); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("claim without quorum: %v, want ErrUnavailable", err)
 	}
 	if _, err := d1.Run(ctx, g); !errors.Is(err, ErrUnavailable) {
@@ -591,8 +591,8 @@ func testNoQuorum(t *testing.T, c *etcdtest.Cluster, d *Dir) {
 // (docs/fleet.md, "Key layout").
 func TestValueBytes(t *testing.T) {
 	g, h, p, to := record.Sum([]byte("g")), record.Sum([]byte("h")), record.Sum([]byte("p")), record.Sum([]byte("to"))
-	e := Entry{Run: "r1", Owner: key("a"), Lease: 7587882736402911234, Head: h, Phase: record.Parked,
-		Prev: p, PrevPhase: record.Active, To: to}
+	e := Entry{Run: "r1", Owner: key("a"), Lease: 7587882736402911234, Head: h, Phase: record.PhaseParked,
+		Prev: p, PrevPhase: record.PhaseExecuting, To: to}
 	want := `{"v":1,"run":"r1","owner":"` + key("a").String() + `","lease":7587882736402911234,"head":"` + h.String() +
 		`","phase":"parked","prev":"` + p.String() + `","prev_phase":"executing","to":"` + to.String() + `"}`
 	if got := string(e.encode()); got != want {
@@ -603,7 +603,7 @@ func TestValueBytes(t *testing.T) {
 	if err != nil || back != e {
 		t.Fatalf("decode: %+v, %v; want %+v", back, err, e)
 	}
-	bare := Entry{Run: "r1", Owner: key("a"), Lease: 1, Head: g, Phase: record.Active}
+	bare := Entry{Run: "r1", Owner: key("a"), Lease: 1, Head: g, Phase: record.PhaseExecuting}
 	if got, want := string(bare.encode()), `{"v":1,"run":"r1","owner":"`+key("a").String()+`","lease":1,"head":"`+g.String()+`","phase":"executing"}`; got != want {
 		t.Fatalf("bare entry:\n got %s\nwant %s", got, want)
 	}

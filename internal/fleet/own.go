@@ -140,7 +140,7 @@ func (h *Session) Transfer(ctx context.Context, genesis, to record.Address) (Ent
 		if cur.Owner != h.key || cur.Lease != int64(h.lease) {
 			return Entry{}, fmt.Errorf("run %s: %w: owned by %s", genesis, ErrNotOwner, cur.Owner)
 		}
-		if cur.Phase != record.Parked {
+		if cur.Phase != record.PhaseParked {
 			return Entry{}, fmt.Errorf("run %s: %w (it is %s)", genesis, ErrNotParked, cur.Phase)
 		}
 		n := cur
@@ -163,7 +163,7 @@ func (h *Session) Remove(ctx context.Context, genesis record.Address) error {
 		if err := h.owns(cur, exists); err != nil {
 			return Entry{}, err
 		}
-		if cur.Head != genesis || cur.Phase != record.Active || !cur.Prev.IsZero() {
+		if cur.Head != genesis || cur.Phase != record.PhaseExecuting || !cur.Prev.IsZero() {
 			return Entry{}, fmt.Errorf("run %s: %w: directory at %s (%s), not at its genesis", genesis, ErrHeadMoved, cur.Head, cur.Phase)
 		}
 		return Entry{}, errRemove

@@ -67,11 +67,11 @@ func Reconcile(self record.Address, local *Local, e *Entry) Action {
 		if e.Owner != self || !e.To.IsZero() {
 			return Keep
 		}
-		if e.Head == e.Genesis && e.Phase == record.Active && e.Prev.IsZero() {
+		if e.Head == e.Genesis && e.Phase == record.PhaseExecuting && e.Prev.IsZero() {
 			return Leftover
 		}
 		return Diverged // this key owns a run its store lost
-	case local.Phase == record.Ended:
+	case local.Phase == record.PhaseClosed:
 		return Keep
 	case e == nil:
 		return Register

@@ -15,8 +15,8 @@ func TestReconcile(t *testing.T) {
 		return &Entry{Genesis: g, Owner: owner, Lease: 1, Head: head, Phase: p}
 	}
 	reserved := func(owner record.Address) *Entry {
-		e := entry(owner, h2, record.Active)
-		e.Prev, e.PrevPhase = h1, record.Parked
+		e := entry(owner, h2, record.PhaseExecuting)
+		e.Prev, e.PrevPhase = h1, record.PhaseParked
 		return e
 	}
 	to := func(e *Entry, host record.Address) *Entry { e.To = host; return e }
@@ -27,21 +27,21 @@ func TestReconcile(t *testing.T) {
 		want  Action
 	}{
 		{"neither", nil, nil, Keep},
-		{"another host's run", nil, entry(other, h1, record.Parked), Keep},
-		{"owned at its head", at(h1, record.Parked), entry(self, h1, record.Parked), Reclaim},
-		{"reservation not appended", at(h1, record.Parked), reserved(self), Reclaim},
-		{"reservation appended", at(h2, record.Active), reserved(self), Reclaim},
-		{"no entry", at(h1, record.Parked), nil, Register},
-		{"adopted by another host", at(h1, record.Parked), entry(other, h1, record.Parked), Elsewhere},
-		{"another host's reservation", at(h1, record.Parked), reserved(other), Elsewhere},
-		{"transferred away", at(h1, record.Parked), to(entry(self, h1, record.Parked), other), Elsewhere},
-		{"transferred here", at(h1, record.Parked), to(entry(other, h1, record.Parked), self), Reclaim},
-		{"transferred here, other head", at(h9, record.Parked), to(entry(other, h1, record.Parked), self), Diverged},
-		{"leftover claim", nil, entry(self, g, record.Active), Leftover},
-		{"owned run the store lost", nil, entry(self, h1, record.Parked), Diverged},
-		{"owned at another head", at(h9, record.Parked), reserved(self), Diverged},
-		{"same head, other phase", at(h1, record.Active), entry(self, h1, record.Parked), Diverged},
-		{"closed here", at(h9, record.Ended), entry(other, h1, record.Parked), Keep},
+		{"another host's run", nil, entry(other, h1, record.PhaseParked), Keep},
+		{"owned at its head", at(h1, record.PhaseParked), entry(self, h1, record.PhaseParked), Reclaim},
+		{"reservation not appended", at(h1, record.PhaseParked), reserved(self), Reclaim},
+		{"reservation appended", at(h2, record.PhaseExecuting), reserved(self), Reclaim},
+		{"no entry", at(h1, record.PhaseParked), nil, Register},
+		{"adopted by another host", at(h1, record.PhaseParked), entry(other, h1, record.PhaseParked), Elsewhere},
+		{"another host's reservation", at(h1, record.PhaseParked), reserved(other), Elsewhere},
+		{"transferred away", at(h1, record.PhaseParked), to(entry(self, h1, record.PhaseParked), other), Elsewhere},
+		{"transferred here", at(h1, record.PhaseParked), to(entry(other, h1, record.PhaseParked), self), Reclaim},
+		{"transferred here, other head", at(h9, record.PhaseParked), to(entry(other, h1, record.PhaseParked), self), Diverged},
+		{"leftover claim", nil, entry(self, g, record.PhaseExecuting), Leftover},
+		{"owned run the store lost", nil, entry(self, h1, record.PhaseParked), Diverged},
+		{"owned at another head", at(h9, record.PhaseParked), reserved(self), Diverged},
+		{"same head, other phase", at(h1, record.PhaseExecuting), entry(self, h1, record.PhaseParked), Diverged},
+		{"closed here", at(h9, record.PhaseClosed), entry(other, h1, record.PhaseParked), Keep},
 	} {
 		if got := Reconcile(self, tc.local, tc.e); got != tc.want {
 			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)

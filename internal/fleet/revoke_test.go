@@ -22,10 +22,10 @@ func testRevoke(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 		t.Fatal(err)
 	}
 	g, h1, h2 := record.Sum([]byte("g")), record.Sum([]byte("h1")), record.Sum([]byte("h2"))
-	if _, err := a.Claim(ctx, g, "r", g, record.Active); err != nil {
+	if _, err := a.Claim(ctx, g, "r", g, record.PhaseExecuting); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Advance(ctx, g, g, h1, record.Parked); err != nil {
+	if _, err := a.Advance(ctx, g, g, h1, record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
 
@@ -50,13 +50,13 @@ func testRevoke(t *testing.T, _ *etcdtest.Cluster, d *Dir) {
 	if _, err := d.Member(ctx, a.Key()); !errors.Is(err, ErrNotAdmitted) {
 		t.Fatalf("a after its revocation: %v", err)
 	}
-	if _, err := a.Advance(ctx, g, h1, h2, record.Active); !errors.Is(err, ErrNotOwner) {
+	if _, err := a.Advance(ctx, g, h1, h2, record.PhaseExecuting); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("an advance of the revoked host: %v", err)
 	}
 	if _, err := d.Join(ctx, a.Key(), time.Second); !errors.Is(err, ErrNotAdmitted) {
 		t.Fatalf("the revoked host joins again: %v", err)
 	}
-	if e, err := b.Adopt(ctx, g, "r", h1, record.Parked); err != nil || e.Owner != b.Key() {
+	if e, err := b.Adopt(ctx, g, "r", h1, record.PhaseParked); err != nil || e.Owner != b.Key() {
 		t.Fatalf("adopt of the revoked host's run: %+v, %v", e, err)
 	}
 

@@ -291,9 +291,9 @@ func TestAwaited(t *testing.T) {
 		run  store.Run
 		wake bool
 	}{
-		{store.Run{ID: "r", Phase: record.Parked, Parked: tr}, true},
-		{store.Run{ID: "r", Phase: record.Parked, Parked: record.Snapshot{}}, false},
-		{store.Run{ID: "r", Phase: record.Active}, false},
+		{store.Run{ID: "r", Phase: record.PhaseParked, Parked: tr}, true},
+		{store.Run{ID: "r", Phase: record.PhaseParked, Parked: record.Snapshot{}}, false},
+		{store.Run{ID: "r", Phase: record.PhaseExecuting}, false},
 	} {
 		waiting, wake, err := h.Awaited(c.run)
 		if err != nil || wake != c.wake || len(waiting) != 0 {

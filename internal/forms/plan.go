@@ -79,7 +79,7 @@ func PlanSandboxes(ids []string, phase func(run string) (record.Phase, error)) P
 		case err != nil && !errors.Is(err, store.ErrNoRun):
 			unsure[run] = true
 			p.Unread = append(p.Unread, Unread{Sandbox: sid, Err: err})
-		case err == nil && ph == record.Active && newer(sid, p.Owner[run]):
+		case err == nil && ph == record.PhaseExecuting && newer(sid, p.Owner[run]):
 			p.Owner[run] = sid
 		}
 	}

@@ -26,7 +26,7 @@ func TestSandboxNames(t *testing.T) {
 // else goes, except the sandboxes of a run whose record cannot be read.
 func TestPlanSandboxes(t *testing.T) {
 	broken := errors.New("bbolt: read error")
-	phases := map[string]record.Phase{"img": record.Active, "tr": record.Active, "parked": record.Parked, "ended": record.Ended, "big": record.Active}
+	phases := map[string]record.Phase{"img": record.PhaseExecuting, "tr": record.PhaseExecuting, "parked": record.PhaseParked, "ended": record.PhaseClosed, "big": record.PhaseExecuting}
 	phase := func(run string) (record.Phase, error) {
 		if run == "unread" {
 			return 0, broken

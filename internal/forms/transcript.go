@@ -168,7 +168,7 @@ func (f Transcript) Recover(ctx context.Context, u *Unit) (Taken, error) {
 // post wakes it now: a run parked in its transcript wakes once every
 // result its await named is posted; any other awaits nothing.
 func (h Env) Awaited(r store.Run) (waiting []string, wake bool, err error) {
-	if r.Phase != record.Parked || !r.Parked.IsTranscript() {
+	if r.Phase != record.PhaseParked || !r.Parked.IsTranscript() {
 		return nil, false, nil
 	}
 	waiting, err = calls.Awaiting(h.Store, r.ID)

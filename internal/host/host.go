@@ -186,7 +186,7 @@ func (h *Host) openWarm() {
 		if errors.Is(err, store.ErrNoRun) {
 			return false, nil
 		}
-		return err == nil && r.Phase == record.Active, err
+		return err == nil && r.Phase == record.PhaseExecuting, err
 	}, cfg.Logger)
 	h.Warm = warmpool.New(warmpool.Config{Max: cfg.WarmPool, MaxAge: cfg.WarmMaxAge, Meter: h.Meter, Log: cfg.Logger})
 }

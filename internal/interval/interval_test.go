@@ -261,7 +261,7 @@ func TestEndRecordsWholeIntervals(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, _ := h.st.Run("r")
-	if st.Len != 3 || st.Phase != record.Parked || second.Head != st.Head {
+	if st.Len != 3 || st.Phase != record.PhaseParked || second.Head != st.Head {
 		t.Fatalf("run after a park: %d segments, %s", st.Len, st.Phase)
 	}
 	b2 := h.body(t, second.Attestation)

@@ -260,9 +260,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		parked    []string
 		parkedErr error
 	)
-	for _, ph := range []record.Phase{record.Active, record.Parked, record.Ended} {
+	for _, ph := range []record.Phase{record.PhaseExecuting, record.PhaseParked, record.PhaseClosed} {
 		ids, err := c.src.Runs(ph)
-		if ph == record.Parked {
+		if ph == record.PhaseParked {
 			parked, parkedErr = ids, err
 		}
 		if err != nil {
@@ -317,7 +317,7 @@ func (c *collector) retainedBy(ids []string) (int64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("run %s: %w", id, err)
 		}
-		if st.Phase != record.Parked {
+		if st.Phase != record.PhaseParked {
 			continue
 		}
 		key := st.Parked.String()
@@ -325,7 +325,7 @@ func (c *collector) retainedBy(ids []string) (int64, error) {
 		if !ok {
 			if n, err = c.src.Retained(st.Parked); err != nil {
 				// Closed in the meantime, and its objects collected?
-				if now, rerr := c.src.Run(id); rerr == nil && now.Phase != record.Parked {
+				if now, rerr := c.src.Run(id); rerr == nil && now.Phase != record.PhaseParked {
 					continue
 				}
 				return 0, fmt.Errorf("run %s: retained bytes: %w", id, err)

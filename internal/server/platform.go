@@ -64,7 +64,7 @@ func (h *handler) held(key record.Address) (platform.Held, error) {
 			continue
 		}
 		here = append(here, s)
-		if s.Phase != record.Ended {
+		if s.Phase != record.PhaseClosed {
 			held.Runs++
 		}
 	}

@@ -108,11 +108,11 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	switch p := r.URL.Query().Get("phase"); p {
 	case "":
 	case "executing", "running":
-		phase = ptr(record.Active)
+		phase = ptr(record.PhaseExecuting)
 	case "parked":
-		phase = ptr(record.Parked)
+		phase = ptr(record.PhaseParked)
 	case "closed":
-		phase = ptr(record.Ended)
+		phase = ptr(record.PhaseClosed)
 	default:
 		h.fail(w, r, fmt.Errorf("%w: phase %q: use executing, parked or closed", answers.ErrInvalid, p))
 		return

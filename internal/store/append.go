@@ -166,7 +166,7 @@ func putState(tx *bolt.Tx, run string, old, next runState) error {
 	if err := tx.Bucket(bktRuns).Put([]byte(run), next.encode()); err != nil {
 		return err
 	}
-	if next.phase == record.Ended && old.phase != record.Ended {
+	if next.phase == record.PhaseClosed && old.phase != record.PhaseClosed {
 		if err := tx.Bucket(bktClosed).Put([]byte(run), nowNS()); err != nil {
 			return err
 		}

@@ -28,10 +28,10 @@ func TestAppendAll(t *testing.T) {
 		t.Fatalf("head %s, want %s", h, want.Head())
 	}
 	run, err := s.Run("r")
-	if err != nil || run.Head != h || run.Len != 2 || run.Phase != record.Parked || !run.Parked.Equal(park[1].Snapshot) {
+	if err != nil || run.Head != h || run.Len != 2 || run.Phase != record.PhaseParked || !run.Parked.Equal(park[1].Snapshot) {
 		t.Fatalf("run %+v %v", run, err)
 	}
-	if ids, _ := s.Runs(record.Parked); len(ids) != 1 || ids[0] != "r" {
+	if ids, _ := s.Runs(record.PhaseParked); len(ids) != 1 || ids[0] != "r" {
 		t.Fatalf("phase index: %v", ids)
 	}
 	r, err := s.Record("r")
@@ -99,12 +99,12 @@ func TestAppendAllRefusalWritesNothing(t *testing.T) {
 		if n := logLen(); n != entries {
 			t.Fatalf("%s: the log holds %d entries, was %d", tc.name, n, entries)
 		}
-		if ids, _ := s.Runs(record.Active); len(ids) != 1 {
+		if ids, _ := s.Runs(record.PhaseExecuting); len(ids) != 1 {
 			t.Fatalf("%s: phase index %v", tc.name, ids)
 		}
 	}
 	r, err := s.Record("r")
-	if err != nil || r.Len() != 1 || r.Head() != h || r.Phase() != record.Active {
+	if err != nil || r.Len() != 1 || r.Head() != h || r.Phase() != record.PhaseExecuting {
 		t.Fatalf("record after refusals: %v", err)
 	}
 	// And the run goes on from where it was.

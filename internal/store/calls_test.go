@@ -99,7 +99,7 @@ func TestCallLedger(t *testing.T) {
 		record.Suspension(ts, man))
 	wantLedger(t, s, "r", "n=1 await c1:resolved@1/1 c2:outstanding@1* c3:outstanding@1*")
 	out, err := s.Outstanding()
-	if err != nil || len(out) != 2 || out[0].Run != "r" || out[0].ID != "c2" || out[0].Phase != record.Parked || !out[0].Awaited {
+	if err != nil || len(out) != 2 || out[0].Run != "r" || out[0].ID != "c2" || out[0].Phase != record.PhaseParked || !out[0].Awaited {
 		t.Fatalf("outstanding: %+v %v", out, err)
 	}
 	res2 := put(t, s, `{"ok":2}`)

@@ -60,7 +60,7 @@ func crashChild(dir string, seed int64) {
 	}
 	report("ready")
 	live := map[string]bool{}
-	for _, p := range []record.Phase{record.Active, record.Parked} {
+	for _, p := range []record.Phase{record.PhaseExecuting, record.PhaseParked} {
 		ids, err := s.Runs(p)
 		if err != nil {
 			fail(err)
@@ -126,12 +126,12 @@ func crashChild(dir string, seed int64) {
 // crashSegment puts the objects for run's next segment and returns it.
 func crashSegment(s *Store, rng *rand.Rand, run Run, tag string) (record.Segment, error) {
 	switch run.Phase {
-	case record.Parked:
+	case record.PhaseParked:
 		if rng.Intn(8) == 0 {
 			return record.Closure("done " + tag), nil
 		}
 		return record.Resumption(run.Parked, uint64(rng.Intn(1000)+1), record.Estimated), nil
-	case record.Ended:
+	case record.PhaseClosed:
 		return record.Segment{}, fmt.Errorf("run %s: closed run in a pool", run.ID)
 	}
 	receipt, err := s.PutBytes([]byte("receipt " + tag))

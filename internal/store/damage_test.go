@@ -213,13 +213,13 @@ func TestDamagedSegments(t *testing.T) {
 	s.commit(func(tx *bolt.Tx) error { return tx.Bucket(bktLog).Delete(seqKey(1 << 40)) })
 	// A phase index that disagrees with a run's state.
 	s.commit(func(tx *bolt.Tx) error {
-		return tx.Bucket(bktPhases).Bucket(phaseKeys[record.Ended]).Put([]byte("a"), nil)
+		return tx.Bucket(bktPhases).Bucket(phaseKeys[record.PhaseClosed]).Put([]byte("a"), nil)
 	})
 	if _, err := s.Check(t.Context()); !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "run a") {
 		t.Errorf("phase index: %v", err)
 	}
 	s.commit(func(tx *bolt.Tx) error {
-		return tx.Bucket(bktPhases).Bucket(phaseKeys[record.Ended]).Delete([]byte("a"))
+		return tx.Bucket(bktPhases).Bucket(phaseKeys[record.PhaseClosed]).Delete([]byte("a"))
 	})
 }
 

@@ -84,7 +84,7 @@ func (s *Store) HandOff(run string, head record.Address) error {
 		if st.head != head {
 			return refuse(fmt.Errorf("run %s: %w: handing off at %s, head is %s", run, ErrHeadMoved, head, st.head))
 		}
-		if st.phase != record.Parked {
+		if st.phase != record.PhaseParked {
 			return refuse(fmt.Errorf("run %s: only a parked run is handed off (it is %s)", run, phaseName(st.phase, true)))
 		}
 		if tx.Bucket(bktHandof).Get([]byte(run)) != nil {
@@ -118,7 +118,7 @@ func (s *Store) TakeOver(run string, head record.Address) error {
 		if err != nil {
 			return refuse(err)
 		}
-		if st.head != head || st.phase != record.Parked {
+		if st.head != head || st.phase != record.PhaseParked {
 			return refuse(fmt.Errorf("run %s: %w: at %s (%s), not parked at %s", run, ErrHeadMoved, st.head, phaseName(st.phase, true), head))
 		}
 		h, ok := decodeHandoff(tx.Bucket(bktHandof).Get([]byte(run)))
@@ -157,7 +157,7 @@ func markArrival(tx *bolt.Tx, run string, r *record.Record, copy bool) error {
 		return err
 	}
 	if copy {
-		if r.Phase() != record.Parked {
+		if r.Phase() != record.PhaseParked {
 			return refuse(fmt.Errorf("run %s: a copy is of a parked run (this one is %s)", run, r.Phase()))
 		}
 		if err := tx.Bucket(bktHandof).Put([]byte(run), Handoff{Head: r.Head(), Copy: true, At: time.Now()}.encode()); err != nil {
@@ -192,7 +192,7 @@ func extends(run string, held Run, h Handoff, r *record.Record, reclaim bool) er
 	if r.Genesis() != record.Genesis(held.Unit, held.Grants) {
 		return fmt.Errorf("run %s: %w: another genesis", run, ErrNotExtension)
 	}
-	if r.Phase() != record.Parked {
+	if r.Phase() != record.PhaseParked {
 		return fmt.Errorf("run %s: %w: a run comes back parked (this record is %s)", run, ErrNotExtension, r.Phase())
 	}
 	if r.Len() < held.Len || held.Len > 0 && r.HeadAt(held.Len-1) != held.Head {

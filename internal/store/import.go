@@ -67,7 +67,7 @@ func (s *Store) ImportAs(run string, r *record.Record, copy bool) error {
 		if err := tx.Bucket(bktRuns).Put([]byte(run), st.encode()); err != nil {
 			return err
 		}
-		if st.phase == record.Ended {
+		if st.phase == record.PhaseClosed {
 			if err := tx.Bucket(bktClosed).Put([]byte(run), nowNS()); err != nil {
 				return err
 			}

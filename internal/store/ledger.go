@@ -207,7 +207,7 @@ func openLedger(tx *bolt.Tx, run string, interval uint64, last bool) (*runLedger
 		return nil, refuse(err)
 	}
 	switch {
-	case interval == l.h.intervals+1 && st.phase == record.Active:
+	case interval == l.h.intervals+1 && st.phase == record.PhaseExecuting:
 	case last && interval == l.h.intervals && interval > 0:
 	default:
 		return nil, refuse(fmt.Errorf("run %s: %w: interval %d (the run is %s with %d intervals recorded)", run, ErrInterval, interval, st.phase, l.h.intervals))

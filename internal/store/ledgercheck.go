@@ -26,7 +26,7 @@ func checkLedger(tx *bolt.Tx, run string, r *record.Record) error {
 	damaged := func(format string, a ...any) error {
 		return fmt.Errorf("run %s: %w: call ledger: %s", run, ErrDamaged, fmt.Sprintf(format, a...))
 	}
-	if r.Phase() == record.Ended {
+	if r.Phase() == record.PhaseClosed {
 		if l != nil {
 			return damaged("a closed run keeps one")
 		}
@@ -39,7 +39,7 @@ func checkLedger(tx *bolt.Tx, run string, r *record.Record) error {
 	if l.h.intervals != n {
 		return damaged("counts %d executed intervals, the record %d", l.h.intervals, n)
 	}
-	open, active := n+1, r.Phase() == record.Active
+	open, active := n+1, r.Phase() == record.PhaseExecuting
 	touched := 0
 	err = l.each(func(id string, e callEntry) error {
 		w, onRecord := exp[id]

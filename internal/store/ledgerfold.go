@@ -150,7 +150,7 @@ func migrateCallLedger(tx *bolt.Tx) error {
 		if err != nil {
 			return fmt.Errorf("run %s: %w", id, err)
 		}
-		if st.phase != record.Ended {
+		if st.phase != record.PhaseClosed {
 			todo = append(todo, open{string(id), st})
 		}
 		return nil

@@ -103,9 +103,9 @@ func TestMigration1To2(t *testing.T) {
 	writeV1(t, dir, recs, []string{"att", "transcript", "manifest"})
 	s := mustOpen(t, dir)
 	for p, want := range map[record.Phase][]string{
-		record.Active: {"fresh", "resumed", "running"},
-		record.Parked: {"parked", "parked-2"},
-		record.Ended:  {"closed"},
+		record.PhaseExecuting: {"fresh", "resumed", "running"},
+		record.PhaseParked:    {"parked", "parked-2"},
+		record.PhaseClosed:    {"closed"},
 	} {
 		if ids, err := s.Runs(p); err != nil || !slices.Equal(ids, want) {
 			t.Errorf("%s after migration: %v %v, want %v", p, ids, err, want)
@@ -119,7 +119,7 @@ func TestMigration1To2(t *testing.T) {
 	}
 	// The migrated store works on: the index follows new appends.
 	mustAppend(t, s, "parked", recs["parked"].Head(), record.Resumption(record.TranscriptSnapshot(tr), 1, record.Estimated))
-	if ids, _ := s.Runs(record.Parked); !slices.Equal(ids, []string{"parked-2"}) {
+	if ids, _ := s.Runs(record.PhaseParked); !slices.Equal(ids, []string{"parked-2"}) {
 		t.Fatalf("parked after resume: %v", ids)
 	}
 	// Reopening does not migrate again.

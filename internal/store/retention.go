@@ -91,7 +91,7 @@ func (s *Store) Release(run string) error {
 		if err != nil {
 			return refuse(err)
 		}
-		if st.phase != record.Ended && tx.Bucket(bktHandof).Get([]byte(run)) == nil {
+		if st.phase != record.PhaseClosed && tx.Bucket(bktHandof).Get([]byte(run)) == nil {
 			return refuse(fmt.Errorf("run %s: only the snapshots of a closed run, or of one held elsewhere, are released (it is %s)", run, phaseName(st.phase, true)))
 		}
 		if tx.Bucket(bktPins).Get([]byte(run)) != nil {

@@ -45,7 +45,7 @@ func (s *Store) Create(run string, unit, grants record.Address) (record.Address,
 	if err := checkRunID(run); err != nil {
 		return record.Address{}, err
 	}
-	st := runState{unit: unit, grants: grants, head: record.Genesis(unit, grants), phase: record.Active}
+	st := runState{unit: unit, grants: grants, head: record.Genesis(unit, grants), phase: record.PhaseExecuting}
 	err := s.commit(func(tx *bolt.Tx) error {
 		if tx.Bucket(bktRuns).Get([]byte(run)) != nil {
 			return refuse(fmt.Errorf("run %s: %w", run, ErrRunExists))
@@ -103,7 +103,7 @@ func logAt(tx *bolt.Tx, run string, seq, index uint64) (logEntry, error) {
 // parked snapshot: a parked run's last segment is its Suspended one.
 func summary(tx *bolt.Tx, run string, st runState) (Run, error) {
 	r := Run{ID: run, Unit: st.unit, Grants: st.grants, Head: st.head, Len: int(st.n), Phase: st.phase, Last: st.kind, IdleUJ: st.idle}
-	if st.phase != record.Parked {
+	if st.phase != record.PhaseParked {
 		return r, nil
 	}
 	if st.n == 0 {

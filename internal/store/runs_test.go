@@ -38,13 +38,13 @@ func TestCreateAppendRead(t *testing.T) {
 		}
 		if i == 1 { // parked: the summary carries the snapshot
 			run, err := s.Run("r1")
-			if err != nil || run.Phase != record.Parked || !run.Parked.Equal(snap) {
+			if err != nil || run.Phase != record.PhaseParked || !run.Parked.Equal(snap) {
 				t.Fatalf("parked run: %+v %v", run, err)
 			}
 		}
 	}
 	run, err := s.Run("r1")
-	if err != nil || run.Head != h || run.Len != 4 || run.Phase != record.Active || run.Unit != u || run.Grants != gr {
+	if err != nil || run.Head != h || run.Len != 4 || run.Phase != record.PhaseExecuting || run.Unit != u || run.Grants != gr {
 		t.Fatalf("run %+v %v", run, err)
 	}
 	if head, err := s.Head("r1"); err != nil || head != h {
@@ -216,24 +216,24 @@ func TestGroupCommitFailureAfterWrite(t *testing.T) {
 func TestRunsByPhase(t *testing.T) {
 	s := mustStore(t)
 	att, man, tr := put(t, s, "att"), put(t, s, "man"), put(t, s, "transcript")
-	for i, want := range []record.Phase{record.Active, record.Parked, record.Ended, record.Parked, record.Active} {
+	for i, want := range []record.Phase{record.PhaseExecuting, record.PhaseParked, record.PhaseClosed, record.PhaseParked, record.PhaseExecuting} {
 		id := fmt.Sprintf("run-%d", i)
 		h := mustCreate(t, s, id)
 		h = mustAppend(t, s, id, h, record.Execution(att, &record.CallAccount{}))
-		if want != record.Active || i == 4 {
+		if want != record.PhaseExecuting || i == 4 {
 			h = mustAppend(t, s, id, h, record.Suspension(record.TranscriptSnapshot(tr), man))
 		}
 		switch {
-		case want == record.Ended:
+		case want == record.PhaseClosed:
 			mustAppend(t, s, id, h, record.Closure("done"))
 		case i == 4:
 			mustAppend(t, s, id, h, record.Resumption(record.TranscriptSnapshot(tr), 5, record.Measured))
 		}
 	}
 	for p, want := range map[record.Phase][]string{
-		record.Active: {"run-0", "run-4"},
-		record.Parked: {"run-1", "run-3"},
-		record.Ended:  {"run-2"},
+		record.PhaseExecuting: {"run-0", "run-4"},
+		record.PhaseParked:    {"run-1", "run-3"},
+		record.PhaseClosed:    {"run-2"},
 	} {
 		ids, err := s.Runs(p)
 		if err != nil || !slices.Equal(ids, want) {
@@ -278,10 +278,10 @@ func TestImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := s.Record("imported")
-	if err != nil || got.Head() != r.Head() || got.Phase() != record.Parked {
+	if err != nil || got.Head() != r.Head() || got.Phase() != record.PhaseParked {
 		t.Fatal(err)
 	}
-	if ids, _ := s.Runs(record.Parked); !slices.Equal(ids, []string{"imported"}) {
+	if ids, _ := s.Runs(record.PhaseParked); !slices.Equal(ids, []string{"imported"}) {
 		t.Fatalf("parked: %v", ids)
 	}
 	// Appending continues from the imported head.

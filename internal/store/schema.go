@@ -31,9 +31,9 @@ var (
 
 // phaseKeys name the phase index's buckets, by [record.Phase].
 var phaseKeys = [...][]byte{
-	record.Active: []byte("executing"),
-	record.Parked: []byte("parked"),
-	record.Ended:  []byte("closed"),
+	record.PhaseExecuting: []byte("executing"),
+	record.PhaseParked:    []byte("parked"),
+	record.PhaseClosed:    []byte("closed"),
 }
 
 // A migration takes the schema from version to-1 to version to, inside
@@ -117,7 +117,7 @@ func migrateTimelines(tx *bolt.Tx) error {
 		if err != nil {
 			return fmt.Errorf("run %s: %w", id, err)
 		}
-		if st.phase == record.Ended {
+		if st.phase == record.PhaseClosed {
 			if err := tx.Bucket(bktClosed).Put(id, now); err != nil {
 				return err
 			}
@@ -213,7 +213,7 @@ func (st runState) encode() []byte {
 func decodeState(b []byte) (runState, error) {
 	var st runState
 	ok := len(b) == stateLen && b[0] == stateFormat || len(b) == stateLenV1 && b[0] == 1
-	if !ok || b[105] > byte(record.Ended) {
+	if !ok || b[105] > byte(record.PhaseClosed) {
 		return st, fmt.Errorf("%w: run state of %d bytes is not format %d", ErrDamaged, len(b), stateFormat)
 	}
 	st.format = b[0]

@@ -13,20 +13,20 @@ const Domain = "sandbox.runrecord/1"
 // Phase is where a run stands after its last segment.
 type Phase uint8
 
-// The three phases. A run starts Active.
+// The three phases. A run starts PhaseExecuting.
 const (
-	Active Phase = iota
-	Parked
-	Ended
+	PhaseExecuting Phase = iota
+	PhaseParked
+	PhaseClosed
 )
 
 func (p Phase) String() string {
 	switch p {
-	case Active:
+	case PhaseExecuting:
 		return "executing"
-	case Parked:
+	case PhaseParked:
 		return "parked"
-	case Ended:
+	case PhaseClosed:
 		return "closed"
 	}
 	return fmt.Sprintf("phase(%d)", uint8(p))
@@ -95,14 +95,14 @@ func (c *Chain) Append(s *Segment) (Address, error) {
 	c.st.Last = s.Kind
 	switch s.Kind {
 	case Suspended:
-		c.st.Phase = Parked
+		c.st.Phase = PhaseParked
 		c.st.Parked = s.Snapshot.clone()
 	case Resumed:
-		c.st.Phase = Active
+		c.st.Phase = PhaseExecuting
 		c.st.Parked = Snapshot{}
 		c.st.IdleUJ += s.IdleUJ // allows refused an overflow
 	case Closed:
-		c.st.Phase = Ended
+		c.st.Phase = PhaseClosed
 		c.st.Parked = Snapshot{}
 	}
 	return c.st.Head, nil
@@ -111,12 +111,12 @@ func (c *Chain) Append(s *Segment) (Address, error) {
 // allows applies the phase rules to a validated segment, in the order
 // docs/record-format.md lists them: the first rule broken is the error.
 func (st *State) allows(s *Segment) error {
-	if st.Phase == Ended {
+	if st.Phase == PhaseClosed {
 		return fmt.Errorf("%w: no %s segment after close", ErrClosed, s.Kind)
 	}
 	switch s.Kind {
 	case Executed, Suspended:
-		if st.Phase == Parked {
+		if st.Phase == PhaseParked {
 			return fmt.Errorf("%w: %s segment while parked", ErrParked, s.Kind)
 		}
 		// A park ends an interval: the segment before a Suspended one is
@@ -128,7 +128,7 @@ func (st *State) allows(s *Segment) error {
 			return fmt.Errorf("%w: suspended segment after a %s one; a park follows an executed interval", ErrAlternation, st.Last)
 		}
 	case Resumed:
-		if st.Phase != Parked {
+		if st.Phase != PhaseParked {
 			return fmt.Errorf("%w: resumed segment while %s", ErrNotParked, st.Phase)
 		}
 		if !s.Snapshot.Equal(st.Parked) {

@@ -28,7 +28,7 @@ func TestLifecycle(t *testing.T) {
 		}
 		heads[h] = true
 	}
-	if r.Phase() != Ended || r.Len() != 7 {
+	if r.Phase() != PhaseClosed || r.Len() != 7 {
 		t.Fatalf("phase %s len %d", r.Phase(), r.Len())
 	}
 	tot, err := r.Totals(func(a Address) (uint64, bool) { return uint64(a[0]), true })
@@ -111,7 +111,7 @@ func TestStrictAlternation(t *testing.T) {
 	if st.Last != Closed {
 		t.Fatalf("state's last kind %s, want closed", st.Last)
 	}
-	c := NewChain(State{Head: r.Genesis(), Len: 3, Phase: Active, Last: Resumed})
+	c := NewChain(State{Head: r.Genesis(), Len: 3, Phase: PhaseExecuting, Last: Resumed})
 	if err := c.Check(&Segment{Kind: Suspended, Snapshot: img(1, 2), Manifest: fill(3)}); !errors.Is(err, ErrAlternation) {
 		t.Fatalf("chain after a resumed segment: %v", err)
 	}

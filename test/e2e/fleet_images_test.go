@@ -77,7 +77,7 @@ func TestFleetMigrateForgedImages(t *testing.T) {
 				t.Fatalf("the refused unit wrote %d bytes", len(out))
 			}
 			e, err := f.dir(t).Run(ctx, genesisOf(t, was))
-			if err != nil || e.Owner != k || !e.To.IsZero() || e.Head.String() != was.Head || e.Phase != record.Parked {
+			if err != nil || e.Owner != k || !e.To.IsZero() || e.Head.String() != was.Head || e.Phase != record.PhaseParked {
 				t.Fatalf("directory %+v, %v; want parked at %s, owned by B", e, err, was.Head)
 			}
 			if v, err := b.c.Verify(ctx, fid); err != nil || !v.OK {
@@ -139,7 +139,7 @@ func TestFleetMigrateRefusedResume(t *testing.T) {
 		t.Fatalf("the refused unit wrote %d bytes on B", len(out))
 	}
 	e, err := f.dir(t).Run(ctx, genesisOf(t, started))
-	if err != nil || e.Owner != kA || !e.To.IsZero() || e.Head.String() != r.Head || e.Phase != record.Parked {
+	if err != nil || e.Owner != kA || !e.To.IsZero() || e.Head.String() != r.Head || e.Phase != record.PhaseParked {
 		t.Fatalf("directory %+v, %v; want parked at %s, owned by A", e, err, r.Head)
 	}
 	_, err = b.c.Resume(ctx, id)

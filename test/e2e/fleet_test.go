@@ -245,7 +245,7 @@ func TestFleetMigrate(t *testing.T) {
 		t.Fatal(err)
 	}
 	e, err := f.dir(t).Run(ctx, genesis)
-	if err != nil || e.Owner.String() != keyB || e.Head.String() != r.Head || e.Phase != record.Active {
+	if err != nil || e.Owner.String() != keyB || e.Head.String() != r.Head || e.Phase != record.PhaseExecuting {
 		t.Fatalf("directory %+v (%v), want owned by %s at %s", e, err, keyB, r.Head)
 	}
 	// Migrated again from the host that handed it off: refused, and the

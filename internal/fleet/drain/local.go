@@ -65,7 +65,7 @@ func (h Local) Need(ctx context.Context, id string, mem Memory) (Need, error) {
 	transcript := spec.Mode == unit.TranscriptMode
 	n := Need{Run: id, Image: spec.Image, ImagePark: !transcript}
 	switch {
-	case st.Phase == record.Parked:
+	case st.Phase == record.PhaseParked:
 		n.Manifest, n.Bytes, err = h.Recorded(id)
 	case mem != nil:
 		n.Manifest, err = h.Forms.Over(ctx, manifest.KeysFor(transcript), spec, st.Unit)

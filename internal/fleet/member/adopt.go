@@ -40,9 +40,9 @@ func (m *Member) adopt(ctx context.Context, id string, hold Hold) error {
 		return err
 	}
 	switch st.Phase {
-	case record.Ended:
+	case record.PhaseClosed:
 		return fmt.Errorf("run %s: %w", id, record.ErrClosed)
-	case record.Active:
+	case record.PhaseExecuting:
 		return fmt.Errorf("run %s: %w", id, record.ErrNotParked)
 	}
 	// A handoff this host made (an export, a migration out) is not
@@ -59,7 +59,7 @@ func (m *Member) adopt(ctx context.Context, id string, hold Hold) error {
 		return fmt.Errorf("adopt %s: %w", id, err)
 	}
 	genesis := record.Genesis(st.Unit, st.Grants)
-	if _, err := m.Session().Adopt(ctx, genesis, id, st.Head, record.Parked); err != nil {
+	if _, err := m.Session().Adopt(ctx, genesis, id, st.Head, record.PhaseParked); err != nil {
 		return fmt.Errorf("adopt %s: %w", id, m.Err(err))
 	}
 	if err := m.cfg.Store.TakeOver(id, st.Head); err != nil {

@@ -47,7 +47,7 @@ func (m *Member) Holding(ctx context.Context) ([]drain.Run, []drain.Need, error)
 		if err != nil {
 			return nil, nil, err
 		}
-		if _, off, err := st.HandedOff(id); err != nil || off || r.Phase == record.Ended || m.Elsewhere(id) != nil {
+		if _, off, err := st.HandedOff(id); err != nil || off || r.Phase == record.PhaseClosed || m.Elsewhere(id) != nil {
 			continue // not this host's to move
 		}
 		n, err := m.need(ctx, id)

@@ -97,7 +97,7 @@ func (m *Member) Claim(ctx context.Context, id string, genesis record.Address) e
 	if m.Session() == nil {
 		return nil
 	}
-	_, err := m.Session().Claim(ctx, genesis, id, genesis, record.Active)
+	_, err := m.Session().Claim(ctx, genesis, id, genesis, record.PhaseExecuting)
 	return m.Err(err)
 }
 

@@ -142,7 +142,7 @@ func room(t *testing.T, h *fleet.Session, p Peers) (*Member, *store.Store, *coun
 	m := New(Config{Join: Join{Fleet: h, Peers: p}, Store: st, Metrics: c, Publish: func(events.Event) {},
 		Import:     bundle.ImportOptions{Options: bundle.Options{Trusted: trusted}, CheckID: func(string) error { return nil }},
 		Exportable: func(id string) error { return bundle.Exportable(st, id) }})
-	if _, err := h.Claim(t.Context(), b.Record.Genesis(), "r", b.Record.Head(), record.Parked); err != nil {
+	if _, err := h.Claim(t.Context(), b.Record.Genesis(), "r", b.Record.Head(), record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
 	return m, st, c, b.Record

@@ -168,7 +168,7 @@ func (m *Member) takeBack(ctx context.Context, o outbound, made bool, cause erro
 			m.cfg.Log.Error("migration failed after the target claimed the run: it is the target's", "run", o.id, "to", o.to, "err", err)
 			return errors.Join(cause, err)
 		}
-		if _, err := s.Claim(ctx, o.genesis, o.id, o.head, record.Parked); err != nil {
+		if _, err := s.Claim(ctx, o.genesis, o.id, o.head, record.PhaseParked); err != nil {
 			m.cfg.Log.Error("migration failed; the target handed the run back, but it is not claimed here", "run", o.id, "to", o.to, "err", err)
 			return errors.Join(cause, err)
 		}
@@ -273,7 +273,7 @@ func (m *Member) giveBack(ctx context.Context, from record.Address, id string, r
 	if ctx.Err() != nil {
 		return cause
 	}
-	if st, err := m.cfg.Store.Run(id); err != nil || st.Head != rec.Head() || st.Phase != record.Parked {
+	if st, err := m.cfg.Store.Run(id); err != nil || st.Head != rec.Head() || st.Phase != record.PhaseParked {
 		return cause
 	}
 	ctx = context.WithoutCancel(ctx)
@@ -293,7 +293,7 @@ func (m *Member) giveBack(ctx context.Context, from record.Address, id string, r
 func (m *Member) fetch(ctx context.Context, from record.Address, h Handed) (Arrival, *record.Record, error) {
 	lim := m.cfg.Import.Limits.Or(bundle.DefaultLimits)
 	judge := func(rec *record.Record) error {
-		if rec.Genesis() != h.Genesis || rec.Head() != h.Head || rec.Phase() != record.Parked {
+		if rec.Genesis() != h.Genesis || rec.Head() != h.Head || rec.Phase() != record.PhaseParked {
 			return fmt.Errorf("%w: the record sent is run %s at %s (%s), the transfer names %s at %s",
 				ErrUnsolicited, rec.Genesis(), rec.Head(), rec.Phase(), h.Genesis, h.Head)
 		}

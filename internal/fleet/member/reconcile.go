@@ -91,11 +91,11 @@ func (m *Member) takeBackMigration(ctx context.Context, o outbound, phase record
 // parked; when it executes here its sandbox goes, without an append.
 func (m *Member) holdElsewhere(id string, head record.Address, phase record.Phase, elsewhere map[string]bool) {
 	switch phase {
-	case record.Parked:
+	case record.PhaseParked:
 		if err := m.cfg.Store.HandOff(id, head); err != nil {
 			m.cfg.Log.Error("fleet: a run another host has is not held handed off here", "run", id, "err", err)
 		}
-	case record.Active:
+	case record.PhaseExecuting:
 		elsewhere[id] = true
 	}
 	m.cfg.Log.Warn("fleet: another host has the run; this host holds it no more", "run", id, "head", head)

@@ -255,14 +255,14 @@ func TestReceiveResumeRefused(t *testing.T) {
 				t.Fatalf("counted %d in, %d failed", n.in.Load(), n.failed.Load())
 			}
 			got, err := st.Run("r")
-			if err != nil || got.Head != rec.Head() || got.Phase != record.Parked {
+			if err != nil || got.Head != rec.Head() || got.Phase != record.PhaseParked {
 				t.Fatalf("the received run: %+v, %v", got, err)
 			}
 			if _, err := st.Check(t.Context()); err != nil {
 				t.Fatal(err)
 			}
 			e, err := dir.Run(t.Context(), rec.Genesis())
-			if err != nil || e.Owner != b.Key() || e.Head != rec.Head() || e.Phase != record.Parked {
+			if err != nil || e.Owner != b.Key() || e.Head != rec.Head() || e.Phase != record.PhaseParked {
 				t.Fatalf("after the receive the directory says %+v, %v", e, err)
 			}
 			h, off, _ := st.HandedOff("r")
@@ -291,7 +291,7 @@ func TestMigrateTakesBackAHandedBackRun(t *testing.T) {
 	p := &peers{hand: refused}
 	m, st, n, rec := room(t, a, p)
 	p.onHand = func() {
-		if _, err := b.Claim(t.Context(), rec.Genesis(), "r", rec.Head(), record.Parked); err != nil {
+		if _, err := b.Claim(t.Context(), rec.Genesis(), "r", rec.Head(), record.PhaseParked); err != nil {
 			t.Error(err)
 		}
 		if _, err := b.Transfer(t.Context(), rec.Genesis(), a.Key()); err != nil {
@@ -385,7 +385,7 @@ func TestMigrateTakeBackRefused(t *testing.T) {
 	p := &peers{hand: lost}
 	m, st, n, rec := room(t, a, p)
 	p.onHand = func() {
-		if _, err := b.Claim(t.Context(), rec.Genesis(), "r", rec.Head(), record.Parked); err != nil {
+		if _, err := b.Claim(t.Context(), rec.Genesis(), "r", rec.Head(), record.PhaseParked); err != nil {
 			t.Error(err)
 		}
 	}
