@@ -134,15 +134,7 @@ func crashSegment(s *Store, rng *rand.Rand, run Run, tag string) (record.Segment
 	case record.PhaseClosed:
 		return record.Segment{}, fmt.Errorf("run %s: closed run in a pool", run.ID)
 	}
-	receipt, err := s.PutBytes([]byte("receipt " + tag))
-	if err != nil {
-		return record.Segment{}, err
-	}
-	journal, err := s.PutBytes([]byte("journal " + tag))
-	if err != nil {
-		return record.Segment{}, err
-	}
-	att, err := s.PutBytes([]byte("attestation "+tag), receipt, journal)
+	att, err := crashAttestation(s, rng, tag)
 	if err != nil {
 		return record.Segment{}, err
 	}
@@ -191,6 +183,39 @@ func crashSegment(s *Store, rng *rand.Rand, run Run, tag string) (record.Segment
 		return record.Suspension(record.TranscriptSnapshot(tr), man), nil
 	}
 	return record.Execution(att, &record.CallAccount{Dispatched: []string{"call-" + tag}}), nil
+}
+
+// crashAttestation stores an attestation and its receipt and journal:
+// put one by one, or, one time in two, staged and adopted together
+// (AdoptFiles, as a fetch from a peer adopts).
+func crashAttestation(s *Store, rng *rand.Rand, tag string) (record.Address, error) {
+	receipt, journal := []byte("receipt "+tag), []byte("journal "+tag)
+	refs := []record.Address{record.Sum(receipt), record.Sum(journal)}
+	att := []byte("attestation " + tag)
+	if rng.Intn(2) == 0 {
+		if _, err := s.PutBytes(receipt); err != nil {
+			return record.Address{}, err
+		}
+		if _, err := s.PutBytes(journal); err != nil {
+			return record.Address{}, err
+		}
+		return s.PutBytes(att, refs...)
+	}
+	dir, err := s.StagingDir("fetch")
+	if err != nil {
+		return record.Address{}, err
+	}
+	as := []Adoption{{Address: refs[0]}, {Address: refs[1]}, {Address: record.Sum(att), Refs: refs}}
+	for i, b := range [][]byte{receipt, journal, att} {
+		as[i].Path = filepath.Join(dir, strconv.Itoa(i))
+		if err := os.WriteFile(as[i].Path, b, 0o600); err != nil {
+			return record.Address{}, err
+		}
+	}
+	if err := s.AdoptFiles(context.Background(), as); err != nil {
+		return record.Address{}, err
+	}
+	return as[2].Address, os.RemoveAll(dir)
 }
 
 // TestCrashSIGKILL kills the writer on events, not after a sleep, so that

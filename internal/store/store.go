@@ -36,6 +36,9 @@ type Store struct {
 	gc sync.RWMutex
 	// chunking is the image parks' setting (chunked.go).
 	chunking chunking
+	// observe, when not nil, is told each durability step of
+	// [Store.AdoptFiles] as it is done (tests check their order).
+	observe func(step, path string)
 }
 
 // Open opens the store in dir, creating it if dir holds none, and migrates

@@ -27,6 +27,7 @@ type Fetched struct {
 	// the staged objects they may name are adopted.
 	declared []declare
 	adopted  bool
+	early    early
 }
 
 type staged struct {
@@ -45,6 +46,7 @@ var _ bundle.Holding = (*Fetched)(nil)
 func (f *Fetched) add(a record.Address, p string, n int64, refs []record.Address) {
 	f.staged[a] = &staged{path: p, size: n, refs: refs}
 	f.order = append(f.order, a)
+	f.early.add(p)
 }
 
 // Staged is how many objects are staged, and their bytes.
@@ -124,40 +126,33 @@ func (f *Fetched) Extend(id string, r *record.Record, copy, reclaim bool) (recor
 }
 
 // AdoptAll moves every staged object into the store, each after its refs,
-// then declares the refs kept for held objects. Once is enough: a second
-// call does nothing.
+// made durable together ([store.Store.AdoptFiles]: when it returns, a
+// record naming them can be stored), then declares the refs kept for held
+// objects. Once is enough: a second call does nothing.
 func (f *Fetched) AdoptAll(ctx context.Context) error {
 	if f.adopted {
 		return nil
 	}
+	as := make([]store.Adoption, 0, len(f.staged))
 	done := map[record.Address]bool{}
-	var adopt func(a record.Address) error
-	adopt = func(a record.Address) error {
+	var order func(a record.Address)
+	order = func(a record.Address) {
 		s, ok := f.staged[a]
 		if !ok || done[a] {
-			return nil
+			return
 		}
 		done[a] = true
 		for _, r := range s.refs {
-			if err := adopt(r); err != nil {
-				return err
-			}
+			order(r)
 		}
-		got, err := f.Store.Adopt(ctx, s.path, s.refs...)
-		if err != nil {
-			return err
-		}
-		if got != a {
-			// Staged bytes hashed to a: only a file changed under
-			// staging gets here.
-			return fmt.Errorf("transfer: %w", &store.CorruptError{Address: a, Got: got, Path: s.path})
-		}
-		return nil
+		as = append(as, store.Adoption{Path: s.path, Address: a, Refs: s.refs})
 	}
 	for _, a := range f.order {
-		if err := adopt(a); err != nil {
-			return err
-		}
+		order(a)
+	}
+	f.early.stop()
+	if err := f.Store.AdoptFiles(ctx, as); err != nil {
+		return fmt.Errorf("transfer: %w", err)
 	}
 	for _, d := range f.declared {
 		if _, err := f.Store.PutBytes(d.b, d.refs...); err != nil {
@@ -170,5 +165,6 @@ func (f *Fetched) AdoptAll(ctx context.Context) error {
 
 // Close removes what was staged and not adopted.
 func (f *Fetched) Close() error {
+	f.early.stop()
 	return os.RemoveAll(f.dir)
 }
