@@ -333,7 +333,10 @@ func (f *serveFlags) joinFleet(ctx context.Context, cfg *daemon.Config) (*fleet.
 			leave()
 			return nil, nil, err
 		}
-		cfg.Peers = peers{peer.Hosts{Dir: dir, Key: key}}
+		reuse := peer.NewReuse()
+		cfg.Peers = peers{peer.Hosts{Dir: dir, Key: key, Reuse: reuse}}
+		left := leave
+		leave = func() { reuse.Close(); left() }
 	}
 	return dir, leave, nil
 }

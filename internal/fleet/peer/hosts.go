@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
@@ -60,6 +61,39 @@ type Migration struct {
 type Hosts struct {
 	Dir *fleet.Dir
 	Key ed25519.PrivateKey // this host's
+	// Reuse, when set, keeps each peer's connections open between calls,
+	// so the runs of a drain share TLS sessions instead of a handshake
+	// per call. Every call still reads the peer's membership first.
+	Reuse *Reuse
+}
+
+// Reuse holds one transport per peer key and address: at most
+// reuseIdle idle connections each, closed after reuseIdleFor unused.
+type Reuse struct {
+	mu   sync.Mutex
+	byTo map[reuseKey]*http.Transport
+}
+
+type reuseKey struct {
+	host record.Address
+	addr string
+}
+
+const (
+	reuseIdle    = 4
+	reuseIdleFor = 30 * time.Second
+)
+
+// NewReuse is an empty Reuse.
+func NewReuse() *Reuse { return &Reuse{byTo: map[reuseKey]*http.Transport{}} }
+
+// Close closes every idle connection Reuse holds.
+func (r *Reuse) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, tr := range r.byTo {
+		tr.CloseIdleConnections()
+	}
 }
 
 // RemoteError is another host's refusal, as its API said it.
@@ -73,29 +107,48 @@ func (e *RemoteError) Error() string {
 }
 
 // client is an HTTP client to host's peer listener and its base URL, for
-// one call: the caller closes its idle connections when done (a peer
-// listener holds 64 connections from one address, docs/fleet.md).
-func (p Hosts) client(ctx context.Context, host record.Address) (*http.Client, string, error) {
+// one call; the caller calls done after it (without Reuse, done closes the
+// client's connections: a peer listener holds 64 connections from one
+// address, docs/fleet.md).
+func (p Hosts) client(ctx context.Context, host record.Address) (c *http.Client, base string, done func(), _ error) {
 	m, err := p.Dir.Member(ctx, host)
 	if err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
 	if m.Role != fleet.RoleHost || m.Peer == "" {
-		return nil, "", fmt.Errorf("host %s: %w: no live session serving the fleet", host, fleet.ErrNotAdmitted)
+		return nil, "", nil, fmt.Errorf("host %s: %w: no live session serving the fleet", host, fleet.ErrNotAdmitted)
 	}
+	base = "https://" + m.Peer
+	if p.Reuse == nil {
+		tr := p.transport(host)
+		return &http.Client{Transport: tr}, base, tr.CloseIdleConnections, nil
+	}
+	k := reuseKey{host, m.Peer}
+	p.Reuse.mu.Lock()
+	defer p.Reuse.mu.Unlock()
+	tr := p.Reuse.byTo[k]
+	if tr == nil {
+		tr = p.transport(host)
+		tr.MaxIdleConnsPerHost, tr.IdleConnTimeout = reuseIdle, reuseIdleFor
+		p.Reuse.byTo[k] = tr
+	}
+	return &http.Client{Transport: tr}, base, func() {}, nil
+}
+
+// transport dials host's peer listener over mutual TLS pinned to its key.
+func (p Hosts) transport(host record.Address) *http.Transport {
 	dialer := &net.Dialer{Timeout: 10 * time.Second}
-	tr := &http.Transport{TLSClientConfig: ClientConfig(p.Key, host), DialContext: dialer.DialContext,
+	return &http.Transport{TLSClientConfig: ClientConfig(p.Key, host), DialContext: dialer.DialContext,
 		TLSHandshakeTimeout: 10 * time.Second, ResponseHeaderTimeout: 10 * time.Minute}
-	return &http.Client{Transport: tr}, "https://" + m.Peer, nil
 }
 
 // Hand asks host to take the run m names (POST /v1/migrations).
 func (p Hosts) Hand(ctx context.Context, host record.Address, m Migration) error {
-	c, base, err := p.client(ctx, host)
+	c, base, done, err := p.client(ctx, host)
 	if err != nil {
 		return err
 	}
-	defer c.CloseIdleConnections()
+	defer done()
 	body, _ := json.Marshal(m)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/migrations", bytes.NewReader(body))
 	if err != nil {
@@ -119,11 +172,11 @@ type FetchOptions struct {
 // the objects it reaches (transfer.Stage) over the same client, held to
 // the store's room past its minimum free space (park.Free).
 func (p Hosts) Fetch(ctx context.Context, host record.Address, run string, judge func(*record.Record) error, opt FetchOptions) (*record.Record, *transfer.Fetched, error) {
-	c, base, err := p.client(ctx, host)
+	c, base, done, err := p.client(ctx, host)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer c.CloseIdleConnections()
+	defer done()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/records/"+url.PathEscape(run), nil)
 	if err != nil {
 		return nil, nil, err
@@ -152,11 +205,11 @@ func (p Hosts) Fetch(ctx context.Context, host record.Address, run string, judge
 // MaxOfferImages at a time, and an answer is taken only within bounds
 // (checkOffer) — it is another host's word, kept for a whole drain.
 func (p Hosts) Offer(ctx context.Context, host record.Address, images []string) (drain.Offer, error) {
-	c, base, err := p.client(ctx, host)
+	c, base, done, err := p.client(ctx, host)
 	if err != nil {
 		return drain.Offer{}, err
 	}
-	defer c.CloseIdleConnections()
+	defer done()
 	var out drain.Offer
 	for first := true; first || len(images) > 0; first = false {
 		batch := images[:min(len(images), MaxOfferImages)]
