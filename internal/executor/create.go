@@ -53,18 +53,26 @@ type restoreFrom struct {
 
 // create makes sandbox id and starts its task, or, with rs, restores it.
 func (c *Client) create(ctx context.Context, id string, spec Spec, out Output, rs *restoreFrom) (*Sandbox, error) {
-	return c.build(ctx, id, spec, out, rs, true)
+	return c.build(ctx, id, spec, out, buildOpts{restore: rs, start: true})
 }
 
-// build makes sandbox id, its task started when start is set (create),
-// only created otherwise (Create, prepared.go). Its steps run in the order each needs what the one before made: the
+// buildOpts is how build makes a sandbox beyond its spec and output.
+type buildOpts struct {
+	restore *restoreFrom   // restore the task from these images; nil: a new task
+	start   bool           // start the task; otherwise only create it
+	extra   []oci.SpecOpts // OCI spec options after the spec's own
+}
+
+// build makes sandbox id, its task started when o.start is set (create),
+// only created otherwise (Create, prepared.go), restored from o.restore's
+// images when it is set. Its steps run in the order each needs what the one before made: the
 // spec checked and the image ready before anything is made; the rw
 // snapshot (a restore's), the network namespace and the grant overlays
 // before the container that names them; the container before its task.
 // When a step fails, what the steps before it made is undone, last
 // first, so that a failed create leaves nothing behind.
-func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs *restoreFrom, start bool, more ...oci.SpecOpts) (_ *Sandbox, retErr error) {
-	ctx = c.ctx(ctx)
+func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, o buildOpts) (_ *Sandbox, retErr error) {
+	ctx, rs := c.ctx(ctx), o.restore
 	spec, err := c.checkSpec(id, spec)
 	if err != nil {
 		return nil, err
@@ -117,11 +125,11 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs
 		return nil, err
 	}
 	defer onFailure(&retErr, undo)
-	extra := more
+	extra := o.extra
 	if rs != nil && rs.criuConfig != "" {
 		extra = append(extra, oci.WithAnnotations(map[string]string{"org.criu.config": rs.criuConfig}))
 	}
-	s, err := c.newContainer(ctx, id, img, snapshot, spec, out, extra...)
+	s, err := c.newContainer(ctx, id, containerOf{img: img, snapshot: snapshot, spec: spec, extra: extra}, out)
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +143,7 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, rs
 		}
 		c.log.Debug("restore: images checked", "id", id, "took", time.Since(t0))
 	}
-	if err := s.startTask(ctx, out, rs, start); err != nil {
+	if err := s.startTask(ctx, out, rs, o.start); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -252,16 +260,25 @@ func (c *Client) sandboxGrants(id string, mounts []Mount, r *idmap.Range) (_ []M
 	}, nil
 }
 
-// newContainer makes sandbox id's container over snapshot, with the OCI
-// spec of spec (specOpts, then extra) and labels that let [Client.Load] find its
-// output files and limits again.
-func (c *Client) newContainer(ctx context.Context, id string, img containerd.Image, snapshot containerd.NewContainerOpts, spec Spec, out Output, extra ...oci.SpecOpts) (*Sandbox, error) {
+// containerOf is what newContainer makes a sandbox's container of.
+type containerOf struct {
+	img      containerd.Image
+	snapshot containerd.NewContainerOpts // the rw snapshot over img
+	spec     Spec
+	extra    []oci.SpecOpts // OCI spec options after spec's own
+}
+
+// newContainer makes sandbox id's container over of.snapshot, with the
+// OCI spec of of.spec (specOpts, then of.extra) and labels that let
+// [Client.Load] find its output files and limits again.
+func (c *Client) newContainer(ctx context.Context, id string, of containerOf, out Output) (*Sandbox, error) {
+	spec := of.spec
 	cont, err := c.client.NewContainer(ctx, id,
-		containerd.WithImage(img),
+		containerd.WithImage(of.img),
 		containerd.WithSnapshotter(Snapshotter),
-		snapshot,
+		of.snapshot,
 		containerd.WithRuntime(Runtime, &options.Options{Root: c.cfg.RuncRoot}),
-		containerd.WithNewSpec(append(c.specOpts(img, id, spec), extra...)...),
+		containerd.WithNewSpec(append(c.specOpts(of.img, id, spec), of.extra...)...),
 		containerd.WithContainerLabels(map[string]string{
 			labelStdout: out.Stdout, labelStderr: out.Stderr,
 			labelLogBytes:    strconv.FormatUint(spec.LogBytes, 10),

@@ -38,7 +38,7 @@ const killGrace = 30 * time.Second
 // context that is never cancelled: cancelling it would end runc, not the
 // CRIU holding the unit, so a cancelled request is ended by the kill too.
 func (c *Client) underDeadline(ctx context.Context, id string, d time.Duration, keep func() int, call func(context.Context) error) (bool, error) {
-	return c.underDeadlineIn(ctx, c.cfg.Namespace, id, d, keep, call)
+	return c.underDeadlineIn(ctx, shimOf{c.cfg.Namespace, id}, d, keep, call)
 }
 
 // freezeThenKill freezes sandbox id's cgroup and then kills the helpers of
@@ -57,8 +57,13 @@ func (c *Client) freezeThenKill(id string, keep int) ([]int, error) {
 	return c.killHelpers(c.cfg.Namespace, id, keep)
 }
 
-// underDeadlineIn is underDeadline for a sandbox in containerd namespace ns.
-func (c *Client) underDeadlineIn(ctx context.Context, ns, id string, d time.Duration, keep func() int, call func(context.Context) error) (bool, error) {
+// shimOf names the shim of a sandbox: its containerd namespace and id.
+type shimOf struct{ ns, id string }
+
+// underDeadlineIn is underDeadline for the sandbox whose shim is shim, in
+// any containerd namespace.
+func (c *Client) underDeadlineIn(ctx context.Context, shim shimOf, d time.Duration, keep func() int, call func(context.Context) error) (bool, error) {
+	ns, id := shim.ns, shim.id
 	callCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	done := make(chan error, 1)

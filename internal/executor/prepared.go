@@ -21,7 +21,7 @@ func (c *Client) Create(ctx context.Context, id string, spec Spec, out Output) (
 	if c.gate != "" && spec.withDefaults().Pids >= gateMinPids {
 		return c.createGated(ctx, id, spec, out)
 	}
-	s, err := c.build(ctx, id, spec, out, nil, false)
+	s, err := c.build(ctx, id, spec, out, buildOpts{})
 	if err != nil {
 		return nil, fmt.Errorf("executor: create %s: %w", id, err)
 	}
@@ -32,7 +32,7 @@ func (c *Client) Create(ctx context.Context, id string, spec Spec, out Output) (
 // waiting for Begin's word before the unit's argv runs.
 func (c *Client) createGated(ctx context.Context, id string, spec Spec, out Output) (*Sandbox, error) {
 	made := false // the FIFO, made by the spec, once build has checked id and found no such container
-	s, err := c.build(ctx, id, spec, out, nil, true, c.gateOpts(id, &made)...)
+	s, err := c.build(ctx, id, spec, out, buildOpts{start: true, extra: c.gateOpts(id, &made)})
 	if err != nil {
 		if made {
 			_ = os.Remove(c.gateFIFO(id))

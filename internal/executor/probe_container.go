@@ -213,7 +213,7 @@ func (p *containerProbe) start(ctx context.Context, restoreFrom string) (contain
 	// which leaves the shim unable to answer.
 	timedOut, err := false, error(nil)
 	if restoreFrom != "" {
-		timedOut, err = c.underDeadlineIn(ctx, p.ns, p.id, p.deadline, func() int { return 0 }, task.Start)
+		timedOut, err = c.underDeadlineIn(ctx, shimOf{p.ns, p.id}, p.deadline, func() int { return 0 }, task.Start)
 	} else {
 		err = task.Start(ctx)
 	}
@@ -252,7 +252,7 @@ func (p *containerProbe) checkpoint(ctx context.Context, cont containerd.Contain
 		c.removeProbe(ctx, cont, task)
 		return err
 	}
-	timedOut, err := c.underDeadlineIn(ctx, p.ns, p.id, p.deadline, func() int { return int(task.Pid()) }, func(ctx context.Context) error {
+	timedOut, err := c.underDeadlineIn(ctx, shimOf{p.ns, p.id}, p.deadline, func() int { return int(task.Pid()) }, func(ctx context.Context) error {
 		_, err := c.client.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: p.id, Options: opts})
 		return err
 	})

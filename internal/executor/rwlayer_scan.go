@@ -11,39 +11,18 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/containerd/continuity/fs"
 	"golang.org/x/sys/unix"
 )
 
-// upperChange is one entry of the layer, as continuity's fs.ChangeFunc takes it.
-type upperChange struct {
-	kind fs.ChangeKind
-	path string // absolute within the snapshot: "/etc/passwd"
-	fi   os.FileInfo
-}
-
-// overlayXattrs are the overlayfs xattrs an upper directory may carry that
-// do not change what its entries mean for the layer: origin (the lower
-// inode a copy-up came from), impure (a directory holding copy-ups),
-// uuid (of the upper layer), protattr (immutable or append-only flags,
-// which a layer does not carry either way), and opaque, checked apart.
-var overlayXattrs = map[string]bool{"opaque": true, "origin": true, "impure": true, "uuid": true, "protattr": true}
-
-// maxUpperEntries bounds what scanUpper holds in memory.
-const maxUpperEntries = 1 << 16
-
-// scanUpper walks the upper directory in lexical order, as continuity's
-// DiffDirChanges does, and lists its entries as changes: whiteouts as
-// deletions, opaque directories with the opaque marker's deletion after
-// them, everything else as additions. An overlay xattr outside
-// overlayXattrs (redirect, metacopy, nlink, whiteout, …) or an opaque
-// value other than "y" fails it with errNoUpperDir.
+// scanUpper walks the upper directory in lexical order and feeds its
+// entries to an overlayDiff, which lists them as changes or refuses them
+// with errNoUpperDir.
 //
-// It holds every entry in memory (about half a KiB each), so an upper
+// It holds every change in memory (about half a KiB each), so an upper
 // directory of more than maxUpperEntries entries — a unit can make any
 // number — is errNoUpperDir too: the diff service streams it instead.
 func scanUpper(ctx context.Context, o overlayMount) ([]upperChange, error) {
-	var changes []upperChange
+	d := overlayDiff{prefix: o.xattr}
 	buf := make([]byte, 1024)
 	err := filepath.Walk(o.upper, func(path string, fi os.FileInfo, err error) error {
 		if err != nil {
@@ -55,62 +34,43 @@ func scanUpper(ctx context.Context, o overlayMount) ([]upperChange, error) {
 		if path == o.upper {
 			return nil
 		}
-		if len(changes) >= maxUpperEntries {
-			return fmt.Errorf("%w: more than %d entries", errNoUpperDir, maxUpperEntries)
-		}
-		rel := "/" + path[len(o.upper)+1:]
-		if isWhiteout(fi) {
-			changes = append(changes, upperChange{kind: fs.ChangeKindDelete, path: rel})
-			return nil
-		}
-		var names []string
-		names, buf, err = listXattrs(path, buf)
+		var e upperEntry
+		e, buf, err = readUpperEntry(o, path, fi, buf)
 		if err != nil {
-			return fmt.Errorf("rw layer: %w", err)
+			return err
 		}
-		opaque := false
-		for _, name := range names {
-			what, ok := strings.CutPrefix(name, o.xattr)
-			if !ok {
-				continue
-			}
-			if !overlayXattrs[what] {
-				return fmt.Errorf("%w: %s has xattr %s", errNoUpperDir, rel, name)
-			}
-			if what != "opaque" {
-				continue
-			}
-			v, err := getXattr(path, name)
-			if err != nil {
-				return fmt.Errorf("rw layer: %w", err)
-			}
-			if string(v) != "y" || !fi.IsDir() {
-				return fmt.Errorf("%w: %s has xattr %s=%q", errNoUpperDir, rel, name, v)
-			}
-			opaque = true
-		}
-		changes = append(changes, upperChange{kind: fs.ChangeKindAdd, path: rel, fi: fi})
-		if opaque {
-			// ChangeWriter turns the deletion of .wh..opq into the
-			// opaque marker .wh..wh..opq, as DiffDirChanges has it.
-			changes = append(changes, upperChange{kind: fs.ChangeKindDelete, path: rel + "/.wh..opq"})
-		}
-		return nil
+		return d.add(e)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return changes, nil
+	return d.changes, nil
 }
 
-// isWhiteout says whether fi is an overlayfs whiteout: a character device
-// with device number 0:0.
-func isWhiteout(fi os.FileInfo) bool {
-	if fi.Mode()&os.ModeCharDevice == 0 {
-		return false
-	}
+// readUpperEntry reads what overlayDiff needs of the entry at path, fi
+// its lstat: its mode, device number and xattrs, the values of the
+// overlay ones (under o.xattr). It grows buf as listXattrs does.
+func readUpperEntry(o overlayMount, path string, fi os.FileInfo, buf []byte) (upperEntry, []byte, error) {
+	e := upperEntry{path: "/" + path[len(o.upper)+1:], mode: fi.Mode(), fi: fi}
 	st, ok := fi.Sys().(*syscall.Stat_t)
-	return ok && st.Rdev == 0
+	if !ok {
+		return e, buf, fmt.Errorf("rw layer: %s: no stat", e.path)
+	}
+	e.rdev = st.Rdev
+	names, buf, err := listXattrs(path, buf)
+	if err != nil {
+		return e, buf, fmt.Errorf("rw layer: %w", err)
+	}
+	for _, name := range names {
+		x := xattr{name: name}
+		if strings.HasPrefix(name, o.xattr) {
+			if x.value, err = getXattr(path, name); err != nil {
+				return e, buf, fmt.Errorf("rw layer: %w", err)
+			}
+		}
+		e.xattrs = append(e.xattrs, x)
+	}
+	return e, buf, nil
 }
 
 // listXattrs lists the xattr names of path (not following a symlink),

@@ -1,13 +1,10 @@
 package main
 
 // The breaches known when their rules were added (issue 34), each owned
-// by work under way: the functions still to take an options struct.
+// by work under way. None is pending now; a rule added later lists here
+// the breaches it finds, until they are mended.
 func init() {
-	for _, b := range []string{
-		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/create.go build (7)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/create.go newContainer (7)",
-		"no non-test function takes more than 5 parameters besides its receiver: internal/executor/deadline.go underDeadlineIn (6)",
-	} {
+	for _, b := range []string{} {
 		Pending[b] = true
 	}
 }
