@@ -80,7 +80,7 @@ type Daemon struct {
 	// both forms, wired once (wire).
 	intervals intervals
 	forms     forms.Env
-	secrets   *secrets.Host // runs' secret values here (secrets.go)
+	secrets   *secrets.Values // runs' secret values here (secrets.go)
 	stop      context.CancelFunc
 	bgCtx     context.Context // done once the daemon stops
 	bg        sync.WaitGroup

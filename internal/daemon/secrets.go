@@ -43,7 +43,7 @@ func secretNames(id string, grants unit.Grants, values map[string]string) (unit.
 // run id names before it resumes: values, when given, must be all of
 // them and replace what the host holds; without them the host must hold
 // each already, else secrets.ErrRequired. Nothing changes on a refusal.
-func secretsFor(h *secrets.Host, id string, names []string, values map[string]string) error {
+func secretsFor(h *secrets.Values, id string, names []string, values map[string]string) error {
 	if len(values) > 0 {
 		if err := secrets.Names(names, values); err != nil {
 			return fmt.Errorf("resume %s: %w", id, err)
@@ -58,7 +58,7 @@ func secretsFor(h *secrets.Host, id string, names []string, values map[string]st
 }
 
 // dropSecrets removes run id's values from h: it closed or left.
-func dropSecrets(h *secrets.Host, id string, log *slog.Logger) {
+func dropSecrets(h *secrets.Values, id string, log *slog.Logger) {
 	if err := h.Remove(id); err != nil {
 		log.Error("secrets not removed; the next start retries", "run", id, "err", err)
 	}
@@ -67,7 +67,7 @@ func dropSecrets(h *secrets.Host, id string, log *slog.Logger) {
 // sweepSecrets removes from h, at a start, the values of runs that no
 // longer need them here (st says): closed, unknown, or handed to another
 // host.
-func sweepSecrets(h *secrets.Host, st *store.Store, log *slog.Logger) {
+func sweepSecrets(h *secrets.Values, st *store.Store, log *slog.Logger) {
 	runs, err := h.Runs()
 	if err != nil {
 		log.Warn("reconcile: the secrets held here not listed", "err", err)

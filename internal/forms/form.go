@@ -64,7 +64,7 @@ type Env struct {
 	// Secrets holds runs' secret values here: a run that names secrets
 	// has its directory of them mounted read-only at secrets.Target in
 	// every sandbox (docs/trust.md#secrets).
-	Secrets *secrets.Host
+	Secrets *secrets.Values
 	// Calls is what a transcript unit's channel tells the daemon.
 	Calls calls.Daemon
 	// Output makes run's output files on this host; Mark is a mark at

@@ -44,14 +44,14 @@ const tmpfsOptions = "mode=0700,size=256m"
 // migration. The run stays as it was.
 var ErrRequired = errors.New("the run's secrets are required")
 
-// Host is this host's secret values, under dir (STATE/secrets).
-type Host struct {
+// Values is this host's secret values, under dir (STATE/secrets).
+type Values struct {
 	dir string
 	mu  sync.Mutex // serialises the tmpfs's mount
 }
 
 // New is the secret values kept under stateDir.
-func New(stateDir string) *Host { return &Host{dir: filepath.Join(stateDir, "secrets")} }
+func New(stateDir string) *Values { return &Values{dir: filepath.Join(stateDir, "secrets")} }
 
 // Names checks values, a request's, against names, the grant set's: the
 // same names, each value at most MaxValue bytes. Values given for a run
@@ -81,7 +81,7 @@ func Names(names []string, values map[string]string) error {
 
 // Dir is run's directory, made empty if it has none: a sandbox's mount
 // source. The tmpfs is mounted first if it is not.
-func (h *Host) Dir(run string) (string, error) {
+func (h *Values) Dir(run string) (string, error) {
 	if err := h.mount(); err != nil {
 		return "", err
 	}
@@ -98,7 +98,7 @@ func (h *Host) Dir(run string) (string, error) {
 // Put makes values run's secrets here, replacing the ones it held: each
 // file is written aside and renamed in, so a sandbox that binds the
 // directory already sees the new values, never a part of one.
-func (h *Host) Put(run string, values map[string]string) error {
+func (h *Values) Put(run string, values map[string]string) error {
 	d, err := h.Dir(run)
 	if err != nil {
 		return err
@@ -130,7 +130,7 @@ func (h *Host) Put(run string, values map[string]string) error {
 }
 
 // Missing is the names of run's secrets this host holds no value for.
-func (h *Host) Missing(run string, names []string) []string {
+func (h *Values) Missing(run string, names []string) []string {
 	if len(names) == 0 {
 		return nil
 	}
@@ -148,7 +148,7 @@ func (h *Host) Missing(run string, names []string) []string {
 }
 
 // Remove deletes run's values here.
-func (h *Host) Remove(run string) error {
+func (h *Values) Remove(run string) error {
 	d, err := h.runDir(run)
 	if err != nil || !h.mounted() {
 		return err
@@ -157,7 +157,7 @@ func (h *Host) Remove(run string) error {
 }
 
 // Runs are the runs this host holds values for.
-func (h *Host) Runs() ([]string, error) {
+func (h *Values) Runs() ([]string, error) {
 	if !h.mounted() {
 		return nil, nil
 	}
@@ -174,7 +174,7 @@ func (h *Host) Runs() ([]string, error) {
 	return out, nil
 }
 
-func (h *Host) runDir(run string) (string, error) {
+func (h *Values) runDir(run string) (string, error) {
 	if run == "" || run != filepath.Base(run) || strings.HasPrefix(run, ".") {
 		return "", fmt.Errorf("%w: run id %q", unit.ErrInvalid, run)
 	}
@@ -183,7 +183,7 @@ func (h *Host) runDir(run string) (string, error) {
 
 // mounted says whether the tmpfs is mounted at dir: dir is on another
 // device than its parent, and that device is a tmpfs.
-func (h *Host) mounted() bool {
+func (h *Values) mounted() bool {
 	var st, parent unix.Stat_t
 	if unix.Stat(h.dir, &st) != nil || unix.Stat(filepath.Dir(h.dir), &parent) != nil || st.Dev == parent.Dev {
 		return false
@@ -194,7 +194,7 @@ func (h *Host) mounted() bool {
 
 // mount mounts the tmpfs at dir unless it is there: nothing is ever
 // written to dir's own file system.
-func (h *Host) mount() error {
+func (h *Values) mount() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.mounted() {

@@ -15,7 +15,7 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
-func mustHost(t *testing.T) *Host {
+func mustHost(t *testing.T) *Values {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a tmpfs needs root (CI runs as root)")

@@ -496,3 +496,25 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// MaxHostTypes is the most packages of internal/ and pkg/ that declare a
+// struct type named Host: one word, one meaning (the host's own state,
+// and its view in the API); a room's type is named for what it is.
+const MaxHostTypes = 2
+
+func init() {
+	Rules = append(Rules, Rule{fmt.Sprintf("at most %d packages of internal/ and pkg/ declare a struct type named Host", MaxHostTypes), func(g Graph) []string {
+		var in []string
+		for path, p := range g {
+			room := strings.HasPrefix(path, "internal/") || strings.HasPrefix(path, "pkg/")
+			if _, ok := p.Embeds["Host"]; ok && room {
+				in = append(in, path)
+			}
+		}
+		if len(in) <= MaxHostTypes {
+			return nil
+		}
+		slices.Sort(in)
+		return []string{fmt.Sprintf("%d packages declare Host: %s", len(in), strings.Join(in, ", "))}
+	}})
+}

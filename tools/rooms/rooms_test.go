@@ -284,3 +284,28 @@ func f()           {}
 		t.Error("an interface listed as a struct")
 	}
 }
+
+// The Host rule refuses a third package declaring a struct type Host.
+func TestHostRuleCatchesBreaks(t *testing.T) {
+	var rule Rule
+	for _, r := range Rules {
+		if strings.Contains(r.Name, "struct type named Host") {
+			rule = r
+		}
+	}
+	if rule.Check == nil {
+		t.Fatal("no Host rule")
+	}
+	g := graph("pkg/api", "internal/host", "internal/secrets", "bench/benchhost")
+	for _, p := range []string{"pkg/api", "internal/host", "bench/benchhost"} {
+		g[p].Embeds = map[string][]string{"Host": {}}
+	}
+	if b := rule.Check(g); len(b) > 0 {
+		t.Errorf("two Host types refused: %v", b)
+	}
+	g["internal/secrets"].Embeds = map[string][]string{"Host": {}}
+	want := []string{"3 packages declare Host: internal/host, internal/secrets, pkg/api"}
+	if b := rule.Check(g); !slices.Equal(b, want) {
+		t.Errorf("breaches %q, want %q", b, want)
+	}
+}
