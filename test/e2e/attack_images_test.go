@@ -65,11 +65,7 @@ func TestAttackImages(t *testing.T) {
 		t.Fatalf("export: %v", err)
 	}
 	truth := readBundle(t, buf.Bytes())
-	seed, err := os.ReadFile(filepath.Join(a.state, "host.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := ed25519.NewKeyFromSeed(seed)
+	key := hostKey(t, a)
 
 	for _, c := range imageForgeries() {
 		t.Run(c.name, func(t *testing.T) {
@@ -568,4 +564,15 @@ func tgz(t *testing.T, hs ...*tar.Header) []byte {
 		t.Fatal(err)
 	}
 	return b.Bytes()
+}
+
+// hostKey is d's signing key, read from its state directory: what a host
+// that forges its own parks signs them with.
+func hostKey(t *testing.T, d *daemon) ed25519.PrivateKey {
+	t.Helper()
+	seed, err := os.ReadFile(filepath.Join(d.state, "host.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ed25519.NewKeyFromSeed(seed)
 }

@@ -5,9 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/ed25519"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -61,11 +59,7 @@ func TestAttackImagesSeccomp(t *testing.T) {
 		t.Fatalf("export: %v", err)
 	}
 	truth := readBundle(t, buf.Bytes())
-	seed, err := os.ReadFile(filepath.Join(a.state, "host.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := ed25519.NewKeyFromSeed(seed)
+	key := hostKey(t, a)
 
 	allowAll := []byte{0x06, 0, 0, 0, 0, 0, 0xff, 0x7f} // BPF_RET|BPF_K SECCOMP_RET_ALLOW
 	filters := func(change func(*seccomp.SeccompFilter)) func(t *testing.T, name string, img []byte) []byte {

@@ -5,9 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/ed25519"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -45,11 +43,7 @@ func TestFleetMigrateForgedImages(t *testing.T) {
 		t.Fatalf("export: %v", err)
 	}
 	truth := readBundle(t, buf.Bytes())
-	seed, err := os.ReadFile(filepath.Join(a.state, "host.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := ed25519.NewKeyFromSeed(seed)
+	key := hostKey(t, a)
 
 	for _, c := range imageForgeries() {
 		t.Run(c.name, func(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"crypto/ed25519"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -103,12 +102,8 @@ func TestRwLayerIDs(t *testing.T) {
 	}
 
 	// A layer with an owner past the range, as A could sign it.
-	seed, err := os.ReadFile(filepath.Join(a.state, "host.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	const fid = "rwlayer-forged"
-	raw := forgeSnapshot(t, truth, ed25519.NewKeyFromSeed(seed), fid, forgery{rootfs: func(t *testing.T, layer []byte) []byte {
+	raw := forgeSnapshot(t, truth, hostKey(t, a), fid, forgery{rootfs: func(t *testing.T, layer []byte) []byte {
 		return rewriteLayer(t, layer, func(h *tar.Header) {
 			if path.Base(h.Name) == "owned-1000" {
 				h.Uid = 1 << 16
