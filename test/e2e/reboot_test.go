@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -266,5 +267,77 @@ func TestStopLeavesNoCgroup(t *testing.T) {
 	}
 	if err := d.start(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBackupRestore backs a state directory up and restores it as
+// docs/operations.md says ("Backup and restore of a state directory"),
+// with its tar commands: the daemon stopped under the park policy, the
+// directory archived, the daemon started and its runs gone on past the
+// backup, then stopped, the directory emptied and the archive extracted.
+// Started on it, the host is back at the backup: the image run the stop
+// parked is resumed by the start from the backup's park, one process with
+// the output it had then, and the transcript run is parked on the await
+// it was on, and takes its result again.
+func TestBackupRestore(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	d := mustDaemon(t, "backup", func(d *daemon) { d.stopDefault = true })
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
+	const img, awaiting = "br-image", "br-awaiting"
+	startOracle(t, d, img, oracleImage)
+	trStart(t, d, awaiting, trAgentImage, "STEPS=2")
+	trParked(t, d, awaiting, 2)
+
+	mustStop(t, d)
+	atBackup := last(output(t, d.stdout(img)))
+	archive := filepath.Join(t.TempDir(), "runrecordd.tgz")
+	tarRun(t, "-C", d.state, "--xattrs", "--xattrs-include=*", "--numeric-owner",
+		"--exclude=./runrecordd.sock", "--exclude=./secrets", "-czf", archive, ".")
+
+	// The host goes on past the backup.
+	mustStart(t, d)
+	trWait(t, d, img, "resumed by the start", func(r api.Run) bool { return r.Phase == "executing" })
+	waitLines(t, d.stdout(img), "lines past the backup", func(ls []line) bool {
+		return len(ls) > 0 && last(ls).VerifiedAt > atBackup.Counter+2
+	})
+	trPost(t, d, awaiting, "call-1", trResult(1))
+	trParked(t, d, awaiting, 5)
+	mustStop(t, d)
+
+	// Restored: the state directory emptied, the archive extracted.
+	d.unmount()
+	if err := os.RemoveAll(d.state); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(d.state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	tarRun(t, "-C", d.state, "--xattrs", "--xattrs-include=*", "--numeric-owner", "-xzpf", archive)
+	mustStart(t, d)
+	r := trWait(t, d, img, "resumed by the start from the backup's park", func(r api.Run) bool { return r.Phase == "executing" })
+	if r.Status != "running" || r.Segments != 3 {
+		t.Fatalf("after the restore: %+v, want running with 3 segments (the backup's park resumed)", r)
+	}
+	ls := waitLines(t, d.stdout(img), "a line verified after the restore", func(ls []line) bool {
+		return len(ls) > 0 && last(ls).VerifiedAt > atBackup.Counter
+	})
+	checkOneProcess(t, ls)
+	if tr, err := d.run(ctx, awaiting); err != nil || tr.Phase != "parked" || tr.Segments != 2 {
+		t.Fatalf("after the restore: %+v, %v; want it parked on its await as at the backup", tr, err)
+	}
+	trPost(t, d, awaiting, "call-1", trResult(1))
+	trParked(t, d, awaiting, 5)
+	if v, err := d.c.Verify(ctx, awaiting); err != nil || !v.OK {
+		t.Fatalf("verify after the restore: %+v, %v", v, err)
+	}
+}
+
+// tarRun runs tar with args, failing t on an error.
+func tarRun(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("tar", args...).CombinedOutput(); err != nil {
+		t.Fatalf("tar %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
