@@ -32,8 +32,11 @@ const configFlag = "config"
 // The config file's keys are fs's flags: docs/daemon.md's table.
 func applyConfigFile(flags *flag.FlagSet, path string, explicit bool) error {
 	b, err := readConfigFile(path)
-	if errors.Is(err, fs.ErrNotExist) && !explicit {
-		return nil
+	if errors.Is(err, fs.ErrNotExist) {
+		if !explicit {
+			return nil
+		}
+		return usagef("--config: %v", err)
 	}
 	if err != nil {
 		return err

@@ -145,8 +145,8 @@ func TestConfigFileRefused(t *testing.T) {
 	if err := applyConfigFile(fs, filepath.Join(dir, "none.toml"), false); err != nil {
 		t.Errorf("an absent default file: %v", err)
 	}
-	if err := applyConfigFile(fs, filepath.Join(dir, "none.toml"), true); err == nil {
-		t.Errorf("an absent --config file: no error")
+	if err := applyConfigFile(fs, filepath.Join(dir, "none.toml"), true); !errors.As(err, new(usageError)) {
+		t.Errorf("an absent --config file: %v, want a usage error", err)
 	}
 }
 
