@@ -681,10 +681,11 @@ func TestFleetComeBackOnlyOwned(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The start's resumes are done at READY=1.
+	notify, got := notifySocket(t)
+	a.env = []string{"NOTIFY_SOCKET=" + notify}
 	mustStart(t, a)
-	// The start's resumes are done once the probe is; give them the time
-	// a resume of this oracle takes, then look.
-	time.Sleep(3 * time.Second)
+	await(t, got, a.cmd.Process.Pid, "READY=1", 2*time.Minute)
 	if r, err := a.run(ctx, id); err != nil || r.Phase == "executing" {
 		t.Fatalf("on the restarted host: %+v, %v; want the run left to its owner", r, err)
 	}
