@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,6 +63,11 @@ type Config struct {
 	retention.Policy
 	bundle.Intake
 	member.Join
+	// EgressAllow is the host's egress ceiling (serve --egress-allow):
+	// the IPv4 networks an egress grant's destinations must lie in, for
+	// a run started here, imported, or received from a peer. Empty: no
+	// egress grant is taken, and no sandbox is linked out.
+	EgressAllow []netip.Prefix
 }
 
 // Daemon is one host's runrecordd.
@@ -204,8 +210,9 @@ func (d *Daemon) wire() {
 	}
 	// The trusted signers are the keys as wired when asked: the member
 	// room takes these before the keys are made.
-	d.bundles = bundle.Options{Limits: d.cfg.BundleLimits, Trusted: func(k record.Address) bool { return d.keys.Trusted(k) },
-		Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
+	policy := bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)
+	policy.EgressAllow = d.cfg.EgressAllow
+	d.bundles = bundle.Options{Limits: d.cfg.BundleLimits, Trusted: func(k record.Address) bool { return d.keys.Trusted(k) }, Policy: policy}
 	d.fleet = member.New(member.Config{
 		Join:  d.cfg.Join,
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.events.Publish, Reach: d.reach,

@@ -48,9 +48,7 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 	if err := forms.CheckID(id); err != nil {
 		return answers.Summary{}, err
 	}
-	// No executor links a sandbox out yet: this host's egress ceiling is
-	// empty.
-	if err := bundle.CheckEgress(grants, nil); err != nil {
+	if err := bundle.CheckEgress(grants, d.cfg.EgressAllow); err != nil {
 		return answers.Summary{}, fmt.Errorf("run %s: %w", id, err)
 	}
 	grants, err := secretNames(id, grants, o.Secrets)
