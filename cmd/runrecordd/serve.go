@@ -180,8 +180,8 @@ func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
 	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log, ChunkedImages: f.chunkedImages,
 		LazyResume: f.lazyResume, LazyServed: f.lazyServed, WarmPool: f.warmPool, WarmMaxAge: f.warmAge, CRIUBuild: f.criuBuild,
 		UserNS: f.userNS, HostRootImages: f.hostRootImages},
-		ParkLimits: forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
-		Policy:     retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
+		ParkLimits:  forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
+		Policy:      retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
 		Intake:      bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax, Objects: f.objectsMax}, BundleMounts: f.mounts},
 		EgressAllow: f.egressAllow}
 	cfg.Meter.SysfsRoot = f.sysfs
