@@ -265,7 +265,8 @@ func dialResults(t *testing.T, d *daemon, id string, g unit.Grants, addrs ...str
 // unit fetches from the world where its grant allows, and is refused
 // elsewhere; the host's own addresses, a link-local address, other
 // sandboxes and a forged source are refused though the grant names
-// them; a connection in flight goes on across a park and resume here; a
+// them; a connection in flight goes on across a park and resume here,
+// and a restart of the daemon; a
 // grant beyond the ceiling is refused; and a crash mid-start leaves no
 // link, rule or slot after the next start.
 func TestEgress(t *testing.T) {
@@ -385,16 +386,30 @@ func TestEgress(t *testing.T) {
 			t.Fatalf("resume: %v", err)
 		}
 		waitSaid(t, d, id, "egress-stream", "got "+strconv.Itoa(atPark+30))
+		// A restarted daemon (the unit left running) finds the run's
+		// slot: the link stays, and a park and resume after it too.
+		mustStop(t, d)
+		mustStart(t, d)
+		n := len(said(d, id, "egress-stream"))
+		waitSaid(t, d, id, "egress-stream", "got "+strconv.Itoa(n+10))
+		if _, err := d.c.Park(ctx, id); err != nil {
+			t.Fatalf("park after the restart: %v", err)
+		}
+		time.Sleep(time.Second)
+		if _, err := d.c.Resume(ctx, id); err != nil {
+			t.Fatalf("resume after the restart: %v", err)
+		}
+		waitSaid(t, d, id, "egress-stream", "got "+strconv.Itoa(n+40))
 		ls := said(d, id, "egress-stream")
 		for i, l := range ls {
 			if l != "got "+strconv.Itoa(i+1) {
-				t.Fatalf("line %d of the stream across the park: %q (lines %q)", i+1, l, ls)
+				t.Fatalf("line %d of the stream across the parks: %q (lines %q)", i+1, l, ls)
 			}
 		}
 		if n := w.streams.Load(); n != 1 {
 			t.Fatalf("the world saw %d connections, want the one", n)
 		}
-		t.Logf("the stream went on across the park: %d lines before it, %d now, one connection", atPark, len(ls))
+		t.Logf("the stream went on across two parks and a restart: %d lines before the first, %d now, one connection", atPark, len(ls))
 	})
 
 	t.Run("CrashMidStart", func(t *testing.T) {
