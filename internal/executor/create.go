@@ -121,9 +121,11 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, o 
 		}
 		defer onFailure(&retErr, undo)
 		if spec.Network == unit.Egress {
+			t0 := time.Now()
 			if err := spec.Link(c.netnsPath(id)); err != nil {
 				return nil, fmt.Errorf("network: link out: %w", err)
 			}
+			c.log.Debug("network: linked out", "id", id, "took", time.Since(t0))
 		}
 	} else if spec.Network == unit.Egress {
 		// The hook asks for the link once runc (or CRIU) made the
@@ -159,8 +161,11 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, o 
 	if err := s.startTask(ctx, out, rs, o.start); err != nil {
 		return nil, errors.Join(err, link.close())
 	}
-	if err := link.close(); err != nil {
-		return nil, err
+	if link != nil {
+		if err := link.close(); err != nil {
+			return nil, err
+		}
+		c.log.Debug("network: linked out by the hook", "id", id, "took", link.took)
 	}
 	return s, nil
 }

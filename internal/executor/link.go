@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,6 +44,7 @@ type linkServer struct {
 	done     chan error // the request's outcome; errNoRequest if none came
 	once     sync.Once
 	err      error
+	took     time.Duration // the link's making, once served
 }
 
 var errNoRequest = errors.New("the sandbox's hook asked for no link")
@@ -93,7 +95,9 @@ func (s *linkServer) serve(link func(string) error) {
 	if err != nil || pid <= 1 {
 		err = fmt.Errorf("%w: the hook sent pid %q", ErrInvalid, strings.TrimSpace(line))
 	} else {
+		t0 := time.Now()
 		err = link("/proc/" + strconv.Itoa(pid) + "/ns/net")
+		s.took = time.Since(t0)
 	}
 	reply := "ok\n"
 	if err != nil {
