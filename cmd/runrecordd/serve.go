@@ -135,6 +135,7 @@ func (f *serveFlags) check() (slog.Level, error) {
 		}
 	}
 	f.platform.Mounts = f.platformMounts
+	f.platform.EgressAllow = f.egressAllow
 	if f.platform.Runs <= 0 || f.platform.StoreBytes <= 0 {
 		return lv, usagef("--platform-runs and --platform-store-bytes must be positive")
 	}
