@@ -42,7 +42,8 @@ func (l *fakeLinks) took() []string {
 // An image unit granted egress gets its link in its sandbox's spec; a
 // park removes it before the checkpoint, and a park refused (at the
 // checkpoint, or after it: Thaw) links the unit's namespace again. A
-// host without links refuses the unit (ErrNoEgress).
+// transcript unit granted egress, and a unit on a host without links, are
+// refused (ErrNoEgress).
 func TestImageEgressLinks(t *testing.T) {
 	h, box := testHost(t, nil)
 	links := &fakeLinks{}
@@ -83,6 +84,14 @@ func TestImageEgressLinks(t *testing.T) {
 	}
 	if got := links.took(); !slices.Equal(got, []string{"link r /proc/1/ns/net 203.0.113.0/24:443/tcp"}) {
 		t.Fatalf("a thaw: %q", got)
+	}
+	tr := transcriptRun("t")
+	tr.Grants = r.Grants
+	if _, err := h.For(unit.TranscriptMode).Start(t.Context(), stored(t, h, tr)); !errors.Is(err, ErrNoEgress) {
+		t.Fatalf("a transcript unit granted egress: %v, want ErrNoEgress", err)
+	}
+	if got := links.took(); len(got) != 0 {
+		t.Fatalf("a transcript unit granted egress: %q", got)
 	}
 	h.Links = nil
 	r.ID = "r2"

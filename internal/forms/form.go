@@ -254,6 +254,9 @@ func (h Env) unitSpec(run Run, userns bool) (executor.Spec, error) {
 		es.Mounts = append(es.Mounts, executor.Mount{Source: dir, Target: secrets.Target, Own: true})
 	}
 	if run.Grants.Network == unit.Egress {
+		if run.Spec.Mode == unit.TranscriptMode {
+			return es, fmt.Errorf("run %s: %w for a transcript unit: it calls out through its platform", run.ID, ErrNoEgress)
+		}
 		if h.Links == nil {
 			return es, fmt.Errorf("run %s: %w: this host links no sandbox out", run.ID, ErrNoEgress)
 		}
