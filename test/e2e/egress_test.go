@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,6 +86,17 @@ func inNetns(t *testing.T, ns netns.NsHandle, f func()) {
 // turns it on).
 func newEgressWorld(t *testing.T) *egressWorldNS {
 	t.Helper()
+	// The world's names and addresses, the daemon's links (rrdeN) and its
+	// host tables are the machine's: one egress test at a time on it,
+	// whatever worktree or TMPDIR runs it.
+	lock, err := os.OpenFile("/run/lock/runrecordd-e2e-egress.lock", os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lock.Close() }) // closing releases the lock
 	fwd, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
 	if err != nil {
 		t.Fatal(err)
