@@ -194,3 +194,24 @@ func TestConfigFileWritableByOthers(t *testing.T) {
 		t.Errorf("a file of uid 65534: %v, want a usage error naming its owner", err)
 	}
 }
+
+// --egress-allow takes IPv4 networks only, each as its network address.
+func TestEgressAllowFlag(t *testing.T) {
+	for _, c := range []struct {
+		arg string
+		ok  bool
+	}{{"192.0.2.0/24", true}, {"0.0.0.0/0", true}, {"192.0.2.1/24", false}, {"2001:db8::/32", false}, {"example.com", false}, {"192.0.2.0", false}} {
+		f, fs := serveFlagSet(t)
+		if err := fs.Parse([]string{"--egress-allow", c.arg}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.check()
+		var ue usageError
+		if c.ok != (err == nil) || (err != nil && !errors.As(err, &ue)) {
+			t.Errorf("--egress-allow %s: %v", c.arg, err)
+		}
+		if c.ok && (len(f.egressAllow) != 1 || f.egressAllow[0].String() != c.arg) {
+			t.Errorf("--egress-allow %s: ceiling %v", c.arg, f.egressAllow)
+		}
+	}
+}

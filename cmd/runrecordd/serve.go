@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -40,6 +41,8 @@ type serveFlags struct {
 	gcEvery, retention, criuDeadline          time.Duration
 	minFree                                   uint64
 	mounts                                    listFlag
+	egressFlag                                listFlag
+	egressAllow                               []netip.Prefix
 	objMax, bundleMax, jsonMax                int64
 	objectsMax                                int
 	etcd                                      etcdFlags
@@ -75,6 +78,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.chunkedImages, "chunked-images", false, "store image parks' memory pages as 16 KiB chunks by virtual address, so a later park stores only the chunks that changed (docs/chunked-images.md)")
 	fs.DurationVar(&f.criuDeadline, "criu-deadline", 0, "deadline of every CRIU dump and restore (default 30s plus 1s per 64 MiB of the unit's memory; docs/daemon.md)")
 	fs.Var(&f.mounts, "bundle-mount-allow", "a host path under which an imported bundle's read-only mounts may lie (repeat for more; default none: docs/trust.md)")
+	fs.Var(&f.egressFlag, "egress-allow", "an IPv4 network (CIDR) an egress grant's destinations may lie in: the host's egress ceiling (repeat for more; default none: no run is granted egress; docs/unit.md)")
 	fs.Int64Var(&f.objMax, "bundle-object-max", bundle.DefaultLimits.Object, "the largest object an imported bundle may carry, in bytes")
 	fs.Int64Var(&f.bundleMax, "bundle-max", bundle.DefaultLimits.Total, "the most object bytes an imported bundle may carry")
 	fs.Int64Var(&f.jsonMax, "bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
@@ -117,12 +121,21 @@ func (f *serveFlags) check() (slog.Level, error) {
 			return lv, usagef("--bundle-mount-allow %s: not an absolute path", m)
 		}
 	}
+	f.egressAllow = nil
+	for _, c := range f.egressFlag {
+		p, err := netip.ParsePrefix(c)
+		if err != nil || !p.Addr().Is4() || p.Masked() != p {
+			return lv, usagef("--egress-allow %s: want an IPv4 network, as 192.0.2.0/24", c)
+		}
+		f.egressAllow = append(f.egressAllow, p)
+	}
 	for _, m := range f.platformMounts {
 		if !filepath.IsAbs(m) {
 			return lv, usagef("--platform-mount-allow %s: not an absolute path", m)
 		}
 	}
 	f.platform.Mounts = f.platformMounts
+	f.platform.EgressAllow = f.egressAllow
 	if f.platform.Runs <= 0 || f.platform.StoreBytes <= 0 {
 		return lv, usagef("--platform-runs and --platform-store-bytes must be positive")
 	}
@@ -168,9 +181,10 @@ func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
 	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log, ChunkedImages: f.chunkedImages,
 		LazyResume: f.lazyResume, LazyServed: f.lazyServed, WarmPool: f.warmPool, WarmMaxAge: f.warmAge, CRIUBuild: f.criuBuild,
 		UserNS: f.userNS, HostRootImages: f.hostRootImages},
-		ParkLimits: forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
-		Policy:     retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
-		Intake:     bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax, Objects: f.objectsMax}, BundleMounts: f.mounts}}
+		ParkLimits:  forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
+		Policy:      retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
+		Intake:      bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax, Objects: f.objectsMax}, BundleMounts: f.mounts},
+		EgressAllow: f.egressAllow}
 	cfg.Meter.SysfsRoot = f.sysfs
 	if f.coeffs != "" {
 		b, err := os.ReadFile(f.coeffs)

@@ -42,8 +42,8 @@ type Policy struct {
 
 // CheckEgress refuses, with an error wrapping [ErrPolicy], a grant set with
 // network egress that asks beyond ceiling: any egress when ceiling is
-// empty, else a prefix not within one of ceiling's. A name is held to the
-// ceiling when it resolves, answer by answer.
+// empty, else a prefix not within one of ceiling's. A destination by name
+// is refused: names need the daemon's resolver, which is not built.
 func CheckEgress(g unit.Grants, ceiling []netip.Prefix) error {
 	if g.Network != unit.Egress {
 		return nil
@@ -53,7 +53,7 @@ func CheckEgress(g unit.Grants, ceiling []netip.Prefix) error {
 	}
 	for _, d := range g.Egress {
 		if d.CIDR == "" {
-			continue
+			return fmt.Errorf("%w: egress destination %s: destinations by name are not granted yet", ErrPolicy, d)
 		}
 		p, err := netip.ParsePrefix(d.CIDR)
 		if err != nil {

@@ -30,11 +30,14 @@ func TestPolicyCapsLimits(t *testing.T) {
 func TestCheckEgress(t *testing.T) {
 	g := unit.Grants{Network: unit.Egress, Egress: []unit.Dest{
 		{CIDR: "203.0.113.0/24", Proto: "tcp", Ports: "443"},
-		{Name: "pypi.org", Proto: "tcp", Ports: "443"},
 	}}
 	ceiling := []netip.Prefix{netip.MustParsePrefix("203.0.0.0/8")}
 	if err := CheckEgress(g, ceiling); err != nil {
 		t.Fatalf("within the ceiling: %v", err)
+	}
+	named := unit.Grants{Network: unit.Egress, Egress: append(g.Egress[:1:1], unit.Dest{Name: "pypi.org", Proto: "tcp", Ports: "443"})}
+	if err := CheckEgress(named, ceiling); !errors.Is(err, ErrPolicy) {
+		t.Fatalf("a destination by name: %v, want ErrPolicy", err)
 	}
 	if err := CheckEgress(g, nil); !errors.Is(err, ErrPolicy) {
 		t.Fatalf("no ceiling: %v, want ErrPolicy", err)

@@ -72,6 +72,7 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 		releaseRange(d.base.Ranges, id, d.log)
 	}
 	dropSecrets(d.secrets, id, d.log)
+	d.links.Release(id)
 	r.live, r.park = nil, nil
 	d.log.Info("run closed", "run", id, "reason", reason)
 	d.events.Publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})

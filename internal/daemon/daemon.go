@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,6 +63,11 @@ type Config struct {
 	retention.Policy
 	bundle.Intake
 	member.Join
+	// EgressAllow is the host's egress ceiling (serve --egress-allow):
+	// the IPv4 networks an egress grant's destinations must lie in, for
+	// a run started here, imported, or received from a peer. Empty: no
+	// egress grant is taken, and no sandbox is linked out.
+	EgressAllow []netip.Prefix
 }
 
 // Daemon is one host's runrecordd.
@@ -81,6 +87,7 @@ type Daemon struct {
 	intervals intervals
 	forms     forms.Env
 	secrets   *secrets.Values // runs' secret values here (secrets.go)
+	links     *links          // runs' links out (egress.go); nil where the host grants no egress
 	stop      context.CancelFunc
 	bgCtx     context.Context // done once the daemon stops
 	bg        sync.WaitGroup
@@ -141,6 +148,11 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	cfg.Config = h.Config
 	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: &runTable{st: h.Store}, base: h, st: h.Store,
 		ex: forms.Exec{Client: h.Exec}, meter: h.Meter, signer: h.Signer, keyID: h.Signer.KeyID(), host: h.Facts}
+	if len(cfg.EgressAllow) > 0 {
+		if d.links, err = openLinks(cfg.StateDir, d.log); err != nil {
+			return nil, errors.Join(err, h.Close(ctx))
+		}
+	}
 	if h.Warm != nil {
 		d.metrics.WarmFrom(h.Warm.Stats)
 	}
@@ -204,8 +216,9 @@ func (d *Daemon) wire() {
 	}
 	// The trusted signers are the keys as wired when asked: the member
 	// room takes these before the keys are made.
-	d.bundles = bundle.Options{Limits: d.cfg.BundleLimits, Trusted: func(k record.Address) bool { return d.keys.Trusted(k) },
-		Policy: bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)}
+	policy := bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)
+	policy.EgressAllow = d.cfg.EgressAllow
+	d.bundles = bundle.Options{Limits: d.cfg.BundleLimits, Trusted: func(k record.Address) bool { return d.keys.Trusted(k) }, Policy: policy}
 	d.fleet = member.New(member.Config{
 		Join:  d.cfg.Join,
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.events.Publish, Reach: d.reach,
@@ -224,6 +237,9 @@ func (d *Daemon) wire() {
 	d.forms = forms.Env{Store: d.st, Sandboxes: d.ex, StateDir: d.cfg.StateDir, Facts: d.host, Gate: d.probe, CRIUDeadline: d.cfg.CRIUDeadline,
 		MinFree: d.cfg.MinFree, Calls: callHost{d}, Output: output, Mark: d.intervals.MarkNow, Invalid: answers.ErrInvalid, Log: d.log, Lazy: forms.LazyOf(d.ex, d.cfg.LazyResume), LazyServed: d.cfg.LazyServed,
 		HostRootImages: d.cfg.HostRootImages, Secrets: d.secrets}
+	if d.links != nil {
+		d.forms.Links = d.links
+	}
 	if d.base != nil { // none in the daemon's unit tests
 		d.forms.Warm, d.forms.Creates = d.base.Warm, forms.Creates(d.base.Exec)
 		if d.base.Config.UserNS {
@@ -231,7 +247,10 @@ func (d *Daemon) wire() {
 		}
 	}
 	d.exporter = bundle.Exporter{Store: d.st, Books: &d.exports, Lock: func(id string) (func(), error) { return d.runs.locker(id) }, Held: func(id string) ([]string, error) { return calls.Held(d.st, id) },
-		Log: d.log, HandedOff: func(id string) { d.events.Publish(events.Event{Kind: "run.handed_off", Run: id}) }}
+		Log: d.log, HandedOff: func(id string) {
+			d.links.Release(id)
+			d.events.Publish(events.Event{Kind: "run.handed_off", Run: id})
+		}}
 	d.place = drain.Local{Store: d.st, Facts: d.host, Digest: digestOf(d.ex), MinFree: d.cfg.MinFree, Draining: d.fleet.Draining,
 		ImageParks: func() bool { return d.probe.Status().State != imageparks.Unavailable }, Forms: &d.forms}
 	d.comebacks = openComeback(d.cfg.StateDir)
@@ -270,6 +289,9 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	}
 	if d.base != nil {
 		errs = append(errs, d.base.Close(ctx))
+	}
+	if d.links != nil {
+		errs = append(errs, d.links.close())
 	}
 	return errors.Join(errs...)
 }

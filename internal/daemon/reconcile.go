@@ -45,6 +45,13 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		releaseRanges(d.base.Ranges, d.st, owner, d.log)
 	}
 	sweepSecrets(d.secrets, d.st, d.log)
+	if d.links != nil {
+		// One a crash left does not keep the daemon from starting: a
+		// later link of its slot replaces it.
+		if err := d.links.sweep(d.st); err != nil {
+			d.log.Error("reconcile: egress links no run holds not all removed", "err", err)
+		}
+	}
 	active, err := d.st.Runs(record.PhaseExecuting)
 	if err != nil {
 		return err

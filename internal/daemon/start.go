@@ -48,10 +48,12 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 	if err := forms.CheckID(id); err != nil {
 		return answers.Summary{}, err
 	}
-	// No executor links a sandbox out yet: this host's egress ceiling is
-	// empty.
-	if err := bundle.CheckEgress(grants, nil); err != nil {
+	if err := bundle.CheckEgress(grants, d.cfg.EgressAllow); err != nil {
 		return answers.Summary{}, fmt.Errorf("run %s: %w", id, err)
+	}
+	if grants.Network == unit.Egress && spec.Mode == unit.TranscriptMode {
+		// Its outward calls go through the platform, by design.
+		return answers.Summary{}, fmt.Errorf("run %s: %w: network egress is for image units; a transcript unit calls out through its platform", id, answers.ErrInvalid)
 	}
 	grants, err := secretNames(id, grants, o.Secrets)
 	if err != nil {
@@ -76,6 +78,13 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 			}
 			if uerr := b.Unbook(id); uerr != nil {
 				d.log.Error("a refused start's booking stays", "run", id, "err", uerr)
+			}
+		}()
+	}
+	if p.Grants.Network == unit.Egress {
+		defer func() {
+			if _, serr := d.st.Run(id); serr != nil {
+				d.links.Release(id) // no run: its link goes
 			}
 		}()
 	}
@@ -164,6 +173,7 @@ func (d *Daemon) watch(id string, r *run, lv *live) {
 		lv.destroy(d.log)
 		r.live = nil
 		dropSecrets(d.secrets, id, d.log)
+		d.links.Release(id)
 		d.log.Info("run closed", "run", id, "reason", reason)
 		d.events.Publish(events.Event{Kind: "run.closed", Run: id, Detail: reason})
 	})

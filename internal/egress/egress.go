@@ -245,6 +245,21 @@ func (h *Gateway) Allow(slot int, allow []unit.Dest) (*Run, error) {
 	return &Run{h: h, slot: slot, rules: rules}, nil
 }
 
+// Adopt is the run holding slot, whose policy allow a Gateway installed
+// before (this process's, or a daemon's before it restarted): nothing is
+// installed now. Its [Run.Attach] installs the policy again if its chain
+// is gone (the host restarted); its [Run.Close] removes what there is.
+func (h *Gateway) Adopt(slot int, allow []unit.Dest) (*Run, error) {
+	if slot < 1 || slot > h.Slots() {
+		return nil, fmt.Errorf("%w: slot %d: want 1 to %d", ErrInvalid, slot, h.Slots())
+	}
+	rules, err := allowRules(allow)
+	if err != nil {
+		return nil, err
+	}
+	return &Run{h: h, slot: slot, rules: rules}, nil
+}
+
 // Slot is the run's slot.
 func (r *Run) Slot() int { return r.slot }
 

@@ -698,3 +698,68 @@ func TestConnLimitAcrossAttach(t *testing.T) {
 		t.Fatal("a fourth connection over a limit of 3 after the run was attached again")
 	}
 }
+
+// A restarted daemon's Gateway adopts a parked run: its flow goes on over
+// the new link, its policy is the one installed before, and a run whose
+// chain is gone (the host restarted) gets its policy back at Attach.
+func TestAdopt(t *testing.T) {
+	w := newWorld(t, Config{})
+	serve(t, w.wns, worldIP+":8080")
+	serve(t, w.wns, worldIP+":8081")
+	r, s1 := w.sandbox(1, worldIP+"/32:8080")
+	c, _, err := dial(s1, "", worldIP+":8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := r.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := Open(Config{HostNetns: w.hostP})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := h.Reconcile(func(s int) bool { return s == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	allow := []unit.Dest{{CIDR: worldIP + "/32", Proto: "tcp", Ports: "8080"}}
+	a, err := h.Adopt(1, allow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(s1))
+	if err := a.Attach(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, "after adoption\n"); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "after adoption\n" {
+		t.Fatalf("the flow of an adopted run: %q, %v", got, err)
+	}
+	if c, _, err := dial(s1, "", worldIP+":8081"); err == nil {
+		c.Close()
+		t.Fatal("an adopted run reached a port its grant does not allow")
+	}
+	// Its chains gone (as after a reboot), Attach installs the policy.
+	if err := h.Reconcile(func(int) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Attach(path); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, err := dial(s1, "", worldIP+":8080"); err != nil {
+		t.Fatalf("the allowed port after the chains were gone: %v", err)
+	} else {
+		c.Close()
+	}
+	if c, _, err := dial(s1, "", worldIP+":8081"); err == nil {
+		c.Close()
+		t.Fatal("a port the grant does not allow after the chains were gone")
+	}
+	if _, err := h.Adopt(0, allow); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("slot 0: %v", err)
+	}
+}

@@ -113,12 +113,27 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, o 
 		defer onFailure(&retErr, undo)
 		snapshot = containerd.WithSnapshot(id)
 	}
+	var link *linkServer
 	if spec.UserNS == nil { // with one, runc makes it (userns.go)
 		undo, err := c.sandboxNetns(id, spec.Network)
 		if err != nil {
 			return nil, err
 		}
 		defer onFailure(&retErr, undo)
+		if spec.Network == unit.Egress {
+			t0 := time.Now()
+			if err := spec.Link(c.netnsPath(id)); err != nil {
+				return nil, fmt.Errorf("network: link out: %w", err)
+			}
+			c.log.Debug("network: linked out", "id", id, "took", time.Since(t0))
+		}
+	} else if spec.Network == unit.Egress {
+		// The hook asks for the link once runc (or CRIU) made the
+		// namespace (link.go).
+		if link, err = c.serveLink(id, spec.Link); err != nil {
+			return nil, err
+		}
+		defer link.close()
 	}
 	var undo func()
 	if spec.Mounts, undo, err = c.sandboxGrants(id, spec.Mounts, spec.UserNS); err != nil {
@@ -144,7 +159,13 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, o 
 		c.log.Debug("restore: images checked", "id", id, "took", time.Since(t0))
 	}
 	if err := s.startTask(ctx, out, rs, o.start); err != nil {
-		return nil, err
+		return nil, errors.Join(err, link.close())
+	}
+	if link != nil {
+		if err := link.close(); err != nil {
+			return nil, err
+		}
+		c.log.Debug("network: linked out by the hook", "id", id, "took", link.took)
 	}
 	return s, nil
 }
@@ -230,7 +251,7 @@ func (c *Client) sandboxNetns(id string, network unit.Network) (undo func(), _ e
 	if err := removeNetns(netns); err != nil {
 		return nil, err
 	}
-	if err := makeNetns(netns, network == unit.Loopback); err != nil {
+	if err := makeNetns(netns, network == unit.Loopback || network == unit.Egress); err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	return func() {

@@ -192,8 +192,9 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 }
 
 // Prune removes what sandboxes that are gone left of the executor's own
-// state: pinned network namespaces and CRIU work directories of ids
-// containerd has no container for. It returns those ids.
+// state: pinned network namespaces, CRIU work directories and link
+// FIFOs (link.go) of ids containerd has no container for. It returns
+// those ids.
 func (c *Client) Prune(ctx context.Context) ([]string, error) {
 	ids, err := c.List(ctx)
 	if err != nil {
@@ -205,7 +206,7 @@ func (c *Client) Prune(ctx context.Context) ([]string, error) {
 	}
 	var pruned []string
 	var errs []error
-	for _, dir := range []string{"netns", "criu", "grants", "gate"} {
+	for _, dir := range []string{"netns", "criu", "grants", "gate", "link"} {
 		ents, err := os.ReadDir(filepath.Join(c.cfg.StateDir, dir))
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)

@@ -182,7 +182,7 @@ func (p *containerProbe) start(ctx context.Context, restoreFrom string) (contain
 		oci.WithMounts([]specs.Mount{{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro"}}}),
 	}
 	if p.userns != nil {
-		sopts = append(sopts, usernsOpts(*p.userns, unit.NoNetwork)...)
+		sopts = append(sopts, usernsOpts(*p.userns, unit.NoNetwork, "")...)
 	} else {
 		if err := removeNetns(p.netns); err != nil {
 			return nil, nil, err

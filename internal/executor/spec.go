@@ -49,8 +49,14 @@ type Spec struct {
 	RootfsBytes uint64
 	// Network is the sandbox's network: its own namespace either way, with
 	// loopback down ([unit.NoNetwork], also the zero value) or up
-	// ([unit.Loopback]), and MPTCP off (netns_linux.go).
+	// ([unit.Loopback], [unit.Egress]), and MPTCP off (netns_linux.go).
 	Network unit.Network
+	// Link, with network egress, links the sandbox's network namespace,
+	// given by its path, to the host (internal/egress, by the daemon)
+	// once it exists and before the unit's first instruction: at the
+	// create, and at every restore (runc restores the namespace empty).
+	// Required with network egress (link.go).
+	Link func(netns string) error
 	// Mounts are bind mounts, mounted in order. Their sources must pass
 	// the host-path policy (see [Mount]).
 	Mounts []Mount
@@ -114,6 +120,10 @@ func (s *Spec) validate() error {
 	}
 	switch s.Network {
 	case 0, unit.NoNetwork, unit.Loopback:
+	case unit.Egress:
+		if s.Link == nil {
+			return fmt.Errorf("%w: network egress without a link", ErrInvalid)
+		}
 	default:
 		return fmt.Errorf("%w: network %s", ErrInvalid, s.Network)
 	}
@@ -206,7 +216,7 @@ func (c *Client) specOpts(img containerd.Image, id string, spec Spec) []oci.Spec
 		oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
 	}
 	if spec.UserNS != nil {
-		opts = append(opts, usernsOpts(*spec.UserNS, spec.Network)...)
+		opts = append(opts, usernsOpts(*spec.UserNS, spec.Network, c.linkDir(id))...)
 	} else {
 		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: c.netnsPath(id)}))
 	}

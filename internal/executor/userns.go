@@ -50,7 +50,10 @@ import (
 // netHook is the createRuntime hook of a sandbox with a user namespace:
 // it reads the container's pid from the OCI state on stdin and, in its
 // network namespace, sets MPTCP off (CRIU cannot dump an MPTCP socket)
-// and, when $1 is "up", loopback up. Loopback "down" is left as a new
+// and, when $1 is "up" or "egress", loopback up; with "egress" it then
+// asks the daemon to link the namespace out (link.go): it writes the pid
+// to the FIFO $2/pid and waits for "ok" on $2/ack. Loopback "down" is
+// left as a new
 // network namespace has it: runc makes one for the container, and CRIU
 // one for its restore. Shell builtins only up to nsenter, which execs the
 // shell (and that ip) in the namespace: runc runs the hook at every
@@ -65,17 +68,25 @@ case $s in *'"pid":'*) [ -n "$pid" ] ;; *) false ;; esac || { echo "no pid in th
 mptcp='[ ! -e /proc/sys/net/mptcp/enabled ] || echo 0 > /proc/sys/net/mptcp/enabled'
 case $1 in
 up) exec nsenter -t "$pid" -n sh -c "$mptcp && exec ip link set lo up" ;;
+egress) nsenter -t "$pid" -n sh -c "$mptcp && exec ip link set lo up" || exit 1
+	echo "$pid" > "$2/pid" && read -r ok < "$2/ack" && [ "$ok" = ok ] || { echo "the sandbox was not linked out" >&2; exit 1; } ;;
 *) exec nsenter -t "$pid" -n sh -c "$mptcp" ;;
 esac`
 
 // usernsOpts are the OCI spec's parts of a sandbox whose user namespace
-// maps to r, its loopback as network says.
-func usernsOpts(r idmap.Range, network unit.Network) []oci.SpecOpts {
+// maps to r, its loopback as network says; with network egress the hook
+// asks for its link through the FIFOs in linkDir.
+func usernsOpts(r idmap.Range, network unit.Network, linkDir string) []oci.SpecOpts {
 	maps := []specs.LinuxIDMapping{{ContainerID: 0, HostID: r.Base, Size: idmap.Size}}
-	lo := "down"
-	if network == unit.Loopback {
-		lo = "up"
+	args := []string{"sh", "-c", netHook, "netns-hook", "down"}
+	switch network {
+	case unit.Loopback:
+		args[4] = "up"
+	case unit.Egress:
+		args[4] = "egress"
+		args = append(args, linkDir)
 	}
+	timeout := linkTimeout
 	return []oci.SpecOpts{
 		oci.WithUserNamespace(maps, maps),
 		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace}),
@@ -84,7 +95,7 @@ func usernsOpts(r idmap.Range, network unit.Network) []oci.SpecOpts {
 				s.Hooks = &specs.Hooks{}
 			}
 			s.Hooks.CreateRuntime = append(s.Hooks.CreateRuntime, specs.Hook{
-				Path: "/bin/sh", Args: []string{"sh", "-c", netHook, "netns-hook", lo},
+				Path: "/bin/sh", Args: args, Timeout: &timeout,
 			})
 			if s.Linux.Resources == nil {
 				s.Linux.Resources = &specs.LinuxResources{}

@@ -22,6 +22,10 @@ import (
 // resume is refused (record_invalid), nothing changed.
 var ErrFormMismatch = errors.New("the park's form is not the unit's")
 
+// ErrNoEgress is a sandbox of a run granted network egress on a host that
+// links none out (no serve --egress-allow): refused (grant_refused).
+var ErrNoEgress = errors.New("network egress is not granted here")
+
 // Admitted is a parked run that passed the resume preconditions: what
 // its form wakes it from, and what its park owes.
 type Admitted struct {

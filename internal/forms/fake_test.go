@@ -29,6 +29,8 @@ type fakeBox struct {
 	restored []string                 // what each restore read
 	n        int
 	pauseErr error
+	// checkpointErr, when set, refuses every checkpoint.
+	checkpointErr error
 }
 
 type fakeUnit struct {
@@ -109,6 +111,9 @@ func (u *fakeUnit) Settle(context.Context) error {
 }
 
 func (u *fakeUnit) Checkpoint(_ context.Context, cp executor.Checkpoint) (executor.CheckpointStats, error) {
+	if err := u.box.checkpointErr; err != nil {
+		return executor.CheckpointStats{}, err
+	}
 	u.box.mu.Lock()
 	u.box.n++
 	n := u.box.n

@@ -65,6 +65,9 @@ type Env struct {
 	// has its directory of them mounted read-only at secrets.Target in
 	// every sandbox (docs/trust.md#secrets).
 	Secrets *secrets.Values
+	// Links links out the sandboxes of runs granted network egress; nil
+	// where the host grants none (serve --egress-allow).
+	Links Linker
 	// Calls is what a transcript unit's channel tells the daemon.
 	Calls calls.Daemon
 	// Output makes run's output files on this host; Mark is a mark at
@@ -249,6 +252,19 @@ func (h Env) unitSpec(run Run, userns bool) (executor.Spec, error) {
 		// external bind mount to runc and CRIU, so no checkpoint holds
 		// a value.
 		es.Mounts = append(es.Mounts, executor.Mount{Source: dir, Target: secrets.Target, Own: true})
+	}
+	if run.Grants.Network == unit.Egress {
+		if run.Spec.Mode == unit.TranscriptMode {
+			return es, fmt.Errorf("run %s: %w for a transcript unit: it calls out through its platform", run.ID, ErrNoEgress)
+		}
+		if h.Links == nil {
+			return es, fmt.Errorf("run %s: %w: this host links no sandbox out", run.ID, ErrNoEgress)
+		}
+		link, err := h.Links.Link(run.ID, run.Grants.Egress)
+		if err != nil {
+			return es, fmt.Errorf("run %s: %w", run.ID, err)
+		}
+		es.Link = link
 	}
 	if h.Ranges == nil || !userns {
 		return es, nil

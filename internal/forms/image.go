@@ -2,9 +2,11 @@ package forms
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
@@ -14,6 +16,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // Image is the image form: a unit parked as CRIU's images of its process
@@ -71,9 +74,16 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 	if err != nil {
 		return Taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
+	// The link goes before the freeze: nothing the dump does not hold
+	// is acknowledged to the outside, and the parked sandbox's end sends
+	// nothing when it is destroyed. The outside's packets are dropped
+	// meanwhile; its connections go on at the resume.
+	if err := f.unlink(u); err != nil {
+		return Taken{}, fmt.Errorf("park %s: %w", id, err)
+	}
 	res, err := park.Image(ctx, f.h.Store, u.Sandbox, imageparks.Deadline(f.h.CRIUDeadline, mem), room)
 	if err != nil {
-		return Taken{}, fmt.Errorf("park %s: %w", id, err)
+		return Taken{}, errors.Join(fmt.Errorf("park %s: %w", id, err), f.relink(u))
 	}
 	ck := res.Checkpointed()
 	return Taken{Snapshot: res.Snapshot, Retained: res.Retained, Keys: manifest.ImageKeys, Details: []attest.Detail{ck}, Checkpoint: &ck}, nil
@@ -81,7 +91,34 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 
 // Thaw settles the unit by its task's real state: CRIU may have left it
 // frozen, or not.
-func (f Image) Thaw(_ context.Context, u *Unit) error { return u.Sandbox.Settle(context.Background()) }
+func (f Image) Thaw(_ context.Context, u *Unit) error {
+	return errors.Join(u.Sandbox.Settle(context.Background()), f.relink(u))
+}
+
+// unlink removes the link out of u's sandbox, if it has one (network
+// egress): its run keeps its rules, translation and tracked connections.
+func (f Image) unlink(u *Unit) error {
+	if u.Grants.Network != unit.Egress || f.h.Links == nil {
+		return nil
+	}
+	return f.h.Links.Unlink(u.ID)
+}
+
+// relink links u's sandbox, which goes on after a refused park, out
+// again: into the network namespace of its unit's init.
+func (f Image) relink(u *Unit) error {
+	if u.Grants.Network != unit.Egress || f.h.Links == nil {
+		return nil
+	}
+	link, err := f.h.Links.Link(u.ID, u.Grants.Egress)
+	if err == nil {
+		err = link("/proc/" + strconv.FormatUint(uint64(u.Sandbox.Pid()), 10) + "/ns/net")
+	}
+	if err != nil {
+		return fmt.Errorf("link run %s out again: %w", u.ID, err)
+	}
+	return nil
+}
 
 // Wake restores the run's images once the gate lets it and the parked
 // sandbox is gone (its id is the restore's).

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // Sandbox is one unit's sandbox (*executor.Sandbox). It is also the
@@ -32,6 +33,16 @@ type Sandboxes interface {
 	Image(ctx context.Context, name string) (executor.Image, error)
 	Start(ctx context.Context, id string, spec executor.Spec, out executor.Output) (Sandbox, error)
 	Restore(ctx context.Context, id string, spec executor.Spec, cp executor.Checkpoint, out executor.Output) (Sandbox, executor.RestoreStats, error)
+}
+
+// Linker links runs' sandboxes out as their egress grants allow (the
+// daemon, over internal/egress): Link holds a link for run on this host,
+// until the run closes or leaves, and returns how to link a sandbox's
+// network namespace to it (executor.Spec.Link); Unlink removes run's link
+// from its sandbox (a park), keeping the rest.
+type Linker interface {
+	Link(run string, allow []unit.Dest) (func(netns string) error, error)
+	Unlink(run string) error
 }
 
 // Exec is *executor.Client in the roles its consumers declare — the

@@ -9,6 +9,7 @@ package platform
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -45,14 +46,20 @@ type Limits struct {
 	// Mounts are the host paths under which a platform run's read-only
 	// mount sources may lie; empty (the default) allows none.
 	Mounts []string
+	// EgressAllow is the host's egress ceiling (serve --egress-allow),
+	// the same for a platform's runs as for the operator's.
+	EgressAllow []netip.Prefix
 }
 
 // Policy is the policy a platform run's grants are judged by: a bundle's
-// (bundle.HostPolicy) over the platform's own mount allow-list — never
+// (bundle.HostPolicy) over the platform's own mount allow-list and the
+// host's egress ceiling — never
 // the state directory or the kernel's trees, every limit at most a
 // bundle's, memory and CPU at most the host's.
 func (l Limits) Policy(stateDir string) *bundle.Policy {
-	return bundle.HostPolicy(l.Mounts, stateDir)
+	p := bundle.HostPolicy(l.Mounts, stateDir)
+	p.EgressAllow = l.EgressAllow
+	return p
 }
 
 // Books record which platform key started which run on this host: one

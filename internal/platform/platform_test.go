@@ -2,6 +2,7 @@ package platform
 
 import (
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -92,5 +93,23 @@ func TestCheck(t *testing.T) {
 	}
 	if err := l.Check(p, unit.Grants{}, Held{Runs: 1, StoreBytes: 99}); err != nil {
 		t.Errorf("under both quotas: %v", err)
+	}
+}
+
+// A platform run's egress grant is held to the host's ceiling, as the
+// operator's: refused with none, taken within it.
+func TestCheckEgress(t *testing.T) {
+	g := unit.Grants{Network: unit.Egress, Egress: []unit.Dest{{CIDR: "203.0.113.0/24", Proto: "tcp", Ports: "443"}}}
+	l := Limits{Runs: 2, StoreBytes: 100}
+	if err := l.Check(l.Policy("/var/lib/runrecordd"), g, Held{}); !errors.Is(err, bundle.ErrPolicy) {
+		t.Errorf("egress with no ceiling: %v, want ErrPolicy", err)
+	}
+	l.EgressAllow = []netip.Prefix{netip.MustParsePrefix("203.0.0.0/8")}
+	if err := l.Check(l.Policy("/var/lib/runrecordd"), g, Held{}); err != nil {
+		t.Errorf("egress within the ceiling: %v", err)
+	}
+	l.EgressAllow = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+	if err := l.Check(l.Policy("/var/lib/runrecordd"), g, Held{}); !errors.Is(err, bundle.ErrPolicy) {
+		t.Errorf("egress beyond the ceiling: %v, want ErrPolicy", err)
 	}
 }

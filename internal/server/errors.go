@@ -80,6 +80,7 @@ var codes = []struct {
 	}},
 	{api.CodeRecordInvalid, as[*attest.PlaceError], func(err error, e *api.Error) { e.Segment = ptr(asT[*attest.PlaceError](err).Index) }},
 	{api.CodeGrantRefused, is(bundle.ErrPolicy), nil},
+	{api.CodeGrantRefused, is(forms.ErrNoEgress), nil},
 	{api.CodeBundleLimit, is(bundle.ErrLimit), nil},
 	{api.CodeSnapshotMismatch, as[*resume.SnapshotError], nil},
 	{api.CodeImageRefused, is(criu.ErrRefused), nil},

@@ -152,8 +152,8 @@ func TestTCPStateSurvivesPark(t *testing.T) {
 	checkTCP(t, append(tcpA, tcpOutput(t, b.stdout(id))...), atPark.Counter+2)
 }
 
-// TestEgressRefused: this host links no sandbox out, so its egress ceiling
-// is empty and a run that asks for egress is refused (grant_refused)
+// TestEgressRefused: a host without an egress ceiling (serve
+// --egress-allow) refuses a run that asks for egress (grant_refused)
 // before anything is made: no run is stored, no sandbox is left.
 func TestEgressRefused(t *testing.T) {
 	privileged(t)
