@@ -85,9 +85,13 @@ func stripCode(s string) string {
 	return out.String()
 }
 
-// hasAnchor reports whether doc has a heading whose GitHub anchor is frag:
-// lower case, spaces to hyphens, punctuation other than - and _ dropped.
+// hasAnchor reports whether doc has a heading whose GitHub anchor is frag
+// (lower case, spaces to hyphens, punctuation other than - and _ dropped),
+// or an HTML anchor <a id="frag">.
 func hasAnchor(doc, frag string) bool {
+	if strings.Contains(doc, `<a id="`+frag+`">`) {
+		return true
+	}
 	for _, m := range heading.FindAllStringSubmatch(stripCode(doc), -1) {
 		if anchor(m[1]) == frag {
 			return true
