@@ -17,6 +17,13 @@
 // The server runs as a process of its own ([Command], [MaybeRun]): the
 // unit needs its pages even when the daemon stops.
 //
+// The package also runs the lazy restore's `criu lazy-pages`
+// ([StartLazyPages]), with a page server or reading the image directory
+// itself, watches it until every page is resident ([LazyPages]), and
+// records both processes' pids so that a restarted daemon can tell a
+// restore still serving from one left unfinished, and kill what is left
+// ([Pids]).
+//
 // A verified chunk's pages are sent only from the bytes that were hashed:
 // a chunk sent in parts is kept until its last page went (up to 64 MiB of
 // such chunks), or read and hashed again.
