@@ -4,10 +4,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"slices"
 	"strconv"
+	"syscall"
 
 	"github.com/BurntSushi/toml"
 )
@@ -24,16 +26,20 @@ const configFlag = "config"
 // fs the command line did not set. Its keys are the flags' names; a flag
 // that repeats takes an array of strings, a bool flag a boolean, any
 // other a string or an integer. An unknown key, a value of the wrong type
-// or one the flag refuses is a usage error naming the key. explicit says
+// or one the flag refuses is a usage error naming the key, and so is a
+// file others could have written (readConfigFile). explicit says
 // whether the path was given (--config): the default path may be absent.
 // The config file's keys are fs's flags: docs/daemon.md's table.
 func applyConfigFile(flags *flag.FlagSet, path string, explicit bool) error {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) && !explicit {
-		return nil
+	b, err := readConfigFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		if !explicit {
+			return nil
+		}
+		return usagef("--config: %v", err)
 	}
 	if err != nil {
-		return usagef("--config: %v", err)
+		return err
 	}
 	var keys map[string]any
 	if _, err := toml.Decode(string(b), &keys); err != nil {
@@ -59,6 +65,40 @@ func applyConfigFile(flags *flag.FlagSet, path string, explicit bool) error {
 		}
 	}
 	return nil
+}
+
+// readConfigFile reads the config file at path, refused (a usage error)
+// when a user other than this process's or root owns it, or its group or
+// others may write it: it sets what the daemon runs as root with (user
+// namespaces, mount allow-lists, the fleet's etcd). The checks are of the
+// file read, not of its name.
+func readConfigFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+		return nil, usagef("--config: %v", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, usagef("--config: %v", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, usagef("config %s: not a regular file", path)
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return nil, usagef("config %s: writable by its group or others (mode %v): chmod go-w it", path, fi.Mode().Perm())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+		return nil, usagef("config %s: owned by uid %d, neither root nor this process's user", path, st.Uid)
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, usagef("--config: %v", err)
+	}
+	return b, nil
 }
 
 // setFromTOML sets fl to v, a TOML value of the type the flag takes.

@@ -145,7 +145,52 @@ func TestConfigFileRefused(t *testing.T) {
 	if err := applyConfigFile(fs, filepath.Join(dir, "none.toml"), false); err != nil {
 		t.Errorf("an absent default file: %v", err)
 	}
-	if err := applyConfigFile(fs, filepath.Join(dir, "none.toml"), true); err == nil {
-		t.Errorf("an absent --config file: no error")
+	if err := applyConfigFile(fs, filepath.Join(dir, "none.toml"), true); !errors.As(err, new(usageError)) {
+		t.Errorf("an absent --config file: %v, want a usage error", err)
+	}
+}
+
+// A config file another user could have written is refused: it sets what
+// the daemon runs as root with (user namespaces off, mount allow-lists,
+// the fleet's etcd), so it is the daemon's user's or root's, and neither
+// its group nor others may write it.
+func TestConfigFileWritableByOthers(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(path, []byte("warm-pool = 3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []os.FileMode{0o620, 0o602, 0o666} {
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		_, fs := serveFlagSet(t)
+		err := applyConfigFile(fs, path, true)
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), "config "+path+": writable by its group or others") {
+			t.Errorf("mode %v: %v, want a usage error: writable by its group or others", mode, err)
+		}
+		// The default path is refused alike: only its absence is not an error.
+		if err := applyConfigFile(fs, path, false); !errors.As(err, &ue) {
+			t.Errorf("mode %v, as the default file: %v, want a usage error", mode, err)
+		}
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, fs := serveFlagSet(t); applyConfigFile(fs, path, true) != nil {
+		t.Fatalf("mode 0644, this user's: %v", applyConfigFile(fs, path, true))
+	}
+	if os.Geteuid() != 0 {
+		return // only root can give the file to another user
+	}
+	if err := os.Chown(path, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	_, fs := serveFlagSet(t)
+	err := applyConfigFile(fs, path, true)
+	var ue usageError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "owned by uid 65534") {
+		t.Errorf("a file of uid 65534: %v, want a usage error naming its owner", err)
 	}
 }

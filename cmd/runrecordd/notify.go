@@ -26,7 +26,6 @@ import (
 type notifier struct {
 	socket   string        // $NOTIFY_SOCKET
 	watchdog time.Duration // $WATCHDOG_USEC, when it is this process's
-	managed  bool          // started by systemd: $NOTIFY_SOCKET or $INVOCATION_ID
 }
 
 // notifierFromEnv reads the service manager's variables and removes them from
@@ -35,7 +34,6 @@ type notifier struct {
 // process alone.
 func notifierFromEnv() *notifier {
 	n := &notifier{socket: os.Getenv("NOTIFY_SOCKET")}
-	n.managed = n.socket != "" || os.Getenv("INVOCATION_ID") != ""
 	if usec, err := strconv.ParseUint(os.Getenv("WATCHDOG_USEC"), 10, 63); err == nil && usec > 0 {
 		pid := os.Getenv("WATCHDOG_PID")
 		if pid == "" || pid == strconv.Itoa(os.Getpid()) {
@@ -47,10 +45,6 @@ func notifierFromEnv() *notifier {
 	}
 	return n
 }
-
-// Managed says whether systemd started this process: $NOTIFY_SOCKET or
-// $INVOCATION_ID was set.
-func (n *notifier) Managed() bool { return n != nil && n.managed }
 
 // Watchdog is the service's watchdog time ($WATCHDOG_USEC), zero when it
 // has none: WATCHDOG=1 must be sent more often than that.

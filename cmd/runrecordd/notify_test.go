@@ -58,8 +58,8 @@ func TestNotifierFromEnvSendsAndHidesTheSocket(t *testing.T) {
 					t.Errorf("%s is still in the environment: a child would inherit it", v)
 				}
 			}
-			if !n.Managed() || n.Watchdog() != 200*time.Millisecond {
-				t.Fatalf("managed %v, watchdog %v", n.Managed(), n.Watchdog())
+			if n.Watchdog() != 200*time.Millisecond {
+				t.Fatalf("watchdog %v", n.Watchdog())
 			}
 			if err := n.Ready(); err != nil {
 				t.Fatal(err)
@@ -131,8 +131,8 @@ func TestWithoutSocketNothingIsSent(t *testing.T) {
 	t.Setenv("INVOCATION_ID", "")
 	t.Setenv("WATCHDOG_USEC", "")
 	n := notifierFromEnv()
-	if n.Managed() || n.Watchdog() != 0 {
-		t.Fatalf("managed %v, watchdog %v", n.Managed(), n.Watchdog())
+	if n.Watchdog() != 0 {
+		t.Fatalf("watchdog %v", n.Watchdog())
 	}
 	if err := n.Ready(); err != nil {
 		t.Fatal(err)
@@ -140,8 +140,8 @@ func TestWithoutSocketNothingIsSent(t *testing.T) {
 	n.Extending(time.Millisecond)()
 	n.KeepAlive(func() bool { return true })()
 	var none *notifier
-	if err := none.Stopping(); err != nil || none.Managed() {
-		t.Fatal("a nil notifier sent or is managed")
+	if err := none.Stopping(); err != nil {
+		t.Fatal("a nil notifier sent")
 	}
 }
 

@@ -31,6 +31,25 @@
 // ([Session.Transfer]) may be claimed by the host it names, and its owner may
 // no longer advance it.
 //
+// The writes, each refused with nothing written unless its rule holds:
+//
+//   - Claim (genesis, run, head, phase): no entry; one this session owns;
+//     one of an orphan or whose "to" names this host. Head and phase must
+//     be the entry's, or its prev for the same key (a later session): it
+//     creates the entry, leaves it, or takes it over (at prev: taking back
+//     an advance never appended). Else [ErrNotOwner] (also the loser of
+//     two concurrent claims) or [ErrHeadMoved].
+//   - Advance (genesis, prev, next, phase): the owning session, no
+//     transfer pending, from the entry's head; the old head becomes prev.
+//   - Revert: the owner puts head back to prev.
+//   - Transfer (genesis, to): the owner of a parked run, to an admitted
+//     host; a transfer to itself takes back one not yet claimed
+//     ([ErrNotParked], [ErrNotAdmitted]).
+//   - Remove: the owner, the entry still at its genesis.
+//
+// A write whose inputs changed before it committed is judged again, at
+// most 8 times.
+//
 // Safety over liveness: a host that cannot get etcd's confirmation gets
 // [ErrUnavailable] and must not act; a host whose lease is lost gets
 // [ErrLeaseLost] (with [ErrNotOwner]) from then on, and must stop its runs

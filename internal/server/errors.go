@@ -64,9 +64,15 @@ var codes = []struct {
 	match func(error) bool
 	fill  func(error, *api.Error) // the fields a caller acts on
 }{
-	// Another host's refusal keeps its code and fields.
+	// Another host's refusal keeps its code and fields when the code is
+	// one a daemon answers; any other (the host's own bytes, or a newer
+	// version's) is internal, the message naming it: the code goes on to
+	// callers and into runrecordd_failures_total's label.
 	{api.CodeInternal, as[*peer.RemoteError], func(err error, e *api.Error) {
 		re := asT[*peer.RemoteError](err)
+		if !api.KnownCode(re.Answer.Code) || re.Answer.Code == api.CodeDaemonUnreachable {
+			return
+		}
 		e.Code, e.Keys, e.Segment, e.Signer = re.Answer.Code, re.Answer.Keys, re.Answer.Segment, re.Answer.Signer
 	}},
 	{api.CodeUntrustedSigner, as[*attest.UntrustedError], func(err error, e *api.Error) {

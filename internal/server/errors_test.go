@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
 	"github.com/runrecordd/runrecordd/internal/fleet/member"
+	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
@@ -159,5 +161,37 @@ func TestErrorOfNoRange(t *testing.T) {
 	err := fmt.Errorf("resume r: %w", idmap.ErrExhausted)
 	if e := ErrorOf(err); e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "range") {
 		t.Errorf("no range: %+v", e)
+	}
+}
+
+// Another host's refusal keeps its code when it is one of the API's, and
+// is internal otherwise: a peer's answer is its own bytes, and the code
+// goes on to callers and into runrecordd_failures_total's code label on
+// the unauthenticated scrape listener, which holds the API's codes alone.
+func TestErrorOfRemote(t *testing.T) {
+	host := record.Sum([]byte("host"))
+	for code, want := range map[string]string{
+		api.CodeManifestMismatch:     api.CodeManifestMismatch,
+		api.CodeNotOwner:             api.CodeNotOwner,
+		api.CodeInternal:             api.CodeInternal,
+		"run_7f3a_said_hello":        api.CodeInternal,
+		"not_found\"} 1\nevil{x=\"y": api.CodeInternal,
+		strings.Repeat("x", 1<<16):   api.CodeInternal,
+		api.CodeDaemonUnreachable:    api.CodeInternal, // the client's own, never a daemon's
+	} {
+		err := fmt.Errorf("migrate r: %w", &peer.RemoteError{Host: host, Answer: api.Error{Code: code, Message: "m", Keys: []string{"arch"}}})
+		e := ErrorOf(err)
+		if e.Code != want {
+			t.Errorf("a peer's code %.40q: %.40q, want %s", code, e.Code, want)
+		}
+		if want != api.CodeInternal && !slices.Equal(e.Keys, []string{"arch"}) {
+			t.Errorf("a peer's %s: keys %v, want its keys", code, e.Keys)
+		}
+	}
+	for _, code := range apiCodes(t) {
+		e := ErrorOf(&peer.RemoteError{Host: host, Answer: api.Error{Code: code}})
+		if e.Code != code && code != api.CodeDaemonUnreachable {
+			t.Errorf("a peer's %s: %s, want it kept", code, e.Code)
+		}
 	}
 }

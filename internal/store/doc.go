@@ -69,13 +69,14 @@
 //	                     resolved in the open interval)
 //	                     ‖ kind length (2) ‖ kind (at most 256 bytes)
 //
-// A run's state makes [Store.Head] and [Store.Run] O(1) and lets
+// A run's state (123 bytes) makes [Store.Head] and [Store.Run] O(1) and lets
 // [Store.Append] judge a segment without reading the record (a parked
 // run's snapshot is its last segment's, one lookup away). Segments of all
 // runs share one log in commit order, so a commit of many runs' appends
 // writes a handful of pages, not one per run; a run's segments are linked
 // back from its state. [Store.Runs] reads the phase index, never the
-// segments.
+// segments. Reading a record recomputes the state's last kind and idle
+// total; a state that disagrees is [ErrDamaged].
 //
 // # Migrations
 //
@@ -85,7 +86,8 @@
 // builds the phase index from the run states; 2→3 indexes runs by genesis
 // and creates the retention buckets; 3→4 creates the (empty) trust
 // bucket; 4→5 rewrites every run state in format 2, reading each run's
-// log for its last kind and idle total; 5→6 creates the call ledger and
+// log for its last kind and idle total (one past 2⁶⁴−1 is kept at 2⁶⁴−1,
+// so the run's next resume is refused, not the store's opening); 5→6 creates the call ledger and
 // folds every open run's record into its ledger. A store from a newer
 // schema is refused with [ErrSchema].
 //

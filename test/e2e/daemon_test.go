@@ -156,8 +156,8 @@ func (d *daemon) start() error {
 	}
 	cmd := exec.Command(d.binary(), args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// The stop policy follows systemd's variables (docs/daemon.md): a
-	// test run under a systemd service must not pass them on.
+	// systemd's variables are a test's to give (asUnit): one run under a
+	// systemd service must not pass its own on.
 	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		name, _, _ := strings.Cut(kv, "=")
 		return slices.Contains([]string{"NOTIFY_SOCKET", "INVOCATION_ID", "WATCHDOG_USEC", "WATCHDOG_PID"}, name)

@@ -620,6 +620,12 @@ func TestFleetEtcdUnreachable(t *testing.T) {
 	}
 	n := len(output(t, cut.stdout(id)))
 	waitLines(t, cut.stdout(id), "the oracle going on after the refused park", func(ls []line) bool { return len(ls) > n+1 })
+	// The etcd client's own warnings are in the daemon's log (zapToSlog).
+	for deadline := time.Now().Add(30 * time.Second); !logHas(cut, "from=etcd-client"); time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no line from the etcd client in the daemon's log while etcd is out of reach:\n%s", cut.logTail())
+		}
+	}
 
 	// etcd back, the host's session goes on: the run closes there once
 	// the host's client has reached its member again (its reconnects back
@@ -675,10 +681,11 @@ func TestFleetComeBackOnlyOwned(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The start's resumes are done at READY=1.
+	notify, got := notifySocket(t)
+	a.env = []string{"NOTIFY_SOCKET=" + notify}
 	mustStart(t, a)
-	// The start's resumes are done once the probe is; give them the time
-	// a resume of this oracle takes, then look.
-	time.Sleep(3 * time.Second)
+	await(t, got, a.cmd.Process.Pid, "READY=1", 2*time.Minute)
 	if r, err := a.run(ctx, id); err != nil || r.Phase == "executing" {
 		t.Fatalf("on the restarted host: %+v, %v; want the run left to its owner", r, err)
 	}
@@ -689,6 +696,12 @@ func TestFleetComeBackOnlyOwned(t *testing.T) {
 		t.Fatalf("the owner's run after the other's start: %+v, %v; want it as adopted", r, err)
 	}
 	resume(t, b, id, onA, atPark)
+}
+
+// logHas says whether d's log holds s.
+func logHas(d *daemon, s string) bool {
+	b, _ := os.ReadFile(d.log)
+	return strings.Contains(string(b), s)
 }
 
 // loseHost kills host a with SIGKILL and waits until the fleet lists its

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,13 +18,16 @@ import (
 )
 
 // TestReboot reboots a host as a shutdown does (docs/operations.md). The
-// daemon runs under its default stop policy (park), as under systemd or
-// from a shell, and holds an executing image run, a parked image run, a
-// transcript run parked on an await and a transcript run executing (in
-// its thinking). It is stopped with SIGTERM; then every process of its
-// state directory (shims, containerd) and every unit in its cgroups is
-// killed, and what is mounted under the state directory goes, as a power
-// cycle leaves a host. Started again on the same state directory:
+// daemon is started as the shipped systemd unit starts it (asUnit: its
+// ExecStart, environment file, config file and systemd's variables), so
+// it runs under its default stop policy (park), and holds an executing
+// image run, a parked image run, a transcript run parked on an await and
+// a transcript run executing (in its thinking). It is stopped with
+// SIGTERM, as systemd stops it; then every process of its state directory
+// (shims, containerd) and every unit in its cgroups is killed, and what is
+// mounted under the state directory goes, as a power cycle leaves a host.
+// Started again on the same state directory, it says READY=1 (where
+// `systemctl start` returns) only once the runs the stop parked are back:
 //
 //   - the executing image run is executing again, one process from its
 //     start: the stop parked it and the start resumed it;
@@ -35,7 +39,9 @@ import (
 func TestReboot(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	d := mustDaemon(t, "reboot", func(d *daemon) { d.stopDefault = true })
+	notify, got := notifySocket(t)
+	d := mustDaemon(t, "reboot", asUnit(t, notify))
+	await(t, got, d.cmd.Process.Pid, "READY=1", 2*time.Minute)
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
 	const executing, parked, awaiting, thinking = "rb-executing", "rb-parked", "rb-awaiting", "rb-thinking"
@@ -49,12 +55,20 @@ func TestReboot(t *testing.T) {
 	waitSaidText(t, d, thinking, "step 1: thinking")
 
 	stopping := time.Now()
+	stopped := d.cmd.Process.Pid
 	mustStop(t, d)
 	t.Logf("stop, parking the 2 executing runs: %v", time.Since(stopping).Round(time.Millisecond))
 	atStop := last(output(t, d.stdout(executing)))
 	rebootHost(t, d)
 	starting := time.Now()
 	mustStart(t, d)
+	readyAfter(t, got, d.cmd.Process.Pid, stopped)
+	t.Logf("from the start to READY=1: %v", time.Since(starting).Round(time.Millisecond))
+	for _, id := range []string{executing, thinking} {
+		if r, err := d.run(ctx, id); err != nil || r.Phase != "executing" {
+			t.Fatalf("at READY=1, %s: %+v, %v; want it executing again (systemctl start returns at READY=1)", id, r, err)
+		}
+	}
 
 	t.Run("ExecutingImageRun", func(t *testing.T) {
 		r := trWait(t, d, executing, "resumed by the start", func(r api.Run) bool { return r.Phase == "executing" && r.Segments >= 3 })
@@ -100,6 +114,28 @@ func TestReboot(t *testing.T) {
 			t.Fatalf("wait proof %+v, %v; want NonBlocking", wp, err)
 		}
 	})
+}
+
+// readyAfter waits up to 2 minutes for READY=1 from pid, the daemon
+// started after the one of pid stopped, whose last notifications may
+// still be read first.
+func readyAfter(t *testing.T, got <-chan notification, pid, stopped int) {
+	t.Helper()
+	deadline := time.After(2 * time.Minute)
+	for {
+		select {
+		case m := <-got:
+			switch {
+			case m.pid == int32(stopped):
+			case m.pid != int32(pid):
+				t.Fatalf("notification %q from pid %d, not the daemon's %d", m.text, m.pid, pid)
+			case strings.Contains(m.text, "READY=1\n"):
+				return
+			}
+		case <-deadline:
+			t.Fatal("no READY=1 within 2m of the start")
+		}
+	}
 }
 
 // waitSaidText waits until transcript run id's unit output holds an
@@ -231,5 +267,77 @@ func TestStopLeavesNoCgroup(t *testing.T) {
 	}
 	if err := d.start(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBackupRestore backs a state directory up and restores it as
+// docs/operations.md says ("Backup and restore of a state directory"),
+// with its tar commands: the daemon stopped under the park policy, the
+// directory archived, the daemon started and its runs gone on past the
+// backup, then stopped, the directory emptied and the archive extracted.
+// Started on it, the host is back at the backup: the image run the stop
+// parked is resumed by the start from the backup's park, one process with
+// the output it had then, and the transcript run is parked on the await
+// it was on, and takes its result again.
+func TestBackupRestore(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	d := mustDaemon(t, "backup", func(d *daemon) { d.stopDefault = true })
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	mustImportImage(t, d, trAgentArchive, trAgentImage, trAgentDigest)
+	const img, awaiting = "br-image", "br-awaiting"
+	startOracle(t, d, img, oracleImage)
+	trStart(t, d, awaiting, trAgentImage, "STEPS=2")
+	trParked(t, d, awaiting, 2)
+
+	mustStop(t, d)
+	atBackup := last(output(t, d.stdout(img)))
+	archive := filepath.Join(t.TempDir(), "runrecordd.tgz")
+	tarRun(t, "-C", d.state, "--xattrs", "--xattrs-include=*", "--numeric-owner",
+		"--exclude=./runrecordd.sock", "--exclude=./secrets", "-czf", archive, ".")
+
+	// The host goes on past the backup.
+	mustStart(t, d)
+	trWait(t, d, img, "resumed by the start", func(r api.Run) bool { return r.Phase == "executing" })
+	waitLines(t, d.stdout(img), "lines past the backup", func(ls []line) bool {
+		return len(ls) > 0 && last(ls).VerifiedAt > atBackup.Counter+2
+	})
+	trPost(t, d, awaiting, "call-1", trResult(1))
+	trParked(t, d, awaiting, 5)
+	mustStop(t, d)
+
+	// Restored: the state directory emptied, the archive extracted.
+	d.unmount()
+	if err := os.RemoveAll(d.state); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(d.state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	tarRun(t, "-C", d.state, "--xattrs", "--xattrs-include=*", "--numeric-owner", "-xzpf", archive)
+	mustStart(t, d)
+	r := trWait(t, d, img, "resumed by the start from the backup's park", func(r api.Run) bool { return r.Phase == "executing" })
+	if r.Status != "running" || r.Segments != 3 {
+		t.Fatalf("after the restore: %+v, want running with 3 segments (the backup's park resumed)", r)
+	}
+	ls := waitLines(t, d.stdout(img), "a line verified after the restore", func(ls []line) bool {
+		return len(ls) > 0 && last(ls).VerifiedAt > atBackup.Counter
+	})
+	checkOneProcess(t, ls)
+	if tr, err := d.run(ctx, awaiting); err != nil || tr.Phase != "parked" || tr.Segments != 2 {
+		t.Fatalf("after the restore: %+v, %v; want it parked on its await as at the backup", tr, err)
+	}
+	trPost(t, d, awaiting, "call-1", trResult(1))
+	trParked(t, d, awaiting, 5)
+	if v, err := d.c.Verify(ctx, awaiting); err != nil || !v.OK {
+		t.Fatalf("verify after the restore: %+v, %v", v, err)
+	}
+}
+
+// tarRun runs tar with args, failing t on an error.
+func tarRun(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("tar", args...).CombinedOutput(); err != nil {
+		t.Fatalf("tar %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }

@@ -4,11 +4,13 @@ package e2e
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/host"
 )
@@ -68,5 +70,76 @@ func TestSystemdUnit(t *testing.T) {
 	out, err := exec.Command(analyze, "verify", "--man=no", unit).CombinedOutput()
 	if err != nil || len(strings.TrimSpace(string(out))) != 0 {
 		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// envFile is the environment file deploy/ ships for the unit.
+const envFile = "../../deploy/systemd/runrecordd.env"
+
+// configFile is the config deploy/ ships, installed as
+// /etc/runrecordd/config.toml.
+const configFile = "../../deploy/config.toml"
+
+// unitKeys are the [Service] assignments of the shipped unit, comments
+// left out (a key given twice: its last value).
+func unitKeys(t *testing.T) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(unitFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if k, v, ok := strings.Cut(line, "="); ok && !strings.HasPrefix(line, "#") {
+			keys[k] = v
+		}
+	}
+	return keys
+}
+
+// asUnit has d started as the shipped unit starts it, under systemd: the
+// unit's ExecStart arguments, $RUNRECORDD_ARGS from the shipped
+// environment file, the shipped config file (the default path's, named),
+// and systemd's variables: $INVOCATION_ID, $NOTIFY_SOCKET (notify, a
+// socket as notifySocket listens on) and $WATCHDOG_USEC from
+// WatchdogSec=. The state directory the unit names is d's.
+func asUnit(t *testing.T, notify string) func(*daemon) {
+	t.Helper()
+	keys := unitKeys(t)
+	execStart := strings.Fields(keys["ExecStart"])
+	if len(execStart) < 2 || filepath.Base(execStart[0]) != "runrecordd" || execStart[1] != "serve" {
+		t.Fatalf("ExecStart=%s: not runrecordd serve", keys["ExecStart"])
+	}
+	env, err := os.ReadFile(envFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var extra string
+	for _, line := range strings.Split(string(env), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "RUNRECORDD_ARGS="); ok {
+			extra = strings.Trim(v, `"`)
+		}
+	}
+	watchdog, err := time.ParseDuration(keys["WatchdogSec"])
+	if err != nil {
+		t.Fatalf("WatchdogSec=%s: %v", keys["WatchdogSec"], err)
+	}
+	return func(d *daemon) {
+		var args []string
+		for _, a := range execStart[2:] {
+			switch a {
+			case "$RUNRECORDD_ARGS", "${RUNRECORDD_ARGS}":
+				args = append(args, strings.Fields(extra)...)
+			case host.DefaultStateDir:
+				args = append(args, d.state)
+			default:
+				args = append(args, a)
+			}
+		}
+		d.flags = append(append(args, "--config", configFile), d.flags...)
+		d.env = []string{"INVOCATION_ID=e2e" + d.name, "NOTIFY_SOCKET=" + notify,
+			fmt.Sprintf("WATCHDOG_USEC=%d", watchdog.Microseconds())}
+		d.stopDefault = true
 	}
 }

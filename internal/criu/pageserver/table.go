@@ -69,8 +69,8 @@ type Table struct {
 // tableMagic starts an encoded extent table.
 const tableMagic = "rr-pageserver-1\n"
 
-// Encode writes m (docs/lazy-resume.md, "The page server"): the magic,
-// then u32 tasks; per task u64 id, u32 extents; per extent u64 vaddr, u64
+// Encode writes m, the table the daemon hands a page server on its stdin
+// (never stored): the magic, then u32 tasks; per task u64 id, u32 extents; per extent u64 vaddr, u64
 // size, u64 offset, u8 verified (0 or 1) and then its 32-byte address when
 // 1, u16 path length and the path. Integers are big-endian.
 func (m *Table) Encode(w io.Writer) error {
