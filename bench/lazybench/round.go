@@ -157,7 +157,7 @@ func (b *bench) round(ctx context.Context, r int, mode string) error {
 	t1 := time.Now()
 	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Pages: pages}
 	var sb *executor.Sandbox
-	var lp *executor.LazyPages
+	var lp *pageserver.LazyPages
 	var rst executor.RestoreStats
 	if strings.HasPrefix(mode, "lazy") || served {
 		sb, lp, rst, err = b.ex.RestoreLazy(ctx, p.id, b.spec(), cp, p.out)

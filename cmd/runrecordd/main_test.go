@@ -17,7 +17,7 @@ import (
 
 	"github.com/rogpeppe/go-internal/testscript"
 
-	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/ociarchive"
 	"github.com/runrecordd/runrecordd/pkg/api"
 )
@@ -102,7 +102,7 @@ func preflight() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	return executor.CheckCRIU(ctx, "")
+	return criu.Check(ctx, "")
 }
 
 // buildOracle builds units/oracle into an OCI archive, once per test run,

@@ -1,5 +1,10 @@
 // Package criu reads CRIU's image directories as hostile input, and
-// judges them against what this host grants.
+// judges them against what this host grants. It is also the one package
+// that speaks CRIU otherwise (with internal/criu/pageserver under it,
+// for lazy-pages): the configuration runc passes to every dump and
+// restore and the sandboxes' CRIU directories ([Dirs]), CRIU's
+// statistics ([ReadDumpStats]), its version, `criu check` and the probe
+// of a plain process ([ProbeProcess]), and the build record ([Identify]).
 //
 // A signature says who wrote a snapshot; it does not say that this host
 // would have made it. CRIU restores credentials, capability sets,

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -121,7 +122,7 @@ func TestLazyPagesLostParksBack(t *testing.T) {
 	h, p, snap, errs := lazyHost(t)
 	events, cancel := h.d.events.Subscribe()
 	defer cancel()
-	p.end(fmt.Errorf("%w: lazy-pages killed", executor.ErrPagesLost))
+	p.end(fmt.Errorf("%w: lazy-pages killed", pageserver.ErrPagesLost))
 	for e := range events {
 		if e.Kind == "run.pages-lost" {
 			break
@@ -164,7 +165,7 @@ func TestLazyPagesLostFreezeFails(t *testing.T) {
 	h.ex.mu.Unlock()
 	events, cancel := h.d.events.Subscribe()
 	defer cancel()
-	p.end(fmt.Errorf("%w: lazy-pages killed", executor.ErrPagesLost))
+	p.end(fmt.Errorf("%w: lazy-pages killed", pageserver.ErrPagesLost))
 	for e := range events {
 		if e.Kind == "run.pages-lost" || e.Kind == "run.closed" {
 			break
@@ -193,7 +194,7 @@ func TestLazyPagesLostRefusedAtAppend(t *testing.T) {
 	if _, err := h.d.st.Append("r", head, record.Closure("another writer")); err != nil {
 		t.Fatal(err)
 	}
-	p.end(fmt.Errorf("%w: lazy-pages killed", executor.ErrPagesLost))
+	p.end(fmt.Errorf("%w: lazy-pages killed", pageserver.ErrPagesLost))
 	if err := <-errs; !errors.Is(err, record.ErrClosed) {
 		t.Fatalf("logged %v, want the record's refusal", err)
 	}

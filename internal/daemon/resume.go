@@ -9,8 +9,8 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/events"
-	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/manifest"
@@ -201,7 +201,7 @@ func (d *Daemon) parkBackUnfinished(id string, r *run, lv *live) bool {
 	cancel()
 	now := time.Now()
 	lv.iv.Journal(attest.LifecycleOf(now.UnixNano(), attest.PagesLost{AfterNS: restoreAge(lv.iv.Events(), now), Reason: forms.RestartedReason}))
-	lost := fmt.Errorf("%w: %s (freeze: %v)", executor.ErrPagesLost, forms.RestartedReason, perr)
+	lost := fmt.Errorf("%w: %s (freeze: %v)", pageserver.ErrPagesLost, forms.RestartedReason, perr)
 	d.parkBack(id, r, lv, snap, lost)
 	return true
 }

@@ -8,14 +8,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/idmap"
 
-	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/typeurl/v2"
@@ -158,9 +156,12 @@ func (s *Sandbox) checkpoint(ctx context.Context, cp Checkpoint) (CheckpointStat
 			return st, s.exportFailed(ctx, cp, err)
 		}
 	}
-	if err := dumpStats(work, &st); err != nil {
+	ds, err := criu.ReadDumpStats(work)
+	if err != nil {
 		return st, err
 	}
+	st.Freezing, st.Frozen, st.MemDump, st.MemWrite = ds.Freezing, ds.Frozen, ds.MemDump, ds.MemWrite
+	st.PagesScanned, st.PagesWritten, st.PagesSkippedParent = ds.PagesScanned, ds.PagesWritten, ds.PagesSkippedParent
 	st.ImageBytes, err = dirSize(dir)
 	if err != nil {
 		return st, err
@@ -184,10 +185,14 @@ func (s *Sandbox) dumpDirs(cp Checkpoint) (dir, work string, _ error) {
 			return "", "", fmt.Errorf("%w: no directory for the rw layer %s", ErrInvalid, cp.Rootfs)
 		}
 	}
-	if err := s.c.repairCRIUConfig(s.id); err != nil {
-		return "", "", err
+	repaired, err := s.c.criu.RepairConfOf(s.id)
+	if err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrCheckpoint, err)
 	}
-	work = filepath.Join(s.c.cfg.StateDir, "criu", s.id, "dump")
+	if repaired {
+		s.c.log.Warn("repaired a sandbox's CRIU configuration left as a lazy restore's", "sandbox", s.id)
+	}
+	work = s.c.criu.Dump(s.id)
 	if err := removeTree(work); err != nil {
 		return "", "", err
 	}
@@ -215,7 +220,7 @@ func (s *Sandbox) dump(ctx context.Context, cp Checkpoint, dir, work string) (ti
 		Exit:      !cp.Keep,
 		ImagePath: dir,
 		WorkPath:  work,
-		OpenTcp:   true, // as the CRIU configuration file says too (criuConfig)
+		OpenTcp:   true, // as the CRIU configuration file says too (criu.Conf)
 	})
 	if err != nil {
 		return 0, errors.Join(err, s.settle(ctx, false))
@@ -234,7 +239,7 @@ func (s *Sandbox) dump(ctx context.Context, cp Checkpoint, dir, work string) (ti
 		if timedOut && ctx.Err() == nil {
 			err = timeoutErr(ErrCheckpointTimeout, cp.Deadline, err)
 		} else {
-			err = fmt.Errorf("%w: %w%s", ErrCheckpoint, err, logTail(filepath.Join(work, "dump.log")))
+			err = fmt.Errorf("%w: %w%s", ErrCheckpoint, err, criu.LogTail(filepath.Join(work, "dump.log")))
 		}
 		return took, errors.Join(err, s.settle(ctx, timedOut))
 	}
@@ -291,29 +296,6 @@ func emptyDir(dir string) (string, error) {
 	return dir, nil
 }
 
-// dumpStats reads CRIU's stats-dump, which it writes into its work
-// directory (not the image directory).
-func dumpStats(dir string, st *CheckpointStats) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	ds, err := stats.CriuGetDumpStats(d)
-	if err != nil {
-		return fmt.Errorf("stats-dump: %w", err)
-	}
-	us := func(v uint32) time.Duration { return time.Duration(v) * time.Microsecond }
-	st.Freezing = us(ds.GetFreezingTime())
-	st.Frozen = us(ds.GetFrozenTime())
-	st.MemDump = us(ds.GetMemdumpTime())
-	st.MemWrite = us(ds.GetMemwriteTime())
-	st.PagesScanned = ds.GetPagesScanned()
-	st.PagesWritten = ds.GetPagesWritten()
-	st.PagesSkippedParent = ds.GetPagesSkippedParent()
-	return nil
-}
-
 func dirSize(dir string) (int64, error) {
 	var n int64
 	err := filepath.WalkDir(dir, func(_ string, e os.DirEntry, err error) error {
@@ -330,17 +312,4 @@ func dirSize(dir string) (int64, error) {
 		return nil
 	})
 	return n, err
-}
-
-// logTail is the end of a CRIU log, formatted to follow an error message.
-func logTail(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > 12 {
-		lines = lines[len(lines)-12:]
-	}
-	return fmt.Sprintf("; end of %s:\n%s", path, strings.Join(lines, "\n"))
 }

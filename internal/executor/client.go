@@ -4,7 +4,6 @@ package executor
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -25,6 +24,7 @@ import (
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/idmap"
 )
 
@@ -60,9 +60,9 @@ type Config struct {
 	// Protected are host directories no mount may reach (see [Mount]):
 	// the daemon's state directory. StateDir is always protected.
 	Protected []string
-	// CRIU is the criu binary [Versions] and [CheckCRIU] run ("criu" from
-	// PATH when empty). runc finds its own CRIU on the daemon's PATH;
-	// [StartContainerd] makes the two agree.
+	// CRIU is the criu binary [Versions] and [Client.Probe] run
+	// ([criu.Binary] from PATH when empty). runc finds its own CRIU on the
+	// daemon's PATH; [StartContainerd] makes the two agree.
 	CRIU string
 	// Gate is the runrecordd-gate binary (cmd/runrecordd-gate) a sandbox
 	// [Client.Create] makes starts in, so that [Sandbox.Begin] is a
@@ -92,6 +92,8 @@ type Client struct {
 	client *containerd.Client
 	log    *slog.Logger
 	gate   string // the gate's path (findGate); "" for none
+	// criu are CRIU's files under the state directory.
+	criu criu.Dirs
 	// filters are the seccomp filters runc compiles, by profile
 	// (seccomp.go).
 	filters seccompFilters
@@ -112,7 +114,7 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		cfg.CgroupParent = "/" + cfg.Namespace
 	}
 	if cfg.CRIU == "" {
-		cfg.CRIU = "criu"
+		cfg.CRIU = criu.Binary
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -124,12 +126,13 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	if gate != "" {
 		cfg.Logger.Debug("warm sandboxes start in the gate", "gate", gate)
 	}
-	for _, d := range []string{cfg.StateDir, cfg.RuncRoot, filepath.Join(cfg.StateDir, "fifo"), filepath.Join(cfg.StateDir, "criu")} {
+	for _, d := range []string{cfg.StateDir, cfg.RuncRoot, filepath.Join(cfg.StateDir, "fifo")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("executor: connect: %w", err)
 		}
 	}
-	if _, err := writeFileDurably(filepath.Join(cfg.StateDir, criuConfigName), strings.NewReader(criuConfig)); err != nil {
+	dirs := criu.Dirs{State: cfg.StateDir}
+	if err := dirs.Make(); err != nil {
 		return nil, fmt.Errorf("executor: connect: %w", err)
 	}
 	if gate != "" {
@@ -149,37 +152,8 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		c.Close()
 		return nil, fmt.Errorf("executor: connect to containerd at %s: %w", cfg.Address, err)
 	}
-	return &Client{cfg: cfg, client: c, log: cfg.Logger.With("component", "executor", "namespace", cfg.Namespace), gate: gate}, nil
+	return &Client{cfg: cfg, client: c, log: cfg.Logger.With("component", "executor", "namespace", cfg.Namespace), gate: gate, criu: dirs}, nil
 }
-
-// criuConfig is the CRIU configuration file runc passes to CRIU at every
-// dump and restore of a sandbox (the org.criu.config annotation; CRIU reads
-// it over the options runc sends). Each line is here because no option of
-// containerd's task API reaches CRIU with it: the runc shim (2.3 as 1.6)
-// gives `runc restore` the image, work and parent paths and nothing else,
-// and a checkpoint's options (runc's CheckpointOptions) have no field for
-// the last two:
-//
-//   - tcp-established: established TCP connections are dumped and restored
-//     with TCP repair, so a unit's connections to itself go on after a
-//     resume. The dump has it from the checkpoint's OpenTcp too; a restore
-//     of an image holding such a connection fails without it ("Connected
-//     TCP socket in image"), and only this file gives it to the restore.
-//   - skip-in-flight: a connection still in its handshake is left out of
-//     the dump (its client retries the SYN) instead of failing it (runc's
-//     --tcp-skip-in-flight, which the shim never passes).
-//   - network-lock nftables: the sandbox's network is locked during a dump
-//     and unlocked at the end of a restore with one nftables table instead
-//     of iptables rules (CRIU's default), whose unlock forks
-//     iptables-restore several times: 50-60 ms of every restore here
-//     (docs/lazy-resume.md). runc has no option for it. The method is
-//     recorded in the images, so a park dumped with iptables still
-//     restores with it.
-const criuConfig = "tcp-established\nskip-in-flight\nnetwork-lock nftables\n"
-
-const criuConfigName = "criu.conf"
-
-func (c *Client) criuConfigPath() string { return filepath.Join(c.cfg.StateDir, criuConfigName) }
 
 // Close closes the connection; sandboxes keep running.
 func (c *Client) Close() error { return c.client.Close() }
@@ -318,7 +292,9 @@ func (c *Client) Versions(ctx context.Context) (Versions, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	out.CRIU, out.CRIUErr = criuVersion(cctx, c.cfg.CRIU)
+	if out.CRIU, err = criu.Version(cctx, c.cfg.CRIU); err != nil {
+		out.CRIUErr = fmt.Errorf("executor: %w: %w", ErrMissing, err)
+	}
 	return out, nil
 }
 
@@ -356,58 +332,4 @@ func atLeast(what, version string, min [2]int) error {
 		return nil
 	}
 	return fmt.Errorf("%w: %s %q, need %d.%d or later (deploy/setup.sh installs it)", ErrMissing, what, version, min[0], min[1])
-}
-
-// criuVersion runs `bin --version` and returns its version as
-// MAJOR.MINOR.SUBLEVEL ("Version: 4.2" is 4.2.0).
-func criuVersion(ctx context.Context, bin string) (string, error) {
-	path, err := exec.LookPath(bin)
-	if err != nil {
-		return "", fmt.Errorf("executor: criu version: %w: %w", ErrMissing, err)
-	}
-	cmd := exec.CommandContext(ctx, path, "--version")
-	cmd.WaitDelay = time.Second
-	out, err := cmd.Output()
-	if ctx.Err() != nil {
-		return "", fmt.Errorf("executor: %s --version: %w: no answer: %w", path, ErrMissing, ctx.Err())
-	}
-	if err != nil {
-		return "", fmt.Errorf("executor: %s --version: %w: %w", path, ErrMissing, err)
-	}
-	for _, l := range strings.Split(string(out), "\n") {
-		v, ok := strings.CutPrefix(strings.TrimSpace(l), "Version:")
-		if !ok {
-			continue
-		}
-		parts := strings.Split(strings.TrimSpace(v), ".")
-		for len(parts) < 3 {
-			parts = append(parts, "0")
-		}
-		for _, p := range parts[:3] {
-			if _, err := strconv.Atoi(p); err != nil {
-				return "", fmt.Errorf("executor: %s --version: %w: version %q", path, ErrMissing, v)
-			}
-		}
-		return strings.Join(parts[:3], "."), nil
-	}
-	return "", fmt.Errorf("executor: %s --version: %w: no version in %q", path, ErrMissing, bytes.TrimSpace(out))
-}
-
-// CheckCRIU runs `criu check` with the binary bin ("criu" from PATH when
-// empty) and returns nil only if it says "Looks good.": the kernel and CRIU
-// can checkpoint at all. The error wraps [ErrMissing] and carries CRIU's
-// output.
-func CheckCRIU(ctx context.Context, bin string) error {
-	if bin == "" {
-		bin = "criu"
-	}
-	path, err := exec.LookPath(bin)
-	if err != nil {
-		return fmt.Errorf("executor: criu check: %w: %w", ErrMissing, err)
-	}
-	out, err := exec.CommandContext(ctx, path, "check").CombinedOutput()
-	if err != nil || !bytes.Contains(out, []byte("Looks good.")) {
-		return fmt.Errorf("executor: %s check: %w: %v: %s", path, ErrMissing, err, bytes.TrimSpace(out))
-	}
-	return nil
 }

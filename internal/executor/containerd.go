@@ -19,6 +19,8 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+
+	"github.com/runrecordd/runrecordd/internal/criu"
 )
 
 // Containerd is a containerd daemon running as a child of this process, with
@@ -292,7 +294,8 @@ func (d *Containerd) spawn(bin string) (*daemonRun, error) {
 	cmd := exec.Command(bin, "--config", filepath.Join(d.dir, "config.toml"))
 	cmd.Stdout = logf
 	cmd.Stderr = logf
-	cmd.Env = daemonEnv()
+	// runc, which the shim starts, runs the criu this process sees.
+	cmd.Env = criu.LeadPath(os.Environ())
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Setpgid:   true, // a ^C at our terminal is ours to handle, not the daemon's
 		Pdeathsig: syscall.SIGTERM,
@@ -345,29 +348,6 @@ func serving(ctx context.Context, address string) bool {
 	defer c.Close()
 	ok, err := c.IsServing(ctx)
 	return err == nil && ok
-}
-
-// daemonEnv is this process's environment with PATH led by the directory
-// of the CRIU on PATH, so that every process below the daemon (shim, runc)
-// resolves the same criu this process's checks and [Versions] see.
-func daemonEnv() []string {
-	env := os.Environ()
-	criu, err := exec.LookPath("criu")
-	if err != nil {
-		return env
-	}
-	criuDir := filepath.Dir(criu)
-	path := os.Getenv("PATH")
-	if path == "" {
-		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	}
-	out := env[:0:0]
-	for _, kv := range env {
-		if !strings.HasPrefix(kv, "PATH=") {
-			out = append(out, kv)
-		}
-	}
-	return append(out, "PATH="+criuDir+string(os.PathListSeparator)+path)
 }
 
 // daemonConfig is the configuration of an embedded daemon, in the format

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -39,8 +40,8 @@ type restoreFrom struct {
 	// deadline bounds the task's creation, CRIU's restore (0: none).
 	deadline time.Duration
 	// criuConfig, when set, is the CRIU configuration file the restored
-	// container's org.criu.config annotation names instead of the
-	// client's (a lazy restore's, lazy.go).
+	// container's criu.ConfAnnotation names instead of the client's (a
+	// lazy restore's, lazy.go).
 	criuConfig string
 	// staged, when set, yields the staging's error once the images are
 	// staged (restore.go); awaitStaged takes it into stageErr.
@@ -142,7 +143,7 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, o 
 	defer onFailure(&retErr, undo)
 	extra := o.extra
 	if rs != nil && rs.criuConfig != "" {
-		extra = append(extra, oci.WithAnnotations(map[string]string{"org.criu.config": rs.criuConfig}))
+		extra = append(extra, oci.WithAnnotations(map[string]string{criu.ConfAnnotation: rs.criuConfig}))
 	}
 	s, err := c.newContainer(ctx, id, containerOf{img: img, snapshot: snapshot, spec: spec, extra: extra}, out)
 	if err != nil {

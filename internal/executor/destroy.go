@@ -21,9 +21,9 @@ import (
 func (s *Sandbox) Destroy(ctx context.Context) error {
 	err := s.destroy(s.c.ctx(ctx))
 	if err == nil {
-		s.c.killLazyLeftovers(s.id) // the unit is dead
+		s.c.lazyPids(s.id).KillLeftovers() // the unit is dead
 	}
-	if rerr := removeTree(filepath.Join(s.c.cfg.StateDir, "criu", s.id)); err == nil {
+	if rerr := removeTree(s.c.criu.Of(s.id)); err == nil {
 		err = rerr
 	}
 	if rerr := removeFile(s.c.gateFIFO(s.id)); err == nil {
@@ -169,8 +169,8 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 	ctx = c.ctx(ctx)
 	cont, err := c.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
-		c.killLazyLeftovers(id) // no container, no unit
-		err = errors.Join(removeNetns(c.netnsPath(id)), removeTree(filepath.Join(c.cfg.StateDir, "criu", id)), c.removeGrants(id), removeFile(c.gateFIFO(id)))
+		c.lazyPids(id).KillLeftovers() // no container, no unit
+		err = errors.Join(removeNetns(c.netnsPath(id)), removeTree(c.criu.Of(id)), c.removeGrants(id), removeFile(c.gateFIFO(id)))
 		if err != nil {
 			return fmt.Errorf("executor: remove %s: %w", id, err)
 		}
@@ -206,8 +206,9 @@ func (c *Client) Prune(ctx context.Context) ([]string, error) {
 	}
 	var pruned []string
 	var errs []error
-	for _, dir := range []string{"netns", "criu", "grants", "gate", "link"} {
-		ents, err := os.ReadDir(filepath.Join(c.cfg.StateDir, dir))
+	netns := filepath.Join(c.cfg.StateDir, "netns")
+	for _, dir := range []string{netns, c.criu.Root(), filepath.Join(c.cfg.StateDir, "grants"), filepath.Join(c.cfg.StateDir, "gate"), filepath.Join(c.cfg.StateDir, "link")} {
+		ents, err := os.ReadDir(dir)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
@@ -216,8 +217,8 @@ func (c *Client) Prune(ctx context.Context) ([]string, error) {
 			if have[id] || id == ".empty" {
 				continue
 			}
-			p := filepath.Join(c.cfg.StateDir, dir, id)
-			if dir == "netns" {
+			p := filepath.Join(dir, id)
+			if dir == netns {
 				err = removeNetns(p)
 				pruned = append(pruned, id)
 			} else {

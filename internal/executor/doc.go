@@ -34,7 +34,13 @@
 // the image directory. Between the two the processes keep their pids,
 // memory, open files and offsets, pipes and start time: the oracle unit in
 // units/oracle checks all of it in this package's tests. [CheckpointStats]
-// carries CRIU's own dump statistics (go-criu's stats package).
+// carries CRIU's own dump statistics (internal/criu's ReadDumpStats).
+//
+// What speaks CRIU is internal/criu's: the configuration the sandboxes'
+// annotation names and their CRIU directories (criu.Dirs), the
+// statistics, `criu check` and the process probe; and, under it,
+// internal/criu/pageserver's lazy-pages and page server processes. The
+// executor hands what they prepare to containerd and runc.
 //
 // # Caveats
 //
@@ -47,5 +53,5 @@
 //   - Output copying runs in this process (FIFOs): while no executor is
 //     attached a unit that writes more than a pipe buffer blocks, until
 //     [Client.Load] reattaches.
-//   - The daemon must run as root on a kernel CRIU supports ([CheckCRIU]).
+//   - The daemon must run as root on a kernel CRIU supports (criu.Check).
 package executor

@@ -22,6 +22,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/ociarchive"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -131,7 +132,7 @@ func preflight() error {
 			return err
 		}
 	}
-	return executor.CheckCRIU(context.Background(), "")
+	return criu.Check(context.Background(), "")
 }
 
 // buildImage builds the unit at pkg (relative to the module root) into an

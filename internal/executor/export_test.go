@@ -4,7 +4,6 @@ package executor
 
 import (
 	"context"
-	"strings"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
@@ -55,6 +54,5 @@ func (s *Sandbox) SpecFiltersForTest(ctx context.Context) ([]criu.Filter, error)
 // daemon that crashed between a lazy restore and the configuration's
 // repair leaves it: with the lazy-pages line.
 func (c *Client) LeaveLazyConfigForTest(id string) error {
-	_, err := writeFileDurably(c.sandboxCRIUConfig(id), strings.NewReader(criuConfig+lazyConfigLine))
-	return err
+	return c.criu.WriteConfOf(id, criu.LazyConf)
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -91,7 +92,9 @@ func (c *Client) probeContainer(ctx context.Context, deadline time.Duration, r *
 			return nil, err
 		}
 	}
-	defer func() { logs = readLogs(filepath.Join(p.dump, "dump.log"), filepath.Join(p.restore, "restore.log")) }()
+	defer func() {
+		logs = criu.ReadLogs(filepath.Join(p.dump, "dump.log"), filepath.Join(p.restore, "restore.log"))
+	}()
 	defer removeNetns(p.netns)
 
 	cont, task, err := p.start(ctx, "")
@@ -178,7 +181,7 @@ func (p *containerProbe) start(ctx context.Context, restoreFrom string) (contain
 		oci.WithProcessArgs("/bin/sleep", "600"),
 		oci.WithHostname("probe"),
 		oci.WithCgroup(path.Join(c.cfg.CgroupParent, p.id)),
-		oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
+		oci.WithAnnotations(map[string]string{criu.ConfAnnotation: c.criu.Conf()}),
 		oci.WithMounts([]specs.Mount{{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro"}}}),
 	}
 	if p.userns != nil {
@@ -229,9 +232,9 @@ func (p *containerProbe) start(ctx context.Context, restoreFrom string) (contain
 	if err != nil {
 		c.removeProbe(ctx, cont, task)
 		if timedOut {
-			return nil, nil, fmt.Errorf("did not finish within %v: CRIU was killed%s", p.deadline, logTail(filepath.Join(p.restore, "restore.log")))
+			return nil, nil, fmt.Errorf("did not finish within %v: CRIU was killed%s", p.deadline, criu.LogTail(filepath.Join(p.restore, "restore.log")))
 		}
-		return nil, nil, fmt.Errorf("%w%s", err, logTail(filepath.Join(p.restore, "restore.log")))
+		return nil, nil, fmt.Errorf("%w%s", err, criu.LogTail(filepath.Join(p.restore, "restore.log")))
 	}
 	return cont, task, nil
 }
@@ -259,9 +262,9 @@ func (p *containerProbe) checkpoint(ctx context.Context, cont containerd.Contain
 	if err != nil {
 		c.removeProbe(ctx, cont, task)
 		if timedOut {
-			return fmt.Errorf("container probe: the checkpoint did not finish within %v: CRIU was killed%s", p.deadline, logTail(filepath.Join(p.dump, "dump.log")))
+			return fmt.Errorf("container probe: the checkpoint did not finish within %v: CRIU was killed%s", p.deadline, criu.LogTail(filepath.Join(p.dump, "dump.log")))
 		}
-		return fmt.Errorf("container probe: checkpoint: %w%s", err, logTail(filepath.Join(p.dump, "dump.log")))
+		return fmt.Errorf("container probe: checkpoint: %w%s", err, criu.LogTail(filepath.Join(p.dump, "dump.log")))
 	}
 	select {
 	case <-exit:

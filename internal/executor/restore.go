@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/checkpoint-restore/go-criu/v7/stats"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/leases"
@@ -154,7 +153,7 @@ func (c *Client) restoreDirs(id string, cp Checkpoint) (images, work string, err
 	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
 		return "", "", fmt.Errorf("%w: %s holds no CRIU image: %w", ErrInvalid, images, err)
 	}
-	work = filepath.Join(c.cfg.StateDir, "criu", id, "restore")
+	work = c.criu.Restore(id)
 	if err := removeTree(work); err != nil {
 		return "", "", err
 	}
@@ -226,30 +225,16 @@ func restoreFailed(rs *restoreFrom, err error) error {
 	if rs.timedOut {
 		return timeoutErr(ErrRestoreTimeout, rs.deadline, err)
 	}
-	return fmt.Errorf("%w: %w%s", ErrRestore, err, logTail(filepath.Join(rs.work, "restore.log")))
+	return fmt.Errorf("%w: %w%s", ErrRestore, err, criu.LogTail(filepath.Join(rs.work, "restore.log")))
 }
 
 // stats are a restore's times since start, with CRIU's own.
 func (rs *restoreFrom) stats(start time.Time) RestoreStats {
 	st := RestoreStats{Rootfs: rs.rootfsTime, Task: rs.taskTime, NewTask: rs.newTaskTime}
-	readRestoreStats(rs.work, &st)
+	cs := criu.ReadRestoreStats(rs.work)
+	st.Forking, st.Restore, st.PagesRestored = cs.Forking, cs.Restore, cs.PagesRestored
 	st.Total = time.Since(start)
 	return st
-}
-
-// readRestoreStats fills in CRIU's own restore statistics from the work
-// directory of a restore (stats-restore), when CRIU left them.
-func readRestoreStats(work string, st *RestoreStats) {
-	d, err := os.Open(work)
-	if err != nil {
-		return
-	}
-	defer d.Close()
-	if rst, err := stats.CriuGetRestoreStats(d); err == nil {
-		st.Forking = time.Duration(rst.GetForkingTime()) * time.Microsecond
-		st.Restore = time.Duration(rst.GetRestoreTime()) * time.Microsecond
-		st.PagesRestored = rst.GetPagesRestored()
-	}
 }
 
 // prepareRootfs makes snapshot key over the image's layers (remapped into

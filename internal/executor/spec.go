@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/idmap"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -212,8 +213,8 @@ func (c *Client) specOpts(img containerd.Image, id string, spec Spec) []oci.Spec
 		oci.WithHostname("unit"),
 		oci.WithCgroup(path.Join(c.cfg.CgroupParent, id)),
 		// runc hands this file to CRIU at every dump and restore of the
-		// sandbox (see criuConfig).
-		oci.WithAnnotations(map[string]string{"org.criu.config": c.criuConfigPath()}),
+		// sandbox (criu.Conf).
+		oci.WithAnnotations(map[string]string{criu.ConfAnnotation: c.criu.Conf()}),
 	}
 	if spec.UserNS != nil {
 		opts = append(opts, usernsOpts(*spec.UserNS, spec.Network, c.linkDir(id))...)

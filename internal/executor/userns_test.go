@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/idmap"
 )
@@ -88,7 +89,7 @@ func TestUserNamespace(t *testing.T) {
 		spec.UserNS = &to
 		var err error
 		if lazy {
-			var lp *executor.LazyPages
+			var lp *pageserver.LazyPages
 			s, lp, _, err = client.RestoreLazy(ctx, id, spec, cp, out)
 			if err == nil {
 				t.Cleanup(func() { _, _ = lp.Result() })

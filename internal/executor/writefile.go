@@ -9,13 +9,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/atomicfile"
 )
 
-// writeFileDurably writes r to path through a temporary file beside it,
-// fsynced before the rename and the directory fsynced after, so that path
-// is either absent or whole after a crash.
-func writeFileDurably(path string, r io.Reader) (int64, error) {
-	return writeFileWhole(path, r, true)
-}
-
 // writeFileWhole writes r to path through a temporary file beside it and a
 // rename, so that path is never seen half-written; with durable, the file
 // is fsynced before the rename and the directory after.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -31,10 +32,10 @@ type LazyRestorer interface {
 	RestoreLazy(ctx context.Context, id string, spec executor.Spec, cp executor.Checkpoint, out executor.Output) (Sandbox, Pages, executor.RestoreStats, error)
 }
 
-// Pages is a lazy restore's `criu lazy-pages` (*executor.LazyPages).
+// Pages is a lazy restore's `criu lazy-pages` (*pageserver.LazyPages).
 type Pages interface {
 	// Done is closed once it has exited; Result is then nil when every
-	// page is resident, or an error wrapping executor.ErrPagesLost.
+	// page is resident, or an error wrapping pageserver.ErrPagesLost.
 	Done() <-chan struct{}
 	Result() (time.Duration, error)
 	ExitedAt() time.Time
@@ -47,7 +48,7 @@ type Pages interface {
 // executorLazy is what *executor.Client (and a type embedding it, the
 // forms.Exec) offers of a lazy restore.
 type executorLazy interface {
-	RestoreLazy(ctx context.Context, id string, spec executor.Spec, cp executor.Checkpoint, out executor.Output) (*executor.Sandbox, *executor.LazyPages, executor.RestoreStats, error)
+	RestoreLazy(ctx context.Context, id string, spec executor.Spec, cp executor.Checkpoint, out executor.Output) (*executor.Sandbox, *pageserver.LazyPages, executor.RestoreStats, error)
 }
 
 // LazyOf is ex's lazy restore when on is set and ex has one
@@ -83,7 +84,7 @@ type pages struct {
 
 	mu    sync.Mutex
 	entry attest.Entry // what became of them: a resident or a pages-lost entry
-	lost  error        // wraps executor.ErrPagesLost; nil when every page came
+	lost  error        // wraps pageserver.ErrPagesLost; nil when every page came
 	// journaled is set once the entry is in an interval's journal.
 	journaled bool
 }
@@ -140,7 +141,7 @@ func (u *Unit) PagesLost() bool {
 
 // JournalPages, for a lazily restored unit whose pages are all in or
 // lost, journals which into iv — once: a later call journals nothing —
-// and returns the loss (wrapping executor.ErrPagesLost), nil when every
+// and returns the loss (wrapping pageserver.ErrPagesLost), nil when every
 // page came or they are still coming.
 func (u *Unit) JournalPages(iv *interval.Interval) error {
 	p := u.pages
@@ -195,9 +196,9 @@ func (f Image) awaitPages(ctx context.Context, u *Unit) error {
 		switch {
 		case !ok:
 		case l.LazyRestoring(u.ID):
-			return executor.ErrPagesArriving
+			return pageserver.ErrPagesArriving
 		case l.LazyUnfinished(u.ID):
-			return fmt.Errorf("%w: %s", executor.ErrPagesLost, RestartedReason)
+			return fmt.Errorf("%w: %s", pageserver.ErrPagesLost, RestartedReason)
 		}
 		return nil
 	}
@@ -285,7 +286,7 @@ func (p *pages) watch(sb Sandbox, lp Pages, release func(), deadline time.Durati
 	case <-lp.Done():
 		_, lost = lp.Result()
 	case <-timer.C:
-		lost = fmt.Errorf("%w: %w: not every page was resident %s after the restore", executor.ErrPagesLost, executor.ErrRestoreTimeout, deadline)
+		lost = fmt.Errorf("%w: %w: not every page was resident %s after the restore", pageserver.ErrPagesLost, executor.ErrRestoreTimeout, deadline)
 	case <-gone:
 		lp.Kill()
 		release()

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -106,7 +107,7 @@ func (p *fakePages) ExitedAt() time.Time            { return p.at }
 
 func (p *fakePages) Kill() {
 	p.l.note("kill lazy-pages")
-	p.exit(fmt.Errorf("%w: criu lazy-pages: signal: killed", executor.ErrPagesLost))
+	p.exit(fmt.Errorf("%w: criu lazy-pages: signal: killed", pageserver.ErrPagesLost))
 }
 
 func (p *fakePages) HoldUffds() (int, func(), error) {
@@ -235,7 +236,7 @@ func TestLazyServedJournaled(t *testing.T) {
 // userfaultfds are released only once the unit is gone.
 func TestLazyPagesLost(t *testing.T) {
 	h, l, w := lazyWoken(t, time.Hour)
-	l.pages.exit(fmt.Errorf("%w: criu lazy-pages: exit status 1", executor.ErrPagesLost))
+	l.pages.exit(fmt.Errorf("%w: criu lazy-pages: exit status 1", pageserver.ErrPagesLost))
 	<-w.Unit.PagesDone()
 	if got := l.notes(); !slices.Equal(got, []string{"freeze", "kill lazy-pages"}) {
 		t.Fatalf("after the loss: %q, want the unit frozen, then lazy-pages ended, the copies held", got)
@@ -244,12 +245,12 @@ func TestLazyPagesLost(t *testing.T) {
 		t.Fatalf("the unit is %s after its pages were lost, want frozen", s)
 	}
 	checkpoints := l.box.n
-	if _, err := h.For(unit.ImageMode).Snapshot(t.Context(), w.Unit); !errors.Is(err, executor.ErrPagesLost) || l.box.n != checkpoints {
+	if _, err := h.For(unit.ImageMode).Snapshot(t.Context(), w.Unit); !errors.Is(err, pageserver.ErrPagesLost) || l.box.n != checkpoints {
 		t.Fatalf("a park after the loss: %v, %d checkpoints (had %d)", err, l.box.n, checkpoints)
 	}
 	iv := openInterval(h, w.Unit)
 	for range 2 {
-		if err := w.Unit.JournalPages(iv); !errors.Is(err, executor.ErrPagesLost) {
+		if err := w.Unit.JournalPages(iv); !errors.Is(err, pageserver.ErrPagesLost) {
 			t.Fatalf("JournalPages after the loss: %v", err)
 		}
 	}
@@ -277,7 +278,7 @@ func TestLazyPagesLost(t *testing.T) {
 func TestLazyPagesLostFreezeFails(t *testing.T) {
 	_, l, w := lazyWoken(t, time.Hour)
 	l.box.pauseErr = errors.New("unable to freeze")
-	l.pages.exit(fmt.Errorf("%w: criu lazy-pages: signal: killed", executor.ErrPagesLost))
+	l.pages.exit(fmt.Errorf("%w: criu lazy-pages: signal: killed", pageserver.ErrPagesLost))
 	<-w.Unit.PagesDone()
 	select {
 	case <-l.pages.released:
@@ -298,7 +299,7 @@ func TestLazyPagesDeadline(t *testing.T) {
 	h, l, w := lazyWoken(t, time.Nanosecond)
 	<-w.Unit.PagesDone()
 	_, err := h.For(unit.ImageMode).Snapshot(t.Context(), w.Unit)
-	if !errors.Is(err, executor.ErrPagesLost) || !errors.Is(err, executor.ErrRestoreTimeout) {
+	if !errors.Is(err, pageserver.ErrPagesLost) || !errors.Is(err, executor.ErrRestoreTimeout) {
 		t.Fatalf("a park after the deadline: %v", err)
 	}
 	if got := l.notes(); !slices.Equal(got, []string{"freeze", "kill lazy-pages"}) {
@@ -400,11 +401,11 @@ func TestLazyPagesArrivingRefused(t *testing.T) {
 	if !h.LazyUnfinished(found) {
 		t.Fatal("LazyUnfinished: false")
 	}
-	if _, err := f.Snapshot(t.Context(), found); !errors.Is(err, executor.ErrPagesArriving) || box.n != 0 {
+	if _, err := f.Snapshot(t.Context(), found); !errors.Is(err, pageserver.ErrPagesArriving) || box.n != 0 {
 		t.Fatalf("a park while another process's lazy-pages runs: %v, %d checkpoints", err, box.n)
 	}
 	rb.restoring["r"] = false
-	if _, err := f.Snapshot(t.Context(), found); !errors.Is(err, executor.ErrPagesLost) || box.n != 0 {
+	if _, err := f.Snapshot(t.Context(), found); !errors.Is(err, pageserver.ErrPagesLost) || box.n != 0 {
 		t.Fatalf("a park once it is gone, unseen: %v, %d checkpoints", err, box.n)
 	}
 	rb.unfinished["r"] = false

@@ -169,7 +169,7 @@ func Open(ctx context.Context, cfg Config) (_ *Host, err error) {
 	}
 	h.identifyCRIU()
 	if cfg.LazyResume {
-		if err := h.Exec.CheckLazy(ctx); err != nil {
+		if err := criu.CheckLazy(ctx, h.Exec.Config().CRIU); err != nil {
 			return nil, fmt.Errorf("daemon: lazy resume: %w", err)
 		}
 	}

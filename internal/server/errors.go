@@ -11,6 +11,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/criu"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
@@ -101,10 +102,10 @@ var codes = []struct {
 	{api.CodeHandedOff, is(store.ErrHandedOff), nil},
 	{api.CodeGenesisHeld, is(store.ErrGenesisHeld, store.ErrNotExtension), nil},
 	{api.CodeExists, is(store.ErrRunExists, executor.ErrExists), nil},
-	{api.CodeConflict, is(store.ErrHeadMoved, executor.ErrPagesArriving), nil},
+	{api.CodeConflict, is(store.ErrHeadMoved, pageserver.ErrPagesArriving), nil},
 	{api.CodeCallRefused, is(calls.ErrRefused), nil},
 	{api.CodeCheckpointTimeout, is(executor.ErrCheckpointTimeout), nil},
-	{api.CodePagesLost, is(executor.ErrPagesLost), nil},
+	{api.CodePagesLost, is(pageserver.ErrPagesLost), nil},
 	{api.CodeRestoreTimeout, is(executor.ErrRestoreTimeout), nil},
 	{api.CodeImageParks, is(imageparks.ErrUnavailable), nil},
 	{api.CodeCheckpointFailed, is(executor.ErrCheckpoint), nil},

@@ -11,6 +11,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/criu"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
@@ -142,12 +143,12 @@ func TestErrorOfPlacement(t *testing.T) {
 // form's park is a record this host will not act on (record_invalid).
 func TestErrorOfForms(t *testing.T) {
 	for err, want := range map[error]string{
-		fmt.Errorf("park r: %w", forms.ErrNoChannel):                                    api.CodePhase,
-		fmt.Errorf("park r: %w: killed", executor.ErrPagesLost):                         api.CodePagesLost,
-		fmt.Errorf("park r: %w: %w", executor.ErrPagesLost, executor.ErrRestoreTimeout): api.CodePagesLost,
-		fmt.Errorf("park r: %w", executor.ErrPagesArriving):                             api.CodeConflict,
-		fmt.Errorf("resume r: %w", forms.ErrFormMismatch):                               api.CodeRecordInvalid,
-		fmt.Errorf("run r: %w", &resume.RecordError{Err: forms.ErrFormMismatch}):        api.CodeRecordInvalid,
+		fmt.Errorf("park r: %w", forms.ErrNoChannel):                                      api.CodePhase,
+		fmt.Errorf("park r: %w: killed", pageserver.ErrPagesLost):                         api.CodePagesLost,
+		fmt.Errorf("park r: %w: %w", pageserver.ErrPagesLost, executor.ErrRestoreTimeout): api.CodePagesLost,
+		fmt.Errorf("park r: %w", pageserver.ErrPagesArriving):                             api.CodeConflict,
+		fmt.Errorf("resume r: %w", forms.ErrFormMismatch):                                 api.CodeRecordInvalid,
+		fmt.Errorf("run r: %w", &resume.RecordError{Err: forms.ErrFormMismatch}):          api.CodeRecordInvalid,
 	} {
 		if got := ErrorOf(err).Code; got != want {
 			t.Errorf("ErrorOf(%v) = %s, want %s", err, got, want)

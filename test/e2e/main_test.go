@@ -17,8 +17,8 @@ import (
 
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
-	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/ociarchive"
 )
 
@@ -152,7 +152,7 @@ func preflight() error {
 			return err
 		}
 	}
-	return executor.CheckCRIU(context.Background(), "")
+	return criu.Check(context.Background(), "")
 }
 
 // build builds the daemon, the oracle's two archives and the transcript

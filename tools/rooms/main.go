@@ -41,6 +41,8 @@ type Package struct {
 	// Embeds holds each struct type its non-test files declare, by name,
 	// with the types it embeds (none: an empty list).
 	Embeds map[string][]string
+	// CRIU are the places its non-test files speak CRIU (speaksCRIU).
+	CRIU []string
 }
 
 // MaxParams is the most parameters a non-test function takes besides its
@@ -172,6 +174,11 @@ func Load(dir string) (Graph, error) {
 				return nil, err
 			}
 			p.Wide = append(p.Wide, w...)
+			c, err := speaksCRIU(filepath.Join(f[1], name), name)
+			if err != nil {
+				return nil, err
+			}
+			p.CRIU = append(p.CRIU, c...)
 			if err := p.shape(filepath.Join(f[1], name)); err != nil {
 				return nil, err
 			}

@@ -22,6 +22,13 @@
 // --page-server --ps-socket 4`) in CRIU's page-transfer protocol
 // (serve.go), and exits 3 when it refused a chunk.
 //
+// The package also runs the lazy restore's `criu lazy-pages`
+// ([StartLazyPages]), with a page server or reading the image directory
+// itself, watches it until every page is resident ([LazyPages]), and
+// records both processes' pids so that a restarted daemon can tell a
+// restore still serving from one left unfinished, and kill what is left
+// ([Pids]).
+//
 // A verified chunk's pages are sent only from the bytes that were hashed:
 // a chunk sent in parts is kept until its last page went (up to 64 MiB of
 // such chunks), or read and hashed again.

@@ -62,7 +62,7 @@ type Table struct {
 	// it serves: one per process with a pagemap, lazy pages or not (CRIU's
 	// restore sends one for every process but a zombie, and lazy-pages,
 	// patched, keeps them all until every page is in). Not encoded: it is
-	// the daemon's, for executor.LazyPages.HoldUffds.
+	// the daemon's, for pageserver.LazyPages.HoldUffds.
 	Uffds int
 }
 

@@ -1,4 +1,6 @@
-package executor
+//go:build linux
+
+package pageserver
 
 import (
 	"fmt"
@@ -14,13 +16,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A destroy's killLazyLeftovers kills the lazy-pages and page server the
-// sandbox's restore recorded, and nothing else: not a process that took a
-// recorded pid without being one of them.
-func TestKillLazyLeftovers(t *testing.T) {
-	c := &Client{cfg: Config{StateDir: t.TempDir()}}
-	dir := filepath.Join(c.cfg.StateDir, "criu", "sb")
+// KillLeftovers kills the lazy-pages and page server the sandbox's
+// restore recorded, and nothing else: not a process that took a recorded
+// pid without being one of them.
+func TestKillLeftovers(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "sb")
 	work := filepath.Join(dir, "restore")
+	c := Pids{Dir: dir, Work: work}
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -54,8 +56,8 @@ func TestKillLazyLeftovers(t *testing.T) {
 	}
 	// First as pids another sandbox's restore recorded: neither names
 	// this one's work directory.
-	other := &Client{cfg: Config{StateDir: t.TempDir()}}
-	odir := filepath.Join(other.cfg.StateDir, "criu", "sb")
+	odir := filepath.Join(t.TempDir(), "sb")
+	other := Pids{Dir: odir, Work: filepath.Join(odir, "restore")}
 	if err := os.MkdirAll(odir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +66,7 @@ func TestKillLazyLeftovers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	other.killLazyLeftovers("sb")
+	other.KillLeftovers()
 	time.Sleep(50 * time.Millisecond)
 	for _, cmd := range []*exec.Cmd{lazy, server} {
 		if err := cmd.Process.Signal(syscall.Signal(0)); err != nil {
@@ -79,14 +81,14 @@ func TestKillLazyLeftovers(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, lazyPid), []byte(strconv.Itoa(inner)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c.killLazyLeftovers("sb")
+	c.KillLeftovers()
 	time.Sleep(50 * time.Millisecond)
 	if err := syscall.Kill(inner, 0); err != nil {
 		t.Fatalf("a process of another pid namespace was killed: %v", err)
 	}
 	record(lazyPid, lazy)
 	record(serverPid, server)
-	c.killLazyLeftovers("sb")
+	c.KillLeftovers()
 	for _, cmd := range []*exec.Cmd{lazy, server} {
 		err := cmd.Wait()
 		ee, ok := err.(*exec.ExitError)

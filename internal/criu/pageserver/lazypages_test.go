@@ -1,4 +1,6 @@
-package executor
+//go:build linux
+
+package pageserver
 
 import (
 	"errors"
@@ -31,5 +33,28 @@ func TestHoldUffdsAfterExit(t *testing.T) {
 	release()
 	if _, _, err := lazyPagesOf(t, "false").HoldUffds(); !errors.Is(err, ErrPagesLost) {
 		t.Fatalf("after a failed exit: %v", err)
+	}
+}
+
+// Record may run while lazy-pages exits (every page in before the
+// restore returns): whichever comes first, no pid is left recorded after
+// a clean exit, and the race detector sees no race between the two.
+func TestRecordWhileExiting(t *testing.T) {
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	l := &LazyPages{cmd: cmd, start: time.Now(), done: make(chan struct{})}
+	go l.wait()
+	p := Pids{Dir: t.TempDir(), Work: "/nonexistent"}
+	if err := p.Record(l); err != nil {
+		t.Fatal(err)
+	}
+	<-l.Done()
+	if _, err := l.Result(); err != nil {
+		t.Fatal(err)
+	}
+	if p.Unfinished() {
+		t.Fatal("a pid left recorded after a clean exit")
 	}
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package executor
+package pageserver
 
 import (
 	"errors"
@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"golang.org/x/sys/unix"
 )
 
@@ -20,7 +19,7 @@ import (
 // stored chunk that does not hash to its listed address: it served none
 // of that chunk's pages and hung up, and the restore's pages are lost
 // (the error wraps [ErrPagesLost] too).
-var ErrChunkRefused = errors.New("executor: the page server refused a chunk that is not the one listed")
+var ErrChunkRefused = errors.New("pageserver: the page server refused a chunk that is not the one listed")
 
 // sendBuffer is the page server's socket send buffer.
 const sendBuffer = 8 << 20
@@ -28,9 +27,9 @@ const sendBuffer = 8 << 20
 // serverLog is the page server's log, in the restore's work directory.
 const serverLog = "page-server.log"
 
-// startServer starts the page server of pages (internal/criu/pageserver) on
-// one end of a socket pair and returns the other, for lazy-pages.
-func (l *LazyPages) startServer(pages *pageserver.Table, work string) (*os.File, error) {
+// startServer starts the page server of pages ([Command]) on one end of a
+// socket pair and returns the other, for lazy-pages.
+func (l *LazyPages) startServer(pages *Table, work string) (*os.File, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("page server socket: %w", err)
@@ -53,8 +52,8 @@ func (l *LazyPages) startServer(pages *pageserver.Table, work string) (*os.File,
 		return nil, err
 	}
 	defer heldR.Close()
-	cmd := pageserver.Command(mine, heldR)
-	// Names the restore it serves, for killLazyLeftovers.
+	cmd := Command(mine, heldR)
+	// Names the restore it serves, for Pids.KillLeftovers.
 	cmd.Env = append(cmd.Env, serverOf+"="+work)
 	cmd.Stderr = logf
 	in, err := cmd.StdinPipe()
@@ -77,11 +76,11 @@ func (l *LazyPages) startServer(pages *pageserver.Table, work string) (*os.File,
 }
 
 // sayHeld tells the page server the unit's userfaultfds are held
-// (pageserver.Server.Hold); letGo, once, that they are not (any more):
+// (Server.Hold); letGo, once, that they are not (any more):
 // the pipe's end. The daemon's own end, should it stop, says the same.
 func (l *LazyPages) sayHeld() {
 	if l.held != nil {
-		_, _ = l.held.Write([]byte{pageserver.HeldByte})
+		_, _ = l.held.Write([]byte{HeldByte})
 	}
 }
 
@@ -112,7 +111,7 @@ func (l *LazyPages) waitServer() error {
 		return nil
 	}
 	var ee *exec.ExitError
-	if errors.As(err, &ee) && ee.ExitCode() == pageserver.ExitRefused {
+	if errors.As(err, &ee) && ee.ExitCode() == ExitRefused {
 		err = ErrChunkRefused
 	}
 	return fmt.Errorf("page server: %w: %s", err, serverSaid(l.serverLog))

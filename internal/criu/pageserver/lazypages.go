@@ -1,0 +1,328 @@
+//go:build linux
+
+package pageserver
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrPagesLost is a lazy restore whose lazy-pages daemon ended before
+// every page was resident: the pages it had not served are gone from the
+// unit (the kernel fills them with zeros once the userfaultfd closes), so
+// the unit must not go on.
+var ErrPagesLost = errors.New("pageserver: lazy pages lost before every page was resident")
+
+// ErrPagesArriving is a checkpoint asked of a sandbox whose lazy restore
+// is still bringing its pages in, served by a lazy-pages this process did
+// not start (an earlier daemon process's): a dump now would leave the
+// missing pages out. It passes once that lazy-pages has exited.
+var ErrPagesArriving = errors.New("pageserver: a lazy restore's pages are still arriving")
+
+// lazyLog is the lazy-pages daemon's log, in the restore's work directory.
+const lazyLog = "lazy-pages.log"
+
+// LazyPages is the `criu lazy-pages` daemon of one lazy restore. It serves
+// the unit's lazy pages (anonymous private memory) from the image
+// directory as the unit faults on them, pushes the rest in the background
+// once the restore has finished, and exits when every page is resident.
+type LazyPages struct {
+	cmd   *exec.Cmd
+	start time.Time
+	done  chan struct{}
+	log   string
+	// server is the page server process serving lazy-pages, nil when
+	// lazy-pages reads the image directory itself; its log is serverLog.
+	server    *exec.Cmd
+	serverLog string
+	// held is the pipe that tells the page server whether the unit's
+	// userfaultfds are held (sayHeld, letGo); tasks is how many
+	// userfaultfds lazy-pages holds once it has every task's: the
+	// extent table's Uffds, or its tasks if more (0 without a server).
+	held     *os.File
+	heldOnce sync.Once
+	tasks    int
+	// recorded is where its pids are recorded ([Pids.Record]): a clean
+	// exit removes them there.
+	recorded *Pids
+
+	mu       sync.Mutex
+	err      error         // set before done closes
+	resident time.Duration // from the daemon's start to its exit
+	exited   time.Time
+}
+
+// Done is closed when the daemon has exited.
+func (l *LazyPages) Done() <-chan struct{} { return l.done }
+
+// Pid is the daemon's process id.
+func (l *LazyPages) Pid() int { return l.cmd.Process.Pid }
+
+// Result is, once Done is closed, how long every page took to be resident
+// (from the daemon's start) and nil, or an error wrapping [ErrPagesLost]
+// with the tail of its log.
+func (l *LazyPages) Result() (time.Duration, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.resident, l.err
+}
+
+// ExitedAt is, once Done is closed, when the daemon exited.
+func (l *LazyPages) ExitedAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.exited
+}
+
+// Kill ends the daemon (a lazy restore's failure path; and the bench's
+// experiment of a daemon that dies mid-way) and waits for it.
+func (l *LazyPages) Kill() {
+	l.letGo()
+	_ = l.cmd.Process.Kill()
+	if l.server != nil {
+		_ = l.server.Process.Kill()
+	}
+	<-l.done
+}
+
+// HoldUffds takes a copy (pidfd_getfd) of every userfaultfd the daemon
+// holds, one per restored task (the CRIU deploy/setup.sh builds keeps a
+// task's until every task's pages are in), and returns how many and how
+// to close them. While a copy is open the kernel keeps the unit's lazy ranges
+// registered: if the daemon dies, a fault on a page it had not served
+// waits (the faulting thread sleeps in handle_userfault until it is
+// killed) instead of being filled with zeros once the last copy closes.
+// Take the copies as soon as the restore returns (the daemon has them by
+// then) and close them only after the unit is frozen or dead, or after
+// every page is resident. A lazy-pages that has already exited (every
+// page in) leaves none to take, which is no error. A page server is told
+// when the copies are taken, and again when release lets them go (or
+// that none are held, should fewer be found than the tasks it serves,
+// within uffdWait): it hangs up on a failure only while they are held
+// (Server.Hold).
+func (l *LazyPages) HoldUffds() (n int, release func(), err error) {
+	defer func() {
+		if err != nil || n == 0 || n < l.tasks {
+			l.letGo()
+			return
+		}
+		l.sayHeld()
+		copies := release
+		release = func() { l.letGo(); copies() }
+	}()
+	pid := l.Pid()
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return l.gone(fmt.Errorf("pidfd of criu lazy-pages: %w", err))
+	}
+	defer unix.Close(pidfd)
+	fds, err := uffdsOf(pid, l.tasks)
+	if err != nil {
+		return l.gone(err)
+	}
+	var held []int
+	release = func() {
+		for _, fd := range held {
+			unix.Close(fd)
+		}
+	}
+	for _, n := range fds {
+		fd, err := unix.PidfdGetfd(pidfd, n, 0)
+		if err != nil {
+			// lazy-pages may have exited since it was listed, its
+			// every page in.
+			release()
+			return l.gone(fmt.Errorf("userfaultfd %d of criu lazy-pages: %w", n, err))
+		}
+		if !isUserfaultfd(fd) {
+			// The number was closed and reused since it was listed:
+			// not a copy to count (fewer than the tasks: not held).
+			unix.Close(fd)
+			continue
+		}
+		held = append(held, fd)
+	}
+	return len(held), release, nil
+}
+
+// isUserfaultfd reports whether this process's descriptor fd is a
+// userfaultfd.
+func isUserfaultfd(fd int) bool {
+	target, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+	return err == nil && target == uffdLink
+}
+
+// uffdLink is what /proc/PID/fd/N links to for a userfaultfd.
+const uffdLink = "anon_inode:[userfaultfd]"
+
+// uffdWait bounds HoldUffds' wait for a served lazy-pages to hold every
+// task's userfaultfd: CRIU's restore sends them as it restores the tasks
+// and returns without waiting for lazy-pages to have received them.
+const uffdWait = 2 * time.Second
+
+// uffdsOf is the descriptors of process pid that are userfaultfds, once
+// there are want of them or uffdWait has passed.
+func uffdsOf(pid, want int) ([]int, error) {
+	deadline := time.Now().Add(uffdWait)
+	for {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		if err != nil {
+			return nil, err
+		}
+		var fds []int
+		for _, e := range ents {
+			target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
+			if err == nil && target == uffdLink {
+				n, _ := strconv.Atoi(e.Name())
+				fds = append(fds, n)
+			}
+		}
+		if len(fds) >= want || time.Now().After(deadline) {
+			return fds, nil
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// LazyOptions say what lazy-pages serves, and from where.
+type LazyOptions struct {
+	// CRIU is the criu binary.
+	CRIU string
+	// Images is the image directory lazy-pages reads; Work its work
+	// directory, the restore's.
+	Images, Work string
+	// Pages, when set, has the lazy pages served by a page server process
+	// ([Command]) from the files it names, each chunk verified before its
+	// first page goes, instead of read by lazy-pages from Images' pages
+	// files (which then need hold only the eager pages).
+	Pages *Table
+	// Wait bounds the wait for lazy-pages to listen.
+	Wait time.Duration
+}
+
+// StartLazyPages starts `criu lazy-pages` on o.Images, with o.Work as its
+// work directory: it listens on Work/lazy-pages.socket (a relative name,
+// so no sun_path limit), where CRIU's restore, whose working directory is
+// the same work directory, connects. It returns once the daemon says it
+// is listening (--status-fd), or an error within o.Wait.
+func StartLazyPages(o LazyOptions) (*LazyPages, error) {
+	images, work, pages, wait := o.Images, o.Work, o.Pages, o.Wait
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	defer w.Close()
+	cmd := exec.Command(o.CRIU, "lazy-pages", "--images-dir", images, "--work-dir", work,
+		"--log-file", lazyLog, "-v4", "--status-fd", "3")
+	cmd.ExtraFiles = []*os.File{w}
+	// Its own session: a signal to the daemon's process group is not for
+	// it, and it outlives the daemon (the unit needs it).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	l := &LazyPages{cmd: cmd, start: time.Now(), done: make(chan struct{}), log: filepath.Join(work, lazyLog)}
+	if pages != nil {
+		conn, err := l.startServer(pages, work)
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Close()
+		l.tasks = max(len(pages.Tasks), pages.Uffds)
+		cmd.Args = append(cmd.Args, "--page-server", "--ps-socket", "4")
+		cmd.ExtraFiles = append(cmd.ExtraFiles, conn)
+	}
+	if err := cmd.Start(); err != nil {
+		l.letGo()
+		if l.server != nil {
+			_ = l.server.Process.Kill()
+			_ = l.server.Wait()
+		}
+		return nil, fmt.Errorf("criu lazy-pages: %w", err)
+	}
+	w.Close()
+	go l.wait()
+	ready := make(chan error, 1)
+	go func() {
+		b := make([]byte, 1)
+		_, err := r.Read(b)
+		ready <- err
+	}()
+	select {
+	case err := <-ready:
+		if err == nil {
+			return l, nil
+		}
+		<-l.done
+		_, lerr := l.Result()
+		return nil, fmt.Errorf("criu lazy-pages did not start: %w", lerr)
+	case <-time.After(wait):
+		l.Kill()
+		return nil, fmt.Errorf("criu lazy-pages did not listen within %s", wait)
+	}
+}
+
+func (l *LazyPages) wait() {
+	err := l.cmd.Wait()
+	exited := time.Now()
+	l.letGo() // nothing left to hold
+	var serr error
+	if l.server != nil {
+		// lazy-pages gone, its end of the socket closes: the server
+		// ends too, and says why it hung up first if it did.
+		serr = l.waitServer()
+	}
+	l.mu.Lock()
+	l.exited = exited
+	l.resident = l.exited.Sub(l.start)
+	switch {
+	case serr != nil:
+		l.err = fmt.Errorf("%w: %w (criu lazy-pages: %v)%s", ErrPagesLost, serr, err, logTail(l.log))
+	case err != nil:
+		l.err = fmt.Errorf("%w: criu lazy-pages: %w%s", ErrPagesLost, err, logTail(l.log))
+	default:
+		// Every page resident, and seen to be: the restore is finished
+		// for a restarted daemon too (Pids.Unfinished). Not removed, the
+		// pids cost only a park back should the daemon restart first.
+		_ = l.recorded.remove()
+	}
+	l.mu.Unlock()
+	close(l.done)
+}
+
+// gone answers HoldUffds for a lazy-pages that could not be looked at
+// (err): one that has exited — a small unit's pages can all be in before
+// the restore returns — leaves nothing to hold, or answers its failure.
+func (l *LazyPages) gone(err error) (int, func(), error) {
+	select {
+	case <-l.done:
+	case <-time.After(5 * time.Second):
+		return 0, nil, err // still running, and not to be looked at
+	}
+	if _, lerr := l.Result(); lerr != nil {
+		return 0, nil, lerr
+	}
+	return 0, func() {}, nil
+}
+
+// logTail is the end of lazy-pages' log, formatted to follow an error
+// message.
+func logTail(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > 12 {
+		lines = lines[len(lines)-12:]
+	}
+	return fmt.Sprintf("; end of %s:\n%s", path, strings.Join(lines, "\n"))
+}
