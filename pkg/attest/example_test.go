@@ -243,6 +243,7 @@ func TestAttestationWorkedExample(t *testing.T) {
 	objects := map[string][]byte{
 		"receipt": x.Receipt, "journal": x.Journal, "suspended segment": ex.Suspended, "body": x.Body,
 		"signature input": x.SignatureInput, "envelope": x.Envelope, "executed segment": x.Executed,
+		"traffic entry": AppendEntry(nil, trafficExample.Kind, trafficExample.AtNS, trafficExample.Data),
 	}
 	shown := map[string]bool{}
 	for _, d := range docDumps(string(doc)) {
