@@ -229,6 +229,9 @@ func (d *Daemon) wire() {
 	})
 	d.intervals = intervals{Recorder: interval.Recorder{StateDir: d.cfg.StateDir, Signer: d.signer, Meter: interval.IdleMeter{M: d.meter}, Log: d.log},
 		fleet: d.fleet, metrics: &d.metrics, reach: d.reach}
+	if d.links != nil {
+		d.intervals.Traffic = d.links
+	}
 	output := func(id string) (executor.Output, error) {
 		out, err := d.intervals.MakeOutput(id)
 		return executor.Output(out), err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/atomicfile"
 	"github.com/runrecordd/runrecordd/internal/egress"
+	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -116,6 +117,23 @@ func (l *links) Unlink(run string) error {
 		}
 	}
 	return r.Detach()
+}
+
+// Counters is run's egress counters on this host (interval.Traffic):
+// false when it holds no slot here; zero when its rules are gone (the
+// host restarted since they were installed).
+func (l *links) Counters(run string) (interval.Counters, bool, error) {
+	l.mu.Lock()
+	slot, held := l.slot[run]
+	l.mu.Unlock()
+	if !held {
+		return interval.Counters{}, false, nil
+	}
+	c, _, err := l.gw.Counters(slot)
+	if err != nil {
+		return interval.Counters{}, false, err
+	}
+	return interval.Counters{InBytes: c.InBytes, InPackets: c.InPackets, OutBytes: c.OutBytes, OutPackets: c.OutPackets}, true, nil
 }
 
 // take takes a free slot for run and writes its file.

@@ -85,5 +85,8 @@ func (r intervals) end(ctx context.Context, lv *live, step string, e interval.En
 		return interval.Sealed{}, r.fleet.Err(err)
 	}
 	r.metrics.Receipt(s.Receipt)
+	if s.Traffic != nil {
+		r.metrics.Traffic(s.Traffic.InBytes, s.Traffic.OutBytes)
+	}
 	return s, nil
 }

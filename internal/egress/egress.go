@@ -28,6 +28,10 @@
 //   - into the sandbox, replies only;
 //   - out, the host's address on the way out (masquerade).
 //
+// The forward chain's accepts count what they let through each way
+// ([Counters]): the chain lives from Allow to Close, parks between, so a
+// run's counters go on across its parks here and a daemon's restarts.
+//
 // Deny is the default. A destination given by name is refused
 // ([ErrNames]): names need the daemon's resolver.
 //
@@ -62,6 +66,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -444,6 +449,62 @@ func (h *Gateway) unlink(slot int) error {
 	}
 	return nil
 }
+
+// Counters is what a run's forward chain let through since its policy
+// was installed: IPv4 packets and their bytes (IP headers included, no
+// link-layer header), out of the sandbox and into it. A packet its
+// policy drops is not counted.
+type Counters struct {
+	InBytes, InPackets, OutBytes, OutPackets uint64
+}
+
+// Counters reads run slot's counters from the kernel, over netlink.
+// false: the slot has no policy installed (none was, it was closed, or
+// the host restarted since).
+func (h *Gateway) Counters(slot int) (Counters, bool, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out Counters
+	var found bool
+	err := h.nft(func(c *nftables.Conn) error {
+		byslot, err := runChains(c)
+		if err != nil {
+			return err
+		}
+		i := slices.IndexFunc(byslot[slot], func(ch *nftables.Chain) bool { return ch.Name == fwdChain+strconv.Itoa(slot) })
+		if i < 0 {
+			return nil
+		}
+		ch := byslot[slot][i]
+		rules, err := c.GetRules(ch.Table, ch)
+		if err != nil {
+			return fmt.Errorf("rules of %s: %w", ch.Name, err)
+		}
+		found = true
+		for _, r := range rules {
+			for _, e := range r.Exprs {
+				n, ok := e.(*expr.Counter)
+				switch {
+				case !ok:
+				case slices.Equal(r.UserData, counterOut):
+					out.OutBytes += n.Bytes
+					out.OutPackets += n.Packets
+				case slices.Equal(r.UserData, counterIn):
+					out.InBytes += n.Bytes
+					out.InPackets += n.Packets
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Counters{}, false, fmt.Errorf("slot %d: counters: %w", slot, err)
+	}
+	return out, found, nil
+}
+
+// Counters reads the run's counters ([Gateway.Counters]).
+func (r *Run) Counters() (Counters, bool, error) { return r.h.Counters(r.slot) }
 
 // Close removes everything of the run: its link, its chains and its
 // tracked connections.

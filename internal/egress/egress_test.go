@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -761,5 +762,74 @@ func TestAdopt(t *testing.T) {
 	}
 	if _, err := h.Adopt(0, allow); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("slot 0: %v", err)
+	}
+}
+
+// The counters count each run's own traffic, both ways, what the policy
+// drops not among it, and they go on across a detach and an attach.
+func TestCounters(t *testing.T) {
+	w := newWorld(t, Config{})
+	serve(t, w.wns, worldIP+":8080")
+	serve(t, w.wns, worldIP+":8081")
+	r1, s1 := w.sandbox(1, worldIP+"/32:8080")
+	r2, _ := w.sandbox(2, worldIP+"/32:8080")
+	read := func(r *Run) Counters {
+		t.Helper()
+		n, ok, err := r.Counters()
+		if err != nil || !ok {
+			t.Fatalf("slot %d: counters %v, %v", r.Slot(), ok, err)
+		}
+		return n
+	}
+	if n := read(r1); n != (Counters{}) {
+		t.Fatalf("a new run's counters are %+v", n)
+	}
+	if _, _, err := dial(s1, "", worldIP+":8081"); err == nil {
+		t.Fatal("a port the grant does not allow was reached")
+	}
+	if n := read(r1); n.OutPackets != 0 || n.InPackets != 0 {
+		t.Fatalf("refused traffic counted: %+v", n)
+	}
+	const size = 1 << 20
+	echo := func(c net.Conn) {
+		t.Helper()
+		go io.Copy(c, bytes.NewReader(make([]byte, size)))
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.CopyN(io.Discard, c, size); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, _, err := dial(s1, "", worldIP+":8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	echo(c)
+	n := read(r1)
+	// At most 1,500 bytes a packet: headers are a few percent.
+	if n.OutBytes < size || n.InBytes < size || n.OutBytes > size*11/10 || n.InBytes > size*11/10 || n.OutPackets == 0 || n.InPackets == 0 {
+		t.Fatalf("after %d bytes each way: %+v", size, n)
+	}
+	if m := read(r2); m != (Counters{}) {
+		t.Fatalf("the other run counted %+v", m)
+	}
+	if err := r1.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	if m := read(r1); m != n {
+		t.Fatalf("after a detach: %+v, want %+v", m, n)
+	}
+	if err := r1.Attach(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(s1))); err != nil {
+		t.Fatal(err)
+	}
+	echo(c)
+	if m := read(r1); m.OutBytes < n.OutBytes+size || m.InBytes < n.InBytes+size {
+		t.Fatalf("after an attach and %d bytes more: %+v, was %+v", size, m, n)
+	}
+	if err := r1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if m, ok, err := w.host.Counters(1); ok || err != nil {
+		t.Fatalf("a closed run's counters: %+v, %v, %v", m, ok, err)
 	}
 }

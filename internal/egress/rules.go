@@ -160,43 +160,62 @@ func allowRules(ds []unit.Dest) ([]allowRule, error) {
 	return out, nil
 }
 
+// fwdRule is a rule of a run's forward chain; a counted one ends in a
+// counter and an accept, and its user data says which way it counts
+// ([counterOut], [counterIn]).
+type fwdRule struct {
+	exprs []expr.Any
+	count []byte
+}
+
+// The user data of a run's counted rules: what the sandbox sent out, and
+// what it was sent.
+var (
+	counterOut = []byte("runrecordd:out")
+	counterIn  = []byte("runrecordd:in")
+)
+
+// counted is exprs then a counter and an accept, counting dir.
+func counted(dir []byte, exprs ...[]expr.Any) fwdRule {
+	return fwdRule{exprs: join(append(exprs, []expr.Any{&expr.Counter{}, verdict(expr.VerdictAccept)})...), count: dir}
+}
+
 // forwardRules are run slot's forward chain: what leaves rrdeN, and what
-// comes back to it.
-func (h *Gateway) forwardRules(link string, addr netip.Addr, allow []allowRule) [][]expr.Any {
+// comes back to it. The accepts count the run's traffic (Counters).
+func (h *Gateway) forwardRules(link string, addr netip.Addr, allow []allowRule) []fwdRule {
 	in := metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, ifname(link))
 	out := metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpEq, ifname(link))
-	var rs [][]expr.Any
+	var rs []fwdRule
 	for _, p := range append(denied[:len(denied):len(denied)], h.pool) {
-		rs = append(rs, join(in, inPrefix(16, p), []expr.Any{verdict(expr.VerdictDrop)}))
+		rs = append(rs, fwdRule{exprs: join(in, inPrefix(16, p), []expr.Any{verdict(expr.VerdictDrop)})})
 	}
 	rs = append(rs,
-		join(in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), []expr.Any{verdict(expr.VerdictAccept)}),
-		join(in, ctState(expr.CtStateBitNEW), []expr.Any{
+		counted(counterOut, in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED)),
+		fwdRule{exprs: join(in, ctState(expr.CtStateBitNEW), []expr.Any{
 			&expr.Connlimit{Count: h.connLimit, Flags: expr.NFT_CONNLIMIT_F_INV},
 			verdict(expr.VerdictDrop),
-		}),
+		})},
 	)
 	for _, a := range allow {
-		rs = append(rs, join(in, inPrefix(16, a.prefix),
+		rs = append(rs, counted(counterOut, in, inPrefix(16, a.prefix),
 			metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{a.proto}),
 			[]expr.Any{
 				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 				&expr.Range{Op: expr.CmpOpEq, Register: 1,
 					FromData: binary.BigEndian.AppendUint16(nil, a.lo), ToData: binary.BigEndian.AppendUint16(nil, a.hi)},
-				verdict(expr.VerdictAccept),
 			}))
 	}
 	a := addr.As4()
 	rs = append(rs,
-		join(in, []expr.Any{verdict(expr.VerdictDrop)}),
+		fwdRule{exprs: join(in, []expr.Any{verdict(expr.VerdictDrop)})},
 		// Nothing new goes in: only replies.
-		join(out, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), []expr.Any{verdict(expr.VerdictAccept)}),
-		join(out, []expr.Any{verdict(expr.VerdictDrop)}),
+		counted(counterIn, out, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED)),
+		fwdRule{exprs: join(out, []expr.Any{verdict(expr.VerdictDrop)})},
 		// The run's flows while it has no link (parked): dropped, not
 		// rejected, whatever route they found.
-		join([]expr.Any{ipField(16), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a[:]}},
+		fwdRule{exprs: join([]expr.Any{ipField(16), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a[:]}},
 			metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpNeq, ifname(link)),
-			[]expr.Any{verdict(expr.VerdictDrop)}),
+			[]expr.Any{verdict(expr.VerdictDrop)})},
 	)
 	return rs
 }
@@ -261,7 +280,7 @@ func (h *Gateway) addRun(c *nftables.Conn, slot int, allow []allowRule) {
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	c.FlushChain(fwd)
 	for _, r := range h.forwardRules(linkName(slot), h.addr(slot), allow) {
-		c.AddRule(&nftables.Rule{Table: ip, Chain: fwd, Exprs: r})
+		c.AddRule(&nftables.Rule{Table: ip, Chain: fwd, Exprs: r.exprs, UserData: r.count})
 	}
 }
 

@@ -58,12 +58,15 @@ type Interval struct {
 	// discarded is what the sandbox had discarded when the interval
 	// began, as this process counts it.
 	discarded [2]uint64
-	logLimit  uint64
-	events    attest.Journal
-	meter     Metering // nil when the interval is not metered
-	meterErr  error    // why not
-	channel   func() (int, io.Reader)
-	ended     bool
+	// traffic is the run's egress counters when the interval began (the
+	// mark's).
+	traffic  *Counters
+	logLimit uint64
+	events   attest.Journal
+	meter    Metering // nil when the interval is not metered
+	meterErr error    // why not
+	channel  func() (int, io.Reader)
+	ended    bool
 }
 
 // Config is where an interval's run keeps its files.
@@ -114,7 +117,7 @@ func Reattach(cfg Config, sb Sandbox, meter Meter) *Interval {
 
 func open(cfg Config, sb Sandbox, m Mark) *Interval {
 	return &Interval{run: cfg.Run, sb: sb, out: cfg.Output, markPath: cfg.MarkPath, logLimit: cfg.LogLimit,
-		start: time.Unix(0, m.StartNS), outOff: m.OutOff, errOff: m.ErrOff}
+		start: time.Unix(0, m.StartNS), outOff: m.OutOff, errOff: m.ErrOff, traffic: m.Traffic}
 }
 
 // Start is when the interval began.
@@ -139,7 +142,7 @@ func (iv *Interval) Ended() bool { return iv.ended }
 
 // Save keeps the interval's mark for a restarted daemon.
 func (iv *Interval) Save() error {
-	m := Mark{StartNS: iv.start.UnixNano(), OutOff: iv.outOff, ErrOff: iv.errOff, Events: iv.events.Entries}
+	m := Mark{StartNS: iv.start.UnixNano(), OutOff: iv.outOff, ErrOff: iv.errOff, Events: iv.events.Entries, Traffic: iv.traffic}
 	if iv.meter != nil {
 		m.CPUNS, m.Metered = iv.meter.CPUAtBegin(), true
 	}
@@ -174,7 +177,8 @@ type Sealed struct {
 	Segment     record.Segment // the Executed segment
 	Attestation record.Address
 	Receipt     attest.Receipt
-	Head        record.Address // the record's head after the segments
+	Head        record.Address  // the record's head after the segments
+	Traffic     *attest.Traffic // the journal's traffic entry; nil without one
 }
 
 // ErrSeal wraps a failure to seal an interval's evidence (nothing was

@@ -26,6 +26,9 @@ type Mark struct {
 	// when the interval began: zero for a new sandbox's first interval,
 	// which holds all it discarded.
 	Discarded [2]uint64 `json:"discarded,omitzero"`
+	// Traffic is the run's egress counters when the interval began; nil
+	// when it held no egress link here then (its counters start at zero).
+	Traffic *Counters `json:"traffic,omitempty"`
 }
 
 // Output names a unit's output files on this host.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -20,7 +21,9 @@ type Recorder struct {
 	Store    Store
 	Signer   *Signer
 	Meter    Meter
-	Log      *slog.Logger // slog.Default() when nil
+	// Traffic reads runs' egress counters; nil on a host without egress.
+	Traffic Traffic
+	Log     *slog.Logger // slog.Default() when nil
 }
 
 // Output is run's output files on this host: runs/<id>/stdout and stderr.
@@ -49,8 +52,22 @@ func (h Recorder) config(run string, limits unit.Limits) Config {
 	return Config{Run: run, Output: h.Output(run), MarkPath: h.MarkPath(run), LogLimit: limits.Or(unit.DefaultLimits).LogBytes}
 }
 
-// MarkNow is a mark at this instant for run's output.
-func (h Recorder) MarkNow(run string) Mark { return MarkAt(time.Now().UnixNano(), h.Output(run)) }
+// MarkNow is a mark at this instant for run's output and egress
+// counters. Counters not read are a warning: the interval's traffic then
+// counts from the run's rules' installation on this host.
+func (h Recorder) MarkNow(run string) Mark {
+	m := MarkAt(time.Now().UnixNano(), h.Output(run))
+	if h.Traffic != nil {
+		c, held, err := h.Traffic.Counters(run)
+		if err != nil {
+			h.log().Warn("egress counters not read at an interval's start", "run", run, "err", err)
+		}
+		if held && err == nil {
+			m.Traffic = &c
+		}
+	}
+	return m
+}
 
 // Begin opens run's interval on sb from m and journals event. An interval
 // the meter cannot meter is opened all the same (its receipt will be
@@ -84,8 +101,29 @@ func (h Recorder) DropMark(run string) { DropMark(h.MarkPath(run)) }
 // End ends iv with e and records it into the host's store under its
 // signer ([Interval.End]); sealed, when set, runs between the sealing and
 // the append.
+//
+// A run holding an egress link here gets a traffic entry (docs/
+// attestation.md) before e.Extra: its counters' growth since the
+// interval's mark, read now. Counters not read leave the entry out, with
+// an error logged.
 func (h Recorder) End(ctx context.Context, iv *Interval, sealed func(), e Ending) (Sealed, error) {
-	return iv.End(ctx, Env{Store: h.Store, Signer: h.Signer, Sealed: sealed}, e)
+	var tr *attest.Traffic
+	if h.Traffic != nil {
+		now, held, err := h.Traffic.Counters(iv.run)
+		switch {
+		case err != nil:
+			h.log().Error("egress counters not read; the interval's journal has no traffic entry", "run", iv.run, "err", err)
+		case held || iv.traffic != nil:
+			t := trafficOf(iv.traffic, now)
+			tr = &t
+			e.Extra = append([]attest.Entry{t.Entry(time.Now().UnixNano())}, e.Extra...)
+		}
+	}
+	s, err := iv.End(ctx, Env{Store: h.Store, Signer: h.Signer, Sealed: sealed}, e)
+	if err == nil {
+		s.Traffic = tr
+	}
+	return s, err
 }
 
 func (h Recorder) log() *slog.Logger {

@@ -74,6 +74,8 @@ type Metrics struct {
 	fleet  fleetMetrics
 
 	service serviceMetrics
+	// egressBytes is runrecordd_egress_bytes_total, by direction.
+	egressBytes *prometheus.CounterVec
 }
 
 // Indexes of metrics.energyUJ: the kind of energy, then its provenance.
@@ -128,13 +130,14 @@ func (m *Metrics) init() {
 		})
 		m.fleet = newFleetMetrics()
 		m.service.failures = newFailures()
+		m.egressBytes = newEgressBytes()
 	})
 }
 
 // histograms returns the park and resume histograms, for a registry.
 func (m *Metrics) histograms() []prometheus.Collector {
 	m.init()
-	return append([]prometheus.Collector{m.parks, m.resums, m.service.failures}, m.fleet.collectors()...)
+	return append([]prometheus.Collector{m.parks, m.resums, m.service.failures, m.egressBytes}, m.fleet.collectors()...)
 }
 
 // Receipt counts an executed interval's receipt (once it is recorded).

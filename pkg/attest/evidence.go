@@ -96,6 +96,9 @@ const (
 	Transcript EntryKind = 4 // an append to the unit's transcript
 	Dispatch   EntryKind = 5 // an outward call dispatched
 	Result     EntryKind = 6 // a call's result delivered
+	// TrafficKind is the run's traffic through its egress link in the
+	// interval (Traffic).
+	TrafficKind EntryKind = 7
 )
 
 // Entry is one replay-journal entry.
@@ -175,8 +178,13 @@ func DecodeJournal(p []byte) (*Journal, error) {
 		k := EntryKind(rd.byte1())
 		at := int64(rd.u64())
 		d := []byte(rd.str())
-		if k < Stdout || k > Result {
+		if k < Stdout || k > TrafficKind {
 			rd.bad = true
+		}
+		if k == TrafficKind {
+			if _, err := DecodeTraffic(d); err != nil {
+				rd.bad = true
+			}
 		}
 		if rd.bad {
 			break

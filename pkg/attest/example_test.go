@@ -34,6 +34,16 @@ type example struct {
 		AtNS int64     `json:"at_ns"`
 		Data string    `json:"data"`
 	} `json:"journal"`
+	// Traffic is a traffic entry's inputs (docs/attestation.md, "Traffic
+	// entries"): not in the example's journal, shown on its own.
+	Traffic struct {
+		AtNS       int64  `json:"at_ns"`
+		InBytes    uint64 `json:"in_bytes"`
+		InPackets  uint64 `json:"in_packets"`
+		OutBytes   uint64 `json:"out_bytes"`
+		OutPackets uint64 `json:"out_packets"`
+		Reset      bool   `json:"reset"`
+	} `json:"traffic"`
 	Suspended hexBytes `json:"suspended"`
 	Body      struct {
 		Genesis  hexBytes `json:"genesis"`
@@ -60,6 +70,7 @@ type example struct {
 		Executed        hexBytes       `json:"executed"`
 		Head1           record.Address `json:"head1"`
 		Head2           record.Address `json:"head2"`
+		TrafficEntry    hexBytes       `json:"traffic_entry"`
 	} `json:"expect"`
 }
 
@@ -166,6 +177,9 @@ func TestAttestationWorkedExample(t *testing.T) {
 	}
 	same("journal", j.Encode(), x.Journal)
 	sameAddr("journal root", j.Root(), x.JournalRoot)
+	tr := ex.Traffic
+	te := Traffic{InBytes: tr.InBytes, InPackets: tr.InPackets, OutBytes: tr.OutBytes, OutPackets: tr.OutPackets, Reset: tr.Reset}.Entry(tr.AtNS)
+	same("traffic entry", AppendEntry(nil, te.Kind, te.AtNS, te.Data), x.TrafficEntry)
 
 	// The Suspended segment is docs/record-format.md's segment 2.
 	susp := record.Suspension(record.TranscriptSnapshot(fill(0xee)), fill(0xdd))
@@ -243,6 +257,7 @@ func TestAttestationWorkedExample(t *testing.T) {
 	objects := map[string][]byte{
 		"receipt": x.Receipt, "journal": x.Journal, "suspended segment": ex.Suspended, "body": x.Body,
 		"signature input": x.SignatureInput, "envelope": x.Envelope, "executed segment": x.Executed,
+		"traffic entry": x.TrafficEntry,
 	}
 	shown := map[string]bool{}
 	for _, d := range docDumps(string(doc)) {

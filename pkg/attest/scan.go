@@ -2,6 +2,7 @@ package attest
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -29,10 +30,21 @@ func ScanJournal(r io.Reader, fn func(kind EntryKind, atNS int64, data io.Reader
 			return fmt.Errorf("%w: journal truncated: %w", ErrMalformed, err)
 		}
 		k := EntryKind(eh[0])
-		if k < Stdout || k > Result {
+		if k < Stdout || k > TrafficKind {
 			return fmt.Errorf("%w: journal entry kind %d", ErrMalformed, k)
 		}
 		data := &io.LimitedReader{R: br, N: int64(binary.BigEndian.Uint32(eh[9:]))}
+		if k == TrafficKind {
+			// Small and fixed: checked whole, as DecodeJournal does.
+			b, err := io.ReadAll(data)
+			if err != nil {
+				return err
+			}
+			if _, err := DecodeTraffic(b); err != nil {
+				return err
+			}
+			data = &io.LimitedReader{R: bytes.NewReader(b), N: int64(len(b))}
+		}
 		if err := fn(k, int64(binary.BigEndian.Uint64(eh[1:9])), data); err != nil {
 			return err
 		}

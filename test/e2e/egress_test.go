@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/failpoint"
 	"github.com/runrecordd/runrecordd/pkg/api"
+	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -124,7 +126,7 @@ func newEgressWorld(t *testing.T) *egressWorldNS {
 	var ls []net.Listener
 	var pc net.PacketConn
 	inNetns(t, ns, func() {
-		for _, p := range []string{"8080", "8081", "8082"} {
+		for _, p := range []string{"8080", "8081", "8082", "8083"} {
 			l, err := net.Listen("tcp4", "0.0.0.0:"+p)
 			if err != nil {
 				t.Error(err)
@@ -152,6 +154,19 @@ func newEgressWorld(t *testing.T) *egressWorldNS {
 				c, err := l.Accept()
 				if err != nil {
 					return
+				}
+				if i == 3 {
+					// egressBulk bytes, in lines of 1 KiB.
+					go func() {
+						defer c.Close()
+						line := append(bytes.Repeat([]byte{'x'}, 1023), '\n')
+						for range egressBulk / len(line) {
+							if _, err := c.Write(line); err != nil {
+								return
+							}
+						}
+					}()
+					continue
 				}
 				if i != 1 {
 					fmt.Fprintf(c, "HTTP/1.0 200 OK from the world %s\r\n\r\n", l.Addr())
@@ -184,6 +199,42 @@ func newEgressWorld(t *testing.T) *egressWorldNS {
 		}
 	}()
 	return w
+}
+
+// egressBulk is what the world's port 8083 sends each connection.
+const egressBulk = 256 << 10
+
+// lastTraffic is the traffic entry of run id's last Executed segment's
+// journal; it fails the test without exactly one.
+func lastTraffic(t *testing.T, d *daemon, id string) attest.Traffic {
+	t.Helper()
+	s, err := d.c.Show(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var j *attest.Journal
+	for _, seg := range s.Segments {
+		if seg.Kind == "executed" {
+			_, j = d.journal(t, seg)
+		}
+	}
+	if j == nil {
+		t.Fatalf("run %s has no Executed segment", id)
+	}
+	var out []attest.Traffic
+	for _, e := range j.Entries {
+		if e.Kind == attest.TrafficKind {
+			tr, err := attest.DecodeTraffic(e.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, tr)
+		}
+	}
+	if len(out) != 1 {
+		t.Fatalf("run %s's last interval has %d traffic entries: %+v", id, len(out), out)
+	}
+	return out[0]
 }
 
 // egressLeft lists what of the runs' links is on the host: links rrde*,
@@ -278,7 +329,8 @@ func dialResults(t *testing.T, d *daemon, id string, g unit.Grants, addrs ...str
 // elsewhere; the host's own addresses, a link-local address, other
 // sandboxes and a forged source are refused though the grant names
 // them; a connection in flight goes on across a park and resume here,
-// and a restart of the daemon; a
+// and a restart of the daemon; each interval journals the bytes its
+// unit fetched, across a restart too, and /metrics sums them; a
 // grant beyond the ceiling is refused; and a crash mid-start leaves no
 // link, rule or slot after the next start.
 func TestEgress(t *testing.T) {
@@ -422,6 +474,37 @@ func TestEgress(t *testing.T) {
 			t.Fatalf("the world saw %d connections, want the one", n)
 		}
 		t.Logf("the stream went on across two parks and a restart: %d lines before the first, %d now, one connection", atPark, len(ls))
+	})
+
+	t.Run("Traffic", func(t *testing.T) {
+		const id = "egress-bytes"
+		before := warmMetrics(t, d, "runrecordd_egress_bytes_total")[`runrecordd_egress_bytes_total{direction="in"}`]
+		startHostile(t, d, id, "egress-stream", []string{"HOSTILE_ADDR=" + egressWorld + ":8083"}, egressGrants(t, egressWorld+"/32:8083"))
+		waitSaid(t, d, id, "egress-stream", "ended EOF")
+		if _, err := d.c.Park(ctx, id); err != nil {
+			t.Fatalf("park: %v", err)
+		}
+		first := lastTraffic(t, d, id)
+		if first.InBytes < egressBulk || first.OutBytes == 0 || first.InPackets == 0 || first.OutPackets == 0 || first.Reset {
+			t.Fatalf("the interval that fetched %d bytes journaled %+v", egressBulk, first)
+		}
+		if m := warmMetrics(t, d, "runrecordd_egress_bytes_total"); m[`runrecordd_egress_bytes_total{direction="in"}`]-before < egressBulk || m[`runrecordd_egress_bytes_total{direction="out"}`] == 0 {
+			t.Fatalf("/metrics after %d bytes in: %v (in was %v)", egressBulk, m, before)
+		}
+		// The next interval, across a restart of the daemon, fetches
+		// nothing: it journals its own traffic, not the run's.
+		if _, err := d.c.Resume(ctx, id); err != nil {
+			t.Fatalf("resume: %v", err)
+		}
+		mustStop(t, d)
+		mustStart(t, d)
+		if _, err := d.c.Park(ctx, id); err != nil {
+			t.Fatalf("park after the restart: %v", err)
+		}
+		if second := lastTraffic(t, d, id); second.InBytes >= egressBulk/4 || second.Reset {
+			t.Fatalf("an interval that fetched nothing journaled %+v (the first %+v)", second, first)
+		}
+		t.Logf("traffic journaled: %+v, then %+v", first, lastTraffic(t, d, id))
 	})
 
 	t.Run("CrashMidStart", func(t *testing.T) {
