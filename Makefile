@@ -34,7 +34,7 @@ binaries:
 	CGO_ENABLED=0 $(GO) build -o bin/runrecordd-gate ./cmd/runrecordd-gate
 
 # The binaries, the systemd unit, its environment file and the config
-# where the unit expects them (docs/operations.md, "Install"): PREFIX/bin,
+# where the unit expects them (docs/operations.md, "As a systemd service"): PREFIX/bin,
 # /etc/systemd/system, /etc/default/runrecordd, /etc/runrecordd, all under
 # DESTDIR. The unit's ExecStart follows PREFIX. An environment file or a
 # config already there is kept (the shipped one goes beside it, .new).

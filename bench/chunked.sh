@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Chunked images through the daemon (issue 15, "parks store only what changed";
-# docs/chunked-images.md, "Built"): `runrecordd serve --chunked-images` runs units/ballast
+# docs/chunked-images.md, "Which chunking"): `runrecordd serve --chunked-images` runs units/ballast
 # (SIZE MiB, FILL=random) and parks it N times, resuming it between two parks and having it
 # change PCT percent of its pages (MODE: spread, contiguous or lines; SIGUSR2) before the next.
 # For each park it prints CRIU's image bytes, the bytes the store grew by (object files, staging

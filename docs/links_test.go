@@ -112,3 +112,72 @@ func anchor(h string) string {
 	}
 	return b.String()
 }
+
+// citation is a comment's or a message's pointer into the docs:
+// docs/X.md, "Heading" (or X.md, "Heading" inside docs/).
+var citation = regexp.MustCompile(`([a-z-]+\.md),?\s+(?:(?://|#)\s*)?"([^"\n]+)"`)
+
+// Code that cites a heading of a document names one that exists, so a
+// reader sent there finds it: the heading, or its start ("Packs" for
+// "Packs (format 2)").
+func TestCodeCitesHeadings(t *testing.T) {
+	var sources []string
+	err := filepath.WalkDir("..", func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules" || d.Name() == "notes") {
+			return filepath.SkipDir
+		}
+		switch filepath.Ext(p) {
+		case ".go", ".sh", ".md", ".py", ".ts", ".service", ".toml":
+			sources = append(sources, p)
+		}
+		if d.Name() == "Makefile" {
+			sources = append(sources, p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	headings := map[string]map[string]bool{}
+	cited := 0
+	for _, src := range sources {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range citation.FindAllStringSubmatch(string(b), -1) {
+			doc := m[1]
+			hs, ok := headings[doc]
+			if !ok {
+				d, err := os.ReadFile(doc)
+				if err != nil {
+					continue // not one of docs/: a README, a man page
+				}
+				hs = map[string]bool{}
+				for _, h := range heading.FindAllStringSubmatch(stripCode(string(d)), -1) {
+					hs[strings.ToLower(h[1])] = true
+				}
+				headings[doc] = hs
+			}
+			cited++
+			if !hasPrefix(hs, strings.ToLower(m[2])) {
+				t.Errorf("%s cites %s, %q: no such heading", src, doc, m[2])
+			}
+		}
+	}
+	if cited == 0 {
+		t.Fatal("no citation checked")
+	}
+}
+
+func hasPrefix(headings map[string]bool, cited string) bool {
+	for h := range headings {
+		if h == cited || strings.HasPrefix(h, cited+" ") || strings.HasPrefix(h, cited+":") {
+			return true
+		}
+	}
+	return false
+}

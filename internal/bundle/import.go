@@ -135,7 +135,7 @@ func take(ctx context.Context, st Store, opts ImportOptions, judge func(Options)
 		return Imported{}, err
 	}
 	// A copy is held as one in the same transaction that stores it. The
-	// header's copy flag is not signed (docs/trust.md, "Copies").
+	// header's copy flag is not signed (docs/trust.md, "One timeline per run").
 	if extend {
 		_, err = st.Extend(id, a.Record, a.Header.Copy, opts.Reclaim)
 	} else {

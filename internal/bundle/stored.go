@@ -30,7 +30,7 @@ type StoredOptions struct {
 	Run string
 	// Copy: the source still holds the run (a bundle's "copy"), which this
 	// host then holds as a copy, never resumed, until the run is handed
-	// off to it (docs/trust.md, "Copies"). Like bundle.json's flag, it is
+	// off to it (docs/trust.md, "One timeline per run"). Like bundle.json's flag, it is
 	// the caller's word, not signed.
 	Copy bool
 }

@@ -187,7 +187,7 @@ func TestWireEditedSegmentNamed(t *testing.T) {
 
 // A key of another kind is a stray field whatever its value: a zero value
 // is stated as surely as any other, so it is refused as one
-// (docs/record-format.md, "Keys"), in a lone segment and in a record.
+// (docs/record-format.md, "Wire form"), in a lone segment and in a record.
 func TestStrayKeyRefusedWhateverItsValue(t *testing.T) {
 	att, man := `"attestation":"`+fill(0xaa).String()+`"`, `"manifest":"`+fill(0xdd).String()+`"`
 	snap := `"snapshot":{"transcript":"` + fill(0xee).String() + `"}`

@@ -324,7 +324,7 @@ func dialResults(t *testing.T, d *daemon, id string, g unit.Grants, addrs ...str
 }
 
 // TestEgress: a daemon with an egress ceiling links its image units out
-// as their grants allow, and nothing else (docs/unit.md, "Network"): a
+// as their grants allow, and nothing else (docs/unit.md, "Grant set"): a
 // unit fetches from the world where its grant allows, and is refused
 // elsewhere; the host's own addresses, a link-local address, other
 // sandboxes and a forged source are refused though the grant names

@@ -47,7 +47,7 @@ func TestFleetRollingUpgrade(t *testing.T) {
 	old, keyOld := f.start(t, "roll-old", append(f.flags(), "--lease-ttl", "10s"), func(d *daemon) { d.bin = prev })
 	// The old host runs units as the host's root: the new one resumes its
 	// parks only under --allow-host-root-images (docs/operations.md,
-	// "Upgrading a fleet").
+	// "Upgrading").
 	cur, keyCur := f.start(t, "roll-new", append(f.flags(), "--lease-ttl", "10s", "--allow-host-root-images"))
 	mustImportImage(t, cur, oracleArchive, oracleImage, oracleDigest)
 	mustImportImage(t, old, oracleArchive, oracleImage, oracleDigest)

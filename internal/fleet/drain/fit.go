@@ -19,7 +19,7 @@ var ErrManifest = fmt.Errorf("%w: its manifest differs", ErrUnfit)
 
 // ErrFormat is an ErrManifest for a host that does not read the format
 // of the run's manifest: a runrecordd older than the one that parked it
-// (docs/manifest.md, "Upgrading a host").
+// (docs/operations.md, "Upgrading").
 var ErrFormat = fmt.Errorf("%w: it does not read the run's manifest format", ErrManifest)
 
 // Need is what a run asks of the host that takes it.
