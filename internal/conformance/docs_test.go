@@ -137,7 +137,7 @@ func decodeListing(chunked int) func([]byte) error {
 		if err != nil {
 			return err
 		}
-		cfs, err := store.ChunkedFiles(es)
+		cfs, err := store.ChunkedFiles(es, nil)
 		if err == nil && len(cfs) != chunked {
 			err = fmt.Errorf("%d chunked files, want %d", len(cfs), chunked)
 		}

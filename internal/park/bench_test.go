@@ -50,7 +50,7 @@ func BenchmarkResumeServed(b *testing.B) {
 		images[fmt.Sprintf("core-%d.img", 100+i)] = content(uint64(100+i), 1000+i*300)
 	}
 	p := &producer{t: b, images: images, rootfs: content(42, 4096)}
-	res, err := Image(b.Context(), st, p, 0, 0)
+	res, err := Image(b.Context(), st, p, ImageOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}

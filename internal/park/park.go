@@ -107,14 +107,25 @@ func (r Result) Checkpointed() attest.Checkpointed {
 	}
 }
 
+// ImageOptions are how [Image] parks.
+type ImageOptions struct {
+	// Deadline bounds CRIU's dump (0: none).
+	Deadline time.Duration
+	// MaxRootfs, when positive, lowers the rw layer's budget
+	// (executor.Checkpoint.MaxRootfsBytes): what is left of the run's
+	// snapshot quota and of the store's free space.
+	MaxRootfs int64
+	// Base is the memory image of the run's last image park, if any: a
+	// chunked park lists the chunks its slabs hold, unchanged, in them.
+	Base *record.Address
+}
+
 // Image checkpoints sb into staging directories on st's filesystem, leaving
 // its task frozen, and ingests the CRIU images and the rw layer as directory
-// objects. CRIU's dump runs under deadline (0: none). On error the task is
-// settled (running as it was) and nothing of the park remains but
-// collectable objects. maxRootfs, when positive, lowers the rw layer's
-// budget (executor.Checkpoint.MaxRootfsBytes): what is left of the run's
-// snapshot quota and of the store's free space.
-func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.Duration, maxRootfs int64) (Result, error) {
+// objects. On error the task is settled (running as it was) and nothing
+// of the park remains but collectable objects.
+func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptions) (Result, error) {
+	deadline, maxRootfs := opt.Deadline, opt.MaxRootfs
 	var res Result
 	mem, err := st.StagingDir("criu")
 	if err != nil {
@@ -144,7 +155,7 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.
 		if known == nil {
 			known = map[string]store.Hashed{}
 		}
-		if held, res.Chunks, err = chunkImages(ctx, st, images, known); err != nil {
+		if held, res.Chunks, err = chunkImages(ctx, st, images, known, baseFiles(st, opt.Base)); err != nil {
 			return res, errors.Join(err, thaw(sb))
 		}
 	}
@@ -161,6 +172,20 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.
 	res.Snapshot = record.ImageSnapshot(rootAddr, &memAddr)
 	res.Retained = mst.Bytes + rst.Bytes + size(st, memAddr) + size(st, rootAddr)
 	return res, nil
+}
+
+// baseFiles are the chunked files of memory image base, if it is one the
+// store holds and reads: else none, and the park stores every chunk.
+func baseFiles(st *store.Store, base *record.Address) []store.ChunkedFile {
+	if base == nil {
+		return nil
+	}
+	es, err := st.Listing(*base)
+	if err != nil {
+		return nil
+	}
+	cfs, _ := store.ChunkedFiles(es, st.ReadIndex)
+	return cfs
 }
 
 func thaw(sb Checkpointer) error {
