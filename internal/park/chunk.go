@@ -38,24 +38,22 @@ type ChunkStats struct {
 	New    int64 // bytes of the chunks it did not hold
 }
 
-// chunkImages puts each pages file of the staged image directory into the
-// slab form (store.ChunkedFiles, docs/store.md "Slabs"): its chunks are
-// hashed; those the base park's slabs hold (the same bytes, compared) are
-// listed in those slabs, returned as entries to list without a staged
-// copy ([store.Store.IngestChunks]); the rest are staged as one new slab,
-// which is the pages file itself, renamed, when no chunk was held. The
-// index is staged beside them, and known gets the addresses this hashed.
-// known must not be nil. A pages file under [MinChunked], one whose size
-// its pagemap does not give, one whose runs do not go up in address, or
-// one of more than store.MaxChunks chunks stays whole.
-func chunkImages(ctx context.Context, st *store.Store, images string, known map[string]store.Hashed, base []store.ChunkedFile) ([]store.Entry, ChunkStats, error) {
-	var cs ChunkStats
+// planChunks prepares the slab form (store.ChunkedFiles, docs/store.md
+// "Slabs") of each pages file of the staged image directory: it hashes
+// every chunk and finds those whose bytes the base park's slabs hold
+// (compared: an imported index is hostile, its addresses not trusted). It
+// only reads the staging directory, so it runs while the follower hashes
+// the tail of the dump; [slabber.put] then stages the form. A pages file
+// under [MinChunked], one whose size its pagemap does not give, one whose
+// runs do not go up in address, or one of more than store.MaxChunks
+// chunks stays whole.
+func planChunks(ctx context.Context, st *store.Store, images string, base []store.ChunkedFile) ([]*slabber, error) {
 	pms, err := readPagemaps(images)
 	if err != nil {
-		return nil, cs, fmt.Errorf("park: chunking: %w", err)
+		return nil, fmt.Errorf("park: chunking: %w", err)
 	}
 	held := heldChunks(base)
-	var stored []store.Entry
+	var plans []*slabber
 	done := map[string]bool{}
 	for _, pm := range pms {
 		info, err := os.Stat(filepath.Join(images, pm.pages))
@@ -64,13 +62,30 @@ func chunkImages(ctx context.Context, st *store.Store, images string, known map[
 			continue
 		}
 		done[pm.pages] = true
-		c := slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), known: known, base: held}
-		if err := c.chunk(ctx, pm); err != nil {
-			return nil, cs, fmt.Errorf("park: chunking %s: %w", pm.pages, err)
+		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: held}
+		if err := c.plan(ctx, pm); err != nil {
+			return nil, fmt.Errorf("park: chunking %s: %w", pm.pages, err)
+		}
+		plans = append(plans, c)
+	}
+	return plans, nil
+}
+
+// putChunks stages the slab form of each planned file: its new slab (the
+// pages file itself, renamed, when the base held none of its chunks) and
+// its index, with their addresses added to known (which must not be
+// nil). It returns the entries of the base slabs to list without a staged
+// copy ([store.Store.IngestChunks]).
+func putChunks(plans []*slabber, known map[string]store.Hashed) ([]store.Entry, ChunkStats, error) {
+	var cs ChunkStats
+	var stored []store.Entry
+	for _, c := range plans {
+		if err := c.put(known); err != nil {
+			return nil, cs, fmt.Errorf("park: chunking %s: %w", c.name, err)
 		}
 		stored = append(stored, c.stored...)
 		cs.Files++
-		cs.Chunks += c.chunks
+		cs.Chunks += len(c.ps)
 		cs.Held += c.held
 		cs.New += c.new
 	}
@@ -104,10 +119,10 @@ type slabber struct {
 	dir    string
 	name   string
 	mode   os.FileMode
-	known  map[string]store.Hashed
 	base   map[record.Address]heldAt
+	ps     []piece // planned
+	size   uint64  // the pages file's
 	stored []store.Entry
-	chunks int
 	held   int
 	new    int64
 }
@@ -119,24 +134,26 @@ type piece struct {
 	in              *heldAt // the base slab holding the same bytes, if any
 }
 
-func (c *slabber) chunk(ctx context.Context, pm pagemap) error {
-	p := filepath.Join(c.dir, c.name)
-	f, err := os.Open(p)
+// plan hashes the chunks of the pages file that pm names.
+func (c *slabber) plan(ctx context.Context, pm pagemap) error {
+	f, err := os.Open(filepath.Join(c.dir, c.name))
 	if err != nil {
 		return err
 	}
 	defer f.Close()
 	spans := pm.spans(ChunkSize)
-	ps := make([]piece, len(spans))
-	var at uint64
+	c.ps = make([]piece, len(spans))
 	for i, sp := range spans {
-		ps[i] = piece{vaddr: sp.vaddr, size: sp.bytes, at: at}
-		at += sp.bytes
+		c.ps[i] = piece{vaddr: sp.vaddr, size: sp.bytes, at: c.size}
+		c.size += sp.bytes
 	}
-	if err := c.hash(ctx, f, ps); err != nil {
-		return err
-	}
-	c.chunks = len(ps)
+	return c.hash(ctx, f, c.ps)
+}
+
+// put stages the planned slab form, adding what it hashed to known.
+func (c *slabber) put(known map[string]store.Hashed) error {
+	p := filepath.Join(c.dir, c.name)
+	ps := c.ps
 	slabs, kept := c.keepSlabs(ps)
 	if err := os.Mkdir(p+store.SlabSuffix, 0o700); err != nil {
 		return err
@@ -152,7 +169,6 @@ func (c *slabber) chunk(ctx context.Context, pm pagemap) error {
 		}
 		fresh = append(fresh, i)
 	}
-	newSlab := len(kept)
 	for i, e := range kept {
 		c.stored = append(c.stored, store.Entry{Name: store.SlabName(c.name, i), Mode: e.Mode, Size: e.Size, Address: e.Address})
 	}
@@ -162,85 +178,106 @@ func (c *slabber) chunk(ctx context.Context, pm pagemap) error {
 		if err := os.Rename(p, filepath.Join(c.dir, store.SlabName(c.name, 0))); err != nil {
 			return err
 		}
-		if k, ok := c.known[c.name]; ok {
-			c.known[store.SlabName(c.name, 0)] = k
+		if k, ok := known[c.name]; ok {
+			known[store.SlabName(c.name, 0)] = k
 		}
 		for i := range index {
 			index[i].Offset = ps[i].at
 		}
-		c.new = int64(at)
+		c.new = int64(c.size)
 	case len(fresh) > 0:
-		if err := c.writeSlab(f, ps, fresh, index, newSlab); err != nil {
+		h, err := c.writeSlab(ps, fresh, index, len(kept))
+		if err != nil {
 			return err
 		}
+		known[store.SlabName(c.name, len(kept))] = h
+		c.new = h.Size
 		fallthrough
 	default:
 		if err := os.Remove(p); err != nil {
 			return err
 		}
 	}
-	delete(c.known, c.name)
+	delete(known, c.name)
 	b := store.EncodeSlabIndex(index)
-	ip := filepath.Join(c.dir, store.SlabIndexName(c.name))
-	if err := writeMode(ip, b, c.mode); err != nil {
+	if err := writeMode(filepath.Join(c.dir, store.SlabIndexName(c.name)), b, c.mode); err != nil {
 		return err
 	}
-	c.known[store.SlabIndexName(c.name)] = store.Hashed{Size: int64(len(b)), Address: record.Sum(b)}
+	known[store.SlabIndexName(c.name)] = store.Hashed{Size: int64(len(b)), Address: record.Sum(b)}
 	return nil
 }
 
-// hash hashes every piece from the staged file, one worker per
-// processor, and finds the base slab holding each piece's bytes: the
-// address in a base index, and the bytes there compared with the
-// piece's (an imported index is hostile: its addresses are not trusted).
+// hash hashes every piece of the staged pages file (mapped, so that no
+// byte is copied), one worker per processor, and finds the base slab
+// holding each piece's bytes: the address in a base index, and the bytes
+// there compared with the piece's (an imported index is hostile: its
+// addresses are not trusted). A base slab that is not a regular file of
+// its listed size is not used.
 func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
+	staged, err := mapFile(f, c.size)
+	if err != nil {
+		return err
+	}
+	defer unix.Munmap(staged)
+	slabs := map[record.Address][]byte{}
+	defer func() {
+		for _, m := range slabs {
+			unix.Munmap(m)
+		}
+	}()
+	for _, h := range c.base {
+		if _, ok := slabs[h.slab.Address]; ok {
+			continue
+		}
+		slabs[h.slab.Address] = nil
+		sf, err := os.Open(c.st.Path(h.slab.Address))
+		if err != nil {
+			continue // not held after all: stored anew
+		}
+		m, err := mapFile(sf, h.slab.Size)
+		sf.Close()
+		if err == nil {
+			slabs[h.slab.Address] = m
+		}
+	}
 	workers := min(runtime.GOMAXPROCS(0), max(1, len(ps)/64))
 	var wg sync.WaitGroup
 	errs := make([]error, workers)
 	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf, other := make([]byte, ChunkSize), make([]byte, ChunkSize)
-			files := map[record.Address]*os.File{}
-			defer func() {
-				for _, f := range files {
-					f.Close()
-				}
-			}()
+		wg.Go(func() {
 			for i := w * len(ps) / workers; i < (w+1)*len(ps)/workers; i++ {
 				if i%256 == 0 && ctx.Err() != nil {
 					errs[w] = ctx.Err()
 					return
 				}
 				pc := &ps[i]
-				b := buf[:pc.size]
-				if _, err := f.ReadAt(b, int64(pc.at)); err != nil {
-					errs[w] = err
-					return
-				}
+				b := staged[pc.at : pc.at+pc.size]
 				pc.addr = record.Sum(b)
 				h, ok := c.base[pc.addr]
-				if !ok || h.slab.Size < h.offset+pc.size {
+				if !ok {
 					continue
 				}
-				sf := files[h.slab.Address]
-				if sf == nil {
-					var err error
-					if sf, err = os.Open(c.st.Path(h.slab.Address)); err != nil {
-						continue // not held after all: stored anew
-					}
-					files[h.slab.Address] = sf
-				}
-				o := other[:pc.size]
-				if _, err := sf.ReadAt(o, int64(h.offset)); err == nil && bytes.Equal(o, b) {
+				if m := slabs[h.slab.Address]; h.offset <= uint64(len(m)) && pc.size <= uint64(len(m))-h.offset &&
+					bytes.Equal(m[h.offset:h.offset+pc.size], b) {
 					pc.in = &h
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// mapFile maps f, which must be a regular file of size bytes, read-only.
+func mapFile(f *os.File, size uint64) ([]byte, error) {
+	info, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() || uint64(info.Size()) != size || size == 0 || size > 1<<40 {
+		return nil, fmt.Errorf("%s: %d bytes, want %d", f.Name(), info.Size(), size)
+	}
+	return unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
 }
 
 // keepSlabs numbers the base slabs the pieces are held in, at most
@@ -287,14 +324,17 @@ func (c *slabber) keepSlabs(ps []piece) (map[record.Address]int, []store.Entry) 
 }
 
 // writeSlab stages slab number n: the pieces fresh of ps, read from the
-// staged file f, back to back, each distinct one once; it sets their
-// records in index.
-func (c *slabber) writeSlab(f *os.File, ps []piece, fresh []int, index []store.SlabChunk, n int) error {
-	name := store.SlabName(c.name, n)
-	p := filepath.Join(c.dir, name)
-	out, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, c.mode)
+// staged pages file, back to back, each distinct one once; it sets their
+// records in index and returns the slab's size and address.
+func (c *slabber) writeSlab(ps []piece, fresh []int, index []store.SlabChunk, n int) (store.Hashed, error) {
+	f, err := os.Open(filepath.Join(c.dir, c.name))
 	if err != nil {
-		return err
+		return store.Hashed{}, err
+	}
+	defer f.Close()
+	out, err := os.OpenFile(filepath.Join(c.dir, store.SlabName(c.name, n)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, c.mode)
+	if err != nil {
+		return store.Hashed{}, err
 	}
 	h := blake3.New(32, nil)
 	w := bufio.NewWriterSize(io.MultiWriter(out, h), 1<<20)
@@ -311,31 +351,29 @@ func (c *slabber) writeSlab(f *os.File, ps []piece, fresh []int, index []store.S
 		b := buf[:pc.size]
 		if _, err := f.ReadAt(b, int64(pc.at)); err != nil {
 			out.Close()
-			return err
+			return store.Hashed{}, err
 		}
 		if _, err := w.Write(b); err != nil {
 			out.Close()
-			return err
+			return store.Hashed{}, err
 		}
 		at[pc.addr], index[i].Offset = off, off
 		off += pc.size
 	}
 	if err := w.Flush(); err != nil {
 		out.Close()
-		return err
+		return store.Hashed{}, err
 	}
 	if err := out.Chmod(c.mode); err != nil { // past the umask: the mode listed
 		out.Close()
-		return err
+		return store.Hashed{}, err
 	}
 	if err := out.Close(); err != nil {
-		return err
+		return store.Hashed{}, err
 	}
-	var a record.Address
-	h.Sum(a[:0])
-	c.known[name] = store.Hashed{Size: int64(off), Address: a}
-	c.new = int64(off)
-	return nil
+	hs := store.Hashed{Size: int64(off)}
+	h.Sum(hs.Address[:0])
+	return hs, nil
 }
 
 // writeMode writes b to the new file p with mode, past the umask.

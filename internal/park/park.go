@@ -148,14 +148,30 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 		return res, errors.Join(err, thaw(sb))
 	}
 	start := time.Now()
+	// The chunks are hashed while the follower hashes the dump's tail.
+	var plans []*slabber
+	var perr error
+	planned := make(chan struct{})
+	if st.ChunkedImages() {
+		go func() {
+			defer close(planned)
+			plans, perr = planChunks(ctx, st, images, baseFiles(st, opt.Base))
+		}()
+	} else {
+		close(planned)
+	}
 	known, fst := fl.finish()
+	<-planned
+	if perr != nil {
+		return res, errors.Join(perr, thaw(sb))
+	}
 	res.Followed = fst.Early
 	var held []store.Entry
-	if st.ChunkedImages() {
+	if len(plans) > 0 {
 		if known == nil {
 			known = map[string]store.Hashed{}
 		}
-		if held, res.Chunks, err = chunkImages(ctx, st, images, known, baseFiles(st, opt.Base)); err != nil {
+		if held, res.Chunks, err = putChunks(plans, known); err != nil {
 			return res, errors.Join(err, thaw(sb))
 		}
 	}
