@@ -41,11 +41,14 @@
 // the rw layer's diff against the image in OCI layer form. Its memory is a
 // directory object holding CRIU's image directory as CRIU wrote it, or,
 // when the store keeps images chunked (store.Store.ChunkedImages, serve
-// --chunked-images), with each pages file of 1 MiB or more listed as 16 KiB
-// chunks by virtual address ([ChunkSize], store.ChunkedFiles): a park
-// writes only the chunks the store lacks ([store.Store.IngestChunks]), and
-// [Layout] concatenates them back into the pages file, after checking them
-// against its pagemap. docs/chunked-images.md.
+// --chunked-images), with each pages file of 1 MiB or more in the slab
+// form: 16 KiB chunks by virtual address ([ChunkSize]) in slabs, with an
+// index (store.ChunkedFiles). A first park's slab is the pages file,
+// renamed; a later one lists the chunks its base's slabs hold there and
+// writes the rest as one new slab ([store.Store.IngestChunks]). [Layout]
+// lays the pages file out again, after checking the chunks against its
+// pagemap: the slab linked when it is the file, else copied in the
+// kernel. docs/chunked-images.md.
 package park
 
 import (
@@ -296,8 +299,9 @@ type Trees struct {
 
 // Layout lays an image snapshot's trees out under dir (which must not
 // exist) by hard links to the stored objects: no bytes move, except that a
-// chunked pages file is written whole from its linked chunks, which must
-// cover exactly the present pages of its pagemap (else store.ErrChunks).
+// chunked pages file that is not one slab holding it in order is written
+// from its chunks (copy_file_range); the chunks must cover exactly the
+// present pages of its pagemap (else store.ErrChunks).
 // Call it only after [Offered] found the snapshot intact; it does not hash
 // again ([store.LinkRehashed]).
 func Layout(st *store.Store, snap record.Snapshot, dir string) (Trees, error) {

@@ -13,9 +13,11 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// The chunked form of a file in a directory object (docs/store.md,
-// "Chunked files"): a file NAME is listed, instead of whole, as the
-// entries NAME.chunks/VVVVVVVVVVVVVVVV, one per chunk, where the sixteen
+// The chunked forms of a file in a directory object (docs/store.md,
+// "Chunked files"): the slab form (slabs.go), which parks write, and the
+// form of one object per chunk, read and never written: a file NAME is
+// listed, instead of whole, as the entries NAME.chunks/VVVVVVVVVVVVVVVV,
+// one per chunk, where the sixteen
 // lower-case hex digits are the virtual address of the chunk's first byte.
 // Each chunk is an ordinary file of the listing, and so an ordinary
 // object, reached, collected, verified, bundled and fetched as any listed
@@ -199,8 +201,9 @@ func (f *ChunkedFile) add(base string, e Entry) error {
 // caller found already stored: each entry of stored names an object the
 // store holds (by its address, which the caller computed from bytes it
 // read, as for known), or one of the staged files' addresses, and is
-// listed beside the staged files without a staged copy of its own. It is how an image park stores only the chunks it lacks
-// (docs/store.md, "Chunked files"). Each object stored names must be held
+// listed beside the staged files without a staged copy of its own: how an
+// image park lists the slabs of its base that hold its unchanged chunks
+// (docs/store.md, "Slabs"). Each object stored names must be held
 // when the listing is named, else the ingest is refused with
 // [ErrMissingObject]; the ones held have their time refreshed, as a file
 // Ingest finds stored has, so that no collection takes them before the
