@@ -52,7 +52,7 @@ func planChunks(ctx context.Context, st *store.Store, images string, base []stor
 	if err != nil {
 		return nil, fmt.Errorf("park: chunking: %w", err)
 	}
-	held := heldChunks(base)
+	held := heldChunks(st, base)
 	var plans []*slabber
 	done := map[string]bool{}
 	for _, pm := range pms {
@@ -92,22 +92,28 @@ func putChunks(plans []*slabber, known map[string]store.Hashed) ([]store.Entry, 
 	return stored, cs, nil
 }
 
-// heldAt is where a base park's slab holds a chunk's bytes.
+// heldAt is where a base park's slab holds a chunk's bytes; made is
+// whether this process wrote the index that says so (made).
 type heldAt struct {
 	slab   store.Entry
 	offset uint64
+	made   bool
 }
 
 // heldChunks maps each chunk address of base's slab-form files to where
-// a slab holds it. Chunks of the one-file-per-chunk form are not used.
-func heldChunks(base []store.ChunkedFile) map[record.Address]heldAt {
+// a slab holds it, preferring an index this process made. Chunks of the
+// one-file-per-chunk form are not used.
+func heldChunks(st *store.Store, base []store.ChunkedFile) map[record.Address]heldAt {
 	held := map[record.Address]heldAt{}
 	for _, cf := range base {
 		if cf.Index == nil {
 			continue
 		}
+		m := made.has(st, cf.Index.Address)
 		for _, ch := range cf.Chunks {
-			held[ch.Address] = heldAt{ch.In, ch.Offset}
+			if h, ok := held[ch.Address]; !ok || m && !h.made {
+				held[ch.Address] = heldAt{ch.In, ch.Offset, m}
+			}
 		}
 	}
 	return held
@@ -125,6 +131,7 @@ type slabber struct {
 	stored []store.Entry
 	held   int
 	new    int64
+	index  record.Address // the index put staged
 }
 
 // piece is one chunk of the staged pages file being put in slabs.
@@ -203,16 +210,17 @@ func (c *slabber) put(known map[string]store.Hashed) error {
 	if err := writeMode(filepath.Join(c.dir, store.SlabIndexName(c.name)), b, c.mode); err != nil {
 		return err
 	}
-	known[store.SlabIndexName(c.name)] = store.Hashed{Size: int64(len(b)), Address: record.Sum(b)}
+	c.index = record.Sum(b)
+	known[store.SlabIndexName(c.name)] = store.Hashed{Size: int64(len(b)), Address: c.index}
 	return nil
 }
 
 // hash hashes every piece of the staged pages file (mapped, so that no
 // byte is copied), one worker per processor, and finds the base slab
-// holding each piece's bytes: the address in a base index, and the bytes
-// there compared with the piece's (an imported index is hostile: its
-// addresses are not trusted). A base slab that is not a regular file of
-// its listed size is not used.
+// holding each piece's bytes: the address in a base index, and, unless
+// this process made that index, the bytes there compared with the
+// piece's (an imported index is hostile: its addresses are not trusted).
+// A base slab that is not a regular file of its listed size is not used.
 func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 	staged, err := mapFile(f, c.size)
 	if err != nil {
@@ -226,7 +234,7 @@ func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 		}
 	}()
 	for _, h := range c.base {
-		if _, ok := slabs[h.slab.Address]; ok {
+		if _, ok := slabs[h.slab.Address]; ok || h.made {
 			continue
 		}
 		slabs[h.slab.Address] = nil
@@ -254,7 +262,11 @@ func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 				b := staged[pc.at : pc.at+pc.size]
 				pc.addr = record.Sum(b)
 				h, ok := c.base[pc.addr]
-				if !ok {
+				switch {
+				case !ok:
+					continue
+				case h.made:
+					pc.in = &h
 					continue
 				}
 				if m := slabs[h.slab.Address]; h.offset <= uint64(len(m)) && pc.size <= uint64(len(m))-h.offset &&

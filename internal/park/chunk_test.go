@@ -334,3 +334,82 @@ func TestLayoutBoundsThePagemaps(t *testing.T) {
 		t.Fatalf("pagemaps past %d bytes in all: %v", maxPagemap, err)
 	}
 }
+
+// A base index this process did not make (imported, or written before a
+// restart) is not trusted: a chunk whose address it gives is listed in
+// its slab only when the bytes there are the park's. A lying index,
+// whose record for one chunk carries the address of the next park's
+// bytes, does not make that park list the old bytes: it stores the chunk
+// again, and its layout is its own pages.
+func TestImageChunkedLyingBase(t *testing.T) {
+	st := mustStore(t)
+	st.SetChunkedImages(true)
+	pages := content(71, 600*pageSize)
+	res, err := Image(t.Context(), st, &producer{t: t, images: chunkedImages(pages), rootfs: content(42, 4096)}, ImageOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages2 := bytes.Clone(pages)
+	pages2[300*pageSize+7] ^= 1
+	es, err := st.Listing(*res.Snapshot.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfs, err := store.ChunkedFiles(es, st.ReadIndex)
+	if err != nil || len(cfs) != 1 {
+		t.Fatal(cfs, err)
+	}
+	// The index, lying about the chunk that changes.
+	cs := make([]store.SlabChunk, len(cfs[0].Chunks))
+	var lied bool
+	for i, ch := range cfs[0].Chunks {
+		cs[i] = store.SlabChunk{Vaddr: ch.Vaddr, Size: ch.Size, Offset: ch.Offset, Address: ch.Address}
+		if ch.Offset <= 300*pageSize+7 && 300*pageSize+7 < ch.Offset+ch.Size {
+			cs[i].Address, lied = record.Sum(pages2[ch.Offset:ch.Offset+ch.Size]), true
+		}
+	}
+	if !lied {
+		t.Fatal("no chunk holds the changed byte")
+	}
+	idx := store.EncodeSlabIndex(cs)
+	forged := map[string][]byte{store.SlabIndexName("pages-1.img"): idx, store.SlabName("pages-1.img", 0): pages}
+	for _, e := range es {
+		if !store.InChunkedForm(e.Name) {
+			b, err := st.ReadAll(e.Address)
+			if err != nil {
+				t.Fatal(err)
+			}
+			forged[e.Name] = b
+		}
+	}
+	dir, err := st.StagingDir("forged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range forged {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base, _, err := st.Ingest(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res2, err := Image(t.Context(), st, &producer{t: t, images: chunkedImages(pages2), rootfs: content(42, 4096)}, ImageOptions{Base: &base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res2.Chunks.New != ChunkSize || res2.Chunks.Held != res.Chunks.Chunks-1 {
+		t.Fatalf("a park on a lying base: %+v", res2.Chunks)
+	}
+	trees, err := Layout(st, res2.Snapshot, filepath.Join(t.TempDir(), "r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(trees.ImageDir, "pages-1.img")); err != nil || !bytes.Equal(got, pages2) {
+		t.Fatalf("the park on a lying base lays out %d bytes that are not its pages (%v)", len(got), err)
+	}
+}

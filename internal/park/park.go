@@ -182,6 +182,9 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	if err != nil {
 		return res, errors.Join(fmt.Errorf("park: storing the memory image: %w", err), thaw(sb))
 	}
+	for _, c := range plans {
+		made.put(st, c.index)
+	}
 	rootAddr, rst, err := st.Ingest(ctx, root)
 	if err != nil {
 		return res, errors.Join(fmt.Errorf("park: storing the rw layer: %w", err), thaw(sb))
