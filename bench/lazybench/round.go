@@ -67,7 +67,7 @@ func (b *bench) park(ctx context.Context, id string, chunked bool) (*parked, err
 	}
 	p.ready, err = nextLine(p.out.Stdout, 0, 60*time.Second)
 	if err == nil {
-		p.res, err = park.Image(ctx, st, sb, 0, 0)
+		p.res, err = park.Image(ctx, st, sb, park.ImageOptions{})
 	}
 	if derr := sb.Destroy(ctx); err == nil {
 		err = derr

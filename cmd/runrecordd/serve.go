@@ -75,7 +75,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.gcEvery, "gc-interval", retention.DefaultInterval, "how often to collect the store (negative: never)")
 	fs.DurationVar(&f.retention, "snapshot-retention", retention.DefaultKeep, "how long a closed run keeps its image snapshots (negative: forever)")
 	fs.Uint64Var(&f.minFree, "min-free", park.DefaultMinFree, "bytes an image park must leave free on the store's filesystem")
-	fs.BoolVar(&f.chunkedImages, "chunked-images", false, "store image parks' memory pages as 16 KiB chunks by virtual address, so a later park stores only the chunks that changed (docs/chunked-images.md)")
+	fs.BoolVar(&f.chunkedImages, "chunked-images", true, "store image parks' memory pages as 16 KiB chunks by virtual address, so a later park stores only the chunks that changed; =false stores them whole (docs/chunked-images.md)")
 	fs.DurationVar(&f.criuDeadline, "criu-deadline", 0, "deadline of every CRIU dump and restore (default 30s plus 1s per 64 MiB of the unit's memory; docs/daemon.md)")
 	fs.Var(&f.mounts, "bundle-mount-allow", "a host path under which an imported bundle's read-only mounts may lie (repeat for more; default none: docs/trust.md)")
 	fs.Var(&f.egressFlag, "egress-allow", "an IPv4 network (CIDR) an egress grant's destinations may lie in: the host's egress ceiling (repeat for more; default none: no run is granted egress; docs/unit.md)")

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
@@ -156,4 +158,88 @@ func TestFetchChunksTheTargetLacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkGC(t, to)
+}
+
+// A listing's slab form (docs/store.md, "Slabs") is hostile input: every
+// byte of an index, its entries' names and the slabs' listed sizes.
+// Each forgery is refused with store.ErrChunks under ErrMalformed, and
+// nothing is stored; a well-formed one is accepted.
+func TestStageSlabs(t *testing.T) {
+	slab := bytes.Repeat([]byte{7}, 4*store.ChunkPage)
+	two := bytes.Repeat([]byte{9}, 2*store.ChunkPage)
+	ent := func(name string, b []byte) store.Entry {
+		return store.Entry{Name: name, Mode: 0o600, Size: uint64(len(b)), Address: record.Sum(b)}
+	}
+	pg := uint64(store.ChunkPage)
+	good := []store.SlabChunk{
+		{Vaddr: 0x400000, Size: 2 * pg, Offset: 0, Address: record.Sum(slab[:2*pg])},
+		{Vaddr: 0x500000, Size: 2 * pg, Offset: 2 * pg, Address: record.Sum(slab[2*pg:])},
+	}
+	with := func(f func(cs []store.SlabChunk)) []byte {
+		cs := append([]store.SlabChunk(nil), good...)
+		f(cs)
+		return store.EncodeSlabIndex(cs)
+	}
+	index := store.EncodeSlabIndex(good)
+	for name, c := range map[string]struct {
+		es    []string // listed: slab 00, index, and these names as more slabs of two
+		index []byte
+		want  error
+	}{
+		"accepted":                     {index: index},
+		"no magic":                     {index: append([]byte("runrecordd.slabs/2"), index[len(store.SlabMagic):]...), want: store.ErrChunks},
+		"a count of zero":              {index: append([]byte(store.SlabMagic), 0, 0, 0, 0), want: store.ErrChunks},
+		"a byte past the last":         {index: append(bytes.Clone(index), 0), want: store.ErrChunks},
+		"a record cut short":           {index: index[:len(index)-1], want: store.ErrChunks},
+		"a size not whole pages":       {index: with(func(cs []store.SlabChunk) { cs[1].Size = pg + 1 }), want: store.ErrChunks},
+		"an empty chunk":               {index: with(func(cs []store.SlabChunk) { cs[1].Size = 0 }), want: store.ErrChunks},
+		"an offset not a page's":       {index: with(func(cs []store.SlabChunk) { cs[1].Offset = 100 }), want: store.ErrChunks},
+		"past the slab's end":          {index: with(func(cs []store.SlabChunk) { cs[1].Offset = 3 * pg }), want: store.ErrChunks},
+		"an offset past 2⁶⁴":           {index: with(func(cs []store.SlabChunk) { cs[1].Offset = ^uint64(0) - pg + 1 }), want: store.ErrChunks},
+		"addresses out of order":       {index: with(func(cs []store.SlabChunk) { cs[0].Vaddr, cs[1].Vaddr = cs[1].Vaddr, cs[0].Vaddr }), want: store.ErrChunks},
+		"overlapping addresses":        {index: with(func(cs []store.SlabChunk) { cs[1].Vaddr = 0x401000 }), want: store.ErrChunks},
+		"overlapping ranges of a slab": {index: with(func(cs []store.SlabChunk) { cs[1].Offset = pg }), want: store.ErrChunks},
+		"past the address space":       {index: with(func(cs []store.SlabChunk) { cs[1].Vaddr = ^uint64(0) - pg + 1 }), want: store.ErrChunks},
+		"a slab not listed":            {index: with(func(cs []store.SlabChunk) { cs[1].Slab = 1 }), want: store.ErrChunks},
+		"a slab holding no chunk":      {es: []string{store.SlabName("pages-1.img", 1)}, index: index, want: store.ErrChunks},
+		"a slab numbered apart":        {es: []string{store.SlabName("pages-1.img", 2)}, index: index, want: store.ErrChunks},
+		"another name in the slabs":    {es: []string{"pages-1.img.slabs/x"}, index: index, want: store.ErrChunks},
+		"whole beside its slabs":       {es: []string{"pages-1.img"}, index: index, want: store.ErrChunks},
+		"in chunks beside its slabs":   {es: []string{store.ChunkName("pages-1.img", 0x400000)}, index: index, want: store.ErrChunks},
+	} {
+		t.Run(name, func(t *testing.T) {
+			es := []store.Entry{ent(store.SlabName("pages-1.img", 0), slab), ent(store.SlabIndexName("pages-1.img"), c.index)}
+			files := [][]byte{slab, c.index}
+			for _, n := range c.es {
+				es = append(es, ent(n, two))
+			}
+			if len(c.es) > 0 {
+				files = append(files, two)
+			}
+			slices.SortFunc(es, func(a, b store.Entry) int { return strings.Compare(a.Name, b.Name) })
+			l, err := store.EncodeListing(es)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, dir := mustStore(t)
+			b := forgeImage(t, l, files...)
+			sb, err := bundle.Stage(context.Background(), st, bytes.NewReader(b.Tar(nil)), opts())
+			if !errors.Is(err, c.want) || (err == nil) != (c.want == nil) {
+				t.Fatalf("got %v, want %v", err, c.want)
+			}
+			if err != nil {
+				if !errors.Is(err, bundle.ErrMalformed) {
+					t.Fatalf("%v is not ErrMalformed", err)
+				}
+				if n, size := objects(t, dir); n != 0 || size != 0 {
+					t.Fatalf("refused bundle left %d objects, %d bytes", n, size)
+				}
+				return
+			}
+			defer sb.Close()
+			if err := sb.Adopt(context.Background(), st); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }

@@ -286,9 +286,11 @@ func (j *judging) reachSnapshot(i int, seg record.Segment, listed map[record.Add
 		}
 		es, err := store.DecodeListing(b)
 		if err == nil {
-			// The chunked form (docs/store.md, "Chunked files"): names,
-			// sizes and address ranges of every chunk, judged here.
-			_, err = store.ChunkedFiles(es)
+			// The chunked forms (docs/store.md, "Chunked files",
+			// "Slabs"): names, sizes, address ranges of every chunk
+			// and, in the slab form, every byte of its index, judged
+			// here against the slabs' listed sizes.
+			_, err = store.ChunkedFiles(es, func(e store.Entry) ([]byte, error) { return j.read(e.Address) })
 		}
 		if err != nil {
 			return fmt.Errorf("%w: %s: segment %d: snapshot %s: %w", ErrMalformed, j.what, i, a, err)

@@ -69,6 +69,14 @@ func TestDocBytes(t *testing.T) {
 		"pack": func() ([]byte, error) {
 			return bundle.AppendPack(bundle.AppendPack(nil, []byte("a")), make([]byte, 200)), nil
 		},
+		"slab-index": func() ([]byte, error) {
+			idx, _ := slabExample()
+			return idx, nil
+		},
+		"listing-slabs": func() ([]byte, error) {
+			_, es := slabExample()
+			return store.EncodeListing(es)
+		},
 		"listing-chunks": func() ([]byte, error) {
 			es := []store.Entry{{Name: "core-1.img", Mode: 0o600, Size: 4, Address: record.Sum([]byte("core"))}}
 			for _, c := range []struct{ vaddr, pages uint64 }{{0x400000, 1}, {0x7f0000003000, 1}, {0x7f0000004000, 4}} {
@@ -89,6 +97,25 @@ func TestDocBytes(t *testing.T) {
 		"listing":        decodeListing(0),
 		"listing-nested": decodeListing(0),
 		"listing-chunks": decodeListing(1),
+		"slab-index": func(b []byte) error {
+			cs, err := store.DecodeSlabIndex(b, []uint64{6 * store.ChunkPage})
+			if err == nil && len(cs) != 3 {
+				err = fmt.Errorf("%d chunks, want 3", len(cs))
+			}
+			return err
+		},
+		"listing-slabs": func(b []byte) error {
+			es, err := store.DecodeListing(b)
+			if err != nil {
+				return err
+			}
+			idx, _ := slabExample()
+			cfs, err := store.ChunkedFiles(es, func(store.Entry) ([]byte, error) { return idx, nil })
+			if err == nil && (len(cfs) != 1 || cfs[0].Size != 6*store.ChunkPage || len(cfs[0].Chunks) != 3) {
+				err = fmt.Errorf("chunked files %+v", cfs)
+			}
+			return err
+		},
 		"pack": func(b []byte) error {
 			var n int
 			err := bundle.ReadPack(bytes.NewReader(b), int64(len(b)), func([]byte) error { n++; return nil })
@@ -129,6 +156,22 @@ func TestDocBytes(t *testing.T) {
 	}
 }
 
+// slabExample is docs/store.md's worked example in the slab form: the
+// index, and the listing's entries.
+func slabExample() ([]byte, []store.Entry) {
+	var slab []byte
+	var cs []store.SlabChunk
+	for _, c := range []struct{ vaddr, pages uint64 }{{0x400000, 1}, {0x7f0000003000, 1}, {0x7f0000004000, 4}} {
+		b := bytes.Repeat([]byte{byte(c.vaddr / store.ChunkPage)}, int(c.pages*store.ChunkPage))
+		cs = append(cs, store.SlabChunk{Vaddr: c.vaddr, Size: uint64(len(b)), Offset: uint64(len(slab)), Address: record.Sum(b)})
+		slab = append(slab, b...)
+	}
+	idx := store.EncodeSlabIndex(cs)
+	return idx, []store.Entry{{Name: "core-1.img", Mode: 0o600, Size: 4, Address: record.Sum([]byte("core"))},
+		{Name: store.SlabName("pages-1.img", 0), Mode: 0o600, Size: uint64(len(slab)), Address: record.Sum(slab)},
+		{Name: store.SlabIndexName("pages-1.img"), Mode: 0o600, Size: uint64(len(idx)), Address: record.Sum(idx)}}
+}
+
 // decodeListing decodes a listing and reads its chunked files, of which
 // it must hold chunked.
 func decodeListing(chunked int) func([]byte) error {
@@ -137,7 +180,7 @@ func decodeListing(chunked int) func([]byte) error {
 		if err != nil {
 			return err
 		}
-		cfs, err := store.ChunkedFiles(es)
+		cfs, err := store.ChunkedFiles(es, nil)
 		if err == nil && len(cfs) != chunked {
 			err = fmt.Errorf("%d chunked files, want %d", len(cfs), chunked)
 		}

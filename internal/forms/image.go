@@ -81,12 +81,25 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 	if err := f.unlink(u); err != nil {
 		return Taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
-	res, err := park.Image(ctx, f.h.Store, u.Sandbox, imageparks.Deadline(f.h.CRIUDeadline, mem), room)
+	res, err := park.Image(ctx, f.h.Store, u.Sandbox, park.ImageOptions{Deadline: imageparks.Deadline(f.h.CRIUDeadline, mem), MaxRootfs: room, Base: lastMemory(raw.Segments)})
 	if err != nil {
 		return Taken{}, errors.Join(fmt.Errorf("park %s: %w", id, err), f.relink(u))
 	}
 	ck := res.Checkpointed()
 	return Taken{Snapshot: res.Snapshot, Retained: res.Retained, Keys: manifest.ImageKeys, Details: []attest.Detail{ck}, Checkpoint: &ck}, nil
+}
+
+// lastMemory is the memory image of the last image park of segs, if any:
+// a chunked park's base (park.ImageOptions.Base). The segments are not
+// verified here; the base only says where the park looks for bytes it
+// compares.
+func lastMemory(segs []record.Segment) *record.Address {
+	for i := len(segs) - 1; i >= 0; i-- {
+		if m := segs[i].Snapshot.Memory; m != nil {
+			return m
+		}
+	}
+	return nil
 }
 
 // Thaw settles the unit by its task's real state: CRIU may have left it

@@ -1,11 +1,21 @@
 package park
 
 import (
+	"bufio"
+	"bytes"
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+
+	"golang.org/x/sys/unix"
+	"lukechampine.com/blake3"
 
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -24,27 +34,27 @@ const MinChunked = 1 << 20
 type ChunkStats struct {
 	Files  int   // pages files stored in chunks
 	Chunks int   // their chunks
-	Held   int   // chunks the store held already (not written again)
+	Held   int   // chunks the base park's slabs held already (not written again)
 	New    int64 // bytes of the chunks it did not hold
 }
 
-// chunkImages puts each pages file of the staged image directory into the
-// chunked form (store.ChunkedFiles): its chunks the store lacks are staged
-// as files NAME.chunks/VADDR, hashed here (added to known), and those it
-// holds are returned as entries to list without a staged copy
-// ([store.Store.IngestChunks]). The pages file itself is removed from
-// staging. known must not be nil. A pages file under [MinChunked], one whose size its pagemap
-// does not give, one whose runs do not go up in address, or one of more
-// than store.MaxChunks chunks (8 GiB at 16 KiB) stays whole.
-func chunkImages(ctx context.Context, st *store.Store, images string, known map[string]store.Hashed) ([]store.Entry, ChunkStats, error) {
-	var cs ChunkStats
+// planChunks prepares the slab form (store.ChunkedFiles, docs/store.md
+// "Slabs") of each pages file of the staged image directory: it hashes
+// every chunk and finds those whose bytes the base park's slabs hold
+// (compared: an imported index is hostile, its addresses not trusted). It
+// only reads the staging directory, so it runs while the follower hashes
+// the tail of the dump; [slabber.put] then stages the form. A pages file
+// under [MinChunked], one whose size its pagemap does not give, one whose
+// runs do not go up in address, or one of more than store.MaxChunks
+// chunks stays whole.
+func planChunks(ctx context.Context, st *store.Store, images string, base []store.ChunkedFile) ([]*slabber, error) {
 	pms, err := readPagemaps(images)
 	if err != nil {
-		return nil, cs, fmt.Errorf("park: chunking: %w", err)
+		return nil, fmt.Errorf("park: chunking: %w", err)
 	}
-	var stored []store.Entry
+	held := heldChunks(st, base)
+	var plans []*slabber
 	done := map[string]bool{}
-	buf := make([]byte, ChunkSize)
 	for _, pm := range pms {
 		info, err := os.Stat(filepath.Join(images, pm.pages))
 		if err != nil || done[pm.pages] || info.Size() < MinChunked || uint64(info.Size()) != pm.bytes || !pm.increasing() ||
@@ -52,87 +62,338 @@ func chunkImages(ctx context.Context, st *store.Store, images string, known map[
 			continue
 		}
 		done[pm.pages] = true
-		c := chunker{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), known: known, buf: buf}
-		if err := c.chunk(ctx, pm); err != nil {
-			return nil, cs, fmt.Errorf("park: chunking %s: %w", pm.pages, err)
+		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: held}
+		if err := c.plan(ctx, pm); err != nil {
+			return nil, fmt.Errorf("park: chunking %s: %w", pm.pages, err)
+		}
+		plans = append(plans, c)
+	}
+	return plans, nil
+}
+
+// putChunks stages the slab form of each planned file: its new slab (the
+// pages file itself, renamed, when the base held none of its chunks) and
+// its index, with their addresses added to known (which must not be
+// nil). It returns the entries of the base slabs to list without a staged
+// copy ([store.Store.IngestChunks]).
+func putChunks(plans []*slabber, known map[string]store.Hashed) ([]store.Entry, ChunkStats, error) {
+	var cs ChunkStats
+	var stored []store.Entry
+	for _, c := range plans {
+		if err := c.put(known); err != nil {
+			return nil, cs, fmt.Errorf("park: chunking %s: %w", c.name, err)
 		}
 		stored = append(stored, c.stored...)
 		cs.Files++
-		cs.Chunks += c.chunks
-		cs.Held += len(c.stored)
+		cs.Chunks += len(c.ps)
+		cs.Held += c.held
 		cs.New += c.new
 	}
 	return stored, cs, nil
 }
 
-// chunker cuts one staged pages file into chunks.
-type chunker struct {
+// heldAt is where a base park's slab holds a chunk's bytes; made is
+// whether this process wrote the index that says so (made).
+type heldAt struct {
+	slab   store.Entry
+	offset uint64
+	made   bool
+}
+
+// heldChunks maps each chunk address of base's slab-form files to where
+// a slab holds it, preferring an index this process made. Chunks of the
+// one-file-per-chunk form are not used.
+func heldChunks(st *store.Store, base []store.ChunkedFile) map[record.Address]heldAt {
+	held := map[record.Address]heldAt{}
+	for _, cf := range base {
+		if cf.Index == nil {
+			continue
+		}
+		m := made.has(st, cf.Index.Address)
+		for _, ch := range cf.Chunks {
+			if h, ok := held[ch.Address]; !ok || m && !h.made {
+				held[ch.Address] = heldAt{ch.In, ch.Offset, m}
+			}
+		}
+	}
+	return held
+}
+
+// slabber puts one staged pages file into the slab form.
+type slabber struct {
 	st     *store.Store
 	dir    string
 	name   string
 	mode   os.FileMode
-	known  map[string]store.Hashed
-	buf    []byte
+	base   map[record.Address]heldAt
+	ps     []piece // planned
+	size   uint64  // the pages file's
 	stored []store.Entry
-	seen   map[record.Address]bool
-	chunks int
+	held   int
 	new    int64
+	index  record.Address // the index put staged
 }
 
-func (c *chunker) chunk(ctx context.Context, pm pagemap) error {
-	p := filepath.Join(c.dir, c.name)
-	f, err := os.Open(p)
+// piece is one chunk of the staged pages file being put in slabs.
+type piece struct {
+	vaddr, size, at uint64 // at: its offset in the staged file
+	addr            record.Address
+	in              *heldAt // the base slab holding the same bytes, if any
+}
+
+// plan hashes the chunks of the pages file that pm names.
+func (c *slabber) plan(ctx context.Context, pm pagemap) error {
+	f, err := os.Open(filepath.Join(c.dir, c.name))
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if err := os.Mkdir(p+store.ChunkSuffix, 0o700); err != nil {
-		return err
+	spans := pm.spans(ChunkSize)
+	c.ps = make([]piece, len(spans))
+	for i, sp := range spans {
+		c.ps[i] = piece{vaddr: sp.vaddr, size: sp.bytes, at: c.size}
+		c.size += sp.bytes
 	}
-	c.seen = map[record.Address]bool{}
-	for _, sp := range pm.spans(ChunkSize) {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		b := c.buf[:sp.bytes]
-		if _, err := io.ReadFull(f, b); err != nil {
-			return err
-		}
-		if err := c.put(sp.vaddr, b); err != nil {
-			return err
-		}
-	}
-	delete(c.known, c.name)
-	if c.new == 0 {
-		// Every chunk held: an empty directory has no place in a listing.
-		if err := os.Remove(p + store.ChunkSuffix); err != nil {
-			return err
-		}
-	}
-	return os.Remove(p)
+	return c.hash(ctx, f, c.ps)
 }
 
-// put stages one chunk, or lists it as stored when the store holds its
-// bytes already or this park staged them under another name.
-func (c *chunker) put(vaddr uint64, b []byte) error {
-	c.chunks++
-	a := record.Sum(b)
-	name := store.ChunkName(c.name, vaddr)
-	if c.seen[a] || c.st.Has(a) {
-		c.stored = append(c.stored, store.Entry{Name: name, Mode: uint32(c.mode), Size: uint64(len(b)), Address: a})
-		return nil
-	}
-	c.seen[a] = true
-	p := filepath.Join(c.dir, name)
-	if err := os.WriteFile(p, b, c.mode); err != nil {
+// put stages the planned slab form, adding what it hashed to known.
+func (c *slabber) put(known map[string]store.Hashed) error {
+	p := filepath.Join(c.dir, c.name)
+	ps := c.ps
+	slabs, kept := c.keepSlabs(ps)
+	if err := os.Mkdir(p+store.SlabSuffix, 0o700); err != nil {
 		return err
 	}
-	if err := os.Chmod(p, c.mode); err != nil { // past the umask: the mode listed
+	index := make([]store.SlabChunk, len(ps))
+	var fresh []int // the pieces the new slab holds
+	for i, pc := range ps {
+		index[i] = store.SlabChunk{Vaddr: pc.vaddr, Size: pc.size, Address: pc.addr}
+		if pc.in != nil {
+			index[i].Slab, index[i].Offset = slabs[pc.in.slab.Address], pc.in.offset
+			c.held++
+			continue
+		}
+		fresh = append(fresh, i)
+	}
+	for i, e := range kept {
+		c.stored = append(c.stored, store.Entry{Name: store.SlabName(c.name, i), Mode: e.Mode, Size: e.Size, Address: e.Address})
+	}
+	switch {
+	case len(fresh) == len(ps):
+		// Nothing held: the pages file is the slab, renamed.
+		if err := os.Rename(p, filepath.Join(c.dir, store.SlabName(c.name, 0))); err != nil {
+			return err
+		}
+		if k, ok := known[c.name]; ok {
+			known[store.SlabName(c.name, 0)] = k
+		}
+		for i := range index {
+			index[i].Offset = ps[i].at
+		}
+		c.new = int64(c.size)
+	case len(fresh) > 0:
+		h, err := c.writeSlab(ps, fresh, index, len(kept))
+		if err != nil {
+			return err
+		}
+		known[store.SlabName(c.name, len(kept))] = h
+		c.new = h.Size
+		fallthrough
+	default:
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+	}
+	delete(known, c.name)
+	b := store.EncodeSlabIndex(index)
+	if err := writeMode(filepath.Join(c.dir, store.SlabIndexName(c.name)), b, c.mode); err != nil {
 		return err
 	}
-	c.known[name] = store.Hashed{Size: int64(len(b)), Address: a}
-	c.new += int64(len(b))
+	c.index = record.Sum(b)
+	known[store.SlabIndexName(c.name)] = store.Hashed{Size: int64(len(b)), Address: c.index}
 	return nil
+}
+
+// hash hashes every piece of the staged pages file (mapped, so that no
+// byte is copied), one worker per processor, and finds the base slab
+// holding each piece's bytes: the address in a base index, and, unless
+// this process made that index, the bytes there compared with the
+// piece's (an imported index is hostile: its addresses are not trusted).
+// A base slab that is not a regular file of its listed size is not used.
+func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
+	staged, err := mapFile(f, c.size)
+	if err != nil {
+		return err
+	}
+	defer unix.Munmap(staged)
+	slabs := map[record.Address][]byte{}
+	defer func() {
+		for _, m := range slabs {
+			unix.Munmap(m)
+		}
+	}()
+	for _, h := range c.base {
+		if _, ok := slabs[h.slab.Address]; ok || h.made {
+			continue
+		}
+		slabs[h.slab.Address] = nil
+		sf, err := os.Open(c.st.Path(h.slab.Address))
+		if err != nil {
+			continue // not held after all: stored anew
+		}
+		m, err := mapFile(sf, h.slab.Size)
+		sf.Close()
+		if err == nil {
+			slabs[h.slab.Address] = m
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), max(1, len(ps)/64))
+	var wg sync.WaitGroup
+	errs := make([]error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := w * len(ps) / workers; i < (w+1)*len(ps)/workers; i++ {
+				if i%256 == 0 && ctx.Err() != nil {
+					errs[w] = ctx.Err()
+					return
+				}
+				pc := &ps[i]
+				b := staged[pc.at : pc.at+pc.size]
+				pc.addr = record.Sum(b)
+				h, ok := c.base[pc.addr]
+				switch {
+				case !ok:
+					continue
+				case h.made:
+					pc.in = &h
+					continue
+				}
+				if m := slabs[h.slab.Address]; h.offset <= uint64(len(m)) && pc.size <= uint64(len(m))-h.offset &&
+					bytes.Equal(m[h.offset:h.offset+pc.size], b) {
+					pc.in = &h
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// mapFile maps f, which must be a regular file of size bytes, read-only.
+func mapFile(f *os.File, size uint64) ([]byte, error) {
+	info, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() || uint64(info.Size()) != size || size == 0 || size > 1<<40 {
+		return nil, fmt.Errorf("%s: %d bytes, want %d", f.Name(), info.Size(), size)
+	}
+	return unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+}
+
+// keepSlabs numbers the base slabs the pieces are held in, at most
+// store.MaxSlabs-1 of them (the new slab is the last): those holding the
+// most bytes; the pieces of the others are stored anew. It returns their
+// numbers and, in that order, their entries.
+func (c *slabber) keepSlabs(ps []piece) (map[record.Address]int, []store.Entry) {
+	bytesIn := map[record.Address]uint64{}
+	entries := map[record.Address]store.Entry{}
+	for _, pc := range ps {
+		if pc.in != nil {
+			bytesIn[pc.in.slab.Address] += pc.size
+			entries[pc.in.slab.Address] = pc.in.slab
+		}
+	}
+	order := make([]record.Address, 0, len(bytesIn))
+	for a := range bytesIn {
+		order = append(order, a)
+	}
+	slices.SortFunc(order, func(x, y record.Address) int {
+		if bytesIn[x] != bytesIn[y] {
+			return cmp.Compare(bytesIn[y], bytesIn[x])
+		}
+		return bytes.Compare(x[:], y[:])
+	})
+	if len(order) > store.MaxSlabs-1 {
+		drop := map[record.Address]bool{}
+		for _, a := range order[store.MaxSlabs-1:] {
+			drop[a] = true
+		}
+		for i := range ps {
+			if ps[i].in != nil && drop[ps[i].in.slab.Address] {
+				ps[i].in = nil
+			}
+		}
+		order = order[:store.MaxSlabs-1]
+	}
+	slabs := make(map[record.Address]int, len(order))
+	kept := make([]store.Entry, len(order))
+	for i, a := range order {
+		slabs[a], kept[i] = i, entries[a]
+	}
+	return slabs, kept
+}
+
+// writeSlab stages slab number n: the pieces fresh of ps, read from the
+// staged pages file, back to back, each distinct one once; it sets their
+// records in index and returns the slab's size and address.
+func (c *slabber) writeSlab(ps []piece, fresh []int, index []store.SlabChunk, n int) (store.Hashed, error) {
+	f, err := os.Open(filepath.Join(c.dir, c.name))
+	if err != nil {
+		return store.Hashed{}, err
+	}
+	defer f.Close()
+	out, err := os.OpenFile(filepath.Join(c.dir, store.SlabName(c.name, n)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, c.mode)
+	if err != nil {
+		return store.Hashed{}, err
+	}
+	h := blake3.New(32, nil)
+	w := bufio.NewWriterSize(io.MultiWriter(out, h), 1<<20)
+	at := map[record.Address]uint64{}
+	buf := make([]byte, ChunkSize)
+	var off uint64
+	for _, i := range fresh {
+		pc := ps[i]
+		index[i].Slab = n
+		if o, ok := at[pc.addr]; ok {
+			index[i].Offset = o
+			continue
+		}
+		b := buf[:pc.size]
+		if _, err := f.ReadAt(b, int64(pc.at)); err != nil {
+			out.Close()
+			return store.Hashed{}, err
+		}
+		if _, err := w.Write(b); err != nil {
+			out.Close()
+			return store.Hashed{}, err
+		}
+		at[pc.addr], index[i].Offset = off, off
+		off += pc.size
+	}
+	if err := w.Flush(); err != nil {
+		out.Close()
+		return store.Hashed{}, err
+	}
+	if err := out.Chmod(c.mode); err != nil { // past the umask: the mode listed
+		out.Close()
+		return store.Hashed{}, err
+	}
+	if err := out.Close(); err != nil {
+		return store.Hashed{}, err
+	}
+	hs := store.Hashed{Size: int64(off)}
+	h.Sum(hs.Address[:0])
+	return hs, nil
+}
+
+// writeMode writes b to the new file p with mode, past the umask.
+func writeMode(p string, b []byte, mode os.FileMode) error {
+	if err := os.WriteFile(p, b, mode); err != nil {
+		return err
+	}
+	return os.Chmod(p, mode)
 }
 
 // roomForPages is the room a layout may write pages into: the store's
@@ -140,16 +401,20 @@ func (c *chunker) put(vaddr uint64, b []byte) error {
 var roomForPages = func(st *store.Store) (uint64, error) { return Free(st, DefaultMinFree) }
 
 // assemble lays out, in a CRIU image directory laid out by
-// store.Materialize, each chunked pages file whole again: its chunks
-// concatenated in address order, after checking that they cover exactly
-// the present pages of the file's pagemap (a refusal wraps
-// store.ErrChunks). The chunk directories are removed.
+// store.Materialize, each chunked pages file whole again, after checking
+// that its chunks cover exactly the present pages of the file's pagemap
+// (a refusal wraps store.ErrChunks): a slab that holds the file's chunks
+// in order and nothing else is renamed to it (a hard link to the stored
+// slab: no byte moves); any other file is written from its chunks,
+// copied in the kernel (copy_file_range: on a filesystem that shares
+// extents, none is copied), a run of chunks that follow one another in a
+// slab at a time. The chunk and slab directories are removed.
 func assemble(st *store.Store, mem record.Address, images string) error {
 	es, err := st.Listing(mem)
 	if err != nil {
 		return err
 	}
-	cfs, err := store.ChunkedFiles(es)
+	cfs, err := store.ChunkedFiles(es, st.ReadIndex)
 	if err != nil || len(cfs) == 0 {
 		return err
 	}
@@ -158,12 +423,14 @@ func assemble(st *store.Store, mem record.Address, images string) error {
 	// against the room left before a byte of it is.
 	var total uint64
 	for _, cf := range cfs {
-		for _, ch := range cf.Chunks {
-			total += ch.Size // ChunkedFiles bounds them: no overflow
+		if !linkable(cf) {
+			total += cf.Size // ChunkedFiles bounds them: no overflow
 		}
 	}
-	if room, err := roomForPages(st); err != nil || total > room {
-		return fmt.Errorf("%w: the chunked pages of %s are %d bytes, the store's filesystem has %d left past its minimum free (%v)", ErrNoSpace, mem, total, room, err)
+	if total > 0 {
+		if room, err := roomForPages(st); err != nil || total > room {
+			return fmt.Errorf("%w: the chunked pages of %s are %d bytes, the store's filesystem has %d left past its minimum free (%v)", ErrNoSpace, mem, total, room, err)
+		}
 	}
 	pms, err := readPagemaps(images)
 	if err != nil {
@@ -173,11 +440,27 @@ func assemble(st *store.Store, mem record.Address, images string) error {
 		if err := matchPagemap(cf, pms); err != nil {
 			return fmt.Errorf("%w: %s: %q: %v", store.ErrChunks, mem, cf.Name, err)
 		}
-		if err := concat(images, cf); err != nil {
+		if err := lay(images, cf); err != nil {
 			return fmt.Errorf("park: assembling %q: %w", cf.Name, err)
 		}
 	}
 	return nil
+}
+
+// linkable is whether cf is one slab holding its chunks in order, back
+// to back from its start, and nothing else: the slab is the file.
+func linkable(cf store.ChunkedFile) bool {
+	if cf.Index == nil || len(cf.Slabs) != 1 || cf.Slabs[0].Size != cf.Size {
+		return false
+	}
+	var off uint64
+	for _, ch := range cf.Chunks {
+		if ch.Offset != off {
+			return false
+		}
+		off += ch.Size
+	}
+	return true
 }
 
 // matchPagemap checks that cf's chunks, in address order, are exactly the
@@ -208,31 +491,73 @@ func matchPagemap(cf store.ChunkedFile, pms []pagemap) error {
 	return nil
 }
 
-// concat writes cf whole from its chunks laid out under dir, then removes
-// them.
-func concat(dir string, cf store.ChunkedFile) error {
-	out, err := os.OpenFile(filepath.Join(dir, cf.Name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, os.FileMode(cf.Chunks[0].Mode))
+// lay writes cf whole under dir from its chunks' files laid out there
+// (linkable's slab renamed, or the chunks copied), then removes them.
+func lay(dir string, cf store.ChunkedFile) error {
+	p := filepath.Join(dir, cf.Name)
+	form := p + store.ChunkSuffix
+	if cf.Index != nil {
+		form = p + store.SlabSuffix
+	}
+	if linkable(cf) {
+		if err := os.Rename(filepath.Join(dir, cf.Slabs[0].Name), p); err != nil {
+			return err
+		}
+		return os.RemoveAll(form)
+	}
+	out, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, os.FileMode(cf.Chunks[0].Mode))
 	if err != nil {
 		return err
 	}
-	for _, ch := range cf.Chunks {
-		in, err := os.Open(filepath.Join(dir, ch.Name))
-		if err != nil {
-			out.Close()
-			return err
-		}
-		n, err := io.Copy(out, in)
-		in.Close()
-		if err == nil && uint64(n) != ch.Size {
-			err = fmt.Errorf("chunk %q holds %d bytes, listed as %d", ch.Name, n, ch.Size)
-		}
-		if err != nil {
-			out.Close()
-			return err
-		}
+	err = copyChunks(dir, out, cf)
+	if cerr := out.Close(); err == nil {
+		err = cerr
 	}
-	if err := out.Close(); err != nil {
+	if err != nil {
 		return err
 	}
-	return os.RemoveAll(filepath.Join(dir, cf.Name+store.ChunkSuffix))
+	return os.RemoveAll(form)
+}
+
+// copyChunks writes cf's chunks to out in order, from their files under
+// dir, one copy_file_range per run of chunks that follow one another in
+// one file.
+func copyChunks(dir string, out *os.File, cf store.ChunkedFile) error {
+	files := map[string]*os.File{}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	var wrote int64
+	for i := 0; i < len(cf.Chunks); {
+		ch := cf.Chunks[i]
+		off, n := ch.Offset, ch.Size
+		for i++; i < len(cf.Chunks) && cf.Chunks[i].In.Name == ch.In.Name && cf.Chunks[i].Offset == off+n; i++ {
+			n += cf.Chunks[i].Size
+		}
+		in := files[ch.In.Name]
+		if in == nil {
+			var err error
+			if in, err = os.Open(filepath.Join(dir, ch.In.Name)); err != nil {
+				return err
+			}
+			files[ch.In.Name] = in
+		}
+		src := int64(off)
+		for n > 0 {
+			c, err := unix.CopyFileRange(int(in.Fd()), &src, int(out.Fd()), &wrote, int(n), 0)
+			if err == unix.EINTR {
+				continue
+			}
+			if err == nil && c == 0 {
+				err = fmt.Errorf("%q ends before %d bytes at %d", ch.In.Name, n, src)
+			}
+			if err != nil {
+				return err
+			}
+			n -= uint64(c)
+		}
+	}
+	return nil
 }

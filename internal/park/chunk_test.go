@@ -61,7 +61,7 @@ func TestImageChunked(t *testing.T) {
 	st.SetChunkedImages(true)
 	pages := content(41, 600*pageSize)
 	p := &producer{t: t, images: chunkedImages(pages), rootfs: content(42, 4096)}
-	res, err := Image(t.Context(), st, p, 0, 0)
+	res, err := Image(t.Context(), st, p, ImageOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestImageChunked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfs, err := store.ChunkedFiles(es)
+	cfs, err := store.ChunkedFiles(es, st.ReadIndex)
 	if err != nil || len(cfs) != 1 || cfs[0].Size != uint64(len(pages)) || res.Chunks.Chunks != len(cfs[0].Chunks) {
 		t.Fatalf("chunked files %d, %v; stats %+v", len(cfs), err, res.Chunks)
 	}
@@ -98,8 +98,12 @@ func TestImageChunked(t *testing.T) {
 			t.Fatalf("%s: %d bytes, %v", name, len(got), err)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(trees.ImageDir, "pages-1.img"+store.ChunkSuffix)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("chunks left in the layout: %v", err)
+	if _, err := os.Stat(filepath.Join(trees.ImageDir, "pages-1.img"+store.SlabSuffix)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("slabs left in the layout: %v", err)
+	}
+	// The first park's slab is the pages file: laid out by a link.
+	if len(cfs[0].Slabs) != 1 || !sameFile(t, filepath.Join(trees.ImageDir, "pages-1.img"), st.Path(cfs[0].Slabs[0].Address)) {
+		t.Fatalf("the first park's pages file is not its slab, linked: %d slabs", len(cfs[0].Slabs))
 	}
 	mustNoStaging(t, st.Dir())
 
@@ -107,14 +111,15 @@ func TestImageChunked(t *testing.T) {
 	pages2 := bytes.Clone(pages)
 	pages2[300*pageSize+7] ^= 1
 	p2 := &producer{t: t, images: chunkedImages(pages2), rootfs: p.rootfs}
-	res2, err := Image(t.Context(), st, p2, 0, 0)
+	res2, err := Image(t.Context(), st, p2, ImageOptions{Base: res.Snapshot.Memory})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res2.Chunks.New != ChunkSize || res2.Chunks.Held != res.Chunks.Chunks-1 {
 		t.Fatalf("second park: %+v", res2.Chunks)
 	}
-	if res2.NewBytes != ChunkSize {
+	// The new slab and the index.
+	if res2.NewBytes != ChunkSize+int64(len(store.EncodeSlabIndex(make([]store.SlabChunk, res.Chunks.Chunks)))) {
 		t.Fatalf("second park added %d bytes", res2.NewBytes)
 	}
 	trees2, err := Layout(st, res2.Snapshot, filepath.Join(t.TempDir(), "r2"))
@@ -127,7 +132,7 @@ func TestImageChunked(t *testing.T) {
 
 	// Nothing changed: no chunk is written, and the park goes through.
 	p3 := &producer{t: t, images: chunkedImages(pages2), rootfs: p.rootfs}
-	res3, err := Image(t.Context(), st, p3, 0, 0)
+	res3, err := Image(t.Context(), st, p3, ImageOptions{Base: res2.Snapshot.Memory})
 	if err != nil {
 		t.Fatalf("a park with every chunk held: %v", err)
 	}
@@ -138,17 +143,34 @@ func TestImageChunked(t *testing.T) {
 
 	// A byte of a stored chunk changed: another snapshot is offered.
 	c := cfs[0].Chunks[5]
-	damageObject(t, st, c.Address)
+	damageObject(t, st, c.In.Address)
 	if off, err := Offered(t.Context(), st, res.Snapshot); err != nil || off.Equal(res.Snapshot) {
 		t.Fatalf("offered %s over a damaged chunk, %v", off, err)
 	}
+}
+
+func sameFile(t *testing.T, a, b string) bool {
+	t.Helper()
+	x, err := os.Stat(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := os.Stat(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return os.SameFile(x, y)
 }
 
 // damageObject flips a byte of a stored object through a layout's link
 // (the test's way to reach the file without the store's paths).
 func damageObject(t *testing.T, st *store.Store, a record.Address) {
 	t.Helper()
-	l, err := store.EncodeListing([]store.Entry{{Name: "x", Mode: 0o600, Size: uint64(ChunkSize), Address: a}})
+	n, err := st.Size(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := store.EncodeListing([]store.Entry{{Name: "x", Mode: 0o600, Size: uint64(n), Address: a}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,5 +332,84 @@ func TestLayoutBoundsThePagemaps(t *testing.T) {
 	two := map[string][]byte{"pagemap-1.img": append(append([]byte{}, pm...), big...), "pagemap-2.img": append(pagemapImage(2), big...)}
 	if err := chunkedLayout(t, st, map[uint64][]byte{0x400000: page}, two); !errors.Is(err, store.ErrChunks) || !strings.Contains(err.Error(), "in all") {
 		t.Fatalf("pagemaps past %d bytes in all: %v", maxPagemap, err)
+	}
+}
+
+// A base index this process did not make (imported, or written before a
+// restart) is not trusted: a chunk whose address it gives is listed in
+// its slab only when the bytes there are the park's. A lying index,
+// whose record for one chunk carries the address of the next park's
+// bytes, does not make that park list the old bytes: it stores the chunk
+// again, and its layout is its own pages.
+func TestImageChunkedLyingBase(t *testing.T) {
+	st := mustStore(t)
+	st.SetChunkedImages(true)
+	pages := content(71, 600*pageSize)
+	res, err := Image(t.Context(), st, &producer{t: t, images: chunkedImages(pages), rootfs: content(42, 4096)}, ImageOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages2 := bytes.Clone(pages)
+	pages2[300*pageSize+7] ^= 1
+	es, err := st.Listing(*res.Snapshot.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfs, err := store.ChunkedFiles(es, st.ReadIndex)
+	if err != nil || len(cfs) != 1 {
+		t.Fatal(cfs, err)
+	}
+	// The index, lying about the chunk that changes.
+	cs := make([]store.SlabChunk, len(cfs[0].Chunks))
+	var lied bool
+	for i, ch := range cfs[0].Chunks {
+		cs[i] = store.SlabChunk{Vaddr: ch.Vaddr, Size: ch.Size, Offset: ch.Offset, Address: ch.Address}
+		if ch.Offset <= 300*pageSize+7 && 300*pageSize+7 < ch.Offset+ch.Size {
+			cs[i].Address, lied = record.Sum(pages2[ch.Offset:ch.Offset+ch.Size]), true
+		}
+	}
+	if !lied {
+		t.Fatal("no chunk holds the changed byte")
+	}
+	idx := store.EncodeSlabIndex(cs)
+	forged := map[string][]byte{store.SlabIndexName("pages-1.img"): idx, store.SlabName("pages-1.img", 0): pages}
+	for _, e := range es {
+		if !store.InChunkedForm(e.Name) {
+			b, err := st.ReadAll(e.Address)
+			if err != nil {
+				t.Fatal(err)
+			}
+			forged[e.Name] = b
+		}
+	}
+	dir, err := st.StagingDir("forged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range forged {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base, _, err := st.Ingest(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res2, err := Image(t.Context(), st, &producer{t: t, images: chunkedImages(pages2), rootfs: content(42, 4096)}, ImageOptions{Base: &base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res2.Chunks.New != ChunkSize || res2.Chunks.Held != res.Chunks.Chunks-1 {
+		t.Fatalf("a park on a lying base: %+v", res2.Chunks)
+	}
+	trees, err := Layout(st, res2.Snapshot, filepath.Join(t.TempDir(), "r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(trees.ImageDir, "pages-1.img")); err != nil || !bytes.Equal(got, pages2) {
+		t.Fatalf("the park on a lying base lays out %d bytes that are not its pages (%v)", len(got), err)
 	}
 }

@@ -41,11 +41,14 @@
 // the rw layer's diff against the image in OCI layer form. Its memory is a
 // directory object holding CRIU's image directory as CRIU wrote it, or,
 // when the store keeps images chunked (store.Store.ChunkedImages, serve
-// --chunked-images), with each pages file of 1 MiB or more listed as 16 KiB
-// chunks by virtual address ([ChunkSize], store.ChunkedFiles): a park
-// writes only the chunks the store lacks ([store.Store.IngestChunks]), and
-// [Layout] concatenates them back into the pages file, after checking them
-// against its pagemap. docs/chunked-images.md.
+// --chunked-images), with each pages file of 1 MiB or more in the slab
+// form: 16 KiB chunks by virtual address ([ChunkSize]) in slabs, with an
+// index (store.ChunkedFiles). A first park's slab is the pages file,
+// renamed; a later one lists the chunks its base's slabs hold there and
+// writes the rest as one new slab ([store.Store.IngestChunks]). [Layout]
+// lays the pages file out again, after checking the chunks against its
+// pagemap: the slab linked when it is the file, else copied in the
+// kernel. docs/chunked-images.md.
 package park
 
 import (
@@ -107,14 +110,25 @@ func (r Result) Checkpointed() attest.Checkpointed {
 	}
 }
 
+// ImageOptions are how [Image] parks.
+type ImageOptions struct {
+	// Deadline bounds CRIU's dump (0: none).
+	Deadline time.Duration
+	// MaxRootfs, when positive, lowers the rw layer's budget
+	// (executor.Checkpoint.MaxRootfsBytes): what is left of the run's
+	// snapshot quota and of the store's free space.
+	MaxRootfs int64
+	// Base is the memory image of the run's last image park, if any: a
+	// chunked park lists the chunks its slabs hold, unchanged, in them.
+	Base *record.Address
+}
+
 // Image checkpoints sb into staging directories on st's filesystem, leaving
 // its task frozen, and ingests the CRIU images and the rw layer as directory
-// objects. CRIU's dump runs under deadline (0: none). On error the task is
-// settled (running as it was) and nothing of the park remains but
-// collectable objects. maxRootfs, when positive, lowers the rw layer's
-// budget (executor.Checkpoint.MaxRootfsBytes): what is left of the run's
-// snapshot quota and of the store's free space.
-func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.Duration, maxRootfs int64) (Result, error) {
+// objects. On error the task is settled (running as it was) and nothing
+// of the park remains but collectable objects.
+func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptions) (Result, error) {
+	deadline, maxRootfs := opt.Deadline, opt.MaxRootfs
 	var res Result
 	mem, err := st.StagingDir("criu")
 	if err != nil {
@@ -137,20 +151,39 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.
 		return res, errors.Join(err, thaw(sb))
 	}
 	start := time.Now()
+	// The chunks are hashed while the follower hashes the dump's tail.
+	var plans []*slabber
+	var perr error
+	planned := make(chan struct{})
+	if st.ChunkedImages() {
+		go func() {
+			defer close(planned)
+			plans, perr = planChunks(ctx, st, images, baseFiles(st, opt.Base))
+		}()
+	} else {
+		close(planned)
+	}
 	known, fst := fl.finish()
+	<-planned
+	if perr != nil {
+		return res, errors.Join(perr, thaw(sb))
+	}
 	res.Followed = fst.Early
 	var held []store.Entry
-	if st.ChunkedImages() {
+	if len(plans) > 0 {
 		if known == nil {
 			known = map[string]store.Hashed{}
 		}
-		if held, res.Chunks, err = chunkImages(ctx, st, images, known); err != nil {
+		if held, res.Chunks, err = putChunks(plans, known); err != nil {
 			return res, errors.Join(err, thaw(sb))
 		}
 	}
 	memAddr, mst, err := st.IngestChunks(ctx, images, known, held)
 	if err != nil {
 		return res, errors.Join(fmt.Errorf("park: storing the memory image: %w", err), thaw(sb))
+	}
+	for _, c := range plans {
+		made.put(st, c.index)
 	}
 	rootAddr, rst, err := st.Ingest(ctx, root)
 	if err != nil {
@@ -161,6 +194,20 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, deadline time.
 	res.Snapshot = record.ImageSnapshot(rootAddr, &memAddr)
 	res.Retained = mst.Bytes + rst.Bytes + size(st, memAddr) + size(st, rootAddr)
 	return res, nil
+}
+
+// baseFiles are the chunked files of memory image base, if it is one the
+// store holds and reads: else none, and the park stores every chunk.
+func baseFiles(st *store.Store, base *record.Address) []store.ChunkedFile {
+	if base == nil {
+		return nil
+	}
+	es, err := st.Listing(*base)
+	if err != nil {
+		return nil
+	}
+	cfs, _ := store.ChunkedFiles(es, st.ReadIndex)
+	return cfs
 }
 
 func thaw(sb Checkpointer) error {
@@ -255,8 +302,9 @@ type Trees struct {
 
 // Layout lays an image snapshot's trees out under dir (which must not
 // exist) by hard links to the stored objects: no bytes move, except that a
-// chunked pages file is written whole from its linked chunks, which must
-// cover exactly the present pages of its pagemap (else store.ErrChunks).
+// chunked pages file that is not one slab holding it in order is written
+// from its chunks (copy_file_range); the chunks must cover exactly the
+// present pages of its pagemap (else store.ErrChunks).
 // Call it only after [Offered] found the snapshot intact; it does not hash
 // again ([store.LinkRehashed]).
 func Layout(st *store.Store, snap record.Snapshot, dir string) (Trees, error) {

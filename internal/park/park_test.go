@@ -65,7 +65,7 @@ func TestImage(t *testing.T) {
 		},
 		rootfs: content(15, 10240),
 	}
-	res, err := Image(t.Context(), st, p, 0, 0)
+	res, err := Image(t.Context(), st, p, ImageOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestImageFails(t *testing.T) {
 	st := mustStore(t)
 	boom := errors.New("dump failed")
 	p := &producer{t: t, images: map[string][]byte{"pages-1.img": content(16, 3<<20)}, fail: boom}
-	if _, err := Image(t.Context(), st, p, 0, 0); !errors.Is(err, boom) {
+	if _, err := Image(t.Context(), st, p, ImageOptions{}); !errors.Is(err, boom) {
 		t.Fatalf("park: %v", err)
 	}
 	if p.thawed != 1 {

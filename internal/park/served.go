@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -66,10 +67,6 @@ func offeredMemory(ctx context.Context, st *store.Store, mem record.Address) (re
 	if err != nil || got != mem {
 		return got, err
 	}
-	cfs, err := store.ChunkedFiles(es)
-	if err != nil {
-		return record.Address{}, fmt.Errorf("%s: %w", mem, err)
-	}
 	var whole []int
 	for i, e := range es {
 		if !isChunk(e.Name) {
@@ -83,19 +80,29 @@ func offeredMemory(ctx context.Context, st *store.Store, mem record.Address) (re
 	if changed {
 		return store.ListingAddress(es)
 	}
+	// The indexes are intact now: read them.
+	cfs, err := store.ChunkedFiles(es, st.ReadIndex)
+	if err != nil {
+		return record.Address{}, fmt.Errorf("%s: %w", mem, err)
+	}
 	// The pagemaps are intact now: which chunks hold eager pages.
 	pms, err := readPagemapFiles(pagemapObjects(st, es))
 	if err != nil {
 		return record.Address{}, fmt.Errorf("%w: %s: %w", store.ErrChunks, mem, err)
 	}
 	var eager []int
+	var inSlabs []store.Chunk
 	for _, cf := range cfs {
 		pm, err := pagemapOf(cf.Name, pms)
 		if err != nil {
 			return record.Address{}, fmt.Errorf("%w: %s: %q: %v", store.ErrChunks, mem, cf.Name, err)
 		}
 		for _, ch := range cf.Chunks {
-			if !pm.isTask() || pm.eagerIn(ch.Vaddr, ch.Size) {
+			switch {
+			case pm.isTask() && !pm.eagerIn(ch.Vaddr, ch.Size):
+			case cf.Index != nil:
+				inSlabs = append(inSlabs, ch)
+			default:
 				// A listing is in order of name: found, as
 				// ChunkedFiles took the chunk from it.
 				i, _ := slices.BinarySearchFunc(es, ch.Name, func(e store.Entry, n string) int { return strings.Compare(e.Name, n) })
@@ -109,14 +116,43 @@ func offeredMemory(ctx context.Context, st *store.Store, mem record.Address) (re
 	if changed {
 		return store.ListingAddress(es)
 	}
+	if bad, err := slabChunksChanged(st, inSlabs); err != nil || bad != nil {
+		if err != nil {
+			return record.Address{}, err
+		}
+		// The slab holding a changed chunk, rehashed whole, makes the
+		// address offered.
+		i, _ := slices.BinarySearchFunc(es, bad.In.Name, func(e store.Entry, n string) int { return strings.Compare(e.Name, n) })
+		if _, err := st.RehashEntries(ctx, mem, es, []int{i}); err != nil {
+			return record.Address{}, err
+		}
+		return store.ListingAddress(es)
+	}
 	checked.put(st, mem, checkedListing{es, cfs})
 	return mem, nil
 }
 
-// isChunk is whether a listing's entry is a chunk of a chunked file.
+// slabChunksChanged hashes each of chs, chunks in slabs, where its slab
+// holds it, and returns the first whose bytes there do not hash to its
+// address.
+func slabChunksChanged(st *store.Store, chs []store.Chunk) (*store.Chunk, error) {
+	for i := range chs {
+		ch := &chs[i]
+		got, err := st.SumRange(ch.In.Address, ch.Offset, ch.Size)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", ch.Name, err)
+		}
+		if got != ch.Address {
+			return ch, nil
+		}
+	}
+	return nil, nil
+}
+
+// isChunk is whether a listing's entry holds chunks of a chunked file: a
+// chunk or a slab (not an index, which is read whole).
 func isChunk(name string) bool {
-	dir, _, ok := strings.Cut(name, "/")
-	return ok && strings.HasSuffix(dir, store.ChunkSuffix)
+	return store.InChunkedForm(name) && path.Base(name) != store.SlabIndexBase
 }
 
 // pagemapObjects are the pagemap images of a memory image's listing, as
@@ -180,14 +216,14 @@ func layoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pa
 		if l.es, err = st.Listing(*snap.Memory); err != nil {
 			return Trees{}, nil, err
 		}
-		if l.cfs, err = store.ChunkedFiles(l.es); err != nil {
+		if l.cfs, err = store.ChunkedFiles(l.es, st.ReadIndex); err != nil {
 			return Trees{}, nil, err
 		}
 	}
 	es, cfs := l.es, l.cfs
 	var whole []store.Entry
 	for _, e := range es {
-		if !isChunk(e.Name) {
+		if !store.InChunkedForm(e.Name) {
 			whole = append(whole, e)
 		}
 	}
@@ -278,10 +314,7 @@ func sparse(st *store.Store, dir string, cf store.ChunkedFile, eager []store.Chu
 	for _, ch := range cf.Chunks {
 		if next < len(eager) && eager[next].Name == ch.Name {
 			next++
-			b, err := os.ReadFile(st.Path(ch.Address))
-			if err == nil && uint64(len(b)) != ch.Size {
-				err = fmt.Errorf("chunk %q holds %d bytes, listed as %d", ch.Name, len(b), ch.Size)
-			}
+			b, err := readChunk(st, ch)
 			if err == nil {
 				_, err = out.WriteAt(b, int64(off))
 			}
@@ -295,6 +328,28 @@ func sparse(st *store.Store, dir string, cf store.ChunkedFile, eager []store.Chu
 	return out.Close()
 }
 
+// readChunk reads chunk ch's bytes from where the store holds them: a
+// chunk's own object, all of it, or its range of its slab.
+func readChunk(st *store.Store, ch store.Chunk) ([]byte, error) {
+	f, err := os.Open(st.Path(ch.In.Address))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if ch.In.Address == ch.Address {
+		b, err := io.ReadAll(f)
+		if err == nil && uint64(len(b)) != ch.Size {
+			err = fmt.Errorf("chunk %q holds %d bytes, listed as %d", ch.Name, len(b), ch.Size)
+		}
+		return b, err
+	}
+	b := make([]byte, ch.Size)
+	if _, err := f.ReadAt(b, int64(ch.Offset)); err != nil {
+		return nil, fmt.Errorf("chunk %q at %d of %q: %w", ch.Name, ch.Offset, ch.In.Name, err)
+	}
+	return b, nil
+}
+
 // extentTable is the page server's extent table of every task's pages: per task
 // pagemap with present pages, its chunks (a chunked pages file) or the
 // runs of its whole pages file, in address order. A pages file named by
@@ -306,7 +361,7 @@ func sparse(st *store.Store, dir string, cf store.ChunkedFile, eager []store.Chu
 func extentTable(st *store.Store, es []store.Entry, pms []pagemap, chunked map[string]store.ChunkedFile) (*pageserver.Table, error) {
 	objects := map[string]store.Entry{} // a whole pages file's object
 	for _, e := range es {
-		if !isChunk(e.Name) {
+		if !store.InChunkedForm(e.Name) {
 			objects[e.Name] = e
 		}
 	}
@@ -331,7 +386,7 @@ func extentTable(st *store.Store, es []store.Entry, pms []pagemap, chunked map[s
 			t.Extents = make([]pageserver.Extent, len(cf.Chunks))
 			verify := make([]record.Address, len(cf.Chunks))
 			for i, ch := range cf.Chunks {
-				t.Extents[i] = pageserver.Extent{Vaddr: ch.Vaddr, Size: ch.Size, Path: st.Path(ch.Address)}
+				t.Extents[i] = pageserver.Extent{Vaddr: ch.Vaddr, Size: ch.Size, Path: st.Path(ch.In.Address), Offset: ch.Offset}
 				if !pm.eagerIn(ch.Vaddr, ch.Size) {
 					verify[i] = ch.Address
 					t.Extents[i].Verify = &verify[i]

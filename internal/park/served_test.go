@@ -37,7 +37,7 @@ func servedPark(t *testing.T, pages []byte) (*store.Store, Result) {
 	st := mustStore(t)
 	st.SetChunkedImages(true)
 	p := &producer{t: t, images: lazyImages(pages), rootfs: content(42, 4096)}
-	res, err := Image(t.Context(), st, p, 0, 0)
+	res, err := Image(t.Context(), st, p, ImageOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,25 +119,34 @@ func TestLayoutServed(t *testing.T) {
 	}
 }
 
+// slabAt is the file and offset where the slab holds the chunk at v of
+// the park's pages-1.img.
+func slabAt(t *testing.T, st *store.Store, res Result, v uint64) (string, uint64) {
+	t.Helper()
+	es, _ := st.Listing(*res.Snapshot.Memory)
+	cfs, err := store.ChunkedFiles(es, st.ReadIndex)
+	if err != nil || len(cfs) != 1 {
+		t.Fatalf("chunked files %v, %v", cfs, err)
+	}
+	for _, ch := range cfs[0].Chunks {
+		if ch.Vaddr == v {
+			return st.Path(ch.In.Address), ch.Offset
+		}
+	}
+	t.Fatalf("no chunk at %#x", v)
+	return "", 0
+}
+
 // What each kind of damage does to a served lazy resume: a lazy chunk's
 // is found as it is served (the server refuses it; the snapshot's
 // listing is intact); an eager chunk's, or any other file's, makes
 // another snapshot offered before the restore.
 func TestOfferedServedDamage(t *testing.T) {
 	pages := content(62, 600*pageSize)
-	chunkAt := func(t *testing.T, st *store.Store, res Result, v uint64) record.Address {
-		es, _ := st.Listing(*res.Snapshot.Memory)
-		for _, e := range es {
-			if e.Name == store.ChunkName("pages-1.img", v) {
-				return e.Address
-			}
-		}
-		t.Fatalf("no chunk at %#x", v)
-		return record.Address{}
-	}
 	t.Run("a lazy chunk", func(t *testing.T) {
 		st, res := servedPark(t, pages)
-		damage(t, st, chunkAt(t, st, res, 0x7f0000004000))
+		p, off := slabAt(t, st, res, 0x7f0000004000)
+		damageAt(t, p, off)
 		if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || !off.Equal(res.Snapshot) {
 			t.Fatalf("offered %s, %v: the listing is intact", off, err)
 		}
@@ -157,7 +166,8 @@ func TestOfferedServedDamage(t *testing.T) {
 	})
 	t.Run("the eager chunk", func(t *testing.T) {
 		st, res := servedPark(t, pages)
-		damage(t, st, chunkAt(t, st, res, 0x400000))
+		p, off := slabAt(t, st, res, 0x400000)
+		damageAt(t, p, off)
 		if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || off.Equal(res.Snapshot) {
 			t.Fatalf("offered %s, %v, over a damaged eager chunk", off, err)
 		}
@@ -203,7 +213,7 @@ func TestLayoutServedWhole(t *testing.T) {
 	st := mustStore(t)
 	pages := content(63, 600*pageSize)
 	p := &producer{t: t, images: lazyImages(pages), rootfs: content(42, 4096)}
-	res, err := Image(t.Context(), st, p, 0, 0)
+	res, err := Image(t.Context(), st, p, ImageOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +244,12 @@ func TestLayoutServedWhole(t *testing.T) {
 // damage flips a byte of a stored object of any size.
 func damage(t *testing.T, st *store.Store, a record.Address) {
 	t.Helper()
-	p := st.Path(a)
+	damageAt(t, st.Path(a), 0)
+}
+
+// damageAt flips a bit of byte 7 past off of file p.
+func damageAt(t *testing.T, p string, off uint64) {
+	t.Helper()
 	if err := os.Chmod(p, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -244,11 +259,11 @@ func damage(t *testing.T, st *store.Store, a record.Address) {
 	}
 	defer f.Close()
 	b := []byte{0}
-	if _, err := f.ReadAt(b, 7); err != nil {
+	if _, err := f.ReadAt(b, int64(off)+7); err != nil {
 		t.Fatal(err)
 	}
 	b[0] ^= 0x80
-	if _, err := f.WriteAt(b, 7); err != nil {
+	if _, err := f.WriteAt(b, int64(off)+7); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -354,57 +369,28 @@ func TestLayoutServedWholePagesNamedOnce(t *testing.T) {
 	}
 }
 
-// A lazy chunk missing from the store, or cut short, is not looked for
-// before the restore (the listing is intact): the page server refuses it
-// when it is first asked for.
+// A lazy chunk its slab does not hold (the slab cut short past the eager
+// page) is not looked for before the restore (the listing is intact):
+// the page server refuses it when it is first asked for.
 func TestOfferedServedLazyChunkObject(t *testing.T) {
-	pages := content(64, 600*pageSize)
-	lazyChunk := func(t *testing.T, st *store.Store, res Result) string {
-		es, _ := st.Listing(*res.Snapshot.Memory)
-		for _, e := range es {
-			if e.Name == store.ChunkName("pages-1.img", 0x7f0000004000) {
-				return st.Path(e.Address)
-			}
-		}
-		t.Fatal("no lazy chunk")
-		return ""
+	st, res := servedPark(t, content(64, 600*pageSize))
+	p, _ := slabAt(t, st, res, 0x7f0000004000)
+	if err := os.Chmod(p, 0o600); err != nil {
+		t.Fatal(err)
 	}
-	served := func(t *testing.T, st *store.Store, res Result) error {
-		if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || !off.Equal(res.Snapshot) {
-			t.Fatalf("offered %s, %v: the listing is intact", off, err)
-		}
-		_, m, err := LayoutServed(st, res.Snapshot, filepath.Join(t.TempDir(), "r"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := get(t, m, 0x7f0000005000, 1)
-		if err == nil {
-			t.Fatalf("served %d bytes of a lazy chunk not in the store as listed", len(got))
-		}
-		return err
+	if err := os.Truncate(p, pageSize); err != nil {
+		t.Fatal(err)
 	}
-	t.Run("missing", func(t *testing.T) {
-		st, res := servedPark(t, pages)
-		if err := os.Remove(lazyChunk(t, st, res)); err != nil {
-			t.Fatal(err)
-		}
-		if err := served(t, st, res); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("serving a missing chunk: %v", err)
-		}
-	})
-	t.Run("another size", func(t *testing.T) {
-		st, res := servedPark(t, pages)
-		p := lazyChunk(t, st, res)
-		if err := os.Chmod(p, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(p, pageSize); err != nil {
-			t.Fatal(err)
-		}
-		if err := served(t, st, res); !errors.Is(err, pageserver.ErrRefused) {
-			t.Fatalf("serving a chunk cut short: %v", err)
-		}
-	})
+	if off, err := OfferedServed(t.Context(), st, res.Snapshot); err != nil || !off.Equal(res.Snapshot) {
+		t.Fatalf("offered %s, %v: the listing is intact", off, err)
+	}
+	_, m, err := LayoutServed(st, res.Snapshot, filepath.Join(t.TempDir(), "r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := get(t, m, 0x7f0000005000, 1); !errors.Is(err, pageserver.ErrRefused) {
+		t.Fatalf("served %d bytes of a chunk its slab does not hold (%v)", len(got), err)
+	}
 }
 
 // LayoutServed takes the listing OfferedServed found intact, once: with

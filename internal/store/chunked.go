@@ -13,9 +13,11 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// The chunked form of a file in a directory object (docs/store.md,
-// "Chunked files"): a file NAME is listed, instead of whole, as the
-// entries NAME.chunks/VVVVVVVVVVVVVVVV, one per chunk, where the sixteen
+// The chunked forms of a file in a directory object (docs/store.md,
+// "Chunked files"): the slab form (slabs.go), which parks write, and the
+// form of one object per chunk, read and never written: a file NAME is
+// listed, instead of whole, as the entries NAME.chunks/VVVVVVVVVVVVVVVV,
+// one per chunk, where the sixteen
 // lower-case hex digits are the virtual address of the chunk's first byte.
 // Each chunk is an ordinary file of the listing, and so an ordinary
 // object, reached, collected, verified, bundled and fetched as any listed
@@ -40,11 +42,16 @@ const (
 // overlapping the one before it, or NAME listed beside NAME.chunks/.
 var ErrChunks = errors.New("chunked file refused")
 
-// Chunk is one chunk of a chunked file: the listing's entry and the
-// virtual address its name gives.
+// Chunk is one chunk of a chunked file: its virtual address, its entry
+// (the listing's, or in the slab form one made from its index record,
+// named as [ChunkName] names it, with the index's mode), and where its
+// bytes are: at Offset of In, the listed file holding them (the chunk
+// itself, at 0, or its slab).
 type Chunk struct {
 	Vaddr uint64
 	Entry
+	In     Entry
+	Offset uint64
 }
 
 // ChunkedFile is a file a listing holds in the chunked form.
@@ -52,6 +59,18 @@ type ChunkedFile struct {
 	Name   string  // the file laid out: NAME, without the suffix
 	Size   uint64  // the sum of its chunks' sizes
 	Chunks []Chunk // in address order
+	// Index and Slabs are the entries of the slab form; Index is nil in
+	// the form of one file per chunk.
+	Index *Entry
+	Slabs []Entry
+}
+
+// InChunkedForm is whether a listing's entry name is part of a chunked
+// file: a chunk (NAME.chunks/…), a slab or an index (NAME.slabs/…), with
+// NAME at the top level.
+func InChunkedForm(name string) bool {
+	dir, _, ok := strings.Cut(name, "/")
+	return ok && (strings.HasSuffix(dir, ChunkSuffix) || strings.HasSuffix(dir, SlabSuffix))
 }
 
 // ChunkName is the listing's name of the chunk at vaddr of file name.
@@ -60,18 +79,39 @@ func ChunkName(name string, vaddr uint64) string {
 }
 
 // ChunkedFiles returns the files es (a listing's entries, in its order)
-// holds in the chunked form, checking every rule of the form: a refusal
+// holds in a chunked form, checking every rule of the form: a refusal
 // wraps [ErrChunks]. An entry is a chunk when its first name component is
-// NAME.chunks, and then NAME must be a file's name (not empty, "." or
-// ".."): chunked files are at a listing's top level, as CRIU's image
-// directory is flat. Other entries, a deeper NAME.chunks/ included, are
-// ordinary files and left alone.
-func ChunkedFiles(es []Entry) ([]ChunkedFile, error) {
+// NAME.chunks, and part of the slab form when it is NAME.slabs; NAME must
+// then be a file's name (not empty, "." or ".."): chunked files are at a
+// listing's top level, as CRIU's image directory is flat. Other entries, a
+// deeper NAME.chunks/ included, are ordinary files and left alone. index
+// reads a slab-form file's index ([Store.ReadIndex]); a listing with one
+// is refused when it is nil. The files of one-file-per-chunk come first,
+// in the listing's order, then those of the slab form.
+func ChunkedFiles(es []Entry, index func(Entry) ([]byte, error)) ([]ChunkedFile, error) {
 	var out []ChunkedFile
+	var slabbed []*slabFile
 	whole := map[string]bool{}
 	seen := map[string]bool{}
 	for i, e := range es {
 		dir, base, ok := strings.Cut(e.Name, "/")
+		if ok && strings.HasSuffix(dir, SlabSuffix) {
+			name := strings.TrimSuffix(dir, SlabSuffix)
+			if name == "" || name == "." || name == ".." {
+				return nil, fmt.Errorf("%w: %q: a slab directory names no file", ErrChunks, e.Name)
+			}
+			if len(slabbed) == 0 || slabbed[len(slabbed)-1].name != name {
+				if seen[name] {
+					return nil, fmt.Errorf("%w: %q: %q is listed in two forms, or its entries apart", ErrChunks, e.Name, name)
+				}
+				seen[name] = true
+				slabbed = append(slabbed, &slabFile{name: name})
+			}
+			if err := slabbed[len(slabbed)-1].add(base, e); err != nil {
+				return nil, fmt.Errorf("%w: %q: %v", ErrChunks, e.Name, err)
+			}
+			continue
+		}
 		if !ok || !strings.HasSuffix(dir, ChunkSuffix) {
 			whole[e.Name] = true
 			continue
@@ -91,6 +131,23 @@ func ChunkedFiles(es []Entry) ([]ChunkedFile, error) {
 		if err := f.add(base, e); err != nil {
 			return nil, fmt.Errorf("%w: %q: %v", ErrChunks, e.Name, err)
 		}
+	}
+	for _, f := range slabbed {
+		if index == nil {
+			return nil, fmt.Errorf("%w: %q: the slab form is not read here", ErrChunks, f.name)
+		}
+		var b []byte
+		var err error
+		if f.index != nil {
+			if b, err = index(*f.index); err != nil {
+				return nil, fmt.Errorf("%q: %w", f.name, err)
+			}
+		}
+		cf, err := f.chunked(b)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, cf)
 	}
 	for _, f := range out {
 		if whole[f.Name] {
@@ -135,7 +192,7 @@ func (f *ChunkedFile) add(base string, e Entry) error {
 			return fmt.Errorf("address %#x overlaps the chunk at %#x of %d bytes", v, last.Vaddr, last.Size)
 		}
 	}
-	f.Chunks = append(f.Chunks, Chunk{Vaddr: v, Entry: e})
+	f.Chunks = append(f.Chunks, Chunk{Vaddr: v, Entry: e, In: e})
 	f.Size += e.Size
 	return nil
 }
@@ -144,8 +201,9 @@ func (f *ChunkedFile) add(base string, e Entry) error {
 // caller found already stored: each entry of stored names an object the
 // store holds (by its address, which the caller computed from bytes it
 // read, as for known), or one of the staged files' addresses, and is
-// listed beside the staged files without a staged copy of its own. It is how an image park stores only the chunks it lacks
-// (docs/store.md, "Chunked files"). Each object stored names must be held
+// listed beside the staged files without a staged copy of its own: how an
+// image park lists the slabs of its base that hold its unchanged chunks
+// (docs/store.md, "Slabs"). Each object stored names must be held
 // when the listing is named, else the ingest is refused with
 // [ErrMissingObject]; the ones held have their time refreshed, as a file
 // Ingest finds stored has, so that no collection takes them before the

@@ -31,7 +31,7 @@ func TestChunkedFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfs, err := ChunkedFiles(es)
+	cfs, err := ChunkedFiles(es, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,10 +50,10 @@ func TestChunkedFilesLimit(t *testing.T) {
 	for i := range es {
 		es[i] = Entry{Name: ChunkName("pages-1.img", uint64(i)*ChunkPage), Mode: 0o600, Size: ChunkPage, Address: sum}
 	}
-	if _, err := ChunkedFiles(es[:MaxChunks]); err != nil {
+	if _, err := ChunkedFiles(es[:MaxChunks], nil); err != nil {
 		t.Fatalf("%d chunks: %v", MaxChunks, err)
 	}
-	if _, err := ChunkedFiles(es); !errors.Is(err, ErrChunks) {
+	if _, err := ChunkedFiles(es, nil); !errors.Is(err, ErrChunks) {
 		t.Fatalf("%d chunks: %v", len(es), err)
 	}
 }
@@ -180,7 +180,7 @@ func ExampleChunkName() {
 		b = b[48+n:]
 	}
 	fmt.Println(record.Sum(l))
-	cfs, _ := ChunkedFiles(es)
+	cfs, _ := ChunkedFiles(es, nil)
 	fmt.Println(cfs[0].Name, cfs[0].Size, len(cfs[0].Chunks))
 	// Output:
 	// 0000000a core-1.img 00000180 0000000000000004 23460271b9ea508d1c6d86a5a45a00594d17c96b0795d4d00e1c1dd5d0f9cfaa
@@ -204,7 +204,7 @@ func FuzzChunkedFiles(f *testing.F) {
 		if err != nil {
 			return
 		}
-		cfs, err := ChunkedFiles(es)
+		cfs, err := ChunkedFiles(es, nil)
 		if err != nil {
 			if !errors.Is(err, ErrChunks) {
 				t.Fatalf("refused with %v", err)
@@ -255,7 +255,7 @@ func TestWhichEntriesAreChunks(t *testing.T) {
 		{"..chunks/0000000000400000", "", true},
 		{"...chunks/0000000000400000", "", true},
 	} {
-		cfs, err := ChunkedFiles([]Entry{entry(c.name)})
+		cfs, err := ChunkedFiles([]Entry{entry(c.name)}, nil)
 		switch {
 		case c.refused:
 			if !errors.Is(err, ErrChunks) {

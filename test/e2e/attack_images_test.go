@@ -94,6 +94,45 @@ func TestAttackImages(t *testing.T) {
 		})
 	}
 
+	// The chunk index of the park's slab form (docs/store.md, "Slabs"),
+	// forged: the import is refused, malformed, and stores no run.
+	for name, forge := range map[string]func(cs []store.SlabChunk){
+		"SlabRangesOverlap": func(cs []store.SlabChunk) {
+			for i := range cs {
+				if cs[i].Address != cs[0].Address {
+					cs[i].Slab, cs[i].Offset = cs[0].Slab, cs[0].Offset
+					return
+				}
+			}
+		},
+		"SlabRangePastItsEnd": func(cs []store.SlabChunk) { cs[len(cs)-1].Offset += 1 << 40 },
+		"ChunksOverlap":       func(cs []store.SlabChunk) { cs[1].Vaddr = cs[0].Vaddr },
+	} {
+		t.Run(name, func(t *testing.T) {
+			fid := "images-" + strings.ToLower(name)
+			raw := forgeImages(t, truth, key, fid, func(t *testing.T, n string, img []byte) []byte {
+				if !strings.HasSuffix(n, store.SlabSuffix+"/"+store.SlabIndexBase) || img == nil {
+					return nil
+				}
+				cs, err := store.DecodeSlabIndex(img, []uint64{1 << 62})
+				if err != nil || len(cs) < 2 {
+					t.Fatalf("the true index: %d chunks, %v", len(cs), err)
+				}
+				forge(cs)
+				return store.EncodeSlabIndex(cs)
+			})
+			_, err := importRaw(b, raw, fid)
+			ae := apiError(t, err, api.CodeBadRequest)
+			if !strings.Contains(ae.Message, "chunked file refused") {
+				t.Fatalf("refused, not as a chunked file: %v", ae)
+			}
+			t.Logf("refused: %s", ae.Message)
+			if _, err := b.run(ctx, fid); err == nil {
+				t.Fatal("the refused import stored the run")
+			}
+		})
+	}
+
 	// The true park: imported as it was exported, it passes the check
 	// and goes on.
 	if _, err := importRaw(b, buf.Bytes(), ""); err != nil {
@@ -160,7 +199,7 @@ func forgeSnapshot(t *testing.T, truth *bundletest.Bundle, key ed25519.PrivateKe
 	lf := listingForger{t: t, truth: truth, out: out, drop: drop}
 	if f.image != nil {
 		memory = lf.forge(memory, absentImages, func(name string, b []byte) []byte {
-			if b != nil && strings.HasPrefix(name, "pages-") {
+			if b != nil && strings.HasPrefix(name, "pages-") && !strings.HasSuffix(name, store.SlabSuffix+"/"+store.SlabIndexBase) {
 				return nil
 			}
 			return f.image(t, name, b)

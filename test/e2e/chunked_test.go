@@ -120,14 +120,14 @@ func signalUnits(t *testing.T, d *daemon, sig syscall.Signal) {
 }
 
 // TestChunkedImages runs units/ballast (64 MiB of random pages) on a
-// daemon with --chunked-images: parks it, resumes it, has it change 1% of
+// daemon with chunked images (the default): parks it, resumes it, has it change 1% of
 // its pages, parks it again — and the second park adds to the store a
 // small fraction of the image (the chunks that changed), not a second
 // image. The unit goes on as one process after each resume, the record
 // and every object verify, and a bundle of the run parked three times
 // carries the shared chunks once: it is far smaller than three images. On
-// a second daemon, without the setting, the bundle imports and the run
-// resumes from the chunks.
+// a second daemon, with --chunked-images=false, the bundle imports, the
+// run resumes from the chunks and parks whole.
 func TestChunkedImages(t *testing.T) {
 	privileged(t)
 	parallelCrash(t) // beside the fleet tests (parallel_test.go)
@@ -140,7 +140,7 @@ func TestChunkedImages(t *testing.T) {
 	if _, err := ociarchive.WriteFile(archive, ociarchive.Unit(ballastImage, prog)); err != nil {
 		t.Fatal(err)
 	}
-	a := mustDaemon(t, "chunked", func(d *daemon) { d.flags = append(d.flags, "--chunked-images") })
+	a := mustDaemon(t, "chunked")
 	if _, err := importImage(ctx, a, archive, ballastImage); err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestChunkedImages(t *testing.T) {
 
 	// Another host, chunks off: the bundle imports, and the run resumes
 	// from its chunks.
-	b := mustDaemon(t, "plain")
+	b := mustDaemon(t, "plain", func(d *daemon) { d.flags = append(d.flags, "--chunked-images=false") })
 	if _, err := importImage(ctx, b, archive, ballastImage); err != nil {
 		t.Fatal(err)
 	}
@@ -238,6 +238,9 @@ func TestChunkedImages(t *testing.T) {
 	prior := ballastLines(t, out)
 	resumeVerified(b, "resume on the second host")
 	ballastOnce(t, append(prior, ballastLines(t, b.stdout(id))...))
+	if _, err := b.c.Park(ctx, id); err != nil {
+		t.Fatalf("a whole park after chunked ones: %v", err)
+	}
 	if err := verifyRun(ctx, b, id); err != nil {
 		t.Fatal(err)
 	}

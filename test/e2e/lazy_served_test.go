@@ -13,9 +13,9 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/attest"
 )
 
-// flipObjectByte flips (and, called again, flips back) one byte in the
-// middle of a stored object.
-func flipObjectByte(t *testing.T, path string, size uint64) {
+// flipObjectByte flips (and, called again, flips back) byte at of a
+// stored object.
+func flipObjectByte(t *testing.T, path string, at int64) {
 	t.Helper()
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -29,7 +29,6 @@ func flipObjectByte(t *testing.T, path string, size uint64) {
 		t.Fatal(err)
 	}
 	b := make([]byte, 1)
-	at := int64(size / 2)
 	if _, err := f.ReadAt(b, at); err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +86,7 @@ func TestLazyServed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfs, err := store.ChunkedFiles(es)
+	cfs, err := store.ChunkedFiles(es, func(e store.Entry) ([]byte, error) { return d.object(t, e.Address.String()), nil })
 	if err != nil || len(cfs) == 0 {
 		t.Fatalf("memory image %s: %d chunked files (%v)", mem, len(cfs), err)
 	}
@@ -101,12 +100,12 @@ func TestLazyServed(t *testing.T) {
 		t.Fatalf("largest chunked file %q holds %d bytes; want the 256 MiB buffer's", big.Name, big.Size)
 	}
 	ch := big.Chunks[len(big.Chunks)/2]
-	path := d.objectPath(ch.Address.String())
-	flipObjectByte(t, path, ch.Size)
+	path, at := d.objectPath(ch.In.Address.String()), int64(ch.Offset+ch.Size/2)
+	flipObjectByte(t, path, at)
 	flipped := true
 	t.Cleanup(func() { // before the daemon's cleanup verifies the run
 		if flipped {
-			flipObjectByte(t, path, ch.Size)
+			flipObjectByte(t, path, at)
 		}
 	})
 	t.Logf("changed a byte of %s (%s)", ch.Name, ch.Address)
@@ -138,7 +137,7 @@ func TestLazyServed(t *testing.T) {
 		}
 	}
 
-	flipObjectByte(t, path, ch.Size)
+	flipObjectByte(t, path, at)
 	flipped = false
 	if err := verifyRun(ctx, d, id); err != nil {
 		t.Fatal(err)

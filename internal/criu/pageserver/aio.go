@@ -31,7 +31,7 @@ type iocb struct {
 	fd     uint32 // aio_fildes
 	buf    uint64 // aio_buf
 	nbytes uint64 // aio_nbytes
-	_      int64  // aio_offset: 0, chunks are read whole
+	offset int64  // aio_offset
 	_      uint64 // aio_reserved2
 	_      uint32 // aio_flags
 	_      uint32 // aio_resfd
@@ -67,14 +67,14 @@ func newAIO() (*aio, error) {
 	return a, nil
 }
 
-// read reads len(bufs[i]) bytes from the start of file fds[i] into
+// read reads len(bufs[i]) bytes from offset offs[i] of file fds[i] into
 // bufs[i], all at once, and calls done(i, count, err) as each read ends,
 // in the order they end (err: a read the caller does again with pread).
 // It returns once every read has ended: no read it handed to the kernel
 // writes into a buffer after it returned, unless the context could not
 // be ended (then the buffers of the reads still out are kept from reuse
 // for good: stranded).
-func (a *aio) read(fds []int, bufs [][]byte, done func(i, count int, err error)) {
+func (a *aio) read(fds []int, offs []int64, bufs [][]byte, done func(i, count int, err error)) {
 	n := len(fds)
 	if a.ctx == 0 {
 		for i := range n {
@@ -84,7 +84,7 @@ func (a *aio) read(fds []int, bufs [][]byte, done func(i, count int, err error))
 	}
 	for i := range n {
 		a.cbs[i] = iocb{data: uint64(i), opcode: iocbPread, fd: uint32(fds[i]),
-			buf: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(bufs[i])))), nbytes: uint64(len(bufs[i]))}
+			buf: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(bufs[i])))), nbytes: uint64(len(bufs[i])), offset: offs[i]}
 	}
 	out := make([]bool, n) // handed to the kernel and not ended
 	left := 0

@@ -36,7 +36,8 @@ func loadChunk(e *Extent, dirs *dirs) ([]byte, error) {
 }
 
 // openChunk opens verified extent e's file, checks it is a regular file
-// of e's size, and gives a buffer for its bytes; direct is whether reads
+// holding e's range (the chunk's own file, or a slab holding it at
+// e.Offset), and gives a buffer for its bytes; direct is whether reads
 // of it go past the page cache (the cache does not hold it whole, and
 // O_DIRECT could be set).
 func openChunk(e *Extent, dirs *dirs) (fd int, whole []byte, direct bool, err error) {
@@ -49,11 +50,11 @@ func openChunk(e *Extent, dirs *dirs) (fd int, whole []byte, direct bool, err er
 		unix.Close(fd)
 		return -1, nil, false, fmt.Errorf("pageserver: extent %#x: %w", e.Vaddr, err)
 	}
-	if st.Size != int64(e.Size) || st.Mode&unix.S_IFMT != unix.S_IFREG {
+	if st.Size < 0 || uint64(st.Size) < e.Offset+e.Size || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
-		return -1, nil, false, fmt.Errorf("%w: %s holds %d bytes, the chunk at %#x is %d", ErrRefused, e.Path, st.Size, e.Vaddr, e.Size)
+		return -1, nil, false, fmt.Errorf("%w: %s holds %d bytes, the chunk at %#x is %d at %d", ErrRefused, e.Path, st.Size, e.Vaddr, e.Size, e.Offset)
 	}
-	if !cached(fd, e.Size) {
+	if !cached(fd, e.Offset, e.Size) {
 		// Where O_DIRECT cannot be set, the read goes through the cache.
 		_, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, unix.O_RDONLY|unix.O_DIRECT)
 		direct = err == nil
@@ -66,7 +67,7 @@ func openChunk(e *Extent, dirs *dirs) (fd int, whole []byte, direct bool, err er
 // to bufs.
 func finishChunk(e *Extent, fd int, whole []byte, off int, direct bool) ([]byte, error) {
 	for off < len(whole) {
-		n, err := unix.Pread(fd, whole[off:], int64(off))
+		n, err := unix.Pread(fd, whole[off:], int64(e.Offset)+int64(off))
 		if err == unix.EINTR {
 			continue
 		}
@@ -115,6 +116,7 @@ func loadChunks(slots []*slot, dirs *dirs, r *aio) {
 		close(sl.done)
 	}
 	var fds, in []int
+	var offs []int64
 	var bufs [][]byte
 	for i, sl := range slots {
 		fd, whole, direct, err := openChunk(sl.e, dirs)
@@ -125,6 +127,7 @@ func loadChunks(slots []*slot, dirs *dirs, r *aio) {
 			continue
 		case direct:
 			fds, bufs, in = append(fds, fd), append(bufs, whole), append(in, i)
+			offs = append(offs, int64(sl.e.Offset))
 		}
 		opened[i] = open{fd: fd, whole: whole, direct: direct}
 	}
@@ -134,7 +137,7 @@ func loadChunks(slots []*slot, dirs *dirs, r *aio) {
 		}
 	}
 	if len(fds) > 0 {
-		r.read(fds, bufs, func(j, count int, err error) {
+		r.read(fds, offs, bufs, func(j, count int, err error) {
 			i := in[j]
 			if bufs[j] == nil {
 				opened[i].whole = nil
@@ -147,11 +150,11 @@ func loadChunks(slots []*slot, dirs *dirs, r *aio) {
 	}
 }
 
-// cached reports whether the page cache holds all size bytes of file fd
-// (cachestat, Linux 6.5; false where it fails).
-func cached(fd int, size uint64) bool {
+// cached reports whether the page cache holds all size bytes at off of
+// file fd (cachestat, Linux 6.5; false where it fails).
+func cached(fd int, off, size uint64) bool {
 	var cs unix.Cachestat_t
-	r := unix.CachestatRange{Off: 0, Len: size}
+	r := unix.CachestatRange{Off: off, Len: size}
 	return unix.Cachestat(uint(fd), &r, &cs, 0) == nil && cs.Cache*PageSize >= size
 }
 

@@ -619,3 +619,54 @@ func TestAIOLayout(t *testing.T) {
 		t.Errorf("ioEvent is %d bytes, the kernel's 32", n)
 	}
 }
+
+// A verified extent may be a chunk's range of a larger file (a slab): read
+// at its offset, alone or in a batch, from the page cache or past it, and
+// hashed as a chunk's own file is; a range the file does not hold, or
+// bytes that are not the listed ones, are refused.
+func TestLoadChunkInSlab(t *testing.T) {
+	r, err := newAIO()
+	if err != nil {
+		t.Fatalf("this kernel has AIO: %v", err)
+	}
+	defer r.close()
+	parts := [][]byte{pages(2, 1), pages(1, 2), pages(3, 3)}
+	p := filepath.Join(t.TempDir(), "slab")
+	if err := os.WriteFile(p, bytes.Join(parts, nil), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, cached := range []bool{true, false} {
+		var slots []*slot
+		var off uint64
+		for i, b := range parts {
+			a := record.Sum(b)
+			slots = append(slots, &slot{e: &Extent{Vaddr: uint64(i) << 20, Size: uint64(len(b)), Path: p, Offset: off, Verify: &a}, done: make(chan struct{})})
+			off += uint64(len(b))
+		}
+		if !cached {
+			uncache(t, p)
+		}
+		d := &dirs{}
+		for i, sl := range slots {
+			if got, err := loadChunk(sl.e, d); err != nil || !bytes.Equal(got, parts[i]) {
+				t.Fatalf("cached %v: chunk %d alone: %d bytes, %v", cached, i, len(got), err)
+			}
+		}
+		if !cached {
+			uncache(t, p)
+		}
+		other := record.Sum(parts[0])
+		slots[1].e.Verify = &other    // the bytes of another chunk's range
+		slots[2].e.Offset += PageSize // past the slab's end
+		loadChunks(slots, d, r)
+		d.close()
+		if slots[0].err != nil || !bytes.Equal(slots[0].b, parts[0]) {
+			t.Fatalf("cached %v: chunk 0 in a batch: %d bytes, %v", cached, len(slots[0].b), slots[0].err)
+		}
+		for _, i := range []int{1, 2} {
+			if !errors.Is(slots[i].err, ErrRefused) {
+				t.Fatalf("cached %v: chunk %d: %v, want ErrRefused", cached, i, slots[i].err)
+			}
+		}
+	}
+}

@@ -40,10 +40,11 @@ type Extent struct {
 	Size   uint64 // bytes: whole pages
 	Path   string
 	Offset uint64
-	// Verify, when set, is the address the extent's file must hash to,
-	// whole, before the first of its pages is served; it is then
-	// Offset 0 and the file's size is Size (a stored chunk). Unset for a
-	// file the caller verified before the restore.
+	// Verify, when set, is the address the extent's Size bytes at
+	// Offset of its file must hash to before the first of its pages is
+	// served (a stored chunk: its own file, or its range of a slab);
+	// Size is then at most MaxExtentSize. Unset for a file the caller
+	// verified before the restore.
 	Verify *record.Address
 }
 
@@ -189,8 +190,8 @@ func (m *Table) Check() error {
 				return fmt.Errorf("%w: task %d: extent %#x+%d overflows", ErrTable, t.ID, e.Vaddr, e.Size)
 			case i > 0 && e.Vaddr < end:
 				return fmt.Errorf("%w: task %d: extent %#x is below the end of the one before it", ErrTable, t.ID, e.Vaddr)
-			case e.Verify != nil && (e.Offset != 0 || e.Size > MaxExtentSize):
-				return fmt.Errorf("%w: task %d: a verified extent %#x+%d at offset %d is not a whole chunk", ErrTable, t.ID, e.Vaddr, e.Size, e.Offset)
+			case e.Verify != nil && e.Size > MaxExtentSize:
+				return fmt.Errorf("%w: task %d: a verified extent %#x+%d is larger than a chunk", ErrTable, t.ID, e.Vaddr, e.Size)
 			case e.Path == "" || len(e.Path) > maxPath:
 				return fmt.Errorf("%w: task %d: extent %#x: a path of %d bytes", ErrTable, t.ID, e.Vaddr, len(e.Path))
 			}

@@ -60,7 +60,6 @@ func TestTableRefused(t *testing.T) {
 		"overlapping extents":          {Tasks: []Task{{ID: 1, Extents: []Extent{ext(0x1000, 2*PageSize, 0, false), ext(0x2000, PageSize, 0, false)}}}},
 		"extents out of order":         {Tasks: []Task{{ID: 1, Extents: []Extent{ext(0x5000, PageSize, 0, false), ext(0x2000, PageSize, 0, false)}}}},
 		"past the address space":       {Tasks: []Task{{ID: 1, Extents: []Extent{ext(^uint64(0)-PageSize+1, 2*PageSize, 0, false)}}}},
-		"a verified extent at offset":  {Tasks: []Task{{ID: 1, Extents: []Extent{ext(0x1000, PageSize, PageSize, true)}}}},
 		"a verified extent over 1 MiB": {Tasks: []Task{{ID: 1, Extents: []Extent{ext(0x1000, MaxExtentSize+PageSize, 0, true)}}}},
 		"a task twice":                 {Tasks: []Task{{ID: 1}, {ID: 1}}},
 		"no path":                      {Tasks: []Task{{ID: 1, Extents: []Extent{{Vaddr: 0x1000, Size: PageSize}}}}},
