@@ -17,7 +17,8 @@
 // The server runs as a process of its own ([Command], [MaybeRun]): the
 // unit needs its pages even when the daemon stops. It reads its extent
 // table ([Table.Encode]: one task per process with a pagemap, its extents
-// in address order, whole pages, a verified one a whole chunk) on stdin,
+// in address order, whole pages, a verified one a whole chunk at its
+// offset in its file, a slab) on stdin,
 // answers lazy-pages on one end of a socket pair (`criu lazy-pages
 // --page-server --ps-socket 4`) in CRIU's page-transfer protocol
 // (serve.go), and exits 3 when it refused a chunk.
