@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The fleet's metrics (docs/fleet.md, "Metrics").
+// The fleet's metrics (docs/operations.md, "Metrics").
 const (
 	metricMigrations      = "runrecordd_migrations_total"
 	metricMigrationTime   = "runrecordd_migration_duration_seconds"

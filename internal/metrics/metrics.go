@@ -2,7 +2,7 @@
 // park and resume times (counted as they happen), and, read at each
 // scrape from the store and the meter, runs by phase, the bytes parked
 // runs retain and their idle draw, RAPL's state and receipt counts
-// (docs/energy.md, "Metrics").
+// (docs/operations.md, "Metrics").
 package metrics
 
 import (
@@ -26,7 +26,7 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// The metric names, all prefixed runrecordd_ (docs/energy.md, "Metrics").
+// The metric names, all prefixed runrecordd_ (docs/operations.md, "Metrics").
 const (
 	metricEnergy      = "runrecordd_energy_joules_total"
 	metricParkTime    = "runrecordd_park_duration_seconds"

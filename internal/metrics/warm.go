@@ -8,7 +8,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/warmpool"
 )
 
-// The warm pool's metrics (docs/warm-pool.md, "Metrics").
+// The warm pool's metrics (docs/operations.md, "Metrics").
 const (
 	metricWarmSandboxes = "runrecordd_warm_pool_sandboxes"
 	metricWarmMax       = "runrecordd_warm_pool_max"
