@@ -22,6 +22,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	err := s.destroy(s.c.ctx(ctx))
 	if err == nil {
 		s.c.killLazyLeftovers(s.id) // the unit is dead
+		err = s.c.removeRuncLeftover(s.id)
 	}
 	if rerr := removeTree(filepath.Join(s.c.cfg.StateDir, "criu", s.id)); err == nil {
 		err = rerr
@@ -170,7 +171,7 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 	cont, err := c.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
 		c.killLazyLeftovers(id) // no container, no unit
-		err = errors.Join(removeNetns(c.netnsPath(id)), removeTree(filepath.Join(c.cfg.StateDir, "criu", id)), c.removeGrants(id), removeFile(c.gateFIFO(id)))
+		err = errors.Join(c.removeRuncLeftover(id), removeNetns(c.netnsPath(id)), removeTree(filepath.Join(c.cfg.StateDir, "criu", id)), c.removeGrants(id), removeFile(c.gateFIFO(id)))
 		if err != nil {
 			return fmt.Errorf("executor: remove %s: %w", id, err)
 		}
@@ -189,6 +190,23 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 		return fmt.Errorf("executor: remove %s: %w", id, err)
 	}
 	return s.Destroy(ctx)
+}
+
+// removeRuncLeftover removes what a runc create or restore of sandbox id
+// that died before writing its state (its process killed with the
+// daemon's) left in runc's root: a directory without state.json, the
+// root file system maybe still bound on its criu-root. runc takes it for
+// a container of that id and refuses every later restore. Call it once
+// id's container is gone; runc's own state (state.json) is runc's.
+func (c *Client) removeRuncLeftover(id string) error {
+	dir := filepath.Join(c.cfg.RuncRoot, c.cfg.Namespace, id)
+	if _, err := os.Lstat(filepath.Join(dir, "state.json")); !errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := removeTree(dir); err != nil {
+		return fmt.Errorf("runc's leftover of %s: %w", id, err)
+	}
+	return nil
 }
 
 // Prune removes what sandboxes that are gone left of the executor's own
