@@ -44,6 +44,11 @@ func (s *Sandbox) destroy(ctx context.Context) error {
 		if err := s.killTask(ctx); err != nil {
 			errs = append(errs, err)
 		}
+		// A restore killed with the daemon leaves the unit's root
+		// bound on runc's criu-root: runc could not remove its state.
+		if err := unmountUnder(filepath.Join(s.c.cfg.RuncRoot, s.c.cfg.Namespace, s.id)); err != nil {
+			errs = append(errs, err)
+		}
 		if _, err := s.task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("delete task: %w", err))
 		}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -49,4 +50,34 @@ func TestRemoveRuncLeftover(t *testing.T) {
 		t.Fatalf("the restore after the remove: %v", err)
 	}
 	destroy(t, s)
+}
+
+// TestDestroyRuncBusy: a sandbox whose runc directory still has a mount
+// below it (a restore killed with the daemon leaves the unit's root bound
+// on criu-root) is destroyed all the same: runc could not remove its
+// state directory ("device or resource busy"), and the task stayed.
+func TestDestroyRuncBusy(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	out := outputs(t, "oracle")
+	const id = "runc-busy"
+	s, err := client.Start(ctx, id, oracleSpec(), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := client.Config()
+	busy := filepath.Join(cfg.RuncRoot, cfg.Namespace, id, "criu-root")
+	if err := os.MkdirAll(busy, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount(t.TempDir(), busy, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(busy, syscall.MNT_DETACH) })
+	if err := s.Destroy(ctx); err != nil {
+		t.Fatalf("destroy: %v", err)
+	}
+	if ids, err := client.List(ctx); err != nil || slices.Contains(ids, id) {
+		t.Fatalf("sandboxes after the destroy: %v, %v", ids, err)
+	}
 }
