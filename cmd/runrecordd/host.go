@@ -74,7 +74,8 @@ func cmdHost(args []string, stdout io.Writer) error {
 }
 
 // printCRIU prints the CRIU build: its version and source, each patch,
-// and each fast path off for want of one.
+// what it can do that upstream CRIU cannot, and each fast path off for
+// want of a patch.
 func printCRIU(w io.Writer, b api.CRIUBuild) {
 	if b.Known {
 		fmt.Fprintf(w, "CRIU build:\t%s %s (deploy/setup.sh's build)\n", b.Binary, b.Version)
@@ -93,6 +94,11 @@ func printCRIU(w io.Writer, b api.CRIUBuild) {
 	}
 	if len(b.Patches) == 0 {
 		fmt.Fprintf(w, "\tno deploy/criu patch\n")
+	}
+	if len(b.Capabilities) > 0 {
+		fmt.Fprintf(w, "\tcan: %s\n", strings.Join(b.Capabilities, ", "))
+	} else {
+		fmt.Fprintf(w, "\tcan: what upstream CRIU can\n")
 	}
 	for _, o := range b.Off {
 		fmt.Fprintf(w, "\toff: %s\n", o)

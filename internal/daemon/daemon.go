@@ -156,7 +156,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	if h.Warm != nil {
 		d.metrics.WarmFrom(h.Warm.Stats)
 	}
-	d.metrics.CRIUFrom(metrics.CRIUInfo{Version: h.Facts[manifest.CRIUVersion], Known: h.CRIU.Record != nil, Patches: h.CRIU.Patches()})
+	d.metrics.CRIUFrom(metrics.CRIUInfo{Version: h.Facts[manifest.CRIUVersion], Known: h.CRIU.Record != nil, Patches: h.CRIU.Patches(), Off: h.CRIUOff})
 	ok := false
 	defer func() {
 		if !ok {

@@ -22,6 +22,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	err := s.destroy(s.c.ctx(ctx))
 	if err == nil {
 		s.c.lazyPids(s.id).KillLeftovers() // the unit is dead
+		err = s.c.removeRuncLeftover(s.id)
 	}
 	if rerr := removeTree(s.c.criu.Of(s.id)); err == nil {
 		err = rerr
@@ -41,6 +42,11 @@ func (s *Sandbox) destroy(ctx context.Context) error {
 	var errs []error
 	if s.task != nil {
 		if err := s.killTask(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		// A restore killed with the daemon leaves the unit's root
+		// bound on runc's criu-root: runc could not remove its state.
+		if err := unmountUnder(filepath.Join(s.c.cfg.RuncRoot, s.c.cfg.Namespace, s.id)); err != nil {
 			errs = append(errs, err)
 		}
 		if _, err := s.task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
@@ -170,7 +176,7 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 	cont, err := c.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
 		c.lazyPids(id).KillLeftovers() // no container, no unit
-		err = errors.Join(removeNetns(c.netnsPath(id)), removeTree(c.criu.Of(id)), c.removeGrants(id), removeFile(c.gateFIFO(id)))
+		err = errors.Join(c.removeRuncLeftover(id), removeNetns(c.netnsPath(id)), removeTree(c.criu.Of(id)), c.removeGrants(id), removeFile(c.gateFIFO(id)))
 		if err != nil {
 			return fmt.Errorf("executor: remove %s: %w", id, err)
 		}
@@ -189,6 +195,23 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 		return fmt.Errorf("executor: remove %s: %w", id, err)
 	}
 	return s.Destroy(ctx)
+}
+
+// removeRuncLeftover removes what a runc create or restore of sandbox id
+// that died before writing its state (its process killed with the
+// daemon's) left in runc's root: a directory without state.json, the
+// root file system maybe still bound on its criu-root. runc takes it for
+// a container of that id and refuses every later restore. Call it once
+// id's container is gone; runc's own state (state.json) is runc's.
+func (c *Client) removeRuncLeftover(id string) error {
+	dir := filepath.Join(c.cfg.RuncRoot, c.cfg.Namespace, id)
+	if _, err := os.Lstat(filepath.Join(dir, "state.json")); !errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := removeTree(dir); err != nil {
+		return fmt.Errorf("runc's leftover of %s: %w", id, err)
+	}
+	return nil
 }
 
 // Prune removes what sandboxes that are gone left of the executor's own

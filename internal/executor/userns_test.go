@@ -64,10 +64,10 @@ func wantRange(t *testing.T, s *executor.Sandbox, r idmap.Range, caps string) {
 // TestUserNamespace: a unit in a user namespace runs as its range's root
 // on the host; its checkpoint holds no host id (the user namespace image
 // at base 0, the rw layer in in-namespace ids); it restores, eagerly and
-// lazily, into another range (a migration's target) and goes on there.
+// lazily (with deploy/criu/5-lazy-pages-userns-uffd.patch), into another
+// range (a migration's target) and goes on there.
 func TestUserNamespace(t *testing.T) {
 	privileged(t)
-	ctx := context.Background()
 	out := outputs(t, "oracle")
 	spec := oracleSpec()
 	from := idmap.Range{Base: 1<<20 + 40*idmap.Size}
@@ -80,38 +80,70 @@ func TestUserNamespace(t *testing.T) {
 	wantRange(t, s, from, caps)
 
 	for i, lazy := range []bool{false, true} {
-		cp, atDump := checkpointAway(t, s, out)
-		if u := usernsImage(t, cp.ImageDir); u != "0 0 65536" {
-			t.Fatalf("the park's user namespace image maps %q, want host base 0", u)
-		}
-		wantInNamespace(t, cp.Rootfs)
-		to := idmap.Range{Base: 1<<20 + uint32(41+i)*idmap.Size}
-		spec.UserNS = &to
-		var err error
-		if lazy {
-			var lp *pageserver.LazyPages
-			s, lp, _, err = client.RestoreLazy(ctx, id, spec, cp, out)
-			if err == nil {
-				t.Cleanup(func() { _, _ = lp.Result() })
+		ok := t.Run(map[bool]string{false: "eager", true: "lazy"}[lazy], func(st *testing.T) {
+			if lazy {
+				// CRIU opens the restored tasks' userfaultfds in the
+				// unit's user namespace.
+				needsPatch(st, criu.UsernsUffd)
 			}
-		} else {
-			s, _, err = client.Restore(ctx, id, spec, cp, out)
-		}
-		if err != nil {
-			t.Fatalf("lazy %v: %v", lazy, err)
-		}
-		t.Cleanup(func() { destroy(t, s) })
-		ls := waitLines(t, out.Stdout, "a line verified after the restore", func(ls []line) bool {
-			return last(ls).VerifiedAt > atDump.Counter
+			s = restoreUserNS(st, t, userNSRestore{id: id, spec: spec, s: s, out: out, to: idmap.Range{Base: 1<<20 + uint32(41+i)*idmap.Size}, lazy: lazy, caps: caps})
 		})
-		if l := last(ls); !l.FileOK || l.LoUp {
-			t.Fatalf("lazy %v: after the restore %+v", lazy, l)
-		}
-		wantRange(t, s, to, caps)
-		if u := usernsImage(t, cp.ImageDir); u != "0 0 65536" {
-			t.Fatalf("the restore changed the park's image: %q", u)
+		if !ok {
+			return
 		}
 	}
+}
+
+// userNSRestore is one restore of TestUserNamespace: the sandbox s
+// parked away and restored, eagerly or lazily, into the range to.
+type userNSRestore struct {
+	id   string
+	spec executor.Spec
+	s    *executor.Sandbox
+	out  executor.Output
+	to   idmap.Range
+	lazy bool
+	caps string
+}
+
+// restoreUserNS parks r.s away and restores it into r.to; the sandbox
+// restored is destroyed at the end of the whole test (parent).
+func restoreUserNS(t, parent *testing.T, r userNSRestore) *executor.Sandbox {
+	t.Helper()
+	ctx := context.Background()
+	cp, atDump := checkpointAway(t, r.s, r.out)
+	if u := usernsImage(t, cp.ImageDir); u != "0 0 65536" {
+		t.Fatalf("the park's user namespace image maps %q, want host base 0", u)
+	}
+	wantInNamespace(t, cp.Rootfs)
+	spec := r.spec
+	spec.UserNS = &r.to
+	var s *executor.Sandbox
+	var err error
+	if r.lazy {
+		var lp *pageserver.LazyPages
+		s, lp, _, err = client.RestoreLazy(ctx, r.id, spec, cp, r.out)
+		if err == nil {
+			parent.Cleanup(func() { _, _ = lp.Result() })
+		}
+	} else {
+		s, _, err = client.Restore(ctx, r.id, spec, cp, r.out)
+	}
+	if err != nil {
+		t.Fatalf("lazy %v: %v", r.lazy, err)
+	}
+	parent.Cleanup(func() { destroy(parent, s) })
+	ls := waitLines(t, r.out.Stdout, "a line verified after the restore", func(ls []line) bool {
+		return last(ls).VerifiedAt > atDump.Counter
+	})
+	if l := last(ls); !l.FileOK || l.LoUp {
+		t.Fatalf("lazy %v: after the restore %+v", r.lazy, l)
+	}
+	wantRange(t, s, r.to, r.caps)
+	if u := usernsImage(t, cp.ImageDir); u != "0 0 65536" {
+		t.Fatalf("the restore changed the park's image: %q", u)
+	}
+	return s
 }
 
 // TestUserNamespaceRefusesHostRootPark: a park made without a user

@@ -34,15 +34,26 @@ func criuBuildFile() string {
 // host set up by deploy/setup.sh every patch is there and t runs.
 func needsFastPath(t *testing.T, d *daemon, flag string) {
 	t.Helper()
+	if off := fastPathOff(t, d, flag); off != "" {
+		t.Skipf("the daemon turned %s off: %s", flag, off)
+	}
+}
+
+// fastPathOff is why d turned the fast path off (flag, e.g.
+// "--lazy-resume") for want of a deploy/criu patch; empty when it did
+// not.
+func fastPathOff(t *testing.T, d *daemon, flag string) string {
+	t.Helper()
 	h, err := d.c.Host(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, off := range h.CRIU.Off {
-		if strings.HasPrefix(off, flag+":") {
-			t.Skipf("the daemon turned %s off: %s", flag, off)
+		if why, ok := strings.CutPrefix(off, flag+": "); ok {
+			return why
 		}
 	}
+	return ""
 }
 
 // hostOut is `runrecordd host` of d, each line's runs of blanks made one
@@ -97,6 +108,17 @@ func TestHostCRIU(t *testing.T) {
 	if got := strings.Count(out, "\npatch "); got != len(want.Patches()) {
 		t.Errorf("runrecordd host shows %d patches, want %d", got, len(want.Patches()))
 	}
+	can := "what upstream CRIU can"
+	if c := want.Capabilities(); len(c) > 0 {
+		names := make([]string, len(c))
+		for i, x := range c {
+			names[i] = string(x)
+		}
+		can = strings.Join(names, ", ")
+	}
+	if !strings.Contains(out, "\ncan: "+can+"\n") {
+		t.Errorf("runrecordd host does not say the build can %q", can)
+	}
 	info := warmMetrics(t, d, "runrecordd_criu_info")
 	if len(info) != 1 {
 		t.Fatalf("runrecordd_criu_info: %v, want one line", info)
@@ -141,6 +163,9 @@ func TestHostCRIU(t *testing.T) {
 		if !strings.Contains(k, `known="false"`) {
 			t.Errorf("metric %s, want known=\"false\"", k)
 		}
+	}
+	if off := warmMetrics(t, u, "runrecordd_criu_fast_path_off"); off[`runrecordd_criu_fast_path_off{flag="--lazy-served"}`] != 1 {
+		t.Errorf("runrecordd_criu_fast_path_off %v, want --lazy-served", off)
 	}
 	if log, _ := os.ReadFile(u.log); !strings.Contains(string(log), "--lazy-served turned off") {
 		t.Errorf("the daemon's log does not say --lazy-served was turned off")

@@ -63,6 +63,7 @@ func TestLazyServed(t *testing.T) {
 	d := mustDaemon(t, "lazy-served", func(d *daemon) {
 		d.flags = []string{"--lazy-resume", "--lazy-served", "--chunked-images", "--criu-build", criuBuildFile()}
 	})
+	needsFastPath(t, d, "--lazy-resume")
 	needsFastPath(t, d, "--lazy-served")
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	ctx := context.Background()

@@ -20,10 +20,12 @@ import (
 )
 
 // lazyDaemon is a daemon of t's own that resumes image parks lazily
-// (serve --lazy-resume, docs/lazy-resume.md), with the oracle imported.
+// (serve --lazy-resume, docs/lazy-resume.md), with the oracle imported;
+// t is skipped, naming the patch, where the daemon's CRIU cannot.
 func lazyDaemon(t *testing.T, name string) *daemon {
 	t.Helper()
 	d := mustDaemon(t, name, func(d *daemon) { d.flags = []string{"--lazy-resume"} })
+	needsFastPath(t, d, "--lazy-resume")
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	return d
 }
@@ -211,6 +213,7 @@ func TestLazyParkPagesLost(t *testing.T) {
 	privileged(t)
 	parallelFleet(t) // beside the crash tests (parallel_test.go)
 	d := mustDaemon(t, "lazy-deadline", func(d *daemon) { d.flags = []string{"--lazy-resume", "--criu-deadline", "10s"} })
+	needsFastPath(t, d, "--lazy-resume")
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	const id = "lazy-deadline"
 	startBigOracle(t, d, id)
@@ -422,6 +425,7 @@ func TestLazyCrashAtEachStep(t *testing.T) {
 			d.flags = []string{"--lazy-resume"}
 			d.env = []string{failpoint.Env + "=" + step}
 		})
+		needsFastPath(t, d, "--lazy-resume")
 		mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 		startOracle(t, d, id, oracleImage)
 		_, atPark := park(t, d, id)

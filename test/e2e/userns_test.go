@@ -59,8 +59,14 @@ func TestUserNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	closeAtEnd(t, b, id)
-	if _, err := b.c.Resume(ctx, id); err != nil {
+	r, err := b.c.Resume(ctx, id)
+	if err != nil {
 		t.Fatalf("lazy resume of the import: %v", err)
+	}
+	if off := fastPathOff(t, b, "--lazy-resume"); off != "" {
+		t.Logf("the second host resumed eagerly: it turned --lazy-resume off: %s", off)
+	} else if r.Restore == nil || !r.Restore.Lazy {
+		t.Fatalf("the second host's resume: %+v, want a lazy restore", r.Restore)
 	}
 	unprivileged(t, b, id)
 }

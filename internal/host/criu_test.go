@@ -1,0 +1,69 @@
+package host
+
+import (
+	"bytes"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/runrecordd/runrecordd/internal/criu"
+)
+
+// build is a CRIU build that can do what it lists.
+type build []criu.Capability
+
+func (b build) Has(c criu.Capability) bool { return slices.Contains(b, c) }
+
+func (b build) Lacks(c criu.Capability) string {
+	if b.Has(c) {
+		return ""
+	}
+	return "lacks deploy/criu/" + criu.Patch(c)
+}
+
+// TestFastPaths: each fast path the build cannot take is turned off,
+// named with the patch it needs, in the log too; what the build can do,
+// or what no flag asked for, is left as it was.
+func TestFastPaths(t *testing.T) {
+	all := build{criu.KeepsUffds, criu.UsernsUffd}
+	lazy := Config{LazyResume: true, LazyServed: true, UserNS: true}
+	cases := []struct {
+		name string
+		cfg  Config
+		b    build
+		want Config
+		off  []string
+	}{
+		{"every patch", lazy, all, lazy, nil},
+		{"no patch 2", lazy, build{criu.UsernsUffd},
+			Config{LazyResume: true, UserNS: true},
+			[]string{"--lazy-served: lacks deploy/criu/2-lazy-pages-keep-uffds.patch"}},
+		{"no patch 5", lazy, build{criu.KeepsUffds},
+			Config{UserNS: true},
+			[]string{"--lazy-resume: lacks deploy/criu/5-lazy-pages-userns-uffd.patch", "--lazy-served: off with --lazy-resume"}},
+		{"no patch", lazy, nil,
+			Config{UserNS: true},
+			[]string{"--lazy-resume: lacks deploy/criu/5-lazy-pages-userns-uffd.patch", "--lazy-served: lacks deploy/criu/2-lazy-pages-keep-uffds.patch"}},
+		{"no patch, not served", Config{LazyResume: true, UserNS: true}, nil,
+			Config{UserNS: true},
+			[]string{"--lazy-resume: lacks deploy/criu/5-lazy-pages-userns-uffd.patch"}},
+		{"no patch 5, no user namespaces", Config{LazyResume: true, LazyServed: true}, build{criu.KeepsUffds},
+			Config{LazyResume: true, LazyServed: true}, nil},
+		{"no patch, eager", Config{UserNS: true}, nil, Config{UserNS: true}, nil},
+	}
+	for _, c := range cases {
+		var buf bytes.Buffer
+		cfg := c.cfg
+		off := fastPaths(&cfg, c.b, slog.New(slog.NewTextHandler(&buf, nil)))
+		if cfg != c.want || !slices.Equal(off, c.off) {
+			t.Errorf("%s: %+v, off %q; want %+v, off %q", c.name, cfg, off, c.want, c.off)
+		}
+		for _, o := range off {
+			flag, _, _ := strings.Cut(o, ":")
+			if !strings.Contains(buf.String(), flag+" turned off") {
+				t.Errorf("%s: the log does not say %s was turned off:\n%s", c.name, flag, buf.String())
+			}
+		}
+	}
+}
