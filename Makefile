@@ -79,7 +79,7 @@ test: setup lint unit conformance
 # internal/store (30-60 s), in its place in ./..., started among the last
 # and ended the step alone. Three at a time on two cores (-p 3): the
 # packages mostly wait (on containerd, CRIU, etcd leases), and with two
-# the step used one core in two (docs/benchmarks.md, "Test time").
+# the step used one core in two (docs/notes/benchmarks-history.md, "Test time").
 # -timeout: test/e2e took 650 s on an AMD machine (2026-12-05), past go
 # test's default of 10 minutes per package; CI's own budget is 30.
 unit:
