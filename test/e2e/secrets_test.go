@@ -245,3 +245,55 @@ func filesHolding(t *testing.T, root, v string) []string {
 	}
 	return out
 }
+
+// TestFleetMigrateSecrets migrates an executing run with a secret: no
+// value travels, so the target, having claimed it, refuses its resume
+// (secrets_required) and hands it back. The migration answers the
+// target's secrets_required; the run is the source's again — owned there
+// in the directory, parked at the head it was handed over at, not handed
+// off — and the source still holds its value: a resume there without
+// one goes on, the unit reading the same secret as the same process.
+func TestFleetMigrateSecrets(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, keyA := f.host(t, "fleet-secrets-a")
+	b, keyB := f.host(t, "fleet-secrets-b")
+	const id, value = "moving-secret", "rr-migrated-secret"
+	started, err := a.c.Start(ctx, api.RunRequest{ID: id,
+		Unit:    unit.Spec{Image: oracleImage, Env: append(slices.Clone(oracleEnv), "SECRET_FILE=/run/secrets/TOKEN")},
+		Grants:  unit.Grants{MilliCPU: 1000, MemoryBytes: 256 << 20, Network: unit.NoNetwork},
+		Secrets: map[string]string{"TOKEN": value}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtEnd(t, a, id)
+	want := secretOf(value)
+	waitLines(t, a.stdout(id), "the secret read", func(ls []line) bool {
+		return len(ls) > 0 && last(ls).VerifiedAt > 0 && last(ls).Secret == want
+	})
+
+	_, err = a.c.Migrate(ctx, id, keyB)
+	ae := apiError(t, err, api.CodeSecretsRequired)
+	if !strings.Contains(ae.Message, "TOKEN") || strings.Contains(ae.Message, value) {
+		t.Fatalf("migrate: %v, want the target's refusal naming TOKEN", ae)
+	}
+	atPark := last(output(t, a.stdout(id)))
+	r, err := a.run(ctx, id)
+	if err != nil || r.Phase != "parked" || r.HandedOff {
+		t.Fatalf("on A: %+v, %v; want parked there, not handed off", r, err)
+	}
+	if rb, err := b.run(ctx, id); err != nil || !rb.HandedOff || rb.Head != r.Head {
+		t.Fatalf("on B: %+v, %v; want handed off at %s", rb, err, r.Head)
+	}
+	e, err := f.dir(t).Run(ctx, genesisOf(t, started))
+	if err != nil || e.Owner.String() != keyA || !e.To.IsZero() || e.Head.String() != r.Head {
+		t.Fatalf("directory %+v, %v; want owned by A at %s", e, err, r.Head)
+	}
+	resumed := time.Now()
+	resume(t, a, id, nil, atPark)
+	waitLines(t, a.stdout(id), "the secret read after the resume on A", func(ls []line) bool {
+		l := last(ls)
+		return l.Time > resumed.UnixNano() && l.VerifiedAt > atPark.Counter && l.Secret == want
+	})
+}
