@@ -145,6 +145,58 @@ func TestSecretsStartRefused(t *testing.T) {
 	}
 }
 
+// A start or resume whose values the secrets tmpfs has no room for is
+// refused secrets.ErrNoSpace and loses nothing: no run, or the run
+// parked as it was with the values it held.
+func TestSecretsNoSpace(t *testing.T) {
+	h := mustSecretsHost(t)
+	dir := filepath.Join(h.d.cfg.StateDir, "secrets")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// 16 pages stand for the full 256 MiB.
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "mode=0700,size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", secrets.MaxValue)
+	spec := unit.Spec{Image: fakeImage, Args: []string{"/unit"}}
+	_, err := h.d.StartBooked(t.Context(), "full", spec, unit.Grants{}, answers.Starting{Secrets: map[string]string{"A": big, "B": big}})
+	if !errors.Is(err, secrets.ErrNoSpace) {
+		t.Fatalf("a start the tmpfs has no room for: %v", err)
+	}
+	if _, err := h.d.st.Run("full"); err == nil {
+		t.Fatal("a start refused no_space made a run")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "full")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a refused start's values stay: %v", err)
+	}
+	if _, err := h.d.StartBooked(t.Context(), "r", spec, unit.Grants{}, answers.Starting{Secrets: map[string]string{"A": "one", "B": "two"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.d.Park(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	h.teardown(t, "r")
+	st, _ := h.d.st.Run("r")
+	_, err = h.d.Resume(t.Context(), "r", map[string]string{"A": big, "B": big})
+	if !errors.Is(err, secrets.ErrNoSpace) {
+		t.Fatalf("a resume the tmpfs has no room for: %v", err)
+	}
+	if now, _ := h.d.st.Run("r"); now.Phase != record.PhaseParked || now.Head != st.Head {
+		t.Fatalf("a resume refused no_space moved the run: %s %s", now.Phase, now.Head)
+	}
+	es, _ := os.ReadDir(filepath.Join(dir, "r"))
+	if len(es) != 2 {
+		t.Fatalf("after the refused resume the run's directory holds %d files", len(es))
+	}
+	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
+		t.Fatalf("a resume with the values held: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "r", "A")); err != nil || string(b) != "one" {
+		t.Fatalf("A after the refused resume: %q %v", b, err)
+	}
+}
+
 func lastMount(x *fakeExec, target string) *executor.Mount {
 	x.mu.Lock()
 	defer x.mu.Unlock()

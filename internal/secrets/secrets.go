@@ -17,6 +17,7 @@ package secrets
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -43,6 +44,10 @@ const tmpfsOptions = "mode=0700,size=256m"
 // not hold and the request did not give: after a reboot, an import or a
 // migration. The run stays as it was.
 var ErrRequired = errors.New("the run's secrets are required")
+
+// ErrNoSpace is a put the secrets tmpfs has no room for. The values held
+// stay as they were.
+var ErrNoSpace = errors.New("the secrets tmpfs is full")
 
 // Values is this host's secret values, under dir (STATE/secrets).
 type Values struct {
@@ -90,30 +95,43 @@ func (h *Values) Dir(run string) (string, error) {
 		return "", err
 	}
 	if err := os.Mkdir(d, 0o500); err != nil && !errors.Is(err, os.ErrExist) {
-		return "", fmt.Errorf("secrets of %s: %w", run, err)
+		return "", fmt.Errorf("secrets of %s: %w", run, full(err))
 	}
 	return d, nil
 }
 
-// Put makes values run's secrets here, replacing the ones it held: each
-// file is written aside and renamed in, so a sandbox that binds the
-// directory already sees the new values, never a part of one.
+// Put makes values run's secrets here, replacing the ones it held: every
+// file is written aside first, then each renamed in, so a sandbox that
+// binds the directory already sees the new values, never a part of one.
+// A put the tmpfs has no room for (ErrNoSpace), or that fails otherwise
+// while writing, removes what it wrote aside and leaves the values held.
 func (h *Values) Put(run string, values map[string]string) error {
 	d, err := h.Dir(run)
 	if err != nil {
 		return err
 	}
-	for n, v := range values {
+	names := slices.Sorted(maps.Keys(values))
+	for _, n := range names {
 		if err := unit.CheckSecretName(n); err != nil {
 			return err
 		}
+	}
+	var aside []string
+	for _, n := range names {
 		tmp := filepath.Join(d, ".new-"+n)
-		if err := os.WriteFile(tmp, []byte(v), 0o400); err != nil {
-			_ = os.Remove(tmp)
-			return fmt.Errorf("secrets of %s: %w", run, err)
+		aside = append(aside, tmp)
+		if err := os.WriteFile(tmp, []byte(values[n]), 0o400); err != nil {
+			for _, f := range aside {
+				_ = os.Remove(f)
+			}
+			return fmt.Errorf("secrets of %s: %s: %w", run, n, full(err))
 		}
-		if err := os.Rename(tmp, filepath.Join(d, n)); err != nil {
-			_ = os.Remove(tmp)
+	}
+	for i, n := range names {
+		if err := os.Rename(aside[i], filepath.Join(d, n)); err != nil {
+			for _, f := range aside[i:] {
+				_ = os.Remove(f)
+			}
 			return fmt.Errorf("secrets of %s: %s: %w", run, n, err)
 		}
 	}
@@ -172,6 +190,15 @@ func (h *Values) Runs() ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// full is err, also ErrNoSpace when it says the tmpfs has no room left
+// (ENOSPC, EDQUOT).
+func full(err error) error {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		return fmt.Errorf("%w: %w", ErrNoSpace, err)
+	}
+	return err
 }
 
 func (h *Values) runDir(run string) (string, error) {

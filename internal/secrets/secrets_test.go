@@ -113,3 +113,46 @@ func TestNames(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A put that finds the tmpfs full is refused ErrNoSpace and changes
+// nothing: the values held stay, whole, and no part of a new one is left.
+func TestPutNoSpace(t *testing.T) {
+	h := mustHost(t)
+	if err := os.MkdirAll(h.dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A tmpfs of 16 pages stands for the full 256 MiB one.
+	if err := unix.Mount("tmpfs", h.dir, "tmpfs", 0, "mode=0700,size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	old := map[string]string{"A": "one", "B": "two"}
+	if err := h.Put("r", old); err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", MaxValue)
+	err := h.Put("r", map[string]string{"A": big, "B": big})
+	if !errors.Is(err, ErrNoSpace) || strings.Contains(err.Error(), big) {
+		t.Fatalf("a put over the tmpfs's size: %v", err)
+	}
+	d, _ := h.Dir("r")
+	es, _ := os.ReadDir(d)
+	var names []string
+	for _, e := range es {
+		names = append(names, e.Name())
+	}
+	if !slices.Equal(names, []string{"A", "B"}) {
+		t.Fatalf("after the refused put the run's directory holds %q", names)
+	}
+	for n, v := range old {
+		if b, err := os.ReadFile(filepath.Join(d, n)); err != nil || string(b) != v {
+			t.Fatalf("%s after the refused put: %q %v", n, b, err)
+		}
+	}
+	// A new run's first put, refused the same way, leaves no value.
+	if err := h.Put("s", map[string]string{"A": big, "B": big}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("a new run's put over the tmpfs's size: %v", err)
+	}
+	if got := h.Missing("s", []string{"A", "B"}); len(got) != 2 {
+		t.Fatalf("after the refused put, run s misses only %q", got)
+	}
+}

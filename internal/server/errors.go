@@ -98,7 +98,7 @@ var codes = []struct {
 	{api.CodeNotFound, func(err error) bool {
 		return is(store.ErrNoRun, executor.ErrNotFound, store.ErrNotTrusted)(err) || errdefs.IsNotFound(err)
 	}, nil},
-	{api.CodeNoSpace, is(park.ErrNoSpace, executor.ErrTooLarge, store.ErrListing), nil},
+	{api.CodeNoSpace, is(park.ErrNoSpace, executor.ErrTooLarge, store.ErrListing, secrets.ErrNoSpace), nil},
 	{api.CodeHandedOff, is(store.ErrHandedOff), nil},
 	{api.CodeGenesisHeld, is(store.ErrGenesisHeld, store.ErrNotExtension), nil},
 	{api.CodeExists, is(store.ErrRunExists, executor.ErrExists), nil},

@@ -22,6 +22,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/resume"
+	"github.com/runrecordd/runrecordd/internal/secrets"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -88,6 +89,8 @@ func TestErrorOfDaemon(t *testing.T) {
 		fmt.Errorf("post: %w", calls.ErrNotJSON):          api.CodeBadRequest,
 		fmt.Errorf("export r: %w", bundle.ErrResultsHeld): api.CodePhase,
 		fmt.Errorf("run r: %w", park.ErrNoSpace):          api.CodeNoSpace,
+		fmt.Errorf("run r: %w", secrets.ErrNoSpace):       api.CodeNoSpace,
+		fmt.Errorf("resume r: %w", secrets.ErrRequired):   api.CodeSecretsRequired,
 		fmt.Errorf("post: %w", calls.ErrRefused):          api.CodeCallRefused,
 		fmt.Errorf("%w: run id", answers.ErrInvalid):      api.CodeBadRequest,
 		fmt.Errorf("%w: transcript", calls.ErrTranscript): api.CodeBadRequest,

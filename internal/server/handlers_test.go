@@ -23,6 +23,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/resume"
 	"github.com/runrecordd/runrecordd/internal/retention"
 	"github.com/runrecordd/runrecordd/internal/runlog"
+	"github.com/runrecordd/runrecordd/internal/secrets"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/testhost"
 	"github.com/runrecordd/runrecordd/internal/trust"
@@ -208,10 +209,10 @@ func TestHandlers(t *testing.T) {
 	// client sees.
 	refusals := map[string][]error{
 		"image":       {executor.ErrInvalid, executor.ErrExists},
-		"start":       {store.ErrRunExists, unit.ErrInvalid, answers.ErrStopping, imageparks.ErrUnavailable, park.ErrNoSpace},
+		"start":       {store.ErrRunExists, unit.ErrInvalid, answers.ErrStopping, imageparks.ErrUnavailable, park.ErrNoSpace, secrets.ErrNoSpace},
 		"list":        {store.ErrDamaged},
 		"park":        {store.ErrNoRun, record.ErrParked, executor.ErrCheckpoint, executor.ErrCheckpointTimeout, park.ErrNoSpace, imageparks.ErrUnavailable, store.ErrHandedOff, answers.ErrNoSandbox},
-		"resume":      {store.ErrNoRun, record.ErrNotParked, &resume.SnapshotError{}, &resume.ManifestError{}, &resume.RecordError{Err: errors.New("x")}, executor.ErrRestore, executor.ErrRestoreTimeout, answers.ErrStopping, store.ErrHandedOff},
+		"resume":      {store.ErrNoRun, record.ErrNotParked, &resume.SnapshotError{}, &resume.ManifestError{}, &resume.RecordError{Err: errors.New("x")}, executor.ErrRestore, executor.ErrRestoreTimeout, answers.ErrStopping, store.ErrHandedOff, secrets.ErrNoSpace, secrets.ErrRequired},
 		"close":       {store.ErrNoRun, record.ErrClosed, store.ErrHandedOff},
 		"migrate":     {store.ErrNoRun, member.ErrNoFleet, member.ErrDraining},
 		"drain":       {member.ErrNoFleet},

@@ -43,7 +43,7 @@ const (
 	CodePagesLost         = "pages_lost"              // a park of a lazily resumed unit whose pages stopped arriving: the run goes back to the snapshot it resumed from (docs/lazy-resume.md)
 	CodeImageParks        = "image_parks_unavailable" // this host cannot checkpoint and restore (its probe failed); transcript runs still work
 	CodeDaemonUnreachable = "daemon_unreachable"      // client side only: nothing answers on the socket
-	CodeNoSpace           = "no_space"                // a park refused before it wrote: too little free space, or the run's snapshot quota
+	CodeNoSpace           = "no_space"                // a park refused before it wrote: too little free space, or the run's snapshot quota; or secrets the secrets tmpfs has no room for
 	CodeHandedOff         = "handed_off"              // the run was exported to another host: import a bundle extending it back first
 	CodeGenesisHeld       = "genesis_held"            // a bundle of a run this host holds under another id, or one that does not extend the run it holds
 	CodeUntrustedSigner   = "untrusted_signer"        // a bundle with an attestation by a host key this host does not trust (Signer names it)

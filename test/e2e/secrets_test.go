@@ -245,3 +245,114 @@ func filesHolding(t *testing.T, root, v string) []string {
 	}
 	return out
 }
+
+// TestFleetMigrateSecrets migrates an executing run with a secret: no
+// value travels, so the target, having claimed it, refuses its resume
+// (secrets_required) and hands it back. The migration answers the
+// target's secrets_required; the run is the source's again — owned there
+// in the directory, parked at the head it was handed over at, not handed
+// off — and the source still holds its value: a resume there without
+// one goes on, the unit reading the same secret as the same process.
+func TestFleetMigrateSecrets(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, keyA := f.host(t, "fleet-secrets-a")
+	b, keyB := f.host(t, "fleet-secrets-b")
+	const id, value = "moving-secret", "rr-migrated-secret"
+	started := startSecretOracle(t, a, id, value)
+	want := secretOf(value)
+
+	_, err := a.c.Migrate(ctx, id, keyB)
+	ae := apiError(t, err, api.CodeSecretsRequired)
+	if !strings.Contains(ae.Message, "TOKEN") || strings.Contains(ae.Message, value) {
+		t.Fatalf("migrate: %v, want the target's refusal naming TOKEN", ae)
+	}
+	atPark := last(output(t, a.stdout(id)))
+	r, err := a.run(ctx, id)
+	if err != nil || r.Phase != "parked" || r.HandedOff {
+		t.Fatalf("on A: %+v, %v; want parked there, not handed off", r, err)
+	}
+	if rb, err := b.run(ctx, id); err != nil || !rb.HandedOff || rb.Head != r.Head {
+		t.Fatalf("on B: %+v, %v; want handed off at %s", rb, err, r.Head)
+	}
+	e, err := f.dir(t).Run(ctx, genesisOf(t, started))
+	if err != nil || e.Owner.String() != keyA || !e.To.IsZero() || e.Head.String() != r.Head {
+		t.Fatalf("directory %+v, %v; want owned by A at %s", e, err, r.Head)
+	}
+	resumed := time.Now()
+	resume(t, a, id, nil, atPark)
+	waitLines(t, a.stdout(id), "the secret read after the resume on A", func(ls []line) bool {
+		l := last(ls)
+		return l.Time > resumed.UnixNano() && l.VerifiedAt > atPark.Counter && l.Secret == want
+	})
+}
+
+// startSecretOracle starts the oracle as run id on d, reading its secret
+// TOKEN, of value, at /run/secrets/TOKEN, and waits for its first line
+// verified that reports it.
+func startSecretOracle(t *testing.T, d *daemon, id, value string) api.Run {
+	t.Helper()
+	started, err := d.c.Start(context.Background(), api.RunRequest{ID: id,
+		Unit:    unit.Spec{Image: oracleImage, Env: append(slices.Clone(oracleEnv), "SECRET_FILE=/run/secrets/TOKEN")},
+		Grants:  unit.Grants{MilliCPU: 1000, MemoryBytes: 256 << 20, Network: unit.NoNetwork},
+		Secrets: map[string]string{"TOKEN": value}})
+	if err != nil {
+		t.Fatalf("start %s on the %s daemon: %v", id, d.name, err)
+	}
+	closeAtEnd(t, d, id)
+	want := secretOf(value)
+	waitLines(t, d.stdout(id), "the secret read", func(ls []line) bool {
+		return len(ls) > 0 && last(ls).VerifiedAt > 0 && last(ls).Secret == want
+	})
+	return started
+}
+
+// TestFleetDrainSecrets drains a host running a run with a secret to two
+// others: the first the drain places it on refuses its resume
+// (secrets_required) and hands it back, parked; the drain tries the next,
+// which takes it parked, as a parked run migrates. There its resume is
+// refused secrets_required, the run parked as it was, until a resume
+// gives the value: the unit reads it again, as the same process.
+func TestFleetDrainSecrets(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, _ := f.host(t, "drain-secrets-a")
+	b, _ := f.host(t, "drain-secrets-b")
+	c, _ := f.host(t, "drain-secrets-c")
+	const id, value = "drained-secret", "rr-drained-secret"
+	startSecretOracle(t, a, id, value)
+	want := secretOf(value)
+	drained, err := a.c.Drain(ctx, api.DrainRequest{})
+	if err != nil || drained.Moved != 1 || drained.Left != 0 {
+		t.Fatalf("drain: %+v, %v\n%s", drained, err, a.logTail())
+	}
+	t.Logf("drain: %+v", drained)
+	atPark := last(output(t, a.stdout(id)))
+	if r, err := a.run(ctx, id); err != nil || !r.HandedOff {
+		t.Fatalf("on the drained host: %+v, %v", r, err)
+	}
+	d, r := holder(t, id, b, c)
+	if r.Phase != "parked" {
+		t.Fatalf("on %s: %+v, want parked", d.name, r)
+	}
+	other := map[*daemon]*daemon{b: c, c: b}[d]
+	if ro, err := other.run(ctx, id); err != nil || !ro.HandedOff {
+		t.Fatalf("on %s, the host that handed it back: %+v, %v", other.name, ro, err)
+	}
+	_, err = d.c.Resume(ctx, id)
+	apiError(t, err, api.CodeSecretsRequired)
+	if now, err := d.run(ctx, id); err != nil || now.Phase != "parked" || now.Head != r.Head {
+		t.Fatalf("after the refused resume on %s: %+v, %v", d.name, now, err)
+	}
+	resumed := time.Now()
+	if _, err := d.c.ResumeWith(ctx, id, api.ResumeRequest{Secrets: map[string]string{"TOKEN": value}}); err != nil {
+		t.Fatalf("resume with the value on %s: %v", d.name, err)
+	}
+	ls := waitLines(t, d.stdout(id), "the secret read after the resume", func(ls []line) bool {
+		l := last(ls)
+		return l.Time > resumed.UnixNano() && l.VerifiedAt > atPark.Counter && l.Secret == want
+	})
+	checkOneProcess(t, append(output(t, a.stdout(id)), ls...))
+}
