@@ -104,11 +104,11 @@ func readReply(t *testing.T, b []byte, id uint16) (dnsmessage.RCode, []netip.Add
 }
 
 var (
-	farAddr   = netip.MustParseAddr("198.51.100.7")
-	farAddr2  = netip.MustParseAddr("198.51.100.8")
-	outside = netip.MustParseAddr("203.0.113.9")
-	ceiling = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
-	granted = []string{"pypi.org", "files.example.net"}
+	farAddr  = netip.MustParseAddr("198.51.100.7")
+	farAddr2 = netip.MustParseAddr("198.51.100.8")
+	outside  = netip.MustParseAddr("203.0.113.9")
+	ceiling  = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+	granted  = []string{"pypi.org", "files.example.net"}
 )
 
 func TestResolverAnswers(t *testing.T) {
