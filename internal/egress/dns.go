@@ -257,11 +257,18 @@ func sameName(a, b dnsmessage.Name) bool {
 	return strings.EqualFold(a.String(), b.String())
 }
 
-// UDPUpstream is a resolver reached over UDP at its address (port 53 if
-// none is given), each exchange on a socket of its own.
+// UDPUpstream is a resolver reached over UDP at its address, each
+// exchange on a socket of its own (a port of its own), made in the
+// caller's network namespace or, from [Gateway.Upstream], the host's.
 type UDPUpstream struct {
 	Addr    netip.AddrPort
 	Timeout time.Duration // 2 s when zero
+	h       *Gateway
+}
+
+// Upstream is the resolver at addr, reached from the host's namespace.
+func (h *Gateway) Upstream(addr netip.AddrPort) UDPUpstream {
+	return UDPUpstream{Addr: addr, h: h}
 }
 
 // Exchange sends query and returns the first datagram back from the
@@ -274,7 +281,14 @@ func (u UDPUpstream) Exchange(ctx context.Context, query []byte) ([]byte, error)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "udp4", u.Addr.String())
+	var c net.Conn
+	dial := func() (err error) { c, err = d.DialContext(ctx, "udp4", u.Addr.String()); return err }
+	var err error
+	if u.h != nil {
+		err = inNetns(u.h.ns, dial)
+	} else {
+		err = dial()
+	}
 	if err != nil {
 		return nil, err
 	}
