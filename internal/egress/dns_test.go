@@ -28,7 +28,7 @@ type rr struct {
 
 // answering is an upstream that answers every query with records, after
 // edit may change the header and question it answers.
-func answering(t *testing.T, edit func(*dnsmessage.Header, *dnsmessage.Question), records ...rr) upstreamFunc {
+func answering(t testing.TB, edit func(*dnsmessage.Header, *dnsmessage.Question), records ...rr) upstreamFunc {
 	return func(query []byte) ([]byte, error) {
 		var p dnsmessage.Parser
 		h, err := p.Start(query)
@@ -62,7 +62,7 @@ func answering(t *testing.T, edit func(*dnsmessage.Header, *dnsmessage.Question)
 	}
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +70,7 @@ func must(t *testing.T, err error) {
 }
 
 // query is a unit's query for name of type typ.
-func query(t *testing.T, id uint16, name string, typ dnsmessage.Type) []byte {
+func query(t testing.TB, id uint16, name string, typ dnsmessage.Type) []byte {
 	t.Helper()
 	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: id, RecursionDesired: true})
 	must(t, b.StartQuestions())
@@ -340,4 +340,45 @@ func TestUDPUpstream(t *testing.T) {
 	if rcode, _, _ := readReply(t, reply, 12); rcode != dnsmessage.RCodeServerFailure || res != nil || time.Since(start) > 2*time.Second {
 		t.Errorf("a quiet upstream: %s %+v after %s", rcode, res, time.Since(start))
 	}
+}
+
+// Whatever the unit's query and the upstream's answer, the resolver does
+// not fail, its reply fits plain DNS over UDP, and what it allows is for
+// a granted name, within the ceiling, at most MaxAnswerAddrs, for a TTL
+// within bounds.
+func FuzzResolverAnswer(f *testing.F) {
+	ok := func(q []byte) []byte {
+		b, err := answering(f, nil, rr{name: "pypi.org.", cname: "x.example.", ttl: 9}, rr{name: "x.example.", a: farAddr, ttl: 60})(q)
+		must(f, err)
+		return b
+	}
+	q := query(f, 1, "pypi.org.", dnsmessage.TypeA)
+	f.Add(q, ok(q))
+	f.Add(query(f, 2, "PYPI.org.", dnsmessage.TypeAAAA), []byte{})
+	f.Add(q[:20], q)
+	f.Fuzz(func(t *testing.T, q, ans []byte) {
+		r := &Resolver{Ceiling: ceiling, Upstream: upstreamFunc(func(sent []byte) ([]byte, error) {
+			// The answer's id made the query's, so the fuzzer reaches
+			// past the id check.
+			if len(ans) >= 2 && len(sent) >= 2 {
+				ans = append([]byte{sent[0], sent[1]}, ans[2:]...)
+			}
+			return ans, nil
+		})}
+		reply, res := r.Answer(context.Background(), q, granted)
+		if len(reply) > udpReply {
+			t.Fatalf("a reply of %d bytes", len(reply))
+		}
+		if res == nil {
+			return
+		}
+		if !slices.Contains(granted, res.Name) || len(res.Addrs) > MaxAnswerAddrs || res.TTL < MinTTL || res.TTL > MaxTTL {
+			t.Fatalf("allowed %+v", res)
+		}
+		for _, a := range res.Addrs {
+			if !ceiling[0].Contains(a) {
+				t.Fatalf("allowed %s, outside the ceiling", a)
+			}
+		}
+	})
 }
