@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/nftables"
 	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
 )
@@ -78,6 +79,10 @@ func (h *Gateway) ServeDNS(cfg DNSConfig) (*DNSServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("egress resolver: listen on %s:%d: %w", GatewayAddr, DNSPort, err)
 	}
+	if err := h.setResolving(true); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &DNSServer{h: h, cfg: cfg, conn: conn, busy: map[int]int{}, sem: make(chan struct{}, dnsInFlight), ctx: ctx, stop: stop}
 	s.wg.Add(1)
@@ -85,12 +90,25 @@ func (h *Gateway) ServeDNS(cfg DNSConfig) (*DNSServer, error) {
 	return s, nil
 }
 
-// Close stops the resolver and waits for the queries being answered.
+// Close stops the resolver, waits for the queries being answered, and
+// lets no sandbox's packet reach the host's port 53 again.
 func (s *DNSServer) Close() error {
 	s.stop()
 	err := s.conn.Close()
 	s.wg.Wait()
-	return err
+	return errors.Join(err, s.h.setResolving(false))
+}
+
+// setResolving lets the sandboxes' queries reach the host's resolver
+// port, or not.
+func (h *Gateway) setResolving(on bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.resolving = on
+	if err := h.nft(func(c *nftables.Conn) error { h.hostTables(c); return nil }); err != nil {
+		return fmt.Errorf("egress resolver: the input chain: %w", err)
+	}
+	return nil
 }
 
 func (s *DNSServer) serve() {

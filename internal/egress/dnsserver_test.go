@@ -87,7 +87,6 @@ func TestDNSServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
 
 	if c, _, err := dial(s1, "", worldIP+":8080"); err == nil {
 		c.Close()
@@ -132,8 +131,32 @@ func TestDNSServer(t *testing.T) {
 		t.Error("TCP to the gateway reached the host")
 	}
 	mu.Lock()
-	defer mu.Unlock()
 	if !slices.Equal(journal, []string{"world.example"}) {
 		t.Errorf("journaled %v, want the one resolution", journal)
+	}
+	mu.Unlock()
+
+	// Closed, the resolver's port is shut again: a listener of the
+	// host's own on port 53 (any address) is out of the sandboxes' reach.
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var own net.PacketConn
+	if err := inNetns(w.hns, func() (err error) { own, err = net.ListenPacket("udp4", "0.0.0.0:53"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := own.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			own.WriteTo(buf[:n], from)
+		}
+	}()
+	if reply := ask(t, s1, query(t, 79, "world.example.", dnsmessage.TypeA)); reply != nil {
+		t.Errorf("the host's own port 53 answered a sandbox after the resolver closed: %x", reply)
 	}
 }

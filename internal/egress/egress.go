@@ -121,6 +121,7 @@ type Gateway struct {
 	ns        netns.NsHandle
 	nl        *netlink.Handle
 	mu        sync.Mutex // one change of links and rules at a time
+	resolving bool       // a DNSServer serves (guarded by mu)
 }
 
 // Open sets the host's namespace up for egress: IPv4 forwarding on, the

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 )
 
 // MaxNameAddrs bounds the addresses a destination by name holds at once
@@ -55,6 +57,9 @@ func addNameSets(c *nftables.Conn, ip *nftables.Table, slot int, allow []allowRu
 // rules refer to them) in the same transaction.
 func delNameSets(c *nftables.Conn, slot int) error {
 	sets, err := c.GetSets(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: tableName})
+	if errors.Is(err, unix.ENOENT) { // no table: no set
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("list nftables sets: %w", err)
 	}
@@ -69,6 +74,9 @@ func delNameSets(c *nftables.Conn, slot int) error {
 // setSlots is the slots that have sets in the host's table.
 func setSlots(c *nftables.Conn) ([]int, error) {
 	sets, err := c.GetSets(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: tableName})
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list nftables sets: %w", err)
 	}

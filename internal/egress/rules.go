@@ -18,7 +18,8 @@ import (
 //
 //	table ip runrecordd_egress
 //	  chain input       filter, input, accept: iifname "rrde*" drop, but
-//	                    UDP to 10.255.255.1 port 53 (the resolver)
+//	                    UDP to 10.255.255.1 port 53 while the resolver
+//	                    serves
 //	  chain postrouting nat, postrouting: ip saddr POOL masquerade
 //	  chain fwd-N       filter, forward, accept: run N's allow-list
 //	  set n-N-I         run N's addresses of its Ith destination, a name:
@@ -281,18 +282,21 @@ func (h *Gateway) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
 	c.FlushChain(input)
 	c.FlushChain(post)
 	// The host's own addresses, its listeners among them: nothing from a
-	// sandbox is delivered to the host but its queries to the resolver
-	// (DNS over UDP to the gateway).
-	gw := GatewayAddr.As4()
-	c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(
-		metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)),
-		[]expr.Any{ipField(16), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: gw[:]}},
-		metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{unix.IPPROTO_UDP}),
-		[]expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, DNSPort)},
-			verdict(expr.VerdictAccept),
-		})})
+	// sandbox is delivered to the host but, while the resolver serves,
+	// its queries to it (DNS over UDP to the gateway; the resolver's
+	// socket, bound to that address, is the one they reach).
+	if h.resolving {
+		gw := GatewayAddr.As4()
+		c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(
+			metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)),
+			[]expr.Any{ipField(16), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: gw[:]}},
+			metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{unix.IPPROTO_UDP}),
+			[]expr.Any{
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, DNSPort)},
+				verdict(expr.VerdictAccept),
+			})})
+	}
 	c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(
 		metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)), []expr.Any{verdict(expr.VerdictDrop)})})
 	c.AddRule(&nftables.Rule{Table: ip, Chain: post, Exprs: join(inPrefix(12, h.pool), []expr.Any{&expr.Masq{}})})
