@@ -10,14 +10,17 @@ import (
 	"testing"
 )
 
-// resolutionExample is docs/attestation.md's resolution entry.
+// resolutionExample is docs/attestation.md's resolution entry, at
+// resolutionAtNS.
 var resolutionExample = Resolution{Name: "pypi.org", TTLSec: 300,
 	Addrs: []netip.Addr{netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11")}}
+
+const resolutionAtNS = 1700000002000000000
 
 // TestResolutionPinned pins a resolution entry's bytes, written out by
 // hand, and its decoding.
 func TestResolutionPinned(t *testing.T) {
-	e, err := resolutionExample.Entry(1700000002000000000)
+	e, err := resolutionExample.Entry(resolutionAtNS)
 	if err != nil {
 		t.Fatal(err)
 	}
