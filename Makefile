@@ -99,6 +99,7 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzDecodeWire -fuzztime $(FUZZTIME) ./pkg/record
 	$(GO) test -run XXX -fuzz FuzzDecodeSegment -fuzztime $(FUZZTIME) ./pkg/record
 	$(GO) test -run XXX -fuzz FuzzAttestation -fuzztime $(FUZZTIME) ./pkg/attest
+	$(GO) test -run XXX -fuzz FuzzResolverAnswer -fuzztime $(FUZZTIME) ./internal/egress
 	# CRIU images: seeds of up to 16 KiB; each new input minimized a
 	# little, or minimizing takes the whole run.
 	$(GO) test -run XXX -fuzz FuzzDecodeImages -fuzztime $(FUZZTIME) -fuzzminimizetime 10x ./internal/criu

@@ -32,8 +32,9 @@
 // ([Counters]): the chain lives from Allow to Close, parks between, so a
 // run's counters go on across its parks here and a daemon's restarts.
 //
-// Deny is the default. A destination given by name is refused
-// ([ErrNames]): names need the daemon's resolver.
+// Deny is the default. A destination given by name allows the
+// addresses of its set, which the daemon's resolver fills from the
+// answers it gave the run ([Run.Allowed], dns.go), each until its TTL.
 //
 // # Lifetime
 //
@@ -96,9 +97,6 @@ const sandboxLink = "eth0"
 var (
 	// ErrInvalid is a slot, policy or configuration this package refuses.
 	ErrInvalid = errors.New("egress: invalid")
-	// ErrNames is an allow-list naming a host: enforcing a name needs the
-	// daemon's resolver, which does not exist yet.
-	ErrNames = errors.New("egress: destinations by name are not enforced yet")
 	// ErrClosed is a run closed already.
 	ErrClosed = errors.New("egress: run closed")
 )
@@ -123,6 +121,7 @@ type Gateway struct {
 	ns        netns.NsHandle
 	nl        *netlink.Handle
 	mu        sync.Mutex // one change of links and rules at a time
+	resolving bool       // a DNSServer serves (guarded by mu)
 }
 
 // Open sets the host's namespace up for egress: IPv4 forwarding on, the
@@ -229,7 +228,7 @@ type Run struct {
 }
 
 // Allow installs the policy of the run holding slot: allow is its grant's
-// allow-list (names refused with ErrNames). A slot's earlier policy is
+// allow-list (a name's set begins empty). A slot's earlier policy is
 // replaced. Nothing leaves until [Run.Attach].
 func (h *Gateway) Allow(slot int, allow []unit.Dest) (*Run, error) {
 	if slot < 1 || slot > h.Slots() {
@@ -526,7 +525,7 @@ func (h *Gateway) remove(slot int) error {
 			c.FlushChain(ch)
 			c.DelChain(ch)
 		}
-		return nil
+		return delNameSets(c, slot)
 	}))
 	_, cerr := h.nl.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, flowsOf(func(s int) bool { return s == slot }, h))
 	if cerr != nil {
@@ -580,7 +579,13 @@ func (h *Gateway) Reconcile(owned func(slot int) bool) error {
 				stale[slot] = true
 			}
 		}
-		return err
+		withSets, serr := setSlots(c)
+		for _, slot := range withSets {
+			if !owned(slot) {
+				stale[slot] = true
+			}
+		}
+		return errors.Join(err, serr)
 	})
 	errs = append(errs, err)
 	for slot := range stale {

@@ -414,6 +414,13 @@ func (w *world) leftovers() []string {
 			out = append(out, fmt.Sprintf("chain %s (slot %d)", ch.Name, slot))
 		}
 	}
+	slots, err := setSlots(c)
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		w.t.Fatal(err)
+	}
+	for _, slot := range slots {
+		out = append(out, fmt.Sprintf("set of slot %d", slot))
+	}
 	flows, err := w.host.nl.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
 	if err != nil {
 		w.t.Fatal(err)
@@ -495,7 +502,7 @@ func TestAllowRefuses(t *testing.T) {
 		{0, []unit.Dest{{CIDR: "192.0.2.0/24", Proto: "tcp", Ports: "80"}}, ErrInvalid},
 		{w.host.Slots() + 1, []unit.Dest{{CIDR: "192.0.2.0/24", Proto: "tcp", Ports: "80"}}, ErrInvalid},
 		{1, nil, ErrInvalid},
-		{1, []unit.Dest{{Name: "pypi.org", Proto: "tcp", Ports: "443"}}, ErrNames},
+		{1, []unit.Dest{{Name: "pypi.org", CIDR: "192.0.2.0/24", Proto: "tcp", Ports: "443"}}, ErrInvalid},
 		{1, []unit.Dest{{CIDR: "192.0.2.1/24", Proto: "tcp", Ports: "80"}}, ErrInvalid},
 		{1, []unit.Dest{{CIDR: "192.0.2.0/24", Proto: "sctp", Ports: "80"}}, ErrInvalid},
 	} {

@@ -17,9 +17,13 @@ import (
 // The nftables objects, all in tables named [tableName]:
 //
 //	table ip runrecordd_egress
-//	  chain input       filter, input, accept: iifname "rrde*" drop
+//	  chain input       filter, input, accept: iifname "rrde*" drop, but
+//	                    UDP to 10.255.255.1 port 53 while the resolver
+//	                    serves
 //	  chain postrouting nat, postrouting: ip saddr POOL masquerade
 //	  chain fwd-N       filter, forward, accept: run N's allow-list
+//	  set n-N-I         run N's addresses of its Ith destination, a name:
+//	                    what the resolver answered, each until its TTL
 //	table netdev runrecordd_egress
 //	  chain in-N        ingress of rrdeN: source check and rewrite
 //	  chain out-N       egress of rrdeN: destination rewrite
@@ -117,11 +121,12 @@ func join(parts ...[]expr.Any) []expr.Any {
 	return out
 }
 
-// allowRule is one allowed destination of an egress grant: its prefix,
-// protocol and ports. Names are not allowed here: they need the daemon's
-// resolver (ErrNames).
+// allowRule is one allowed destination of an egress grant: its prefix
+// or its name, protocol and ports. A name's addresses are those the
+// resolver gave the run, in the set of the rule (names.go).
 type allowRule struct {
 	prefix netip.Prefix
+	name   string
 	proto  byte
 	lo, hi uint16
 }
@@ -130,12 +135,17 @@ type allowRule struct {
 func allowRules(ds []unit.Dest) ([]allowRule, error) {
 	var out []allowRule
 	for _, d := range ds {
+		var p netip.Prefix
 		if d.Name != "" {
-			return nil, fmt.Errorf("%w: %s", ErrNames, d)
-		}
-		p, err := netip.ParsePrefix(d.CIDR)
-		if err != nil || !p.Addr().Is4() || p.Masked() != p {
-			return nil, fmt.Errorf("%w: destination %s: not an IPv4 network", ErrInvalid, d)
+			if d.CIDR != "" {
+				return nil, fmt.Errorf("%w: destination %s: not a name", ErrInvalid, d)
+			}
+		} else {
+			var err error
+			p, err = netip.ParsePrefix(d.CIDR)
+			if err != nil || !p.Addr().Is4() || p.Masked() != p {
+				return nil, fmt.Errorf("%w: destination %s: not an IPv4 network", ErrInvalid, d)
+			}
 		}
 		var proto byte
 		switch d.Proto {
@@ -155,7 +165,7 @@ func allowRules(ds []unit.Dest) ([]allowRule, error) {
 		if err1 != nil || err2 != nil || lo == 0 || hi < lo {
 			return nil, fmt.Errorf("%w: destination %s: ports %q", ErrInvalid, d, d.Ports)
 		}
-		out = append(out, allowRule{prefix: p, proto: proto, lo: uint16(lo), hi: uint16(hi)})
+		out = append(out, allowRule{prefix: p, name: d.Name, proto: proto, lo: uint16(lo), hi: uint16(hi)})
 	}
 	return out, nil
 }
@@ -182,7 +192,8 @@ func counted(dir []byte, exprs ...[]expr.Any) fwdRule {
 
 // forwardRules are run slot's forward chain: what leaves rrdeN, and what
 // comes back to it. The accepts count the run's traffic (Counters).
-func (h *Gateway) forwardRules(link string, addr netip.Addr, allow []allowRule) []fwdRule {
+// sets[i] is the set of allow[i] if it is a name (addRun).
+func (h *Gateway) forwardRules(link string, addr netip.Addr, allow []allowRule, sets []*nftables.Set) []fwdRule {
 	in := metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, ifname(link))
 	out := metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpEq, ifname(link))
 	var rs []fwdRule
@@ -196,8 +207,14 @@ func (h *Gateway) forwardRules(link string, addr netip.Addr, allow []allowRule) 
 			verdict(expr.VerdictDrop),
 		})},
 	)
-	for _, a := range allow {
-		rs = append(rs, counted(counterOut, in, inPrefix(16, a.prefix),
+	for i, a := range allow {
+		var dst []expr.Any
+		if a.name != "" {
+			dst = []expr.Any{ipField(16), &expr.Lookup{SourceRegister: 1, SetName: sets[i].Name, SetID: sets[i].ID}}
+		} else {
+			dst = inPrefix(16, a.prefix)
+		}
+		rs = append(rs, counted(counterOut, in, dst,
 			metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{a.proto}),
 			[]expr.Any{
 				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
@@ -265,7 +282,21 @@ func (h *Gateway) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
 	c.FlushChain(input)
 	c.FlushChain(post)
 	// The host's own addresses, its listeners among them: nothing from a
-	// sandbox is delivered to the host.
+	// sandbox is delivered to the host but, while the resolver serves,
+	// its queries to it (DNS over UDP to the gateway; the resolver's
+	// socket, bound to that address, is the one they reach).
+	if h.resolving {
+		gw := GatewayAddr.As4()
+		c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(
+			metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)),
+			[]expr.Any{ipField(16), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: gw[:]}},
+			metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{unix.IPPROTO_UDP}),
+			[]expr.Any{
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, DNSPort)},
+				verdict(expr.VerdictAccept),
+			})})
+	}
 	c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(
 		metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)), []expr.Any{verdict(expr.VerdictDrop)})})
 	c.AddRule(&nftables.Rule{Table: ip, Chain: post, Exprs: join(inPrefix(12, h.pool), []expr.Any{&expr.Masq{}})})
@@ -279,7 +310,8 @@ func (h *Gateway) addRun(c *nftables.Conn, slot int, allow []allowRule) {
 	fwd := c.AddChain(&nftables.Chain{Name: fwdChain + strconv.Itoa(slot), Table: ip, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	c.FlushChain(fwd)
-	for _, r := range h.forwardRules(linkName(slot), h.addr(slot), allow) {
+	sets := addNameSets(c, ip, slot, allow)
+	for _, r := range h.forwardRules(linkName(slot), h.addr(slot), allow, sets) {
 		c.AddRule(&nftables.Rule{Table: ip, Chain: fwd, Exprs: r.exprs, UserData: r.count})
 	}
 }

@@ -99,7 +99,26 @@ const (
 	// TrafficKind is the run's traffic through its egress link in the
 	// interval (Traffic).
 	TrafficKind EntryKind = 7
+	// ResolutionKind is an answer the run's resolver gave it for a name
+	// its egress grant lists (Resolution).
+	ResolutionKind EntryKind = 8
 )
+
+// checkEntry refuses the data of an entry of kind k that its kind's
+// format does not allow, and an unknown kind.
+func checkEntry(k EntryKind, d []byte) error {
+	switch {
+	case k < Stdout || k > ResolutionKind:
+		return fmt.Errorf("%w: journal entry kind %d", ErrMalformed, k)
+	case k == TrafficKind:
+		_, err := DecodeTraffic(d)
+		return err
+	case k == ResolutionKind:
+		_, err := DecodeResolution(d)
+		return err
+	}
+	return nil
+}
 
 // Entry is one replay-journal entry.
 type Entry struct {
@@ -178,13 +197,8 @@ func DecodeJournal(p []byte) (*Journal, error) {
 		k := EntryKind(rd.byte1())
 		at := int64(rd.u64())
 		d := []byte(rd.str())
-		if k < Stdout || k > TrafficKind {
+		if checkEntry(k, d) != nil {
 			rd.bad = true
-		}
-		if k == TrafficKind {
-			if _, err := DecodeTraffic(d); err != nil {
-				rd.bad = true
-			}
 		}
 		if rd.bad {
 			break

@@ -254,10 +254,14 @@ func TestAttestationWorkedExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	re, err := resolutionExample.Entry(resolutionAtNS)
+	if err != nil {
+		t.Fatal(err)
+	}
 	objects := map[string][]byte{
 		"receipt": x.Receipt, "journal": x.Journal, "suspended segment": ex.Suspended, "body": x.Body,
 		"signature input": x.SignatureInput, "envelope": x.Envelope, "executed segment": x.Executed,
-		"traffic entry": x.TrafficEntry,
+		"traffic entry": x.TrafficEntry, "resolution entry": AppendEntry(nil, re.Kind, re.AtNS, re.Data),
 	}
 	shown := map[string]bool{}
 	for _, d := range docDumps(string(doc)) {

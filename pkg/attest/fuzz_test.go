@@ -13,7 +13,7 @@ var fuzzKey = ed25519.NewKeyFromSeed(bytes.Repeat([]byte{9}, 32))
 
 // FuzzAttestation feeds the same bytes to every decoder of the package:
 // the body, the envelope (parsed, then opened), the receipt and the
-// journal. None may panic; whatever one accepts must re-encode to its
+// journal, and a resolution entry's data. None may panic; whatever one accepts must re-encode to its
 // input; an envelope that verifies must verify again when rebuilt from
 // what it decodes to; and a body that decodes, signed, must open to
 // itself. Seeded from the worked example and from signed attestations of
@@ -63,6 +63,12 @@ func FuzzAttestation(f *testing.F) {
 	}
 	f.Add(j.Encode())
 	f.Add((&Journal{}).Encode())
+	if d, err := resolutionExample.Encode(); err == nil {
+		f.Add(d)
+		var jr Journal
+		jr.Add(ResolutionKind, 1, d)
+		f.Add(jr.Encode())
+	}
 	if rc, err := (&Receipt{Provenance: record.Measured, Method: "rapl-share"}).Canonical(); err == nil {
 		f.Add(rc)
 	}
@@ -108,6 +114,11 @@ func FuzzAttestation(f *testing.F) {
 		if r, err := DecodeReceipt(in); err == nil {
 			if out, err := r.Canonical(); err != nil || !bytes.Equal(out, in) {
 				t.Fatalf("receipt decoded, but re-encodes differently (%v):\n in %x\nout %x", err, in, out)
+			}
+		}
+		if r, err := DecodeResolution(in); err == nil {
+			if out, err := r.Encode(); err != nil || !bytes.Equal(out, in) {
+				t.Fatalf("resolution decoded, but re-encodes differently (%v):\n in %x\nout %x", err, in, out)
 			}
 		}
 		if j, err := DecodeJournal(in); err == nil {

@@ -30,17 +30,21 @@ func ScanJournal(r io.Reader, fn func(kind EntryKind, atNS int64, data io.Reader
 			return fmt.Errorf("%w: journal truncated: %w", ErrMalformed, err)
 		}
 		k := EntryKind(eh[0])
-		if k < Stdout || k > TrafficKind {
+		if k < Stdout || k > ResolutionKind {
 			return fmt.Errorf("%w: journal entry kind %d", ErrMalformed, k)
 		}
-		data := &io.LimitedReader{R: br, N: int64(binary.BigEndian.Uint32(eh[9:]))}
-		if k == TrafficKind {
-			// Small and fixed: checked whole, as DecodeJournal does.
+		size := binary.BigEndian.Uint32(eh[9:])
+		data := &io.LimitedReader{R: br, N: int64(size)}
+		if k == TrafficKind || k == ResolutionKind {
+			// Small: checked whole, as DecodeJournal does.
+			if size > maxResolutionSize {
+				return fmt.Errorf("%w: a kind %d entry of %d bytes", ErrMalformed, k, size)
+			}
 			b, err := io.ReadAll(data)
 			if err != nil {
 				return err
 			}
-			if _, err := DecodeTraffic(b); err != nil {
+			if err := checkEntry(k, b); err != nil {
 				return err
 			}
 			data = &io.LimitedReader{R: bytes.NewReader(b), N: int64(len(b))}
