@@ -45,8 +45,9 @@ type ChunkStats struct {
 // only reads the staging directory, so it runs while the follower hashes
 // the tail of the dump; [slabber.put] then stages the form. A pages file
 // under [MinChunked], one whose size its pagemap does not give, one whose
-// runs do not go up in address, or one of more than store.MaxChunks
-// chunks stays whole. base is the memory image of the park before, if
+// runs do not go up in address, one of more than store.MaxChunks
+// chunks, or one past store.MaxListedChunks of the image's chunked files
+// together stays whole. base is the memory image of the park before, if
 // any.
 func planChunks(ctx context.Context, st *store.Store, images string, base *record.Address) ([]*slabber, error) {
 	pms, err := readPagemaps(images)
@@ -59,12 +60,17 @@ func planChunks(ctx context.Context, st *store.Store, images string, base *recor
 	}
 	var plans []*slabber
 	done := map[string]bool{}
+	total := 0 // chunks planned, at most store.MaxListedChunks
 	for _, pm := range pms {
 		info, err := os.Stat(filepath.Join(images, pm.pages))
-		if err != nil || done[pm.pages] || info.Size() < MinChunked || uint64(info.Size()) != pm.bytes || !pm.increasing() ||
-			len(pm.spans(ChunkSize)) > store.MaxChunks {
+		if err != nil || done[pm.pages] || info.Size() < MinChunked || uint64(info.Size()) != pm.bytes || !pm.increasing() {
 			continue
 		}
+		n := len(pm.spans(ChunkSize))
+		if n > store.MaxChunks || total+n > store.MaxListedChunks {
+			continue
+		}
+		total += n
 		done[pm.pages] = true
 		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: held}
 		if err := c.plan(ctx, pm); err != nil {
