@@ -35,7 +35,11 @@ func ScanJournal(r io.Reader, fn func(kind EntryKind, atNS int64, data io.Reader
 		}
 		data := &io.LimitedReader{R: br, N: int64(binary.BigEndian.Uint32(eh[9:]))}
 		if k == TrafficKind {
-			// Small and fixed: checked whole, as DecodeJournal does.
+			// Small and fixed: checked whole, as DecodeJournal does,
+			// its length first (a hostile one is not read).
+			if data.N != TrafficSize {
+				return fmt.Errorf("%w: traffic entry of %d bytes, want %d", ErrMalformed, data.N, TrafficSize)
+			}
 			b, err := io.ReadAll(data)
 			if err != nil {
 				return err
