@@ -95,6 +95,11 @@ func (h *Values) Dir(run string) (string, error) {
 	return d, nil
 }
 
+// stagingPrefix begins the name a value is written under before it is
+// renamed in: '+' is in no secret's name (unit.CheckSecretName), so no
+// secret is named as another's staged value.
+const stagingPrefix = ".new+"
+
 // Put makes values run's secrets here, replacing the ones it held: each
 // file is written aside and renamed in, so a sandbox that binds the
 // directory already sees the new values, never a part of one.
@@ -107,7 +112,7 @@ func (h *Values) Put(run string, values map[string]string) error {
 		if err := unit.CheckSecretName(n); err != nil {
 			return err
 		}
-		tmp := filepath.Join(d, ".new-"+n)
+		tmp := filepath.Join(d, stagingPrefix+n)
 		if err := os.WriteFile(tmp, []byte(v), 0o400); err != nil {
 			_ = os.Remove(tmp)
 			return fmt.Errorf("secrets of %s: %w", run, err)
