@@ -149,7 +149,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: &runTable{st: h.Store}, base: h, st: h.Store,
 		ex: forms.Exec{Client: h.Exec}, meter: h.Meter, signer: h.Signer, keyID: h.Signer.KeyID(), host: h.Facts}
 	if len(cfg.EgressAllow) > 0 {
-		if d.links, err = openLinks(cfg.StateDir, d.log); err != nil {
+		if d.links, err = openLinks(cfg.StateDir, cfg.EgressAllow, d.log); err != nil {
 			return nil, errors.Join(err, h.Close(ctx))
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/runrecordd/runrecordd/internal/atomicfile"
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/egress"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -27,16 +29,22 @@ import (
 // its rules, its address translation and its tracked connections; the
 // outside's packets for it are dropped until it resumes.
 type links struct {
-	gw   *egress.Gateway
-	dir  string
-	log  *slog.Logger
-	mu   sync.Mutex
-	slot map[string]int         // run → slot, as the files say
-	runs map[string]*egress.Run // the runs this process holds a handle of
+	gw  *egress.Gateway
+	dir string
+	// ceiling is the host's egress ceiling, judged at every link: a run
+	// granted more under a wider one (before a restart, or before it
+	// left and came back, when an import does not judge its grants
+	// again) is not linked out beyond the ceiling now.
+	ceiling []netip.Prefix
+	log     *slog.Logger
+	mu      sync.Mutex
+	slot    map[string]int         // run → slot, as the files say
+	runs    map[string]*egress.Run // the runs this process holds a handle of
 }
 
-// openLinks sets the host up for egress and reads the slots held.
-func openLinks(stateDir string, log *slog.Logger) (*links, error) {
+// openLinks sets the host up for egress, under ceiling, and reads the
+// slots held.
+func openLinks(stateDir string, ceiling []netip.Prefix, log *slog.Logger) (*links, error) {
 	dir := filepath.Join(stateDir, "egress")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -45,7 +53,7 @@ func openLinks(stateDir string, log *slog.Logger) (*links, error) {
 	if err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
 	}
-	l := &links{gw: gw, dir: dir, log: log, slot: map[string]int{}, runs: map[string]*egress.Run{}}
+	l := &links{gw: gw, dir: dir, ceiling: ceiling, log: log, slot: map[string]int{}, runs: map[string]*egress.Run{}}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		gw.Close()
@@ -70,8 +78,12 @@ func openLinks(stateDir string, log *slog.Logger) (*links, error) {
 func (l *links) close() error { return l.gw.Close() }
 
 // Link holds a slot for run (taking one if it holds none) and returns
-// how to link a sandbox of it out under allow.
+// how to link a sandbox of it out under allow, which must lie within the
+// ceiling (bundle.CheckEgress).
 func (l *links) Link(run string, allow []unit.Dest) (func(netns string) error, error) {
+	if err := bundle.CheckEgress(unit.Grants{Network: unit.Egress, Egress: allow}, l.ceiling); err != nil {
+		return nil, fmt.Errorf("run %s: %w", run, err)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if r := l.runs[run]; r != nil {

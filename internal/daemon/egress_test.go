@@ -7,6 +7,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
+	"github.com/runrecordd/runrecordd/internal/egress"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -49,5 +50,17 @@ func TestStartEgressRefused(t *testing.T) {
 	h := newFakeHost(t)
 	if _, err := h.d.Start(t.Context(), "lo", image, unit.Grants{Network: unit.Loopback}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A link is judged against the ceiling now, whatever admitted the run: a
+// run granted more under a wider ceiling (a restart since, or a run that
+// came back, whose import does not judge its grants again) is refused
+// its link beyond it, before a slot is taken.
+func TestLinkWithinCeiling(t *testing.T) {
+	l := &links{ceiling: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, slot: map[string]int{}, runs: map[string]*egress.Run{}}
+	_, err := l.Link("r", []unit.Dest{{CIDR: "0.0.0.0/0", Proto: "tcp", Ports: "1-65535"}})
+	if !errors.Is(err, bundle.ErrPolicy) || len(l.slot) != 0 {
+		t.Fatalf("a link beyond the ceiling: %v; slots %v", err, l.slot)
 	}
 }

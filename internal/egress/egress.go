@@ -18,7 +18,7 @@
 // # The policy
 //
 // Per run, in nftables set up over netlink (the rules in rules.go):
-//   - from the sandbox, only IPv4 from [SandboxAddr] and ARP: a forged
+//   - from the sandbox, only IPv4 and ARP from [SandboxAddr]: a forged
 //     source or IPv6 is dropped at the link;
 //   - never the host's own addresses (nothing from a sandbox is delivered
 //     locally), 0/8, 127/8, 169.254/16 (cloud metadata), multicast,
@@ -364,7 +364,13 @@ func (r *Run) sandboxSide(sb netns.NsHandle) error {
 	if err != nil {
 		return fmt.Errorf("sandbox link: %w", err)
 	}
-	if err := inNetns(sb, func() error { return sysctl("net/ipv6/conf/"+sandboxLink+"/disable_ipv6", "1") }); err != nil {
+	// No IPv6; ARP from the sandbox's address on the link, whatever
+	// source the packet that needs it has (the link takes ARP from that
+	// address only).
+	err = inNetns(sb, func() error {
+		return errors.Join(sysctl("net/ipv6/conf/"+sandboxLink+"/disable_ipv6", "1"), sysctl("net/ipv4/conf/"+sandboxLink+"/arp_announce", "2"))
+	})
+	if err != nil {
 		return fmt.Errorf("sandbox link: %w", err)
 	}
 	if err := nl.AddrAdd(l, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(SandboxAddr, 30))}); err != nil {

@@ -840,3 +840,70 @@ func TestCounters(t *testing.T) {
 		t.Fatalf("a closed run's counters: %+v, %v, %v", m, ok, err)
 	}
 }
+
+// sendARP sends, from namespace ns's eth0, an ARP request for target
+// whose sender address is sender.
+func sendARP(ns netns.NsHandle, sender, target netip.Addr) error {
+	return inNetns(ns, func() error {
+		l, err := net.InterfaceByName(sandboxLink)
+		if err != nil {
+			return err
+		}
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		frame := append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, l.HardwareAddr...)
+		frame = append(frame, 0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1) // ARP: Ethernet, IPv4, request
+		s, tg := sender.As4(), target.As4()
+		frame = append(append(frame, l.HardwareAddr...), s[:]...)
+		frame = append(append(frame, 0, 0, 0, 0, 0, 0), tg[:]...)
+		to := &unix.SockaddrLinklayer{Protocol: 0x0608, Ifindex: l.Index, Halen: 6}
+		copy(to.Addr[:], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+		return unix.Sendto(fd, frame, 0, to)
+	})
+}
+
+// A unit's ARP is held to its own address: an ARP request to the gateway
+// naming another sender address is dropped at the link, and does not put
+// that address in the host's neighbour table (a unit could otherwise
+// fill the host's with as many addresses as it likes).
+func TestARPFromTheSandboxAddressOnly(t *testing.T) {
+	w := newWorld(t, Config{})
+	r, s1 := w.sandbox(1, worldIP+"/32:8080")
+	forged := []netip.Addr{netip.MustParseAddr("192.0.2.77"), netip.MustParseAddr("198.51.100.9")}
+	for _, a := range forged {
+		if err := sendARP(s1, a, GatewayAddr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	nl, err := netlink.NewHandleAt(w.hns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nl.Close()
+	l, err := nl.LinkByName(r.Link())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := nl.NeighList(l.Attrs().Index, unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range ns {
+		for _, a := range forged {
+			if n.IP.Equal(net.IP(a.AsSlice())) {
+				t.Errorf("the host learnt %s on %s from a forged ARP request", a, r.Link())
+			}
+		}
+	}
+	// The unit's own ARP still goes: it reaches the world.
+	serve(t, w.wns, worldIP+":8080")
+	c, _, err := dial(s1, "", worldIP+":8080")
+	if err != nil {
+		t.Fatalf("an allowed destination after the forged ARP: %v", err)
+	}
+	c.Close()
+}

@@ -242,16 +242,32 @@ var (
 	etherARP = binary.BigEndian.AppendUint16(nil, unix.ETH_P_ARP)
 )
 
+// arpIPv4 begins an ARP packet of Ethernet and IPv4 addresses: hardware
+// type 1, protocol 0x0800, address lengths 6 and 4. The sender's IPv4
+// address is at arpSender.
+var arpIPv4 = []byte{0, 1, 0x08, 0, 6, 4}
+
+const arpSender = 14
+
 // ingressRules are rrdeN's ingress (from the sandbox): IPv4 from the
 // sandbox's address only, its source rewritten to the run's address;
-// ARP; nothing else (IPv6 among it).
+// ARP of Ethernet and IPv4 from the sandbox's address only (another
+// sender address would have the host learn it on the link: as many as a
+// unit likes, in the host's neighbour table); nothing else (IPv6 among
+// it).
 func ingressRules(addr netip.Addr) [][]expr.Any {
 	proto := metaCmp(expr.MetaKeyPROTOCOL, expr.CmpOpEq, etherIP)
 	sb := SandboxAddr.As4()
 	return [][]expr.Any{
 		join(proto, []expr.Any{ipField(12), &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: sb[:]}, verdict(expr.VerdictDrop)}),
 		join(proto, rewrite(12, addr), []expr.Any{verdict(expr.VerdictAccept)}),
-		join(metaCmp(expr.MetaKeyPROTOCOL, expr.CmpOpEq, etherARP), []expr.Any{verdict(expr.VerdictAccept)}),
+		join(metaCmp(expr.MetaKeyPROTOCOL, expr.CmpOpEq, etherARP), []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 0, Len: uint32(len(arpIPv4))},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: arpIPv4},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: arpSender, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: sb[:]},
+			verdict(expr.VerdictAccept),
+		}),
 		{verdict(expr.VerdictDrop)},
 	}
 }

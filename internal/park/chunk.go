@@ -45,22 +45,32 @@ type ChunkStats struct {
 // only reads the staging directory, so it runs while the follower hashes
 // the tail of the dump; [slabber.put] then stages the form. A pages file
 // under [MinChunked], one whose size its pagemap does not give, one whose
-// runs do not go up in address, or one of more than store.MaxChunks
-// chunks stays whole.
-func planChunks(ctx context.Context, st *store.Store, images string, base []store.ChunkedFile) ([]*slabber, error) {
+// runs do not go up in address, one of more than store.MaxChunks
+// chunks, or one past store.MaxListedChunks of the image's chunked files
+// together stays whole. base is the memory image of the park before, if
+// any.
+func planChunks(ctx context.Context, st *store.Store, images string, base *record.Address) ([]*slabber, error) {
 	pms, err := readPagemaps(images)
 	if err != nil {
 		return nil, fmt.Errorf("park: chunking: %w", err)
 	}
-	held := heldChunks(st, base)
+	var held map[record.Address]heldAt
+	if base != nil {
+		held = heldChunks(baseFiles(st, base), made.has(st, *base))
+	}
 	var plans []*slabber
 	done := map[string]bool{}
+	total := 0 // chunks planned, at most store.MaxListedChunks
 	for _, pm := range pms {
 		info, err := os.Stat(filepath.Join(images, pm.pages))
-		if err != nil || done[pm.pages] || info.Size() < MinChunked || uint64(info.Size()) != pm.bytes || !pm.increasing() ||
-			len(pm.spans(ChunkSize)) > store.MaxChunks {
+		if err != nil || done[pm.pages] || info.Size() < MinChunked || uint64(info.Size()) != pm.bytes || !pm.increasing() {
 			continue
 		}
+		n := len(pm.spans(ChunkSize))
+		if n > store.MaxChunks || total+n > store.MaxListedChunks {
+			continue
+		}
+		total += n
 		done[pm.pages] = true
 		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: held}
 		if err := c.plan(ctx, pm); err != nil {
@@ -93,7 +103,7 @@ func putChunks(plans []*slabber, known map[string]store.Hashed) ([]store.Entry, 
 }
 
 // heldAt is where a base park's slab holds a chunk's bytes; made is
-// whether this process wrote the index that says so (made).
+// whether this process wrote the listing that says so (made).
 type heldAt struct {
 	slab   store.Entry
 	offset uint64
@@ -101,18 +111,17 @@ type heldAt struct {
 }
 
 // heldChunks maps each chunk address of base's slab-form files to where
-// a slab holds it, preferring an index this process made. Chunks of the
-// one-file-per-chunk form are not used.
-func heldChunks(st *store.Store, base []store.ChunkedFile) map[record.Address]heldAt {
+// a slab holds it; made is whether this process wrote base's listing.
+// Chunks of the one-file-per-chunk form are not used.
+func heldChunks(base []store.ChunkedFile, made bool) map[record.Address]heldAt {
 	held := map[record.Address]heldAt{}
 	for _, cf := range base {
 		if cf.Index == nil {
 			continue
 		}
-		m := made.has(st, cf.Index.Address)
 		for _, ch := range cf.Chunks {
-			if h, ok := held[ch.Address]; !ok || m && !h.made {
-				held[ch.Address] = heldAt{ch.In, ch.Offset, m}
+			if _, ok := held[ch.Address]; !ok {
+				held[ch.Address] = heldAt{ch.In, ch.Offset, made}
 			}
 		}
 	}
@@ -218,8 +227,10 @@ func (c *slabber) put(known map[string]store.Hashed) error {
 // hash hashes every piece of the staged pages file (mapped, so that no
 // byte is copied), one worker per processor, and finds the base slab
 // holding each piece's bytes: the address in a base index, and, unless
-// this process made that index, the bytes there compared with the
-// piece's (an imported index is hostile: its addresses are not trusted).
+// this process wrote the base's listing, the bytes there compared with
+// the piece's (an imported index is hostile: its addresses are not
+// trusted, nor the slabs a listing pairs with an index this process
+// wrote).
 // A base slab that is not a regular file of its listed size is not used.
 func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 	staged, err := mapFile(f, c.size)

@@ -413,3 +413,64 @@ func TestImageChunkedLyingBase(t *testing.T) {
 		t.Fatalf("the park on a lying base lays out %d bytes that are not its pages (%v)", len(got), err)
 	}
 }
+
+// An index this process made is trusted only with the slabs it was made
+// with: a forged listing naming that index beside another slab of the
+// same size (its bytes changed in one chunk) does not make a later park
+// list that chunk in the forged slab, and the park lays out its own pages.
+func TestImageChunkedMadeIndexForgedSlab(t *testing.T) {
+	st := mustStore(t)
+	st.SetChunkedImages(true)
+	pages := content(73, 600*pageSize)
+	res, err := Image(t.Context(), st, &producer{t: t, images: chunkedImages(pages), rootfs: content(42, 4096)}, ImageOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := st.Listing(*res.Snapshot.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forgedPages := bytes.Clone(pages)
+	forgedPages[300*pageSize+7] ^= 1
+	forged := map[string][]byte{store.SlabName("pages-1.img", 0): forgedPages}
+	for _, e := range es {
+		if e.Name == store.SlabName("pages-1.img", 0) {
+			continue
+		}
+		b, err := st.ReadAll(e.Address)
+		if err != nil {
+			t.Fatal(err)
+		}
+		forged[e.Name] = b // the index this process made, and the rest
+	}
+	dir, err := st.StagingDir("forged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range forged {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base, _, err := st.Ingest(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res2, err := Image(t.Context(), st, &producer{t: t, images: chunkedImages(pages), rootfs: content(42, 4096)}, ImageOptions{Base: &base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res2.Chunks.New != ChunkSize {
+		t.Errorf("a park on a forged slab: %+v", res2.Chunks)
+	}
+	trees, err := Layout(st, res2.Snapshot, filepath.Join(t.TempDir(), "r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(trees.ImageDir, "pages-1.img")); err != nil || !bytes.Equal(got, pages) {
+		t.Fatalf("the park on a forged slab lays out %d bytes that are not its pages (%v)", len(got), err)
+	}
+}

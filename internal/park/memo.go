@@ -83,33 +83,36 @@ func (c *checkedListings) take(st *store.Store, mem record.Address) (checkedList
 	return l, ok
 }
 
-// made holds the indexes this process's parks wrote (docs/store.md,
-// "Slabs"): their chunks' addresses were hashed here from the bytes the
-// slabs they name hold, so a later park lists a chunk of one in its slab
-// on its address alone. Any other index (an imported one, or one made
-// before the daemon started) is hostile or unknown: a chunk of it is
-// listed only once its bytes there are compared with the park's. At most
-// madeMax are kept; then the set starts again.
-var made = madeIndexes{set: map[checkedKey]bool{}}
+// made holds the memory listings this process's parks wrote in the slab
+// form (docs/store.md, "Slabs"): the chunks' addresses of their indexes
+// were hashed here from the bytes of the slabs they list, so a later park
+// lists a chunk of one in its slab on its address alone. The listing, not
+// the index, is what is trusted: an index names its slabs by number, and
+// another listing may pair the same index with other slabs. Any other
+// listing (an imported one, or one made before the daemon started) is
+// hostile or unknown: a chunk of it is listed only once its bytes there
+// are compared with the park's. At most madeMax are kept; then the set
+// starts again.
+var made = madeListings{set: map[checkedKey]bool{}}
 
 const madeMax = 1 << 14
 
-type madeIndexes struct {
+type madeListings struct {
 	mu  sync.Mutex
 	set map[checkedKey]bool
 }
 
-func (m *madeIndexes) put(st *store.Store, index record.Address) {
+func (m *madeListings) put(st *store.Store, mem record.Address) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.set) >= madeMax {
 		clear(m.set)
 	}
-	m.set[checkedKey{st, index}] = true
+	m.set[checkedKey{st, mem}] = true
 }
 
-func (m *madeIndexes) has(st *store.Store, index record.Address) bool {
+func (m *madeListings) has(st *store.Store, mem record.Address) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.set[checkedKey{st, index}]
+	return m.set[checkedKey{st, mem}]
 }

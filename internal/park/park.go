@@ -158,7 +158,7 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	if st.ChunkedImages() {
 		go func() {
 			defer close(planned)
-			plans, perr = planChunks(ctx, st, images, baseFiles(st, opt.Base))
+			plans, perr = planChunks(ctx, st, images, opt.Base)
 		}()
 	} else {
 		close(planned)
@@ -182,8 +182,8 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	if err != nil {
 		return res, errors.Join(fmt.Errorf("park: storing the memory image: %w", err), thaw(sb))
 	}
-	for _, c := range plans {
-		made.put(st, c.index)
+	if len(plans) > 0 {
+		made.put(st, memAddr)
 	}
 	rootAddr, rst, err := st.Ingest(ctx, root)
 	if err != nil {

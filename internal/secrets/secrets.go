@@ -100,6 +100,11 @@ func (h *Values) Dir(run string) (string, error) {
 	return d, nil
 }
 
+// stagingPrefix begins the name a value is written under before it is
+// renamed in: '+' is in no secret's name (unit.CheckSecretName), so no
+// secret is named as another's staged value.
+const stagingPrefix = ".new+"
+
 // Put makes values run's secrets here, replacing the ones it held: every
 // file is written aside first, then each renamed in, so a sandbox that
 // binds the directory already sees the new values, never a part of one.
@@ -118,7 +123,7 @@ func (h *Values) Put(run string, values map[string]string) error {
 	}
 	var aside []string
 	for _, n := range names {
-		tmp := filepath.Join(d, ".new-"+n)
+		tmp := filepath.Join(d, stagingPrefix+n)
 		aside = append(aside, tmp)
 		if err := os.WriteFile(tmp, []byte(values[n]), 0o400); err != nil {
 			for _, f := range aside {

@@ -156,3 +156,22 @@ func TestPutNoSpace(t *testing.T) {
 		t.Fatalf("after the refused put, run s misses only %q", got)
 	}
 }
+
+// A secret may be named as another's value is staged in a put (".new-x"
+// beside "x"): each still holds its own value after a put, whichever
+// order the put writes them in.
+func TestPutNamesApartFromStaging(t *testing.T) {
+	h := mustHost(t)
+	values := map[string]string{".new-x": "staged-looking", "x": "plain"}
+	for range 20 { // a map's order varies: both orders are met
+		if err := h.Put("r-1", values); err != nil {
+			t.Fatal(err)
+		}
+		d, _ := h.Dir("r-1")
+		for n, v := range values {
+			if b, err := os.ReadFile(filepath.Join(d, n)); err != nil || string(b) != v {
+				t.Fatalf("%s: %q, %v; want %q", n, b, err, v)
+			}
+		}
+	}
+}

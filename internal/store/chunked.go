@@ -32,6 +32,11 @@ const (
 	MaxChunk = 1 << 20
 	// MaxChunks is the most chunks of one file: 8 GiB at 16 KiB.
 	MaxChunks = 1 << 19
+	// MaxListedChunks is the most chunks of one listing's chunked files
+	// together: as many as a listing holds entries, which bounds the
+	// form of one file per chunk already. A slab-form file's chunks are
+	// counted from its index's listed size, before any index is read.
+	MaxListedChunks = MaxEntries
 )
 
 // ErrChunks is a chunked file whose chunks break the rules of the chunked
@@ -130,6 +135,18 @@ func ChunkedFiles(es []Entry, index func(Entry) ([]byte, error)) ([]ChunkedFile,
 		f := &out[len(out)-1]
 		if err := f.add(base, e); err != nil {
 			return nil, fmt.Errorf("%w: %q: %v", ErrChunks, e.Name, err)
+		}
+	}
+	total := 0
+	for _, f := range out {
+		total += len(f.Chunks)
+	}
+	for _, f := range slabbed {
+		if f.index != nil && f.index.Size > uint64(slabHeader) {
+			total += int(min(f.index.Size-uint64(slabHeader), uint64(MaxSlabIndex)) / SlabRecord)
+		}
+		if total > MaxListedChunks {
+			return nil, fmt.Errorf("%w: the chunked files of a listing hold more than %d chunks", ErrChunks, MaxListedChunks)
 		}
 	}
 	for _, f := range slabbed {

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -82,5 +83,37 @@ func TestChunkedFilesSlabs(t *testing.T) {
 	}
 	if _, err := ChunkedFiles(es[1:2], read); !errors.Is(err, ErrChunks) {
 		t.Fatalf("slabs with no index: %v", err)
+	}
+}
+
+// A listing's chunked files together hold at most MaxListedChunks chunks,
+// judged on the indexes' listed sizes before any is read: many slab-form
+// files naming one index of MaxChunks chunks over one page of one slab
+// would otherwise make a listing of a few entries decode into billions
+// of chunks.
+func TestChunkedFilesBoundsTheChunksOfAListing(t *testing.T) {
+	page := bytes.Repeat([]byte{2}, ChunkPage)
+	cs := make([]SlabChunk, MaxChunks)
+	for i := range cs {
+		cs[i] = SlabChunk{Vaddr: uint64(i) * ChunkPage * 2, Size: ChunkPage, Address: record.Sum(page)}
+	}
+	idx := EncodeSlabIndex(cs)
+	ia, sa := record.Sum(idx), record.Sum(page)
+	files := MaxListedChunks/MaxChunks + 1
+	var es []Entry
+	for f := range files {
+		name := fmt.Sprintf("pages-%d.img", f)
+		es = append(es, Entry{Name: SlabName(name, 0), Mode: 0o600, Size: ChunkPage, Address: sa},
+			Entry{Name: SlabIndexName(name), Mode: 0o600, Size: uint64(len(idx)), Address: ia})
+	}
+	reads := 0
+	_, err := ChunkedFiles(es, func(Entry) ([]byte, error) { reads++; return idx, nil })
+	if !errors.Is(err, ErrChunks) || reads != 0 {
+		t.Fatalf("%d files of %d chunks each: %v, after %d index reads", files, MaxChunks, err, reads)
+	}
+	// As many as the bound: decoded.
+	reads = 0
+	if got, err := ChunkedFiles(es[:2*(files-1)], func(Entry) ([]byte, error) { reads++; return idx, nil }); err != nil || len(got) != files-1 {
+		t.Fatalf("%d files: %v", len(got), err)
 	}
 }

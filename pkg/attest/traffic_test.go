@@ -2,6 +2,7 @@ package attest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"testing"
@@ -74,3 +75,35 @@ func TestTrafficRefused(t *testing.T) {
 		t.Fatalf("kind 8: %v", err)
 	}
 }
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// A hostile journal's traffic entry saying it holds 256 MiB is refused
+// on its length, before its data is read: ScanJournal reads a journal
+// entry by entry, never a large one into memory.
+func TestScanJournalRefusesALongTrafficEntryUnread(t *testing.T) {
+	const long = 256 << 20
+	head := binary.BigEndian.AppendUint32([]byte(JournalDomain), 1)
+	head = append(head, byte(TrafficKind))
+	head = binary.BigEndian.AppendUint64(head, 1)
+	head = binary.BigEndian.AppendUint32(head, long)
+	src := &countingReader{r: io.MultiReader(bytes.NewReader(head), io.LimitReader(zeros{}, long))}
+	err := ScanJournal(src, func(EntryKind, int64, io.Reader) error { return nil })
+	if !errors.Is(err, ErrMalformed) || src.n > 1<<20 {
+		t.Fatalf("%v, after reading %d bytes", err, src.n)
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
