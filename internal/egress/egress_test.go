@@ -833,3 +833,36 @@ func TestCounters(t *testing.T) {
 		t.Fatalf("a closed run's counters: %+v, %v, %v", m, ok, err)
 	}
 }
+
+// TestNftAfterError: what a transaction queued before it failed is never
+// committed with the next (the Gateway keeps its nftables connection).
+func TestNftAfterError(t *testing.T) {
+	w := newWorld(t, Config{})
+	stray := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "runrecordd_stray"}
+	failed := errors.New("failed")
+	w.host.mu.Lock()
+	err := w.host.nft(func(c *nftables.Conn) error { c.AddTable(stray); return failed })
+	w.host.mu.Unlock()
+	if !errors.Is(err, failed) {
+		t.Fatalf("the failed transaction: %v", err)
+	}
+	w.host.mu.Lock()
+	err = w.host.nft(func(c *nftables.Conn) error { w.host.hostTables(c); return nil })
+	w.host.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(int(w.hns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := c.ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range ts {
+		if tb.Name == stray.Name {
+			t.Fatal("the failed transaction's table was committed by the next")
+		}
+	}
+}
