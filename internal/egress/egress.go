@@ -122,6 +122,9 @@ type Gateway struct {
 	nl        *netlink.Handle
 	mu        sync.Mutex // one change of links and rules at a time
 	resolving bool       // a DNSServer serves (guarded by mu)
+	// nc is the nftables connection, kept open between changes (nft);
+	// nil until the first. Guarded by mu once Open returned.
+	nc *nftables.Conn
 }
 
 // Open sets the host's namespace up for egress: IPv4 forwarding on, the
@@ -173,6 +176,12 @@ func (h *Gateway) setUp() error {
 
 // Close releases the host's handles. Links and rules stay: runs own them.
 func (h *Gateway) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.nc != nil {
+		h.nc.CloseLasting()
+		h.nc = nil
+	}
 	if h.nl != nil {
 		h.nl.Close()
 	}
@@ -180,17 +189,30 @@ func (h *Gateway) Close() error {
 }
 
 // nft runs f on a connection to the host namespace's nftables and commits
-// what f queued as one transaction.
-func (h *Gateway) nft(f func(c *nftables.Conn) error) error {
-	c, err := nftables.New(nftables.WithNetNSFd(int(h.ns)))
-	if err != nil {
-		return fmt.Errorf("nftables: %w", err)
+// what f queued as one transaction. The connection stays open for the
+// next (h.nc): the kernel answers the close of a netfilter socket after
+// a commit only once the commit's objects are freed, a grace period of
+// RCU, 5 to 15 ms on a loaded host (docs/benchmarks.md, "Egress"). After
+// an error it is closed: what f queued, or a reply left unread, never
+// reaches the next transaction.
+func (h *Gateway) nft(f func(c *nftables.Conn) error) (retErr error) {
+	if h.nc == nil {
+		c, err := nftables.New(nftables.WithNetNSFd(int(h.ns)), nftables.AsLasting())
+		if err != nil {
+			return fmt.Errorf("nftables: %w", err)
+		}
+		h.nc = c
 	}
-	defer c.CloseLasting()
-	if err := f(c); err != nil {
+	defer func() {
+		if retErr != nil {
+			h.nc.CloseLasting()
+			h.nc = nil
+		}
+	}()
+	if err := f(h.nc); err != nil {
 		return err
 	}
-	if err := c.Flush(); err != nil {
+	if err := h.nc.Flush(); err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
 	return nil

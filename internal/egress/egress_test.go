@@ -32,7 +32,7 @@ const (
 	dialFor = 400 * time.Millisecond
 )
 
-func needRoot(t *testing.T) {
+func needRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: network namespaces, links and nftables")
@@ -41,7 +41,7 @@ func needRoot(t *testing.T) {
 
 // newNetns makes a network namespace with loopback up; it goes with the
 // test.
-func newNetns(t *testing.T) (netns.NsHandle, string) {
+func newNetns(t testing.TB) (netns.NsHandle, string) {
 	t.Helper()
 	type made struct {
 		ns  netns.NsHandle
@@ -85,7 +85,7 @@ func newNetns(t *testing.T) (netns.NsHandle, string) {
 }
 
 type world struct {
-	t     *testing.T
+	t     testing.TB
 	host  *Gateway
 	hns   netns.NsHandle
 	hostP string
@@ -94,7 +94,7 @@ type world struct {
 
 // newWorld makes a host namespace linked to a world namespace and opens a
 // Host in it.
-func newWorld(t *testing.T, cfg Config) *world {
+func newWorld(t testing.TB, cfg Config) *world {
 	t.Helper()
 	needRoot(t)
 	hns, hp := newNetns(t)
@@ -135,7 +135,7 @@ func newWorld(t *testing.T, cfg Config) *world {
 	return &world{t: t, host: h, hns: hns, hostP: hp, wns: wns}
 }
 
-func mustNL(t *testing.T, err error) {
+func mustNL(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
@@ -906,4 +906,37 @@ func TestARPFromTheSandboxAddressOnly(t *testing.T) {
 		t.Fatalf("an allowed destination after the forged ARP: %v", err)
 	}
 	c.Close()
+}
+
+// TestNftAfterError: what a transaction queued before it failed is never
+// committed with the next (the Gateway keeps its nftables connection).
+func TestNftAfterError(t *testing.T) {
+	w := newWorld(t, Config{})
+	stray := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "runrecordd_stray"}
+	failed := errors.New("failed")
+	w.host.mu.Lock()
+	err := w.host.nft(func(c *nftables.Conn) error { c.AddTable(stray); return failed })
+	w.host.mu.Unlock()
+	if !errors.Is(err, failed) {
+		t.Fatalf("the failed transaction: %v", err)
+	}
+	w.host.mu.Lock()
+	err = w.host.nft(func(c *nftables.Conn) error { w.host.hostTables(c); return nil })
+	w.host.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(int(w.hns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := c.ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range ts {
+		if tb.Name == stray.Name {
+			t.Fatal("the failed transaction's table was committed by the next")
+		}
+	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -39,6 +40,19 @@ func init() {
 			}
 			say("got %s", strings.TrimSpace(l))
 		}
+	}
+	// "egress-drain" reads HOSTILE_ADDR's TCP stream to its end, closes
+	// the connection, and says "drained BYTES ERR" (the egress benchmark:
+	// the world times the transfer up to the close).
+	attacks["egress-drain"] = func() {
+		c, err := net.DialTimeout("tcp", os.Getenv("HOSTILE_ADDR"), 5*time.Second)
+		if err != nil {
+			say("drained 0 %v", err)
+			return
+		}
+		n, err := io.Copy(io.Discard, c)
+		c.Close()
+		say("drained %d %v", n, err)
 	}
 	// "egress-listen" listens on TCP port 7000 of every address (another
 	// sandbox's target) and says "listening" once it answers itself on
