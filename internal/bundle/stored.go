@@ -59,6 +59,11 @@ type StoredOptions struct {
 // leaves its adopted objects.) The objects stay: they are not the run's until a record
 // reaches them, and GC collects them after its grace period, so the
 // caller imports within it of the fetch.
+//
+// st is the caller's word that it holds the objects for this run: over a
+// store as it is, a record may name any object held for another run. A
+// migration judges internal/fleet/transfer's Fetched, whose Stage fetched
+// every object not held for the run (docs/fleet.md, "Moving objects").
 func ImportStored(ctx context.Context, st Holding, rec *record.Record, opts StoredOptions) (Imported, error) {
 	return take(ctx, st, opts.ImportOptions, func(o Options) (*arrival, error) {
 		what := fmt.Sprintf("record of %q", opts.Run)

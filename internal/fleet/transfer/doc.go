@@ -9,7 +9,9 @@
 //
 // [Fetch] walks a record as an export does ([bundle.Reached]'s order:
 // each object after the objects it refers to) and fetches each object the
-// store lacks. The record says what each object is, and so what its refs
+// store lacks for the run: every object but those the store's record of
+// the same genesis, which the record extends, reaches ([Stage]). The
+// record says what each object is, and so what its refs
 // are, exactly as an import judges a bundle: an attestation refers to its
 // receipt and journal (attest.Open), an image snapshot is a listing that
 // refers to its files ([store.DecodeListing], strictly, under the store's

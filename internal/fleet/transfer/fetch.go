@@ -64,7 +64,7 @@ type Source struct {
 type Stats struct {
 	Objects int   // objects fetched
 	Bytes   int64 // their bytes
-	Skipped int   // objects the store held already
+	Skipped int   // objects the store held already for the run ([Stage])
 }
 
 // kind is what the record says an object is, which decides its refs.
@@ -82,6 +82,7 @@ type fetcher struct {
 	c     *http.Client
 	base  string
 	st    *store.Store
+	ours  map[record.Address]bool // what the run's record held here reaches
 	lim   bundle.Limits
 	room  int64                   // the bytes the store may take, or -1
 	done  map[record.Address]kind // objects dealt with, as what
@@ -113,8 +114,11 @@ func Fetch(ctx context.Context, from Source, st *store.Store, rec *record.Record
 // the objects it refers to — each with the refs its own bytes give, as an
 // import judges them: an attestation's receipt and journal (attest.Open),
 // a listing's files ([store.DecodeListing], each of the size listed). An
-// object st holds is not fetched; an attestation or listing st holds is
-// read (verified) for its refs, which are fetched if st lacks them.
+// object st holds for the run is not fetched — one that a record of rec's
+// genesis held here, which rec extends, reaches ([bundle.Reached]); every
+// other object is fetched, held or not: knowing an address is not holding
+// its bytes. An attestation or listing held for the run is read
+// (verified) for its refs, which are fetched unless held for the run.
 //
 // Every object is streamed into staging with at most the bytes its
 // Content-Length declares and the limits and the room allow, and hashed
@@ -133,6 +137,9 @@ func Stage(ctx context.Context, from Source, st *store.Store, rec *record.Record
 		}
 		f.room = int64(min(free, 1<<62))
 	}
+	if f.ours, err = ours(st, rec); err != nil {
+		return nil, Stats{}, err
+	}
 	dir, err := st.StagingDir("fetch")
 	if err != nil {
 		return nil, Stats{}, err
@@ -150,6 +157,34 @@ func Stage(ctx context.Context, from Source, st *store.Store, rec *record.Record
 	}
 	return f.out, f.stats, nil
 }
+
+// ours returns the objects st holds for rec's run: those the record of
+// rec's genesis held in st reaches, if rec extends it; else none.
+func ours(st *store.Store, rec *record.Record) (map[record.Address]bool, error) {
+	run, ok, err := st.RunOfGenesis(rec.Genesis())
+	if err != nil || !ok {
+		return nil, err
+	}
+	h, err := st.Record(run)
+	if err != nil {
+		return nil, err
+	}
+	if n := h.Len(); n > rec.Len() || n > 0 && rec.HeadAt(n-1) != h.Head() {
+		return nil, nil
+	}
+	objs, err := bundle.Reached(st, h, true)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[record.Address]bool, len(objs))
+	for _, a := range objs {
+		out[a] = true
+	}
+	return out, nil
+}
+
+// held says whether st holds a for the run: a is then not fetched.
+func (f *fetcher) held(a record.Address) bool { return f.ours[a] && f.st.Has(a) }
 
 type root struct {
 	addr record.Address

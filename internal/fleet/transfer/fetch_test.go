@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -86,15 +88,19 @@ func TestFetch(t *testing.T) {
 	}
 }
 
-// Only what the target lacks moves: a second run sharing the unit, grants
-// and files of the first fetches only its own objects.
+// Only what the target lacks for the run moves: r1, fetched and imported
+// into B, parked again on A with the same files, fetches only its new
+// objects; the objects r1's record held in B reaches are not fetched.
 func TestFetchOnlyMissing(t *testing.T) {
 	a, b := mustStore(t), mustStore(t)
 	files := map[string][]byte{"core-1.img": []byte("core"), "pages-1.img": []byte("pages")}
 	r1 := imageRun(t, a, "r1", files, map[string][]byte{"m": []byte("m1")})
-	r2 := imageRun(t, a, "r2", files, map[string][]byte{"m": []byte("m2")})
 	srv := serve(t, a, nil)
 	fetchAll(t, srv.URL, b, r1, statsOf(t, a, reached(t, a, r1)))
+	if err := b.Import("r1", r1); err != nil {
+		t.Fatal(err)
+	}
+	r2 := parkAgain(t, a, "r1", ingest(t, a, files), ingest(t, a, map[string][]byte{"m": []byte("m2")}))
 	var fresh []record.Address
 	for _, o := range reached(t, a, r2) {
 		if !b.Has(o) {
@@ -102,14 +108,53 @@ func TestFetchOnlyMissing(t *testing.T) {
 		}
 	}
 	if len(fresh) == 0 || len(fresh) == len(reached(t, a, r2)) {
-		t.Fatalf("%d of r2's objects are new: the runs should share some", len(fresh))
+		t.Fatalf("%d of r2's objects are new: the records should share some", len(fresh))
 	}
 	want := statsOf(t, a, fresh)
 	want.Skipped = len(reached(t, a, r2)) - len(fresh)
 	fetchAll(t, srv.URL, b, r2, want)
-	if err := b.Import("r2", r2); err != nil {
+	if err := b.HandOff("r1", r1.Head()); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := b.Extend("r1", r2, false, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// parkAgain resumes run id (rec, parked) in st and parks it again as an
+// image of root and memory, as a daemon would; it returns the record.
+func parkAgain(t testing.TB, st *store.Store, id string, root, memory record.Address) *record.Record {
+	t.Helper()
+	rec, err := st.Record(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := rec.Head()
+	last := rec.Segment(rec.Len() - 1)
+	segs := []record.Segment{record.Resumption(last.Snapshot, 1, record.Estimated)}
+	if _, err := rec.Append(segs[0]); err != nil {
+		t.Fatal(err)
+	}
+	rc, _ := (&attest.Receipt{Provenance: record.Estimated, Method: "test", WindowNS: 2}).Canonical()
+	var j attest.Journal
+	rca, ja := mustPut(t, st, rc), mustPut(t, st, j.Encode())
+	susp := record.Suspension(record.ImageSnapshot(root, &memory), last.Manifest)
+	c, _ := susp.Canonical()
+	sig, err := attest.Sign(&attest.Body{Genesis: rec.Genesis(), Interval: 2, PrevHead: rec.Head(), StartNS: 3, EndNS: 4,
+		Receipt: rca, Journal: ja, Outcome: attest.Outcome{Kind: attest.Parked, Suspends: record.Sum(c)}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seg := range []record.Segment{record.Execution(mustPut(t, st, sig.Encode(), rca, ja), nil), susp} {
+		if _, err := rec.Append(seg); err != nil {
+			t.Fatal(err)
+		}
+		segs = append(segs, seg)
+	}
+	if _, err := st.AppendAll(id, head, segs...); err != nil {
+		t.Fatal(err)
+	}
+	return rec
 }
 
 // An attestation or listing the target holds already, without the refs its
@@ -279,4 +324,51 @@ func TestFetchCanceled(t *testing.T) {
 		t.Fatalf("fetch: %v, want context.Canceled", err)
 	}
 	noneAdopted(t, b, objs, stop)
+}
+
+// Knowing an address is not holding its bytes: B holds run v's memory; a
+// record of another run (another genesis) naming that memory is fetched
+// whole from its peer, which must send it — a peer without it is refused
+// (ErrAbsent), and with it every object moves again, none skipped.
+func TestFetchClaimNotHeld(t *testing.T) {
+	a, b := mustStore(t), mustStore(t)
+	files := map[string][]byte{"core-1.img": []byte("core")}
+	mem := map[string][]byte{"pages-1.img": []byte("the victim's pages")}
+	v := imageRun(t, b, "v", files, mem)
+	rec := imageRun(t, a, "r2", files, mem)
+	memory := *rec.Segment(1).Snapshot.Memory
+	if *v.Segment(1).Snapshot.Memory != memory || v.Genesis() == rec.Genesis() {
+		t.Fatal("the runs should share their memory, not their genesis")
+	}
+	es, err := a.Listing(memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed := []record.Address{memory}
+	for _, e := range es {
+		claimed = append(claimed, e.Address)
+	}
+	srv := serve(t, a, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			for _, c := range claimed {
+				if path.Base(r.URL.Path) == c.String() {
+					http.NotFound(w, r)
+					return
+				}
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	src := transfer.Source{Client: http.DefaultClient, Base: srv.URL}
+	f, _, err := transfer.Stage(context.Background(), src, b, rec, transfer.Options{})
+	if err == nil {
+		f.Close()
+	}
+	if !errors.Is(err, transfer.ErrAbsent) {
+		t.Fatalf("stage of a record claiming another run's memory: %v, want ErrAbsent", err)
+	}
+	fetchAll(t, serve(t, a, nil).URL, b, rec, statsOf(t, a, reached(t, a, rec)))
+	if err := b.Import("r2", rec); err != nil {
+		t.Fatal(err)
+	}
 }

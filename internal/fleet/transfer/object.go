@@ -18,11 +18,11 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// plain makes sure st holds a, an object with no refs, or stages it:
-// fetched into staging, hashed on the way, and kept only if it hashes to
-// a. size is what a listing says the object holds, or -1.
+// plain makes sure st holds a for the run, an object with no refs, or
+// stages it: fetched into staging, hashed on the way, and kept only if it
+// hashes to a. size is what a listing says the object holds, or -1.
 func (f *fetcher) plain(a record.Address, size int64) error {
-	if f.Has(a) {
+	if _, ok := f.out.staged[a]; ok || f.held(a) {
 		if size >= 0 {
 			n, err := f.out.Size(a)
 			if err != nil {
@@ -50,9 +50,6 @@ func (f *fetcher) plain(a record.Address, size int64) error {
 	f.stats.Bytes += n
 	return nil
 }
-
-// Has says whether the fetch has a: held by the store, or staged.
-func (f *fetcher) Has(a record.Address) bool { return f.out.Has(a) }
 
 // path is where object a is staged.
 func (f *fetcher) path(a record.Address) string {
@@ -115,8 +112,9 @@ func (f *fetcher) verify(a record.Address, h *blake3.Hasher) error {
 }
 
 // document returns the bytes of a, an object to be decoded (an
-// attestation, a listing): read verified from st if it holds a (held),
-// else fetched and verified. Either way at most the JSON limit.
+// attestation, a listing): read verified from st if it holds a for the
+// run (held), else fetched and verified. Either way at most the JSON
+// limit.
 func (f *fetcher) document(a record.Address) (_ []byte, held bool, _ error) {
 	max := min(f.lim.JSON, f.lim.Object)
 	if s, ok := f.out.staged[a]; ok {
@@ -130,7 +128,7 @@ func (f *fetcher) document(a record.Address) (_ []byte, held bool, _ error) {
 		}
 		return b, false, err
 	}
-	if f.st.Has(a) {
+	if f.held(a) {
 		n, err := f.st.Size(a)
 		if err != nil {
 			return nil, false, err
