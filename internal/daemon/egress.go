@@ -131,6 +131,18 @@ func (l *links) Unlink(run string) error {
 	return r.Detach()
 }
 
+// Pass lets the outside's packets reach run's sandbox, linked again
+// after a park (egress.Run.Pass). A run without a link here has none to
+// pass.
+func (l *links) Pass(run string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r := l.runs[run]; r != nil {
+		return r.Pass()
+	}
+	return nil
+}
+
 // Counters is run's egress counters on this host (interval.Traffic):
 // false when it holds no slot here; zero when its rules are gone (the
 // host restarted since they were installed).

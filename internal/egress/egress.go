@@ -247,6 +247,10 @@ type Run struct {
 	slot   int
 	rules  []allowRule
 	closed bool // guarded by h.mu
+	// held: the next Attach holds the outside's packets for the sandbox
+	// until Pass (a restore: its sockets are not back yet). Set by
+	// Detach and Adopt; guarded by h.mu.
+	held bool
 }
 
 // Allow installs the policy of the run holding slot: allow is its grant's
@@ -283,7 +287,7 @@ func (h *Gateway) Adopt(slot int, allow []unit.Dest) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Run{h: h, slot: slot, rules: rules}, nil
+	return &Run{h: h, slot: slot, rules: rules, held: true}, nil
 }
 
 // Slot is the run's slot.
@@ -356,7 +360,7 @@ func (r *Run) Attach(path string) (retErr error) {
 		if !slices.ContainsFunc(byslot[r.slot], func(ch *nftables.Chain) bool { return ch.Name == fwdChain+strconv.Itoa(r.slot) }) {
 			h.addRun(c, r.slot, r.rules)
 		}
-		h.addLinkChains(c, r.slot)
+		h.addLinkChains(c, r.slot, r.held)
 		return nil
 	})
 	if err != nil {
@@ -442,7 +446,39 @@ func waitActive(nl *netlink.Handle, name string) error {
 func (r *Run) Detach() error {
 	r.h.mu.Lock()
 	defer r.h.mu.Unlock()
+	r.held = true
 	return r.h.unlink(r.slot)
+}
+
+// Pass lets the outside's packets through to the run's sandbox again
+// once its restore has put its sockets back. An Attach after a Detach
+// (or of an adopted run) holds them: a runc restore links the sandbox
+// out when CRIU sets its namespaces up, before any socket is restored,
+// and a segment arriving there would be answered with a reset. A run not
+// held, or without a link, is left as it is.
+func (r *Run) Pass() error {
+	h := r.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !r.held || r.closed {
+		return nil
+	}
+	err := h.nft(func(c *nftables.Conn) error {
+		byslot, err := runChains(c)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(byslot[r.slot], func(ch *nftables.Chain) bool { return ch.Name == outChain+strconv.Itoa(r.slot) }) {
+			return nil // no link
+		}
+		h.addLinkChains(c, r.slot, false)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("slot %d: pass: %w", r.slot, err)
+	}
+	r.held = false
+	return nil
 }
 
 func (h *Gateway) unlink(slot int) error {

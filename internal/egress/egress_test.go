@@ -365,6 +365,19 @@ func TestDetachKeepsFlows(t *testing.T) {
 	if err := r.Attach(path); err != nil {
 		t.Fatal(err)
 	}
+	// Linked again, as a restore does before its sockets are back: the
+	// outside's packets stay held until Pass, so none meets a namespace
+	// without its socket (which would answer with a reset).
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	if got, err := br.ReadString('\n'); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("linked again but not passed, the unit read %q, %v", got, err)
+	}
+	if err := r.Pass(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Pass(); err != nil {
+		t.Fatalf("a second pass: %v", err)
+	}
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if got, err := br.ReadString('\n'); err != nil || got != "while parked\n" {
 		t.Fatalf("after the link came back: %q, %v", got, err)
@@ -740,6 +753,9 @@ func TestAdopt(t *testing.T) {
 	if err := a.Attach(path); err != nil {
 		t.Fatal(err)
 	}
+	if err := a.Pass(); err != nil { // its restore is done
+		t.Fatal(err)
+	}
 	if _, err := io.WriteString(c, "after adoption\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -827,6 +843,9 @@ func TestCounters(t *testing.T) {
 		t.Fatalf("after a detach: %+v, want %+v", m, n)
 	}
 	if err := r1.Attach(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(s1))); err != nil {
+		t.Fatal(err)
+	}
+	if err := r1.Pass(); err != nil {
 		t.Fatal(err)
 	}
 	echo(c)

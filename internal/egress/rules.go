@@ -274,9 +274,15 @@ func ingressRules(addr netip.Addr) [][]expr.Any {
 
 // egressRules are rrdeN's egress (to the sandbox): IPv4 to the run's
 // address, rewritten to the sandbox's; ARP; nothing else.
-func egressRules(addr netip.Addr) [][]expr.Any {
+func egressRules(addr netip.Addr, held bool) [][]expr.Any {
 	proto := metaCmp(expr.MetaKeyPROTOCOL, expr.CmpOpEq, etherIP)
 	a := addr.As4()
+	if held {
+		return [][]expr.Any{
+			join(metaCmp(expr.MetaKeyPROTOCOL, expr.CmpOpEq, etherARP), []expr.Any{verdict(expr.VerdictAccept)}),
+			{verdict(expr.VerdictDrop)},
+		}
+	}
 	return [][]expr.Any{
 		join(proto, []expr.Any{ipField(16), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a[:]}},
 			rewrite(16, SandboxAddr), []expr.Any{verdict(expr.VerdictAccept)}),
@@ -334,7 +340,7 @@ func (h *Gateway) addRun(c *nftables.Conn, slot int, allow []allowRule) {
 
 // addLinkChains adds the ingress and egress chains of run slot's link,
 // which must exist.
-func (h *Gateway) addLinkChains(c *nftables.Conn, slot int) {
+func (h *Gateway) addLinkChains(c *nftables.Conn, slot int, held bool) {
 	_, nd := h.hostTables(c)
 	accept := nftables.ChainPolicyAccept
 	prio := nftables.ChainPriorityRef(-500)
@@ -344,7 +350,7 @@ func (h *Gateway) addLinkChains(c *nftables.Conn, slot int) {
 		rules [][]expr.Any
 	}{
 		{inChain, nftables.ChainHookIngress, ingressRules(h.addr(slot))},
-		{outChain, nftables.ChainHookEgress, egressRules(h.addr(slot))},
+		{outChain, nftables.ChainHookEgress, egressRules(h.addr(slot), held)},
 	} {
 		chain := c.AddChain(&nftables.Chain{Name: ch.name + strconv.Itoa(slot), Table: nd, Type: nftables.ChainTypeFilter,
 			Hooknum: ch.hook, Priority: prio, Policy: &accept, Device: linkName(slot)})

@@ -31,6 +31,13 @@ func (l *fakeLinks) Unlink(run string) error {
 	return nil
 }
 
+func (l *fakeLinks) Pass(run string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls = append(l.calls, "pass "+run)
+	return nil
+}
+
 func (l *fakeLinks) took() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -69,7 +76,7 @@ func TestImageEgressLinks(t *testing.T) {
 	if _, err := f.Snapshot(t.Context(), w.Unit); err == nil {
 		t.Fatal("a refused checkpoint was taken")
 	}
-	if got := links.took(); !slices.Equal(got, []string{"unlink r", "link r /proc/1/ns/net 203.0.113.0/24:443/tcp"}) {
+	if got := links.took(); !slices.Equal(got, []string{"unlink r", "link r /proc/1/ns/net 203.0.113.0/24:443/tcp", "pass r"}) {
 		t.Fatalf("a refused checkpoint: %q", got)
 	}
 	box.checkpointErr = nil
@@ -82,7 +89,7 @@ func TestImageEgressLinks(t *testing.T) {
 	if err := f.Thaw(t.Context(), w.Unit); err != nil {
 		t.Fatal(err)
 	}
-	if got := links.took(); !slices.Equal(got, []string{"link r /proc/1/ns/net 203.0.113.0/24:443/tcp"}) {
+	if got := links.took(); !slices.Equal(got, []string{"link r /proc/1/ns/net 203.0.113.0/24:443/tcp", "pass r"}) {
 		t.Fatalf("a thaw: %q", got)
 	}
 	tr := transcriptRun("t")

@@ -127,6 +127,9 @@ func (f Image) relink(u *Unit) error {
 	if err == nil {
 		err = link("/proc/" + strconv.FormatUint(uint64(u.Sandbox.Pid()), 10) + "/ns/net")
 	}
+	if err == nil {
+		err = f.h.Links.Pass(u.ID)
+	}
 	if err != nil {
 		return fmt.Errorf("link run %s out again: %w", u.ID, err)
 	}
@@ -180,6 +183,14 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 	sb, rs, pg, err := f.restoreSandbox(ctx, restoring{id: id, spec: es, cp: cp, out: out, start: t0})
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
+	}
+	if run.Grants.Network == unit.Egress && f.h.Links != nil {
+		// Its sockets are back: the outside's packets may reach them.
+		// Not passed, they stay dropped (its connections wait, none is
+		// reset): the unit runs on, logged.
+		if err := f.h.Links.Pass(id); err != nil {
+			f.h.Log.Error("the outside's packets stay held from the resumed unit", "run", id, "err", err)
+		}
 	}
 	st := &attest.Restored{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
 		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored, Lazy: pg != nil, Served: pg != nil && served != nil}

@@ -39,10 +39,13 @@ type Sandboxes interface {
 // daemon, over internal/egress): Link holds a link for run on this host,
 // until the run closes or leaves, and returns how to link a sandbox's
 // network namespace to it (executor.Spec.Link); Unlink removes run's link
-// from its sandbox (a park), keeping the rest.
+// from its sandbox (a park), keeping the rest. A link made after an
+// Unlink holds the outside's packets for the sandbox until Pass, which
+// follows its restore (or its thaw).
 type Linker interface {
 	Link(run string, allow []unit.Dest) (func(netns string) error, error)
 	Unlink(run string) error
+	Pass(run string) error
 }
 
 // Exec is *executor.Client in the roles its consumers declare — the
