@@ -455,7 +455,7 @@ func TestFleetAttackHandshakeFlood(t *testing.T) {
 }
 
 // floodFor runs TestFleetHandshakeFloodLong, the issue's measure
-// (docs/benchmarks.md, "Peer listener under a handshake flood"); 0, the
+// (docs/benchmarks.md, "The fleet"); 0, the
 // default, leaves it out of `make test`.
 var floodFor = flag.Duration("flood", 0, "run TestFleetHandshakeFloodLong for this long (60s: the issue's measure)")
 
