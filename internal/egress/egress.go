@@ -251,6 +251,9 @@ type Run struct {
 	// until Pass (a restore: its sockets are not back yet). Set by
 	// Detach and Adopt; guarded by h.mu.
 	held bool
+	// linked: the last Attach succeeded and no Detach came since
+	// (guarded by h.mu).
+	linked bool
 }
 
 // Allow installs the policy of the run holding slot: allow is its grant's
@@ -376,7 +379,11 @@ func (r *Run) Attach(path string) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("route to %s: %w", r.Addr(), err)
 	}
-	return r.sandboxSide(sb)
+	if err := r.sandboxSide(sb); err != nil {
+		return err
+	}
+	r.linked = true
+	return nil
 }
 
 // sandboxSide sets up the sandbox's side of the link.
@@ -446,7 +453,7 @@ func waitActive(nl *netlink.Handle, name string) error {
 func (r *Run) Detach() error {
 	r.h.mu.Lock()
 	defer r.h.mu.Unlock()
-	r.held = true
+	r.held, r.linked = true, false
 	return r.h.unlink(r.slot)
 }
 
@@ -460,17 +467,10 @@ func (r *Run) Pass() error {
 	h := r.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !r.held || r.closed {
+	if !r.held || r.closed || !r.linked {
 		return nil
 	}
 	err := h.nft(func(c *nftables.Conn) error {
-		byslot, err := runChains(c)
-		if err != nil {
-			return err
-		}
-		if !slices.ContainsFunc(byslot[r.slot], func(ch *nftables.Chain) bool { return ch.Name == outChain+strconv.Itoa(r.slot) }) {
-			return nil // no link
-		}
 		h.addLinkChains(c, r.slot, false)
 		return nil
 	})

@@ -108,10 +108,15 @@ func (f Image) Thaw(_ context.Context, u *Unit) error {
 	return errors.Join(u.Sandbox.Settle(context.Background()), f.relink(u))
 }
 
+// linked says whether a unit under g has a link out (network egress).
+func (f Image) linked(g unit.Grants) bool {
+	return g.Network == unit.Egress && f.h.Links != nil
+}
+
 // unlink removes the link out of u's sandbox, if it has one (network
 // egress): its run keeps its rules, translation and tracked connections.
 func (f Image) unlink(u *Unit) error {
-	if u.Grants.Network != unit.Egress || f.h.Links == nil {
+	if !f.linked(u.Grants) {
 		return nil
 	}
 	return f.h.Links.Unlink(u.ID)
@@ -120,7 +125,7 @@ func (f Image) unlink(u *Unit) error {
 // relink links u's sandbox, which goes on after a refused park, out
 // again: into the network namespace of its unit's init.
 func (f Image) relink(u *Unit) error {
-	if u.Grants.Network != unit.Egress || f.h.Links == nil {
+	if !f.linked(u.Grants) {
 		return nil
 	}
 	link, err := f.h.Links.Link(u.ID, u.Grants.Egress)
@@ -184,7 +189,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
 	}
-	if run.Grants.Network == unit.Egress && f.h.Links != nil {
+	if f.linked(run.Grants) {
 		// Its sockets are back: the outside's packets may reach them.
 		// Not passed, they stay dropped (its connections wait, none is
 		// reset): the unit runs on, logged.
