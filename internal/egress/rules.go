@@ -20,6 +20,10 @@ import (
 //	  chain input       filter, input, accept: iifname "rrde*" drop, but
 //	                    UDP to 10.255.255.1 port 53 while the resolver
 //	                    serves
+//	  chain output      filter, output, accept: oifname "rrde*" drop
+//	                    but replies (the host's own packets to a
+//	                    sandbox: no process of the host's opens a flow
+//	                    to one)
 //	  chain postrouting nat, postrouting: ip saddr POOL masquerade
 //	  chain fwd-N       filter, forward, accept: run N's allow-list
 //	  set n-N-I         run N's addresses of its Ith destination, a name:
@@ -41,15 +45,18 @@ const (
 )
 
 // denied are the destinations no grant reaches, whatever it allows:
-// this-network, loopback, link-local (the cloud metadata address among
-// them), multicast and the reserved block with the broadcast address,
-// and the sandbox side's own /30. The host's own addresses are local
-// deliveries, refused by the input chain; the pool of the runs'
-// addresses (other sandboxes) is added per host.
+// this-network, loopback, link-local (the cloud metadata address of most
+// clouds among them), the metadata services outside it (Azure's wire
+// server, Alibaba Cloud's), multicast and the reserved block with the
+// broadcast address, and the sandbox side's own /30. The host's own
+// addresses are local deliveries, refused by the input chain; the pool of
+// the runs' addresses (other sandboxes) is added per host.
 var denied = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("127.0.0.0/8"),
 	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("168.63.129.16/32"),
+	netip.MustParsePrefix("100.100.100.200/32"),
 	netip.MustParsePrefix("224.0.0.0/4"),
 	netip.MustParsePrefix("240.0.0.0/4"),
 	netip.MustParsePrefix("10.255.255.0/30"),
@@ -299,10 +306,22 @@ func (h *Gateway) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
 	accept := nftables.ChainPolicyAccept
 	input := c.AddChain(&nftables.Chain{Name: "input", Table: ip, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	output := c.AddChain(&nftables.Chain{Name: "output", Table: ip, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: ip, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
 	c.FlushChain(input)
+	c.FlushChain(output)
 	c.FlushChain(post)
+	// A sandbox's listeners, from the host: the link's egress rewrites
+	// what is sent to the run's address, so a process of the host's
+	// would reach them but for this. Replies, and the host's errors
+	// about a flow of the sandbox's (a fragmentation needed among them),
+	// go.
+	toLink := metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpEq, []byte(linkPrefix))
+	c.AddRule(&nftables.Rule{Table: ip, Chain: output, Exprs: join(toLink,
+		ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), []expr.Any{verdict(expr.VerdictAccept)})})
+	c.AddRule(&nftables.Rule{Table: ip, Chain: output, Exprs: join(toLink, []expr.Any{verdict(expr.VerdictDrop)})})
 	// The host's own addresses, its listeners among them: nothing from a
 	// sandbox is delivered to the host but, while the resolver serves,
 	// its queries to it (DNS over UDP to the gateway; the resolver's
