@@ -21,11 +21,13 @@
 //   - from the sandbox, only IPv4 and ARP from [SandboxAddr]: a forged
 //     source or IPv6 is dropped at the link;
 //   - never the host's own addresses (nothing from a sandbox is delivered
-//     locally), 0/8, 127/8, 169.254/16 (cloud metadata), multicast,
-//     240/4, the sandbox /30 or the pool (other sandboxes);
+//     locally but its queries to the runs' resolver, untracked), 0/8,
+//     127/8, 169.254/16 and the other clouds' metadata addresses,
+//     multicast, 240/4, the sandbox /30 or the pool (other sandboxes);
 //   - new flows only to an allowed prefix, protocol and port range, and at
-//     most Config.ConnLimit of them tracked at once (4096 by default);
-//   - into the sandbox, replies only;
+//     most Config.ConnLimit of them tracked at once (4096 by default),
+//     the runs' limits together at most half the host's conntrack table;
+//   - into the sandbox, replies only, from the world and from the host;
 //   - out, the host's address on the way out (masquerade).
 //
 // The forward chain's accepts count what they let through each way

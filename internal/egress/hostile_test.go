@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
 
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -430,4 +432,53 @@ func mustDests(t *testing.T, dests ...string) []unit.Dest {
 	}
 	unit.SortDests(ds)
 	return ds
+}
+
+// A unit's queries to the runs' resolver are not tracked: sent from as
+// many ports as it likes, they would fill the host's conntrack table
+// past its run's connection limit, which counts only its flows out. The
+// resolver still answers.
+func TestDNSUntracked(t *testing.T) {
+	w := newWorld(t, Config{})
+	r1, s1 := w.sandbox(1, "world.example:8080")
+	srv, err := w.host.ServeDNS(DNSConfig{
+		Resolver: &Resolver{Upstream: w.host.Upstream(netip.MustParseAddrPort(worldIP + ":53"))},
+		Run: func(slot int) *Run {
+			if slot == 1 {
+				return r1
+			}
+			return nil
+		},
+		Resolved: func(int, Resolution) error { return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	reply := ask(t, s1, query(t, 78, "other.example.", dnsmessage.TypeA))
+	if reply == nil {
+		t.Fatal("the resolver did not answer")
+	}
+	if rcode, _, _ := readReply(t, reply, 78); rcode != dnsmessage.RCodeRefused {
+		t.Fatalf("a name not granted: %s, want REFUSED", rcode)
+	}
+	const queries = 50
+	for i := range queries {
+		if err := sendUDP(s1, netip.AddrPortFrom(GatewayAddr, DNSPort).String(), fmt.Sprintf("query %d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flows, err := w.host.nl.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range flows {
+		if f.Forward.DstIP.Equal(net.IP(GatewayAddr.AsSlice())) && f.Forward.DstPort == DNSPort {
+			n++
+		}
+	}
+	if n > 0 {
+		t.Fatalf("%d of the unit's queries to the resolver are tracked", n)
+	}
 }
