@@ -183,7 +183,7 @@ func (l *links) take(run string) (int, error) {
 		l.slot[run] = s
 		return s, nil
 	}
-	return 0, fmt.Errorf("egress: run %s: all %d slots are held", run, l.gw.Slots())
+	return 0, fmt.Errorf("run %s: %w: all %d slots are held", run, egress.ErrFull, l.gw.Slots())
 }
 
 // free forgets run's slot and removes its file.

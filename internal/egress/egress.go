@@ -21,11 +21,13 @@
 //   - from the sandbox, only IPv4 and ARP from [SandboxAddr]: a forged
 //     source or IPv6 is dropped at the link;
 //   - never the host's own addresses (nothing from a sandbox is delivered
-//     locally), 0/8, 127/8, 169.254/16 (cloud metadata), multicast,
-//     240/4, the sandbox /30 or the pool (other sandboxes);
+//     locally but its queries to the runs' resolver, untracked), 0/8,
+//     127/8, 169.254/16 and the other clouds' metadata addresses,
+//     multicast, 240/4, the sandbox /30 or the pool (other sandboxes);
 //   - new flows only to an allowed prefix, protocol and port range, and at
-//     most Config.ConnLimit of them tracked at once (4096 by default);
-//   - into the sandbox, replies only;
+//     most Config.ConnLimit of them tracked at once (4096 by default),
+//     the runs' limits together at most half the host's conntrack table;
+//   - into the sandbox, replies only, from the world and from the host;
 //   - out, the host's address on the way out (masquerade).
 //
 // The forward chain's accepts count what they let through each way
@@ -99,6 +101,10 @@ var (
 	ErrInvalid = errors.New("egress: invalid")
 	// ErrClosed is a run closed already.
 	ErrClosed = errors.New("egress: run closed")
+	// ErrFull is a new run refused for the host's capacity: the runs'
+	// connection limits would hold more than their share of its
+	// conntrack table ([Gateway.Allow]), or every slot is held.
+	ErrFull = errors.New("egress: the host takes no more egress runs now")
 )
 
 // Config is a host's egress set-up.
@@ -259,6 +265,13 @@ type Run struct {
 // Allow installs the policy of the run holding slot: allow is its grant's
 // allow-list (a name's set begins empty). A slot's earlier policy is
 // replaced. Nothing leaves until [Run.Attach].
+//
+// The runs' connection limits together stay within [ConntrackShare] of
+// the host's conntrack table (nf_conntrack_max, read at each Allow): a
+// run whose limit does not fit beside those of the policies installed
+// (parked runs' among them: they keep their tracked connections) is
+// refused with ErrFull, so no set of runs fills the table the host's own
+// flows need.
 func (h *Gateway) Allow(slot int, allow []unit.Dest) (*Run, error) {
 	if slot < 1 || slot > h.Slots() {
 		return nil, fmt.Errorf("%w: slot %d: want 1 to %d", ErrInvalid, slot, h.Slots())
@@ -272,10 +285,51 @@ func (h *Gateway) Allow(slot int, allow []unit.Dest) (*Run, error) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err := h.nft(func(c *nftables.Conn) error { h.addRun(c, slot, rules); return nil }); err != nil {
+	err = h.nft(func(c *nftables.Conn) error {
+		if err := h.fits(c, slot); err != nil {
+			return err
+		}
+		h.addRun(c, slot, rules)
+		return nil
+	})
+	if err != nil {
 		return nil, fmt.Errorf("slot %d: %w", slot, err)
 	}
 	return &Run{h: h, slot: slot, rules: rules}, nil
+}
+
+// ConntrackShare is the part of the host's conntrack table the runs'
+// connection limits may hold together: a half.
+const ConntrackShare = 2 // the table's size divided by this
+
+// fits says whether run slot's connection limit fits beside those of the
+// other slots with a policy: ErrFull if not.
+func (h *Gateway) fits(c *nftables.Conn, slot int) error {
+	byslot, err := runChains(c)
+	if err != nil {
+		return err
+	}
+	policies := 1
+	for s, chs := range byslot {
+		if s != slot && slices.ContainsFunc(chs, func(ch *nftables.Chain) bool { return ch.Name == fwdChain+strconv.Itoa(s) }) {
+			policies++
+		}
+	}
+	var size uint64
+	err = inNetns(h.ns, func() error {
+		b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_max")
+		if err == nil {
+			size, err = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("the host's conntrack table size: %w", err)
+	}
+	if uint64(policies)*uint64(h.connLimit) > size/ConntrackShare {
+		return fmt.Errorf("%w: %d runs of %d connections each would hold more than half of the conntrack table (nf_conntrack_max %d)", ErrFull, policies, h.connLimit, size)
+	}
+	return nil
 }
 
 // Adopt is the run holding slot, whose policy allow a Gateway installed

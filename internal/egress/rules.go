@@ -20,6 +20,12 @@ import (
 //	  chain input       filter, input, accept: iifname "rrde*" drop, but
 //	                    UDP to 10.255.255.1 port 53 while the resolver
 //	                    serves
+//	  chain output      filter, output, accept: oifname "rrde*" drop
+//	                    but replies and the resolver's answers (no
+//	                    process of the host's opens a flow to a sandbox)
+//	  chain untracked-in, untracked-out
+//	                    raw, prerouting and output: the resolver's
+//	                    queries and answers while it serves: notrack
 //	  chain postrouting nat, postrouting: ip saddr POOL masquerade
 //	  chain fwd-N       filter, forward, accept: run N's allow-list
 //	  set n-N-I         run N's addresses of its Ith destination, a name:
@@ -41,15 +47,18 @@ const (
 )
 
 // denied are the destinations no grant reaches, whatever it allows:
-// this-network, loopback, link-local (the cloud metadata address among
-// them), multicast and the reserved block with the broadcast address,
-// and the sandbox side's own /30. The host's own addresses are local
-// deliveries, refused by the input chain; the pool of the runs'
-// addresses (other sandboxes) is added per host.
+// this-network, loopback, link-local (the cloud metadata address of most
+// clouds among them), the metadata services outside it (Azure's wire
+// server, Alibaba Cloud's), multicast and the reserved block with the
+// broadcast address, and the sandbox side's own /30. The host's own
+// addresses are local deliveries, refused by the input chain; the pool of
+// the runs' addresses (other sandboxes) is added per host.
 var denied = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("127.0.0.0/8"),
 	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("168.63.129.16/32"),
+	netip.MustParsePrefix("100.100.100.200/32"),
 	netip.MustParsePrefix("224.0.0.0/4"),
 	netip.MustParsePrefix("240.0.0.0/4"),
 	netip.MustParsePrefix("10.255.255.0/30"),
@@ -291,36 +300,64 @@ func egressRules(addr netip.Addr, held bool) [][]expr.Any {
 	}
 }
 
+// resolverFlow matches the runs' DNS over UDP: queries to the
+// gateway's port 53 in from a link (toResolver), or its answers out to
+// one.
+func resolverFlow(toResolver bool) []expr.Any {
+	link, addr, port := metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpEq, []byte(linkPrefix)), uint32(12), uint32(0)
+	if toResolver {
+		link, addr, port = metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)), 16, 2
+	}
+	gw := GatewayAddr.As4()
+	return join(link,
+		[]expr.Any{ipField(addr), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: gw[:]}},
+		metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{unix.IPPROTO_UDP}),
+		[]expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: port, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, DNSPort)},
+		})
+}
+
 // hostTables adds the host's tables and shared chains (idempotent: an
 // add of what exists is not an error in nftables).
 func (h *Gateway) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
 	ip = c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: tableName})
 	netdev = c.AddTable(&nftables.Table{Family: nftables.TableFamilyNetdev, Name: tableName})
 	accept := nftables.ChainPolicyAccept
-	input := c.AddChain(&nftables.Chain{Name: "input", Table: ip, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
-	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: ip, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
-	c.FlushChain(input)
-	c.FlushChain(post)
+	chain := func(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority) *nftables.Chain {
+		ch := c.AddChain(&nftables.Chain{Name: name, Table: ip, Type: typ, Hooknum: hook, Priority: prio, Policy: &accept})
+		c.FlushChain(ch)
+		return ch
+	}
+	input := chain("input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter)
+	output := chain("output", nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter)
+	post := chain("postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource)
+	rawIn := chain("untracked-in", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, nftables.ChainPriorityRaw)
+	rawOut := chain("untracked-out", nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityRaw)
 	// The host's own addresses, its listeners among them: nothing from a
 	// sandbox is delivered to the host but, while the resolver serves,
 	// its queries to it (DNS over UDP to the gateway; the resolver's
-	// socket, bound to that address, is the one they reach).
+	// socket, bound to that address, is the one they reach). They and
+	// the answers are not tracked: a unit's run limit counts its flows
+	// out, and queries from as many ports as it likes would otherwise
+	// hold as many entries of the host's conntrack table.
 	if h.resolving {
-		gw := GatewayAddr.As4()
-		c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(
-			metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)),
-			[]expr.Any{ipField(16), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: gw[:]}},
-			metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{unix.IPPROTO_UDP}),
-			[]expr.Any{
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, DNSPort)},
-				verdict(expr.VerdictAccept),
-			})})
+		c.AddRule(&nftables.Rule{Table: ip, Chain: rawIn, Exprs: join(resolverFlow(true), []expr.Any{&expr.Notrack{}})})
+		c.AddRule(&nftables.Rule{Table: ip, Chain: rawOut, Exprs: join(resolverFlow(false), []expr.Any{&expr.Notrack{}})})
+		c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(resolverFlow(true), []expr.Any{verdict(expr.VerdictAccept)})})
+		c.AddRule(&nftables.Rule{Table: ip, Chain: output, Exprs: join(resolverFlow(false), []expr.Any{verdict(expr.VerdictAccept)})})
 	}
 	c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(
 		metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)), []expr.Any{verdict(expr.VerdictDrop)})})
+	// A sandbox's listeners, from the host: the link's egress rewrites
+	// what is sent to the run's address, so a process of the host's
+	// would reach them but for this. Replies, and the host's errors
+	// about a flow of the sandbox's (a fragmentation needed among them),
+	// go.
+	toLink := metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpEq, []byte(linkPrefix))
+	c.AddRule(&nftables.Rule{Table: ip, Chain: output, Exprs: join(toLink,
+		ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), []expr.Any{verdict(expr.VerdictAccept)})})
+	c.AddRule(&nftables.Rule{Table: ip, Chain: output, Exprs: join(toLink, []expr.Any{verdict(expr.VerdictDrop)})})
 	c.AddRule(&nftables.Rule{Table: ip, Chain: post, Exprs: join(inPrefix(12, h.pool), []expr.Any{&expr.Masq{}})})
 	return ip, netdev
 }

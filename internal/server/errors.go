@@ -12,6 +12,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
+	"github.com/runrecordd/runrecordd/internal/egress"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
@@ -113,7 +114,7 @@ var codes = []struct {
 	{api.CodeNotOwner, is(fleet.ErrNotOwner, fleet.ErrLeaseLost, fleet.ErrNoRun), nil},
 	{api.CodeConflict, is(fleet.ErrHeadMoved, fleet.ErrNotParked), nil},
 	{api.CodeForbidden, is(fleet.ErrNotAdmitted, member.ErrUnsolicited), nil},
-	{api.CodeUnavailable, is(member.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive, member.ErrReceiving, idmap.ErrExhausted), nil},
+	{api.CodeUnavailable, is(member.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive, member.ErrReceiving, idmap.ErrExhausted, egress.ErrFull), nil},
 	{api.CodeDraining, is(member.ErrDraining), nil},
 	{api.CodeUnavailable, is(answers.ErrStopping), nil},
 	{api.CodeQuota, is(platform.ErrQuota), nil},

@@ -12,6 +12,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
+	"github.com/runrecordd/runrecordd/internal/egress"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
@@ -164,6 +165,15 @@ func TestErrorOfNoRange(t *testing.T) {
 	err := fmt.Errorf("resume r: %w", idmap.ErrExhausted)
 	if e := ErrorOf(err); e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "range") {
 		t.Errorf("no range: %+v", e)
+	}
+}
+
+// A host whose conntrack share or egress slots are held is unavailable:
+// the run may start once others close.
+func TestErrorOfEgressFull(t *testing.T) {
+	err := fmt.Errorf("run r: slot 3: %w: 33 runs", egress.ErrFull)
+	if e := ErrorOf(err); e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "egress runs") {
+		t.Errorf("egress full: %+v", e)
 	}
 }
 

@@ -40,6 +40,11 @@ const (
 	egressNetns    = "rrtest-world"
 )
 
+// egressMetaElse are cloud metadata addresses outside 169.254/16 (Azure's
+// wire server, Alibaba Cloud's metadata): the world holds them too, the
+// host routes them there, and the daemon's ceiling covers them.
+var egressMetaElse = []string{"168.63.129.16", "100.100.100.200"}
+
 // egressWorldNS is the test's world: its servers' counts.
 type egressWorldNS struct {
 	ns      netns.NsHandle
@@ -115,8 +120,15 @@ func newEgressWorld(t *testing.T) *egressWorldNS {
 	egressCmd(t, "ip", "route", "add", egressMeta+"/32", "via", egressWorld)
 	egressCmd(t, "ip", "-n", egressNetns, "addr", "add", egressWorld+"/30", "dev", "eth0")
 	egressCmd(t, "ip", "-n", egressNetns, "addr", "add", egressMeta+"/32", "dev", "eth0")
+	for _, a := range egressMetaElse {
+		egressCmd(t, "ip", "route", "add", a+"/32", "via", egressWorld)
+		egressCmd(t, "ip", "-n", egressNetns, "addr", "add", a+"/32", "dev", "eth0")
+	}
 	egressCmd(t, "ip", "-n", egressNetns, "link", "set", "eth0", "up")
 	egressCmd(t, "ip", "-n", egressNetns, "link", "set", "lo", "up")
+	// The world routes the runs' pool to the host: only the policy keeps
+	// it from a sandbox's listeners.
+	egressCmd(t, "ip", "-n", egressNetns, "route", "add", "10.254.0.0/16", "via", egressHostAddr)
 	ns, err := netns.GetFromName(egressNetns)
 	if err != nil {
 		t.Fatal(err)
@@ -260,7 +272,8 @@ func egressLeft(t *testing.T, d *daemon) []string {
 		t.Fatal(err)
 	}
 	for _, ch := range chains {
-		if ch.Table.Name == "runrecordd_egress" && ch.Name != "input" && ch.Name != "postrouting" {
+		shared := map[string]bool{"input": true, "output": true, "postrouting": true, "untracked-in": true, "untracked-out": true}
+		if ch.Table.Name == "runrecordd_egress" && !shared[ch.Name] {
 			out = append(out, "chain "+ch.Name)
 		}
 	}
@@ -269,6 +282,25 @@ func egressLeft(t *testing.T, d *daemon) []string {
 		out = append(out, "slot file "+e.Name())
 	}
 	return out
+}
+
+// egressHostOf is run id's address on the host (10.254.0.N for its slot
+// N, docs/daemon.md).
+func egressHostOf(t *testing.T, d *daemon, id string) string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(d.state, "egress"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(d.state, "egress", e.Name()))
+		n, nerr := strconv.Atoi(e.Name())
+		if err == nil && nerr == nil && strings.TrimSpace(string(b)) == id {
+			return fmt.Sprintf("10.254.%d.%d", n>>8, n&0xff)
+		}
+	}
+	t.Fatalf("run %s holds no egress slot", id)
+	return ""
 }
 
 // removeEgressHost removes what a daemon with --egress-allow sets up for
@@ -326,9 +358,11 @@ func dialResults(t *testing.T, d *daemon, id string, g unit.Grants, addrs ...str
 // TestEgress: a daemon with an egress ceiling links its image units out
 // as their grants allow, and nothing else (docs/unit.md, "Grant set"): a
 // unit fetches from the world where its grant allows, and is refused
-// elsewhere; the host's own addresses, a link-local address, other
-// sandboxes and a forged source are refused though the grant names
-// them; a connection in flight goes on across a park and resume here,
+// elsewhere; the host's own addresses, a link-local address, the
+// metadata services outside 169.254/16, other sandboxes and a forged
+// source are refused though the grant names them; neither the host nor
+// the world opens a flow to a sandbox; a flood of new flows stops at the
+// run's limit; a connection in flight goes on across a park and resume here,
 // and a restart of the daemon; each interval journals the bytes its
 // unit fetched, across a restart too, and /metrics sums them; a
 // grant beyond the ceiling is refused; and a crash mid-start leaves no
@@ -340,6 +374,9 @@ func TestEgress(t *testing.T) {
 	t.Cleanup(func() { removeEgressHost(t) })
 	d := mustDaemon(t, "egress", func(d *daemon) {
 		d.flags = []string{"--egress-allow", "203.0.113.0/24", "--egress-allow", "169.254.0.0/16", "--egress-allow", "10.0.0.0/8"}
+		for _, a := range egressMetaElse {
+			d.flags = append(d.flags, "--egress-allow", a+"/32")
+		}
 	})
 	mustImportImage(t, d, hostileArchive, hostileImage, hostileDigest)
 	// The host listens on every address: the unit must not reach it.
@@ -360,7 +397,7 @@ func TestEgress(t *testing.T) {
 	}()
 	// What the unit is refused, the host itself reaches: each refusal is
 	// the policy's.
-	for _, a := range []string{egressHostAddr + ":18090", egressMeta + ":8080", egressWorld + ":8082"} {
+	for _, a := range []string{egressHostAddr + ":18090", egressMeta + ":8080", egressMetaElse[0] + ":8080", egressMetaElse[1] + ":8080", egressWorld + ":8082"} {
 		c, err := net.DialTimeout("tcp", a, 3*time.Second)
 		if err != nil {
 			t.Fatalf("the host does not reach %s itself: %v", a, err)
@@ -398,11 +435,14 @@ func TestEgress(t *testing.T) {
 			t.Fatalf("the victim does not answer itself: %q", l)
 		}
 		// The host (an address of its, its side of the link), the
-		// link-local range, and the sandboxes' host addresses.
+		// link-local range, the metadata services outside it, and the
+		// sandboxes' host addresses.
 		targets := []string{egressHostAddr + ":18090", "10.255.255.1:18090", egressMeta + ":8080",
+			egressMetaElse[0] + ":8080", egressMetaElse[1] + ":8080",
 			"10.254.0.1:7000", "10.254.0.2:7000", "10.254.0.3:7000", "10.254.0.4:7000"}
 		got := dialResults(t, d, "egress-hostile",
-			egressGrants(t, "203.0.113.0/24:1-65535", "169.254.0.0/16:1-65535", "10.0.0.0/8:1-65535"),
+			egressGrants(t, "203.0.113.0/24:1-65535", "169.254.0.0/16:1-65535", "10.0.0.0/8:1-65535",
+				egressMetaElse[0]+"/32:1-65535", egressMetaElse[1]+"/32:1-65535"),
 			append(targets, egressWorld+":8080")...)
 		if !strings.HasPrefix(got[egressWorld+":8080"], "ok ") {
 			t.Fatalf("the world, which the grant allows: %q", got[egressWorld+":8080"])
@@ -412,6 +452,60 @@ func TestEgress(t *testing.T) {
 				t.Errorf("%s: %q, want refused", a, got[a])
 			}
 		}
+		// Nothing new reaches the victim's listeners by its address on
+		// the host: not from a process of the host's, not from the
+		// world. Its own datagram on loopback does.
+		waitSaid(t, d, "egress-victim", "egress-listen", "udp self")
+		victim := egressHostOf(t, d, "egress-victim")
+		for _, from := range []string{"the host", "the world"} {
+			var c net.Conn
+			var derr error
+			var uerr error
+			dialFrom := func() {
+				c, derr = net.DialTimeout("tcp4", victim+":7000", 2*time.Second)
+				var u net.Conn
+				if u, uerr = net.Dial("udp4", victim+":7001"); uerr == nil {
+					_, uerr = u.Write([]byte(from))
+					u.Close()
+				}
+			}
+			if from == "the host" {
+				dialFrom()
+			} else {
+				inNetns(t, w.ns, dialFrom)
+			}
+			if derr == nil {
+				c.Close()
+				t.Errorf("%s reached the victim's TCP listener at %s:7000", from, victim)
+			}
+			t.Logf("%s to the victim at %s: TCP %v, UDP %v", from, victim, derr, uerr)
+		}
+		time.Sleep(time.Second)
+		for _, l := range said(d, "egress-victim", "egress-listen") {
+			if l != "udp self" && strings.HasPrefix(l, "udp ") {
+				t.Errorf("the victim got a datagram: %q", l)
+			}
+		}
+		// A flood of new flows, each from a port of its own, stops at
+		// the run's limit of 4,096 tracked at once: the world gets no
+		// more of them.
+		startHostile(t, d, "egress-flood", "egress-flood",
+			[]string{"HOSTILE_ADDR=" + egressWorld + ":9999", "HOSTILE_COUNT=5000"},
+			egressGrants(t, egressWorld+"/32:9999/udp"))
+		waitSaid(t, d, "egress-flood", "egress-flood", "sent 5000")
+		time.Sleep(time.Second)
+		w.mu.Lock()
+		flood := 0
+		for _, s := range w.udp {
+			if strings.HasPrefix(s, "flood ") {
+				flood++
+			}
+		}
+		w.mu.Unlock()
+		if flood < 3000 || flood > 4096 {
+			t.Errorf("the world got %d of the 5,000 flows, want 3,000 to 4,096", flood)
+		}
+		t.Logf("the world got %d of the flood's 5,000 flows; egress-flood said %q", flood, said(d, "egress-flood", "egress-flood"))
 		// A forged source, from a raw socket, does not leave; the plain
 		// datagram does.
 		startHostile(t, d, "egress-spoof", "egress-spoof",

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -54,14 +55,34 @@ func init() {
 		c.Close()
 		say("drained %d %v", n, err)
 	}
-	// "egress-listen" listens on TCP port 7000 of every address (another
-	// sandbox's target) and says "listening" once it answers itself on
-	// loopback.
+	// "egress-listen" listens on TCP port 7000 and UDP port 7001 of every
+	// address (another sandbox's, the host's, the world's target), says
+	// "udp PAYLOAD" for each datagram (its own "self" on loopback first),
+	// and "listening" once it answers itself on loopback.
 	attacks["egress-listen"] = func() {
 		l, err := net.Listen("tcp4", "0.0.0.0:7000")
 		if err != nil {
 			say("listen: %v", err)
 			return
+		}
+		pc, err := net.ListenPacket("udp4", "0.0.0.0:7001")
+		if err != nil {
+			say("listen: %v", err)
+			return
+		}
+		go func() {
+			b := make([]byte, 1500)
+			for {
+				n, _, err := pc.ReadFrom(b)
+				if err != nil {
+					return
+				}
+				say("udp %s", b[:n])
+			}
+		}()
+		if c, err := net.Dial("udp4", "127.0.0.1:7001"); err == nil {
+			c.Write([]byte("self"))
+			c.Close()
 		}
 		go func() {
 			for {
@@ -74,6 +95,32 @@ func init() {
 			}
 		}()
 		say("listening %s", fetch("127.0.0.1:7000"))
+	}
+	// "egress-flood" sends HOSTILE_COUNT UDP datagrams "flood N" to
+	// HOSTILE_ADDR, each from a port of its own (20000 + N): each a new
+	// flow the host tracks, ten a millisecond. It says "sent N ERRORS".
+	attacks["egress-flood"] = func() {
+		dst, err := net.ResolveUDPAddr("udp4", os.Getenv("HOSTILE_ADDR"))
+		if err != nil {
+			say("address: %v", err)
+			return
+		}
+		n, _ := strconv.Atoi(os.Getenv("HOSTILE_COUNT"))
+		errs := 0
+		for i := range n {
+			c, err := net.DialUDP("udp4", &net.UDPAddr{Port: 20000 + i}, dst)
+			if err == nil {
+				_, err = c.Write([]byte("flood " + strconv.Itoa(i)))
+				c.Close()
+			}
+			if err != nil {
+				errs++
+			}
+			if i%10 == 9 {
+				time.Sleep(time.Millisecond) // the world's socket keeps up
+			}
+		}
+		say("sent %d %d", n, errs)
 	}
 	// "egress-spoof" sends a UDP datagram to HOSTILE_ADDR from a raw
 	// socket, its source forged to HOSTILE_SOURCE, and one over a plain
