@@ -15,13 +15,14 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/attest"
 )
 
-// The runs' names (docs/unit.md, "Names"): where the host grants egress,
-// the daemon answers every linked sandbox's DNS queries on the gateway
-// (egress.DNSServer), for the names its run's grant lists and nothing
-// else, asking the host's upstream resolver (serve --egress-resolver;
-// without one no grant names a destination, and every query is
-// refused). Each answer is journaled in the run's open interval, under
-// the run's lock, before its addresses are allowed and the unit is told.
+// The runs' names (docs/unit.md, names in an egress grant): where the
+// host grants egress, the daemon answers every linked sandbox's DNS
+// queries on the gateway (egress.DNSServer), for the names its run's grant
+// lists and nothing else, asking the host's upstream resolver (serve
+// --egress-resolver; without one no grant names a destination, and every
+// query is refused). Each answer is journaled in the run's open interval,
+// under the run's lock, before its addresses are allowed and the unit is
+// told.
 
 // MaxResolutions bounds the resolution entries of one interval: past it,
 // an answer that would need an entry is refused (SERVFAIL) and allows
