@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
 
@@ -105,7 +106,8 @@ func (w *worldDNS) answer(query []byte) []byte {
 // refused before the unit resolved the name, and so is a name the grant
 // does not list (the daemon never asks upstream for it). The interval's
 // journal holds the one answer (asked again, the same answer needs no
-// second entry), and the record verifies.
+// second entry), and the record verifies. A restarted daemon answers a
+// running unit too, and goes on with its interval's entries.
 func testEgressNames(t *testing.T, d *daemon, w *egressWorldNS) {
 	ctx := context.Background()
 	dns := serveWorldDNS(t, w)
@@ -133,7 +135,54 @@ func testEgressNames(t *testing.T, d *daemon, w *egressWorldNS) {
 	if _, err := d.c.Park(ctx, id); err != nil {
 		t.Fatalf("park: %v", err)
 	}
-	s, err := d.c.Show(ctx, id)
+	rs := journaledResolutions(t, d, id)
+	want := attest.Resolution{Name: world, TTLSec: 60, Addrs: []netip.Addr{netip.MustParseAddr(egressWorld)}}
+	if len(rs) != 1 || rs[0].Name != want.Name || rs[0].TTLSec != want.TTLSec || !slices.Equal(rs[0].Addrs, want.Addrs) {
+		t.Fatalf("the interval journaled %+v, want the one %+v", rs, want)
+	}
+	if v, err := d.c.Verify(ctx, id); err != nil || !v.OK {
+		t.Fatalf("verify: %+v, %v", v, err)
+	}
+	if _, err := d.c.Close(ctx, id, "e2e: names done"); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+
+	// A daemon restarted with the unit running answers it too (it adopts
+	// the run's slot with its grant from the store), and goes on with the
+	// interval's entries: the same answer adds none.
+	const loop = "egress-names-loop"
+	startHostile(t, d, loop, "egress-dial-loop", []string{"HOSTILE_ADDR=" + world + ":8080"}, egressGrants(t, world+":8080"))
+	waitSaid(t, d, loop, "egress-dial-loop", "ok ")
+	mustStop(t, d)
+	mustStart(t, d)
+	n := len(said(d, loop, "egress-dial-loop"))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ls := said(d, loop, "egress-dial-loop")
+		if len(ls) > n+2 && strings.HasPrefix(ls[len(ls)-1], "ok ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the restart the unit said %q (%d lines before it)", ls[min(n, len(ls)):], n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if _, err := d.c.Park(ctx, loop); err != nil {
+		t.Fatalf("park after the restart: %v", err)
+	}
+	if rs := journaledResolutions(t, d, loop); len(rs) != 1 || rs[0].Name != world {
+		t.Fatalf("the interval across the restart journaled %+v, want the one answer", rs)
+	}
+	if _, err := d.c.Close(ctx, loop, "e2e: names done"); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+}
+
+// journaledResolutions are the resolution entries of run id's Executed
+// segments' journals.
+func journaledResolutions(t *testing.T, d *daemon, id string) []attest.Resolution {
+	t.Helper()
+	s, err := d.c.Show(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,14 +202,5 @@ func testEgressNames(t *testing.T, d *daemon, w *egressWorldNS) {
 			}
 		}
 	}
-	want := attest.Resolution{Name: world, TTLSec: 60, Addrs: []netip.Addr{netip.MustParseAddr(egressWorld)}}
-	if len(rs) != 1 || rs[0].Name != want.Name || rs[0].TTLSec != want.TTLSec || !slices.Equal(rs[0].Addrs, want.Addrs) {
-		t.Fatalf("the interval journaled %+v, want the one %+v", rs, want)
-	}
-	if v, err := d.c.Verify(ctx, id); err != nil || !v.OK {
-		t.Fatalf("verify: %+v, %v", v, err)
-	}
-	if _, err := d.c.Close(ctx, id, "e2e: names done"); err != nil {
-		t.Fatalf("close: %v", err)
-	}
+	return rs
 }
