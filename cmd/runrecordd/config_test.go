@@ -215,3 +215,31 @@ func TestEgressAllowFlag(t *testing.T) {
 		}
 	}
 }
+
+// --egress-resolver takes an IPv4 address and port, and only with a
+// ceiling: a name's addresses are held to it.
+func TestEgressResolverFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		ok   bool
+	}{
+		{[]string{"--egress-allow", "192.0.2.0/24", "--egress-resolver", "192.0.2.53:53"}, true},
+		{[]string{"--egress-resolver", "192.0.2.53:53"}, false},
+		{[]string{"--egress-allow", "192.0.2.0/24", "--egress-resolver", "192.0.2.53"}, false},
+		{[]string{"--egress-allow", "192.0.2.0/24", "--egress-resolver", "[2001:db8::1]:53"}, false},
+		{[]string{"--egress-allow", "192.0.2.0/24", "--egress-resolver", "192.0.2.53:0"}, false},
+	} {
+		f, fs := serveFlagSet(t)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.check()
+		var ue usageError
+		if c.ok != (err == nil) || (err != nil && !errors.As(err, &ue)) {
+			t.Errorf("%v: %v", c.args, err)
+		}
+		if c.ok != f.egressResolver.IsValid() || c.ok != f.platform.EgressNames {
+			t.Errorf("%v: resolver %v, platform names %v", c.args, f.egressResolver, f.platform.EgressNames)
+		}
+	}
+}

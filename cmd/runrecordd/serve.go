@@ -43,6 +43,8 @@ type serveFlags struct {
 	mounts                                    listFlag
 	egressFlag                                listFlag
 	egressAllow                               []netip.Prefix
+	egressResolverFlag                        string
+	egressResolver                            netip.AddrPort
 	objMax, bundleMax, jsonMax                int64
 	objectsMax                                int
 	etcd                                      etcdFlags
@@ -79,6 +81,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.criuDeadline, "criu-deadline", 0, "deadline of every CRIU dump and restore (default 30s plus 1s per 64 MiB of the unit's memory; docs/daemon.md)")
 	fs.Var(&f.mounts, "bundle-mount-allow", "a host path under which an imported bundle's read-only mounts may lie (repeat for more; default none: docs/trust.md)")
 	fs.Var(&f.egressFlag, "egress-allow", "an IPv4 network (CIDR) an egress grant's destinations may lie in: the host's egress ceiling (repeat for more; default none: no run is granted egress; docs/unit.md)")
+	fs.StringVar(&f.egressResolverFlag, "egress-resolver", "", "IPv4:PORT of the upstream DNS resolver the daemon asks for its runs' names: egress grants may then name destinations (needs --egress-allow; default none: a name is refused; docs/unit.md)")
 	fs.Int64Var(&f.objMax, "bundle-object-max", bundle.DefaultLimits.Object, "the largest object an imported bundle may carry, in bytes")
 	fs.Int64Var(&f.bundleMax, "bundle-max", bundle.DefaultLimits.Total, "the most object bytes an imported bundle may carry")
 	fs.Int64Var(&f.jsonMax, "bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
@@ -129,13 +132,24 @@ func (f *serveFlags) check() (slog.Level, error) {
 		}
 		f.egressAllow = append(f.egressAllow, p)
 	}
+	f.egressResolver = netip.AddrPort{}
+	if f.egressResolverFlag != "" {
+		ap, err := netip.ParseAddrPort(f.egressResolverFlag)
+		if err != nil || !ap.Addr().Is4() || ap.Port() == 0 {
+			return lv, usagef("--egress-resolver %s: want an IPv4 address and port, as 192.0.2.53:53", f.egressResolverFlag)
+		}
+		if len(f.egressAllow) == 0 {
+			return lv, usagef("--egress-resolver needs --egress-allow: a name's addresses are held to the egress ceiling")
+		}
+		f.egressResolver = ap
+	}
 	for _, m := range f.platformMounts {
 		if !filepath.IsAbs(m) {
 			return lv, usagef("--platform-mount-allow %s: not an absolute path", m)
 		}
 	}
 	f.platform.Mounts = f.platformMounts
-	f.platform.EgressAllow = f.egressAllow
+	f.platform.EgressAllow, f.platform.EgressNames = f.egressAllow, f.egressResolver.IsValid()
 	if f.platform.Runs <= 0 || f.platform.StoreBytes <= 0 {
 		return lv, usagef("--platform-runs and --platform-store-bytes must be positive")
 	}
@@ -184,7 +198,7 @@ func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
 		ParkLimits:  forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
 		Policy:      retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
 		Intake:      bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax, Objects: f.objectsMax}, BundleMounts: f.mounts},
-		EgressAllow: f.egressAllow}
+		EgressAllow: f.egressAllow, EgressResolver: f.egressResolver}
 	cfg.Meter.SysfsRoot = f.sysfs
 	if f.coeffs != "" {
 		b, err := os.ReadFile(f.coeffs)

@@ -38,13 +38,17 @@ type Policy struct {
 	// egress grant's prefixes must lie within. Empty: no egress grant is
 	// taken (CheckEgress).
 	EgressAllow []netip.Prefix
+	// EgressNames: the host resolves names for its runs (serve
+	// --egress-resolver), so an egress grant may name destinations.
+	EgressNames bool
 }
 
 // CheckEgress refuses, with an error wrapping [ErrPolicy], a grant set with
 // network egress that asks beyond ceiling: any egress when ceiling is
-// empty, else a prefix not within one of ceiling's. A destination by name
-// is refused: names need the daemon's resolver, which is not built.
-func CheckEgress(g unit.Grants, ceiling []netip.Prefix) error {
+// empty, else a prefix not within one of ceiling's, or a destination by
+// name unless names (the host has a resolver; each address a name
+// resolves to is held to ceiling when it is answered).
+func CheckEgress(g unit.Grants, ceiling []netip.Prefix, names bool) error {
 	if g.Network != unit.Egress {
 		return nil
 	}
@@ -53,7 +57,10 @@ func CheckEgress(g unit.Grants, ceiling []netip.Prefix) error {
 	}
 	for _, d := range g.Egress {
 		if d.CIDR == "" {
-			return fmt.Errorf("%w: egress destination %s: destinations by name are not granted yet", ErrPolicy, d)
+			if !names {
+				return fmt.Errorf("%w: egress destination %s: this host resolves no names (serve --egress-resolver)", ErrPolicy, d)
+			}
+			continue
 		}
 		p, err := netip.ParsePrefix(d.CIDR)
 		if err != nil {
@@ -115,7 +122,7 @@ func (p *Policy) Check(g unit.Grants) error {
 			return err
 		}
 	}
-	if err := CheckEgress(g, p.EgressAllow); err != nil {
+	if err := CheckEgress(g, p.EgressAllow, p.EgressNames); err != nil {
 		return err
 	}
 	for _, m := range g.ReadOnly {

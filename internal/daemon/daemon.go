@@ -68,6 +68,10 @@ type Config struct {
 	// a run started here, imported, or received from a peer. Empty: no
 	// egress grant is taken, and no sandbox is linked out.
 	EgressAllow []netip.Prefix
+	// EgressResolver is the upstream resolver the runs' names are asked
+	// of (serve --egress-resolver), reached from the daemon's network
+	// namespace; zero: none, and no egress grant may name a destination.
+	EgressResolver netip.AddrPort
 }
 
 // Daemon is one host's runrecordd.
@@ -164,6 +168,11 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		}
 	}()
 	d.wire()
+	if d.links != nil {
+		if err := d.serveNames(cfg.EgressResolver); err != nil {
+			return nil, fmt.Errorf("daemon: %w", err)
+		}
+	}
 	bg, stop := context.WithCancel(context.Background())
 	d.stop, d.bgCtx = stop, bg
 	d.bg.Go(func() { _ = d.meter.Run(bg) })
@@ -217,7 +226,7 @@ func (d *Daemon) wire() {
 	// The trusted signers are the keys as wired when asked: the member
 	// room takes these before the keys are made.
 	policy := bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)
-	policy.EgressAllow = d.cfg.EgressAllow
+	policy.EgressAllow, policy.EgressNames = d.cfg.EgressAllow, d.cfg.EgressResolver.IsValid()
 	d.bundles = bundle.Options{Limits: d.cfg.BundleLimits, Trusted: func(k record.Address) bool { return d.keys.Trusted(k) }, Policy: policy}
 	d.fleet = member.New(member.Config{
 		Join:  d.cfg.Join,
@@ -276,6 +285,10 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 		d.stop()
 	}
 	d.events.Stop()
+	var errs []error
+	if d.links != nil {
+		errs = append(errs, d.links.closeNames()) // no query waits on a run's lock
+	}
 	// Transcript units lose their channels with this process; the next
 	// start parks them from the transcripts left on disk.
 	for _, r := range d.runs.all() {
@@ -286,7 +299,6 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 		r.mu.Unlock()
 	}
 	d.bg.Wait()
-	var errs []error
 	if d.fleet != nil {
 		errs = append(errs, d.fleet.Close(ctx)) // a session it made after a lost lease
 	}

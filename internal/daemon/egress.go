@@ -40,6 +40,11 @@ type links struct {
 	mu      sync.Mutex
 	slot    map[string]int         // run → slot, as the files say
 	runs    map[string]*egress.Run // the runs this process holds a handle of
+
+	// names: the host resolves names for its runs, so a grant may name
+	// destinations; dns answers the runs' queries (names.go).
+	names bool
+	dns   *egress.DNSServer
 }
 
 // openLinks sets the host up for egress, under ceiling, and reads the
@@ -75,13 +80,13 @@ func openLinks(stateDir string, ceiling []netip.Prefix, log *slog.Logger) (*link
 	return l, nil
 }
 
-func (l *links) close() error { return l.gw.Close() }
+func (l *links) close() error { return errors.Join(l.closeNames(), l.gw.Close()) }
 
 // Link holds a slot for run (taking one if it holds none) and returns
 // how to link a sandbox of it out under allow, which must lie within the
 // ceiling (bundle.CheckEgress).
 func (l *links) Link(run string, allow []unit.Dest) (func(netns string) error, error) {
-	if err := bundle.CheckEgress(unit.Grants{Network: unit.Egress, Egress: allow}, l.ceiling); err != nil {
+	if err := bundle.CheckEgress(unit.Grants{Network: unit.Egress, Egress: allow}, l.ceiling, l.names); err != nil {
 		return nil, fmt.Errorf("run %s: %w", run, err)
 	}
 	l.mu.Lock()

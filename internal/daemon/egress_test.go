@@ -18,22 +18,32 @@ import (
 func TestStartEgressRefused(t *testing.T) {
 	grants := func(ds ...unit.Dest) unit.Grants { return unit.Grants{Network: unit.Egress, Egress: ds} }
 	world := unit.Dest{CIDR: "203.0.113.0/24", Proto: "tcp", Ports: "443"}
+	pypi := unit.Dest{Name: "pypi.org", Proto: "tcp", Ports: "443"}
+	all := []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
 	image := unit.Spec{Image: fakeImage, Args: []string{"/unit"}}
 	for _, c := range []struct {
 		name    string
 		ceiling []netip.Prefix
+		names   bool // the host has an upstream resolver
 		spec    unit.Spec
 		grants  unit.Grants
 		want    error
 	}{
-		{"no ceiling", nil, image, grants(world), bundle.ErrPolicy},
-		{"beyond", []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, image, grants(world), bundle.ErrPolicy},
-		{"by name", []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, image, grants(world, unit.Dest{Name: "pypi.org", Proto: "tcp", Ports: "443"}), bundle.ErrPolicy},
-		{"transcript", []netip.Prefix{netip.MustParsePrefix("203.0.0.0/8")}, unit.Spec{Image: fakeImage, Mode: unit.TranscriptMode}, grants(world), answers.ErrInvalid},
-		{"no links", []netip.Prefix{netip.MustParsePrefix("203.0.0.0/8")}, image, grants(world), forms.ErrNoEgress},
+		{"no ceiling", nil, false, image, grants(world), bundle.ErrPolicy},
+		{"beyond", []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, false, image, grants(world), bundle.ErrPolicy},
+		{"by name, no resolver", all, false, image, grants(world, pypi), bundle.ErrPolicy},
+		// Past the judge of its grant, to the links this fake host has not.
+		{"by name, a resolver", all, true, image, grants(world, pypi), forms.ErrNoEgress},
+		{"transcript", []netip.Prefix{netip.MustParsePrefix("203.0.0.0/8")}, false, unit.Spec{Image: fakeImage, Mode: unit.TranscriptMode}, grants(world), answers.ErrInvalid},
+		{"no links", []netip.Prefix{netip.MustParsePrefix("203.0.0.0/8")}, false, image, grants(world), forms.ErrNoEgress},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h := newFakeHost(t, func(d *Daemon) { d.cfg.EgressAllow = c.ceiling })
+			h := newFakeHost(t, func(d *Daemon) {
+				d.cfg.EgressAllow = c.ceiling
+				if c.names {
+					d.cfg.EgressResolver = netip.MustParseAddrPort("192.0.2.53:53")
+				}
+			})
 			_, err := h.d.Start(t.Context(), "r", c.spec, c.grants)
 			if !errors.Is(err, c.want) {
 				t.Fatalf("start: %v, want %v", err, c.want)

@@ -48,7 +48,7 @@ func (d *Daemon) StartBooked(ctx context.Context, id string, spec unit.Spec, gra
 	if err := forms.CheckID(id); err != nil {
 		return answers.Summary{}, err
 	}
-	if err := bundle.CheckEgress(grants, d.cfg.EgressAllow); err != nil {
+	if err := bundle.CheckEgress(grants, d.cfg.EgressAllow, d.cfg.EgressResolver.IsValid()); err != nil {
 		return answers.Summary{}, fmt.Errorf("run %s: %w", id, err)
 	}
 	if grants.Network == unit.Egress && spec.Mode == unit.TranscriptMode {

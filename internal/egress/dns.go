@@ -15,7 +15,7 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 )
 
-// The resolver's bounds (docs/notes/egress.md: names are not served yet).
+// The resolver's bounds (docs/unit.md, names in an egress grant).
 const (
 	// MinTTL and MaxTTL clamp the time an answer's addresses stay
 	// allowed (and the TTL the unit is told).

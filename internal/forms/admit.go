@@ -26,6 +26,10 @@ var ErrFormMismatch = errors.New("the park's form is not the unit's")
 // links none out (no serve --egress-allow): refused (grant_refused).
 var ErrNoEgress = errors.New("network egress is not granted here")
 
+// ResolvTarget is where a sandbox linked out has the host's
+// [Linker.ResolvConf], read-only: its resolver is the gateway's.
+const ResolvTarget = "/etc/resolv.conf"
+
 // Admitted is a parked run that passed the resume preconditions: what
 // its form wakes it from, and what its park owes.
 type Admitted struct {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -38,6 +39,8 @@ func (l *fakeLinks) Pass(run string) error {
 	return nil
 }
 
+func (l *fakeLinks) ResolvConf() (string, error) { return "/state/resolv.conf", nil }
+
 func (l *fakeLinks) took() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -66,6 +69,10 @@ func TestImageEgressLinks(t *testing.T) {
 	if spec.Network != unit.Egress || spec.Link == nil {
 		t.Fatalf("the sandbox's spec: network %s, link set %v", spec.Network, spec.Link != nil)
 	}
+	resolv := executor.Mount{Source: "/state/resolv.conf", Target: "/etc/resolv.conf", Own: true}
+	if !slices.Contains(spec.Mounts, resolv) {
+		t.Fatalf("the sandbox's mounts %+v, want %+v", spec.Mounts, resolv)
+	}
 	if err := spec.Link("/pin"); err != nil {
 		t.Fatal(err)
 	}
@@ -92,6 +99,20 @@ func TestImageEgressLinks(t *testing.T) {
 	if got := links.took(); !slices.Equal(got, []string{"link r /proc/1/ns/net 203.0.113.0/24:443/tcp", "pass r"}) {
 		t.Fatalf("a thaw: %q", got)
 	}
+	// A restore (here, or on another host) binds the same file.
+	taken, err := f.Snapshot(t.Context(), w.Unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	teardown := make(chan struct{})
+	close(teardown)
+	if _, err := f.Wake(t.Context(), r, Waking{Snapshot: taken.Snapshot, Retained: taken.Retained, Teardown: teardown}); err != nil {
+		t.Fatal(err)
+	}
+	if len(box.restoreSpecs) != 1 || !slices.Contains(box.restoreSpecs[0].Mounts, resolv) || box.restoreSpecs[0].Link == nil {
+		t.Fatalf("the restore's specs %+v, want one with %+v and a link", box.restoreSpecs, resolv)
+	}
+	links.took()
 	tr := transcriptRun("t")
 	tr.Grants = r.Grants
 	if _, err := h.For(unit.TranscriptMode).Start(t.Context(), stored(t, h, tr)); !errors.Is(err, ErrNoEgress) {

@@ -27,8 +27,10 @@ type fakeBox struct {
 	mu       sync.Mutex
 	started  map[string]executor.Spec // sandbox id → its spec
 	restored []string                 // what each restore read
-	n        int
-	pauseErr error
+	// restoreSpecs are the specs of the restores, in order.
+	restoreSpecs []executor.Spec
+	n            int
+	pauseErr     error
 	// checkpointErr, when set, refuses every checkpoint.
 	checkpointErr error
 }
@@ -55,7 +57,7 @@ func (b *fakeBox) Start(_ context.Context, id string, spec executor.Spec, _ exec
 	return &fakeUnit{box: b, id: id, status: "running"}, nil
 }
 
-func (b *fakeBox) Restore(_ context.Context, id string, _ executor.Spec, cp executor.Checkpoint, _ executor.Output) (Sandbox, executor.RestoreStats, error) {
+func (b *fakeBox) Restore(_ context.Context, id string, spec executor.Spec, cp executor.Checkpoint, _ executor.Output) (Sandbox, executor.RestoreStats, error) {
 	core, err := os.ReadFile(filepath.Join(cp.ImageDir, "core-1.img"))
 	if err != nil {
 		return nil, executor.RestoreStats{}, fmt.Errorf("%w: %v", executor.ErrRestore, err)
@@ -65,6 +67,7 @@ func (b *fakeBox) Restore(_ context.Context, id string, _ executor.Spec, cp exec
 	}
 	b.mu.Lock()
 	b.restored = append(b.restored, string(core))
+	b.restoreSpecs = append(b.restoreSpecs, spec)
 	b.mu.Unlock()
 	return &fakeUnit{box: b, id: id, status: "running"}, executor.RestoreStats{PagesRestored: 1}, nil
 }

@@ -265,6 +265,13 @@ func (h Env) unitSpec(run Run, userns bool) (executor.Spec, error) {
 			return es, fmt.Errorf("run %s: %w", run.ID, err)
 		}
 		es.Link = link
+		// The same at every start and restore, here or on another host:
+		// a checkpoint's bind mount finds its source again.
+		conf, err := h.Links.ResolvConf()
+		if err != nil {
+			return es, fmt.Errorf("run %s: %w", run.ID, err)
+		}
+		es.Mounts = append(es.Mounts, executor.Mount{Source: conf, Target: ResolvTarget, Own: true})
 	}
 	if h.Ranges == nil || !userns {
 		return es, nil

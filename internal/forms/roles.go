@@ -41,11 +41,14 @@ type Sandboxes interface {
 // network namespace to it (executor.Spec.Link); Unlink removes run's link
 // from its sandbox (a park), keeping the rest. A link made after an
 // Unlink holds the outside's packets for the sandbox until Pass, which
-// follows its restore (or its thaw).
+// follows its restore (or its thaw). ResolvConf is the host file every
+// linked sandbox has as its /etc/resolv.conf (ResolvTarget), made if it
+// is missing.
 type Linker interface {
 	Link(run string, allow []unit.Dest) (func(netns string) error, error)
 	Unlink(run string) error
 	Pass(run string) error
+	ResolvConf() (string, error)
 }
 
 // Exec is *executor.Client in the roles its consumers declare — the

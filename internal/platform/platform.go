@@ -47,8 +47,10 @@ type Limits struct {
 	// mount sources may lie; empty (the default) allows none.
 	Mounts []string
 	// EgressAllow is the host's egress ceiling (serve --egress-allow),
-	// the same for a platform's runs as for the operator's.
+	// the same for a platform's runs as for the operator's; EgressNames,
+	// whether the host resolves names (serve --egress-resolver).
 	EgressAllow []netip.Prefix
+	EgressNames bool
 }
 
 // Policy is the policy a platform run's grants are judged by: a bundle's
@@ -58,7 +60,7 @@ type Limits struct {
 // bundle's, memory and CPU at most the host's.
 func (l Limits) Policy(stateDir string) *bundle.Policy {
 	p := bundle.HostPolicy(l.Mounts, stateDir)
-	p.EgressAllow = l.EgressAllow
+	p.EgressAllow, p.EgressNames = l.EgressAllow, l.EgressNames
 	return p
 }
 

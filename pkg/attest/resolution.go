@@ -9,7 +9,7 @@ import (
 // Resolution is a resolution entry's data: an answer the daemon's
 // resolver gave a run for a name its egress grant lists, and so the
 // addresses the run was allowed to reach under that name, and for how
-// long (docs/notes/egress.md: names are not served yet).
+// long (docs/unit.md, names in an egress grant).
 type Resolution struct {
 	Name   string       // 1 to 253 bytes of a-z 0-9 - and dots
 	TTLSec uint32       // how long the addresses are allowed, seconds

@@ -364,7 +364,8 @@ func dialResults(t *testing.T, d *daemon, id string, g unit.Grants, addrs ...str
 // the world opens a flow to a sandbox; a flood of new flows stops at the
 // run's limit; a connection in flight goes on across a park and resume here,
 // and a restart of the daemon; each interval journals the bytes its
-// unit fetched, across a restart too, and /metrics sums them; a
+// unit fetched, across a restart too, and /metrics sums them; names
+// are resolved as the grant lists them, and journaled (testEgressNames); a
 // grant beyond the ceiling is refused; and a crash mid-start leaves no
 // link, rule or slot after the next start.
 func TestEgress(t *testing.T) {
@@ -373,7 +374,8 @@ func TestEgress(t *testing.T) {
 	w := newEgressWorld(t)
 	t.Cleanup(func() { removeEgressHost(t) })
 	d := mustDaemon(t, "egress", func(d *daemon) {
-		d.flags = []string{"--egress-allow", "203.0.113.0/24", "--egress-allow", "169.254.0.0/16", "--egress-allow", "10.0.0.0/8"}
+		d.flags = []string{"--egress-allow", "203.0.113.0/24", "--egress-allow", "169.254.0.0/16", "--egress-allow", "10.0.0.0/8",
+			"--egress-resolver", egressWorld + ":53"}
 		for _, a := range egressMetaElse {
 			d.flags = append(d.flags, "--egress-allow", a+"/32")
 		}
@@ -428,6 +430,8 @@ func TestEgress(t *testing.T) {
 			t.Errorf("a unit whose grant does not name the world: %q", got[egressWorld+":8080"])
 		}
 	})
+
+	t.Run("Names", func(t *testing.T) { testEgressNames(t, d, w) })
 
 	t.Run("Hostile", func(t *testing.T) {
 		startHostile(t, d, "egress-victim", "egress-listen", nil, egressGrants(t, egressWorld+"/32:8080"))
