@@ -68,6 +68,9 @@ type Config struct {
 	// a run started here, imported, or received from a peer. Empty: no
 	// egress grant is taken, and no sandbox is linked out.
 	EgressAllow []netip.Prefix
+	// Egress is how this host links runs out beyond its ceiling: zero
+	// values take the defaults (EgressLinks).
+	Egress EgressLinks
 }
 
 // Daemon is one host's runrecordd.
@@ -149,7 +152,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: &runTable{st: h.Store}, base: h, st: h.Store,
 		ex: forms.Exec{Client: h.Exec}, meter: h.Meter, signer: h.Signer, keyID: h.Signer.KeyID(), host: h.Facts}
 	if len(cfg.EgressAllow) > 0 {
-		if d.links, err = openLinks(cfg.StateDir, cfg.EgressAllow, d.log); err != nil {
+		if d.links, err = openLinks(cfg.StateDir, cfg.EgressAllow, cfg.Egress, d.log); err != nil {
 			return nil, errors.Join(err, h.Close(ctx))
 		}
 	}

@@ -14,7 +14,8 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
-// The nftables objects, all in tables named [tableName]:
+// The nftables objects, all in tables named [tableName] (with another
+// Config.LinkPrefix P than rrde, tableName_P; rrde below is the prefix):
 //
 //	table ip runrecordd_egress
 //	  chain input       filter, input, accept: iifname "rrde*" drop, but
@@ -294,8 +295,8 @@ func egressRules(addr netip.Addr, held bool) [][]expr.Any {
 // hostTables adds the host's tables and shared chains (idempotent: an
 // add of what exists is not an error in nftables).
 func (h *Gateway) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
-	ip = c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: tableName})
-	netdev = c.AddTable(&nftables.Table{Family: nftables.TableFamilyNetdev, Name: tableName})
+	ip = c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: h.table})
+	netdev = c.AddTable(&nftables.Table{Family: nftables.TableFamilyNetdev, Name: h.table})
 	accept := nftables.ChainPolicyAccept
 	input := c.AddChain(&nftables.Chain{Name: "input", Table: ip, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
@@ -310,7 +311,7 @@ func (h *Gateway) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
 	if h.resolving {
 		gw := GatewayAddr.As4()
 		c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(
-			metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)),
+			metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(h.prefix)),
 			[]expr.Any{ipField(16), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: gw[:]}},
 			metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{unix.IPPROTO_UDP}),
 			[]expr.Any{
@@ -320,7 +321,7 @@ func (h *Gateway) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
 			})})
 	}
 	c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(
-		metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)), []expr.Any{verdict(expr.VerdictDrop)})})
+		metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(h.prefix)), []expr.Any{verdict(expr.VerdictDrop)})})
 	c.AddRule(&nftables.Rule{Table: ip, Chain: post, Exprs: join(inPrefix(12, h.pool), []expr.Any{&expr.Masq{}})})
 	return ip, netdev
 }
@@ -333,7 +334,7 @@ func (h *Gateway) addRun(c *nftables.Conn, slot int, allow []allowRule) {
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	c.FlushChain(fwd)
 	sets := addNameSets(c, ip, slot, allow)
-	for _, r := range h.forwardRules(linkName(slot), h.addr(slot), allow, sets) {
+	for _, r := range h.forwardRules(h.linkName(slot), h.addr(slot), allow, sets) {
 		c.AddRule(&nftables.Rule{Table: ip, Chain: fwd, Exprs: r.exprs, UserData: r.count})
 	}
 }
@@ -353,7 +354,7 @@ func (h *Gateway) addLinkChains(c *nftables.Conn, slot int, held bool) {
 		{outChain, nftables.ChainHookEgress, egressRules(h.addr(slot), held)},
 	} {
 		chain := c.AddChain(&nftables.Chain{Name: ch.name + strconv.Itoa(slot), Table: nd, Type: nftables.ChainTypeFilter,
-			Hooknum: ch.hook, Priority: prio, Policy: &accept, Device: linkName(slot)})
+			Hooknum: ch.hook, Priority: prio, Policy: &accept, Device: h.linkName(slot)})
 		c.FlushChain(chain)
 		for _, r := range ch.rules {
 			c.AddRule(&nftables.Rule{Table: nd, Chain: chain, Exprs: r})
@@ -362,14 +363,14 @@ func (h *Gateway) addLinkChains(c *nftables.Conn, slot int, held bool) {
 }
 
 // runChains lists the chains of runs in the host's tables, by slot.
-func runChains(c *nftables.Conn) (map[int][]*nftables.Chain, error) {
+func (h *Gateway) runChains(c *nftables.Conn) (map[int][]*nftables.Chain, error) {
 	chains, err := c.ListChains()
 	if err != nil {
 		return nil, fmt.Errorf("list nftables chains: %w", err)
 	}
 	out := map[int][]*nftables.Chain{}
 	for _, ch := range chains {
-		if ch.Table == nil || ch.Table.Name != tableName {
+		if ch.Table == nil || ch.Table.Name != h.table {
 			continue
 		}
 		for _, p := range []string{fwdChain, inChain, outChain} {

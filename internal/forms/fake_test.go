@@ -55,13 +55,18 @@ func (b *fakeBox) Start(_ context.Context, id string, spec executor.Spec, _ exec
 	return &fakeUnit{box: b, id: id, status: "running"}, nil
 }
 
-func (b *fakeBox) Restore(_ context.Context, id string, _ executor.Spec, cp executor.Checkpoint, _ executor.Output) (Sandbox, executor.RestoreStats, error) {
+func (b *fakeBox) Restore(_ context.Context, id string, spec executor.Spec, cp executor.Checkpoint, _ executor.Output) (Sandbox, executor.RestoreStats, error) {
 	core, err := os.ReadFile(filepath.Join(cp.ImageDir, "core-1.img"))
 	if err != nil {
 		return nil, executor.RestoreStats{}, fmt.Errorf("%w: %v", executor.ErrRestore, err)
 	}
 	if layer, err := os.ReadFile(cp.Rootfs); err != nil || !strings.HasPrefix(string(layer), string(core)) {
 		return nil, executor.RestoreStats{}, fmt.Errorf("%w: the rw layer is not the checkpoint's", executor.ErrRestore)
+	}
+	if spec.Link != nil { // the namespace links out as CRIU sets it up
+		if err := spec.Link("/restored"); err != nil {
+			return nil, executor.RestoreStats{}, err
+		}
 	}
 	b.mu.Lock()
 	b.restored = append(b.restored, string(core))
