@@ -45,6 +45,13 @@
 // [Run.Close] removes all of it. [Gateway.Reconcile] removes every link,
 // chain and tracked connection of a slot no run owns: what a crash left.
 //
+// A restore ([Run.Restore]) holds the outside's packets from its link
+// until [Run.Pass]. Where the host holds no state of the run's
+// connections (restored on another host; its rules gone; its tracked
+// connections removed by [Gateway.Forget] when a park outlived its
+// hold), Pass first aborts the sandbox's TCP connections to outside
+// (sockets.go), so the unit sees an error rather than a silent peer.
+//
 // A conntrack zone per run is not used: the per-run address already keeps
 // runs apart in the one zone, and a zone set for both directions would
 // leave the replies arriving on the host's uplink unmatched (they carry

@@ -10,7 +10,7 @@ import (
 // Closed is a closed entry's data: the TCP connections to outside that
 // a resume of a run with an egress grant closed (aborted) before its
 // sandbox got the outside's packets again, because this host held no
-// state of them (docs/unit.md, "What an egress grant gives").
+// state of them (docs/unit.md, "Grant set": what an egress grant gives).
 type Closed struct {
 	Reason ClosedReason
 	// Total is how many were closed; Conns lists the first
