@@ -243,3 +243,42 @@ func TestEgressResolverFlag(t *testing.T) {
 		}
 	}
 }
+
+// --egress-pool, --egress-link-prefix and --egress-park-hold take what
+// internal/egress and the daemon can use, and nothing else.
+func TestEgressLinksFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		ok   bool
+	}{
+		{nil, true},
+		{[]string{"--egress-pool", "10.253.0.0/24", "--egress-link-prefix", "rrdx", "--egress-park-hold", "90s"}, true},
+		{[]string{"--egress-pool", "10.253.0.0/8"}, false},
+		{[]string{"--egress-pool", "10.253.0.1/24"}, false},
+		{[]string{"--egress-pool", "fd00::/64"}, false},
+		{[]string{"--egress-link-prefix", ""}, false},
+		{[]string{"--egress-link-prefix", "rrde1"}, false},
+		{[]string{"--egress-link-prefix", "abcdefghijk"}, false},
+		{[]string{"--egress-park-hold", "0s"}, false},
+	} {
+		f, fs := serveFlagSet(t)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.check()
+		var ue usageError
+		if c.ok != (err == nil) || (err != nil && !errors.As(err, &ue)) {
+			t.Errorf("%q: %v", c.args, err)
+		}
+	}
+	f, fs := serveFlagSet(t)
+	if err := fs.Parse([]string{"--egress-pool", "10.253.0.0/24", "--egress-link-prefix", "rrdx", "--egress-park-hold", "90s"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.check(); err != nil {
+		t.Fatal(err)
+	}
+	if e := f.egress; e.Pool.String() != "10.253.0.0/24" || e.LinkPrefix != "rrdx" || e.ParkHold != 90*time.Second {
+		t.Fatalf("the settings: %+v", e)
+	}
+}

@@ -14,12 +14,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/egress"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/peer"
 	"github.com/runrecordd/runrecordd/internal/forms"
@@ -45,6 +47,9 @@ type serveFlags struct {
 	egressAllow                               []netip.Prefix
 	egressResolverFlag                        string
 	egressResolver                            netip.AddrPort
+	egressPool, egressPrefix                  string
+	egressHold                                time.Duration
+	egress                                    daemon.EgressLinks
 	objMax, bundleMax, jsonMax                int64
 	objectsMax                                int
 	etcd                                      etcdFlags
@@ -82,6 +87,9 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.mounts, "bundle-mount-allow", "a host path under which an imported bundle's read-only mounts may lie (repeat for more; default none: docs/trust.md)")
 	fs.Var(&f.egressFlag, "egress-allow", "an IPv4 network (CIDR) an egress grant's destinations may lie in: the host's egress ceiling (repeat for more; default none: no run is granted egress; docs/unit.md)")
 	fs.StringVar(&f.egressResolverFlag, "egress-resolver", "", "IPv4:PORT of the upstream DNS resolver the daemon asks for its runs' names: egress grants may then name destinations (needs --egress-allow; default none: a name is refused; docs/unit.md)")
+	fs.StringVar(&f.egressPool, "egress-pool", egress.DefaultPool.String(), "with --egress-allow: the IPv4 network (a /16 to a /30) of the runs' addresses on this host, one per run's link (docs/daemon.md)")
+	fs.StringVar(&f.egressPrefix, "egress-link-prefix", egress.DefaultLinkPrefix, "with --egress-allow: the name prefix of the runs' links on this host (1 to 10 of a-z), which names its nftables tables too; two daemons in one network namespace need pools and prefixes apart")
+	fs.DurationVar(&f.egressHold, "egress-park-hold", daemon.DefaultParkHold, "with --egress-allow: how long a park keeps a run's connections to outside; a resume after it closes them (docs/unit.md)")
 	fs.Int64Var(&f.objMax, "bundle-object-max", bundle.DefaultLimits.Object, "the largest object an imported bundle may carry, in bytes")
 	fs.Int64Var(&f.bundleMax, "bundle-max", bundle.DefaultLimits.Total, "the most object bytes an imported bundle may carry")
 	fs.Int64Var(&f.jsonMax, "bundle-json-max", bundle.DefaultLimits.JSON, "the largest JSON member (record.json) of an imported bundle, in bytes")
@@ -143,6 +151,17 @@ func (f *serveFlags) check() (slog.Level, error) {
 		}
 		f.egressResolver = ap
 	}
+	pool, err := netip.ParsePrefix(f.egressPool)
+	if err != nil || !pool.Addr().Is4() || pool.Masked() != pool || pool.Bits() < 16 || pool.Bits() > 30 {
+		return lv, usagef("--egress-pool %s: want an IPv4 network from /16 to /30, as 10.254.0.0/16", f.egressPool)
+	}
+	if n := len(f.egressPrefix); n < 1 || n > 10 || strings.Trim(f.egressPrefix, "abcdefghijklmnopqrstuvwxyz") != "" {
+		return lv, usagef("--egress-link-prefix %q: want 1 to 10 of a-z", f.egressPrefix)
+	}
+	if f.egressHold < time.Second {
+		return lv, usagef("--egress-park-hold must be at least 1s")
+	}
+	f.egress = daemon.EgressLinks{Pool: pool, LinkPrefix: f.egressPrefix, ParkHold: f.egressHold}
 	for _, m := range f.platformMounts {
 		if !filepath.IsAbs(m) {
 			return lv, usagef("--platform-mount-allow %s: not an absolute path", m)
@@ -198,7 +217,7 @@ func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
 		ParkLimits:  forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
 		Policy:      retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
 		Intake:      bundle.Intake{BundleLimits: bundle.Limits{Object: f.objMax, Total: f.bundleMax, JSON: f.jsonMax, Objects: f.objectsMax}, BundleMounts: f.mounts},
-		EgressAllow: f.egressAllow, EgressResolver: f.egressResolver}
+		EgressAllow: f.egressAllow, EgressResolver: f.egressResolver, Egress: f.egress}
 	cfg.Meter.SysfsRoot = f.sysfs
 	if f.coeffs != "" {
 		b, err := os.ReadFile(f.coeffs)

@@ -72,6 +72,9 @@ type Config struct {
 	// of (serve --egress-resolver), reached from the daemon's network
 	// namespace; zero: none, and no egress grant may name a destination.
 	EgressResolver netip.AddrPort
+	// Egress is how this host links runs out beyond its ceiling: zero
+	// values take the defaults (EgressLinks).
+	Egress EgressLinks
 }
 
 // Daemon is one host's runrecordd.
@@ -153,7 +156,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: cfg.Logger, runs: &runTable{st: h.Store}, base: h, st: h.Store,
 		ex: forms.Exec{Client: h.Exec}, meter: h.Meter, signer: h.Signer, keyID: h.Signer.KeyID(), host: h.Facts}
 	if len(cfg.EgressAllow) > 0 {
-		if d.links, err = openLinks(cfg.StateDir, cfg.EgressAllow, d.log); err != nil {
+		if d.links, err = openLinks(cfg.StateDir, cfg.EgressAllow, cfg.Egress, d.log); err != nil {
 			return nil, errors.Join(err, h.Close(ctx))
 		}
 	}
@@ -168,7 +171,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 		}
 	}()
 	d.wire()
-	if d.links != nil {
+	if d.links != nil && cfg.EgressResolver.IsValid() {
 		if err := d.serveNames(cfg.EgressResolver); err != nil {
 			return nil, fmt.Errorf("daemon: %w", err)
 		}

@@ -10,12 +10,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/atomicfile"
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/egress"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -27,7 +29,16 @@ import (
 // a restarted daemon knows which links, rules and tracked connections
 // are owned (sweep). Between its sandboxes (a park here) the run keeps
 // its rules, its address translation and its tracked connections; the
-// outside's packets for it are dropped until it resumes.
+// outside's packets for it are dropped until it resumes, for at most the
+// park hold: then its tracked connections are removed (egress.Gateway.
+// Forget). The park's instant is the slot file's second line, "parked
+// UNIX-NS", so the hold counts across restarts.
+//
+// A restore's connections to outside are closed at its Pass, and
+// journaled (a closed entry), where the host holds no state of them: a
+// slot taken for the restore (the run was parked on another host, or
+// left this one and came back), rules gone (the host restarted), or a
+// park older than the hold. Otherwise they go on.
 type links struct {
 	gw  *egress.Gateway
 	dir string
@@ -45,30 +56,73 @@ type links struct {
 	// destinations; dns answers the runs' queries (names.go).
 	names bool
 	dns   *egress.DNSServer
+
+	// hold is how long a park keeps a run's tracked connections;
+	// parked is when each run parked here still was (the files' second
+	// line), timers end their holds, and restoring is the runs whose
+	// restore is under way (their hold does not end meanwhile).
+	hold      time.Duration
+	parked    map[string]time.Time
+	timers    map[string]*time.Timer
+	restoring map[string]bool
+	// forget removes a slot's tracked connections (gw.Forget).
+	forget func(slot int) error
+}
+
+// DefaultParkHold is how long a park keeps a run's tracked connections
+// to outside by default (serve --egress-park-hold): Linux's default
+// keepalive time. A peer that probes an idle connection gives up on an
+// unanswered one after 2 h 11 min, one with data in flight after about
+// 15 min; few connections held longer are still alive at the peer.
+const DefaultParkHold = 2 * time.Hour
+
+// EgressLinks is how this host links runs out, beyond its ceiling: the
+// pool of the runs' addresses and their links' name prefix
+// (egress.Config; serve --egress-pool, --egress-link-prefix) and the
+// park hold (--egress-park-hold; DefaultParkHold when zero). Two daemons
+// in one network namespace need pools and prefixes apart.
+type EgressLinks struct {
+	Pool       netip.Prefix
+	LinkPrefix string
+	ParkHold   time.Duration
 }
 
 // openLinks sets the host up for egress, under ceiling, and reads the
 // slots held.
-func openLinks(stateDir string, ceiling []netip.Prefix, log *slog.Logger) (*links, error) {
+func openLinks(stateDir string, ceiling []netip.Prefix, set EgressLinks, log *slog.Logger) (*links, error) {
 	dir := filepath.Join(stateDir, "egress")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	gw, err := egress.Open(egress.Config{})
+	gw, err := egress.Open(egress.Config{Pool: set.Pool, LinkPrefix: set.LinkPrefix})
 	if err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
 	}
-	l := &links{gw: gw, dir: dir, ceiling: ceiling, log: log, slot: map[string]int{}, runs: map[string]*egress.Run{}}
-	ents, err := os.ReadDir(dir)
+	l, err := loadLinks(gw, dir, ceiling, set.ParkHold, log)
 	if err != nil {
 		gw.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// loadLinks reads the slots held in dir, for gw, and starts the holds of
+// the runs parked.
+func loadLinks(gw *egress.Gateway, dir string, ceiling []netip.Prefix, hold time.Duration, log *slog.Logger) (*links, error) {
+	if hold <= 0 {
+		hold = DefaultParkHold
+	}
+	l := &links{gw: gw, dir: dir, ceiling: ceiling, log: log, slot: map[string]int{}, runs: map[string]*egress.Run{},
+		hold: hold, parked: map[string]time.Time{}, timers: map[string]*time.Timer{}, restoring: map[string]bool{}, forget: gw.Forget}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
 		return nil, err
 	}
 	for _, e := range ents {
 		p := filepath.Join(dir, e.Name())
 		slot, err := strconv.Atoi(e.Name())
 		b, rerr := os.ReadFile(p)
-		run := strings.TrimSpace(string(b))
+		run, rest, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
 		if err != nil || slot < 1 || slot > gw.Slots() || rerr != nil || run == "" {
 			// A temporary file a crash left, or not a slot's.
 			log.Warn("egress: removing a file that holds no slot", "file", p)
@@ -76,23 +130,144 @@ func openLinks(stateDir string, ceiling []netip.Prefix, log *slog.Logger) (*link
 			continue
 		}
 		l.slot[run] = slot
+		if ns, ok := strings.CutPrefix(rest, "parked "); ok {
+			if n, err := strconv.ParseInt(ns, 10, 64); err == nil {
+				l.parked[run] = time.Unix(0, n)
+				l.arm(run)
+			}
+		}
 	}
 	return l, nil
 }
 
-func (l *links) close() error { return errors.Join(l.closeNames(), l.gw.Close()) }
+func (l *links) close() error {
+	l.mu.Lock()
+	for run, t := range l.timers {
+		t.Stop()
+		delete(l.timers, run)
+	}
+	l.mu.Unlock()
+	return errors.Join(l.closeNames(), l.gw.Close())
+}
+
+// arm starts run's hold, parked at l.parked[run] (l.mu held).
+func (l *links) arm(run string) {
+	if t := l.timers[run]; t != nil {
+		t.Stop()
+	}
+	at := l.parked[run]
+	l.timers[run] = time.AfterFunc(time.Until(at.Add(l.hold)), func() { l.expire(run, at) })
+}
+
+// expire ends the hold of run, parked at at: its tracked connections
+// are removed. A run resumed or parked again since has a hold of its
+// own; one whose restore is under way is looked at again in a minute.
+func (l *links) expire(run string, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	slot, held := l.slot[run]
+	if !held || !l.parked[run].Equal(at) || l.timers[run] == nil {
+		return
+	}
+	if l.restoring[run] {
+		l.timers[run] = time.AfterFunc(time.Minute, func() { l.expire(run, at) })
+		return
+	}
+	delete(l.timers, run)
+	if err := l.forget(slot); err != nil {
+		l.log.Error("egress: a parked run's tracked connections not removed at its hold's end", "run", run, "slot", slot, "err", err)
+		return
+	}
+	l.log.Info("egress: a parked run's hold ended: its connections to outside are closed at its resume", "run", run, "slot", slot, "parked", at)
+}
+
+// unpark forgets run's park here: its hold, and the slot file's park
+// line (l.mu held). A file not written back is logged: the next start
+// counts the hold from the park still.
+func (l *links) unpark(run string) {
+	if t := l.timers[run]; t != nil {
+		t.Stop()
+		delete(l.timers, run)
+	}
+	delete(l.restoring, run)
+	if _, ok := l.parked[run]; !ok {
+		return
+	}
+	delete(l.parked, run)
+	if slot, held := l.slot[run]; held {
+		if err := l.writeSlot(run, slot, ""); err != nil {
+			l.log.Warn("egress: slot file not written", "run", run, "slot", slot, "err", err)
+		}
+	}
+}
+
+// writeSlot writes run slot's file, its run's id and line (if any). The
+// swap is atomic, not synced: after a power loss the host's tracked
+// connections are gone anyway (the rules too: the restore closes the
+// run's connections).
+func (l *links) writeSlot(run string, slot int, line string) error {
+	return atomicfile.WriteNoSync(filepath.Join(l.dir, strconv.Itoa(slot)), 0o600, func(f *os.File) error {
+		_, err := f.WriteString(run + "\n" + line)
+		return err
+	})
+}
+
+// resetFor is why a restore of run, holding its slot here (fresh: taken
+// for it now), closes its connections to outside at its Pass (l.mu
+// held): egress.Elsewhere for a fresh slot, egress.Expired for a park
+// older than the hold, whose tracked connections are removed now if
+// its timer has not yet, egress.Keep otherwise.
+func (l *links) resetFor(run string, fresh bool, now time.Time) egress.Reset {
+	if fresh {
+		return egress.Elsewhere
+	}
+	at, parked := l.parked[run]
+	if !parked || now.Sub(at) < l.hold {
+		return egress.Keep
+	}
+	if t := l.timers[run]; t != nil {
+		t.Stop()
+		delete(l.timers, run)
+		if err := l.forget(l.slot[run]); err != nil {
+			l.log.Error("egress: a parked run's tracked connections not removed at its hold's end", "run", run, "err", err)
+		}
+	}
+	return egress.Expired
+}
 
 // Link holds a slot for run (taking one if it holds none) and returns
 // how to link a sandbox of it out under allow, which must lie within the
-// ceiling (bundle.CheckEgress).
-func (l *links) Link(run string, allow []unit.Dest) (func(netns string) error, error) {
+// ceiling (bundle.CheckEgress). For a restore the link holds the
+// outside's packets until Pass, which first closes the run's
+// connections to outside where this host holds no state of them
+// (resetFor). Otherwise (a start, or a unit going on after a park was
+// refused) the run's park here, if any, is over.
+func (l *links) Link(run string, allow []unit.Dest, restore bool) (func(netns string) error, error) {
 	if err := bundle.CheckEgress(unit.Grants{Network: unit.Egress, Egress: allow}, l.ceiling, l.names); err != nil {
 		return nil, fmt.Errorf("run %s: %w", run, err)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	_, held := l.slot[run]
+	r, err := l.runOf(run, allow)
+	if err != nil {
+		return nil, err
+	}
+	if restore {
+		r.Restore(l.resetFor(run, !held, time.Now()))
+		l.restoring[run] = true
+	} else {
+		l.unpark(run)
+	}
+	return r.Attach, nil
+}
+
+// runOf is run's handle, made if this process has none: adopted if run
+// holds a slot, its policy installed in a slot taken now otherwise
+// (l.mu held).
+func (l *links) runOf(run string, allow []unit.Dest) (*egress.Run, error) {
 	if r := l.runs[run]; r != nil {
-		return r.Attach, nil
+		return r, nil
 	}
 	var r *egress.Run
 	slot, held := l.slot[run]
@@ -113,7 +288,7 @@ func (l *links) Link(run string, allow []unit.Dest) (func(netns string) error, e
 		}
 	}
 	l.runs[run] = r
-	return r.Attach, nil
+	return r, nil
 }
 
 // Unlink removes run's link from its sandbox (a park): its rules, its
@@ -133,19 +308,50 @@ func (l *links) Unlink(run string) error {
 			return err
 		}
 	}
-	return r.Detach()
+	if err := r.Detach(); err != nil {
+		return err
+	}
+	l.unpark(run)
+	now := time.Now()
+	if err := l.writeSlot(run, l.slot[run], "parked "+strconv.FormatInt(now.UnixNano(), 10)+"\n"); err != nil {
+		// The hold counts in this process all the same.
+		l.log.Warn("egress: the park's instant not written to its slot file", "run", run, "err", err)
+	}
+	l.parked[run] = now
+	l.arm(run)
+	return nil
 }
 
 // Pass lets the outside's packets reach run's sandbox, linked again
-// after a park (egress.Run.Pass). A run without a link here has none to
-// pass.
-func (l *links) Pass(run string) error {
+// after a park (egress.Run.Pass): its park here is over. It returns the
+// closed entry of the connections to outside it closed first, if it had
+// to (Link); an error says some were not closed, and the packets pass
+// all the same. A run without a link here has none to pass.
+func (l *links) Pass(run string) ([]attest.Entry, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if r := l.runs[run]; r != nil {
-		return r.Pass()
+	r := l.runs[run]
+	if r == nil {
+		return nil, nil
 	}
-	return nil
+	closed, err := r.Pass()
+	l.unpark(run)
+	if closed.Why == egress.Keep {
+		return nil, err
+	}
+	c := attest.Closed{Reason: attest.ClosedElsewhere, Total: uint32(len(closed.Conns))}
+	if closed.Why == egress.Expired {
+		c.Reason = attest.ClosedExpired
+	}
+	for _, cn := range closed.Conns[:min(len(closed.Conns), attest.MaxClosedConns)] {
+		c.Conns = append(c.Conns, attest.ClosedConn{Local: cn.Local, Remote: cn.Remote})
+	}
+	e, eerr := c.Entry(time.Now().UnixNano())
+	if eerr != nil {
+		return nil, errors.Join(err, eerr)
+	}
+	l.log.Info("egress: a restore closed its connections to outside", "run", run, "reason", closed.Why, "closed", len(closed.Conns))
+	return []attest.Entry{e}, err
 }
 
 // Counters is run's egress counters on this host (interval.Traffic):
@@ -214,6 +420,7 @@ func (l *links) Release(run string) {
 	if !held {
 		return
 	}
+	l.unpark(run)
 	r := l.runs[run]
 	if r == nil {
 		var err error

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -19,8 +18,8 @@ import (
 // host grants egress, the daemon answers every linked sandbox's DNS
 // queries on the gateway (egress.DNSServer), for the names its run's grant
 // lists and nothing else, asking the host's upstream resolver (serve
-// --egress-resolver; without one no grant names a destination, and every
-// query is refused). Each answer is journaled in the run's open interval,
+// --egress-resolver; without one no grant names a destination, and no
+// query is answered). Each answer is journaled in the run's open interval,
 // under the run's lock, before its addresses are allowed and the unit is
 // told.
 
@@ -37,28 +36,18 @@ const resolvLockWait = 2 * time.Second
 var resolvConf = "nameserver " + egress.GatewayAddr.String() + "\n"
 
 var (
-	errNoResolver = errors.New("egress: no upstream resolver")
 	errNoInterval = errors.New("egress resolver: the run has no open interval here")
 	errTooMany    = fmt.Errorf("egress resolver: more than %d resolutions in the interval", MaxResolutions)
 )
 
-// noUpstream answers every query SERVFAIL: a host without a resolver has
-// no grant naming a destination, so it is never asked.
-type noUpstream struct{}
-
-func (noUpstream) Exchange(_ context.Context, _ []byte) ([]byte, error) {
-	return nil, errNoResolver
-}
-
 // serveNames starts the runs' resolver on the host's gateway, with
-// upstream (zero: none) asked for their names.
+// upstream asked for their names. Without one (serve --egress-resolver)
+// nothing answers there: the port stays free for one other daemon in
+// the namespace, and a unit's queries go unanswered.
 func (d *Daemon) serveNames(upstream netip.AddrPort) error {
 	l := d.links
-	res := &egress.Resolver{Upstream: noUpstream{}, Ceiling: l.ceiling}
-	if upstream.IsValid() {
-		res.Upstream = l.gw.Upstream(upstream)
-		l.names = true
-	}
+	res := &egress.Resolver{Upstream: l.gw.Upstream(upstream), Ceiling: l.ceiling}
+	l.names = true
 	srv, err := l.gw.ServeDNS(egress.DNSConfig{Resolver: res, Run: l.holder(d), Resolved: d.resolved})
 	if err != nil {
 		return err

@@ -73,6 +73,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[stri
 	clock.Mark("sandbox")
 	lv.iv.Journal(attest.LifecycleOf(nowNS(), owed))
 	lv.iv.Journal(attest.LifecyclesOf(nowNS(), w.Details)...)
+	lv.iv.Journal(w.Entries...)
 	// Saved before the append: a daemon restarted after it attests the
 	// interval from its start. (A crash before the append leaves a mark
 	// the next resume overwrites.)

@@ -47,6 +47,13 @@
 // [Run.Close] removes all of it. [Gateway.Reconcile] removes every link,
 // chain and tracked connection of a slot no run owns: what a crash left.
 //
+// A restore ([Run.Restore]) holds the outside's packets from its link
+// until [Run.Pass]. Where the host holds no state of the run's
+// connections (restored on another host; its rules gone; its tracked
+// connections removed by [Gateway.Forget] when a park outlived its
+// hold), Pass first aborts the sandbox's TCP connections to outside
+// (sockets.go), so the unit sees an error rather than a silent peer.
+//
 // A conntrack zone per run is not used: the per-run address already keeps
 // runs apart in the one zone, and a zone set for both directions would
 // leave the replies arriving on the host's uplink unmatched (they carry
@@ -90,8 +97,8 @@ var DefaultPool = netip.MustParsePrefix("10.254.0.0/16")
 // DefaultConnLimit bounds the connections a run has tracked at once.
 const DefaultConnLimit = 4096
 
-// linkPrefix begins the host side's name of every run's link.
-const linkPrefix = "rrde"
+// DefaultLinkPrefix begins the host side's name of every run's link.
+const DefaultLinkPrefix = "rrde"
 
 // sandboxLink is the name of the sandbox's side of its link.
 const sandboxLink = "eth0"
@@ -118,10 +125,18 @@ type Config struct {
 	// ConnLimit bounds a run's tracked connections; DefaultConnLimit
 	// when zero.
 	ConnLimit uint32
+	// LinkPrefix begins the host side's name of each run's link (1 to 10
+	// of a-z); DefaultLinkPrefix when empty. It names the host's tables
+	// too: runrecordd_egress, or runrecordd_egress_PREFIX with another.
+	// Two Gateways in one namespace need pools and prefixes apart, no
+	// prefix the beginning of another.
+	LinkPrefix string
 }
 
 // Gateway links runs' sandboxes out of one host network namespace.
 type Gateway struct {
+	prefix    string // Config.LinkPrefix
+	table     string // the host's tables' name (rules.go)
 	pool      netip.Prefix
 	connLimit uint32
 	ns        netns.NsHandle
@@ -137,9 +152,18 @@ type Gateway struct {
 // shared tables and chains, and a blackhole route for the pool (a parked
 // run's packets are dropped rather than routed elsewhere).
 func Open(cfg Config) (*Gateway, error) {
-	h := &Gateway{pool: cfg.Pool, connLimit: cfg.ConnLimit}
+	h := &Gateway{pool: cfg.Pool, connLimit: cfg.ConnLimit, prefix: cfg.LinkPrefix, table: tableName}
 	if !h.pool.IsValid() {
 		h.pool = DefaultPool
+	}
+	if h.prefix == "" {
+		h.prefix = DefaultLinkPrefix
+	}
+	if len(h.prefix) > 10 || strings.Trim(h.prefix, "abcdefghijklmnopqrstuvwxyz") != "" {
+		return nil, fmt.Errorf("%w: link prefix %q: want 1 to 10 of a-z", ErrInvalid, h.prefix)
+	}
+	if h.prefix != DefaultLinkPrefix {
+		h.table += "_" + h.prefix
 	}
 	if h.connLimit == 0 {
 		h.connLimit = DefaultConnLimit
@@ -225,11 +249,11 @@ func (h *Gateway) nft(f func(c *nftables.Conn) error) (retErr error) {
 }
 
 // linkName is the host side's name of run slot's link.
-func linkName(slot int) string { return linkPrefix + strconv.Itoa(slot) }
+func (h *Gateway) linkName(slot int) string { return h.prefix + strconv.Itoa(slot) }
 
 // slotOf is the slot of a host-side link name, if it is one.
-func slotOf(name string) (int, bool) {
-	n, ok := strings.CutPrefix(name, linkPrefix)
+func (h *Gateway) slotOf(name string) (int, bool) {
+	n, ok := strings.CutPrefix(name, h.prefix)
 	if !ok {
 		return 0, false
 	}
@@ -260,6 +284,12 @@ type Run struct {
 	// linked: the last Attach succeeded and no Detach came since
 	// (guarded by h.mu).
 	linked bool
+	// reset: why Pass closes the run's TCP connections to outside
+	// before it lets the outside's packets through (Restore); sb is the
+	// namespace they are in, from Attach to Pass when there is a reset
+	// to do. Guarded by h.mu.
+	reset Reset
+	sb    *netns.NsHandle
 }
 
 // Allow installs the policy of the run holding slot: allow is its grant's
@@ -305,7 +335,7 @@ const ConntrackShare = 2 // the table's size divided by this
 // fits says whether run slot's connection limit fits beside those of the
 // other slots with a policy: ErrFull if not.
 func (h *Gateway) fits(c *nftables.Conn, slot int) error {
-	byslot, err := runChains(c)
+	byslot, err := h.runChains(c)
 	if err != nil {
 		return err
 	}
@@ -347,11 +377,30 @@ func (h *Gateway) Adopt(slot int, allow []unit.Dest) (*Run, error) {
 	return &Run{h: h, slot: slot, rules: rules, held: true}, nil
 }
 
+// Restore readies the run for a restore: its next Attach holds the
+// outside's packets until Pass, and Pass first closes the sandbox's TCP
+// connections to outside unless why is Keep (sockets.go). An Attach that
+// finds the run's rules gone (the host restarted since its park) makes
+// Keep Elsewhere: the host holds no state of its connections.
+func (r *Run) Restore(why Reset) {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	r.held, r.reset = true, why
+}
+
+// dropSandbox closes the sandbox namespace the run kept for Pass.
+func (r *Run) dropSandbox() {
+	if r.sb != nil {
+		r.sb.Close()
+		r.sb = nil
+	}
+}
+
 // Slot is the run's slot.
 func (r *Run) Slot() int { return r.slot }
 
 // Link is the host side's name of the run's link.
-func (r *Run) Link() string { return linkName(r.slot) }
+func (r *Run) Link() string { return r.h.linkName(r.slot) }
 
 // Addr is the run's address on the host.
 func (r *Run) Addr() netip.Addr { return r.h.addr(r.slot) }
@@ -376,7 +425,13 @@ func (r *Run) Attach(path string) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("sandbox network namespace: %w", err)
 	}
-	defer sb.Close()
+	kept := false
+	defer func() {
+		if !kept {
+			sb.Close()
+		}
+	}()
+	r.dropSandbox()
 	if err := h.unlink(r.slot); err != nil {
 		return err
 	}
@@ -408,7 +463,7 @@ func (r *Run) Attach(path string) (retErr error) {
 	// The ingress and egress chains hook the link's device: added once
 	// it exists, before it is up.
 	err = h.nft(func(c *nftables.Conn) error {
-		byslot, err := runChains(c)
+		byslot, err := h.runChains(c)
 		if err != nil {
 			return err
 		}
@@ -416,6 +471,9 @@ func (r *Run) Attach(path string) (retErr error) {
 		// would start again from zero with the run's flows still there.
 		if !slices.ContainsFunc(byslot[r.slot], func(ch *nftables.Chain) bool { return ch.Name == fwdChain+strconv.Itoa(r.slot) }) {
 			h.addRun(c, r.slot, r.rules)
+			if r.held && r.reset == Keep {
+				r.reset = Elsewhere
+			}
 		}
 		h.addLinkChains(c, r.slot, r.held)
 		return nil
@@ -437,6 +495,9 @@ func (r *Run) Attach(path string) (retErr error) {
 		return err
 	}
 	r.linked = true
+	if r.held && r.reset != Keep {
+		r.sb, kept = &sb, true
+	}
 	return nil
 }
 
@@ -508,36 +569,52 @@ func (r *Run) Detach() error {
 	r.h.mu.Lock()
 	defer r.h.mu.Unlock()
 	r.held, r.linked = true, false
+	r.dropSandbox()
 	return r.h.unlink(r.slot)
 }
 
 // Pass lets the outside's packets through to the run's sandbox again
 // once its restore has put its sockets back. An Attach after a Detach
-// (or of an adopted run) holds them: a runc restore links the sandbox
-// out when CRIU sets its namespaces up, before any socket is restored,
-// and a segment arriving there would be answered with a reset. A run not
-// held, or without a link, is left as it is.
-func (r *Run) Pass() error {
+// (or of an adopted or restored run) holds them: a runc restore links
+// the sandbox out when CRIU sets its namespaces up, before any socket is
+// restored, and a segment arriving there would be answered with a
+// reset. A run not held, or without a link, is left as it is.
+//
+// A run restored with a reset to do (Restore) has its TCP connections to
+// outside closed first, while held: their replies cannot reach it on
+// this host. Closed says which. Connections not all closed are an
+// error, and the packets pass all the same: the unit goes on.
+func (r *Run) Pass() (Closed, error) {
 	h := r.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !r.held || r.closed || !r.linked {
-		return nil
+		return Closed{}, nil
+	}
+	var out Closed
+	var rerr error
+	if r.reset != Keep && r.sb != nil {
+		out.Why = r.reset
+		out.Conns, rerr = resetOutside(*r.sb)
+		if rerr != nil {
+			rerr = fmt.Errorf("slot %d: close connections to outside: %w", r.slot, rerr)
+		}
 	}
 	err := h.nft(func(c *nftables.Conn) error {
 		h.addLinkChains(c, r.slot, false)
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("slot %d: pass: %w", r.slot, err)
+		return out, errors.Join(rerr, fmt.Errorf("slot %d: pass: %w", r.slot, err))
 	}
-	r.held = false
-	return nil
+	r.held, r.reset = false, Keep
+	r.dropSandbox()
+	return out, rerr
 }
 
 func (h *Gateway) unlink(slot int) error {
 	err := h.nft(func(c *nftables.Conn) error {
-		byslot, err := runChains(c)
+		byslot, err := h.runChains(c)
 		if err != nil {
 			return err
 		}
@@ -552,17 +629,17 @@ func (h *Gateway) unlink(slot int) error {
 	if err != nil {
 		return fmt.Errorf("slot %d: %w", slot, err)
 	}
-	l, err := h.nl.LinkByName(linkName(slot))
+	l, err := h.nl.LinkByName(h.linkName(slot))
 	if err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
 			return nil
 		}
-		return fmt.Errorf("link %s: %w", linkName(slot), err)
+		return fmt.Errorf("link %s: %w", h.linkName(slot), err)
 	}
 	// Deleting one end of a veth pair deletes both.
 	if err := h.nl.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-		return fmt.Errorf("delete link %s: %w", linkName(slot), err)
+		return fmt.Errorf("delete link %s: %w", h.linkName(slot), err)
 	}
 	return nil
 }
@@ -584,7 +661,7 @@ func (h *Gateway) Counters(slot int) (Counters, bool, error) {
 	var out Counters
 	var found bool
 	err := h.nft(func(c *nftables.Conn) error {
-		byslot, err := runChains(c)
+		byslot, err := h.runChains(c)
 		if err != nil {
 			return err
 		}
@@ -629,13 +706,29 @@ func (r *Run) Close() error {
 	r.h.mu.Lock()
 	defer r.h.mu.Unlock()
 	r.closed = true
+	r.dropSandbox()
 	return r.h.remove(r.slot)
+}
+
+// Forget removes run slot's tracked connections, and with them their
+// address translation: a park held them as long as the host keeps them
+// (the caller's deadline). Its rules stay. The outside's packets for
+// those connections then meet the host with no connection of theirs:
+// the host's stack answers them with a reset.
+func (h *Gateway) Forget(slot int) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, err := h.nl.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, flowsOf(func(s int) bool { return s == slot }, h))
+	if err != nil {
+		return fmt.Errorf("slot %d: tracked connections: %w", slot, err)
+	}
+	return nil
 }
 
 func (h *Gateway) remove(slot int) error {
 	err := h.unlink(slot)
 	err = errors.Join(err, h.nft(func(c *nftables.Conn) error {
-		byslot, err := runChains(c)
+		byslot, err := h.runChains(c)
 		if err != nil {
 			return err
 		}
@@ -643,7 +736,7 @@ func (h *Gateway) remove(slot int) error {
 			c.FlushChain(ch)
 			c.DelChain(ch)
 		}
-		return delNameSets(c, slot)
+		return h.delNameSets(c, slot)
 	}))
 	_, cerr := h.nl.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, flowsOf(func(s int) bool { return s == slot }, h))
 	if cerr != nil {
@@ -686,18 +779,18 @@ func (h *Gateway) Reconcile(owned func(slot int) bool) error {
 	}
 	stale := map[int]bool{}
 	for _, l := range links {
-		if slot, ok := slotOf(l.Attrs().Name); ok && !owned(slot) {
+		if slot, ok := h.slotOf(l.Attrs().Name); ok && !owned(slot) {
 			stale[slot] = true
 		}
 	}
 	err = h.nft(func(c *nftables.Conn) error {
-		byslot, err := runChains(c)
+		byslot, err := h.runChains(c)
 		for slot := range byslot {
 			if !owned(slot) {
 				stale[slot] = true
 			}
 		}
-		withSets, serr := setSlots(c)
+		withSets, serr := h.setSlots(c)
 		for _, slot := range withSets {
 			if !owned(slot) {
 				stale[slot] = true

@@ -372,10 +372,10 @@ func TestDetachKeepsFlows(t *testing.T) {
 	if got, err := br.ReadString('\n'); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("linked again but not passed, the unit read %q, %v", got, err)
 	}
-	if err := r.Pass(); err != nil {
+	if _, err := r.Pass(); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Pass(); err != nil {
+	if _, err := r.Pass(); err != nil {
 		t.Fatalf("a second pass: %v", err)
 	}
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -394,7 +394,7 @@ func (w *world) leftovers() []string {
 		w.t.Fatal(err)
 	}
 	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Name, linkPrefix) {
+		if strings.HasPrefix(l.Attrs().Name, w.host.prefix) {
 			out = append(out, "link "+l.Attrs().Name)
 		}
 	}
@@ -418,7 +418,7 @@ func (w *world) leftovers() []string {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	byslot, err := runChains(c)
+	byslot, err := w.host.runChains(c)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -427,7 +427,7 @@ func (w *world) leftovers() []string {
 			out = append(out, fmt.Sprintf("chain %s (slot %d)", ch.Name, slot))
 		}
 	}
-	slots, err := setSlots(c)
+	slots, err := w.host.setSlots(c)
 	if err != nil && !errors.Is(err, unix.ENOENT) {
 		w.t.Fatal(err)
 	}
@@ -753,7 +753,7 @@ func TestAdopt(t *testing.T) {
 	if err := a.Attach(path); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Pass(); err != nil { // its restore is done
+	if _, err := a.Pass(); err != nil { // its restore is done
 		t.Fatal(err)
 	}
 	if _, err := io.WriteString(c, "after adoption\n"); err != nil {
@@ -845,7 +845,7 @@ func TestCounters(t *testing.T) {
 	if err := r1.Attach(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(s1))); err != nil {
 		t.Fatal(err)
 	}
-	if err := r1.Pass(); err != nil {
+	if _, err := r1.Pass(); err != nil {
 		t.Fatal(err)
 	}
 	echo(c)

@@ -55,8 +55,8 @@ func addNameSets(c *nftables.Conn, ip *nftables.Table, slot int, allow []allowRu
 
 // delNameSets deletes run slot's sets, after its forward chain (whose
 // rules refer to them) in the same transaction.
-func delNameSets(c *nftables.Conn, slot int) error {
-	sets, err := c.GetSets(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: tableName})
+func (h *Gateway) delNameSets(c *nftables.Conn, slot int) error {
+	sets, err := c.GetSets(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: h.table})
 	if errors.Is(err, unix.ENOENT) { // no table: no set
 		return nil
 	}
@@ -72,8 +72,8 @@ func delNameSets(c *nftables.Conn, slot int) error {
 }
 
 // setSlots is the slots that have sets in the host's table.
-func setSlots(c *nftables.Conn) ([]int, error) {
-	sets, err := c.GetSets(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: tableName})
+func (h *Gateway) setSlots(c *nftables.Conn) ([]int, error) {
+	sets, err := c.GetSets(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: h.table})
 	if errors.Is(err, unix.ENOENT) {
 		return nil, nil
 	}
@@ -123,7 +123,7 @@ func (r *Run) Allowed(name string, addrs []netip.Addr, ttl time.Duration) error 
 	if r.closed {
 		return fmt.Errorf("slot %d: %w", r.slot, ErrClosed)
 	}
-	ip := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: tableName}
+	ip := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: h.table}
 	found := false
 	err := h.nft(func(c *nftables.Conn) error {
 		for i, a := range r.rules {

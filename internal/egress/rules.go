@@ -14,7 +14,8 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
-// The nftables objects, all in tables named [tableName]:
+// The nftables objects, all in tables named [tableName] (with another
+// Config.LinkPrefix P than rrde, tableName_P; rrde below is the prefix):
 //
 //	table ip runrecordd_egress
 //	  chain input       filter, input, accept: iifname "rrde*" drop, but
@@ -303,10 +304,10 @@ func egressRules(addr netip.Addr, held bool) [][]expr.Any {
 // resolverFlow matches the runs' DNS over UDP: queries to the
 // gateway's port 53 in from a link (toResolver), or its answers out to
 // one.
-func resolverFlow(toResolver bool) []expr.Any {
-	link, addr, port := metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpEq, []byte(linkPrefix)), uint32(12), uint32(0)
+func (h *Gateway) resolverFlow(toResolver bool) []expr.Any {
+	link, addr, port := metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpEq, []byte(h.prefix)), uint32(12), uint32(0)
 	if toResolver {
-		link, addr, port = metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)), 16, 2
+		link, addr, port = metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(h.prefix)), 16, 2
 	}
 	gw := GatewayAddr.As4()
 	return join(link,
@@ -321,8 +322,8 @@ func resolverFlow(toResolver bool) []expr.Any {
 // hostTables adds the host's tables and shared chains (idempotent: an
 // add of what exists is not an error in nftables).
 func (h *Gateway) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
-	ip = c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: tableName})
-	netdev = c.AddTable(&nftables.Table{Family: nftables.TableFamilyNetdev, Name: tableName})
+	ip = c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: h.table})
+	netdev = c.AddTable(&nftables.Table{Family: nftables.TableFamilyNetdev, Name: h.table})
 	accept := nftables.ChainPolicyAccept
 	chain := func(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority) *nftables.Chain {
 		ch := c.AddChain(&nftables.Chain{Name: name, Table: ip, Type: typ, Hooknum: hook, Priority: prio, Policy: &accept})
@@ -342,19 +343,19 @@ func (h *Gateway) hostTables(c *nftables.Conn) (ip, netdev *nftables.Table) {
 	// out, and queries from as many ports as it likes would otherwise
 	// hold as many entries of the host's conntrack table.
 	if h.resolving {
-		c.AddRule(&nftables.Rule{Table: ip, Chain: rawIn, Exprs: join(resolverFlow(true), []expr.Any{&expr.Notrack{}})})
-		c.AddRule(&nftables.Rule{Table: ip, Chain: rawOut, Exprs: join(resolverFlow(false), []expr.Any{&expr.Notrack{}})})
-		c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(resolverFlow(true), []expr.Any{verdict(expr.VerdictAccept)})})
-		c.AddRule(&nftables.Rule{Table: ip, Chain: output, Exprs: join(resolverFlow(false), []expr.Any{verdict(expr.VerdictAccept)})})
+		c.AddRule(&nftables.Rule{Table: ip, Chain: rawIn, Exprs: join(h.resolverFlow(true), []expr.Any{&expr.Notrack{}})})
+		c.AddRule(&nftables.Rule{Table: ip, Chain: rawOut, Exprs: join(h.resolverFlow(false), []expr.Any{&expr.Notrack{}})})
+		c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(h.resolverFlow(true), []expr.Any{verdict(expr.VerdictAccept)})})
+		c.AddRule(&nftables.Rule{Table: ip, Chain: output, Exprs: join(h.resolverFlow(false), []expr.Any{verdict(expr.VerdictAccept)})})
 	}
 	c.AddRule(&nftables.Rule{Table: ip, Chain: input, Exprs: join(
-		metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(linkPrefix)), []expr.Any{verdict(expr.VerdictDrop)})})
+		metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, []byte(h.prefix)), []expr.Any{verdict(expr.VerdictDrop)})})
 	// A sandbox's listeners, from the host: the link's egress rewrites
 	// what is sent to the run's address, so a process of the host's
 	// would reach them but for this. Replies, and the host's errors
 	// about a flow of the sandbox's (a fragmentation needed among them),
 	// go.
-	toLink := metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpEq, []byte(linkPrefix))
+	toLink := metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpEq, []byte(h.prefix))
 	c.AddRule(&nftables.Rule{Table: ip, Chain: output, Exprs: join(toLink,
 		ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), []expr.Any{verdict(expr.VerdictAccept)})})
 	c.AddRule(&nftables.Rule{Table: ip, Chain: output, Exprs: join(toLink, []expr.Any{verdict(expr.VerdictDrop)})})
@@ -370,7 +371,7 @@ func (h *Gateway) addRun(c *nftables.Conn, slot int, allow []allowRule) {
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	c.FlushChain(fwd)
 	sets := addNameSets(c, ip, slot, allow)
-	for _, r := range h.forwardRules(linkName(slot), h.addr(slot), allow, sets) {
+	for _, r := range h.forwardRules(h.linkName(slot), h.addr(slot), allow, sets) {
 		c.AddRule(&nftables.Rule{Table: ip, Chain: fwd, Exprs: r.exprs, UserData: r.count})
 	}
 }
@@ -390,7 +391,7 @@ func (h *Gateway) addLinkChains(c *nftables.Conn, slot int, held bool) {
 		{outChain, nftables.ChainHookEgress, egressRules(h.addr(slot), held)},
 	} {
 		chain := c.AddChain(&nftables.Chain{Name: ch.name + strconv.Itoa(slot), Table: nd, Type: nftables.ChainTypeFilter,
-			Hooknum: ch.hook, Priority: prio, Policy: &accept, Device: linkName(slot)})
+			Hooknum: ch.hook, Priority: prio, Policy: &accept, Device: h.linkName(slot)})
 		c.FlushChain(chain)
 		for _, r := range ch.rules {
 			c.AddRule(&nftables.Rule{Table: nd, Chain: chain, Exprs: r})
@@ -399,14 +400,14 @@ func (h *Gateway) addLinkChains(c *nftables.Conn, slot int, held bool) {
 }
 
 // runChains lists the chains of runs in the host's tables, by slot.
-func runChains(c *nftables.Conn) (map[int][]*nftables.Chain, error) {
+func (h *Gateway) runChains(c *nftables.Conn) (map[int][]*nftables.Chain, error) {
 	chains, err := c.ListChains()
 	if err != nil {
 		return nil, fmt.Errorf("list nftables chains: %w", err)
 	}
 	out := map[int][]*nftables.Chain{}
 	for _, ch := range chains {
-		if ch.Table == nil || ch.Table.Name != tableName {
+		if ch.Table == nil || ch.Table.Name != h.table {
 			continue
 		}
 		for _, p := range []string{fwdChain, inChain, outChain} {

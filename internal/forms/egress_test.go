@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -14,13 +15,19 @@ import (
 type fakeLinks struct {
 	mu    sync.Mutex
 	calls []string
+	// closed is what each Pass says it closed.
+	closed []attest.Entry
 }
 
-func (l *fakeLinks) Link(run string, allow []unit.Dest) (func(string) error, error) {
+func (l *fakeLinks) Link(run string, allow []unit.Dest, restore bool) (func(string) error, error) {
+	how := ""
+	if restore {
+		how = " restore"
+	}
 	return func(netns string) error {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		l.calls = append(l.calls, "link "+run+" "+netns+" "+allow[0].String())
+		l.calls = append(l.calls, "link "+run+" "+netns+" "+allow[0].String()+how)
 		return nil
 	}, nil
 }
@@ -32,11 +39,11 @@ func (l *fakeLinks) Unlink(run string) error {
 	return nil
 }
 
-func (l *fakeLinks) Pass(run string) error {
+func (l *fakeLinks) Pass(run string) ([]attest.Entry, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.calls = append(l.calls, "pass "+run)
-	return nil
+	return l.closed, nil
 }
 
 func (l *fakeLinks) ResolvConf() (string, error) { return "/state/resolv.conf", nil }
@@ -51,8 +58,9 @@ func (l *fakeLinks) took() []string {
 
 // An image unit granted egress gets its link in its sandbox's spec; a
 // park removes it before the checkpoint, and a park refused (at the
-// checkpoint, or after it: Thaw) links the unit's namespace again. A
-// transcript unit granted egress, and a unit on a host without links, are
+// checkpoint, or after it: Thaw) links the unit's namespace again; a
+// resume links the restored namespace as a restore's, and journals what
+// its pass closed. A transcript unit granted egress, and a unit on a host without links, are
 // refused (ErrNoEgress).
 func TestImageEgressLinks(t *testing.T) {
 	h, box := testHost(t, nil)
@@ -99,20 +107,34 @@ func TestImageEgressLinks(t *testing.T) {
 	if got := links.took(); !slices.Equal(got, []string{"link r /proc/1/ns/net 203.0.113.0/24:443/tcp", "pass r"}) {
 		t.Fatalf("a thaw: %q", got)
 	}
-	// A restore (here, or on another host) binds the same file.
+	// A restore (here, or on another host) binds the same file, links
+	// the restored namespace as a restore's, and journals what the pass
+	// after it closed.
 	taken, err := f.Snapshot(t.Context(), w.Unit)
 	if err != nil {
 		t.Fatal(err)
 	}
+	links.took()
+	closed, err := attest.Closed{Reason: attest.ClosedElsewhere}.Entry(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	links.closed = []attest.Entry{closed}
 	teardown := make(chan struct{})
 	close(teardown)
-	if _, err := f.Wake(t.Context(), r, Waking{Snapshot: taken.Snapshot, Retained: taken.Retained, Teardown: teardown}); err != nil {
+	woke, err := f.Wake(t.Context(), r, Waking{Snapshot: taken.Snapshot, Retained: taken.Retained, Teardown: teardown})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if len(box.restoreSpecs) != 1 || !slices.Contains(box.restoreSpecs[0].Mounts, resolv) || box.restoreSpecs[0].Link == nil {
 		t.Fatalf("the restore's specs %+v, want one with %+v and a link", box.restoreSpecs, resolv)
 	}
-	links.took()
+	if got := links.took(); !slices.Equal(got, []string{"link r /restored 203.0.113.0/24:443/tcp restore", "pass r"}) {
+		t.Fatalf("a restore: %q", got)
+	}
+	if len(woke.Entries) != 1 || woke.Entries[0].Kind != attest.ClosedKind {
+		t.Fatalf("the restore's entries: %+v", woke.Entries)
+	}
 	tr := transcriptRun("t")
 	tr.Grants = r.Grants
 	if _, err := h.For(unit.TranscriptMode).Start(t.Context(), stored(t, h, tr)); !errors.Is(err, ErrNoEgress) {

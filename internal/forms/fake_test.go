@@ -65,6 +65,11 @@ func (b *fakeBox) Restore(_ context.Context, id string, spec executor.Spec, cp e
 	if layer, err := os.ReadFile(cp.Rootfs); err != nil || !strings.HasPrefix(string(layer), string(core)) {
 		return nil, executor.RestoreStats{}, fmt.Errorf("%w: the rw layer is not the checkpoint's", executor.ErrRestore)
 	}
+	if spec.Link != nil { // the namespace links out as CRIU sets it up
+		if err := spec.Link("/restored"); err != nil {
+			return nil, executor.RestoreStats{}, err
+		}
+	}
 	b.mu.Lock()
 	b.restored = append(b.restored, string(core))
 	b.restoreSpecs = append(b.restoreSpecs, spec)

@@ -160,6 +160,9 @@ type Woken struct {
 	// image resume's statistics (also in Details).
 	Details  []attest.Detail
 	Restored *attest.Restored
+	// Entries are other entries the resume journals after Details (a
+	// closed entry: internal/daemon's links).
+	Entries []attest.Entry
 	// Warm is set when the unit was woken in a warm sandbox.
 	Warm bool
 }
@@ -238,7 +241,8 @@ func (u *Unit) Close() {
 // unitSpec is the sandbox spec of a unit of run: with userns, in the
 // user namespace of the range the run holds here (taken now if it holds
 // none), where the host runs units in user namespaces.
-func (h Env) unitSpec(run Run, userns bool) (executor.Spec, error) {
+// restore says the sandbox is a restore's.
+func (h Env) unitSpec(run Run, userns, restore bool) (executor.Spec, error) {
 	es := executor.SpecOf(run.Spec, run.Grants)
 	if len(run.Grants.Secrets) > 0 {
 		if h.Secrets == nil {
@@ -260,7 +264,7 @@ func (h Env) unitSpec(run Run, userns bool) (executor.Spec, error) {
 		if h.Links == nil {
 			return es, fmt.Errorf("run %s: %w: this host links no sandbox out", run.ID, ErrNoEgress)
 		}
-		link, err := h.Links.Link(run.ID, run.Grants.Egress)
+		link, err := h.Links.Link(run.ID, run.Grants.Egress, restore)
 		if err != nil {
 			return es, fmt.Errorf("run %s: %w", run.ID, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -45,9 +46,14 @@ type Sandboxes interface {
 // linked sandbox has as its /etc/resolv.conf (ResolvTarget), made if it
 // is missing.
 type Linker interface {
-	Link(run string, allow []unit.Dest) (func(netns string) error, error)
+	// Link is how to link a sandbox of run out under allow; restore
+	// says the sandbox is a restore's (its sockets come back after).
+	Link(run string, allow []unit.Dest, restore bool) (func(netns string) error, error)
 	Unlink(run string) error
-	Pass(run string) error
+	// Pass lets the outside's packets through to run's sandbox once
+	// its restore is done; entries are what it journals of that (the
+	// connections to outside it closed).
+	Pass(run string) (entries []attest.Entry, err error)
 	ResolvConf() (string, error)
 }
 

@@ -79,7 +79,7 @@ func (f Transcript) start(ctx context.Context, run Run, restored *record.Address
 // namespace of the run's range where units run in user namespaces (a
 // transcript unit needs no probe: it is never checkpointed).
 func (h Env) sandboxSpec(run Run, dir string) (executor.Spec, error) {
-	es, err := h.unitSpec(run, true)
+	es, err := h.unitSpec(run, true, false)
 	if err != nil {
 		return es, err
 	}

@@ -15,7 +15,7 @@ import (
 // root, no user namespace.
 func TestUnitSpecRange(t *testing.T) {
 	run := Run{ID: "run-a", Spec: unit.Spec{Image: "img"}}
-	es, err := Env{}.unitSpec(run, true)
+	es, err := Env{}.unitSpec(run, true, false)
 	if err != nil || es.UserNS != nil {
 		t.Fatalf("without ranges: %+v, %v", es.UserNS, err)
 	}
@@ -24,22 +24,22 @@ func TestUnitSpecRange(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := Env{Ranges: rs}
-	if es, err := h.unitSpec(run, false); err != nil || es.UserNS != nil {
+	if es, err := h.unitSpec(run, false, false); err != nil || es.UserNS != nil {
 		t.Fatalf("as the host's root: %+v, %v", es.UserNS, err)
 	}
-	a, err := h.unitSpec(run, true)
+	a, err := h.unitSpec(run, true, false)
 	if err != nil || a.UserNS == nil {
 		t.Fatalf("with ranges: %+v, %v", a.UserNS, err)
 	}
-	again, _ := h.unitSpec(run, true)
+	again, _ := h.unitSpec(run, true, false)
 	if *again.UserNS != *a.UserNS {
 		t.Fatalf("run-a's second sandbox maps to %d, its first to %d", again.UserNS.Base, a.UserNS.Base)
 	}
-	b, err := h.unitSpec(Run{ID: "run-b", Spec: unit.Spec{Image: "img"}}, true)
+	b, err := h.unitSpec(Run{ID: "run-b", Spec: unit.Spec{Image: "img"}}, true, false)
 	if err != nil || *b.UserNS == *a.UserNS {
 		t.Fatalf("run-b: %+v, %v", b.UserNS, err)
 	}
-	if _, err := h.unitSpec(Run{ID: "run-c", Spec: unit.Spec{Image: "img"}}, true); err == nil {
+	if _, err := h.unitSpec(Run{ID: "run-c", Spec: unit.Spec{Image: "img"}}, true, false); err == nil {
 		t.Fatal("a third run in a window of two ranges")
 	}
 }

@@ -102,19 +102,25 @@ const (
 	// ResolutionKind is an answer the run's resolver gave it for a name
 	// its egress grant lists (Resolution).
 	ResolutionKind EntryKind = 8
+	// ClosedKind is the run's connections to outside a resume closed
+	// (Closed).
+	ClosedKind EntryKind = 9
 )
 
 // checkEntry refuses the data of an entry of kind k that its kind's
 // format does not allow, and an unknown kind.
 func checkEntry(k EntryKind, d []byte) error {
 	switch {
-	case k < Stdout || k > ResolutionKind:
+	case k < Stdout || k > ClosedKind:
 		return fmt.Errorf("%w: journal entry kind %d", ErrMalformed, k)
 	case k == TrafficKind:
 		_, err := DecodeTraffic(d)
 		return err
 	case k == ResolutionKind:
 		_, err := DecodeResolution(d)
+		return err
+	case k == ClosedKind:
+		_, err := DecodeClosed(d)
 		return err
 	}
 	return nil

@@ -258,10 +258,15 @@ func TestAttestationWorkedExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ce, err := closedExample.Entry(closedAtNS)
+	if err != nil {
+		t.Fatal(err)
+	}
 	objects := map[string][]byte{
 		"receipt": x.Receipt, "journal": x.Journal, "suspended segment": ex.Suspended, "body": x.Body,
 		"signature input": x.SignatureInput, "envelope": x.Envelope, "executed segment": x.Executed,
 		"traffic entry": x.TrafficEntry, "resolution entry": AppendEntry(nil, re.Kind, re.AtNS, re.Data),
+		"closed entry": AppendEntry(nil, ce.Kind, ce.AtNS, ce.Data),
 	}
 	shown := map[string]bool{}
 	for _, d := range docDumps(string(doc)) {

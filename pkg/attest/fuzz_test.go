@@ -69,6 +69,12 @@ func FuzzAttestation(f *testing.F) {
 		jr.Add(ResolutionKind, 1, d)
 		f.Add(jr.Encode())
 	}
+	if d, err := closedExample.Encode(); err == nil {
+		f.Add(d)
+		var jc Journal
+		jc.Add(ClosedKind, 1, d)
+		f.Add(jc.Encode())
+	}
 	if rc, err := (&Receipt{Provenance: record.Measured, Method: "rapl-share"}).Canonical(); err == nil {
 		f.Add(rc)
 	}
@@ -119,6 +125,11 @@ func FuzzAttestation(f *testing.F) {
 		if r, err := DecodeResolution(in); err == nil {
 			if out, err := r.Encode(); err != nil || !bytes.Equal(out, in) {
 				t.Fatalf("resolution decoded, but re-encodes differently (%v):\n in %x\nout %x", err, in, out)
+			}
+		}
+		if c, err := DecodeClosed(in); err == nil {
+			if out, err := c.Encode(); err != nil || !bytes.Equal(out, in) {
+				t.Fatalf("closed entry decoded, but re-encodes differently (%v):\n in %x\nout %x", err, in, out)
 			}
 		}
 		if j, err := DecodeJournal(in); err == nil {

@@ -30,14 +30,14 @@ func ScanJournal(r io.Reader, fn func(kind EntryKind, atNS int64, data io.Reader
 			return fmt.Errorf("%w: journal truncated: %w", ErrMalformed, err)
 		}
 		k := EntryKind(eh[0])
-		if k < Stdout || k > ResolutionKind {
+		if k < Stdout || k > ClosedKind {
 			return fmt.Errorf("%w: journal entry kind %d", ErrMalformed, k)
 		}
 		size := binary.BigEndian.Uint32(eh[9:])
 		data := &io.LimitedReader{R: br, N: int64(size)}
-		if k == TrafficKind || k == ResolutionKind {
+		if k == TrafficKind || k == ResolutionKind || k == ClosedKind {
 			// Small: checked whole, as DecodeJournal does.
-			if size > maxResolutionSize {
+			if size > max(maxResolutionSize, maxClosedSize) {
 				return fmt.Errorf("%w: a kind %d entry of %d bytes", ErrMalformed, k, size)
 			}
 			b, err := io.ReadAll(data)

@@ -25,8 +25,15 @@ func init() {
 		say("done")
 	}
 	// "egress-stream" reads lines from HOSTILE_ADDR on one connection,
-	// saying "got LINE" for each, and "ended ERR" when it ends.
+	// saying "got LINE" for each, and "ended ERR" when it ends; then,
+	// with HOSTILE_THEN set, it dials that address as egress-dial does
+	// and says "then ok FIRST-LINE" or "then refused ERR".
 	attacks["egress-stream"] = func() {
+		defer func() {
+			if a := os.Getenv("HOSTILE_THEN"); a != "" {
+				say("then %s", fetch(a))
+			}
+		}()
 		c, err := net.DialTimeout("tcp", os.Getenv("HOSTILE_ADDR"), 5*time.Second)
 		if err != nil {
 			say("ended %v", err)
