@@ -3,8 +3,14 @@
 package executor_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,6 +68,19 @@ func TestRestoreLazy(t *testing.T) {
 	}
 	<-lp.Done()
 	release()
+	if criuBuild(t).Has(criu.TasksKeepUffds) {
+		// Each restored task keeps its own userfaultfd (patch 8); with
+		// every page in, none of its ranges is registered any more, so a
+		// fault on a page the dump did not write does not wait for ever.
+		unit := int(s.Pid())
+		smaps, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", unit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uffds(unit) != 1 || bytes.Contains(smaps, []byte(" um")) {
+			t.Errorf("every page in: the unit holds %d userfaultfds, ranges still registered: %v", uffds(unit), bytes.Contains(smaps, []byte(" um")))
+		}
+	}
 	if client.LazyRestoring(id) || client.LazyUnfinished(id) {
 		t.Error("LazyRestoring or LazyUnfinished after lazy-pages exited, every page in")
 	}
@@ -98,4 +117,160 @@ func TestRestoreLazy(t *testing.T) {
 	if err := s.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestLazyHoldersGone takes every holder of a lazily restored unit's
+// userfaultfds away in the lazy window but the unit's own: lazy-pages is
+// stopped once it holds both tasks' (before the unit runs, so no page
+// arrives), no copy is taken (a daemon killed at that moment holds
+// none), and lazy-pages is then killed. The kernel fills a registered
+// range's missing pages with zeros once the last reference to its
+// userfaultfd closes; the restored tasks keep their own
+// (deploy/criu/8-restored-tasks-keep-uffds.patch), so the oracle's
+// faults wait instead: it computes no line on a zero page, and a read
+// of its memory through /proc finds no missing page zero-filled.
+func TestLazyHoldersGone(t *testing.T) {
+	privileged(t)
+	needsPatch(t, criu.TasksKeepUffds)
+	ctx := context.Background()
+	out := outputs(t, "oracle")
+	spec := oracleSpec()
+	spec.Env = []string{"VERIFY_EVERY=2"}
+	const id = "lazy-holders"
+	s := mustStart(t, id, spec, out)
+	before := last(waitLines(t, out.Stdout, "a verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt >= 2 }))
+	cp, atDump := checkpointAway(t, s, out)
+
+	found := make(chan int, 1)
+	go stopLazyPages(id, 2, found)
+	s, lp, _, err := client.RestoreLazy(ctx, id, spec, cp, out)
+	pid := <-found
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroy(t, s) })
+	if pid == 0 {
+		lp.Kill()
+		t.Fatal("no lazy-pages holding two userfaultfds")
+	}
+	lp.Kill()
+	if _, err := lp.Result(); err == nil {
+		t.Fatal("lazy-pages killed mid-way exited cleanly")
+	}
+	unit := int(s.Pid())
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", unit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	start, end := largestAnon(t, unit)
+	// The unit has had two verifications' time to run on its memory.
+	time.Sleep(2 * time.Second)
+	for _, l := range output(t, out.Stdout) {
+		if l.Checksum != before.Checksum || l.Verify != before.Checksum {
+			t.Fatalf("a line computed on memory that is not the oracle's: %+v; before the park %+v", l, before)
+		}
+	}
+	if err := syscall.Kill(unit, 0); err != nil {
+		t.Fatalf("the unit is gone (%v): stderr %s", err, readErr(out))
+	}
+	// No page of the buffer's mapping that had not arrived reads as
+	// zeros: it is still missing (EIO), or came before the stop.
+	page := make([]byte, 4096)
+	zero, missing := 0, 0
+	for a := start; a < end; a += 1 << 20 {
+		if _, err := mem.ReadAt(page, int64(a)); err != nil {
+			missing++
+			continue
+		}
+		if bytes.Count(page, []byte{0}) == len(page) {
+			zero++
+		}
+	}
+	t.Logf("mapping %#x-%#x: %d pages missing, %d zero (after line %d)", start, end, missing, zero, atDump.Counter)
+	if zero > 0 || missing == 0 {
+		t.Fatalf("%d of the sampled pages read as zeros, %d missing: the kernel filled the unit's missing pages", zero, missing)
+	}
+}
+
+// stopLazyPages stops (SIGSTOP) this process's lazy-pages child of
+// sandbox id's restore once it holds want userfaultfds, and sends its
+// pid on found (0 when there was none within a minute).
+func stopLazyPages(id string, want int, found chan<- int) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			n, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", n))
+			if err != nil || !bytes.Contains(cmd, []byte("lazy-pages\x00")) || !bytes.Contains(cmd, []byte("/criu/"+id+"/restore")) ||
+				ppid(n) != os.Getpid() {
+				continue
+			}
+			if uffds(n) >= want {
+				_ = syscall.Kill(n, syscall.SIGSTOP)
+				found <- n
+				return
+			}
+		}
+	}
+	found <- 0
+}
+
+// ppid is process pid's parent, 0 when it is not known.
+func ppid(pid int) int {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 2 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[1])
+	return n
+}
+
+// uffds is how many userfaultfds process pid holds.
+func uffds(pid int) int {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, _ := os.ReadDir(dir)
+	n := 0
+	for _, e := range ents {
+		if l, _ := os.Readlink(filepath.Join(dir, e.Name())); l == "anon_inode:[userfaultfd]" {
+			n++
+		}
+	}
+	return n
+}
+
+// largestAnon is process pid's largest private anonymous writable
+// mapping (the oracle's buffer is in it).
+func largestAnon(t *testing.T, pid int) (start, end uint64) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 5 || !strings.HasPrefix(f[1], "rw-p") {
+			continue
+		}
+		lo, hi, _ := strings.Cut(f[0], "-")
+		a, _ := strconv.ParseUint(lo, 16, 64)
+		z, _ := strconv.ParseUint(hi, 16, 64)
+		if z-a > end-start {
+			start, end = a, z
+		}
+	}
+	if end-start < 32<<20 {
+		t.Fatalf("no anonymous mapping of the oracle's 64 MiB buffer in %s", b)
+	}
+	return start, end
+}
+
+// readErr is the unit's stderr.
+func readErr(out executor.Output) []byte {
+	b, _ := os.ReadFile(out.Stderr)
+	return b
 }

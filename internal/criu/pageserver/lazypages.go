@@ -60,6 +60,25 @@ type LazyPages struct {
 	err      error         // set before done closes
 	resident time.Duration // from the daemon's start to its exit
 	exited   time.Time
+	// unit is the unit's first process (SetUnit), in and clean once
+	// lazy-pages has exited with every page in: the second of the two
+	// unregisters the unit's ranges (UnregisterUnit).
+	unit  int
+	clean bool
+}
+
+// SetUnit names the restored unit's first process (a host pid): once
+// every page is in, the ranges its tasks registered with their own
+// userfaultfds are unregistered ([UnregisterUnit]), now if lazy-pages
+// has already exited cleanly.
+func (l *LazyPages) SetUnit(pid int) {
+	l.mu.Lock()
+	l.unit = pid
+	clean := l.clean
+	l.mu.Unlock()
+	if clean {
+		_, _ = UnregisterUnit(pid)
+	}
 }
 
 // Done is closed when the daemon has exited.
@@ -293,8 +312,15 @@ func (l *LazyPages) wait() {
 		// for a restarted daemon too (Pids.Unfinished). Not removed, the
 		// pids cost only a park back should the daemon restart first.
 		_ = l.recorded.remove()
+		l.clean = true
 	}
+	unit, clean := l.unit, l.clean
 	l.mu.Unlock()
+	if clean && unit != 0 {
+		// Best effort: a range left registered costs a wait, never a
+		// zero page (a task that exited has none to unregister).
+		_, _ = UnregisterUnit(unit)
+	}
 	close(l.done)
 }
 
