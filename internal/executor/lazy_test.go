@@ -5,9 +5,11 @@ package executor_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -273,4 +275,136 @@ func largestAnon(t *testing.T, pid int) (start, end uint64) {
 func readErr(out executor.Output) []byte {
 	b, _ := os.ReadFile(out.Stderr)
 	return b
+}
+
+// TestLazyFork forks the oracle (a copy of its memory that runs nothing)
+// inside the lazy window, the daemon's copies held: the kernel hands the
+// copy's userfaultfd to lazy-pages alone, which serves it the pages its
+// parent had not got at the fork. Once every page is in, the copy's
+// buffer mapping holds what its parent's does, page for page (no zero
+// page where the parent has data). The time from the fork to every page
+// resident is the fork window docs/lazy-resume.md ("Holders") names: the
+// test logs it.
+func TestLazyFork(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	out := outputs(t, "oracle")
+	spec := oracleSpec()
+	spec.Env = []string{"FORK_ON_USR2=1", "SIZE_MB=128"}
+	spec.MemoryBytes = 512 << 20
+	const id = "lazy-fork"
+	s := mustStart(t, id, spec, out)
+	waitLines(t, out.Stdout, "a verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 })
+	cp, _ := checkpointAway(t, s, out)
+
+	s, lp, _, err := client.RestoreLazy(ctx, id, spec, cp, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroy(t, s) })
+	_, release, err := lp.HoldUffds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	unit := int(s.Pid())
+	restored := children(unit)
+	forked := time.Now()
+	if err := syscall.Kill(unit, syscall.SIGUSR2); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	for deadline := time.Now().Add(10 * time.Second); child == 0; time.Sleep(100 * time.Microsecond) {
+		for _, c := range children(unit) {
+			if !slices.Contains(restored, c) {
+				child = c
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no process forked by the oracle (children %v)", children(unit))
+		}
+	}
+	select {
+	case <-lp.Done():
+		t.Skip("every page was in before the fork: no lazy window to fork in")
+	default:
+	}
+	<-lp.Done()
+	if _, err := lp.Result(); err != nil {
+		t.Fatal(err)
+	}
+	window := lp.ExitedAt().Sub(forked)
+	t.Logf("fork window: %v from the fork to every page resident", window)
+	// The copy's buffer is the oracle's pattern, byte for byte.
+	want := pattern(128 << 20)
+	start, end := largestAnon(t, child)
+	// Two pages: the oracle's file header is the pattern's first.
+	head := make([]byte, 8192)
+	for at := start; at+uint64(len(want)) <= end; at += 4096 {
+		if !bytes.Equal(readMem(t, child, at, head), want[:len(head)]) {
+			continue
+		}
+		got := readMem(t, child, at, make([]byte, len(want)))
+		if i := firstDiff(got, want); i >= 0 {
+			t.Fatalf("the forked copy's buffer differs from the oracle's pattern at byte %d (page %d): %x", i, i/4096, got[i&^4095:i&^4095+32])
+		}
+		return
+	}
+	t.Fatalf("no buffer of the oracle's pattern in the forked copy's mapping %#x-%#x", start, end)
+}
+
+// pattern is the oracle's buffer of size bytes (units/oracle, fill).
+func pattern(size int) []byte {
+	buf := make([]byte, size)
+	x := uint64(0x9E3779B97F4A7C15)
+	for i := 0; i+8 <= len(buf); i += 8 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		binary.LittleEndian.PutUint64(buf[i:], x)
+	}
+	return buf
+}
+
+// firstDiff is the first index where a and b differ, -1 if none.
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
+
+// children is process pid's children (of every thread).
+func children(pid int) []int {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	var out []int
+	for _, task := range tasks {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, task.Name()))
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// readMem reads process pid's memory at addr into buf.
+func readMem(t *testing.T, pid int, addr uint64, buf []byte) []byte {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n, err := f.ReadAt(buf, int64(addr))
+	if err != nil && n == 0 {
+		t.Fatalf("reading process %d at %#x: %v", pid, addr, err)
+	}
+	return buf[:n]
 }

@@ -25,6 +25,8 @@
 //     at every verification into one buffer that is cleared once hashed,
 //     so a test sees what the unit read and no dump of its memory holds
 //     it; a read that fails is reported in "secret_err";
+//   - with FORK_ON_USR2=1, each SIGUSR2 forks a copy of the process that
+//     pauses until killed (fork.go);
 //   - whether loopback is up ("lo_up"), re-read at every verification, so
 //     a test sees the sandbox's network grant;
 //   - with TCP_PORT set (a sandbox with loopback up), TCP state: a server
@@ -186,6 +188,7 @@ func run() error {
 
 	usr1 := make(chan os.Signal, 1)
 	signal.Notify(usr1, syscall.SIGUSR1)
+	forkOnUSR2()
 
 	o.enc = json.NewEncoder(os.Stdout)
 	o.line = Line{
