@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
 )
 
@@ -277,80 +278,129 @@ func readErr(out executor.Output) []byte {
 	return b
 }
 
-// TestLazyFork forks the oracle (a copy of its memory that runs nothing)
-// inside the lazy window, the daemon's copies held: the kernel hands the
-// copy's userfaultfd to lazy-pages alone, which serves it the pages its
-// parent had not got at the fork. Once every page is in, the copy's
-// buffer mapping holds what its parent's does, page for page (no zero
-// page where the parent has data). The time from the fork to every page
-// resident is the fork window docs/lazy-resume.md ("Holders") names: the
-// test logs it.
-func TestLazyFork(t *testing.T) {
-	privileged(t)
+// forkedLazily is a lazily restored oracle (a buffer of sizeMB) that
+// forked right after the restore, the daemon's copies held (HoldUffds).
+type forkedLazily struct {
+	lp          *pageserver.LazyPages
+	unit, child int
+	buf         uint64        // the buffer's address, in both
+	held        time.Duration // from the signal to the fork's userfaultfd held, 0 if never
+	seen        time.Duration // from the signal to the forked process seen
+	forked      time.Time     // the signal
+}
+
+// forkLazily parks the oracle with FORK_ON_USR2=1, restores it lazily,
+// takes the copies and has it fork (SIGUSR2).
+func forkLazily(t *testing.T, id string, sizeMB int) forkedLazily {
+	t.Helper()
 	ctx := context.Background()
 	out := outputs(t, "oracle")
 	spec := oracleSpec()
-	spec.Env = []string{"FORK_ON_USR2=1", "SIZE_MB=128"}
-	spec.MemoryBytes = 512 << 20
-	const id = "lazy-fork"
+	spec.Env = []string{"FORK_ON_USR2=1", fmt.Sprintf("SIZE_MB=%d", sizeMB)}
+	spec.MemoryBytes = uint64(3*sizeMB) << 20
 	s := mustStart(t, id, spec, out)
-	waitLines(t, out.Stdout, "a verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 })
+	first := last(waitLines(t, out.Stdout, "a verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 }))
 	cp, _ := checkpointAway(t, s, out)
 
 	s, lp, _, err := client.RestoreLazy(ctx, id, spec, cp, out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { destroy(t, s) })
-	_, release, err := lp.HoldUffds()
+	n, release, err := lp.HoldUffds()
 	if err != nil {
+		destroy(t, s)
 		t.Fatal(err)
 	}
-	defer release()
-	unit := int(s.Pid())
-	restored := children(unit)
-	forked := time.Now()
-	if err := syscall.Kill(unit, syscall.SIGUSR2); err != nil {
+	// The unit dies before the copies go, as the daemon does it.
+	t.Cleanup(func() { destroy(t, s); release() })
+	f := forkedLazily{lp: lp, unit: int(s.Pid()), buf: first.BufAddr}
+	restored := children(f.unit)
+	f.forked = time.Now()
+	if err := syscall.Kill(f.unit, syscall.SIGUSR2); err != nil {
 		t.Fatal(err)
 	}
-	var child int
-	for deadline := time.Now().Add(10 * time.Second); child == 0; time.Sleep(100 * time.Microsecond) {
-		for _, c := range children(unit) {
+	for deadline := time.Now().Add(10 * time.Second); f.child == 0; time.Sleep(50 * time.Microsecond) {
+		if f.held == 0 && lp.Held() > n {
+			f.held = time.Since(f.forked)
+		}
+		for _, c := range children(f.unit) {
 			if !slices.Contains(restored, c) {
-				child = c
+				f.child, f.seen = c, time.Since(f.forked)
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no process forked by the oracle (children %v)", children(unit))
+			t.Fatalf("no process forked by the oracle (children %v)", children(f.unit))
+		}
+	}
+	for deadline := time.Now().Add(time.Second); f.held == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Microsecond) {
+		if lp.Held() > n {
+			f.held = time.Since(f.forked)
 		}
 	}
 	select {
 	case <-lp.Done():
-		t.Skip("every page was in before the fork: no lazy window to fork in")
+		t.Fatal("every page was in before the fork: no lazy window to fork in")
 	default:
 	}
-	<-lp.Done()
-	if _, err := lp.Result(); err != nil {
+	if f.held == 0 {
+		t.Fatalf("the daemon holds %d userfaultfds a second after the fork, %d before", lp.Held(), n)
+	}
+	return f
+}
+
+// TestLazyFork forks the oracle (a copy of its memory that runs nothing)
+// inside the lazy window: the kernel hands the copy's userfaultfd to
+// lazy-pages alone, which serves it the pages its parent had not got at
+// the fork, and the daemon takes a copy of it too (within about
+// forkPoll). Once every page is in, the copy's buffer is the oracle's
+// pattern, byte for byte. The test logs the fork window docs/lazy-resume.md
+// ("Holders") names: until the daemon holds the fork's userfaultfd, and
+// until every page is resident.
+func TestLazyFork(t *testing.T) {
+	privileged(t)
+	f := forkLazily(t, "lazy-fork", 128)
+	<-f.lp.Done()
+	if _, err := f.lp.Result(); err != nil {
 		t.Fatal(err)
 	}
-	window := lp.ExitedAt().Sub(forked)
-	t.Logf("fork window: %v from the fork to every page resident", window)
-	// The copy's buffer is the oracle's pattern, byte for byte.
+	t.Logf("fork window: the forked process seen %v after the signal, its userfaultfd held by the daemon %v after; every page resident %v after the signal",
+		f.seen, f.held-f.seen, f.lp.ExitedAt().Sub(f.forked))
 	want := pattern(128 << 20)
-	start, end := largestAnon(t, child)
-	// Two pages: the oracle's file header is the pattern's first.
-	head := make([]byte, 8192)
-	for at := start; at+uint64(len(want)) <= end; at += 4096 {
-		if !bytes.Equal(readMem(t, child, at, head), want[:len(head)]) {
+	got := readMem(t, f.child, f.buf, make([]byte, len(want)))
+	if i := firstDiff(got, want); i >= 0 {
+		t.Fatalf("the forked copy's buffer differs from the oracle's pattern at byte %d (page %d): %x", i, i/4096, got[i&^4095:i&^4095+32])
+	}
+}
+
+// TestLazyForkLazyPagesKilled kills lazy-pages once the daemon holds the
+// userfaultfd of a process the oracle forked in the lazy window: the
+// copy's pages that had not come stay missing (a read through /proc
+// fails) rather than zero-filled; every page that reads is the oracle's.
+func TestLazyForkLazyPagesKilled(t *testing.T) {
+	privileged(t)
+	f := forkLazily(t, "lazy-fork-killed", 256)
+	f.lp.Kill()
+	want := pattern(256 << 20)
+	page := make([]byte, 4096)
+	missing := 0
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", f.child))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	for p := 0; p < len(want); p += 4096 {
+		if _, err := mem.ReadAt(page, int64(f.buf)+int64(p)); err != nil {
+			missing++
 			continue
 		}
-		got := readMem(t, child, at, make([]byte, len(want)))
-		if i := firstDiff(got, want); i >= 0 {
-			t.Fatalf("the forked copy's buffer differs from the oracle's pattern at byte %d (page %d): %x", i, i/4096, got[i&^4095:i&^4095+32])
+		if !bytes.Equal(page, want[p:p+4096]) {
+			t.Fatalf("page %d of the forked copy's buffer, lazy-pages killed: %x…, not the oracle's", p/4096, page[:32])
 		}
-		return
 	}
-	t.Fatalf("no buffer of the oracle's pattern in the forked copy's mapping %#x-%#x", start, end)
+	t.Logf("lazy-pages killed %v after the fork: %d of %d pages of the copy's buffer missing, none zero-filled", time.Since(f.forked), missing, len(want)/4096)
+	if missing == 0 {
+		t.Fatal("every page of the copy had come before lazy-pages was killed: nothing tested")
+	}
 }
 
 // pattern is the oracle's buffer of size bytes (units/oracle, fill).

@@ -83,9 +83,11 @@ type Line struct {
 	TCPMPTCP     bool   `json:"tcp_mptcp,omitempty"`
 	Pid          int    `json:"pid"`
 	ChildPid     int    `json:"child_pid"`
-	StartTime    int64  `json:"start_time"`
-	Time         int64  `json:"time"`
-	Error        string `json:"error,omitempty"`
+	// BufAddr is the buffer's address, with FORK_ON_USR2=1 (fork.go).
+	BufAddr   uint64 `json:"buf_addr,omitempty"`
+	StartTime int64  `json:"start_time"`
+	Time      int64  `json:"time"`
+	Error     string `json:"error,omitempty"`
 }
 
 func main() {
@@ -188,7 +190,7 @@ func run() error {
 
 	usr1 := make(chan os.Signal, 1)
 	signal.Notify(usr1, syscall.SIGUSR1)
-	forkOnUSR2()
+	bufAddr := forkOnUSR2(o.buf)
 
 	o.enc = json.NewEncoder(os.Stdout)
 	o.line = Line{
@@ -200,6 +202,7 @@ func run() error {
 		FileOffset: headerSize,
 		FileOK:     true,
 		LoUp:       loUp(),
+		BufAddr:    bufAddr,
 	}
 	return o.loop(tick, verifyEvery, usr1)
 }

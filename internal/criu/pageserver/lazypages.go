@@ -65,6 +65,8 @@ type LazyPages struct {
 	// unregisters the unit's ranges (UnregisterUnit).
 	unit  int
 	clean bool
+	// copies is what HoldUffds holds.
+	copies *held
 }
 
 // SetUnit names the restored unit's first process (a host pid): once
@@ -144,34 +146,150 @@ func (l *LazyPages) HoldUffds() (n int, release func(), err error) {
 	if err != nil {
 		return l.gone(fmt.Errorf("pidfd of criu lazy-pages: %w", err))
 	}
-	defer unix.Close(pidfd)
 	fds, err := uffdsOf(pid, l.tasks)
 	if err != nil {
+		unix.Close(pidfd)
 		return l.gone(err)
 	}
-	var held []int
-	release = func() {
-		for _, fd := range held {
-			unix.Close(fd)
-		}
-	}
+	h := &held{pidfd: pidfd, inos: map[uint64]bool{}, stop: make(chan struct{}), stopped: make(chan struct{})}
 	for _, n := range fds {
-		fd, err := unix.PidfdGetfd(pidfd, n, 0)
-		if err != nil {
+		if err := h.take(n); err != nil {
 			// lazy-pages may have exited since it was listed, its
 			// every page in.
-			release()
+			h.release()
 			return l.gone(fmt.Errorf("userfaultfd %d of criu lazy-pages: %w", n, err))
 		}
-		if !isUserfaultfd(fd) {
-			// The number was closed and reused since it was listed:
-			// not a copy to count (fewer than the tasks: not held).
-			unix.Close(fd)
-			continue
-		}
-		held = append(held, fd)
 	}
-	return len(held), release, nil
+	n = h.count()
+	l.mu.Lock()
+	l.copies = h
+	l.mu.Unlock()
+	h.following = true
+	go h.follow(pid, l.done)
+	return n, h.release, nil
+}
+
+// Held is how many userfaultfds of lazy-pages the daemon holds copies
+// of: HoldUffds' and each fork's taken since (0 once they are let go).
+func (l *LazyPages) Held() int {
+	l.mu.Lock()
+	h := l.copies
+	l.mu.Unlock()
+	if h == nil {
+		return 0
+	}
+	return h.count()
+}
+
+// forkPoll is how often the held copies look for a userfaultfd lazy-pages
+// received since (a fork's: UFFD_EVENT_FORK gives it to the reader
+// alone).
+const forkPoll = 2 * time.Millisecond
+
+// held is the daemon's copies of lazy-pages' userfaultfds, by inode (each
+// userfaultfd has an anonymous inode of its own).
+type held struct {
+	pidfd     int
+	following bool          // set before follow starts
+	stop      chan struct{} // closed by release
+	stopped   chan struct{} // closed when follow returns
+
+	mu       sync.Mutex
+	fds      []int
+	inos     map[uint64]bool
+	released bool
+}
+
+// take copies lazy-pages' descriptor n if it is a userfaultfd not held
+// yet; the error is pidfd_getfd's.
+func (h *held) take(n int) error {
+	fd, err := unix.PidfdGetfd(h.pidfd, n, 0)
+	if err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if !isUserfaultfd(fd) || unix.Fstat(fd, &st) != nil {
+		// The number was closed and reused since it was listed: not a
+		// copy to count (fewer than the tasks: not held).
+		unix.Close(fd)
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released || h.inos[st.Ino] {
+		unix.Close(fd)
+		return nil
+	}
+	h.inos[st.Ino] = true
+	h.fds = append(h.fds, fd)
+	return nil
+}
+
+func (h *held) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.fds)
+}
+
+// follow takes a copy of each userfaultfd lazy-pages (pid) receives, every
+// forkPoll, until it exits (done) or the copies are let go. A fork's is
+// then held within about forkPoll of lazy-pages reading the fork.
+func (h *held) follow(pid int, done <-chan struct{}) {
+	defer close(h.stopped)
+	t := time.NewTicker(forkPoll)
+	defer t.Stop()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-done:
+			return
+		case <-t.C:
+		}
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return
+		}
+		for _, e := range ents {
+			link := dir + "/" + e.Name()
+			if l, err := os.Readlink(link); err != nil || l != uffdLink {
+				continue
+			}
+			var st unix.Stat_t
+			if unix.Stat(link, &st) != nil {
+				continue
+			}
+			h.mu.Lock()
+			known := h.inos[st.Ino]
+			h.mu.Unlock()
+			if !known {
+				n, _ := strconv.Atoi(e.Name())
+				_ = h.take(n)
+			}
+		}
+	}
+}
+
+// release stops following and closes every copy.
+func (h *held) release() {
+	h.mu.Lock()
+	if h.released {
+		h.mu.Unlock()
+		return
+	}
+	h.released = true
+	fds := h.fds
+	h.fds = nil
+	h.mu.Unlock()
+	close(h.stop)
+	if h.following {
+		<-h.stopped // it uses pidfd
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	unix.Close(h.pidfd)
 }
 
 // isUserfaultfd reports whether this process's descriptor fd is a
