@@ -125,7 +125,11 @@ func (l *LazyPages) Kill() {
 // killed) instead of being filled with zeros once the last copy closes.
 // Take the copies as soon as the restore returns (the daemon has them by
 // then) and close them only after the unit is frozen or dead, or after
-// every page is resident. A lazy-pages that has already exited (every
+// every page is resident. From then on, until lazy-pages exits or the
+// copies are let go, a copy is also taken of each userfaultfd it receives
+// (a process the unit forks: the kernel gives its userfaultfd to
+// lazy-pages alone), within about forkPoll; n counts those taken at once.
+// A lazy-pages that has already exited (every
 // page in) leaves none to take, which is no error. A page server is told
 // when the copies are taken, and again when release lets them go (or
 // that none are held, should fewer be found than the tasks it serves,
