@@ -155,7 +155,7 @@ func (l *LazyPages) HoldUffds() (n int, release func(), err error) {
 		unix.Close(pidfd)
 		return l.gone(err)
 	}
-	h := &held{pidfd: pidfd, inos: map[uint64]bool{}, stop: make(chan struct{}), stopped: make(chan struct{})}
+	h := &held{pidfd: pidfd, taken: map[uffdKey]bool{}, stop: make(chan struct{}), stopped: make(chan struct{})}
 	for _, n := range fds {
 		if err := h.take(n); err != nil {
 			// lazy-pages may have exited since it was listed, its
@@ -190,8 +190,7 @@ func (l *LazyPages) Held() int {
 // alone).
 const forkPoll = 2 * time.Millisecond
 
-// held is the daemon's copies of lazy-pages' userfaultfds, by inode (each
-// userfaultfd has an anonymous inode of its own).
+// held is the daemon's copies of lazy-pages' userfaultfds.
 type held struct {
 	pidfd     int
 	following bool          // set before follow starts
@@ -200,8 +199,16 @@ type held struct {
 
 	mu       sync.Mutex
 	fds      []int
-	inos     map[uint64]bool
+	taken    map[uffdKey]bool
 	released bool
+}
+
+// uffdKey names one of lazy-pages' userfaultfds: its descriptor and its
+// inode (since Linux 5.12 each userfaultfd has an anonymous inode of its
+// own, so a number reused for another is told apart).
+type uffdKey struct {
+	fd  int
+	ino uint64
 }
 
 // take copies lazy-pages' descriptor n if it is a userfaultfd not held
@@ -218,13 +225,14 @@ func (h *held) take(n int) error {
 		unix.Close(fd)
 		return nil
 	}
+	k := uffdKey{n, st.Ino}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.released || h.inos[st.Ino] {
+	if h.released || h.taken[k] {
 		unix.Close(fd)
 		return nil
 	}
-	h.inos[st.Ino] = true
+	h.taken[k] = true
 	h.fds = append(h.fds, fd)
 	return nil
 }
@@ -261,14 +269,14 @@ func (h *held) follow(pid int, done <-chan struct{}) {
 				continue
 			}
 			var st unix.Stat_t
-			if unix.Stat(link, &st) != nil {
+			n, err := strconv.Atoi(e.Name())
+			if err != nil || unix.Stat(link, &st) != nil {
 				continue
 			}
 			h.mu.Lock()
-			known := h.inos[st.Ino]
+			known := h.taken[uffdKey{n, st.Ino}]
 			h.mu.Unlock()
 			if !known {
-				n, _ := strconv.Atoi(e.Name())
 				_ = h.take(n)
 			}
 		}

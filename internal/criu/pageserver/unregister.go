@@ -34,34 +34,62 @@ const (
 	restoreFeatures = 1<<1 | 1<<2 | 1<<3 | 1<<6
 )
 
-// UnregisterUnit unregisters, in every process of the pid namespace of
-// process init (the unit's first process, a host pid), every range
-// registered in missing mode ("um" in smaps' VmFlags) with a userfaultfd
-// a lazy restore left open in that process. It returns how many ranges
-// it unregistered. A range registered with another process's
-// userfaultfd is refused by the kernel (EINVAL) and skipped; a process
-// that exits meanwhile is passed over.
+// UnregisterUnit unregisters, in process init (the unit's first process,
+// a host pid) and each of its descendants, every range registered in
+// missing mode ("um" in smaps' VmFlags) with a userfaultfd a lazy restore
+// left open in that process. It returns how many ranges it unregistered.
+// A range registered with another process's userfaultfd is refused by
+// the kernel (EINVAL) and skipped; a process that exits meanwhile is
+// passed over.
 func UnregisterUnit(init int) (int, error) {
-	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", init))
-	if err != nil {
-		return 0, fmt.Errorf("pageserver: the unit's pid namespace: %w", err)
-	}
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", init)); err != nil {
+		return 0, fmt.Errorf("pageserver: the unit's first process: %w", err)
 	}
 	n := 0
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err != nil || l != ns {
-			continue
-		}
+	for _, pid := range descendants(init) {
 		n += unregisterTask(pid)
 	}
 	return n, nil
+}
+
+// descendants is process pid and every process below it, from each
+// process's parent in /proc/N/stat.
+func descendants(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	kids := map[int][]int{}
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if p := parentOf(n); p > 0 {
+			kids[p] = append(kids[p], n)
+		}
+	}
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		out = append(out, kids[out[i]]...)
+	}
+	return out
+}
+
+// parentOf is process pid's parent, 0 when it cannot be read.
+func parentOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0
+	}
+	p, _ := strconv.Atoi(f[1])
+	return p
 }
 
 // unregisterTask unregisters process pid's registered ranges with each

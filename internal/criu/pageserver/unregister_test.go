@@ -3,8 +3,12 @@
 package pageserver
 
 import (
+	"os"
+	"os/exec"
 	"slices"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // The mappings registered in missing mode are read from smaps: each
@@ -49,5 +53,28 @@ func TestUffdFeatures(t *testing.T) {
 	const seen = 0x8000004e // a lazy restore's userfaultfd on kernel 6.18
 	if restoreFeatures != seen&^(1<<31) {
 		t.Errorf("a lazy restore's userfaultfd (features 0x8000004e) not recognised")
+	}
+}
+
+// A process's descendants are found through their parents: this test's
+// child, and that child's own.
+func TestDescendants(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "sleep 30 & wait")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The whole group: sh and its sleep.
+	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() }()
+	sh := cmd.Process.Pid
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		d := descendants(os.Getpid())
+		grand := slices.ContainsFunc(d, func(p int) bool { return parentOf(p) == sh })
+		if d[0] == os.Getpid() && slices.Contains(d, sh) && grand {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("descendants %v: want this process, %d and its child", d, sh)
+		}
 	}
 }
