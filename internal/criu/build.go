@@ -167,6 +167,10 @@ const (
 	// TmpfsUserns: patches 3 and 4's small tmpfs also in a user
 	// namespace, and with empty regular files (patch 7).
 	TmpfsUserns Capability = "tmpfs-userns"
+	// TasksKeepUffds: each lazily restored task keeps its own
+	// userfaultfd, and a dump leaves it out (patch 8): a unit cannot
+	// outlive every holder of its userfaultfds and read zeros.
+	TasksKeepUffds Capability = "tasks-keep-uffds"
 )
 
 // capabilityPatch is the patch of deploy/criu each capability comes from,
@@ -184,6 +188,7 @@ var capabilityPatch = []struct {
 	{UsernsUffd, "5-lazy-pages-userns-uffd.patch", "not permitted here, using /dev/userfaultfd"},
 	{UsernsCgroupns, "6-restore-cgns-after-userns-creds.patch", ""},
 	{TmpfsUserns, "7-tmpfs-small-userns.patch", "owners as its user namespace maps them"},
+	{TasksKeepUffds, "8-restored-tasks-keep-uffds.patch", "the userfaultfd of a lazy restore"},
 }
 
 // Patch is the deploy/criu patch c comes from.
@@ -214,7 +219,7 @@ type Build struct {
 // record is taken only when its binary_sha256 is the binary's.
 //
 // What the build can do: a capability whose patch leaves a mark in the
-// binary (its own log message: patches 3, 4, 5 and 7) is had only when the
+// binary (its own log message: patches 3, 4, 5, 7 and 8) is had only when the
 // binary holds that mark — and, when the record is taken, the record
 // lists the patch too; a capability without a mark (patches 1, 2 and 6)
 // only when the record is taken and lists its patch. A CRIU that is not

@@ -135,7 +135,7 @@ func fakeCRIU(t *testing.T, marks []Capability, patches []Capability) (bin, reco
 	return bin, record
 }
 
-var all = []Capability{LazyPagesWaits, KeepsUffds, TmpfsRestore, TmpfsDump, UsernsUffd, UsernsCgroupns, TmpfsUserns}
+var all = []Capability{LazyPagesWaits, KeepsUffds, TmpfsRestore, TmpfsDump, UsernsUffd, UsernsCgroupns, TmpfsUserns, TasksKeepUffds}
 
 func TestIdentify(t *testing.T) {
 	t.Run("setup's build", func(t *testing.T) {
@@ -174,7 +174,7 @@ func TestIdentify(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := []Capability{TmpfsRestore, TmpfsDump, UsernsUffd, TmpfsUserns}; b.Record != nil || !slices.Equal(b.Capabilities(), want) {
+		if want := []Capability{TmpfsRestore, TmpfsDump, UsernsUffd, TmpfsUserns, TasksKeepUffds}; b.Record != nil || !slices.Equal(b.Capabilities(), want) {
 			t.Errorf("capabilities %v, want only the marked %v", b.Capabilities(), want)
 		}
 		if why := b.Lacks(KeepsUffds); !strings.Contains(why, "2-lazy-pages-keep-uffds.patch") || !strings.Contains(why, "no build record") {

@@ -176,6 +176,7 @@ type line struct {
 	LoUp       bool   `json:"lo_up"`
 	Pid        int    `json:"pid"`
 	ChildPid   int    `json:"child_pid"`
+	BufAddr    uint64 `json:"buf_addr"`
 	StartTime  int64  `json:"start_time"`
 	Error      string `json:"error"`
 }

@@ -88,5 +88,6 @@ func (c *Client) restoreLazy(ctx context.Context, id string, spec Spec, cp Check
 		l.Kill()
 		return nil, nil, RestoreStats{}, restoreFailed(rs, err)
 	}
+	l.SetUnit(int(s.Pid()))
 	return s, l, rs.stats(start), nil
 }

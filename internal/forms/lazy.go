@@ -304,9 +304,9 @@ func (p *pages) watch(sb Sandbox, lp Pages, release func(), deadline time.Durati
 	var derr error
 	if perr != nil {
 		// A thread the freeze did not stop may be a process forked
-		// after the restore, whose userfaultfd only lazy-pages holds
-		// (the copies are of the tasks the restore made): the unit dies
-		// before lazy-pages does, so that it reads no zero page.
+		// after the restore, whose userfaultfd the daemon may not hold
+		// yet (it copies a fork's within a few milliseconds): the unit
+		// dies before lazy-pages does, so that it reads no zero page.
 		derr = sb.Destroy(context.WithoutCancel(ctx))
 	}
 	lp.Kill()

@@ -48,6 +48,10 @@ type capable interface {
 //     the kernel refuses without deploy/criu/5-lazy-pages-userns-uffd.patch
 //     (vm.unprivileged_userfaultfd=0, its default); --lazy-served goes
 //     with it, and says so;
+//   - --lazy-resume: each restored task must keep its own userfaultfd
+//     (deploy/criu/8-restored-tasks-keep-uffds.patch), or a unit whose
+//     lazy-pages and daemon both die runs on zero-filled pages;
+//     --lazy-served goes with it;
 //   - --lazy-served: lazy-pages must keep every task's userfaultfd until
 //     every page is in (deploy/criu/2-lazy-pages-keep-uffds.patch).
 //
@@ -73,6 +77,18 @@ func fastPaths(cfg *Config, b capable, log *slog.Logger) []string {
 	case served && !cfg.LazyServed:
 		off = append(off, "--lazy-served: off with --lazy-resume")
 		log.Warn("--lazy-served turned off with --lazy-resume")
+	}
+	if cfg.LazyResume && !b.Has(criu.TasksKeepUffds) {
+		cfg.LazyResume = false
+		why := b.Lacks(criu.TasksKeepUffds)
+		off = append(off, "--lazy-resume: "+why)
+		log.Warn("--lazy-resume turned off: the restored tasks would not keep their own userfaultfds, and a unit whose lazy-pages and daemon both died would run on zero-filled pages; resumes are eager",
+			"reason", why)
+		if cfg.LazyServed {
+			cfg.LazyServed = false
+			off = append(off, "--lazy-served: off with --lazy-resume")
+			log.Warn("--lazy-served turned off with --lazy-resume")
+		}
 	}
 	return off
 }

@@ -26,7 +26,7 @@ func (b build) Lacks(c criu.Capability) string {
 // named with the patch it needs, in the log too; what the build can do,
 // or what no flag asked for, is left as it was.
 func TestFastPaths(t *testing.T) {
-	all := build{criu.KeepsUffds, criu.UsernsUffd}
+	all := build{criu.KeepsUffds, criu.UsernsUffd, criu.TasksKeepUffds}
 	lazy := Config{LazyResume: true, LazyServed: true, UserNS: true}
 	cases := []struct {
 		name string
@@ -36,10 +36,10 @@ func TestFastPaths(t *testing.T) {
 		off  []string
 	}{
 		{"every patch", lazy, all, lazy, nil},
-		{"no patch 2", lazy, build{criu.UsernsUffd},
+		{"no patch 2", lazy, build{criu.UsernsUffd, criu.TasksKeepUffds},
 			Config{LazyResume: true, UserNS: true},
 			[]string{"--lazy-served: lacks deploy/criu/2-lazy-pages-keep-uffds.patch"}},
-		{"no patch 5", lazy, build{criu.KeepsUffds},
+		{"no patch 5", lazy, build{criu.KeepsUffds, criu.TasksKeepUffds},
 			Config{UserNS: true},
 			[]string{"--lazy-resume: lacks deploy/criu/5-lazy-pages-userns-uffd.patch", "--lazy-served: off with --lazy-resume"}},
 		{"no patch", lazy, nil,
@@ -48,7 +48,12 @@ func TestFastPaths(t *testing.T) {
 		{"no patch, not served", Config{LazyResume: true, UserNS: true}, nil,
 			Config{UserNS: true},
 			[]string{"--lazy-resume: lacks deploy/criu/5-lazy-pages-userns-uffd.patch"}},
-		{"no patch 5, no user namespaces", Config{LazyResume: true, LazyServed: true}, build{criu.KeepsUffds},
+		{"no patch 8", lazy, build{criu.KeepsUffds, criu.UsernsUffd},
+			Config{UserNS: true},
+			[]string{"--lazy-resume: lacks deploy/criu/8-restored-tasks-keep-uffds.patch", "--lazy-served: off with --lazy-resume"}},
+		{"no patch 8, no user namespaces", Config{LazyResume: true}, build{criu.KeepsUffds},
+			Config{}, []string{"--lazy-resume: lacks deploy/criu/8-restored-tasks-keep-uffds.patch"}},
+		{"no patch 5, no user namespaces", Config{LazyResume: true, LazyServed: true}, build{criu.KeepsUffds, criu.TasksKeepUffds},
 			Config{LazyResume: true, LazyServed: true}, nil},
 		{"no patch, eager", Config{UserNS: true}, nil, Config{UserNS: true}, nil},
 	}

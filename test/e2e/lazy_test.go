@@ -24,7 +24,7 @@ import (
 // t is skipped, naming the patch, where the daemon's CRIU cannot.
 func lazyDaemon(t *testing.T, name string) *daemon {
 	t.Helper()
-	d := mustDaemon(t, name, func(d *daemon) { d.flags = []string{"--lazy-resume"} })
+	d := mustDaemon(t, name, func(d *daemon) { d.flags = []string{"--lazy-resume", "--criu-build", criuBuildFile()} })
 	needsFastPath(t, d, "--lazy-resume")
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	return d
@@ -388,6 +388,68 @@ func TestLazyRestartParksBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	ls := output(t, d.stdout(id))
+	for i, l := range ls {
+		if l.Checksum != ls[0].Checksum || l.Verify != ls[0].Checksum || l.StartTime != ls[0].StartTime {
+			t.Fatalf("line %d %+v; first %+v", i, l, ls[0])
+		}
+	}
+	before := len(ls)
+	if _, err := d.c.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	ls = waitLines(t, d.stdout(id), "a line verified after the resume", func(ls []line) bool {
+		return len(ls) > before && last(ls).VerifiedAt > atPark.Counter
+	})
+	if after := ls[before]; after.Counter != atPark.Counter+1 || after.StartTime != atPark.StartTime || after.Pid != atPark.Pid {
+		t.Fatalf("first line after the resume %+v; last before the park %+v", after, atPark)
+	}
+}
+
+// TestLazyHoldersKilled kills the daemon and then lazy-pages (SIGKILL
+// both) while a lazily resumed unit's pages are still arriving (its
+// lazy-pages stopped before the unit ran): no holder of the
+// userfaultfds is left but the unit's own tasks
+// (deploy/criu/8-restored-tasks-keep-uffds.patch), so the unit's faults
+// wait and it computes nothing on a zero page while no daemon runs. The
+// restarted daemon parks the run back at the snapshot it resumed from,
+// the lost interval journaled; the record verifies, and the next resume
+// goes on from the park as the same process.
+func TestLazyHoldersKilled(t *testing.T) {
+	privileged(t)
+	parallelFleet(t) // beside the crash tests (parallel_test.go)
+	d := lazyDaemon(t, "lazy-holders")
+	ctx := context.Background()
+	const id = "lazy-holders"
+	startBigOracle(t, d, id)
+	p, atPark := park(t, d, id)
+	pid := resumeStopped(t, d, id)
+	_ = d.cmd.Process.Kill()
+	<-d.done
+	d.cmd = nil
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// Two of the oracle's verifications (VERIFY_EVERY=5, a tick every
+	// 100 ms) with nothing serving its pages and no daemon.
+	time.Sleep(2 * time.Second)
+	ls := output(t, d.stdout(id))
+	for i, l := range ls {
+		if l.Checksum != ls[0].Checksum || l.Verify != ls[0].Checksum || l.StartTime != ls[0].StartTime {
+			t.Fatalf("line %d %+v; first %+v", i, l, ls[0])
+		}
+	}
+	mustStart(t, d)
+	s := waitParked(t, d, id)
+	if got, want := kinds(s.Segments), "executed suspended resumed executed suspended"; got != want || s.Segments[4].Snapshot != p.Snapshot {
+		t.Fatalf("segments %s, want %s back at %s", got, want, p.Snapshot)
+	}
+	if ex := s.Segments[3]; ex.Outcome != "parked" || ex.Restore == nil || !strings.Contains(ex.Restore.PagesLost, "restarted") {
+		t.Fatalf("the lost interval %+v, its restore %+v", ex, ex.Restore)
+	}
+	if err := verifyRun(ctx, d, id); err != nil {
+		t.Fatal(err)
+	}
+	ls = output(t, d.stdout(id))
 	for i, l := range ls {
 		if l.Checksum != ls[0].Checksum || l.Verify != ls[0].Checksum || l.StartTime != ls[0].StartTime {
 			t.Fatalf("line %d %+v; first %+v", i, l, ls[0])

@@ -25,6 +25,8 @@
 //     at every verification into one buffer that is cleared once hashed,
 //     so a test sees what the unit read and no dump of its memory holds
 //     it; a read that fails is reported in "secret_err";
+//   - with FORK_ON_USR2=1, each SIGUSR2 forks a copy of the process that
+//     pauses until killed (fork.go);
 //   - whether loopback is up ("lo_up"), re-read at every verification, so
 //     a test sees the sandbox's network grant;
 //   - with TCP_PORT set (a sandbox with loopback up), TCP state: a server
@@ -81,9 +83,11 @@ type Line struct {
 	TCPMPTCP     bool   `json:"tcp_mptcp,omitempty"`
 	Pid          int    `json:"pid"`
 	ChildPid     int    `json:"child_pid"`
-	StartTime    int64  `json:"start_time"`
-	Time         int64  `json:"time"`
-	Error        string `json:"error,omitempty"`
+	// BufAddr is the buffer's address, with FORK_ON_USR2=1 (fork.go).
+	BufAddr   uint64 `json:"buf_addr,omitempty"`
+	StartTime int64  `json:"start_time"`
+	Time      int64  `json:"time"`
+	Error     string `json:"error,omitempty"`
 }
 
 func main() {
@@ -186,6 +190,7 @@ func run() error {
 
 	usr1 := make(chan os.Signal, 1)
 	signal.Notify(usr1, syscall.SIGUSR1)
+	bufAddr := forkOnUSR2(o.buf)
 
 	o.enc = json.NewEncoder(os.Stdout)
 	o.line = Line{
@@ -197,6 +202,7 @@ func run() error {
 		FileOffset: headerSize,
 		FileOK:     true,
 		LoUp:       loUp(),
+		BufAddr:    bufAddr,
 	}
 	return o.loop(tick, verifyEvery, usr1)
 }

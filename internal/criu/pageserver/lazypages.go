@@ -60,6 +60,27 @@ type LazyPages struct {
 	err      error         // set before done closes
 	resident time.Duration // from the daemon's start to its exit
 	exited   time.Time
+	// unit is the unit's first process (SetUnit), in and clean once
+	// lazy-pages has exited with every page in: the second of the two
+	// unregisters the unit's ranges (UnregisterUnit).
+	unit  int
+	clean bool
+	// copies is what HoldUffds holds.
+	copies *held
+}
+
+// SetUnit names the restored unit's first process (a host pid): once
+// every page is in, the ranges its tasks registered with their own
+// userfaultfds are unregistered ([UnregisterUnit]), now if lazy-pages
+// has already exited cleanly.
+func (l *LazyPages) SetUnit(pid int) {
+	l.mu.Lock()
+	l.unit = pid
+	clean := l.clean
+	l.mu.Unlock()
+	if clean {
+		_, _ = UnregisterUnit(pid)
+	}
 }
 
 // Done is closed when the daemon has exited.
@@ -104,7 +125,11 @@ func (l *LazyPages) Kill() {
 // killed) instead of being filled with zeros once the last copy closes.
 // Take the copies as soon as the restore returns (the daemon has them by
 // then) and close them only after the unit is frozen or dead, or after
-// every page is resident. A lazy-pages that has already exited (every
+// every page is resident. From then on, until lazy-pages exits or the
+// copies are let go, a copy is also taken of each userfaultfd it receives
+// (a process the unit forks: the kernel gives its userfaultfd to
+// lazy-pages alone), within about forkPoll; n counts those taken at once.
+// A lazy-pages that has already exited (every
 // page in) leaves none to take, which is no error. A page server is told
 // when the copies are taken, and again when release lets them go (or
 // that none are held, should fewer be found than the tasks it serves,
@@ -125,34 +150,158 @@ func (l *LazyPages) HoldUffds() (n int, release func(), err error) {
 	if err != nil {
 		return l.gone(fmt.Errorf("pidfd of criu lazy-pages: %w", err))
 	}
-	defer unix.Close(pidfd)
 	fds, err := uffdsOf(pid, l.tasks)
 	if err != nil {
+		unix.Close(pidfd)
 		return l.gone(err)
 	}
-	var held []int
-	release = func() {
-		for _, fd := range held {
-			unix.Close(fd)
-		}
-	}
+	h := &held{pidfd: pidfd, taken: map[uffdKey]bool{}, stop: make(chan struct{}), stopped: make(chan struct{})}
 	for _, n := range fds {
-		fd, err := unix.PidfdGetfd(pidfd, n, 0)
-		if err != nil {
+		if err := h.take(n); err != nil {
 			// lazy-pages may have exited since it was listed, its
 			// every page in.
-			release()
+			h.release()
 			return l.gone(fmt.Errorf("userfaultfd %d of criu lazy-pages: %w", n, err))
 		}
-		if !isUserfaultfd(fd) {
-			// The number was closed and reused since it was listed:
-			// not a copy to count (fewer than the tasks: not held).
-			unix.Close(fd)
-			continue
-		}
-		held = append(held, fd)
 	}
-	return len(held), release, nil
+	n = h.count()
+	l.mu.Lock()
+	l.copies = h
+	l.mu.Unlock()
+	h.following = true
+	go h.follow(pid, l.done)
+	return n, h.release, nil
+}
+
+// Held is how many userfaultfds of lazy-pages the daemon holds copies
+// of: HoldUffds' and each fork's taken since (0 once they are let go).
+func (l *LazyPages) Held() int {
+	l.mu.Lock()
+	h := l.copies
+	l.mu.Unlock()
+	if h == nil {
+		return 0
+	}
+	return h.count()
+}
+
+// forkPoll is how often the held copies look for a userfaultfd lazy-pages
+// received since (a fork's: UFFD_EVENT_FORK gives it to the reader
+// alone).
+const forkPoll = 2 * time.Millisecond
+
+// held is the daemon's copies of lazy-pages' userfaultfds.
+type held struct {
+	pidfd     int
+	following bool          // set before follow starts
+	stop      chan struct{} // closed by release
+	stopped   chan struct{} // closed when follow returns
+
+	mu       sync.Mutex
+	fds      []int
+	taken    map[uffdKey]bool
+	released bool
+}
+
+// uffdKey names one of lazy-pages' userfaultfds: its descriptor and its
+// inode (since Linux 5.12 each userfaultfd has an anonymous inode of its
+// own, so a number reused for another is told apart).
+type uffdKey struct {
+	fd  int
+	ino uint64
+}
+
+// take copies lazy-pages' descriptor n if it is a userfaultfd not held
+// yet; the error is pidfd_getfd's.
+func (h *held) take(n int) error {
+	fd, err := unix.PidfdGetfd(h.pidfd, n, 0)
+	if err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if !isUserfaultfd(fd) || unix.Fstat(fd, &st) != nil {
+		// The number was closed and reused since it was listed: not a
+		// copy to count (fewer than the tasks: not held).
+		unix.Close(fd)
+		return nil
+	}
+	k := uffdKey{n, st.Ino}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released || h.taken[k] {
+		unix.Close(fd)
+		return nil
+	}
+	h.taken[k] = true
+	h.fds = append(h.fds, fd)
+	return nil
+}
+
+func (h *held) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.fds)
+}
+
+// follow takes a copy of each userfaultfd lazy-pages (pid) receives, every
+// forkPoll, until it exits (done) or the copies are let go. A fork's is
+// then held within about forkPoll of lazy-pages reading the fork.
+func (h *held) follow(pid int, done <-chan struct{}) {
+	defer close(h.stopped)
+	t := time.NewTicker(forkPoll)
+	defer t.Stop()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-done:
+			return
+		case <-t.C:
+		}
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return
+		}
+		for _, e := range ents {
+			link := dir + "/" + e.Name()
+			if l, err := os.Readlink(link); err != nil || l != uffdLink {
+				continue
+			}
+			var st unix.Stat_t
+			n, err := strconv.Atoi(e.Name())
+			if err != nil || unix.Stat(link, &st) != nil {
+				continue
+			}
+			h.mu.Lock()
+			known := h.taken[uffdKey{n, st.Ino}]
+			h.mu.Unlock()
+			if !known {
+				_ = h.take(n)
+			}
+		}
+	}
+}
+
+// release stops following and closes every copy.
+func (h *held) release() {
+	h.mu.Lock()
+	if h.released {
+		h.mu.Unlock()
+		return
+	}
+	h.released = true
+	fds := h.fds
+	h.fds = nil
+	h.mu.Unlock()
+	close(h.stop)
+	if h.following {
+		<-h.stopped // it uses pidfd
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	unix.Close(h.pidfd)
 }
 
 // isUserfaultfd reports whether this process's descriptor fd is a
@@ -293,8 +442,15 @@ func (l *LazyPages) wait() {
 		// for a restarted daemon too (Pids.Unfinished). Not removed, the
 		// pids cost only a park back should the daemon restart first.
 		_ = l.recorded.remove()
+		l.clean = true
 	}
+	unit, clean := l.unit, l.clean
 	l.mu.Unlock()
+	if clean && unit != 0 {
+		// Best effort: a range left registered costs a wait, never a
+		// zero page (a task that exited has none to unregister).
+		_, _ = UnregisterUnit(unit)
+	}
 	close(l.done)
 }
 
