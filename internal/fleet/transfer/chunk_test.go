@@ -193,6 +193,9 @@ func TestOwedFill(t *testing.T) {
 	if _, ok := o.Find(fx.chunks[2].Offset, 4096); ok {
 		t.Fatal("Find took another size")
 	}
+	if err := o.Chunk(ctx, 3); !errors.Is(err, transfer.ErrOwed) {
+		t.Fatalf("Chunk 3 of 3: %v", err)
+	}
 	var wg sync.WaitGroup
 	var failed atomic.Int32
 	for range 8 {

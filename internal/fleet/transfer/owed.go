@@ -93,11 +93,14 @@ func (o *Owed) Find(off, size uint64) (i int, ok bool) {
 	return i, ok && o.chunks[i].Size == size
 }
 
-// Chunk makes sure chunk i is written, fetching it unless it is, or
+// Chunk makes sure chunk i ([Owed.Find]) is written, fetching it unless it is, or
 // another call is fetching it (then it waits for that one), and returns
 // nil once it is, or the refusal. A call whose ctx ends gives up alone:
 // the chunk may be asked again.
 func (o *Owed) Chunk(ctx context.Context, i int) error {
+	if i < 0 || i >= len(o.chunks) {
+		return fmt.Errorf("%w: %q has no chunk %d", ErrOwed, o.slab.Name, i)
+	}
 	for {
 		o.mu.Lock()
 		if err := o.err; err != nil {
