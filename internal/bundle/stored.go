@@ -19,6 +19,17 @@ type Holding interface {
 	PutBytes(b []byte, refs ...record.Address) (record.Address, error)
 }
 
+// AdoptionVerifies is a [Holding] whose objects are partly staged, not
+// stored (internal/fleet/transfer's Fetched): an object it says its
+// adoption verifies is rehashed against its address as it is adopted,
+// before the record that names it is stored, and refused there
+// ([*store.CorruptError]) with nothing named. [ImportStored] does not
+// rehash such an object first: it was hashed as it arrived, and is again
+// as it is adopted.
+type AdoptionVerifies interface {
+	AdoptionVerifies(a record.Address) bool
+}
+
 // StoredOptions are what [ImportStored] judges and stores a record by:
 // the importing host's decisions ([ImportOptions]), and what a bundle's
 // bundle.json would say of the run.
@@ -44,7 +55,9 @@ type StoredOptions struct {
 // key and stands at its place; every listing decodes and gives each file
 // the size it has; every object rec reaches is in st
 // ([store.ErrMissingObject]), within the object and total limits
-// ([ErrLimit]), and rehashes to its address ([*store.CorruptError]); then
+// ([ErrLimit]), and rehashes to its address ([*store.CorruptError]; an
+// object st's adoption verifies as it stores the record, [AdoptionVerifies],
+// then rather than before); then
 // the run's timeline, as Import judges it. Only then are the refs each
 // object's bytes give declared in st (those it lacks), and the record
 // stored ([store.Store.ImportAs] or [store.Store.Extend]).
@@ -142,12 +155,14 @@ func (h *holding) limits(j *judging, lim Limits) (int, int64, error) {
 }
 
 // verify rehashes every object the record reaches that was not read
-// whole (and so verified) by the checks before: a transcript, a receipt,
-// a journal, an image's files.
+// whole (and so verified) by the checks before, and that the adoption
+// does not verify (AdoptionVerifies): a transcript, a receipt, a journal,
+// an image's files.
 func (h *holding) verify(j *judging) error {
 	buf := make([]byte, 1<<20)
+	av, _ := h.st.(AdoptionVerifies)
 	for _, a := range sorted(j.need) {
-		if h.verified[a] {
+		if h.verified[a] || av != nil && av.AdoptionVerifies(a) {
 			continue
 		}
 		if err := h.rehash(a, buf); err != nil {

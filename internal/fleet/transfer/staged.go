@@ -88,6 +88,18 @@ func (f *Fetched) Refs(a record.Address) ([]record.Address, error) {
 	return f.Store.Refs(a)
 }
 
+// AdoptionVerifies says whether a is staged: its adoption
+// ([Fetched.AdoptAll], store.Store.AdoptFiles) rehashes it against a and
+// refuses it before any record names it, so bundle.ImportStored does not
+// rehash it first (bundle.AdoptionVerifies). An object the store held is
+// not.
+func (f *Fetched) AdoptionVerifies(a record.Address) bool {
+	_, ok := f.staged[a]
+	return ok
+}
+
+var _ bundle.AdoptionVerifies = (*Fetched)(nil)
+
 // PutBytes adds refs to an object staged or held, whose bytes are b: a
 // staged one's are kept for its adoption, a held one's declared after the
 // staged objects are adopted. Any other object is not the fetch's to
