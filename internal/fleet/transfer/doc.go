@@ -18,10 +18,10 @@
 // listing limits), everything else refers to nothing. Every object is
 // held to the Content-Length its peer declares, which must be within the
 // limits ([Options]) and, for a listed file, the size its listing gives;
-// its bytes are hashed as they arrive, and it is adopted into the store
-// (staged; adopted by [store.Store.Adopt], which hashes it again as it
-// makes it durable) only if they are as many as declared and hash to the
-// address asked for — after its refs, and with them declared.
+// its bytes are hashed as they are written to staging, and it is adopted
+// into the store ([Fetched.AdoptAll], taking that hash:
+// store.Adoption.Hashed) only if they are as many as declared and hash to
+// the address asked for — after its refs, and with them declared.
 //
 // # Nothing kept of a refused fetch
 //
