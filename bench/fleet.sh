@@ -7,10 +7,17 @@
 #     way, side by side in one run: `migrate` in the fleet, and the manual
 #     path (park, export, import, resume) between two hosts alone; the time
 #     the unit is not running, medians and their ratio.
-# As root, after `make build`. Leaves nothing running.
-# Usage: bench/fleet.sh [N] [ROUNDS] [SIZE_MB]   (default 200 3 512)
+# As root, after `make build`. Leaves nothing running. --lazy: every host
+# serves with --lazy-resume --lazy-served (a migration's target resumes
+# lazily, as the manual path's does).
+# Usage: bench/fleet.sh [--lazy] [N] [ROUNDS] [SIZE_MB]   (default 200 3 512)
 set -Eeuo pipefail
 cd "$(dirname "$0")/.."
+serve_flags=()
+if [ "${1:-}" = --lazy ]; then
+	serve_flags=(--lazy-resume --lazy-served)
+	shift
+fi
 n=${1:-200} rounds=${2:-3} size=${3:-512}
 bin=bin
 rr=$(realpath "$bin/runrecordd")
@@ -50,7 +57,7 @@ echo "== a $size MiB image run: migrate (fleet h2 <-> h3) and the manual path (a
 for m in m1 m2; do
 	state=$work/$m
 	sock[$m]=$state/runrecordd.sock
-	"$rr" serve --state-dir "$state" >"$work/$m.log" 2>&1 &
+	"$rr" serve --state-dir "$state" ${serve_flags[@]+"${serve_flags[@]}"} >"$work/$m.log" 2>&1 &
 	pid[$m]=$!
 	hosts+=("$m")
 	for _ in $(seq 1 300); do "$rr" host --socket "${sock[$m]}" >/dev/null 2>&1 && break; sleep 0.1; done

@@ -45,14 +45,15 @@ fleet_etcd() {
 }
 
 # fleet_host NAME PORT admits and starts host NAME serving the fleet on
-# 127.0.0.1:PORT, and imports the demo units into it.
+# 127.0.0.1:PORT, with the serve flags in the array serve_flags if set,
+# and imports the demo units into it.
 fleet_host() {
 	local h=$1 state=$work/$1
 	hosts+=("$h")
 	sock[$h]=$state/runrecordd.sock
 	key[$h]=$("$rr" fleet key --state-dir "$state")
 	"$rr" fleet admit "${key[$h]}" --name "$h" --etcd "$E" >/dev/null
-	"$rr" serve --state-dir "$state" --etcd "$E" --peer-listen "127.0.0.1:$2" >"$work/$h.log" 2>&1 &
+	"$rr" serve --state-dir "$state" --etcd "$E" --peer-listen "127.0.0.1:$2" ${serve_flags[@]+"${serve_flags[@]}"} >"$work/$h.log" 2>&1 &
 	pid[$h]=$!
 	for _ in $(seq 1 300); do
 		"$rr" host --socket "${sock[$h]}" >/dev/null 2>&1 && break

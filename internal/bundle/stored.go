@@ -19,6 +19,16 @@ type Holding interface {
 	PutBytes(b []byte, refs ...record.Address) (record.Address, error)
 }
 
+// VerifiedOnArrival is a [Holding] whose objects are partly staged, not
+// stored (internal/fleet/transfer's Fetched): an object it says was
+// verified on arrival had its bytes hashed to its address in this process
+// as they were written to staging, and nothing writes them since (the
+// word [store.Store.IngestHashed] takes from a park). [ImportStored] does
+// not rehash it.
+type VerifiedOnArrival interface {
+	VerifiedOnArrival(a record.Address) bool
+}
+
 // StoredOptions are what [ImportStored] judges and stores a record by:
 // the importing host's decisions ([ImportOptions]), and what a bundle's
 // bundle.json would say of the run.
@@ -44,7 +54,8 @@ type StoredOptions struct {
 // key and stands at its place; every listing decodes and gives each file
 // the size it has; every object rec reaches is in st
 // ([store.ErrMissingObject]), within the object and total limits
-// ([ErrLimit]), and rehashes to its address ([*store.CorruptError]); then
+// ([ErrLimit]), and rehashes to its address ([*store.CorruptError]; one
+// st verified on arrival, [VerifiedOnArrival], is not read again); then
 // the run's timeline, as Import judges it. Only then are the refs each
 // object's bytes give declared in st (those it lacks), and the record
 // stored ([store.Store.ImportAs] or [store.Store.Extend]).
@@ -142,12 +153,14 @@ func (h *holding) limits(j *judging, lim Limits) (int, int64, error) {
 }
 
 // verify rehashes every object the record reaches that was not read
-// whole (and so verified) by the checks before: a transcript, a receipt,
-// a journal, an image's files.
+// whole (and so verified) by the checks before, nor verified on arrival
+// (VerifiedOnArrival): a transcript, a receipt, a journal, an image's
+// files.
 func (h *holding) verify(j *judging) error {
 	buf := make([]byte, 1<<20)
+	arrived, _ := h.st.(VerifiedOnArrival)
 	for _, a := range sorted(j.need) {
-		if h.verified[a] {
+		if h.verified[a] || arrived != nil && arrived.VerifiedOnArrival(a) {
 			continue
 		}
 		if err := h.rehash(a, buf); err != nil {

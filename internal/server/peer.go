@@ -20,7 +20,8 @@ import (
 // listener (docs/fleet.md, "Migration"); their client is peer.Hosts, and
 // their bodies are peer's wire types.
 //
-//	GET  /v1/objects/{addr}   an object's bytes (internal/fleet/transfer),
+//	GET  /v1/objects/{addr}   an object's bytes, or one Range of them
+//	                          (internal/fleet/transfer),
 //	                          to a host this one is handing a run to that
 //	                          reaches the object (member.ServesObject)
 //	POST /v1/objects/missing  which of a list this host lacks, to a host

@@ -21,6 +21,11 @@ type Adoption struct {
 	Path    string
 	Address record.Address
 	Refs    []record.Address
+	// Hashed, when set, is the caller's word, as for [Store.IngestHashed]:
+	// it computed Address in this process from the Hashed.Size bytes it
+	// wrote to Path, and nothing writes the file any more. The file is
+	// then not read again; only its size is checked.
+	Hashed *Hashed
 }
 
 // syncWorkers is how many fsyncs AdoptFiles has in flight at once. An
@@ -35,7 +40,8 @@ const syncWorkers = 16
 // refusal harmless:
 //
 //  1. Each file is hashed (it must hash to its Address: a
-//     [*CorruptError] otherwise), made read-only and given the time now
+//     [*CorruptError] otherwise; one the caller hashed, Adoption.Hashed,
+//     must have the size hashed), made read-only and given the time now
 //     (a GC grace period from its naming), the files in parallel. A
 //     refusal names nothing, and leaves every file staged.
 //  2. With collections held off from here to the end, the files are
@@ -69,7 +75,7 @@ func (s *Store) AdoptFiles(ctx context.Context, as []Adoption) error {
 	}
 	now := time.Now()
 	err := parallel(ctx, len(as), func(i int) error {
-		return prepare(ctx, paths[i], as[i].Address, now)
+		return prepare(ctx, paths[i], as[i], now)
 	})
 	if err != nil {
 		return err
@@ -109,9 +115,11 @@ func (s *Store) AdoptFiles(ctx context.Context, as []Adoption) error {
 	})
 }
 
-// prepare hashes the staged file at p, which must hash to a, makes it
-// read-only and gives it the time now.
-func prepare(ctx context.Context, p string, a record.Address, now time.Time) error {
+// prepare hashes the staged file at p, which must hash to ad.Address
+// (or, hashed by the caller, have the size hashed), makes it read-only
+// and gives it the time now.
+func prepare(ctx context.Context, p string, ad Adoption, now time.Time) error {
+	a := ad.Address
 	f, err := os.Open(p)
 	if err != nil {
 		return fmt.Errorf("store: adopt: %w", err)
@@ -124,14 +132,21 @@ func prepare(ctx context.Context, p string, a record.Address, now time.Time) err
 	if !info.Mode().IsRegular() {
 		return fmt.Errorf("store: adopt %s: not a regular file", p)
 	}
-	h := blake3.New(32, nil)
-	if _, err := copyBuffered(ctx, h, f, info.Size()); err != nil {
-		return fmt.Errorf("store: adopt %s: %w", p, err)
-	}
-	var got record.Address
-	h.Sum(got[:0])
-	if got != a {
-		return fmt.Errorf("store: adopt: %w", &CorruptError{Address: a, Got: got, Path: p})
+	switch {
+	case ad.Hashed != nil && ad.Hashed.Address != a:
+		return fmt.Errorf("store: adopt %s: hashed as %s, adopted as %s", p, ad.Hashed.Address, a)
+	case ad.Hashed != nil && info.Size() != ad.Hashed.Size:
+		return fmt.Errorf("store: adopt %s: %d bytes, %d were hashed", p, info.Size(), ad.Hashed.Size)
+	case ad.Hashed == nil:
+		h := blake3.New(32, nil)
+		if _, err := copyBuffered(ctx, h, f, info.Size()); err != nil {
+			return fmt.Errorf("store: adopt %s: %w", p, err)
+		}
+		var got record.Address
+		h.Sum(got[:0])
+		if got != a {
+			return fmt.Errorf("store: adopt: %w", &CorruptError{Address: a, Got: got, Path: p})
+		}
 	}
 	if err := f.Chmod(0o400); err != nil {
 		return fmt.Errorf("store: adopt: %w", err)

@@ -107,6 +107,41 @@ func TestAdoptFilesRefuses(t *testing.T) {
 	}
 }
 
+// A file the caller hashed (Adoption.Hashed) is adopted at that hash; one
+// whose size is not the size hashed, or hashed as another address, is
+// refused with the batch, nothing named.
+func TestAdoptFilesHashed(t *testing.T) {
+	s := mustStore(t)
+	content := map[string]string{"a": "a bytes", "b": "b bytes"}
+	hashed := func(as []Adoption, size int64) {
+		for i := range as {
+			as[i].Hashed = &Hashed{Size: size, Address: as[i].Address}
+		}
+	}
+	as := stageAll(t, s, []string{"a"}, content, nil)
+	hashed(as, 7)
+	if err := s.AdoptFiles(t.Context(), as); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Verify(t.Context(), as[0].Address); err != nil {
+		t.Fatal(err)
+	}
+	for name, spoil := range map[string]func(as []Adoption){
+		"another size":    func(as []Adoption) { as[0].Hashed.Size = 6 },
+		"another address": func(as []Adoption) { as[0].Hashed.Address = record.Sum([]byte("other")) },
+	} {
+		as := stageAll(t, s, []string{"b"}, content, nil)
+		hashed(as, 7)
+		spoil(as)
+		if err := s.AdoptFiles(t.Context(), as); err == nil {
+			t.Fatalf("%s: adopted", name)
+		}
+		if _, err := os.Stat(as[0].Path); err != nil || s.Has(as[0].Address) {
+			t.Fatalf("%s: a refused adoption named %s (%v)", name, as[0].Path, err)
+		}
+	}
+}
+
 // The durability argument of AdoptFiles, step by step: every file is
 // fsynced before any name, the refs are committed before any name, and
 // every directory a name went into (or a stored copy is in) is fsynced

@@ -18,10 +18,10 @@
 // listing limits), everything else refers to nothing. Every object is
 // held to the Content-Length its peer declares, which must be within the
 // limits ([Options]) and, for a listed file, the size its listing gives;
-// its bytes are hashed as they arrive, and it is adopted into the store
-// (staged; adopted by [store.Store.Adopt], which hashes it again as it
-// makes it durable) only if they are as many as declared and hash to the
-// address asked for — after its refs, and with them declared.
+// its bytes are hashed as they are written to staging, and it is adopted
+// into the store ([Fetched.AdoptAll], taking that hash:
+// store.Adoption.Hashed) only if they are as many as declared and hash to
+// the address asked for — after its refs, and with them declared.
 //
 // # Nothing kept of a refused fetch
 //
@@ -33,6 +33,16 @@
 // it, leaves the store as it was and nothing in staging. [Fetch] is Stage
 // and the adoption, for a caller that judges nothing.
 //
+// # A chunk at a time
+//
+// A slab (docs/store.md, "Slabs") can also come one range at a time:
+// [ReadRange] asks for one chunk and keeps it only if it hashes to the
+// chunk's record in the verified index (the source serves a range
+// unverified: only the whole object hashes to its address), and an
+// [Owed] slab is filled chunk by chunk, the one asked for first, then the
+// bytes no chunk covers, and adopted only once the whole hashes to its
+// address.
+//
 // # Limits
 //
 // A fetch is held to what an import holds a bundle to ([bundle.Limits]):
@@ -42,8 +52,8 @@
 //
 // # Errors
 //
-// A refusal wraps [ErrAbsent], [ErrTruncated], [ErrLimit], [ErrNoSpace], [ErrMalformed]
-// or [ErrPeer], or is a [*store.CorruptError] (bytes that hash to another
+// A refusal wraps [ErrAbsent], [ErrTruncated], [ErrLimit], [ErrNoSpace], [ErrMalformed],
+// [ErrChunk], [ErrOwed] or [ErrPeer], or is a [*store.CorruptError] (bytes that hash to another
 // address: [store.ErrCorrupt]). Errors of the connection itself are
 // returned as net/http gives them.
 package transfer

@@ -36,7 +36,9 @@ type MissingResponse struct {
 // Handler serves a store's objects to a peer:
 //
 //   - GET /v1/objects/{addr}: the object's bytes, with Content-Length,
-//     read verified; 404 with an [api.Error] (not_found) when the store
+//     read verified; with a Range header of one range (bytes=FIRST-LAST,
+//     at most [MaxRange] bytes), 206 and those bytes, not verified
+//     ([ReadRange] verifies them); 404 with an [api.Error] (not_found) when the store
 //     does not hold it, 400 (bad_request) for a malformed address
 //     ([record.ParseAddress]). An object found
 //     corrupt as it is sent is cut off (the connection is aborted, not
@@ -58,6 +60,10 @@ func serveObject(st *store.Store, w http.ResponseWriter, r *http.Request) {
 	a, err := record.ParseAddress(r.PathValue("addr"))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, api.CodeBadRequest, err)
+		return
+	}
+	if spec := r.Header.Get("Range"); spec != "" {
+		serveRange(st, w, a, spec)
 		return
 	}
 	rd, err := st.Open(a)

@@ -88,6 +88,18 @@ func (f *Fetched) Refs(a record.Address) ([]record.Address, error) {
 	return f.Store.Refs(a)
 }
 
+// VerifiedOnArrival says whether a is staged: its bytes were hashed to a
+// in this process as they were written to staging, and nothing writes
+// them since, so neither bundle.ImportStored nor the adoption
+// (store.Adoption.Hashed) reads them again (bundle.VerifiedOnArrival). An
+// object the store held is not.
+func (f *Fetched) VerifiedOnArrival(a record.Address) bool {
+	_, ok := f.staged[a]
+	return ok
+}
+
+var _ bundle.VerifiedOnArrival = (*Fetched)(nil)
+
 // PutBytes adds refs to an object staged or held, whose bytes are b: a
 // staged one's are kept for its adoption, a held one's declared after the
 // staged objects are adopted. Any other object is not the fetch's to
@@ -145,7 +157,7 @@ func (f *Fetched) AdoptAll(ctx context.Context) error {
 		for _, r := range s.refs {
 			order(r)
 		}
-		as = append(as, store.Adoption{Path: s.path, Address: a, Refs: s.refs})
+		as = append(as, store.Adoption{Path: s.path, Address: a, Refs: s.refs, Hashed: &store.Hashed{Size: s.size, Address: a}})
 	}
 	for _, a := range f.order {
 		order(a)
