@@ -267,7 +267,8 @@ func (d *Daemon) wire() {
 			d.events.Publish(events.Event{Kind: "run.handed_off", Run: id})
 		}}
 	d.place = drain.Local{Store: d.st, Facts: d.host, Digest: digestOf(d.ex), MinFree: d.cfg.MinFree, Draining: d.fleet.Draining,
-		ImageParks: func() bool { return d.probe.Status().State != imageparks.Unavailable }, Forms: &d.forms}
+		ImageParks: func() bool { return d.probe.Status().State != imageparks.Unavailable }, Forms: &d.forms,
+		EgressAllow: d.cfg.EgressAllow, EgressNames: d.cfg.EgressResolver.IsValid()}
 	d.comebacks = openComeback(d.cfg.StateDir)
 	d.keys = trust.Keys{Store: d.st, Self: d.keyID, Log: d.log, Admitted: d.fleet.Admitted}
 	src := metrics.HostSource(d.st, d.meter)

@@ -21,9 +21,12 @@ import (
 
 // TestFleetMigrateEgress: TestEgressElsewhere's move, made by the fleet.
 // Two hosts of a fleet, each with egress, their pools, links and tables
-// apart; on the first, two units each read a stream from the world. One
-// is migrated to the second host (`migrate`), then the first host is
-// drained, which moves the other. Each moved unit, resumed on the second
+// apart, and a third granting none; on the first, two units each read a
+// stream from the world. A migration of one to the third is refused
+// (grant_refused) before anything changes: it goes on running, its
+// stream flowing. One is migrated to the second host (`migrate`), then
+// the first host is drained, which moves the other there, never to the
+// third. Each moved unit, resumed on the second
 // host, sees the connection it had end at once with an abort (not a
 // hang), opens a new one to the world, and its resumed interval's
 // journal lists the connection closed (reason: none kept here); its
@@ -43,11 +46,13 @@ func TestFleetMigrateEgress(t *testing.T) {
 	a, _ := f.start(t, "fleet-egress-a", append(f.flags(), "--lease-ttl", "10s", "--egress-allow", "203.0.113.0/24"))
 	b, keyB := f.start(t, "fleet-egress-b", append(f.flags(), "--lease-ttl", "10s", "--egress-allow", "203.0.113.0/24",
 		"--egress-pool", egressPoolB, "--egress-link-prefix", egressPrefixB))
+	// The third host grants no egress: its ceiling refuses the units'.
+	cc, keyC := f.start(t, "fleet-egress-c", append(f.flags(), "--lease-ttl", "10s"))
 	kB, err := record.ParseAddress(keyB)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []*daemon{a, b} {
+	for _, d := range []*daemon{a, b, cc} {
 		mustImportImage(t, d, hostileArchive, hostileImage, hostileDigest)
 	}
 	grants := egressGrants(t, egressWorld+"/32:8080-8081")
@@ -60,6 +65,24 @@ func TestFleetMigrateEgress(t *testing.T) {
 	others := egressLeft(t, a) // the stayer's link, chains and slot
 	if len(others) == 0 {
 		t.Fatalf("the first host holds no link of %s", stayer)
+	}
+
+	// flowing checks that the stayer's stream goes on, on the first host.
+	flowing := func(t *testing.T) {
+		t.Helper()
+		n := len(said(a, stayer, "egress-stream"))
+		deadline := time.Now().Add(10 * time.Second)
+		for len(said(a, stayer, "egress-stream")) < n+3 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s's stream stopped on the first host: %q", stayer, said(a, stayer, "egress-stream"))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		for _, l := range said(a, stayer, "egress-stream") {
+			if !strings.HasPrefix(l, "got ") {
+				t.Fatalf("%s on the first host said %q", stayer, l)
+			}
+		}
 	}
 
 	// moved checks run id, moved to b by a call that returned at
@@ -102,6 +125,29 @@ func TestFleetMigrateEgress(t *testing.T) {
 		t.Logf("on the second host: %q %s after the move returned; %s; closed %+v", line, took, then, cs[0])
 	}
 
+	// To a host whose ceiling refuses the unit's grant: refused
+	// (grant_refused) before anything changes, as a target that would not
+	// take a run is (docs/fleet.md, "Migration", step 0).
+	t.Run("BeyondTheCeiling", func(t *testing.T) {
+		was, err := a.run(ctx, stayer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = a.c.Migrate(ctx, stayer, keyC)
+		ae := apiError(t, err, api.CodeGrantRefused)
+		t.Logf("migrate to the host without egress: %s", ae.Message)
+		if r, err := a.run(ctx, stayer); err != nil || r.HandedOff || r.Status != "running" || r.Segments != was.Segments || r.Head != was.Head {
+			t.Fatalf("after the refusal the first host holds %+v, %v; want %+v", r, err, was)
+		}
+		if _, err := cc.run(ctx, stayer); err == nil {
+			t.Fatal("the host without egress stored the run")
+		}
+		if left := egressLeft(t, a); !slices.Equal(left, others) {
+			t.Fatalf("the first host after the refusal holds %v; want %v", left, others)
+		}
+		flowing(t)
+	})
+
 	t.Run("Migrated", func(t *testing.T) {
 		const id = "egress-mover"
 		startHostile(t, a, id, "egress-stream", env, grants)
@@ -115,20 +161,7 @@ func TestFleetMigrateEgress(t *testing.T) {
 		if left := egressLeft(t, a); !slices.Equal(left, others) {
 			t.Fatalf("the first host after the migration holds %v; want only the other run's %v", left, others)
 		}
-		// The other unit's stream goes on, on the first host.
-		n := len(said(a, stayer, "egress-stream"))
-		deadline := time.Now().Add(10 * time.Second)
-		for len(said(a, stayer, "egress-stream")) < n+3 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s's stream stopped on the first host: %q", stayer, said(a, stayer, "egress-stream"))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		for _, l := range said(a, stayer, "egress-stream") {
-			if !strings.HasPrefix(l, "got ") {
-				t.Fatalf("%s on the first host said %q", stayer, l)
-			}
-		}
+		flowing(t)
 	})
 
 	t.Run("Drained", func(t *testing.T) {
@@ -141,12 +174,15 @@ func TestFleetMigrateEgress(t *testing.T) {
 		if left := egressLeft(t, a); len(left) > 0 {
 			t.Fatalf("the drained host holds %v", left)
 		}
+		if _, err := cc.run(ctx, stayer); err == nil {
+			t.Fatal("the drain sent the run to the host without egress")
+		}
 	})
 
 	if n := w.streams.Load(); n != 2 {
 		t.Fatalf("the world saw %d stream connections, want the two the units opened first", n)
 	}
-	for _, d := range []*daemon{a, b} {
+	for _, d := range []*daemon{a, b, cc} {
 		if err := d.closeAll(ctx); err != nil {
 			t.Fatal(err)
 		}
