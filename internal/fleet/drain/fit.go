@@ -65,7 +65,8 @@ type Offer struct {
 // as the resume there will judge it (manifest.Judge): the unit id is the
 // run's own, the same everywhere; the image digest is the one the host has
 // under the unit's image name. A refusal names the keys that fail, or
-// ([ErrFormat]) the manifest format the host does not read.
+// ([ErrFormat]) the manifest format the host does not read. An egress
+// grant is judged as the import there will judge it (bundle.CheckEgress).
 func Fit(n Need, o Offer) error {
 	switch {
 	case o.Draining:
