@@ -235,7 +235,7 @@ func (d *Daemon) wire() {
 		Join:  d.cfg.Join,
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.events.Publish, Reach: d.reach,
 		Import:     bundle.ImportOptions{Options: d.bundles, CheckID: forms.CheckID},
-		Exportable: func(id string) error { return d.exporter.Exportable(id) }, Runs: fleetRuns{d},
+		Exportable: func(id string) error { return d.exporter.Exportable(id) }, Runs: fleetRuns{d}, HandedOff: d.handedOff,
 		Fits:    func(ctx context.Context, id string) error { return d.place.Fits(ctx, id) },
 		MinFree: d.cfg.MinFree,
 	})
@@ -263,11 +263,12 @@ func (d *Daemon) wire() {
 	}
 	d.exporter = bundle.Exporter{Store: d.st, Books: &d.exports, Lock: func(id string) (func(), error) { return d.runs.locker(id) }, Held: func(id string) ([]string, error) { return calls.Held(d.st, id) },
 		Log: d.log, HandedOff: func(id string) {
-			d.links.Release(id)
+			d.handedOff(id)
 			d.events.Publish(events.Event{Kind: "run.handed_off", Run: id})
 		}}
 	d.place = drain.Local{Store: d.st, Facts: d.host, Digest: digestOf(d.ex), MinFree: d.cfg.MinFree, Draining: d.fleet.Draining,
-		ImageParks: func() bool { return d.probe.Status().State != imageparks.Unavailable }, Forms: &d.forms}
+		ImageParks: func() bool { return d.probe.Status().State != imageparks.Unavailable }, Forms: &d.forms,
+		EgressAllow: d.cfg.EgressAllow, EgressNames: d.cfg.EgressResolver.IsValid()}
 	d.comebacks = openComeback(d.cfg.StateDir)
 	d.keys = trust.Keys{Store: d.st, Self: d.keyID, Log: d.log, Admitted: d.fleet.Admitted}
 	src := metrics.HostSource(d.st, d.meter)
@@ -275,6 +276,11 @@ func (d *Daemon) wire() {
 		Counts: &d.metrics, Metrics: d.metrics.Handler(src, d.log), Scrape: d.metrics.ScrapeHandler(src, d.log), Objects: transfer.Handler(d.st),
 		Exporter: d.exporter, Fleet: d.fleet, Placement: &d.place}
 }
+
+// handedOff frees what run id held on this host, now another host's: its
+// egress link and slot (an export's handoff, a migration out, a received
+// run handed back).
+func (d *Daemon) handedOff(id string) { d.links.Release(id) }
 
 // Rooms returns the rooms the daemon wired at New.
 func (d *Daemon) Rooms() Rooms { return d.rooms }

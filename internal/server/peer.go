@@ -129,7 +129,11 @@ func (h *handler) offer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o, err := h.Placement.Offer(r.Context(), q.Images)
-	h.reply(w, r, peer.OfferAnswer{Facts: o.Facts, Images: o.Images, Free: o.Free, Draining: o.Draining, ImageParks: o.ImageParks}, err)
+	a := peer.OfferAnswer{Facts: o.Facts, Images: o.Images, Free: o.Free, Draining: o.Draining, ImageParks: o.ImageParks, EgressNames: o.EgressNames}
+	for _, p := range o.EgressAllow {
+		a.EgressAllow = append(a.EgressAllow, p.String())
+	}
+	h.reply(w, r, a, err)
 }
 
 func (h *handler) receive(w http.ResponseWriter, r *http.Request) {

@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 func host(n string) record.Address { return record.Sum([]byte(n)) }
@@ -219,6 +222,54 @@ func TestFit(t *testing.T) {
 	h := TargetOf(host("a"), o, nil, []Need{need("x86_64", "sha256:aa"), {Run: "other", Image: "oracle", Manifest: manifest.Manifest{manifest.Arch: "riscv64"}}})
 	if h.Refuses["r"] != nil || h.Refuses["other"] == nil {
 		t.Fatalf("%+v", h.Refuses)
+	}
+}
+
+// An egress grant fits a host whose ceiling holds it, as the import there
+// judges it: beyond the ceiling, on a host granting no egress, or by name
+// where the host resolves none, it is refused with ErrUnfit and
+// bundle.ErrPolicy (grant_refused); a grant of no egress fits anywhere.
+func TestFitEgress(t *testing.T) {
+	grant := func(dests ...string) unit.Grants {
+		g := unit.Grants{Network: unit.Egress}
+		for _, s := range dests {
+			d, err := unit.ParseDest(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.Egress = append(g.Egress, d)
+		}
+		return g
+	}
+	ceiling := []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}
+	o := Offer{Images: map[string]string{}, ImageParks: true, EgressAllow: ceiling}
+	fits := map[string]struct {
+		g unit.Grants
+		o Offer
+	}{
+		"within":    {grant("203.0.113.2/32:8080-8081"), o},
+		"no egress": {unit.Grants{Network: unit.Loopback}, Offer{ImageParks: true}},
+		"a name":    {grant("example.test:443"), Offer{ImageParks: true, EgressAllow: ceiling, EgressNames: true}},
+	}
+	for name, c := range fits {
+		if err := Fit(Need{Run: "r", ImagePark: true, Grants: c.g}, c.o); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	unfit := map[string]struct {
+		g unit.Grants
+		o Offer
+	}{
+		"beyond":         {grant("198.51.100.0/24:80"), o},
+		"wider":          {grant("203.0.0.0/16:80"), o},
+		"no ceiling":     {grant("203.0.113.2/32:8080"), Offer{ImageParks: true}},
+		"name, no names": {grant("example.test:443"), o},
+	}
+	for name, c := range unfit {
+		err := Fit(Need{Run: "r", ImagePark: true, Grants: c.g}, c.o)
+		if !errors.Is(err, ErrUnfit) || !errors.Is(err, bundle.ErrPolicy) {
+			t.Errorf("%s: %v, want ErrUnfit and bundle.ErrPolicy", name, err)
+		}
 	}
 }
 

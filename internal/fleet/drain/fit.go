@@ -3,14 +3,19 @@ package drain
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // ErrUnfit is a host that cannot take a run: its manifest does not match
-// the run's, it is being drained itself, or image parks do not work there.
+// the run's, it is being drained itself, image parks do not work there, or
+// its egress ceiling refuses the run's grant (then also a bundle.ErrPolicy:
+// grant_refused).
 var ErrUnfit = errors.New("the host cannot take the run")
 
 // ErrManifest is an ErrUnfit for a manifest that differs: the run's resume
@@ -36,17 +41,23 @@ type Need struct {
 	// ImagePark is a run whose resume restores a CRIU image.
 	ImagePark bool
 	Bytes     uint64
+	// Grants is the run's grant set: an egress grant is held to the
+	// host's egress ceiling, as its import there would hold it.
+	Grants unit.Grants
 }
 
 // Offer is what a host said of itself before a drain: its facts as its
 // manifests record them, the digests of the images asked about that it
-// has, the room its store has left, and whether it takes runs at all.
+// has, the room its store has left, whether it takes runs at all, and its
+// egress ceiling (bundle.Policy's EgressAllow and EgressNames).
 type Offer struct {
-	Facts      manifest.Manifest
-	Images     map[string]string // name → digest, for those it has
-	Free       uint64
-	Draining   bool
-	ImageParks bool // whether image parks work there
+	Facts       manifest.Manifest
+	Images      map[string]string // name → digest, for those it has
+	Free        uint64
+	Draining    bool
+	ImageParks  bool // whether image parks work there
+	EgressAllow []netip.Prefix
+	EgressNames bool
 }
 
 // Fit says why the host that made o cannot take the run that needs n; nil
@@ -54,13 +65,17 @@ type Offer struct {
 // as the resume there will judge it (manifest.Judge): the unit id is the
 // run's own, the same everywhere; the image digest is the one the host has
 // under the unit's image name. A refusal names the keys that fail, or
-// ([ErrFormat]) the manifest format the host does not read.
+// ([ErrFormat]) the manifest format the host does not read. An egress
+// grant is judged as the import there will judge it (bundle.CheckEgress).
 func Fit(n Need, o Offer) error {
 	switch {
 	case o.Draining:
 		return fmt.Errorf("%w: it is being drained", ErrUnfit)
 	case n.ImagePark && !o.ImageParks:
 		return fmt.Errorf("%w: image parks do not work there", ErrUnfit)
+	}
+	if err := bundle.CheckEgress(n.Grants, o.EgressAllow, o.EgressNames); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnfit, err)
 	}
 	// A host that reads format 2 states cpu.flags among its facts
 	// (manifest.Host); one that states none reads format 1 only.

@@ -9,6 +9,7 @@ package drain
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/park"
@@ -34,6 +35,10 @@ type Local struct {
 	Draining func() bool
 	// ImageParks says whether image parks work on the host.
 	ImageParks func() bool
+	// EgressAllow and EgressNames are the host's egress ceiling
+	// (bundle.Policy).
+	EgressAllow []netip.Prefix
+	EgressNames bool
 	// Forms is the host's side of the forms: the manifest a park here
 	// would record.
 	Forms Manifests
@@ -58,12 +63,12 @@ func (h Local) Need(ctx context.Context, id string, mem Memory) (Need, error) {
 	if err != nil {
 		return Need{}, err
 	}
-	spec, _, err := h.Store.ReadRun(st)
+	spec, grants, err := h.Store.ReadRun(st)
 	if err != nil {
 		return Need{}, err
 	}
 	transcript := spec.Mode == unit.TranscriptMode
-	n := Need{Run: id, Image: spec.Image, ImagePark: !transcript}
+	n := Need{Run: id, Image: spec.Image, ImagePark: !transcript, Grants: grants}
 	switch {
 	case st.Phase == record.PhaseParked:
 		n.Manifest, n.Bytes, err = h.Recorded(id)
@@ -81,7 +86,7 @@ func (h Local) Need(ctx context.Context, id string, mem Memory) (Need, error) {
 // whether it takes runs at all.
 func (h Local) Offer(ctx context.Context, images []string) (Offer, error) {
 	o := Offer{Facts: manifest.Manifest{manifest.Protocol: protocol.Version}, Images: map[string]string{},
-		Draining: h.Draining(), ImageParks: h.ImageParks()}
+		Draining: h.Draining(), ImageParks: h.ImageParks(), EgressAllow: h.EgressAllow, EgressNames: h.EgressNames}
 	for k, v := range h.Facts {
 		o.Facts[k] = v
 	}
@@ -107,7 +112,7 @@ func (h Local) Fits(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	spec, _, err := h.Store.ReadRun(st)
+	spec, grants, err := h.Store.ReadRun(st)
 	if err != nil {
 		return err
 	}
@@ -120,7 +125,7 @@ func (h Local) Fits(ctx context.Context, id string) error {
 		return err
 	}
 	o.Draining = false
-	return Fit(Need{Run: id, Image: spec.Image, Manifest: m, ImagePark: spec.Mode != unit.TranscriptMode}, o)
+	return Fit(Need{Run: id, Image: spec.Image, Manifest: m, ImagePark: spec.Mode != unit.TranscriptMode, Grants: grants}, o)
 }
 
 // MaxManifest is the largest recorded manifest placement reads to judge a

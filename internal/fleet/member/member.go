@@ -145,6 +145,10 @@ type Config struct {
 	Exportable func(id string) error
 	// Runs are the host's runs, held for migrations, adoptions and drains.
 	Runs Runs
+	// HandedOff tells that stored run id is handed off here, another
+	// host's for good (a migration out the target claimed, a received
+	// run handed back): what it held on this host goes. Nil, nothing.
+	HandedOff func(id string)
 	// Fits says why this host could not resume stored run id now (its
 	// recorded environment manifest against this host's): a received run
 	// that does not fit is not taken. Nil takes every run.

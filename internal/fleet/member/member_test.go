@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -148,6 +149,13 @@ func room(t *testing.T, h *fleet.Session, p Peers) (*Member, *store.Store, *coun
 	return m, st, c, b.Record
 }
 
+// handedOff records the runs m tells handed off here (Config.HandedOff).
+func handedOff(m *Member) *[]string {
+	var ids []string
+	m.cfg.HandedOff = func(id string) { ids = append(ids, id) }
+	return &ids
+}
+
 func join(t *testing.T, dir *fleet.Dir, name string) *fleet.Session {
 	t.Helper()
 	k := record.Sum([]byte("host " + name))
@@ -172,6 +180,7 @@ func TestMigrate(t *testing.T) {
 	a, b := join(t, dir, "a"), join(t, dir, "b")
 	refusing := &peers{hand: errors.New("the target refused")}
 	m, st, n, rec := room(t, a, refusing)
+	left := handedOff(m)
 	run := &parked{}
 	hold := func() (Held, func(), error) { return run, func() {}, nil }
 
@@ -182,8 +191,8 @@ func TestMigrate(t *testing.T) {
 	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || !e.To.IsZero() {
 		t.Fatalf("after the refusal the directory says %+v, %v", e, err)
 	}
-	if _, off, _ := st.HandedOff("r"); off || n.out.Load() != 0 {
-		t.Fatal("after the refusal the run is handed off, or a migration counted")
+	if _, off, _ := st.HandedOff("r"); off || n.out.Load() != 0 || len(*left) != 0 {
+		t.Fatalf("after the refusal the run is handed off, or a migration counted, or the run told handed off (%q)", *left)
 	}
 
 	// While the target takes the run, it — and no other host — may read
@@ -229,6 +238,9 @@ func TestMigrate(t *testing.T) {
 	}
 	if _, off, _ := st.HandedOff("r"); !off || n.out.Load() != 1 || run.parks.Load() != 0 {
 		t.Fatalf("after the migration: handed off %v, %d counted, %d parks of a parked run", off, n.out.Load(), run.parks.Load())
+	}
+	if !slices.Equal(*left, []string{"r"}) {
+		t.Fatalf("after the migration the runs told handed off: %q, want r", *left)
 	}
 }
 

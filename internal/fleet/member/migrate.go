@@ -76,12 +76,32 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 	err = m.hand(ctx, to, id, Handed{Run: id, Genesis: genesis, Head: st.Head, Resume: executing})
 	if err != nil {
 		m.cfg.Metrics.Migrated(true, false, 0)
-		return fmt.Errorf("migrate %s to %s: %w", id, to, m.takeBack(ctx, outbound{id: id, genesis: genesis, head: st.Head, to: to}, made, err))
+		err = m.takeBack(ctx, outbound{id: id, genesis: genesis, head: st.Head, to: to}, made, err)
+		m.left(id)
+		return fmt.Errorf("migrate %s to %s: %w", id, to, err)
 	}
+	m.left(id)
 	m.cfg.Metrics.Migrated(true, true, time.Since(began))
 	m.cfg.Log.Info("run migrated", "run", id, "to", to)
 	m.cfg.Publish(events.Event{Kind: "run.migrated", Run: id, Detail: to.String()})
 	return nil
+}
+
+// left tells that run id is another host's (Config.HandedOff) if this
+// store holds it handed off: a migration's target claimed it. A store not
+// read leaves it to the next start's sweep.
+func (m *Member) left(id string) {
+	if m.cfg.HandedOff == nil {
+		return
+	}
+	_, off, err := m.cfg.Store.HandedOff(id)
+	if err != nil {
+		m.cfg.Log.Warn("fleet: whether the run is handed off is unknown; what it holds here stays until the next start", "run", id, "err", err)
+		return
+	}
+	if off {
+		m.cfg.HandedOff(id)
+	}
 }
 
 // hand hands run id over to host to (Peers.Hand), serving it the run's
@@ -283,6 +303,7 @@ func (m *Member) giveBack(ctx context.Context, from record.Address, id string, r
 	if err := m.cfg.Store.HandOff(id, rec.Head()); err != nil {
 		return errors.Join(cause, err)
 	}
+	m.left(id)
 	m.cfg.Log.Warn("receive: the resume failed; the run is handed back to its source, parked", "run", id, "to", from, "err", cause)
 	return cause
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -240,6 +241,7 @@ func TestReceiveResumeRefused(t *testing.T) {
 			dir, a, b, src, rec := handedOver(t, "/resume-refused/"+map[bool]string{false: "waiting", true: "gone"}[gone]+"/")
 			p := &peers{from: src, src: "r"}
 			m, st, n := receiver(t, b, p)
+			left := handedOff(m)
 			refused := errors.New("restore refused")
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
@@ -267,13 +269,13 @@ func TestReceiveResumeRefused(t *testing.T) {
 			}
 			h, off, _ := st.HandedOff("r")
 			if gone {
-				if off || !e.To.IsZero() {
-					t.Fatalf("the source gone, the run is handed off (%v) or transferred (%s)", off, e.To)
+				if off || !e.To.IsZero() || len(*left) != 0 {
+					t.Fatalf("the source gone, the run is handed off (%v, told %q) or transferred (%s)", off, *left, e.To)
 				}
 				return
 			}
-			if !off || h.Head != rec.Head() || e.To != a.Key() {
-				t.Fatalf("not handed back: handed off %v at %s, transferred to %s", off, h.Head, e.To)
+			if !off || h.Head != rec.Head() || e.To != a.Key() || !slices.Equal(*left, []string{"r"}) {
+				t.Fatalf("not handed back: handed off %v at %s (told %q), transferred to %s", off, h.Head, *left, e.To)
 			}
 		})
 	}
@@ -290,6 +292,7 @@ func TestMigrateTakesBackAHandedBackRun(t *testing.T) {
 	refused := errors.New("image refused")
 	p := &peers{hand: refused}
 	m, st, n, rec := room(t, a, p)
+	left := handedOff(m)
 	p.onHand = func() {
 		if _, err := b.Claim(t.Context(), rec.Genesis(), "r", rec.Head(), record.PhaseParked); err != nil {
 			t.Error(err)
@@ -302,8 +305,8 @@ func TestMigrateTakesBackAHandedBackRun(t *testing.T) {
 	if !errors.Is(err, refused) || errors.Is(err, fleet.ErrNotOwner) || n.failed.Load() != 1 {
 		t.Fatalf("migrate to a target that handed the run back: %v (%d failed)", err, n.failed.Load())
 	}
-	if _, off, _ := st.HandedOff("r"); off {
-		t.Fatal("the run handed back is still handed off here")
+	if _, off, _ := st.HandedOff("r"); off || len(*left) != 0 {
+		t.Fatalf("the run handed back is still handed off here, or told so (%q)", *left)
 	}
 	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || !e.To.IsZero() {
 		t.Fatalf("the directory says %+v, %v", e, err)
@@ -384,6 +387,7 @@ func TestMigrateTakeBackRefused(t *testing.T) {
 	lost := errors.New("the answer was lost")
 	p := &peers{hand: lost}
 	m, st, n, rec := room(t, a, p)
+	left := handedOff(m)
 	p.onHand = func() {
 		if _, err := b.Claim(t.Context(), rec.Genesis(), "r", rec.Head(), record.PhaseParked); err != nil {
 			t.Error(err)
@@ -393,8 +397,8 @@ func TestMigrateTakeBackRefused(t *testing.T) {
 	if !errors.Is(err, lost) || !errors.Is(err, fleet.ErrNotOwner) || n.failed.Load() != 1 {
 		t.Fatalf("migrate to a target that claimed and failed: %v (%d failed)", err, n.failed.Load())
 	}
-	if _, off, _ := st.HandedOff("r"); !off {
-		t.Fatal("the run the target claimed is not handed off here")
+	if _, off, _ := st.HandedOff("r"); !off || !slices.Equal(*left, []string{"r"}) {
+		t.Fatalf("the run the target claimed is not handed off here, or not told so (%q)", *left)
 	}
 	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != b.Key() || !e.To.IsZero() {
 		t.Fatalf("the directory says %+v, %v", e, err)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"sync"
 	"time"
@@ -44,6 +45,10 @@ type OfferAnswer struct {
 	Free       uint64            `json:"free"`
 	Draining   bool              `json:"draining"`
 	ImageParks bool              `json:"image_parks"`
+	// EgressAllow and EgressNames are the host's egress ceiling: IPv4
+	// prefixes, none granting no egress.
+	EgressAllow []string `json:"egress_allow,omitempty"`
+	EgressNames bool     `json:"egress_names,omitempty"`
 }
 
 // Migration is POST /v1/migrations's body: the run, and whether to resume
@@ -219,7 +224,11 @@ func (p Hosts) Offer(ctx context.Context, host record.Address, images []string) 
 			return drain.Offer{}, err
 		}
 		if first {
-			out = drain.Offer{Facts: a.Facts, Images: map[string]string{}, Free: a.Free, Draining: a.Draining, ImageParks: a.ImageParks}
+			out = drain.Offer{Facts: a.Facts, Images: map[string]string{}, Free: a.Free, Draining: a.Draining, ImageParks: a.ImageParks,
+				EgressNames: a.EgressNames}
+			if out.EgressAllow, err = ceilingOf(host, a.EgressAllow); err != nil {
+				return drain.Offer{}, err
+			}
 		}
 		for _, name := range batch {
 			if d, ok := a.Images[name]; ok {
@@ -252,13 +261,14 @@ func offerFrom(ctx context.Context, c *http.Client, base string, host record.Add
 // Bounds on another host's offer: a host's facts are a dozen short
 // strings (the CPU's features the longest, about 2 KiB).
 const (
-	maxOfferFacts = 64
-	maxOfferValue = 8 << 10
+	maxOfferFacts  = 64
+	maxOfferValue  = 8 << 10
+	maxOfferEgress = 1024 // prefixes of an egress ceiling
 )
 
 func checkOffer(host record.Address, a OfferAnswer) error {
-	if len(a.Facts) > maxOfferFacts || len(a.Images) > MaxOfferImages {
-		return fmt.Errorf("host %s: placement: %w: %d facts, %d images", host, bundle.ErrLimit, len(a.Facts), len(a.Images))
+	if len(a.Facts) > maxOfferFacts || len(a.Images) > MaxOfferImages || len(a.EgressAllow) > maxOfferEgress {
+		return fmt.Errorf("host %s: placement: %w: %d facts, %d images, %d egress prefixes", host, bundle.ErrLimit, len(a.Facts), len(a.Images), len(a.EgressAllow))
 	}
 	for k, v := range a.Facts {
 		if len(k) > maxOfferValue || len(v) > maxOfferValue {
@@ -266,6 +276,20 @@ func checkOffer(host record.Address, a OfferAnswer) error {
 		}
 	}
 	return nil
+}
+
+// ceilingOf is another host's egress ceiling, as its offer gives it:
+// IPv4 prefixes only (an answer with any other is refused, ErrLimit).
+func ceilingOf(host record.Address, ps []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, c := range ps {
+		p, err := netip.ParsePrefix(c)
+		if err != nil || !p.Addr().Is4() {
+			return nil, fmt.Errorf("host %s: placement: %w: egress ceiling %.64q: not an IPv4 prefix", host, bundle.ErrLimit, c)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // call sends req and reads an answer of at most limit bytes: the body of a
