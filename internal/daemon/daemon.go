@@ -278,9 +278,12 @@ func (d *Daemon) wire() {
 }
 
 // handedOff frees what run id held on this host, now another host's: its
-// egress link and slot (an export's handoff, a migration out, a received
-// run handed back).
-func (d *Daemon) handedOff(id string) { d.links.Release(id) }
+// egress link and slot, and its secrets' values (an export's handoff, a
+// migration out, a received run handed back).
+func (d *Daemon) handedOff(id string) {
+	d.links.Release(id)
+	dropSecrets(d.secrets, id, d.log)
+}
 
 // Rooms returns the rooms the daemon wired at New.
 func (d *Daemon) Rooms() Rooms { return d.rooms }

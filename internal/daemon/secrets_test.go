@@ -248,3 +248,29 @@ func TestSecretsSwept(t *testing.T) {
 		t.Fatalf("after the sweep the values of %q are held (%v)", runs, err)
 	}
 }
+
+// A run handed to another host (here an export with handoff; a
+// migration out goes the same way) leaves no value here: the host that
+// holds it now asks for them.
+func TestSecretsHandedOff(t *testing.T) {
+	h := mustSecretsHost(t)
+	vals := map[string]string{"API_KEY": secretValue}
+	if _, err := h.d.StartBooked(t.Context(), "r", unit.Spec{Image: fakeImage, Args: []string{"/unit"}}, unit.Grants{}, answers.Starting{Secrets: vals}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.d.Park(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	h.teardown(t, "r")
+	dir := filepath.Join(h.d.cfg.StateDir, "secrets", "r")
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("the parked run's values: %v", err)
+	}
+	var b bytes.Buffer
+	if err := h.d.exporter.Export(t.Context(), "r", &b, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the values outlived the handoff: %v", err)
+	}
+}
