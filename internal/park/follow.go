@@ -55,8 +55,14 @@ const (
 // follower hashes the regular files of one directory (not its
 // subdirectories) while a producer writes them.
 type follower struct {
-	dir      string
-	least    int64 // the size from which a file is followed
+	dir   string
+	least int64 // the size from which a file is followed
+	// discard, if set, names the files likely not stored as they are
+	// (a later chunked park's pages files: their chunks are mostly
+	// held already): their writeback is not started, so that the
+	// removal of the staged file drops its pages instead of waiting for
+	// their write.
+	discard  func(name string) bool
 	ctx      context.Context
 	cancel   context.CancelFunc
 	returned chan struct{} // closed when the producer has returned
@@ -71,6 +77,7 @@ type follower struct {
 // goroutine's until the follower's WaitGroup is done.
 type followed struct {
 	path   string
+	keep   bool      // start the file's writeback (follower.discard)
 	hashed int64     // bytes hashed
 	early  int64     // of them, hashed before the producer returned
 	mtime  time.Time // the file's modification time when first found at its current size
@@ -83,17 +90,17 @@ type followed struct {
 }
 
 // follow starts following dir, which need not exist yet, for files of
-// followMin bytes or more. Call exactly one of finish, once the producer
-// has returned, or stop.
-func follow(ctx context.Context, dir string) *follower {
-	return followFrom(ctx, dir, followMin)
+// followMin bytes or more; discard is follower.discard (nil: none). Call
+// exactly one of finish, once the producer has returned, or stop.
+func follow(ctx context.Context, dir string, discard func(string) bool) *follower {
+	return followFrom(ctx, dir, followMin, discard)
 }
 
 // followFrom is follow for files of least bytes or more.
-func followFrom(ctx context.Context, dir string, least int64) *follower {
+func followFrom(ctx context.Context, dir string, least int64, discard func(string) bool) *follower {
 	ctx, cancel := context.WithCancel(ctx)
 	fl := &follower{
-		dir: dir, least: least, ctx: ctx, cancel: cancel,
+		dir: dir, least: least, discard: discard, ctx: ctx, cancel: cancel,
 		returned: make(chan struct{}),
 		scanned:  make(chan struct{}),
 		files:    make(map[string]*followed),
@@ -140,7 +147,7 @@ func (fl *follower) following(name string) bool {
 }
 
 func (fl *follower) start(name string) {
-	ff := &followed{path: filepath.Join(fl.dir, name)}
+	ff := &followed{path: filepath.Join(fl.dir, name), keep: fl.discard == nil || !fl.discard(name)}
 	ff.quietAt.Store(-1)
 	fl.mu.Lock()
 	fl.files[name] = ff
@@ -231,6 +238,9 @@ func (fl *follower) track(ff *followed) error {
 // the hashing of the tail: the bytes are all written now.
 func (t *tracker) returned() {
 	t.final, t.ff.early = true, t.off
+	if !t.ff.keep {
+		return
+	}
 	from := t.queued
 	t.rest.Go(func() { writeback(t.f, from, 0) })
 }
@@ -249,7 +259,7 @@ func (t *tracker) read() (more bool, err error) {
 			t.quiet = false
 			t.ff.quietAt.Store(-1)
 		}
-		if !t.final && t.off-t.queued >= writebackStep {
+		if !t.final && t.ff.keep && t.off-t.queued >= writebackStep {
 			writeback(t.f, t.queued, t.off-t.queued)
 			t.queued = t.off
 		}
@@ -316,8 +326,9 @@ func (t *tracker) settle(info os.FileInfo) error {
 // writeback starts the writeback of n bytes of f from off (0: to the end),
 // so that the ingest's syncfs finds less to write. It is a hint: the
 // ingest's syncfs is what makes the bytes durable, and it writes back
-// whatever this did not, so an error here changes nothing.
-func writeback(f *os.File, off, n int64) {
+// whatever this did not, so an error here changes nothing. (A variable:
+// tests see what it is asked.)
+var writeback = func(f *os.File, off, n int64) {
 	_ = unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
 }
 

@@ -33,7 +33,10 @@
 // once it had reached its final size is hashed again by the ingest; a
 // rewrite of bytes already hashed while the file still grew could not be
 // seen, and would store the file under a wrong address, which [Offered]
-// and the store's verification report.
+// and the store's verification report. A chunked park with a base starts
+// no writeback of its pages files: their chunks are mostly held already,
+// and the staged file, removed once the rest are in a new slab, then
+// goes without waiting for the disk.
 //
 // # Layout of an image park
 //
@@ -141,7 +144,11 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	}
 	defer os.RemoveAll(root)
 	images := filepath.Join(mem, "images")
-	fl := follow(ctx, images)
+	var discard func(string) bool
+	if st.ChunkedImages() && opt.Base != nil {
+		discard = isPages
+	}
+	fl := follow(ctx, images, discard)
 	res.Stats, err = sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: images, Rootfs: filepath.Join(root, RootfsName), Keep: true, Deadline: deadline, MaxRootfsBytes: maxRootfs})
 	if err != nil {
 		fl.stop()
