@@ -55,52 +55,59 @@ const (
 // follower hashes the regular files of one directory (not its
 // subdirectories) while a producer writes them.
 type follower struct {
-	dir   string
-	least int64 // the size from which a file is followed
-	// discard, if set, names the files likely not stored as they are
-	// (a later chunked park's pages files: their chunks are mostly
-	// held already): their writeback is not started, so that the
-	// removal of the staged file drops its pages instead of waiting for
-	// their write.
-	discard  func(name string) bool
+	dir      string
+	opt      followOptions
 	ctx      context.Context
 	cancel   context.CancelFunc
 	returned chan struct{} // closed when the producer has returned
 	scanned  chan struct{} // closed when the scanner has stopped
 
 	mu    sync.Mutex
-	files map[string]*followed // by name, once followed
-	wg    sync.WaitGroup       // one per followed file
+	files map[string]*followed             // by name, once followed
+	early map[string]map[uint64]earlyChunk // by name, set by finish: chunks hashed early of the files it vouches for
+	wg    sync.WaitGroup                   // one per followed file
 }
 
 // followed is one file's state; but for quietAt, its fields are its
 // goroutine's until the follower's WaitGroup is done.
 type followed struct {
 	path   string
-	keep   bool      // start the file's writeback (follower.discard)
-	hashed int64     // bytes hashed
-	early  int64     // of them, hashed before the producer returned
-	mtime  time.Time // the file's modification time when first found at its current size
+	keep   bool                  // start the file's writeback (followOptions.discard)
+	chunks map[uint64]earlyChunk // by offset: chunks hashed early (early.go)
+	hashed int64                 // bytes hashed
+	early  int64                 // of them, hashed before the producer returned
+	mtime  time.Time             // the file's modification time when first found at its current size
 	addr   record.Address
 	err    error // why the file was given up
 	// quietAt is the size at which the file was last found at its end,
 	// or -1 while it grows: for tests, which must know that a file is
 	// followed to its end before they rewrite it.
 	quietAt atomic.Int64
+	// earlyN is the chunks hashed early so far, for tests.
+	earlyN atomic.Int64
 }
 
-// follow starts following dir, which need not exist yet, for files of
-// followMin bytes or more; discard is follower.discard (nil: none). Call
-// exactly one of finish, once the producer has returned, or stop.
-func follow(ctx context.Context, dir string, discard func(string) bool) *follower {
-	return followFrom(ctx, dir, followMin, discard)
+// followOptions are what a follower does besides hashing each file.
+type followOptions struct {
+	// least is the size from which a file is followed: followMin for
+	// a park's image.
+	least int64
+	// discard, if set, names the files likely not stored as they are
+	// (a later chunked park's pages files: their chunks are mostly
+	// held already): their writeback is not started, so that the
+	// removal of the staged file drops its pages instead of waiting for
+	// their write.
+	discard func(name string) bool
+	// chunks is whether pages files' chunks are hashed early (early.go).
+	chunks bool
 }
 
-// followFrom is follow for files of least bytes or more.
-func followFrom(ctx context.Context, dir string, least int64, discard func(string) bool) *follower {
+// follow starts following dir, which need not exist yet. Call exactly
+// one of finish, once the producer has returned, or stop.
+func follow(ctx context.Context, dir string, opt followOptions) *follower {
 	ctx, cancel := context.WithCancel(ctx)
 	fl := &follower{
-		dir: dir, least: least, discard: discard, ctx: ctx, cancel: cancel,
+		dir: dir, opt: opt, ctx: ctx, cancel: cancel,
 		returned: make(chan struct{}),
 		scanned:  make(chan struct{}),
 		files:    make(map[string]*followed),
@@ -111,7 +118,7 @@ func followFrom(ctx context.Context, dir string, least int64, discard func(strin
 
 // scan lists the directory every followScan, or less often if listing it
 // takes long (a directory of many small files), and follows each regular
-// file once it holds fl.least bytes.
+// file once it holds fl.opt.least bytes.
 // Once the producer has returned it stops: a file not followed by then is
 // left to the ingest.
 func (fl *follower) scan() {
@@ -124,7 +131,7 @@ func (fl *follower) scan() {
 				continue
 			}
 			info, err := e.Info()
-			if err != nil || info.Size() < fl.least {
+			if err != nil || info.Size() < fl.opt.least {
 				continue
 			}
 			fl.start(e.Name())
@@ -147,7 +154,7 @@ func (fl *follower) following(name string) bool {
 }
 
 func (fl *follower) start(name string) {
-	ff := &followed{path: filepath.Join(fl.dir, name), keep: fl.discard == nil || !fl.discard(name)}
+	ff := &followed{path: filepath.Join(fl.dir, name), keep: fl.opt.discard == nil || !fl.opt.discard(name)}
 	ff.quietAt.Store(-1)
 	fl.mu.Lock()
 	fl.files[name] = ff
@@ -166,6 +173,7 @@ type tracker struct {
 	off, queued int64          // bytes hashed; bytes handed to writeback
 	final       bool           // the producer has returned: this pass reads to the end
 	quiet       bool           // the file was found at its end, of size off, with mtime ff.mtime
+	ck          *chunker       // its chunks hashed early, if a pages file of a chunked park
 	rest        sync.WaitGroup // the writeback of the rest, started when the producer returns
 }
 
@@ -191,6 +199,11 @@ func (fl *follower) track(ff *followed) error {
 		return err
 	}
 	t := &tracker{fl: fl, ff: ff, f: f, opened: opened, h: new(treehash.Serial), buf: make([]byte, followBuf)}
+	if fl.opt.chunks {
+		if t.ck = newChunker(ff.path); t.ck != nil {
+			defer func() { ff.chunks = t.ck.done }()
+		}
+	}
 	poll := time.NewTimer(followPoll)
 	defer poll.Stop()
 	defer t.rest.Wait() // before the Close
@@ -219,6 +232,11 @@ func (fl *follower) track(ff *followed) error {
 			continue
 		case at == settled:
 			return nil
+		}
+		if t.ck != nil && t.ck.step(t.f, t.off) {
+			ff.earlyN.Store(int64(len(t.ck.done)))
+			hashedEarly(filepath.Base(ff.path), len(t.ck.done))
+			continue // the growth first
 		}
 		poll.Reset(followPoll)
 		select {
@@ -360,6 +378,12 @@ func (fl *follower) finish() (map[string]store.Hashed, followStats) {
 			continue
 		}
 		known[name] = store.Hashed{Size: ff.hashed, Address: ff.addr}
+		if len(ff.chunks) > 0 {
+			if fl.early == nil {
+				fl.early = map[string]map[uint64]earlyChunk{}
+			}
+			fl.early[name] = ff.chunks
+		}
 		st.Files++
 		st.Bytes += ff.hashed
 		st.Early += ff.early
@@ -373,4 +397,10 @@ func (fl *follower) stop() {
 	fl.cancel()
 	<-fl.scanned
 	fl.wg.Wait()
+}
+
+// earlyChunks are the chunks of name hashed early (early.go), by offset,
+// if finish vouched for name; else nil.
+func (fl *follower) earlyChunks(name string) map[uint64]earlyChunk {
+	return fl.early[name]
 }

@@ -100,7 +100,7 @@ func TestFollow(t *testing.T) {
 			"empty.img":     nil,
 			"inventory.img": content(4, 1000),
 		}
-		fl := followFrom(t.Context(), images, least, nil)
+		fl := follow(t.Context(), images, followOptions{least: least})
 		var wg sync.WaitGroup
 		time.Sleep(5 * time.Millisecond) // the follower waits for the directory
 		if err := os.Mkdir(images, 0o700); err != nil {
@@ -223,7 +223,7 @@ func TestFollowRewritten(t *testing.T) {
 			t.Fatal(err)
 		}
 		first, second := content(5, 2<<20), content(6, 2<<20)
-		fl := follow(t.Context(), images, nil)
+		fl := follow(t.Context(), images, followOptions{least: followMin})
 		p := filepath.Join(images, "pages-1.img")
 		appendSlowly(t, p, first, 5)
 		appendSlowly(t, filepath.Join(images, "pages-2.img"), content(7, 1<<20), 7)
@@ -271,7 +271,7 @@ func TestFollowStop(t *testing.T) {
 	images := t.TempDir()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	fl := followFrom(ctx, images, 0, nil)
+	fl := follow(ctx, images, followOptions{})
 	f, err := os.Create(filepath.Join(images, "pages-1.img"))
 	if err != nil {
 		t.Fatal(err)
@@ -336,7 +336,7 @@ func TestFollowDiscard(t *testing.T) {
 		"pages-1.img": content(1, 2*writebackStep+5),
 		"other.img":   content(2, 2*writebackStep+7),
 	}
-	fl := follow(t.Context(), images, isPages)
+	fl := follow(t.Context(), images, followOptions{least: followMin, discard: isPages})
 	var wg sync.WaitGroup
 	for i, name := range []string{"pages-1.img", "other.img"} {
 		wg.Go(func() { appendSlowly(t, filepath.Join(images, name), files[name], uint64(i)) })

@@ -36,7 +36,8 @@
 // and the store's verification report. A chunked park with a base starts
 // no writeback of its pages files: their chunks are mostly held already,
 // and the staged file, removed once the rest are in a new slab, then
-// goes without waiting for the disk.
+// goes without waiting for the disk. A chunked park's follower also hashes
+// the pages files' chunks while it waits for CRIU (early.go).
 //
 // # Layout of an image park
 //
@@ -144,11 +145,11 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	}
 	defer os.RemoveAll(root)
 	images := filepath.Join(mem, "images")
-	var discard func(string) bool
-	if st.ChunkedImages() && opt.Base != nil {
-		discard = isPages
+	fo := followOptions{least: followMin, chunks: st.ChunkedImages()}
+	if fo.chunks && opt.Base != nil {
+		fo.discard = isPages
 	}
-	fl := follow(ctx, images, discard)
+	fl := follow(ctx, images, fo)
 	res.Stats, err = sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: images, Rootfs: filepath.Join(root, RootfsName), Keep: true, Deadline: deadline, MaxRootfsBytes: maxRootfs})
 	if err != nil {
 		fl.stop()
@@ -158,24 +159,15 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 		return res, errors.Join(err, thaw(sb))
 	}
 	start := time.Now()
-	// The chunks are hashed while the follower hashes the dump's tail.
-	var plans []*slabber
-	var perr error
-	planned := make(chan struct{})
-	if st.ChunkedImages() {
-		go func() {
-			defer close(planned)
-			plans, perr = planChunks(ctx, st, images, opt.Base)
-		}()
-	} else {
-		close(planned)
-	}
 	known, fst := fl.finish()
-	<-planned
-	if perr != nil {
-		return res, errors.Join(perr, thaw(sb))
-	}
 	res.Followed = fst.Early
+	// The chunks the follower did not hash early are hashed now.
+	var plans []*slabber
+	if fo.chunks {
+		if plans, err = planChunks(ctx, st, images, opt.Base, fl.earlyChunks); err != nil {
+			return res, errors.Join(err, thaw(sb))
+		}
+	}
 	var held []store.Entry
 	if len(plans) > 0 {
 		if known == nil {
