@@ -49,16 +49,12 @@ type ChunkStats struct {
 // under [MinChunked], one whose size its pagemap does not give, one whose
 // runs do not go up in address, one of more than store.MaxChunks
 // chunks, or one past store.MaxListedChunks of the image's chunked files
-// together stays whole. base is the memory image of the park before, if
-// any.
-func planChunks(ctx context.Context, st *store.Store, images string, base *record.Address, early func(name string) map[uint64]earlyChunk) ([]*slabber, error) {
+// together stays whole. held is heldChunks of the base, the memory image
+// of the park before (nil: none).
+func planChunks(ctx context.Context, st *store.Store, images string, held map[record.Address]heldAt, early func(name string) map[uint64]earlyChunk) ([]*slabber, error) {
 	pms, err := readPagemaps(images)
 	if err != nil {
 		return nil, fmt.Errorf("park: chunking: %w", err)
-	}
-	var held map[record.Address]heldAt
-	if base != nil {
-		held = heldChunks(baseFiles(st, base), made.has(st, *base))
 	}
 	var plans []*slabber
 	done := map[string]bool{}

@@ -150,6 +150,18 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 		fo.discard = isPages
 	}
 	fl := follow(ctx, images, fo)
+	// The chunks the base's slabs hold are found while CRIU dumps.
+	var held map[record.Address]heldAt
+	found := make(chan struct{})
+	if fo.chunks && opt.Base != nil {
+		go func() {
+			defer close(found)
+			held = heldChunks(baseFiles(st, opt.Base), made.has(st, *opt.Base))
+		}()
+	} else {
+		close(found)
+	}
+	defer func() { <-found }()
 	res.Stats, err = sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: images, Rootfs: filepath.Join(root, RootfsName), Keep: true, Deadline: deadline, MaxRootfsBytes: maxRootfs})
 	if err != nil {
 		fl.stop()
@@ -164,20 +176,21 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	// The chunks the follower did not hash early are hashed now.
 	var plans []*slabber
 	if fo.chunks {
-		if plans, err = planChunks(ctx, st, images, opt.Base, fl.earlyChunks); err != nil {
+		<-found
+		if plans, err = planChunks(ctx, st, images, held, fl.earlyChunks); err != nil {
 			return res, errors.Join(err, thaw(sb))
 		}
 	}
-	var held []store.Entry
+	var stored []store.Entry
 	if len(plans) > 0 {
 		if known == nil {
 			known = map[string]store.Hashed{}
 		}
-		if held, res.Chunks, err = putChunks(plans, known); err != nil {
+		if stored, res.Chunks, err = putChunks(plans, known); err != nil {
 			return res, errors.Join(err, thaw(sb))
 		}
 	}
-	memAddr, mst, err := st.IngestChunks(ctx, images, known, held)
+	memAddr, mst, err := st.IngestChunks(ctx, images, known, stored)
 	if err != nil {
 		return res, errors.Join(fmt.Errorf("park: storing the memory image: %w", err), thaw(sb))
 	}
