@@ -42,15 +42,20 @@ type ChunkStats struct {
 
 // planChunks prepares the slab form (store.ChunkedFiles, docs/store.md
 // "Slabs") of each pages file of the staged image directory: it hashes
-// every chunk that early (the follower, for a file it vouched for) did
-// not hash at the same offset and size, and finds those whose bytes the
-// base park's slabs hold (compared: an imported index is hostile, its
-// addresses not trusted); [slabber.put] then stages the form. A pages file
-// under [MinChunked], one whose size its pagemap does not give, one whose
-// runs do not go up in address, one of more than store.MaxChunks
-// chunks, or one past store.MaxListedChunks of the image's chunked files
-// together stays whole. held is heldChunks of the base, the memory image
-// of the park before (nil: none).
+// every chunk and finds those whose bytes the base park's slabs hold
+// (compared: an imported index is hostile, its addresses not trusted);
+// [slabber.put] then stages the form. With no chunk held (no base), it
+// takes the hashes early made (the follower's, of a file it vouched for)
+// of chunks at the same offset and size: the file is then stored whole as
+// slab 00 under the follower's hash, so a rewrite between the follower's
+// read and the chunk's shows as that address being wrong (early.go). With
+// a base, a chunk's hash decides whether it is listed in a base slab,
+// unchecked against the file's own: each is hashed from the final bytes.
+// A pages file under [MinChunked], one whose size its pagemap does not
+// give, one whose runs do not go up in address, one of more than
+// store.MaxChunks chunks, or one past store.MaxListedChunks of the
+// image's chunked files together stays whole. held is heldChunks of the
+// base, the memory image of the park before (nil: none).
 func planChunks(ctx context.Context, st *store.Store, images string, held map[record.Address]heldAt, early func(name string) map[uint64]earlyChunk) ([]*slabber, error) {
 	pms, err := readPagemaps(images)
 	if err != nil {
@@ -70,7 +75,10 @@ func planChunks(ctx context.Context, st *store.Store, images string, held map[re
 		}
 		total += n
 		done[pm.pages] = true
-		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: held, early: early(pm.pages)}
+		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: held}
+		if len(held) == 0 {
+			c.early = early(pm.pages)
+		}
 		if err := c.plan(ctx, pm); err != nil {
 			return nil, fmt.Errorf("park: chunking %s: %w", pm.pages, err)
 		}

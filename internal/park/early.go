@@ -18,10 +18,11 @@ import (
 // task's dump ends. The follower of a pages file, whenever it waits for
 // CRIU to write more, hashes the chunks that the pagemap written so far
 // cuts from the bytes it has hashed whole already, on its own goroutine
-// (CRIU keeps its core). The park takes such a hash for a chunk at the
-// same offset and of the same size in the file's final cuts, and only
-// for a file the follower vouches for ([follower.finish]); it hashes the
-// rest once the dump returns.
+// (CRIU keeps its core). A park with no base takes such a hash for a
+// chunk at the same offset and of the same size in the file's final cuts,
+// and only for a file the follower vouches for ([follower.finish]); it
+// hashes the rest once the dump returns (planChunks says why not with a
+// base).
 //
 // Each chunk is read after the follower read the same bytes for the
 // file's hash: a rewrite between the two reads, or after both, makes the

@@ -207,3 +207,39 @@ func (p *orderedProducer) Checkpoint(ctx context.Context, cp executor.Checkpoint
 }
 
 func (p *orderedProducer) Settle(context.Context) error { return nil }
+
+// The hashes made early are taken by a park with no chunk held, and by no
+// other: with a base, a chunk's hash decides where it is listed, so each
+// is hashed from the staged bytes. Here every early hash is wrong.
+func TestPlanChunksEarlyOnlyWithoutBase(t *testing.T) {
+	st := mustStore(t)
+	pages := content(54, 600*pageSize)
+	var wrong record.Address
+	wrong[0] = 1
+	lying := map[uint64]earlyChunk{}
+	var at uint64
+	for _, sp := range mustPagemap(t, chunkedImages(pages)["pagemap-1.img"]).spans(ChunkSize) {
+		lying[at] = earlyChunk{sp.bytes, wrong}
+		at += sp.bytes
+	}
+	early := func(string) map[uint64]earlyChunk { return lying }
+	someBase := map[record.Address]heldAt{record.Sum([]byte("elsewhere")): {}}
+	for _, held := range []map[record.Address]heldAt{nil, someBase} {
+		dir := t.TempDir()
+		for name, b := range chunkedImages(pages) {
+			if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		plans, err := planChunks(t.Context(), st, dir, held, early)
+		if err != nil || len(plans) != 1 {
+			t.Fatalf("%d plans, %v", len(plans), err)
+		}
+		for _, pc := range plans[0].ps {
+			taken := pc.addr == wrong
+			if want := held == nil; taken != want || (!taken && pc.addr != record.Sum(pages[pc.at:pc.at+pc.size])) {
+				t.Fatalf("base %v: the chunk at %d hashed %s (early taken %v, want %v)", held != nil, pc.at, pc.addr, taken, want)
+			}
+		}
+	}
+}

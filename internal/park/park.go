@@ -36,8 +36,8 @@
 // and the store's verification report. A chunked park with a base starts
 // no writeback of its pages files: their chunks are mostly held already,
 // and the staged file, removed once the rest are in a new slab, then
-// goes without waiting for the disk. A chunked park's follower also hashes
-// the pages files' chunks while it waits for CRIU (early.go).
+// goes without waiting for the disk. A first chunked park's follower also
+// hashes the pages files' chunks while it waits for CRIU (early.go).
 //
 // # Layout of an image park
 //
@@ -145,15 +145,17 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	}
 	defer os.RemoveAll(root)
 	images := filepath.Join(mem, "images")
-	fo := followOptions{least: followMin, chunks: st.ChunkedImages()}
-	if fo.chunks && opt.Base != nil {
+	chunked := st.ChunkedImages()
+	// Chunks are hashed early only with no base: see planChunks.
+	fo := followOptions{least: followMin, chunks: chunked && opt.Base == nil}
+	if chunked && opt.Base != nil {
 		fo.discard = isPages
 	}
 	fl := follow(ctx, images, fo)
 	// The chunks the base's slabs hold are found while CRIU dumps.
 	var held map[record.Address]heldAt
 	found := make(chan struct{})
-	if fo.chunks && opt.Base != nil {
+	if chunked && opt.Base != nil {
 		go func() {
 			defer close(found)
 			held = heldChunks(baseFiles(st, opt.Base), made.has(st, *opt.Base))
@@ -175,7 +177,7 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	res.Followed = fst.Early
 	// The chunks the follower did not hash early are hashed now.
 	var plans []*slabber
-	if fo.chunks {
+	if chunked {
 		<-found
 		if plans, err = planChunks(ctx, st, images, held, fl.earlyChunks); err != nil {
 			return res, errors.Join(err, thaw(sb))
