@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 	"lukechampine.com/blake3"
@@ -35,28 +36,30 @@ type ChunkStats struct {
 	Files  int   // pages files stored in chunks
 	Chunks int   // their chunks
 	Held   int   // chunks the base park's slabs held already (not written again)
+	Early  int   // chunks hashed while CRIU wrote (early.go)
 	New    int64 // bytes of the chunks it did not hold
 }
 
 // planChunks prepares the slab form (store.ChunkedFiles, docs/store.md
 // "Slabs") of each pages file of the staged image directory: it hashes
 // every chunk and finds those whose bytes the base park's slabs hold
-// (compared: an imported index is hostile, its addresses not trusted). It
-// only reads the staging directory, so it runs while the follower hashes
-// the tail of the dump; [slabber.put] then stages the form. A pages file
-// under [MinChunked], one whose size its pagemap does not give, one whose
-// runs do not go up in address, one of more than store.MaxChunks
-// chunks, or one past store.MaxListedChunks of the image's chunked files
-// together stays whole. base is the memory image of the park before, if
-// any.
-func planChunks(ctx context.Context, st *store.Store, images string, base *record.Address) ([]*slabber, error) {
+// (compared: an imported index is hostile, its addresses not trusted);
+// [slabber.put] then stages the form. With no chunk held (no base), it
+// takes the hashes early made (the follower's, of a file it vouched for)
+// of chunks at the same offset and size: the file is then stored whole as
+// slab 00 under the follower's hash, so a rewrite between the follower's
+// read and the chunk's shows as that address being wrong (early.go). With
+// a base, a chunk's hash decides whether it is listed in a base slab,
+// unchecked against the file's own: each is hashed from the final bytes.
+// A pages file under [MinChunked], one whose size its pagemap does not
+// give, one whose runs do not go up in address, one of more than
+// store.MaxChunks chunks, or one past store.MaxListedChunks of the
+// image's chunked files together stays whole. held is heldChunks of the
+// base, the memory image of the park before (nil: none).
+func planChunks(ctx context.Context, st *store.Store, images string, held map[record.Address]heldAt, early func(name string) map[uint64]earlyChunk) ([]*slabber, error) {
 	pms, err := readPagemaps(images)
 	if err != nil {
 		return nil, fmt.Errorf("park: chunking: %w", err)
-	}
-	var held map[record.Address]heldAt
-	if base != nil {
-		held = heldChunks(baseFiles(st, base), made.has(st, *base))
 	}
 	var plans []*slabber
 	done := map[string]bool{}
@@ -73,6 +76,9 @@ func planChunks(ctx context.Context, st *store.Store, images string, base *recor
 		total += n
 		done[pm.pages] = true
 		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: held}
+		if len(held) == 0 {
+			c.early = early(pm.pages)
+		}
 		if err := c.plan(ctx, pm); err != nil {
 			return nil, fmt.Errorf("park: chunking %s: %w", pm.pages, err)
 		}
@@ -97,6 +103,7 @@ func putChunks(plans []*slabber, known map[string]store.Hashed) ([]store.Entry, 
 		cs.Files++
 		cs.Chunks += len(c.ps)
 		cs.Held += c.held
+		cs.Early += int(c.fromEarly.Load())
 		cs.New += c.new
 	}
 	return stored, cs, nil
@@ -135,12 +142,15 @@ type slabber struct {
 	name   string
 	mode   os.FileMode
 	base   map[record.Address]heldAt
-	ps     []piece // planned
-	size   uint64  // the pages file's
+	early  map[uint64]earlyChunk // by offset: chunks the follower hashed (early.go)
+	ps     []piece               // planned
+	size   uint64                // the pages file's
 	stored []store.Entry
 	held   int
 	new    int64
-	index  record.Address // the index put staged
+	// fromEarly counts the pieces whose hash the follower made.
+	fromEarly atomic.Int64
+	index     record.Address // the index put staged
 }
 
 // piece is one chunk of the staged pages file being put in slabs.
@@ -271,7 +281,12 @@ func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 				}
 				pc := &ps[i]
 				b := staged[pc.at : pc.at+pc.size]
-				pc.addr = record.Sum(b)
+				if e, ok := c.early[pc.at]; ok && e.size == pc.size {
+					pc.addr = e.addr
+					c.fromEarly.Add(1)
+				} else {
+					pc.addr = record.Sum(b)
+				}
 				h, ok := c.base[pc.addr]
 				switch {
 				case !ok:

@@ -56,44 +56,58 @@ const (
 // subdirectories) while a producer writes them.
 type follower struct {
 	dir      string
-	least    int64 // the size from which a file is followed
+	opt      followOptions
 	ctx      context.Context
 	cancel   context.CancelFunc
 	returned chan struct{} // closed when the producer has returned
 	scanned  chan struct{} // closed when the scanner has stopped
 
 	mu    sync.Mutex
-	files map[string]*followed // by name, once followed
-	wg    sync.WaitGroup       // one per followed file
+	files map[string]*followed             // by name, once followed
+	early map[string]map[uint64]earlyChunk // by name, set by finish: chunks hashed early of the files it vouches for
+	wg    sync.WaitGroup                   // one per followed file
 }
 
 // followed is one file's state; but for quietAt, its fields are its
 // goroutine's until the follower's WaitGroup is done.
 type followed struct {
 	path   string
-	hashed int64     // bytes hashed
-	early  int64     // of them, hashed before the producer returned
-	mtime  time.Time // the file's modification time when first found at its current size
+	keep   bool                  // start the file's writeback (followOptions.discard)
+	chunks map[uint64]earlyChunk // by offset: chunks hashed early (early.go)
+	hashed int64                 // bytes hashed
+	early  int64                 // of them, hashed before the producer returned
+	mtime  time.Time             // the file's modification time when first found at its current size
 	addr   record.Address
 	err    error // why the file was given up
 	// quietAt is the size at which the file was last found at its end,
 	// or -1 while it grows: for tests, which must know that a file is
 	// followed to its end before they rewrite it.
 	quietAt atomic.Int64
+	// earlyN is the chunks hashed early so far, for tests.
+	earlyN atomic.Int64
 }
 
-// follow starts following dir, which need not exist yet, for files of
-// followMin bytes or more. Call exactly one of finish, once the producer
-// has returned, or stop.
-func follow(ctx context.Context, dir string) *follower {
-	return followFrom(ctx, dir, followMin)
+// followOptions are what a follower does besides hashing each file.
+type followOptions struct {
+	// least is the size from which a file is followed: followMin for
+	// a park's image.
+	least int64
+	// discard, if set, names the files likely not stored as they are
+	// (a later chunked park's pages files: their chunks are mostly
+	// held already): their writeback is not started, so that the
+	// removal of the staged file drops its pages instead of waiting for
+	// their write.
+	discard func(name string) bool
+	// chunks is whether pages files' chunks are hashed early (early.go).
+	chunks bool
 }
 
-// followFrom is follow for files of least bytes or more.
-func followFrom(ctx context.Context, dir string, least int64) *follower {
+// follow starts following dir, which need not exist yet. Call exactly
+// one of finish, once the producer has returned, or stop.
+func follow(ctx context.Context, dir string, opt followOptions) *follower {
 	ctx, cancel := context.WithCancel(ctx)
 	fl := &follower{
-		dir: dir, least: least, ctx: ctx, cancel: cancel,
+		dir: dir, opt: opt, ctx: ctx, cancel: cancel,
 		returned: make(chan struct{}),
 		scanned:  make(chan struct{}),
 		files:    make(map[string]*followed),
@@ -104,7 +118,7 @@ func followFrom(ctx context.Context, dir string, least int64) *follower {
 
 // scan lists the directory every followScan, or less often if listing it
 // takes long (a directory of many small files), and follows each regular
-// file once it holds fl.least bytes.
+// file once it holds fl.opt.least bytes.
 // Once the producer has returned it stops: a file not followed by then is
 // left to the ingest.
 func (fl *follower) scan() {
@@ -117,7 +131,7 @@ func (fl *follower) scan() {
 				continue
 			}
 			info, err := e.Info()
-			if err != nil || info.Size() < fl.least {
+			if err != nil || info.Size() < fl.opt.least {
 				continue
 			}
 			fl.start(e.Name())
@@ -140,7 +154,7 @@ func (fl *follower) following(name string) bool {
 }
 
 func (fl *follower) start(name string) {
-	ff := &followed{path: filepath.Join(fl.dir, name)}
+	ff := &followed{path: filepath.Join(fl.dir, name), keep: fl.opt.discard == nil || !fl.opt.discard(name)}
 	ff.quietAt.Store(-1)
 	fl.mu.Lock()
 	fl.files[name] = ff
@@ -159,6 +173,7 @@ type tracker struct {
 	off, queued int64          // bytes hashed; bytes handed to writeback
 	final       bool           // the producer has returned: this pass reads to the end
 	quiet       bool           // the file was found at its end, of size off, with mtime ff.mtime
+	ck          *chunker       // its chunks hashed early, if a pages file of a chunked park
 	rest        sync.WaitGroup // the writeback of the rest, started when the producer returns
 }
 
@@ -184,6 +199,11 @@ func (fl *follower) track(ff *followed) error {
 		return err
 	}
 	t := &tracker{fl: fl, ff: ff, f: f, opened: opened, h: new(treehash.Serial), buf: make([]byte, followBuf)}
+	if fl.opt.chunks {
+		if t.ck = newChunker(ff.path); t.ck != nil {
+			defer func() { ff.chunks = t.ck.done }()
+		}
+	}
 	poll := time.NewTimer(followPoll)
 	defer poll.Stop()
 	defer t.rest.Wait() // before the Close
@@ -213,6 +233,11 @@ func (fl *follower) track(ff *followed) error {
 		case at == settled:
 			return nil
 		}
+		if t.ck != nil && t.ck.step(t.f, t.off) {
+			ff.earlyN.Store(int64(len(t.ck.done)))
+			hashedEarly(filepath.Base(ff.path), len(t.ck.done))
+			continue // the growth first
+		}
 		poll.Reset(followPoll)
 		select {
 		case <-fl.returned:
@@ -231,6 +256,9 @@ func (fl *follower) track(ff *followed) error {
 // the hashing of the tail: the bytes are all written now.
 func (t *tracker) returned() {
 	t.final, t.ff.early = true, t.off
+	if !t.ff.keep {
+		return
+	}
 	from := t.queued
 	t.rest.Go(func() { writeback(t.f, from, 0) })
 }
@@ -249,7 +277,7 @@ func (t *tracker) read() (more bool, err error) {
 			t.quiet = false
 			t.ff.quietAt.Store(-1)
 		}
-		if !t.final && t.off-t.queued >= writebackStep {
+		if !t.final && t.ff.keep && t.off-t.queued >= writebackStep {
 			writeback(t.f, t.queued, t.off-t.queued)
 			t.queued = t.off
 		}
@@ -316,8 +344,9 @@ func (t *tracker) settle(info os.FileInfo) error {
 // writeback starts the writeback of n bytes of f from off (0: to the end),
 // so that the ingest's syncfs finds less to write. It is a hint: the
 // ingest's syncfs is what makes the bytes durable, and it writes back
-// whatever this did not, so an error here changes nothing.
-func writeback(f *os.File, off, n int64) {
+// whatever this did not, so an error here changes nothing. (A variable:
+// tests see what it is asked.)
+var writeback = func(f *os.File, off, n int64) {
 	_ = unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
 }
 
@@ -349,6 +378,12 @@ func (fl *follower) finish() (map[string]store.Hashed, followStats) {
 			continue
 		}
 		known[name] = store.Hashed{Size: ff.hashed, Address: ff.addr}
+		if len(ff.chunks) > 0 {
+			if fl.early == nil {
+				fl.early = map[string]map[uint64]earlyChunk{}
+			}
+			fl.early[name] = ff.chunks
+		}
 		st.Files++
 		st.Bytes += ff.hashed
 		st.Early += ff.early
@@ -362,4 +397,10 @@ func (fl *follower) stop() {
 	fl.cancel()
 	<-fl.scanned
 	fl.wg.Wait()
+}
+
+// earlyChunks are the chunks of name hashed early (early.go), by offset,
+// if finish vouched for name; else nil.
+func (fl *follower) earlyChunks(name string) map[uint64]earlyChunk {
+	return fl.early[name]
 }

@@ -100,7 +100,7 @@ func TestFollow(t *testing.T) {
 			"empty.img":     nil,
 			"inventory.img": content(4, 1000),
 		}
-		fl := followFrom(t.Context(), images, least)
+		fl := follow(t.Context(), images, followOptions{least: least})
 		var wg sync.WaitGroup
 		time.Sleep(5 * time.Millisecond) // the follower waits for the directory
 		if err := os.Mkdir(images, 0o700); err != nil {
@@ -223,7 +223,7 @@ func TestFollowRewritten(t *testing.T) {
 			t.Fatal(err)
 		}
 		first, second := content(5, 2<<20), content(6, 2<<20)
-		fl := follow(t.Context(), images)
+		fl := follow(t.Context(), images, followOptions{least: followMin})
 		p := filepath.Join(images, "pages-1.img")
 		appendSlowly(t, p, first, 5)
 		appendSlowly(t, filepath.Join(images, "pages-2.img"), content(7, 1<<20), 7)
@@ -271,7 +271,7 @@ func TestFollowStop(t *testing.T) {
 	images := t.TempDir()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	fl := followFrom(ctx, images, 0)
+	fl := follow(ctx, images, followOptions{})
 	f, err := os.Create(filepath.Join(images, "pages-1.img"))
 	if err != nil {
 		t.Fatal(err)
@@ -307,4 +307,52 @@ func waitFollowed(t *testing.T, fl *follower, name string) {
 		}
 	}
 	t.Fatalf("%s: not followed", name)
+}
+
+// A later chunked park's pages files are followed without their
+// writeback (follower.discard): their chunks are mostly held already, so
+// the staged file is removed, and a writeback started would make its
+// removal wait for the disk. Every other file's writeback is started, and
+// both are hashed.
+func TestFollowDiscard(t *testing.T) {
+	st := mustStore(t)
+	dir, err := st.StagingDir("criu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	images := filepath.Join(dir, "images")
+	if err := os.Mkdir(images, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	started := map[string]int{}
+	defer func(f func(*os.File, int64, int64)) { writeback = f }(writeback)
+	writeback = func(f *os.File, off, n int64) {
+		mu.Lock()
+		started[filepath.Base(f.Name())]++
+		mu.Unlock()
+	}
+	files := map[string][]byte{
+		"pages-1.img": content(1, 2*writebackStep+5),
+		"other.img":   content(2, 2*writebackStep+7),
+	}
+	fl := follow(t.Context(), images, followOptions{least: followMin, discard: isPages})
+	var wg sync.WaitGroup
+	for i, name := range []string{"pages-1.img", "other.img"} {
+		wg.Go(func() { appendSlowly(t, filepath.Join(images, name), files[name], uint64(i)) })
+	}
+	wg.Wait()
+	waitQuiet(t, fl, "pages-1.img", int64(len(files["pages-1.img"])))
+	waitQuiet(t, fl, "other.img", int64(len(files["other.img"])))
+	known, _ := fl.finish()
+	for name, b := range files {
+		if k, ok := known[name]; !ok || k.Address != record.Sum(b) {
+			t.Errorf("%s: hashed %+v, want %s", name, k, record.Sum(b))
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if started["pages-1.img"] != 0 || started["other.img"] == 0 {
+		t.Errorf("writebacks started: %v; want none of pages-1.img's, some of other.img's", started)
+	}
 }

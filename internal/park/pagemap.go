@@ -275,3 +275,8 @@ func (pm pagemap) spans(size uint64) []run {
 	}
 	return out
 }
+
+// isPages is whether name is a CRIU pages image's (pages-N.img).
+func isPages(name string) bool {
+	return strings.HasPrefix(name, "pages-") && strings.HasSuffix(name, ".img")
+}

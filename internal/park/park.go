@@ -33,7 +33,11 @@
 // once it had reached its final size is hashed again by the ingest; a
 // rewrite of bytes already hashed while the file still grew could not be
 // seen, and would store the file under a wrong address, which [Offered]
-// and the store's verification report.
+// and the store's verification report. A chunked park with a base starts
+// no writeback of its pages files: their chunks are mostly held already,
+// and the staged file, removed once the rest are in a new slab, then
+// goes without waiting for the disk. A first chunked park's follower also
+// hashes the pages files' chunks while it waits for CRIU (early.go).
 //
 // # Layout of an image park
 //
@@ -141,7 +145,25 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	}
 	defer os.RemoveAll(root)
 	images := filepath.Join(mem, "images")
-	fl := follow(ctx, images)
+	chunked := st.ChunkedImages()
+	// Chunks are hashed early only with no base: see planChunks.
+	fo := followOptions{least: followMin, chunks: chunked && opt.Base == nil}
+	if chunked && opt.Base != nil {
+		fo.discard = isPages
+	}
+	fl := follow(ctx, images, fo)
+	// The chunks the base's slabs hold are found while CRIU dumps.
+	var held map[record.Address]heldAt
+	found := make(chan struct{})
+	if chunked && opt.Base != nil {
+		go func() {
+			defer close(found)
+			held = heldChunks(baseFiles(st, opt.Base), made.has(st, *opt.Base))
+		}()
+	} else {
+		close(found)
+	}
+	defer func() { <-found }()
 	res.Stats, err = sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: images, Rootfs: filepath.Join(root, RootfsName), Keep: true, Deadline: deadline, MaxRootfsBytes: maxRootfs})
 	if err != nil {
 		fl.stop()
@@ -151,34 +173,26 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 		return res, errors.Join(err, thaw(sb))
 	}
 	start := time.Now()
-	// The chunks are hashed while the follower hashes the dump's tail.
-	var plans []*slabber
-	var perr error
-	planned := make(chan struct{})
-	if st.ChunkedImages() {
-		go func() {
-			defer close(planned)
-			plans, perr = planChunks(ctx, st, images, opt.Base)
-		}()
-	} else {
-		close(planned)
-	}
 	known, fst := fl.finish()
-	<-planned
-	if perr != nil {
-		return res, errors.Join(perr, thaw(sb))
-	}
 	res.Followed = fst.Early
-	var held []store.Entry
+	// The chunks the follower did not hash early are hashed now.
+	var plans []*slabber
+	if chunked {
+		<-found
+		if plans, err = planChunks(ctx, st, images, held, fl.earlyChunks); err != nil {
+			return res, errors.Join(err, thaw(sb))
+		}
+	}
+	var stored []store.Entry
 	if len(plans) > 0 {
 		if known == nil {
 			known = map[string]store.Hashed{}
 		}
-		if held, res.Chunks, err = putChunks(plans, known); err != nil {
+		if stored, res.Chunks, err = putChunks(plans, known); err != nil {
 			return res, errors.Join(err, thaw(sb))
 		}
 	}
-	memAddr, mst, err := st.IngestChunks(ctx, images, known, held)
+	memAddr, mst, err := st.IngestChunks(ctx, images, known, stored)
 	if err != nil {
 		return res, errors.Join(fmt.Errorf("park: storing the memory image: %w", err), thaw(sb))
 	}
