@@ -278,4 +278,9 @@ func TestOwedRefused(t *testing.T) {
 	if _, err := transfer.NewOwed(dst, transfer.Source{}, fx.slab, bad); !errors.Is(err, transfer.ErrOwed) {
 		t.Fatalf("a chunk past the slab: %v", err)
 	}
+	bad = append([]store.SlabChunk{}, fx.chunks...)
+	bad[2].Offset = 1<<64 - 4096 // its end wraps to 12 KiB
+	if _, err := transfer.NewOwed(dst, transfer.Source{}, fx.slab, bad); !errors.Is(err, transfer.ErrOwed) {
+		t.Fatalf("a chunk whose end wraps: %v", err)
+	}
 }
