@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -79,5 +80,38 @@ func TestExiting(t *testing.T) {
 	}
 	if !exiting(cmd.Process.Pid) {
 		t.Fatal("a process reaped not taken for exiting")
+	}
+}
+
+// A unit that duplicates its restored userfaultfd (or forks children that
+// inherit it) does not multiply the daemon's ioctls: UnregisterUnit uses
+// each userfaultfd once, in the first process found holding it.
+func TestRestoreUffdsOncePerUffd(t *testing.T) {
+	fd, _, errno := syscall.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
+	if errno != 0 {
+		t.Fatalf("userfaultfd: %v", errno)
+	}
+	// UFFDIO_API with a lazy restore's features.
+	api := [3]uint64{0xAA, restoreFeatures, 0}
+	if _, _, errno := syscall.Syscall(unix.SYS_IOCTL, fd, 0xc018aa3f, uintptr(unsafe.Pointer(&api))); errno != 0 {
+		unix.Close(int(fd))
+		t.Fatalf("UFFDIO_API: %v", errno)
+	}
+	f := os.NewFile(fd, "uffd")
+	cmd := exec.Command("sleep", "60")
+	for range 5 {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, f) // one userfaultfd at 3..7
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	f.Close()
+	used := map[uint64]bool{}
+	if fds := restoreUffds(cmd.Process.Pid, used); len(fds) != 1 {
+		t.Fatalf("restoreUffds = %v, want one of 3..7", fds)
+	}
+	if fds := restoreUffds(cmd.Process.Pid, used); len(fds) != 0 {
+		t.Fatalf("restoreUffds again = %v, want none: used already", fds)
 	}
 }
