@@ -3,6 +3,7 @@
 package pageserver
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -155,7 +156,7 @@ func (l *LazyPages) HoldUffds() (n int, release func(), err error) {
 		unix.Close(pidfd)
 		return l.gone(err)
 	}
-	h := &held{pidfd: pidfd, taken: map[uffdKey]bool{}, stop: make(chan struct{}), stopped: make(chan struct{})}
+	h := &held{pidfd: pidfd, taken: map[uffdKey]int{}, stop: make(chan struct{}), stopped: make(chan struct{})}
 	for _, n := range fds {
 		if err := h.take(n); err != nil {
 			// lazy-pages may have exited since it was listed, its
@@ -197,9 +198,10 @@ type held struct {
 	stop      chan struct{} // closed by release
 	stopped   chan struct{} // closed when follow returns
 
-	mu       sync.Mutex
-	fds      []int
-	taken    map[uffdKey]bool
+	mu sync.Mutex
+	// taken is each copy held, by the userfaultfd of lazy-pages' it is
+	// of.
+	taken    map[uffdKey]int
 	released bool
 }
 
@@ -228,24 +230,28 @@ func (h *held) take(n int) error {
 	k := uffdKey{n, st.Ino}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.released || h.taken[k] {
+	if _, known := h.taken[k]; h.released || known {
 		unix.Close(fd)
 		return nil
 	}
-	h.taken[k] = true
-	h.fds = append(h.fds, fd)
+	h.taken[k] = fd
 	return nil
 }
 
 func (h *held) count() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.fds)
+	return len(h.taken)
 }
 
 // follow takes a copy of each userfaultfd lazy-pages (pid) receives, every
 // forkPoll, until it exits (done) or the copies are let go. A fork's is
-// then held within about forkPoll of lazy-pages reading the fork.
+// then held within about forkPoll of lazy-pages reading the fork. A copy
+// of one lazy-pages closed while not exiting (a task of the unit exited:
+// its memory is gone) is closed too, so that a unit forking and exiting
+// over and over in the lazy window does not run the daemon out of
+// descriptors; while lazy-pages exits (killed, or every page in) every
+// copy stays.
 func (h *held) follow(pid int, done <-chan struct{}) {
 	defer close(h.stopped)
 	t := time.NewTicker(forkPoll)
@@ -263,6 +269,7 @@ func (h *held) follow(pid int, done <-chan struct{}) {
 		if err != nil {
 			return
 		}
+		seen := map[uffdKey]bool{}
 		for _, e := range ents {
 			link := dir + "/" + e.Name()
 			if l, err := os.Readlink(link); err != nil || l != uffdLink {
@@ -273,14 +280,60 @@ func (h *held) follow(pid int, done <-chan struct{}) {
 			if err != nil || unix.Stat(link, &st) != nil {
 				continue
 			}
+			k := uffdKey{n, st.Ino}
+			seen[k] = true
 			h.mu.Lock()
-			known := h.taken[uffdKey{n, st.Ino}]
+			_, known := h.taken[k]
 			h.mu.Unlock()
 			if !known {
 				_ = h.take(n)
 			}
 		}
+		// Read after the list: a close the list saw was not exit's.
+		if exiting(pid) {
+			continue
+		}
+		h.drop(seen)
 	}
+}
+
+// drop closes the copies of userfaultfds lazy-pages no longer holds
+// (those not in seen).
+func (h *held) drop(seen map[uffdKey]bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return
+	}
+	for k, fd := range h.taken {
+		if !seen[k] {
+			unix.Close(fd)
+			delete(h.taken, k)
+		}
+	}
+}
+
+// pfExiting is PF_EXITING (include/linux/sched.h): set as a task starts
+// to exit, before its descriptors are closed.
+const pfExiting = 0x4
+
+// exiting says whether process pid is exiting or gone (or its state
+// cannot be read): its flags, the ninth field of /proc/PID/stat.
+func exiting(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return true
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 7 {
+		return true
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	return err != nil || flags&pfExiting != 0
 }
 
 // release stops following and closes every copy.
@@ -291,8 +344,8 @@ func (h *held) release() {
 		return
 	}
 	h.released = true
-	fds := h.fds
-	h.fds = nil
+	fds := h.taken
+	h.taken = map[uffdKey]int{}
 	h.mu.Unlock()
 	close(h.stop)
 	if h.following {

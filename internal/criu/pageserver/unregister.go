@@ -40,14 +40,17 @@ const (
 // left open in that process. It returns how many ranges it unregistered.
 // A range registered with another process's userfaultfd is refused by
 // the kernel (EINVAL) and skipped; a process that exits meanwhile is
-// passed over.
+// passed over. Each userfaultfd is used once, in the first process found
+// holding it (parents before children): one the unit duplicated, or a
+// child inherited, costs no more ioctls.
 func UnregisterUnit(init int) (int, error) {
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d", init)); err != nil {
 		return 0, fmt.Errorf("pageserver: the unit's first process: %w", err)
 	}
 	n := 0
+	used := map[uint64]bool{}
 	for _, pid := range descendants(init) {
-		n += unregisterTask(pid)
+		n += unregisterTask(pid, used)
 	}
 	return n, nil
 }
@@ -93,9 +96,10 @@ func parentOf(pid int) int {
 }
 
 // unregisterTask unregisters process pid's registered ranges with each
-// lazy restore's userfaultfd it holds, and says how many.
-func unregisterTask(pid int) int {
-	fds := restoreUffds(pid)
+// lazy restore's userfaultfd it holds not in used (by inode, added to
+// it), and says how many.
+func unregisterTask(pid int, used map[uint64]bool) int {
+	fds := restoreUffds(pid, used)
 	if len(fds) == 0 {
 		return 0
 	}
@@ -124,8 +128,9 @@ func unregisterTask(pid int) int {
 }
 
 // restoreUffds is the descriptors of process pid that are userfaultfds
-// with a lazy restore's features.
-func restoreUffds(pid int) []int {
+// with a lazy restore's features, one per userfaultfd, leaving out those
+// in used (inodes) and adding those it returns.
+func restoreUffds(pid int, used map[uint64]bool) []int {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, _ := os.ReadDir(dir)
 	var fds []int
@@ -137,9 +142,14 @@ func restoreUffds(pid int) []int {
 		if err != nil {
 			continue
 		}
+		var st unix.Stat_t
+		if unix.Stat(dir+"/"+e.Name(), &st) != nil || used[st.Ino] {
+			continue
+		}
 		if f, ok := uffdFeatures(info); ok && f&^(1<<31) == restoreFeatures {
 			n, _ := strconv.Atoi(e.Name())
 			fds = append(fds, n)
+			used[st.Ino] = true
 		}
 	}
 	return fds

@@ -73,9 +73,9 @@ func serveRange(st *store.Store, w http.ResponseWriter, a record.Address, spec s
 		writeError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Errorf("object %s: not a regular file (%v)", a, err))
 		return
 	}
-	if off+n > info.Size() {
+	if size := info.Size(); off >= size || n > size-off { // off+n may overflow
 		w.Header().Set("Content-Range", "bytes */"+strconv.FormatInt(info.Size(), 10))
-		writeError(w, http.StatusRequestedRangeNotSatisfiable, api.CodeBadRequest, fmt.Errorf("object %s holds %d bytes, the range ends at %d", a, info.Size(), off+n))
+		writeError(w, http.StatusRequestedRangeNotSatisfiable, api.CodeBadRequest, fmt.Errorf("object %s holds %d bytes, the range is %s", a, info.Size(), spec))
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")

@@ -54,6 +54,12 @@ func TestHandlerRange(t *testing.T) {
 	if status, cr, _ := getRange(t, url, "bytes=9000-10000"); status != http.StatusRequestedRangeNotSatisfiable || cr != "bytes */10000" {
 		t.Fatalf("range past the end: %d %q", status, cr)
 	}
+	// A range ending at the largest offset: FIRST+length overflows an
+	// int64, still past the end.
+	top := strconv.FormatUint(1<<63-1, 10)
+	if status, cr, _ := getRange(t, url, "bytes="+strconv.FormatUint(1<<63-16, 10)+"-"+top); status != http.StatusRequestedRangeNotSatisfiable || cr != "bytes */10000" {
+		t.Fatalf("range at the top: %d %q, want 416", status, cr)
+	}
 	absent := serve(t, st, nil).URL + "/v1/objects/" + record.Sum([]byte("absent")).String()
 	if status, _, b := getRange(t, absent, "bytes=0-1"); status != http.StatusNotFound || errorCode(t, b) != api.CodeNotFound {
 		t.Fatalf("absent: %d %s", status, b)
@@ -271,5 +277,10 @@ func TestOwedRefused(t *testing.T) {
 	bad[2].Offset = fx.slab.Size - 4096
 	if _, err := transfer.NewOwed(dst, transfer.Source{}, fx.slab, bad); !errors.Is(err, transfer.ErrOwed) {
 		t.Fatalf("a chunk past the slab: %v", err)
+	}
+	bad = append([]store.SlabChunk{}, fx.chunks...)
+	bad[2].Offset = 1<<64 - 4096 // its end wraps to 12 KiB
+	if _, err := transfer.NewOwed(dst, transfer.Source{}, fx.slab, bad); !errors.Is(err, transfer.ErrOwed) {
+		t.Fatalf("a chunk whose end wraps: %v", err)
 	}
 }

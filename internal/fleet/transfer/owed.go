@@ -59,7 +59,7 @@ func NewOwed(st *store.Store, from Source, slab store.Entry, chunks []store.Slab
 	})
 	var end uint64
 	for _, c := range cs {
-		if c.Offset < end || c.Size == 0 || c.Size > MaxRange || c.Offset+c.Size > slab.Size {
+		if c.Offset < end || c.Size == 0 || c.Size > MaxRange || c.Offset > slab.Size || c.Size > slab.Size-c.Offset {
 			return nil, fmt.Errorf("%w: %q: a chunk of %d bytes at %d (%d bytes listed)", ErrOwed, slab.Name, c.Size, c.Offset, slab.Size)
 		}
 		end = c.Offset + c.Size
