@@ -172,7 +172,7 @@ func New(ctx context.Context, cfg Config) (*Daemon, error) {
 	}()
 	d.wire()
 	if d.links != nil && cfg.EgressResolver.IsValid() {
-		if err := d.serveNames(cfg.EgressResolver); err != nil {
+		if err := d.links.serveNames(d, cfg.EgressResolver); err != nil {
 			return nil, fmt.Errorf("daemon: %w", err)
 		}
 	}
@@ -229,13 +229,20 @@ func (d *Daemon) wire() {
 	// The trusted signers are the keys as wired when asked: the member
 	// room takes these before the keys are made.
 	policy := bundle.HostPolicy(d.cfg.BundleMounts, d.cfg.StateDir)
+	// handedOff frees what a run held on this host, now another host's:
+	// its egress link and slot, and its secrets' values (an export's
+	// handoff, a migration out, a received run handed back).
+	handedOff := func(id string) {
+		d.links.Release(id)
+		dropSecrets(d.secrets, id, d.log)
+	}
 	policy.EgressAllow, policy.EgressNames = d.cfg.EgressAllow, d.cfg.EgressResolver.IsValid()
 	d.bundles = bundle.Options{Limits: d.cfg.BundleLimits, Trusted: func(k record.Address) bool { return d.keys.Trusted(k) }, Policy: policy}
 	d.fleet = member.New(member.Config{
 		Join:  d.cfg.Join,
 		Store: d.st, Log: d.log, Metrics: &d.metrics, Publish: d.events.Publish, Reach: d.reach,
 		Import:     bundle.ImportOptions{Options: d.bundles, CheckID: forms.CheckID},
-		Exportable: func(id string) error { return d.exporter.Exportable(id) }, Runs: fleetRuns{d}, HandedOff: d.handedOff,
+		Exportable: func(id string) error { return d.exporter.Exportable(id) }, Runs: fleetRuns{d}, HandedOff: handedOff,
 		Fits:    func(ctx context.Context, id string) error { return d.place.Fits(ctx, id) },
 		MinFree: d.cfg.MinFree,
 	})
@@ -263,7 +270,7 @@ func (d *Daemon) wire() {
 	}
 	d.exporter = bundle.Exporter{Store: d.st, Books: &d.exports, Lock: func(id string) (func(), error) { return d.runs.locker(id) }, Held: func(id string) ([]string, error) { return calls.Held(d.st, id) },
 		Log: d.log, HandedOff: func(id string) {
-			d.handedOff(id)
+			handedOff(id)
 			d.events.Publish(events.Event{Kind: "run.handed_off", Run: id})
 		}}
 	d.place = drain.Local{Store: d.st, Facts: d.host, Digest: digestOf(d.ex), MinFree: d.cfg.MinFree, Draining: d.fleet.Draining,
@@ -275,14 +282,6 @@ func (d *Daemon) wire() {
 	d.rooms = Rooms{Store: d.st, Keys: d.keys, Collector: retention.NewCollector(d.st, d.cfg.Policy, d.log), Events: &d.events,
 		Counts: &d.metrics, Metrics: d.metrics.Handler(src, d.log), Scrape: d.metrics.ScrapeHandler(src, d.log), Objects: transfer.Handler(d.st),
 		Exporter: d.exporter, Fleet: d.fleet, Placement: &d.place}
-}
-
-// handedOff frees what run id held on this host, now another host's: its
-// egress link and slot, and its secrets' values (an export's handoff, a
-// migration out, a received run handed back).
-func (d *Daemon) handedOff(id string) {
-	d.links.Release(id)
-	dropSecrets(d.secrets, id, d.log)
 }
 
 // Rooms returns the rooms the daemon wired at New.

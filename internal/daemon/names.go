@@ -44,11 +44,10 @@ var (
 // upstream asked for their names. Without one (serve --egress-resolver)
 // nothing answers there: the port stays free for one other daemon in
 // the namespace, and a unit's queries go unanswered.
-func (d *Daemon) serveNames(upstream netip.AddrPort) error {
-	l := d.links
+func (l *links) serveNames(d *Daemon, upstream netip.AddrPort) error {
 	res := &egress.Resolver{Upstream: l.gw.Upstream(upstream), Ceiling: l.ceiling}
 	l.names = true
-	srv, err := l.gw.ServeDNS(egress.DNSConfig{Resolver: res, Run: l.holder(d), Resolved: d.resolved})
+	srv, err := l.gw.ServeDNS(egress.DNSConfig{Resolver: res, Run: l.holder(d), Resolved: func(slot int, res egress.Resolution) error { return l.resolved(d, slot, res) }})
 	if err != nil {
 		return err
 	}
@@ -132,14 +131,13 @@ func (l *links) holder(d *Daemon) func(slot int) *egress.Run {
 	}
 }
 
-// resolved is the resolver's [egress.DNSConfig.Resolved]: res, an answer
+// resolved is the resolver's [egress.DNSConfig.Resolved] for d: res, an answer
 // for the run holding slot, is journaled in its open interval, and the
 // interval's mark saved, under the run's lock. An answer with the same
 // addresses as the name's last entry in the interval needs none (it
 // renews their time); past MaxResolutions entries an answer that needs
 // one is refused.
-func (d *Daemon) resolved(slot int, res egress.Resolution) error {
-	l := d.links
+func (l *links) resolved(d *Daemon, slot int, res egress.Resolution) error {
 	l.mu.Lock()
 	id := l.runAt(slot)
 	l.mu.Unlock()

@@ -93,7 +93,7 @@ func TestResolvedJournals(t *testing.T) {
 	defer func() { h.d.links = nil }()
 	res := egress.Resolution{Name: "pypi.org", Addrs: []netip.Addr{netip.MustParseAddr("203.0.113.10")}, TTL: 60 * time.Second}
 	for range 2 {
-		if err := h.d.resolved(3, res); err != nil {
+		if err := h.d.links.resolved(h.d, 3, res); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -101,13 +101,13 @@ func TestResolvedJournals(t *testing.T) {
 	if got := resolutions(t, m.Events); !ok || len(got) != 1 || got[0].Name != "pypi.org" || got[0].TTLSec != 60 {
 		t.Fatalf("the saved mark's resolutions: %+v (a mark: %v), want the one", got, ok)
 	}
-	if err := h.d.resolved(4, res); !errors.Is(err, errNoInterval) {
+	if err := h.d.links.resolved(h.d, 4, res); !errors.Is(err, errNoInterval) {
 		t.Fatalf("a slot no run holds: %v, want errNoInterval", err)
 	}
 	other := egress.Resolution{Name: "files.pythonhosted.org", TTL: time.Minute}
 	r := h.d.runs.peek("r")
 	r.mu.Lock()
-	err := h.d.resolved(3, other)
+	err := h.d.links.resolved(h.d, 3, other)
 	r.mu.Unlock()
 	if err == nil {
 		t.Fatal("an answer journaled while an operation held the run")
@@ -115,7 +115,7 @@ func TestResolvedJournals(t *testing.T) {
 	if _, err := h.d.Park(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.d.resolved(3, other); !errors.Is(err, errNoInterval) {
+	if err := h.d.links.resolved(h.d, 3, other); !errors.Is(err, errNoInterval) {
 		t.Fatalf("a parked run: %v, want errNoInterval", err)
 	}
 	raw, err := h.d.st.Raw("r")
