@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,11 +35,12 @@ import (
 // Forget). The park's instant is the slot file's second line, "parked
 // UNIX-NS", so the hold counts across restarts.
 //
-// A restore's connections to outside are closed at its Pass, and
-// journaled (a closed entry), where the host holds no state of them: a
-// slot taken for the restore (the run was parked on another host, or
-// left this one and came back), rules gone (the host restarted), or a
-// park older than the hold. Otherwise they go on.
+// A restore's connections to outside are journaled (a closed entry,
+// Closing) then closed at its Pass, where the host holds no state of
+// them: a slot taken for the restore (the run was parked on another
+// host, or left this one and came back), rules gone (the host
+// restarted), or a park older than the hold. Otherwise they go on. A
+// restore the last daemon did not pass is passed at the start (Reheld).
 type links struct {
 	gw  *egress.Gateway
 	dir string
@@ -240,7 +242,7 @@ func (l *links) resetFor(run string, fresh bool, now time.Time) egress.Reset {
 // ceiling (bundle.CheckEgress). For a restore the link holds the
 // outside's packets until Pass, which first closes the run's
 // connections to outside where this host holds no state of them
-// (resetFor). Otherwise (a start, or a unit going on after a park was
+// (resetFor), once Closing journaled them. Otherwise (a start, or a unit going on after a park was
 // refused) the run's park here, if any, is over.
 func (l *links) Link(run string, allow []unit.Dest, restore bool) (func(netns string) error, error) {
 	if err := bundle.CheckEgress(unit.Grants{Network: unit.Egress, Egress: allow}, l.ceiling, l.names); err != nil {
@@ -322,36 +324,100 @@ func (l *links) Unlink(run string) error {
 	return nil
 }
 
-// Pass lets the outside's packets reach run's sandbox, linked again
-// after a park (egress.Run.Pass): its park here is over. It returns the
-// closed entry of the connections to outside it closed first, if it had
-// to (Link); an error says some were not closed, and the packets pass
-// all the same. A run without a link here has none to pass.
-func (l *links) Pass(run string) ([]attest.Entry, error) {
+// Closing journals, through journal, the closed entry of the
+// connections to outside run's next Pass closes (egress.Run.ToClose),
+// if it closes any: a restore where this host holds no state of them
+// (Link). The caller makes the entry durable in the run's open interval
+// before it returns (docs/unit.md, egress): not listed, or not
+// journaled, none is closed, and the Pass lets the outside's packets
+// through to them as they are (an error says so). Its run's lock held,
+// nothing else lists or closes them meanwhile.
+func (l *links) Closing(run string, journal func(attest.Entry) error) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.runs[run]
 	if r == nil {
-		return nil, nil
+		return nil
+	}
+	closed, err := r.ToClose()
+	if err == nil && closed.Why != egress.Keep {
+		var e attest.Entry
+		if e, err = closedEntry(closed, time.Now().UnixNano()); err == nil {
+			err = journal(e)
+		}
+	}
+	if err != nil {
+		r.Restore(egress.Keep)
+		return fmt.Errorf("run %s: none of its connections to outside closed: %w", run, err)
+	}
+	return nil
+}
+
+// closedEntry is the closed entry of c.
+func closedEntry(c egress.Closed, atNS int64) (attest.Entry, error) {
+	e := attest.Closed{Reason: attest.ClosedElsewhere, Total: uint32(len(c.Conns))}
+	if c.Why == egress.Expired {
+		e.Reason = attest.ClosedExpired
+	}
+	for _, cn := range c.Conns[:min(len(c.Conns), attest.MaxClosedConns)] {
+		e.Conns = append(e.Conns, attest.ClosedConn{Local: cn.Local, Remote: cn.Remote})
+	}
+	return e.Entry(atNS)
+}
+
+// Pass lets the outside's packets reach run's sandbox, linked again
+// after a park (egress.Run.Pass), once Closing journaled what it closes
+// first: its park here is over. An error says some were not closed, and
+// the packets pass all the same. A run without a link here has none to
+// pass.
+func (l *links) Pass(run string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.runs[run]
+	if r == nil {
+		return nil
 	}
 	closed, err := r.Pass()
 	l.unpark(run)
-	if closed.Why == egress.Keep {
-		return nil, err
+	if closed.Why != egress.Keep {
+		l.log.Info("egress: a restore closed its connections to outside", "run", run, "reason", closed.Why, "closed", len(closed.Conns))
 	}
-	c := attest.Closed{Reason: attest.ClosedElsewhere, Total: uint32(len(closed.Conns))}
-	if closed.Why == egress.Expired {
-		c.Reason = attest.ClosedExpired
+	return err
+}
+
+// Reheld completes, after a restart, the pass of run, executing with its
+// sandbox's network namespace at netns and its interval's journal so far
+// es, whose link the last daemon attached and did not pass (it still
+// holds the outside's packets). Its connections to outside are closed
+// where that link was a restore's with connections to close and es
+// holds the closed entry its Closing journaled (those left of them:
+// while held none is established); otherwise none is closed. Then the
+// packets pass.
+func (l *links) Reheld(run string, allow []unit.Dest, netns string, es []attest.Entry) error {
+	l.mu.Lock()
+	slot, ok := l.slot[run]
+	l.mu.Unlock()
+	if !ok {
+		return nil
 	}
-	for _, cn := range closed.Conns[:min(len(closed.Conns), attest.MaxClosedConns)] {
-		c.Conns = append(c.Conns, attest.ClosedConn{Local: cn.Local, Remote: cn.Remote})
+	held, why, err := l.gw.Held(slot)
+	if err != nil || !held {
+		return err
 	}
-	e, eerr := c.Entry(time.Now().UnixNano())
-	if eerr != nil {
-		return nil, errors.Join(err, eerr)
+	if !slices.ContainsFunc(es, func(e attest.Entry) bool { return e.Kind == attest.ClosedKind }) {
+		why = egress.Keep
 	}
-	l.log.Info("egress: a restore closed its connections to outside", "run", run, "reason", closed.Why, "closed", len(closed.Conns))
-	return []attest.Entry{e}, err
+	l.mu.Lock()
+	r, err := l.runOf(run, allow)
+	if err == nil {
+		err = r.Reheld(netns, why)
+	}
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	l.log.Warn("reconcile: passing the link the last daemon held", "run", run, "reason", why)
+	return l.Pass(run)
 }
 
 // Counters is run's egress counters on this host (interval.Traffic):

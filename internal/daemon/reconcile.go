@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // reconcile makes containerd's sandboxes agree with the records after a
@@ -118,6 +120,14 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 		return nil
 	}
 	d.intervals.SaveMark(lv.iv)
+	if d.links != nil && grants.Network == unit.Egress {
+		// A resume's pass the last daemon did not make (docs/unit.md,
+		// egress).
+		ns := "/proc/" + strconv.FormatUint(uint64(sb.Pid()), 10) + "/ns/net"
+		if err := d.links.Reheld(id, grants.Egress, ns, lv.iv.Events()); err != nil {
+			d.log.Error("reconcile: the unit's link out not passed", "run", id, "err", err)
+		}
+	}
 	d.watch(id, r, lv)
 	d.log.Info("reconcile: reattached", "run", id)
 	return nil

@@ -73,7 +73,18 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[stri
 	clock.Mark("sandbox")
 	lv.iv.Journal(attest.LifecycleOf(nowNS(), owed))
 	lv.iv.Journal(attest.LifecyclesOf(nowNS(), w.Details)...)
-	lv.iv.Journal(w.Entries...)
+	linked := d.links != nil && ok.Grants.Network == unit.Egress
+	if linked {
+		// The connections to outside its pass closes are journaled, and
+		// the mark saved, before any is closed (docs/unit.md, egress).
+		err := d.links.Closing(id, func(e attest.Entry) error {
+			lv.iv.Journal(e)
+			return lv.iv.Save()
+		})
+		if err != nil {
+			d.log.Error("the resumed unit's connections to outside not closed", "run", id, "err", err)
+		}
+	}
 	// Saved before the append: a daemon restarted after it attests the
 	// interval from its start. (A crash before the append leaves a mark
 	// the next resume overwrites.)
@@ -87,6 +98,13 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[stri
 	}
 	clock.Mark("append")
 	d.reach("resume.appended")
+	if linked {
+		// Not passed, the outside's packets stay dropped (its
+		// connections wait, none is closed): the unit runs on, logged.
+		if err := d.links.Pass(id); err != nil {
+			d.log.Error("the resumed unit's link out not passed, or its connections to outside not all closed", "run", id, "err", err)
+		}
+	}
 	r.live, r.park = lv, nil
 	d.watch(id, r, lv)
 	d.watchPages(id, r, lv, ok.Suspended.Snapshot)

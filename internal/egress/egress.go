@@ -52,7 +52,10 @@
 // connections (restored on another host; its rules gone; its tracked
 // connections removed by [Gateway.Forget] when a park outlived its
 // hold), Pass first aborts the sandbox's TCP connections to outside
-// (sockets.go), so the unit sees an error rather than a silent peer.
+// (sockets.go), so the unit sees an error rather than a silent peer;
+// [Run.ToClose] lists them before, for the caller to journal. A held
+// link says so, and why, in its rules ([Gateway.Held]): a process that
+// adopts the run after a restart passes it ([Run.Reheld]).
 //
 // A conntrack zone per run is not used: the per-run address already keeps
 // runs apart in the one zone, and a zone set for both directions would
@@ -475,7 +478,7 @@ func (r *Run) Attach(path string) (retErr error) {
 				r.reset = Elsewhere
 			}
 		}
-		h.addLinkChains(c, r.slot, r.held)
+		h.addLinkChains(c, r.slot, r.held, r.reset)
 		return nil
 	})
 	if err != nil {
@@ -573,6 +576,47 @@ func (r *Run) Detach() error {
 	return r.h.unlink(r.slot)
 }
 
+// ToClose is what the next Pass closes: why, and the run's TCP
+// connections to outside now (sockets.go); Closed{} when it closes none.
+// While the run is held no connection to outside is established (the
+// outside's packets are dropped), so Pass closes these, less any that
+// closed meanwhile: a caller journals them before the Pass.
+func (r *Run) ToClose() (Closed, error) {
+	h := r.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !r.held || r.closed || !r.linked || r.reset == Keep || r.sb == nil {
+		return Closed{}, nil
+	}
+	conns, err := listOutside(*r.sb)
+	if err != nil {
+		return Closed{}, fmt.Errorf("slot %d: connections to outside: %w", r.slot, err)
+	}
+	return Closed{Why: r.reset, Conns: conns}, nil
+}
+
+// Reheld readies the run, adopted by a process restarted while its
+// sandbox (network namespace at path) was linked and held (Held), for
+// the Pass the last process did not make: Pass closes the sandbox's TCP
+// connections to outside unless why is Keep, then lets the outside's
+// packets through.
+func (r *Run) Reheld(path string, why Reset) error {
+	sb, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("sandbox network namespace: %w", err)
+	}
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	r.dropSandbox()
+	r.held, r.linked, r.reset = true, true, why
+	if why == Keep {
+		sb.Close()
+	} else {
+		r.sb = &sb
+	}
+	return nil
+}
+
 // Pass lets the outside's packets through to the run's sandbox again
 // once its restore has put its sockets back. An Attach after a Detach
 // (or of an adopted or restored run) holds them: a runc restore links
@@ -601,7 +645,7 @@ func (r *Run) Pass() (Closed, error) {
 		}
 	}
 	err := h.nft(func(c *nftables.Conn) error {
-		h.addLinkChains(c, r.slot, false)
+		h.addLinkChains(c, r.slot, false, Keep)
 		return nil
 	})
 	if err != nil {

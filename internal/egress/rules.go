@@ -1,9 +1,11 @@
 package egress
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -377,8 +379,9 @@ func (h *Gateway) addRun(c *nftables.Conn, slot int, allow []allowRule) {
 }
 
 // addLinkChains adds the ingress and egress chains of run slot's link,
-// which must exist.
-func (h *Gateway) addLinkChains(c *nftables.Conn, slot int, held bool) {
+// which must exist: held, with why its Pass is to close the run's
+// connections to outside in the held rule's tag (Held).
+func (h *Gateway) addLinkChains(c *nftables.Conn, slot int, held bool, why Reset) {
 	_, nd := h.hostTables(c)
 	accept := nftables.ChainPolicyAccept
 	prio := nftables.ChainPriorityRef(-500)
@@ -393,10 +396,53 @@ func (h *Gateway) addLinkChains(c *nftables.Conn, slot int, held bool) {
 		chain := c.AddChain(&nftables.Chain{Name: ch.name + strconv.Itoa(slot), Table: nd, Type: nftables.ChainTypeFilter,
 			Hooknum: ch.hook, Priority: prio, Policy: &accept, Device: h.linkName(slot)})
 		c.FlushChain(chain)
-		for _, r := range ch.rules {
-			c.AddRule(&nftables.Rule{Table: nd, Chain: chain, Exprs: r})
+		for i, r := range ch.rules {
+			var tag []byte
+			if held && ch.name == outChain && i == len(ch.rules)-1 {
+				tag = append(slices.Clone(heldTag), byte(why)) // Gateway.Held reads it
+			}
+			c.AddRule(&nftables.Rule{Table: nd, Chain: chain, Exprs: r, UserData: tag})
 		}
 	}
+}
+
+// heldTag marks the last rule of a held link's egress chain, followed
+// by the byte of the Reset its Pass is to do.
+var heldTag = []byte("runrecordd:held:")
+
+// Held says whether run slot's link holds the outside's packets (it was
+// attached for a restore, or after a park, and not passed since), and
+// why its Pass is to close the run's connections to outside, as the
+// Attach found it. false without a link.
+func (h *Gateway) Held(slot int) (bool, Reset, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	held, why := false, Keep
+	err := h.nft(func(c *nftables.Conn) error {
+		byslot, err := h.runChains(c)
+		if err != nil {
+			return err
+		}
+		for _, ch := range byslot[slot] {
+			if ch.Name != outChain+strconv.Itoa(slot) || ch.Table.Family != nftables.TableFamilyNetdev {
+				continue
+			}
+			rules, err := c.GetRules(ch.Table, ch)
+			if err != nil {
+				return fmt.Errorf("rules of %s: %w", ch.Name, err)
+			}
+			for _, r := range rules {
+				if w, ok := bytes.CutPrefix(r.UserData, heldTag); ok && len(w) == 1 {
+					held, why = true, Reset(w[0])
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return false, Keep, fmt.Errorf("slot %d: %w", slot, err)
+	}
+	return held, why, nil
 }
 
 // runChains lists the chains of runs in the host's tables, by slot.

@@ -153,58 +153,96 @@ func tcpSockets(s *nl.NetlinkSocket, family byte, states uint32) ([]diagSock, er
 	return out, bad
 }
 
+// outsideSockets lists the TCP sockets of the sandbox whose network
+// namespace s is in that hold a connection to outside in a state of
+// resetStates, with their ends, in ascending order of their local then
+// remote ends. Listeners and connections over loopback or to the
+// sandbox's own address are not listed.
+func outsideSockets(s *nl.NetlinkSocket) ([]diagSock, []Conn, error) {
+	var states uint32
+	for _, st := range resetStates {
+		states |= 1 << st
+	}
+	var socks []diagSock
+	var conns []Conn
+	for _, fam := range []byte{unix.AF_INET, unix.AF_INET6} {
+		got, err := tcpSockets(s, fam, states)
+		if errors.Is(err, nl.ErrDumpInterrupted) { // the list changed as it was read: once more
+			got, err = tcpSockets(s, fam, states)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, sk := range got {
+			c, ok := sk.ends()
+			if ok && toOutside(c.Remote.Addr()) && slices.Contains(resetStates, sk.state) {
+				socks, conns = append(socks, sk), append(conns, c)
+			}
+		}
+	}
+	idx := make([]int, len(conns))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return compareConns(conns[a], conns[b]) })
+	ss, cs := make([]diagSock, len(idx)), make([]Conn, len(idx))
+	for i, j := range idx {
+		ss[i], cs[i] = socks[j], conns[j]
+	}
+	return ss, cs, nil
+}
+
+func compareConns(a, b Conn) int {
+	if c := a.Local.Compare(b.Local); c != 0 {
+		return c
+	}
+	return a.Remote.Compare(b.Remote)
+}
+
+// listOutside lists the TCP connections to outside that resetOutside
+// would close in the sandbox whose network namespace is ns
+// (outsideSockets).
+func listOutside(ns netns.NsHandle) ([]Conn, error) {
+	s, err := inetDiag(ns)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	_, conns, err := outsideSockets(s)
+	return conns, err
+}
+
 // resetOutside closes every TCP connection to outside of the sandbox
-// whose network namespace is ns, in a state of resetStates: each is
-// aborted (SOCK_DESTROY: its owner's next call fails with ECONNABORTED,
-// a reader blocked on it wakes with that error). Listeners and
-// connections over loopback or to the sandbox's own address are kept.
-// It returns the connections closed; one already gone when destroyed
-// is not an error, and not listed.
+// whose network namespace is ns (outsideSockets): each is aborted
+// (SOCK_DESTROY: its owner's next call fails with ECONNABORTED, a reader
+// blocked on it wakes with that error). It returns the connections
+// closed; one already gone when destroyed is not an error, and not
+// listed.
 func resetOutside(ns netns.NsHandle) ([]Conn, error) {
 	s, err := inetDiag(ns)
 	if err != nil {
 		return nil, err
 	}
 	defer s.Close()
-	var states uint32
-	for _, st := range resetStates {
-		states |= 1 << st
+	socks, conns, err := outsideSockets(s)
+	if err != nil {
+		return nil, err
 	}
 	var out []Conn
 	var errs []error
-	for _, fam := range []byte{unix.AF_INET, unix.AF_INET6} {
-		socks, err := tcpSockets(s, fam, states)
-		if err != nil && !errors.Is(err, nl.ErrDumpInterrupted) {
-			return out, err
-		}
-		if err != nil { // the list changed as it was read: once more
-			if socks, err = tcpSockets(s, fam, states); err != nil {
-				return out, err
-			}
-		}
-		for _, sk := range socks {
-			c, ok := sk.ends()
-			if !ok || !toOutside(c.Remote.Addr()) || !slices.Contains(resetStates, sk.state) {
-				continue
-			}
-			// The socket by its exact id, cookie included: this one,
-			// not one that took its ends since.
-			req := diagRequest(s, nl.SOCK_DESTROY, unix.NLM_F_ACK, diagReq{family: sk.family, states: 1 << sk.state, id: sk.id})
-			_, err := req.Execute(unix.NETLINK_INET_DIAG, 0)
-			switch {
-			case errors.Is(err, unix.ENOENT):
-			case err != nil:
-				errs = append(errs, fmt.Errorf("sock_diag: destroy %s-%s: %w", c.Local, c.Remote, err))
-			default:
-				out = append(out, c)
-			}
+	for i, sk := range socks {
+		c := conns[i]
+		// The socket by its exact id, cookie included: this one, not
+		// one that took its ends since.
+		req := diagRequest(s, nl.SOCK_DESTROY, unix.NLM_F_ACK, diagReq{family: sk.family, states: 1 << sk.state, id: sk.id})
+		_, err := req.Execute(unix.NETLINK_INET_DIAG, 0)
+		switch {
+		case errors.Is(err, unix.ENOENT):
+		case err != nil:
+			errs = append(errs, fmt.Errorf("sock_diag: destroy %s-%s: %w", c.Local, c.Remote, err))
+		default:
+			out = append(out, c)
 		}
 	}
-	slices.SortFunc(out, func(a, b Conn) int {
-		if c := a.Local.Compare(b.Local); c != 0 {
-			return c
-		}
-		return a.Remote.Compare(b.Remote)
-	})
 	return out, errors.Join(errs...)
 }

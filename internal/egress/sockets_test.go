@@ -137,6 +137,73 @@ func TestResetElsewhere(t *testing.T) {
 	}
 }
 
+// What a Pass closes is listed first (ToClose) while the connections
+// are still open, so that the caller journals them before any is closed.
+// A process that dies between the two leaves the link held, Held says
+// so and why, and the run adopted by the next process (Reheld) closes
+// them at its Pass, keeping the rest.
+func TestToCloseThenCrash(t *testing.T) {
+	w := newWorld(t, Config{})
+	serve(t, w.wns, worldIP+":8080")
+	r, s1 := w.sandbox(1, worldIP+"/32:8080")
+	cs := connect(t, s1)
+	if err := r.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	allow := []unit.Dest{{CIDR: worldIP + "/32", Proto: "tcp", Ports: "8080"}}
+	r2, err := w.host.Allow(2, allow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	r2.Restore(Elsewhere)
+	if err := r2.Attach(nsPath(s1)); err != nil {
+		t.Fatal(err)
+	}
+	listed, err := r2.ToClose()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantClosed(t, listed, Elsewhere, cs.world)
+	// Listed, not closed: the socket is as the restore left it.
+	cs.world.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := cs.world.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("listed, before the pass: %v", err)
+	}
+	// The process dies here: r2 is not used again.
+	held, why, err := w.host.Held(2)
+	if err != nil || !held || why != Elsewhere {
+		t.Fatalf("the link after the crash: held %v, %d, %v; want held, Elsewhere", held, why, err)
+	}
+	a, err := w.host.Adopt(2, allow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reheld(nsPath(s1), why); err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.Pass()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantClosed(t, got, Elsewhere, cs.world)
+	aborted(t, cs.world)
+	if err := echoes(cs.lo, "kept"); err != nil {
+		t.Errorf("the loopback connection: %v", err)
+	}
+	if held, _, err := w.host.Held(2); err != nil || held {
+		t.Fatalf("the link after the pass: held %v, %v", held, err)
+	}
+	if c, _, err := dial(s1, "", worldIP+":8080"); err != nil {
+		t.Errorf("a new connection out after the pass: %v", err)
+	} else {
+		c.Close()
+	}
+}
+
 // A park's hold ended (Forget): the run's tracked connections are gone
 // from the host, the world's next segment is answered with a reset by
 // the host, and the resume (Restore(Expired)) aborts the unit's end.

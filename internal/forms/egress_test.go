@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
-	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -15,8 +14,6 @@ import (
 type fakeLinks struct {
 	mu    sync.Mutex
 	calls []string
-	// closed is what each Pass says it closed.
-	closed []attest.Entry
 }
 
 func (l *fakeLinks) Link(run string, allow []unit.Dest, restore bool) (func(string) error, error) {
@@ -39,11 +36,11 @@ func (l *fakeLinks) Unlink(run string) error {
 	return nil
 }
 
-func (l *fakeLinks) Pass(run string) ([]attest.Entry, error) {
+func (l *fakeLinks) Pass(run string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.calls = append(l.calls, "pass "+run)
-	return l.closed, nil
+	return nil
 }
 
 func (l *fakeLinks) ResolvConf() (string, error) { return "/state/resolv.conf", nil }
@@ -59,8 +56,8 @@ func (l *fakeLinks) took() []string {
 // An image unit granted egress gets its link in its sandbox's spec; a
 // park removes it before the checkpoint, and a park refused (at the
 // checkpoint, or after it: Thaw) links the unit's namespace again; a
-// resume links the restored namespace as a restore's, and journals what
-// its pass closed. A transcript unit granted egress, and a unit on a host without links, are
+// resume links the restored namespace as a restore's, and leaves its
+// pass to the daemon (internal/daemon's resume). A transcript unit granted egress, and a unit on a host without links, are
 // refused (ErrNoEgress).
 func TestImageEgressLinks(t *testing.T) {
 	h, box := testHost(t, nil)
@@ -107,33 +104,24 @@ func TestImageEgressLinks(t *testing.T) {
 	if got := links.took(); !slices.Equal(got, []string{"link r /proc/1/ns/net 203.0.113.0/24:443/tcp", "pass r"}) {
 		t.Fatalf("a thaw: %q", got)
 	}
-	// A restore (here, or on another host) binds the same file, links
-	// the restored namespace as a restore's, and journals what the pass
-	// after it closed.
+	// A restore (here, or on another host) binds the same file and links
+	// the restored namespace as a restore's, held: not passed.
 	taken, err := f.Snapshot(t.Context(), w.Unit)
 	if err != nil {
 		t.Fatal(err)
 	}
 	links.took()
-	closed, err := attest.Closed{Reason: attest.ClosedElsewhere}.Entry(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	links.closed = []attest.Entry{closed}
 	teardown := make(chan struct{})
 	close(teardown)
-	woke, err := f.Wake(t.Context(), r, Waking{Snapshot: taken.Snapshot, Retained: taken.Retained, Teardown: teardown})
+	_, err = f.Wake(t.Context(), r, Waking{Snapshot: taken.Snapshot, Retained: taken.Retained, Teardown: teardown})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(box.restoreSpecs) != 1 || !slices.Contains(box.restoreSpecs[0].Mounts, resolv) || box.restoreSpecs[0].Link == nil {
 		t.Fatalf("the restore's specs %+v, want one with %+v and a link", box.restoreSpecs, resolv)
 	}
-	if got := links.took(); !slices.Equal(got, []string{"link r /restored 203.0.113.0/24:443/tcp restore", "pass r"}) {
+	if got := links.took(); !slices.Equal(got, []string{"link r /restored 203.0.113.0/24:443/tcp restore"}) {
 		t.Fatalf("a restore: %q", got)
-	}
-	if len(woke.Entries) != 1 || woke.Entries[0].Kind != attest.ClosedKind {
-		t.Fatalf("the restore's entries: %+v", woke.Entries)
 	}
 	tr := transcriptRun("t")
 	tr.Grants = r.Grants

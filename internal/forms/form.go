@@ -160,9 +160,6 @@ type Woken struct {
 	// image resume's statistics (also in Details).
 	Details  []attest.Detail
 	Restored *attest.Restored
-	// Entries are other entries the resume journals after Details (a
-	// closed entry: internal/daemon's links).
-	Entries []attest.Entry
 	// Warm is set when the unit was woken in a warm sandbox.
 	Warm bool
 }

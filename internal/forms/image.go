@@ -133,7 +133,7 @@ func (f Image) relink(u *Unit) error {
 		err = link("/proc/" + strconv.FormatUint(uint64(u.Sandbox.Pid()), 10) + "/ns/net")
 	}
 	if err == nil {
-		_, err = f.h.Links.Pass(u.ID) // not a restore: nothing closed
+		err = f.h.Links.Pass(u.ID) // not a restore: nothing closed
 	}
 	if err != nil {
 		return fmt.Errorf("link run %s out again: %w", u.ID, err)
@@ -189,20 +189,12 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
 	}
-	var entries []attest.Entry
-	if f.linked(run.Grants) {
-		// Its sockets are back: the outside's packets may reach them,
-		// after its connections to outside are closed where this host
-		// holds no state of them. Not passed, they stay dropped (its
-		// connections wait, none is reset): the unit runs on, logged.
-		if entries, err = f.h.Links.Pass(id); err != nil {
-			f.h.Log.Error("the resumed unit's link out not passed, or its connections to outside not all closed", "run", id, "err", err)
-		}
-	}
+	// Its link holds the outside's packets: the daemon passes it once
+	// the resume's interval journals what the pass closes.
 	st := &attest.Restored{TotalNS: int64(time.Since(t0)), MaterializeNS: int64(laid), RootfsNS: int64(rs.Rootfs),
 		TaskNS: int64(rs.Task), ForkingNS: int64(rs.Forking), RestoreNS: int64(rs.Restore), Pages: rs.PagesRestored, Lazy: pg != nil, Served: pg != nil && served != nil}
 	return Woken{Unit: &Unit{Run: run, Sandbox: sb, pages: pg}, Event: attest.EventRestored, Mark: m,
-		Details: []attest.Detail{*st}, Restored: st, Entries: entries}, nil
+		Details: []attest.Detail{*st}, Restored: st}, nil
 }
 
 // layout lays the snapshot's trees out under dir: for a lazy restore,

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
-	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
@@ -50,10 +49,10 @@ type Linker interface {
 	// says the sandbox is a restore's (its sockets come back after).
 	Link(run string, allow []unit.Dest, restore bool) (func(netns string) error, error)
 	Unlink(run string) error
-	// Pass lets the outside's packets through to run's sandbox once
-	// its restore is done; entries are what it journals of that (the
-	// connections to outside it closed).
-	Pass(run string) (entries []attest.Entry, err error)
+	// Pass lets the outside's packets through to run's sandbox linked
+	// again (a refused park's). A restore's pass is the daemon's, once
+	// the interval that journals what it closes is open.
+	Pass(run string) error
 	ResolvConf() (string, error)
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/runrecordd/runrecordd/internal/failpoint"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 )
 
@@ -87,7 +88,9 @@ func endedAfter(t *testing.T, d *daemon, id string, since time.Time) (string, ti
 // a new connection to the world works, the interval's journal lists the
 // connection closed (reason: none kept here), and the record verifies.
 // A unit parked on the second past its park hold (2 s) resumes with its
-// connection closed the same way (reason: the hold expired). Neither
+// connection closed the same way (reason: the hold expired). A resume
+// on the second killed after its append, before its pass, has its
+// connection closed by the restarted daemon, as its entry says. Neither
 // daemon's links, chains or slots are left once the runs close.
 func TestEgressElsewhere(t *testing.T) {
 	privileged(t)
@@ -178,6 +181,64 @@ func TestEgressElsewhere(t *testing.T) {
 		if len(cs) != 1 || cs[0].Reason != attest.ClosedExpired || cs[0].Total != 1 {
 			t.Fatalf("the resumed interval's closed entries: %+v", cs)
 		}
+	})
+
+	// The second daemon is killed after the resume's append, its closed
+	// entry journaled and nothing closed: its restart passes the held
+	// link, closing the connection the entry lists.
+	t.Run("CrashBeforePass", func(t *testing.T) {
+		const id = "egress-crash-mover"
+		startHostile(t, a, id, "egress-stream", env, grants)
+		waitSaid(t, a, id, "egress-stream", "got 5")
+		if _, err := a.c.Park(ctx, id); err != nil {
+			t.Fatalf("park: %v", err)
+		}
+		var buf bytes.Buffer
+		if err := a.c.Export(ctx, id, &buf); err != nil {
+			t.Fatalf("export: %v", err)
+		}
+		if _, err := b.c.Import(ctx, bytes.NewReader(buf.Bytes()), ""); err != nil {
+			t.Fatalf("import: %v", err)
+		}
+		mustStop(t, b)
+		b.env = []string{failpoint.Env + "=resume.appended"}
+		err := b.start()
+		b.env = nil
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.c.Resume(ctx, id); err == nil {
+			t.Fatal("the resume armed to crash answered")
+		}
+		crashKilled(t, b, "resume.appended")
+		// Held: the stream neither goes on nor ends.
+		time.Sleep(time.Second)
+		for _, l := range said(b, id, "egress-stream") {
+			if strings.HasPrefix(l, "ended ") {
+				t.Fatalf("the connection ended before the restart: %q", l)
+			}
+		}
+		t0 := time.Now()
+		mustStart(t, b)
+		line, took := endedAfter(t, b, id, t0)
+		if !strings.Contains(line, "connection abort") {
+			t.Fatalf("the old connection after the restart: %q", line)
+		}
+		if then := waitSaid(t, b, id, "egress-stream", "then "); !strings.Contains(then, "ok HTTP/1.0 200 OK from the world") {
+			t.Fatalf("a new connection after the restart: %q", then)
+		}
+		if _, err := b.c.Park(ctx, id); err != nil {
+			t.Fatalf("park after the restart: %v", err)
+		}
+		cs := lastClosed(t, b, id)
+		if len(cs) != 1 || cs[0].Reason != attest.ClosedElsewhere || cs[0].Total != 1 ||
+			cs[0].Conns[0].Remote != netip.MustParseAddrPort(egressWorld+":8081") {
+			t.Fatalf("the resumed interval's closed entries: %+v", cs)
+		}
+		if v, err := b.c.Verify(ctx, id); err != nil || !v.OK {
+			t.Fatalf("verify: %+v, %v", v, err)
+		}
+		t.Logf("after the restart: %q %s after the start; closed %+v", line, took, cs[0])
 	})
 
 	for _, d := range []*daemon{a, b} {
