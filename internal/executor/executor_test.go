@@ -177,8 +177,11 @@ type line struct {
 	Pid        int    `json:"pid"`
 	ChildPid   int    `json:"child_pid"`
 	BufAddr    uint64 `json:"buf_addr"`
-	StartTime  int64  `json:"start_time"`
-	Error      string `json:"error"`
+	// UffdEpolls and UffdEpolled, with EPOLL_UFFD_ON_USR2=1.
+	UffdEpolls  uint64 `json:"uffd_epolls"`
+	UffdEpolled int    `json:"uffd_epolled"`
+	StartTime   int64  `json:"start_time"`
+	Error       string `json:"error"`
 }
 
 // output reads the complete lines of the oracle's stdout file.

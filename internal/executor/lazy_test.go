@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -457,4 +458,78 @@ func readMem(t *testing.T, pid int, addr uint64, buf []byte) []byte {
 		t.Fatalf("reading process %d at %#x: %v", pid, addr, err)
 	}
 	return buf[:n]
+}
+
+// TestLazyParkUffdEpoll parks a lazily restored oracle whose own epoll
+// lists the userfaultfd the restore left it
+// (deploy/criu/8-restored-tasks-keep-uffds.patch). A dump leaves that
+// descriptor out, so a park that recorded the epoll could not be resumed
+// (epoll_ctl: EBADF): the park is refused, with CRIU's reason, and the
+// unit goes on running on its own memory. Once the oracle closes the
+// epoll, the park succeeds and the unit resumes from it.
+func TestLazyParkUffdEpoll(t *testing.T) {
+	privileged(t)
+	needsPatch(t, criu.TasksKeepUffds)
+	ctx := context.Background()
+	out := outputs(t, "oracle")
+	spec := oracleSpec()
+	spec.Env = []string{"EPOLL_UFFD_ON_USR2=1", "VERIFY_EVERY=2"}
+	const id = "lazy-uffd-epoll"
+	s := mustStart(t, id, spec, out)
+	before := last(waitLines(t, out.Stdout, "a verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt >= 2 }))
+	cp, _ := checkpointAway(t, s, out)
+
+	s, lp, _, err := client.RestoreLazy(ctx, id, spec, cp, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroy(t, s) })
+	_, release, err := lp.HoldUffds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-lp.Done()
+	release()
+	if _, err := lp.Result(); err != nil {
+		t.Fatal(err)
+	}
+	toggle := func(n uint64) line {
+		t.Helper()
+		if err := syscall.Kill(int(s.Pid()), syscall.SIGUSR2); err != nil {
+			t.Fatal(err)
+		}
+		return last(waitLines(t, out.Stdout, fmt.Sprintf("epoll toggle %d", n), func(ls []line) bool { return last(ls).UffdEpolls == n }))
+	}
+	if l := toggle(1); l.UffdEpolled != 1 {
+		t.Fatalf("the oracle's epoll lists %d userfaultfds, want the one the restore left it", l.UffdEpolled)
+	}
+
+	dir := t.TempDir()
+	refused := executor.Checkpoint{ImageDir: filepath.Join(dir, "refused"), Rootfs: filepath.Join(dir, "refused.tar"), Keep: true, Deadline: 20 * time.Second}
+	_, err = s.Checkpoint(ctx, refused)
+	if !errors.Is(err, executor.ErrCheckpoint) || !strings.Contains(err.Error(), "a lazy restore's userfaultfd") {
+		t.Fatalf("park of a unit whose epoll lists its kept userfaultfd: %v; want %v naming the userfaultfd", err, executor.ErrCheckpoint)
+	}
+	t.Logf("refused: %v", err)
+	// The unit goes on, on its own memory.
+	at := last(output(t, out.Stdout)).Counter
+	for _, l := range waitLines(t, out.Stdout, "a line verified after the refused park", func(ls []line) bool { return last(ls).VerifiedAt > at }) {
+		if l.Checksum != before.Checksum || l.Verify != before.Checksum || l.Pid != before.Pid || l.StartTime != before.StartTime {
+			t.Fatalf("line %+v; before the first park %+v", l, before)
+		}
+	}
+
+	if l := toggle(2); l.UffdEpolled != 0 {
+		t.Fatalf("the oracle's epoll closed, %d userfaultfds listed", l.UffdEpolled)
+	}
+	cp2, atDump := checkpointAway(t, s, out)
+	s, _, err = client.Restore(ctx, id, spec, cp2, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range waitLines(t, out.Stdout, "a line verified after the resume", func(ls []line) bool { return last(ls).VerifiedAt > atDump.Counter }) {
+		if l.Checksum != before.Checksum || l.Verify != before.Checksum || l.Pid != before.Pid || l.StartTime != before.StartTime {
+			t.Fatalf("line %+v after the resume; before the first park %+v", l, before)
+		}
+	}
 }
