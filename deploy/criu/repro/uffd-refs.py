@@ -19,8 +19,8 @@ MODE is what else refers to the userfaultfd:
   forkep an epoll lists it, then a child is forked (both hold both)
   feat0  nothing, but the userfaultfd has no features at all
 
-Then:  criu dump -t PID -D DIR -v4 -o dump.log
-       criu restore -d -D DIR -v4 -o restore.log
+uffd-refs.sh dumps (`criu dump -t PID`) and restores (`criu restore -d`)
+each mode and says what happened.
 """
 import ctypes
 import os
