@@ -177,9 +177,9 @@ type line struct {
 	Pid        int    `json:"pid"`
 	ChildPid   int    `json:"child_pid"`
 	BufAddr    uint64 `json:"buf_addr"`
-	// UffdEpolls and UffdEpolled, with EPOLL_UFFD_ON_USR2=1.
-	UffdEpolls  uint64 `json:"uffd_epolls"`
-	UffdEpolled int    `json:"uffd_epolled"`
+	// UffdToggles and UffdRefs, with UFFD_REF_ON_USR2 set.
+	UffdToggles uint64 `json:"uffd_toggles"`
+	UffdRefs    int    `json:"uffd_refs"`
 	StartTime   int64  `json:"start_time"`
 	Error       string `json:"error"`
 }

@@ -27,9 +27,9 @@
 //     it; a read that fails is reported in "secret_err";
 //   - with FORK_ON_USR2=1, each SIGUSR2 forks a copy of the process that
 //     pauses until killed (fork.go);
-//   - with EPOLL_UFFD_ON_USR2=1, each SIGUSR2 makes an epoll listing every
-//     userfaultfd the process holds, or closes it ("uffd_epolls",
-//     "uffd_epolled"; uffd.go);
+//   - with UFFD_REF_ON_USR2=epoll (or dup), each SIGUSR2 makes an epoll
+//     listing every userfaultfd the process holds (or a second descriptor
+//     of each), or closes it ("uffd_toggles", "uffd_refs"; uffd.go);
 //   - whether loopback is up ("lo_up"), re-read at every verification, so
 //     a test sees the sandbox's network grant;
 //   - with TCP_PORT set (a sandbox with loopback up), TCP state: a server
@@ -88,9 +88,9 @@ type Line struct {
 	ChildPid     int    `json:"child_pid"`
 	// BufAddr is the buffer's address, with FORK_ON_USR2=1 (fork.go).
 	BufAddr uint64 `json:"buf_addr,omitempty"`
-	// UffdEpolls and UffdEpolled, with EPOLL_UFFD_ON_USR2=1 (uffd.go).
-	UffdEpolls  uint64 `json:"uffd_epolls,omitempty"`
-	UffdEpolled int    `json:"uffd_epolled,omitempty"`
+	// UffdToggles and UffdRefs, with UFFD_REF_ON_USR2 set (uffd.go).
+	UffdToggles uint64 `json:"uffd_toggles,omitempty"`
+	UffdRefs    int    `json:"uffd_refs,omitempty"`
 	StartTime   int64  `json:"start_time"`
 	Time        int64  `json:"time"`
 	Error       string `json:"error,omitempty"`
@@ -164,12 +164,12 @@ type oracle struct {
 	toChild  *os.File
 	echoes   *bufio.Reader
 	tcp      *tcpState // nil without TCP_PORT
-	// uffdEpoll is the epoll toggleUffdEpoll made, -1 if none; usr2
-	// delivers the signals that toggle it (nil without EPOLL_UFFD_ON_USR2).
-	uffdEpoll int
-	usr2      <-chan os.Signal
-	enc       *json.Encoder
-	line      Line
+	// uffdRefs are the descriptors toggleUffdRefs made; usr2 delivers
+	// the signals that toggle them (nil without UFFD_REF_ON_USR2).
+	uffdRefs []int
+	usr2     <-chan os.Signal
+	enc      *json.Encoder
+	line     Line
 }
 
 func run() error {
@@ -177,7 +177,7 @@ func run() error {
 	size := envInt("SIZE_MB", 64) << 20
 	tick := time.Duration(envInt("TICK_MS", 100)) * time.Millisecond
 	verifyEvery := uint64(envInt("VERIFY_EVERY", 10))
-	o := &oracle{path: os.Getenv("OUT_FILE"), uffdEpoll: -1, usr2: uffdEpollSignals()}
+	o := &oracle{path: os.Getenv("OUT_FILE"), usr2: uffdRefSignals()}
 	if o.path == "" {
 		o.path = "/tmp/oracle.dat"
 	}
@@ -278,7 +278,7 @@ func (o *oracle) loop(tick time.Duration, verifyEvery uint64, usr1 <-chan os.Sig
 			}
 			continue
 		case <-o.usr2:
-			if err := o.toggleUffdEpoll(); err != nil {
+			if err := o.toggleUffdRefs(); err != nil {
 				return err
 			}
 			if err := o.report(); err != nil {
