@@ -105,17 +105,29 @@ func LeadPath(env []string) []string {
 }
 
 // LogTail is the end of a CRIU log, formatted to follow an error
-// message; empty when the log cannot be read.
+// message, after the log's first error lines that end leaves out (CRIU
+// logs what it undoes after the error that stopped it); empty when the
+// log cannot be read.
 func LogTail(path string) string {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return ""
 	}
 	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	var errs []string
 	if len(lines) > 12 {
+		for _, l := range lines[:len(lines)-12] {
+			if strings.Contains(l, "Error (") && len(errs) < 4 {
+				errs = append(errs, l)
+			}
+		}
 		lines = lines[len(lines)-12:]
 	}
-	return fmt.Sprintf("; end of %s:\n%s", path, strings.Join(lines, "\n"))
+	first := ""
+	if len(errs) > 0 {
+		first = fmt.Sprintf("; errors in %s:\n%s", path, strings.Join(errs, "\n"))
+	}
+	return fmt.Sprintf("%s; end of %s:\n%s", first, path, strings.Join(lines, "\n"))
 }
 
 // ReadLogs reads CRIU's logs, one after another (a file that is not there

@@ -3,6 +3,7 @@
 package criu
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,5 +47,34 @@ func TestLeadPath(t *testing.T) {
 	t.Setenv("PATH", "/nonexistent")
 	if env := LeadPath([]string{"PATH=/x"}); strings.Join(env, " ") != "PATH=/x" {
 		t.Fatalf("without criu: %q", env)
+	}
+}
+
+// A CRIU log's error that its last 12 lines leave out (what CRIU undid
+// after it) is still in LogTail, before them; a short log is all there.
+func TestLogTail(t *testing.T) {
+	dir := t.TempDir()
+	long := []string{"(00.001) start", "(00.002) Error (criu/files.c:560): the cause"}
+	for i := range 20 {
+		long = append(long, fmt.Sprintf("(00.%03d) undoing %d", i+3, i))
+	}
+	long = append(long, "(00.100) Error (criu/cr-dump.c:1975): Dumping FAILED.")
+	p := filepath.Join(dir, "dump.log")
+	if err := os.WriteFile(p, []byte(strings.Join(long, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := LogTail(p)
+	want := fmt.Sprintf("; errors in %s:\n%s; end of %s:\n%s", p, long[1], p, strings.Join(long[len(long)-12:], "\n"))
+	if got != want {
+		t.Fatalf("LogTail:\n%s\nwant:\n%s", got, want)
+	}
+	if err := os.WriteFile(p, []byte(strings.Join(long[:3], "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := LogTail(p), fmt.Sprintf("; end of %s:\n%s", p, strings.Join(long[:3], "\n")); got != want {
+		t.Fatalf("LogTail of a short log: %q, want %q", got, want)
+	}
+	if got := LogTail(filepath.Join(dir, "none.log")); got != "" {
+		t.Fatalf("LogTail of no log: %q", got)
 	}
 }

@@ -177,8 +177,11 @@ type line struct {
 	Pid        int    `json:"pid"`
 	ChildPid   int    `json:"child_pid"`
 	BufAddr    uint64 `json:"buf_addr"`
-	StartTime  int64  `json:"start_time"`
-	Error      string `json:"error"`
+	// UffdToggles and UffdRefs, with UFFD_REF_ON_USR2 set.
+	UffdToggles uint64 `json:"uffd_toggles"`
+	UffdRefs    int    `json:"uffd_refs"`
+	StartTime   int64  `json:"start_time"`
+	Error       string `json:"error"`
 }
 
 // output reads the complete lines of the oracle's stdout file.

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -457,4 +458,94 @@ func readMem(t *testing.T, pid int, addr uint64, buf []byte) []byte {
 		t.Fatalf("reading process %d at %#x: %v", pid, addr, err)
 	}
 	return buf[:n]
+}
+
+// TestLazyParkUffdRefs parks a lazily restored oracle that refers to the
+// userfaultfd the restore left it
+// (deploy/criu/8-restored-tasks-keep-uffds.patch) from an epoll of its own,
+// or from a second descriptor. A dump leaves that userfaultfd out, so a
+// park that recorded the epoll could not be resumed (epoll_ctl: EBADF),
+// and one that dropped the dup would not be the unit's state: the park is
+// refused, with CRIU's reason, and the unit goes on running on its own
+// memory. Once the oracle closes the reference, the park succeeds and the
+// unit resumes from it.
+func TestLazyParkUffdRefs(t *testing.T) {
+	privileged(t)
+	needsPatch(t, criu.TasksKeepUffds)
+	for _, c := range []struct{ kind, reason string }{
+		{"epoll", "lists fd"},
+		{"dup", "holds a lazy restore's userfaultfd at fds"},
+	} {
+		t.Run(c.kind, func(t *testing.T) { parkUffdRef(t, c.kind, c.reason) })
+	}
+}
+
+// parkUffdRef is TestLazyParkUffdRefs with UFFD_REF_ON_USR2=kind: the
+// refused park's error says reason.
+func parkUffdRef(t *testing.T, kind, reason string) {
+	ctx := context.Background()
+	out := outputs(t, "oracle")
+	spec := oracleSpec()
+	spec.Env = []string{"UFFD_REF_ON_USR2=" + kind, "VERIFY_EVERY=2"}
+	id := "lazy-uffd-" + kind
+	s := mustStart(t, id, spec, out)
+	before := last(waitLines(t, out.Stdout, "a verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt >= 2 }))
+	cp, _ := checkpointAway(t, s, out)
+
+	s, lp, _, err := client.RestoreLazy(ctx, id, spec, cp, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroy(t, s) })
+	_, release, err := lp.HoldUffds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-lp.Done()
+	release()
+	if _, err := lp.Result(); err != nil {
+		t.Fatal(err)
+	}
+	toggle := func(n uint64) line {
+		t.Helper()
+		if err := syscall.Kill(int(s.Pid()), syscall.SIGUSR2); err != nil {
+			t.Fatal(err)
+		}
+		return last(waitLines(t, out.Stdout, fmt.Sprintf("toggle %d of the %s", n, kind), func(ls []line) bool { return last(ls).UffdToggles == n }))
+	}
+	if l := toggle(1); l.UffdRefs != 1 {
+		t.Fatalf("the oracle's %s refers to %d userfaultfds, want the one the restore left it", kind, l.UffdRefs)
+	}
+	same := func(l line) bool {
+		return l.Checksum == before.Checksum && l.Verify == before.Checksum && l.Pid == before.Pid && l.StartTime == before.StartTime
+	}
+
+	dir := t.TempDir()
+	refused := executor.Checkpoint{ImageDir: filepath.Join(dir, "refused"), Rootfs: filepath.Join(dir, "refused.tar"), Keep: true, Deadline: 20 * time.Second}
+	_, err = s.Checkpoint(ctx, refused)
+	if !errors.Is(err, executor.ErrCheckpoint) || !strings.Contains(err.Error(), reason) {
+		t.Fatalf("park of a unit whose %s refers to its kept userfaultfd: %v; want %v saying %q", kind, err, executor.ErrCheckpoint, reason)
+	}
+	t.Logf("refused: %v", err)
+	// The unit goes on, on its own memory.
+	at := last(output(t, out.Stdout)).Counter
+	for _, l := range waitLines(t, out.Stdout, "a line verified after the refused park", func(ls []line) bool { return last(ls).VerifiedAt > at }) {
+		if !same(l) {
+			t.Fatalf("line %+v; before the first park %+v", l, before)
+		}
+	}
+
+	if l := toggle(2); l.UffdRefs != 0 {
+		t.Fatalf("the oracle's %s closed, %d userfaultfds referred to", kind, l.UffdRefs)
+	}
+	cp2, atDump := checkpointAway(t, s, out)
+	s, _, err = client.Restore(ctx, id, spec, cp2, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range waitLines(t, out.Stdout, "a line verified after the resume", func(ls []line) bool { return last(ls).VerifiedAt > atDump.Counter }) {
+		if !same(l) {
+			t.Fatalf("line %+v after the resume; before the first park %+v", l, before)
+		}
+	}
 }

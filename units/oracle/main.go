@@ -27,6 +27,9 @@
 //     it; a read that fails is reported in "secret_err";
 //   - with FORK_ON_USR2=1, each SIGUSR2 forks a copy of the process that
 //     pauses until killed (fork.go);
+//   - with UFFD_REF_ON_USR2=epoll (or dup), each SIGUSR2 makes an epoll
+//     listing every userfaultfd the process holds (or a second descriptor
+//     of each), or closes it ("uffd_toggles", "uffd_refs"; uffd.go);
 //   - whether loopback is up ("lo_up"), re-read at every verification, so
 //     a test sees the sandbox's network grant;
 //   - with TCP_PORT set (a sandbox with loopback up), TCP state: a server
@@ -84,10 +87,13 @@ type Line struct {
 	Pid          int    `json:"pid"`
 	ChildPid     int    `json:"child_pid"`
 	// BufAddr is the buffer's address, with FORK_ON_USR2=1 (fork.go).
-	BufAddr   uint64 `json:"buf_addr,omitempty"`
-	StartTime int64  `json:"start_time"`
-	Time      int64  `json:"time"`
-	Error     string `json:"error,omitempty"`
+	BufAddr uint64 `json:"buf_addr,omitempty"`
+	// UffdToggles and UffdRefs, with UFFD_REF_ON_USR2 set (uffd.go).
+	UffdToggles uint64 `json:"uffd_toggles,omitempty"`
+	UffdRefs    int    `json:"uffd_refs,omitempty"`
+	StartTime   int64  `json:"start_time"`
+	Time        int64  `json:"time"`
+	Error       string `json:"error,omitempty"`
 }
 
 func main() {
@@ -158,6 +164,10 @@ type oracle struct {
 	toChild  *os.File
 	echoes   *bufio.Reader
 	tcp      *tcpState // nil without TCP_PORT
+	// uffdRefs are the descriptors toggleUffdRefs made; usr2 delivers
+	// the signals that toggle them (nil without UFFD_REF_ON_USR2).
+	uffdRefs []int
+	usr2     <-chan os.Signal
 	enc      *json.Encoder
 	line     Line
 }
@@ -167,7 +177,7 @@ func run() error {
 	size := envInt("SIZE_MB", 64) << 20
 	tick := time.Duration(envInt("TICK_MS", 100)) * time.Millisecond
 	verifyEvery := uint64(envInt("VERIFY_EVERY", 10))
-	o := &oracle{path: os.Getenv("OUT_FILE")}
+	o := &oracle{path: os.Getenv("OUT_FILE"), usr2: uffdRefSignals()}
 	if o.path == "" {
 		o.path = "/tmp/oracle.dat"
 	}
@@ -261,6 +271,14 @@ func (o *oracle) loop(tick time.Duration, verifyEvery uint64, usr1 <-chan os.Sig
 		case <-usr1:
 			// Verify now and report, without a tick.
 			if err := o.verify(); err != nil {
+				return err
+			}
+			if err := o.report(); err != nil {
+				return err
+			}
+			continue
+		case <-o.usr2:
+			if err := o.toggleUffdRefs(); err != nil {
 				return err
 			}
 			if err := o.report(); err != nil {
