@@ -75,8 +75,8 @@ func TestImageEgressLinks(t *testing.T) {
 		t.Fatalf("the sandbox's spec: network %s, link set %v", spec.Network, spec.Link != nil)
 	}
 	resolv := executor.Mount{Source: "/state/resolv.conf", Target: "/etc/resolv.conf", Own: true}
-	if !slices.Contains(spec.Mounts, resolv) {
-		t.Fatalf("the sandbox's mounts %+v, want %+v", spec.Mounts, resolv)
+	if slices.Contains(spec.Mounts, resolv) {
+		t.Fatalf("the sandbox's mounts %+v: a grant naming no destination has no %+v", spec.Mounts, resolv)
 	}
 	if err := spec.Link("/pin"); err != nil {
 		t.Fatal(err)
@@ -104,8 +104,8 @@ func TestImageEgressLinks(t *testing.T) {
 	if got := links.took(); !slices.Equal(got, []string{"link r /proc/1/ns/net 203.0.113.0/24:443/tcp", "pass r"}) {
 		t.Fatalf("a thaw: %q", got)
 	}
-	// A restore (here, or on another host) binds the same file and links
-	// the restored namespace as a restore's, held: not passed.
+	// A restore (here, or on another host) links the restored namespace
+	// as a restore's, held: not passed.
 	taken, err := f.Snapshot(t.Context(), w.Unit)
 	if err != nil {
 		t.Fatal(err)
@@ -117,8 +117,8 @@ func TestImageEgressLinks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(box.restoreSpecs) != 1 || !slices.Contains(box.restoreSpecs[0].Mounts, resolv) || box.restoreSpecs[0].Link == nil {
-		t.Fatalf("the restore's specs %+v, want one with %+v and a link", box.restoreSpecs, resolv)
+	if len(box.restoreSpecs) != 1 || slices.Contains(box.restoreSpecs[0].Mounts, resolv) || box.restoreSpecs[0].Link == nil {
+		t.Fatalf("the restore's specs %+v, want one with a link and no %+v", box.restoreSpecs, resolv)
 	}
 	if got := links.took(); !slices.Equal(got, []string{"link r /restored 203.0.113.0/24:443/tcp restore"}) {
 		t.Fatalf("a restore: %q", got)
@@ -135,5 +135,36 @@ func TestImageEgressLinks(t *testing.T) {
 	r.ID = "r2"
 	if _, err := h.For(unit.ImageMode).Start(t.Context(), stored(t, h, r)); !errors.Is(err, ErrNoEgress) {
 		t.Fatalf("a host without links: %v, want ErrNoEgress", err)
+	}
+}
+
+// A grant naming a destination binds the daemon's resolv.conf at the
+// start and again at every restore, so the checkpoint's bind mount finds
+// its source on any host.
+func TestImageEgressNamesResolv(t *testing.T) {
+	h, box := testHost(t, nil)
+	h.Links = &fakeLinks{}
+	r := imageRun("r")
+	r.Grants = unit.Grants{Network: unit.Egress, Egress: []unit.Dest{{Name: "pypi.org", Proto: "tcp", Ports: "443"}}}
+	f := h.For(unit.ImageMode)
+	w, err := f.Start(t.Context(), stored(t, h, r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolv := executor.Mount{Source: "/state/resolv.conf", Target: "/etc/resolv.conf", Own: true}
+	if !slices.Contains(box.started["r"].Mounts, resolv) {
+		t.Fatalf("the sandbox's mounts %+v, want %+v", box.started["r"].Mounts, resolv)
+	}
+	taken, err := f.Snapshot(t.Context(), w.Unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	teardown := make(chan struct{})
+	close(teardown)
+	if _, err := f.Wake(t.Context(), r, Waking{Snapshot: taken.Snapshot, Retained: taken.Retained, Teardown: teardown}); err != nil {
+		t.Fatal(err)
+	}
+	if len(box.restoreSpecs) != 1 || !slices.Contains(box.restoreSpecs[0].Mounts, resolv) {
+		t.Fatalf("the restore's specs %+v, want one with %+v", box.restoreSpecs, resolv)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/calls"
@@ -266,13 +267,19 @@ func (h Env) unitSpec(run Run, userns, restore bool) (executor.Spec, error) {
 			return es, fmt.Errorf("run %s: %w", run.ID, err)
 		}
 		es.Link = link
-		// The same at every start and restore, here or on another host:
-		// a checkpoint's bind mount finds its source again.
-		conf, err := h.Links.ResolvConf()
-		if err != nil {
-			return es, fmt.Errorf("run %s: %w", run.ID, err)
+		// A grant naming a destination is resolved by the daemon: the
+		// same at every start and restore, here or on another host (the
+		// grant is the record's), so a checkpoint's bind mount finds its
+		// source again. Without one the unit's image keeps its own file,
+		// and its restore no bind mount to make (a CRIU restore pays
+		// for each).
+		if slices.ContainsFunc(run.Grants.Egress, func(d unit.Dest) bool { return d.Name != "" }) {
+			conf, err := h.Links.ResolvConf()
+			if err != nil {
+				return es, fmt.Errorf("run %s: %w", run.ID, err)
+			}
+			es.Mounts = append(es.Mounts, executor.Mount{Source: conf, Target: ResolvTarget, Own: true})
 		}
-		es.Mounts = append(es.Mounts, executor.Mount{Source: conf, Target: ResolvTarget, Own: true})
 	}
 	if h.Ranges == nil || !userns {
 		return es, nil
