@@ -3,7 +3,6 @@
 package pageserver
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -320,20 +319,8 @@ const pfExiting = 0x4
 // exiting says whether process pid is exiting or gone (or its state
 // cannot be read): its flags, the ninth field of /proc/PID/stat.
 func exiting(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return true
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 7 {
-		return true
-	}
-	flags, err := strconv.ParseUint(f[6], 10, 64)
-	return err != nil || flags&pfExiting != 0
+	st, err := procStat(pid)
+	return err != nil || st.Flags&pfExiting != 0
 }
 
 // release stops following and closes every copy.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -78,21 +79,20 @@ func descendants(pid int) []int {
 
 // parentOf is process pid's parent, 0 when it cannot be read.
 func parentOf(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := procStat(pid)
 	if err != nil {
 		return 0
 	}
-	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
+	return st.PPID
+}
+
+// procStat is process pid's /proc/PID/stat.
+func procStat(pid int) (procfs.ProcStat, error) {
+	p, err := procfs.NewProc(pid)
+	if err != nil {
+		return procfs.ProcStat{}, err
 	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return 0
-	}
-	p, _ := strconv.Atoi(f[1])
-	return p
+	return p.Stat()
 }
 
 // unregisterTask unregisters process pid's registered ranges with each
