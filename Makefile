@@ -67,7 +67,9 @@ install: binaries
 	done
 
 # Conformance, then the daemon on its embedded default walking one unit
-# through run -> park -> resume -> verify (deploy/walk.sh).
+# through run -> park -> lazy resume -> park -> verify (deploy/walk.sh;
+# it fails unless the resume is lazy and served and the second park
+# stores only what changed).
 run: setup build
 	./$(BIN) conformance
 	bash deploy/walk.sh bin

@@ -7,7 +7,8 @@
 # excluded) and their ratio; then the bundle of the run parked N times (`export -handoff=false`)
 # against one image. The targets: park 2 adds at most 5% of the image; a bundle of
 # 5 parks is at most 1.2x one image. Each park's and resume's client wall time (ms) is printed
-# beside it. CHUNKED=0 runs the daemon with --chunked-images=false, for the same figures of the
+# beside it, and the park's ingest (ms from CRIU's return until both trees are stored).
+# CHUNKED=0 runs the daemon with --chunked-images=false, for the same figures of the
 # whole-file store.
 # Usage: bench/chunked.sh [-n 5] [-size 512] [-pct 1] [-mode spread]   (as root)
 # Everything it starts (the daemon, its embedded containerd, the unit) lives under one
@@ -107,13 +108,13 @@ rr run -o json --id "$id" --memory $((size * 2 + 256))Mi --env SIZE_MB="$size" -
 	--env CHANGE_PCT="$pct" --env CHANGE_MODE="$mode" --env TICK_MS=250 "$image" >/dev/null
 wait_json '.counter >= 1'
 printf '%s\n' "chunked images: $flag; ballast $size MiB, $pct% $mode between two parks"
-printf '%-5s %14s %14s %8s %8s %9s\n' park image_bytes store_added ratio park_ms resume_ms
+printf '%-5s %14s %14s %8s %8s %9s %9s\n' park image_bytes store_added ratio park_ms resume_ms ingest_ms
 first=0
 ms() { echo $((($(date +%s%N) - $1) / 1000000)); }
 for ((i = 1; i <= n; i++)); do
 	before=$(store_bytes)
 	t0=$(date +%s%N)
-	img=$(rr park -o json "$id" | jq -er .checkpoint.image_bytes)
+	read -r img ingest < <(rr park -o json "$id" | jq -er '.checkpoint | "\(.image_bytes) \(.ingest_ns)"')
 	park_ms=$(ms "$t0")
 	added=$(($(store_bytes) - before))
 	((i == 1)) && first=$img
@@ -123,7 +124,7 @@ for ((i = 1; i <= n; i++)); do
 		rr resume -o json "$id" >/dev/null # returns with the unit running
 		resume_ms=$(ms "$t0")
 	fi
-	awk -v i="$i" -v img="$img" -v a="$added" -v p="$park_ms" -v r="$resume_ms" 'BEGIN { printf "%-5d %14d %14d %7.2f%% %8s %9s\n", i, img, a, 100 * a / img, p, r }'
+	awk -v i="$i" -v img="$img" -v a="$added" -v p="$park_ms" -v r="$resume_ms" -v g="$ingest" 'BEGIN { printf "%-5d %14d %14d %7.2f%% %8s %9s %9d\n", i, img, a, 100 * a / img, p, r, g / 1e6 }'
 	((i == n)) && break
 	pid=$(unit_pid)
 	[[ $pid =~ ^[0-9]+$ ]] || fail "not one unit process: $pid"

@@ -7,15 +7,14 @@
 #     way, side by side in one run: `migrate` in the fleet, and the manual
 #     path (park, export, import, resume) between two hosts alone; the time
 #     the unit is not running, medians and their ratio.
-# As root, after `make build`. Leaves nothing running. --lazy: every host
-# serves with --lazy-resume --lazy-served (a migration's target resumes
-# lazily, as the manual path's does).
-# Usage: bench/fleet.sh [--lazy] [N] [ROUNDS] [SIZE_MB]   (default 200 3 512)
+# As root, after `make build`. Leaves nothing running. Every host serves
+# at its defaults (lazy, served resumes); --eager: with --lazy-resume=false.
+# Usage: bench/fleet.sh [--eager] [N] [ROUNDS] [SIZE_MB]   (default 200 3 512)
 set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 serve_flags=()
-if [ "${1:-}" = --lazy ]; then
-	serve_flags=(--lazy-resume --lazy-served)
+if [ "${1:-}" = --eager ]; then
+	serve_flags=(--lazy-resume=false)
 	shift
 fi
 n=${1:-200} rounds=${2:-3} size=${3:-512}
@@ -53,6 +52,7 @@ print(f"drained {d['moved']} runs ({d['left']} left) in {int(sys.argv[2])} ms: "
       f"{d['moved'] / (int(sys.argv[2]) / 1000):.1f} runs/s; per run p50 {q(0.50):.0f} ms, p99 {q(0.99):.0f} ms")
 PY
 
+[ "$rounds" -gt 0 ] || exit 0 # the drain alone
 echo "== a $size MiB image run: migrate (fleet h2 <-> h3) and the manual path (alone m1 <-> m2), $rounds rounds each way"
 for m in m1 m2; do
 	state=$work/$m

@@ -15,13 +15,14 @@
 # runrecordd park, whose images are kept, never hands back. raw runc is also timed with a
 # syncfs of its image directory after the dump ("runc checkpoint+sync"): a park makes its
 # images durable before it records them, and that is its durable equivalent. Prints median, min and max per operation
-# and the ratios issue 4 sets targets for, and per round runrecordd's own breakdown of each
+# and the ratios issue 35 sets targets for, and per round runrecordd's own breakdown of each
 # park and resume (the -o json output). Everything it creates (a private containerd for
 # ctr/runc, a runrecordd daemon with its own state dir, cgroups, images, FIFOs) lives under
 # one temporary directory and is removed on exit, failure included.
 # Usage: bench/park.sh [N]   (N rounds, default 5; as root)
 #   PARK_BENCH_METHODS="runrecordd ctr runc"  the methods to run (default: all; runrecordd is
 #                                             left out, as pending, while the CLI has no `serve`)
+#   PARK_BENCH_SERVE_FLAGS="--lazy-resume=false"  serve flags (default none: lazy, served resumes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
@@ -232,7 +233,8 @@ if [[ " ${methods[*]} " == *" runrecordd "* ]]; then
 	# (→ "id"), park/resume -o json (→ "duration_ns", "checkpoint", "restore"), close; the
 	# unit's stdout in DIR/runs/<RUN>/stdout.
 	mkdir -p "$rr_dir"
-	setsid "$tmp/bin/runrecordd" serve --state-dir "$rr_dir" --socket "$rr_sock" >>"$tmp/serve.log" 2>&1 &
+	# shellcheck disable=SC2086 # PARK_BENCH_SERVE_FLAGS: words, e.g. --lazy-resume=false
+	setsid "$tmp/bin/runrecordd" serve --state-dir "$rr_dir" --socket "$rr_sock" ${PARK_BENCH_SERVE_FLAGS:-} >>"$tmp/serve.log" 2>&1 &
 	rr_pid=$!
 	deadline=$((SECONDS + 60))
 	until [[ -S $rr_sock ]]; do
@@ -376,10 +378,10 @@ ratio() { # ratio NUM DEN [TARGET]
 	read -r ctrrs _ <<<"$(summary_of ctr restore)"
 	read -r runcck _ <<<"$(summary_of runc checkpoint)"
 	read -r runcsync _ <<<"$(summary_of runc checkpoint+sync)"
-	echo "park / ctr checkpoint:    $(ratio "$park" "$ctrck" 0.5)"
-	echo "park / runc checkpoint:   $(ratio "$park" "$runcck" 1.3)"
-	echo "park / runc ckpt+sync:    $(ratio "$park" "$runcsync")"
-	echo "resume / ctr restore:     $(ratio "$resume" "$ctrrs" 1.0)"
+	echo "park / ctr checkpoint:    $(ratio "$park" "$ctrck" 0.35)"
+	echo "park / runc checkpoint:   $(ratio "$park" "$runcck")"
+	echo "park / runc ckpt+sync:    $(ratio "$park" "$runcsync" 1.1)"
+	echo "resume / ctr restore:     $(ratio "$resume" "$ctrrs" 0.15)"
 	echo "ctr checkpoint / runc:    $(ratio "$ctrck" "$runcck")"
 	echo
 	echo "per round (method, operation, round, ms):"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # deploy/walk.sh - the main job: start the daemon on its embedded default
 # (state in /var/lib/runrecordd, its own containerd), import the state-oracle
-# unit, and walk one run through run -> park -> resume -> verify -> close,
-# printing what a user sees. `make run` calls it after setup and build.
+# unit, and walk one run through run -> park -> resume -> park -> verify -> close,
+# printing what a user sees: the resume lazy and served, the second park
+# storing only what changed (it fails otherwise, unless the daemon turned
+# the fast path off and says why). `make run` calls it after setup and build.
 #
 # Usage: deploy/walk.sh [BIN_DIR]   (default: bin)
 set -Eeuo pipefail
@@ -65,8 +67,23 @@ step "show $run"
 "$rr" show "$run"
 sleep 2
 
-step "resume $run"
-"$rr" resume "$run"
+# host_off FLAG: why the daemon turned a fast path off ("" when on).
+host_off() { "$rr" host | sed -n "s/^[[:space:]]*off: $1: //p"; }
+# json_field NAME JSON: a number or boolean field of -o json's output.
+json_field() { sed -n "s/.*\"$1\": \([0-9a-z]*\).*/\1/p" <<<"$2" | head -1; }
+
+step "resume $run (lazily, the default: it runs before its memory is back; the page server verifies each chunk it serves)"
+resumed=$("$rr" resume -o json "$run")
+lazy=$(json_field lazy "$resumed") served=$(json_field served "$resumed")
+echo "restore.lazy=${lazy:-false} restore.served=${served:-false}: running after $(($(json_field total_ns "$resumed") / 1000000)) ms, $(json_field pages_restored "$resumed") pages restored before it ran"
+lazy_off=$(host_off --lazy-resume) served_off=$(host_off --lazy-served)
+if [ -n "$lazy_off" ] || [ -n "$served_off" ]; then
+	echo "the daemon turned a fast path off: ${lazy_off:+--lazy-resume: $lazy_off }${served_off:+--lazy-served: $served_off}"
+fi
+if { [ -z "$lazy_off" ] && [ "$lazy" != true ]; } || { [ -z "$served_off" ] && [ -z "$lazy_off" ] && [ "$served" != true ]; }; then
+	echo "walk: the resume was not lazy and served, and the daemon turned neither off: $resumed" >&2
+	exit 1
+fi
 after_start=$(last_counter)
 waitfor $((after_start + 5))
 after=$(last_line)
@@ -93,6 +110,21 @@ if [ "$(field tcp_held "$after")" != "$(field counter "$after")" ] ||
 fi
 echo "same checksum, pids and start time; counter $(field counter "$before") -> $(field counter "$after"): the unit went on where it was"
 echo "its TCP connection (port $(field tcp_held_port "$after")) carried $(field tcp_held "$after") round trips, its server took $(field tcp_fresh_ok "$after") fresh connections"
+
+# store_bytes: the bytes of the store's object files (staging excluded).
+store_bytes() {
+	find "$state/store/objects" -path "$state/store/objects/tmp" -prune -o -type f -printf '%s\n' | awk '{n += $1} END {print n + 0}'
+}
+step "park $run again (it waits for every page; the store takes only the 16 KiB chunks that changed)"
+before_bytes=$(store_bytes)
+parked=$("$rr" park -o json "$run")
+added=$(($(store_bytes) - before_bytes)) image=$(json_field image_bytes "$parked")
+echo "image $image bytes; the store took $added new bytes ($((added * 1000 / image / 10)).$((added * 1000 / image % 10))% of it)"
+# The oracle changes a few pages a tick; its 64 MiB buffer stays as it was.
+if [ $((added * 10)) -gt "$image" ]; then
+	echo "walk: the second park stored more than 10% of its image: not only what changed" >&2
+	exit 1
+fi
 
 step "logs --label --tail 10 $run (the unit's output across the park, each line labelled with its interval)"
 "$rr" logs --label --tail 10 "$run" | cut -c1-60

@@ -209,7 +209,7 @@ func (b *bench) ratios(c time.Duration) {
 				all = append(all, rehash[i]+resident[i])
 			}
 		}
-		fmt.Printf("%-10s to running / ctr %.2f (target <= 0.2), restore alone %.2f; every page resident / ctr %.2f (target <= 1.0)\n", m,
+		fmt.Printf("%-10s to running / ctr %.2f (target <= 0.15), restore alone %.2f; every page resident / ctr %.2f (target <= 0.6)\n", m,
 			float64(median(resume))/float64(c), float64(median(b.results[m+" restore"]))/float64(c), float64(median(all))/float64(c))
 	}
 }

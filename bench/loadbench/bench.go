@@ -28,10 +28,16 @@ type bench struct {
 	d     *daemon
 	ids   []string
 	times map[string][]time.Duration
+	// steps is where the daemon says each park and resume spent its
+	// time (its answer's steps and, for a resume, its restore's parts),
+	// and "wait", the client's time less the daemon's: the run's lock
+	// and the API (report prints their p50 and p99).
+	steps map[string][]time.Duration
 	// atPark is each run's output at its last park: the number of lines
 	// and the last one.
 	atPark map[string]parked
 	cut    int // operations the kill cut short
+	mu     sync.Mutex
 }
 
 type parked struct {
@@ -106,9 +112,16 @@ func (b *bench) startOracles(ctx context.Context) error {
 func (b *bench) round(ctx context.Context, r int, kill string) error {
 	t0 := time.Now()
 	cut, err := b.all(ctx, "park", kill == "park", func(cx context.Context, id string) error {
+		t0 := time.Now()
 		p, err := b.d.c.Park(cx, id)
 		if err == nil && p.Run.Phase != "parked" {
 			err = fmt.Errorf("parked %+v", p.Run)
+		}
+		if err == nil {
+			b.step("park", time.Since(t0), p.DurationNS, p.Steps, nil)
+			if ck := p.Checkpoint; ck != nil {
+				b.parts("park criu", map[string]int64{"pause": ck.PauseNS, "dump": ck.DumpNS, "frozen": ck.FrozenNS, "mem write": ck.MemWriteNS, "ingest": ck.IngestNS})
+			}
 		}
 		return err
 	})
@@ -133,9 +146,13 @@ func (b *bench) round(ctx context.Context, r int, kill string) error {
 
 	t0 = time.Now()
 	cut, err = b.all(ctx, "resume", kill == "resume", func(cx context.Context, id string) error {
+		t0 := time.Now()
 		rs, err := b.d.c.Resume(cx, id)
 		if err == nil && rs.Run.Status != "running" {
 			err = fmt.Errorf("resumed %+v", rs.Run)
+		}
+		if err == nil {
+			b.step("resume", time.Since(t0), rs.DurationNS, rs.Steps, rs.Restore)
 		}
 		return err
 	})
@@ -153,6 +170,35 @@ func (b *bench) round(ctx context.Context, r int, kill string) error {
 	}
 	fmt.Println(label(r, "resumes", resumeWall, map[bool]string{true: "daemon killed"}[kill == "resume"]))
 	return nil
+}
+
+// step keeps where one park or resume (op) that took took at the client
+// spent its time: the daemon's steps, its restore's parts, and the wait
+// outside the daemon's own time ns.
+func (b *bench) step(op string, took time.Duration, ns int64, steps []api.Step, rs *api.Restore) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.steps[op+" wait"] = append(b.steps[op+" wait"], took-time.Duration(ns))
+	for _, s := range steps {
+		b.steps[op+" "+s.Name] = append(b.steps[op+" "+s.Name], time.Duration(s.NS))
+	}
+	if rs == nil {
+		return
+	}
+	b.partsLocked(op+" criu", map[string]int64{"layout": rs.MaterializeNS, "rootfs": rs.RootfsNS, "task": rs.TaskNS, "forking": rs.ForkingNS, "restore": rs.RestoreNS, "total": rs.TotalNS})
+}
+
+// parts keeps the parts (ns) of one operation's step, named prefix.
+func (b *bench) parts(prefix string, ns map[string]int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.partsLocked(prefix, ns)
+}
+
+func (b *bench) partsLocked(prefix string, ns map[string]int64) {
+	for name, v := range ns {
+		b.steps[prefix+" "+name] = append(b.steps[prefix+" "+name], time.Duration(v))
+	}
 }
 
 // all runs op on every run at once and keeps the time of each that

@@ -22,6 +22,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -78,7 +79,7 @@ func run(c config) (err error) {
 	}
 	fmt.Printf("load: %d oracles of %d MiB, %d rounds, kill %q, serve flags %q\n", c.n, c.sizeMB, c.rounds, c.kill, c.serve)
 	fmt.Printf("criu: %s %s, off: %q\n", h.CRIU.Binary, h.CRIU.Version, h.CRIU.Off)
-	b := &bench{c: c, d: d, times: map[string][]time.Duration{}}
+	b := &bench{c: c, d: d, times: map[string][]time.Duration{}, steps: map[string][]time.Duration{}}
 	if err := b.startOracles(ctx); err != nil {
 		return err
 	}
@@ -118,6 +119,12 @@ func (b *bench) report(store int64) {
 		slices.Sort(ts)
 		fmt.Printf("%-9s %5d %9s %9s %9s\n", op, len(ts), rank(ts, 50).Round(time.Millisecond),
 			rank(ts, 99).Round(time.Millisecond), ts[len(ts)-1].Round(time.Millisecond))
+	}
+	fmt.Println("where the time went (p50, p99):")
+	for _, k := range slices.Sorted(maps.Keys(b.steps)) {
+		ts := b.steps[k]
+		slices.Sort(ts)
+		fmt.Printf("  %-22s %9s %9s\n", k, rank(ts, 50).Round(time.Millisecond), rank(ts, 99).Round(time.Millisecond))
 	}
 	if b.cut > 0 {
 		fmt.Printf("cut short by the kill and done again, untimed: %d\n", b.cut)

@@ -107,7 +107,7 @@ export interface Energy {
 }
 
 export interface ApiError {
-  code: "bad_request" | "not_found" | "exists" | "conflict" | "phase" | "snapshot_mismatch" | "manifest_mismatch" | "record_invalid" | "object_corrupt" | "missing_object" | "call_refused" | "unavailable" | "internal" | "checkpoint_failed" | "restore_failed" | "checkpoint_timeout" | "restore_timeout" | "pages_lost" | "image_parks_unavailable" | "daemon_unreachable" | "no_space" | "handed_off" | "genesis_held" | "untrusted_signer" | "grant_refused" | "image_refused" | "bundle_too_large" | "not_owner" | "draining" | "forbidden" | "quota" | "secrets_required";
+  code: "bad_request" | "not_found" | "exists" | "conflict" | "phase" | "snapshot_mismatch" | "manifest_mismatch" | "record_invalid" | "object_corrupt" | "missing_object" | "call_refused" | "unavailable" | "internal" | "checkpoint_failed" | "restore_failed" | "checkpoint_timeout" | "restore_timeout" | "pages_lost" | "image_parks_unavailable" | "daemon_unreachable" | "no_space" | "handed_off" | "genesis_held" | "untrusted_signer" | "grant_refused" | "image_refused" | "bundle_too_large" | "not_owner" | "draining" | "forbidden" | "quota" | "secrets_required" | "not_held";
   error: string;
   keys?: string[];
   segment?: number;
@@ -154,10 +154,30 @@ export interface Host {
   image_parks: ImageParks;
   key_id: string;
   manifest: Record<string, string>;
+  post_copy_holds?: PostCopyHold[];
+  post_copy_owings?: PostCopyOwing[];
   rapl: boolean;
   rapl_reasons?: string[];
   state_dir: string;
   user_namespaces: boolean;
+}
+
+export interface PostCopyHold {
+  ends: string;
+  head: string;
+  run: string;
+  since: string;
+  target: string;
+}
+
+export interface PostCopyOwing {
+  head: string;
+  reason?: string;
+  run: string;
+  slabs: number;
+  source: string;
+  state: "fetching" | "waiting" | "stopped" | "stranded";
+  tried?: string;
 }
 
 export interface CRIUBuild {
@@ -273,6 +293,7 @@ export interface Restore {
   resident_ns?: number;
   restore_ns: number;
   rootfs_ns: number;
+  served?: boolean;
   task_ns: number;
   total_ns: number;
 }
@@ -389,6 +410,8 @@ export interface Verify {
   head: string;
   objects: number;
   ok: boolean;
+  owed?: number;
+  owing?: PostCopyOwing;
   phase: string;
   run: string;
   segments: number;

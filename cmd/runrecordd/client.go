@@ -261,7 +261,8 @@ func exitCode(err error) int {
 		return 4
 	case api.CodePhase, api.CodeConflict, api.CodeExists, api.CodeHandedOff, api.CodeGenesisHeld, api.CodeSnapshotMismatch, api.CodeManifestMismatch,
 		api.CodeRecordInvalid, api.CodeObjectCorrupt, api.CodeMissingObject, api.CodeCallRefused, api.CodeSecretsRequired,
-		api.CodeUntrustedSigner, api.CodeGrantRefused, api.CodeImageRefused, api.CodeBundleLimit, api.CodeForbidden, api.CodeQuota, api.CodeNotOwner:
+		api.CodeUntrustedSigner, api.CodeGrantRefused, api.CodeImageRefused, api.CodeBundleLimit, api.CodeForbidden, api.CodeQuota, api.CodeNotOwner,
+		api.CodeNotHeld:
 		return 5
 	}
 	return 1

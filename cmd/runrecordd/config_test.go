@@ -282,3 +282,56 @@ func TestEgressLinksFlags(t *testing.T) {
 		t.Fatalf("the settings: %+v", e)
 	}
 }
+
+// --lazy-resume and --lazy-served are on by default; --lazy-resume=false
+// takes --lazy-served's default with it, not one given; whether
+// --lazy-resume was given (a flag or a key) reaches the daemon's config.
+func TestLazyFlags(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte("lazy-resume = true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		args                  []string
+		resume, served, given bool
+		usage                 string
+	}{
+		{nil, true, true, false, ""},
+		{[]string{"--lazy-served=false"}, true, false, false, ""},
+		{[]string{"--lazy-resume=false"}, false, false, false, ""},
+		{[]string{"--lazy-resume"}, true, true, true, ""},
+		{[]string{"--config", path}, true, true, true, ""},
+		{[]string{"--config", path, "--lazy-resume=false"}, false, false, false, ""},
+		{[]string{"--lazy-resume=false", "--lazy-served"}, false, true, false, "--lazy-served needs --lazy-resume"},
+	}
+	for _, c := range cases {
+		f, fs := serveFlagSet(t)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		if f.configFile != "" { // not the host's own config
+			if err := f.applyConfigFile(fs); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f.given(fs)
+		_, err := f.check()
+		if c.usage != "" {
+			if err == nil || !strings.Contains(err.Error(), c.usage) {
+				t.Errorf("%q: %v, want %q", c.args, err, c.usage)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		cfg, err := f.config(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.LazyResume != c.resume || cfg.LazyServed != c.served || cfg.LazyGiven != c.given {
+			t.Errorf("%q: lazy-resume %v, lazy-served %v, given %v; want %v %v %v", c.args,
+				cfg.LazyResume, cfg.LazyServed, cfg.LazyGiven, c.resume, c.served, c.given)
+		}
+	}
+}

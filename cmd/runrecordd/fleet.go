@@ -391,12 +391,20 @@ type peers struct{ peer.Hosts }
 
 var _ member.Peers = peers{}
 
-func (p peers) Hand(ctx context.Context, host record.Address, h member.Handed) error {
-	return p.Hosts.Hand(ctx, host, peer.Migration{Run: h.Run, Genesis: h.Genesis, Head: h.Head, Resume: h.Resume})
+func (p peers) Hand(ctx context.Context, host record.Address, h member.Handed) (bool, error) {
+	return p.Hosts.Hand(ctx, host, peer.Migration{Run: h.Run, Genesis: h.Genesis, Head: h.Head, Resume: h.Resume, Held: h.Held})
+}
+
+func (p peers) Done(ctx context.Context, host record.Address, h member.Handed) error {
+	return p.Hosts.Done(ctx, host, peer.Done{Run: h.Run, Genesis: h.Genesis, Head: h.Head})
+}
+
+func (p peers) Held(ctx context.Context, host record.Address, h member.Handed) (bool, error) {
+	return p.Hosts.Held(ctx, host, peer.Held{Run: h.Run, Genesis: h.Genesis, Head: h.Head})
 }
 
 func (p peers) Fetch(ctx context.Context, host record.Address, run string, judge func(*record.Record) error, opt member.FetchOptions) (*record.Record, member.Arrival, error) {
-	rec, f, err := p.Hosts.Fetch(ctx, host, run, judge, peer.FetchOptions{Store: opt.Store, Limits: opt.Limits, MinFree: opt.MinFree})
+	rec, f, err := p.Hosts.Fetch(ctx, host, run, judge, peer.FetchOptions{Store: opt.Store, Limits: opt.Limits, Free: opt.Free, Owe: opt.Owe})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -66,6 +66,22 @@ func cmdHost(args []string, stdout io.Writer) error {
 			}
 			printCRIU(w, h.CRIU)
 			fmt.Fprintf(w, "user namespaces:\t%s\n", userNamespaces(h))
+			for _, x := range h.PostCopyHolds {
+				fmt.Fprintf(w, "post-copy hold:\t%s for host %s at %s, since %s, ends by %s\n", x.Run, x.Target, x.Head, x.Since.Format(time.RFC3339), x.Ends.Format(time.RFC3339))
+			}
+			for _, x := range h.PostCopyOwings {
+				fmt.Fprintf(w, "post-copy owing:\t%s from host %s at %s, %d slabs, %s", x.Run, x.Source, x.Head, x.Slabs, x.State)
+				switch {
+				case x.Tried != nil && x.State == "stranded":
+					fmt.Fprintf(w, " since %s", x.Tried.Format(time.RFC3339))
+				case x.Tried != nil:
+					fmt.Fprintf(w, " since a try at %s", x.Tried.Format(time.RFC3339))
+				}
+				if x.Reason != "" {
+					fmt.Fprintf(w, ": %s", x.Reason)
+				}
+				fmt.Fprintln(w)
+			}
 			for _, k := range slices.Sorted(maps.Keys(h.Manifest)) {
 				fmt.Fprintf(w, "%s:\t%s\n", k, h.Manifest[k])
 			}

@@ -141,6 +141,18 @@ func verifyRun(cf clientFlags, id string, stdout io.Writer) error {
 		}
 		fmt.Fprintf(w, "verified from genesis: %d segments, %s, head %s\n", v.Segments, v.Phase, v.Head)
 		fmt.Fprintf(w, "objects: %d rehashed, %s\n", v.Objects, bytesString(v.Bytes))
+		if o := v.Owing; v.Owed > 0 && o != nil && o.State == "stranded" {
+			fmt.Fprintf(w, "owed: %d slabs from host %s, stranded (not_held): %s; close the run to end it\n", v.Owed, o.Source, o.Reason)
+		} else if v.Owed > 0 {
+			fmt.Fprintf(w, "owed: %d slabs, a post-copy migration brings them in", v.Owed)
+			if o := v.Owing; o != nil {
+				fmt.Fprintf(w, " from host %s: %s", o.Source, o.State)
+				if o.Reason != "" {
+					fmt.Fprintf(w, ": %s", o.Reason)
+				}
+			}
+			fmt.Fprintln(w)
+		}
 		fmt.Fprintf(w, "wait proof: %s: %s\n", v.WaitProof.Verdict, v.WaitProof.Reason)
 		printSigners(w, v.Signers, true)
 	}); perr != nil {

@@ -18,11 +18,13 @@ import (
 	"github.com/rogpeppe/go-internal/testscript"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
+	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/ociarchive"
 	"github.com/runrecordd/runrecordd/pkg/api"
 )
 
 func TestMain(m *testing.M) {
+	pageserver.MaybeRun() // a served lazy resume's page server: this binary again
 	testscript.Main(m, map[string]func(){
 		"runrecordd": func() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) },
 	})

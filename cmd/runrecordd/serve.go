@@ -57,6 +57,9 @@ type serveFlags struct {
 	peerListen                                string
 	chunkedImages                             bool
 	lazyResume, lazyServed                    bool
+	postCopy                                  bool
+	postCopyWait                              time.Duration
+	lazyResumeSet, lazyServedSet              bool // given on the command line or in the config
 	userNS, hostRootImages                    bool
 	warmPool                                  int
 	warmAge                                   time.Duration
@@ -96,8 +99,10 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.objectsMax, "bundle-objects-max", bundle.DefaultLimits.Objects, "the most objects an imported bundle may carry (each costs a staged file however small)")
 	fs.BoolVar(&f.userNS, "user-namespaces", true, "run units in user namespaces: each run's ids 0-65535 mapped to a host range of its own (docs/trust.md); false runs every unit as the host's root and needs --allow-host-root-images")
 	fs.BoolVar(&f.hostRootImages, "allow-host-root-images", false, "accept image units that run as the host's root: where a dump and restore in a user namespace fails here, for parks made without one, and with --user-namespaces=false (docs/trust.md)")
-	fs.BoolVar(&f.lazyResume, "lazy-resume", false, "resume image parks lazily: the unit runs before its memory is all back (needs criu check --feature uffd-noncoop; docs/lazy-resume.md)")
-	fs.BoolVar(&f.lazyServed, "lazy-served", false, "with --lazy-resume: a page server verifies each chunk of a chunked image as its pages are first served, instead of the resume rehashing every stored byte before the restore (docs/lazy-resume.md)")
+	fs.BoolVar(&f.lazyResume, "lazy-resume", true, "resume image parks lazily: the unit runs before its memory is all back; =false resumes eagerly. Off, logged, where CRIU cannot (criu check --feature uffd-noncoop, its patches); given as true there, the start is refused (docs/lazy-resume.md)")
+	fs.BoolVar(&f.lazyServed, "lazy-served", true, "with --lazy-resume: a page server verifies each chunk of a chunked image as its pages are first served, instead of the resume rehashing every stored byte before the restore; =false rehashes (docs/lazy-resume.md)")
+	fs.BoolVar(&f.postCopy, "post-copy", true, "in a fleet with --lazy-resume --lazy-served: take a parked run migrated here before the slabs of its last memory image, fetched after the answer (docs/fleet.md, \"Post-copy\")")
+	fs.DurationVar(&f.postCopyWait, "post-copy-wait", maxPostCopyWait, "how long a stop, and a drain's end, wait for the post-copy targets fetching the slabs of runs migrated from here, at most 30s: the stop fits in the unit's TimeoutStopSec (docs/fleet.md, \"Post-copy\")")
 	fs.IntVar(&f.warmPool, "warm-pool", warmpool.DefaultMax, "how many warm sandboxes to keep at once for parked transcript runs awaiting results (0: none; docs/warm-pool.md)")
 	fs.StringVar(&f.criuBuild, "criu-build", criu.BuildFile, "the manifest of the CRIU build deploy/setup.sh installed: a fast path whose patch the build lacks is turned off (docs/setup.md)")
 	fs.DurationVar(&f.warmAge, "warm-pool-age", warmpool.DefaultMaxAge, "how long a warm sandbox waits for its run's resume before it is discarded")
@@ -118,6 +123,19 @@ func (f *serveFlags) applyConfigFile(fs *flag.FlagSet) error {
 		return applyConfigFile(fs, f.configFile, true)
 	}
 	return applyConfigFile(fs, defaultConfigFile, false)
+}
+
+// given notes which of the flags whose defaults depend on the host were
+// given, on the command line or in the config (after applyConfigFile).
+func (f *serveFlags) given(fs *flag.FlagSet) {
+	fs.Visit(func(fl *flag.Flag) {
+		switch fl.Name {
+		case "lazy-resume":
+			f.lazyResumeSet = true
+		case "lazy-served":
+			f.lazyServedSet = true
+		}
+	})
 }
 
 // check refuses, as usage errors, the flag values the daemon cannot run
@@ -190,11 +208,17 @@ func (f *serveFlags) check() (slog.Level, error) {
 	if f.peerListen != "" && f.etcd.endpoints == "" {
 		return lv, usagef("--peer-listen needs --etcd: the fleet's directory says which keys are admitted")
 	}
+	if f.postCopyWait < 0 || f.postCopyWait > maxPostCopyWait {
+		return lv, usagef("--post-copy-wait must be between 0 and %s: a stop's waits fit in the unit's TimeoutStopSec", maxPostCopyWait)
+	}
 	if f.warmPool < 0 || f.warmAge <= 0 {
 		return lv, usagef("--warm-pool must not be negative, and --warm-pool-age must be positive")
 	}
 	if f.lazyServed && !f.lazyResume {
-		return lv, usagef("--lazy-served needs --lazy-resume")
+		if f.lazyServedSet {
+			return lv, usagef("--lazy-served needs --lazy-resume")
+		}
+		f.lazyServed = false // its default goes with --lazy-resume=false
 	}
 	if f.leaseTTL <= 0 {
 		return lv, usagef("--lease-ttl must be positive")
@@ -212,7 +236,7 @@ func (f *serveFlags) check() (slog.Level, error) {
 // coefficients file, if one is named, read and parsed.
 func (f *serveFlags) config(log *slog.Logger) (daemon.Config, error) {
 	cfg := daemon.Config{Config: host.Config{StateDir: f.state, ContainerdAddress: f.ctrd, Logger: log, ChunkedImages: f.chunkedImages,
-		LazyResume: f.lazyResume, LazyServed: f.lazyServed, WarmPool: f.warmPool, WarmMaxAge: f.warmAge, CRIUBuild: f.criuBuild,
+		LazyResume: f.lazyResume, LazyGiven: f.lazyResume && f.lazyResumeSet, LazyServed: f.lazyServed, WarmPool: f.warmPool, WarmMaxAge: f.warmAge, CRIUBuild: f.criuBuild,
 		UserNS: f.userNS, HostRootImages: f.hostRootImages},
 		ParkLimits:  forms.ParkLimits{CRIUDeadline: f.criuDeadline, MinFree: f.minFree},
 		Policy:      retention.Policy{GCInterval: f.gcEvery, SnapshotRetention: f.retention},
@@ -244,6 +268,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 	if err := f.applyConfigFile(fs); err != nil {
 		return err
 	}
+	f.given(fs)
 	lv, err := f.check()
 	if err != nil {
 		return err
@@ -306,7 +331,7 @@ func cmdServe(args []string, stdout io.Writer) error {
 		go func() { _ = peers.Serve(pl) }()
 		log.Info("serving the fleet's platforms", "peer-listen", pl.Addr().String())
 	}
-	svc := &service{d: d, notify: sd, onStop: onStopPolicy(f.onStop), socket: socket, log: log}
+	svc := &service{d: d, notify: sd, onStop: onStopPolicy(f.onStop), socket: socket, log: log, postCopyWait: f.postCopyWait, holds: d.Rooms().Fleet.WaitHolds}
 	if f.metricsListen != "" {
 		if svc.metrics, err = serveMetrics(f.metricsListen, d, log); err != nil {
 			l.Close()
@@ -318,11 +343,13 @@ func cmdServe(args []string, stdout io.Writer) error {
 
 // serveAPI serves the daemon's API on l until ctx is done (SIGTERM,
 // SIGINT) or the HTTP server fails, then shuts down the server, applies
-// the stop policy (service.stopRuns) and shuts down the daemon, each
-// within 30 s, and returns what failed.
+// the stop policy and waits for the post-copy holds (service.stopServing),
+// and shuts down the daemon, each within its bound (apiStopBound…), and
+// returns what failed.
 //
 // peers, when not nil, is the API on the fleet's mutual-TLS listener,
-// already serving: it is shut down with the socket's, before the daemon.
+// already serving: it serves on through the parks and the holds' wait,
+// and is shut down before the daemon.
 func serveAPI(ctx context.Context, svc *service, l net.Listener, stdout io.Writer, peers *http.Server) error {
 	d, socket, log := svc.d, svc.socket, svc.log
 	srv := &http.Server{Handler: server.New(serverDeps(d), log), ReadHeaderTimeout: 10 * time.Second}
@@ -341,17 +368,18 @@ func serveAPI(ctx context.Context, svc *service, l net.Listener, stdout io.Write
 	case err = <-errc:
 	}
 	svc.beginStop()
-	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), apiStopBound)
 	defer cancel()
 	serr := srv.Shutdown(sctx)
+	var peer shutdowner
 	if peers != nil {
-		serr = errors.Join(serr, peers.Shutdown(sctx))
+		peer = peers
 	}
-	svc.stopRuns()
+	serr = errors.Join(serr, svc.stopServing(peer))
 	if svc.metrics != nil {
 		serr = errors.Join(serr, svc.metrics.Close())
 	}
-	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	dctx, dcancel := context.WithTimeout(context.Background(), daemonStopBound)
 	defer dcancel()
 	derr := d.Shutdown(dctx)
 	if errors.Is(err, http.ErrServerClosed) {
@@ -382,6 +410,7 @@ func (f *serveFlags) joinFleet(ctx context.Context, cfg *daemon.Config) (*fleet.
 		}
 		reuse := peer.NewReuse()
 		cfg.Peers = peers{peer.Hosts{Dir: dir, Key: key, Reuse: reuse}}
+		cfg.PostCopy, cfg.PostCopyWait = f.postCopy && f.lazyResume && f.lazyServed, f.postCopyWait
 		left := leave
 		leave = func() { reuse.Close(); left() }
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/daemon"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/api"
 )
 
@@ -52,6 +53,54 @@ type service struct {
 	// stopping is set once the stop began: the watchdog is fed through
 	// it, the API being shut down.
 	stopping atomic.Bool
+	// postCopyWait bounds how long a stop serves the runs held for
+	// post-copy targets (serve --post-copy-wait, at most
+	// maxPostCopyWait).
+	postCopyWait time.Duration
+	// holds waits until no run held here is being fetched by its
+	// post-copy target, or its context ends, and returns the holds left
+	// (member.WaitHolds).
+	holds func(context.Context) ([]store.Hold, error)
+}
+
+// The stop's own waits, besides its parks (which ask systemd for more
+// time): the socket API's end, the post-copy holds (--post-copy-wait at
+// most), the peer API's end and the daemon's shutdown fit together in
+// the unit's TimeoutStopSec=90 (deploy/systemd/runrecordd.service).
+const (
+	apiStopBound    = 15 * time.Second
+	maxPostCopyWait = 30 * time.Second
+	peerStopBound   = 10 * time.Second
+	daemonStopBound = 30 * time.Second
+)
+
+// shutdowner is a server the stop shuts down (http.Server).
+type shutdowner interface{ Shutdown(context.Context) error }
+
+// stopServing applies the stop policy (stopRuns), the socket API already
+// shut down, then serves the runs held here for post-copy targets while
+// a target fetches one (member.FetchIdle), within postCopyWait
+// (docs/fleet.md, "Post-copy"), and only then shuts the peer API down
+// (peers, when not nil), within peerStopBound of its own: the targets
+// fetch through the parks and the wait. A target that does not hold its
+// run by then fetches the rest once this host serves again. systemd is asked for more time throughout.
+func (s *service) stopServing(peers shutdowner) error {
+	defer s.notify.Extending(extendEvery)()
+	s.stopRuns()
+	if peers == nil {
+		return nil // no target reaches this host
+	}
+	if s.postCopyWait > 0 && s.holds != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), s.postCopyWait)
+		hs, err := s.holds(ctx)
+		cancel()
+		if len(hs) > 0 || err != nil {
+			s.log.Warn("stopping with runs held for post-copy targets; they fetch the rest once this host is back", "runs", len(hs), "wait", s.postCopyWait, "err", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), peerStopBound)
+	defer cancel()
+	return peers.Shutdown(ctx)
 }
 
 // started runs once the socket serves: the runs the last stop parked are
@@ -92,13 +141,12 @@ func (s *service) beginStop() {
 }
 
 // stopRuns applies the stop policy, the API already shut down: with park,
-// every executing run is parked, asking systemd for more time while the
-// parks go on.
+// every executing run is parked (stopServing asks systemd for more time
+// while the parks go on).
 func (s *service) stopRuns() {
 	if s.onStop != onStopPark {
 		return
 	}
-	defer s.notify.Extending(extendEvery)()
 	ctx, cancel := context.WithTimeout(context.Background(), stopBound)
 	defer cancel()
 	start := time.Now()

@@ -89,18 +89,24 @@ func bytesString(n int64) string {
 }
 
 // restoreString is a restore's time to running and pages restored; for a
-// lazy one, then its time to every page resident (or the pages lost, or
-// still arriving).
+// lazy one, "lazy" ("lazy, served" with a page server), then its time to
+// every page resident (or the pages lost, or still arriving).
 func restoreString(rs *api.Restore) string {
 	s := fmt.Sprintf("%s (%d pages restored)", time.Duration(rs.TotalNS).Round(time.Millisecond), rs.Pages)
+	if !rs.Lazy {
+		return s
+	}
+	s += ", lazy"
+	if rs.Served {
+		s += ", served"
+	}
 	switch {
-	case !rs.Lazy:
 	case rs.PagesLost != "":
-		s += printable(", lazy: pages lost (" + rs.PagesLost + ")")
+		s += printable(": pages lost (" + rs.PagesLost + ")")
 	case rs.ResidentNS > 0:
-		s += fmt.Sprintf(", lazy: every page resident at %s", time.Duration(rs.ResidentNS).Round(time.Millisecond))
+		s += fmt.Sprintf(": every page resident at %s", time.Duration(rs.ResidentNS).Round(time.Millisecond))
 	default:
-		s += ", lazy: pages still arriving"
+		s += ": pages still arriving"
 	}
 	return s
 }

@@ -136,7 +136,11 @@ type Verification struct {
 	Signers   []Signer
 	Objects   int
 	Bytes     int64
-	Err       error
+	// Owed is how many slabs a post-copy migration still owes the run
+	// (store.Owing), not among Objects; Owing says where their fetch is.
+	Owed  int
+	Owing *Owing
+	Err   error
 }
 
 // HostInfo is a daemon's host: its key, where it keeps its state, its
@@ -160,4 +164,30 @@ type HostInfo struct {
 	// HostRootImages: image units may run as the host's root (serve
 	// --allow-host-root-images).
 	HostRootImages bool
+	// Holds are the runs held here for post-copy targets (docs/fleet.md,
+	// "Post-copy").
+	Holds []Hold
+	// Owings are the runs brought in here post-copy that owe slabs.
+	Owings []Owing
+}
+
+// Owing is a run a post-copy migration from Source (handed over at Head)
+// brings in here, owing Slabs slabs, and its fetch's State: "fetching",
+// "waiting" (Reason: the last try's error, at Tried), "stopped", or
+// "stranded" (Reason: why, since Tried).
+type Owing struct {
+	Run           string
+	Source, Head  record.Address
+	Slabs         int
+	State, Reason string
+	Tried         time.Time
+}
+
+// Hold is a run held here for the post-copy target it was handed to at
+// Head, since Since: served to it until it says it holds every object,
+// and at the latest until Ends.
+type Hold struct {
+	Run          string
+	Target, Head record.Address
+	Since, Ends  time.Time
 }

@@ -37,7 +37,9 @@ func notParked(run string, p record.Phase) error {
 // bundle hands a run to another host to resume, and only a parked run has
 // a snapshot to resume from; an executing run exported would arrive with
 // nothing to resume and no sandbox (lost), and a closed one has nothing
-// left to hand over (its record is served as it is).
+// left to hand over (its record is served as it is). A run that lacks
+// slabs a post-copy migration owes it is not exported until it holds
+// them (store.ErrOwed).
 func Exportable(st Runs, run string) error {
 	r, err := st.Run(run)
 	if err != nil {
@@ -45,6 +47,11 @@ func Exportable(st Runs, run string) error {
 	}
 	if r.Phase != record.PhaseParked {
 		return notParked(run, r.Phase)
+	}
+	if o, ok := st.(interface{ Owes(id string) error }); ok {
+		// A post-copy migration still brings its slabs in
+		// (store.ErrOwed): a bundle would lack them.
+		return o.Owes(run)
 	}
 	return nil
 }

@@ -56,6 +56,9 @@ func (d *Daemon) Close(ctx context.Context, id, reason string) (answers.Summary,
 		return answers.Summary{}, fmt.Errorf("close %s: %w", id, err)
 	}
 	d.reach("close.appended")
+	// A post-copy owing ends now, a stranded one too (no fetch tries it
+	// again); a crash first leaves it to the next start's fetch.
+	d.fleet.Closed(id)
 	d.forms.Warm.Discard(ctx, id, true)
 	d.intervals.DropMark(id)
 	if lv != nil {

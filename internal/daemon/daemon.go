@@ -275,7 +275,8 @@ func (d *Daemon) wire() {
 		}}
 	d.place = drain.Local{Store: d.st, Facts: d.host, Digest: digestOf(d.ex), MinFree: d.cfg.MinFree, Draining: d.fleet.Draining,
 		ImageParks: func() bool { return d.probe.Status().State != imageparks.Unavailable }, Forms: &d.forms,
-		EgressAllow: d.cfg.EgressAllow, EgressNames: d.cfg.EgressResolver.IsValid()}
+		EgressAllow: d.cfg.EgressAllow, EgressNames: d.cfg.EgressResolver.IsValid(),
+		PostCopy: d.cfg.PostCopy && d.forms.Lazy != nil && d.forms.LazyServed, Reserved: d.fleet.Reserved}
 	d.comebacks = openComeback(d.cfg.StateDir)
 	d.keys = trust.Keys{Store: d.st, Self: d.keyID, Log: d.log, Admitted: d.fleet.Admitted}
 	src := metrics.HostSource(d.st, d.meter)
@@ -296,6 +297,11 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 		d.stop()
 	}
 	d.events.Stop()
+	if d.fleet != nil {
+		// A resume waiting on a post-copy fetch holds its run's lock,
+		// taken below: the fetch ends first.
+		d.fleet.EndFetches()
+	}
 	var errs []error
 	if d.links != nil {
 		errs = append(errs, d.links.closeNames()) // no query waits on a run's lock

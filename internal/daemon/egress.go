@@ -120,6 +120,10 @@ func loadLinks(gw *egress.Gateway, dir string, ceiling []netip.Prefix, hold time
 	if err != nil {
 		return nil, err
 	}
+	// A hold already over fires at once: its expire waits for the lock
+	// until arm has put its timer in place.
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for _, e := range ents {
 		p := filepath.Join(dir, e.Name())
 		slot, err := strconv.Atoi(e.Name())

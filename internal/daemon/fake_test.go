@@ -50,6 +50,8 @@ type fakeExec struct {
 	// pauseErr, when set, is every pause's error (the unit unfrozen).
 	onPause  func(id string)
 	pauseErr error
+	// onCheckpoint, when set, runs as a checkpoint of a sandbox starts.
+	onCheckpoint func(id string)
 	// prefetches counts Prefetch calls (forms.Admit, image resumes).
 	prefetches atomic.Int32
 }
@@ -246,10 +248,13 @@ func (s *fakeSB) exitWith(code uint32) {
 
 func (s *fakeSB) Checkpoint(_ context.Context, cp executor.Checkpoint) (executor.CheckpointStats, error) {
 	s.ex.mu.Lock()
-	err := s.ex.checkpointErr
+	err, hook := s.ex.checkpointErr, s.ex.onCheckpoint
 	s.ex.next++
 	n := s.ex.next
 	s.ex.mu.Unlock()
+	if hook != nil {
+		hook(s.id)
+	}
 	if err != nil {
 		return executor.CheckpointStats{}, err
 	}
@@ -269,6 +274,21 @@ func (s *fakeSB) Checkpoint(_ context.Context, cp executor.Checkpoint) (executor
 		return executor.CheckpointStats{}, err
 	}
 	return executor.CheckpointStats{PagesWritten: uint64(n)}, nil
+}
+
+// Kill stops the unit, keeping its sandbox (Destroy removes it).
+func (s *fakeSB) Kill(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone || s.status == "stopped" {
+		return nil
+	}
+	s.status = "stopped"
+	if s.code == 0 {
+		s.code = 137
+	}
+	close(s.exit)
+	return nil
 }
 
 func (s *fakeSB) Destroy(context.Context) error {

@@ -10,6 +10,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/resume"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
@@ -67,6 +68,45 @@ func TestImageWalkInOrder(t *testing.T) {
 	}
 	if p.Snapshot.Validate() != nil || p.Receipt.Method == "" {
 		t.Fatalf("park result %+v", p)
+	}
+}
+
+// A park's manifest is the host's, not the snapshot's: it is stored while
+// the checkpoint runs, and the park records that one.
+func TestParkStoresManifestDuringCheckpoint(t *testing.T) {
+	h := newFakeHost(t)
+	h.start(t, "r")
+	r, err := h.d.runs.lockRun("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := r.live.unit.Spec
+	r.mu.Unlock()
+	st, err := h.d.st.Run("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := h.d.forms.Over(t.Context(), manifest.ImageKeys, spec, st.Unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Canonical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := record.Sum(b)
+	var during bool
+	h.ex.onCheckpoint = func(string) {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && !during; time.Sleep(time.Millisecond) {
+			during = h.d.st.Has(want)
+		}
+	}
+	p, err := h.d.Park(t.Context(), "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !during || p.Manifest != want {
+		t.Fatalf("manifest stored during the checkpoint: %v; recorded %s, want %s", during, p.Manifest, want)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/bundle"
@@ -12,6 +13,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
+	"github.com/runrecordd/runrecordd/pkg/unit"
 )
 
 // Park parks a running run in its form (internal/forms): an image park
@@ -41,13 +43,17 @@ func (d *Daemon) park(ctx context.Context, id string, r *run) (answers.Parked, e
 	// Hold the channel: nothing reaches the transcript or the account
 	// until the park is recorded (or refused, and the unit goes on).
 	defer lv.unit.Hold()()
-	taken, err := d.forms.For(lv.unit.Spec.Mode).Snapshot(ctx, lv.unit)
+	form := d.forms.For(lv.unit.Spec.Mode)
+	// The manifest is the host's, not the snapshot's: it is stored while
+	// the snapshot is taken.
+	man := storeManifest(ctx, d.forms, form.Keys(), lv.unit.Spec, st.Unit)
+	taken, err := form.Snapshot(ctx, lv.unit)
 	if err != nil {
 		return answers.Parked{}, err
 	}
 	clock.Mark("snapshot")
 	d.reach("park.checkpointed")
-	ev, manAddr, err := d.recordPark(ctx, id, lv, taking{Taken: taken, unitID: st.Unit, account: lv.unit.Account(), step: "park.attested", clock: clock})
+	ev, manAddr, err := d.recordPark(ctx, id, lv, taking{Taken: taken, unitID: st.Unit, manifest: man, account: lv.unit.Account(), step: "park.attested", clock: clock})
 	if err != nil {
 		return answers.Parked{}, err
 	}
@@ -90,10 +96,13 @@ func (d *Daemon) recordPark(ctx context.Context, id string, lv *live, tk taking)
 // taking is a snapshot taken of a live unit, as recordTaken records it.
 type taking struct {
 	forms.Taken
-	unitID  record.Address      // the run's unit id, which its manifest binds
-	account *record.CallAccount // the interval's call account (nil: not accounted)
-	step    string              // the failpoint armed between the sealing and the append
-	clock   *answers.Clock      // times the manifest and the record, when set
+	unitID record.Address // the run's unit id, which its manifest binds
+	// manifest, when set, is the manifest stored over Taken.Keys
+	// (storeManifest); else recordTaken stores it.
+	manifest func() (record.Address, error)
+	account  *record.CallAccount // the interval's call account (nil: not accounted)
+	step     string              // the failpoint armed between the sealing and the append
+	clock    *answers.Clock      // times the manifest and the record, when set
 }
 
 // recordTaken records a snapshot taken of lv: this host's manifest over
@@ -101,7 +110,13 @@ type taking struct {
 // form's lifecycle entries) and the Suspended segment.
 func (d *Daemon) recordTaken(ctx context.Context, lv *live, tk taking) (interval.Sealed, record.Address, error) {
 	t, clock := tk.Taken, tk.clock
-	manAddr, err := d.forms.Manifest(ctx, t.Keys, lv.unit.Spec, tk.unitID)
+	var manAddr record.Address
+	var err error
+	if tk.manifest != nil {
+		manAddr, err = tk.manifest()
+	} else {
+		manAddr, err = d.forms.Manifest(ctx, t.Keys, lv.unit.Spec, tk.unitID)
+	}
 	clock.Mark("manifest")
 	var susp record.Segment
 	var outcome attest.Outcome
@@ -114,6 +129,24 @@ func (d *Daemon) recordTaken(ctx context.Context, lv *live, tk taking) (interval
 	}
 	clock.Mark("record")
 	return ev, manAddr, err
+}
+
+// storeManifest stores this host's manifest over keys for a unit on its
+// own goroutine, and returns the wait for its address.
+func storeManifest(ctx context.Context, env forms.Env, keys []string, spec unit.Spec, unitID record.Address) func() (record.Address, error) {
+	type stored struct {
+		addr record.Address
+		err  error
+	}
+	done := make(chan stored, 1)
+	go func() {
+		a, err := env.Manifest(ctx, keys, spec, unitID)
+		done <- stored{a, err}
+	}()
+	return sync.OnceValues(func() (record.Address, error) {
+		s := <-done
+		return s.addr, s.err
+	})
 }
 
 // tearDownParked destroys a recorded park's sandbox behind the reply. A

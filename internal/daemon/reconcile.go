@@ -2,11 +2,13 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 
+	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -26,6 +28,9 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		var err error
 		if elsewhere, err = d.fleet.Reconcile(ctx); err != nil {
 			return fmt.Errorf("fleet: %w", err)
+		}
+		if err := d.fleet.GoOn(); err != nil {
+			d.log.Warn("fleet: the post-copy migrations under way at the last stop do not go on", "err", err)
 		}
 	}
 	// No channel outlives the daemon that served it: every journal spool
@@ -88,6 +93,14 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	}
 	run := forms.Run{ID: id, Spec: spec, Grants: grants}
 	sb, err := d.ex.Load(ctx, sid)
+	if errors.Is(err, executor.ErrNotFound) {
+		// A unit whose lazy restore no daemon saw finish, killed by the
+		// last daemon for its lost pages (its sandbox kept, with the
+		// records that say so), is parked back all the same.
+		if gone := forms.Gone(sid, d.ex.Remove); d.forms.LazyUnfinished(forms.Orphan(run, gone)) {
+			sb, err = gone, nil
+		}
+	}
 	if err != nil {
 		return err
 	}

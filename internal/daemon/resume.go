@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -38,6 +39,11 @@ func (d *Daemon) Resume(ctx context.Context, id string, secrets map[string]strin
 func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[string]string) (answers.Resumed, error) {
 	if d.stopping.Load() {
 		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, answers.ErrStopping)
+	}
+	if err := d.fleet.Pay(ctx, id); err != nil {
+		// A post-copy migration's slabs are not all here, and its
+		// source cannot serve them now.
+		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	clock := answers.NewClock()
 	ok, err := d.judgeResume(ctx, id, clock)
@@ -199,7 +205,8 @@ func (d *Daemon) parkBack(id string, r *run, lv *live, snap record.Snapshot, los
 
 // parkBackUnfinished parks back a run a restarted daemon found executing
 // whose lazy restore no daemon saw finish (forms.Env.LazyUnfinished):
-// the unit is frozen, its interval journals pages-lost, and it ends as a
+// the unit is frozen (found so or killed, or now; destroyed where the freeze
+// fails within unfinishedFreeze), its interval journals pages-lost, and it ends as a
 // park back at the snapshot the run resumed from (parkBack). It reports
 // whether the run's record names such a snapshot (the last Suspended
 // segment before its Resumed one); without it, nothing is done. The
@@ -215,15 +222,31 @@ func (d *Daemon) parkBackUnfinished(id string, r *run, lv *live) bool {
 		return false
 	}
 	snap := segs[len(segs)-2].Snapshot
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	perr := lv.sb.Pause(ctx)
-	cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), unfinishedFreeze)
+	defer cancel()
+	var perr error
+	if st, _ := lv.sb.Status(ctx); st != "paused" && st != "stopped" {
+		perr = lv.sb.Pause(ctx)
+	}
+	if perr != nil {
+		// A thread waiting on a page no lazy-pages will serve may not
+		// freeze (a futex on it waits killable, not freezable): the
+		// unit is destroyed at once rather than hold the start up.
+		if derr := lv.sb.Destroy(context.WithoutCancel(ctx)); derr != nil {
+			perr = errors.Join(perr, derr)
+		}
+	}
 	now := time.Now()
 	lv.iv.Journal(attest.LifecycleOf(now.UnixNano(), attest.PagesLost{AfterNS: restoreAge(lv.iv.Events(), now), Reason: forms.RestartedReason}))
 	lost := fmt.Errorf("%w: %s (freeze: %v)", pageserver.ErrPagesLost, forms.RestartedReason, perr)
 	d.parkBack(id, r, lv, snap, lost)
 	return true
 }
+
+// unfinishedFreeze bounds the freeze of a unit whose lazy restore a
+// restarted daemon found unfinished (parkBackUnfinished): a freeze takes
+// milliseconds, and the start waits for it.
+const unfinishedFreeze = 5 * time.Second
 
 // restoreAge is how long before now the restore that began the interval
 // whose journal so far is es started (its restored entry's time less its

@@ -20,6 +20,10 @@ func (d *Daemon) Verify(ctx context.Context, id string) (answers.Verification, e
 	released := err == nil && !ret.Released.IsZero()
 	v, err := bundle.Verify(ctx, d.st, id, d.keys.Trusted, !released)
 	out := answers.Verification{Run: id, Objects: v.Objects, Bytes: v.Bytes, Err: err}
+	if o, ok, oerr := d.fleet.OwingOf(id); oerr == nil && ok {
+		a := owingOf(o)
+		out.Owed, out.Owing = o.Slabs, &a
+	}
 	if rec := v.Record; rec != nil {
 		out.Segments, out.Phase, out.Head, out.WaitProof = rec.Len(), rec.Phase(), rec.Head(), rec.WaitProof()
 		out.Signers = d.keys.Names(v.Signers)

@@ -416,7 +416,8 @@ func (r *Run) Addr() netip.Addr { return r.h.addr(r.slot) }
 //
 // The run's policy is installed again with the link's chains, in one
 // transaction, before the link is up: a link never carries traffic
-// without its run's rules, even if they were removed since Allow.
+// without its run's rules, even if they were removed since Allow. Installed
+// again, it is held to Allow's conntrack share (ErrFull).
 func (r *Run) Attach(path string) (retErr error) {
 	h, name := r.h, r.Link()
 	h.mu.Lock()
@@ -473,6 +474,9 @@ func (r *Run) Attach(path string) (retErr error) {
 		// A chain in place keeps its connection count: replaced, it
 		// would start again from zero with the run's flows still there.
 		if !slices.ContainsFunc(byslot[r.slot], func(ch *nftables.Chain) bool { return ch.Name == fwdChain+strconv.Itoa(r.slot) }) {
+			if err := h.fits(c, r.slot); err != nil {
+				return err
+			}
 			h.addRun(c, r.slot, r.rules)
 			if r.held && r.reset == Keep {
 				r.reset = Elsewhere

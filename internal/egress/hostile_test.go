@@ -379,29 +379,38 @@ func nfConntrackMax(t *testing.T, ns netns.NsHandle) int {
 	return n
 }
 
+// quarterShares is a Gateway whose runs' connection limit is a quarter of
+// the host's conntrack table (max), with runs 1 and 2 allowed dests d:
+// the share is full. All of it closes with t.
+func quarterShares(t *testing.T) (h *Gateway, d []unit.Dest, max int, r1 *Run) {
+	t.Helper()
+	w := newWorld(t, Config{})
+	max = nfConntrackMax(t, w.hns)
+	h, err := Open(Config{HostNetns: w.hostP, ConnLimit: uint32(max / 4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	d = mustDests(t, worldIP+"/32:8080")
+	for slot := 1; slot <= 2; slot++ {
+		r, err := h.Allow(slot, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		if slot == 1 {
+			r1 = r
+		}
+	}
+	return h, d, max, r1
+}
+
 // The runs' connection limits together stay within half the host's
 // conntrack table: with a limit of a quarter of it, a third run is
 // refused until one of the two closes. A policy replaced in its slot
 // holds no more.
 func TestConntrackShare(t *testing.T) {
-	w := newWorld(t, Config{})
-	max := nfConntrackMax(t, w.hns)
-	h, err := Open(Config{HostNetns: w.hostP, ConnLimit: uint32(max / 4)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	d := mustDests(t, worldIP+"/32:8080")
-	r1, err := h.Allow(1, d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r1.Close()
-	r2, err := h.Allow(2, d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r2.Close()
+	h, d, max, r1 := quarterShares(t)
 	if _, err := h.Allow(2, d); err != nil {
 		t.Fatalf("slot 2's policy replaced: %v", err)
 	}
@@ -419,6 +428,35 @@ func TestConntrackShare(t *testing.T) {
 		t.Fatalf("a third run once the first closed: %v", err)
 	}
 	r3.Close()
+}
+
+// A run whose policy Attach installs again (its chain gone, as after a
+// host restart) is held to the same share as a new one: with two
+// policies of a quarter of the table in place, it is refused ErrFull
+// and nothing of its link is left.
+func TestConntrackShareOnAttach(t *testing.T) {
+	h, d, _, r1 := quarterShares(t)
+	if err := h.Reconcile(func(slot int) bool { return slot != 1 }); err != nil {
+		t.Fatal(err)
+	}
+	r3, err := h.Allow(3, d)
+	if err != nil {
+		t.Fatalf("a run in the place of the policy removed: %v", err)
+	}
+	defer r3.Close()
+	_, path := newNetns(t)
+	if err := r1.Attach(path); !errors.Is(err, ErrFull) {
+		t.Fatalf("run 1 attached again with its policy gone and two others in place: %v, want ErrFull", err)
+	}
+	if _, err := h.nl.LinkByName(r1.Link()); err == nil {
+		t.Fatalf("link %s left after a refused Attach", r1.Link())
+	}
+	if err := r3.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r1.Attach(path); err != nil {
+		t.Fatalf("run 1 attached once the third closed: %v", err)
+	}
 }
 
 func mustDests(t *testing.T, dests ...string) []unit.Dest {

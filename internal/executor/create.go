@@ -47,6 +47,9 @@ type restoreFrom struct {
 	// staged (restore.go); awaitStaged takes it into stageErr.
 	staged   <-chan error
 	stageErr error
+	// abort, when it closes, ends the restore as its deadline would
+	// (a lazy restore whose lazy-pages failed, lazy.go).
+	abort <-chan struct{}
 
 	rootfsTime, taskTime, newTaskTime time.Duration // set by create
 	timedOut                          bool          // set by create: the deadline passed
@@ -84,6 +87,11 @@ func (c *Client) build(ctx context.Context, id string, spec Spec, out Output, o 
 	}
 	if _, err := c.client.LoadContainer(ctx, id); err == nil {
 		return nil, fmt.Errorf("%w: a container named %s", ErrExists, id)
+	}
+	// A snapshot of this id with no container is what a create cut short
+	// (a daemon killed in it) left, kept by its lease: it goes.
+	if err := c.client.SnapshotService(Snapshotter).Remove(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("the snapshot an earlier create of %s left: %w", id, err)
 	}
 
 	snapshot := containerd.WithNewSnapshot(id, img)
@@ -385,7 +393,23 @@ func (c *Client) boundRestore(ctx context.Context, id string, rs *restoreFrom, c
 	if rs == nil {
 		return call(ctx)
 	}
-	timedOut, err := c.underDeadline(ctx, id, rs.deadline, func() int { return 0 }, call)
+	wctx := ctx // ends the restore once done (underDeadline)
+	if rs.abort != nil {
+		var stop context.CancelFunc
+		wctx, stop = context.WithCancel(ctx)
+		defer stop()
+		go func() {
+			select {
+			case <-rs.abort:
+				stop()
+			case <-wctx.Done():
+			}
+		}()
+	}
+	timedOut, err := c.underDeadline(wctx, id, rs.deadline, func() int { return 0 }, call)
+	if timedOut && ctx.Err() == nil && wctx.Err() != nil {
+		return fmt.Errorf("restore ended: %w", err) // aborted, not timed out
+	}
 	if timedOut {
 		rs.timedOut = true
 		if err == nil {

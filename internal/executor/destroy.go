@@ -36,6 +36,23 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	return nil
 }
 
+// Kill ends the unit's processes and waits for their exit, keeping its
+// sandbox: the task (stopped), the CRIU directory with a lazy restore's
+// records (LazyUnfinished), for Destroy. A daemon that dies between the
+// two leaves a stopped sandbox the next start finds.
+func (s *Sandbox) Kill(ctx context.Context) error {
+	ctx = s.c.ctx(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.task == nil {
+		return nil
+	}
+	if err := s.killTask(ctx); err != nil {
+		return fmt.Errorf("executor: kill %s: %w", s.id, err)
+	}
+	return nil
+}
+
 func (s *Sandbox) destroy(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -84,17 +101,26 @@ func (s *Sandbox) killTask(ctx context.Context) error {
 	case containerd.Stopped:
 		return nil
 	case containerd.Created:
+		if s.task.Pid() == 0 {
+			// No process: a restore that never finished (the shim's
+			// process gets its pid once runc restore returns), or a
+			// start cut short. No exit will come, and containerd
+			// deletes a created task without a pid as it is. What the
+			// restore made of the unit is among the helpers just
+			// killed (waiting here held a restarted daemon up 10-30 s
+			// in e2e).
+			s.c.log.Debug("created task has no process; deleting it as it is", "id", s.id, "killed", len(killed))
+			return nil
+		}
 		// Never started. A task only created (a warm sandbox, Create)
 		// has runc's init waiting to run the unit: it is killed, and
 		// its exit waited for, before the task can be deleted. One
-		// without a process (a restore that failed, or a start cut
-		// short) refuses the kill: no exit will come, and the task's
-		// delete removes what runc made of it. So does one whose init
-		// killHelpers just killed (a descendant of the shim, it is
-		// among them): runc says "process already finished", but the
-		// shim may not have seen the exit yet, and the delete refuses a
-		// task still created (seen in e2e under load: the warm sandbox
-		// of a drained run left behind), so its stop is waited for.
+		// whose init killHelpers just killed (a descendant of the shim,
+		// it is among them) refuses the kill: runc says "process
+		// already finished", but the shim may not have seen the exit
+		// yet, and the delete refuses a task still created (seen in
+		// e2e under load: the warm sandbox of a drained run left
+		// behind), so its stop is waited for.
 		if err := s.task.Kill(ctx, syscall.SIGKILL); err != nil {
 			s.c.log.Debug("created task refused the kill; deleting it as it is", "id", s.id, "err", err, "killed", len(killed))
 			if len(killed) > 0 {
@@ -110,7 +136,7 @@ func (s *Sandbox) killTask(ctx context.Context) error {
 	if err := s.task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("kill: %w", err)
 	}
-	if st.Status == containerd.Paused {
+	if st.Status == containerd.Paused || st.Status == containerd.Pausing {
 		// A frozen process acts on SIGKILL only once thawed.
 		_ = s.task.Resume(ctx)
 	}

@@ -26,6 +26,8 @@ import (
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/ociarchive"
 	"github.com/runrecordd/runrecordd/pkg/unit"
+
+	"github.com/opencontainers/image-spec/identity"
 )
 
 // The tests run real containerd, runc and CRIU as root. They do not skip
@@ -726,4 +728,27 @@ func parkAway(t *testing.T, s *executor.Sandbox) executor.Checkpoint {
 		t.Fatal(err)
 	}
 	return cp
+}
+
+// TestStartOverLeftSnapshot: a snapshot under a sandbox's id with no
+// container — what a create cut short by a daemon killed in it leaves,
+// kept by its lease — does not refuse the next create of that id.
+func TestStartOverLeftSnapshot(t *testing.T) {
+	privileged(t)
+	ctx := client.NamespacedForTest(context.Background())
+	spec := oracleSpec()
+	mustStart(t, "left-snapshot-first", spec, executor.Output{}) // the image unpacked
+	img, err := client.ContainerdForTest().GetImage(ctx, spec.Image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	diffIDs, err := img.RootFS(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn := client.ContainerdForTest().SnapshotService(executor.Snapshotter)
+	if _, err := sn.Prepare(ctx, "left-snapshot", identity.ChainID(diffIDs).String()); err != nil {
+		t.Fatal(err)
+	}
+	mustStart(t, "left-snapshot", spec, executor.Output{})
 }

@@ -62,6 +62,15 @@ func TestRestoreLazy(t *testing.T) {
 		exited = true
 	default:
 	}
+	if n == 0 && !exited {
+		// Every page in, lazy-pages closes its copies before it exits:
+		// none held may be one exiting, not yet reaped.
+		select {
+		case <-lp.Done():
+			exited = true
+		case <-time.After(10 * time.Second):
+		}
+	}
 	if why := criuBuild(t).Lacks(criu.KeepsUffds); why != "" {
 		t.Logf("not checked that every userfaultfd is held: %s", why)
 		if n > 2 {
@@ -548,4 +557,75 @@ func parkUffdRef(t *testing.T, kind, reason string) {
 			t.Fatalf("line %+v after the resume; before the first park %+v", l, before)
 		}
 	}
+}
+
+// TestLazyRestoreLazyPagesKilled kills lazy-pages while the lazy restore
+// is under way (once it holds a task's userfaultfd): the restore fails
+// with ErrRestore soon after, not at its deadline (the unit's tasks would
+// wait on their pages until then), and leaves no record of lazy-pages'
+// pids behind: the sandbox is not taken for one restored lazily whose
+// pages are still to come (LazyUnfinished), and an eager restore of the
+// same checkpoint runs and is not either.
+func TestLazyRestoreLazyPagesKilled(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	out := outputs(t, "oracle")
+	spec := oracleSpec()
+	const id = "lazy-restore-killed"
+	s := mustStart(t, id, spec, out)
+	waitLines(t, out.Stdout, "a verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 })
+	cp, atDump := checkpointAway(t, s, out)
+	cp.Deadline = 40 * time.Second
+
+	type kill struct {
+		pid int
+		at  time.Time
+	}
+	killed := make(chan kill, 1)
+	go func() {
+		found := make(chan int, 1)
+		stopLazyPages(id, 1, found)
+		pid := <-found
+		if pid != 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		killed <- kill{pid, time.Now()}
+	}()
+	s, lp, _, err := client.RestoreLazy(ctx, id, spec, cp, out)
+	failed := time.Now()
+	k := <-killed
+	pid := k.pid
+	if err == nil {
+		lp.Kill()
+		destroy(t, s)
+		t.Fatalf("the lazy restore whose lazy-pages (%d) was stopped, then killed, succeeded", pid)
+	}
+	t.Logf("restore: %v", err)
+	if pid == 0 {
+		t.Fatal("no lazy-pages holding a userfaultfd")
+	}
+	if !errors.Is(err, executor.ErrRestore) {
+		t.Errorf("restore: %v, want %v", err, executor.ErrRestore)
+	}
+	// Its deadline is 40 s.
+	if took := failed.Sub(k.at); took > 10*time.Second {
+		t.Errorf("the restore failed %v after lazy-pages was killed", took)
+	} else {
+		t.Logf("the restore failed %v after lazy-pages was killed", took)
+	}
+	if client.LazyUnfinished(id) || client.LazyRestoring(id) {
+		t.Error("a failed lazy restore left its pids recorded")
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	s, _, err = client.Restore(ctx, id, spec, cp, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroy(t, s) })
+	if client.LazyUnfinished(id) {
+		t.Fatal("an eager restore taken for an unfinished lazy one")
+	}
+	waitLines(t, out.Stdout, "a line verified after the restore", func(ls []line) bool { return last(ls).VerifiedAt > atDump.Counter })
 }

@@ -124,25 +124,12 @@ func (s *Sandbox) judgeImages(ctx context.Context, rs *restoreFrom) error {
 	return im.Stack(dir, host)
 }
 
-// restoreWork checks that cp's image directory holds a CRIU image, makes
-// the restore's work directory under the executor's state, empty, and
-// stages the images CRIU reads there: cp's image directory is never
-// written (it may be sealed), and the check rewrites what it restores
+// restoreDirs checks that cp's image directory holds a CRIU image, and
+// makes the restore's work directory under the executor's state, empty:
+// cp's image directory (absolute) and the work directory. The images CRIU
+// reads are staged there (stage): cp's image directory is never written
+// (it may be sealed), and the check rewrites what it restores
 // (judgeImages).
-//
-// With r, the staged images are copies with r's range in their user
-// namespace image (stageImages); without, links (linkImages).
-func (c *Client) restoreWork(id string, cp Checkpoint, r *idmap.Range) (images, work string, err error) {
-	src, work, err := c.restoreDirs(id, cp)
-	if err != nil {
-		return "", "", err
-	}
-	images, err = stage(src, work, r)
-	return images, work, err
-}
-
-// restoreDirs is restoreWork but the staging: cp's image directory
-// (absolute, checked) and the restore's work directory (made empty).
 func (c *Client) restoreDirs(id string, cp Checkpoint) (images, work string, err error) {
 	if cp.ImageDir == "" {
 		return "", "", fmt.Errorf("%w: no image directory", ErrInvalid)
@@ -164,8 +151,9 @@ func (c *Client) restoreDirs(id string, cp Checkpoint) (images, work string, err
 }
 
 // stage stages the image directory images under work, for a restore
-// into r's range (stageImages) or, without r, into the host's ids
-// (linkImages): the directory work/images.
+// into r's range (stageImages: copies with r's range in their user
+// namespace image) or, without r, into the host's ids (linkImages:
+// links): the directory work/images.
 func stage(images, work string, r *idmap.Range) (string, error) {
 	if r != nil {
 		return stageImages(images, work, *r)

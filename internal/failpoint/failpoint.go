@@ -8,12 +8,14 @@ package failpoint
 
 import (
 	"os"
+	"strings"
 	"syscall"
 )
 
-// Env names the environment variable that arms one failpoint: the daemon
-// kills itself with SIGKILL when it reaches the named step. Unset,
-// failpoints cost one string comparison.
+// Env names the environment variable that arms failpoints, comma
+// separated: the daemon kills itself with SIGKILL when it reaches an armed
+// step, and takes the failure path of an armed fault (Fails). Unset,
+// failpoints cost one map lookup.
 const Env = "RUNRECORDD_FAILPOINT"
 
 // Steps are the steps of a run, a park, a resume and a close that can be
@@ -39,18 +41,53 @@ var MigrationSteps = []string{
 	"receive.claimed",     // target: claimed in etcd, not resumed
 }
 
+// PostCopySteps are the steps of a post-copy migration's target
+// (test/e2e's TestFleetPostCopySourceDown arms the first,
+// TestFleetPostCopyCrash the others).
+var PostCopySteps = []string{
+	"receive.owing",    // target: claimed, owing slabs, not answered, none fetched
+	"postcopy.adopted", // target: a slab adopted, not settled (still owed)
+	"postcopy.told",    // target: every slab settled, the source told, the owing not ended
+}
+
 // LazySteps are the steps of a lazy resume (serve --lazy-resume) inside
 // the executor, in order (test/e2e's TestLazyCrashAtEachStep arms each).
 var LazySteps = []string{
 	"lazy.restored", // the unit runs, its sandbox's criu.conf still says lazy-pages
 }
 
-var armed = os.Getenv(Env)
+// LostSteps are the steps of a lazy restore's pages lost (a page server
+// killed, say) that can be armed: test/e2e's TestLazyFaults kills the
+// page server with the daemon armed at each.
+var LostSteps = []string{
+	"lazy.lost", // the unit frozen (or destroyed), lazy-pages ended, nothing journaled
+}
+
+// Faults are failures that can be armed beside a step: where one is
+// armed, the code takes its failure path (Fails) and goes on.
+var Faults = []string{
+	"lazy.freeze", // the freeze of a unit whose lazy pages were lost fails
+}
+
+var armed = parse(os.Getenv(Env))
+
+func parse(env string) map[string]bool {
+	m := map[string]bool{}
+	for _, s := range strings.Split(env, ",") {
+		if s != "" {
+			m[s] = true
+		}
+	}
+	return m
+}
 
 // Fire kills this process here if step is armed.
 func Fire(step string) {
-	if armed == step {
+	if armed[step] {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
 	}
 }
+
+// Fails reports whether fault (one of Faults) is armed.
+func Fails(fault string) bool { return armed[fault] }

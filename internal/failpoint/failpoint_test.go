@@ -5,13 +5,24 @@ import "testing"
 // Every step is named once, and reaching a step that is not armed goes on.
 func TestSteps(t *testing.T) {
 	seen := map[string]bool{}
-	for _, s := range append(append(append([]string(nil), Steps...), MigrationSteps...), LazySteps...) {
+	for _, s := range append(append(append(append(append(append([]string(nil), Steps...), MigrationSteps...), LazySteps...), PostCopySteps...), LostSteps...), Faults...) {
 		if s == "" || seen[s] {
 			t.Fatalf("step %q named twice or empty", s)
 		}
 		seen[s] = true
-		if s != armed {
+		if !armed[s] {
 			Fire(s)
 		}
+	}
+}
+
+// Env arms each of its comma-separated names, and nothing else.
+func TestParse(t *testing.T) {
+	m := parse("lazy.freeze,lazy.lost,")
+	if len(m) != 2 || !m["lazy.freeze"] || !m["lazy.lost"] {
+		t.Fatalf("parse: %v", m)
+	}
+	if len(parse("")) != 0 {
+		t.Fatal("an empty Env arms something")
 	}
 }

@@ -89,6 +89,8 @@ func (u *fakeUnit) Stats(context.Context) (executor.Usage, error) {
 }
 func (u *fakeUnit) Destroy(context.Context) error { return u.set("stopped") }
 
+func (u *fakeUnit) Kill(context.Context) error { return u.set("stopped") }
+
 func (u *fakeUnit) Status(context.Context) (string, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()

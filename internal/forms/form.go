@@ -107,6 +107,8 @@ type Form interface {
 	Ready(ctx context.Context, id string) error
 	// Start starts run's first sandbox.
 	Start(ctx context.Context, run Run) (Woken, error)
+	// Keys are the manifest keys a park of this form records (Taken.Keys).
+	Keys() []string
 	// Snapshot freezes u and takes its snapshot. Refused, it leaves u
 	// running as it was; taken, u stays frozen until its park is recorded
 	// (its sandbox is then destroyed) or refused (Thaw).

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/executor"
@@ -101,6 +102,56 @@ func TestImageWakeWaitsForTeardown(t *testing.T) {
 	}
 }
 
+// An image park's dump and an image resume's restore each wait for a
+// slot of the gate (imageparks.Gate.Admit): with every slot taken, both
+// wait, and give up with their request, the unit left running and
+// nothing restored.
+func TestImageWaitsForSlot(t *testing.T) {
+	h, box := testHost(t, nil)
+	f := h.For(unit.ImageMode)
+	w, err := f.Start(t.Context(), stored(t, h, imageRun("r")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var releases []func()
+	for range imageparks.Slots() {
+		release, err := h.Gate.Admit(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+	}
+	short, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := f.Snapshot(short, w.Unit); !errors.Is(err, context.DeadlineExceeded) || status(t, w.Unit.Sandbox) != "running" {
+		t.Fatalf("a park with every slot taken: %v, unit %s", err, status(t, w.Unit.Sandbox))
+	}
+	releases[0]()
+	taken, err := f.Snapshot(t.Context(), w.Unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release, err := h.Gate.Admit(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	teardown := make(chan struct{})
+	close(teardown)
+	waking := Waking{Snapshot: taken.Snapshot, Retained: taken.Retained, Teardown: teardown}
+	short, cancel = context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := f.Wake(short, imageRun("r"), waking); !errors.Is(err, context.DeadlineExceeded) || len(box.restored) != 0 {
+		t.Fatalf("a resume with every slot taken: %v, %d restores", err, len(box.restored))
+	}
+	release()
+	if _, err := f.Wake(t.Context(), imageRun("r"), waking); err != nil || len(box.restored) != 1 {
+		t.Fatalf("a resume with a slot: %v, %d restores", err, len(box.restored))
+	}
+	for _, r := range releases[1:] {
+		r()
+	}
+}
+
 type doneSecond struct {
 	context.Context
 	asked int
@@ -169,6 +220,23 @@ func TestImageReattached(t *testing.T) {
 		}
 		if want := st != "stopped"; (sb.settles > 0) != want {
 			t.Fatalf("%s: settled %d times", st, sb.settles)
+		}
+	}
+}
+
+// A restarted daemon's image unit whose lazy restore no daemon saw
+// finish is left as it was found: frozen where the last daemon froze it
+// for its lost pages (a thaw would run it with no lazy-pages; a thread
+// faulting on a missing page then may not freeze again). The daemon
+// parks it back.
+func TestImageReattachedLazyUnfinished(t *testing.T) {
+	h, box := testHost(t, nil)
+	h.Sandboxes = restoringBox{box, map[string]bool{}, map[string]bool{"r": true}}
+	for _, st := range []string{"paused", "pausing", "running"} {
+		sb := &fakeUnit{id: "r", status: st}
+		rec, err := h.For(unit.ImageMode).Reattached(t.Context(), Orphan(imageRun("r"), sb), st)
+		if err != nil || rec || sb.settles != 0 {
+			t.Fatalf("%s: recover %v, %v, settled %d times", st, rec, err, sb.settles)
 		}
 	}
 }

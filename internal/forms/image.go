@@ -52,6 +52,9 @@ func (f Image) Start(ctx context.Context, run Run) (Woken, error) {
 	return Woken{Unit: &Unit{Run: run, Sandbox: sb}, Event: "started", Mark: m}, nil
 }
 
+// Keys are the manifest keys an image park records.
+func (Image) Keys() []string { return manifest.ImageKeys }
+
 // Snapshot checkpoints the unit, leaving it frozen, and stores its images
 // (internal/park), within the room the run has.
 func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
@@ -62,6 +65,11 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 	if err := f.awaitPages(ctx, u); err != nil {
 		return Taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
+	release, err := f.h.Gate.Admit(ctx)
+	if err != nil {
+		return Taken{}, fmt.Errorf("park %s: %w", id, err)
+	}
+	defer release()
 	var mem uint64
 	if use, err := u.Sandbox.Stats(ctx); err == nil {
 		mem = use.MemoryBytes
@@ -86,7 +94,7 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 		return Taken{}, errors.Join(fmt.Errorf("park %s: %w", id, err), f.relink(u))
 	}
 	ck := res.Checkpointed()
-	return Taken{Snapshot: res.Snapshot, Retained: res.Retained, Keys: manifest.ImageKeys, Details: []attest.Detail{ck}, Checkpoint: &ck}, nil
+	return Taken{Snapshot: res.Snapshot, Retained: res.Retained, Keys: f.Keys(), Details: []attest.Detail{ck}, Checkpoint: &ck}, nil
 }
 
 // lastMemory is the memory image of the last image park of segs, if any:
@@ -157,6 +165,11 @@ func (f Image) Wake(ctx context.Context, run Run, w Waking) (Woken, error) {
 			return Woken{}, ctx.Err()
 		}
 	}
+	release, err := f.h.Gate.Admit(ctx)
+	if err != nil {
+		return Woken{}, fmt.Errorf("resume %s: %w", run.ID, err)
+	}
+	defer release()
 	return f.restore(ctx, run, w, imageparks.Deadline(f.h.CRIUDeadline, uint64(w.Retained)))
 }
 
@@ -210,9 +223,11 @@ func (f Image) layout(snap record.Snapshot, dir string) (park.Trees, *pageserver
 
 // Reattached settles a unit found not stopped: a park the last daemon did
 // not finish may have left it frozen, or held by a CRIU that outlived the
-// daemon. An image unit is never recovered.
+// daemon. A unit whose lazy restore no daemon saw finish (LazyUnfinished)
+// is left as found, frozen if the last daemon froze it for its lost
+// pages: the daemon parks it back. An image unit is never recovered.
 func (f Image) Reattached(ctx context.Context, u *Unit, status string) (bool, error) {
-	if status == "stopped" {
+	if status == "stopped" || f.h.LazyUnfinished(u) {
 		return false, nil
 	}
 	if err := u.Sandbox.Settle(ctx); err != nil {

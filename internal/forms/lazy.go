@@ -11,6 +11,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"github.com/runrecordd/runrecordd/internal/failpoint"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -258,10 +259,14 @@ func (f Image) restoreSandbox(ctx context.Context, r restoring) (Sandbox, execut
 // freezeWait bounds the freeze of a unit whose pages were lost.
 const freezeWait = 30 * time.Second
 
+// errFreezeArmed is the freeze's failure where the lazy.freeze fault is
+// armed (failpoint.Fails).
+var errFreezeArmed = errors.New("unable to freeze (failpoint lazy.freeze)")
+
 // watch waits for lp to bring every page in, within deadline. Then
 // it releases the held userfaultfds. When lp fails, or the deadline
 // passes, it freezes the unit (a thread waiting on a page that never
-// comes may not freeze; where the freeze fails the unit is destroyed
+// comes may not freeze; where the freeze fails the unit is killed
 // first, for the processes it forked since the restore), ends lp, and
 // says the pages were lost; the copies stay held until the unit is gone
 // (the daemon destroys it), so no thread ever reads a page that did not
@@ -300,18 +305,25 @@ func (p *pages) watch(sb Sandbox, lp Pages, release func(), deadline time.Durati
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), freezeWait)
 	defer cancel()
-	perr := sb.Pause(ctx)
-	var derr error
+	perr := errFreezeArmed
+	if !failpoint.Fails("lazy.freeze") {
+		perr = sb.Pause(ctx)
+	}
+	var kerr error
 	if perr != nil {
 		// A thread the freeze did not stop may be a process forked
 		// after the restore, whose userfaultfd the daemon may not hold
 		// yet (it copies a fork's within a few milliseconds): the unit
 		// dies before lazy-pages does, so that it reads no zero page.
-		derr = sb.Destroy(context.WithoutCancel(ctx))
+		// Its sandbox stays, with the records that say its lazy restore
+		// is unfinished, until the daemon has parked the run back: a
+		// daemon that dies first leaves them to the next start.
+		kerr = sb.Kill(context.WithoutCancel(ctx))
 	}
 	lp.Kill()
+	failpoint.Fire("lazy.lost")
 	if log != nil {
-		log.Warn("lazy restore: pages lost", "run", sb.ID(), "err", lost, "freeze", perr, "destroy", derr)
+		log.Warn("lazy restore: pages lost", "run", sb.ID(), "err", lost, "freeze", perr, "kill", kerr)
 	}
 	p.finish(time.Now(), lost, true)
 	<-gone

@@ -23,6 +23,8 @@ type Sandbox interface {
 	Settle(ctx context.Context) error
 	Stats(ctx context.Context) (executor.Usage, error)
 	Checkpoint(ctx context.Context, cp executor.Checkpoint) (executor.CheckpointStats, error)
+	// Kill ends the unit's processes, keeping its sandbox for Destroy.
+	Kill(ctx context.Context) error
 	Destroy(ctx context.Context) error
 }
 

@@ -111,6 +111,9 @@ func (f Transcript) open(id string, restored *record.Address, lim unit.Limits) (
 // last daemon process served, reattached after it exited.
 var ErrNoChannel = errors.New("the unit's channel was the last daemon's: it cannot be sealed")
 
+// Keys are the manifest keys a transcript park records.
+func (Transcript) Keys() []string { return manifest.TranscriptKeys }
+
 // Snapshot freezes the unit and seals its transcript. The caller holds
 // the channel's gate (Unit.Hold). Refused, the unit is thawed.
 func (f Transcript) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
@@ -127,7 +130,7 @@ func (f Transcript) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 		}
 		return Taken{}, err
 	}
-	return Taken{Snapshot: snap, Retained: retained, Keys: manifest.TranscriptKeys}, nil
+	return Taken{Snapshot: snap, Retained: retained, Keys: f.Keys()}, nil
 }
 
 // Thaw thaws the unit the snapshot froze.

@@ -1,6 +1,8 @@
 package host
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
@@ -61,7 +63,7 @@ func fastPaths(cfg *Config, b capable, log *slog.Logger) []string {
 	var off []string
 	served := cfg.LazyServed
 	if cfg.LazyResume && cfg.UserNS && !b.Has(criu.UsernsUffd) {
-		cfg.LazyResume, cfg.LazyServed = false, false
+		cfg.LazyResume = false // --lazy-served goes with it below
 		why := b.Lacks(criu.UsernsUffd)
 		off = append(off, "--lazy-resume: "+why)
 		log.Warn("--lazy-resume turned off: units run in user namespaces, where a lazy restore needs a userfaultfd CRIU cannot open there; resumes are eager",
@@ -74,9 +76,8 @@ func fastPaths(cfg *Config, b capable, log *slog.Logger) []string {
 		off = append(off, "--lazy-served: "+why)
 		log.Warn("--lazy-served turned off: served lazy resumes need lazy-pages to keep every task's userfaultfd; lazy resumes rehash every byte first",
 			"reason", why)
-	case served && !cfg.LazyServed:
-		off = append(off, "--lazy-served: off with --lazy-resume")
-		log.Warn("--lazy-served turned off with --lazy-resume")
+	case served && !cfg.LazyResume:
+		off = append(off, servedOff(cfg, log)...)
 	}
 	if cfg.LazyResume && !b.Has(criu.TasksKeepUffds) {
 		cfg.LazyResume = false
@@ -84,11 +85,48 @@ func fastPaths(cfg *Config, b capable, log *slog.Logger) []string {
 		off = append(off, "--lazy-resume: "+why)
 		log.Warn("--lazy-resume turned off: the restored tasks would not keep their own userfaultfds, and a unit whose lazy-pages and daemon both died would run on zero-filled pages; resumes are eager",
 			"reason", why)
-		if cfg.LazyServed {
-			cfg.LazyServed = false
-			off = append(off, "--lazy-served: off with --lazy-resume")
-			log.Warn("--lazy-served turned off with --lazy-resume")
-		}
+		off = append(off, servedOff(cfg, log)...)
 	}
 	return off
+}
+
+// servedOff turns --lazy-served off in cfg with --lazy-resume, logs it and
+// returns its line, as [fastPaths] does; nothing if it was off.
+func servedOff(cfg *Config, log *slog.Logger) []string {
+	if !cfg.LazyServed {
+		return nil
+	}
+	cfg.LazyServed = false
+	log.Warn("--lazy-served turned off with --lazy-resume")
+	return []string{"--lazy-served: off with --lazy-resume"}
+}
+
+// checkLazy asks the CRIU the executor runs whether it can restore
+// lazily at all, when the config still asks for it ([lazyOff]).
+func (h *Host) checkLazy(ctx context.Context) error {
+	if !h.Config.LazyResume {
+		return nil
+	}
+	why, err := "no CRIU answered at start", h.CRIUErr
+	if err == nil {
+		why, err = "criu check --feature uffd-noncoop fails", criu.CheckLazy(ctx, h.Exec.Config().CRIU)
+	}
+	if err == nil {
+		return nil
+	}
+	if h.Config.LazyGiven {
+		return fmt.Errorf("daemon: lazy resume: %w", err)
+	}
+	h.CRIUOff = append(h.CRIUOff, lazyOff(&h.Config, why, err, h.Config.Logger)...)
+	return nil
+}
+
+// lazyOff turns off, at its default, a lazy resume the CRIU cannot do
+// (why, err), and --lazy-served with it, logs it and returns the lines
+// for each as [fastPaths] does. (Given, --lazy-resume refuses the
+// start instead: checkLazy.)
+func lazyOff(cfg *Config, why string, err error, log *slog.Logger) []string {
+	log.Warn("--lazy-resume turned off: this host's CRIU cannot restore lazily; resumes are eager", "reason", err)
+	cfg.LazyResume = false
+	return append([]string{"--lazy-resume: " + why}, servedOff(cfg, log)...)
 }

@@ -2,6 +2,8 @@ package host
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"strings"
@@ -65,6 +67,46 @@ func TestFastPaths(t *testing.T) {
 			t.Errorf("%s: %+v, off %q; want %+v, off %q", c.name, cfg, off, c.want, c.off)
 		}
 		for _, o := range off {
+			flag, _, _ := strings.Cut(o, ":")
+			if !strings.Contains(buf.String(), flag+" turned off") {
+				t.Errorf("%s: the log does not say %s was turned off:\n%s", c.name, flag, buf.String())
+			}
+		}
+	}
+}
+
+// TestCheckLazy: where no CRIU can restore lazily, --lazy-resume at its
+// default is turned off, --lazy-served with it, each logged and named;
+// given (LazyGiven), the host refuses to open; off, nothing is asked.
+func TestCheckLazy(t *testing.T) {
+	noCRIU := errors.New("executor: missing: criu: not found")
+	cases := []struct {
+		name string
+		cfg  Config
+		want Config
+		off  []string
+		err  bool
+	}{
+		{"default", Config{LazyResume: true, LazyServed: true, UserNS: true}, Config{UserNS: true},
+			[]string{"--lazy-resume: no CRIU answered at start", "--lazy-served: off with --lazy-resume"}, false},
+		{"default, not served", Config{LazyResume: true}, Config{},
+			[]string{"--lazy-resume: no CRIU answered at start"}, false},
+		{"given", Config{LazyResume: true, LazyGiven: true, LazyServed: true}, Config{LazyResume: true, LazyGiven: true, LazyServed: true}, nil, true},
+		{"off", Config{}, Config{}, nil, false},
+	}
+	for _, c := range cases {
+		var buf bytes.Buffer
+		c.cfg.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+		h := &Host{Config: c.cfg, CRIUErr: noCRIU}
+		err := h.checkLazy(context.Background())
+		if (err != nil) != c.err || (err != nil && !errors.Is(err, noCRIU)) {
+			t.Errorf("%s: %v, want an error %v", c.name, err, c.err)
+		}
+		h.Config.Logger = nil
+		if h.Config != c.want || !slices.Equal(h.CRIUOff, c.off) {
+			t.Errorf("%s: %+v, off %q; want %+v, off %q", c.name, h.Config, h.CRIUOff, c.want, c.off)
+		}
+		for _, o := range h.CRIUOff {
 			flag, _, _ := strings.Cut(o, ":")
 			if !strings.Contains(buf.String(), flag+" turned off") {
 				t.Errorf("%s: the log does not say %s was turned off:\n%s", c.name, flag, buf.String())

@@ -70,10 +70,14 @@ type Config struct {
 	// (serve --chunked-images; store.Store.SetChunkedImages).
 	ChunkedImages bool
 	// LazyResume restores image parks lazily: the unit runs before its
-	// memory is all back (docs/lazy-resume.md). Off by default; a host
-	// whose CRIU cannot (criu check --feature uffd-noncoop) refuses to
-	// open with it.
+	// memory is all back (docs/lazy-resume.md; serve --lazy-resume, on
+	// by default). Where the CRIU cannot (criu check --feature
+	// uffd-noncoop, or no CRIU at all) it is turned off and logged, or,
+	// with LazyGiven, the host refuses to open.
 	LazyResume bool
+	// LazyGiven says LazyResume was asked for (given on serve's command
+	// line or in its config), not taken by default.
+	LazyGiven bool
 	// LazyServed, with LazyResume, verifies each lazily served chunk of a
 	// chunked image as its pages are first served (internal/criu/pageserver)
 	// instead of every stored byte before the restore (docs/lazy-resume.md,
@@ -168,10 +172,8 @@ func Open(ctx context.Context, cfg Config) (_ *Host, err error) {
 		return nil, err
 	}
 	h.identifyCRIU()
-	if cfg.LazyResume {
-		if err := criu.CheckLazy(ctx, h.Exec.Config().CRIU); err != nil {
-			return nil, fmt.Errorf("daemon: lazy resume: %w", err)
-		}
+	if err := h.checkLazy(ctx); err != nil {
+		return nil, err
 	}
 	h.openWarm()
 	return h, nil

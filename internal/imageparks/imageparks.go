@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -69,6 +70,9 @@ type Gate struct {
 	now     func() time.Time // the clock that times ReprobeAfter
 	after   time.Duration    // ReprobeAfter; tests shorten it
 
+	// slots admits the dumps and restores that run at once (Admit).
+	slots chan struct{}
+
 	mu       sync.Mutex
 	done     chan struct{} // closed once p is set
 	p        criu.Probe
@@ -86,7 +90,8 @@ func Start(bg context.Context, wg *sync.WaitGroup, probe Prober, criuErr error, 
 }
 
 func newGate(bg context.Context, wg *sync.WaitGroup, probe Prober, criuErr error, log *slog.Logger) *Gate {
-	return &Gate{bg: bg, wg: wg, probe: probe, criuErr: criuErr, log: log, now: time.Now, after: ReprobeAfter}
+	return &Gate{bg: bg, wg: wg, probe: probe, criuErr: criuErr, log: log, now: time.Now, after: ReprobeAfter,
+		slots: make(chan struct{}, Slots())}
 }
 
 func (g *Gate) start() {
@@ -155,6 +160,29 @@ func (g *Gate) Ready(ctx context.Context) error {
 		return fmt.Errorf("%w: %s", ErrUnavailable, p.Reason)
 	}
 	return nil
+}
+
+// Slots is how many image parks' dumps and image resumes' restores run at
+// once: one per processor the daemon may use (GOMAXPROCS), and at least
+// two. Under load, more at once only share the processors: each takes as
+// long as all of them, where admitted in turn the first finish first.
+func Slots() int {
+	return max(2, runtime.GOMAXPROCS(0))
+}
+
+// Admit waits on the gate (Ready), then for one of its slots, in the order
+// asked (Slots): the caller dumps or restores, then calls release (once).
+// Waiting for a slot ends with ctx.
+func (g *Gate) Admit(ctx context.Context) (release func(), err error) {
+	if err := g.Ready(ctx); err != nil {
+		return nil, err
+	}
+	select {
+	case g.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for a slot to dump or restore in: %w", ctx.Err())
+	}
+	return sync.OnceFunc(func() { <-g.slots }), nil
 }
 
 // UserNS reports whether image units run in user namespaces: the latest

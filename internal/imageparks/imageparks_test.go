@@ -3,6 +3,7 @@ package imageparks
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -200,5 +201,63 @@ func TestDeadline(t *testing.T) {
 	}
 	if got := Deadline(3*time.Second, 8<<30); got != 3*time.Second {
 		t.Errorf("configured deadline: %v", got)
+	}
+}
+
+// Admit lets Slots dumps or restores in at once: the next waits until
+// one is released (a second release frees nothing more), a wait ends with
+// its context, and a closed gate admits none.
+func TestAdmitSlots(t *testing.T) {
+	p := &prober{outcomes: outcomes(criu.Probe{OK: true})}
+	g, _ := mustGate(t, p, nil)
+	var releases []func()
+	for range Slots() {
+		release, err := g.Admit(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+	}
+	short, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := g.Admit(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("admitted past the slots: %v", err)
+	}
+	admitted := make(chan func())
+	go func() {
+		release, err := g.Admit(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		admitted <- release
+	}()
+	select {
+	case <-admitted:
+		t.Fatal("admitted before a slot was released")
+	case <-time.After(50 * time.Millisecond):
+	}
+	releases[0]()
+	releases[0]() // once only
+	last := <-admitted
+	short2, cancel2 := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel2()
+	if _, err := g.Admit(short2); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a second release freed a second slot: %v", err)
+	}
+	last()
+	for _, r := range releases[1:] {
+		r()
+	}
+
+	closed, _ := mustGate(t, &prober{outcomes: outcomes(criu.Probe{Reason: "broken"})}, nil)
+	if _, err := closed.Admit(t.Context()); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a closed gate: %v", err)
+	}
+}
+
+// Slots is one per processor the daemon may use, at least two.
+func TestSlots(t *testing.T) {
+	if got, want := Slots(), max(2, runtime.GOMAXPROCS(0)); got != want {
+		t.Fatalf("slots %d, want %d", got, want)
 	}
 }

@@ -41,16 +41,17 @@ type ChunkStats struct {
 }
 
 // planChunks prepares the slab form (store.ChunkedFiles, docs/store.md
-// "Slabs") of each pages file of the staged image directory: it hashes
-// every chunk and finds those whose bytes the base park's slabs hold
-// (compared: an imported index is hostile, its addresses not trusted);
-// [slabber.put] then stages the form. With no chunk held (no base), it
-// takes the hashes early made (the follower's, of a file it vouched for)
-// of chunks at the same offset and size: the file is then stored whole as
-// slab 00 under the follower's hash, so a rewrite between the follower's
-// read and the chunk's shows as that address being wrong (early.go). With
-// a base, a chunk's hash decides whether it is listed in a base slab,
-// unchecked against the file's own: each is hashed from the final bytes.
+// "Slabs") of each pages file of the staged image directory: it takes
+// the hashes early made (the follower's; [slabber.vouched] drops them if
+// it does not vouch for the file) of chunks at the same offset and size,
+// hashes the others, and finds those
+// whose bytes the base park's slabs hold (compared: an imported index is
+// hostile, its addresses not trusted); [slabber.put] then stages the
+// form. An early hash is listed only where the final bytes are checked
+// against it or relied on as the follower's (early.go): a chunk written
+// into a new slab is hashed again from them; the pages file stored whole
+// as slab 00 is stored under the follower's hash of it, or hashed again
+// in chunks if there is none (a later park's follower hashes none).
 // A pages file under [MinChunked], one whose size its pagemap does not
 // give, one whose runs do not go up in address, one of more than
 // store.MaxChunks chunks, or one past store.MaxListedChunks of the
@@ -75,10 +76,7 @@ func planChunks(ctx context.Context, st *store.Store, images string, held map[re
 		}
 		total += n
 		done[pm.pages] = true
-		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: held}
-		if len(held) == 0 {
-			c.early = early(pm.pages)
-		}
+		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: held, early: early(pm.pages)}
 		if err := c.plan(ctx, pm); err != nil {
 			return nil, fmt.Errorf("park: chunking %s: %w", pm.pages, err)
 		}
@@ -143,6 +141,7 @@ type slabber struct {
 	mode   os.FileMode
 	base   map[record.Address]heldAt
 	early  map[uint64]earlyChunk // by offset: chunks the follower hashed (early.go)
+	pm     pagemap               // the file's
 	ps     []piece               // planned
 	size   uint64                // the pages file's
 	stored []store.Entry
@@ -158,10 +157,12 @@ type piece struct {
 	vaddr, size, at uint64 // at: its offset in the staged file
 	addr            record.Address
 	in              *heldAt // the base slab holding the same bytes, if any
+	early           bool    // addr is the follower's (early.go)
 }
 
 // plan hashes the chunks of the pages file that pm names.
 func (c *slabber) plan(ctx context.Context, pm pagemap) error {
+	c.pm = pm
 	f, err := os.Open(filepath.Join(c.dir, c.name))
 	if err != nil {
 		return err
@@ -174,6 +175,18 @@ func (c *slabber) plan(ctx context.Context, pm pagemap) error {
 		c.size += sp.bytes
 	}
 	return c.hash(ctx, f, c.ps)
+}
+
+// vouched plans the file again without early hashes if it took some and
+// the follower does not vouch for them (early, what it vouches for, is
+// nil): the file changed after the follower read it.
+func (c *slabber) vouched(ctx context.Context, early map[uint64]earlyChunk) error {
+	if early != nil || c.fromEarly.Load() == 0 {
+		return nil
+	}
+	c.early, c.size = nil, 0
+	c.fromEarly.Store(0)
+	return c.plan(ctx, c.pm)
 }
 
 // put stages the planned slab form, adding what it hashed to known.
@@ -200,25 +213,47 @@ func (c *slabber) put(known map[string]store.Hashed) error {
 	}
 	switch {
 	case len(fresh) == len(ps):
-		// Nothing held: the pages file is the slab, renamed.
+		// Nothing held: the pages file is the slab, renamed, under the
+		// follower's hash of it if any, else its early hashes checked.
+		k, vouched := known[c.name]
+		if !vouched {
+			if err := c.rehashEarly(ps); err != nil {
+				return err
+			}
+		}
 		if err := os.Rename(p, filepath.Join(c.dir, store.SlabName(c.name, 0))); err != nil {
 			return err
 		}
-		if k, ok := known[c.name]; ok {
+		if vouched {
 			known[store.SlabName(c.name, 0)] = k
 		}
 		for i := range index {
-			index[i].Offset = ps[i].at
+			index[i].Offset, index[i].Address = ps[i].at, ps[i].addr
 		}
 		c.new = int64(c.size)
 	case len(fresh) > 0:
-		h, err := c.writeSlab(ps, fresh, index, len(kept))
+		// The fresh pieces are read first if they fit freshInMemory, so
+		// that the staged file's removal (dropping its pages) goes on
+		// beside the slab's write.
+		src, err := c.readFresh(ps, fresh)
+		if err != nil {
+			return err
+		}
+		removed := make(chan error, 1)
+		if src != nil {
+			go func() { removed <- os.Remove(p) }()
+		}
+		h, err := c.writeSlab(ps, fresh, index, len(kept), src)
+		if src != nil {
+			err = errors.Join(err, <-removed)
+		} else if err == nil {
+			err = os.Remove(p)
+		}
 		if err != nil {
 			return err
 		}
 		known[store.SlabName(c.name, len(kept))] = h
 		c.new = h.Size
-		fallthrough
 	default:
 		if err := os.Remove(p); err != nil {
 			return err
@@ -234,13 +269,13 @@ func (c *slabber) put(known map[string]store.Hashed) error {
 	return nil
 }
 
-// hash hashes every piece of the staged pages file (mapped, so that no
-// byte is copied), one worker per processor, and finds the base slab
-// holding each piece's bytes: the address in a base index, and, unless
-// this process wrote the base's listing, the bytes there compared with
-// the piece's (an imported index is hostile: its addresses are not
-// trusted, nor the slabs a listing pairs with an index this process
-// wrote).
+// hash hashes every piece of the staged pages file that the follower did
+// not (mapped, so that no byte is copied), one worker per processor, and
+// finds the base slab holding each piece's bytes: the address in a base
+// index, and, unless this process wrote the base's listing, the bytes
+// there compared with the piece's (an imported index is hostile: its
+// addresses are not trusted, nor the slabs a listing pairs with an index
+// this process wrote).
 // A base slab that is not a regular file of its listed size is not used.
 func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 	staged, err := mapFile(f, c.size)
@@ -282,7 +317,7 @@ func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 				pc := &ps[i]
 				b := staged[pc.at : pc.at+pc.size]
 				if e, ok := c.early[pc.at]; ok && e.size == pc.size {
-					pc.addr = e.addr
+					pc.addr, pc.early = e.addr, true
 					c.fromEarly.Add(1)
 				} else {
 					pc.addr = record.Sum(b)
@@ -304,6 +339,34 @@ func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// rehashEarly hashes again, from the staged file's final bytes, the
+// pieces of ps whose hash the follower made, one worker per processor.
+func (c *slabber) rehashEarly(ps []piece) error {
+	f, err := os.Open(filepath.Join(c.dir, c.name))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	staged, err := mapFile(f, c.size)
+	if err != nil {
+		return err
+	}
+	defer unix.Munmap(staged)
+	workers := min(runtime.GOMAXPROCS(0), max(1, len(ps)/64))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w * len(ps) / workers; i < (w+1)*len(ps)/workers; i++ {
+				if pc := &ps[i]; pc.early {
+					pc.addr, pc.early = record.Sum(staged[pc.at:pc.at+pc.size]), false
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return nil
 }
 
 // mapFile maps f, which must be a regular file of size bytes, read-only.
@@ -361,15 +424,51 @@ func (c *slabber) keepSlabs(ps []piece) (map[record.Address]int, []store.Entry) 
 	return slabs, kept
 }
 
-// writeSlab stages slab number n: the pieces fresh of ps, read from the
-// staged pages file, back to back, each distinct one once; it sets their
-// records in index and returns the slab's size and address.
-func (c *slabber) writeSlab(ps []piece, fresh []int, index []store.SlabChunk, n int) (store.Hashed, error) {
+// freshInMemory is the most bytes of fresh pieces [slabber.readFresh]
+// reads into memory (a variable: tests take the other path).
+var freshInMemory uint64 = 64 << 20
+
+// readFresh reads the pieces fresh of ps from the staged pages file, back
+// to back in that order, if they are at most freshInMemory bytes; else it
+// returns nil.
+func (c *slabber) readFresh(ps []piece, fresh []int) ([]byte, error) {
+	var n uint64
+	for _, i := range fresh {
+		if n += ps[i].size; n > freshInMemory {
+			return nil, nil
+		}
+	}
 	f, err := os.Open(filepath.Join(c.dir, c.name))
 	if err != nil {
-		return store.Hashed{}, err
+		return nil, err
 	}
 	defer f.Close()
+	b := make([]byte, n)
+	var off uint64
+	for _, i := range fresh {
+		if _, err := f.ReadAt(b[off:off+ps[i].size], int64(ps[i].at)); err != nil {
+			return nil, err
+		}
+		off += ps[i].size
+	}
+	return b, nil
+}
+
+// writeSlab stages slab number n: the pieces fresh of ps, back to back,
+// each distinct one once, read from src (readFresh's) or if it is nil
+// from the staged pages file; it sets their records in index, each
+// chunk's address hashed from the bytes written, and returns the slab's
+// size and address.
+func (c *slabber) writeSlab(ps []piece, fresh []int, index []store.SlabChunk, n int, src []byte) (store.Hashed, error) {
+	var from io.ReaderAt = bytes.NewReader(src)
+	if src == nil {
+		f, err := os.Open(filepath.Join(c.dir, c.name))
+		if err != nil {
+			return store.Hashed{}, err
+		}
+		defer f.Close()
+		from = f
+	}
 	out, err := os.OpenFile(filepath.Join(c.dir, store.SlabName(c.name, n)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, c.mode)
 	if err != nil {
 		return store.Hashed{}, err
@@ -378,24 +477,29 @@ func (c *slabber) writeSlab(ps []piece, fresh []int, index []store.SlabChunk, n 
 	w := bufio.NewWriterSize(io.MultiWriter(out, h), 1<<20)
 	at := map[record.Address]uint64{}
 	buf := make([]byte, ChunkSize)
-	var off uint64
+	var off, read uint64
 	for _, i := range fresh {
 		pc := ps[i]
-		index[i].Slab = n
-		if o, ok := at[pc.addr]; ok {
-			index[i].Offset = o
-			continue
-		}
 		b := buf[:pc.size]
-		if _, err := f.ReadAt(b, int64(pc.at)); err != nil {
+		where := pc.at
+		if src != nil {
+			where, read = read, read+pc.size
+		}
+		if _, err := from.ReadAt(b, int64(where)); err != nil {
 			out.Close()
 			return store.Hashed{}, err
+		}
+		a := record.Sum(b)
+		index[i].Slab, index[i].Address = n, a
+		if o, ok := at[a]; ok {
+			index[i].Offset = o
+			continue
 		}
 		if _, err := w.Write(b); err != nil {
 			out.Close()
 			return store.Hashed{}, err
 		}
-		at[pc.addr], index[i].Offset = off, off
+		at[a], index[i].Offset = off, off
 		off += pc.size
 	}
 	if err := w.Flush(); err != nil {

@@ -17,17 +17,26 @@ import (
 // buffer of one page: it reaches the file in pieces, the last as the
 // task's dump ends. The follower of a pages file, whenever it waits for
 // CRIU to write more, hashes the chunks that the pagemap written so far
-// cuts from the bytes it has hashed whole already, on its own goroutine
-// (CRIU keeps its core). A park with no base takes such a hash for a
-// chunk at the same offset and of the same size in the file's final cuts,
-// and only for a file the follower vouches for ([follower.finish]); it
-// hashes the rest once the dump returns (planChunks says why not with a
-// base).
+// cuts from the bytes it has read already, on its own goroutine (CRIU
+// keeps its core), then those it would cut if its last run went on: the
+// pagemap lags the pages by up to a page of entries, hundreds of MiB. A
+// park takes such a hash for a chunk at the same offset and of the same
+// size in the file's final cuts, only for a file the follower vouches for
+// ([follower.finish]), and hashes the rest once the dump returns; a wrong
+// guess is not such a chunk, and costs only its hashing.
 //
-// Each chunk is read after the follower read the same bytes for the
-// file's hash: a rewrite between the two reads, or after both, makes the
-// file's hash differ from its final bytes, which the store's
-// verification reports, as for any followed file.
+// Each chunk is read after the follower read the same bytes. With no
+// base, the file is stored whole as slab 00 under the follower's hash of
+// it: a rewrite between the two reads, or after both, makes that hash
+// differ from the file's final bytes, which the store's verification
+// reports, as for any followed file. A later park's follower hashes its
+// pages files in chunks only (followOptions.later): a chunk it writes into
+// a new slab is hashed again from the bytes written, one listed in a slab
+// of a base this process did not make is compared with the bytes there,
+// and one listed in a slab this process made is listed on the follower's
+// hash: a rewrite of those bytes made while the file still grew, which no
+// size or time of the file shows (follow.go), would list the base's bytes.
+// CRIU writes each image once, by appending.
 
 // hashedEarly is told the chunks of a pages file hashed early so far
 // (a variable: tests wait for it).
@@ -58,8 +67,13 @@ type chunker struct {
 	parsed  int64 // the pagemap's size when last read
 	spans   []span
 	next    int // the first span not hashed
-	done    map[uint64]earlyChunk
-	buf     []byte
+	// guessAt is where the next chunk is in the file if the pagemap's
+	// last run goes on past what it says so far, and guessV its
+	// virtual address (guessing: there is a guess).
+	guessAt, guessV uint64
+	guessing        bool
+	done            map[uint64]earlyChunk
+	buf             []byte
 }
 
 // span is one chunk's place in a pages file.
@@ -81,35 +95,64 @@ func newChunker(path string) *chunker {
 }
 
 // step hashes up to earlyStep bytes of chunks that end within the first
-// hashed bytes of f, and reports whether it hashed any.
+// hashed bytes of f, and reports whether it hashed any: the pagemap's
+// cuts first, then, once those are hashed, the cuts it would make if its
+// last run went on (its guess).
 func (c *chunker) step(f *os.File, hashed int64) bool {
 	c.refresh()
-	first, i := c.next, c.next
-	var end uint64 // the spans are back to back: hashed are [first, i)
-	for ; i < len(c.spans); i++ {
-		e := c.spans[i].at + c.spans[i].size
-		if e > uint64(hashed) || (i > first && e-c.spans[first].at > earlyStep) {
+	for c.next < len(c.spans) { // hashed already as a guess
+		sp := c.spans[c.next]
+		if e, ok := c.done[sp.at]; !ok || e.size != sp.size {
 			break
 		}
-		end = e
+		c.next++
 	}
-	if i == first {
+	var todo []span
+	if c.next < len(c.spans) {
+		for _, sp := range c.spans[c.next:] {
+			if !c.fits(todo, sp, hashed) {
+				break
+			}
+			todo = append(todo, sp)
+		}
+	} else if c.guessing {
+		for at, v := c.guessAt, c.guessV; ; {
+			sp := span{at, ChunkSize - v%ChunkSize}
+			if !c.fits(todo, sp, hashed) {
+				break
+			}
+			todo = append(todo, sp)
+			at, v = at+sp.size, v+sp.size
+		}
+	}
+	if len(todo) == 0 {
 		return false
 	}
-	from := c.spans[c.next].at
+	from, end := todo[0].at, todo[len(todo)-1].at+todo[len(todo)-1].size
 	if uint64(cap(c.buf)) < end-from {
 		c.buf = make([]byte, end-from)
 	}
 	b := c.buf[:end-from]
 	if _, err := f.ReadAt(b, int64(from)); err != nil {
-		c.spans = nil // hashed after the dump instead
+		c.spans, c.guessing = nil, false // hashed after the dump instead
 		return false
 	}
-	for _, sp := range c.spans[c.next:i] {
+	for _, sp := range todo {
 		c.done[sp.at] = earlyChunk{sp.size, record.Sum(b[sp.at-from : sp.at-from+sp.size])}
 	}
-	c.next = i
+	if c.next < len(c.spans) {
+		c.next += len(todo)
+	} else {
+		c.guessAt, c.guessV = end, c.guessV+end-c.guessAt
+	}
 	return true
+}
+
+// fits is whether sp may join todo, chunks back to back: it ends within
+// the first hashed bytes, and todo stays within earlyStep bytes.
+func (c *chunker) fits(todo []span, sp span, hashed int64) bool {
+	e := sp.at + sp.size
+	return e <= uint64(hashed) && (len(todo) == 0 || e-todo[0].at <= earlyStep)
 }
 
 // refresh finds the pagemap naming the file and, when it has grown,
@@ -137,13 +180,15 @@ func (c *chunker) refresh() {
 	c.parsed = int64(len(b))
 	pm, err := parsePagemapPrefix(b)
 	if err != nil || !pm.increasing() {
-		c.spans = nil
+		c.spans, c.guessing = nil, false
 		return
 	}
 	runs := pm.spans(ChunkSize)
-	if len(runs) > 0 {
-		runs = runs[:len(runs)-1]
+	if len(runs) == 0 {
+		return
 	}
+	last := runs[len(runs)-1]
+	runs = runs[:len(runs)-1]
 	spans := make([]span, len(runs))
 	var at uint64
 	for i, r := range runs {
@@ -155,6 +200,11 @@ func (c *chunker) refresh() {
 		c.next = len(spans)
 	}
 	c.spans = spans
+	// The guess goes on from the last cut, or from where it got to if
+	// that is on the last run's way.
+	if !c.guessing || c.guessAt < at || c.guessV-last.vaddr != c.guessAt-at {
+		c.guessAt, c.guessV, c.guessing = at, last.vaddr, true
+	}
 }
 
 // find is the path of the pagemap whose head names the file, or "".

@@ -60,6 +60,7 @@ type follower struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	returned chan struct{} // closed when the producer has returned
+	tell     sync.Once     // closes returned
 	scanned  chan struct{} // closed when the scanner has stopped
 
 	mu    sync.Mutex
@@ -72,13 +73,17 @@ type follower struct {
 // goroutine's until the follower's WaitGroup is done.
 type followed struct {
 	path   string
-	keep   bool                  // start the file's writeback (followOptions.discard)
+	later  bool                  // a later park's pages file: no writeback, no hash of it whole (followOptions.later)
 	chunks map[uint64]earlyChunk // by offset: chunks hashed early (early.go)
-	hashed int64                 // bytes hashed
-	early  int64                 // of them, hashed before the producer returned
-	mtime  time.Time             // the file's modification time when first found at its current size
-	addr   record.Address
-	err    error // why the file was given up
+	// chunked is closed once chunks is final: from the producer's
+	// return, or the tracker's end, no more are hashed.
+	chunked chan struct{}
+	once    sync.Once // closes chunked
+	hashed  int64     // bytes hashed
+	early   int64     // of them, hashed before the producer returned
+	mtime   time.Time // the file's modification time when first found at its current size
+	addr    record.Address
+	err     error // why the file was given up
 	// quietAt is the size at which the file was last found at its end,
 	// or -1 while it grows: for tests, which must know that a file is
 	// followed to its end before they rewrite it.
@@ -92,12 +97,13 @@ type followOptions struct {
 	// least is the size from which a file is followed: followMin for
 	// a park's image.
 	least int64
-	// discard, if set, names the files likely not stored as they are
-	// (a later chunked park's pages files: their chunks are mostly
-	// held already): their writeback is not started, so that the
+	// later, if set, names the files of a later chunked park that are
+	// likely not stored as they are (its pages files: their chunks are
+	// mostly held already). Their writeback is not started, so that the
 	// removal of the staged file drops its pages instead of waiting for
-	// their write.
-	discard func(name string) bool
+	// their write, and they are not hashed whole: only their chunks are
+	// (chunks), and finish vouches for them but gives no address.
+	later func(name string) bool
 	// chunks is whether pages files' chunks are hashed early (early.go).
 	chunks bool
 }
@@ -154,13 +160,20 @@ func (fl *follower) following(name string) bool {
 }
 
 func (fl *follower) start(name string) {
-	ff := &followed{path: filepath.Join(fl.dir, name), keep: fl.opt.discard == nil || !fl.opt.discard(name)}
+	ff := &followed{path: filepath.Join(fl.dir, name), later: fl.opt.later != nil && fl.opt.later(name), chunked: make(chan struct{})}
 	ff.quietAt.Store(-1)
 	fl.mu.Lock()
 	fl.files[name] = ff
 	fl.mu.Unlock()
-	fl.wg.Go(func() { ff.err = fl.track(ff) })
+	fl.wg.Go(func() {
+		defer ff.setChunks(nil) // if the tracker did not
+		ff.err = fl.track(ff)
+	})
 }
+
+// tracking is told the name of each file a follower opens to hash. (A
+// variable: tests wait on it.)
+var tracking = func(name string) {}
 
 // tracker is the hashing of one followed file, on its goroutine.
 type tracker struct {
@@ -198,12 +211,12 @@ func (fl *follower) track(ff *followed) error {
 	if err != nil {
 		return err
 	}
+	tracking(filepath.Base(ff.path))
 	t := &tracker{fl: fl, ff: ff, f: f, opened: opened, h: new(treehash.Serial), buf: make([]byte, followBuf)}
 	if fl.opt.chunks {
-		if t.ck = newChunker(ff.path); t.ck != nil {
-			defer func() { ff.chunks = t.ck.done }()
-		}
+		t.ck = newChunker(ff.path)
 	}
+	defer t.chunksFinal()
 	poll := time.NewTimer(followPoll)
 	defer poll.Stop()
 	defer t.rest.Wait() // before the Close
@@ -256,11 +269,29 @@ func (fl *follower) track(ff *followed) error {
 // the hashing of the tail: the bytes are all written now.
 func (t *tracker) returned() {
 	t.final, t.ff.early = true, t.off
-	if !t.ff.keep {
+	t.chunksFinal()
+	if t.ff.later {
 		return
 	}
 	from := t.queued
 	t.rest.Go(func() { writeback(t.f, from, 0) })
+}
+
+// chunksFinal hands the chunks hashed early on to [follower.chunksSoFar]:
+// none are hashed once the producer has returned.
+func (t *tracker) chunksFinal() {
+	if t.ck != nil {
+		t.ff.setChunks(t.ck.done)
+	}
+	t.ff.setChunks(nil)
+}
+
+// setChunks makes m the file's chunks hashed early, unless they are set.
+func (ff *followed) setChunks(m map[uint64]earlyChunk) {
+	ff.once.Do(func() {
+		ff.chunks = m
+		close(ff.chunked)
+	})
 }
 
 // read hashes what is written past the bytes hashed, and while the
@@ -271,13 +302,15 @@ func (t *tracker) returned() {
 func (t *tracker) read() (more bool, err error) {
 	n, err := t.f.ReadAt(t.buf, t.off)
 	if n > 0 {
-		t.h.Write(t.buf[:n])
+		if !t.ff.later {
+			t.h.Write(t.buf[:n])
+		}
 		t.off += int64(n)
 		if t.quiet {
 			t.quiet = false
 			t.ff.quietAt.Store(-1)
 		}
-		if !t.final && t.ff.keep && t.off-t.queued >= writebackStep {
+		if !t.final && !t.ff.later && t.off-t.queued >= writebackStep {
 			writeback(t.f, t.queued, t.off-t.queued)
 			t.queued = t.off
 		}
@@ -361,9 +394,10 @@ type followStats struct {
 // to hash every file it follows to the end, and returns the hashes it
 // vouches for, for [store.Store.IngestHashed]. A file it gave up, or whose
 // size or modification time differ from those it hashed, is left out, so
-// that the ingest hashes it.
+// that the ingest hashes it; so is a later park's pages file, hashed in
+// chunks only (followOptions.later).
 func (fl *follower) finish() (map[string]store.Hashed, followStats) {
-	close(fl.returned)
+	fl.producerReturned()
 	<-fl.scanned
 	fl.wg.Wait()
 	fl.cancel()
@@ -377,7 +411,9 @@ func (fl *follower) finish() (map[string]store.Hashed, followStats) {
 		if err != nil || info.Size() != ff.hashed || !info.ModTime().Equal(ff.mtime) {
 			continue
 		}
-		known[name] = store.Hashed{Size: ff.hashed, Address: ff.addr}
+		if !ff.later {
+			known[name] = store.Hashed{Size: ff.hashed, Address: ff.addr}
+		}
 		if len(ff.chunks) > 0 {
 			if fl.early == nil {
 				fl.early = map[string]map[uint64]earlyChunk{}
@@ -397,6 +433,23 @@ func (fl *follower) stop() {
 	fl.cancel()
 	<-fl.scanned
 	fl.wg.Wait()
+}
+
+// producerReturned tells the follower that the producer has returned.
+func (fl *follower) producerReturned() { fl.tell.Do(func() { close(fl.returned) }) }
+
+// chunksSoFar are the chunks of name hashed early (early.go), by offset,
+// once no more are: call it after producerReturned. They are not vouched
+// for before finish says so ([follower.earlyChunks]).
+func (fl *follower) chunksSoFar(name string) map[uint64]earlyChunk {
+	fl.mu.Lock()
+	ff := fl.files[name]
+	fl.mu.Unlock()
+	if ff == nil {
+		return nil
+	}
+	<-ff.chunked
+	return ff.chunks
 }
 
 // earlyChunks are the chunks of name hashed early (early.go), by offset,

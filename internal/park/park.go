@@ -33,11 +33,12 @@
 // once it had reached its final size is hashed again by the ingest; a
 // rewrite of bytes already hashed while the file still grew could not be
 // seen, and would store the file under a wrong address, which [Offered]
-// and the store's verification report. A chunked park with a base starts
-// no writeback of its pages files: their chunks are mostly held already,
-// and the staged file, removed once the rest are in a new slab, then
-// goes without waiting for the disk. A first chunked park's follower also
-// hashes the pages files' chunks while it waits for CRIU (early.go).
+// and the store's verification report. A chunked park's follower also
+// hashes the pages files' chunks while it waits for CRIU (early.go). With
+// a base holding chunks, it neither hashes its pages files whole nor
+// starts their writeback: their chunks are mostly held already, and the staged file,
+// removed once the rest are in a new slab, then goes without waiting for
+// the disk.
 //
 // # Layout of an image park
 //
@@ -61,6 +62,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
@@ -146,12 +148,6 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	defer os.RemoveAll(root)
 	images := filepath.Join(mem, "images")
 	chunked := st.ChunkedImages()
-	// Chunks are hashed early only with no base: see planChunks.
-	fo := followOptions{least: followMin, chunks: chunked && opt.Base == nil}
-	if chunked && opt.Base != nil {
-		fo.discard = isPages
-	}
-	fl := follow(ctx, images, fo)
 	// The chunks the base's slabs hold are found while CRIU dumps.
 	var held map[record.Address]heldAt
 	found := make(chan struct{})
@@ -163,6 +159,19 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	} else {
 		close(found)
 	}
+	fo := followOptions{least: followMin, chunks: chunked}
+	if chunked && opt.Base != nil {
+		// Pages files are later ones if the base holds chunks: else
+		// they are likely stored as they are, as slab 00.
+		fo.later = func(name string) bool {
+			if !isPages(name) {
+				return false
+			}
+			<-found
+			return len(held) > 0
+		}
+	}
+	fl := follow(ctx, images, fo)
 	defer func() { <-found }()
 	res.Stats, err = sb.Checkpoint(ctx, executor.Checkpoint{ImageDir: images, Rootfs: filepath.Join(root, RootfsName), Keep: true, Deadline: deadline, MaxRootfsBytes: maxRootfs})
 	if err != nil {
@@ -173,14 +182,45 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 		return res, errors.Join(err, thaw(sb))
 	}
 	start := time.Now()
+	// The rw layer is stored beside the memory image: its syncs and
+	// commit overlap the chunking, and the answer waits for both.
+	type ingested struct {
+		addr record.Address
+		st   store.IngestStats
+		err  error
+	}
+	rootDone := make(chan ingested, 1)
+	go func() {
+		var in ingested
+		in.addr, in.st, in.err = st.Ingest(ctx, root)
+		rootDone <- in
+	}()
+	rootIn := sync.OnceValue(func() ingested { return <-rootDone })
+	defer rootIn() // before the staging directory goes
+	// The chunks the follower did not hash early are hashed now, while
+	// it hashes the tail of the files it follows whole; the early hashes
+	// of a file it does not vouch for then are made again.
+	fl.producerReturned()
+	var plans []*slabber
+	planned := make(chan error, 1)
+	if chunked {
+		go func() {
+			<-found
+			var err error
+			plans, err = planChunks(ctx, st, images, held, fl.chunksSoFar)
+			planned <- err
+		}()
+	} else {
+		planned <- nil
+	}
 	known, fst := fl.finish()
 	res.Followed = fst.Early
-	// The chunks the follower did not hash early are hashed now.
-	var plans []*slabber
-	if chunked {
-		<-found
-		if plans, err = planChunks(ctx, st, images, held, fl.earlyChunks); err != nil {
-			return res, errors.Join(err, thaw(sb))
+	if err := <-planned; err != nil {
+		return res, errors.Join(err, thaw(sb))
+	}
+	for _, c := range plans {
+		if err := c.vouched(ctx, fl.earlyChunks(c.name)); err != nil {
+			return res, errors.Join(fmt.Errorf("park: chunking %s: %w", c.name, err), thaw(sb))
 		}
 	}
 	var stored []store.Entry
@@ -199,10 +239,11 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	if len(plans) > 0 {
 		made.put(st, memAddr)
 	}
-	rootAddr, rst, err := st.Ingest(ctx, root)
-	if err != nil {
-		return res, errors.Join(fmt.Errorf("park: storing the rw layer: %w", err), thaw(sb))
+	ri := rootIn()
+	if ri.err != nil {
+		return res, errors.Join(fmt.Errorf("park: storing the rw layer: %w", ri.err), thaw(sb))
 	}
+	rootAddr, rst := ri.addr, ri.st
 	res.Ingest = time.Since(start)
 	res.NewBytes = mst.NewBytes + rst.NewBytes
 	res.Snapshot = record.ImageSnapshot(rootAddr, &memAddr)

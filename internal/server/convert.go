@@ -86,7 +86,7 @@ func restoreOf(r *attest.Restored) *api.Restore {
 		return nil
 	}
 	return &api.Restore{TotalNS: r.TotalNS, MaterializeNS: r.MaterializeNS, RootfsNS: r.RootfsNS, TaskNS: r.TaskNS,
-		ForkingNS: r.ForkingNS, RestoreNS: r.RestoreNS, Pages: r.Pages, Lazy: r.Lazy}
+		ForkingNS: r.ForkingNS, RestoreNS: r.RestoreNS, Pages: r.Pages, Lazy: r.Lazy, Served: r.Served}
 }
 
 // restoreIn is the restore a journal's interval began with: its restored
@@ -147,10 +147,14 @@ func waitProofOf(v record.Verdict) api.WaitProof {
 }
 
 func verifyOf(v answers.Verification) api.Verify {
-	out := api.Verify{Run: v.Run, OK: v.Err == nil, Objects: v.Objects, Bytes: v.Bytes}
+	out := api.Verify{Run: v.Run, OK: v.Err == nil, Objects: v.Objects, Bytes: v.Bytes, Owed: v.Owed}
 	if v.Segments > 0 || v.Err == nil {
 		out.Segments, out.Phase, out.Head = v.Segments, v.Phase.String(), v.Head.String()
 		out.WaitProof, out.Signers = waitProofOf(v.WaitProof), signersOf(v.Signers)
+	}
+	if v.Owing != nil {
+		o := postCopyOwingOf(*v.Owing)
+		out.Owing = &o
 	}
 	if v.Err != nil {
 		out.Error = ErrorOf(v.Err)
@@ -195,7 +199,23 @@ func hostOf(h answers.HostInfo) api.Host {
 	for k, v := range h.Manifest {
 		out.Manifest[k] = v
 	}
+	for _, x := range h.Holds {
+		out.PostCopyHolds = append(out.PostCopyHolds, api.PostCopyHold{Run: x.Run, Target: x.Target.String(), Head: x.Head.String(), Since: x.Since, Ends: x.Ends})
+	}
+	for _, x := range h.Owings {
+		out.PostCopyOwings = append(out.PostCopyOwings, postCopyOwingOf(x))
+	}
 	return out
+}
+
+// postCopyOwingOf is x as the API shows it: Tried only after a failed
+// try.
+func postCopyOwingOf(x answers.Owing) api.PostCopyOwing {
+	o := api.PostCopyOwing{Run: x.Run, Source: x.Source.String(), Head: x.Head.String(), Slabs: x.Slabs, State: x.State, Reason: x.Reason}
+	if !x.Tried.IsZero() {
+		o.Tried = &x.Tried
+	}
+	return o
 }
 
 // criuOf is the CRIU build as GET /v1/host shows it; version is the one

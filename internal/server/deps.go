@@ -113,4 +113,7 @@ type Fleet interface {
 	Serves(key record.Address) error
 	ServesObject(key, a record.Address) error
 	ServesRecord(key record.Address, id string) error
+	Owing(id string) (bool, error)
+	Done(key record.Address, h member.Handed) error
+	Held(key record.Address, h member.Handed) (bool, error)
 }

@@ -90,6 +90,8 @@ var codes = []struct {
 	{api.CodeManifestMismatch, is(drain.ErrManifest), nil},
 	{api.CodeUnavailable, is(drain.ErrUnfit), nil},
 	{api.CodeRecordInvalid, as[*resume.RecordError], nil},
+	{api.CodeNotHeld, is(store.ErrStranded), nil},
+	{api.CodeUnavailable, is(store.ErrOwed), nil},
 	{api.CodeObjectCorrupt, as[*store.CorruptError], nil},
 	{api.CodeMissingObject, is(store.ErrMissingObject), nil},
 	{api.CodePhase, is(record.ErrClosed, record.ErrParked, record.ErrNotParked, record.ErrAlternation,
@@ -159,7 +161,7 @@ func Status(code string) int {
 		return http.StatusBadRequest
 	case api.CodeNotFound:
 		return http.StatusNotFound
-	case api.CodeExists, api.CodeConflict, api.CodePhase, api.CodeHandedOff, api.CodeGenesisHeld, api.CodeNotOwner:
+	case api.CodeExists, api.CodeConflict, api.CodePhase, api.CodeHandedOff, api.CodeGenesisHeld, api.CodeNotOwner, api.CodeNotHeld:
 		return http.StatusConflict
 	case api.CodeSnapshotMismatch, api.CodeManifestMismatch, api.CodeRecordInvalid, api.CodeObjectCorrupt,
 		api.CodeMissingObject, api.CodeCallRefused, api.CodeSecretsRequired:

@@ -115,6 +115,9 @@ func (f *fake) Receive(context.Context, record.Address, member.Handed) error {
 func (f *fake) Serves(record.Address) error                       { return f.call("Serves") }
 func (f *fake) ServesObject(record.Address, record.Address) error { return f.call("ServesObject") }
 func (f *fake) ServesRecord(record.Address, string) error         { return f.call("ServesRecord") }
+func (f *fake) Owing(string) (bool, error)                        { return false, nil }
+func (f *fake) Done(record.Address, member.Handed) error          { return f.call("Done") }
+func (f *fake) Held(record.Address, member.Handed) (bool, error)  { return true, f.call("Held") }
 
 // fakeKeys is the fake as the trusted-key set (its List clashes with the
 // daemon's).

@@ -62,7 +62,9 @@ var routeTypes = map[string][2]any{
 	"GET /v1/objects/{addr}":                 {nil, nil},
 	"POST /v1/objects/missing":               {transfer.MissingRequest{}, transfer.MissingResponse{}},
 	"GET /v1/records/{id}":                   {nil, nil},
-	"POST /v1/migrations":                    {peer.Migration{}, api.Run{}},
+	"POST /v1/migrations":                    {peer.Migration{}, peer.Handed{}},
+	"POST /v1/migrations/done":               {peer.Done{}, nil},
+	"POST /v1/migrations/held":               {peer.Held{}, peer.HeldAnswer{}},
 	"POST /v1/placement":                     {peer.OfferRequest{}, peer.OfferAnswer{}},
 }
 

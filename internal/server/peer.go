@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,7 +34,14 @@ import (
 //	POST /v1/migrations       peer.Migration: take the run the calling host
 //	                          handed to this one, once the directory says
 //	                          so (member.Receive; resumed when asked);
-//	                          answers the run as held here
+//	                          answers the run as held here, and
+//	                          whether it owes slabs (post-copy)
+//	POST /v1/migrations/done  peer.Done: the calling host, a post-copy
+//	                          target, holds every object of the run, or
+//	                          needs none: its hold here ends (member.Done)
+//	POST /v1/migrations/held  peer.Held: whether this host still holds
+//	                          the run for the calling host (member.Held;
+//	                          false for a hold not the caller's)
 //	POST /v1/placement        peer.OfferRequest: what this host can take
 //	                          now (Deps.Placement), before a drain
 //
@@ -43,7 +51,7 @@ import (
 // PeerRoutes are the patterns of the peer routes, which the mutual-TLS
 // listener serves to host keys only (everything else there is the client
 // API, for platform keys).
-var PeerRoutes = []string{"/v1/objects/", "/v1/records/", "/v1/migrations", "/v1/placement"}
+var PeerRoutes = []string{"/v1/objects/", "/v1/records/", "/v1/migrations", "/v1/migrations/done", "/v1/migrations/held", "/v1/placement"}
 
 // Peer is the peer routes' handler; the caller admits host keys only
 // (peer.Require), and the calling host is the one its key names.
@@ -78,6 +86,8 @@ func Peer(deps Deps, log *slog.Logger) http.Handler {
 		h.record(w, r)
 	})
 	mux.HandleFunc("POST /v1/migrations", h.receive)
+	mux.HandleFunc("POST /v1/migrations/done", h.migrated)
+	mux.HandleFunc("POST /v1/migrations/held", h.stillHeld)
 	mux.HandleFunc("POST /v1/placement", h.offer)
 	return mux
 }
@@ -129,7 +139,7 @@ func (h *handler) offer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o, err := h.Placement.Offer(r.Context(), q.Images)
-	a := peer.OfferAnswer{Facts: o.Facts, Images: o.Images, Free: o.Free, Draining: o.Draining, ImageParks: o.ImageParks, EgressNames: o.EgressNames}
+	a := peer.OfferAnswer{Facts: o.Facts, Images: o.Images, Free: o.Free, Draining: o.Draining, ImageParks: o.ImageParks, EgressNames: o.EgressNames, PostCopy: o.PostCopy}
 	for _, p := range o.EgressAllow {
 		a.EgressAllow = append(a.EgressAllow, p.String())
 	}
@@ -147,5 +157,40 @@ func (h *handler) receive(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.moved(w, r, m.Run, h.Fleet.Receive(r.Context(), from, member.Handed{Run: m.Run, Genesis: m.Genesis, Head: m.Head, Resume: m.Resume}))
+	if err := h.Fleet.Receive(r.Context(), from, member.Handed{Run: m.Run, Genesis: m.Genesis, Head: m.Head, Resume: m.Resume, Held: m.Held}); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	run, err := h.d.Run(m.Run)
+	owing, oerr := h.Fleet.Owing(m.Run)
+	h.reply(w, r, peer.Handed{Run: runOf(run), Owing: owing}, errors.Join(err, oerr))
+}
+
+func (h *handler) migrated(w http.ResponseWriter, r *http.Request) {
+	from, _, ok := peer.KeyOf(r)
+	if !ok {
+		writeJSON(w, http.StatusForbidden, &api.Error{Code: api.CodeForbidden, Message: "no verified host key"})
+		return
+	}
+	var d peer.Done
+	if err := decode(w, r, &d); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.reply(w, r, struct{}{}, h.Fleet.Done(from, member.Handed{Run: d.Run, Genesis: d.Genesis, Head: d.Head}))
+}
+
+func (h *handler) stillHeld(w http.ResponseWriter, r *http.Request) {
+	from, _, ok := peer.KeyOf(r)
+	if !ok {
+		writeJSON(w, http.StatusForbidden, &api.Error{Code: api.CodeForbidden, Message: "no verified host key"})
+		return
+	}
+	var q peer.Held
+	if err := decode(w, r, &q); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	held, err := h.Fleet.Held(from, member.Handed{Run: q.Run, Genesis: q.Genesis, Head: q.Head})
+	h.reply(w, r, peer.HeldAnswer{Held: held}, err)
 }

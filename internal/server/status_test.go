@@ -38,6 +38,7 @@ func TestStatus(t *testing.T) {
 		api.CodeForbidden:         http.StatusForbidden,
 		api.CodeQuota:             http.StatusForbidden,
 		api.CodeNotOwner:          http.StatusConflict,
+		api.CodeNotHeld:           http.StatusConflict,
 		api.CodeDraining:          http.StatusServiceUnavailable,
 		api.CodePagesLost:         http.StatusServiceUnavailable,
 		api.CodeBundleLimit:       http.StatusRequestEntityTooLarge,

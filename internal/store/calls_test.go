@@ -485,7 +485,7 @@ func TestMigrationCallLedger(t *testing.T) {
 	dir := t.TempDir()
 	writeV1(t, dir, recs, []string{"att", "transcript", "manifest"})
 	s := mustOpen(t, dir)
-	if v := schemaVersion(t, s); v != 6 {
+	if v := schemaVersion(t, s); v != SchemaVersion {
 		t.Fatalf("version %d", v)
 	}
 	for id, want := range map[string]string{

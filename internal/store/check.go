@@ -210,6 +210,9 @@ func (s *Store) reachable(ctx context.Context) (map[record.Address]bool, error) 
 			return err
 		}
 		roots = appendRoots(roots, tx)
+		if roots, err = appendOwed(roots, tx); err != nil {
+			return err
+		}
 		if roots, err = appendLedgerRoots(roots, tx); err != nil {
 			return err
 		}

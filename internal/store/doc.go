@@ -15,7 +15,7 @@
 //	                      address's text without "b3:", <c> its first
 //	                      character (64 shard directories)
 //
-// # bbolt schema (version 6)
+// # bbolt schema (version 7)
 //
 //	meta/
 //	  version          → uint32, big-endian: the schema version
@@ -68,6 +68,15 @@
 //	                     ‖ result object (32; zero unless posted, or
 //	                     resolved in the open interval)
 //	                     ‖ kind length (2) ‖ kind (at most 256 bytes)
+//	owed/              post-copy (version 7): what a run stored lacks
+//	  <run id>         → format 1 ‖ source key id (32) ‖ head (32) ‖ slab count
+//	                     (4) ‖ slabs (32 each) ‖ listing count (4) ‖ listings (32 each)
+//	holds/             the runs a source serves until their targets hold them
+//	  <run id>         → format 1 ‖ target key id (32) ‖ head (32) ‖ since (Unix ns, 8)
+//	stranded/          owings whose source can serve them no more (made by the
+//	                   first [Store.Strand]; schema 7 without it is the same)
+//	  <run id>         → format 1 ‖ the owing's head (32) ‖ since (Unix ns, 8)
+//	                     ‖ reason (UTF-8, at most 1 KiB)
 //
 // A run's state (123 bytes) makes [Store.Head] and [Store.Run] O(1) and lets
 // [Store.Append] judge a segment without reading the record (a parked

@@ -103,6 +103,9 @@ func (s *Store) Reclaim(run string, head record.Address) error {
 		if !ok || h.Copy || h.Head != head {
 			return nil
 		}
+		if err := endHold(tx, run); err != nil {
+			return err
+		}
 		return tx.Bucket(bktHandof).Delete([]byte(run))
 	})
 }
@@ -127,6 +130,9 @@ func (s *Store) TakeOver(run string, head record.Address) error {
 		}
 		if h.Head != head {
 			return refuse(fmt.Errorf("run %s: %w: held elsewhere since %s, not %s", run, ErrHeadMoved, h.Head, head))
+		}
+		if err := endHold(tx, run); err != nil {
+			return err
 		}
 		return tx.Bucket(bktHandof).Delete([]byte(run))
 	})
@@ -154,6 +160,9 @@ func (s *Store) HandedOff(run string) (Handoff, bool, error) {
 func markArrival(tx *bolt.Tx, run string, r *record.Record, copy bool) error {
 	v := binary.BigEndian.AppendUint64(nowNS(), uint64(r.Len()))
 	if err := tx.Bucket(bktArrive).Put([]byte(run), v); err != nil {
+		return err
+	}
+	if err := endHold(tx, run); err != nil {
 		return err
 	}
 	if copy {

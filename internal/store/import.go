@@ -16,6 +16,12 @@ func (s *Store) Import(run string, r *record.Record) error { return s.ImportAs(r
 // ImportAs is Import; with copy, the run (parked) is held as a copy in the
 // same transaction: never resumed here ([Store.HandedOff]).
 func (s *Store) ImportAs(run string, r *record.Record, copy bool) error {
+	return s.importAs(run, r, copy, nil)
+}
+
+// importAs is ImportAs, storing owing o in the same transaction when not
+// nil.
+func (s *Store) importAs(run string, r *record.Record, copy bool, o *Owing) error {
 	if err := checkRunID(run); err != nil {
 		return err
 	}
@@ -74,6 +80,14 @@ func (s *Store) ImportAs(run string, r *record.Record, copy bool) error {
 		}
 		if err := markArrival(tx, run, r, copy); err != nil {
 			return err
+		}
+		if o != nil {
+			if err := dropStrand(tx, run); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bktOwed).Put([]byte(run), o.encode()); err != nil {
+				return err
+			}
 		}
 		return tx.Bucket(bktPhases).Bucket(phaseKeys[st.phase]).Put([]byte(run), nil)
 	})

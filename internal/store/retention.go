@@ -84,7 +84,8 @@ func (s *Store) Unpin(run string) error {
 // counts them as reached by its record. The run must be closed, or held
 // elsewhere (handed off, or a copy: it is resumed elsewhere, and a bundle
 // bringing it back carries every snapshot again). A run that is neither,
-// or is pinned, is refused; releasing a released run is a no-op.
+// or is pinned, held or owing ([ErrOwed]), is refused; releasing a
+// released run is a no-op.
 func (s *Store) Release(run string) error {
 	return s.commit(func(tx *bolt.Tx) error {
 		st, err := getState(tx, run)
@@ -97,6 +98,12 @@ func (s *Store) Release(run string) error {
 		if tx.Bucket(bktPins).Get([]byte(run)) != nil {
 			return refuse(fmt.Errorf("run %s: pinned: its snapshots are kept", run))
 		}
+		if tx.Bucket(bktHolds).Get([]byte(run)) != nil {
+			return refuse(fmt.Errorf("run %s: held for the host it was handed to: its snapshots are kept", run))
+		}
+		if tx.Bucket(bktOwed).Get([]byte(run)) != nil {
+			return refuse(fmt.Errorf("run %s: %w: its snapshots are kept until its source is told", run, ErrOwed))
+		}
 		if tx.Bucket(bktFreed).Get([]byte(run)) != nil {
 			return nil
 		}
@@ -104,13 +111,14 @@ func (s *Store) Release(run string) error {
 	})
 }
 
-// Expired returns the runs, neither pinned nor released, that the store
+// Expired returns the runs, neither pinned, held, owing nor released, that the store
 // saw closed, or handed off (or stored as a copy), before cutoff.
 func (s *Store) Expired(cutoff time.Time) ([]string, error) {
 	var out []string
 	err := s.view(func(tx *bolt.Tx) error {
 		keep := func(k []byte) bool {
-			return tx.Bucket(bktPins).Get(k) != nil || tx.Bucket(bktFreed).Get(k) != nil
+			return tx.Bucket(bktPins).Get(k) != nil || tx.Bucket(bktFreed).Get(k) != nil || tx.Bucket(bktHolds).Get(k) != nil ||
+				tx.Bucket(bktOwed).Get(k) != nil
 		}
 		err := tx.Bucket(bktClosed).ForEach(func(k, v []byte) error {
 			if t, ok := decodeNS(v); ok && t.Before(cutoff) && !keep(k) {

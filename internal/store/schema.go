@@ -26,6 +26,12 @@ var (
 	bktRoots  = []byte("roots")    // address → nothing: kept whatever the records reach (the host's audit chain)
 	bktTrust  = []byte("trust")
 	bktCalls  = []byte("calls") // run id → the run's call ledger (ledger.go)
+	bktOwed   = []byte("owed")  // run id → the slabs it lacks (owed.go)
+	bktHolds  = []byte("holds") // run id → the target it is held for (owed.go)
+	// bktStrand: run id → why its owing is stranded (owed.go). Within
+	// schema 7: made by the first strand, absent read as empty, so an
+	// older daemon reads the store (and ignores it).
+	bktStrand = []byte("stranded")
 	keyVer    = []byte("version")
 )
 
@@ -53,11 +59,12 @@ var migrations = []migration{
 	{4, "trusted host keys: trust/<key id>, empty", migrateTrust},
 	{5, "run states of format 2: the last segment's kind and the idle-energy total, computed from each run's log", migrateStateFormat2},
 	{6, "the call ledger: calls/<run id>, folded from the accounts of every run not closed", migrateCallLedger},
+	{7, "post-copy migration: owed/<run id> and holds/<run id>, empty", migratePostCopy},
 }
 
 // SchemaVersion is the version this package writes: the last migration's
 // (a test holds the two together).
-const SchemaVersion = 6
+const SchemaVersion = 7
 
 // createV1 writes the version-1 schema: meta, runs, log, refs.
 func createV1(tx *bolt.Tx) error {

@@ -55,6 +55,7 @@ const (
 	CodeForbidden         = "forbidden"               // on the fleet's mTLS listener: a key whose role may not use this route (a platform on a peer route, a peer on the API)
 	CodeQuota             = "quota"                   // a platform key at one of its quotas on this host: runs at once, or store bytes (docs/fleet.md, "Roles")
 	CodeSecretsRequired   = "secrets_required"        // a run whose grant set names secrets this host holds no value for (after a reboot, an import or a migration): give them with the request; nothing changed
+	CodeNotHeld           = "not_held"                // a run brought here post-copy whose source can serve its owed slabs no more (stranded): it cannot resume, move or export; close it (docs/fleet.md, "Post-copy")
 )
 
 // Error is the body of every failed request.
@@ -162,6 +163,9 @@ type Restore struct {
 	Lazy       bool   `json:"lazy,omitempty"`
 	ResidentNS int64  `json:"resident_ns,omitempty"`
 	PagesLost  string `json:"pages_lost,omitempty"`
+	// Served is a lazy restore whose lazy pages a page server sent,
+	// each chunk verified before its first page (serve --lazy-served).
+	Served bool `json:"served,omitempty"`
 }
 
 // Park is the result of POST /v1/runs/{id}/park.
@@ -272,14 +276,19 @@ type WaitProof struct {
 // Verify is GET /v1/runs/{id}/verify: the record verified from genesis and
 // every object it reaches rehashed.
 type Verify struct {
-	Run       string    `json:"run"`
-	OK        bool      `json:"ok"`
-	Segments  int       `json:"segments"`
-	Phase     string    `json:"phase"`
-	Head      string    `json:"head"`
-	Objects   int       `json:"objects"`
-	Bytes     int64     `json:"bytes"`
-	WaitProof WaitProof `json:"wait_proof"`
+	Run      string `json:"run"`
+	OK       bool   `json:"ok"`
+	Segments int    `json:"segments"`
+	Phase    string `json:"phase"`
+	Head     string `json:"head"`
+	Objects  int    `json:"objects"`
+	Bytes    int64  `json:"bytes"`
+	// Owed is how many slabs of the run's last memory image a post-copy
+	// migration still brings in (docs/fleet.md, "Post-copy").
+	Owed int `json:"owed,omitempty"`
+	// Owing is where the fetch of the owed slabs is; absent when none.
+	Owing     *PostCopyOwing `json:"owing,omitempty"`
+	WaitProof WaitProof      `json:"wait_proof"`
 	// Signers are the signers of the record's attestations, each placed
 	// (genesis, interval, previous head) and said trusted or not.
 	Signers []Signer `json:"signers"`
@@ -304,6 +313,39 @@ type Host struct {
 	// --allow-host-root-images).
 	HostRootImages bool      `json:"host_root_images"`
 	CRIU           CRIUBuild `json:"criu"`
+	// PostCopyHolds are the runs held here for post-copy targets
+	// (docs/fleet.md, "Post-copy").
+	PostCopyHolds []PostCopyHold `json:"post_copy_holds,omitempty"`
+	// PostCopyOwings are the runs brought in here post-copy that owe
+	// slabs (docs/fleet.md, "Post-copy").
+	PostCopyOwings []PostCopyOwing `json:"post_copy_owings,omitempty"`
+}
+
+// PostCopyOwing is a run brought in here post-copy from Source (a host
+// key id), handed over at Head, owing Slabs slabs, and its fetch's State:
+// "fetching", "waiting" to try again (Reason: the last try's error, at
+// Tried), "stopped" (the daemon serves alone, or stops), or "stranded"
+// (Reason: why the source can serve the slabs no more, since Tried).
+type PostCopyOwing struct {
+	Run    string     `json:"run"`
+	Source string     `json:"source"`
+	Head   string     `json:"head"`
+	Slabs  int        `json:"slabs"`
+	State  string     `json:"state"`
+	Reason string     `json:"reason,omitempty"`
+	Tried  *time.Time `json:"tried,omitempty"`
+}
+
+// PostCopyHold is a run held here for the post-copy target it was handed
+// to (Target, a host key id) at Head: served to it until it says it holds
+// every object, and at the latest until Ends unless it reads of it again
+// (Since: made, or renewed by its target's last read, kept hourly).
+type PostCopyHold struct {
+	Run    string    `json:"run"`
+	Target string    `json:"target"`
+	Head   string    `json:"head"`
+	Since  time.Time `json:"since"`
+	Ends   time.Time `json:"ends"`
 }
 
 // CRIUBuild is the CRIU a daemon runs: the build deploy/setup.sh recorded

@@ -142,7 +142,6 @@ func TestAttackTranscriptSymlink(t *testing.T) {
 	}
 	chStart(t, d, id, "transcript-symlink", unit.Limits{}, "TARGET="+victim)
 	replace := chSaid(t, d, id, "replace: ")
-	chSaid(t, d, id, "await: ")
 	r := trParked(t, d, id, 2)
 
 	if b, err := os.ReadFile(victim); err != nil || string(b) != secret {
@@ -237,7 +236,6 @@ func TestAttackTranscriptFIFO(t *testing.T) {
 		d := chShared(t)
 		const id = "atk-fifo-park"
 		chStart(t, d, id, "transcript-fifo", unit.Limits{}, "AWAIT=1")
-		chSaid(t, d, id, "await: ")
 		trParked(t, d, id, 2)
 		s := mustShow(t, d, id)
 		trCheckTranscript(t, d, s, "hostile line\n")
@@ -301,14 +299,16 @@ func TestAttackChannelLimits(t *testing.T) {
 	chStart(t, d, id, "channel-limits", unit.Limits{TranscriptBytes: 4096, IntervalCalls: 3, IntervalPayloadBytes: 16 << 10},
 		"APPENDS=5", "BIG=20000")
 	got := map[string]string{}
-	for _, p := range []string{"appends: ", "big dispatch: ", "dispatches: ", "await: "} {
+	// Not the await's answer: the daemon freezes the unit for its park
+	// once it has said parking, and a loaded host may not run the unit
+	// to print it first (the park itself, 2 segments, says it parked).
+	for _, p := range []string{"appends: ", "big dispatch: ", "dispatches: "} {
 		got[p] = chSaid(t, d, id, p)
 	}
 	want := map[string]string{
 		"appends: ":      "ok ok ok ok transcript_full",
 		"big dispatch: ": "payload_limit",
 		"dispatches: ":   "ok ok ok too_many_calls",
-		"await: ":        "parking=true err=ok",
 	}
 	for p, w := range want {
 		if got[p] != w {
@@ -333,7 +333,6 @@ func TestAttackLongCallID(t *testing.T) {
 	const id = "atk-longid"
 	call := strings.Repeat("i", 250)
 	chStart(t, d, id, "long-call-id", unit.Limits{}, "IDLEN=250")
-	chSaid(t, d, id, "await: ")
 	trParked(t, d, id, 2)
 	if cs := trCalls(t, d, id); len(cs) != 1 || cs[0].ID != call || cs[0].ResultPosted {
 		t.Fatalf("calls %s, want the long one, no result yet", cs)

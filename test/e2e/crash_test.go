@@ -71,7 +71,8 @@ func TestCrashAtEachStep(t *testing.T) {
 			t.Fatalf("failpoint %s: the crash test does not know what it leaves; add it to crashLeaves", step)
 		}
 	}
-	d := mustDaemon(t, "crash")
+	// The steps of an eager resume (a lazy one's: lazy_test.go).
+	d := mustDaemon(t, "crash", func(d *daemon) { d.flags = []string{"--lazy-resume=false"} })
 	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	scratch := t.TempDir()
 	for _, step := range failpoint.Steps {

@@ -151,7 +151,7 @@ func TestHostCRIU(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := mustDaemon(t, "criu-unknown", func(d *daemon) {
-		d.flags = []string{"--criu-build", other, "--lazy-resume", "--lazy-served"}
+		d.flags = []string{"--criu-build", other} // --lazy-resume and --lazy-served at their defaults
 	})
 	out = hostOut(t, u)
 	for _, w := range []string{"not known: " + criu.ErrOtherBinary.Error(), "\noff: --lazy-served: the CRIU at " + path + " lacks deploy/criu/2-lazy-pages-keep-uffds.patch"} {
@@ -170,4 +170,82 @@ func TestHostCRIU(t *testing.T) {
 	if log, _ := os.ReadFile(u.log); !strings.Contains(string(log), "--lazy-served turned off") {
 		t.Errorf("the daemon's log does not say --lazy-served was turned off")
 	}
+}
+
+// TestLazyResumeOff: where `criu check --feature uffd-noncoop` fails, a
+// daemon at its defaults starts with --lazy-resume and --lazy-served off,
+// says why (runrecordd host, /metrics, its log) and resumes eagerly; with
+// --lazy-resume given it refuses to start. The CRIU is a stand-in first on
+// PATH that fails that check alone and runs the real one for the rest,
+// with the real build's bytes after its script (where the patches' marks
+// are read) and a build record naming it.
+func TestLazyResumeOff(t *testing.T) {
+	privileged(t)
+	real, err := exec.LookPath("criu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := criu.ReadBuildRecord(criuBuildFile())
+	if err != nil {
+		t.Skipf("no record of this host's CRIU build (deploy/setup.sh writes it): %v", err)
+	}
+	bin, err := os.ReadFile(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	standIn := filepath.Join(dir, "bin", "criu")
+	if err := os.Mkdir(filepath.Dir(standIn), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The shell never reads past exec or exit: the binary after them is
+	// data.
+	script := "#!/bin/sh\nif [ \"$*\" = \"check --feature uffd-noncoop\" ]; then echo 'stand-in: no uffd-noncoop' >&2; exit 1; fi\n" +
+		"exec " + real + " \"$@\"\nexit 127\n"
+	b := append([]byte(script), bin...)
+	if err := os.WriteFile(standIn, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	rec.Binary, rec.BinarySHA256 = standIn, hex.EncodeToString(sum[:])
+	manifest := filepath.Join(dir, "criu.json")
+	if j, err := json.Marshal(rec); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(manifest, j, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := mustDaemon(t, "lazy-off", func(d *daemon) {
+		d.env = []string{"PATH=" + filepath.Dir(standIn) + string(os.PathListSeparator) + os.Getenv("PATH")}
+		d.flags = []string{"--criu-build", manifest}
+	})
+	out := hostOut(t, d)
+	for _, w := range []string{"(deploy/setup.sh's build)", "\noff: --lazy-resume: criu check --feature uffd-noncoop fails\n", "\noff: --lazy-served: off with --lazy-resume\n"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("runrecordd host does not say %q", w)
+		}
+	}
+	if off := warmMetrics(t, d, "runrecordd_criu_fast_path_off"); off[`runrecordd_criu_fast_path_off{flag="--lazy-resume"}`] != 1 {
+		t.Errorf("runrecordd_criu_fast_path_off %v, want --lazy-resume", off)
+	}
+	if log, _ := os.ReadFile(d.log); !strings.Contains(string(log), "--lazy-resume turned off") || !strings.Contains(string(log), "stand-in: no uffd-noncoop") {
+		t.Errorf("the daemon's log does not say --lazy-resume was turned off, and why")
+	}
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+	const id = "lazy-off"
+	startOracle(t, d, id, oracleImage)
+	_, atPark := park(t, d, id)
+	if r := resume(t, d, id, nil, atPark); r.Restore.Lazy || r.Restore.Served {
+		t.Fatalf("resume: restore %+v, want an eager one", r.Restore)
+	}
+	_, _ = park(t, d, id)
+
+	// Given, it refuses the start.
+	mustStop(t, d)
+	d.flags = append(d.flags, "--lazy-resume")
+	err = d.start()
+	if err == nil || !strings.Contains(err.Error(), "lazy resume: criu check --feature uffd-noncoop") {
+		t.Fatalf("a start with --lazy-resume given: %v, want it refused for uffd-noncoop", err)
+	}
+	d.flags = d.flags[:len(d.flags)-1]
+	mustStart(t, d)
 }

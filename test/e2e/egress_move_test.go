@@ -7,6 +7,7 @@ import (
 	"context"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -201,6 +202,12 @@ func TestEgressElsewhere(t *testing.T) {
 			t.Fatalf("import: %v", err)
 		}
 		mustStop(t, b)
+		// Eager: a lazy restore that no daemon saw finish is parked
+		// back at the restart (TestLazyFaults), and lazy-pages may
+		// still be serving when the resume reaches its append.
+		flags := b.flags
+		b.flags = append(slices.Clip(flags), "--lazy-resume=false")
+		defer func() { b.flags = flags }()
 		b.env = []string{failpoint.Env + "=resume.appended"}
 		err := b.start()
 		b.env = nil

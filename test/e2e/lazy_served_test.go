@@ -46,8 +46,9 @@ func flipObjectByte(t *testing.T, path string, at int64) {
 
 // TestLazyServed resumes a 256 MiB oracle, parked in chunks, on a daemon
 // whose page server verifies each chunk as it serves it (serve
-// --lazy-resume --lazy-served --chunked-images): the oracle goes on as
-// the same process with its buffer intact. Then one byte of a chunk of
+// --lazy-resume --lazy-served --chunked-images: the defaults), in its user
+// namespace (the default too): the oracle goes on as the same process
+// with its buffer intact. Then one byte of a chunk of
 // its buffer is changed in the store: the resume's first precondition
 // does not see it (the listing and every eagerly restored byte are
 // intact), the page server refuses the chunk when it is first asked for
@@ -61,7 +62,7 @@ func TestLazyServed(t *testing.T) {
 	privileged(t)
 	parallelFleet(t) // beside the crash tests (parallel_test.go)
 	d := mustDaemon(t, "lazy-served", func(d *daemon) {
-		d.flags = []string{"--lazy-resume", "--lazy-served", "--chunked-images", "--criu-build", criuBuildFile()}
+		d.flags = []string{"--criu-build", criuBuildFile()}
 	})
 	needsFastPath(t, d, "--lazy-resume")
 	needsFastPath(t, d, "--lazy-served")
@@ -71,9 +72,10 @@ func TestLazyServed(t *testing.T) {
 	startBigOracle(t, d, id)
 	_, atPark := park(t, d, id)
 	r := resume(t, d, id, nil, atPark)
-	if rs := r.Restore; !rs.Lazy || rs.PagesLost != "" {
-		t.Fatalf("resume: restore %+v, want a lazy one", rs)
+	if rs := r.Restore; !rs.Lazy || !rs.Served || rs.PagesLost != "" {
+		t.Fatalf("resume: restore %+v, want a lazy, served one", rs)
 	}
+	unprivileged(t, d, id)      // every task in the run's user namespace
 	p, atPark := park(t, d, id) // waits for every page: its dump holds the whole buffer
 	if segs := mustShow(t, d, id).Segments; len(segs) >= 2 && segs[len(segs)-2].Restore != nil {
 		rs := segs[len(segs)-2].Restore

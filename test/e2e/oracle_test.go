@@ -35,6 +35,7 @@ type line struct {
 	SecretErr  string `json:"secret_err"`
 	Pid        int    `json:"pid"`
 	ChildPid   int    `json:"child_pid"`
+	BufAddr    uint64 `json:"buf_addr"` // with FORK_ON_USR2=1
 	StartTime  int64  `json:"start_time"`
 	Time       int64  `json:"time"`
 	Error      string `json:"error"`

@@ -33,9 +33,12 @@ func TestRefusals(t *testing.T) {
 
 // testFlippedMemoryByte flips one byte of the memory image in the store:
 // precondition 1 refuses the resume (snapshot_mismatch); flipped back, the
-// resume goes through.
+// resume goes through. Its daemon rehashes every byte before a lazy
+// restore (--lazy-served=false; a served one finds a lazy chunk's byte
+// when it is first served: lazy_served_test.go).
 func testFlippedMemoryByte(t *testing.T) {
-	d := shared(t)
+	d := mustDaemon(t, "flip", func(d *daemon) { d.flags = []string{"--lazy-served=false"} })
+	mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
 	ctx := context.Background()
 	const id = "flip"
 	startOracle(t, d, id, oracleImage)

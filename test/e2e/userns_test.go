@@ -20,13 +20,14 @@ import (
 // base, not the host's root. Seen from the host, every task of the
 // sandbox is that unprivileged user, with containerd's default
 // capabilities, no_new_privs and a seccomp filter: after the run, after
-// an eager resume, and after an export and import to a second host that
-// resumes it lazily (its own range there).
+// an eager resume (--lazy-resume=false), and after an export and import to
+// a second host that resumes it lazily at its defaults, each chunk served
+// by the page server (its own range there).
 func TestUserNamespace(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	a := mustDaemon(t, "userns-a")
-	b := mustDaemon(t, "userns-b", func(d *daemon) { d.flags = append(d.flags, "--lazy-resume") })
+	a := mustDaemon(t, "userns-a", func(d *daemon) { d.flags = []string{"--lazy-resume=false"} })
+	b := mustDaemon(t, "userns-b") // lazy, served: the defaults
 	for _, d := range []*daemon{a, b} {
 		mustImportImage(t, d, hostileArchive, hostileImage, hostileDigest)
 	}
@@ -65,8 +66,8 @@ func TestUserNamespace(t *testing.T) {
 	}
 	if off := fastPathOff(t, b, "--lazy-resume"); off != "" {
 		t.Logf("the second host resumed eagerly: it turned --lazy-resume off: %s", off)
-	} else if r.Restore == nil || !r.Restore.Lazy {
-		t.Fatalf("the second host's resume: %+v, want a lazy restore", r.Restore)
+	} else if r.Restore == nil || !r.Restore.Lazy || r.Restore.Served == (fastPathOff(t, b, "--lazy-served") != "") {
+		t.Fatalf("the second host's resume: %+v, want a lazy restore, served unless turned off", r.Restore)
 	}
 	unprivileged(t, b, id)
 }

@@ -76,11 +76,24 @@ type LazyPages struct {
 func (l *LazyPages) SetUnit(pid int) {
 	l.mu.Lock()
 	l.unit = pid
-	clean := l.clean
+	clean, recorded := l.clean, l.recorded
 	l.mu.Unlock()
 	if clean {
-		_, _ = UnregisterUnit(pid)
+		settle(pid, recorded)
 	}
+}
+
+// settle ends a lazy restore every page of which is resident, and seen to
+// be: the ranges unit's tasks registered with their own userfaultfds are
+// unregistered (best effort: a range left costs a wait, never a zero
+// page; a task that exited has none), and only then are the pids
+// recorded removed (Pids.Unfinished): a daemon that dies in between
+// leaves the restore unfinished, and the next start parks the run back
+// rather than reattach a unit whose fault on a page not dumped would
+// wait for ever.
+func settle(unit int, recorded *Pids) {
+	_, _ = UnregisterUnit(unit)
+	_ = recorded.remove()
 }
 
 // Done is closed when the daemon has exited.
@@ -478,18 +491,12 @@ func (l *LazyPages) wait() {
 	case err != nil:
 		l.err = fmt.Errorf("%w: criu lazy-pages: %w%s", ErrPagesLost, err, logTail(l.log))
 	default:
-		// Every page resident, and seen to be: the restore is finished
-		// for a restarted daemon too (Pids.Unfinished). Not removed, the
-		// pids cost only a park back should the daemon restart first.
-		_ = l.recorded.remove()
-		l.clean = true
+		l.clean = true // settled here once the unit is known (SetUnit)
 	}
-	unit, clean := l.unit, l.clean
+	unit, clean, recorded := l.unit, l.clean, l.recorded
 	l.mu.Unlock()
 	if clean && unit != 0 {
-		// Best effort: a range left registered costs a wait, never a
-		// zero page (a task that exited has none to unregister).
-		_, _ = UnregisterUnit(unit)
+		settle(unit, recorded)
 	}
 	close(l.done)
 }

@@ -4,6 +4,7 @@ package pageserver
 
 import (
 	"errors"
+	"os"
 	"os/exec"
 	"testing"
 	"time"
@@ -37,8 +38,9 @@ func TestHoldUffdsAfterExit(t *testing.T) {
 }
 
 // Record may run while lazy-pages exits (every page in before the
-// restore returns): whichever comes first, no pid is left recorded after
-// a clean exit, and the race detector sees no race between the two.
+// restore returns): whichever comes first, the race detector sees no race
+// between the two, and after a clean exit the pids stay recorded until
+// the unit is settled (SetUnit: its ranges unregistered), then none is.
 func TestRecordWhileExiting(t *testing.T) {
 	cmd := exec.Command("true")
 	if err := cmd.Start(); err != nil {
@@ -54,7 +56,11 @@ func TestRecordWhileExiting(t *testing.T) {
 	if _, err := l.Result(); err != nil {
 		t.Fatal(err)
 	}
+	if !p.Unfinished() {
+		t.Fatal("the pids removed after a clean exit, before the unit's ranges were unregistered")
+	}
+	l.SetUnit(os.Getpid()) // no range of this process is registered
 	if p.Unfinished() {
-		t.Fatal("a pid left recorded after a clean exit")
+		t.Fatal("a pid left recorded after a clean exit and SetUnit")
 	}
 }

@@ -43,13 +43,13 @@ const (
 const serverOf = "RUNRECORDD_PAGE_SERVER_OF"
 
 // Record writes the pids of l's lazy-pages and page server, durably; l's
-// clean exit removes them. A lazy-pages seen to exit cleanly already
-// (every page in before the restore returned) leaves none to record.
+// clean exit, once the unit is settled (SetUnit), removes them. A restore
+// settled already leaves none to record.
 func (p Pids) Record(l *LazyPages) error {
 	l.mu.Lock() // against l.wait's removal
 	defer l.mu.Unlock()
-	if !l.exited.IsZero() && l.err == nil {
-		return nil
+	if l.clean && l.unit != 0 {
+		return nil // settled (or settling): nothing to record
 	}
 	l.recorded = &p
 	if err := writePid(filepath.Join(p.Dir, lazyPid), l.Pid()); err != nil {
@@ -81,6 +81,10 @@ func (p *Pids) remove() error {
 	}
 	return atomicfile.SyncDir(p.Dir)
 }
+
+// Forget removes, durably, the pids Record wrote, once both processes
+// have ended: a restore that failed ([LazyPages.Kill]).
+func (p Pids) Forget() error { return (&p).remove() }
 
 // Serving reports whether the lazy restore is still serving pages: its
 // recorded lazy-pages (checked against a reused pid as KillLeftovers

@@ -37,6 +37,8 @@ type Target struct {
 	Refuses map[string]error
 	// Err is why it did not answer: it is offered nothing.
 	Err error
+	// PostCopy is its offer's: it takes parked runs post-copy.
+	PostCopy bool
 }
 
 // Outcome is one run's end in a drain: the host it moved to, or why no

@@ -58,6 +58,9 @@ type Offer struct {
 	ImageParks  bool // whether image parks work there
 	EgressAllow []netip.Prefix
 	EgressNames bool
+	// PostCopy says the host takes a parked run post-copy (docs/fleet.md,
+	// "Post-copy"): its source holds the run and says so (Handed.Held).
+	PostCopy bool
 }
 
 // Fit says why the host that made o cannot take the run that needs n; nil
@@ -121,7 +124,7 @@ func TargetOf(key record.Address, o Offer, err error, needs []Need) Target {
 	if err != nil {
 		return h
 	}
-	h.Free, h.Refuses = o.Free, map[string]error{}
+	h.Free, h.Refuses, h.PostCopy = o.Free, map[string]error{}, o.PostCopy
 	for _, n := range needs {
 		if err := Fit(n, o); err != nil {
 			h.Refuses[n.Run] = err

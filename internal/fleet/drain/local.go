@@ -42,6 +42,11 @@ type Local struct {
 	// Forms is the host's side of the forms: the manifest a park here
 	// would record.
 	Forms Manifests
+	// PostCopy says the host takes parked runs post-copy (Offer.PostCopy).
+	PostCopy bool
+	// Reserved, when not nil, is the room the store already owes
+	// post-copy migrations (member.Reserved): not offered.
+	Reserved func() (uint64, error)
 }
 
 // Manifests is the host's side of the forms as placement reads it: the
@@ -82,11 +87,11 @@ func (h Local) Need(ctx context.Context, id string, mem Memory) (Need, error) {
 }
 
 // Offer is what the host can take now: its facts, the digests of the
-// images among images it has imported, the room its store has left, and
-// whether it takes runs at all.
+// images among images it has imported, the room its store has left (less
+// Reserved), and whether it takes runs at all.
 func (h Local) Offer(ctx context.Context, images []string) (Offer, error) {
 	o := Offer{Facts: manifest.Manifest{manifest.Protocol: protocol.Version}, Images: map[string]string{},
-		Draining: h.Draining(), ImageParks: h.ImageParks(), EgressAllow: h.EgressAllow, EgressNames: h.EgressNames}
+		Draining: h.Draining(), ImageParks: h.ImageParks(), EgressAllow: h.EgressAllow, EgressNames: h.EgressNames, PostCopy: h.PostCopy}
 	for k, v := range h.Facts {
 		o.Facts[k] = v
 	}
@@ -98,6 +103,13 @@ func (h Local) Offer(ctx context.Context, images []string) (Offer, error) {
 	free, err := park.Free(h.Store, h.MinFree)
 	if err != nil {
 		return Offer{}, fmt.Errorf("placement: %w", err)
+	}
+	if h.Reserved != nil {
+		r, err := h.Reserved()
+		if err != nil {
+			return Offer{}, fmt.Errorf("placement: %w", err)
+		}
+		free -= min(free, r)
 	}
 	o.Free = free
 	return o, nil

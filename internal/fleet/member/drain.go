@@ -29,7 +29,18 @@ func (m *Member) Drain(ctx context.Context, to []record.Address, parallel int) (
 	if err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}
-	return m.drainRuns(ctx, to, runs, needs, drain.Options{Parallel: parallel, Migrate: m.MigratePlaced})
+	out, err := m.drainRuns(ctx, to, runs, needs, drain.Options{Parallel: parallel})
+	if m.cfg.PostCopyWait > 0 {
+		// The post-copy targets fetch the slabs of the parked runs sent
+		// them: the drain ends once none fetches (WaitHolds), or at the
+		// deadline.
+		wctx, cancel := context.WithTimeout(ctx, m.cfg.PostCopyWait)
+		if hs, _ := m.WaitHolds(wctx); len(hs) > 0 {
+			m.cfg.Log.Warn("drain: runs still held for their post-copy targets", "runs", len(hs), "wait", m.cfg.PostCopyWait)
+		}
+		cancel()
+	}
+	return out, err
 }
 
 // Holding lists the runs this host holds — not closed, not handed off, not
@@ -95,6 +106,15 @@ func (m *Member) drainRuns(ctx context.Context, to []record.Address, runs []drai
 		return nil, fmt.Errorf("drain: %w: no other host serves the fleet", fleet.ErrNotAdmitted)
 	}
 	hosts := m.hostsFor(ctx, unique(to), needs)
+	if opt.Migrate == nil {
+		placed := map[record.Address]*placement{}
+		for _, t := range hosts {
+			placed[t.Key] = &placement{postCopy: t.PostCopy}
+		}
+		opt.Migrate = func(ctx context.Context, id string, to record.Address) error {
+			return m.migrate(ctx, id, to, m.stored(id), placed[to])
+		}
+	}
 	opt.Progress = func(o drain.Outcome, done, total int) {
 		m.cfg.Metrics.Drained(o.Err == nil)
 		detail := fmt.Sprintf("%d/%d moved to %s", done, total, o.To)

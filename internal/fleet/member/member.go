@@ -23,6 +23,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -37,8 +38,20 @@ type Peers interface {
 	// Hand asks host to take the run this host handed to it in the
 	// fleet: it checks the directory names it the transfer's target,
 	// fetches, imports and claims the run, and resumes it when the run
-	// was executing here.
-	Hand(ctx context.Context, host record.Address, h Handed) error
+	// was executing here. owing says the host took the run post-copy:
+	// it fetches slabs of it after the answer, and says Done.
+	Hand(ctx context.Context, host record.Address, h Handed) (owing bool, _ error)
+	// Source is host's objects, read by a post-copy migration's target
+	// (transfer.Owed) until done is called.
+	Source(ctx context.Context, host record.Address) (_ transfer.Source, done func(), _ error)
+	// Done tells host, the source of a post-copy migration of run h.Run,
+	// that this host holds every object of it, or needs none (closed).
+	Done(ctx context.Context, host record.Address, h Handed) error
+	// Held asks host, the source of a post-copy migration of run h.Run,
+	// whether it still holds the run for this host at h.Head. An error
+	// (the link; an older source, which lacks the route) is not an answer:
+	// only false says the source will serve the run no more.
+	Held(ctx context.Context, host record.Address, h Handed) (bool, error)
 	// Fetch brings run's record from host (at most opt.Limits.JSON bytes
 	// of it), has judge judge it, and only then brings every object it
 	// reaches that the store lacks, each verified by its address, staged
@@ -52,20 +65,28 @@ type Peers interface {
 
 // Handed is a migration as its source names it to the target: the run's
 // id there, the genesis and head of the directory's entry, and whether
-// the run was executing (the target resumes it).
+// the run was executing (the target resumes it), and whether the source
+// holds the run for the target (sent only to a target whose offer has
+// PostCopy): only then may the target owe slabs, which a source not
+// holding it would stop serving.
 type Handed struct {
 	Run           string
 	Genesis, Head record.Address
 	Resume        bool
+	Held          bool
 }
 
 // FetchOptions are what a received run's objects are held to: the store
-// they go to, a bundle's limits, and the free space the store keeps
-// (serve --min-free; park.DefaultMinFree when 0).
+// they go to, a bundle's limits, and the room the store's filesystem has
+// for them (Free: past serve --min-free, less what post-copy migrations
+// are owed already, Member.Reserved).
 type FetchOptions struct {
-	Store   *store.Store
-	Limits  bundle.Limits
-	MinFree uint64
+	Store  *store.Store
+	Limits bundle.Limits
+	Free   func() (uint64, error)
+	// Owe: the slabs of the run's last memory image are owed to the
+	// store, fetched after the run is stored (post-copy).
+	Owe bool
 }
 
 // Arrival is a received run's objects, staged (transfer.Fetched): judged
@@ -127,6 +148,14 @@ type Join struct {
 	// Peers reach the fleet's other hosts for migrations and drains; nil,
 	// this host neither sends nor takes runs.
 	Peers Peers
+	// PostCopy receives a parked run post-copy: stored, claimed and
+	// answered before the slabs of its last memory image are here, which
+	// are then fetched in the background (postcopy.go).
+	PostCopy bool
+	// PostCopyWait bounds how long a drain's end waits for the post-copy
+	// targets fetching the runs held here (WaitHolds) to hold them (serve
+	// --post-copy-wait).
+	PostCopyWait time.Duration
 }
 
 // Config configures a Member.
@@ -173,6 +202,12 @@ type Member struct {
 	serving grants
 	// receiving counts the receives under way, by calling host.
 	receiving counter
+	// paying are the post-copy receives bringing their slabs in
+	// (postcopy.go).
+	paying payers
+	// arriving are the bytes of slabs owed to receives fetched and not
+	// stored yet (Reserved).
+	arriving atomic.Int64
 }
 
 // New makes a Member.
@@ -180,7 +215,9 @@ func New(cfg Config) *Member {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Member{cfg: cfg}
+	m := &Member{cfg: cfg}
+	m.paying.ctx, m.paying.stop = context.WithCancel(context.Background())
+	return m
 }
 
 // Draining says whether a drain began on this host: it takes no new runs,
@@ -241,8 +278,15 @@ func (m *Member) ClaimImported(ctx context.Context, im bundle.Imported) error {
 	return nil
 }
 
-// Close ends the session this Member made (the first is its caller's).
+// EndFetches ends the post-copy fetches under way and starts none after
+// (a next start goes on with them): a resume waiting on one is refused
+// (store.ErrOwed). A stop calls it before it takes the runs' locks.
+func (m *Member) EndFetches() { m.paying.close() }
+
+// Close ends the post-copy fetches (EndFetches) and the session this
+// Member made (the first is its caller's).
 func (m *Member) Close(ctx context.Context) error {
+	m.EndFetches()
 	if h := m.rejoined.Load(); h != nil {
 		return h.Close(ctx)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -52,19 +53,75 @@ type peers struct {
 	from    *store.Store
 	src     string
 	last    Handed // the last hand-over asked
+	owing   bool   // its answer to a hand: it owes slabs
+	done    atomic.Int32
+	owe     []bool // each fetch's FetchOptions.Owe, in order
+	// postCopy is its offer's word: it takes parked runs post-copy.
+	postCopy bool
+	offered  atomic.Int32 // offers asked
+	// gate, when not nil, is called before each object the source serves.
+	gate func(*http.Request)
+	free func() (uint64, error) // the last fetch's FetchOptions.Free
+	// notHeld is its Held answer: false (else true); heldErr, when set,
+	// its Held error instead. asked counts the Held asked.
+	notHeld bool
+	heldErr error
+	asked   atomic.Int32
+	stall   bool // its Held answers nothing until its context ends
+	// heldGate, when not nil, is waited on by Held before it answers.
+	heldGate chan struct{}
 }
 
-func (p *peers) Hand(_ context.Context, _ record.Address, h Handed) error {
+func (p *peers) Hand(_ context.Context, _ record.Address, h Handed) (bool, error) {
 	p.handed.Add(1)
 	p.last = h
 	if p.onHand != nil {
 		p.onHand()
 	}
-	return p.hand
+	return p.owing, p.hand
+}
+
+func (p *peers) Source(context.Context, record.Address) (transfer.Source, func(), error) {
+	if p.from == nil {
+		return transfer.Source{}, nil, errors.New("no source in these tests")
+	}
+	h := transfer.Handler(p.from)
+	if p.gate != nil {
+		inner := h
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			p.gate(r)
+			inner.ServeHTTP(w, r)
+		})
+	}
+	srv := httptest.NewServer(h)
+	return transfer.Source{Client: srv.Client(), Base: srv.URL}, srv.Close, nil
+}
+
+func (p *peers) Done(context.Context, record.Address, Handed) error {
+	p.done.Add(1)
+	return nil
+}
+
+func (p *peers) Held(ctx context.Context, _ record.Address, _ Handed) (bool, error) {
+	p.asked.Add(1)
+	if p.heldGate != nil {
+		select {
+		case <-p.heldGate:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	if p.stall {
+		<-ctx.Done()
+		return false, ctx.Err()
+	}
+	return !p.notHeld, p.heldErr
 }
 
 func (p *peers) Fetch(ctx context.Context, _ record.Address, _ string, judge func(*record.Record) error, opt FetchOptions) (*record.Record, Arrival, error) {
 	p.fetched.Add(1)
+	p.owe = append(p.owe, opt.Owe)
+	p.free = opt.Free
 	if p.from == nil {
 		return nil, nil, errors.New("no fetch in these tests")
 	}
@@ -85,11 +142,12 @@ func (p *peers) Fetch(ctx context.Context, _ record.Address, _ string, judge fun
 }
 
 func (p *peers) Offer(ctx context.Context, _ record.Address, _ []string) (drain.Offer, error) {
+	p.offered.Add(1)
 	if p.silent {
 		<-ctx.Done()
 		return drain.Offer{}, ctx.Err()
 	}
-	return drain.Offer{Free: 1 << 40, ImageParks: true}, nil
+	return drain.Offer{Free: 1 << 40, ImageParks: true, PostCopy: p.postCopy}, nil
 }
 
 // parked is a run held parked, never executing unless told; its park and
@@ -143,6 +201,7 @@ func room(t *testing.T, h *fleet.Session, p Peers) (*Member, *store.Store, *coun
 	m := New(Config{Join: Join{Fleet: h, Peers: p}, Store: st, Metrics: c, Publish: func(events.Event) {},
 		Import:     bundle.ImportOptions{Options: bundle.Options{Trusted: trusted}, CheckID: func(string) error { return nil }},
 		Exportable: func(id string) error { return bundle.Exportable(st, id) }})
+	t.Cleanup(m.paying.close)
 	if _, err := h.Claim(t.Context(), b.Record.Genesis(), "r", b.Record.Head(), record.PhaseParked); err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +243,7 @@ func TestMigrate(t *testing.T) {
 	run := &parked{}
 	hold := func() (Held, func(), error) { return run, func() {}, nil }
 
-	err := m.migrate(t.Context(), "r", b.Key(), hold, true)
+	err := m.migrate(t.Context(), "r", b.Key(), hold, nil)
 	if !errors.Is(err, refusing.hand) || refusing.handed.Load() != 1 {
 		t.Fatalf("migrate to a refusing target: %v", err)
 	}
@@ -222,7 +281,7 @@ func TestMigrate(t *testing.T) {
 			}
 		}
 	}
-	if err := m.migrate(t.Context(), "r", b.Key(), hold, true); err != nil {
+	if err := m.migrate(t.Context(), "r", b.Key(), hold, nil); err != nil {
 		t.Fatal(err)
 	}
 	if h := taking.last; h.Run != "r" || h.Genesis != rec.Genesis() || h.Head != rec.Head() || h.Resume {
@@ -259,7 +318,7 @@ func TestRefusals(t *testing.T) {
 	}
 	alone := New(Config{Store: m.cfg.Store})
 	for name, err := range map[string]error{
-		"migrate": alone.migrate(t.Context(), "r", b.Key(), never, true),
+		"migrate": alone.migrate(t.Context(), "r", b.Key(), never, nil),
 		"receive": alone.receive(t.Context(), b.Key(), Handed{Run: "r", Resume: true}, never),
 		"adopt":   alone.adopt(t.Context(), "r", never),
 	} {
@@ -327,7 +386,7 @@ func TestMigrateRefusedBeforeItMoves(t *testing.T) {
 	p := &peers{}
 	m, st, _, rec := room(t, a, p)
 	run := &parked{executing: true, manifest: manifest.Manifest{manifest.Arch: "riscv64"}}
-	err := m.migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return run, func() {}, nil }, true)
+	err := m.migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return run, func() {}, nil }, nil)
 	if !errors.Is(err, drain.ErrManifest) || run.parks.Load() != 0 || p.handed.Load() != 0 {
 		t.Fatalf("migrate to an unfit host: %v (%d parks, %d hands)", err, run.parks.Load(), p.handed.Load())
 	}

@@ -11,6 +11,8 @@ import (
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
+	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
@@ -27,22 +29,25 @@ type Hold func() (h Held, release func(), err error)
 // (as an export does) and in the fleet (fleet.Session.Transfer), then adopted
 // by to — which fetches it, checks everything an import checks, claims it,
 // and resumes it if it was executing here (a parked run stays parked).
-// Until to has claimed it, a failure takes it back here, parked and
-// resumable; so does a resume to fails while this call waits (to hands
-// the run back: Receive); otherwise, after the claim, the run is to's
-// whatever this call returns.
+// A run still lacking slabs a post-copy migration owes it is refused
+// first (store.ErrOwed), nothing changed. Until to has claimed it, a
+// failure takes it back here, parked and resumable; so does a resume to
+// fails while this call waits (to hands the run back: Receive);
+// otherwise, after the claim, the run is to's whatever this call
+// returns.
 func (m *Member) Migrate(ctx context.Context, id string, to record.Address) error {
-	return m.migrate(ctx, id, to, m.stored(id), true)
+	return m.migrate(ctx, id, to, m.stored(id), nil)
 }
 
-// MigratePlaced is Migrate for a run a drain's placement has just judged
-// against to's offer: to is not asked again before the run moves (its own
-// check before it claims still holds, Config.Fits).
-func (m *Member) MigratePlaced(ctx context.Context, id string, to record.Address) error {
-	return m.migrate(ctx, id, to, m.stored(id), false)
+// placement is a drain's word on a target, judged against its offer just
+// before: migrate does not ask the target again (its own check before it
+// claims still holds, Config.Fits).
+type placement struct {
+	postCopy bool // the offer's PostCopy
 }
 
-func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold Hold, ask bool) error {
+// migrate is Migrate; placed nil, it asks to's offer first (offered).
+func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold Hold, placed *placement) error {
 	if err := m.moving("migrate", id); err != nil {
 		return err
 	}
@@ -52,10 +57,19 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 		return err
 	}
 	defer release()
-	if ask {
-		if err := m.offered(ctx, id, to, h); err != nil {
+	if err := m.cfg.Store.Owes(id); errors.Is(err, store.ErrStranded) {
+		return fmt.Errorf("migrate %s: %w", id, err) // they never come
+	} else if err != nil {
+		// A post-copy migration still brings its slabs here: handed on,
+		// its fill would stop, and the next host owe what none fetches.
+		return fmt.Errorf("migrate %s: %w; it moves once they are here", id, err)
+	}
+	if placed == nil {
+		p, err := m.offered(ctx, id, to, h)
+		if err != nil {
 			return fmt.Errorf("migrate %s to %s: %w", id, to, err)
 		}
+		placed = &p
 	}
 	executing := h.Executing()
 	if executing {
@@ -73,10 +87,18 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 		m.cfg.Metrics.Migrated(true, false, 0)
 		return fmt.Errorf("migrate %s: %w", id, err)
 	}
-	err = m.hand(ctx, to, id, Handed{Run: id, Genesis: genesis, Head: st.Head, Resume: executing})
+	// A run to resume is fetched whole; a parked one post-copy only by a
+	// target that offered it (an older one refuses Held).
+	err = m.hand(ctx, to, id, Handed{Run: id, Genesis: genesis, Head: st.Head, Resume: executing, Held: placed.postCopy && !executing})
 	if err != nil {
 		m.cfg.Metrics.Migrated(true, false, 0)
 		err = m.takeBack(ctx, outbound{id: id, genesis: genesis, head: st.Head, to: to}, made, err)
+		if !m.stillHanded(id) {
+			// Back here: no target owes it anything.
+			if _, derr := m.cfg.Store.DropHold(id, to, st.Head); derr == nil {
+				m.serving.end(to, id)
+			}
+		}
 		m.left(id)
 		return fmt.Errorf("migrate %s to %s: %w", id, to, err)
 	}
@@ -85,6 +107,13 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 	m.cfg.Log.Info("run migrated", "run", id, "to", to)
 	m.cfg.Publish(events.Event{Kind: "run.migrated", Run: id, Detail: to.String()})
 	return nil
+}
+
+// stillHanded says whether this store holds run id handed off; unknown
+// (the store not read), true: what a handed-off run keeps stays.
+func (m *Member) stillHanded(id string) bool {
+	_, off, err := m.cfg.Store.HandedOff(id)
+	return err != nil || off
 }
 
 // left tells that run id is another host's (Config.HandedOff) if this
@@ -105,30 +134,55 @@ func (m *Member) left(id string) {
 }
 
 // hand hands run id over to host to (Peers.Hand), serving it the run's
-// record and objects while it takes them (grant), and no longer.
+// record and objects while it takes them (grant), and no longer — unless
+// to takes it post-copy (h.Held asks it to, and a run with slabs owed is
+// held): then the run is held for to (holdFor, made before the
+// hand-over), served until to's Done. A hand-over that failed
+// keeps the hold and the grant for migrate to end once the run is back
+// here (takeBack): a target that claimed it (the answer lost) may owe
+// slabs.
 func (m *Member) hand(ctx context.Context, to record.Address, id string, h Handed) error {
 	rec, err := m.cfg.Store.Record(id)
 	if err != nil {
 		return err
 	}
-	end, err := m.grant(to, id, rec)
+	end, err := m.grant(to, id, rec, time.Now())
 	if err != nil {
 		return err
 	}
-	defer end()
-	return m.cfg.Peers.Hand(ctx, to, h)
+	held := false
+	if h.Held {
+		held, err = m.holdFor(id, to, h.Head, rec)
+	}
+	if err != nil {
+		end()
+		return err
+	}
+	h.Held = held
+	owing, err := m.cfg.Peers.Hand(ctx, to, h)
+	if held && (owing || err != nil) {
+		return err
+	}
+	end()
+	if held {
+		if _, derr := m.cfg.Store.DropHold(id, to, h.Head); derr != nil {
+			m.cfg.Log.Warn("migrate: the run's hold stays (its snapshots are kept) though the target owes nothing", "run", id, "to", to, "err", derr)
+		}
+	}
+	return err
 }
 
 // offered asks host to, before anything changes here, whether it could
 // take run h (its offer, judged by drain.Fit): a migration it would refuse
 // after the transfer is refused now, the unit still running, nothing
-// moved. A run whose need cannot be read here is left to the target's own
-// judgement (Config.Fits there).
-func (m *Member) offered(ctx context.Context, id string, to record.Address, h Held) error {
+// moved; and whether it takes the run post-copy. A run whose need cannot
+// be read here is left to the target's own judgement (Config.Fits there),
+// and moved whole.
+func (m *Member) offered(ctx context.Context, id string, to record.Address, h Held) (placement, error) {
 	n, err := h.Need(ctx)
 	if err != nil {
 		m.cfg.Log.Warn("migrate: the run's needs are not judged before it moves", "run", id, "err", err)
-		return nil
+		return placement{}, nil
 	}
 	octx, cancel := context.WithTimeout(ctx, OfferTimeout)
 	defer cancel()
@@ -138,9 +192,9 @@ func (m *Member) offered(ctx context.Context, id string, to record.Address, h He
 	}
 	o, err := m.cfg.Peers.Offer(octx, to, images)
 	if err != nil {
-		return err
+		return placement{}, err
 	}
-	return drain.Fit(n, o)
+	return placement{postCopy: o.PostCopy}, drain.Fit(n, o)
 }
 
 // handOver hands parked run id to host to: in the fleet first (only to may
@@ -250,6 +304,15 @@ func (m *Member) receive(ctx context.Context, from record.Address, h Handed, hol
 		return fmt.Errorf("receive %s from %s: %w", id, from, err)
 	}
 	defer arr.Close()
+	if o, ok := arr.(interface{ Owed() []transfer.OwedSlab }); ok {
+		// Owed from now on: stored, the owing counts them (Reserved).
+		var n int64
+		for _, s := range o.Owed() {
+			n += int64(s.Slab.Size)
+		}
+		m.arriving.Add(n)
+		defer m.arriving.Add(-n)
+	}
 	m.reach("receive.fetched")
 	held, release, err := hold()
 	if err != nil {
@@ -269,7 +332,15 @@ func (m *Member) receive(ctx context.Context, from record.Address, h Handed, hol
 	if err := calls.Fill(m.cfg.Store, id); err != nil {
 		m.cfg.Log.Warn("call ledger: the received run's calls are listed without their payloads until the next start", "run", id, "err", err)
 	}
-	m.cfg.Log.Info("run received", "run", id, "from", from, "resume", h.Resume)
+	owing, err := m.Owing(id)
+	if err != nil {
+		m.cfg.Log.Warn("post-copy: whether the received run owes slabs is unknown; the next start brings them in", "run", id, "err", err)
+	}
+	m.cfg.Log.Info("run received", "run", id, "from", from, "resume", h.Resume, "post-copy", owing)
+	if owing {
+		m.reach("receive.owing")
+		m.payLater(id)
+	}
 	if !h.Resume {
 		return nil
 	}
@@ -320,7 +391,8 @@ func (m *Member) fetch(ctx context.Context, from record.Address, h Handed) (Arri
 		}
 		return nil
 	}
-	rec, arr, err := m.cfg.Peers.Fetch(ctx, from, h.Run, judge, FetchOptions{Store: m.cfg.Store, Limits: lim, MinFree: m.cfg.MinFree})
+	opt := FetchOptions{Store: m.cfg.Store, Limits: lim, Free: m.free, Owe: m.cfg.PostCopy && !h.Resume && h.Held}
+	rec, arr, err := m.cfg.Peers.Fetch(ctx, from, h.Run, judge, opt)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -357,6 +429,8 @@ func (m *Member) importReceived(ctx context.Context, id string, rec *record.Reco
 	if err != nil {
 		if herr := m.cfg.Store.HandOff(id, rec.Head()); herr != nil {
 			err = errors.Join(err, herr)
+		} else if aerr := m.cfg.Store.Abandon(id); aerr != nil {
+			err = errors.Join(err, aerr)
 		}
 		return err
 	}

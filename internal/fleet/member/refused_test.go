@@ -37,7 +37,7 @@ func TestMigrateParkRefused(t *testing.T) {
 	refused := errors.New("checkpoint refused")
 	run := &parked{executing: true, park: refused}
 	hold := func() (Held, func(), error) { return run, func() {}, nil }
-	err := m.migrate(t.Context(), "r", b.Key(), hold, true)
+	err := m.migrate(t.Context(), "r", b.Key(), hold, nil)
 	if !errors.Is(err, refused) || run.parks.Load() != 1 || p.handed.Load() != 0 {
 		t.Fatalf("migrate with a refused park: %v (%d parks, %d hands)", err, run.parks.Load(), p.handed.Load())
 	}
@@ -54,7 +54,7 @@ func TestMigrateParkRefused(t *testing.T) {
 		t.Fatalf("the run is no longer this host's to move: %v", err)
 	}
 	run.park = nil
-	if err := m.migrate(t.Context(), "r", b.Key(), hold, true); err != nil {
+	if err := m.migrate(t.Context(), "r", b.Key(), hold, nil); err != nil {
 		t.Fatalf("migrate again: %v", err)
 	}
 	if e, _ := dir.Run(t.Context(), rec.Genesis()); e.To != b.Key() || run.parks.Load() != 2 || n.out.Load() != 1 {
@@ -301,7 +301,7 @@ func TestMigrateTakesBackAHandedBackRun(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	err := m.migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return &parked{executing: true}, func() {}, nil }, true)
+	err := m.migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return &parked{executing: true}, func() {}, nil }, nil)
 	if !errors.Is(err, refused) || errors.Is(err, fleet.ErrNotOwner) || n.failed.Load() != 1 {
 		t.Fatalf("migrate to a target that handed the run back: %v (%d failed)", err, n.failed.Load())
 	}
@@ -363,7 +363,7 @@ func TestMigrateHandOverRefused(t *testing.T) {
 				m.cfg.Exportable = tc.exportable
 			}
 			run := &parked{executing: true}
-			err := m.migrate(t.Context(), "r", tc.to, func() (Held, func(), error) { return run, func() {}, nil }, false)
+			err := m.migrate(t.Context(), "r", tc.to, func() (Held, func(), error) { return run, func() {}, nil }, &placement{})
 			if !errors.Is(err, tc.want) || run.parks.Load() != 1 || p.handed.Load() != 0 || n.failed.Load() != 1 {
 				t.Fatalf("migrate: %v (%d parks, %d hands, %d failed)", err, run.parks.Load(), p.handed.Load(), n.failed.Load())
 			}
@@ -393,7 +393,7 @@ func TestMigrateTakeBackRefused(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	err := m.migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return &parked{}, func() {}, nil }, true)
+	err := m.migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return &parked{}, func() {}, nil }, nil)
 	if !errors.Is(err, lost) || !errors.Is(err, fleet.ErrNotOwner) || n.failed.Load() != 1 {
 		t.Fatalf("migrate to a target that claimed and failed: %v (%d failed)", err, n.failed.Load())
 	}

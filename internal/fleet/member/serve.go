@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/fleet"
@@ -34,7 +35,10 @@ const DefaultMaxReceives = 4
 // record reaches. A grant is made once the run is transferred and handed
 // off (Migrate), and ends when the hand-over returns — the target has
 // fetched every object and claimed the run, or refused it and the source
-// took it back.
+// took it back — or, for a run held for a post-copy target, at its Done
+// (postcopy.go). A grant also says when its target last read one of its
+// objects (or, made by a hand-over, was made): a post-copy target that
+// did so within FetchIdle is fetching (WaitHolds).
 type grants struct {
 	mu  sync.Mutex
 	by  map[record.Address]map[string]*grant
@@ -44,16 +48,19 @@ type grants struct {
 type grant struct {
 	id      int
 	objects map[record.Address]bool
+	read    time.Time // the last read of one of objects, or the grant's making by a hand-over
 }
 
 // grant lets host to read run id, whose record is rec, until the returned
-// function is called.
-func (m *Member) grant(to record.Address, id string, rec *record.Record) (func(), error) {
+// function is called; read is when the target is taken to have last
+// read an object of it (a hand-over: now; a start's: never, the zero
+// time).
+func (m *Member) grant(to record.Address, id string, rec *record.Record, read time.Time) (func(), error) {
 	objs, err := bundle.Reached(m.cfg.Store, rec, true)
 	if err != nil {
 		return nil, err
 	}
-	g := &grant{objects: make(map[record.Address]bool, len(objs))}
+	g := &grant{objects: make(map[record.Address]bool, len(objs)), read: read}
 	for _, a := range objs {
 		g.objects[a] = true
 	}
@@ -81,6 +88,16 @@ func (m *Member) grant(to record.Address, id string, rec *record.Record) (func()
 	}, nil
 }
 
+// end ends every grant of run id to host to.
+func (s *grants) end(to record.Address, id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.by[to], id)
+	if len(s.by[to]) == 0 {
+		delete(s.by, to)
+	}
+}
+
 // ServesRecord says whether host key may read run id's record here: a
 // transfer of the run to it is being served.
 func (m *Member) ServesRecord(key record.Address, id string) error {
@@ -94,17 +111,42 @@ func (m *Member) ServesRecord(key record.Address, id string) error {
 }
 
 // ServesObject says whether host key may read object a here: a run being
-// transferred to it reaches a.
+// transferred to it reaches a. Each grant reaching a counts it as read
+// now.
 func (m *Member) ServesObject(key, a record.Address) error {
 	s := &m.serving
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	ok := false
 	for _, g := range s.by[key] {
 		if g.objects[a] {
-			return nil
+			g.read, ok = time.Now(), true
 		}
 	}
-	return fmt.Errorf("object %s to host %s: %w", a, key, ErrUnsolicited)
+	if !ok {
+		return fmt.Errorf("object %s to host %s: %w", a, key, ErrUnsolicited)
+	}
+	return nil
+}
+
+// lastRead is when host to last read an object of run id (or the grant
+// was made by a hand-over); the zero time if never, or not granted.
+func (s *grants) lastRead(to record.Address, id string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g := s.by[to][id]; g != nil {
+		return g.read
+	}
+	return time.Time{}
+}
+
+// fetching says whether host to read an object of run id (or the grant
+// was made by a hand-over) within FetchIdle before now.
+func (s *grants) fetching(to record.Address, id string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.by[to][id]
+	return g != nil && now.Sub(g.read) < FetchIdle
 }
 
 // Serves says whether a transfer to host key is being served: it may ask

@@ -18,7 +18,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/drain"
 	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
-	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -49,15 +48,55 @@ type OfferAnswer struct {
 	// prefixes, none granting no egress.
 	EgressAllow []string `json:"egress_allow,omitempty"`
 	EgressNames bool     `json:"egress_names,omitempty"`
+	// PostCopy: the host takes a parked run post-copy; only then does a
+	// source send Migration.Held.
+	PostCopy bool `json:"post_copy,omitempty"`
 }
 
-// Migration is POST /v1/migrations's body: the run, and whether to resume
-// it (it was executing on the host handing it over).
+// Migration is POST /v1/migrations's body: the run, whether to resume
+// it (it was executing on the host handing it over), and whether the
+// source holds it for a post-copy target (member.Handed.Held; sent only
+// to a host whose offer has PostCopy, absent it is fetched from whole).
 type Migration struct {
 	Run     string         `json:"run"`
 	Genesis record.Address `json:"genesis"`
 	Head    record.Address `json:"head"`
 	Resume  bool           `json:"resume"`
+	Held    bool           `json:"held,omitempty"`
+}
+
+// Handed is POST /v1/migrations's answer: the run as held on the target
+// (api.Run), and whether the target owes slabs of it, fetched after the
+// answer (a post-copy migration): the source then serves the run until
+// the target's POST /v1/migrations/done.
+type Handed struct {
+	Run   api.Run `json:"run"`
+	Owing bool    `json:"owing,omitempty"`
+}
+
+// Done is POST /v1/migrations/done's body: the target of a post-copy
+// migration holds every object of the run, or needs none (it closed the
+// run): its id on the source, its genesis, the head it was handed over
+// at.
+type Done struct {
+	Run     string         `json:"run"`
+	Genesis record.Address `json:"genesis"`
+	Head    record.Address `json:"head"`
+}
+
+// Held is POST /v1/migrations/held's body: a post-copy target asks the
+// source whether it still holds the run for it — its id on the source,
+// its genesis, the head it was handed over at. HeldAnswer is the answer:
+// true only for the hold's own target at that head and genesis.
+type Held struct {
+	Run     string         `json:"run"`
+	Genesis record.Address `json:"genesis"`
+	Head    record.Address `json:"head"`
+}
+
+// HeldAnswer is POST /v1/migrations/held's answer.
+type HeldAnswer struct {
+	Held bool `json:"held"`
 }
 
 // Hosts reach the fleet's other hosts at the address their session gives,
@@ -147,35 +186,87 @@ func (p Hosts) transport(host record.Address) *http.Transport {
 		TLSHandshakeTimeout: 10 * time.Second, ResponseHeaderTimeout: 10 * time.Minute}
 }
 
-// Hand asks host to take the run m names (POST /v1/migrations).
-func (p Hosts) Hand(ctx context.Context, host record.Address, m Migration) error {
-	c, base, done, err := p.client(ctx, host)
+// Hand asks host to take the run m names (POST /v1/migrations), and
+// says whether host owes slabs of it (Handed.Owing).
+func (p Hosts) Hand(ctx context.Context, host record.Address, m Migration) (owing bool, _ error) {
+	b, err := p.post(ctx, host, "/v1/migrations", m)
 	if err != nil {
-		return err
+		return false, err
 	}
-	defer done()
-	body, _ := json.Marshal(m)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/migrations", bytes.NewReader(body))
-	if err != nil {
-		return err
+	var a Handed
+	if err := json.Unmarshal(b, &a); err != nil {
+		return false, fmt.Errorf("host %s: migration: %w", host, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	_, err = call(c, host, req, maxAnswer)
+	return a.Owing, nil
+}
+
+// Done tells host, the source of a post-copy migration, that this host
+// holds every object of the run d names, or needs none (POST
+// /v1/migrations/done).
+func (p Hosts) Done(ctx context.Context, host record.Address, d Done) error {
+	_, err := p.post(ctx, host, "/v1/migrations/done", d)
 	return err
 }
 
+// Held asks host, the source of a post-copy migration, whether it still
+// holds the run q names for this host (POST /v1/migrations/held). Only a
+// 200 whose body says "held" is an answer; any other (an older host,
+// which lacks the route) is an error.
+func (p Hosts) Held(ctx context.Context, host record.Address, q Held) (bool, error) {
+	b, err := p.post(ctx, host, "/v1/migrations/held", q)
+	if err != nil {
+		return false, err
+	}
+	var a struct {
+		Held *bool `json:"held"`
+	}
+	if err := json.Unmarshal(b, &a); err != nil || a.Held == nil {
+		return false, fmt.Errorf("host %s: held: not an answer (%v): %.64q", host, err, b)
+	}
+	return *a.Held, nil
+}
+
+// post posts body, as JSON, to route on host and returns the answer.
+func (p Hosts) post(ctx context.Context, host record.Address, route string, body any) ([]byte, error) {
+	c, base, done, err := p.client(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+route, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return call(c, host, req, maxAnswer)
+}
+
+// Source is host's objects as a post-copy migration's target reads them
+// (transfer.Owed), until done is called.
+func (p Hosts) Source(ctx context.Context, host record.Address) (_ transfer.Source, done func(), _ error) {
+	c, base, done, err := p.client(ctx, host)
+	if err != nil {
+		return transfer.Source{}, nil, err
+	}
+	return transfer.Source{Client: c, Base: base}, done, nil
+}
+
 // FetchOptions are what a fetched run's objects are held to: the store
-// they are staged for, a bundle's limits, and the free space the store
-// keeps (park.Free).
+// they are staged for, a bundle's limits, and the room the store has for
+// them (transfer.Options.Free; nil: not bounded).
 type FetchOptions struct {
-	Store   *store.Store
-	Limits  bundle.Limits
-	MinFree uint64
+	Store  *store.Store
+	Limits bundle.Limits
+	Free   func() (uint64, error)
+	// Owe: the slabs of the run's last memory image are owed, not
+	// fetched (transfer.Options.Owe, the source being host).
+	Owe bool
 }
 
 // Fetch brings run's record from host, has judge judge it, then stages
 // the objects it reaches (transfer.Stage) over the same client, held to
-// the store's room past its minimum free space (park.Free).
+// the store's room (opt.Free).
 func (p Hosts) Fetch(ctx context.Context, host record.Address, run string, judge func(*record.Record) error, opt FetchOptions) (*record.Record, *transfer.Fetched, error) {
 	c, base, done, err := p.client(ctx, host)
 	if err != nil {
@@ -198,8 +289,11 @@ func (p Hosts) Fetch(ctx context.Context, host record.Address, run string, judge
 		return nil, nil, err
 	}
 	st := opt.Store
-	free := func() (uint64, error) { return park.Free(st, opt.MinFree) }
-	f, _, err := transfer.Stage(ctx, transfer.Source{Client: c, Base: base}, st, rec, transfer.Options{Limits: opt.Limits, Free: free})
+	o := transfer.Options{Limits: opt.Limits, Free: opt.Free}
+	if opt.Owe {
+		o.Owe = host
+	}
+	f, _, err := transfer.Stage(ctx, transfer.Source{Client: c, Base: base}, st, rec, o)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -225,7 +319,7 @@ func (p Hosts) Offer(ctx context.Context, host record.Address, images []string) 
 		}
 		if first {
 			out = drain.Offer{Facts: a.Facts, Images: map[string]string{}, Free: a.Free, Draining: a.Draining, ImageParks: a.ImageParks,
-				EgressNames: a.EgressNames}
+				EgressNames: a.EgressNames, PostCopy: a.PostCopy}
 			if out.EgressAllow, err = ceilingOf(host, a.EgressAllow); err != nil {
 				return drain.Offer{}, err
 			}

@@ -59,7 +59,7 @@ func TestHostsReuse(t *testing.T) {
 		conns.Store(0)
 		h := Hosts{Dir: d, Key: me, Reuse: c.reuse}
 		for range 3 {
-			if err := h.Hand(ctx, idOf(srvKey), Migration{Run: "r"}); err != nil {
+			if _, err := h.Hand(ctx, idOf(srvKey), Migration{Run: "r"}); err != nil {
 				t.Fatalf("%s: hand: %v", c.name, err)
 			}
 		}
@@ -74,13 +74,13 @@ func TestHostsReuse(t *testing.T) {
 	reuse := NewReuse()
 	defer reuse.Close()
 	h := Hosts{Dir: d, Key: me, Reuse: reuse}
-	if err := h.Hand(ctx, idOf(srvKey), Migration{Run: "r"}); err != nil {
+	if _, err := h.Hand(ctx, idOf(srvKey), Migration{Run: "r"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.Hand(ctx, idOf(srvKey), Migration{Run: "r"}); err == nil {
+	if _, err := h.Hand(ctx, idOf(srvKey), Migration{Run: "r"}); err == nil {
 		t.Fatal("a call to a peer whose session ended went through on the open connection")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/api"
@@ -25,9 +26,15 @@ import (
 // (store.MaxChunk).
 const MaxRange = store.MaxChunk
 
+// ErrMismatch: bytes a peer sent that do not hash to the address a
+// verified index or listing gives them — the peer's bytes are wrong, not
+// the link (ErrChunk; an owed slab as a whole, [Owed.Fill]). It wraps
+// store.ErrCorrupt.
+var ErrMismatch = fmt.Errorf("the peer's bytes do not hash to their verified address: %w", store.ErrCorrupt)
+
 // ErrChunk: a ranged read whose bytes do not hash to the chunk's listed
-// address. It wraps store.ErrCorrupt.
-var ErrChunk = fmt.Errorf("chunk does not hash to its listed address: %w", store.ErrCorrupt)
+// address. It wraps ErrMismatch.
+var ErrChunk = fmt.Errorf("chunk does not hash to its listed address: %w", ErrMismatch)
 
 // parseRange reads a Range header of exactly one range, "bytes=A-B"
 // (decimal, A <= B, both inclusive), with B-A+1 at most MaxRange.
@@ -96,6 +103,11 @@ type Range struct {
 	Sum    record.Address
 }
 
+// RangeTimeout bounds one ranged read, its answer and body: a peer that
+// stalls is given up on (the caller's context may have no end). A
+// variable: tests shorten it.
+var RangeTimeout = time.Minute
+
 // ReadRange asks the peer at from for rg and returns its bytes: only a
 // 206 whose Content-Range is rg's, of exactly Size bytes, that hash to
 // Sum ([ErrChunk] otherwise). A 404 is [ErrAbsent], any other answer
@@ -111,6 +123,9 @@ func readRange(ctx context.Context, from Source, rg Range, check bool) ([]byte, 
 		return nil, fmt.Errorf("transfer: %w: a range of %d bytes at %d", ErrLimit, rg.Size, rg.Offset)
 	}
 	url := strings.TrimSuffix(from.Base, "/") + "/v1/objects/" + rg.Object.String()
+	outer := ctx
+	ctx, cancel := context.WithTimeout(ctx, RangeTimeout)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, fmt.Errorf("transfer: %w", err)
@@ -137,8 +152,8 @@ func readRange(ctx context.Context, from Source, rg Range, check bool) ([]byte, 
 	}
 	b := make([]byte, rg.Size)
 	if n, err := io.ReadFull(resp.Body, b); err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if outer.Err() != nil {
+			return nil, outer.Err()
 		}
 		return nil, fmt.Errorf("transfer: %s: %w: %d of its %d bytes (%v)", what, ErrTruncated, n, rg.Size, err)
 	}

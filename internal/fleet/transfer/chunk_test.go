@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -246,7 +247,7 @@ func TestOwedRefused(t *testing.T) {
 		want error
 	}{
 		{"a chunk's byte", int64(fx.chunks[1].Offset) + 5, transfer.ErrChunk},
-		{"a byte no chunk covers", int64(fx.chunks[2].Offset) - 1, store.ErrCorrupt},
+		{"a byte no chunk covers", int64(fx.chunks[2].Offset) - 1, transfer.ErrMismatch},
 	} {
 		srv := serve(t, fx.src, tamper(tc.off))
 		dst := mustStore(t)
@@ -254,7 +255,8 @@ func TestOwedRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := o.Fill(ctx); !errors.Is(err, tc.want) {
+		// Either is the source's bytes, verified wrong (ErrMismatch).
+		if err := o.Fill(ctx); !errors.Is(err, tc.want) || !errors.Is(err, transfer.ErrMismatch) || !errors.Is(err, store.ErrCorrupt) {
 			t.Errorf("%s: Fill: %v, want %v", tc.name, err, tc.want)
 		}
 		// Final: no chunk is asked again, nothing is adopted.
@@ -282,5 +284,43 @@ func TestOwedRefused(t *testing.T) {
 	bad[2].Offset = 1<<64 - 4096 // its end wraps to 12 KiB
 	if _, err := transfer.NewOwed(dst, transfer.Source{}, fx.slab, bad); !errors.Is(err, transfer.ErrOwed) {
 		t.Fatalf("a chunk whose end wraps: %v", err)
+	}
+}
+
+// A peer that answers a range with its headers and then stalls is given
+// up on at RangeTimeout, whatever the caller's context (seen failing
+// first: the read waited on the stalled body).
+func TestReadRangeStalled(t *testing.T) {
+	fx := newSlab(t)
+	c := fx.chunks[0]
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", c.Offset, c.Offset+c.Size-1, fx.slab.Size))
+		w.Header().Set("Content-Length", fmt.Sprint(c.Size))
+		w.WriteHeader(http.StatusPartialContent)
+		w.(http.Flusher).Flush()
+		select {
+		case <-stop:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(stop)
+	was := transfer.RangeTimeout
+	transfer.RangeTimeout = 200 * time.Millisecond
+	defer func() { transfer.RangeTimeout = was }()
+	got := make(chan error, 1)
+	go func() {
+		_, err := transfer.ReadRange(context.Background(), transfer.Source{Client: srv.Client(), Base: srv.URL},
+			transfer.Range{Object: fx.slab.Address, Offset: c.Offset, Size: c.Size, Sum: c.Address})
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if err == nil {
+			t.Fatal("a stalled range read")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a stalled range still waited on after 10 s")
 	}
 }

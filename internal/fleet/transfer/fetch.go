@@ -51,6 +51,12 @@ type Options struct {
 	// --min-free); it is asked once, and the fetch's bytes are held to it
 	// (ErrNoSpace).
 	Free func() (uint64, error)
+	// Owe, for a post-copy migration, is the key id of the source: the
+	// slabs of the last snapshot's memory image are not fetched but owed
+	// ([Fetched.Owed]), brought in behind the resumed unit ([Owed]). Not
+	// for a run the store holds a record of (it is fetched whole). Zero:
+	// every object is fetched.
+	Owe record.Address
 }
 
 // Source is the peer a fetch reads objects from: its [Handler] at Base,
@@ -88,6 +94,10 @@ type fetcher struct {
 	done  map[record.Address]kind // objects dealt with, as what
 	taken int64                   // bytes the peer was asked for, held to the Total limit
 	buf   []byte                  // the copy buffer
+	// owe are the slabs owed (Options.Owe), by address; pre the last
+	// memory listing's bytes, read to find them.
+	owe   map[record.Address]store.Entry
+	pre   map[record.Address][]byte
 	out   *Fetched
 	stats Stats
 }
@@ -150,10 +160,18 @@ func Stage(ctx context.Context, from Source, st *store.Store, rec *record.Record
 			f.out.Close()
 		}
 	}()
+	if !opt.Owe.IsZero() && f.ours == nil {
+		if err := f.findOwed(rec, opt.Owe); err != nil {
+			return nil, f.stats, err
+		}
+	}
 	for _, r := range roots(rec) {
 		if err := f.object(r.addr, r.kind, -1); err != nil {
 			return nil, f.stats, err
 		}
+	}
+	if err := f.owedChunks(rec); err != nil {
+		return nil, f.stats, err
 	}
 	return f.out, f.stats, nil
 }
@@ -271,6 +289,12 @@ func (f *fetcher) refs(a record.Address, k kind, b []byte) ([]record.Address, er
 	for _, e := range es {
 		if e.Size > uint64(f.lim.Object) {
 			return nil, fmt.Errorf("transfer: listing %s: %w: %q of %d bytes, the object limit is %d", a, ErrLimit, e.Name, e.Size, f.lim.Object)
+		}
+		if owed, err := f.owes(a, e); owed || err != nil {
+			if err != nil {
+				return nil, fmt.Errorf("transfer: listing %s: %q: %w", a, e.Name, err)
+			}
+			continue
 		}
 		if err := f.object(e.Address, plain, int64(e.Size)); err != nil {
 			return nil, fmt.Errorf("transfer: listing %s: %q: %w", a, e.Name, err)

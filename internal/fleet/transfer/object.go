@@ -117,6 +117,9 @@ func (f *fetcher) verify(a record.Address, h *blake3.Hasher) error {
 // limit.
 func (f *fetcher) document(a record.Address) (_ []byte, held bool, _ error) {
 	max := min(f.lim.JSON, f.lim.Object)
+	if b, ok := f.pre[a]; ok {
+		return b, false, nil
+	}
 	if s, ok := f.out.staged[a]; ok {
 		// Staged as a plain object already (verified then).
 		if s.size > max {
@@ -189,17 +192,28 @@ func (f *fetcher) get(a record.Address, max, size int64) (io.ReadCloser, int64, 
 		err = fmt.Errorf("transfer: object %s: %w: %d bytes, the limit is %d", a, ErrLimit, n, max)
 	case size >= 0 && n != size:
 		err = fmt.Errorf("transfer: object %s: %w: listed as %d bytes, the peer sends %d", a, ErrMalformed, size, n)
-	case n > f.lim.Total-f.taken:
-		err = fmt.Errorf("transfer: object %s: %w: %d bytes after %d, the limit of a fetch is %d", a, ErrLimit, n, f.taken, f.lim.Total)
-	case f.room >= 0 && n > f.room-f.taken:
-		err = fmt.Errorf("transfer: object %s: %w: %d bytes after %d, the store's filesystem takes %d past its minimum free space (--min-free)", a, ErrNoSpace, n, f.taken, f.room)
+	default:
+		err = f.book(a, n)
 	}
 	if err != nil {
 		resp.Body.Close()
 		return nil, 0, err
 	}
-	f.taken += n
 	return resp.Body, n, nil
+}
+
+// book counts n bytes of object a against the fetch's Total limit and
+// the store's room: those of an object fetched, or owed (they arrive
+// later).
+func (f *fetcher) book(a record.Address, n int64) error {
+	switch {
+	case n > f.lim.Total-f.taken:
+		return fmt.Errorf("transfer: object %s: %w: %d bytes after %d, the limit of a fetch is %d", a, ErrLimit, n, f.taken, f.lim.Total)
+	case f.room >= 0 && n > f.room-f.taken:
+		return fmt.Errorf("transfer: object %s: %w: %d bytes after %d, the store's filesystem takes %d past its minimum free space (--min-free)", a, ErrNoSpace, n, f.taken, f.room)
+	}
+	f.taken += n
+	return nil
 }
 
 // peerMessage is the message of an error body, read to at most 4 KiB.

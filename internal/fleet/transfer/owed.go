@@ -178,7 +178,7 @@ func (o *Owed) Fill(ctx context.Context) error {
 	var got record.Address
 	h.Sum(got[:0])
 	if got != o.slab.Address {
-		return o.fail(&store.CorruptError{Address: o.slab.Address, Got: got, Path: o.f.Name()})
+		return o.fail(fmt.Errorf("transfer: owed slab %q: %w: %w", o.slab.Name, ErrMismatch, &store.CorruptError{Address: o.slab.Address, Got: got, Path: o.f.Name()}))
 	}
 	return nil
 }

@@ -28,6 +28,10 @@ type Fetched struct {
 	declared []declare
 	adopted  bool
 	early    early
+	// owing is what a post-copy fetch left owed (Options.Owe), owed its
+	// slabs with their chunks.
+	owing store.Owing
+	owed  []OwedSlab
 }
 
 type staged struct {
@@ -64,10 +68,16 @@ func (f *Fetched) Has(a record.Address) bool {
 	return ok || f.Store.Has(a)
 }
 
-// Size is a staged object's size, or the store's.
+// Size is a staged object's size, an owed slab's listed size, or the
+// store's.
 func (f *Fetched) Size(a record.Address) (int64, error) {
 	if s, ok := f.staged[a]; ok {
 		return s.size, nil
+	}
+	for _, o := range f.owed {
+		if o.Slab.Address == a {
+			return int64(o.Slab.Size), nil
+		}
 	}
 	return f.Store.Size(a)
 }
@@ -121,16 +131,24 @@ func (f *Fetched) PutBytes(b []byte, refs ...record.Address) (record.Address, er
 	return a, nil
 }
 
-// ImportAs adopts the staged objects, then stores the run.
+// ImportAs adopts the staged objects, then stores the run, owing what
+// the fetch left owed ([store.Store.ImportOwing]).
 func (f *Fetched) ImportAs(id string, r *record.Record, copy bool) error {
 	if err := f.AdoptAll(f.ctx); err != nil {
 		return err
 	}
+	if len(f.owing.Slabs) > 0 {
+		return f.Store.ImportOwing(id, r, copy, f.owing)
+	}
 	return f.Store.ImportAs(id, r, copy)
 }
 
-// Extend adopts the staged objects, then extends the run.
+// Extend adopts the staged objects, then extends the run. A fetch that
+// owes is never an extension (Options.Owe).
 func (f *Fetched) Extend(id string, r *record.Record, copy, reclaim bool) (record.Address, error) {
+	if len(f.owing.Slabs) > 0 {
+		return record.Address{}, fmt.Errorf("transfer: run %s: an extension of a run held here is fetched whole, not owed", id)
+	}
 	if err := f.AdoptAll(f.ctx); err != nil {
 		return record.Address{}, err
 	}
