@@ -67,12 +67,12 @@ func TestStopWaitsFitTimeoutStopSec(t *testing.T) {
 }
 
 // holdsFor is a stop's wait for post-copy holds that none ever ends: it
-// returns at its context's end, and says when it was called.
-type holdsFor struct{ called time.Time }
+// returns at its context's end, and says when it returned.
+type holdsFor struct{ returned time.Time }
 
 func (h *holdsFor) wait(ctx context.Context) ([]store.Hold, error) {
-	h.called = time.Now()
 	<-ctx.Done()
+	h.returned = time.Now()
 	return []store.Hold{{Run: "r"}}, nil
 }
 
@@ -95,11 +95,15 @@ func TestStopWaitsHoldsThenEndsPeers(t *testing.T) {
 	h := &holdsFor{}
 	p := &stopped{}
 	s := &service{onStop: onStopLeave, postCopyWait: 50 * time.Millisecond, holds: h.wait, log: slog.New(slog.DiscardHandler)}
+	start := time.Now()
 	if err := s.stopServing(p); err != nil {
 		t.Fatal(err)
 	}
-	if h.called.IsZero() || p.called.Before(h.called.Add(50*time.Millisecond)) {
-		t.Fatalf("holds waited at %v, the peer API ended at %v", h.called, p.called)
+	if h.returned.IsZero() || p.called.Before(h.returned) {
+		t.Fatalf("the holds' wait returned at %v, the peer API ended at %v", h.returned, p.called)
+	}
+	if waited := p.called.Sub(start); waited < 50*time.Millisecond {
+		t.Fatalf("the peer API ended %s into the stop, before --post-copy-wait's 50ms", waited)
 	}
 	if p.err != nil {
 		t.Fatalf("the peer API's end got a context ended: %v", p.err)
