@@ -7,9 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
+	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/store"
+	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -64,12 +68,18 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		return err
 	}
 	for _, id := range active {
-		if elsewhere[id] && owner[id] != "" {
-			forms.Remove(ctx, d.ex, owner[id], "reconcile: removing the sandbox of a run another host of the fleet has", d.log)
+		if elsewhere[id] {
+			if owner[id] != "" {
+				forms.Remove(ctx, d.ex, owner[id], "reconcile: removing the sandbox of a run another host of the fleet has", d.log)
+			}
 			continue
 		}
 		if owner[id] == "" {
-			d.log.Warn("reconcile: run is executing in its record but has no sandbox here (lost); close it or resume it elsewhere", "run", id)
+			// Nothing of the unit is left to remove.
+			none := func(context.Context, string) error { return nil }
+			if err := d.takeBackGone(ctx, id, forms.Gone(id, none)); err != nil {
+				d.log.Warn("reconcile: run is executing in its record but has no sandbox here (lost); close it or resume it elsewhere", "run", id, "err", err)
+			}
 			continue
 		}
 		// One run that cannot be taken back is reported lost; it does not
@@ -83,23 +93,21 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 
 // reattachRun takes an executing run's sandbox back after a restart.
 func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
-	st, err := d.st.Run(id)
+	run, err := runOf(d.st, id)
 	if err != nil {
 		return err
 	}
-	spec, grants, err := d.st.ReadRun(st)
-	if err != nil {
-		return err
-	}
-	run := forms.Run{ID: id, Spec: spec, Grants: grants}
 	sb, err := d.ex.Load(ctx, sid)
 	if errors.Is(err, executor.ErrNotFound) {
-		// A unit whose lazy restore no daemon saw finish, killed by the
-		// last daemon for its lost pages (its sandbox kept, with the
-		// records that say so), is parked back all the same.
-		if gone := forms.Gone(sid, d.ex.Remove); d.forms.LazyUnfinished(forms.Orphan(run, gone)) {
-			sb, err = gone, nil
+		// containerd keeps the container but no task: the unit died
+		// while no daemon watched it (with the host, or with containerd;
+		// or the last daemon killed it for its lost pages, keeping the
+		// records that say so, and that case is parked back as below).
+		gone := forms.Gone(sid, d.ex.Remove)
+		if !d.forms.LazyUnfinished(forms.Orphan(run, gone)) {
+			return d.takeBackGone(ctx, id, gone)
 		}
+		sb, err = gone, nil
 	}
 	if err != nil {
 		return err
@@ -125,23 +133,85 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	defer r.mu.Unlock()
 	lv := d.intervals.reattach(id, u)
 	r.live = lv
-	if d.forms.LazyUnfinished(u) && d.parkBackUnfinished(id, r, lv) {
-		if r.live == nil {
-			return nil // parked back
+	if d.forms.LazyUnfinished(u) {
+		if named, _ := d.parkBackResumed(id, r, lv, unfinishedLoss(lv.iv.Events())); named {
+			if r.live == nil {
+				return nil // parked back
+			}
+			d.watch(id, r, lv) // the park back's append refused: a close ends it
+			return nil
 		}
-		d.watch(id, r, lv) // the park back's append refused: a close ends it
-		return nil
 	}
 	d.intervals.SaveMark(lv.iv)
-	if d.links != nil && grants.Network == unit.Egress {
+	if d.links != nil && run.Grants.Network == unit.Egress {
 		// A resume's pass the last daemon did not make (docs/unit.md,
 		// egress).
 		ns := "/proc/" + strconv.FormatUint(uint64(sb.Pid()), 10) + "/ns/net"
-		if err := d.links.Reheld(id, grants.Egress, ns, lv.iv.Events()); err != nil {
+		if err := d.links.Reheld(id, run.Grants.Egress, ns, lv.iv.Events()); err != nil {
 			d.log.Error("reconcile: the unit's link out not passed", "run", id, "err", err)
 		}
 	}
 	d.watch(id, r, lv)
 	d.log.Info("reconcile: reattached", "run", id)
+	return nil
+}
+
+// runOf is run id as its record in st says: its unit and grants.
+func runOf(st *store.Store, id string) (forms.Run, error) {
+	r, err := st.Run(id)
+	if err != nil {
+		return forms.Run{}, err
+	}
+	spec, grants, err := st.ReadRun(r)
+	if err != nil {
+		return forms.Run{}, err
+	}
+	return forms.Run{ID: id, Spec: spec, Grants: grants}, nil
+}
+
+// goneReason is why a unit found gone at a start was lost.
+const goneReason = "the unit was gone when the daemon started: it died with its host or its runtime while no daemon watched it"
+
+// errUnitLost is a unit found gone at a start.
+var errUnitLost = errors.New(goneReason)
+
+// takeBackGone records what became of executing run id whose unit a
+// starting daemon found gone (sb stands in for its sandbox, forms.Gone):
+// its interval journals unit-lost, and the run is parked back where its
+// record can take it up again. An image run goes back to the snapshot it
+// resumed from (parkBackResumed); a transcript run is parked at the
+// transcript it left on disk, unaccounted (recoverUnit). An image run
+// that never parked has no snapshot to go back to: it stays executing in
+// its record, lost, and the returned error says so.
+func (d *Daemon) takeBackGone(ctx context.Context, id string, sb forms.Sandbox) error {
+	run, err := runOf(d.st, id)
+	if err != nil {
+		return err
+	}
+	u := forms.Orphan(run, sb)
+	how := attest.UnitLost{Reason: goneReason}
+	if run.Spec.Mode == unit.TranscriptMode {
+		lv := d.intervals.reattach(id, u)
+		lv.iv.Journal(attest.LifecycleOf(time.Now().UnixNano(), how))
+		if err := d.recoverUnit(ctx, id, lv); err != nil {
+			return err
+		}
+		d.log.Warn("reconcile: parked a transcript run whose unit was gone at its transcript (its interval is unaccounted)", "run", id)
+		d.events.Publish(events.Event{Kind: eventUnitLost, Run: id})
+		return nil
+	}
+	r := d.runs.lock(id)
+	defer r.mu.Unlock()
+	lv := d.intervals.reattach(id, u)
+	r.live = lv
+	named, parked := d.parkBackResumed(id, r, lv, loss{how: how, err: errUnitLost, event: eventUnitLost})
+	if !parked {
+		// Lost until a close; a later start tries again.
+		r.live = nil
+		if !named {
+			return fmt.Errorf("%w, and its record names no snapshot it resumed from", errUnitLost)
+		}
+		return fmt.Errorf("%w; its park back was not recorded", errUnitLost)
+	}
 	return nil
 }

@@ -177,16 +177,16 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 			d.events.Publish(events.Event{Kind: "run.resident", Run: id})
 			return
 		}
-		d.parkBack(id, r, lv, snap, lost)
+		d.parkBack(id, r, lv, snap, loss{err: lost, event: eventPagesLost})
 	})
 }
 
-// parkBack ends lv's interval, whose lazy pages were lost (its journal
-// says so already), as a park back at snap, the snapshot the run resumed
-// from, and tears the sandbox down. The caller holds r's lock and has
-// frozen the unit. An append refused leaves the unit frozen in a new
-// interval (park-refused) that a close ends.
-func (d *Daemon) parkBack(id string, r *run, lv *live, snap record.Snapshot, lost error) {
+// parkBack ends lv's interval, whose unit's memory was lost (its journal
+// says how already, l.how), as a park back at snap, the snapshot the run
+// resumed from, and tears the sandbox down, publishing l.event. The
+// caller holds r's lock and has frozen the unit. An append refused leaves the unit
+// frozen in a new interval (park-refused) that a close ends.
+func (d *Daemon) parkBack(id string, r *run, lv *live, snap record.Snapshot, l loss) bool {
 	st, err := d.st.Run(id)
 	if err == nil {
 		_, _, err = d.recordTaken(context.Background(), lv, taking{Taken: forms.Taken{Snapshot: snap, Keys: manifest.ImageKeys}, unitID: st.Unit, account: lv.unit.Account()})
@@ -195,31 +195,57 @@ func (d *Daemon) parkBack(id string, r *run, lv *live, snap record.Snapshot, los
 		if lv.iv.Ended() { // the unit stays frozen, in a new interval a close ends
 			d.intervals.restart(id, lv, attest.EventParkRefused)
 		}
-		d.log.Error("recording a lazy restore's lost pages", "run", id, "lost", lost, "err", err)
-		return
+		d.log.Error("parking a run back at the snapshot it resumed from", "run", id, "lost", l.err, "err", err)
+		return false
 	}
 	d.tearDownParked(r, lv)
-	d.log.Warn("run parked back at the snapshot it resumed from: its lazy pages were lost", "run", id, "err", lost)
-	d.events.Publish(events.Event{Kind: "run.pages-lost", Run: id, Detail: snap.String()})
+	d.log.Warn("run parked back at the snapshot it resumed from", "run", id, "lost", l.err)
+	d.events.Publish(events.Event{Kind: l.event, Run: id, Detail: snap.String()})
+	return true
 }
 
-// parkBackUnfinished parks back a run a restarted daemon found executing
-// whose lazy restore no daemon saw finish (forms.Env.LazyUnfinished):
-// the unit is frozen (found so or killed, or now; destroyed where the freeze
-// fails within unfinishedFreeze), its interval journals pages-lost, and it ends as a
-// park back at the snapshot the run resumed from (parkBack). It reports
-// whether the run's record names such a snapshot (the last Suspended
-// segment before its Resumed one); without it, nothing is done. The
-// caller holds r's lock.
-func (d *Daemon) parkBackUnfinished(id string, r *run, lv *live) bool {
+// Events a park back publishes (parkBack).
+const (
+	eventPagesLost = "run.pages-lost"
+	eventUnitLost  = "run.unit-lost"
+)
+
+// loss is how a unit's memory was lost, for its park back: the journal's
+// entry (pages-lost, unit-lost), the error logged, the event published.
+type loss struct {
+	how   attest.Detail
+	err   error
+	event string
+}
+
+// unfinishedLoss is how a run a restarted daemon found executing, whose
+// lazy restore no daemon saw finish (forms.Env.LazyUnfinished), lost its
+// pages; its interval's journal so far is es.
+func unfinishedLoss(es []attest.Entry) loss {
+	return loss{
+		how:   attest.PagesLost{AfterNS: restoreAge(es, time.Now()), Reason: forms.RestartedReason},
+		err:   fmt.Errorf("%w: %s", pageserver.ErrPagesLost, forms.RestartedReason),
+		event: eventPagesLost,
+	}
+}
+
+// parkBackResumed parks back a run a restarted daemon found executing
+// whose unit's memory is not the recorded one: the unit is frozen (found
+// so, stopped or gone, or now; destroyed where the freeze fails within
+// unfinishedFreeze), its interval journals l.how, and it ends
+// as a park back at the snapshot the run resumed from (parkBack). It
+// reports whether the run's record names such a snapshot (the last
+// Suspended segment before its Resumed one; without it nothing is done),
+// and whether the park back was recorded. The caller holds r's lock.
+func (d *Daemon) parkBackResumed(id string, r *run, lv *live, l loss) (named, parked bool) {
 	raw, err := d.st.Raw(id)
 	if err != nil {
-		d.log.Error("reconcile: reading the record of a run whose lazy restore did not finish", "run", id, "err", err)
-		return false
+		d.log.Error("reconcile: reading the record of a run to park back", "run", id, "err", err)
+		return false, false
 	}
 	segs := raw.Segments
 	if len(segs) < 2 || segs[len(segs)-1].Kind != record.Resumed || segs[len(segs)-2].Kind != record.Suspended {
-		return false
+		return false, false
 	}
 	snap := segs[len(segs)-2].Snapshot
 	ctx, cancel := context.WithTimeout(context.Background(), unfinishedFreeze)
@@ -235,16 +261,14 @@ func (d *Daemon) parkBackUnfinished(id string, r *run, lv *live) bool {
 		if derr := lv.sb.Destroy(context.WithoutCancel(ctx)); derr != nil {
 			perr = errors.Join(perr, derr)
 		}
+		l.err = fmt.Errorf("%w (freeze: %v)", l.err, perr)
 	}
-	now := time.Now()
-	lv.iv.Journal(attest.LifecycleOf(now.UnixNano(), attest.PagesLost{AfterNS: restoreAge(lv.iv.Events(), now), Reason: forms.RestartedReason}))
-	lost := fmt.Errorf("%w: %s (freeze: %v)", pageserver.ErrPagesLost, forms.RestartedReason, perr)
-	d.parkBack(id, r, lv, snap, lost)
-	return true
+	lv.iv.Journal(attest.LifecycleOf(time.Now().UnixNano(), l.how))
+	return true, d.parkBack(id, r, lv, snap, l)
 }
 
 // unfinishedFreeze bounds the freeze of a unit whose lazy restore a
-// restarted daemon found unfinished (parkBackUnfinished): a freeze takes
+// restarted daemon found unfinished (unfinishedLoss): a freeze takes
 // milliseconds, and the start waits for it.
 const unfinishedFreeze = 5 * time.Second
 

@@ -145,14 +145,14 @@ func (f Transcript) Reattached(_ context.Context, _ *Unit, status string) (bool,
 	return status != "stopped", nil
 }
 
-// Recover freezes the unit and stores the transcript it left on disk
-// (calls.Recover): the park is recorded without an account (the account
-// was the dead daemon's; the ledger drops the calls of that interval with
-// it), so the record stays honest — its wait proof becomes Unproved — and
-// the run resumes from its transcript. Its Cleanup removes the channel
-// directory.
+// Recover freezes the unit (one gone, Gone, is stopped already) and
+// stores the transcript it left on disk (calls.Recover): the park is
+// recorded without an account (the account was the dead daemon's; the
+// ledger drops the calls of that interval with it), so the record stays
+// honest — its wait proof becomes Unproved — and the run resumes from its
+// transcript. Its Cleanup removes the channel directory.
 func (f Transcript) Recover(ctx context.Context, u *Unit) (Taken, error) {
-	if status, _ := u.Sandbox.Status(ctx); status != "paused" {
+	if status, _ := u.Sandbox.Status(ctx); status != "paused" && status != "stopped" {
 		if err := u.Sandbox.Pause(ctx); err != nil {
 			return Taken{}, err
 		}

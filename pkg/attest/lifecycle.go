@@ -96,6 +96,17 @@ type PagesLost struct {
 // Event implements Detail.
 func (PagesLost) Event() string { return "pages-lost" }
 
+// UnitLost is an interval whose unit a starting daemon found gone: it
+// died with its host or its runtime while no daemon watched it. The
+// interval ends parked at the snapshot it resumed from (an image run), or
+// at the transcript it left (a transcript run, then Recovered too).
+type UnitLost struct {
+	Reason string `json:"reason"`
+}
+
+// Event implements Detail.
+func (UnitLost) Event() string { return "unit-lost" }
+
 // Idle is how a resume metered or estimated the idle energy its Resumed
 // segment records. (Its fields are in the order of their JSON names.)
 type Idle struct {

@@ -20,6 +20,7 @@ func TestLifecyclePinned(t *testing.T) {
 		{Idle{Inputs: map[string]string{"method": "estimate", "b": "<2>"}, ParkedNS: 5, Provenance: "estimated", RetainedBytes: 6, UJ: 7},
 			`idle {"inputs":{"b":"\u003c2\u003e","method":"estimate"},"parked_ns":5,"provenance":"estimated","retained_bytes":6,"uj":7}`},
 		{Recovered{Reason: "gone"}, `recovered {"reason":"gone"}`},
+		{UnitLost{Reason: "<gone>"}, `unit-lost {"reason":"\u003cgone\u003e"}`},
 		{OutputOmitted{Stream: Stdout, FromOffset: 5, Bytes: 6}, `output-omitted {"stream":1,"from_offset":5,"bytes":6}`},
 		{OutputDiscarded{StdoutBytes: 1, StderrBytes: 2, LimitBytes: 3}, `output-discarded {"stdout_bytes":1,"stderr_bytes":2,"limit_bytes":3}`},
 	} {
