@@ -118,7 +118,7 @@ export interface Event {
   call?: string;
   call_kind?: string;
   detail?: string;
-  kind: "run.started" | "run.parked" | "run.resumed" | "run.closed" | "call.dispatched" | "call.result" | "run.resident" | "run.pages-lost" | "run.unit-lost";
+  kind: "run.started" | "run.parked" | "run.resumed" | "run.closed" | "call.dispatched" | "call.result" | "run.resident" | "run.pages-lost";
   run: string;
   time: string;
 }

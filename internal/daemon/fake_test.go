@@ -54,6 +54,24 @@ type fakeExec struct {
 	onCheckpoint func(id string)
 	// prefetches counts Prefetch calls (forms.Admit, image resumes).
 	prefetches atomic.Int32
+	// taskless are containers whose task is gone (dropTask): listed, not
+	// loaded, removed by Remove.
+	taskless map[string]bool
+}
+
+// dropTask does to sandbox id what a host's restart does: its unit and
+// task gone, its container kept.
+func (x *fakeExec) dropTask(t *testing.T, id string) {
+	t.Helper()
+	if err := x.sandbox(id).Destroy(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.taskless == nil {
+		x.taskless = map[string]bool{}
+	}
+	x.taskless[id] = true
 }
 
 // Prefetch is executor.Client.Prefetch: here, only counted.
@@ -146,11 +164,17 @@ func (x *fakeExec) List(context.Context) ([]string, error) {
 	for id := range x.sbs {
 		ids = append(ids, id)
 	}
+	for id := range x.taskless {
+		ids = append(ids, id)
+	}
 	sort.Strings(ids)
 	return ids, nil
 }
 
 func (x *fakeExec) Remove(ctx context.Context, id string) error {
+	x.mu.Lock()
+	delete(x.taskless, id)
+	x.mu.Unlock()
 	if sb := x.sandbox(id); sb != nil {
 		return sb.Destroy(ctx)
 	}

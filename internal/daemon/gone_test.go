@@ -37,14 +37,16 @@ func (h *fakeHost) lastJournal(t *testing.T, id string) (*attest.Body, attest.Jo
 	return nil, attest.Journal{}
 }
 
-// A restarted daemon finds an image run executing whose unit is gone
-// (the host restarted): the run resumed from a snapshot goes back to it,
-// its interval journaling unit-lost, and resumes again; one that never
-// parked has no snapshot to go back to and is lost.
+// A restarted daemon finds image runs executing whose unit is gone, its
+// container kept (the host restarted): the run resumed from a snapshot
+// goes back to it, its interval journaling unit-lost, and resumes again;
+// one that never parked has no snapshot to go back to and is lost; one
+// with no container at all may run elsewhere, and is lost too.
 func TestReconcileParksBackGoneUnit(t *testing.T) {
 	h := newFakeHost(t)
 	h.start(t, "resumed")
 	h.start(t, "fresh")
+	h.start(t, "nowhere")
 	if _, err := h.d.Park(t.Context(), "resumed"); err != nil {
 		t.Fatal(err)
 	}
@@ -54,13 +56,18 @@ func TestReconcileParksBackGoneUnit(t *testing.T) {
 	if _, err := h.d.Resume(t.Context(), "resumed", nil); err != nil {
 		t.Fatal(err)
 	}
-	events, cancel := h.d.events.Subscribe()
-	defer cancel()
+	if _, err := h.d.Park(t.Context(), "nowhere"); err != nil {
+		t.Fatal(err)
+	}
+	h.teardown(t, "nowhere")
+	if _, err := h.d.Resume(t.Context(), "nowhere", nil); err != nil {
+		t.Fatal(err)
+	}
 	h.restart()
-	for _, id := range []string{"resumed", "fresh"} {
-		if err := h.ex.sandbox(id).Destroy(t.Context()); err != nil {
-			t.Fatal(err)
-		}
+	h.ex.dropTask(t, "resumed")
+	h.ex.dropTask(t, "fresh")
+	if err := h.ex.sandbox("nowhere").Destroy(t.Context()); err != nil {
+		t.Fatal(err)
 	}
 	if err := h.d.reconcile(t.Context()); err != nil {
 		t.Fatal(err)
@@ -77,16 +84,19 @@ func TestReconcileParksBackGoneUnit(t *testing.T) {
 	if !j.Find(&lost) || lost.Reason != goneReason || body.Outcome.Kind != attest.Parked {
 		t.Fatalf("the lost interval: outcome %s, unit-lost %+v", body.Outcome.Kind, lost)
 	}
-	if e := <-events; e.Kind != eventUnitLost || e.Run != "resumed" || e.Detail != snap {
-		t.Fatalf("event %+v", e)
+	h.teardown(t, "resumed")
+	if h.ex.taskless["resumed"] {
+		t.Fatal("the parked-back run's container is left")
 	}
-	if r, err := h.d.Run("fresh"); err != nil || r.Status != answers.Lost {
-		t.Fatalf("fresh: %s (%v), want lost: it never parked", r.Status, err)
+	for _, id := range []string{"fresh", "nowhere"} {
+		if r, err := h.d.Run(id); err != nil || r.Status != answers.Lost {
+			t.Fatalf("%s: %s (%v), want lost", id, r.Status, err)
+		}
 	}
 	if _, err := h.d.Resume(t.Context(), "resumed", nil); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"resumed", "fresh"} {
+	for _, id := range []string{"resumed", "fresh", "nowhere"} {
 		if _, err := h.d.Close(t.Context(), id, ""); err != nil {
 			t.Fatal(err)
 		}
@@ -101,9 +111,7 @@ func TestReconcileRecoversGoneTranscript(t *testing.T) {
 	h.startTranscript(t, "r")
 	sid := h.liveOf("r").sb.ID()
 	h.restart()
-	if err := h.ex.sandbox(sid).Destroy(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	h.ex.dropTask(t, sid)
 	if err := h.d.reconcile(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -120,6 +128,9 @@ func TestReconcileRecoversGoneTranscript(t *testing.T) {
 	var rec attest.Recovered
 	if !j.Find(&lost) || !j.Find(&rec) || raw.Segments[0].Calls != nil {
 		t.Fatalf("the lost interval: unit-lost %v, recovered %v, calls %v", lost, rec, raw.Segments[0].Calls)
+	}
+	if h.ex.taskless[sid] {
+		t.Fatal("the recovered run's container is left")
 	}
 	if _, err := h.d.Resume(t.Context(), "r", nil); err != nil {
 		t.Fatal(err)

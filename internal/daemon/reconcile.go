@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -75,11 +74,9 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 			continue
 		}
 		if owner[id] == "" {
-			// Nothing of the unit is left to remove.
-			none := func(context.Context, string) error { return nil }
-			if err := d.takeBackGone(ctx, id, forms.Gone(id, none)); err != nil {
-				d.log.Warn("reconcile: run is executing in its record but has no sandbox here (lost); close it or resume it elsewhere", "run", id, "err", err)
-			}
+			// Not known to be gone: its unit may run under another
+			// containerd (a changed --containerd-address).
+			d.log.Warn("reconcile: run is executing in its record but has no sandbox here (lost); close it or resume it elsewhere", "run", id)
 			continue
 		}
 		// One run that cannot be taken back is reported lost; it does not
@@ -100,14 +97,9 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 	sb, err := d.ex.Load(ctx, sid)
 	if errors.Is(err, executor.ErrNotFound) {
 		// containerd keeps the container but no task: the unit died
-		// while no daemon watched it (with the host, or with containerd;
-		// or the last daemon killed it for its lost pages, keeping the
-		// records that say so, and that case is parked back as below).
-		gone := forms.Gone(sid, d.ex.Remove)
-		if !d.forms.LazyUnfinished(forms.Orphan(run, gone)) {
-			return d.takeBackGone(ctx, id, gone)
-		}
-		sb, err = gone, nil
+		// while no daemon watched it (with the host or with containerd,
+		// or killed by the last daemon for its lost pages).
+		return d.takeBackGone(ctx, run, forms.Gone(sid, d.ex.Remove))
 	}
 	if err != nil {
 		return err
@@ -170,43 +162,44 @@ func runOf(st *store.Store, id string) (forms.Run, error) {
 }
 
 // goneReason is why a unit found gone at a start was lost.
-const goneReason = "the unit was gone when the daemon started: it died with its host or its runtime while no daemon watched it"
+const goneReason = "the unit was gone when the daemon started and no daemon saw it end: its host or containerd restarted"
 
 // errUnitLost is a unit found gone at a start.
 var errUnitLost = errors.New(goneReason)
 
-// takeBackGone records what became of executing run id whose unit a
-// starting daemon found gone (sb stands in for its sandbox, forms.Gone):
-// its interval journals unit-lost, and the run is parked back where its
-// record can take it up again. An image run goes back to the snapshot it
-// resumed from (parkBackResumed); a transcript run is parked at the
-// transcript it left on disk, unaccounted (recoverUnit). An image run
-// that never parked has no snapshot to go back to: it stays executing in
-// its record, lost, and the returned error says so.
-func (d *Daemon) takeBackGone(ctx context.Context, id string, sb forms.Sandbox) error {
-	run, err := runOf(d.st, id)
-	if err != nil {
-		return err
-	}
+// takeBackGone records what became of executing run whose unit a
+// starting daemon found gone: containerd has its sandbox sb's container
+// but no task (forms.Gone). An image run goes back to the snapshot it
+// resumed from (parkBackResumed), its interval journaling unit-lost, or
+// pages-lost where its lazy restore was unfinished; a transcript run is
+// parked at the transcript it left, unaccounted (recoverUnit), its
+// interval journaling unit-lost. An image run that never parked has no
+// snapshot to go back to: it stays executing in its record, lost, as
+// does one whose park back was refused (the next start tries again); the
+// returned error says which.
+func (d *Daemon) takeBackGone(ctx context.Context, run forms.Run, sb forms.Sandbox) error {
+	id := run.ID
 	u := forms.Orphan(run, sb)
-	how := attest.UnitLost{Reason: goneReason}
+	lost := attest.LifecycleOf(time.Now().UnixNano(), attest.UnitLost{Reason: goneReason})
 	if run.Spec.Mode == unit.TranscriptMode {
 		lv := d.intervals.reattach(id, u)
-		lv.iv.Journal(attest.LifecycleOf(time.Now().UnixNano(), how))
+		lv.iv.Journal(lost)
 		if err := d.recoverUnit(ctx, id, lv); err != nil {
 			return err
 		}
-		d.log.Warn("reconcile: parked a transcript run whose unit was gone at its transcript (its interval is unaccounted)", "run", id)
-		d.events.Publish(events.Event{Kind: eventUnitLost, Run: id})
+		d.log.Warn("reconcile: parked a transcript run whose unit was gone (its interval is unaccounted)", "run", id)
 		return nil
 	}
 	r := d.runs.lock(id)
 	defer r.mu.Unlock()
 	lv := d.intervals.reattach(id, u)
 	r.live = lv
-	named, parked := d.parkBackResumed(id, r, lv, loss{how: how, err: errUnitLost, event: eventUnitLost})
+	l := loss{how: attest.UnitLost{Reason: goneReason}, err: errUnitLost}
+	if d.forms.LazyUnfinished(u) {
+		l = unfinishedLoss(lv.iv.Events())
+	}
+	named, parked := d.parkBackResumed(id, r, lv, l)
 	if !parked {
-		// Lost until a close; a later start tries again.
 		r.live = nil
 		if !named {
 			return fmt.Errorf("%w, and its record names no snapshot it resumed from", errUnitLost)

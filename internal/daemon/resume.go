@@ -183,7 +183,7 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 
 // parkBack ends lv's interval, whose unit's memory was lost (its journal
 // says how already, l.how), as a park back at snap, the snapshot the run
-// resumed from, and tears the sandbox down, publishing l.event. The
+// resumed from, and tears the sandbox down, publishing l.event if any. The
 // caller holds r's lock and has frozen the unit. An append refused leaves the unit
 // frozen in a new interval (park-refused) that a close ends.
 func (d *Daemon) parkBack(id string, r *run, lv *live, snap record.Snapshot, l loss) bool {
@@ -200,18 +200,18 @@ func (d *Daemon) parkBack(id string, r *run, lv *live, snap record.Snapshot, l l
 	}
 	d.tearDownParked(r, lv)
 	d.log.Warn("run parked back at the snapshot it resumed from", "run", id, "lost", l.err)
-	d.events.Publish(events.Event{Kind: l.event, Run: id, Detail: snap.String()})
+	if l.event != "" {
+		d.events.Publish(events.Event{Kind: l.event, Run: id, Detail: snap.String()})
+	}
 	return true
 }
 
-// Events a park back publishes (parkBack).
-const (
-	eventPagesLost = "run.pages-lost"
-	eventUnitLost  = "run.unit-lost"
-)
+// eventPagesLost is the event a park back for lost pages publishes.
+const eventPagesLost = "run.pages-lost"
 
 // loss is how a unit's memory was lost, for its park back: the journal's
-// entry (pages-lost, unit-lost), the error logged, the event published.
+// entry (pages-lost, unit-lost), the error logged, the event published
+// (none at a start: no watcher is connected yet).
 type loss struct {
 	how   attest.Detail
 	err   error

@@ -10,6 +10,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
+	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
 // The daemon's glue to the calls room (internal/calls): a transcript
@@ -128,7 +129,17 @@ func (d *Daemon) recoverUnit(ctx context.Context, id string, lv *live) error {
 	if err != nil {
 		return err
 	}
-	t, err := d.forms.For(lv.unit.Spec.Mode).Recover(ctx, lv.unit)
+	raw, err := d.st.Raw(id)
+	if err != nil {
+		return err
+	}
+	// The snapshot the interval began from: a Resumed segment's, the
+	// Suspended one before it.
+	var sealed *record.Snapshot
+	if n := len(raw.Segments); n >= 2 && raw.Segments[n-1].Kind == record.Resumed {
+		sealed = &raw.Segments[n-2].Snapshot
+	}
+	t, err := d.forms.For(lv.unit.Spec.Mode).Recover(ctx, lv.unit, sealed)
 	if err != nil {
 		return err
 	}

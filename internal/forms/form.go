@@ -121,9 +121,11 @@ type Form interface {
 	// found in status. It reports whether the unit must be recovered
 	// instead: parked from what it left on disk (Recover).
 	Reattached(ctx context.Context, u *Unit, status string) (recover bool, err error)
-	// Recover freezes a unit Reattached reported and takes its snapshot
-	// from what it left on disk, for a park recorded without an account.
-	Recover(ctx context.Context, u *Unit) (Taken, error)
+	// Recover freezes a unit Reattached reported (or one found gone) and
+	// takes its snapshot from what it left on disk, for a park recorded
+	// without an account; sealed is the snapshot its interval began from
+	// (nil for a run's first).
+	Recover(ctx context.Context, u *Unit, sealed *record.Snapshot) (Taken, error)
 }
 
 // Taken is the snapshot a park took, before it is recorded.

@@ -331,7 +331,7 @@ func TestTranscriptRecover(t *testing.T) {
 	if rec, err := f.Reattached(t.Context(), u, "running"); !rec || err != nil {
 		t.Fatalf("running: recover %v, %v", rec, err)
 	}
-	taken, err := f.Recover(t.Context(), u)
+	taken, err := f.Recover(t.Context(), u, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,6 +346,69 @@ func TestTranscriptRecover(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("the channel directory after Cleanup: %v", err)
+	}
+}
+
+// A transcript on disk is recovered only where it extends the one its
+// interval began from (sealed): one short of it, torn from it or missing
+// (its writes never synced, and the power lost) sends the run back to
+// sealed; without sealed a missing one is refused.
+func TestTranscriptRecoverSealed(t *testing.T) {
+	h, _ := testHost(t, nil)
+	dir := calls.ChannelDir(h.StateDir, "r")
+	path := filepath.Join(dir, protocol.TranscriptFile)
+	sealedBytes := []byte("{\"t\":1}\n{\"t\":2}\n")
+	a, err := h.Store.PutBytes(sealedBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed := record.TranscriptSnapshot(a)
+	f := h.For(unit.TranscriptMode)
+	for _, c := range []struct {
+		name   string
+		disk   []byte // nil: no file
+		sealed *record.Snapshot
+		back   bool // parked at sealed
+		err    bool
+	}{
+		{"extends", append(slices.Clip(sealedBytes), "{\"t\":3}\n"...), &sealed, false, false},
+		{"equal", sealedBytes, &sealed, true, false},
+		{"short", sealedBytes[:5], &sealed, true, false},
+		{"torn", []byte("{\"t\":9}\n{\"t\":2}\n{\"t\":3}\n"), &sealed, true, false},
+		{"empty", []byte{}, &sealed, true, false},
+		{"missing", nil, &sealed, true, false},
+		{"missing, no sealed", nil, nil, false, true},
+		{"first interval", []byte("{\"t\":1}\n"), nil, false, false},
+	} {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		if c.disk != nil {
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, c.disk, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		u := Orphan(transcriptRun("r"), Gone("r_t1", func(context.Context, string) error { return nil }))
+		taken, err := f.Recover(t.Context(), u, c.sealed)
+		if c.err {
+			if err == nil {
+				t.Fatalf("%s: recovered %+v, want refused", c.name, taken)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		want := sealed
+		if !c.back {
+			want = record.TranscriptSnapshot(record.Sum(c.disk))
+		}
+		if taken.Snapshot.String() != want.String() {
+			t.Fatalf("%s: parked at %v, want %v", c.name, taken.Snapshot, want)
+		}
 	}
 }
 

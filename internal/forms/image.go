@@ -240,7 +240,7 @@ func (f Image) Reattached(ctx context.Context, u *Unit, status string) (bool, er
 }
 
 // Recover is never asked of an image unit (Reattached says so).
-func (f Image) Recover(context.Context, *Unit) (Taken, error) {
+func (f Image) Recover(context.Context, *Unit, *record.Snapshot) (Taken, error) {
 	return Taken{}, fmt.Errorf("an image unit is not recovered from disk")
 }
 

@@ -1,9 +1,11 @@
 package forms
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -151,20 +153,71 @@ func (f Transcript) Reattached(_ context.Context, _ *Unit, status string) (bool,
 // ledger drops the calls of that interval with it), so the record stays
 // honest — its wait proof becomes Unproved — and the run resumes from its
 // transcript. Its Cleanup removes the channel directory.
-func (f Transcript) Recover(ctx context.Context, u *Unit) (Taken, error) {
+//
+// The transcript on disk is taken only where it extends sealed's, the
+// one the interval began from: its writes are not synced, so a power loss
+// can leave it short or missing. One short, missing or refused as a
+// transcript sends the run back to sealed (none: the recovery is refused).
+func (f Transcript) Recover(ctx context.Context, u *Unit, sealed *record.Snapshot) (Taken, error) {
 	if status, _ := u.Sandbox.Status(ctx); status != "paused" && status != "stopped" {
 		if err := u.Sandbox.Pause(ctx); err != nil {
 			return Taken{}, err
 		}
 	}
-	a, err := calls.Recover(ctx, f.h.Store, f.h.StateDir, u.ID, u.Grants.Limits.Or(unit.DefaultLimits).TranscriptBytes)
-	if err != nil {
-		return Taken{}, err
-	}
 	dir := calls.ChannelDir(f.h.StateDir, u.ID)
-	return Taken{Snapshot: record.TranscriptSnapshot(a), Keys: manifest.TranscriptKeys,
-		Details: []attest.Detail{attest.Recovered{Reason: "the daemon serving the unit's channel stopped; the interval's call account was lost with it"}},
-		Cleanup: func() error { return os.RemoveAll(dir) }}, nil
+	taken := func(a record.Address, reason string) Taken {
+		return Taken{Snapshot: record.TranscriptSnapshot(a), Keys: manifest.TranscriptKeys,
+			Details: []attest.Detail{attest.Recovered{Reason: reason}},
+			Cleanup: func() error { return os.RemoveAll(dir) }}
+	}
+	a, err := calls.Recover(ctx, f.h.Store, f.h.StateDir, u.ID, u.Grants.Limits.Or(unit.DefaultLimits).TranscriptBytes)
+	if err == nil && sealed != nil && sealed.IsTranscript() {
+		err = f.extends(a, *sealed.Transcript)
+	}
+	switch {
+	case err == nil:
+		return taken(a, "the daemon serving the unit's channel stopped; the interval's call account was lost with it"), nil
+	case sealed != nil && sealed.IsTranscript() && (errors.Is(err, errShort) || errors.Is(err, os.ErrNotExist) || errors.Is(err, calls.ErrTranscript)):
+		f.h.Log.Warn("reconcile: the run goes back to the transcript its interval began from", "run", u.ID, "err", err)
+		return taken(*sealed.Transcript, "the daemon serving the unit's channel stopped, and the transcript it left does not extend the one the interval began from; the run goes back to that one"), nil
+	}
+	return Taken{}, err
+}
+
+// errShort is a transcript on disk that does not extend the one its
+// interval began from.
+var errShort = errors.New("the transcript on disk does not extend the one its interval began from")
+
+// extends reports, as nil, whether transcript a begins with sealed's bytes.
+func (f Transcript) extends(a, sealed record.Address) error {
+	if a == sealed {
+		return nil
+	}
+	got, err := f.h.Store.Open(a)
+	if err != nil {
+		return err
+	}
+	defer got.Close()
+	want, err := f.h.Store.Open(sealed)
+	if err != nil {
+		return err
+	}
+	defer want.Close()
+	var b1, b2 [32 << 10]byte
+	for {
+		n, err := io.ReadFull(want, b1[:])
+		if n > 0 {
+			if m, _ := io.ReadFull(got, b2[:n]); m != n || !bytes.Equal(b1[:n], b2[:n]) {
+				return errShort
+			}
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 // Awaited is what run r awaits of the platform's results, and whether a

@@ -417,7 +417,7 @@ type PostResult struct {
 // JSON object per line).
 type Event struct {
 	Time     time.Time `json:"time"`
-	Kind     string    `json:"kind"` // run.started, run.parked, run.resumed, run.closed, call.dispatched, call.result; run.resident, run.pages-lost (a lazy resume: docs/lazy-resume.md), run.unit-lost (docs/daemon.md, "Restart")
+	Kind     string    `json:"kind"` // run.started, run.parked, run.resumed, run.closed, call.dispatched, call.result; run.resident, run.pages-lost (a lazy resume: docs/lazy-resume.md)
 	Run      string    `json:"run"`
 	Call     string    `json:"call,omitempty"`
 	CallKind string    `json:"call_kind,omitempty"`
