@@ -134,6 +134,9 @@ func (d *Daemon) reattachRun(ctx context.Context, id, sid string) error {
 			return nil
 		}
 	}
+	if at, ok := d.forms.LazySettled(u); ok {
+		journalSettled(lv.iv, at)
+	}
 	d.intervals.SaveMark(lv.iv)
 	if d.links != nil && run.Grants.Network == unit.Egress {
 		// A resume's pass the last daemon did not make (docs/unit.md,

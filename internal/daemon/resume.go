@@ -14,6 +14,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/events"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idle"
+	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -171,6 +172,9 @@ func (d *Daemon) watchPages(id string, r *run, lv *live, snap record.Snapshot) {
 		if r.live != lv || lv.stopping {
 			return
 		}
+		if !lv.unit.PagesLost() {
+			d.reach("lazy.resident")
+		}
 		lost := lv.unit.JournalPages(lv.iv)
 		if lost == nil {
 			d.intervals.SaveMark(lv.iv)
@@ -273,20 +277,43 @@ func (d *Daemon) parkBackResumed(id string, r *run, lv *live, l loss) (named, pa
 const unfinishedFreeze = 5 * time.Second
 
 // restoreAge is how long before now the restore that began the interval
-// whose journal so far is es started (its restored entry's time less its
-// total), 0 without one.
+// whose journal so far is es started, 0 without one.
 func restoreAge(es []attest.Entry, now time.Time) int64 {
+	if start, _, ok := restoreStart(es); ok {
+		return now.UnixNano() - start
+	}
+	return 0
+}
+
+// restoreStart is when the restore that began the interval whose journal
+// so far is es started (its restored entry's time less its total), in
+// Unix nanoseconds, and the entry's detail; ok false without one.
+func restoreStart(es []attest.Entry) (ns int64, rs attest.Restored, ok bool) {
 	j := attest.Journal{Entries: es}
-	var rs attest.Restored
 	if !j.Find(&rs) {
-		return 0
+		return 0, rs, false
 	}
 	for _, e := range es {
 		if e.Kind == attest.Lifecycle && bytes.HasPrefix(e.Data, []byte(attest.EventRestored+" ")) {
-			return now.UnixNano() - (e.AtNS - rs.TotalNS)
+			return e.AtNS - rs.TotalNS, rs, true
 		}
 	}
-	return 0
+	return 0, rs, false
+}
+
+// journalSettled journals, in a reattached interval whose journal so far
+// is iv's, the resident entry of its lazy restore that the daemon that
+// saw every page in (at at) died before journaling: none when the
+// interval's restore was not lazy, or its journal says what became of its
+// pages already.
+func journalSettled(iv *interval.Interval, at time.Time) {
+	es := iv.Events()
+	start, rs, ok := restoreStart(es)
+	j := attest.Journal{Entries: es}
+	if !ok || !rs.Lazy || j.Find(&attest.Resident{}) || j.Find(&attest.PagesLost{}) {
+		return
+	}
+	iv.Journal(attest.LifecycleOf(at.UnixNano(), attest.Resident{NS: at.UnixNano() - start}))
 }
 
 // OpenJournal is the journal so far of run id's open interval on this

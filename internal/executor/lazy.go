@@ -28,6 +28,10 @@ func (c *Client) LazyRestoring(id string) bool { return c.lazyPids(id).Serving()
 // (pageserver.Pids.Unfinished).
 func (c *Client) LazyUnfinished(id string) bool { return c.lazyPids(id).Unfinished() }
 
+// LazySettled is when sandbox id's lazy restore was seen to bring every
+// page in, by whichever daemon process saw it (pageserver.Pids.Settled).
+func (c *Client) LazySettled(id string) (time.Time, bool) { return c.lazyPids(id).Settled() }
+
 // lazyPids is where sandbox id's lazy restore records its processes.
 func (c *Client) lazyPids(id string) pageserver.Pids {
 	return pageserver.Pids{Dir: c.criu.Of(id), Work: c.criu.Restore(id)}

@@ -63,6 +63,12 @@ var LostSteps = []string{
 	"lazy.lost", // the unit frozen (or destroyed), lazy-pages ended, nothing journaled
 }
 
+// SettledSteps are the steps of a lazy restore's every page resident
+// that can be armed: test/e2e's TestLazyCrashSettled arms each.
+var SettledSteps = []string{
+	"lazy.resident", // lazy-pages exited cleanly, the unit settled, nothing journaled
+}
+
 // Faults are failures that can be armed beside a step: where one is
 // armed, the code takes its failure path (Fails) and goes on.
 var Faults = []string{

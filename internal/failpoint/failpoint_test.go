@@ -5,7 +5,11 @@ import "testing"
 // Every step is named once, and reaching a step that is not armed goes on.
 func TestSteps(t *testing.T) {
 	seen := map[string]bool{}
-	for _, s := range append(append(append(append(append(append([]string(nil), Steps...), MigrationSteps...), LazySteps...), PostCopySteps...), LostSteps...), Faults...) {
+	var all []string
+	for _, l := range [][]string{Steps, MigrationSteps, LazySteps, PostCopySteps, LostSteps, SettledSteps, Faults} {
+		all = append(all, l...)
+	}
+	for _, s := range all {
 		if s == "" || seen[s] {
 			t.Fatalf("step %q named twice or empty", s)
 		}

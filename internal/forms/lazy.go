@@ -169,6 +169,7 @@ func (u *Unit) JournalPages(iv *interval.Interval) error {
 type lazyRestoring interface {
 	LazyRestoring(id string) bool
 	LazyUnfinished(id string) bool
+	LazySettled(id string) (time.Time, bool)
 }
 
 // LazyUnfinished reports whether u, an image unit a restarted daemon
@@ -180,6 +181,17 @@ type lazyRestoring interface {
 func (h Env) LazyUnfinished(u *Unit) bool {
 	l, ok := h.Sandboxes.(lazyRestoring)
 	return ok && u.Spec.Mode != unit.TranscriptMode && l.LazyUnfinished(u.Sandbox.ID())
+}
+
+// LazySettled is when u's lazy restore, by an earlier daemon process, was
+// seen to bring every page in (executor.Client.LazySettled): a restarted
+// daemon journals it as resident where that process died first.
+func (h Env) LazySettled(u *Unit) (time.Time, bool) {
+	l, ok := h.Sandboxes.(lazyRestoring)
+	if !ok || u.Spec.Mode == unit.TranscriptMode {
+		return time.Time{}, false
+	}
+	return l.LazySettled(u.Sandbox.ID())
 }
 
 // awaitPages waits until every page of a lazily restored unit is

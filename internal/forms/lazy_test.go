@@ -389,8 +389,9 @@ type restoringBox struct {
 	restoring, unfinished map[string]bool
 }
 
-func (b restoringBox) LazyRestoring(id string) bool  { return b.restoring[id] }
-func (b restoringBox) LazyUnfinished(id string) bool { return b.unfinished[id] }
+func (b restoringBox) LazyRestoring(id string) bool       { return b.restoring[id] }
+func (b restoringBox) LazyUnfinished(id string) bool      { return b.unfinished[id] }
+func (restoringBox) LazySettled(string) (time.Time, bool) { return time.Time{}, false }
 
 // A unit restored lazily by an earlier daemon process, whose lazy-pages
 // still runs, is not parked (ErrPagesArriving): nothing here can wait

@@ -533,3 +533,53 @@ func TestLazyCrashAtEachStep(t *testing.T) {
 		}
 	}
 }
+
+// TestLazyCrashSettled arms each failpoint of a lazy restore's every page
+// resident (failpoint.SettledSteps: lazy-pages exited cleanly and the unit
+// is settled, nothing journaled) on a daemon at default flags, and
+// resumes the parked oracle there: the daemon dies once every page is
+// in. The daemon started again reattaches the unit, which goes on as the
+// same process, and journals its interval's resident entry from what the
+// dead daemon left (pageserver.Pids.Settled): show says when every page
+// was in, and so does the journal of the next park.
+func TestLazyCrashSettled(t *testing.T) {
+	privileged(t)
+	parallelFleet(t) // beside the crash tests (parallel_test.go)
+	ctx := context.Background()
+	for _, step := range failpoint.SettledSteps {
+		id := "lazy-settled-" + strings.ReplaceAll(step, ".", "-")
+		d := mustDaemon(t, id, func(d *daemon) {
+			d.env = []string{failpoint.Env + "=" + step}
+		})
+		needsFastPath(t, d, "--lazy-resume")
+		mustImportImage(t, d, oracleArchive, oracleImage, oracleDigest)
+		startOracle(t, d, id, oracleImage)
+		_, atPark := park(t, d, id)
+		// The resume may answer before the daemon dies, or not.
+		_, _ = d.c.Resume(ctx, id)
+		crashKilled(t, d, step)
+		d.env = nil
+		mustStart(t, d)
+		run, err := d.run(ctx, id)
+		if err != nil || run.Phase != "executing" || run.Status != "running" {
+			t.Fatalf("after the crash at %s: %+v, %v; want it running (reattached)", step, run, err)
+		}
+		rs := mustShow(t, d, id).Restore
+		if rs == nil || !rs.Lazy || rs.ResidentNS <= 0 || rs.PagesLost != "" {
+			t.Fatalf("after the crash at %s: restore %+v, want every page resident, as the dead daemon saw it", step, rs)
+		}
+		ls := waitLines(t, d.stdout(id), "a line verified after the restart", func(ls []line) bool {
+			return len(ls) > 0 && last(ls).VerifiedAt > atPark.Counter
+		})
+		checkOneProcess(t, ls)
+		park(t, d, id)
+		segs := mustShow(t, d, id).Segments
+		if got := segs[len(segs)-2].Restore; got == nil || got.ResidentNS != rs.ResidentNS {
+			t.Fatalf("the parked interval's restore %+v, want resident after %d ns", got, rs.ResidentNS)
+		}
+		t.Logf("%s: every page resident %v after the restore began", step, time.Duration(rs.ResidentNS))
+		if err := verifyRun(ctx, d, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -76,10 +76,10 @@ type LazyPages struct {
 func (l *LazyPages) SetUnit(pid int) {
 	l.mu.Lock()
 	l.unit = pid
-	clean, recorded := l.clean, l.recorded
+	clean, recorded, exited := l.clean, l.recorded, l.exited
 	l.mu.Unlock()
 	if clean {
-		settle(pid, recorded)
+		settle(pid, recorded, exited)
 	}
 }
 
@@ -90,10 +90,10 @@ func (l *LazyPages) SetUnit(pid int) {
 // recorded removed (Pids.Unfinished): a daemon that dies in between
 // leaves the restore unfinished, and the next start parks the run back
 // rather than reattach a unit whose fault on a page not dumped would
-// wait for ever.
-func settle(unit int, recorded *Pids) {
+// wait for ever. When lazy-pages exited is written first (Pids.Settled).
+func settle(unit int, recorded *Pids, exited time.Time) {
 	_, _ = UnregisterUnit(unit)
-	_ = recorded.remove()
+	_ = recorded.settled(exited)
 }
 
 // Done is closed when the daemon has exited.
@@ -496,7 +496,7 @@ func (l *LazyPages) wait() {
 	unit, clean, recorded := l.unit, l.clean, l.recorded
 	l.mu.Unlock()
 	if clean && unit != 0 {
-		settle(unit, recorded)
+		settle(unit, recorded, exited)
 	}
 	close(l.done)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -59,8 +60,26 @@ func TestRecordWhileExiting(t *testing.T) {
 	if !p.Unfinished() {
 		t.Fatal("the pids removed after a clean exit, before the unit's ranges were unregistered")
 	}
+	if _, ok := p.Settled(); ok {
+		t.Fatal("settled before the unit's ranges were unregistered")
+	}
 	l.SetUnit(os.Getpid()) // no range of this process is registered
 	if p.Unfinished() {
 		t.Fatal("a pid left recorded after a clean exit and SetUnit")
+	}
+	if at, ok := p.Settled(); !ok || !at.Equal(l.ExitedAt()) {
+		t.Fatalf("settled at %v (%v), want lazy-pages' exit, %v", at, ok, l.ExitedAt())
+	}
+	// A restore settled before its pids are recorded writes only when
+	// it settled, over an earlier restore's.
+	q := Pids{Dir: t.TempDir(), Work: "/nonexistent"}
+	if err := os.WriteFile(filepath.Join(q.Dir, residentAt), []byte("1"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Record(l); err != nil {
+		t.Fatal(err)
+	}
+	if at, ok := q.Settled(); q.Unfinished() || !ok || !at.Equal(l.ExitedAt()) {
+		t.Fatalf("recorded once settled: unfinished %v, settled at %v (%v)", q.Unfinished(), at, ok)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/atomicfile"
 	"golang.org/x/sys/unix"
@@ -42,14 +43,22 @@ const (
 // took its pid.
 const serverOf = "RUNRECORDD_PAGE_SERVER_OF"
 
+// residentAt names, in Pids.Dir, when a settled lazy restore's lazy-pages
+// exited cleanly (Unix nanoseconds): [Pids.Settled].
+const residentAt = "lazy-pages.resident"
+
 // Record writes the pids of l's lazy-pages and page server, durably; l's
-// clean exit, once the unit is settled (SetUnit), removes them. A restore
-// settled already leaves none to record.
+// clean exit, once the unit is settled (SetUnit), writes when it exited
+// and removes them. A restore settled already leaves none to record: only
+// when it exited.
 func (p Pids) Record(l *LazyPages) error {
 	l.mu.Lock() // against l.wait's removal
 	defer l.mu.Unlock()
+	if err := os.Remove(filepath.Join(p.Dir, residentAt)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err // an earlier restore's
+	}
 	if l.clean && l.unit != 0 {
-		return nil // settled (or settling): nothing to record
+		return (&p).settled(l.exited) // settled (or settling): nothing to record
 	}
 	l.recorded = &p
 	if err := writePid(filepath.Join(p.Dir, lazyPid), l.Pid()); err != nil {
@@ -66,6 +75,39 @@ func writePid(path string, pid int) error {
 		_, err := f.WriteString(strconv.Itoa(pid))
 		return err
 	})
+}
+
+// settled writes, durably, when lazy-pages exited, every page in and the
+// unit settled, then removes the pids Record wrote (remove): a daemon that
+// dies before journaling it leaves it for the next ([Pids.Settled]).
+// Nothing when p is nil (nothing was recorded).
+func (p *Pids) settled(exited time.Time) error {
+	if p == nil {
+		return nil
+	}
+	err := atomicfile.Write(filepath.Join(p.Dir, residentAt), 0o600, func(f *os.File) error {
+		_, err := f.WriteString(strconv.FormatInt(exited.UnixNano(), 10))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return p.remove()
+}
+
+// Settled is when the sandbox's lazy restore was settled (its lazy-pages'
+// clean exit, every page in), as the daemon that saw it wrote it: what a
+// restarted daemon journals as resident when that daemon did not.
+func (p Pids) Settled() (time.Time, bool) {
+	b, err := os.ReadFile(filepath.Join(p.Dir, residentAt))
+	if err != nil {
+		return time.Time{}, false
+	}
+	ns, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil || ns <= 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, ns), true
 }
 
 // remove removes, durably, the pids Record wrote: the processes have
