@@ -51,6 +51,7 @@ const confName = "criu.conf"
 //	  dump/, restore/      CRIU's work directories (logs, statistics)
 //	  criu.conf            the sandbox's own configuration (a lazy restore's)
 //	  *.pid                its lazy-pages' and page server's pids
+//	  lazy-pages.resident  when its lazy-pages exited, every page in
 type Dirs struct{ State string }
 
 // Conf is the configuration file every sandbox's dump and restore read.

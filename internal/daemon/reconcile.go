@@ -165,7 +165,7 @@ func runOf(st *store.Store, id string) (forms.Run, error) {
 }
 
 // goneReason is why a unit found gone at a start was lost.
-const goneReason = "the unit was gone when the daemon started and no daemon saw it end: its host or containerd restarted"
+const goneReason = "the unit was gone when the daemon started (its container kept, no task) and no daemon saw it end"
 
 // errUnitLost is a unit found gone at a start.
 var errUnitLost = errors.New(goneReason)
@@ -200,6 +200,8 @@ func (d *Daemon) takeBackGone(ctx context.Context, run forms.Run, sb forms.Sandb
 	l := loss{how: attest.UnitLost{Reason: goneReason}, err: errUnitLost}
 	if d.forms.LazyUnfinished(u) {
 		l = unfinishedLoss(lv.iv.Events())
+	} else if at, ok := d.forms.LazySettled(u); ok {
+		journalSettled(lv.iv, at)
 	}
 	named, parked := d.parkBackResumed(id, r, lv, l)
 	if !parked {

@@ -215,7 +215,7 @@ const eventPagesLost = "run.pages-lost"
 
 // loss is how a unit's memory was lost, for its park back: the journal's
 // entry (pages-lost, unit-lost), the error logged, the event published
-// (none at a start: no watcher is connected yet).
+// (if any; at a start no watcher is connected yet).
 type loss struct {
 	how   attest.Detail
 	err   error
@@ -310,8 +310,8 @@ func journalSettled(iv *interval.Interval, at time.Time) {
 	es := iv.Events()
 	start, rs, ok := restoreStart(es)
 	j := attest.Journal{Entries: es}
-	if !ok || !rs.Lazy || j.Find(&attest.Resident{}) || j.Find(&attest.PagesLost{}) {
-		return
+	if !ok || !rs.Lazy || j.Find(&attest.Resident{}) || j.Find(&attest.PagesLost{}) || at.UnixNano() <= start {
+		return // (a clock stepped back: no time to say)
 	}
 	iv.Journal(attest.LifecycleOf(at.UnixNano(), attest.Resident{NS: at.UnixNano() - start}))
 }

@@ -352,7 +352,8 @@ func TestTranscriptRecover(t *testing.T) {
 // A transcript on disk is recovered only where it extends the one its
 // interval began from (sealed): one short of it, torn from it or missing
 // (its writes never synced, and the power lost) sends the run back to
-// sealed; without sealed a missing one is refused.
+// sealed; without sealed a missing one is refused. A sealed transcript
+// that cannot be read leaves the one on disk taken.
 func TestTranscriptRecoverSealed(t *testing.T) {
 	h, _ := testHost(t, nil)
 	dir := calls.ChannelDir(h.StateDir, "r")
@@ -363,6 +364,7 @@ func TestTranscriptRecoverSealed(t *testing.T) {
 		t.Fatal(err)
 	}
 	sealed := record.TranscriptSnapshot(a)
+	absent := record.TranscriptSnapshot(record.Sum([]byte("never stored")))
 	f := h.For(unit.TranscriptMode)
 	for _, c := range []struct {
 		name   string
@@ -379,6 +381,7 @@ func TestTranscriptRecoverSealed(t *testing.T) {
 		{"missing", nil, &sealed, true, false},
 		{"missing, no sealed", nil, nil, false, true},
 		{"first interval", []byte("{\"t\":1}\n"), nil, false, false},
+		{"sealed unreadable", []byte("{\"t\":1}\n"), &absent, false, false},
 	} {
 		if err := os.RemoveAll(dir); err != nil {
 			t.Fatal(err)

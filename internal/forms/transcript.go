@@ -156,8 +156,9 @@ func (f Transcript) Reattached(_ context.Context, _ *Unit, status string) (bool,
 //
 // The transcript on disk is taken only where it extends sealed's, the
 // one the interval began from: its writes are not synced, so a power loss
-// can leave it short or missing. One short, missing or refused as a
-// transcript sends the run back to sealed (none: the recovery is refused).
+// can leave it short or missing (past sealed's bytes, a torn tail is not
+// told). One short, missing or refused as a transcript sends the run back
+// to sealed (none: the recovery is refused).
 func (f Transcript) Recover(ctx context.Context, u *Unit, sealed *record.Snapshot) (Taken, error) {
 	if status, _ := u.Sandbox.Status(ctx); status != "paused" && status != "stopped" {
 		if err := u.Sandbox.Pause(ctx); err != nil {
@@ -172,7 +173,12 @@ func (f Transcript) Recover(ctx context.Context, u *Unit, sealed *record.Snapsho
 	}
 	a, err := calls.Recover(ctx, f.h.Store, f.h.StateDir, u.ID, u.Grants.Limits.Or(unit.DefaultLimits).TranscriptBytes)
 	if err == nil && sealed != nil && sealed.IsTranscript() {
-		err = f.extends(a, *sealed.Transcript)
+		if err = f.extends(a, *sealed.Transcript); err != nil && !errors.Is(err, errShort) {
+			// The sealed transcript unreadable, the one on disk is
+			// taken unchecked, as before the check.
+			f.h.Log.Warn("reconcile: the transcript the interval began from could not be read; taking the one on disk", "run", u.ID, "err", err)
+			err = nil
+		}
 	}
 	switch {
 	case err == nil:
