@@ -8,33 +8,39 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// lastJournal is the journal of run id's last Executed segment.
-func (h *fakeHost) lastJournal(t *testing.T, id string) (*attest.Body, attest.Journal) {
+// lastJournal is the attestation and journal of run id's last Executed
+// segment.
+func (h *fakeHost) lastJournal(t *testing.T, id string) (*attest.Body, *attest.Journal) {
 	t.Helper()
 	raw, err := h.d.st.Raw(id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := len(raw.Segments) - 1; i >= 0; i-- {
-		if raw.Segments[i].Kind != record.Executed {
-			continue
+		if raw.Segments[i].Kind == record.Executed {
+			return h.journalOf(t, raw.Segments[i].Attestation)
 		}
-		body, err := openAttestation(h.d.st, raw.Segments[i].Attestation)
-		if err != nil {
-			t.Fatal(err)
-		}
-		jb, err := h.d.st.ReadAll(body.Journal)
-		if err != nil {
-			t.Fatal(err)
-		}
-		j, err := attest.DecodeJournal(jb)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return body, *j
 	}
 	t.Fatalf("run %s has no executed segment", id)
-	return nil, attest.Journal{}
+	return nil, nil
+}
+
+// journalOf is the attestation at a and its journal.
+func (h *fakeHost) journalOf(t *testing.T, a record.Address) (*attest.Body, *attest.Journal) {
+	t.Helper()
+	body, err := openAttestation(h.d.st, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jb, err := h.d.st.ReadAll(body.Journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := attest.DecodeJournal(jb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body, j
 }
 
 // A restarted daemon finds image runs executing whose unit is gone, its

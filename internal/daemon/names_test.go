@@ -126,18 +126,7 @@ func TestResolvedJournals(t *testing.T) {
 		if seg.Kind != record.Executed {
 			continue
 		}
-		body, err := openAttestation(h.d.st, seg.Attestation)
-		if err != nil {
-			t.Fatal(err)
-		}
-		jb, err := h.d.st.ReadAll(body.Journal)
-		if err != nil {
-			t.Fatal(err)
-		}
-		j, err := attest.DecodeJournal(jb)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, j := h.journalOf(t, seg.Attestation)
 		if got := resolutions(t, j.Entries); len(got) != 1 || got[0].Name != "pypi.org" {
 			t.Fatalf("the sealed journal's resolutions: %+v, want the one", got)
 		}
