@@ -186,8 +186,13 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if h.Counts != nil {
 		h.Counts.Failed(r.Pattern, e.Code) // the route's pattern: no run id
 	}
-	if e.Code == api.CodeInternal {
+	switch status := Status(e.Code); {
+	case e.Code == api.CodeInternal:
 		h.log.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
+	case status >= 500:
+		// The host's own failure (a restore, a dump, lost pages): the
+		// operator's log says why, as the client's answer does.
+		h.log.Warn("api", "method", r.Method, "path", r.URL.Path, "code", e.Code, "err", err)
 	}
 	writeJSON(w, Status(e.Code), e)
 }

@@ -1,8 +1,11 @@
 package server
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -207,6 +210,28 @@ func TestErrorOfRemote(t *testing.T) {
 		e := ErrorOf(&peer.RemoteError{Host: host, Answer: api.Error{Code: code}})
 		if e.Code != code && code != api.CodeDaemonUnreachable {
 			t.Errorf("a peer's %s: %s, want it kept", code, e.Code)
+		}
+	}
+}
+
+// A failure of the host's own (a 5xx) is logged with its error: internal
+// at error level, the others at warn; a refusal of the request (4xx) is
+// not.
+func TestFailLogged(t *testing.T) {
+	var buf bytes.Buffer
+	h := &handler{log: slog.New(slog.NewTextHandler(&buf, nil))}
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("resume r: %w: criu said no", executor.ErrRestore), `level=WARN msg=api method=POST path=/v1/runs/r/resume code=restore_failed err="resume r: `},
+		{errors.New("a bug"), `level=ERROR msg=api method=POST path=/v1/runs/r/resume err="a bug"`},
+		{fmt.Errorf("run r: %w", record.ErrClosed), ""},
+	} {
+		buf.Reset()
+		h.fail(httptest.NewRecorder(), httptest.NewRequest("POST", "/v1/runs/r/resume", nil), c.err)
+		if got := buf.String(); c.want == "" && got != "" || !strings.Contains(got, c.want) {
+			t.Errorf("%v logged %q, want %q", c.err, got, c.want)
 		}
 	}
 }
