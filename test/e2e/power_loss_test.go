@@ -74,7 +74,19 @@ func TestPowerLoss(t *testing.T) {
 		if !lifecycleEntry(j, "unit-lost", &lost) || !strings.Contains(lost.Reason, "gone") {
 			t.Fatalf("the lost interval's journal has no unit-lost entry (%+v)", lost)
 		}
-		resume(t, d, resumed, nil, atPark)
+		// The stdout file holds the lost interval's lines too: the
+		// resumed process goes on from the park's, as the same process.
+		before := output(t, d.stdout(resumed))
+		if _, err := d.c.Resume(ctx, resumed); err != nil {
+			t.Fatal(err)
+		}
+		ls := waitLines(t, d.stdout(resumed), "a line verified after the resume", func(ls []line) bool {
+			return len(ls) > len(before) && last(ls).VerifiedAt > atPark.Counter
+		})
+		checkOneProcess(t, append(ls[:atPark.Counter:atPark.Counter], ls[len(before):]...))
+		if after := ls[len(before)]; after.Counter != atPark.Counter+1 || after.StartTime != atPark.StartTime {
+			t.Fatalf("first line after the resume %+v; last before the park %+v", after, atPark)
+		}
 	})
 	t.Run("FreshImageRun", func(t *testing.T) {
 		r, err := d.run(ctx, fresh)
