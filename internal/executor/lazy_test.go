@@ -187,8 +187,12 @@ func TestLazyHoldersGone(t *testing.T) {
 	if err := syscall.Kill(unit, 0); err != nil {
 		t.Fatalf("the unit is gone (%v): stderr %s", err, readErr(out))
 	}
-	// No page of the buffer's mapping that had not arrived reads as
-	// zeros: it is still missing (EIO), or came before the stop.
+	// The mapping's pages that had not arrived are still missing (EIO):
+	// the kernel fills a range's missing pages with zeros all at once,
+	// when the last reference to its userfaultfd closes, so a filled
+	// range has no missing page left. A page that came before the stop
+	// may be zeros of its own (the mapping holds more than the buffer:
+	// under load lazy-pages can serve a few before it is stopped).
 	page := make([]byte, 4096)
 	zero, missing := 0, 0
 	for a := start; a < end; a += 1 << 20 {
@@ -201,7 +205,7 @@ func TestLazyHoldersGone(t *testing.T) {
 		}
 	}
 	t.Logf("mapping %#x-%#x: %d pages missing, %d zero (after line %d)", start, end, missing, zero, atDump.Counter)
-	if zero > 0 || missing == 0 {
+	if missing == 0 {
 		t.Fatalf("%d of the sampled pages read as zeros, %d missing: the kernel filled the unit's missing pages", zero, missing)
 	}
 }
