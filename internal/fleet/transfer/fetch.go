@@ -154,7 +154,7 @@ func Stage(ctx context.Context, from Source, st *store.Store, rec *record.Record
 	if err != nil {
 		return nil, Stats{}, err
 	}
-	f.out = &Fetched{Store: st, ctx: ctx, dir: dir, staged: map[record.Address]*staged{}}
+	f.out = &Fetched{Store: st, ctx: ctx, dir: dir, staged: map[record.Address]*staged{}, ours: f.ours}
 	defer func() {
 		if err != nil {
 			f.out.Close()

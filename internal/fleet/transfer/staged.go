@@ -32,6 +32,8 @@ type Fetched struct {
 	// slabs with their chunks.
 	owing store.Owing
 	owed  []OwedSlab
+	// ours are the objects the store held for the run (Stage's ours).
+	ours map[record.Address]bool
 }
 
 type staged struct {
@@ -109,6 +111,19 @@ func (f *Fetched) VerifiedOnArrival(a record.Address) bool {
 }
 
 var _ bundle.VerifiedOnArrival = (*Fetched)(nil)
+
+// Ours says whether the store held a for the run before the fetch: this
+// host's own record of the run reaches it, the received record extends
+// that one, and a was not fetched. None of its bytes came from the peer;
+// they were hashed to a as they entered this store, and every use reads
+// them verified (a resume's first precondition, an export), so
+// bundle.ImportStored does not rehash it (bundle.Ours).
+func (f *Fetched) Ours(a record.Address) bool {
+	_, isStaged := f.staged[a]
+	return !isStaged && f.ours[a] && f.Store.Has(a)
+}
+
+var _ bundle.Ours = (*Fetched)(nil)
 
 // PutBytes adds refs to an object staged or held, whose bytes are b: a
 // staged one's are kept for its adoption, a held one's declared after the
