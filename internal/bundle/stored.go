@@ -29,15 +29,11 @@ type VerifiedOnArrival interface {
 	VerifiedOnArrival(a record.Address) bool
 }
 
-// Ours is a [Holding] that held some of a received record's objects for
-// its run before they were fetched (internal/fleet/transfer's Fetched):
-// those its own record of the run reaches, which the received record
-// extends. Their bytes came from no peer, were hashed to their addresses
-// as they entered the store, and are read verified by every use (a
-// resume's first precondition, an export): [ImportStored] does not
-// rehash them.
-type Ours interface {
-	Ours(a record.Address) bool
+// Rehashed is a [Holding] that rehashed, in this process, objects it held
+// already while it fetched the rest (internal/fleet/transfer's Fetched):
+// [ImportStored] does not read again one it says hashed to its address.
+type Rehashed interface {
+	Rehashed(a record.Address) bool
 }
 
 // Owing is a [Holding] that lacks objects a post-copy migration owes it
@@ -76,8 +72,8 @@ type StoredOptions struct {
 // the size it has; every object rec reaches is in st
 // ([store.ErrMissingObject]), within the object and total limits
 // ([ErrLimit]), and rehashes to its address ([*store.CorruptError]; one
-// st verified on arrival, [VerifiedOnArrival], or held for the run,
-// [Ours], is not read again); then
+// st verified on arrival, [VerifiedOnArrival], or rehashed already,
+// [Rehashed], is not read again); then
 // the run's timeline, as Import judges it. Only then are the refs each
 // object's bytes give declared in st (those it lacks), and the record
 // stored ([store.Store.ImportAs] or [store.Store.Extend]).
@@ -176,15 +172,15 @@ func (h *holding) limits(j *judging, lim Limits) (int, int64, error) {
 
 // verify rehashes every object the record reaches that was not read
 // whole (and so verified) by the checks before, verified on arrival
-// (VerifiedOnArrival), held for the run (Ours) nor owed (Owing): a
-// transcript, a receipt, a journal, an image's files.
+// (VerifiedOnArrival), rehashed by the fetch (Rehashed), nor owed
+// (Owing): a transcript, a receipt, a journal, an image's files.
 func (h *holding) verify(j *judging) error {
 	buf := make([]byte, 1<<20)
 	arrived, _ := h.st.(VerifiedOnArrival)
-	ours, _ := h.st.(Ours)
+	rehashed, _ := h.st.(Rehashed)
 	owing, _ := h.st.(Owing)
 	for _, a := range sorted(j.need) {
-		if h.verified[a] || arrived != nil && arrived.VerifiedOnArrival(a) || ours != nil && ours.Ours(a) || owing != nil && owing.Owes(a) {
+		if h.verified[a] || arrived != nil && arrived.VerifiedOnArrival(a) || rehashed != nil && rehashed.Rehashed(a) || owing != nil && owing.Owes(a) {
 			continue
 		}
 		if err := h.rehash(a, buf); err != nil {

@@ -424,12 +424,11 @@ func TestImportStoredFetchedResizedStaged(t *testing.T) {
 	}
 }
 
-// An object the target held for the run already (its own record of the
-// run reaches it, and the received record extends that one) is not read
-// again by the import of a fetch: none of its bytes came with the
-// arrival, and every use of it reads it verified. (Seen failing first:
-// the import rehashed every one.)
-func TestImportStoredFetchedOursNotRead(t *testing.T) {
+// heldAndExtended makes store a hold run "forged" handed off to b and
+// back: b resumed it and parked it again (ext), handed off there. It
+// returns a, the forged run, ext, and b's server for a's fetch.
+func heldAndExtended(t *testing.T) (*store.Store, *bundletest.Bundle, *bundletest.Bundle, *httptest.Server) {
+	t.Helper()
 	a, _ := mustStore(t)
 	b, _ := mustStore(t)
 	forged := forge(t, nil)
@@ -444,12 +443,28 @@ func TestImportStoredFetchedOursNotRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(transfer.Handler(b))
-	defer srv.Close()
-	f, _, err := transfer.Stage(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, a, ext.Record, transfer.Options{})
+	t.Cleanup(srv.Close)
+	return a, forged, ext, srv
+}
+
+// stageFrom stages rec's objects from srv into st.
+func stageFrom(t *testing.T, srv *httptest.Server, st *store.Store, rec *record.Record) *transfer.Fetched {
+	t.Helper()
+	f, _, err := transfer.Stage(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, st, rec, transfer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// An object the target held for the run already (its own record of the
+// run reaches it, and the received record extends that one) is rehashed
+// by the fetch, beside its transfers, and not read again by the import.
+// (Seen failing first: the import read the run's first transcript once.)
+func TestImportStoredFetchedHeldRehashedOnce(t *testing.T) {
+	a, forged, ext, srv := heldAndExtended(t)
+	f := stageFrom(t, srv, a, ext.Record)
 	h := &opening{Fetched: f, opened: map[record.Address]int{}}
 	if _, err := bundle.ImportStored(context.Background(), h, ext.Record, bundle.StoredOptions{ImportOptions: iopts(), Run: "forged"}); err != nil {
 		t.Fatal(err)
@@ -458,19 +473,54 @@ func TestImportStoredFetchedOursNotRead(t *testing.T) {
 	if len(first) == 0 {
 		t.Fatal("the first park has no snapshot object")
 	}
-	for _, o := range first { // the unit and grants are read, to be judged
-		if !f.Ours(o) {
-			t.Fatalf("object %s of the run held here is not the run's", o)
+	for _, o := range first {
+		if !f.Rehashed(o) {
+			t.Fatalf("object %s, held here for the run, was not rehashed by the fetch", o)
 		}
 		if n := h.opened[o]; n != 0 {
-			t.Fatalf("object %s, held here for the run, was read %d times by the import", o, n)
+			t.Fatalf("object %s, rehashed by the fetch, was read %d times by the import", o, n)
 		}
 	}
 	for _, o := range ext.Objects {
-		if f.VerifiedOnArrival(o.Addr) && f.Ours(o.Addr) {
-			t.Fatalf("staged object %s counted as held", o.Addr)
+		if f.VerifiedOnArrival(o.Addr) && f.Rehashed(o.Addr) {
+			t.Fatalf("object %s is both staged and held", o.Addr)
 		}
 	}
 	sameRecord(t, a, "forged", ext.Record)
 	checkGC(t, a)
+}
+
+// A damaged copy of an object held for the run is not rehashed, and the
+// import refuses it (object_corrupt) before anything is stored: the run
+// stays handed off here, and its source keeps it whole.
+func TestImportStoredFetchedHeldDamaged(t *testing.T) {
+	a, forged, ext, srv := heldAndExtended(t)
+	tr := forged.Record.Segment(forged.Record.Len() - 1).Snapshot.Addresses()[0]
+	p := a.Path(tr)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	damaged := bytes.Clone(b)
+	damaged[0] ^= 1
+	if err := os.WriteFile(p, damaged, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile(p, b, 0o600) }) // before the store's own check
+	f := stageFrom(t, srv, a, ext.Record)
+	if f.Rehashed(tr) {
+		t.Fatal("a damaged held object counted as rehashed")
+	}
+	_, err = bundle.ImportStored(context.Background(), f, ext.Record, bundle.StoredOptions{ImportOptions: iopts(), Run: "forged"})
+	var ce *store.CorruptError
+	if !errors.As(err, &ce) || ce.Address != tr {
+		t.Fatalf("a damaged held object: %v", err)
+	}
+	sameRecord(t, a, "forged", forged.Record)
+	if _, off, _ := a.HandedOff("forged"); !off {
+		t.Fatal("refused, and no longer handed off")
+	}
 }

@@ -100,6 +100,10 @@ type fetcher struct {
 	pre   map[record.Address][]byte
 	out   *Fetched
 	stats Stats
+
+	// rehash rehashes the plain objects held for the run as the walk
+	// finds them (nil: none are).
+	rehash *rehasher
 }
 
 // Fetch brings into st every object rec reaches that st lacks, from the
@@ -154,9 +158,15 @@ func Stage(ctx context.Context, from Source, st *store.Store, rec *record.Record
 	if err != nil {
 		return nil, Stats{}, err
 	}
-	f.out = &Fetched{Store: st, ctx: ctx, dir: dir, staged: map[record.Address]*staged{}, ours: f.ours}
+	f.out = &Fetched{Store: st, ctx: ctx, dir: dir, staged: map[record.Address]*staged{}}
+	if f.ours != nil {
+		f.rehash = newRehasher(ctx, st)
+	}
 	defer func() {
 		if err != nil {
+			if f.rehash != nil {
+				f.rehash.stop()
+			}
 			f.out.Close()
 		}
 	}()
@@ -172,6 +182,9 @@ func Stage(ctx context.Context, from Source, st *store.Store, rec *record.Record
 	}
 	if err := f.owedChunks(rec); err != nil {
 		return nil, f.stats, err
+	}
+	if f.rehash != nil {
+		f.out.rehashed = f.rehash.wait()
 	}
 	return f.out, f.stats, nil
 }

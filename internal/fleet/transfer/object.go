@@ -32,6 +32,9 @@ func (f *fetcher) plain(a record.Address, size int64) error {
 				return fmt.Errorf("transfer: object %s: %w: listed as %d bytes, the store holds %d", a, ErrMalformed, size, n)
 			}
 		}
+		if _, isStaged := f.out.staged[a]; !isStaged {
+			f.rehash.add(a)
+		}
 		f.stats.Skipped++
 		return nil
 	}

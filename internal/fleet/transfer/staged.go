@@ -32,8 +32,9 @@ type Fetched struct {
 	// slabs with their chunks.
 	owing store.Owing
 	owed  []OwedSlab
-	// ours are the objects the store held for the run (Stage's ours).
-	ours map[record.Address]bool
+	// rehashed are objects the store held for the run that the fetch
+	// rehashed to their addresses (rehasher).
+	rehashed map[record.Address]bool
 }
 
 type staged struct {
@@ -112,18 +113,13 @@ func (f *Fetched) VerifiedOnArrival(a record.Address) bool {
 
 var _ bundle.VerifiedOnArrival = (*Fetched)(nil)
 
-// Ours says whether the store held a for the run before the fetch: this
-// host's own record of the run reaches it, the received record extends
-// that one, and a was not fetched. None of its bytes came from the peer;
-// they were hashed to a as they entered this store, and every use reads
-// them verified (a resume's first precondition, an export), so
-// bundle.ImportStored does not rehash it (bundle.Ours).
-func (f *Fetched) Ours(a record.Address) bool {
-	_, isStaged := f.staged[a]
-	return !isStaged && f.ours[a] && f.Store.Has(a)
-}
+// Rehashed says whether a is an object the store held for the run (one
+// this host's own record of it reaches, which the fetched record
+// extends) that the fetch rehashed to a, in this process, while it
+// fetched the rest (bundle.Rehashed). One that did not hash to a is not.
+func (f *Fetched) Rehashed(a record.Address) bool { return f.rehashed[a] }
 
-var _ bundle.Ours = (*Fetched)(nil)
+var _ bundle.Rehashed = (*Fetched)(nil)
 
 // PutBytes adds refs to an object staged or held, whose bytes are b: a
 // staged one's are kept for its adoption, a held one's declared after the
