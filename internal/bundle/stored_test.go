@@ -310,19 +310,27 @@ func fetchImport(t testing.TB, from, to *store.Store, rec *record.Record, o bund
 	return im
 }
 
+// handedOffForged is a forged run imported into a store a and handed off
+// there, and an empty store b.
+func handedOffForged(t *testing.T) (a, b *store.Store, forged *bundletest.Bundle) {
+	t.Helper()
+	a, _ = mustStore(t)
+	b, _ = mustStore(t)
+	forged = forge(t, nil)
+	mustImport(t, a, forged.Tar(nil), iopts())
+	if err := a.HandOff("forged", forged.Record.Head()); err != nil {
+		t.Fatal(err)
+	}
+	return a, b, forged
+}
+
 // A run moves by address, as a migration moves it: a hands it off, b
 // fetches what it lacks and imports the record from its store; b resumes
 // it and parks it again, hands it off, and a fetches what it lacks (the
 // new interval's objects) and takes its run back, extended, as Import
 // would. Both stores check, after a collection.
 func TestImportStoredFetched(t *testing.T) {
-	a, _ := mustStore(t)
-	b, _ := mustStore(t)
-	forged := forge(t, nil)
-	mustImport(t, a, forged.Tar(nil), iopts())
-	if err := a.HandOff("forged", forged.Record.Head()); err != nil {
-		t.Fatal(err)
-	}
+	a, b, forged := handedOffForged(t)
 	im := fetchImport(t, a, b, forged.Record, bundle.StoredOptions{ImportOptions: iopts(), Run: "forged"})
 	if im.Extended || im.Objects != len(forged.Objects) {
 		t.Fatalf("%+v", im)
@@ -429,13 +437,7 @@ func TestImportStoredFetchedResizedStaged(t *testing.T) {
 // returns a, the forged run, ext, and b's server for a's fetch.
 func heldAndExtended(t *testing.T) (*store.Store, *bundletest.Bundle, *bundletest.Bundle, *httptest.Server) {
 	t.Helper()
-	a, _ := mustStore(t)
-	b, _ := mustStore(t)
-	forged := forge(t, nil)
-	mustImport(t, a, forged.Tar(nil), iopts())
-	if err := a.HandOff("forged", forged.Record.Head()); err != nil {
-		t.Fatal(err)
-	}
+	a, b, forged := handedOffForged(t)
 	fetchImport(t, a, b, forged.Record, bundle.StoredOptions{ImportOptions: iopts(), Run: "forged"})
 	ext := extend(t, forged, "{\"t\":2}\n")
 	resumeHere(t, b, "forged", ext)
