@@ -404,7 +404,7 @@ func (p peers) Held(ctx context.Context, host record.Address, h member.Handed) (
 }
 
 func (p peers) Fetch(ctx context.Context, host record.Address, run string, judge func(*record.Record) error, opt member.FetchOptions) (*record.Record, member.Arrival, error) {
-	rec, f, err := p.Hosts.Fetch(ctx, host, run, judge, peer.FetchOptions{Store: opt.Store, Limits: opt.Limits, Free: opt.Free, Owe: opt.Owe})
+	rec, f, err := p.Hosts.Fetch(ctx, host, run, judge, peer.FetchOptions{Store: opt.Store, Limits: opt.Limits, Free: opt.Free, Owe: opt.Owe, Rehashed: opt.Rehashed})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -526,3 +526,33 @@ func TestImportStoredFetchedHeldDamaged(t *testing.T) {
 		t.Fatal("refused, and no longer handed off")
 	}
 }
+
+// A held object the rehash ahead of the fetch vouched for
+// (transfer.Options.Rehashed) is not read again by the fetch: it is
+// Rehashed as it is found.
+func TestStageRehashedAhead(t *testing.T) {
+	a, forged, ext, srv := heldAndExtended(t)
+	tr := forged.Record.Segment(forged.Record.Len() - 1).Snapshot.Addresses()[0]
+	ahead := map[record.Address]bool{tr: true}
+	if err := os.Chmod(a.Path(tr), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(a.Path(tr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Damaged: a fetch that read it would find it so.
+	if err := os.WriteFile(a.Path(tr), append([]byte("x"), b[1:]...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile(a.Path(tr), b, 0o600) })
+	f, _, err := transfer.Stage(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, a, ext.Record,
+		transfer.Options{Rehashed: func(x record.Address) bool { return ahead[x] }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if !f.Rehashed(tr) {
+		t.Fatal("the object rehashed ahead is not Rehashed")
+	}
+}

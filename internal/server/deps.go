@@ -116,4 +116,5 @@ type Fleet interface {
 	Owing(id string) (bool, error)
 	Done(key record.Address, h member.Handed) error
 	Held(key record.Address, h member.Handed) (bool, error)
+	Expect(ctx context.Context, from, genesis record.Address) error
 }

@@ -118,6 +118,9 @@ func (f *fake) ServesRecord(record.Address, string) error         { return f.cal
 func (f *fake) Owing(string) (bool, error)                        { return false, nil }
 func (f *fake) Done(record.Address, member.Handed) error          { return f.call("Done") }
 func (f *fake) Held(record.Address, member.Handed) (bool, error)  { return true, f.call("Held") }
+func (f *fake) Expect(context.Context, record.Address, record.Address) error {
+	return f.call("Expect")
+}
 
 // fakeKeys is the fake as the trusted-key set (its List clashes with the
 // daemon's).

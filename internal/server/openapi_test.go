@@ -65,6 +65,7 @@ var routeTypes = map[string][2]any{
 	"POST /v1/migrations":                    {peer.Migration{}, peer.Handed{}},
 	"POST /v1/migrations/done":               {peer.Done{}, nil},
 	"POST /v1/migrations/held":               {peer.Held{}, peer.HeldAnswer{}},
+	"POST /v1/migrations/expect":             {peer.Expected{}, nil},
 	"POST /v1/placement":                     {peer.OfferRequest{}, peer.OfferAnswer{}},
 }
 

@@ -42,6 +42,10 @@ import (
 //	POST /v1/migrations/held  peer.Held: whether this host still holds
 //	                          the run for the calling host (member.Held;
 //	                          false for a hold not the caller's)
+//	POST /v1/migrations/expect peer.Expected: the calling host, which
+//	                          owns the run, is about to hand it here; a
+//	                          record of it held here is rehashed meanwhile
+//	                          (member.Expect)
 //	POST /v1/placement        peer.OfferRequest: what this host can take
 //	                          now (Deps.Placement), before a drain
 //
@@ -51,7 +55,7 @@ import (
 // PeerRoutes are the patterns of the peer routes, which the mutual-TLS
 // listener serves to host keys only (everything else there is the client
 // API, for platform keys).
-var PeerRoutes = []string{"/v1/objects/", "/v1/records/", "/v1/migrations", "/v1/migrations/done", "/v1/migrations/held", "/v1/placement"}
+var PeerRoutes = []string{"/v1/objects/", "/v1/records/", "/v1/migrations", "/v1/migrations/done", "/v1/migrations/held", "/v1/migrations/expect", "/v1/placement"}
 
 // Peer is the peer routes' handler; the caller admits host keys only
 // (peer.Require), and the calling host is the one its key names.
@@ -88,6 +92,7 @@ func Peer(deps Deps, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/migrations", h.receive)
 	mux.HandleFunc("POST /v1/migrations/done", h.migrated)
 	mux.HandleFunc("POST /v1/migrations/held", h.stillHeld)
+	mux.HandleFunc("POST /v1/migrations/expect", h.expect)
 	mux.HandleFunc("POST /v1/placement", h.offer)
 	return mux
 }
@@ -178,6 +183,20 @@ func (h *handler) migrated(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.reply(w, r, struct{}{}, h.Fleet.Done(from, member.Handed{Run: d.Run, Genesis: d.Genesis, Head: d.Head}))
+}
+
+func (h *handler) expect(w http.ResponseWriter, r *http.Request) {
+	from, _, ok := peer.KeyOf(r)
+	if !ok {
+		writeJSON(w, http.StatusForbidden, &api.Error{Code: api.CodeForbidden, Message: "no verified host key"})
+		return
+	}
+	var q peer.Expected
+	if err := decode(w, r, &q); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.reply(w, r, struct{}{}, h.Fleet.Expect(r.Context(), from, q.Genesis))
 }
 
 func (h *handler) stillHeld(w http.ResponseWriter, r *http.Request) {

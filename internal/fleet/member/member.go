@@ -61,6 +61,10 @@ type Peers interface {
 	// Offer asks host what it can take now, naming the images the runs to
 	// place need.
 	Offer(ctx context.Context, host record.Address, images []string) (drain.Offer, error)
+	// Expect tells host that run genesis is about to be handed to it
+	// (Member.Expect there). An error (an older host lacks the route)
+	// changes nothing.
+	Expect(ctx context.Context, host, genesis record.Address) error
 }
 
 // Handed is a migration as its source names it to the target: the run's
@@ -87,6 +91,9 @@ type FetchOptions struct {
 	// Owe: the slabs of the run's last memory image are owed to the
 	// store, fetched after the run is stored (post-copy).
 	Owe bool
+	// Rehashed: held objects rehashed ahead of the fetch
+	// (transfer.Options.Rehashed).
+	Rehashed func(record.Address) bool
 }
 
 // Arrival is a received run's objects, staged (transfer.Fetched): judged
@@ -208,6 +215,8 @@ type Member struct {
 	// arriving are the bytes of slabs owed to receives fetched and not
 	// stored yet (Reserved).
 	arriving atomic.Int64
+	// expect is the rehash ahead of a migration here (expect.go).
+	expect expected
 }
 
 // New makes a Member.

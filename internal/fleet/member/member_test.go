@@ -70,6 +70,15 @@ type peers struct {
 	stall   bool // its Held answers nothing until its context ends
 	// heldGate, when not nil, is waited on by Held before it answers.
 	heldGate chan struct{}
+	// expected are the geneses its Expect was told of.
+	expected chan record.Address
+}
+
+func (p *peers) Expect(_ context.Context, _, genesis record.Address) error {
+	if p.expected != nil {
+		p.expected <- genesis
+	}
+	return nil
 }
 
 func (p *peers) Hand(_ context.Context, _ record.Address, h Handed) (bool, error) {

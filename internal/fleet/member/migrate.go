@@ -73,6 +73,7 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 	}
 	executing := h.Executing()
 	if executing {
+		m.expected(to, id)
 		if err := h.Park(ctx); err != nil {
 			return fmt.Errorf("migrate %s: %w", id, err)
 		}
@@ -391,7 +392,8 @@ func (m *Member) fetch(ctx context.Context, from record.Address, h Handed) (Arri
 		}
 		return nil
 	}
-	opt := FetchOptions{Store: m.cfg.Store, Limits: lim, Free: m.free, Owe: m.cfg.PostCopy && !h.Resume && h.Held}
+	opt := FetchOptions{Store: m.cfg.Store, Limits: lim, Free: m.free, Owe: m.cfg.PostCopy && !h.Resume && h.Held,
+		Rehashed: m.expect.rehashed(ctx, h.Genesis)}
 	rec, arr, err := m.cfg.Peers.Fetch(ctx, from, h.Run, judge, opt)
 	if err != nil {
 		return nil, nil, err

@@ -74,6 +74,20 @@ type Handed struct {
 	Owing bool    `json:"owing,omitempty"`
 }
 
+// Expected is POST /v1/migrations/expect's body: the source of a
+// migration about to hand run Genesis to the host it asks.
+type Expected struct {
+	Genesis record.Address `json:"genesis"`
+}
+
+// Expect tells host that run genesis is about to be handed to it (POST
+// /v1/migrations/expect): a host that held the run rehashes its objects
+// while this one parks it.
+func (p Hosts) Expect(ctx context.Context, host, genesis record.Address) error {
+	_, err := p.post(ctx, host, "/v1/migrations/expect", Expected{Genesis: genesis})
+	return err
+}
+
 // Done is POST /v1/migrations/done's body: the target of a post-copy
 // migration holds every object of the run, or needs none (it closed the
 // run): its id on the source, its genesis, the head it was handed over
@@ -262,6 +276,8 @@ type FetchOptions struct {
 	// Owe: the slabs of the run's last memory image are owed, not
 	// fetched (transfer.Options.Owe, the source being host).
 	Owe bool
+	// Rehashed: held objects rehashed ahead (transfer.Options.Rehashed).
+	Rehashed func(record.Address) bool
 }
 
 // Fetch brings run's record from host, has judge judge it, then stages
@@ -289,7 +305,7 @@ func (p Hosts) Fetch(ctx context.Context, host record.Address, run string, judge
 		return nil, nil, err
 	}
 	st := opt.Store
-	o := transfer.Options{Limits: opt.Limits, Free: opt.Free}
+	o := transfer.Options{Limits: opt.Limits, Free: opt.Free, Rehashed: opt.Rehashed}
 	if opt.Owe {
 		o.Owe = host
 	}

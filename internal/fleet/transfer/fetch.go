@@ -57,6 +57,11 @@ type Options struct {
 	// for a run the store holds a record of (it is fetched whole). Zero:
 	// every object is fetched.
 	Owe record.Address
+	// Rehashed, when not nil, says which objects the store holds that
+	// this process rehashed to their addresses moments before the fetch
+	// (RehashHeld, ahead of a migration): one held for the run that it
+	// names is [Fetched.Rehashed] without being read again.
+	Rehashed func(a record.Address) bool
 }
 
 // Source is the peer a fetch reads objects from: its [Handler] at Base,
@@ -160,7 +165,7 @@ func Stage(ctx context.Context, from Source, st *store.Store, rec *record.Record
 	}
 	f.out = &Fetched{Store: st, ctx: ctx, dir: dir, staged: map[record.Address]*staged{}}
 	if f.ours != nil {
-		f.rehash = newRehasher(ctx, st)
+		f.rehash = newRehasher(ctx, st, opt.Rehashed)
 	}
 	defer func() {
 		if err != nil {

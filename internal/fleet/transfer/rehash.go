@@ -5,20 +5,22 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// rehasher rehashes, alongside a [Stage]'s transfers and on every
-// processor, the objects the store held for the run that the fetch does
-// not read (plain ones: slabs, transcripts, receipts, journals): each
-// that hashes to its address is [Fetched.Rehashed], and the import does
-// not read it again. One that does not, or is not reached before the
+// rehasher rehashes, on every processor, objects the store holds: in a
+// [Stage], beside its transfers, those held for the run that the fetch
+// does not read (plain ones: slabs, transcripts, receipts, journals),
+// each that hashes to its address then [Fetched.Rehashed], which the
+// import does not read again; in [RehashHeld], ahead of the fetch. One that does not, or is not reached before the
 // Stage ends, is left to bundle.ImportStored, which rehashes it and
 // refuses it (object_corrupt) as before: a damaged copy held here is
 // refused while the source still holds the run.
 type rehasher struct {
 	st     *store.Store
+	before func(record.Address) bool // rehashed already (Options.Rehashed)
 	ctx    context.Context
 	cancel context.CancelFunc
 	next   chan record.Address
@@ -31,9 +33,9 @@ type rehasher struct {
 // that finds them waits too.
 const queued = 1 << 14
 
-func newRehasher(ctx context.Context, st *store.Store) *rehasher {
+func newRehasher(ctx context.Context, st *store.Store, before func(record.Address) bool) *rehasher {
 	ctx, cancel := context.WithCancel(ctx)
-	r := &rehasher{st: st, ctx: ctx, cancel: cancel, next: make(chan record.Address, queued), ok: map[record.Address]bool{}}
+	r := &rehasher{st: st, before: before, ctx: ctx, cancel: cancel, next: make(chan record.Address, queued), ok: map[record.Address]bool{}}
 	for range runtime.GOMAXPROCS(0) {
 		r.wg.Go(r.work)
 	}
@@ -53,8 +55,14 @@ func (r *rehasher) work() {
 	}
 }
 
-// add queues held object a.
+// add queues held object a, unless it was rehashed before.
 func (r *rehasher) add(a record.Address) {
+	if r.before != nil && r.before(a) {
+		r.mu.Lock()
+		r.ok[a] = true
+		r.mu.Unlock()
+		return
+	}
 	select {
 	case r.next <- a:
 	case <-r.ctx.Done():
@@ -74,4 +82,30 @@ func (r *rehasher) wait() map[record.Address]bool {
 func (r *rehasher) stop() {
 	r.cancel()
 	r.wait()
+}
+
+// RehashHeld rehashes, on every processor, each object the record of
+// genesis held in st reaches, ahead of a migration that may bring the run
+// back here (the source's expectation, POST /v1/migrations/expect), and
+// returns those that hash to their addresses: [Options.Rehashed] for the
+// fetch. A store holding no record of genesis gives none.
+func RehashHeld(ctx context.Context, st *store.Store, genesis record.Address) (map[record.Address]bool, error) {
+	run, ok, err := st.RunOfGenesis(genesis)
+	if err != nil || !ok {
+		return nil, err
+	}
+	rec, err := st.Record(run)
+	if err != nil {
+		return nil, err
+	}
+	objs, err := bundle.Reached(st, rec, true)
+	if err != nil {
+		return nil, err
+	}
+	r := newRehasher(ctx, st, nil)
+	for _, a := range objs {
+		r.add(a)
+	}
+	held := r.wait()
+	return held, ctx.Err()
 }
