@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/bundletest"
@@ -528,12 +529,13 @@ func TestImportStoredFetchedHeldDamaged(t *testing.T) {
 }
 
 // A held object the rehash ahead of the fetch vouched for
-// (transfer.Options.Rehashed) is not read again by the fetch: it is
-// Rehashed as it is found.
+// (transfer.Options.Rehashed) is not read again by the fetch while the
+// word is under transfer.RehashedFor old; an older word is not taken:
+// the fetch reads the object, here found damaged, and the import
+// refuses it.
 func TestStageRehashedAhead(t *testing.T) {
 	a, forged, ext, srv := heldAndExtended(t)
 	tr := forged.Record.Segment(forged.Record.Len() - 1).Snapshot.Addresses()[0]
-	ahead := map[record.Address]bool{tr: true}
 	if err := os.Chmod(a.Path(tr), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -546,13 +548,24 @@ func TestStageRehashedAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.WriteFile(a.Path(tr), b, 0o600) })
-	f, _, err := transfer.Stage(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, a, ext.Record,
-		transfer.Options{Rehashed: func(x record.Address) bool { return ahead[x] }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if !f.Rehashed(tr) {
-		t.Fatal("the object rehashed ahead is not Rehashed")
+	for _, ago := range []time.Duration{0, transfer.RehashedFor + time.Second} {
+		at := time.Now().Add(-ago)
+		f, _, err := transfer.Stage(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, a, ext.Record,
+			transfer.Options{Rehashed: func(x record.Address) (time.Time, bool) { return at, x == tr }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if got, want := f.Rehashed(tr), ago == 0; got != want {
+			t.Fatalf("vouched for %v ago: Rehashed %v", ago, got)
+		}
+		if ago == 0 {
+			continue
+		}
+		_, err = bundle.ImportStored(context.Background(), f, ext.Record, bundle.StoredOptions{ImportOptions: iopts(), Run: "forged"})
+		var ce *store.CorruptError
+		if !errors.As(err, &ce) || ce.Address != tr {
+			t.Fatalf("an old word for a damaged object: %v", err)
+		}
 	}
 }

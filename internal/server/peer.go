@@ -42,10 +42,10 @@ import (
 //	POST /v1/migrations/held  peer.Held: whether this host still holds
 //	                          the run for the calling host (member.Held;
 //	                          false for a hold not the caller's)
-//	POST /v1/migrations/expect peer.Expected: the calling host, which
-//	                          owns the run, is about to hand it here; a
-//	                          record of it held here is rehashed meanwhile
-//	                          (member.Expect)
+//	POST /v1/migrations/expect peer.Expected: the calling host says it
+//	                          is about to hand the run here; from its
+//	                          owner, a record of it held here is rehashed
+//	                          meanwhile (member.Expect)
 //	POST /v1/placement        peer.OfferRequest: what this host can take
 //	                          now (Deps.Placement), before a drain
 //
@@ -194,6 +194,10 @@ func (h *handler) expect(w http.ResponseWriter, r *http.Request) {
 	var q peer.Expected
 	if err := decode(w, r, &q); err != nil {
 		h.fail(w, r, err)
+		return
+	}
+	if q.Genesis.IsZero() {
+		h.fail(w, r, fmt.Errorf("%w: no genesis", answers.ErrInvalid))
 		return
 	}
 	h.reply(w, r, struct{}{}, h.Fleet.Expect(r.Context(), from, q.Genesis))

@@ -2,20 +2,12 @@ package member
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync"
 	"time"
 
-	"github.com/runrecordd/runrecordd/internal/fleet"
 	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
-
-// ExpectFor is how long the rehash of a run's held objects that an
-// expectation began (Expect) stands for the fetch that follows; older,
-// the fetch rehashes them itself.
-const ExpectFor = 2 * time.Minute
 
 // expected is the one rehash ahead of a migration under way or done
 // here, at most one at a time (Expect).
@@ -25,58 +17,71 @@ type expected struct {
 }
 
 type expectation struct {
-	genesis, from record.Address
-	done          chan struct{}
+	genesis record.Address
+	done    chan struct{}
 	// Set before done closes:
 	ended time.Time
-	ok    map[record.Address]bool
+	ok    map[record.Address]time.Time
 	// used: a fetch took it (under expected.mu).
 	used bool
 }
 
+// busy says whether a rehash runs, or ended less than
+// transfer.RehashedFor ago and no fetch took it: then no other starts.
+// Under x.mu.
+func (x *expected) busy() bool {
+	c := x.cur
+	if c == nil {
+		return false
+	}
+	select {
+	case <-c.done:
+		return !c.used && time.Since(c.ended) < transfer.RehashedFor
+	default:
+		return true
+	}
+}
+
 // Expect answers host from, which says it is about to hand run genesis
 // here (POST /v1/migrations/expect, before the source parks the unit).
-// from must own the run in the directory (else ErrUnsolicited). When
-// this store holds a record of the run handed off (the run was here
-// before), what that record reaches is rehashed in the background
-// (transfer.RehashHeld), while the source parks: the fetch then skips
-// what hashed to its address (FetchOptions.Rehashed). One rehash at a
-// time, each for one fetch: while the last has run for less than
-// ExpectFor and no fetch took it, an expectation of the same run, or from
-// the same host, starts none; neither does one while it runs. It returns
-// before the rehash ends.
+// When this store holds a record of the run handed off (the run was here
+// before), this host takes runs, no other rehash is busy (one runs, or
+// one that ended less than transfer.RehashedFor ago no fetch took), and
+// from owns the run in the directory, it rehashes what that record
+// reaches in the background (transfer.RehashHeld) while the source parks:
+// the next fetch of the run waits for it and skips what hashed to its
+// address (FetchOptions.Rehashed). Whether it began one is not said: the
+// answer is the same for a caller that does not own the run, so it
+// learns nothing of what this host holds. It returns before the rehash
+// ends.
 func (m *Member) Expect(ctx context.Context, from, genesis record.Address) error {
-	e, err := m.Session().Run(ctx, genesis)
-	if errors.Is(err, fleet.ErrNoRun) {
-		return fmt.Errorf("%w: %v", ErrUnsolicited, err)
-	}
-	if err != nil {
+	if err := m.moving("expect", genesis.String()); err != nil {
 		return err
-	}
-	if e.Owner != from {
-		return fmt.Errorf("run %s: %w: owned by %s, not the calling host %s", genesis, ErrUnsolicited, e.Owner, from)
 	}
 	run, ok, err := m.cfg.Store.RunOfGenesis(genesis)
-	if err != nil || !ok {
-		return err
+	if err != nil || !ok || m.Draining() {
+		return nil
 	}
 	if _, off, err := m.cfg.Store.HandedOff(run); err != nil || !off {
-		return err
+		return nil
 	}
 	x := &m.expect
 	x.mu.Lock()
-	defer x.mu.Unlock()
-	if c := x.cur; c != nil {
-		select {
-		case <-c.done:
-			if !c.used && time.Since(c.ended) < ExpectFor && (c.genesis == genesis || c.from == from) {
-				return nil
-			}
-		default:
-			return nil // one at a time
-		}
+	busy := x.busy()
+	x.mu.Unlock()
+	if busy {
+		return nil
 	}
-	c := &expectation{genesis: genesis, from: from, done: make(chan struct{})}
+	if e, err := m.Session().Run(ctx, genesis); err != nil || e.Owner != from {
+		m.cfg.Log.Debug("migrate: an expectation not from the run's owner starts nothing", "genesis", genesis, "from", from, "err", err)
+		return nil
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.busy() {
+		return nil
+	}
+	c := &expectation{genesis: genesis, done: make(chan struct{})}
 	pp := &m.paying // the member's background work: ended by EndFetches
 	pp.mu.Lock()
 	started := pp.start(func(ctx context.Context) {
@@ -93,10 +98,12 @@ func (m *Member) Expect(ctx context.Context, from, genesis record.Address) error
 	return nil
 }
 
-// rehashed is what the expectation of run genesis rehashed, once it
-// ended (waited for within ctx), while it stands (ExpectFor); nil when
-// there is none.
-func (x *expected) rehashed(ctx context.Context, genesis record.Address) func(record.Address) bool {
+// rehashed is what the expectation of run genesis rehashed, for one
+// fetch: it waits (within ctx) for the rehash to end, and gives it to the
+// first fetch that asks, if it ended less than transfer.RehashedFor ago
+// (each object's age is judged again when the import asks:
+// transfer.Fetched.Rehashed); nil otherwise.
+func (x *expected) rehashed(ctx context.Context, genesis record.Address) func(record.Address) (time.Time, bool) {
 	x.mu.Lock()
 	c := x.cur
 	x.mu.Unlock()
@@ -108,13 +115,16 @@ func (x *expected) rehashed(ctx context.Context, genesis record.Address) func(re
 	case <-ctx.Done():
 		return nil
 	}
-	if c.ok == nil || time.Since(c.ended) >= ExpectFor {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.cur != c || c.used || c.ok == nil || time.Since(c.ended) >= transfer.RehashedFor {
 		return nil
 	}
-	x.mu.Lock()
 	c.used = true
-	x.mu.Unlock()
-	return func(a record.Address) bool { return c.ok[a] }
+	return func(a record.Address) (time.Time, bool) {
+		at, ok := c.ok[a]
+		return at, ok
+	}
 }
 
 // expectTimeout bounds the source's word to the target (expected).

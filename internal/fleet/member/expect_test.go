@@ -1,7 +1,6 @@
 package member
 
 import (
-	"errors"
 	"os"
 	"testing"
 	"time"
@@ -26,85 +25,89 @@ func handedTo(t *testing.T, from, to *fleet.Session, m *Member, rec *record.Reco
 	}
 }
 
-// Only the run's owner is heard; a host that holds the run handed off
-// then rehashes what its record reaches, and the fetch that follows is
-// told so. (Seen failing first with the owner's check off: a host that
-// does not own the run started the rehash.)
+// expect has m hear host from expect run g, which must answer nil, and
+// returns the rehash it began (nil: none), once it ended.
+func expect(t *testing.T, m *Member, from, g record.Address) *expectation {
+	t.Helper()
+	before := m.expect.cur
+	if err := m.Expect(t.Context(), from, g); err != nil {
+		t.Fatal(err)
+	}
+	c := m.expect.cur
+	if c == before {
+		return nil
+	}
+	<-c.done
+	return c
+}
+
+// Only the run's owner is heard, for a run held here handed off; the
+// rehash it begins goes to one fetch of that run, and none other begins
+// while it stands untaken. (Seen failing first with the owner's check
+// off: a host that does not own the run started the rehash.)
 func TestExpect(t *testing.T) {
 	c := etcdtest.Shared(t)
 	dir := fleet.New(c.Client(t), "/expect/", 5*time.Second)
 	a, b, other := join(t, dir, "a"), join(t, dir, "b"), join(t, dir, "other")
-	m, _, _, rec := room(t, a, &peers{})
+	p := &peers{}
+	m, _, _, rec := room(t, a, p)
 	g := rec.Genesis()
 
-	if err := m.Expect(t.Context(), a.Key(), g); err != nil {
-		t.Fatalf("the run is here, not handed off: %v", err)
-	}
-	if m.expect.cur != nil {
+	if expect(t, m, a.Key(), g) != nil {
 		t.Fatal("a rehash began for a run not handed off here")
 	}
 	handedTo(t, a, b, m, rec)
-	if err := m.Expect(t.Context(), other.Key(), g); !errors.Is(err, ErrUnsolicited) {
-		t.Fatalf("expected by a host that does not own the run: %v", err)
-	}
-	if m.expect.cur != nil {
+	if expect(t, m, other.Key(), g) != nil {
 		t.Fatal("a rehash began for a host that does not own the run")
 	}
-	if err := m.Expect(t.Context(), b.Key(), record.Sum([]byte("no such run"))); !errors.Is(err, ErrUnsolicited) {
-		t.Fatalf("a run the directory lacks: %v", err)
+	if expect(t, m, b.Key(), record.Sum([]byte("no such run"))) != nil {
+		t.Fatal("a rehash began for a run not held here")
 	}
-	if err := m.Expect(t.Context(), b.Key(), g); err != nil {
-		t.Fatal(err)
+	first := expect(t, m, b.Key(), g)
+	if first == nil {
+		t.Fatal("the owner's expectation began no rehash")
 	}
-	first := m.expect.cur
-	<-first.done
-	if err := m.Expect(t.Context(), b.Key(), g); err != nil || m.expect.cur != first {
-		t.Fatalf("the run expected again before a fetch took its rehash: %v, a new rehash %v", err, m.expect.cur != first)
+	if expect(t, m, b.Key(), g) != nil {
+		t.Fatal("another rehash began while the first stood untaken")
 	}
-	rehashed := m.expect.rehashed(t.Context(), g)
-	if rehashed == nil {
-		t.Fatal("the owner's expectation rehashed nothing")
+	h := Handed{Run: "r", Genesis: g, Head: rec.Head()}
+	_, _, _ = m.fetch(t.Context(), b.Key(), h)
+	if p.rehashed == nil {
+		t.Fatal("the fetch was not given the rehash")
 	}
-	if err := m.Expect(t.Context(), b.Key(), g); err != nil || m.expect.cur == first {
-		t.Fatalf("the run expected again after a fetch took its rehash: %v, a new rehash %v", err, m.expect.cur != first)
-	}
-	for _, a := range []record.Address{rec.Unit(), rec.Grants(), *rec.Segment(rec.Len() - 1).Snapshot.Transcript} {
-		if !rehashed(a) {
-			t.Fatalf("object %s of the run was not rehashed", a)
+	for _, o := range []record.Address{rec.Unit(), rec.Grants(), *rec.Segment(rec.Len() - 1).Snapshot.Transcript} {
+		if at, ok := p.rehashed(o); !ok || at.Before(first.ended.Add(-time.Minute)) {
+			t.Fatalf("object %s of the run: rehashed %v at %v", o, ok, at)
 		}
 	}
-	if m.expect.rehashed(t.Context(), record.Sum([]byte("another run"))) != nil {
-		t.Fatal("another run's fetch was told of this run's rehash")
+	_, _, _ = m.fetch(t.Context(), b.Key(), h)
+	if p.rehashed != nil {
+		t.Fatal("a second fetch was given the rehash a fetch took")
+	}
+	if expect(t, m, b.Key(), g) == nil {
+		t.Fatal("no rehash began once a fetch took the last")
 	}
 }
 
-// A host whose last expectation no fetch took starts no other rehash
-// within ExpectFor: expectations alone cannot keep this host hashing.
-func TestExpectUntakenWaits(t *testing.T) {
+// An untaken rehash stands for transfer.RehashedFor, for any run and
+// host; after that another begins.
+func TestExpectUntakenExpires(t *testing.T) {
 	c := etcdtest.Shared(t)
 	dir := fleet.New(c.Client(t), "/expect-untaken/", 5*time.Second)
 	a, b := join(t, dir, "a"), join(t, dir, "b")
 	m, _, _, rec := room(t, a, &peers{})
 	handedTo(t, a, b, m, rec)
-	if err := m.Expect(t.Context(), b.Key(), rec.Genesis()); err != nil {
-		t.Fatal(err)
+	first := expect(t, m, b.Key(), rec.Genesis())
+	if first == nil {
+		t.Fatal("no rehash began")
 	}
-	first := m.expect.cur
-	<-first.done
-	first.ended = time.Now() // as if another run: only the host's word counts
-	first.genesis = record.Sum([]byte("another run of b's"))
-	if err := m.Expect(t.Context(), b.Key(), rec.Genesis()); err != nil {
-		t.Fatal(err)
+	first.genesis = record.Sum([]byte("another run")) // busy for any run
+	if expect(t, m, b.Key(), rec.Genesis()) != nil {
+		t.Fatal("another rehash began while one stood untaken")
 	}
-	if m.expect.cur != first {
-		t.Fatal("a host whose expectation no fetch took started another rehash")
-	}
-	first.used = true
-	if err := m.Expect(t.Context(), b.Key(), rec.Genesis()); err != nil {
-		t.Fatal(err)
-	}
-	if m.expect.cur == first {
-		t.Fatal("a host whose expectation a fetch took started no rehash")
+	first.ended = time.Now().Add(-time.Hour)
+	if expect(t, m, b.Key(), rec.Genesis()) == nil {
+		t.Fatal("no rehash began once the untaken one expired")
 	}
 }
 
@@ -128,17 +131,22 @@ func TestExpectDamaged(t *testing.T) {
 	if err := os.WriteFile(p, append([]byte("x"), orig[1:]...), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Expect(t.Context(), b.Key(), rec.Genesis()); err != nil {
-		t.Fatal(err)
+	if expect(t, m, b.Key(), rec.Genesis()) == nil {
+		t.Fatal("no rehash began")
 	}
 	rehashed := m.expect.rehashed(t.Context(), rec.Genesis())
-	if rehashed == nil || rehashed(tr) || !rehashed(rec.Unit()) {
-		t.Fatal("the damaged transcript counted as rehashed, or nothing was")
+	if rehashed == nil {
+		t.Fatal("nothing rehashed")
+	}
+	if _, ok := rehashed(tr); ok {
+		t.Fatal("the damaged transcript counted as rehashed")
+	}
+	if _, ok := rehashed(rec.Unit()); !ok {
+		t.Fatal("the unit was not rehashed")
 	}
 }
 
-// A migration of an executing run tells the target it is coming before
-// the unit is parked.
+// A migration of an executing run tells the target it is coming.
 func TestMigrateTellsTargetExpected(t *testing.T) {
 	c := etcdtest.Shared(t)
 	dir := fleet.New(c.Client(t), "/expect-told/", 5*time.Second)

@@ -91,9 +91,9 @@ type FetchOptions struct {
 	// Owe: the slabs of the run's last memory image are owed to the
 	// store, fetched after the run is stored (post-copy).
 	Owe bool
-	// Rehashed: held objects rehashed ahead of the fetch
+	// Rehashed: held objects rehashed ahead of the fetch, and when
 	// (transfer.Options.Rehashed).
-	Rehashed func(record.Address) bool
+	Rehashed func(record.Address) (time.Time, bool)
 }
 
 // Arrival is a received run's objects, staged (transfer.Fetched): judged

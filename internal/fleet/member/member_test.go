@@ -72,6 +72,8 @@ type peers struct {
 	heldGate chan struct{}
 	// expected are the geneses its Expect was told of.
 	expected chan record.Address
+	// rehashed is the last fetch's FetchOptions.Rehashed.
+	rehashed func(record.Address) (time.Time, bool)
 }
 
 func (p *peers) Expect(_ context.Context, _, genesis record.Address) error {
@@ -130,6 +132,7 @@ func (p *peers) Held(ctx context.Context, _ record.Address, _ Handed) (bool, err
 func (p *peers) Fetch(ctx context.Context, _ record.Address, _ string, judge func(*record.Record) error, opt FetchOptions) (*record.Record, Arrival, error) {
 	p.fetched.Add(1)
 	p.owe = append(p.owe, opt.Owe)
+	p.rehashed = opt.Rehashed
 	p.free = opt.Free
 	if p.from == nil {
 		return nil, nil, errors.New("no fetch in these tests")

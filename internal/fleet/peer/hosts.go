@@ -277,7 +277,7 @@ type FetchOptions struct {
 	// fetched (transfer.Options.Owe, the source being host).
 	Owe bool
 	// Rehashed: held objects rehashed ahead (transfer.Options.Rehashed).
-	Rehashed func(record.Address) bool
+	Rehashed func(record.Address) (time.Time, bool)
 }
 
 // Fetch brings run's record from host, has judge judge it, then stages

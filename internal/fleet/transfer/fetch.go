@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/park"
@@ -57,11 +58,12 @@ type Options struct {
 	// for a run the store holds a record of (it is fetched whole). Zero:
 	// every object is fetched.
 	Owe record.Address
-	// Rehashed, when not nil, says which objects the store holds that
-	// this process rehashed to their addresses moments before the fetch
+	// Rehashed, when not nil, says which objects the store holds this
+	// process rehashed to their addresses before the fetch, and when
 	// (RehashHeld, ahead of a migration): one held for the run that it
-	// names is [Fetched.Rehashed] without being read again.
-	Rehashed func(a record.Address) bool
+	// names is [Fetched.Rehashed] without being read again, while it is
+	// under RehashedFor old.
+	Rehashed func(a record.Address) (at time.Time, ok bool)
 }
 
 // Source is the peer a fetch reads objects from: its [Handler] at Base,

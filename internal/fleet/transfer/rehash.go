@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -20,22 +21,27 @@ import (
 // refused while the source still holds the run.
 type rehasher struct {
 	st     *store.Store
-	before func(record.Address) bool // rehashed already (Options.Rehashed)
+	before func(record.Address) (time.Time, bool) // rehashed already (Options.Rehashed)
 	ctx    context.Context
 	cancel context.CancelFunc
 	next   chan record.Address
 	wg     sync.WaitGroup
 	mu     sync.Mutex
-	ok     map[record.Address]bool
+	ok     map[record.Address]time.Time // when each was found to hash to its address
 }
+
+// RehashedFor is how long an object rehashed to its address stands as
+// verified: one rehashed longer ago when the import asks
+// ([Fetched.Rehashed]) is read again there.
+const RehashedFor = 2 * time.Minute
 
 // queued is how many held objects may wait for a worker before the walk
 // that finds them waits too.
 const queued = 1 << 14
 
-func newRehasher(ctx context.Context, st *store.Store, before func(record.Address) bool) *rehasher {
+func newRehasher(ctx context.Context, st *store.Store, before func(record.Address) (time.Time, bool)) *rehasher {
 	ctx, cancel := context.WithCancel(ctx)
-	r := &rehasher{st: st, before: before, ctx: ctx, cancel: cancel, next: make(chan record.Address, queued), ok: map[record.Address]bool{}}
+	r := &rehasher{st: st, before: before, ctx: ctx, cancel: cancel, next: make(chan record.Address, queued), ok: map[record.Address]time.Time{}}
 	for range runtime.GOMAXPROCS(0) {
 		r.wg.Go(r.work)
 	}
@@ -47,9 +53,10 @@ func (r *rehasher) work() {
 		if r.ctx.Err() != nil {
 			continue
 		}
+		at := time.Now()
 		if r.st.Verify(r.ctx, a) == nil {
 			r.mu.Lock()
-			r.ok[a] = true
+			r.ok[a] = at
 			r.mu.Unlock()
 		}
 	}
@@ -57,11 +64,13 @@ func (r *rehasher) work() {
 
 // add queues held object a, unless it was rehashed before.
 func (r *rehasher) add(a record.Address) {
-	if r.before != nil && r.before(a) {
-		r.mu.Lock()
-		r.ok[a] = true
-		r.mu.Unlock()
-		return
+	if r.before != nil {
+		if at, ok := r.before(a); ok && time.Since(at) < RehashedFor {
+			r.mu.Lock()
+			r.ok[a] = at
+			r.mu.Unlock()
+			return
+		}
 	}
 	select {
 	case r.next <- a:
@@ -70,8 +79,9 @@ func (r *rehasher) add(a record.Address) {
 }
 
 // wait lets the workers finish what is queued and returns the objects
-// that rehashed to their addresses; a stopped rehasher's are not all.
-func (r *rehasher) wait() map[record.Address]bool {
+// that rehashed to their addresses, with when; a stopped rehasher's are
+// not all.
+func (r *rehasher) wait() map[record.Address]time.Time {
 	close(r.next)
 	r.wg.Wait()
 	r.cancel()
@@ -87,9 +97,9 @@ func (r *rehasher) stop() {
 // RehashHeld rehashes, on every processor, each object the record of
 // genesis held in st reaches, ahead of a migration that may bring the run
 // back here (the source's expectation, POST /v1/migrations/expect), and
-// returns those that hash to their addresses: [Options.Rehashed] for the
-// fetch. A store holding no record of genesis gives none.
-func RehashHeld(ctx context.Context, st *store.Store, genesis record.Address) (map[record.Address]bool, error) {
+// returns those that hash to their addresses, with when: [Options.Rehashed]
+// for the fetch. A store holding no record of genesis gives none.
+func RehashHeld(ctx context.Context, st *store.Store, genesis record.Address) (map[record.Address]time.Time, error) {
 	run, ok, err := st.RunOfGenesis(genesis)
 	if err != nil || !ok {
 		return nil, err

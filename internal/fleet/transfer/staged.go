@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -33,8 +34,8 @@ type Fetched struct {
 	owing store.Owing
 	owed  []OwedSlab
 	// rehashed are objects the store held for the run that the fetch
-	// rehashed to their addresses (rehasher).
-	rehashed map[record.Address]bool
+	// rehashed to their addresses, each with when (rehasher).
+	rehashed map[record.Address]time.Time
 }
 
 type staged struct {
@@ -115,9 +116,13 @@ var _ bundle.VerifiedOnArrival = (*Fetched)(nil)
 
 // Rehashed says whether a is an object the store held for the run (one
 // this host's own record of it reaches, which the fetched record
-// extends) that the fetch rehashed to a, in this process, while it
-// fetched the rest (bundle.Rehashed). One that did not hash to a is not.
-func (f *Fetched) Rehashed(a record.Address) bool { return f.rehashed[a] }
+// extends) that this process rehashed to a, while the fetch brought the
+// rest or ahead of it (Options.Rehashed), less than RehashedFor ago
+// (bundle.Rehashed). One that did not hash to a is not.
+func (f *Fetched) Rehashed(a record.Address) bool {
+	at, ok := f.rehashed[a]
+	return ok && time.Since(at) < RehashedFor
+}
 
 var _ bundle.Rehashed = (*Fetched)(nil)
 
