@@ -529,10 +529,11 @@ func TestImportStoredFetchedHeldDamaged(t *testing.T) {
 }
 
 // A held object the rehash ahead of the fetch vouched for
-// (transfer.Options.Rehashed) is not read again by the fetch while the
-// word is under transfer.RehashedFor old; an older word is not taken:
-// the fetch reads the object, here found damaged, and the import
-// refuses it.
+// (transfer.Options.Rehashed) is not read again while the word is under
+// transfer.RehashedFor old when the import asks; an older word is not
+// taken, by the fetch or by the import: the object, here damaged, is
+// read and refused. (Seen failing with Fetched.Rehashed's age check off:
+// a word that went stale after the fetch was taken.)
 func TestStageRehashedAhead(t *testing.T) {
 	a, forged, ext, srv := heldAndExtended(t)
 	tr := forged.Record.Segment(forged.Record.Len() - 1).Snapshot.Addresses()[0]
@@ -548,7 +549,8 @@ func TestStageRehashedAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.WriteFile(a.Path(tr), b, 0o600) })
-	for _, ago := range []time.Duration{0, transfer.RehashedFor + time.Second} {
+	const stales = time.Second
+	for _, ago := range []time.Duration{0, transfer.RehashedFor - stales, transfer.RehashedFor + time.Second} {
 		at := time.Now().Add(-ago)
 		f, _, err := transfer.Stage(context.Background(), transfer.Source{Client: http.DefaultClient, Base: srv.URL}, a, ext.Record,
 			transfer.Options{Rehashed: func(x record.Address) (time.Time, bool) { return at, x == tr }})
@@ -556,6 +558,9 @@ func TestStageRehashedAhead(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer f.Close()
+		if ago == transfer.RehashedFor-stales {
+			time.Sleep(time.Until(at.Add(transfer.RehashedFor))) // taken by the fetch, stale by the import
+		}
 		if got, want := f.Rehashed(tr), ago == 0; got != want {
 			t.Fatalf("vouched for %v ago: Rehashed %v", ago, got)
 		}

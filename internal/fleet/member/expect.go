@@ -51,9 +51,8 @@ func (x *expected) busy() bool {
 // reaches in the background (transfer.RehashHeld) while the source parks:
 // the next fetch of the run waits for it and skips what hashed to its
 // address (FetchOptions.Rehashed). Whether it began one is not said: the
-// answer is the same for a caller that does not own the run, so it
-// learns nothing of what this host holds. It returns before the rehash
-// ends.
+// answer is the same whatever follows (only its time may differ). It
+// returns before the rehash ends.
 func (m *Member) Expect(ctx context.Context, from, genesis record.Address) error {
 	if err := m.moving("expect", genesis.String()); err != nil {
 		return err
@@ -73,7 +72,7 @@ func (m *Member) Expect(ctx context.Context, from, genesis record.Address) error
 		return nil
 	}
 	if e, err := m.Session().Run(ctx, genesis); err != nil || e.Owner != from {
-		m.cfg.Log.Debug("migrate: an expectation not from the run's owner starts nothing", "genesis", genesis, "from", from, "err", err)
+		m.cfg.Log.Debug("migrate: an expectation whose caller is not known to own the run starts nothing", "genesis", genesis, "from", from, "err", err)
 		return nil
 	}
 	x.mu.Lock()

@@ -25,6 +25,20 @@ func handedTo(t *testing.T, from, to *fleet.Session, m *Member, rec *record.Reco
 	}
 }
 
+// expecting is a member (host a) holding run "r" (rec) handed off to
+// host b, in a fleet under directory prefix: where b's expectation of
+// the run begins a rehash.
+func expecting(t *testing.T, prefix string, p *peers) (m *Member, rec *record.Record, b *fleet.Session) {
+	t.Helper()
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), prefix, 5*time.Second)
+	a := join(t, dir, "a")
+	b = join(t, dir, "b")
+	m, _, _, rec = room(t, a, p)
+	handedTo(t, a, b, m, rec)
+	return m, rec, b
+}
+
 // expect has m hear host from expect run g, which must answer nil, and
 // returns the rehash it began (nil: none), once it ended.
 func expect(t *testing.T, m *Member, from, g record.Address) *expectation {
@@ -89,23 +103,21 @@ func TestExpect(t *testing.T) {
 	}
 }
 
-// An untaken rehash stands for transfer.RehashedFor, for any run and
-// host; after that another begins.
+// An untaken rehash stands for transfer.RehashedFor; after that another
+// begins.
 func TestExpectUntakenExpires(t *testing.T) {
-	c := etcdtest.Shared(t)
-	dir := fleet.New(c.Client(t), "/expect-untaken/", 5*time.Second)
-	a, b := join(t, dir, "a"), join(t, dir, "b")
-	m, _, _, rec := room(t, a, &peers{})
-	handedTo(t, a, b, m, rec)
+	m, rec, b := expecting(t, "/expect-untaken/", &peers{})
 	first := expect(t, m, b.Key(), rec.Genesis())
 	if first == nil {
 		t.Fatal("no rehash began")
 	}
-	first.genesis = record.Sum([]byte("another run")) // busy for any run
 	if expect(t, m, b.Key(), rec.Genesis()) != nil {
 		t.Fatal("another rehash began while one stood untaken")
 	}
 	first.ended = time.Now().Add(-time.Hour)
+	if m.expect.rehashed(t.Context(), rec.Genesis()) != nil {
+		t.Fatal("a fetch was given a rehash older than transfer.RehashedFor")
+	}
 	if expect(t, m, b.Key(), rec.Genesis()) == nil {
 		t.Fatal("no rehash began once the untaken one expired")
 	}
@@ -114,13 +126,9 @@ func TestExpectUntakenExpires(t *testing.T) {
 // A damaged copy held here is not counted rehashed: the fetch's import
 // reads it, and refuses it.
 func TestExpectDamaged(t *testing.T) {
-	c := etcdtest.Shared(t)
-	dir := fleet.New(c.Client(t), "/expect-damaged/", 5*time.Second)
-	a, b := join(t, dir, "a"), join(t, dir, "b")
-	m, st, _, rec := room(t, a, &peers{})
-	handedTo(t, a, b, m, rec)
+	m, rec, b := expecting(t, "/expect-damaged/", &peers{})
 	tr := *rec.Segment(rec.Len() - 1).Snapshot.Transcript
-	p := st.Path(tr)
+	p := m.cfg.Store.Path(tr)
 	orig, err := os.ReadFile(p)
 	if err != nil {
 		t.Fatal(err)

@@ -15,10 +15,12 @@ import (
 // [Stage], beside its transfers, those held for the run that the fetch
 // does not read (plain ones: slabs, transcripts, receipts, journals),
 // each that hashes to its address then [Fetched.Rehashed], which the
-// import does not read again; in [RehashHeld], ahead of the fetch. One that does not, or is not reached before the
-// Stage ends, is left to bundle.ImportStored, which rehashes it and
-// refuses it (object_corrupt) as before: a damaged copy held here is
-// refused while the source still holds the run.
+// import does not read again; in [RehashHeld], ahead of the fetch. One
+// that does not, is not reached before the Stage ends, or was rehashed
+// RehashedFor ago or more when the import asks, is left to
+// bundle.ImportStored, which rehashes it and refuses it (object_corrupt)
+// as before: a damaged copy held here is refused while the source still
+// holds the run.
 type rehasher struct {
 	st     *store.Store
 	before func(record.Address) (time.Time, bool) // rehashed already (Options.Rehashed)
