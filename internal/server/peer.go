@@ -151,15 +151,26 @@ func (h *handler) offer(w http.ResponseWriter, r *http.Request) {
 	h.reply(w, r, a, err)
 }
 
-func (h *handler) receive(w http.ResponseWriter, r *http.Request) {
-	from, _, ok := peer.KeyOf(r)
+// hostCall is the calling host's verified key, and r's body decoded into
+// v; ok false when either failed, answered already (forbidden, or the
+// decoding's error).
+func (h *handler) hostCall(w http.ResponseWriter, r *http.Request, v any) (from record.Address, ok bool) {
+	from, _, ok = peer.KeyOf(r)
 	if !ok {
 		writeJSON(w, http.StatusForbidden, &api.Error{Code: api.CodeForbidden, Message: "no verified host key"})
-		return
+		return from, false
 	}
-	var m peer.Migration
-	if err := decode(w, r, &m); err != nil {
+	if err := decode(w, r, v); err != nil {
 		h.fail(w, r, err)
+		return from, false
+	}
+	return from, true
+}
+
+func (h *handler) receive(w http.ResponseWriter, r *http.Request) {
+	var m peer.Migration
+	from, ok := h.hostCall(w, r, &m)
+	if !ok {
 		return
 	}
 	if err := h.Fleet.Receive(r.Context(), from, member.Handed{Run: m.Run, Genesis: m.Genesis, Head: m.Head, Resume: m.Resume, Held: m.Held}); err != nil {
@@ -172,28 +183,18 @@ func (h *handler) receive(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) migrated(w http.ResponseWriter, r *http.Request) {
-	from, _, ok := peer.KeyOf(r)
-	if !ok {
-		writeJSON(w, http.StatusForbidden, &api.Error{Code: api.CodeForbidden, Message: "no verified host key"})
-		return
-	}
 	var d peer.Done
-	if err := decode(w, r, &d); err != nil {
-		h.fail(w, r, err)
+	from, ok := h.hostCall(w, r, &d)
+	if !ok {
 		return
 	}
 	h.reply(w, r, struct{}{}, h.Fleet.Done(from, member.Handed{Run: d.Run, Genesis: d.Genesis, Head: d.Head}))
 }
 
 func (h *handler) expect(w http.ResponseWriter, r *http.Request) {
-	from, _, ok := peer.KeyOf(r)
-	if !ok {
-		writeJSON(w, http.StatusForbidden, &api.Error{Code: api.CodeForbidden, Message: "no verified host key"})
-		return
-	}
 	var q peer.Expected
-	if err := decode(w, r, &q); err != nil {
-		h.fail(w, r, err)
+	from, ok := h.hostCall(w, r, &q)
+	if !ok {
 		return
 	}
 	if q.Genesis.IsZero() {
@@ -204,14 +205,9 @@ func (h *handler) expect(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) stillHeld(w http.ResponseWriter, r *http.Request) {
-	from, _, ok := peer.KeyOf(r)
-	if !ok {
-		writeJSON(w, http.StatusForbidden, &api.Error{Code: api.CodeForbidden, Message: "no verified host key"})
-		return
-	}
 	var q peer.Held
-	if err := decode(w, r, &q); err != nil {
-		h.fail(w, r, err)
+	from, ok := h.hostCall(w, r, &q)
+	if !ok {
 		return
 	}
 	held, err := h.Fleet.Held(from, member.Handed{Run: q.Run, Genesis: q.Genesis, Head: q.Head})

@@ -22,7 +22,7 @@ import (
 // stages it: fetched into staging, hashed on the way, and kept only if it
 // hashes to a. size is what a listing says the object holds, or -1.
 func (f *fetcher) plain(a record.Address, size int64) error {
-	if _, ok := f.out.staged[a]; ok || f.held(a) {
+	if _, isStaged := f.out.staged[a]; isStaged || f.held(a) {
 		if size >= 0 {
 			n, err := f.out.Size(a)
 			if err != nil {
@@ -32,7 +32,7 @@ func (f *fetcher) plain(a record.Address, size int64) error {
 				return fmt.Errorf("transfer: object %s: %w: listed as %d bytes, the store holds %d", a, ErrMalformed, size, n)
 			}
 		}
-		if _, isStaged := f.out.staged[a]; !isStaged {
+		if !isStaged {
 			f.rehash.add(a)
 		}
 		f.stats.Skipped++
