@@ -550,6 +550,9 @@ func TestEgress(t *testing.T) {
 		waitSaid(t, d, id, "egress-stream", "got "+strconv.Itoa(atPark+30))
 		// A restarted daemon (the unit left running) finds the run's
 		// slot: the link stays, and a park and resume after it too.
+		// Stopped in the lazy window, it would park the run back
+		// (docs/lazy-resume.md), so the stop waits for every page.
+		waitResident(t, d, id)
 		mustStop(t, d)
 		mustStart(t, d)
 		n := len(said(d, id, "egress-stream"))
@@ -594,6 +597,7 @@ func TestEgress(t *testing.T) {
 		if _, err := d.c.Resume(ctx, id); err != nil {
 			t.Fatalf("resume: %v", err)
 		}
+		waitResident(t, d, id)
 		mustStop(t, d)
 		mustStart(t, d)
 		if _, err := d.c.Park(ctx, id); err != nil {

@@ -46,6 +46,14 @@ func waitRestore(t *testing.T, d *daemon, id, what string, ok func(*api.Restore)
 	}
 }
 
+// waitResident waits until a lazily resumed run has every page in, so
+// that a stop after it finds the lazy window closed. An eager resume's
+// restore has no window: it returns at once.
+func waitResident(t *testing.T, d *daemon, id string) {
+	t.Helper()
+	waitRestore(t, d, id, "every page resident", func(rs *api.Restore) bool { return !rs.Lazy || rs.ResidentNS > 0 })
+}
+
 // TestLazyResume parks the oracle on a daemon that resumes lazily and
 // resumes it: resume answers once the unit runs (its restore says lazy,
 // with its time to running), and the oracle goes on as the same process
