@@ -17,7 +17,8 @@ import (
 // collects their completions together, in less time and processor time
 // than one read at a time (BenchmarkLoadChunksCold, docs/benchmarks.md).
 
-// aioBatch is the most reads one io_submit hands over.
+// aioBatch is the most chunks one io_submit hands over; the chunks of a
+// batch that lie next to each other in one file (a slab) are one read.
 const aioBatch = 64
 
 // iocb is the kernel's struct iocb (linux/aio_abi.h) on a little-endian
@@ -43,15 +44,27 @@ type ioEvent struct {
 	res, res2 int64
 }
 
-// iocbPread is IOCB_CMD_PREAD.
-const iocbPread = 0
+// iocbPread and iocbPreadv are IOCB_CMD_PREAD and IOCB_CMD_PREADV.
+const (
+	iocbPread  = 0
+	iocbPreadv = 7
+)
 
-// aio is one AIO context, of aioBatch reads at most.
+// aio is one AIO context, of aioBatch reads (and buffers) at most.
 type aio struct {
 	ctx  uintptr
 	cbs  [aioBatch]iocb
 	ptrs [aioBatch]*iocb
 	evs  [aioBatch]ioEvent
+	iovs [aioBatch]unix.Iovec
+}
+
+// aioRead is one read: from offset off of file fd into bufs, one after
+// the other (a contiguous range of the file, scattered in memory).
+type aioRead struct {
+	fd   int
+	off  int64
+	bufs [][]byte
 }
 
 // newAIO sets up a context, or fails where the kernel has no AIO (or no
@@ -67,24 +80,35 @@ func newAIO() (*aio, error) {
 	return a, nil
 }
 
-// read reads len(bufs[i]) bytes from offset offs[i] of file fds[i] into
-// bufs[i], all at once, and calls done(i, count, err) as each read ends,
-// in the order they end (err: a read the caller does again with pread).
-// It returns once every read has ended: no read it handed to the kernel
-// writes into a buffer after it returned, unless the context could not
-// be ended (then the buffers of the reads still out are kept from reuse
-// for good: stranded).
-func (a *aio) read(fds []int, offs []int64, bufs [][]byte, done func(i, count int, err error)) {
-	n := len(fds)
+// read does reads rs, with at most aioBatch buffers among them, all at
+// once, and calls done(i, count, err) as each read ends, in the order
+// they end (count: the bytes read into rs[i].bufs, in order; err: a read
+// the caller does again with pread). It returns once every read has
+// ended: no read it handed to the kernel writes into a buffer after it
+// returned, unless the context could not be ended (then the buffers of
+// the reads still out are kept from reuse for good, stranded, and set to
+// nil in rs).
+func (a *aio) read(rs []aioRead, done func(i, count int, err error)) {
+	n := len(rs)
 	if a.ctx == 0 {
 		for i := range n {
 			done(i, 0, errAIOGone)
 		}
 		return
 	}
-	for i := range n {
-		a.cbs[i] = iocb{data: uint64(i), opcode: iocbPread, fd: uint32(fds[i]),
-			buf: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(bufs[i])))), nbytes: uint64(len(bufs[i])), offset: offs[i]}
+	iovs := a.iovs[:0]
+	for i, r := range rs {
+		cb := iocb{data: uint64(i), opcode: iocbPread, fd: uint32(r.fd), offset: r.off}
+		if len(r.bufs) == 1 {
+			cb.buf, cb.nbytes = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(r.bufs[0])))), uint64(len(r.bufs[0]))
+		} else {
+			first := len(iovs)
+			for _, b := range r.bufs {
+				iovs = append(iovs, unix.Iovec{Base: unsafe.SliceData(b), Len: uint64(len(b))})
+			}
+			cb.opcode, cb.buf, cb.nbytes = iocbPreadv, uint64(uintptr(unsafe.Pointer(&iovs[first]))), uint64(len(r.bufs))
+		}
+		a.cbs[i] = cb
 	}
 	out := make([]bool, n) // handed to the kernel and not ended
 	left := 0
@@ -111,7 +135,7 @@ func (a *aio) read(fds []int, offs []int64, bufs [][]byte, done func(i, count in
 			continue
 		}
 		if e != 0 {
-			a.abandon(bufs, out, e, done)
+			a.abandon(rs, out, e, done)
 			break
 		}
 		for _, ev := range a.evs[:got] {
@@ -125,14 +149,14 @@ func (a *aio) read(fds []int, offs []int64, bufs [][]byte, done func(i, count in
 			}
 		}
 	}
-	runtime.KeepAlive(bufs)
+	runtime.KeepAlive(rs)
 }
 
 // abandon ends the context after io_getevents failed (e; not expected):
 // io_destroy returns once the reads still out have ended, and they are
 // done again with pread into other buffers. Should io_destroy fail too,
 // their buffers are stranded: never used again, nor freed.
-func (a *aio) abandon(bufs [][]byte, out []bool, e error, done func(i, count int, err error)) {
+func (a *aio) abandon(rs []aioRead, out []bool, e error, done func(i, count int, err error)) {
 	_, _, derr := unix.Syscall(unix.SYS_IO_DESTROY, a.ctx, 0, 0)
 	a.ctx = 0
 	for i, o := range out {
@@ -141,9 +165,11 @@ func (a *aio) abandon(bufs [][]byte, out []bool, e error, done func(i, count int
 		}
 		if derr != 0 {
 			strandedMu.Lock()
-			stranded = append(stranded, bufs[i])
+			stranded = append(stranded, rs[i].bufs...)
 			strandedMu.Unlock()
-			bufs[i] = nil
+			for k := range rs[i].bufs {
+				rs[i].bufs[k] = nil
+			}
 		}
 		done(i, 0, fmt.Errorf("%w: io_getevents: %w", errAIOGone, e))
 	}

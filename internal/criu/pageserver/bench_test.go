@@ -11,11 +11,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// BenchmarkLoadChunksCold reads 1,024 store-sized chunks (16 KiB, each a
-// file, under TMPDIR: put it on a disk) that the page cache does not
-// hold: one by one with loadChunk, and in batches of aioBatch with
-// loadChunks, side by side. Reported per chunk: the time, and the
-// processor time (user+system) of the reads.
+// BenchmarkLoadChunksCold reads 1,024 store-sized chunks (16 KiB, under
+// TMPDIR: put it on a disk) that the page cache does not hold: each a
+// file, one by one with loadChunk and in batches of aioBatch with
+// loadChunks; and in one slab, as a first chunked park stores them, in
+// batches; side by side. Reported per chunk: the time, and the processor
+// time (user+system) of the reads.
 func BenchmarkLoadChunksCold(b *testing.B) {
 	dir := b.TempDir()
 	es := make([]*Extent, 1024)
@@ -28,17 +29,19 @@ func BenchmarkLoadChunksCold(b *testing.B) {
 		a := record.Sum(c)
 		es[i] = &Extent{Vaddr: uint64(i) * bufSize, Size: bufSize, Path: p, Verify: &a}
 	}
-	load := map[string]func(*aio, *dirs){
-		"one-by-one": func(_ *aio, d *dirs) {
-			for _, e := range es {
-				c, err := loadChunk(e, d)
-				if err != nil {
-					b.Fatal(err)
-				}
-				putBuf(c)
-			}
-		},
-		"batched": func(r *aio, d *dirs) {
+	slab := filepath.Join(dir, "slab")
+	var whole []byte
+	inSlab := make([]*Extent, len(es))
+	for i, e := range es {
+		c := pages(bufSize/PageSize, byte(i))
+		inSlab[i] = &Extent{Vaddr: e.Vaddr, Size: e.Size, Path: slab, Offset: uint64(len(whole)), Verify: e.Verify}
+		whole = append(whole, c...)
+	}
+	if err := os.WriteFile(slab, whole, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	batched := func(es []*Extent) func(*aio, *dirs) {
+		return func(r *aio, d *dirs) {
 			for i := 0; i < len(es); i += aioBatch {
 				slots := make([]*slot, 0, aioBatch)
 				for _, e := range es[i:min(i+aioBatch, len(es))] {
@@ -52,9 +55,22 @@ func BenchmarkLoadChunksCold(b *testing.B) {
 					putBuf(sl.b)
 				}
 			}
-		},
+		}
 	}
-	for _, name := range []string{"one-by-one", "batched"} {
+	load := map[string]func(*aio, *dirs){
+		"one-by-one": func(_ *aio, d *dirs) {
+			for _, e := range es {
+				c, err := loadChunk(e, d)
+				if err != nil {
+					b.Fatal(err)
+				}
+				putBuf(c)
+			}
+		},
+		"batched":      batched(es),
+		"batched-slab": batched(inSlab),
+	}
+	for _, name := range []string{"one-by-one", "batched", "batched-slab"} {
 		b.Run(name, func(b *testing.B) {
 			r, err := newAIO()
 			if err != nil {
@@ -69,6 +85,7 @@ func BenchmarkLoadChunksCold(b *testing.B) {
 				for _, e := range es {
 					uncache(b, e.Path)
 				}
+				uncache(b, slab)
 				c0 := processorTime(b)
 				t0 := time.Now()
 				b.StartTimer()

@@ -41,25 +41,52 @@ func loadChunk(e *Extent, dirs *dirs) ([]byte, error) {
 // of it go past the page cache (the cache does not hold it whole, and
 // O_DIRECT could be set).
 func openChunk(e *Extent, dirs *dirs) (fd int, whole []byte, direct bool, err error) {
+	fd, size, err := openFile(e, dirs)
+	if err != nil {
+		return -1, nil, false, err
+	}
+	if err := inRange(e, size); err != nil {
+		unix.Close(fd)
+		return -1, nil, false, err
+	}
+	if !cached(fd, e.Offset, e.Size) {
+		direct = setDirect(fd)
+	}
+	return fd, getBuf(int(e.Size)), direct, nil
+}
+
+// openFile opens verified extent e's file and checks it is a regular
+// file; size is its size.
+func openFile(e *Extent, dirs *dirs) (fd int, size uint64, err error) {
 	fd, err = dirs.open(e.Path)
 	if err != nil {
-		return -1, nil, false, fmt.Errorf("pageserver: extent %#x: %s: %w", e.Vaddr, e.Path, err)
+		return -1, 0, fmt.Errorf("pageserver: extent %#x: %s: %w", e.Vaddr, e.Path, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		return -1, nil, false, fmt.Errorf("pageserver: extent %#x: %w", e.Vaddr, err)
+		return -1, 0, fmt.Errorf("pageserver: extent %#x: %w", e.Vaddr, err)
 	}
-	if st.Size < 0 || uint64(st.Size) < e.Offset+e.Size || st.Mode&unix.S_IFMT != unix.S_IFREG {
+	if st.Size < 0 || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
-		return -1, nil, false, fmt.Errorf("%w: %s holds %d bytes, the chunk at %#x is %d at %d", ErrRefused, e.Path, st.Size, e.Vaddr, e.Size, e.Offset)
+		return -1, 0, fmt.Errorf("%w: %s is not a regular file (the chunk at %#x)", ErrRefused, e.Path, e.Vaddr)
 	}
-	if !cached(fd, e.Offset, e.Size) {
-		// Where O_DIRECT cannot be set, the read goes through the cache.
-		_, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, unix.O_RDONLY|unix.O_DIRECT)
-		direct = err == nil
+	return fd, uint64(st.Size), nil
+}
+
+// inRange checks that a file of size bytes holds extent e's range.
+func inRange(e *Extent, size uint64) error {
+	if size < e.Offset || size-e.Offset < e.Size {
+		return fmt.Errorf("%w: %s holds %d bytes, the chunk at %#x is %d at %d", ErrRefused, e.Path, size, e.Vaddr, e.Size, e.Offset)
 	}
-	return fd, getBuf(int(e.Size)), direct, nil
+	return nil
+}
+
+// setDirect makes reads of fd go past the page cache, where the
+// filesystem allows (O_DIRECT); it reports whether they do.
+func setDirect(fd int) bool {
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, unix.O_RDONLY|unix.O_DIRECT)
+	return err == nil
 }
 
 // finishChunk reads the rest of whole, from off on, from fd, checks whole
@@ -94,61 +121,103 @@ func finishChunk(e *Extent, fd int, whole []byte, off int, direct bool) ([]byte,
 	return whole, nil
 }
 
-// loadChunks loads the chunks of slots as loadChunk does, reading those
-// the page cache does not hold in one batch of asynchronous reads on r
-// (a read the batch failed or cut short is done again, or finished, with
-// pread), and closes each slot's done as soon as its chunk is loaded: a
-// fault waits for its own chunk, not for the batch.
+// loadChunks loads the chunks of slots as loadChunk does, opening each
+// file once, and reading those chunks the page cache does not hold in
+// one batch of asynchronous reads on r, the chunks next to each other in
+// one file in one read (a read the batch failed or cut short is done
+// again, or finished, with pread); it closes each slot's done as soon as
+// its chunk is loaded: a fault waits for its own read, not for the batch.
 func loadChunks(slots []*slot, dirs *dirs, r *aio) {
-	type open struct {
+	type file struct {
 		fd     int
-		whole  []byte
-		direct bool
+		size   uint64
+		err    error
+		direct bool // O_DIRECT set: after the cached chunks are read
 	}
-	opened := make([]open, len(slots))
-	finish := func(i, off int) {
-		o, sl := opened[i], slots[i]
-		if o.whole == nil { // stranded (aio.abandon): read anew
-			o.whole, off = getBuf(int(sl.e.Size)), 0
+	files := map[string]*file{}
+	defer func() {
+		for _, f := range files {
+			if f.err == nil {
+				unix.Close(f.fd)
+			}
 		}
-		sl.b, sl.err = finishChunk(sl.e, o.fd, o.whole, off, o.direct)
-		unix.Close(o.fd)
+	}()
+	fail := func(sl *slot, err error) {
+		sl.err = err
 		close(sl.done)
 	}
-	var fds, in []int
-	var offs []int64
-	var bufs [][]byte
+	// The chunks the page cache holds are read from it first; the others
+	// past it, once their files are set to.
+	var past []int
 	for i, sl := range slots {
-		fd, whole, direct, err := openChunk(sl.e, dirs)
-		switch {
-		case err != nil:
-			sl.err = err
+		f := files[sl.e.Path]
+		if f == nil {
+			f = &file{}
+			f.fd, f.size, f.err = openFile(sl.e, dirs)
+			files[sl.e.Path] = f
+		}
+		if f.err != nil {
+			fail(sl, f.err)
+			continue
+		}
+		if err := inRange(sl.e, f.size); err != nil {
+			fail(sl, err)
+			continue
+		}
+		if cached(f.fd, sl.e.Offset, sl.e.Size) {
+			sl.b, sl.err = finishChunk(sl.e, f.fd, getBuf(int(sl.e.Size)), 0, false)
 			close(sl.done)
 			continue
-		case direct:
-			fds, bufs, in = append(fds, fd), append(bufs, whole), append(in, i)
-			offs = append(offs, int64(sl.e.Offset))
 		}
-		opened[i] = open{fd: fd, whole: whole, direct: direct}
+		past = append(past, i)
 	}
-	for i, o := range opened {
-		if o.whole != nil && !o.direct {
-			finish(i, 0) // from the page cache
+	var reads []aioRead
+	var in [][]int // the slots of each read
+	for _, i := range past {
+		sl := slots[i]
+		f := files[sl.e.Path]
+		if !f.direct && !setDirect(f.fd) {
+			// Where O_DIRECT cannot be set, the read goes through the cache.
+			sl.b, sl.err = finishChunk(sl.e, f.fd, getBuf(int(sl.e.Size)), 0, false)
+			close(sl.done)
+			continue
 		}
-	}
-	if len(fds) > 0 {
-		r.read(fds, offs, bufs, func(j, count int, err error) {
-			i := in[j]
-			if bufs[j] == nil {
-				opened[i].whole = nil
+		f.direct = true
+		whole := getBuf(int(sl.e.Size))
+		if k := len(reads) - 1; k >= 0 {
+			last := slots[in[k][len(in[k])-1]].e
+			if reads[k].fd == f.fd && last.Offset+last.Size == sl.e.Offset && last.Offset+last.Size-uint64(reads[k].off) < maxRead {
+				reads[k].bufs = append(reads[k].bufs, whole)
+				in[k] = append(in[k], i)
+				continue
 			}
-			if err != nil {
-				count = 0
-			}
-			finish(i, count)
-		})
+		}
+		reads = append(reads, aioRead{fd: f.fd, off: int64(sl.e.Offset), bufs: [][]byte{whole}})
+		in = append(in, []int{i})
 	}
+	if len(reads) == 0 {
+		return
+	}
+	r.read(reads, func(j, count int, err error) {
+		if err != nil {
+			count = 0
+		}
+		for k, i := range in[j] {
+			sl, whole := slots[i], reads[j].bufs[k]
+			off := min(count, int(sl.e.Size))
+			count -= off
+			if whole == nil { // stranded (aio.abandon): read anew
+				whole, off = getBuf(int(sl.e.Size)), 0
+			}
+			sl.b, sl.err = finishChunk(sl.e, files[sl.e.Path].fd, whole, off, true)
+			close(sl.done)
+		}
+	})
 }
+
+// maxRead bounds one read of chunks next to each other: a fault waits
+// for the read holding its chunk, and smaller reads end sooner.
+var maxRead uint64 = 1 << 20
 
 // cached reports whether the page cache holds all size bytes at off of
 // file fd (cachestat, Linux 6.5; false where it fails).

@@ -5,9 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The page server's side of CRIU's page transfer protocol (criu 4.2,
@@ -67,8 +71,16 @@ type Server struct {
 	tasks    map[uint64]*Task
 	verified map[*Extent]bool
 	ahead    *ahead
-	buf      []byte
 	stats    Stats
+
+	// A reply is written from its pieces, not copied into one buffer:
+	// hdr, then slices of verified chunks' buffers and of own (the pages
+	// of other extents, read for this reply). A chunk buffer let go while
+	// the reply is built waits in later until the reply is written.
+	hdr   [headerSize]byte
+	iov   [][]byte
+	own   []byte
+	later [][]byte
 
 	// holds, when Hold was called, is the daemon's word on the unit's
 	// userfaultfds (holds.watch): whether a failed request may end the
@@ -239,36 +251,34 @@ func (s *Server) get(conn io.Writer, r request) error {
 		return fmt.Errorf("%w: task %d: no extent holds %#x", ErrRequest, r.dst, r.vaddr)
 	}
 	want := min(r.pages, maxReply/PageSize) * PageSize
-	if cap(s.buf) < headerSize+int(want) {
-		s.buf = make([]byte, headerSize, headerSize+maxReply)
-	}
-	b := s.buf[:headerSize]
+	s.iov, s.own = append(s.iov[:0], s.hdr[:]), s.own[:0]
+	defer s.written()
+	got := uint64(0)
 	v, off := r.vaddr, r.vaddr-t.Extents[i].Vaddr
-	for ; i < len(t.Extents) && uint64(len(b)-headerSize) < want; i++ {
+	for ; i < len(t.Extents) && got < want; i++ {
 		e := &t.Extents[i]
 		if e.Vaddr+off != v {
 			break // a gap: lazy-pages asks again for the rest
 		}
-		n := min(e.Size-off, want-uint64(len(b)-headerSize))
-		var err error
-		if b, err = s.read(b, e, off, n); err != nil {
+		n := min(e.Size-off, want-got)
+		if err := s.read(e, off, n); err != nil {
 			return err
 		}
-		v, off = v+n, 0
+		v, off, got = v+n, 0, got+n
 	}
 	if r.pages > 1 {
 		// The background transfer's requests, not a fault's single
 		// page: what follows is asked next.
 		s.ahead.after(t, i, s.verified)
 	}
-	sent := uint64(len(b)-headerSize) / PageSize
-	binary.NativeEndian.PutUint32(b[0:], cmdAdd)
-	binary.NativeEndian.PutUint32(b[4:], 0)
-	binary.NativeEndian.PutUint64(b[8:], sent)
-	binary.NativeEndian.PutUint64(b[16:], r.vaddr)
-	binary.NativeEndian.PutUint64(b[24:], r.dst)
+	sent := got / PageSize
+	binary.NativeEndian.PutUint32(s.hdr[0:], cmdAdd)
+	binary.NativeEndian.PutUint32(s.hdr[4:], 0)
+	binary.NativeEndian.PutUint64(s.hdr[8:], sent)
+	binary.NativeEndian.PutUint64(s.hdr[16:], r.vaddr)
+	binary.NativeEndian.PutUint64(s.hdr[24:], r.dst)
 	t0 := time.Now()
-	_, err := conn.Write(b)
+	err := writeAll(conn, s.iov)
 	s.stats.Written += time.Since(t0)
 	if err != nil {
 		return fmt.Errorf("pageserver: replying: %w", err)
@@ -278,17 +288,80 @@ func (s *Server) get(conn io.Writer, r request) error {
 	return nil
 }
 
-// read appends n bytes of e from off within it (off is the request's
-// distance past e's start when the request starts inside e): a verified
-// extent's from the bytes that hashed to its address (kept, or read and
-// hashed now), any other's from its file.
-func (s *Server) read(b []byte, e *Extent, off, n uint64) ([]byte, error) {
+// written gives back the chunk buffers let go while the reply was built,
+// once nothing of it is to be written.
+func (s *Server) written() {
+	for _, b := range s.later {
+		putBuf(b)
+	}
+	clear(s.iov)
+	s.later = s.later[:0]
+}
+
+// letGo gives verified chunk buffer b back once the reply being built is
+// written: a slice of it may be in the reply.
+func (s *Server) letGo(b []byte) { s.later = append(s.later, b) }
+
+// writeAll writes bufs to conn in order: with writev where conn is a
+// file or socket, else one write at a time.
+func writeAll(conn io.Writer, bufs [][]byte) error {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		nb := net.Buffers(bufs)
+		_, err := nb.WriteTo(conn)
+		return err
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	left := bufs
+	var werr error
+	err = rc.Write(func(fd uintptr) bool {
+		for len(left) > 0 {
+			n, err := unix.Writev(int(fd), left[:min(len(left), 1024)])
+			if err == unix.EAGAIN {
+				return false // wait until it can be written
+			}
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				werr = err
+				return true
+			}
+			for n > 0 && len(left) > 0 {
+				if n < len(left[0]) {
+					left[0] = left[0][n:]
+					n = 0
+					break
+				}
+				n -= len(left[0])
+				left = left[1:]
+			}
+			for len(left) > 0 && len(left[0]) == 0 {
+				left = left[1:]
+			}
+		}
+		return true
+	})
+	if err == nil {
+		err = werr
+	}
+	return err
+}
+
+// read adds n bytes of e from off within it to the reply (off is the
+// request's distance past e's start when the request starts inside e): a
+// verified extent's from the bytes that hashed to its address (kept, or
+// read and hashed now), any other's read from its file into own.
+func (s *Server) read(e *Extent, off, n uint64) error {
 	if e.Verify != nil {
 		k, err := s.verifiedChunk(e)
 		if err != nil {
-			return b, err
+			return err
 		}
-		b = append(b, k.b[off:off+n]...)
+		s.iov = append(s.iov, k.b[off:off+n])
 		k.sent += n
 		switch {
 		case k.sent >= e.Size:
@@ -296,23 +369,28 @@ func (s *Server) read(b []byte, e *Extent, off, n uint64) ([]byte, error) {
 				delete(s.kept, e)
 				s.keptBytes -= e.Size
 			}
-			putBuf(k.b)
+			s.letGo(k.b)
 		case s.kept[e] == nil && !s.keep(e, k):
-			putBuf(k.b)
+			s.letGo(k.b)
 		}
-		return b, nil
+		return nil
+	}
+	if s.own == nil {
+		s.own = make([]byte, 0, maxReply) // a reply's pages fit: own never moves
 	}
 	f, err := os.Open(e.Path)
 	if err != nil {
-		return b, fmt.Errorf("pageserver: extent %#x: %w", e.Vaddr, err)
+		return fmt.Errorf("pageserver: extent %#x: %w", e.Vaddr, err)
 	}
 	defer f.Close()
-	start := len(b)
-	b = b[:start+int(n)]
-	if _, err := f.ReadAt(b[start:], int64(e.Offset+off)); err != nil {
-		return b[:start], fmt.Errorf("pageserver: extent %#x of %s at %d: %w", e.Vaddr, e.Path, e.Offset+off, err)
+	start := len(s.own)
+	b := s.own[start : start+int(n)]
+	if _, err := f.ReadAt(b, int64(e.Offset+off)); err != nil {
+		return fmt.Errorf("pageserver: extent %#x of %s at %d: %w", e.Vaddr, e.Path, e.Offset+off, err)
 	}
-	return b, nil
+	s.own = s.own[:start+int(n)]
+	s.iov = append(s.iov, b)
+	return nil
 }
 
 // verifiedChunk is verified extent e's bytes: kept from an earlier
@@ -344,7 +422,7 @@ func (s *Server) keep(e *Extent, k *keptChunk) bool {
 		}
 		s.keptBytes -= old.Size
 		delete(s.kept, old)
-		putBuf(ok.b)
+		s.letGo(ok.b)
 	}
 	if s.keptBytes+e.Size > s.keepMax {
 		return false

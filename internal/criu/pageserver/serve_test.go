@@ -100,6 +100,12 @@ func serve(t *testing.T, m *Table) (client, <-chan error, *Server) {
 // serveWith is serve of the server s.
 func serveWith(t *testing.T, s *Server) (client, <-chan error, *Server) {
 	a, b := net.Pipe()
+	return serveOn(t, s, a, b)
+}
+
+// serveOn is serveWith over a given connection: the server's end b, the
+// client's a.
+func serveOn(t *testing.T, s *Server, a net.Conn, b io.ReadWriteCloser) (client, <-chan error, *Server) {
 	done := make(chan error, 1)
 	go func() {
 		err := s.Serve(b)
@@ -110,7 +116,32 @@ func serveWith(t *testing.T, s *Server) (client, <-chan error, *Server) {
 	return client{t, a}, done, s
 }
 
+// serveSocket is serve over a socket pair, as lazy-pages connects: the
+// server writes each reply with writev.
+func serveSocket(t *testing.T, m *Table) (client, <-chan error, *Server) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf := os.NewFile(uintptr(fds[0]), "lazy-pages")
+	defer cf.Close()
+	a, err := net.FileConn(cf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serveOn(t, New(m), a, os.NewFile(uintptr(fds[1]), "page server"))
+}
+
 func TestServe(t *testing.T) {
+	t.Run("pipe", func(t *testing.T) { testServe(t, serve, true) })
+	t.Run("socket", func(t *testing.T) { testServe(t, serveSocket, false) })
+}
+
+// testServe is TestServe over a connection made by serve; midway is
+// whether the connection orders the server's steps before the client's
+// reads (a net.Pipe does, as the race detector sees it; a socket's
+// kernel buffer does not), so its stats may be read between requests.
+func testServe(t *testing.T, serve func(*testing.T, *Table) (client, <-chan error, *Server), midway bool) {
 	f := newFixture(t)
 	c, done, s := serve(t, f.m)
 	for _, tc := range []struct {
@@ -131,7 +162,7 @@ func TestServe(t *testing.T) {
 		if !bytes.Equal(got, tc.want) {
 			t.Fatalf("%s: %d bytes, not the %d expected", tc.name, len(got), len(tc.want))
 		}
-		if s.stats.Verified != tc.wantVerified {
+		if midway && s.stats.Verified != tc.wantVerified {
 			t.Fatalf("%s: %d chunks verified, want %d", tc.name, s.stats.Verified, tc.wantVerified)
 		}
 	}
@@ -620,6 +651,42 @@ func TestAIOLayout(t *testing.T) {
 	}
 }
 
+// A read into several buffers is one asynchronous read of the file's
+// range, past the page cache, its bytes in the buffers in order.
+func TestAIOReadScattered(t *testing.T) {
+	r, err := newAIO()
+	if err != nil {
+		t.Fatalf("this kernel has AIO: %v", err)
+	}
+	defer r.close()
+	b := pages(12, 7)
+	p := filepath.Join(t.TempDir(), "slab")
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	uncache(t, p)
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	rs := []aioRead{
+		{fd: fd, off: PageSize, bufs: [][]byte{aligned(2 * PageSize), aligned(PageSize), aligned(4 * PageSize)}},
+		{fd: fd, off: 8 * PageSize, bufs: [][]byte{aligned(PageSize)}},
+	}
+	ended := 0
+	r.read(rs, func(i, count int, err error) {
+		ended++
+		want := b[rs[i].off : int(rs[i].off)+len(bytes.Join(rs[i].bufs, nil))]
+		if err != nil || count != len(want) || !bytes.Equal(bytes.Join(rs[i].bufs, nil), want) {
+			t.Errorf("read %d: %d bytes, %v", i, count, err)
+		}
+	})
+	if ended != len(rs) || inCache(t, p) {
+		t.Errorf("%d of %d reads ended; through the page cache: %v", ended, len(rs), inCache(t, p))
+	}
+}
+
 // A verified extent may be a chunk's range of a larger file (a slab): read
 // at its offset, alone or in a batch, from the page cache or past it, and
 // hashed as a chunk's own file is; a range the file does not hold, or
@@ -668,5 +735,59 @@ func TestLoadChunkInSlab(t *testing.T) {
 				t.Fatalf("cached %v: chunk %d: %v, want ErrRefused", cached, i, slots[i].err)
 			}
 		}
+	}
+}
+
+// A batch of a slab's chunks is read past the page cache, the chunks next
+// to each other in one read: each is hashed alone, so a chunk that is not
+// the one listed, or lies past the slab's end, is refused alone, and the
+// chunks on either side of it, or of a gap, are loaded.
+func TestLoadChunksSlabRuns(t *testing.T) {
+	r, err := newAIO()
+	if err != nil {
+		t.Fatalf("this kernel has AIO: %v", err)
+	}
+	defer r.close()
+	const n = aioBatch + 8
+	var parts [][]byte
+	for i := range n {
+		parts = append(parts, pages(4, byte(i)))
+	}
+	p := filepath.Join(t.TempDir(), "slab")
+	if err := os.WriteFile(p, bytes.Join(parts, nil), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	uncache(t, p)
+	var slots []*slot
+	for i, b := range parts {
+		if i == 19 {
+			continue // a gap: 18 and 20 are two reads
+		}
+		a := record.Sum(b)
+		slots = append(slots, &slot{e: &Extent{Vaddr: uint64(i) << 20, Size: uint64(len(b)), Path: p, Offset: uint64(i * len(b)), Verify: &a}, done: make(chan struct{})})
+	}
+	other := record.Sum(parts[9])
+	slots[10].e.Verify = &other // chunk 10 listed as chunk 9's bytes
+	last := slots[len(slots)-1].e
+	last.Offset += last.Size // past the end
+	d := &dirs{}
+	defer d.close()
+	for at := 0; at < len(slots); at += aioBatch {
+		loadChunks(slots[at:min(at+aioBatch, len(slots))], d, r)
+	}
+	for k, sl := range slots {
+		<-sl.done
+		i := int(sl.e.Vaddr >> 20)
+		switch {
+		case k == 10 || k == len(slots)-1:
+			if !errors.Is(sl.err, ErrRefused) {
+				t.Errorf("chunk %d: %v, want ErrRefused", i, sl.err)
+			}
+		case sl.err != nil || !bytes.Equal(sl.b, parts[i]):
+			t.Errorf("chunk %d: %d bytes, %v", i, len(sl.b), sl.err)
+		}
+	}
+	if inCache(t, p) {
+		t.Error("the slab was read through the page cache")
 	}
 }
