@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runrecordd/runrecordd/internal/answers"
 	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/forms"
+	"github.com/runrecordd/runrecordd/internal/imageparks"
+
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -219,4 +222,61 @@ func TestLazyPagesLostRefusedAtAppend(t *testing.T) {
 		t.Fatal("no new interval after the refused append")
 	}
 	forms.RemoveRun(t.Context(), h.d.ex, "r", h.d.log)
+}
+
+// A resume admitted while the restores are crowded (every slot held or
+// awaited) restores eagerly: no lazy-pages, and its restore says so. Once
+// they are not, the next resume is lazy again.
+func TestLazyCrowdedRestoresEagerly(t *testing.T) {
+	h, p, _, _ := lazyHost(t)
+	p.end(nil) // every page in
+	park := func() {
+		if _, err := h.d.Park(t.Context(), "r"); err != nil {
+			t.Fatal(err)
+		}
+		h.teardown(t, "r")
+	}
+	park()
+	var releases []func()
+	for range imageparks.Slots() {
+		release, err := h.d.forms.Gate.Admit(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+	}
+	type result struct {
+		res answers.Resumed
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := h.d.Resume(t.Context(), "r", nil)
+		done <- result{res, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // admitted, and waiting for a slot
+	for _, release := range releases {
+		release()
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.res.Restore == nil || r.res.Restore.Lazy {
+		t.Fatalf("a resume admitted with every slot held restored %+v, want eagerly", r.res.Restore)
+	}
+	select {
+	case <-h.ex.pages:
+		t.Fatal("a crowded resume started lazy-pages")
+	default:
+	}
+	park()
+	res, err := h.d.Resume(t.Context(), "r", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Restore == nil || !res.Restore.Lazy {
+		t.Fatalf("a resume with the slots free restored %+v, want lazily", res.Restore)
+	}
+	(<-h.ex.pages).end(nil)
 }

@@ -37,11 +37,15 @@ type Admitted struct {
 	Suspended record.Segment // the Suspended segment it resumes from
 	ParkedFor time.Duration  // how long this host has held it parked
 	Retained  int64          // the bytes its snapshot retains
+	// Lazy is an image park restored lazily: the host restores lazily,
+	// and its restores were not crowded when this one was admitted
+	// (docs/lazy-resume.md, "Crowded").
+	Lazy bool
 }
 
 // Waking is what the admitted run's form wakes it from.
 func (a Admitted) Waking(teardown <-chan struct{}) Waking {
-	return Waking{Snapshot: a.Suspended.Snapshot, Retained: a.Retained, Teardown: teardown}
+	return Waking{Snapshot: a.Suspended.Snapshot, Retained: a.Retained, Teardown: teardown, Lazy: a.Lazy}
 }
 
 // prefetcher is a Sandboxes that can read an image restore's programs
@@ -82,8 +86,17 @@ func (h Env) Admit(ctx context.Context, r store.Run, mark func(step string)) (Ad
 	if p, isP := h.Sandboxes.(prefetcher); isP && !ok.Suspended.Snapshot.IsTranscript() {
 		p.Prefetch() // while the snapshot is rehashed
 	}
+	ok.Lazy = h.Lazy != nil && !ok.Suspended.Snapshot.IsTranscript()
+	if ok.Lazy {
+		// Crowded, a restore is eager: a lazy one's page server and
+		// lazy-pages copy each byte twice more, on the processors the
+		// restores waiting behind it need.
+		crowded, done := h.Gate.Expect()
+		defer done()
+		ok.Lazy = !crowded
+	}
 	offer := park.Offered
-	if h.Lazy != nil && h.LazyServed {
+	if ok.Lazy && h.LazyServed {
 		// Pages served lazily are verified chunk by chunk as they are
 		// served (internal/criu/pageserver); the rest is rehashed now.
 		offer = park.OfferedServed

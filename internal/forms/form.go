@@ -153,6 +153,8 @@ type Waking struct {
 	// it would make now, and discards it otherwise. Either way the wake
 	// owns it.
 	Warm *Warm
+	// Lazy restores an image park lazily (Admitted.Lazy).
+	Lazy bool
 }
 
 // Woken is a unit started or woken: its sandbox, and what its interval

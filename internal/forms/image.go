@@ -183,7 +183,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 		return Woken{}, err
 	}
 	defer os.RemoveAll(dir)
-	trees, served, err := f.layout(w.Snapshot, dir)
+	trees, served, err := f.layout(w.Snapshot, dir, w.Lazy)
 	if err != nil {
 		return Woken{}, err
 	}
@@ -198,7 +198,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 	}
 	m := f.h.Mark(id)
 	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Deadline: deadline, Pages: served}
-	sb, rs, pg, err := f.restoreSandbox(ctx, restoring{id: id, spec: es, cp: cp, out: out, start: t0})
+	sb, rs, pg, err := f.restoreSandbox(ctx, restoring{id: id, spec: es, cp: cp, out: out, start: t0, lazy: w.Lazy})
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
 	}
@@ -213,8 +213,8 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 // layout lays the snapshot's trees out under dir: for a lazy restore,
 // with the manifest its page server serves the pages by, each chunk
 // verified as it is served (Admit rehashed the rest: park.OfferedServed).
-func (f Image) layout(snap record.Snapshot, dir string) (park.Trees, *pageserver.Table, error) {
-	if f.h.Lazy != nil && f.h.LazyServed {
+func (f Image) layout(snap record.Snapshot, dir string, lazy bool) (park.Trees, *pageserver.Table, error) {
+	if lazy && f.h.Lazy != nil && f.h.LazyServed {
 		return park.LayoutServed(f.h.Store, snap, dir)
 	}
 	t, err := park.Layout(f.h.Store, snap, dir)

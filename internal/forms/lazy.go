@@ -238,15 +238,17 @@ type restoring struct {
 	cp    executor.Checkpoint
 	out   executor.Output
 	start time.Time
+	lazy  bool // restored lazily, where the host can (Waking.Lazy)
 }
 
-// restoreSandbox restores r's sandbox, lazily when the host says so.
+// restoreSandbox restores r's sandbox, lazily when the host can and its
+// admission said so (Admitted.Lazy).
 // A lazy restore's pages are watched from here on: the checkpoint's
 // deadline bounds the time to all resident, counted from the restore's
 // return.
 func (f Image) restoreSandbox(ctx context.Context, r restoring) (Sandbox, executor.RestoreStats, *pages, error) {
 	id, spec, cp, out := r.id, r.spec, r.cp, r.out
-	if f.h.Lazy == nil {
+	if f.h.Lazy == nil || !r.lazy {
 		sb, rs, err := f.h.Sandboxes.Restore(ctx, id, spec, cp, out)
 		return sb, rs, nil, err
 	}

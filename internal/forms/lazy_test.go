@@ -152,7 +152,7 @@ func lazyWoken(t *testing.T, deadline time.Duration) (Env, *fakeLazy, Woken) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	woke, err := f.Wake(t.Context(), imageRun("r"), Waking{Snapshot: taken.Snapshot, Retained: taken.Retained})
+	woke, err := f.Wake(t.Context(), imageRun("r"), Waking{Snapshot: taken.Snapshot, Retained: taken.Retained, Lazy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestLazyServedJournaled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	woke, err := f.Wake(t.Context(), imageRun("r"), Waking{Snapshot: taken.Snapshot, Retained: taken.Retained})
+	woke, err := f.Wake(t.Context(), imageRun("r"), Waking{Snapshot: taken.Snapshot, Retained: taken.Retained, Lazy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func TestLazyHoldRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = f.Wake(t.Context(), imageRun("r"), Waking{Snapshot: taken.Snapshot, Retained: taken.Retained})
+	_, err = f.Wake(t.Context(), imageRun("r"), Waking{Snapshot: taken.Snapshot, Retained: taken.Retained, Lazy: true})
 	if !errors.Is(err, executor.ErrRestore) {
 		t.Fatalf("wake without the copies: %v", err)
 	}

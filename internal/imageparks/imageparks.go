@@ -25,6 +25,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
@@ -70,8 +71,11 @@ type Gate struct {
 	now     func() time.Time // the clock that times ReprobeAfter
 	after   time.Duration    // ReprobeAfter; tests shorten it
 
-	// slots admits the dumps and restores that run at once (Admit).
-	slots chan struct{}
+	// slots admits the dumps and restores that run at once (Admit);
+	// waiting counts those waiting for one, expected the restores soon to
+	// ask (Expect).
+	slots             chan struct{}
+	waiting, expected atomic.Int64
 
 	mu       sync.Mutex
 	done     chan struct{} // closed once p is set
@@ -177,12 +181,28 @@ func (g *Gate) Admit(ctx context.Context) (release func(), err error) {
 	if err := g.Ready(ctx); err != nil {
 		return nil, err
 	}
+	g.waiting.Add(1)
+	defer g.waiting.Add(-1)
 	select {
 	case g.slots <- struct{}{}:
 	case <-ctx.Done():
 		return nil, fmt.Errorf("waiting for a slot to dump or restore in: %w", ctx.Err())
 	}
 	return sync.OnceFunc(func() { <-g.slots }), nil
+}
+
+// Expect says that a restore will ask for a slot soon, and whether it
+// would find them crowded: the slots held, the dumps and restores
+// waiting for one, and the restores expected before it, as many as the
+// slots or more. done, called once the restore has asked (or will not),
+// ends the expectation. A nil gate is never crowded.
+func (g *Gate) Expect() (crowded bool, done func()) {
+	if g == nil {
+		return false, func() {}
+	}
+	before := g.expected.Add(1) - 1
+	crowded = int64(len(g.slots))+g.waiting.Load()+before >= int64(cap(g.slots))
+	return crowded, sync.OnceFunc(func() { g.expected.Add(-1) })
 }
 
 // UserNS reports whether image units run in user namespaces: the latest

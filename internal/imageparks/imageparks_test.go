@@ -261,3 +261,40 @@ func TestSlots(t *testing.T) {
 		t.Fatalf("slots %d, want %d", got, want)
 	}
 }
+
+// Expect finds the slots crowded once those held, those waited for and
+// the restores expected before it reach Slots; an ended expectation (a
+// second done changes nothing) or a released slot makes room again. A
+// nil gate is never crowded.
+func TestExpectCrowded(t *testing.T) {
+	p := &prober{outcomes: outcomes(criu.Probe{OK: true})}
+	g, _ := mustGate(t, p, nil)
+	if err := g.Ready(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	release, err := g.Admit(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dones []func()
+	for i := 1; i < Slots(); i++ {
+		crowded, done := g.Expect()
+		if crowded {
+			t.Fatalf("expectation %d with 1 slot held of %d: crowded", i, Slots())
+		}
+		dones = append(dones, done)
+	}
+	crowded, done := g.Expect()
+	if !crowded {
+		t.Fatalf("%d slot held and %d expected of %d: not crowded", 1, len(dones), Slots())
+	}
+	done()
+	done()
+	release()
+	if crowded, _ := g.Expect(); crowded {
+		t.Fatalf("%d expected of %d, none held: crowded", len(dones), Slots())
+	}
+	if crowded, _ := (*Gate)(nil).Expect(); crowded {
+		t.Fatal("a nil gate: crowded")
+	}
+}
