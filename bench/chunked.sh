@@ -68,7 +68,7 @@ bench_tmp_trap cleanup
 # store_bytes: the bytes of the store's object files, staging excluded.
 store_bytes() {
 	find "$rr_dir/store/objects" -path "$rr_dir/store/objects/tmp" -prune -o -type f -printf '%s\n' |
-		awk '{ s += $1 } END { print s + 0 }'
+		awk '{ s += $1 } END { printf "%.0f\n", s }' # mawk prints %g, and its %d stops at 2^31
 }
 # wait_json JQ: waits (60 s at most) until a line of the unit's stdout satisfies JQ.
 wait_json() {
@@ -124,7 +124,7 @@ for ((i = 1; i <= n; i++)); do
 		rr resume -o json "$id" >/dev/null # returns with the unit running
 		resume_ms=$(ms "$t0")
 	fi
-	awk -v i="$i" -v img="$img" -v a="$added" -v p="$park_ms" -v r="$resume_ms" -v g="$ingest" 'BEGIN { printf "%-5d %14d %14d %7.2f%% %8s %9s %9d\n", i, img, a, 100 * a / img, p, r, g / 1e6 }'
+	awk -v i="$i" -v img="$img" -v a="$added" -v p="$park_ms" -v r="$resume_ms" -v g="$ingest" 'BEGIN { printf "%-5d %14.0f %14.0f %7.2f%% %8s %9s %9.0f\n", i, img, a, 100 * a / img, p, r, g / 1e6 }'
 	((i == n)) && break
 	pid=$(unit_pid)
 	[[ $pid =~ ^[0-9]+$ ]] || fail "not one unit process: $pid"
@@ -133,4 +133,4 @@ for ((i = 1; i <= n; i++)); do
 done
 rr export -handoff=false -f "$tmp/run.bundle" "$id"
 bundle=$(stat -c %s "$tmp/run.bundle")
-awk -v n="$n" -v b="$bundle" -v img="$first" 'BEGIN { printf "bundle of %d parks: %d bytes, %.3fx the first image\n", n, b, b / img }'
+awk -v n="$n" -v b="$bundle" -v img="$first" 'BEGIN { printf "bundle of %d parks: %.0f bytes, %.3fx the first image\n", n, b, b / img }'

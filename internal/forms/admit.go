@@ -39,7 +39,7 @@ type Admitted struct {
 	Retained  int64          // the bytes its snapshot retains
 	// Lazy is an image park restored lazily: the host restores lazily,
 	// and its restores were not crowded when this one was admitted
-	// (docs/lazy-resume.md, "Crowded").
+	// (docs/lazy-resume.md, "Resume": crowded).
 	Lazy bool
 }
 
