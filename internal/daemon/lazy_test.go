@@ -279,4 +279,14 @@ func TestLazyCrowdedRestoresEagerly(t *testing.T) {
 		t.Fatalf("a resume with the slots free restored %+v, want lazily", res.Restore)
 	}
 	(<-h.ex.pages).end(nil)
+	// Neither resume is still expected to ask for a slot.
+	for range imageparks.Slots() - 1 {
+		_, done := h.d.forms.Gate.Expect()
+		defer done()
+	}
+	if crowded, done := h.d.forms.Gate.Expect(); crowded {
+		t.Fatal("the resumes' expectations outlived them")
+	} else {
+		done()
+	}
 }

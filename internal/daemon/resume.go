@@ -51,6 +51,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[stri
 	if err != nil {
 		return answers.Resumed{}, err
 	}
+	defer ok.Forget()
 	if err := secretsFor(d.secrets, id, ok.Grants.Secrets, secrets); err != nil {
 		return answers.Resumed{}, err
 	}

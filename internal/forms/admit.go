@@ -41,11 +41,23 @@ type Admitted struct {
 	// and its restores were not crowded when this one was admitted
 	// (docs/lazy-resume.md, "Resume": crowded).
 	Lazy bool
+	// expecting ends the slot this resume is expected to ask the gate
+	// for (imageparks.Gate.Expect): once it has asked (Waking.Asked), or
+	// at Forget.
+	expecting func()
 }
 
 // Waking is what the admitted run's form wakes it from.
 func (a Admitted) Waking(teardown <-chan struct{}) Waking {
-	return Waking{Snapshot: a.Suspended.Snapshot, Retained: a.Retained, Teardown: teardown, Lazy: a.Lazy}
+	return Waking{Snapshot: a.Suspended.Snapshot, Retained: a.Retained, Teardown: teardown, Lazy: a.Lazy, Asked: a.expecting}
+}
+
+// Forget ends what the admission told the image-park gate to expect: the
+// resume calls it once done, woken or not (again, it does nothing).
+func (a Admitted) Forget() {
+	if a.expecting != nil {
+		a.expecting()
+	}
 }
 
 // prefetcher is a Sandboxes that can read an image restore's programs
@@ -60,7 +72,7 @@ type prefetcher interface{ Prefetch() }
 // genesis. It changes
 // nothing. mark, when set, ends each timed step (read, rehash,
 // preconditions, idle).
-func (h Env) Admit(ctx context.Context, r store.Run, mark func(step string)) (Admitted, error) {
+func (h Env) Admit(ctx context.Context, r store.Run, mark func(step string)) (_ Admitted, err error) {
 	if mark == nil {
 		mark = func(string) {}
 	}
@@ -92,8 +104,12 @@ func (h Env) Admit(ctx context.Context, r store.Run, mark func(step string)) (Ad
 		// lazy-pages copy each byte twice more, on the processors the
 		// restores waiting behind it need.
 		crowded, done := h.Gate.Expect()
-		defer done()
-		ok.Lazy = !crowded
+		defer func() {
+			if err != nil {
+				done()
+			}
+		}()
+		ok.Lazy, ok.expecting = !crowded, done
 	}
 	offer := park.Offered
 	if ok.Lazy && h.LazyServed {

@@ -153,8 +153,10 @@ type Waking struct {
 	// it would make now, and discards it otherwise. Either way the wake
 	// owns it.
 	Warm *Warm
-	// Lazy restores an image park lazily (Admitted.Lazy).
-	Lazy bool
+	// Lazy restores an image park lazily (Admitted.Lazy); Asked, when
+	// set, is called once the restore has asked the gate for a slot.
+	Lazy  bool
+	Asked func()
 }
 
 // Woken is a unit started or woken: its sandbox, and what its interval

@@ -166,6 +166,9 @@ func (f Image) Wake(ctx context.Context, run Run, w Waking) (Woken, error) {
 		}
 	}
 	release, err := f.h.Gate.Admit(ctx)
+	if w.Asked != nil {
+		w.Asked()
+	}
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", run.ID, err)
 	}

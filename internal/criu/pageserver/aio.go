@@ -89,8 +89,13 @@ func newAIO() (*aio, error) {
 // the reads still out are kept from reuse for good, stranded, and set to
 // nil in rs).
 func (a *aio) read(rs []aioRead, done func(i, count int, err error)) {
-	n := len(rs)
-	if a.ctx == 0 {
+	n, bufs := len(rs), 0
+	for _, r := range rs {
+		bufs += len(r.bufs)
+	}
+	if a.ctx == 0 || n > aioBatch || bufs > len(a.iovs) {
+		// (More buffers than a.iovs holds would move its iovecs where
+		// only the kernel points at them: never asked, read with pread.)
 		for i := range n {
 			done(i, 0, errAIOGone)
 		}

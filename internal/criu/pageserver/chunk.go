@@ -186,7 +186,7 @@ func loadChunks(slots []*slot, dirs *dirs, r *aio) {
 		whole := getBuf(int(sl.e.Size))
 		if k := len(reads) - 1; k >= 0 {
 			last := slots[in[k][len(in[k])-1]].e
-			if reads[k].fd == f.fd && last.Offset+last.Size == sl.e.Offset && last.Offset+last.Size-uint64(reads[k].off) < maxRead {
+			if reads[k].fd == f.fd && last.Offset+last.Size == sl.e.Offset && sl.e.Offset+sl.e.Size-uint64(reads[k].off) <= maxRead {
 				reads[k].bufs = append(reads[k].bufs, whole)
 				in[k] = append(in[k], i)
 				continue
