@@ -20,6 +20,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/criu"
 	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
+	"golang.org/x/sys/unix"
 )
 
 // TestRestoreLazy restores the oracle lazily (the prototype of
@@ -315,6 +316,10 @@ func forkLazily(t *testing.T, id string, sizeMB int) forkedLazily {
 	s := mustStart(t, id, spec, out)
 	first := last(waitLines(t, out.Stdout, "a verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 }))
 	cp, _ := checkpointAway(t, s, out)
+	// Read from the disk, not the page cache, the pages come in slower
+	// than the fork and the daemon's copy of its userfaultfd (on a quick
+	// machine, a cached 256 MiB came in first).
+	uncachePages(t, cp.ImageDir)
 
 	s, lp, _, err := client.RestoreLazy(ctx, id, spec, cp, out)
 	if err != nil {
@@ -504,6 +509,10 @@ func parkUffdRef(t *testing.T, kind, reason string) {
 	s := mustStart(t, id, spec, out)
 	before := last(waitLines(t, out.Stdout, "a verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt >= 2 }))
 	cp, _ := checkpointAway(t, s, out)
+	// Read from the disk, not the page cache, the pages come in slower
+	// than the fork and the daemon's copy of its userfaultfd (on a quick
+	// machine, a cached 256 MiB came in first).
+	uncachePages(t, cp.ImageDir)
 
 	s, lp, _, err := client.RestoreLazy(ctx, id, spec, cp, out)
 	if err != nil {
@@ -632,4 +641,24 @@ func TestLazyRestoreLazyPagesKilled(t *testing.T) {
 		t.Fatal("an eager restore taken for an unfinished lazy one")
 	}
 	waitLines(t, out.Stdout, "a line verified after the restore", func(ls []line) bool { return last(ls).VerifiedAt > atDump.Counter })
+}
+
+// uncachePages writes the pages images in dir back and drops them from
+// the page cache.
+func uncachePages(t *testing.T, dir string) {
+	t.Helper()
+	ps, err := filepath.Glob(filepath.Join(dir, "pages-*.img"))
+	if err != nil || len(ps) == 0 {
+		t.Fatalf("no pages images in %s: %v", dir, err)
+	}
+	for _, p := range ps {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = errors.Join(f.Sync(), unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED), f.Close())
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }
