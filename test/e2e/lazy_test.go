@@ -8,8 +8,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -590,4 +592,50 @@ func TestLazyCrashSettled(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestLazyCrowded resumes at once one oracle more than the daemon has
+// dump and restore slots (imageparks.Slots: GOMAXPROCS, at least 2), on a
+// daemon that resumes lazily: the last admitted finds the slots crowded
+// and restores eagerly (docs/lazy-resume.md, "Resume"). Lazy or eager,
+// each oracle goes on as the same process, its buffer intact.
+func TestLazyCrowded(t *testing.T) {
+	privileged(t)
+	parallelFleet(t)
+	d := lazyDaemon(t, "crowded")
+	n := max(2, runtime.NumCPU()) + 1
+	atPark := make([]line, n)
+	id := func(i int) string { return "crowded-" + strconv.Itoa(i) }
+	for i := range n {
+		startOracle(t, d, id(i), oracleImage)
+		_, atPark[i] = park(t, d, id(i))
+	}
+	type result struct {
+		r   api.Resume
+		err error
+	}
+	results := make([]result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			r, err := d.c.Resume(context.Background(), id(i))
+			results[i] = result{r, err}
+		})
+	}
+	wg.Wait()
+	eager := 0
+	for i, res := range results {
+		if res.err != nil {
+			t.Fatalf("resume %s: %v", id(i), res.err)
+		}
+		resumed(t, d, id(i), res.r, nil, atPark[i])
+		if !res.r.Restore.Lazy {
+			eager++
+		}
+		waitResident(t, d, id(i))
+	}
+	if eager == 0 {
+		t.Fatalf("%d resumes at once, every one lazy", n)
+	}
+	t.Logf("%d resumes at once: %d eager, %d lazy", n, eager, n-eager)
 }

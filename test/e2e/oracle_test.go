@@ -208,6 +208,12 @@ func resume(t *testing.T, d *daemon, id string, prior []line, atPark line) api.R
 	if err != nil {
 		t.Fatalf("resume %s on the %s daemon: %v", id, d.name, err)
 	}
+	return resumed(t, d, id, r, prior, atPark)
+}
+
+// resumed checks resume r of run id on d as resume does.
+func resumed(t *testing.T, d *daemon, id string, r api.Resume, prior []line, atPark line) api.Resume {
+	t.Helper()
 	if r.Run.Phase != "executing" || r.Run.Status != "running" {
 		t.Fatalf("resumed %+v", r.Run)
 	}
