@@ -27,32 +27,16 @@ import (
 // in a buffer of bufs: give it back with putBuf once no page of it is to
 // be sent.
 func loadChunk(e *Extent, dirs *dirs) ([]byte, error) {
-	fd, whole, direct, err := openChunk(e, dirs)
+	fd, size, err := openFile(e, dirs)
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(fd)
-	return finishChunk(e, fd, whole, 0, direct)
-}
-
-// openChunk opens verified extent e's file, checks it is a regular file
-// holding e's range (the chunk's own file, or a slab holding it at
-// e.Offset), and gives a buffer for its bytes; direct is whether reads
-// of it go past the page cache (the cache does not hold it whole, and
-// O_DIRECT could be set).
-func openChunk(e *Extent, dirs *dirs) (fd int, whole []byte, direct bool, err error) {
-	fd, size, err := openFile(e, dirs)
-	if err != nil {
-		return -1, nil, false, err
-	}
 	if err := inRange(e, size); err != nil {
-		unix.Close(fd)
-		return -1, nil, false, err
+		return nil, err
 	}
-	if !cached(fd, e.Offset, e.Size) {
-		direct = setDirect(fd)
-	}
-	return fd, getBuf(int(e.Size)), direct, nil
+	direct := !cached(fd, e.Offset, e.Size) && setDirect(fd)
+	return finishChunk(e, fd, getBuf(int(e.Size)), 0, direct)
 }
 
 // openFile opens verified extent e's file and checks it is a regular
@@ -146,6 +130,13 @@ func loadChunks(slots []*slot, dirs *dirs, r *aio) {
 		sl.err = err
 		close(sl.done)
 	}
+	// finish reads the rest of sl's chunk into whole from off on, and
+	// says it is loaded; fromCache reads all of it through the cache.
+	finish := func(sl *slot, fd int, whole []byte, off int, direct bool) {
+		sl.b, sl.err = finishChunk(sl.e, fd, whole, off, direct)
+		close(sl.done)
+	}
+	fromCache := func(sl *slot, fd int) { finish(sl, fd, getBuf(int(sl.e.Size)), 0, false) }
 	// The chunks the page cache holds are read from it first; the others
 	// past it, once their files are set to.
 	var past []int
@@ -165,8 +156,7 @@ func loadChunks(slots []*slot, dirs *dirs, r *aio) {
 			continue
 		}
 		if cached(f.fd, sl.e.Offset, sl.e.Size) {
-			sl.b, sl.err = finishChunk(sl.e, f.fd, getBuf(int(sl.e.Size)), 0, false)
-			close(sl.done)
+			fromCache(sl, f.fd)
 			continue
 		}
 		past = append(past, i)
@@ -178,8 +168,7 @@ func loadChunks(slots []*slot, dirs *dirs, r *aio) {
 		f := files[sl.e.Path]
 		if !f.direct && !setDirect(f.fd) {
 			// Where O_DIRECT cannot be set, the read goes through the cache.
-			sl.b, sl.err = finishChunk(sl.e, f.fd, getBuf(int(sl.e.Size)), 0, false)
-			close(sl.done)
+			fromCache(sl, f.fd)
 			continue
 		}
 		f.direct = true
@@ -209,15 +198,14 @@ func loadChunks(slots []*slot, dirs *dirs, r *aio) {
 			if whole == nil { // stranded (aio.abandon): read anew
 				whole, off = getBuf(int(sl.e.Size)), 0
 			}
-			sl.b, sl.err = finishChunk(sl.e, files[sl.e.Path].fd, whole, off, true)
-			close(sl.done)
+			finish(sl, files[sl.e.Path].fd, whole, off, true)
 		}
 	})
 }
 
 // maxRead bounds one read of chunks next to each other: a fault waits
 // for the read holding its chunk, and smaller reads end sooner.
-var maxRead uint64 = 1 << 20
+const maxRead = 1 << 20
 
 // cached reports whether the page cache holds all size bytes at off of
 // file fd (cachestat, Linux 6.5; false where it fails).
