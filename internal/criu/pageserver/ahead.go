@@ -34,6 +34,9 @@ type ahead struct {
 	wg       sync.WaitGroup
 	canceled atomic.Bool // the serve failed: queued reads are not done
 	dirs     dirs        // the chunk files' directories, open
+	// fetch asks the daemon for owed extents (nil: none is owed); set
+	// before the serve begins.
+	fetch *fetcher
 	// Owned by the serving goroutine:
 	slots map[*Extent]*slot
 	bytes map[*Task]uint64 // read ahead and not served, per task
@@ -108,7 +111,11 @@ func (a *ahead) work(r *aio) {
 				more = false
 			}
 		}
+		if !a.canceled.Load() {
+			batch = a.fetched(batch)
+		}
 		switch {
+		case len(batch) == 0:
 		case a.canceled.Load():
 			for _, sl := range batch {
 				sl.err = errCanceled
@@ -117,10 +124,45 @@ func (a *ahead) work(r *aio) {
 		case r != nil:
 			loadChunks(batch, &a.dirs, r) // closes each done
 		default:
-			sl.b, sl.err = loadChunk(sl.e, &a.dirs)
+			sl.b, sl.err = loadChunk(sl.e, &a.dirs) // fetched above
 			close(sl.done)
 		}
 	}
+}
+
+// fetched has the daemon fetch the owed chunks of batch, all asked at
+// once, and returns the slots to load: a slot whose chunk was not fetched
+// is done, with the refusal.
+func (a *ahead) fetched(batch []*slot) []*slot {
+	if a.fetch == nil {
+		return batch
+	}
+	asked := make([]*fetching, len(batch))
+	for i, sl := range batch {
+		if sl.e.Owed {
+			asked[i] = a.fetch.ask(sl.e)
+		}
+	}
+	out := batch[:0]
+	for i, sl := range batch {
+		if asked[i] != nil {
+			if err := asked[i].wait(); err != nil {
+				sl.err = err
+				close(sl.done)
+				continue
+			}
+		}
+		out = append(out, sl)
+	}
+	return out
+}
+
+// load is loadChunk, once the daemon fetched e if it is owed.
+func (a *ahead) load(e *Extent) ([]byte, error) {
+	if err := a.fetch.fetched(e); err != nil {
+		return nil, err
+	}
+	return loadChunk(e, &a.dirs)
 }
 
 // verifiedTasks is how many tasks of m have a verified extent.
@@ -141,7 +183,7 @@ func verifiedTasks(m *Table) int {
 func (a *ahead) take(e *Extent) ([]byte, error) {
 	sl := a.slots[e]
 	if sl == nil {
-		return loadChunk(e, &a.dirs)
+		return a.load(e)
 	}
 	<-sl.done
 	delete(a.slots, e)

@@ -3,6 +3,7 @@
 package pageserver
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -51,7 +52,10 @@ type LazyPages struct {
 	// extent table's Uffds, or its tasks if more (0 without a server).
 	held     *os.File
 	heldOnce sync.Once
-	tasks    int
+	// endFetches ends the fetches of owed extents under way once the
+	// page server is gone (nil: none is owed).
+	endFetches context.CancelFunc
+	tasks      int
 	// recorded is where its pids are recorded ([Pids.Record]): a clean
 	// exit removes them there.
 	recorded *Pids
@@ -481,6 +485,9 @@ func (l *LazyPages) wait() {
 		// lazy-pages gone, its end of the socket closes: the server
 		// ends too, and says why it hung up first if it did.
 		serr = l.waitServer()
+	}
+	if l.endFetches != nil {
+		l.endFetches()
 	}
 	l.mu.Lock()
 	l.exited = exited

@@ -3,6 +3,7 @@
 package pageserver
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -52,7 +53,26 @@ func (l *LazyPages) startServer(pages *Table, work string) (*os.File, error) {
 		return nil, err
 	}
 	defer heldR.Close()
-	cmd := Command(mine, heldR)
+	var fetch *os.File
+	if pages.owes() {
+		ours, server, err := fetchPair()
+		if err != nil {
+			theirs.Close()
+			heldW.Close()
+			return nil, err
+		}
+		// Closed here once the server has its copy: its end, or its
+		// start's failure, ends serveFetches.
+		defer server.Close()
+		fetch = server
+		ctx, cancel := context.WithCancel(context.Background())
+		l.endFetches = cancel
+		go func() {
+			serveFetches(ctx, pages, ours)
+			ours.Close()
+		}()
+	}
+	cmd := Command(mine, heldR, fetch)
 	// Names the restore it serves, for Pids.KillLeftovers.
 	cmd.Env = append(cmd.Env, serverOf+"="+work)
 	cmd.Stderr = logf
@@ -73,6 +93,18 @@ func (l *LazyPages) startServer(pages *Table, work string) (*os.File, error) {
 		in.Close()
 	}()
 	return theirs, nil
+}
+
+// fetchPair is the socket pair the page server asks the daemon for owed
+// extents on: the daemon's end, then the server's.
+func fetchPair() (ours, theirs *os.File, err error) {
+	// Non-blocking: the daemon's end is polled, and closing it ends a
+	// read of it (the server's end is made blocking as it is passed on).
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("page server fetch socket: %w", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "fetches"), os.NewFile(uintptr(fds[1]), "fetch"), nil
 }
 
 // sayHeld tells the page server the unit's userfaultfds are held

@@ -30,12 +30,16 @@ const (
 // while held (its fd 4; [Server.Hold]) says the unit's userfaultfds are
 // held, and writes what went wrong, and a last line of what it served, to
 // stderr. Write [HeldByte] to held's other end once the userfaultfds are
-// held, and close it when they are let go. It runs in its own session: a
+// held, and close it when they are let go. fetch, for a table with owed
+// extents, is where it asks the daemon for them (its fd 5; fetch.go). It runs in its own session: a
 // daemon that stops does not take it along, the unit needs its pages.
-func Command(conn, held *os.File) *exec.Cmd {
+func Command(conn, held, fetch *os.File) *exec.Cmd {
 	cmd := exec.Command("/proc/self/exe")
 	cmd.Env = append(os.Environ(), envServe+"=1")
 	cmd.ExtraFiles = []*os.File{conn, held}
+	if fetch != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, fetch)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	return cmd
 }
@@ -60,6 +64,9 @@ func run() int {
 	conn := os.NewFile(3, "lazy-pages")
 	s := New(m)
 	s.Hold(os.NewFile(4, "held"))
+	if m.owes() {
+		s.FetchFrom(os.NewFile(5, "fetch"))
+	}
 	err = s.Serve(conn)
 	st := s.Stats()
 	if err != nil {

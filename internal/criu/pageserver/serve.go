@@ -167,6 +167,10 @@ func New(m *Table) *Server {
 	return s
 }
 
+// FetchFrom has the server ask the daemon on rw for each owed extent of
+// its table before it reads it (fetch.go). Call it before Serve.
+func (s *Server) FetchFrom(rw io.ReadWriter) { s.ahead.fetch = newFetcher(s.m, rw) }
+
 // Stats is what the serve has done so far.
 func (s *Server) Stats() Stats { return s.stats }
 
@@ -179,7 +183,12 @@ func (s *Server) Stats() Stats { return s.stats }
 func (s *Server) Serve(conn io.ReadWriter) (err error) {
 	reqs := make(chan request, queued)
 	go readRequests(conn, reqs)
-	defer func() { s.ahead.stop(err != nil) }()
+	defer func() {
+		if err != nil && s.ahead.fetch != nil {
+			s.ahead.fetch.end(errCanceled) // no read waits for a fetch
+		}
+		s.ahead.stop(err != nil)
+	}()
 	for r := range reqs {
 		if r.readErr {
 			return fmt.Errorf("pageserver: lazy-pages hung up: %w", io.ErrUnexpectedEOF)

@@ -2,6 +2,7 @@ package pageserver
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -46,6 +47,9 @@ type Extent struct {
 	// Size is then at most MaxExtentSize. Unset for a file the caller
 	// verified before the restore.
 	Verify *record.Address
+	// Owed, for a verified extent, is a chunk its file holds only once
+	// the daemon fetched it (Table.Fetch): a post-copy migration's.
+	Owed bool
 }
 
 // Task is one restored process's lazy memory: ID is the process id its
@@ -65,6 +69,11 @@ type Table struct {
 	// patched, keeps them all until every page is in). Not encoded: it is
 	// the daemon's, for pageserver.LazyPages.HoldUffds.
 	Uffds int
+	// Fetch brings an owed extent's chunk into its file, verified, and
+	// returns nil once it is there: the page server asks for each before
+	// it reads it (fetch.go). Not encoded: the daemon's, needed when an
+	// extent is owed.
+	Fetch func(ctx context.Context, e Extent) error
 }
 
 // tableMagic starts an encoded extent table.
@@ -72,8 +81,9 @@ const tableMagic = "rr-pageserver-1\n"
 
 // Encode writes m, the table the daemon hands a page server on its stdin
 // (never stored): the magic, then u32 tasks; per task u64 id, u32 extents; per extent u64 vaddr, u64
-// size, u64 offset, u8 verified (0 or 1) and then its 32-byte address when
-// 1, u16 path length and the path. Integers are big-endian.
+// size, u64 offset, u8 flags (0; 1 verified; 3 verified and owed) and then
+// its 32-byte address when verified, u16 path length and the path.
+// Integers are big-endian.
 func (m *Table) Encode(w io.Writer) error {
 	if err := m.Check(); err != nil {
 		return err
@@ -89,7 +99,7 @@ func (m *Table) Encode(w io.Writer) error {
 			b = binary.BigEndian.AppendUint64(b, e.Size)
 			b = binary.BigEndian.AppendUint64(b, e.Offset)
 			if e.Verify != nil {
-				b = append(b, 1)
+				b = append(b, 1|owedFlag(e.Owed))
 				b = append(b, e.Verify[:]...)
 			} else {
 				b = append(b, 0)
@@ -133,14 +143,14 @@ func Decode(r io.Reader) (*Table, error) {
 		t.Extents = make([]Extent, 0, min(ne, 1<<12))
 		for range ne {
 			e := Extent{Vaddr: d.u64(), Size: d.u64(), Offset: d.u64()}
-			switch d.u8() {
+			switch fl := d.u8(); fl {
 			case 0:
-			case 1:
+			case 1, 3:
 				var a record.Address
 				copy(a[:], d.bytes(len(a)))
-				e.Verify = &a
+				e.Verify, e.Owed = &a, fl == 3
 			default:
-				return nil, d.fail("an extent's verified flag is neither 0 nor 1")
+				return nil, d.fail(fmt.Sprintf("an extent's flags are %d", fl))
 			}
 			n := int(d.u16())
 			if n == 0 || n > maxPath {
@@ -190,6 +200,8 @@ func (m *Table) Check() error {
 				return fmt.Errorf("%w: task %d: extent %#x+%d overflows", ErrTable, t.ID, e.Vaddr, e.Size)
 			case i > 0 && e.Vaddr < end:
 				return fmt.Errorf("%w: task %d: extent %#x is below the end of the one before it", ErrTable, t.ID, e.Vaddr)
+			case e.Owed && e.Verify == nil:
+				return fmt.Errorf("%w: task %d: an owed extent %#x is not verified", ErrTable, t.ID, e.Vaddr)
 			case e.Verify != nil && e.Size > MaxExtentSize:
 				return fmt.Errorf("%w: task %d: a verified extent %#x+%d is larger than a chunk", ErrTable, t.ID, e.Vaddr, e.Size)
 			case e.Path == "" || len(e.Path) > maxPath:
@@ -199,6 +211,14 @@ func (m *Table) Check() error {
 		}
 	}
 	return nil
+}
+
+// owedFlag is an extent's flag bit for Owed.
+func owedFlag(owed bool) byte {
+	if owed {
+		return 2
+	}
+	return 0
 }
 
 // find returns the index of the extent holding vaddr, or -1.
