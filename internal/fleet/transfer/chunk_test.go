@@ -233,8 +233,42 @@ func TestOwedFill(t *testing.T) {
 			t.Errorf("%s read %d times", spec, n)
 		}
 	}
-	if len(cnt.n) != 4 { // three chunks and the gap
-		t.Errorf("%d ranges read, want 4: %v", len(cnt.n), cnt.n)
+	// The fault's chunk alone; the two before it back to back, in one
+	// read; and the gap.
+	if len(cnt.n) != 3 || cnt.n[fmt.Sprintf("bytes=0-%d", fx.chunks[1].Offset+fx.chunks[1].Size-1)] != 1 {
+		t.Errorf("%d ranges read, want 3, the first two chunks in one: %v", len(cnt.n), cnt.n)
+	}
+}
+
+// A read that fails on the link (here: the source answers 503 once) is
+// not final, unlike wrong bytes: the next Fill brings the slab in. Seen
+// failing first: the first failure stayed.
+func TestOwedLinkFailureNotFinal(t *testing.T) {
+	fx := newSlab(t)
+	var failed atomic.Bool
+	srv := serve(t, fx.src, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if failed.CompareAndSwap(false, true) {
+				http.Error(w, "not now", http.StatusServiceUnavailable)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	dst := mustStore(t)
+	o, err := transfer.NewOwed(dst, transfer.Source{Client: srv.Client(), Base: srv.URL}, fx.slab, fx.chunks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if err := o.Fill(t.Context()); !errors.Is(err, transfer.ErrPeer) {
+		t.Fatalf("Fill with the source failing: %v, want ErrPeer", err)
+	}
+	if err := o.Fill(t.Context()); err != nil {
+		t.Fatalf("Fill again: %v", err)
+	}
+	if err := o.Adopt(t.Context(), dst); err != nil || !dst.Has(fx.slab.Address) {
+		t.Fatalf("adopt: %v", err)
 	}
 }
 

@@ -26,8 +26,9 @@ import (
 // of the index covers (a later park's slab may hold chunks of another
 // park) are read in ranges verified only by the whole. Once every byte is
 // in, the whole file must hash to the slab's address, and only then is it
-// adopted ([Owed.Adopt]). The first refusal is final: a source that sent
-// one wrong byte is not asked again.
+// adopted ([Owed.Adopt]). A refusal of the source's bytes ([ErrMismatch])
+// is final: a source that sent one wrong byte is not asked again. Any
+// other failure (the link, a timeout) fails only the read it ended.
 type Owed struct {
 	from Source
 	slab store.Entry
@@ -41,7 +42,7 @@ type Owed struct {
 	have []bool          // per chunk: written
 	busy []chan struct{} // per chunk: a fetch under way, closed as it ends
 	held int             // chunks written
-	err  error           // the first refusal
+	err  error           // the first refusal of the source's bytes
 }
 
 // ErrOwed: an owed slab whose chunks do not fit it: a chunk past its
@@ -72,6 +73,10 @@ func NewOwed(st *store.Store, from Source, slab store.Entry, chunks []store.Slab
 	if err == nil {
 		err = f.Truncate(int64(slab.Size))
 	}
+	if err == nil {
+		// Its second name, which the adoption does not move (Path).
+		err = os.Link(f.Name(), filepath.Join(dir, servedName))
+	}
 	if err != nil {
 		if f != nil {
 			f.Close()
@@ -82,9 +87,14 @@ func NewOwed(st *store.Store, from Source, slab store.Entry, chunks []store.Slab
 	return &Owed{from: from, slab: slab, chunks: cs, dir: dir, f: f, have: make([]bool, len(cs)), busy: make([]chan struct{}, len(cs))}, nil
 }
 
+// servedName is the slab's file's second name in its staging directory.
+const servedName = "served"
+
 // Path is the file the slab is filled in: a chunk [Owed.Chunk] returned
-// nil for is at its offset there.
-func (o *Owed) Path() string { return o.f.Name() }
+// nil for is at its offset there. It names the same file after
+// [Owed.Adopt] (then the store's object), until [Owed.Close]: a page
+// server serving a lazy restore from it reads on.
+func (o *Owed) Path() string { return filepath.Join(o.dir, servedName) }
 
 // Find is the chunk of the slab at off, of size bytes; ok is false when
 // the index lists none there.
@@ -128,20 +138,83 @@ func (o *Owed) Chunk(ctx context.Context, i int) error {
 		if err == nil {
 			_, err = o.f.WriteAt(b, int64(c.Offset))
 		}
-		o.mu.Lock()
-		o.busy[i] = nil
-		close(ch)
-		switch {
-		case err == nil:
-			o.have[i] = true
-			o.held++
-		case ctx.Err() != nil:
-		case o.err == nil:
-			o.err = err
-		}
-		o.mu.Unlock()
+		o.ended([]int{i}, []chan struct{}{ch}, err)
 		return err
 	}
+}
+
+// ChunkAhead is [Owed.Chunk], reading with chunk i, in the same ranged
+// read, the chunks after it that lie back to back and are neither written
+// nor being fetched, up to MaxRange bytes: a lazy restore's page server
+// asks for the chunks that follow a fault next.
+func (o *Owed) ChunkAhead(ctx context.Context, i int) error {
+	if i < 0 || i >= len(o.chunks) {
+		return fmt.Errorf("%w: %q has no chunk %d", ErrOwed, o.slab.Name, i)
+	}
+	_, err := o.run(ctx, i)
+	return err
+}
+
+// ended records the end of the fetch of chunks is (busy as chs): written
+// unless err, which, a refusal of the source's bytes, is final.
+func (o *Owed) ended(is []int, chs []chan struct{}, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k, i := range is {
+		o.busy[i] = nil
+		close(chs[k])
+		if err == nil {
+			o.have[i] = true
+			o.held++
+		}
+	}
+	if err != nil && errors.Is(err, ErrMismatch) && o.err == nil {
+		o.err = err
+	}
+}
+
+// run fetches, in one ranged read of at most MaxRange bytes, the chunks
+// from i on that lie back to back and are neither written nor being
+// fetched, each verified against its index record before any is written;
+// it returns the index after the last it took (i+1 at least, when chunk i
+// itself was taken by another fetch meanwhile).
+func (o *Owed) run(ctx context.Context, i int) (int, error) {
+	o.mu.Lock()
+	if o.err != nil {
+		o.mu.Unlock()
+		return i, o.err
+	}
+	var is []int
+	var chs []chan struct{}
+	for j := i; j < len(o.chunks) && !o.have[j] && o.busy[j] == nil; j++ {
+		if len(is) > 0 {
+			prev := o.chunks[j-1]
+			if o.chunks[j].Offset != prev.Offset+prev.Size || o.chunks[j].Offset+o.chunks[j].Size-o.chunks[i].Offset > MaxRange {
+				break
+			}
+		}
+		ch := make(chan struct{})
+		o.busy[j] = ch
+		is, chs = append(is, j), append(chs, ch)
+	}
+	o.mu.Unlock()
+	if len(is) == 0 {
+		return i + 1, o.Chunk(ctx, i) // written, or another fetch's: wait for it
+	}
+	first, lastC := o.chunks[is[0]], o.chunks[is[len(is)-1]]
+	b, err := readRange(ctx, o.from, Range{Object: o.slab.Address, Offset: first.Offset, Size: lastC.Offset + lastC.Size - first.Offset}, false)
+	for k := 0; err == nil && k < len(is); k++ {
+		c := o.chunks[is[k]]
+		part := b[c.Offset-first.Offset : c.Offset-first.Offset+c.Size]
+		if got := record.Sum(part); got != c.Address {
+			err = fmt.Errorf("transfer: object %s at %d: %w: %d bytes hash to %s, listed as %s", o.slab.Address, c.Offset, ErrChunk, c.Size, got, c.Address)
+		}
+	}
+	if err == nil {
+		_, err = o.f.WriteAt(b, int64(first.Offset))
+	}
+	o.ended(is, chs, err)
+	return is[len(is)-1] + 1, err
 }
 
 // Held is how many of the slab's chunks are written, of how many.
@@ -155,10 +228,12 @@ func (o *Owed) Held() (held, of int) {
 // bytes no chunk covers, and checks the whole hashes to the slab's
 // address.
 func (o *Owed) Fill(ctx context.Context) error {
-	for i := range o.chunks {
-		if err := o.Chunk(ctx, i); err != nil {
+	for i := 0; i < len(o.chunks); {
+		next, err := o.run(ctx, i)
+		if err != nil {
 			return err
 		}
+		i = next
 	}
 	var at uint64
 	for _, c := range append(slices.Clone(o.chunks), store.SlabChunk{Offset: o.slab.Size}) {
