@@ -36,6 +36,13 @@ import (
 // when all of that is intact. A transcript park, or an image without
 // chunked files, is rehashed whole, as Offered does.
 func OfferedServed(ctx context.Context, st *store.Store, recorded record.Snapshot) (record.Snapshot, error) {
+	return OfferedServedOwed(ctx, st, recorded, nil)
+}
+
+// OfferedServedOwed is [OfferedServed] of a snapshot whose memory image's
+// slabs may be owed (owed: nil, none is): a chunk with an eager page in an
+// owed slab is fetched first, then hashed where owed fills it.
+func OfferedServedOwed(ctx context.Context, st *store.Store, recorded record.Snapshot, owed Owed) (record.Snapshot, error) {
 	if recorded.IsTranscript() || recorded.Memory == nil {
 		return Offered(ctx, st, recorded)
 	}
@@ -49,7 +56,7 @@ func OfferedServed(ctx context.Context, st *store.Store, recorded record.Snapsho
 		defer close(done)
 		root, rerr = st.RehashDir(ctx, *recorded.Root)
 	}()
-	mem, err := offeredMemory(ctx, st, *recorded.Memory)
+	mem, err := offeredMemory(ctx, st, *recorded.Memory, owed)
 	if err != nil {
 		cancel() // the root's answer no longer matters
 	}
@@ -62,7 +69,7 @@ func OfferedServed(ctx context.Context, st *store.Store, recorded record.Snapsho
 
 // offeredMemory is OfferedServed's memory image: its address as offered
 // now.
-func offeredMemory(ctx context.Context, st *store.Store, mem record.Address) (record.Address, error) {
+func offeredMemory(ctx context.Context, st *store.Store, mem record.Address, owed Owed) (record.Address, error) {
 	es, got, err := st.RehashListing(ctx, mem)
 	if err != nil || got != mem {
 		return got, err
@@ -116,14 +123,17 @@ func offeredMemory(ctx context.Context, st *store.Store, mem record.Address) (re
 	if changed {
 		return store.ListingAddress(es)
 	}
-	if bad, err := slabChunksChanged(st, inSlabs); err != nil || bad != nil {
+	if bad, err := slabChunksChanged(ctx, st, inSlabs, owed); err != nil || bad != nil {
 		if err != nil {
 			return record.Address{}, err
 		}
 		// The slab holding a changed chunk, rehashed whole, makes the
-		// address offered.
+		// address offered; an owed one, not all here, is offered as no
+		// slab's (the zero address).
 		i, _ := slices.BinarySearchFunc(es, bad.In.Name, func(e store.Entry, n string) int { return strings.Compare(e.Name, n) })
-		if _, err := st.RehashEntries(ctx, mem, es, []int{i}); err != nil {
+		if _, isOwed := owedPath(*bad, owed); isOwed {
+			es[i].Address = record.Address{}
+		} else if _, err := st.RehashEntries(ctx, mem, es, []int{i}); err != nil {
 			return record.Address{}, err
 		}
 		return store.ListingAddress(es)
@@ -133,12 +143,12 @@ func offeredMemory(ctx context.Context, st *store.Store, mem record.Address) (re
 }
 
 // slabChunksChanged hashes each of chs, chunks in slabs, where its slab
-// holds it, and returns the first whose bytes there do not hash to its
-// address.
-func slabChunksChanged(st *store.Store, chs []store.Chunk) (*store.Chunk, error) {
+// holds it (an owed slab: once fetched, in owed's file), and returns the
+// first whose bytes there do not hash to its address.
+func slabChunksChanged(ctx context.Context, st *store.Store, chs []store.Chunk, owed Owed) (*store.Chunk, error) {
 	for i := range chs {
 		ch := &chs[i]
-		got, err := st.SumRange(ch.In.Address, ch.Offset, ch.Size)
+		got, err := sumChunk(ctx, st, *ch, owed)
 		if err != nil {
 			return nil, fmt.Errorf("%q: %w", ch.Name, err)
 		}
@@ -193,7 +203,16 @@ func pagemapOf(name string, pms []pagemap) (*pagemap, error) {
 // chunk's object, verified as served unless it holds eager pages (checked
 // already); a whole pages file's from its object.
 func LayoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pageserver.Table, error) {
-	t, m, err := layoutServed(st, snap, dir)
+	return LayoutServedOwed(st, snap, dir, nil)
+}
+
+// LayoutServedOwed is [LayoutServed] after [OfferedServedOwed] (owed: nil,
+// none is): a chunk of an owed slab is served from the file owed fills,
+// each lazy one fetched (owed.Fetch) before the page server reads it
+// (pageserver.Extent.Owed, Table.Fetch); the eager ones were fetched
+// already.
+func LayoutServedOwed(st *store.Store, snap record.Snapshot, dir string, owed Owed) (Trees, *pageserver.Table, error) {
+	t, m, err := layoutServed(st, snap, dir, owed)
 	if err != nil {
 		os.RemoveAll(dir)
 		return Trees{}, nil, fmt.Errorf("park: %w", err)
@@ -201,7 +220,7 @@ func LayoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pa
 	return t, m, nil
 }
 
-func layoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pageserver.Table, error) {
+func layoutServed(st *store.Store, snap record.Snapshot, dir string, owed Owed) (Trees, *pageserver.Table, error) {
 	if snap.IsTranscript() || snap.Root == nil || snap.Memory == nil {
 		return Trees{}, nil, fmt.Errorf("%s is not an image park with a memory image", snap)
 	}
@@ -241,11 +260,11 @@ func layoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pa
 		}
 		chunked[cf.Name] = cf
 	}
-	m, err := extentTable(st, es, pms, chunked)
+	m, err := extentTable(st, es, pms, chunked, owed)
 	if err != nil {
 		return Trees{}, nil, fmt.Errorf("%s: %w", *snap.Memory, err)
 	}
-	if err := sparseAll(st, t.ImageDir, *snap.Memory, cfs, pms); err != nil {
+	if err := sparseAll(chunkFiles{st, owed}, t.ImageDir, *snap.Memory, cfs, pms); err != nil {
 		return Trees{}, nil, err
 	}
 	if err := st.Materialize(ctx, *snap.Root, filepath.Dir(t.Rootfs), store.LinkRehashed); err != nil {
@@ -264,7 +283,7 @@ func layoutServed(st *store.Store, snap record.Snapshot, dir string) (Trees, *pa
 // matchPagemap found; no two files share one, so there are at most
 // maxPagemaps files, of at most MaxChunks chunks of MaxChunk bytes each,
 // and the sum does not overflow.
-func sparseAll(st *store.Store, dir string, mem record.Address, cfs []store.ChunkedFile, pms []pagemap) error {
+func sparseAll(src chunkFiles, dir string, mem record.Address, cfs []store.ChunkedFile, pms []pagemap) error {
 	eager := make([][]store.Chunk, len(cfs))
 	var total uint64
 	for i, cf := range cfs {
@@ -274,11 +293,11 @@ func sparseAll(st *store.Store, dir string, mem record.Address, cfs []store.Chun
 			total += ch.Size
 		}
 	}
-	if room, err := roomForPages(st); err != nil || total > room {
+	if room, err := roomForPages(src.st); err != nil || total > room {
 		return fmt.Errorf("%w: the eager pages of %s are %d bytes, the store's filesystem has %d left past its minimum free (%v)", ErrNoSpace, mem, total, room, err)
 	}
 	for i, cf := range cfs {
-		if err := sparse(st, dir, cf, eager[i]); err != nil {
+		if err := sparse(src, dir, cf, eager[i]); err != nil {
 			return fmt.Errorf("laying out %q: %w", cf.Name, err)
 		}
 	}
@@ -300,7 +319,7 @@ func eagerChunks(cf store.ChunkedFile, pm *pagemap) []store.Chunk {
 // sparse writes chunked file cf under dir at its full size, with only its
 // eager chunks (eagerChunks, in cf's order) in place: the rest is a hole
 // CRIU's restore does not read.
-func sparse(st *store.Store, dir string, cf store.ChunkedFile, eager []store.Chunk) error {
+func sparse(src chunkFiles, dir string, cf store.ChunkedFile, eager []store.Chunk) error {
 	out, err := os.OpenFile(filepath.Join(dir, cf.Name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, os.FileMode(cf.Chunks[0].Mode))
 	if err != nil {
 		return err
@@ -314,7 +333,7 @@ func sparse(st *store.Store, dir string, cf store.ChunkedFile, eager []store.Chu
 	for _, ch := range cf.Chunks {
 		if next < len(eager) && eager[next].Name == ch.Name {
 			next++
-			b, err := readChunk(st, ch)
+			b, err := readChunk(src, ch)
 			if err == nil {
 				_, err = out.WriteAt(b, int64(off))
 			}
@@ -330,8 +349,8 @@ func sparse(st *store.Store, dir string, cf store.ChunkedFile, eager []store.Chu
 
 // readChunk reads chunk ch's bytes from where the store holds them: a
 // chunk's own object, all of it, or its range of its slab.
-func readChunk(st *store.Store, ch store.Chunk) ([]byte, error) {
-	f, err := os.Open(st.Path(ch.In.Address))
+func readChunk(src chunkFiles, ch store.Chunk) ([]byte, error) {
+	f, err := os.Open(src.path(ch))
 	if err != nil {
 		return nil, err
 	}
@@ -358,7 +377,7 @@ func readChunk(st *store.Store, ch store.Chunk) ([]byte, error) {
 // runs: else many pagemaps of many runs over one small file would make a
 // table, which names the file once per extent, many times the image's
 // size.
-func extentTable(st *store.Store, es []store.Entry, pms []pagemap, chunked map[string]store.ChunkedFile) (*pageserver.Table, error) {
+func extentTable(st *store.Store, es []store.Entry, pms []pagemap, chunked map[string]store.ChunkedFile, owed Owed) (*pageserver.Table, error) {
 	objects := map[string]store.Entry{} // a whole pages file's object
 	for _, e := range es {
 		if !store.InChunkedForm(e.Name) {
@@ -373,6 +392,7 @@ func extentTable(st *store.Store, es []store.Entry, pms []pagemap, chunked map[s
 		named[pm.pages] = pm.name
 	}
 	m := &pageserver.Table{}
+	slabs := map[string]record.Address{} // an owed slab's, by its file
 	for _, pm := range pms {
 		id, ok := pm.task()
 		if ok {
@@ -386,10 +406,17 @@ func extentTable(st *store.Store, es []store.Entry, pms []pagemap, chunked map[s
 			t.Extents = make([]pageserver.Extent, len(cf.Chunks))
 			verify := make([]record.Address, len(cf.Chunks))
 			for i, ch := range cf.Chunks {
-				t.Extents[i] = pageserver.Extent{Vaddr: ch.Vaddr, Size: ch.Size, Path: st.Path(ch.In.Address), Offset: ch.Offset}
+				path, isOwed := owedPath(ch, owed)
+				if !isOwed {
+					path = st.Path(ch.In.Address)
+				}
+				t.Extents[i] = pageserver.Extent{Vaddr: ch.Vaddr, Size: ch.Size, Path: path, Offset: ch.Offset}
 				if !pm.eagerIn(ch.Vaddr, ch.Size) {
 					verify[i] = ch.Address
-					t.Extents[i].Verify = &verify[i]
+					t.Extents[i].Verify, t.Extents[i].Owed = &verify[i], isOwed
+				}
+				if isOwed {
+					slabs[path] = ch.In.Address
 				}
 			}
 		} else {
@@ -418,6 +445,15 @@ func extentTable(st *store.Store, es []store.Entry, pms []pagemap, chunked map[s
 	// twice): an image that breaks them is refused here.
 	if err := m.Check(); err != nil {
 		return nil, err
+	}
+	if len(slabs) > 0 {
+		m.Fetch = func(ctx context.Context, e pageserver.Extent) error {
+			slab, ok := slabs[e.Path]
+			if !ok {
+				return fmt.Errorf("%w: no owed slab is filled in %s", store.ErrChunks, e.Path)
+			}
+			return owed.Fetch(ctx, slab, e.Offset, e.Size)
+		}
 	}
 	return m, nil
 }
