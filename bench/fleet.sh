@@ -12,15 +12,18 @@
 #     operation starts once the last resume has every page in and after a
 #     sync, so none pays for another's pages or writes.
 # As root, after `make build`. Leaves nothing running. Every host serves
-# at its defaults (lazy, served resumes); --eager: with --lazy-resume=false.
-# Usage: bench/fleet.sh [--eager] [N] [ROUNDS] [SIZE_MB]   (default 200 3 512)
+# at its defaults (lazy, served resumes; a migration post-copy: the target
+# resumes before it holds the memory's slabs); --eager: with
+# --lazy-resume=false; --whole: with --post-copy=false (every byte moved
+# before the target resumes).
+# Usage: bench/fleet.sh [--eager|--whole] [N] [ROUNDS] [SIZE_MB]   (default 200 3 512)
 set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 serve_flags=()
-if [ "${1:-}" = --eager ]; then
-	serve_flags=(--lazy-resume=false)
-	shift
-fi
+case "${1:-}" in
+--eager) serve_flags=(--lazy-resume=false) && shift ;;
+--whole) serve_flags=(--post-copy=false) && shift ;;
+esac
 n=${1:-200} rounds=${2:-3} size=${3:-512}
 bin=bin
 rr=$(realpath "$bin/runrecordd")

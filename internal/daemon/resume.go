@@ -12,10 +12,12 @@ import (
 	"github.com/runrecordd/runrecordd/internal/bundle"
 	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/fleet/member"
 	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/idle"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -41,13 +43,24 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[stri
 	if d.stopping.Load() {
 		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, answers.ErrStopping)
 	}
-	if err := d.fleet.Pay(ctx, id); err != nil {
+	lent, err := lend(ctx, d.forms, d.fleet, id)
+	if err != nil {
 		// A post-copy migration's slabs are not all here, and its
 		// source cannot serve them now.
 		return answers.Resumed{}, fmt.Errorf("resume %s: %w", id, err)
 	}
+	lending := lent != nil
+	defer func() {
+		if lending {
+			lent.Close()
+		}
+	}()
+	var borrowed park.Owed // a nil *member.Lent is not a nil park.Owed
+	if lent != nil {
+		borrowed = lent
+	}
 	clock := answers.NewClock()
-	ok, err := d.judgeResume(ctx, id, clock)
+	ok, err := d.judgeResume(ctx, id, clock, borrowed)
 	if err != nil {
 		return answers.Resumed{}, err
 	}
@@ -76,6 +89,18 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[stri
 	if err != nil {
 		res.Cancel(ctx)
 		return answers.Resumed{}, err
+	}
+	if done := w.Unit.PagesDone(); lending && done != nil {
+		// Lent until the page server is done with the owed slabs: every
+		// page is in, or the pages are lost (or the daemon stops).
+		lending = false
+		d.bg.Go(func() {
+			select {
+			case <-done:
+			case <-d.bgCtx.Done():
+			}
+			lent.Close()
+		})
 	}
 	lv := d.intervals.begin(id, w.Unit, w.Event, w.Mark)
 	clock.Mark("sandbox")
@@ -137,7 +162,7 @@ func (d *Daemon) resume(ctx context.Context, id string, r *run, secrets map[stri
 // judgeResume admits parked run id for a resume, changing nothing: it is
 // parked and held here, and passes the three preconditions, in order
 // (forms.Env.Admit).
-func (d *Daemon) judgeResume(ctx context.Context, id string, clock *answers.Clock) (forms.Admitted, error) {
+func (d *Daemon) judgeResume(ctx context.Context, id string, clock *answers.Clock, owed park.Owed) (forms.Admitted, error) {
 	st, err := d.st.Run(id)
 	if err != nil {
 		return forms.Admitted{}, err
@@ -148,7 +173,19 @@ func (d *Daemon) judgeResume(ctx context.Context, id string, clock *answers.Cloc
 	if err := bundle.HeldHere(d.st, id); err != nil {
 		return forms.Admitted{}, err
 	}
-	return d.forms.Admit(ctx, st, clock.Mark)
+	return d.forms.Admit(ctx, st, clock.Mark, owed)
+}
+
+// lend makes sure parked run id's resume has the slabs a post-copy
+// migration still owes it, if any (docs/fleet.md, "Post-copy"): on a host
+// whose forms f serve lazy restores they are lent to it (member.Lend),
+// each chunk fetched before it is served; elsewhere the resume waits for
+// them all (member.Pay). Close what it returns.
+func lend(ctx context.Context, f forms.Env, m *member.Member, id string) (*member.Lent, error) {
+	if f.Lazy != nil && f.LazyServed {
+		return m.Lend(ctx, id)
+	}
+	return nil, m.Pay(ctx, id)
 }
 
 // watchPages follows a lazily restored unit's memory (docs/lazy-resume.md,

@@ -72,7 +72,8 @@ var SettledSteps = []string{
 // Faults are failures that can be armed beside a step: where one is
 // armed, the code takes its failure path (Fails) and goes on.
 var Faults = []string{
-	"lazy.freeze", // the freeze of a unit whose lazy pages were lost fails
+	"lazy.freeze",   // the freeze of a unit whose lazy pages were lost fails
+	"postcopy.fill", // a post-copy target's background fetch fails at once, as if its source were gone
 }
 
 var armed = parse(os.Getenv(Env))

@@ -39,8 +39,14 @@ type Admitted struct {
 	Retained  int64          // the bytes its snapshot retains
 	// Lazy is an image park restored lazily: the host restores lazily,
 	// and its restores were not crowded when this one was admitted
-	// (docs/lazy-resume.md, "Resume": crowded).
+	// (docs/lazy-resume.md, "Resume": crowded), or its snapshot's slabs
+	// are owed (Owed).
 	Lazy bool
+	// Owed, when set, is the slabs of the snapshot a post-copy migration
+	// still owes the store, lent to this resume (docs/fleet.md,
+	// "Post-copy"): it is lazy, crowded or not, served, each chunk of them
+	// fetched before it is served.
+	Owed park.Owed
 	// expecting ends the slot this resume is expected to ask the gate
 	// for (imageparks.Gate.Expect): once it has asked (Waking.Asked), or
 	// at Forget.
@@ -49,7 +55,7 @@ type Admitted struct {
 
 // Waking is what the admitted run's form wakes it from.
 func (a Admitted) Waking(teardown <-chan struct{}) Waking {
-	return Waking{Snapshot: a.Suspended.Snapshot, Retained: a.Retained, Teardown: teardown, Lazy: a.Lazy, Asked: a.expecting}
+	return Waking{Snapshot: a.Suspended.Snapshot, Retained: a.Retained, Teardown: teardown, Lazy: a.Lazy, Asked: a.expecting, Owed: a.Owed}
 }
 
 // Forget ends what the admission told the image-park gate to expect: the
@@ -71,8 +77,10 @@ type prefetcher interface{ Prefetch() }
 // image-park gate its wake waits on), and the record verifies from
 // genesis. It changes
 // nothing. mark, when set, ends each timed step (read, rehash,
-// preconditions, idle).
-func (h Env) Admit(ctx context.Context, r store.Run, mark func(step string)) (_ Admitted, err error) {
+// preconditions, idle). owed, when set, is the slabs a post-copy
+// migration still owes (Admitted.Owed): only a host that restores lazily
+// and serves the pages takes them.
+func (h Env) Admit(ctx context.Context, r store.Run, mark func(step string), owed park.Owed) (_ Admitted, err error) {
 	if mark == nil {
 		mark = func(string) {}
 	}
@@ -99,6 +107,10 @@ func (h Env) Admit(ctx context.Context, r store.Run, mark func(step string)) (_ 
 		p.Prefetch() // while the snapshot is rehashed
 	}
 	ok.Lazy = h.Lazy != nil && !ok.Suspended.Snapshot.IsTranscript()
+	if owed != nil && !(ok.Lazy && h.LazyServed) {
+		return Admitted{}, fmt.Errorf("run %s: %w: its slabs are owed, and this host does not serve a lazy restore", r.ID, store.ErrOwed)
+	}
+	ok.Owed = owed
 	if ok.Lazy {
 		// Crowded, a restore is eager: a lazy one's page server and
 		// lazy-pages copy each byte twice more, on the processors the
@@ -109,13 +121,17 @@ func (h Env) Admit(ctx context.Context, r store.Run, mark func(step string)) (_ 
 				done()
 			}
 		}()
-		ok.Lazy, ok.expecting = !crowded, done
+		// Owed slabs, it is lazy all the same: eager, it would wait for
+		// every one of them.
+		ok.Lazy, ok.expecting = !crowded || owed != nil, done
 	}
 	offer := park.Offered
 	if ok.Lazy && h.LazyServed {
 		// Pages served lazily are verified chunk by chunk as they are
 		// served (internal/criu/pageserver); the rest is rehashed now.
-		offer = park.OfferedServed
+		offer = func(ctx context.Context, st *store.Store, s record.Snapshot) (record.Snapshot, error) {
+			return park.OfferedServedOwed(ctx, st, s, owed)
+		}
 	}
 	offered, err := offer(ctx, h.Store, ok.Suspended.Snapshot)
 	if err != nil {

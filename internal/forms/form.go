@@ -13,6 +13,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/interval"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/secrets"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/internal/warmpool"
@@ -157,6 +158,8 @@ type Waking struct {
 	// set, is called once the restore has asked the gate for a slot.
 	Lazy  bool
 	Asked func()
+	// Owed is Admitted.Owed.
+	Owed park.Owed
 }
 
 // Woken is a unit started or woken: its sandbox, and what its interval

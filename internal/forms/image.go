@@ -186,7 +186,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 		return Woken{}, err
 	}
 	defer os.RemoveAll(dir)
-	trees, served, err := f.layout(w.Snapshot, dir, w.Lazy)
+	trees, served, err := f.layout(w.Snapshot, dir, w.Lazy, w.Owed)
 	if err != nil {
 		return Woken{}, err
 	}
@@ -215,10 +215,11 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 
 // layout lays the snapshot's trees out under dir: for a lazy restore,
 // with the manifest its page server serves the pages by, each chunk
-// verified as it is served (Admit rehashed the rest: park.OfferedServed).
-func (f Image) layout(snap record.Snapshot, dir string, lazy bool) (park.Trees, *pageserver.Table, error) {
+// verified as it is served (Admit rehashed the rest: park.OfferedServed),
+// and each of a slab still owed fetched first (owed).
+func (f Image) layout(snap record.Snapshot, dir string, lazy bool, owed park.Owed) (park.Trees, *pageserver.Table, error) {
 	if lazy && f.h.Lazy != nil && f.h.LazyServed {
-		return park.LayoutServed(f.h.Store, snap, dir)
+		return park.LayoutServedOwed(f.h.Store, snap, dir, owed)
 	}
 	t, err := park.Layout(f.h.Store, snap, dir)
 	return t, nil, err

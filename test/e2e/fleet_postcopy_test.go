@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -284,4 +285,169 @@ func handOverToDead(t *testing.T, a, b *daemon, id, keyB string) (time.Time, api
 		t.Fatalf("the source's holds: %+v, %v; want %s held for %s", h.PostCopyHolds, err, id, keyB)
 	}
 	return failed, h
+}
+
+// migrateExecuting migrates running oracle id from a to b (keyB) and
+// returns the oracle's lines on a and the last of them, written before
+// the migration's park.
+func migrateExecuting(t *testing.T, a *daemon, id, keyB string) ([]line, line) {
+	t.Helper()
+	if _, err := a.c.Migrate(context.Background(), id, keyB); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, a.logTail())
+	}
+	onA := output(t, a.stdout(id))
+	if len(onA) == 0 {
+		t.Fatal("the oracle wrote nothing on the source")
+	}
+	return onA, last(onA)
+}
+
+// TestFleetPostCopyExecuting: a running oracle migrates to a post-copy
+// target (docs/fleet.md, "Post-copy"). The source parks it, its memory
+// in the slab form; the target stores and claims the run owing the
+// slabs, and resumes it lazily before one of them is here: its page
+// server has each chunk fetched from the source, verified, before it
+// serves it, while the background fetch brings the rest in and tells the
+// source. The oracle goes on on the target as the same process, its
+// memory what it was; then every page is resident, the owing ends, the
+// source's hold ends, and both records verify. A park and resume on the
+// target find it whole.
+func TestFleetPostCopyExecuting(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, b, _, keyB := postCopyHosts(t, f, "10s", "30s")
+	const id = "postcopy-exec"
+	startOracle(t, a, id, oracleImage)
+	closeAtEnd(t, b, id)
+	waitLines(t, a.stdout(id), "the oracle's first verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 })
+	onA, atPark := migrateExecuting(t, a, id, keyB)
+	waitLog(t, b, "post-copy=true")
+	ls := waitLines(t, b.stdout(id), "a line verified on the target", func(ls []line) bool {
+		return len(ls) > 0 && last(ls).VerifiedAt > atPark.Counter
+	})
+	if first := ls[0]; first.Counter != atPark.Counter+1 || first.Pid != atPark.Pid || first.StartTime != atPark.StartTime || first.Checksum != atPark.Checksum {
+		t.Fatalf("first line on the target %+v; last on the source %+v", first, atPark)
+	}
+	checkOneProcess(t, append(append([]line(nil), onA...), ls...))
+	s := waitRestore(t, b, id, "every page resident", func(rs *api.Restore) bool { return rs.ResidentNS > 0 })
+	if !s.Restore.Lazy || !s.Restore.Served {
+		t.Fatalf("the target's restore %+v, want lazy and served", s.Restore)
+	}
+	waitLog(t, b, "post-copy: every slab of the run is here")
+	waitLog(t, a, "post-copy: the target holds the run; its hold here ends")
+	for _, d := range []*daemon{a, b} {
+		if v, err := d.c.Verify(ctx, id); err != nil || !v.OK || v.Owed != 0 {
+			t.Fatalf("verify on the %s daemon: %+v, %v", d.name, v, err)
+		}
+	}
+	_, again := park(t, b, id)
+	resume(t, b, id, onA, again)
+}
+
+// TestFleetPostCopyExecutingSourceGone: the source of a post-copy
+// migration stops while the target's lazy restore still lacks chunks:
+// here its lazy-pages is stopped once it holds the unit's userfaultfds,
+// and its background fetch fails (failpoint postcopy.fill), so nothing
+// is fetched but the eager chunks before the restore. The source stops;
+// lazy-pages goes on, and the page server's fetch of the first chunk it
+// needs fails. The unit never runs on a page that did not come (no line
+// with a wrong checksum): the run goes back to parked at the snapshot it
+// migrated with, the interval journaled pages-lost, still owing its
+// slabs, and its record verifies. With the source back, the target
+// (started again, the failpoint off) fetches the slabs and resumes the
+// oracle as the same process.
+func TestFleetPostCopyExecutingSourceGone(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, b, _, keyB := postCopyHosts(t, f, "10s", "2s")
+	mustStop(t, b)
+	b.env = []string{failpoint.Env + "=postcopy.fill"}
+	mustStart(t, b)
+	const id = "postcopy-gone"
+	startOracle(t, a, id, oracleImage)
+	closeAtEnd(t, b, id)
+	waitLines(t, a.stdout(id), "the oracle's first verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 })
+	found := make(chan int, 1)
+	go stopLazyPages(b, id, 2, found)
+	onA, atPark := migrateExecuting(t, a, id, keyB)
+	pid := <-found
+	if pid == 0 {
+		t.Fatal("no lazy-pages with two userfaultfds on the target")
+	}
+	mustStop(t, a)
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	s := waitParked(t, b, id)
+	n := len(s.Segments)
+	if got := kinds(s.Segments[n-3:]); got != "resumed executed suspended" || s.Segments[n-1].Snapshot != s.Segments[n-4].Snapshot {
+		t.Fatalf("segments %s; want the target's interval lost, parked back at the migration's snapshot", kinds(s.Segments))
+	}
+	if rs := s.Segments[n-2].Restore; rs == nil || !rs.Lazy || rs.ResidentNS != 0 || !strings.Contains(rs.PagesLost, "not fetched") {
+		t.Fatalf("the lost interval's restore %+v", rs)
+	}
+	ls := output(t, b.stdout(id))
+	for i, l := range ls {
+		if l.Checksum != atPark.Checksum || l.Verify != atPark.Checksum || l.StartTime != atPark.StartTime {
+			t.Fatalf("line %d on the target %+v; last on the source %+v", i, l, atPark)
+		}
+	}
+	if v, err := b.c.Verify(ctx, id); err != nil || !v.OK || v.Owed == 0 {
+		t.Fatalf("verify on the target: %+v, %v; want ok, owing slabs", v, err)
+	}
+
+	mustStart(t, a)
+	mustStop(t, b)
+	b.env = nil
+	mustStart(t, b)
+	waitLog(t, b, "post-copy: every slab of the run is here")
+	before := len(ls)
+	if _, err := b.c.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	ls = waitLines(t, b.stdout(id), "a line verified after the resume", func(ls []line) bool {
+		return len(ls) > before && last(ls).VerifiedAt > atPark.Counter
+	})
+	if after := ls[before]; after.Counter != atPark.Counter+1 || after.StartTime != atPark.StartTime || after.Pid != atPark.Pid || after.Checksum != atPark.Checksum {
+		t.Fatalf("first line after the resume %+v; last on the source %+v", after, atPark)
+	}
+	checkOneProcess(t, append(onA, ls[before:]...))
+	for _, d := range []*daemon{a, b} {
+		if v, err := d.c.Verify(ctx, id); err != nil || !v.OK {
+			t.Fatalf("verify on the %s daemon: %+v, %v", d.name, v, err)
+		}
+	}
+}
+
+// TestFleetPostCopyParkWhileOwing: a run resumed post-copy is parked on
+// its target before its slabs are adopted (the background fetch fails:
+// failpoint postcopy.fill; the lazy restore fetched every chunk it
+// served). The park finds none of its chunks held by the owed snapshot,
+// its base: that slab is not in the store (internal/park, "not held after
+// all"), so it stores every chunk itself, and succeeds; the oracle
+// resumes from it as the same process, and the record verifies.
+func TestFleetPostCopyParkWhileOwing(t *testing.T) {
+	privileged(t)
+	ctx := context.Background()
+	f := fleetCluster(t)
+	a, b, _, keyB := postCopyHosts(t, f, "10s", "2s")
+	mustStop(t, b)
+	b.env = []string{failpoint.Env + "=postcopy.fill"}
+	mustStart(t, b)
+	const id = "postcopy-park"
+	startOracle(t, a, id, oracleImage)
+	closeAtEnd(t, b, id)
+	waitLines(t, a.stdout(id), "the oracle's first verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 })
+	onA, _ := migrateExecuting(t, a, id, keyB)
+	waitResident(t, b, id)
+	if v, err := b.c.Verify(ctx, id); err != nil || !v.OK || v.Owed == 0 {
+		t.Fatalf("verify on the target: %+v, %v; want ok, still owing", v, err)
+	}
+	_, atPark := park(t, b, id)
+	resume(t, b, id, onA, atPark)
+	if v, err := b.c.Verify(ctx, id); err != nil || !v.OK {
+		t.Fatalf("verify on the target: %+v, %v", v, err)
+	}
 }

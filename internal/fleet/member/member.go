@@ -155,9 +155,10 @@ type Join struct {
 	// Peers reach the fleet's other hosts for migrations and drains; nil,
 	// this host neither sends nor takes runs.
 	Peers Peers
-	// PostCopy receives a parked run post-copy: stored, claimed and
-	// answered before the slabs of its last memory image are here, which
-	// are then fetched in the background (postcopy.go).
+	// PostCopy receives a run post-copy: stored and claimed before the
+	// slabs of its last memory image are here, which are then fetched in
+	// the background (postcopy.go); one that was executing is resumed
+	// lazily meanwhile, each chunk it needs fetched first (lend.go).
 	PostCopy bool
 	// PostCopyWait bounds how long a drain's end waits for the post-copy
 	// targets fetching the runs held here (WaitHolds) to hold them (serve

@@ -88,9 +88,10 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 		m.cfg.Metrics.Migrated(true, false, 0)
 		return fmt.Errorf("migrate %s: %w", id, err)
 	}
-	// A run to resume is fetched whole; a parked one post-copy only by a
-	// target that offered it (an older one refuses Held).
-	err = m.hand(ctx, to, id, Handed{Run: id, Genesis: genesis, Head: st.Head, Resume: executing, Held: placed.postCopy && !executing})
+	// Post-copy only to a target that offered it (an older one refuses
+	// Held); one that resumes the run then does so lazily, the slabs
+	// still owed fetched as the unit runs.
+	err = m.hand(ctx, to, id, Handed{Run: id, Genesis: genesis, Head: st.Head, Resume: executing, Held: placed.postCopy})
 	if err != nil {
 		m.cfg.Metrics.Migrated(true, false, 0)
 		err = m.takeBack(ctx, outbound{id: id, genesis: genesis, head: st.Head, to: to}, made, err)
@@ -392,7 +393,7 @@ func (m *Member) fetch(ctx context.Context, from record.Address, h Handed) (Arri
 		}
 		return nil
 	}
-	opt := FetchOptions{Store: m.cfg.Store, Limits: lim, Free: m.free, Owe: m.cfg.PostCopy && !h.Resume && h.Held,
+	opt := FetchOptions{Store: m.cfg.Store, Limits: lim, Free: m.free, Owe: m.cfg.PostCopy && h.Held,
 		Rehashed: m.expect.rehashed(ctx, h.Genesis)}
 	rec, arr, err := m.cfg.Peers.Fetch(ctx, from, h.Run, judge, opt)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/failpoint"
 	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -50,6 +51,9 @@ type payer struct {
 	// verified wrong (transfer.ErrMismatch); a try that adopts a slab
 	// restarts it.
 	mismatches int
+	// set is the owed slabs being filled, while a fetch or a lazy resume
+	// holds them (owedSet).
+	set *owedSet
 }
 
 // attempt is one try of a background fetch, as a resume waits on it.
@@ -464,16 +468,21 @@ func (m *Member) tell(ctx context.Context, id string, o store.Owing) error {
 // store's filesystem keeps its minimum free space past it
 // (transfer.ErrNoSpace: tried again later).
 func (m *Member) fill(ctx context.Context, id string, o store.Owing) (adopted int, _ error) {
+	if failpoint.Fails("postcopy.fill") {
+		return 0, fmt.Errorf("post-copy %s: %w: the failpoint postcopy.fill", id, transfer.ErrPeer)
+	}
 	st := m.cfg.Store
 	slabs, err := owedSlabs(st, o)
 	if err != nil {
 		return 0, err
 	}
-	src, done, err := m.cfg.Peers.Source(ctx, o.Source)
+	p, releasePayer := m.paying.acquire(id)
+	defer releasePayer()
+	set, release, err := m.owedSet(p, o.Source)
 	if err != nil {
 		return 0, err
 	}
-	defer done()
+	defer release()
 	for _, s := range slabs {
 		if !st.Has(s.Slab.Address) {
 			free, err := park.Free(st, m.cfg.MinFree)
@@ -483,7 +492,7 @@ func (m *Member) fill(ctx context.Context, id string, o store.Owing) (adopted in
 			if free < s.Slab.Size {
 				return adopted, fmt.Errorf("post-copy %s: slab %s: %w: %d bytes, %d left past the minimum free space (--min-free)", id, s.Slab.Address, transfer.ErrNoSpace, s.Slab.Size, free)
 			}
-			ow, err := transfer.NewOwed(st, src, s.Slab, s.Chunks)
+			ow, err := set.slab(st, s)
 			if err != nil {
 				return adopted, err
 			}
@@ -491,7 +500,6 @@ func (m *Member) fill(ctx context.Context, id string, o store.Owing) (adopted in
 			if err == nil {
 				err = ow.Adopt(ctx, st)
 			}
-			ow.Close()
 			if err != nil {
 				return adopted, err
 			}
