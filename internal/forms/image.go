@@ -173,8 +173,17 @@ func (f Image) Wake(ctx context.Context, run Run, w Waking) (Woken, error) {
 		return Woken{}, fmt.Errorf("resume %s: %w", run.ID, err)
 	}
 	defer release()
-	return f.restore(ctx, run, w, imageparks.Deadline(f.h.CRIUDeadline, uint64(w.Retained)))
+	deadline := imageparks.Deadline(f.h.CRIUDeadline, uint64(w.Retained))
+	if w.Owed != nil {
+		// Owed pages come over the peer link, not from the disk.
+		deadline += time.Duration(w.Owed.Bytes()/owedRate) * time.Second
+	}
+	return f.restore(ctx, run, w, deadline)
 }
+
+// owedRate is the bytes a second a lazy restore's deadline allows for
+// each owed slab's (docs/fleet.md, "Post-copy").
+const owedRate = 8 << 20
 
 // restore lays the snapshot's trees out of the store and restores the
 // sandbox from them.

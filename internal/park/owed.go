@@ -22,6 +22,8 @@ type Owed interface {
 	// Fetch returns nil once the chunk of slab at offset, of size bytes,
 	// is in slab's file, verified; or why it is not.
 	Fetch(ctx context.Context, slab record.Address, offset, size uint64) error
+	// Bytes is the size of the owed slabs together.
+	Bytes() uint64
 }
 
 // owedPath is the file chunk ch is filled in, if its slab is owed.

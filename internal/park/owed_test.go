@@ -28,6 +28,8 @@ type fakeOwed struct {
 
 func (f *fakeOwed) Path(slab record.Address) (string, bool) { return f.path, slab == f.slab }
 
+func (f *fakeOwed) Bytes() uint64 { return uint64(len(f.bytes)) }
+
 func (f *fakeOwed) Fetch(_ context.Context, slab record.Address, off, size uint64) error {
 	if slab != f.slab {
 		return errors.New("not owed")

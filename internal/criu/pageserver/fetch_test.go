@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -144,5 +146,41 @@ func TestTableOwed(t *testing.T) {
 	f.m.Tasks[0].Extents[2].Owed = true
 	if err := f.m.Check(); !errors.Is(err, ErrTable) {
 		t.Fatalf("an owed extent not verified: %v, want ErrTable", err)
+	}
+}
+
+// A serve lazy-pages ends (its close) while a chunk read ahead waits for
+// its fetch returns at once: lazy-pages may never ask for that chunk, and
+// a page server that outstays lazy-pages is killed, its restore counted
+// lost. Seen failing first: Serve waited for the fetch.
+func TestServeCloseEndsFetchesAhead(t *testing.T) {
+	blocked := make(chan struct{})
+	var f fixture
+	f, s := owedFixture(t, func(e Extent) error {
+		if e.Vaddr != 0x10000 {
+			<-blocked // the chunk read ahead: its source stalls
+			return errors.New("stalled")
+		}
+		return os.WriteFile(e.Path, f.chunk1, 0o600)
+	})
+	t.Cleanup(func() { close(blocked) }) // before the fixture's own
+	c, done, _ := serveWith(t, s)
+	if _, err := c.get(2, 0x10000, 7); err != nil { // more than a page: reads ahead
+		t.Fatal(err)
+	}
+	if _, err := c.conn.Write(header(cmdClose, 0, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	var status [4]byte
+	if _, err := io.ReadFull(c.conn, status[:]); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the serve still waits 5 s after lazy-pages closed, for a fetch read ahead")
 	}
 }

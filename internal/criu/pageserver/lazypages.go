@@ -448,6 +448,9 @@ func StartLazyPages(o LazyOptions) (*LazyPages, error) {
 	}
 	if err := cmd.Start(); err != nil {
 		l.letGo()
+		if l.endFetches != nil {
+			l.endFetches()
+		}
 		if l.server != nil {
 			_ = l.server.Process.Kill()
 			_ = l.server.Wait()

@@ -184,8 +184,10 @@ func (s *Server) Serve(conn io.ReadWriter) (err error) {
 	reqs := make(chan request, queued)
 	go readRequests(conn, reqs)
 	defer func() {
-		if err != nil && s.ahead.fetch != nil {
-			s.ahead.fetch.end(errCanceled) // no read waits for a fetch
+		if s.ahead.fetch != nil {
+			// Done or failed: no read ahead waits for a fetch (lazy-pages
+			// may never ask for the chunks it was reading).
+			s.ahead.fetch.end(errCanceled)
 		}
 		s.ahead.stop(err != nil)
 	}()

@@ -32,6 +32,9 @@ type owedSet struct {
 
 	mu    sync.Mutex
 	slabs map[record.Address]*transfer.Owed
+	// retired are slabs whose source sent wrong bytes, replaced in slabs
+	// (slab): a lazy restore lent one may still read its written chunks.
+	retired []*transfer.Owed
 	// refs, under payers.mu, counts the holders.
 	refs int
 }
@@ -84,18 +87,25 @@ func (m *Member) releaseSet(p *payer, s *owedSet) {
 	for _, o := range s.slabs {
 		o.Close()
 	}
-	s.slabs = nil
+	for _, o := range s.retired {
+		o.Close()
+	}
+	s.slabs, s.retired = nil, nil
 	s.done()
 }
 
-// slab is the set's owed slab sl, made if it has none yet. One that
-// refused a chunk stays as it is, refusing, until the set is closed: a
-// lazy restore may be reading its file.
+// slab is the set's owed slab sl, made if it has none yet, or if the one
+// it has was refused the source's bytes (transfer.Owed.Err): that one is
+// retired, kept until the set is closed (a lazy restore lent it may read
+// its written chunks), and the next try asks the source anew.
 func (s *owedSet) slab(st *store.Store, sl transfer.OwedSlab) (*transfer.Owed, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if o := s.slabs[sl.Slab.Address]; o != nil {
-		return o, nil
+		if o.Err() == nil {
+			return o, nil
+		}
+		s.retired = append(s.retired, o)
 	}
 	o, err := transfer.NewOwed(st, s.src, sl.Slab, sl.Chunks)
 	if err != nil {
@@ -105,12 +115,6 @@ func (s *owedSet) slab(st *store.Store, sl transfer.OwedSlab) (*transfer.Owed, e
 	return o, nil
 }
 
-func (s *owedSet) of(slab record.Address) *transfer.Owed {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.slabs[slab]
-}
-
 // errNoChunk is a fetch of bytes the index lists as no chunk.
 var errNoChunk = errors.New("the index lists no such chunk")
 
@@ -118,7 +122,10 @@ var errNoChunk = errors.New("the index lists no such chunk")
 // files they are filled in, and each chunk fetched on demand. Close it
 // once the restore's page server is done with them.
 type Lent struct {
+	m     *Member
+	id    string
 	set   *owedSet
+	slabs map[record.Address]*transfer.Owed // as lent: a slab retired later stays this loan's
 	close func()
 }
 
@@ -149,15 +156,17 @@ func (m *Member) Lend(ctx context.Context, id string) (*Lent, error) {
 		return nil, fmt.Errorf("%w: %w", store.ErrOwed, err)
 	}
 	var once sync.Once
-	l := &Lent{set: set, close: func() { once.Do(func() { releaseSet(); releasePayer() }) }}
+	l := &Lent{m: m, id: id, set: set, slabs: map[record.Address]*transfer.Owed{}, close: func() { once.Do(func() { releaseSet(); releasePayer() }) }}
 	for _, s := range slabs {
 		if st.Has(s.Slab.Address) {
 			continue
 		}
-		if _, err := set.slab(st, s); err != nil {
+		o, err := set.slab(st, s)
+		if err != nil {
 			l.Close()
 			return nil, err
 		}
+		l.slabs[s.Slab.Address] = o
 	}
 	// The background fetch fills the rest, now.
 	if m.payLater(id) {
@@ -171,16 +180,26 @@ func (m *Member) Lend(ctx context.Context, id string) (*Lent, error) {
 
 // Path is the file owed slab is filled in, if it is lent.
 func (l *Lent) Path(slab record.Address) (string, bool) {
-	o := l.set.of(slab)
+	o := l.slabs[slab]
 	if o == nil {
 		return "", false
 	}
 	return o.Path(), true
 }
 
+// Bytes is the size of the lent slabs together.
+func (l *Lent) Bytes() uint64 {
+	var n uint64
+	for _, o := range l.slabs {
+		n += o.Size()
+	}
+	return n
+}
+
 // Lent fetches: at most lentReads at once, each chunk read with the
 // chunks after it (transfer.Owed.ChunkAhead) and tried lentTries times
-// while the link, not the source's bytes, fails it.
+// while the link fails it at once (not the source's bytes, not a read
+// that timed out: a stalled source is given up on after one).
 const (
 	lentReads = 4
 	lentTries = 3
@@ -188,15 +207,25 @@ const (
 
 // Fetch returns nil once the chunk of slab at offset, of size bytes, is
 // in slab's file, verified against its index record: fetched now, with
-// the chunks that follow it, unless it was already.
+// the chunks that follow it, unless it was already. A refusal wraps
+// store.ErrOwed, and is logged.
 func (l *Lent) Fetch(ctx context.Context, slab record.Address, offset, size uint64) error {
-	o := l.set.of(slab)
+	err := l.fetch(ctx, slab, offset, size)
+	if err != nil && ctx.Err() == nil {
+		l.m.cfg.Log.Warn("post-copy: a chunk the lazy restore needs is not fetched", "run", l.id, "slab", slab, "offset", offset, "err", err)
+		err = fmt.Errorf("post-copy: %w: %w", store.ErrOwed, err)
+	}
+	return err
+}
+
+func (l *Lent) fetch(ctx context.Context, slab record.Address, offset, size uint64) error {
+	o := l.slabs[slab]
 	if o == nil {
-		return fmt.Errorf("post-copy: slab %s is not lent", slab)
+		return fmt.Errorf("slab %s is not lent", slab)
 	}
 	i, ok := o.Find(offset, size)
 	if !ok {
-		return fmt.Errorf("post-copy: %w: slab %s, %d bytes at %d", errNoChunk, slab, size, offset)
+		return fmt.Errorf("%w: slab %s, %d bytes at %d", errNoChunk, slab, size, offset)
 	}
 	var err error
 	for try := range lentTries {
@@ -214,7 +243,7 @@ func (l *Lent) Fetch(ctx context.Context, slab record.Address, offset, size uint
 		}
 		err = o.ChunkAhead(ctx, i)
 		<-l.set.reads
-		if err == nil || errors.Is(err, transfer.ErrMismatch) || ctx.Err() != nil {
+		if err == nil || errors.Is(err, transfer.ErrMismatch) || errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
 			return err
 		}
 	}

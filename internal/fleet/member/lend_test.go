@@ -9,6 +9,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/etcdtest"
 	"github.com/runrecordd/runrecordd/internal/fleet"
+	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -121,5 +122,54 @@ func TestLendNothingOrRefused(t *testing.T) {
 	}
 	if l, err := m.Lend(t.Context(), "s"); l != nil || !errors.Is(err, store.ErrStranded) {
 		t.Fatalf("lend of a stranded owing: %v, %v", l, err)
+	}
+}
+
+// A source that sends wrong bytes for a lent slab fails the loan's fetch
+// (store.ErrOwed, transfer.ErrMismatch), and that loan's slab stays
+// refused; but the background fetch's next try asks the source anew, in
+// a fresh file: once the source serves the right bytes the owing ends,
+// the loan still open. Seen failing first: every try reused the refused
+// slab while the loan lasted.
+func TestLendRefusedSlabRetired(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/lend-retired/", 5*time.Second)
+	a := join(t, dir, "a")
+	p := &peers{}
+	m, st, _, _ := room(t, a, p)
+	o, _ := owingFrom(t, m, a, p)
+	path := p.from.Path(o.Slabs[0])
+	good, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := bytes.Clone(good)
+	bad[5] ^= 1
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.Lend(t.Context(), "s")
+	if err != nil || l == nil {
+		t.Fatalf("lend: %v, %v", l, err)
+	}
+	defer l.Close()
+	if err := l.Fetch(t.Context(), o.Slabs[0], 0, 16<<10); !errors.Is(err, store.ErrOwed) || !errors.Is(err, transfer.ErrMismatch) {
+		t.Fatalf("fetch of wrong bytes: %v", err)
+	}
+	if err := os.WriteFile(path, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for st.Owes("s") != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("the owing did not end once the source served the right bytes: %v", st.Owes("s"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := l.Fetch(t.Context(), o.Slabs[0], 0, 16<<10); !errors.Is(err, transfer.ErrMismatch) {
+		t.Fatalf("the loan's refused slab fetched again: %v", err)
 	}
 }

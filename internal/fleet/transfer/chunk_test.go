@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -240,15 +241,23 @@ func TestOwedFill(t *testing.T) {
 	}
 }
 
-// A read that fails on the link (here: the source answers 503 once) is
-// not final, unlike wrong bytes: the next Fill brings the slab in. Seen
-// failing first: the first failure stayed.
+// A read that fails on the link (here: the source answers 503 once, to
+// the chunks' read or to the read of bytes no chunk covers) is not final,
+// unlike wrong bytes: the next Fill brings the slab in. Seen failing
+// first: the first failure stayed, for chunks already written too.
 func TestOwedLinkFailureNotFinal(t *testing.T) {
 	fx := newSlab(t)
+	gap := fmt.Sprintf("bytes=%d-", fx.chunks[1].Offset+fx.chunks[1].Size)
+	for _, failing := range []string{"bytes=0-", gap} {
+		t.Run(failing, func(t *testing.T) { testOwedLinkFailure(t, fx, failing) })
+	}
+}
+
+func testOwedLinkFailure(t *testing.T, fx slabFixture, failing string) {
 	var failed atomic.Bool
 	srv := serve(t, fx.src, func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if failed.CompareAndSwap(false, true) {
+			if strings.HasPrefix(r.Header.Get("Range"), failing) && failed.CompareAndSwap(false, true) {
 				http.Error(w, "not now", http.StatusServiceUnavailable)
 				return
 			}
@@ -264,6 +273,9 @@ func TestOwedLinkFailureNotFinal(t *testing.T) {
 	if err := o.Fill(t.Context()); !errors.Is(err, transfer.ErrPeer) {
 		t.Fatalf("Fill with the source failing: %v, want ErrPeer", err)
 	}
+	if err := o.Chunk(t.Context(), 0); err != nil {
+		t.Fatalf("Chunk 0 after a link failure: %v", err)
+	}
 	if err := o.Fill(t.Context()); err != nil {
 		t.Fatalf("Fill again: %v", err)
 	}
@@ -276,12 +288,13 @@ func TestOwedRefused(t *testing.T) {
 	fx := newSlab(t)
 	ctx := context.Background()
 	for _, tc := range []struct {
-		name string
-		off  int64
-		want error
+		name    string
+		off     int64
+		want    error
+		written bool // chunk 0 written before the refusal
 	}{
-		{"a chunk's byte", int64(fx.chunks[1].Offset) + 5, transfer.ErrChunk},
-		{"a byte no chunk covers", int64(fx.chunks[2].Offset) - 1, transfer.ErrMismatch},
+		{"a chunk's byte", int64(fx.chunks[1].Offset) + 5, transfer.ErrChunk, false},
+		{"a byte no chunk covers", int64(fx.chunks[2].Offset) - 1, transfer.ErrMismatch, true},
 	} {
 		srv := serve(t, fx.src, tamper(tc.off))
 		dst := mustStore(t)
@@ -293,8 +306,9 @@ func TestOwedRefused(t *testing.T) {
 		if err := o.Fill(ctx); !errors.Is(err, tc.want) || !errors.Is(err, transfer.ErrMismatch) || !errors.Is(err, store.ErrCorrupt) {
 			t.Errorf("%s: Fill: %v, want %v", tc.name, err, tc.want)
 		}
-		// Final: no chunk is asked again, nothing is adopted.
-		if err := o.Chunk(ctx, 0); !errors.Is(err, tc.want) {
+		// Final: no chunk is asked again, nothing is adopted; a chunk
+		// written, verified, before the refusal is still answered.
+		if err := o.Chunk(ctx, 0); tc.written != (err == nil) || (err != nil && !errors.Is(err, tc.want)) {
 			t.Errorf("%s: Chunk after the refusal: %v", tc.name, err)
 		}
 		if err := o.Adopt(ctx, dst); !errors.Is(err, tc.want) || dst.Has(fx.slab.Address) {

@@ -87,6 +87,9 @@ func NewOwed(st *store.Store, from Source, slab store.Entry, chunks []store.Slab
 	return &Owed{from: from, slab: slab, chunks: cs, dir: dir, f: f, have: make([]bool, len(cs)), busy: make([]chan struct{}, len(cs))}, nil
 }
 
+// Size is the slab's size.
+func (o *Owed) Size() uint64 { return o.slab.Size }
+
 // servedName is the slab's file's second name in its staging directory.
 const servedName = "served"
 
@@ -113,13 +116,13 @@ func (o *Owed) Chunk(ctx context.Context, i int) error {
 	}
 	for {
 		o.mu.Lock()
+		if o.have[i] { // verified when written, whatever came after
+			o.mu.Unlock()
+			return nil
+		}
 		if err := o.err; err != nil {
 			o.mu.Unlock()
 			return err
-		}
-		if o.have[i] {
-			o.mu.Unlock()
-			return nil
 		}
 		if ch := o.busy[i]; ch != nil {
 			o.mu.Unlock()
@@ -180,6 +183,10 @@ func (o *Owed) ended(is []int, chs []chan struct{}, err error) {
 // itself was taken by another fetch meanwhile).
 func (o *Owed) run(ctx context.Context, i int) (int, error) {
 	o.mu.Lock()
+	if o.have[i] {
+		o.mu.Unlock()
+		return i + 1, nil
+	}
 	if o.err != nil {
 		o.mu.Unlock()
 		return i, o.err
@@ -240,7 +247,7 @@ func (o *Owed) Fill(ctx context.Context) error {
 		for at < c.Offset {
 			n := min(c.Offset-at, MaxRange)
 			if err := o.gap(ctx, at, n); err != nil {
-				return o.fail(err)
+				return err // unverified bytes: only the whole can refuse them
 			}
 			at += n
 		}
@@ -248,7 +255,7 @@ func (o *Owed) Fill(ctx context.Context) error {
 	}
 	h := blake3.New(32, nil)
 	if _, err := io.Copy(h, io.NewSectionReader(o.f, 0, int64(o.slab.Size))); err != nil {
-		return o.fail(fmt.Errorf("transfer: %w", err))
+		return fmt.Errorf("transfer: %w", err)
 	}
 	var got record.Address
 	h.Sum(got[:0])
@@ -265,6 +272,14 @@ func (o *Owed) gap(ctx context.Context, off, n uint64) error {
 		_, err = o.f.WriteAt(b, int64(off))
 	}
 	return err
+}
+
+// Err is the refusal of the source's bytes that ended the slab's filling
+// ([ErrMismatch]), or nil: its written chunks are still served.
+func (o *Owed) Err() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.err
 }
 
 func (o *Owed) fail(err error) error {
