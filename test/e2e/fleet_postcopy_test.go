@@ -62,6 +62,17 @@ func waitOwing(t *testing.T, d *daemon, id, source, state string) {
 	t.Fatalf("the %s daemon's owings: %+v; want %s from %s, %s", d.name, last, id, source, state)
 }
 
+// verifiedWhole checks that run id's record verifies on every daemon of
+// ds, owing no slab.
+func verifiedWhole(t *testing.T, id string, ds ...*daemon) {
+	t.Helper()
+	for _, d := range ds {
+		if v, err := d.c.Verify(context.Background(), id); err != nil || !v.OK || v.Owed != 0 {
+			t.Fatalf("verify on the %s daemon: %+v, %v", d.name, v, err)
+		}
+	}
+}
+
 // TestFleetPostCopyParked: a parked oracle whose park is in the slab form
 // migrates to a post-copy target (docs/fleet.md, "Post-copy"): the target
 // stores and claims it before its memory slabs are there, answers, brings
@@ -83,11 +94,7 @@ func TestFleetPostCopyParked(t *testing.T) {
 	}
 	waitLog(t, b, "post-copy: every slab of the run is here")
 	waitLog(t, a, "post-copy: the target holds the run; its hold here ends")
-	for _, d := range []*daemon{a, b} {
-		if v, err := d.c.Verify(ctx, id); err != nil || !v.OK || v.Owed != 0 {
-			t.Fatalf("verify on the %s daemon: %+v, %v", d.name, v, err)
-		}
-	}
+	verifiedWhole(t, id, a, b)
 	resume(t, b, id, onA, atPark)
 	if v, err := b.c.Verify(ctx, id); err != nil || !v.OK {
 		t.Fatalf("verify on the target after the resume: %+v, %v", v, err)
@@ -185,11 +192,7 @@ func TestFleetPostCopyCrash(t *testing.T) {
 			if h, err := a.c.Host(ctx); err != nil || len(h.PostCopyHolds) != 0 {
 				t.Fatalf("the source's holds: %+v, %v; want none", h.PostCopyHolds, err)
 			}
-			for _, d := range []*daemon{a, b} {
-				if v, err := d.c.Verify(ctx, id); err != nil || !v.OK || v.Owed != 0 {
-					t.Fatalf("verify on the %s daemon: %+v, %v", d.name, v, err)
-				}
-			}
+			verifiedWhole(t, id, a, b)
 			resume(t, b, id, onA, atPark)
 		})
 	}
@@ -256,11 +259,7 @@ func TestFleetPostCopyNotHeld(t *testing.T) {
 	if h, err := b.c.Host(ctx); err != nil || len(h.PostCopyOwings) != 0 {
 		t.Fatalf("the target's owings after the close: %+v, %v; want none", h.PostCopyOwings, err)
 	}
-	for _, d := range []*daemon{a, b} {
-		if v, err := d.c.Verify(ctx, id); err != nil || !v.OK || v.Owed != 0 {
-			t.Fatalf("verify on the %s daemon: %+v, %v", d.name, v, err)
-		}
-	}
+	verifiedWhole(t, id, a, b)
 }
 
 // handOverToDead migrates run id from a to b (host key keyB), b armed to
@@ -285,6 +284,24 @@ func handOverToDead(t *testing.T, a, b *daemon, id, keyB string) (time.Time, api
 		t.Fatalf("the source's holds: %+v, %v; want %s held for %s", h.PostCopyHolds, err, id, keyB)
 	}
 	return failed, h
+}
+
+// postCopyRunning is postCopyHosts with the oracle id running on the
+// source, its first line verified; the target armed with failpoint fault
+// when one is given.
+func postCopyRunning(t *testing.T, id, wait, fault string) (a, b *daemon, keyB string) {
+	t.Helper()
+	f := fleetCluster(t)
+	a, b, _, keyB = postCopyHosts(t, f, "10s", wait)
+	if fault != "" {
+		mustStop(t, b)
+		b.env = []string{failpoint.Env + "=" + fault}
+		mustStart(t, b)
+	}
+	startOracle(t, a, id, oracleImage)
+	closeAtEnd(t, b, id)
+	waitLines(t, a.stdout(id), "the oracle's first verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 })
+	return a, b, keyB
 }
 
 // migrateExecuting migrates running oracle id from a to b (keyB) and
@@ -314,13 +331,8 @@ func migrateExecuting(t *testing.T, a *daemon, id, keyB string) ([]line, line) {
 // target find it whole.
 func TestFleetPostCopyExecuting(t *testing.T) {
 	privileged(t)
-	ctx := context.Background()
-	f := fleetCluster(t)
-	a, b, _, keyB := postCopyHosts(t, f, "10s", "30s")
 	const id = "postcopy-exec"
-	startOracle(t, a, id, oracleImage)
-	closeAtEnd(t, b, id)
-	waitLines(t, a.stdout(id), "the oracle's first verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 })
+	a, b, keyB := postCopyRunning(t, id, "30s", "")
 	onA, atPark := migrateExecuting(t, a, id, keyB)
 	waitLog(t, b, "post-copy=true")
 	ls := waitLines(t, b.stdout(id), "a line verified on the target", func(ls []line) bool {
@@ -336,11 +348,7 @@ func TestFleetPostCopyExecuting(t *testing.T) {
 	}
 	waitLog(t, b, "post-copy: every slab of the run is here")
 	waitLog(t, a, "post-copy: the target holds the run; its hold here ends")
-	for _, d := range []*daemon{a, b} {
-		if v, err := d.c.Verify(ctx, id); err != nil || !v.OK || v.Owed != 0 {
-			t.Fatalf("verify on the %s daemon: %+v, %v", d.name, v, err)
-		}
-	}
+	verifiedWhole(t, id, a, b)
 	_, again := park(t, b, id)
 	resume(t, b, id, onA, again)
 }
@@ -360,15 +368,8 @@ func TestFleetPostCopyExecuting(t *testing.T) {
 func TestFleetPostCopyExecutingSourceGone(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	f := fleetCluster(t)
-	a, b, _, keyB := postCopyHosts(t, f, "10s", "2s")
-	mustStop(t, b)
-	b.env = []string{failpoint.Env + "=postcopy.fill"}
-	mustStart(t, b)
 	const id = "postcopy-gone"
-	startOracle(t, a, id, oracleImage)
-	closeAtEnd(t, b, id)
-	waitLines(t, a.stdout(id), "the oracle's first verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 })
+	a, b, keyB := postCopyRunning(t, id, "2s", "postcopy.fill")
 	found := make(chan int, 1)
 	go stopLazyPages(b, id, 2, found)
 	onA, atPark := migrateExecuting(t, a, id, keyB)
@@ -431,15 +432,8 @@ func TestFleetPostCopyExecutingSourceGone(t *testing.T) {
 func TestFleetPostCopyParkWhileOwing(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
-	f := fleetCluster(t)
-	a, b, _, keyB := postCopyHosts(t, f, "10s", "2s")
-	mustStop(t, b)
-	b.env = []string{failpoint.Env + "=postcopy.fill"}
-	mustStart(t, b)
 	const id = "postcopy-park"
-	startOracle(t, a, id, oracleImage)
-	closeAtEnd(t, b, id)
-	waitLines(t, a.stdout(id), "the oracle's first verified line", func(ls []line) bool { return len(ls) > 0 && last(ls).VerifiedAt > 0 })
+	a, b, keyB := postCopyRunning(t, id, "2s", "postcopy.fill")
 	onA, _ := migrateExecuting(t, a, id, keyB)
 	waitResident(t, b, id)
 	if v, err := b.c.Verify(ctx, id); err != nil || !v.OK || v.Owed == 0 {

@@ -14,6 +14,17 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
+// alone is a member of a fleet of its own under prefix, its session a,
+// with fake peers p (room).
+func alone(t *testing.T, prefix string) (*Member, *store.Store, *fleet.Session, *peers) {
+	t.Helper()
+	dir := fleet.New(etcdtest.Shared(t).Client(t), prefix, 5*time.Second)
+	a := join(t, dir, "a")
+	p := &peers{}
+	m, st, _, _ := room(t, a, p)
+	return m, st, a, p
+}
+
 // owingFrom stores in m's store run "s" owing two slabs, one chunk each,
 // which src, the source, holds and m's store does not.
 func owingFrom(t *testing.T, m *Member, h *fleet.Session, p *peers) (o *store.Owing, chunks [][]byte) {
@@ -48,11 +59,7 @@ func owingFrom(t *testing.T, m *Member, h *fleet.Session, p *peers) (o *store.Ow
 // background fetch adopted the slab and the owing ended; the loan's end
 // removes the file. Seen failing first: the file went with the adoption.
 func TestLendServesWhileTheFetchGoesOn(t *testing.T) {
-	c := etcdtest.Shared(t)
-	dir := fleet.New(c.Client(t), "/lend/", 5*time.Second)
-	a := join(t, dir, "a")
-	p := &peers{}
-	m, st, _, _ := room(t, a, p)
+	m, st, a, p := alone(t, "/lend/")
 	o, chunks := owingFrom(t, m, a, p)
 	l, err := m.Lend(t.Context(), "s")
 	if err != nil || l == nil {
@@ -97,22 +104,22 @@ func TestLendServesWhileTheFetchGoesOn(t *testing.T) {
 			t.Fatalf("the loan ended, %s stays: %v", path, err)
 		}
 	}
-	m.paying.mu.Lock()
-	n := len(m.paying.runs)
-	m.paying.mu.Unlock()
-	if n != 0 {
+	if n := payersLeft(m); n != 0 {
 		t.Fatalf("%d payers left after the loan", n)
 	}
+}
+
+// payersLeft is how many runs' payers m keeps.
+func payersLeft(m *Member) int {
+	m.paying.mu.Lock()
+	defer m.paying.mu.Unlock()
+	return len(m.paying.runs)
 }
 
 // A run that owes nothing lends nothing; a stranded owing is refused at
 // once, as Pay refuses it.
 func TestLendNothingOrRefused(t *testing.T) {
-	c := etcdtest.Shared(t)
-	dir := fleet.New(c.Client(t), "/lend-refused/", 5*time.Second)
-	a := join(t, dir, "a")
-	p := &peers{}
-	m, st, _, _ := room(t, a, p)
+	m, st, a, p := alone(t, "/lend-refused/")
 	if l, err := m.Lend(t.Context(), "r"); l != nil || err != nil {
 		t.Fatalf("lend of a run owing nothing: %v, %v", l, err)
 	}
@@ -132,11 +139,7 @@ func TestLendNothingOrRefused(t *testing.T) {
 // the loan still open. Seen failing first: every try reused the refused
 // slab while the loan lasted.
 func TestLendRefusedSlabRetired(t *testing.T) {
-	c := etcdtest.Shared(t)
-	dir := fleet.New(c.Client(t), "/lend-retired/", 5*time.Second)
-	a := join(t, dir, "a")
-	p := &peers{}
-	m, st, _, _ := room(t, a, p)
+	m, st, a, p := alone(t, "/lend-retired/")
 	o, _ := owingFrom(t, m, a, p)
 	path := p.from.Path(o.Slabs[0])
 	good, err := os.ReadFile(path)

@@ -506,10 +506,7 @@ func TestPayersPruned(t *testing.T) {
 	if err := m.payOnce(t.Context(), "s"); err != nil {
 		t.Fatal(err)
 	}
-	m.paying.mu.Lock()
-	n := len(m.paying.runs)
-	m.paying.mu.Unlock()
-	if n != 0 {
+	if n := payersLeft(m); n != 0 {
 		t.Fatalf("%d payers left", n)
 	}
 }
