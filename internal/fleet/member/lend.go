@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runrecordd/runrecordd/internal/fleet/transfer"
@@ -127,6 +128,8 @@ type Lent struct {
 	set   *owedSet
 	slabs map[record.Address]*transfer.Owed // as lent: a slab retired later stays this loan's
 	close func()
+	// logged: a refused fetch was logged.
+	logged atomic.Bool
 }
 
 // Lend lends run id's owed slabs to a lazy resume, and has the background
@@ -212,7 +215,9 @@ const (
 func (l *Lent) Fetch(ctx context.Context, slab record.Address, offset, size uint64) error {
 	err := l.fetch(ctx, slab, offset, size)
 	if err != nil && ctx.Err() == nil {
-		l.m.cfg.Log.Warn("post-copy: a chunk the lazy restore needs is not fetched", "run", l.id, "slab", slab, "offset", offset, "err", err)
+		if l.logged.CompareAndSwap(false, true) { // the first: read-ahead asks many at once
+			l.m.cfg.Log.Warn("post-copy: a chunk the lazy restore needs is not fetched", "run", l.id, "slab", slab, "offset", offset, "err", err)
+		}
 		err = fmt.Errorf("post-copy: %w: %w", store.ErrOwed, err)
 	}
 	return err

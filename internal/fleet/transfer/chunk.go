@@ -155,7 +155,10 @@ func readRange(ctx context.Context, from Source, rg Range, check bool) ([]byte, 
 		if outer.Err() != nil {
 			return nil, outer.Err()
 		}
-		return nil, fmt.Errorf("transfer: %s: %w: %d of its %d bytes (%v)", what, ErrTruncated, n, rg.Size, err)
+		if ctx.Err() != nil { // RangeTimeout: a source that stalled
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("transfer: %s: %w: %d of its %d bytes (%w)", what, ErrTruncated, n, rg.Size, err)
 	}
 	if got := record.Sum(b); check && got != rg.Sum {
 		return nil, fmt.Errorf("transfer: %s: %w: %d bytes hash to %s, listed as %s", what, ErrChunk, rg.Size, got, rg.Sum)
