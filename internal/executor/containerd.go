@@ -253,6 +253,28 @@ func (d *Containerd) supervise(bin string, ready chan<- error) {
 	}
 }
 
+// sweepDeletedBundles removes, while containerd is not running, the task
+// bundles under its state directory state that a deletion renamed
+// (.ID, beside where ID was) and did not remove: containerd killed between
+// the two (with this daemon, kill -9). Left, the next deletion of a bundle
+// of that id fails on the rename, the bundle stays, and every task of the
+// id fails to be made ("mkdir …/ID: file exists"). Mounts under one are
+// detached first. It returns those removed.
+func sweepDeletedBundles(state string) []string {
+	dirs, _ := filepath.Glob(filepath.Join(state, "io.containerd.runtime.v2.task", "*", ".*"))
+	var out []string
+	for _, dir := range dirs {
+		if info, err := os.Lstat(dir); err != nil || !info.IsDir() {
+			continue
+		}
+		if unmountUnder(dir) != nil || os.RemoveAll(dir) != nil {
+			continue
+		}
+		out = append(out, dir)
+	}
+	return out
+}
+
 // daemonRun is one run of the daemon process.
 type daemonRun struct {
 	cmd    *exec.Cmd
@@ -285,6 +307,9 @@ func (d *Containerd) logFile() cappedLog {
 func (d *Containerd) spawn(bin string) (*daemonRun, error) {
 	if _, err := d.logFile().rotate(); err != nil {
 		d.log.Warn("containerd's log: could not rotate", "err", err)
+	}
+	for _, b := range sweepDeletedBundles(filepath.Join(d.dir, "state")) {
+		d.log.Info("containerd: removed a task bundle whose deletion a kill cut short", "bundle", b)
 	}
 	logf, err := os.OpenFile(filepath.Join(d.dir, "containerd.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
