@@ -3,12 +3,9 @@ package park
 import (
 	"context"
 	"fmt"
-	"io"
-	"os"
 
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
-	"lukechampine.com/blake3"
 )
 
 // Owed is what a lazy resume knows of the slabs a post-copy migration
@@ -53,23 +50,15 @@ func (c chunkFiles) path(ch store.Chunk) string {
 // sumChunk is the hash of chunk ch's bytes in its slab: in the store, or,
 // fetched first, in the file its owed slab is filled in.
 func sumChunk(ctx context.Context, st *store.Store, ch store.Chunk, owed Owed) (record.Address, error) {
-	p, ok := owedPath(ch, owed)
-	if !ok {
+	if _, ok := owedPath(ch, owed); !ok {
 		return st.SumRange(ch.In.Address, ch.Offset, ch.Size)
 	}
 	if err := owed.Fetch(ctx, ch.In.Address, ch.Offset, ch.Size); err != nil {
 		return record.Address{}, fmt.Errorf("chunk %q of owed slab %s: %w", ch.Name, ch.In.Address, err)
 	}
-	f, err := os.Open(p)
+	b, err := readChunk(chunkFiles{st, owed}, ch)
 	if err != nil {
 		return record.Address{}, err
 	}
-	defer f.Close()
-	h := blake3.New(32, nil)
-	if _, err := io.Copy(h, io.NewSectionReader(f, int64(ch.Offset), int64(ch.Size))); err != nil {
-		return record.Address{}, err
-	}
-	var a record.Address
-	h.Sum(a[:0])
-	return a, nil
+	return record.Sum(b), nil
 }

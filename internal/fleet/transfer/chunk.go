@@ -160,8 +160,19 @@ func readRange(ctx context.Context, from Source, rg Range, check bool) ([]byte, 
 		}
 		return nil, fmt.Errorf("transfer: %s: %w: %d of its %d bytes (%w)", what, ErrTruncated, n, rg.Size, err)
 	}
-	if got := record.Sum(b); check && got != rg.Sum {
-		return nil, fmt.Errorf("transfer: %s: %w: %d bytes hash to %s, listed as %s", what, ErrChunk, rg.Size, got, rg.Sum)
+	if check {
+		if err := checkChunk(rg.Object, rg.Offset, b, rg.Sum); err != nil {
+			return nil, err
+		}
 	}
 	return b, nil
+}
+
+// checkChunk refuses b, the bytes at off of object obj, unless they hash
+// to sum, their chunk's listed address ([ErrChunk]).
+func checkChunk(obj record.Address, off uint64, b []byte, sum record.Address) error {
+	if got := record.Sum(b); got != sum {
+		return fmt.Errorf("transfer: object %s at %d: %w: %d bytes hash to %s, listed as %s", obj, off, ErrChunk, len(b), got, sum)
+	}
+	return nil
 }

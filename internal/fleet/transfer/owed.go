@@ -136,13 +136,7 @@ func (o *Owed) Chunk(ctx context.Context, i int) error {
 		ch := make(chan struct{})
 		o.busy[i] = ch
 		o.mu.Unlock()
-		c := o.chunks[i]
-		b, err := ReadRange(ctx, o.from, Range{Object: o.slab.Address, Offset: c.Offset, Size: c.Size, Sum: c.Address})
-		if err == nil {
-			_, err = o.f.WriteAt(b, int64(c.Offset))
-		}
-		o.ended([]int{i}, []chan struct{}{ch}, err)
-		return err
+		return o.read(ctx, []int{i}, []chan struct{}{ch})
 	}
 }
 
@@ -208,20 +202,24 @@ func (o *Owed) run(ctx context.Context, i int) (int, error) {
 	if len(is) == 0 {
 		return i + 1, o.Chunk(ctx, i) // written, or another fetch's: wait for it
 	}
-	first, lastC := o.chunks[is[0]], o.chunks[is[len(is)-1]]
-	b, err := readRange(ctx, o.from, Range{Object: o.slab.Address, Offset: first.Offset, Size: lastC.Offset + lastC.Size - first.Offset}, false)
+	return is[len(is)-1] + 1, o.read(ctx, is, chs)
+}
+
+// read fetches chunks is, back to back and marked busy as chs, in one
+// ranged read, checks each against its index record, writes them unless
+// one is refused, and records the end (ended).
+func (o *Owed) read(ctx context.Context, is []int, chs []chan struct{}) error {
+	first, last := o.chunks[is[0]], o.chunks[is[len(is)-1]]
+	b, err := readRange(ctx, o.from, Range{Object: o.slab.Address, Offset: first.Offset, Size: last.Offset + last.Size - first.Offset}, false)
 	for k := 0; err == nil && k < len(is); k++ {
 		c := o.chunks[is[k]]
-		part := b[c.Offset-first.Offset : c.Offset-first.Offset+c.Size]
-		if got := record.Sum(part); got != c.Address {
-			err = fmt.Errorf("transfer: object %s at %d: %w: %d bytes hash to %s, listed as %s", o.slab.Address, c.Offset, ErrChunk, c.Size, got, c.Address)
-		}
+		err = checkChunk(o.slab.Address, c.Offset, b[c.Offset-first.Offset:c.Offset-first.Offset+c.Size], c.Address)
 	}
 	if err == nil {
 		_, err = o.f.WriteAt(b, int64(first.Offset))
 	}
 	o.ended(is, chs, err)
-	return is[len(is)-1] + 1, err
+	return err
 }
 
 // Held is how many of the slab's chunks are written, of how many.
