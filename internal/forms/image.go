@@ -14,6 +14,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/park"
+	"github.com/runrecordd/runrecordd/internal/platform"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/record"
 	"github.com/runrecordd/runrecordd/pkg/unit"
@@ -89,12 +90,25 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 	if err := f.unlink(u); err != nil {
 		return Taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
-	res, err := park.Image(ctx, f.h.Store, u.Sandbox, park.ImageOptions{Deadline: imageparks.Deadline(f.h.CRIUDeadline, mem), MaxRootfs: room, Base: lastMemory(raw.Segments)})
+	res, err := park.Image(ctx, f.h.Store, u.Sandbox, park.ImageOptions{Deadline: imageparks.Deadline(f.h.CRIUDeadline, mem), MaxRootfs: room, Base: lastMemory(raw.Segments), Kin: f.kin(u.Run)})
 	if err != nil {
 		return Taken{}, errors.Join(fmt.Errorf("park %s: %w", id, err), f.relink(u))
 	}
 	ck := res.Checkpointed()
 	return Taken{Snapshot: res.Snapshot, Retained: res.Retained, Keys: f.Keys(), Details: []attest.Detail{ck}, Checkpoint: &ck}, nil
+}
+
+// kin is the kin of run's parks (park.ImageOptions.Kin): the key it is
+// booked to, the zero address for the operator's, and its unit's image.
+// A run whose book cannot be read has none: its parks share with no
+// other run's.
+func (f Image) kin(run Run) string {
+	key, err := platform.Booked(f.h.StateDir, run.ID)
+	if err != nil {
+		f.h.Log.Warn("park: sharing no chunks with other runs", "run", run.ID, "err", err)
+		return ""
+	}
+	return key.String() + " " + run.Spec.Image
 }
 
 // lastMemory is the memory image of the last image park of segs, if any:

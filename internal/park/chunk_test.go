@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -473,4 +474,77 @@ func TestImageChunkedMadeIndexForgedSlab(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(trees.ImageDir, "pages-1.img")); err != nil || !bytes.Equal(got, pages) {
 		t.Fatalf("the park on a forged slab lays out %d bytes that are not its pages (%v)", len(got), err)
 	}
+}
+
+// A run's first park, without a base, lists the chunks it shares with
+// the newest park of its kin in that park's slabs; a run of another kin
+// shares none, and a kin park whose slab was collected stores every
+// chunk rather than failing. The kin's slabs are touched, so that no
+// collection's grace passes between the plan and the ingest.
+func TestImageChunkedKin(t *testing.T) {
+	st := mustStore(t)
+	st.SetChunkedImages(true)
+	pages := content(41, 600*pageSize)
+	park := func(pages []byte, kin string) Result {
+		t.Helper()
+		p := &producer{t: t, images: chunkedImages(pages), rootfs: content(42, 4096)}
+		res, err := Image(t.Context(), st, p, ImageOptions{Kin: kin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	a := park(pages, "key image")
+	slab := func(res Result) store.Entry {
+		t.Helper()
+		es, err := st.Listing(*res.Snapshot.Memory)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfs, err := store.ChunkedFiles(es, st.ReadIndex)
+		if err != nil || len(cfs) != 1 || len(cfs[0].Slabs) == 0 {
+			t.Fatalf("chunked files %d, %v", len(cfs), err)
+		}
+		return cfs[0].Slabs[0]
+	}
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(st.Path(slab(a).Address), old, old); err != nil {
+		t.Fatal(err)
+	}
+	pages2 := bytes.Clone(pages)
+	pages2[300*pageSize+7] ^= 1
+	b := park(pages2, "key image")
+	if b.Chunks.Held != a.Chunks.Chunks-1 || b.Chunks.New != ChunkSize {
+		t.Fatalf("a kin's first park: %+v", b.Chunks)
+	}
+	if info, err := os.Stat(st.Path(slab(a).Address)); err != nil || info.ModTime().Before(time.Now().Add(-time.Minute)) {
+		t.Fatalf("the kin's slab was not touched: %v", err)
+	}
+	trees, err := Layout(st, b.Snapshot, filepath.Join(t.TempDir(), "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(trees.ImageDir, "pages-1.img")); err != nil || !bytes.Equal(got, pages2) {
+		t.Fatalf("the kin's pages file: %d bytes, %v", len(got), err)
+	}
+	if off, err := Offered(t.Context(), st, b.Snapshot); err != nil || !off.Equal(b.Snapshot) {
+		t.Fatalf("offered %s, %v", off, err)
+	}
+	if c := park(pages, "other image"); c.Chunks.Held != 0 {
+		t.Fatalf("another kin's park held %d chunks", c.Chunks.Held)
+	}
+	if c := park(pages, ""); c.Chunks.Held != 0 {
+		t.Fatalf("a park of no kin held %d chunks", c.Chunks.Held)
+	}
+
+	// The kin's slab collected: every chunk is stored anew.
+	pages3 := content(43, 600*pageSize)
+	d := park(pages3, "gone")
+	if err := os.Remove(st.Path(slab(d).Address)); err != nil {
+		t.Fatal(err)
+	}
+	if e := park(pages3, "gone"); e.Chunks.Held != 0 || e.Chunks.New != int64(len(pages3)) {
+		t.Fatalf("a park whose kin's slab is gone: %+v", e.Chunks)
+	}
+	mustNoStaging(t, st.Dir())
 }

@@ -116,3 +116,42 @@ func (m *madeListings) has(st *store.Store, mem record.Address) bool {
 	defer m.mu.Unlock()
 	return m.set[checkedKey{st, mem}]
 }
+
+// kin holds, by store and kin ([ImageOptions.Kin]), the memory listing of
+// the newest park in the slab form that this process made of a run of
+// that kin. A run's first park lists, on their addresses alone, the
+// chunks it shares with that listing in its slabs (docs/chunked-images.md,
+// "Kin"): runs of one program hold many pages alike, and a first park
+// has no base of its own. At most kinMax kins are kept; then the set
+// starts again.
+var kin = kinParks{last: map[kinKey]record.Address{}}
+
+const kinMax = 1 << 12
+
+type kinKey struct {
+	st  *store.Store
+	kin string
+}
+
+type kinParks struct {
+	mu   sync.Mutex
+	last map[kinKey]record.Address
+}
+
+func (k *kinParks) put(st *store.Store, of string, mem record.Address) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.last) >= kinMax {
+		clear(k.last)
+	}
+	k.last[kinKey{st, of}] = mem
+}
+
+// get is the kin's newest listing, if this process still knows it as
+// one it made ([made]).
+func (k *kinParks) get(st *store.Store, of string) (record.Address, bool) {
+	k.mu.Lock()
+	mem, ok := k.last[kinKey{st, of}]
+	k.mu.Unlock()
+	return mem, ok && made.has(st, mem)
+}

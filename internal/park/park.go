@@ -127,6 +127,11 @@ type ImageOptions struct {
 	// Base is the memory image of the run's last image park, if any: a
 	// chunked park lists the chunks its slabs hold, unchanged, in them.
 	Base *record.Address
+	// Kin names the runs whose parks may share slabs with this one (the
+	// daemon's: the key the run is booked to and its unit's image); empty:
+	// none. Without a Base, a chunked park takes the chunks it shares
+	// with the newest park of its kin that this process made ([kin]).
+	Kin string
 }
 
 // Image checkpoints sb into staging directories on st's filesystem, leaving
@@ -148,19 +153,30 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	defer os.RemoveAll(root)
 	images := filepath.Join(mem, "images")
 	chunked := st.ChunkedImages()
-	// The chunks the base's slabs hold are found while CRIU dumps.
+	// The chunks the base's slabs hold, or the kin's, are found while
+	// CRIU dumps.
 	var held map[record.Address]heldAt
 	found := make(chan struct{})
-	if chunked && opt.Base != nil {
+	from, donor := opt.Base, false
+	if chunked && from == nil && opt.Kin != "" {
+		if mem, ok := kin.get(st, opt.Kin); ok {
+			from, donor = &mem, true
+		}
+	}
+	if chunked && from != nil {
 		go func() {
 			defer close(found)
-			held = heldChunks(baseFiles(st, opt.Base), made.has(st, *opt.Base))
+			files := baseFiles(st, from)
+			if donor && touchSlabs(st, files) != nil {
+				return // collected: the park stores every chunk
+			}
+			held = heldChunks(files, made.has(st, *from))
 		}()
 	} else {
 		close(found)
 	}
 	fo := followOptions{least: followMin, chunks: chunked}
-	if chunked && opt.Base != nil {
+	if chunked && from != nil {
 		// Pages files are later ones if the base holds chunks: else
 		// they are likely stored as they are, as slab 00.
 		fo.later = func(name string) bool {
@@ -238,6 +254,9 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	}
 	if len(plans) > 0 {
 		made.put(st, memAddr)
+		if opt.Kin != "" {
+			kin.put(st, opt.Kin, memAddr)
+		}
 	}
 	ri := rootIn()
 	if ri.err != nil {
@@ -263,6 +282,23 @@ func baseFiles(st *store.Store, base *record.Address) []store.ChunkedFile {
 	}
 	cfs, _ := store.ChunkedFiles(es, st.ReadIndex)
 	return cfs
+}
+
+// touchSlabs touches the slabs files list (store.Store.Touch), so that
+// no collection takes one before the park's ingest names it: a kin's
+// snapshots may be released meanwhile, unlike the run's own base.
+func touchSlabs(st *store.Store, files []store.ChunkedFile) error {
+	seen := map[record.Address]bool{}
+	var slabs []record.Address
+	for _, cf := range files {
+		for _, ch := range cf.Chunks {
+			if ch.In.Address != (record.Address{}) && !seen[ch.In.Address] {
+				seen[ch.In.Address] = true
+				slabs = append(slabs, ch.In.Address)
+			}
+		}
+	}
+	return st.Touch(slabs...)
 }
 
 func thaw(sb Checkpointer) error {

@@ -115,6 +115,28 @@ func (b *Books) Owner(run string) (record.Address, bool) {
 	return k, ok
 }
 
+// Booked reads run's book in the state directory stateDir without the
+// books open: the key that started run, or the zero address when none
+// did (the operator's run). A book that cannot be read, or holds no key
+// id, is an error.
+func Booked(stateDir, run string) (record.Address, error) {
+	if err := checkRun(run); err != nil {
+		return record.Address{}, err
+	}
+	text, err := os.ReadFile(filepath.Join(Dir(stateDir), run))
+	if errors.Is(err, os.ErrNotExist) {
+		return record.Address{}, nil
+	}
+	if err != nil {
+		return record.Address{}, fmt.Errorf("platform: %w", err)
+	}
+	key, err := record.ParseAddress(strings.TrimSpace(string(text)))
+	if err != nil {
+		return record.Address{}, fmt.Errorf("platform: run %s's book: %w", run, err)
+	}
+	return key, nil
+}
+
 // Owns reports whether key started run.
 func (b *Books) Owns(key record.Address, run string) bool {
 	k, ok := b.Owner(run)

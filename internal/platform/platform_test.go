@@ -69,6 +69,35 @@ func TestBooks(t *testing.T) {
 	}
 }
 
+// Booked reads one run's book without the books open: its key, the zero
+// address for a run with none, an error for a damaged one.
+func TestBooked(t *testing.T) {
+	state := t.TempDir()
+	books, err := Open(Dir(state))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := record.Sum([]byte("a"))
+	if err := books.Keep("r1", a); err != nil {
+		t.Fatal(err)
+	}
+	if key, err := Booked(state, "r1"); err != nil || key != a {
+		t.Fatalf("Booked(r1) = %s, %v", key, err)
+	}
+	if key, err := Booked(state, "r2"); err != nil || key != (record.Address{}) {
+		t.Fatalf("Booked(r2), not booked = %s, %v", key, err)
+	}
+	if _, err := Booked(state, "../r1"); err == nil {
+		t.Error("Booked(../r1) read outside the books")
+	}
+	if err := os.WriteFile(filepath.Join(Dir(state), "r3"), []byte("not a key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Booked(state, "r3"); err == nil {
+		t.Error("a damaged book was read")
+	}
+}
+
 // A platform run's grants are judged as a bundle's over the platform's
 // allow-list (empty: no mount at all), then its quotas.
 func TestCheck(t *testing.T) {

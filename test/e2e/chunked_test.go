@@ -127,7 +127,9 @@ func signalUnits(t *testing.T, d *daemon, sig syscall.Signal) {
 // and every object verify, and a bundle of the run parked three times
 // carries the shared chunks once: it is far smaller than three images. On
 // a second daemon, with --chunked-images=false, the bundle imports, the
-// run resumes from the chunks and parks whole.
+// run resumes from the chunks and parks whole. A second run of the unit
+// stores only a small fraction of its first park: its kin's slabs hold
+// the rest.
 func TestChunkedImages(t *testing.T) {
 	privileged(t)
 	parallelCrash(t) // beside the fleet tests (parallel_test.go)
@@ -222,6 +224,41 @@ func TestChunkedImages(t *testing.T) {
 	t.Logf("bundle of three parks: %d members, %d B (%.2f× one image)", len(members), buf.Len(), float64(buf.Len())/float64(image))
 	if int64(buf.Len()) > image*3/2 {
 		t.Fatalf("a bundle of three parks is %d bytes, one image %d: the chunks the parks share are not carried once", buf.Len(), image)
+	}
+
+	// A second run of the same unit, the operator's too: its first park
+	// lists the pages it shares with the first run's in that run's slabs
+	// (its kin, docs/chunked-images.md), and it resumes as one process.
+	const kin = "chunked-kin"
+	if _, err := a.c.Start(ctx, api.RunRequest{ID: kin,
+		Unit:   unit.Spec{Image: ballastImage, Env: []string{"SIZE_MB=64", "FILL=random", "TICK_MS=100", "VERIFY_EVERY=2"}},
+		Grants: unit.Grants{MilliCPU: 1000, MemoryBytes: 256 << 20, Network: unit.NoNetwork}}); err != nil {
+		t.Fatal(err)
+	}
+	closeAtEnd(t, a, kin)
+	kinOut := a.stdout(kin)
+	waitBallast(t, kinOut, "the kin's first verified line", func(l ballastLine) bool { return l.Verified > 0 })
+	before := stateOf(t, a).bytes
+	pk, err := a.c.Park(ctx, kin)
+	if err != nil {
+		t.Fatalf("the kin's first park: %v", err)
+	}
+	added := stateOf(t, a).bytes - before
+	if pk.Checkpoint == nil {
+		t.Fatal("the kin's first park: no checkpoint")
+	}
+	t.Logf("the kin's first park: image %d B, the store grew by %d B (%.2f%%)", pk.Checkpoint.ImageBytes, added, 100*float64(added)/float64(pk.Checkpoint.ImageBytes))
+	if added*5 > pk.Checkpoint.ImageBytes {
+		t.Fatalf("the kin's first park stored %d bytes of a %d-byte image: more than 20%%", added, pk.Checkpoint.ImageBytes)
+	}
+	atPark := ballastLines(t, kinOut)
+	if _, err := a.c.Resume(ctx, kin); err != nil {
+		t.Fatalf("the kin's resume: %v", err)
+	}
+	last := atPark[len(atPark)-1].Counter
+	ballastOnce(t, waitBallast(t, kinOut, "the kin: a line verified after its resume", func(l ballastLine) bool { return l.Verified > last }))
+	if err := verifyRun(ctx, a, kin); err != nil {
+		t.Fatal(err)
 	}
 
 	// Another host, chunks off: the bundle imports, and the run resumes
