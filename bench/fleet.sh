@@ -11,7 +11,8 @@
 #     earlier snapshots there. The hosts share this machine: each timed
 #     operation starts once the last resume has every page in and after a
 #     sync, so none pays for another's pages or writes.
-# As root, after `make build`. Leaves nothing running. Every host serves
+# As root, after `make build`. Leaves nothing running; FLEET_LOGS=DIR keeps
+# the hosts' and etcd's logs there. Every host serves
 # at its defaults (lazy, served resumes; a migration post-copy: the target
 # resumes before it holds the memory's slabs); --eager: with
 # --lazy-resume=false; --whole: with --post-copy=false (every byte moved

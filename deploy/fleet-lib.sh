@@ -28,6 +28,7 @@ fleet_cleanup() {
 		echo "fleet: left running:" >&2
 		echo "$left" >&2
 	fi
+	[ -n "${FLEET_LOGS:-}" ] && mkdir -p "$FLEET_LOGS" && cp "$work"/*.log "$FLEET_LOGS"/
 	rm -rf "$work"
 }
 

@@ -33,11 +33,14 @@ const MinChunked = 1 << 20
 
 // ChunkStats is what the chunking of a park's pages files found.
 type ChunkStats struct {
-	Files  int   // pages files stored in chunks
-	Chunks int   // their chunks
-	Held   int   // chunks the base park's slabs held already (not written again)
-	Early  int   // chunks hashed while CRIU wrote (early.go)
-	New    int64 // bytes of the chunks it did not hold
+	Files  int // pages files stored in chunks
+	Chunks int // their chunks
+	Held   int // chunks the base park's slabs held already (not written again)
+	Early  int // chunks hashed while CRIU wrote (early.go)
+	// Unchanged counts the chunks found the same, byte for byte, as a
+	// made base's chunk at their virtual address: not hashed.
+	Unchanged int
+	New       int64 // bytes of the chunks it did not hold
 }
 
 // planChunks prepares the slab form (store.ChunkedFiles, docs/store.md
@@ -57,7 +60,7 @@ type ChunkStats struct {
 // store.MaxChunks chunks, or one past store.MaxListedChunks of the
 // image's chunked files together stays whole. held is heldChunks of the
 // base, the memory image of the park before (nil: none).
-func planChunks(ctx context.Context, st *store.Store, images string, held map[record.Address]heldAt, early func(name string) map[uint64]earlyChunk) ([]*slabber, error) {
+func planChunks(ctx context.Context, st *store.Store, images string, base based, early func(name string) map[uint64]earlyChunk) ([]*slabber, error) {
 	pms, err := readPagemaps(images)
 	if err != nil {
 		return nil, fmt.Errorf("park: chunking: %w", err)
@@ -76,7 +79,7 @@ func planChunks(ctx context.Context, st *store.Store, images string, held map[re
 		}
 		total += n
 		done[pm.pages] = true
-		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: held, early: early(pm.pages)}
+		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: base.held, at: base.at[pm.pages], early: early(pm.pages)}
 		if err := c.plan(ctx, pm); err != nil {
 			return nil, fmt.Errorf("park: chunking %s: %w", pm.pages, err)
 		}
@@ -102,6 +105,7 @@ func putChunks(plans []*slabber, known map[string]store.Hashed) ([]store.Entry, 
 		cs.Chunks += len(c.ps)
 		cs.Held += c.held
 		cs.Early += int(c.fromEarly.Load())
+		cs.Unchanged += int(c.unchanged.Load())
 		cs.New += c.new
 	}
 	return stored, cs, nil
@@ -116,21 +120,50 @@ type heldAt struct {
 }
 
 // heldChunks maps each chunk address of base's slab-form files to where
-// a slab holds it; made is whether this process wrote base's listing.
+// a slab holds it, and, when made (this process wrote base's listing),
+// each file's virtual addresses to the chunks there.
 // Chunks of the one-file-per-chunk form are not used.
-func heldChunks(base []store.ChunkedFile, made bool) map[record.Address]heldAt {
-	held := map[record.Address]heldAt{}
+func heldChunks(base []store.ChunkedFile, made bool) based {
+	b := based{held: map[record.Address]heldAt{}}
+	if made {
+		b.at = map[string]map[uint64]chunkAt{}
+	}
 	for _, cf := range base {
 		if cf.Index == nil {
 			continue
 		}
+		var at map[uint64]chunkAt
+		if made {
+			at = make(map[uint64]chunkAt, len(cf.Chunks))
+			b.at[cf.Name] = at
+		}
 		for _, ch := range cf.Chunks {
-			if _, ok := held[ch.Address]; !ok {
-				held[ch.Address] = heldAt{ch.In, ch.Offset, made}
+			h := heldAt{ch.In, ch.Offset, made}
+			if _, ok := b.held[ch.Address]; !ok {
+				b.held[ch.Address] = h
+			}
+			if at != nil {
+				at[ch.Vaddr] = chunkAt{h, ch.Address, ch.Size}
 			}
 		}
 	}
-	return held
+	return b
+}
+
+// based is where a base park's slabs hold chunks: by address, and, when
+// this process wrote its listing (made), by file and virtual address.
+type based struct {
+	held map[record.Address]heldAt
+	at   map[string]map[uint64]chunkAt // nil unless made
+}
+
+// chunkAt is the chunk a made base's file holds at a virtual address:
+// a piece of the same address and size whose bytes are the same as
+// those its slab holds has its address, unhashed.
+type chunkAt struct {
+	heldAt
+	addr record.Address
+	size uint64
 }
 
 // slabber puts one staged pages file into the slab form.
@@ -140,6 +173,7 @@ type slabber struct {
 	name   string
 	mode   os.FileMode
 	base   map[record.Address]heldAt
+	at     map[uint64]chunkAt    // by virtual address: a made base's (heldChunks)
 	early  map[uint64]earlyChunk // by offset: chunks the follower hashed (early.go)
 	pm     pagemap               // the file's
 	ps     []piece               // planned
@@ -147,9 +181,11 @@ type slabber struct {
 	stored []store.Entry
 	held   int
 	new    int64
-	// fromEarly counts the pieces whose hash the follower made.
-	fromEarly atomic.Int64
-	index     record.Address // the index put staged
+	// fromEarly counts the pieces whose hash the follower made;
+	// unchanged, those found the same as a made base's chunk at their
+	// virtual address, unhashed.
+	fromEarly, unchanged atomic.Int64
+	index                record.Address // the index put staged
 }
 
 // piece is one chunk of the staged pages file being put in slabs.
@@ -290,7 +326,7 @@ func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 		}
 	}()
 	for _, h := range c.base {
-		if _, ok := slabs[h.slab.Address]; ok || h.made {
+		if _, ok := slabs[h.slab.Address]; ok || (h.made && c.at == nil) {
 			continue
 		}
 		slabs[h.slab.Address] = nil
@@ -319,6 +355,10 @@ func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 				if e, ok := c.early[pc.at]; ok && e.size == pc.size {
 					pc.addr, pc.early = e.addr, true
 					c.fromEarly.Add(1)
+				} else if h, ok := c.at[pc.vaddr]; ok && h.size == pc.size && sameAs(slabs[h.slab.Address], h.offset, b) {
+					pc.addr, pc.in = h.addr, &h.heldAt
+					c.unchanged.Add(1)
+					continue
 				} else {
 					pc.addr = record.Sum(b)
 				}
@@ -330,8 +370,7 @@ func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 					pc.in = &h
 					continue
 				}
-				if m := slabs[h.slab.Address]; h.offset <= uint64(len(m)) && pc.size <= uint64(len(m))-h.offset &&
-					bytes.Equal(m[h.offset:h.offset+pc.size], b) {
+				if sameAs(slabs[h.slab.Address], h.offset, b) {
 					pc.in = &h
 				}
 			}
@@ -339,6 +378,11 @@ func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// sameAs is whether the slab mapped as m holds b at offset.
+func sameAs(m []byte, offset uint64, b []byte) bool {
+	return offset <= uint64(len(m)) && uint64(len(b)) <= uint64(len(m))-offset && bytes.Equal(m[offset:offset+uint64(len(b))], b)
 }
 
 // rehashEarly hashes again, from the staged file's final bytes, the

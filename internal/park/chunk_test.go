@@ -2,6 +2,7 @@ package park
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -118,6 +119,11 @@ func TestImageChunked(t *testing.T) {
 	}
 	if res2.Chunks.New != ChunkSize || res2.Chunks.Held != res.Chunks.Chunks-1 {
 		t.Fatalf("second park: %+v", res2.Chunks)
+	}
+	// The base's listing is this process's: a chunk the same as the
+	// base's at its address is not hashed; the changed one is.
+	if res2.Chunks.Unchanged != res.Chunks.Chunks-1 {
+		t.Fatalf("second park: %d chunks found unchanged, want %d", res2.Chunks.Unchanged, res.Chunks.Chunks-1)
 	}
 	// The new slab and the index.
 	if res2.NewBytes != ChunkSize+int64(len(store.EncodeSlabIndex(make([]store.SlabChunk, res.Chunks.Chunks)))) {
@@ -547,4 +553,37 @@ func TestImageChunkedKin(t *testing.T) {
 		t.Fatalf("a park whose kin's slab is gone: %+v", e.Chunks)
 	}
 	mustNoStaging(t, st.Dir())
+}
+
+// A park whose base holds chunks stores its rw layer, whose ingest syncs
+// the filesystem, only once its staged pages file is gone: a syncfs
+// before would write the file back, mostly held chunks, for nothing. A
+// first park stores it at once, beside the chunking.
+func TestImageLaterRootAfterPut(t *testing.T) {
+	st := mustStore(t)
+	st.SetChunkedImages(true)
+	var staged []int // pages files staged when each rw layer's ingest began
+	defer func(f func(context.Context, *store.Store, string) (record.Address, store.IngestStats, error)) {
+		ingestRootfs = f
+	}(ingestRootfs)
+	ingestRootfs = func(ctx context.Context, st *store.Store, dir string) (record.Address, store.IngestStats, error) {
+		ps, err := filepath.Glob(filepath.Join(filepath.Dir(dir), "criu-*", "images", "pages-*.img"))
+		if err != nil {
+			t.Error(err)
+		}
+		staged = append(staged, len(ps))
+		return st.Ingest(ctx, dir)
+	}
+	pages := content(41, 600*pageSize)
+	res, err := Image(t.Context(), st, &producer{t: t, images: chunkedImages(pages), rootfs: content(42, 4096)}, ImageOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages[7] ^= 1
+	if _, err := Image(t.Context(), st, &producer{t: t, images: chunkedImages(pages), rootfs: content(42, 4096)}, ImageOptions{Base: res.Snapshot.Memory}); err != nil {
+		t.Fatal(err)
+	}
+	if len(staged) != 2 || staged[1] != 0 {
+		t.Fatalf("pages files staged as each rw layer's ingest began: %v; want the later park's gone", staged)
+	}
 }

@@ -429,7 +429,7 @@ func TestEarlyHashesCheckedWhereListed(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		plans, err := planChunks(t.Context(), st, dir, tc.held, func(string) map[uint64]earlyChunk { return tc.early })
+		plans, err := planChunks(t.Context(), st, dir, based{held: tc.held}, func(string) map[uint64]earlyChunk { return tc.early })
 		if err != nil || len(plans) != 1 {
 			t.Fatalf("%s: %d plans, %v", name, len(plans), err)
 		}
