@@ -224,12 +224,7 @@ func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Dur
 	}
 	m := f.h.Mark(id)
 	cp := executor.Checkpoint{ImageDir: trees.ImageDir, Rootfs: trees.Rootfs, Deadline: deadline, Pages: served}
-	r := restoring{id: id, spec: es, cp: cp, out: out, start: t0, lazy: w.Lazy}
-	if served != nil && w.Snapshot.Memory != nil {
-		mem := *w.Snapshot.Memory
-		r.verified = func() { park.Verified(f.h.Store, mem) }
-	}
-	sb, rs, pg, err := f.restoreSandbox(ctx, r)
+	sb, rs, pg, err := f.restoreSandbox(ctx, restoring{id: id, spec: es, cp: cp, out: out, start: t0, lazy: w.Lazy})
 	if err != nil {
 		return Woken{}, fmt.Errorf("resume %s: %w", id, err)
 	}

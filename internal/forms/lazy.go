@@ -82,8 +82,6 @@ func (e lazyExec) RestoreLazy(ctx context.Context, id string, spec executor.Spec
 type pages struct {
 	start time.Time     // the restore's start: Resident and PagesLost count from it
 	done  chan struct{} // closed once every page is resident, or pages were lost
-	// verified is called once every page is resident (restoring.verified).
-	verified func()
 
 	mu    sync.Mutex
 	entry attest.Entry // what became of them: a resident or a pages-lost entry
@@ -241,9 +239,6 @@ type restoring struct {
 	out   executor.Output
 	start time.Time
 	lazy  bool // restored lazily, where the host can (Waking.Lazy)
-	// verified, when set, is called once a lazy restore has every page
-	// in: a served one's page server verified each chunk it served.
-	verified func()
 }
 
 // restoreSandbox restores r's sandbox, lazily when the host can and its
@@ -270,7 +265,7 @@ func (f Image) restoreSandbox(ctx context.Context, r restoring) (Sandbox, execut
 		lp.Kill()
 		return nil, rs, nil, errors.Join(fmt.Errorf("%w: holding the unit's userfaultfds: %w", executor.ErrRestore, err), derr)
 	}
-	p := &pages{start: r.start, done: make(chan struct{}), verified: r.verified}
+	p := &pages{start: r.start, done: make(chan struct{})}
 	go p.watch(sb, lp, release, cp.Deadline, f.h.Log)
 	return sb, rs, p, nil
 }
@@ -319,9 +314,6 @@ func (p *pages) watch(sb Sandbox, lp Pages, release func(), deadline time.Durati
 	}
 	if lost == nil {
 		release()
-		if p.verified != nil {
-			p.verified()
-		}
 		p.finish(lp.ExitedAt(), nil, true)
 		return
 	}

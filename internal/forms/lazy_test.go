@@ -13,7 +13,6 @@ import (
 	"github.com/runrecordd/runrecordd/internal/criu/pageserver"
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/interval"
-	"github.com/runrecordd/runrecordd/internal/park"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/unit"
 )
@@ -234,49 +233,6 @@ func TestLazyServedJournaled(t *testing.T) {
 	}
 	if woke.Restored == nil || !woke.Restored.Lazy || !woke.Restored.Served {
 		t.Fatalf("a served lazy resume: restored %+v", woke.Restored)
-	}
-}
-
-// A served lazy restore that brought every page in verified each chunk
-// of its memory listing: a park based on it trusts the listing's chunk
-// addresses (park.Verified). One whose pages were lost, or that was not
-// served, verified nothing.
-func TestLazyServedVerifies(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		served bool
-		lost   error
-		want   bool
-	}{
-		{"served, every page in", true, nil, true},
-		{"served, pages lost", true, errors.New("lazy-pages died"), false},
-		{"not served, every page in", false, nil, false},
-	} {
-		h, box := testHost(t, nil)
-		l := newFakeLazy(box)
-		h.Lazy, h.LazyServed, h.CRIUDeadline = l, tc.served, time.Hour
-		f := h.For(unit.ImageMode)
-		sw, err := f.Start(t.Context(), stored(t, h, imageRun("r")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		taken, err := f.Snapshot(t.Context(), sw.Unit)
-		if err != nil {
-			t.Fatal(err)
-		}
-		mem := *taken.Snapshot.Memory
-		if park.Trusted(h.Store, mem) {
-			t.Fatalf("%s: the listing is trusted before the resume", tc.name)
-		}
-		woke, err := f.Wake(t.Context(), imageRun("r"), Waking{Snapshot: taken.Snapshot, Retained: taken.Retained, Lazy: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.pages.exit(tc.lost)
-		<-woke.Unit.PagesDone()
-		if got := park.Trusted(h.Store, mem); got != tc.want {
-			t.Errorf("%s: trusted %v, want %v", tc.name, got, tc.want)
-		}
 	}
 }
 

@@ -84,10 +84,9 @@ func (c *checkedListings) take(st *store.Store, mem record.Address) (checkedList
 }
 
 // made holds the memory listings this process's parks wrote in the slab
-// form (docs/store.md, "Slabs"), and those whose every chunk a served lazy
-// restore of this process verified ([Verified]): the chunks' addresses of
-// their indexes were hashed here from the bytes of the slabs they list, so
-// a later park lists a chunk of one in its slab on its address alone. The listing, not
+// form (docs/store.md, "Slabs"): the chunks' addresses of their indexes
+// were hashed here from the bytes of the slabs they list, so a later park
+// lists a chunk of one in its slab on its address alone. The listing, not
 // the index, is what is trusted: an index names its slabs by number, and
 // another listing may pair the same index with other slabs. Any other
 // listing (an imported one, or one made before the daemon started) is
@@ -102,17 +101,6 @@ type madeListings struct {
 	mu  sync.Mutex
 	set map[checkedKey]bool
 }
-
-// Verified says that this process checked every chunk of st's memory
-// listing mem against the bytes its slabs hold: a served lazy restore of
-// it brought every page in, each chunk hashed before its first page was
-// served (and the others before the restore). A park based on it then
-// lists a chunk in its slabs on its address alone, as if it made it.
-func Verified(st *store.Store, mem record.Address) { made.put(st, mem) }
-
-// Trusted reports whether a park based on st's memory listing mem takes
-// its chunks' addresses as they are: this process made it or verified it.
-func Trusted(st *store.Store, mem record.Address) bool { return made.has(st, mem) }
 
 func (m *madeListings) put(st *store.Store, mem record.Address) {
 	m.mu.Lock()
