@@ -14,6 +14,7 @@ import (
 	"github.com/runrecordd/runrecordd/internal/executor"
 	"github.com/runrecordd/runrecordd/internal/imageparks"
 	"github.com/runrecordd/runrecordd/internal/manifest"
+	"github.com/runrecordd/runrecordd/internal/platform"
 	"github.com/runrecordd/runrecordd/internal/store"
 	"github.com/runrecordd/runrecordd/pkg/attest"
 	"github.com/runrecordd/runrecordd/pkg/protocol"
@@ -460,5 +461,57 @@ func TestWakeRefusesTheOtherForm(t *testing.T) {
 	}
 	if len(box.restored) != 0 {
 		t.Fatalf("restored %q", box.restored)
+	}
+}
+
+// A run's kin (park.ImageOptions.Kin) is its book's key and its unit's
+// image; a run that reads secrets, one whose record arrived in a bundle
+// or a migration, and one with a damaged book have none.
+func TestKin(t *testing.T) {
+	h, _ := testHost(t, nil)
+	f := Image{h}
+	op := stored(t, h, imageRun("op"))
+	if got, want := f.kin(op), (record.Address{}).String()+" example/unit:1"; got != want {
+		t.Errorf("the operator's run: kin %q, want %q", got, want)
+	}
+	books, err := platform.Open(platform.Dir(h.StateDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := record.Sum([]byte("platform key"))
+	booked := stored(t, h, imageRun("booked"))
+	if err := books.Keep("booked", key); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.kin(booked), key.String()+" example/unit:1"; got != want {
+		t.Errorf("a booked run: kin %q, want %q", got, want)
+	}
+	secret := stored(t, h, imageRun("secret"))
+	secret.Grants.Secrets = []string{"token"}
+	if got := f.kin(secret); got != "" {
+		t.Errorf("a run reading secrets: kin %q", got)
+	}
+	elsewhere, _ := testHost(t, nil)
+	stored(t, elsewhere, imageRun("arrived"))
+	r, err := elsewhere.Store.Record("arrived")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"arrived unit", "arrived grants"} {
+		if _, err := h.Store.PutBytes([]byte(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.Store.Import("arrived", r); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.kin(imageRun("arrived")); got != "" {
+		t.Errorf("a run that arrived in a bundle: kin %q", got)
+	}
+	if err := os.WriteFile(filepath.Join(platform.Dir(h.StateDir), "op"), []byte("damaged\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.kin(op); got != "" {
+		t.Errorf("a run with a damaged book: kin %q", got)
 	}
 }

@@ -100,11 +100,20 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 
 // kin is the kin of run's parks (park.ImageOptions.Kin): the key it is
 // booked to, the zero address for the operator's, and its unit's image.
-// A run whose book cannot be read has none: its parks share with no
-// other run's.
+// A run that reads secrets, one whose record arrived from elsewhere (an
+// import or a migration: not booked here, whoever started it), and one
+// whose book cannot be read have none: their parks share with no other
+// run's, and none shares with theirs.
 func (f Image) kin(run Run) string {
-	key, err := platform.Booked(f.h.StateDir, run.ID)
-	if err != nil {
+	if len(run.Grants.Secrets) > 0 {
+		return ""
+	}
+	ret, err := f.h.Store.RetentionOf(run.ID)
+	if err == nil && !ret.Imported.IsZero() {
+		return ""
+	}
+	key, berr := platform.Booked(f.h.StateDir, run.ID)
+	if err = errors.Join(err, berr); err != nil {
 		f.h.Log.Warn("park: sharing no chunks with other runs", "run", run.ID, "err", err)
 		return ""
 	}

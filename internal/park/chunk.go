@@ -22,6 +22,10 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
+// kinShare: a kin's slab is listed in a park only where the park's
+// chunks in it are at least 1/kinShare of its bytes (slabber.keepSlabs).
+const kinShare = 4
+
 // ChunkSize is the chunk of an image park's pages files in the chunked
 // form: cut where the virtual address crosses a multiple of it and where
 // a run of present pages ends (vaddr-16k, docs/chunked-images.md).
@@ -79,7 +83,7 @@ func planChunks(ctx context.Context, st *store.Store, images string, base based,
 		}
 		total += n
 		done[pm.pages] = true
-		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: base.held, at: base.at[pm.pages], early: early(pm.pages)}
+		c := &slabber{st: st, dir: images, name: pm.pages, mode: info.Mode().Perm(), base: base.held, at: base.at[pm.pages], kin: base.kin, early: early(pm.pages)}
 		if err := c.plan(ctx, pm); err != nil {
 			return nil, fmt.Errorf("park: chunking %s: %w", pm.pages, err)
 		}
@@ -155,6 +159,10 @@ func heldChunks(base []store.ChunkedFile, made bool) based {
 type based struct {
 	held map[record.Address]heldAt
 	at   map[string]map[uint64]chunkAt // nil unless made
+	// kin is whether the base is a kin's park, not the run's own: its
+	// slabs are listed only where they hold enough of the park's bytes
+	// (slabber.keepSlabs).
+	kin bool
 }
 
 // chunkAt is the chunk a made base's file holds at a virtual address:
@@ -174,6 +182,7 @@ type slabber struct {
 	mode   os.FileMode
 	base   map[record.Address]heldAt
 	at     map[uint64]chunkAt    // by virtual address: a made base's (heldChunks)
+	kin    bool                  // the base is a kin's (based.kin)
 	early  map[uint64]earlyChunk // by offset: chunks the follower hashed (early.go)
 	pm     pagemap               // the file's
 	ps     []piece               // planned
@@ -222,6 +231,7 @@ func (c *slabber) vouched(ctx context.Context, early map[uint64]earlyChunk) erro
 	}
 	c.early, c.size = nil, 0
 	c.fromEarly.Store(0)
+	c.unchanged.Store(0)
 	return c.plan(ctx, c.pm)
 }
 
@@ -325,8 +335,22 @@ func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 			unix.Munmap(m)
 		}
 	}()
-	for _, h := range c.base {
-		if _, ok := slabs[h.slab.Address]; ok || (h.made && c.at == nil) {
+	// The slabs whose bytes are compared: a made base's this file has
+	// chunks in (at), or any other base's.
+	var compared []heldAt
+	if c.at != nil {
+		for _, h := range c.at {
+			compared = append(compared, h.heldAt)
+		}
+	} else {
+		for _, h := range c.base {
+			if !h.made {
+				compared = append(compared, h)
+			}
+		}
+	}
+	for _, h := range compared {
+		if _, ok := slabs[h.slab.Address]; ok {
 			continue
 		}
 		slabs[h.slab.Address] = nil
@@ -427,7 +451,8 @@ func mapFile(f *os.File, size uint64) ([]byte, error) {
 
 // keepSlabs numbers the base slabs the pieces are held in, at most
 // store.MaxSlabs-1 of them (the new slab is the last): those holding the
-// most bytes; the pieces of the others are stored anew. It returns their
+// most bytes, and of a kin's only those whose bytes the pieces are at
+// least 1/kinShare of; the pieces of the others are stored anew. It returns their
 // numbers and, in that order, their entries.
 func (c *slabber) keepSlabs(ps []piece) (map[record.Address]int, []store.Entry) {
 	bytesIn := map[record.Address]uint64{}
@@ -439,7 +464,14 @@ func (c *slabber) keepSlabs(ps []piece) (map[record.Address]int, []store.Entry) 
 		}
 	}
 	order := make([]record.Address, 0, len(bytesIn))
+	drop := map[record.Address]bool{}
 	for a := range bytesIn {
+		// A kin's slab holding little of this park would be carried
+		// and counted whole for it.
+		if c.kin && bytesIn[a]*kinShare < uint64(entries[a].Size) {
+			drop[a] = true
+			continue
+		}
 		order = append(order, a)
 	}
 	slices.SortFunc(order, func(x, y record.Address) int {
@@ -449,16 +481,15 @@ func (c *slabber) keepSlabs(ps []piece) (map[record.Address]int, []store.Entry) 
 		return bytes.Compare(x[:], y[:])
 	})
 	if len(order) > store.MaxSlabs-1 {
-		drop := map[record.Address]bool{}
 		for _, a := range order[store.MaxSlabs-1:] {
 			drop[a] = true
 		}
-		for i := range ps {
-			if ps[i].in != nil && drop[ps[i].in.slab.Address] {
-				ps[i].in = nil
-			}
-		}
 		order = order[:store.MaxSlabs-1]
+	}
+	for i := range ps {
+		if ps[i].in != nil && drop[ps[i].in.slab.Address] {
+			ps[i].in = nil
+		}
 	}
 	slabs := make(map[record.Address]int, len(order))
 	kept := make([]store.Entry, len(order))

@@ -171,6 +171,7 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 				return // collected: the park stores every chunk
 			}
 			held = heldChunks(files, made.has(st, *from))
+			held.kin = donor
 		}()
 	} else {
 		close(found)
@@ -201,26 +202,36 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	// The rw layer is stored beside the memory image: its syncs and
 	// commit overlap the chunking, and the answer waits for both. Its
 	// ingest syncs the filesystem, so in a park whose base holds chunks
-	// it waits until the chunks are put: the staged pages files are
+	// it starts once the chunks are put: the staged pages files are
 	// removed then, mostly held already, and a syncfs before would write
 	// them back for nothing (561 MB of a 512 MiB unit's later park here,
-	// and the removal then waited for that writeback).
+	// and the removal then waited for that writeback). A park that
+	// fails first does not start it.
 	type ingested struct {
 		addr record.Address
 		st   store.IngestStats
 		err  error
 	}
 	rootDone := make(chan ingested, 1)
-	ingestRoot := sync.OnceFunc(func() {
+	rootStarted := false
+	ingestRoot := func() {
+		if rootStarted {
+			return
+		}
+		rootStarted = true
 		go func() {
 			var in ingested
 			in.addr, in.st, in.err = ingestRootfs(ctx, st, root)
 			rootDone <- in
 		}()
-	})
+	}
 	rootIn := sync.OnceValue(func() ingested { ingestRoot(); return <-rootDone })
-	defer rootIn() // before the staging directory goes
-	if !chunked || from == nil {
+	defer func() { // before the staging directory goes
+		if rootStarted {
+			rootIn()
+		}
+	}()
+	if <-found; len(held.held) == 0 {
 		ingestRoot()
 	}
 	// The chunks the follower did not hash early are hashed now, while

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
@@ -204,5 +205,28 @@ func TestPathIsTheAddressText(t *testing.T) {
 		if got, want := s.Path(a), filepath.Join(s.objects, text[:1], text); got != want {
 			t.Fatalf("%s: %q, want %q", a, got, want)
 		}
+	}
+}
+
+// Touch gives each object the time of a put now, so that a collection's
+// grace keeps it; an object the store lacks is ErrMissingObject.
+func TestTouch(t *testing.T) {
+	s := mustOpen(t, t.TempDir())
+	a, err := s.PutBytes([]byte("kept a while"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	if err := os.Chtimes(s.Path(a), old, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Touch(a); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.GC(t.Context(), time.Hour); err != nil || st.Removed != 0 || !s.Has(a) {
+		t.Fatalf("a touched object collected: %+v, %v", st, err)
+	}
+	if err := s.Touch(record.Sum([]byte("never put"))); !errors.Is(err, ErrMissingObject) {
+		t.Fatalf("Touch of an object not held: %v", err)
 	}
 }
