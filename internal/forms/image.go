@@ -90,7 +90,7 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 	if err := f.unlink(u); err != nil {
 		return Taken{}, fmt.Errorf("park %s: %w", id, err)
 	}
-	res, err := park.Image(ctx, f.h.Store, u.Sandbox, park.ImageOptions{Deadline: imageparks.Deadline(f.h.CRIUDeadline, mem), MaxRootfs: room, Base: lastMemory(raw.Segments), Kin: f.kin(u.Run)})
+	res, err := park.Image(ctx, f.h.Store, u.Sandbox, park.ImageOptions{Deadline: imageparks.Deadline(f.h.CRIUDeadline, mem), MaxRootfs: room, Base: lastMemory(raw.Segments), Kin: f.kin(u.Run), Run: id})
 	if err != nil {
 		return Taken{}, errors.Join(fmt.Errorf("park %s: %w", id, err), f.relink(u))
 	}
@@ -100,10 +100,10 @@ func (f Image) Snapshot(ctx context.Context, u *Unit) (Taken, error) {
 
 // kin is the kin of run's parks (park.ImageOptions.Kin): the key it is
 // booked to, the zero address for the operator's, and its unit's image.
-// A run that reads secrets, one whose record arrived from elsewhere (an
-// import or a migration: not booked here, whoever started it), and one
-// whose book cannot be read have none: their parks share with no other
-// run's, and none shares with theirs.
+// A run that reads secrets, one whose record ever arrived in a bundle or
+// a migration (whoever started it: an import, a move here, a handed-off
+// run come back), and one whose book cannot be read have none: their
+// parks take no other run's slabs, and give none.
 func (f Image) kin(run Run) string {
 	if len(run.Grants.Secrets) > 0 {
 		return ""

@@ -42,7 +42,8 @@ type ChunkStats struct {
 	Held   int // chunks the base park's slabs held already (not written again)
 	Early  int // chunks hashed while CRIU wrote (early.go)
 	// Unchanged counts the chunks found the same, byte for byte, as a
-	// made base's chunk at their virtual address: not hashed.
+	// made base's chunk at their virtual address: not hashed unless they
+	// are written again.
 	Unchanged int
 	New       int64 // bytes of the chunks it did not hold
 }
@@ -203,6 +204,7 @@ type piece struct {
 	addr            record.Address
 	in              *heldAt // the base slab holding the same bytes, if any
 	early           bool    // addr is the follower's (early.go)
+	unhashed        bool    // addr is a made base's chunk's, found the same by its bytes
 }
 
 // plan hashes the chunks of the pages file that pm names.
@@ -337,31 +339,28 @@ func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 	}()
 	// The slabs whose bytes are compared: a made base's this file has
 	// chunks in (at), or any other base's.
-	var compared []heldAt
+	compared := map[record.Address]store.Entry{}
 	if c.at != nil {
 		for _, h := range c.at {
-			compared = append(compared, h.heldAt)
+			compared[h.slab.Address] = h.slab
 		}
 	} else {
 		for _, h := range c.base {
 			if !h.made {
-				compared = append(compared, h)
+				compared[h.slab.Address] = h.slab
 			}
 		}
 	}
-	for _, h := range compared {
-		if _, ok := slabs[h.slab.Address]; ok {
-			continue
-		}
-		slabs[h.slab.Address] = nil
-		sf, err := os.Open(c.st.Path(h.slab.Address))
+	for a, slab := range compared {
+		slabs[a] = nil
+		sf, err := os.Open(c.st.Path(a))
 		if err != nil {
 			continue // not held after all: stored anew
 		}
-		m, err := mapFile(sf, h.slab.Size)
+		m, err := mapFile(sf, slab.Size)
 		sf.Close()
 		if err == nil {
-			slabs[h.slab.Address] = m
+			slabs[a] = m
 		}
 	}
 	workers := min(runtime.GOMAXPROCS(0), max(1, len(ps)/64))
@@ -380,7 +379,7 @@ func (c *slabber) hash(ctx context.Context, f *os.File, ps []piece) error {
 					pc.addr, pc.early = e.addr, true
 					c.fromEarly.Add(1)
 				} else if h, ok := c.at[pc.vaddr]; ok && h.size == pc.size && sameAs(slabs[h.slab.Address], h.offset, b) {
-					pc.addr, pc.in = h.addr, &h.heldAt
+					pc.addr, pc.in, pc.unhashed = h.addr, &h.heldAt, true
 					c.unchanged.Add(1)
 					continue
 				} else {
@@ -427,8 +426,8 @@ func (c *slabber) rehashEarly(ps []piece) error {
 	for w := range workers {
 		wg.Go(func() {
 			for i := w * len(ps) / workers; i < (w+1)*len(ps)/workers; i++ {
-				if pc := &ps[i]; pc.early {
-					pc.addr, pc.early = record.Sum(staged[pc.at:pc.at+pc.size]), false
+				if pc := &ps[i]; pc.early || pc.unhashed {
+					pc.addr, pc.early, pc.unhashed = record.Sum(staged[pc.at:pc.at+pc.size]), false, false
 				}
 			}
 		})
@@ -455,11 +454,21 @@ func mapFile(f *os.File, size uint64) ([]byte, error) {
 // least 1/kinShare of; the pieces of the others are stored anew. It returns their
 // numbers and, in that order, their entries.
 func (c *slabber) keepSlabs(ps []piece) (map[record.Address]int, []store.Entry) {
+	// A slab's bytes the pieces use, each range once: many pieces may
+	// hold the same bytes (zero pages) at one place.
 	bytesIn := map[record.Address]uint64{}
 	entries := map[record.Address]store.Entry{}
+	type place struct {
+		slab   record.Address
+		offset uint64
+	}
+	used := map[place]bool{}
 	for _, pc := range ps {
 		if pc.in != nil {
-			bytesIn[pc.in.slab.Address] += pc.size
+			if at := (place{pc.in.slab.Address, pc.in.offset}); !used[at] {
+				used[at] = true
+				bytesIn[pc.in.slab.Address] += pc.size
+			}
 			entries[pc.in.slab.Address] = pc.in.slab
 		}
 	}

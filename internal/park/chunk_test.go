@@ -479,16 +479,27 @@ func TestImageChunkedMadeIndexForgedSlab(t *testing.T) {
 
 // A run's first park, without a base, lists the chunks it shares with
 // the newest park of its kin in that park's slabs; a run of another kin
-// shares none, nor does one sharing little of the kin's slab, and a kin
-// park whose slab was collected stores every chunk rather than failing.
+// shares none, nor does one sharing little of the kin's slab or whose
+// kin's run is closed, and a kin park whose slab was collected stores
+// every chunk rather than failing.
 func TestImageChunkedKin(t *testing.T) {
 	st := mustStore(t)
 	st.SetChunkedImages(true)
 	pages := content(41, 600*pageSize)
+	runs, heads := 0, map[string]record.Address{}
 	park := func(pages []byte, kin string) Result {
 		t.Helper()
+		runs++
+		run := fmt.Sprintf("r%d", runs)
+		u, err := st.PutBytes([]byte(run + " unit"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if heads[run], err = st.Create(run, u, u); err != nil {
+			t.Fatal(err)
+		}
 		p := &producer{t: t, images: chunkedImages(pages), rootfs: content(42, 4096)}
-		res, err := Image(t.Context(), st, p, ImageOptions{Kin: kin})
+		res, err := Image(t.Context(), st, p, ImageOptions{Kin: kin, Run: run})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -530,11 +541,33 @@ func TestImageChunkedKin(t *testing.T) {
 	if c := park(few, "key image"); c.Chunks.Held != 0 || c.Chunks.New != int64(len(few)) {
 		t.Fatalf("a kin's park sharing 10 of 600 pages: %+v", c.Chunks)
 	}
+	// Pages alike within a park count once against the kin's slab: 300
+	// zero pages here and one zero chunk there are 16 KiB of it.
+	zeros := content(46, 600*pageSize)
+	clear(zeros[pageSize : 5*pageSize]) // one chunk of 16 KiB
+	park(zeros, "zeros")
+	mostlyZero := content(47, 600*pageSize)
+	clear(mostlyZero[pageSize : 301*pageSize])
+	if c := park(mostlyZero, "zeros"); c.Chunks.Held != 0 {
+		t.Fatalf("a kin's park sharing one zero chunk 75 times: %+v", c.Chunks)
+	}
 	if c := park(pages, "other image"); c.Chunks.Held != 0 {
 		t.Fatalf("another kin's park held %d chunks", c.Chunks.Held)
 	}
 	if c := park(pages, ""); c.Chunks.Held != 0 {
 		t.Fatalf("a park of no kin held %d chunks", c.Chunks.Held)
+	}
+
+	// A closed run's park is no kin's: its snapshots' retention is its
+	// own.
+	closing := content(45, 600*pageSize)
+	park(closing, "closing")
+	closed := fmt.Sprintf("r%d", runs)
+	if _, err := st.Append(closed, heads[closed], record.Closure("done")); err != nil {
+		t.Fatal(err)
+	}
+	if c := park(closing, "closing"); c.Chunks.Held != 0 {
+		t.Fatalf("a park whose kin's run is closed held %d chunks", c.Chunks.Held)
 	}
 
 	// The kin's slab collected: every chunk is stored anew.
@@ -625,6 +658,52 @@ func TestPlanUnchangedUnhashed(t *testing.T) {
 		}
 		if held != len(c.ps)-1 {
 			t.Errorf("made %v: %d of %d chunks held", made, held, len(c.ps))
+		}
+	}
+}
+
+// A chunk taken unhashed from a kin's slab (its bytes the same as the
+// slab's there), in a park that then lists none of the kin's slabs, is
+// hashed again from its bytes: were the slab's bytes changed after its
+// park, the kin's address for them is not the park's.
+func TestKinDroppedRehashed(t *testing.T) {
+	st := mustStore(t)
+	st.SetChunkedImages(true)
+	intact := content(49, 600*pageSize)
+	d, err := Image(t.Context(), st, &producer{t: t, images: chunkedImages(intact), rootfs: content(42, 4096)}, ImageOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := st.Listing(*d.Snapshot.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfs, err := store.ChunkedFiles(es, st.ReadIndex)
+	if err != nil || len(cfs) != 1 {
+		t.Fatalf("chunked files %d, %v", len(cfs), err)
+	}
+	damageObject(t, st, cfs[0].Slabs[0].Address) // 3 bytes at 100: the chunk of page 0
+	changed := content(50, 600*pageSize)
+	copy(changed[:pageSize], intact[:pageSize])
+	copy(changed[100:], []byte{0xff, 0, 0xff})
+	dir := t.TempDir()
+	for n, b := range chunkedImages(changed) {
+		if err := os.WriteFile(filepath.Join(dir, n), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := heldChunks(cfs, true)
+	base.kin = true
+	plans, err := planChunks(t.Context(), st, dir, base, func(string) map[uint64]earlyChunk { return nil })
+	if err != nil || len(plans) != 1 || plans[0].unchanged.Load() != 1 {
+		t.Fatalf("%d plans, %v", len(plans), err)
+	}
+	if _, cs, err := putChunks(plans, map[string]store.Hashed{}); err != nil || cs.Held != 0 {
+		t.Fatalf("put: %+v, %v", cs, err)
+	}
+	for _, pc := range plans[0].ps {
+		if want := record.Sum(changed[pc.at : pc.at+pc.size]); pc.addr != want {
+			t.Fatalf("the chunk at %#x listed as %s, its bytes hash to %s", pc.vaddr, pc.addr, want)
 		}
 	}
 }

@@ -122,9 +122,10 @@ func (m *madeListings) has(st *store.Store, mem record.Address) bool {
 // that kin. A run's first park lists, on their addresses alone, the
 // chunks it shares with that listing in its slabs (docs/chunked-images.md,
 // "Kin"): runs of one program hold many pages alike, and a first park
-// has no base of its own. At most kinMax kins are kept; then the set
-// starts again.
-var kin = kinParks{last: map[kinKey]record.Address{}}
+// has no base of its own. A closed run's park is not taken (its
+// snapshots' retention is its own). At most kinMax kins are kept; then
+// the set starts again.
+var kin = kinParks{last: map[kinKey]kinPark{}}
 
 const kinMax = 1 << 12
 
@@ -133,25 +134,38 @@ type kinKey struct {
 	kin string
 }
 
-type kinParks struct {
-	mu   sync.Mutex
-	last map[kinKey]record.Address
+// kinPark is a kin's newest park: its memory listing and its run.
+type kinPark struct {
+	mem record.Address
+	run string
 }
 
-func (k *kinParks) put(st *store.Store, of string, mem record.Address) {
+type kinParks struct {
+	mu   sync.Mutex
+	last map[kinKey]kinPark
+}
+
+func (k *kinParks) put(st *store.Store, of string, p kinPark) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if len(k.last) >= kinMax {
 		clear(k.last)
 	}
-	k.last[kinKey{st, of}] = mem
+	k.last[kinKey{st, of}] = p
 }
 
 // get is the kin's newest listing, if this process still knows it as
-// one it made ([made]).
+// one it made ([made]) and its run is not closed.
 func (k *kinParks) get(st *store.Store, of string) (record.Address, bool) {
 	k.mu.Lock()
-	mem, ok := k.last[kinKey{st, of}]
+	p, ok := k.last[kinKey{st, of}]
 	k.mu.Unlock()
-	return mem, ok && made.has(st, mem)
+	if !ok || !made.has(st, p.mem) {
+		return record.Address{}, false
+	}
+	ret, err := st.RetentionOf(p.run)
+	if err != nil || !ret.Closed.IsZero() || !ret.Released.IsZero() {
+		return record.Address{}, false
+	}
+	return p.mem, true
 }

@@ -130,8 +130,9 @@ type ImageOptions struct {
 	// Kin names the runs whose parks may share slabs with this one (the
 	// daemon's: the key the run is booked to and its unit's image); empty:
 	// none. Without a Base, a chunked park takes the chunks it shares
-	// with the newest park of its kin that this process made ([kin]).
-	Kin string
+	// with the newest park of its kin that this process made ([kin]) of
+	// a run not closed. Run is the run parked, which the kin's park names.
+	Kin, Run string
 }
 
 // Image checkpoints sb into staging directories on st's filesystem, leaving
@@ -231,13 +232,13 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 			rootIn()
 		}
 	}()
-	if <-found; len(held.held) == 0 {
-		ingestRoot()
-	}
 	// The chunks the follower did not hash early are hashed now, while
 	// it hashes the tail of the files it follows whole; the early hashes
 	// of a file it does not vouch for then are made again.
 	fl.producerReturned()
+	if <-found; len(held.held) == 0 {
+		ingestRoot()
+	}
 	var plans []*slabber
 	planned := make(chan error, 1)
 	if chunked {
@@ -277,7 +278,7 @@ func Image(ctx context.Context, st *store.Store, sb Checkpointer, opt ImageOptio
 	if len(plans) > 0 {
 		made.put(st, memAddr)
 		if opt.Kin != "" {
-			kin.put(st, opt.Kin, memAddr)
+			kin.put(st, opt.Kin, kinPark{memAddr, opt.Run})
 		}
 	}
 	ri := rootIn()
