@@ -316,14 +316,10 @@ func baseFiles(st *store.Store, base *record.Address) []store.ChunkedFile {
 // no collection takes one before the park's ingest names it: a kin's
 // snapshots may be released meanwhile, unlike the run's own base.
 func touchSlabs(st *store.Store, files []store.ChunkedFile) error {
-	seen := map[record.Address]bool{}
 	var slabs []record.Address
 	for _, cf := range files {
-		for _, ch := range cf.Chunks {
-			if ch.In.Address != (record.Address{}) && !seen[ch.In.Address] {
-				seen[ch.In.Address] = true
-				slabs = append(slabs, ch.In.Address)
-			}
+		for _, e := range cf.Slabs {
+			slabs = append(slabs, e.Address)
 		}
 	}
 	return st.Touch(slabs...)

@@ -94,13 +94,9 @@ func Open(dir string) (*Books, error) {
 		if strings.HasPrefix(e.Name(), ".") {
 			continue // a write a crash interrupted
 		}
-		text, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		key, err := readBook(dir, e.Name())
 		if err != nil {
-			return nil, fmt.Errorf("platform: %w", err)
-		}
-		key, err := record.ParseAddress(strings.TrimSpace(string(text)))
-		if err != nil {
-			return nil, fmt.Errorf("platform: run %s's book: %w", e.Name(), err)
+			return nil, err
 		}
 		b.owner[e.Name()] = key
 	}
@@ -123,10 +119,16 @@ func Booked(stateDir, run string) (record.Address, error) {
 	if err := checkRun(run); err != nil {
 		return record.Address{}, err
 	}
-	text, err := os.ReadFile(filepath.Join(Dir(stateDir), run))
+	key, err := readBook(Dir(stateDir), run)
 	if errors.Is(err, os.ErrNotExist) {
 		return record.Address{}, nil
 	}
+	return key, err
+}
+
+// readBook reads run's book under dir: the key id it holds.
+func readBook(dir, run string) (record.Address, error) {
+	text, err := os.ReadFile(filepath.Join(dir, run))
 	if err != nil {
 		return record.Address{}, fmt.Errorf("platform: %w", err)
 	}
