@@ -12,8 +12,10 @@ import (
 	"github.com/runrecordd/runrecordd/pkg/record"
 )
 
-// DefaultDrainParallel is how many runs a drain moves at once unless told.
-const DefaultDrainParallel = 2
+// DefaultDrainParallel is how many runs a drain moves at once unless told:
+// as many as a host receives from one host at once (DefaultMaxReceives),
+// so that no target refuses one of them as busy.
+const DefaultDrainParallel = DefaultMaxReceives
 
 // Drain moves every run this host holds (not closed, not handed off, not
 // another host's) to the fleet's other hosts by migration: to, or every
