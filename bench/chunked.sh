@@ -108,13 +108,13 @@ rr run -o json --id "$id" --memory $((size * 2 + 256))Mi --env SIZE_MB="$size" -
 	--env CHANGE_PCT="$pct" --env CHANGE_MODE="$mode" --env TICK_MS=250 "$image" >/dev/null
 wait_json '.counter >= 1'
 printf '%s\n' "chunked images: $flag; ballast $size MiB, $pct% $mode between two parks"
-printf '%-5s %14s %14s %8s %8s %9s %9s\n' park image_bytes store_added ratio park_ms resume_ms ingest_ms
+printf '%-5s %14s %14s %8s %8s %9s %9s %9s %12s\n' park image_bytes store_added ratio park_ms resume_ms ingest_ms frozen_ms mem_write_ms
 first=0
 ms() { echo $((($(date +%s%N) - $1) / 1000000)); }
 for ((i = 1; i <= n; i++)); do
 	before=$(store_bytes)
 	t0=$(date +%s%N)
-	read -r img ingest < <(rr park -o json "$id" | jq -er '.checkpoint | "\(.image_bytes) \(.ingest_ns)"')
+	read -r img ingest frozen memw < <(rr park -o json "$id" | jq -er '.checkpoint | "\(.image_bytes) \(.ingest_ns) \(.frozen_ns) \(.mem_write_ns)"')
 	park_ms=$(ms "$t0")
 	added=$(($(store_bytes) - before))
 	((i == 1)) && first=$img
@@ -124,7 +124,7 @@ for ((i = 1; i <= n; i++)); do
 		rr resume -o json "$id" >/dev/null # returns with the unit running
 		resume_ms=$(ms "$t0")
 	fi
-	awk -v i="$i" -v img="$img" -v a="$added" -v p="$park_ms" -v r="$resume_ms" -v g="$ingest" 'BEGIN { printf "%-5d %14.0f %14.0f %7.2f%% %8s %9s %9.0f\n", i, img, a, 100 * a / img, p, r, g / 1e6 }'
+	awk -v i="$i" -v img="$img" -v a="$added" -v p="$park_ms" -v r="$resume_ms" -v g="$ingest" -v f="$frozen" -v w="$memw" 'BEGIN { printf "%-5d %14.0f %14.0f %7.2f%% %8s %9s %9.0f %9.0f %12.0f\n", i, img, a, 100 * a / img, p, r, g / 1e6, f / 1e6, w / 1e6 }'
 	((i == n)) && break
 	pid=$(unit_pid)
 	[[ $pid =~ ^[0-9]+$ ]] || fail "not one unit process: $pid"

@@ -12,7 +12,8 @@
 #     operation starts once the last resume has every page in and after a
 #     sync, so none pays for another's pages or writes.
 # As root, after `make build`. Leaves nothing running; FLEET_LOGS=DIR keeps
-# the hosts' and etcd's logs there. Every host serves
+# the hosts' and etcd's logs there, and `show RUN -o json` after each move
+# (migrate-R.json, manual-R.json: the park's checkpoint, the restore). Every host serves
 # at its defaults (lazy, served resumes; a migration post-copy: the target
 # resumes before it holds the memory's slabs); --eager: with
 # --lazy-resume=false; --whole: with --post-copy=false (every byte moved
@@ -49,7 +50,7 @@ for _ in $(seq 1 600); do
 	sleep 0.5
 done
 t0=$(date +%s%N)
-"$rr" drain --socket "${sock[h1]}" --parallel 2 -o json >"$work/drain.json"
+"$rr" drain --socket "${sock[h1]}" -o json >"$work/drain.json"
 total=$(ms "$t0")
 python3 - "$work/drain.json" "$total" <<'PY'
 import json, sys
@@ -108,6 +109,7 @@ for r in $(seq 1 $((2 * rounds))); do
 	ms "$t0" >>"$work/mig.ms"
 	verified "$work/$to" big
 	settled "$work/$to"
+	[ -n "${FLEET_LOGS:-}" ] && "$rr" show big --socket "${sock[$to]}" -o json >"$FLEET_LOGS/migrate-$r.json"
 	sync
 	t0=$(date +%s%N)
 	"$rr" park big --socket "${sock[$mfrom]}" >/dev/null
@@ -118,6 +120,7 @@ for r in $(seq 1 $((2 * rounds))); do
 	rm -f "$work/big.bundle"
 	verified "$work/$mto" big
 	settled "$work/$mto"
+	[ -n "${FLEET_LOGS:-}" ] && "$rr" show big --socket "${sock[$mto]}" -o json >"$FLEET_LOGS/manual-$r.json"
 	tmp=$from; from=$to; to=$tmp
 	tmp=$mfrom; mfrom=$mto; mto=$tmp
 done
