@@ -187,7 +187,7 @@ func cmdDrain(args []string, stdout io.Writer) error {
 	v := newVerb("drain")
 	var to listFlag
 	v.fs.Var(&to, "to", "a key id of a host to move runs to (repeat; default every other host of the fleet)")
-	parallel := v.fs.Int("parallel", 0, "how many runs to move at once (0: the host's default, 4)")
+	parallel := v.fs.Int("parallel", 0, "how many runs to move at once (0: the host's default)")
 	v.streams(stdout)
 	return v.run(args, func(pos []string, c *api.Client, cx context.Context) error {
 		if len(pos) != 0 {

@@ -38,7 +38,7 @@ type CloseRequest struct {
 
 // DrainRequest moves every run off the daemon's host (POST /v1/drain): to
 // the hosts of the key ids To (every other host of the fleet when empty),
-// Parallel runs at a time (2 when 0).
+// Parallel runs at a time (when 0, the host's default: 4).
 type DrainRequest struct {
 	To       []string `json:"to,omitempty"`
 	Parallel int      `json:"parallel,omitempty"`

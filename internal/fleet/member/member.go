@@ -210,6 +210,8 @@ type Member struct {
 	serving grants
 	// receiving counts the receives under way, by calling host.
 	receiving counter
+	// sending holds a slot per migration under way from here, by target.
+	sending sendSlots
 	// paying are the post-copy receives bringing their slabs in
 	// (postcopy.go).
 	paying payers

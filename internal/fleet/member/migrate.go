@@ -71,6 +71,11 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 		}
 		placed = &p
 	}
+	sent, err := m.sending.wait(ctx, to)
+	if err != nil {
+		return fmt.Errorf("migrate %s to %s: %w", id, to, err)
+	}
+	defer sent()
 	executing := h.Executing()
 	if executing {
 		m.expected(to, id)

@@ -446,3 +446,48 @@ func forged(t *testing.T, id string) (*store.Store, string) {
 	}
 	return st, id
 }
+
+// A migration waits, before it parks the run, while this host has
+// DefaultMaxReceives migrations under way to the same target (a drain at
+// its default, say): the target would refuse one more receive as busy
+// (ErrReceiving) after the run was parked for it. Given up, nothing
+// moved and the unit was not parked; a slot freed, it moves.
+func TestMigrateWaitsForTheTargetsRoom(t *testing.T) {
+	c := etcdtest.Shared(t)
+	dir := fleet.New(c.Client(t), "/send-slots/", 5*time.Second)
+	a, b := join(t, dir, "a"), join(t, dir, "b")
+	p := &peers{}
+	m, _, _, rec := room(t, a, p)
+	run := &parked{executing: true}
+	hold := func() (Held, func(), error) { return run, func() {}, nil }
+	var releases []func()
+	for range DefaultMaxReceives {
+		release, err := m.sending.wait(t.Context(), b.Key())
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+	}
+	short, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	if err := m.migrate(short, "r", b.Key(), hold, nil); !errors.Is(err, context.DeadlineExceeded) || run.parks.Load() != 0 || p.handed.Load() != 0 {
+		t.Fatalf("migrate to a target with %d migrations under way: %v (%d parks, %d hands)", DefaultMaxReceives, err, run.parks.Load(), p.handed.Load())
+	}
+	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || !e.To.IsZero() {
+		t.Fatalf("after the wait was given up the directory says %+v, %v", e, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.migrate(t.Context(), "r", b.Key(), hold, nil) }()
+	select {
+	case err := <-done:
+		t.Fatalf("migrate went on with every slot taken: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	releases[0]()
+	if err := <-done; err != nil || run.parks.Load() != 1 || p.handed.Load() != 1 {
+		t.Fatalf("migrate once a slot was freed: %v (%d parks, %d hands)", err, run.parks.Load(), p.handed.Load())
+	}
+	for _, r := range releases[1:] {
+		r()
+	}
+}

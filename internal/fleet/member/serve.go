@@ -188,6 +188,37 @@ func (c *counter) take(key record.Address, max int) (func(), bool) {
 	}, true
 }
 
+// sendSlots bounds the migrations this host has under way to each target
+// at DefaultMaxReceives: the receives a target at its defaults takes from
+// one host at once. Past them a target refuses a receive (ErrReceiving)
+// after the source parked the run for it; a migration waits for a slot
+// instead, before it parks, so that a drain at its default, a concurrent
+// migrate and a second drain share the target's room.
+type sendSlots struct {
+	mu sync.Mutex
+	by map[record.Address]chan struct{}
+}
+
+// wait waits for a slot to target to (or ctx's end); release gives it back.
+func (s *sendSlots) wait(ctx context.Context, to record.Address) (release func(), _ error) {
+	s.mu.Lock()
+	if s.by == nil {
+		s.by = map[record.Address]chan struct{}{}
+	}
+	c := s.by[to]
+	if c == nil {
+		c = make(chan struct{}, DefaultMaxReceives)
+		s.by[to] = c
+	}
+	s.mu.Unlock()
+	select {
+	case c <- struct{}{}:
+		return sync.OnceFunc(func() { <-c }), nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for one of the %d migrations to %s under way to end: %w", DefaultMaxReceives, to, ctx.Err())
+	}
+}
+
 // solicited checks, before anything of the run is fetched, that the
 // directory names this host the target of a transfer of it by from: the
 // run has an entry, its To is this host, its owner is from under the
