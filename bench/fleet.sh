@@ -32,6 +32,7 @@ rr=$(realpath "$bin/runrecordd")
 work=$(mktemp -d /tmp/rrfleet-XXXXXX)
 chmod 0711 "$work" # units run as their user namespace's root: runc must reach their rootfs below it
 source deploy/fleet-lib.sh
+if [ -n "${FLEET_LOGS:-}" ]; then mkdir -p "$FLEET_LOGS"; fi
 trap fleet_cleanup EXIT
 ms() { echo $((($(date +%s%N) - $1) / 1000000)); }
 
@@ -109,7 +110,7 @@ for r in $(seq 1 $((2 * rounds))); do
 	ms "$t0" >>"$work/mig.ms"
 	verified "$work/$to" big
 	settled "$work/$to"
-	[ -n "${FLEET_LOGS:-}" ] && "$rr" show big --socket "${sock[$to]}" -o json >"$FLEET_LOGS/migrate-$r.json"
+	if [ -n "${FLEET_LOGS:-}" ]; then "$rr" show big --socket "${sock[$to]}" -o json >"$FLEET_LOGS/migrate-$r.json"; fi
 	sync
 	t0=$(date +%s%N)
 	"$rr" park big --socket "${sock[$mfrom]}" >/dev/null
@@ -120,7 +121,7 @@ for r in $(seq 1 $((2 * rounds))); do
 	rm -f "$work/big.bundle"
 	verified "$work/$mto" big
 	settled "$work/$mto"
-	[ -n "${FLEET_LOGS:-}" ] && "$rr" show big --socket "${sock[$mto]}" -o json >"$FLEET_LOGS/manual-$r.json"
+	if [ -n "${FLEET_LOGS:-}" ]; then "$rr" show big --socket "${sock[$mto]}" -o json >"$FLEET_LOGS/manual-$r.json"; fi
 	tmp=$from; from=$to; to=$tmp
 	tmp=$mfrom; mfrom=$mto; mto=$tmp
 done
