@@ -116,7 +116,7 @@ var codes = []struct {
 	{api.CodeNotOwner, is(fleet.ErrNotOwner, fleet.ErrLeaseLost, fleet.ErrNoRun), nil},
 	{api.CodeConflict, is(fleet.ErrHeadMoved, fleet.ErrNotParked), nil},
 	{api.CodeForbidden, is(fleet.ErrNotAdmitted, member.ErrUnsolicited), nil},
-	{api.CodeUnavailable, is(member.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive, member.ErrReceiving, idmap.ErrExhausted, egress.ErrFull), nil},
+	{api.CodeUnavailable, is(member.ErrNoFleet, fleet.ErrUnavailable, fleet.ErrHostActive, member.ErrReceiving, member.ErrSending, idmap.ErrExhausted, egress.ErrFull), nil},
 	{api.CodeDraining, is(member.ErrDraining), nil},
 	{api.CodeUnavailable, is(answers.ErrStopping), nil},
 	{api.CodeQuota, is(platform.ErrQuota), nil},

@@ -52,6 +52,13 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 		return err
 	}
 	began := time.Now()
+	// A slot first, the run not held: a park, close or stop of it, and
+	// the lease's freeze, do not wait behind the slot's wait.
+	sent, err := m.sending.wait(ctx, to)
+	if err != nil {
+		return fmt.Errorf("migrate %s to %s: %w", id, to, err)
+	}
+	defer sent()
 	h, release, err := hold()
 	if err != nil {
 		return err
@@ -71,11 +78,6 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 		}
 		placed = &p
 	}
-	sent, err := m.sending.wait(ctx, to)
-	if err != nil {
-		return fmt.Errorf("migrate %s to %s: %w", id, to, err)
-	}
-	defer sent()
 	executing := h.Executing()
 	if executing {
 		m.expected(to, id)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -459,7 +460,8 @@ func TestMigrateWaitsForTheTargetsRoom(t *testing.T) {
 	p := &peers{}
 	m, _, _, rec := room(t, a, p)
 	run := &parked{executing: true}
-	hold := func() (Held, func(), error) { return run, func() {}, nil }
+	held := atomic.Int32{}
+	hold := func() (Held, func(), error) { held.Add(1); return run, func() { held.Add(-1) }, nil }
 	var releases []func()
 	for range DefaultMaxReceives {
 		release, err := m.sending.wait(t.Context(), b.Key())
@@ -470,7 +472,7 @@ func TestMigrateWaitsForTheTargetsRoom(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
-	if err := m.migrate(short, "r", b.Key(), hold, nil); !errors.Is(err, context.DeadlineExceeded) || run.parks.Load() != 0 || p.handed.Load() != 0 {
+	if err := m.migrate(short, "r", b.Key(), hold, nil); !errors.Is(err, ErrSending) || !errors.Is(err, context.DeadlineExceeded) || run.parks.Load() != 0 || p.handed.Load() != 0 {
 		t.Fatalf("migrate to a target with %d migrations under way: %v (%d parks, %d hands)", DefaultMaxReceives, err, run.parks.Load(), p.handed.Load())
 	}
 	if e, err := dir.Run(t.Context(), rec.Genesis()); err != nil || e.Owner != a.Key() || !e.To.IsZero() {
@@ -482,6 +484,11 @@ func TestMigrateWaitsForTheTargetsRoom(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("migrate went on with every slot taken: %v", err)
 	case <-time.After(100 * time.Millisecond):
+	}
+	// Waiting, it does not hold the run: its park, close or stop, and
+	// the lease's freeze, go on.
+	if n := held.Load(); n != 0 {
+		t.Fatalf("a migration waiting for a slot holds the run (%d)", n)
 	}
 	releases[0]()
 	if err := <-done; err != nil || run.parks.Load() != 1 || p.handed.Load() != 1 {

@@ -188,12 +188,17 @@ func (c *counter) take(key record.Address, max int) (func(), bool) {
 	}, true
 }
 
+// ErrSending is a migration given up while this host had DefaultMaxReceives
+// migrations under way to its target (sendSlots).
+var ErrSending = errors.New("this host's migrations to the target are at their limit")
+
 // sendSlots bounds the migrations this host has under way to each target
 // at DefaultMaxReceives: the receives a target at its defaults takes from
 // one host at once. Past them a target refuses a receive (ErrReceiving)
 // after the source parked the run for it; a migration waits for a slot
-// instead, before it parks, so that a drain at its default, a concurrent
-// migrate and a second drain share the target's room.
+// instead, before it holds or parks the run, so that a drain at its
+// default, a concurrent migrate and a second drain share the target's
+// room.
 type sendSlots struct {
 	mu sync.Mutex
 	by map[record.Address]chan struct{}
@@ -215,7 +220,7 @@ func (s *sendSlots) wait(ctx context.Context, to record.Address) (release func()
 	case c <- struct{}{}:
 		return sync.OnceFunc(func() { <-c }), nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for one of the %d migrations to %s under way to end: %w", DefaultMaxReceives, to, ctx.Err())
+		return nil, fmt.Errorf("%w (%d): waiting for one to end: %w", ErrSending, DefaultMaxReceives, ctx.Err())
 	}
 }
 
