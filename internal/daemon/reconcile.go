@@ -26,13 +26,6 @@ import (
 // executing here that another host has now loses its sandbox here, with
 // no append.
 func (d *Daemon) reconcile(ctx context.Context) error {
-	// No restore outlives the daemon that laid its trees out: each found
-	// now is a dead one's, holding links to stored objects (which would
-	// keep their bytes past a collection) or a pages file written from
-	// chunks. Before the post-copy migrations go on (GoOn), which resume.
-	if err := os.RemoveAll(filepath.Join(d.cfg.StateDir, forms.RestoreDir)); err != nil {
-		d.log.Warn("reconcile: removing the restore trees of the last daemon", "err", err)
-	}
 	var elsewhere map[string]bool
 	if d.fleet.Session() != nil {
 		var err error
