@@ -58,16 +58,8 @@ func (s *Sandbox) destroy(ctx context.Context) error {
 	defer s.mu.Unlock()
 	var errs []error
 	if s.task != nil {
-		if err := s.killTask(ctx); err != nil {
+		if err := s.deleteTask(ctx); err != nil {
 			errs = append(errs, err)
-		}
-		// A restore killed with the daemon leaves the unit's root
-		// bound on runc's criu-root: runc could not remove its state.
-		if err := unmountUnder(filepath.Join(s.c.cfg.RuncRoot, s.c.cfg.Namespace, s.id)); err != nil {
-			errs = append(errs, err)
-		}
-		if _, err := s.task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("delete task: %w", err))
 		}
 	}
 	if err := s.cont.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
@@ -79,6 +71,51 @@ func (s *Sandbox) destroy(ctx context.Context) error {
 	}
 	s.closeFilesLocked()
 	return errors.Join(errs...)
+}
+
+// deleteTask kills the task's processes and deletes the task. A restore
+// that a dead daemon left in the shim can complete after killTask found
+// the task created with no process: the delete is then refused (runc:
+// "not stopped: running"), and the task, now with a process, is killed
+// and deleted once more.
+func (s *Sandbox) deleteTask(ctx context.Context) error {
+	var errs []error
+	for again := true; ; again = false {
+		if err := s.killTask(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		// A restore killed with the daemon leaves the unit's root
+		// bound on runc's criu-root: runc could not remove its state.
+		if err := unmountUnder(filepath.Join(s.c.cfg.RuncRoot, s.c.cfg.Namespace, s.id)); err != nil {
+			errs = append(errs, err)
+		}
+		_, err := s.task.Delete(ctx)
+		if err == nil || errdefs.IsNotFound(err) {
+			return errors.Join(errs...)
+		}
+		if again && s.gotProcess(ctx) {
+			s.c.log.Warn("a restore completed while its sandbox was removed; killing it again", "id", s.id, "err", err)
+			errs = nil
+			continue
+		}
+		return errors.Join(append(errs, fmt.Errorf("delete task: %w", err))...)
+	}
+}
+
+// gotProcess reports whether the task is running or paused, or created
+// with a process.
+func (s *Sandbox) gotProcess(ctx context.Context) bool {
+	st, err := s.task.Status(ctx)
+	if err != nil {
+		return false
+	}
+	switch st.Status {
+	case containerd.Running, containerd.Paused, containerd.Pausing:
+		return true
+	case containerd.Created:
+		return s.task.Pid() != 0
+	}
+	return false
 }
 
 // killTask kills every process of the task, unless it has already stopped,
