@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -85,7 +86,38 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 			d.log.Error("reconcile: the run is lost until closed", "run", id, "sandbox", owner[id], "err", err)
 		}
 	}
+	removeRestoreTrees(d.runs, d.cfg.StateDir, owner, d.log)
 	return nil
+}
+
+// removeRestoreTrees removes the trees a killed daemon's restores left
+// under forms.RestoreDir: hard links to stored objects, which would keep
+// their bytes past a collection, or a pages file written from chunks. It
+// runs after the sweep, which killed any restore still running in a
+// shim, and leaves a run that has a sandbox here as it is. Under the
+// run's lock: a resume under way (a post-copy migration going on) removes
+// its own tree when it returns.
+func removeRestoreTrees(runs *runTable, stateDir string, owner map[string]string, log *slog.Logger) {
+	root := filepath.Join(stateDir, forms.RestoreDir)
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		if !os.IsNotExist(err) {
+			log.Warn("reconcile: reading the restore trees", "err", err)
+		}
+		return
+	}
+	for _, e := range ents {
+		id := e.Name()
+		if owner[id] != "" {
+			continue
+		}
+		r := runs.lock(id)
+		err := os.RemoveAll(filepath.Join(root, id))
+		r.mu.Unlock()
+		if err != nil {
+			log.Warn("reconcile: removing a restore tree the last daemon left", "run", id, "err", err)
+		}
+	}
 }
 
 // reattachRun takes an executing run's sandbox back after a restart.

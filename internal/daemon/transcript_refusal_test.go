@@ -11,6 +11,7 @@ import (
 
 	"github.com/runrecordd/runrecordd/internal/calls"
 	"github.com/runrecordd/runrecordd/internal/events"
+	"github.com/runrecordd/runrecordd/internal/forms"
 	"github.com/runrecordd/runrecordd/internal/manifest"
 	"github.com/runrecordd/runrecordd/internal/resume"
 	"github.com/runrecordd/runrecordd/internal/store"
@@ -304,5 +305,28 @@ func TestPostResultResumeRefused(t *testing.T) {
 	}
 	if _, err := h.d.Close(t.Context(), "r", ""); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A restarted daemon removes the trees of the restores the last one laid
+// out and never finished (forms.RestoreDir) of runs with no sandbox here:
+// each holds links to stored objects, which would keep their bytes on
+// disk past a collection, or a pages file written from chunks, as large
+// as the image.
+func TestReconcileRemovesRestoreTrees(t *testing.T) {
+	h := newFakeHost(t)
+	left := filepath.Join(h.d.cfg.StateDir, forms.RestoreDir, "r", "images")
+	if err := os.MkdirAll(left, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(left, "pages-1.img"), make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.restart()
+	if err := h.d.reconcile(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(h.d.cfg.StateDir, forms.RestoreDir, "r")); !os.IsNotExist(err) {
+		t.Fatalf("the last daemon's restore trees after the start: %v", err)
 	}
 }

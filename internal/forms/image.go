@@ -204,6 +204,11 @@ func (f Image) Wake(ctx context.Context, run Run, w Waking) (Woken, error) {
 	return f.restore(ctx, run, w, deadline)
 }
 
+// RestoreDir is where, under the state directory, each image restore lays
+// its trees out (RestoreDir/RUN), removed once the restore returns; a
+// start removes what a crash left (daemon reconcile).
+const RestoreDir = "restore"
+
 // owedRate is the bytes a second a lazy restore's deadline allows for
 // each owed slab's (docs/fleet.md, "Post-copy").
 const owedRate = 8 << 20
@@ -213,7 +218,7 @@ const owedRate = 8 << 20
 func (f Image) restore(ctx context.Context, run Run, w Waking, deadline time.Duration) (Woken, error) {
 	id := run.ID
 	t0 := time.Now()
-	dir := filepath.Join(f.h.StateDir, "restore", id)
+	dir := filepath.Join(f.h.StateDir, RestoreDir, id)
 	if err := os.RemoveAll(dir); err != nil {
 		return Woken{}, err
 	}
