@@ -261,46 +261,15 @@ func (c *Client) prepareRootfs(ctx context.Context, key string, img containerd.I
 }
 
 // applyLayer applies the rw layer tar at layer (shifted into r, when
-// given) onto the snapshot key. The blob's digest is taken first, so that
-// the content store's writer finds a blob it already holds and leases it
-// in the same transaction: a blob written without a known digest collides
-// with an existing one at commit, the case containerd's own pulls avoid.
+// given) onto the snapshot key. The blob is committed without an expected
+// digest: given one, containerd's content service answers a blob it
+// already holds with AlreadyExists and leases nothing, and a collection
+// can remove the blob before the apply reads it; without one, the commit
+// leases the blob, new or held, in its transaction.
 func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mount.Mount, r *idmap.Range) error {
-	dg := digest.Canonical.Digester()
-	n, err := readLayer(layer, r, dg.Hash())
+	f, err := os.Open(layer)
 	if err != nil {
 		return err
-	}
-	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: dg.Digest(), Size: n}
-	ctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
-	if err != nil {
-		return err
-	}
-	defer done(context.WithoutCancel(ctx))
-	w, err := content.OpenWriter(ctx, c.client.ContentStore(), content.WithRef("runrecordd-restore-"+key), content.WithDescriptor(desc))
-	switch {
-	case errdefs.IsAlreadyExists(err):
-	case err != nil:
-		return err
-	default:
-		defer w.Close()
-		if _, err := readLayer(layer, r, w); err != nil {
-			return err
-		}
-		if err := w.Commit(ctx, n, desc.Digest); err != nil && !errdefs.IsAlreadyExists(err) {
-			return err
-		}
-	}
-	_, err = c.client.DiffService().Apply(ctx, desc, mounts)
-	return err
-}
-
-// readLayer copies the layer tar at path to w, shifted into r when r is
-// given, and returns the bytes written.
-func readLayer(path string, r *idmap.Range, w io.Writer) (int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
 	}
 	defer f.Close()
 	var src io.Reader = bufio.NewReaderSize(f, 1<<20)
@@ -309,7 +278,27 @@ func readLayer(path string, r *idmap.Range, w io.Writer) (int64, error) {
 		defer sh.Close()
 		src = sh
 	}
-	return io.Copy(w, src)
+	ctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+	if err != nil {
+		return err
+	}
+	defer done(context.WithoutCancel(ctx))
+	w, err := content.OpenWriter(ctx, c.client.ContentStore(), content.WithRef("runrecordd-restore-"+key))
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	dg := digest.Canonical.Digester()
+	n, err := io.Copy(io.MultiWriter(w, dg.Hash()), src)
+	if err != nil {
+		return err
+	}
+	if err := w.Commit(ctx, n, ""); err != nil && !errdefs.IsAlreadyExists(err) {
+		return err
+	}
+	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: dg.Digest(), Size: n}
+	_, err = c.client.DiffService().Apply(ctx, desc, mounts)
+	return err
 }
 
 // unstage removes a staged image directory once CRIU has read it: CRIU

@@ -32,11 +32,14 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
 
 	"github.com/runrecordd/runrecordd/internal/executor"
@@ -803,4 +806,55 @@ func BenchmarkOverlayRwLayer(b *testing.B) {
 	b.ReportMetric(float64(fastTotal.Nanoseconds())/float64(n), "fast-ns/op")
 	b.ReportMetric(float64(slowTotal.Nanoseconds())/float64(n), "diffsvc-ns/op")
 	b.ReportMetric(float64(tarTotal.Nanoseconds())/float64(n), "fast-tar-ns/op")
+}
+
+// TestApplyLayerLeasesAHeldBlob: a rw layer whose blob the content store
+// already holds under another lease (the diff service's, say, which ends
+// at any time) is applied with the blob leased by the apply's own lease,
+// so that no collection removes it before the apply reads it.
+func TestApplyLayerLeasesAHeldBlob(t *testing.T) {
+	privileged(t)
+	f := newSnapFixture(t)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	data := fmt.Appendf(nil, "held %d", time.Now().UnixNano())
+	if err := tw.WriteHeader(&tar.Header{Name: "held", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(data))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "held.tar")
+	if err := os.WriteFile(path, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: digest.FromBytes(buf.Bytes()), Size: int64(buf.Len())}
+	ctx := client.NamespacedForTest(context.Background())
+	other, err := f.cc.LeasesService().Create(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := content.WriteBlob(leases.WithLease(ctx, other.ID), f.cc.ContentStore(), "runrecordd-test-held", bytes.NewReader(buf.Bytes()), desc); err != nil {
+		t.Fatal(err)
+	}
+	f.apply("held", f.imageChain(), path)
+	// The other lease ends, and a collection runs.
+	if err := f.cc.LeasesService().Delete(ctx, other, leases.SynchronousDelete); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := leases.FromContext(f.ctx)
+	rs, err := f.cc.LeasesService().ListResources(f.ctx, leases.Lease{ID: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := leases.Resource{ID: desc.Digest.String(), Type: "content"}
+	if !slices.Contains(rs, want) {
+		t.Fatalf("the lease the apply ran under holds %v; want the layer's blob %s", rs, desc.Digest)
+	}
+	if _, err := f.cc.ContentStore().Info(f.ctx, desc.Digest); err != nil {
+		t.Fatalf("the layer's blob after the other lease ended: %v", err)
+	}
 }
