@@ -261,17 +261,21 @@ func (c *Client) prepareRootfs(ctx context.Context, key string, img containerd.I
 }
 
 // applyLayer applies the rw layer tar at layer (shifted into r, when
-// given) onto the snapshot key. The blob is committed without an expected
-// digest: given one, containerd's content service answers a blob it
-// already holds with AlreadyExists and leases nothing, and a collection
-// can remove the blob before the apply reads it; without one, the commit
-// leases the blob, new or held, in its transaction.
+// given) onto the snapshot key, once vetLayer passes it. The blob is
+// committed without an expected digest: given one, containerd's content
+// service answers a blob it already holds with AlreadyExists and leases
+// nothing, and a collection can remove the blob before the apply reads
+// it; without one, the commit leases the blob, new or held, in its
+// transaction.
 func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mount.Mount, r *idmap.Range) error {
 	f, err := os.Open(layer)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	if err := vetLayer(f); err != nil {
+		return err
+	}
 	var src io.Reader = bufio.NewReaderSize(f, 1<<20)
 	if r != nil {
 		sh := shiftedIn(src, r.Base)

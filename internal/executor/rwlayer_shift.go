@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"strings"
 
@@ -167,4 +168,42 @@ func shiftedIn(src io.Reader, base uint32) io.ReadCloser {
 		pw.CloseWithError(err)
 	}()
 	return pr
+}
+
+// vetLayer refuses a rw layer tar this host would not have written: one
+// with a sparse member (GNU 'S', or GNU.sparse PAX records), whose few
+// stored bytes a tar reader expands to the size it declares, or whose
+// members declare more bytes than the file holds. It reads the headers
+// only, and leaves f at its start.
+func vetLayer(f *os.File) error {
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	tr := tar.NewReader(f) // f seeks: Next skips each member's data
+	var total int64
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return &criu.RefusedError{Image: rwLayerImage, Field: "tar", Why: err.Error()}
+		}
+		sparse := h.Typeflag == tar.TypeGNUSparse
+		for k := range h.PAXRecords {
+			sparse = sparse || strings.HasPrefix(k, "GNU.sparse.")
+		}
+		if sparse {
+			return &criu.RefusedError{Image: rwLayerImage, Field: "sparse", Why: fmt.Sprintf("%s: a sparse member (no rw layer written here has one)", h.Name)}
+		}
+		if h.Typeflag == tar.TypeReg {
+			total += h.Size
+		}
+		if total > st.Size() {
+			return &criu.RefusedError{Image: rwLayerImage, Field: "size", Why: fmt.Sprintf("%s: the members declare %d bytes, more than the layer's %d", h.Name, total, st.Size())}
+		}
+	}
+	_, err = f.Seek(0, io.SeekStart)
+	return err
 }

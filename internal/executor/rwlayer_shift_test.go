@@ -7,7 +7,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/runrecordd/runrecordd/internal/criu"
@@ -155,5 +158,104 @@ func TestShiftTarRefuses(t *testing.T) {
 		PAXRecords: map[string]string{capKey: capV3(idmap.Size - 1)}})
 	if _, err := io.Copy(io.Discard, shiftedIn(bytes.NewReader(ok), 1<<20)); err != nil {
 		t.Fatalf("a layer in range: %v", err)
+	}
+}
+
+// rawBlock is a ustar header block as a hostile writer makes it, for what
+// archive/tar does not write (a PAX header of GNU sparse records).
+func rawBlock(name string, typeflag byte, size int) []byte {
+	b := make([]byte, 512)
+	copy(b[0:100], name)
+	copy(b[100:], "0000644\x00")
+	copy(b[108:], "0000000\x00")
+	copy(b[116:], "0000000\x00")
+	copy(b[124:], fmt.Sprintf("%011o\x00", size))
+	copy(b[136:], fmt.Sprintf("%011o\x00", 0))
+	copy(b[148:156], "        ")
+	b[156] = typeflag
+	copy(b[257:], "ustar\x0000")
+	sum := 0
+	for _, c := range b {
+		sum += int(c)
+	}
+	copy(b[148:], fmt.Sprintf("%06o\x00 ", sum))
+	return b
+}
+
+// padded is b with zeros up to a multiple of 512 bytes.
+func padded(b []byte) []byte {
+	return append(b, make([]byte, (512-len(b)%512)%512)...)
+}
+
+// paxRecord is one PAX extended header record.
+func paxRecord(k, v string) string {
+	n := len(k) + len(v) + 3
+	for {
+		s := fmt.Sprintf("%d %s=%s\n", n, k, v)
+		if len(s) == n {
+			return s
+		}
+		n = len(s)
+	}
+}
+
+// A rw layer whose member is a GNU sparse file (5 bytes stored, 1 TiB
+// declared) is refused before anything reads its data; one as this host
+// writes it passes, and is read from its start.
+func TestVetLayer(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, b []byte) *os.File {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	pax := paxRecord("GNU.sparse.major", "0") + paxRecord("GNU.sparse.minor", "1") +
+		paxRecord("GNU.sparse.numblocks", "1") + paxRecord("GNU.sparse.map", "0,5") +
+		paxRecord("GNU.sparse.size", "1099511627776")
+	var sparse []byte
+	sparse = append(sparse, rawBlock("PaxHeaders/big", 'x', len(pax))...)
+	sparse = append(sparse, padded([]byte(pax))...)
+	sparse = append(sparse, rawBlock("big", '0', 5)...)
+	sparse = append(sparse, padded([]byte("hello"))...)
+	sparse = append(sparse, make([]byte, 1024)...)
+	// The fixture is what it means to be: archive/tar reads it as 1 TiB.
+	tr := tar.NewReader(bytes.NewReader(sparse))
+	if h, err := tr.Next(); err != nil || h.Size != 1<<40 {
+		t.Fatalf("the sparse fixture reads as %+v, %v", h, err)
+	}
+	var re *criu.RefusedError
+	if err := vetLayer(write("sparse.tar", sparse)); !errors.As(err, &re) || re.Field != "sparse" {
+		t.Fatalf("vetLayer of a sparse member: %v, want refused (sparse)", err)
+	}
+
+	var plain bytes.Buffer
+	tw := tar.NewWriter(&plain)
+	for _, h := range []*tar.Header{{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755}, {Name: "etc/a", Typeflag: tar.TypeReg, Mode: 0o644, Size: 5}} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte("hello")[:h.Size]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f := write("plain.tar", plain.Bytes())
+	if err := vetLayer(f); err != nil {
+		t.Fatalf("vetLayer of a plain layer: %v", err)
+	}
+	if off, _ := f.Seek(0, io.SeekCurrent); off != 0 {
+		t.Fatalf("vetLayer left the layer at %d", off)
+	}
+	if err := vetLayer(write("cut.tar", plain.Bytes()[:700])); !errors.As(err, &re) {
+		t.Fatalf("vetLayer of a cut layer: %v, want refused", err)
 	}
 }
