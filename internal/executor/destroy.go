@@ -74,48 +74,41 @@ func (s *Sandbox) destroy(ctx context.Context) error {
 }
 
 // deleteTask kills the task's processes and deletes the task. A restore
-// that a dead daemon left in the shim can complete after killTask found
-// the task created with no process: the delete is then refused (runc:
-// "not stopped: running"), and the task, now with a process, is killed
-// and deleted once more.
+// that a dead daemon left in the shim can have made processes that
+// killTask did not see (CRIU forked them after killHelpers listed the
+// shim's descendants; the shim, its restore cut short, has no pid for
+// them): runc then refuses the delete ("not stopped: running"). Every
+// process of runc's container is then killed, and the delete retried for
+// up to 10 s.
 func (s *Sandbox) deleteTask(ctx context.Context) error {
 	var errs []error
-	for again := true; ; again = false {
-		if err := s.killTask(ctx); err != nil {
-			errs = append(errs, err)
-		}
-		// A restore killed with the daemon leaves the unit's root
-		// bound on runc's criu-root: runc could not remove its state.
-		if err := unmountUnder(filepath.Join(s.c.cfg.RuncRoot, s.c.cfg.Namespace, s.id)); err != nil {
-			errs = append(errs, err)
-		}
-		_, err := s.task.Delete(ctx)
-		if err == nil || errdefs.IsNotFound(err) {
-			return errors.Join(errs...)
-		}
-		if again && s.gotProcess(ctx) {
-			s.c.log.Warn("a restore completed while its sandbox was removed; killing it again", "id", s.id, "err", err)
-			errs = nil
-			continue
-		}
-		return errors.Join(append(errs, fmt.Errorf("delete task: %w", err))...)
+	if err := s.killTask(ctx); err != nil {
+		errs = append(errs, err)
 	}
-}
-
-// gotProcess reports whether the task is running or paused, or created
-// with a process.
-func (s *Sandbox) gotProcess(ctx context.Context) bool {
-	st, err := s.task.Status(ctx)
-	if err != nil {
-		return false
+	// A restore killed with the daemon leaves the unit's root bound on
+	// runc's criu-root: runc could not remove its state.
+	if err := unmountUnder(filepath.Join(s.c.cfg.RuncRoot, s.c.cfg.Namespace, s.id)); err != nil {
+		errs = append(errs, err)
 	}
-	switch st.Status {
-	case containerd.Running, containerd.Paused, containerd.Pausing:
-		return true
-	case containerd.Created:
-		return s.task.Pid() != 0
+	_, err := s.task.Delete(ctx)
+	if err != nil && !errdefs.IsNotFound(err) {
+		s.c.log.Warn("the task's delete was refused; killing every process of its container", "id", s.id, "err", err)
+		if kerr := s.task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); kerr != nil && !errdefs.IsNotFound(kerr) {
+			s.c.log.Debug("kill of every process refused", "id", s.id, "err", kerr)
+		}
+		for deadline := time.Now().Add(10 * time.Second); err != nil && !errdefs.IsNotFound(err) && time.Now().Before(deadline); {
+			select {
+			case <-ctx.Done():
+				return errors.Join(append(errs, ctx.Err())...)
+			case <-time.After(50 * time.Millisecond):
+			}
+			_, err = s.task.Delete(ctx)
+		}
 	}
-	return false
+	if err != nil && !errdefs.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete task: %w", err))
+	}
+	return errors.Join(errs...)
 }
 
 // killTask kills every process of the task, unless it has already stopped,

@@ -14,53 +14,44 @@ import (
 )
 
 // restoringTask is a task whose restore, left in the shim by a daemon
-// that died, completes between killTask's look (created, no process) and
-// the delete: the delete is refused as runc refuses a running container.
+// that died, made processes killTask did not see: the shim says created
+// with no pid throughout, and runc refuses the delete until every
+// process of the container is killed.
 type restoringTask struct {
 	containerd.Task
-	running bool
-	kills   int
-	deleted bool
+	killedAll bool
+	deletes   int
 }
 
-func (t *restoringTask) Pid() uint32 {
-	if t.running {
-		return 4242
-	}
-	return 0
-}
+func (t *restoringTask) Pid() uint32 { return 0 }
 
 func (t *restoringTask) Status(context.Context) (containerd.Status, error) {
-	if t.running && t.kills == 0 {
-		return containerd.Status{Status: containerd.Running}, nil
-	}
-	if t.running {
-		return containerd.Status{Status: containerd.Stopped}, nil
-	}
 	return containerd.Status{Status: containerd.Created}, nil
 }
 
-func (t *restoringTask) Kill(context.Context, syscall.Signal, ...containerd.KillOpts) error {
-	t.kills++
+func (t *restoringTask) Kill(_ context.Context, _ syscall.Signal, opts ...containerd.KillOpts) error {
+	var ki containerd.KillInfo
+	for _, o := range opts {
+		if err := o(context.Background(), &ki); err != nil {
+			return err
+		}
+	}
+	t.killedAll = t.killedAll || ki.All
 	return nil
 }
 
 func (t *restoringTask) Delete(context.Context, ...containerd.ProcessDeleteOpts) (*containerd.ExitStatus, error) {
-	if !t.running {
-		t.running = true // the restore completed meanwhile
+	t.deletes++
+	if !t.killedAll {
 		return nil, errors.New("runc did not terminate successfully: cannot delete container restoring that is not stopped: running")
 	}
-	if t.kills == 0 {
-		return nil, errors.New("cannot delete container restoring that is not stopped: running")
-	}
-	t.deleted = true
 	return nil, nil
 }
 
-// TestDeleteTaskKillsARestoreThatCompleted: a task that had no process
-// when it was killed, and is running when the delete is refused, is
-// killed again and deleted.
-func TestDeleteTaskKillsARestoreThatCompleted(t *testing.T) {
+// TestDeleteTaskKillsARestoresProcesses: a task created with no pid whose
+// delete runc refuses (processes a left restore made) has every process
+// of its container killed, and is deleted.
+func TestDeleteTaskKillsARestoresProcesses(t *testing.T) {
 	task := &restoringTask{}
 	s := &Sandbox{
 		c:    &Client{cfg: Config{Namespace: "runrecordd-test-none", RuncRoot: t.TempDir()}, log: slog.New(slog.NewTextHandler(io.Discard, nil))},
@@ -70,7 +61,7 @@ func TestDeleteTaskKillsARestoreThatCompleted(t *testing.T) {
 	if err := s.deleteTask(context.Background()); err != nil {
 		t.Fatalf("deleteTask: %v", err)
 	}
-	if task.kills != 1 || !task.deleted {
-		t.Errorf("kills %d, deleted %v; want the running task killed once and deleted", task.kills, task.deleted)
+	if !task.killedAll || task.deletes != 2 {
+		t.Errorf("killed all %v, %d deletes; want every process killed, then the delete", task.killedAll, task.deletes)
 	}
 }
