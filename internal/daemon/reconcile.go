@@ -86,7 +86,7 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 			d.log.Error("reconcile: the run is lost until closed", "run", id, "sandbox", owner[id], "err", err)
 		}
 	}
-	removeRestoreTrees(d.runs, d.cfg.StateDir, owner, d.log)
+	removeRestoreTrees(ctx, d.ex, d.runs, d.cfg.StateDir, d.log)
 	return nil
 }
 
@@ -94,10 +94,12 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 // under forms.RestoreDir: hard links to stored objects, which would keep
 // their bytes past a collection, or a pages file written from chunks. It
 // runs after the sweep, which killed any restore still running in a
-// shim, and leaves a run that has a sandbox here as it is. Under the
-// run's lock: a resume under way (a post-copy migration going on) removes
-// its own tree when it returns.
-func removeRestoreTrees(runs *runTable, stateDir string, owner map[string]string, log *slog.Logger) {
+// shim, and leaves the tree of a run with any sandbox still here (one the
+// sweep kept: executing, its record unread, or its removal failed; a
+// lazy restore's pages may still be read from it). Under the run's lock:
+// at a fleet's rejoin a resume may be under way, and removes its own tree
+// when it returns.
+func removeRestoreTrees(ctx context.Context, ex forms.Sweeper, runs *runTable, stateDir string, log *slog.Logger) {
 	root := filepath.Join(stateDir, forms.RestoreDir)
 	ents, err := os.ReadDir(root)
 	if err != nil {
@@ -106,9 +108,21 @@ func removeRestoreTrees(runs *runTable, stateDir string, owner map[string]string
 		}
 		return
 	}
+	if len(ents) == 0 {
+		return
+	}
+	ids, err := ex.List(ctx)
+	if err != nil {
+		log.Warn("reconcile: the restore trees are kept: listing the sandboxes", "err", err)
+		return
+	}
+	kept := map[string]bool{}
+	for _, sid := range ids {
+		kept[forms.RunOf(sid)] = true
+	}
 	for _, e := range ents {
 		id := e.Name()
-		if owner[id] != "" {
+		if kept[id] {
 			continue
 		}
 		r := runs.lock(id)

@@ -312,15 +312,18 @@ func TestPostResultResumeRefused(t *testing.T) {
 // out and never finished (forms.RestoreDir) of runs with no sandbox here:
 // each holds links to stored objects, which would keep their bytes on
 // disk past a collection, or a pages file written from chunks, as large
-// as the image.
+// as the image. A run whose sandbox stays keeps its tree.
 func TestReconcileRemovesRestoreTrees(t *testing.T) {
 	h := newFakeHost(t)
-	left := filepath.Join(h.d.cfg.StateDir, forms.RestoreDir, "r", "images")
-	if err := os.MkdirAll(left, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(left, "pages-1.img"), make([]byte, 4096), 0o600); err != nil {
-		t.Fatal(err)
+	h.start(t, "kept")
+	for _, id := range []string{"r", "kept"} {
+		left := filepath.Join(h.d.cfg.StateDir, forms.RestoreDir, id, "images")
+		if err := os.MkdirAll(left, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(left, "pages-1.img"), make([]byte, 4096), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	h.restart()
 	if err := h.d.reconcile(t.Context()); err != nil {
@@ -328,5 +331,8 @@ func TestReconcileRemovesRestoreTrees(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(h.d.cfg.StateDir, forms.RestoreDir, "r")); !os.IsNotExist(err) {
 		t.Fatalf("the last daemon's restore trees after the start: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(h.d.cfg.StateDir, forms.RestoreDir, "kept", "images", "pages-1.img")); err != nil {
+		t.Fatalf("the tree of a run whose sandbox stays: %v", err)
 	}
 }
