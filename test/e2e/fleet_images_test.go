@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runrecordd/runrecordd/pkg/api"
 	"github.com/runrecordd/runrecordd/pkg/record"
@@ -95,10 +96,9 @@ func TestFleetMigrateForgedImages(t *testing.T) {
 // claimed by B, whose resume refuses the images (image_refused naming
 // userns: made without a user namespace) before anything runs. B hands
 // the run back: the migration fails with B's refusal, and the run is A's
-// again — owned by A in the fleet, parked at the head it handed over, not
-// handed off there — and B holds its copy handed off, nothing run there.
-// A resumes it from its true snapshot as the same process, and its record
-// verifies.
+// again — owned by A in the fleet, not handed off there — and B holds its
+// copy handed off, nothing run there. A has resumed it from its true
+// snapshot as the same process, and its record verifies.
 func TestFleetMigrateRefusedResume(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
@@ -114,32 +114,34 @@ func TestFleetMigrateRefusedResume(t *testing.T) {
 	const id = "refused-resume"
 	started := startOracle(t, a, id, oracleImage)
 	_, err = a.c.Migrate(ctx, id, keyB)
+	answered := time.Now()
 	ae := apiError(t, err, api.CodeImageRefused)
-	if !strings.Contains(ae.Message, "userns") {
-		t.Fatalf("migrate to a host refusing the images: %v, want the target's refusal naming userns", ae)
+	if !strings.Contains(ae.Message, "userns") || !strings.Contains(ae.Message, "runs here again") {
+		t.Fatalf("migrate to a host refusing the images: %v, want the target's refusal naming userns, and the unit running on A again", ae)
 	}
 	t.Logf("migrate: %v", ae.Message)
-	onA := output(t, a.stdout(id))
-	atPark := last(onA)
 
 	r, err := a.run(ctx, id)
-	if err != nil || r.Phase != "parked" || r.Status != "parked (image)" || r.HandedOff {
-		t.Fatalf("on A: %+v, %v; want parked there, not handed off", r, err)
+	if err != nil || r.Phase != "executing" || r.Status != "running" || r.HandedOff {
+		t.Fatalf("on A: %+v, %v; want executing there, not handed off", r, err)
 	}
-	if rb, err := b.run(ctx, id); err != nil || !rb.HandedOff || rb.Head != r.Head || rb.Phase != "parked" {
-		t.Fatalf("on B: %+v, %v; want handed off at %s", rb, err, r.Head)
+	if rb, err := b.run(ctx, id); err != nil || !rb.HandedOff || rb.Phase != "parked" || rb.Segments != r.Segments-1 {
+		t.Fatalf("on B: %+v, %v; want handed off parked, one segment before A's %d", rb, err, r.Segments)
 	}
 	if out, err := os.ReadFile(b.stdout(id)); err == nil && len(out) > 0 {
 		t.Fatalf("the refused unit wrote %d bytes on B", len(out))
 	}
 	e, err := f.dir(t).Run(ctx, genesisOf(t, started))
-	if err != nil || e.Owner != kA || !e.To.IsZero() || e.Head.String() != r.Head || e.Phase != record.PhaseParked {
-		t.Fatalf("directory %+v, %v; want parked at %s, owned by A", e, err, r.Head)
+	if err != nil || e.Owner != kA || !e.To.IsZero() || e.Head.String() != r.Head || e.Phase != record.PhaseExecuting {
+		t.Fatalf("directory %+v, %v; want executing at %s, owned by A", e, err, r.Head)
 	}
 	_, err = b.c.Resume(ctx, id)
 	apiError(t, err, "handed_off")
 
-	resume(t, a, id, nil, atPark)
+	ls := waitLines(t, a.stdout(id), "a line verified on A after the migration failed", func(ls []line) bool {
+		return len(ls) > 0 && last(ls).Time > answered.UnixNano()
+	})
+	checkOneProcess(t, ls)
 	if v, err := a.c.Verify(ctx, id); err != nil || !v.OK {
 		t.Fatalf("verify on A: %+v, %v", v, err)
 	}

@@ -31,10 +31,11 @@ type Hold func() (h Held, release func(), err error)
 // and resumes it if it was executing here (a parked run stays parked).
 // A run still lacking slabs a post-copy migration owes it is refused
 // first (store.ErrOwed), nothing changed. Until to has claimed it, a
-// failure takes it back here, parked and resumable; so does a resume to
-// fails while this call waits (to hands the run back: Receive);
-// otherwise, after the claim, the run is to's whatever this call
-// returns.
+// failure takes it back here, and a run that was executing is resumed
+// here (parked, if that fails); so does a resume to fails while this
+// call waits (to hands the run back: Receive); otherwise, after the
+// claim, the run is to's whatever this call returns. A drain's
+// migrations leave a run taken back parked.
 func (m *Member) Migrate(ctx context.Context, id string, to record.Address) error {
 	return m.migrate(ctx, id, to, m.stored(id), nil)
 }
@@ -52,6 +53,7 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 		return err
 	}
 	began := time.Now()
+	draining := placed != nil
 	// A slot first, the run not held: a park, close or stop of it, and
 	// the lease's freeze, do not wait behind the slot's wait.
 	sent, err := m.sending.wait(ctx, to)
@@ -90,10 +92,25 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 		return err
 	}
 	genesis := record.Genesis(st.Unit, st.Grants)
+	// A migration that parked the unit and then failed, the run still
+	// here, resumes it here: what asked for the move finds the unit
+	// running where it was. A drain's leaves it parked, for the host is
+	// being emptied.
+	back := func(err error) error {
+		if !executing || draining || m.stillHanded(id) {
+			return err
+		}
+		if rerr := h.Resume(context.WithoutCancel(ctx)); rerr != nil {
+			m.cfg.Log.Warn("migration failed, and the run stays parked here: its resume failed", "run", id, "to", to, "err", rerr)
+			return fmt.Errorf("%w; the run stays parked here, its resume failed: %w", err, rerr)
+		}
+		m.cfg.Log.Warn("migration failed: the unit runs here again", "run", id, "to", to, "err", err)
+		return fmt.Errorf("%w; the unit runs here again", err)
+	}
 	made, err := m.handOver(ctx, id, genesis, to)
 	if err != nil {
 		m.cfg.Metrics.Migrated(true, false, 0)
-		return fmt.Errorf("migrate %s: %w", id, err)
+		return back(fmt.Errorf("migrate %s: %w", id, err))
 	}
 	// Post-copy only to a target that offered it (an older one refuses
 	// Held); one that resumes the run then does so lazily, the slabs
@@ -109,7 +126,7 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 			}
 		}
 		m.left(id)
-		return fmt.Errorf("migrate %s to %s: %w", id, to, err)
+		return back(fmt.Errorf("migrate %s to %s: %w", id, to, err))
 	}
 	m.left(id)
 	m.cfg.Metrics.Migrated(true, true, time.Since(began))

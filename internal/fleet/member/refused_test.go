@@ -302,9 +302,13 @@ func TestMigrateTakesBackAHandedBackRun(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	err := m.migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return &parked{executing: true}, func() {}, nil }, nil)
+	run := &parked{executing: true}
+	err := m.migrate(t.Context(), "r", b.Key(), func() (Held, func(), error) { return run, func() {}, nil }, nil)
 	if !errors.Is(err, refused) || errors.Is(err, fleet.ErrNotOwner) || n.failed.Load() != 1 {
 		t.Fatalf("migrate to a target that handed the run back: %v (%d failed)", err, n.failed.Load())
+	}
+	if run.parks.Load() != 1 || run.resumes.Load() != 1 {
+		t.Fatalf("the unit the migration parked: %d parks, %d resumes here; want it running here again", run.parks.Load(), run.resumes.Load())
 	}
 	if _, off, _ := st.HandedOff("r"); off || len(*left) != 0 {
 		t.Fatalf("the run handed back is still handed off here, or told so (%q)", *left)
@@ -367,6 +371,9 @@ func TestMigrateHandOverRefused(t *testing.T) {
 			err := m.migrate(t.Context(), "r", tc.to, func() (Held, func(), error) { return run, func() {}, nil }, &placement{})
 			if !errors.Is(err, tc.want) || run.parks.Load() != 1 || p.handed.Load() != 0 || n.failed.Load() != 1 {
 				t.Fatalf("migrate: %v (%d parks, %d hands, %d failed)", err, run.parks.Load(), p.handed.Load(), n.failed.Load())
+			}
+			if run.resumes.Load() != 0 {
+				t.Fatalf("a drain's failed migration resumed the run here (%d)", run.resumes.Load())
 			}
 			if _, off, _ := st.HandedOff("r"); off {
 				t.Fatal("handed off")
