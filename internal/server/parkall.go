@@ -17,7 +17,7 @@ func (h *handler) parkAll(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if req.Parallel < 0 || req.Parallel > 64 {
-		h.fail(w, r, fmt.Errorf("%w: parallel %d: use 1 to 64", answers.ErrInvalid, req.Parallel))
+		h.fail(w, r, fmt.Errorf("%w: parallel %d: use 1 to 64, or 0 for the default", answers.ErrInvalid, req.Parallel))
 		return
 	}
 	runs, err := h.d.ParkAll(r.Context(), req.Parallel)

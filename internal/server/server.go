@@ -196,7 +196,7 @@ func (h *handler) drain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Parallel < 0 || req.Parallel > 64 {
-		h.fail(w, r, fmt.Errorf("%w: parallel %d: use 1 to 64", answers.ErrInvalid, req.Parallel))
+		h.fail(w, r, fmt.Errorf("%w: parallel %d: use 1 to 64, or 0 for the default", answers.ErrInvalid, req.Parallel))
 		return
 	}
 	if req.Parallel == 0 {
