@@ -287,17 +287,26 @@ func (c *Client) applyLayer(ctx context.Context, key, layer string, mounts []mou
 		return err
 	}
 	defer done(context.WithoutCancel(ctx))
-	w, err := content.OpenWriter(ctx, c.client.ContentStore(), content.WithRef("runrecordd-restore-"+key))
+	// A write of this ref that failed, or whose daemon died, left its
+	// ingest: the writer would go on from its end.
+	cs, ref := c.client.ContentStore(), "runrecordd-restore-"+key
+	if err := cs.Abort(ctx, ref); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	w, err := content.OpenWriter(ctx, cs, content.WithRef(ref))
 	if err != nil {
 		return err
 	}
 	defer w.Close()
 	dg := digest.Canonical.Digester()
 	n, err := io.Copy(io.MultiWriter(w, dg.Hash()), src)
-	if err != nil {
-		return err
+	if err == nil {
+		if err = w.Commit(ctx, n, ""); errdefs.IsAlreadyExists(err) {
+			err = nil
+		}
 	}
-	if err := w.Commit(ctx, n, ""); err != nil && !errdefs.IsAlreadyExists(err) {
+	if err != nil {
+		_ = cs.Abort(context.WithoutCancel(ctx), ref)
 		return err
 	}
 	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: dg.Digest(), Size: n}

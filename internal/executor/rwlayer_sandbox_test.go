@@ -815,29 +815,14 @@ func BenchmarkOverlayRwLayer(b *testing.B) {
 func TestApplyLayerLeasesAHeldBlob(t *testing.T) {
 	privileged(t)
 	f := newSnapFixture(t)
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	data := fmt.Appendf(nil, "held %d", time.Now().UnixNano())
-	if err := tw.WriteHeader(&tar.Header{Name: "held", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(data))}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tw.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "held.tar")
-	if err := os.WriteFile(path, buf.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: digest.FromBytes(buf.Bytes()), Size: int64(buf.Len())}
+	path, b := oneFileLayer(t, "held")
+	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: digest.FromBytes(b), Size: int64(len(b))}
 	ctx := client.NamespacedForTest(context.Background())
 	other, err := f.cc.LeasesService().Create(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := content.WriteBlob(leases.WithLease(ctx, other.ID), f.cc.ContentStore(), "runrecordd-test-held", bytes.NewReader(buf.Bytes()), desc); err != nil {
+	if err := content.WriteBlob(leases.WithLease(ctx, other.ID), f.cc.ContentStore(), "runrecordd-test-held", bytes.NewReader(b), desc); err != nil {
 		t.Fatal(err)
 	}
 	f.apply("held", f.imageChain(), path)
@@ -857,4 +842,46 @@ func TestApplyLayerLeasesAHeldBlob(t *testing.T) {
 	if _, err := f.cc.ContentStore().Info(f.ctx, desc.Digest); err != nil {
 		t.Fatalf("the layer's blob after the other lease ended: %v", err)
 	}
+}
+
+// oneFileLayer writes a layer tar of one file, unique to this call, named
+// name, and returns its path and bytes.
+func oneFileLayer(t *testing.T, name string) (string, []byte) {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	data := fmt.Appendf(nil, "%s %d", name, time.Now().UnixNano())
+	if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(data))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), name+".tar")
+	if err := os.WriteFile(path, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, buf.Bytes()
+}
+
+// TestApplyLayerAfterAStaleIngest: an apply whose ref a failed one (or a
+// dead daemon's) left partly written starts its blob afresh.
+func TestApplyLayerAfterAStaleIngest(t *testing.T) {
+	privileged(t)
+	f := newSnapFixture(t)
+	path, _ := oneFileLayer(t, "stale")
+	w, err := content.OpenWriter(f.ctx, f.cc.ContentStore(), content.WithRef("runrecordd-restore-"+f.prefix+"stale"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write([]byte("left by a write that failed")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.apply("stale", f.imageChain(), path)
 }
