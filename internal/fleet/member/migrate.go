@@ -94,15 +94,18 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 	genesis := record.Genesis(st.Unit, st.Grants)
 	// A migration that parked the unit and then failed, the run still
 	// here, resumes it here: what asked for the move finds the unit
-	// running where it was. A drain's leaves it parked, for the host is
-	// being emptied.
+	// running where it was. A drain's, or any on a host being drained,
+	// leaves it parked, for the host is being emptied; so does one whose
+	// post-copy hold for the target could not be dropped (the target may
+	// still be served the run's objects).
+	holdKept := false
 	back := func(err error) error {
-		if !executing || draining || m.stillHanded(id) {
+		if !executing || draining || m.Draining() || holdKept || m.stillHanded(id) {
 			return err
 		}
 		if rerr := h.Resume(context.WithoutCancel(ctx)); rerr != nil {
 			m.cfg.Log.Warn("migration failed, and the run stays parked here: its resume failed", "run", id, "to", to, "err", rerr)
-			return fmt.Errorf("%w; the run stays parked here, its resume failed: %w", err, rerr)
+			return fmt.Errorf("%w; the run stays parked here, its resume failed: %v", err, rerr)
 		}
 		m.cfg.Log.Warn("migration failed: the unit runs here again", "run", id, "to", to, "err", err)
 		return fmt.Errorf("%w; the unit runs here again", err)
@@ -123,6 +126,8 @@ func (m *Member) migrate(ctx context.Context, id string, to record.Address, hold
 			// Back here: no target owes it anything.
 			if _, derr := m.cfg.Store.DropHold(id, to, st.Head); derr == nil {
 				m.serving.end(to, id)
+			} else {
+				holdKept = true
 			}
 		}
 		m.left(id)

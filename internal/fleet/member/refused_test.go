@@ -345,9 +345,10 @@ func TestReceiveRefusedWhenItDoesNotFit(t *testing.T) {
 
 // A migration whose hand-over is refused here (the store says the run is
 // not exportable; the fleet refuses the transfer, to a host it never
-// admitted) leaves the run here, parked as the migration left it: not
-// handed off, this host's in the directory with no transfer, the target
-// never asked, counted failed.
+// admitted) leaves the run here, not handed off, this host's in the
+// directory with no transfer, the target never asked, counted failed. A
+// drain's, or a migrate on a host being drained, leaves it parked as the
+// migration left it; any other migrate resumes it here.
 func TestMigrateHandOverRefused(t *testing.T) {
 	c := etcdtest.Shared(t)
 	dir := fleet.New(c.Client(t), "/handover-refused/", 5*time.Second)
@@ -357,9 +358,15 @@ func TestMigrateHandOverRefused(t *testing.T) {
 		to         record.Address
 		exportable func(string) error
 		want       error
+		placed     *placement // a drain's
+		draining   bool
+		resumes    int32
 	}{
-		"exportable": {to: b.Key(), exportable: func(string) error { return notExportable }, want: notExportable},
-		"transfer":   {to: record.Sum([]byte("never admitted")), want: fleet.ErrNotAdmitted},
+		"exportable": {to: b.Key(), exportable: func(string) error { return notExportable }, want: notExportable, placed: &placement{}},
+		"transfer":   {to: record.Sum([]byte("never admitted")), want: fleet.ErrNotAdmitted, placed: &placement{}},
+		"migrate":    {to: b.Key(), exportable: func(string) error { return notExportable }, want: notExportable, resumes: 1},
+		"migrate, draining": {to: b.Key(), exportable: func(string) error { return notExportable }, want: notExportable,
+			draining: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := &peers{}
@@ -367,13 +374,14 @@ func TestMigrateHandOverRefused(t *testing.T) {
 			if tc.exportable != nil {
 				m.cfg.Exportable = tc.exportable
 			}
+			m.draining.Store(tc.draining)
 			run := &parked{executing: true}
-			err := m.migrate(t.Context(), "r", tc.to, func() (Held, func(), error) { return run, func() {}, nil }, &placement{})
+			err := m.migrate(t.Context(), "r", tc.to, func() (Held, func(), error) { return run, func() {}, nil }, tc.placed)
 			if !errors.Is(err, tc.want) || run.parks.Load() != 1 || p.handed.Load() != 0 || n.failed.Load() != 1 {
 				t.Fatalf("migrate: %v (%d parks, %d hands, %d failed)", err, run.parks.Load(), p.handed.Load(), n.failed.Load())
 			}
-			if run.resumes.Load() != 0 {
-				t.Fatalf("a drain's failed migration resumed the run here (%d)", run.resumes.Load())
+			if run.resumes.Load() != tc.resumes {
+				t.Fatalf("the failed migration resumed the run here %d times, want %d", run.resumes.Load(), tc.resumes)
 			}
 			if _, off, _ := st.HandedOff("r"); off {
 				t.Fatal("handed off")
