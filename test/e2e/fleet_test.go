@@ -525,7 +525,9 @@ func genesisOf(t *testing.T, r api.Run) record.Address {
 // gone (ended by the test as etcd would at its expiry: TestFleetAdopt
 // waits a real expiry out) and the host restarted, exactly one host owns
 // the run in etcd and resumes it — the oracle going on as the same
-// process — while the other refuses to; its record verifies there.
+// process — while the other refuses to; its record verifies there. A
+// target killed before its claim leaves the run to the source, which
+// resumed it when the migration failed.
 func TestFleetMigrateCrash(t *testing.T) {
 	privileged(t)
 	ctx := context.Background()
@@ -540,12 +542,13 @@ func TestFleetMigrateCrash(t *testing.T) {
 		step   string
 		victim *daemon
 		owner  *daemon // where the run ends
+		back   bool    // the source, alive, resumed it when the migration failed
 	}{
-		{"migrate.transferred", a, a},
-		{"migrate.handedoff", a, a},
-		{"receive.fetched", b, a},
-		{"receive.imported", b, a},
-		{"receive.claimed", b, b},
+		{"migrate.transferred", a, a, false},
+		{"migrate.handedoff", a, a, false},
+		{"receive.fetched", b, a, true},
+		{"receive.imported", b, a, true},
+		{"receive.claimed", b, b, false},
 	}
 	if len(cases) != len(failpoint.MigrationSteps) {
 		t.Fatalf("%d cases for the %d migration failpoints", len(cases), len(failpoint.MigrationSteps))
@@ -580,7 +583,16 @@ func TestFleetMigrateCrash(t *testing.T) {
 			if _, err := other.c.Resume(ctx, id); err == nil {
 				t.Fatalf("the %s daemon resumed a run it does not own", other.name)
 			}
-			resume(t, tc.owner, id, prior, atPark)
+			if tc.back {
+				if !strings.Contains(string(out), "the unit runs here again") {
+					t.Fatalf("migrate: %s; want the unit running on the source again", out)
+				}
+				n := len(onA)
+				ls := waitLines(t, a.stdout(id), "the oracle going on on the source", func(ls []line) bool { return len(ls) > n+1 })
+				checkOneProcess(t, ls)
+			} else {
+				resume(t, tc.owner, id, prior, atPark)
+			}
 			if v, err := tc.owner.c.Verify(ctx, id); err != nil || !v.OK {
 				t.Fatalf("verify on the %s daemon: %+v, %v", tc.owner.name, v, err)
 			}
