@@ -815,7 +815,11 @@ func BenchmarkOverlayRwLayer(b *testing.B) {
 func TestApplyLayerLeasesAHeldBlob(t *testing.T) {
 	privileged(t)
 	f := newSnapFixture(t)
-	path, b := oneFileLayer(t, "held")
+	path := writeLayer(t, []ent{file("held", fmt.Sprint("held ", time.Now().UnixNano()))})
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
 	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: digest.FromBytes(b), Size: int64(len(b))}
 	ctx := client.NamespacedForTest(context.Background())
 	other, err := f.cc.LeasesService().Create(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
@@ -844,35 +848,12 @@ func TestApplyLayerLeasesAHeldBlob(t *testing.T) {
 	}
 }
 
-// oneFileLayer writes a layer tar of one file, unique to this call, named
-// name, and returns its path and bytes.
-func oneFileLayer(t *testing.T, name string) (string, []byte) {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	data := fmt.Appendf(nil, "%s %d", name, time.Now().UnixNano())
-	if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(data))}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tw.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), name+".tar")
-	if err := os.WriteFile(path, buf.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path, buf.Bytes()
-}
-
 // TestApplyLayerAfterAStaleIngest: an apply whose ref a failed one (or a
 // dead daemon's) left partly written starts its blob afresh.
 func TestApplyLayerAfterAStaleIngest(t *testing.T) {
 	privileged(t)
 	f := newSnapFixture(t)
-	path, _ := oneFileLayer(t, "stale")
+	path := writeLayer(t, []ent{file("stale", "stale")})
 	w, err := content.OpenWriter(f.ctx, f.cc.ContentStore(), content.WithRef("runrecordd-restore-"+f.prefix+"stale"))
 	if err != nil {
 		t.Fatal(err)

@@ -35,7 +35,8 @@ type Hold func() (h Held, release func(), err error)
 // here (parked, if that fails); so does a resume to fails while this
 // call waits (to hands the run back: Receive); otherwise, after the
 // claim, the run is to's whatever this call returns. A drain's
-// migrations leave a run taken back parked.
+// migrations, and any on a host being drained, leave a run taken back
+// parked.
 func (m *Member) Migrate(ctx context.Context, id string, to record.Address) error {
 	return m.migrate(ctx, id, to, m.stored(id), nil)
 }
